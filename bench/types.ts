@@ -1,0 +1,16 @@
+/** Every benchmark module (bench/<kind>.ts) exports `runBench(opts): Promise<BenchReport>`. */
+export interface BenchOptions {
+  /** Smaller sizes and fewer repetitions, so that `slm-train bench --quick` stays under 2 minutes. */
+  quick?: boolean;
+  /** A model folder to use instead of the generated preset (where the benchmark uses a model). */
+  model?: string;
+  /** Print progress lines to stderr. */
+  log?: (line: string) => void;
+}
+export interface BenchReport {
+  kind: string;
+  /** Machine-readable figures; every speed figure sits next to the limit measured in the same run. */
+  results: Record<string, unknown>;
+  /** A markdown table for people. */
+  table: string;
+}
