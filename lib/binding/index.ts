@@ -1,0 +1,88 @@
+/**
+ * Finds and loads the native addon, like sharp does: a prebuilt binary for this platform first, then
+ * a local build; every failure is collected, and when nothing loads one error lists what was tried
+ * and the commands that fix it.
+ */
+import { existsSync, readdirSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { SlmError } from '../errors.js';
+import type { NativeAddon } from './types.js';
+
+export type { NativeAddon, NativeModel, NativeModelConfig, NativeGenerateRequest, NativeGenerateResult, NativeVersion } from './types.js';
+
+const require = createRequire(import.meta.url);
+
+/** The package root (works from lib/ under ts and from dist/lib/ when compiled). */
+export function packageRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (let i = 0; i < 5; i++) {
+    if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'CMakeLists.txt'))) return dir;
+    dir = dirname(dir);
+  }
+  return resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+}
+
+export interface LoadedBinding {
+  addon: NativeAddon;
+  path: string;
+  kind: 'prebuilt' | 'local-build' | 'env';
+}
+
+/** Candidate binaries in order of preference. */
+export function candidates(root = packageRoot()): Array<{ path: string; kind: LoadedBinding['kind'] }> {
+  const out: Array<{ path: string; kind: LoadedBinding['kind'] }> = [];
+  if (process.env.SLM_TRAIN_NATIVE) out.push({ path: resolve(process.env.SLM_TRAIN_NATIVE), kind: 'env' });
+  const pre = join(root, 'prebuilds', `${process.platform}-${process.arch}`);
+  if (existsSync(pre)) {
+    for (const f of readdirSync(pre).filter((f) => f.endsWith('.node')).sort()) out.push({ path: join(pre, f), kind: 'prebuilt' });
+  } else {
+    out.push({ path: join(pre, 'slm_train.node'), kind: 'prebuilt' });
+  }
+  out.push({ path: join(root, 'build', 'Release', 'slm_train.node'), kind: 'local-build' });
+  return out;
+}
+
+let loaded: LoadedBinding | undefined;
+
+export function loadBinding(): LoadedBinding {
+  if (loaded) return loaded;
+  const tried: string[] = [];
+  for (const c of candidates()) {
+    if (!existsSync(c.path)) {
+      tried.push(`${c.path}: not found`);
+      continue;
+    }
+    try {
+      const addon = require(c.path) as NativeAddon;
+      addon.setErrorClass(NativeSlmError);
+      loaded = { addon, path: c.path, kind: c.kind };
+      return loaded;
+    } catch (e) {
+      tried.push(`${c.path}: ${(e as Error).message.split('\n')[0]}`);
+    }
+  }
+  throw new SlmError(
+    'NATIVE_BINARY_MISSING',
+    [
+      'the native engine (slm_train.node) could not be loaded. Tried:',
+      ...tried.map((t) => `  - ${t}`),
+      'To fix it, install the system packages and build the addon:',
+      '  sudo apt-get install -y cmake g++ libtorch-dev nlohmann-json3-dev libopenblas0-openmp',
+      `  cd ${packageRoot()} && npm run build:native`,
+      'A "cannot open shared object file" above means libtorch is not installed (libtorch-dev) or not on the loader path.',
+    ].join('\n'),
+  );
+}
+
+export function addon(): NativeAddon {
+  return loadBinding().addon;
+}
+
+/** The class C++ throws: an SlmError whose constructor takes (code, message). */
+class NativeSlmError extends SlmError {
+  constructor(code: string, message: string) {
+    super(code, message);
+  }
+}

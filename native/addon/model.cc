@@ -1,0 +1,305 @@
+#include "addon/model.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cstring>
+
+#include "addon/convert.h"
+#include "addon/workers.h"
+#include "core/safetensors.h"
+
+namespace slm_addon {
+
+namespace {
+
+slm::Qwen3Config read_config(Napi::Env env, const Napi::Object& c) {
+  slm::Qwen3Config cfg;
+  cfg.vocab_size = int_field(env, c, "vocab_size", 0, true);
+  cfg.hidden_size = int_field(env, c, "hidden_size", 0, true);
+  cfg.intermediate_size = int_field(env, c, "intermediate_size", 0, true);
+  cfg.num_hidden_layers = int_field(env, c, "num_hidden_layers", 0, true);
+  cfg.num_attention_heads = int_field(env, c, "num_attention_heads", 0, true);
+  cfg.num_key_value_heads = int_field(env, c, "num_key_value_heads", cfg.num_attention_heads);
+  cfg.head_dim = int_field(env, c, "head_dim", cfg.hidden_size / std::max<int64_t>(cfg.num_attention_heads, 1));
+  cfg.rope_theta = num_field(env, c, "rope_theta", 1e6);
+  cfg.rms_norm_eps = num_field(env, c, "rms_norm_eps", 1e-6);
+  auto tie = c.Get("tie_word_embeddings");
+  cfg.tie_word_embeddings = tie.IsBoolean() && tie.As<Napi::Boolean>().Value();
+  return cfg;
+}
+
+class LoadWorker : public PromiseWorker {
+ public:
+  LoadWorker(Napi::Env env, std::vector<std::string> files, slm::Qwen3Config cfg, slm::LoadOptions opts)
+      : PromiseWorker(env, "slm:load"), files_(std::move(files)), cfg_(cfg), opts_(std::move(opts)) {}
+
+ protected:
+  void Run() override {
+    c10::InferenceMode guard;
+    auto weights = slm::read_safetensors_files(files_);
+    model_ = std::make_shared<slm::Qwen3Model>(cfg_, std::move(weights), opts_);
+  }
+  Napi::Value Result(Napi::Env env) override { return ModelWrap::NewInstance(env, model_); }
+
+ private:
+  std::vector<std::string> files_;
+  slm::Qwen3Config cfg_;
+  slm::LoadOptions opts_;
+  std::shared_ptr<slm::Qwen3Model> model_;
+};
+
+class LogitsWorker : public PromiseWorker {
+ public:
+  LogitsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, at::Tensor ids, at::Tensor mask, at::Tensor pos)
+      : PromiseWorker(env, "slm:logits", owner), m_(std::move(m)), ids_(ids), mask_(mask), pos_(pos) {}
+
+ protected:
+  void Run() override {
+    c10::InferenceMode guard;
+    out_ = slm::full_logits(*m_, ids_, mask_, pos_);
+  }
+  Napi::Value Result(Napi::Env env) override {
+    auto a = Napi::Float32Array::New(env, out_.numel());
+    std::memcpy(a.Data(), out_.data_ptr<float>(), out_.numel() * sizeof(float));
+    return a;
+  }
+
+ private:
+  std::shared_ptr<slm::Qwen3Model> m_;
+  at::Tensor ids_, mask_, pos_, out_;
+};
+
+class GenerateWorker : public PromiseWorker {
+ public:
+  GenerateWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::shared_ptr<slm::Vocab> vocab, slm::GenerateParams p)
+      : PromiseWorker(env, "slm:generate", owner), m_(std::move(m)), vocab_(std::move(vocab)), p_(std::move(p)) {}
+
+ protected:
+  void Run() override {
+    c10::InferenceMode guard;
+    out_ = slm::generate(*m_, p_, vocab_.get());
+  }
+  Napi::Value Result(Napi::Env env) override {
+    std::vector<int32_t> tokens, lengths;
+    std::vector<float> lps;
+    std::vector<uint8_t> finish;
+    for (size_t r = 0; r < out_.tokens.size(); ++r) {
+      tokens.insert(tokens.end(), out_.tokens[r].begin(), out_.tokens[r].end());
+      lps.insert(lps.end(), out_.logprobs[r].begin(), out_.logprobs[r].end());
+      lengths.push_back(static_cast<int32_t>(out_.tokens[r].size()));
+      finish.push_back(static_cast<uint8_t>(out_.finish[r]));
+    }
+    auto o = Napi::Object::New(env);
+    o.Set("tokens", to_typed(env, tokens));
+    o.Set("lengths", to_typed(env, lengths));
+    o.Set("logprobs", to_typed(env, lps));
+    o.Set("finish", to_typed(env, finish));
+    o.Set("steps", Napi::Number::New(env, static_cast<double>(out_.steps)));
+    o.Set("prefillSeconds", Napi::Number::New(env, out_.prefill_seconds));
+    o.Set("decodeSeconds", Napi::Number::New(env, out_.decode_seconds));
+    return o;
+  }
+
+ private:
+  std::shared_ptr<slm::Qwen3Model> m_;
+  std::shared_ptr<slm::Vocab> vocab_;
+  slm::GenerateParams p_;
+  slm::GenerateOutput out_;
+};
+
+class LogprobsWorker : public PromiseWorker {
+ public:
+  LogprobsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::vector<std::vector<int32_t>> seqs, double temp)
+      : PromiseWorker(env, "slm:logprobs", owner), m_(std::move(m)), seqs_(std::move(seqs)), temp_(temp) {}
+
+ protected:
+  void Run() override {
+    c10::InferenceMode guard;
+    out_ = slm::sequence_logprobs(*m_, seqs_, temp_);
+  }
+  Napi::Value Result(Napi::Env env) override {
+    std::vector<float> flat;
+    for (const auto& r : out_) flat.insert(flat.end(), r.begin(), r.end());
+    return to_typed(env, flat);
+  }
+
+ private:
+  std::shared_ptr<slm::Qwen3Model> m_;
+  std::vector<std::vector<int32_t>> seqs_;
+  double temp_;
+  std::vector<std::vector<float>> out_;
+};
+
+// Splits a flat Int32Array into rows by lengths (checking that they add up).
+std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<int32_t>& flat, const std::vector<int32_t>& lengths) {
+  std::vector<std::vector<int32_t>> rows;
+  size_t off = 0;
+  for (auto n : lengths) {
+    if (n < 0 || off + n > flat.size()) throw_error(env, "ARGUMENT_INVALID", "lengths do not add up to the number of ids.");
+    rows.emplace_back(flat.begin() + off, flat.begin() + off + n);
+    off += n;
+  }
+  if (off != flat.size())
+    throw_error(env, "ARGUMENT_INVALID", "lengths add up to " + std::to_string(off) + " but " + std::to_string(flat.size()) + " ids were given.");
+  return rows;
+}
+
+}  // namespace
+
+Napi::Function ModelWrap::Define(Napi::Env env) {
+  auto cls = DefineClass(env, "NativeModel",
+                         {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
+                          InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
+                          InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"), InstanceMethod<&ModelWrap::Dispose>("dispose")});
+  data(env)->model_class = Napi::Persistent(cls);
+  return cls;
+}
+
+Napi::Object ModelWrap::NewInstance(Napi::Env env, std::shared_ptr<slm::Qwen3Model> model) {
+  auto* holder = new std::shared_ptr<slm::Qwen3Model>(std::move(model));
+  auto ext = Napi::External<std::shared_ptr<slm::Qwen3Model>>::New(env, holder, [](Napi::Env, std::shared_ptr<slm::Qwen3Model>* p) { delete p; });
+  return data(env)->model_class.New({ext});
+}
+
+ModelWrap::ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWrap>(info) {
+  if (info.Length() < 1 || !info[0].IsExternal())
+    throw_error(info.Env(), "ARGUMENT_INVALID", "NativeModel cannot be constructed directly: use loadModel().");
+  model_ = *info[0].As<Napi::External<std::shared_ptr<slm::Qwen3Model>>>().Data();
+  vocab_ = std::make_shared<slm::Vocab>();
+}
+
+std::shared_ptr<slm::Qwen3Model> ModelWrap::live(Napi::Env env) const {
+  if (!model_) throw_error(env, "HANDLE_DISPOSED", "this model was disposed; load it again to use it.");
+  return model_;
+}
+
+Napi::Value ModelWrap::Load(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "loadModel expects {files, config, dtype, device}.");
+  auto o = info[0].As<Napi::Object>();
+  auto files_v = o.Get("files");
+  if (!files_v.IsArray()) throw_error(env, "ARGUMENT_INVALID", "loadModel: 'files' must be an array of safetensors paths.");
+  std::vector<std::string> files;
+  auto arr = files_v.As<Napi::Array>();
+  for (uint32_t i = 0; i < arr.Length(); ++i) files.push_back(arr.Get(i).As<Napi::String>().Utf8Value());
+  if (!o.Get("config").IsObject()) throw_error(env, "ARGUMENT_INVALID", "loadModel: 'config' must be the parsed config.json.");
+  auto cfg = read_config(env, o.Get("config").As<Napi::Object>());
+  slm::LoadOptions lo;
+  ErrorInfo err;
+  std::string dtype = str_field(env, o, "dtype", "float32");
+  if (!capture([&] { lo.dtype = slm::parse_compute_dtype(dtype); }, err)) throw_error(env, err.code, err.message);
+  lo.device = str_field(env, o, "device", "cpu");
+  if (!capture([&] { (void)at::Device(lo.device); }, err))
+    throw_error(env, "ARGUMENT_INVALID", "device must look like 'cpu', 'cuda' or 'cuda:N', found '" + lo.device + "'.");
+  auto* w = new LoadWorker(env, std::move(files), cfg, lo);
+  auto p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+Napi::Value ModelWrap::Info(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  const auto& c = m->config();
+  auto o = Napi::Object::New(env);
+  o.Set("numParameters", Napi::Number::New(env, static_cast<double>(m->num_parameters())));
+  o.Set("parameterBytes", Napi::Number::New(env, static_cast<double>(m->parameter_bytes())));
+  o.Set("dtype", Napi::String::New(env, c10::toString(m->dtype())));
+  o.Set("device", Napi::String::New(env, m->device().str()));
+  o.Set("vocabSize", Napi::Number::New(env, static_cast<double>(c.vocab_size)));
+  o.Set("numLayers", Napi::Number::New(env, static_cast<double>(c.num_hidden_layers)));
+  o.Set("hiddenSize", Napi::Number::New(env, static_cast<double>(c.hidden_size)));
+  return o;
+}
+
+Napi::Value ModelWrap::SetVocab(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  live(env);
+  if (!info[0].IsTypedArray() || !info[1].IsTypedArray()) throw_error(env, "ARGUMENT_INVALID", "setVocab(bytes: Uint8Array, offsets: Int32Array).");
+  auto bytes = info[0].As<Napi::Uint8Array>();
+  auto offs = int32s(env, info[1], "offsets");
+  auto v = std::make_shared<slm::Vocab>();
+  for (size_t i = 0; i + 1 < offs.size(); ++i) {
+    if (offs[i] < 0 || offs[i] > offs[i + 1] || static_cast<size_t>(offs[i + 1]) > bytes.ElementLength())
+      throw_error(env, "ARGUMENT_INVALID", "setVocab: offsets must be non-decreasing and within the byte buffer.");
+    v->bytes.emplace_back(reinterpret_cast<const char*>(bytes.Data()) + offs[i], offs[i + 1] - offs[i]);
+  }
+  vocab_ = v;  // running generations keep the vocabulary they started with
+  return env.Undefined();
+}
+
+Napi::Value ModelWrap::Logits(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "logits expects {ids, batch, seqLen, attentionMask?, positionIds?}.");
+  auto o = info[0].As<Napi::Object>();
+  auto ids = int32s(env, o.Get("ids"), "ids");
+  const int64_t B = int_field(env, o, "batch", 1), T = int_field(env, o, "seqLen", static_cast<int64_t>(ids.size()));
+  if (B <= 0 || T <= 0 || B * T != static_cast<int64_t>(ids.size()))
+    throw_error(env, "ARGUMENT_INVALID", "ids hold " + std::to_string(ids.size()) + " values but batch x seqLen = " + std::to_string(B * T) + ".");
+  const auto li = at::TensorOptions().dtype(at::kLong);
+  auto idt = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), li).view({B, T});
+  at::Tensor mask = at::ones({B, T}, li), pos;
+  if (!o.Get("attentionMask").IsUndefined()) {
+    auto mv = int32s(env, o.Get("attentionMask"), "attentionMask");
+    if (static_cast<int64_t>(mv.size()) != B * T) throw_error(env, "ARGUMENT_INVALID", "attentionMask must have batch x seqLen values.");
+    mask = at::tensor(std::vector<int64_t>(mv.begin(), mv.end()), li).view({B, T});
+  }
+  if (!o.Get("positionIds").IsUndefined()) {
+    auto pv = int32s(env, o.Get("positionIds"), "positionIds");
+    if (static_cast<int64_t>(pv.size()) != B * T) throw_error(env, "ARGUMENT_INVALID", "positionIds must have batch x seqLen values.");
+    pos = at::tensor(std::vector<int64_t>(pv.begin(), pv.end()), li).view({B, T});
+  } else {
+    pos = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1);
+  }
+  auto* w = new LogitsWorker(env, info.This().As<Napi::Object>(), m, idt, mask, pos);
+  auto p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "generate expects a request object.");
+  auto o = info[0].As<Napi::Object>();
+  slm::GenerateParams p;
+  p.prompts = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
+  p.max_new_tokens = int_field(env, o, "maxNewTokens", 64);
+  p.temperature = float32s(env, o.Get("temperature"), "temperature");
+  p.top_k = int_field(env, o, "topK", 0);
+  p.top_p = num_field(env, o, "topP", 1.0);
+  p.seed = static_cast<uint64_t>(num_field(env, o, "seed", 0));
+  p.pad_id = static_cast<int32_t>(int_field(env, o, "padId", 0));
+  if (!o.Get("stopTokenIds").IsUndefined()) p.stop_token_ids = int32s(env, o.Get("stopTokenIds"), "stopTokenIds");
+  auto ss = o.Get("stopStrings");
+  if (ss.IsArray()) {
+    auto a = ss.As<Napi::Array>();
+    for (uint32_t i = 0; i < a.Length(); ++i) p.stop_strings.push_back(a.Get(i).As<Napi::String>().Utf8Value());
+  }
+  auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, std::move(p));
+  auto pr = w->Promise();
+  w->Queue();
+  return pr;
+}
+
+Napi::Value ModelWrap::SequenceLogprobs(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "sequenceLogprobs expects {ids, lengths, temperature}.");
+  auto o = info[0].As<Napi::Object>();
+  auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
+  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), m, std::move(rows), num_field(env, o, "temperature", 1.0));
+  auto p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+Napi::Value ModelWrap::Dispose(const Napi::CallbackInfo& info) {
+  model_.reset();  // running workers hold their own reference; memory goes when they finish
+  vocab_.reset();
+  return info.Env().Undefined();
+}
+
+}  // namespace slm_addon

@@ -1,0 +1,35 @@
+// The JS `NativeModel` class: a handle on a loaded Qwen3 model (weights on their device) and the
+// vocabulary's byte strings (for stop strings). Every method that computes returns a Promise.
+#pragma once
+#include <napi.h>
+
+#include <memory>
+
+#include "core/generate.h"
+#include "core/qwen3.h"
+
+namespace slm_addon {
+
+class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
+ public:
+  static Napi::Function Define(Napi::Env env);
+  static Napi::Object NewInstance(Napi::Env env, std::shared_ptr<slm::Qwen3Model> model);
+  explicit ModelWrap(const Napi::CallbackInfo& info);
+
+  // loadModel({files, config, dtype, device}) -> Promise<NativeModel>
+  static Napi::Value Load(const Napi::CallbackInfo& info);
+
+ private:
+  std::shared_ptr<slm::Qwen3Model> live(Napi::Env env) const;
+  Napi::Value Info(const Napi::CallbackInfo& info);
+  Napi::Value SetVocab(const Napi::CallbackInfo& info);
+  Napi::Value Logits(const Napi::CallbackInfo& info);
+  Napi::Value Generate(const Napi::CallbackInfo& info);
+  Napi::Value SequenceLogprobs(const Napi::CallbackInfo& info);
+  Napi::Value Dispose(const Napi::CallbackInfo& info);
+
+  std::shared_ptr<slm::Qwen3Model> model_;
+  std::shared_ptr<slm::Vocab> vocab_;
+};
+
+}  // namespace slm_addon

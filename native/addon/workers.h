@@ -1,0 +1,43 @@
+// Async workers: every long native call runs on a libuv worker thread and resolves a Promise. JS
+// arguments are copied into plain structs on the main thread; Execute touches no N-API; the JS
+// object whose method started the work is referenced until the worker ends.
+#pragma once
+#include <napi.h>
+
+#include "addon/errors.h"
+
+namespace slm_addon {
+
+class PromiseWorker : public Napi::AsyncWorker {
+ public:
+  PromiseWorker(Napi::Env env, const char* name, Napi::Object owner = Napi::Object())
+      : Napi::AsyncWorker(env, name), deferred_(Napi::Promise::Deferred::New(env)) {
+    if (!owner.IsEmpty()) owner_ = Napi::Persistent(owner);
+  }
+  Napi::Promise Promise() { return deferred_.Promise(); }
+
+ protected:
+  virtual void Run() = 0;                        // worker thread: no N-API here
+  virtual Napi::Value Result(Napi::Env env) = 0;  // main thread
+  void Execute() override {
+    if (!capture([this] { Run(); }, err_)) SetError(err_.message);
+  }
+  void OnOK() override {
+    Napi::Value v;
+    try {
+      v = Result(Env());
+    } catch (const Napi::Error& e) {
+      deferred_.Reject(e.Value());
+      return;
+    }
+    deferred_.Resolve(v);
+  }
+  void OnError(const Napi::Error&) override { deferred_.Reject(make_error(Env(), err_.code, err_.message)); }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  Napi::ObjectReference owner_;
+  ErrorInfo err_;
+};
+
+}  // namespace slm_addon

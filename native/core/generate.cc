@@ -1,0 +1,203 @@
+#include "core/generate.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <unordered_set>
+
+#include "core/errors.h"
+#include "core/sampler.h"
+
+namespace slm {
+
+namespace {
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Does `tail` (the row's recent output bytes) contain `stop` within the bytes that the last token
+// added? A stop string may end inside a token (e.g. a token "</python>\n"), so we look at the last
+// (len(stop) + len(token) - 1) bytes rather than only at the end.
+bool ends_with_stop(const std::string& tail, size_t added, const std::string& stop) {
+  if (stop.empty() || added == 0) return false;
+  const size_t window = std::min(tail.size(), stop.size() + added - 1);
+  return tail.find(stop, tail.size() - window) != std::string::npos;
+}
+}  // namespace
+
+GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const Vocab* vocab) {
+  const int64_t B = static_cast<int64_t>(p.prompts.size());
+  GenerateOutput out;
+  out.tokens.resize(B);
+  out.logprobs.resize(B);
+  out.finish.assign(B, Finish::Length);
+  if (B == 0 || p.max_new_tokens <= 0) return out;
+  if (static_cast<int64_t>(p.temperature.size()) != B)
+    fail("ARGUMENT_INVALID", "expected one temperature per prompt (" + std::to_string(B) + "), found " + std::to_string(p.temperature.size()) + ".");
+  if (!p.stop_strings.empty() && (!vocab || vocab->bytes.empty()))
+    fail("ARGUMENT_INVALID", "stop strings need the vocabulary's byte strings: call setVocab on the model first.");
+  int64_t L = 0;
+  for (const auto& pr : p.prompts) {
+    if (pr.empty()) fail("ARGUMENT_INVALID", "every prompt needs at least one token; found an empty prompt.");
+    L = std::max<int64_t>(L, static_cast<int64_t>(pr.size()));
+  }
+  const auto dev = model.device();
+  const auto li = at::TensorOptions().dtype(at::kLong);
+  // Left padding: ids [B, L], mask [B, L] (1 = real), positions = cumsum(mask) - 1 (pads -> 1, as HF).
+  auto ids = at::full({B, L}, p.pad_id, li);
+  auto mask = at::zeros({B, L}, li);
+  auto ids_a = ids.accessor<int64_t, 2>();
+  auto mask_a = mask.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& pr = p.prompts[b];
+    const int64_t off = L - static_cast<int64_t>(pr.size());
+    for (size_t t = 0; t < pr.size(); ++t) {
+      ids_a[b][off + t] = pr[t];
+      mask_a[b][off + t] = 1;
+    }
+  }
+  auto positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1);
+  ids = ids.to(dev);
+  mask = mask.to(dev);
+  positions = positions.to(dev);
+  model.check_ids(ids);
+
+  std::unordered_set<int32_t> stop_ids(p.stop_token_ids.begin(), p.stop_token_ids.end());
+  size_t max_stop = 0;
+  for (const auto& s : p.stop_strings) max_stop = std::max(max_stop, s.size());
+  std::vector<std::string> tails(B);
+
+  RowRng rng(p.seed, B);
+  std::vector<int64_t> rows(B);  // original row of each batch slot
+  for (int64_t b = 0; b < B; ++b) rows[b] = b;
+  auto temps_all = at::tensor(p.temperature, at::TensorOptions().dtype(at::kFloat));
+  auto temps = temps_all.to(dev);
+  std::vector<bool> done(B, false);
+
+  auto cache = model.new_cache(B, L + p.max_new_tokens);
+  double t0 = now();
+  auto h = model.hidden(ids, positions, mask, &cache);               // [B, L, hidden]
+  auto logits = model.logits(h.narrow(1, L - 1, 1)).squeeze(1);      // [B, V]
+  auto last_pos = positions.narrow(1, L - 1, 1).squeeze(1);          // [B]
+  out.prefill_seconds = now() - t0;
+  t0 = now();
+
+  for (int64_t step = 0; step < p.max_new_tokens; ++step) {
+    auto u = at::tensor(rng.next(rows), at::TensorOptions().dtype(at::kFloat)).to(dev);
+    auto s = sample(logits, temps, p.top_k, p.top_p, u);
+    auto tok_cpu = s.tokens.to(at::kCPU);
+    auto lp_cpu = s.logprobs.to(at::kCPU);
+    auto tok_a = tok_cpu.accessor<int64_t, 1>();
+    auto lp_a = lp_cpu.accessor<float, 1>();
+    const int64_t Bc = static_cast<int64_t>(rows.size());
+    int64_t finished_in_batch = 0;
+    std::vector<int64_t> alive_mask(Bc, 1);
+    for (int64_t i = 0; i < Bc; ++i) {
+      const int64_t r = rows[i];
+      if (done[r]) {
+        alive_mask[i] = 0;
+        ++finished_in_batch;
+        continue;
+      }
+      const int32_t t = static_cast<int32_t>(tok_a[i]);
+      out.tokens[r].push_back(t);
+      out.logprobs[r].push_back(lp_a[i]);
+      if (stop_ids.count(t)) {
+        done[r] = true;
+        out.finish[r] = Finish::StopToken;
+      } else if (max_stop > 0) {
+        const std::string& piece = (t >= 0 && static_cast<size_t>(t) < vocab->bytes.size()) ? vocab->bytes[t] : std::string();
+        auto& tail = tails[r];
+        tail += piece;
+        for (const auto& ss : p.stop_strings) {
+          if (ends_with_stop(tail, piece.size(), ss)) {
+            done[r] = true;
+            out.finish[r] = Finish::StopString;
+            break;
+          }
+        }
+        if (tail.size() > 4 * max_stop + 64) tail.erase(0, tail.size() - 2 * max_stop - 64);
+      }
+      if (done[r]) {
+        alive_mask[i] = 0;
+        ++finished_in_batch;
+      }
+    }
+    out.steps = step + 1;
+    if (finished_in_batch == Bc || step + 1 == p.max_new_tokens) break;
+    auto next = s.tokens.unsqueeze(1);  // [Bc, 1]
+    auto alive = at::tensor(alive_mask, li).to(dev);
+    if (finished_in_batch * 4 >= Bc) {
+      // Compact: keep only the live rows (cost: one copy of the cache; at most log_{4/3}(B) times).
+      std::vector<int64_t> keep, new_rows;
+      for (int64_t i = 0; i < Bc; ++i)
+        if (alive_mask[i]) {
+          keep.push_back(i);
+          new_rows.push_back(rows[i]);
+        }
+      auto keep_t = at::tensor(keep, li).to(dev);
+      cache.keep_rows(keep_t);
+      mask = mask.index_select(0, keep_t);
+      last_pos = last_pos.index_select(0, keep_t);
+      temps = temps.index_select(0, keep_t);
+      next = next.index_select(0, keep_t);
+      alive = at::ones({static_cast<int64_t>(keep.size())}, li.device(dev));
+      rows = std::move(new_rows);
+    }
+    mask = at::cat({mask, alive.unsqueeze(1)}, 1);
+    last_pos = last_pos + 1;
+    h = model.hidden(next, last_pos.unsqueeze(1), mask, &cache);
+    logits = model.logits(h).squeeze(1);
+  }
+  out.decode_seconds = now() - t0;
+  return out;
+}
+
+std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, double temperature) {
+  const int64_t B = static_cast<int64_t>(seqs.size());
+  std::vector<std::vector<float>> out(B);
+  if (B == 0) return out;
+  if (!(temperature > 0)) fail("ARGUMENT_INVALID", "temperature for log-probs must be > 0, found " + std::to_string(temperature) + ".");
+  int64_t T = 0;
+  for (const auto& s : seqs) T = std::max<int64_t>(T, static_cast<int64_t>(s.size()));
+  if (T == 0) {
+    return out;
+  }
+  const auto li = at::TensorOptions().dtype(at::kLong);
+  // Right padding: real tokens never attend to the pads after them under the causal mask.
+  auto ids = at::zeros({B, T}, li), mask = at::zeros({B, T}, li);
+  auto ia = ids.accessor<int64_t, 2>();
+  auto ma = mask.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t t = 0; t < seqs[b].size(); ++t) {
+      ia[b][t] = seqs[b][t];
+      ma[b][t] = 1;
+    }
+  const auto dev = model.device();
+  auto positions = at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous();
+  auto h = model.hidden(ids.to(dev), positions.to(dev), mask.to(dev), nullptr);  // [B, T, hidden]
+  auto targets = ids.to(dev);
+  auto result = at::zeros({B, T}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  // The vocabulary projection in time chunks bounds the [B, c, V] float32 block to ~256 MB.
+  const int64_t V = model.config().vocab_size;
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(B * V, 1));
+  for (int64_t t0 = 0; t0 + 1 < T; t0 += chunk) {
+    const int64_t c = std::min(chunk, T - 1 - t0);
+    auto lp = at::log_softmax(model.logits(h.narrow(1, t0, c)) / temperature, -1);       // [B, c, V]
+    auto tgt = targets.narrow(1, t0 + 1, c).unsqueeze(-1);                               // [B, c, 1]
+    result.narrow(1, t0 + 1, c).copy_(lp.gather(-1, tgt).squeeze(-1));
+  }
+  auto rc = result.to(at::kCPU);
+  auto ra = rc.accessor<float, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    out[b].resize(seqs[b].size());
+    for (size_t t = 0; t < seqs[b].size(); ++t) out[b][t] = t == 0 ? 0.f : ra[b][t];
+  }
+  return out;
+}
+
+at::Tensor full_logits(const Qwen3Model& model, const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& positions) {
+  const auto dev = model.device();
+  auto h = model.hidden(ids.to(dev), positions.to(dev), mask.to(dev), nullptr);
+  return model.logits(h).to(at::kCPU).contiguous();
+}
+
+}  // namespace slm

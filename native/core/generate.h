@@ -1,0 +1,52 @@
+// Batched generation in one call: left-padded prefill, then one decode step per token for all rows
+// with a KV cache. Rows stop on a stop token id, on a stop string (checked on the decoded bytes of
+// the row's output, using the vocabulary's byte strings), or at max_new_tokens. Finished rows are
+// dropped from the batch (and the cache compacted) once a quarter of the batch has finished.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/qwen3.h"
+
+namespace slm {
+
+struct Vocab {
+  std::vector<std::string> bytes;  // id -> the raw bytes the token decodes to
+};
+
+struct GenerateParams {
+  std::vector<std::vector<int32_t>> prompts;
+  int64_t max_new_tokens = 64;
+  std::vector<float> temperature;  // per row; <= 0 = greedy
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop_strings;
+  int32_t pad_id = 0;
+};
+
+enum class Finish : uint8_t { Length = 0, StopToken = 1, StopString = 2 };
+
+struct GenerateOutput {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> logprobs;
+  std::vector<Finish> finish;
+  int64_t steps = 0;           // decode steps run
+  double prefill_seconds = 0;  // time of the prefill forward
+  double decode_seconds = 0;   // time of all decode steps
+};
+
+GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const Vocab* vocab);
+
+// Teacher forcing: for each sequence, out[t] = log p(ids[t] | ids[< t]) under softmax(logits /
+// temperature) for t >= 1, and out[0] = 0. One forward for the whole (right-padded) batch.
+std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, double temperature);
+
+// Logits of every position: ids [B, T] with an optional attention mask and explicit positions (as in
+// HF's forward); returns [B, T, V] float32 on the CPU.
+at::Tensor full_logits(const Qwen3Model& model, const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& positions);
+
+}  // namespace slm

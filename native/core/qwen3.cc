@@ -1,0 +1,226 @@
+#include "core/qwen3.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/errors.h"
+
+namespace slm {
+
+at::ScalarType parse_compute_dtype(const std::string& s) {
+  if (s == "float32" || s == "f32" || s == "fp32") return at::kFloat;
+  if (s == "bfloat16" || s == "bf16") return at::kBFloat16;
+  if (s == "float16" || s == "f16" || s == "fp16") return at::kHalf;
+  fail("ARGUMENT_INVALID", "compute dtype must be float32, bfloat16 or float16, found '" + s + "'.");
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight); }
+
+void KVCache::keep_rows(const at::Tensor& rows) {
+  for (auto& t : k) t = t.index_select(0, rows);
+  for (auto& t : v) t = t.index_select(0, rows);
+}
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// Takes (and removes) a tensor from the checkpoint, checks its shape, and places it on the device in
+// the compute dtype. `to` returns the same tensor when device and dtype already match: a BF16
+// checkpoint computed in BF16 on CPU stays in the memory map.
+at::Tensor take(TensorMap& w, const std::string& name, std::vector<int64_t> shape, const LoadOptions& o, at::Device dev,
+                at::ScalarType dtype) {
+  auto it = w.tensors.find(name);
+  if (it == w.tensors.end())
+    fail("WEIGHTS_MISSING", "the checkpoint has no tensor '" + name + "' (expected shape " + shape_str(shape) +
+                                " from config.json). The weights do not belong to this config, or a shard is missing.");
+  at::Tensor t = it->second;
+  if (t.sizes() != at::IntArrayRef(shape))
+    fail("WEIGHTS_MISMATCH", "tensor '" + name + "' in " + w.source[name] + " has shape " + shape_str(t.sizes()) + " but config.json implies " +
+                                 shape_str(shape) + ". Check that config.json belongs to these weights.");
+  if (!at::isFloatingType(t.scalar_type()))
+    fail("DTYPE_UNSUPPORTED", "tensor '" + name + "' has integer dtype " + std::string(c10::toString(t.scalar_type())) + "; expected F32, F16 or BF16.");
+  w.tensors.erase(it);
+  (void)o;
+  return t.to(dev, dtype);
+}
+
+}  // namespace
+
+Qwen3Model::Qwen3Model(const Qwen3Config& cfg, TensorMap&& w, const LoadOptions& opts)
+    : cfg_(cfg), device_(opts.device), dtype_(opts.dtype) {
+  if (device_.is_cuda() && !at::hasCUDA())
+    fail("DEVICE_UNAVAILABLE", "device '" + opts.device + "' was asked for, but this libtorch has no CUDA support (or no GPU is visible). Use device cpu, or build against a CUDA libtorch.");
+  if (dtype_ == at::kHalf && !device_.is_cuda())
+    fail("ARGUMENT_INVALID", "float16 compute is only supported on CUDA; on CPU use float32 or bfloat16.");
+  const int64_t H = cfg.hidden_size, D = cfg.head_dim, V = cfg.vocab_size, I = cfg.intermediate_size;
+  const int64_t nq = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  if (nq % nkv != 0) fail("MODEL_CONFIG_INVALID", "num_attention_heads (" + std::to_string(nq) + ") must be a multiple of num_key_value_heads (" + std::to_string(nkv) + ").");
+  if (D % 2 != 0) fail("MODEL_CONFIG_INVALID", "head_dim must be even for rotary embeddings, found " + std::to_string(D) + ".");
+  auto T = [&](const std::string& n, std::vector<int64_t> s) { return take(w, n, std::move(s), opts, device_, dtype_); };
+  embed_ = T("model.embed_tokens.weight", {V, H});
+  norm_ = T("model.norm.weight", {H});
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Qwen3Layer L;
+    L.input_norm = T(p + "input_layernorm.weight", {H});
+    L.post_norm = T(p + "post_attention_layernorm.weight", {H});
+    L.q.weight = T(p + "self_attn.q_proj.weight", {nq * D, H});
+    L.k.weight = T(p + "self_attn.k_proj.weight", {nkv * D, H});
+    L.v.weight = T(p + "self_attn.v_proj.weight", {nkv * D, H});
+    L.o.weight = T(p + "self_attn.o_proj.weight", {H, nq * D});
+    L.q_norm = T(p + "self_attn.q_norm.weight", {D});
+    L.k_norm = T(p + "self_attn.k_norm.weight", {D});
+    L.gate.weight = T(p + "mlp.gate_proj.weight", {I, H});
+    L.up.weight = T(p + "mlp.up_proj.weight", {I, H});
+    L.down.weight = T(p + "mlp.down_proj.weight", {H, I});
+    layers_.push_back(std::move(L));
+  }
+  if (cfg.tie_word_embeddings) {
+    lm_head_ = embed_;
+    if (w.tensors.count("lm_head.weight")) T("lm_head.weight", {V, H});  // some tied checkpoints store a copy
+  } else {
+    lm_head_ = T("lm_head.weight", {V, H});
+  }
+  if (!w.tensors.empty()) {
+    std::string names;
+    int n = 0;
+    for (const auto& kv : w.tensors) {
+      if (n++ < 5) names += (names.empty() ? "" : ", ") + ("'" + kv.first + "'");
+    }
+    fail("WEIGHTS_UNUSED", "the checkpoint has " + std::to_string(w.tensors.size()) + " tensor(s) that a " + std::to_string(cfg.num_hidden_layers) +
+                               "-layer Qwen3 does not use: " + names + (w.tensors.size() > 5 ? ", ..." : "") +
+                               ". config.json does not describe these weights (wrong num_hidden_layers or tie_word_embeddings?).");
+  }
+  // inv_freq[i] = 1 / theta^(2i / head_dim), computed in float64 and stored in float32 as HF keeps it.
+  auto idx = at::arange(0, D, 2, at::TensorOptions().dtype(at::kDouble).device(device_));
+  inv_freq_ = (1.0 / at::pow(cfg.rope_theta, idx / static_cast<double>(D))).to(at::kFloat);
+}
+
+int64_t Qwen3Model::num_parameters() const {
+  int64_t n = embed_.numel() + norm_.numel() + (cfg_.tie_word_embeddings ? 0 : lm_head_.numel());
+  for (const auto& L : layers_) {
+    for (const auto* t : {&L.input_norm, &L.post_norm, &L.q_norm, &L.k_norm}) n += t->numel();
+    for (const auto* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) n += l->weight.numel();
+  }
+  return n;
+}
+
+int64_t Qwen3Model::parameter_bytes() const { return num_parameters() * static_cast<int64_t>(c10::elementSize(dtype_)); }
+
+KVCache Qwen3Model::new_cache(int64_t batch, int64_t capacity) const {
+  KVCache c;
+  c.capacity = capacity;
+  auto o = at::TensorOptions().dtype(dtype_).device(device_);
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+    c.k.push_back(at::zeros({batch, cfg_.num_key_value_heads, capacity, cfg_.head_dim}, o));
+    c.v.push_back(at::zeros({batch, cfg_.num_key_value_heads, capacity, cfg_.head_dim}, o));
+  }
+  return c;
+}
+
+void Qwen3Model::check_ids(const at::Tensor& ids) const {
+  if (ids.numel() == 0) return;
+  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= cfg_.vocab_size)
+    fail("TOKEN_OUT_OF_RANGE", "token id " + std::to_string(lo < 0 ? lo : hi) + " is outside the vocabulary: expected ids in [0, " +
+                                   std::to_string(cfg_.vocab_size) + "). Use the model's own tokenizer.");
+}
+
+at::Tensor Qwen3Model::rms_norm(const at::Tensor& x, const at::Tensor& w) const {
+  auto xf = x.to(at::kFloat);
+  auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return w * (xf * at::rsqrt(var + cfg_.rms_norm_eps)).to(x.scalar_type());
+}
+
+namespace {
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+}  // namespace
+
+at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                 const at::Tensor& mask, KVCache* cache, int64_t layer) const {
+  const int64_t B = x.size(0), T = x.size(1), D = cfg_.head_dim;
+  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, R = nq / nkv;
+  // [B, T, nq*D] -> [B, T, nq, D] -> per-head RMSNorm -> RoPE (cos/sin [B, T, 1, D]) -> [B, nq, T, D]
+  auto q = rms_norm(L.q.forward(x).view({B, T, nq, D}), L.q_norm);
+  auto k = rms_norm(L.k.forward(x).view({B, T, nkv, D}), L.k_norm);
+  auto v = L.v.forward(x).view({B, T, nkv, D});
+  q = (q * cos + rotate_half(q) * sin).transpose(1, 2).contiguous();  // [B, nq, T, D]
+  k = (k * cos + rotate_half(k) * sin).transpose(1, 2);               // [B, nkv, T, D]
+  v = v.transpose(1, 2);                                              // [B, nkv, T, D]
+  at::Tensor K, Vv;
+  if (cache) {
+    const int64_t start = cache->length;
+    cache->k[layer].narrow(2, start, T).copy_(k);
+    cache->v[layer].narrow(2, start, T).copy_(v);
+    K = cache->k[layer].narrow(2, 0, start + T);  // [B, nkv, S, D]
+    Vv = cache->v[layer].narrow(2, 0, start + T);
+  } else {
+    K = k;
+    Vv = v;
+  }
+  const int64_t S = K.size(2);
+  // Grouped-query attention without repeating K/V: query head h uses kv head h / R, so the R query
+  // heads of one kv head are stacked along the time axis: [B, nq, T, D] -> [B, nkv, R*T, D].
+  auto qg = q.view({B, nkv, R * T, D});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto Kt = K.transpose(-1, -2);  // [B, nkv, D, S]
+  // Chunk the queries so that the float32 score block stays under ~256 MB for long prefills.
+  const int64_t per_query = B * nq * S * 4;
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(256) << 20) / std::max<int64_t>(per_query, 1)));
+  std::vector<at::Tensor> outs;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t c = std::min(chunk, T - t0);
+    auto qc = chunk == T ? qg : q.narrow(2, t0, c).reshape({B, nkv, R * c, D});
+    auto scores = at::matmul(qc, Kt) * scale;                          // [B, nkv, R*c, S]
+    auto sf = scores.to(at::kFloat).view({B, nkv, R, c, S}) + mask.narrow(2, t0, c).unsqueeze(1);  // mask [B,1,1,c,S]
+    auto probs = at::softmax(sf, -1).to(dtype_).view({B, nkv, R * c, S});
+    outs.push_back(at::matmul(probs, Vv).view({B, nq, c, D}));        // [B, nq, c, D]
+  }
+  auto o = outs.size() == 1 ? outs[0] : at::cat(outs, 2);
+  return L.o.forward(o.transpose(1, 2).reshape({B, T, nq * D}));
+}
+
+at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache) const {
+  const int64_t B = ids.size(0), T = ids.size(1);
+  const int64_t S = (cache ? cache->length : 0) + T;
+  if (key_mask.size(0) != B || key_mask.size(1) != S)
+    fail("ARGUMENT_INVALID", "key mask must be [" + std::to_string(B) + ", " + std::to_string(S) + "], found " + shape_str(key_mask.sizes()) + ".");
+  if (cache && S > cache->capacity)
+    fail("ARGUMENT_INVALID", "the KV cache holds " + std::to_string(cache->capacity) + " positions; " + std::to_string(S) + " were needed.");
+  check_ids(ids);
+  auto fo = at::TensorOptions().dtype(at::kFloat).device(device_);
+  // Additive mask [B, 1, T, S]: query t sits at key index S - T + t and sees keys j <= that index
+  // that are not padding. Masked entries get the lowest float (as HF), so a fully padded query row
+  // yields a uniform distribution instead of NaN.
+  auto qidx = at::arange(S - T, S, fo.dtype(at::kLong)).view({1, T, 1});
+  auto kidx = at::arange(0, S, fo.dtype(at::kLong)).view({1, 1, S});
+  auto allowed = (kidx <= qidx).logical_and(key_mask.to(device_).to(at::kBool).view({B, 1, S}));  // [B, T, S]
+  auto mask = at::zeros({B, T, S}, fo).masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest()).unsqueeze(1);
+  // RoPE tables [B, T, 1, D] from explicit positions (HF: freqs = pos * inv_freq, emb = cat(freqs, freqs)).
+  auto freqs = positions.to(device_).to(at::kFloat).unsqueeze(-1) * inv_freq_.view({1, 1, -1});  // [B, T, D/2]
+  auto emb = at::cat({freqs, freqs}, -1);
+  auto cos = emb.cos().to(dtype_).unsqueeze(2), sin = emb.sin().to(dtype_).unsqueeze(2);
+  auto h = at::embedding(embed_, ids.to(device_));  // [B, T, hidden]
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto& L = layers_[i];
+    h = h + attention(L, rms_norm(h, L.input_norm), cos, sin, mask, cache, static_cast<int64_t>(i));
+    auto x = rms_norm(h, L.post_norm);
+    h = h + L.down.forward(at::silu(L.gate.forward(x)) * L.up.forward(x));
+  }
+  if (cache) cache->length += T;
+  return rms_norm(h, norm_);
+}
+
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return at::matmul(hidden, lm_head_.t()).to(at::kFloat); }
+
+}  // namespace slm

@@ -1,0 +1,98 @@
+// The Qwen3 decoder, computed as Hugging Face's modeling_qwen3.py computes it:
+//   h = embed(ids)
+//   per layer:  h = h + o_proj(attn(rope(q_norm(q)), rope(k_norm(k)), v))   (pre-norm: input_layernorm)
+//               h = h + down(silu(gate(x)) * up(x))                         (x = post_attention_layernorm(h))
+//   logits = lm_head(norm(h))   (lm_head = embed_tokens when tie_word_embeddings)
+// RMSNorm runs in float32 and casts back; q/k norms are per head, before RoPE; RoPE is rotate-half with
+// inv_freq = 1 / theta^(2i/head_dim); attention is grouped-query (num_heads / num_kv_heads queries per
+// key/value head), softmax in float32. Nothing here assumes a device: weights and activations live
+// on `device` and every new tensor is created with the options of an existing one.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+
+namespace slm {
+
+struct Qwen3Config {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  double rope_theta = 1e6;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+};
+
+struct LoadOptions {
+  at::ScalarType dtype = at::kFloat;  // compute dtype: float32, bfloat16 (or float16 on CUDA)
+  std::string device = "cpu";         // "cpu", "cuda", "cuda:1", ...
+};
+
+struct Linear {
+  at::Tensor weight;  // [out, in]
+  at::Tensor forward(const at::Tensor& x) const;
+};
+
+struct Qwen3Layer {
+  at::Tensor input_norm, post_norm, q_norm, k_norm;  // [hidden], [hidden], [head_dim], [head_dim]
+  Linear q, k, v, o, gate, up, down;
+};
+
+// Per-layer key/value cache for batched decoding: [B, n_kv, capacity, head_dim] each.
+struct KVCache {
+  std::vector<at::Tensor> k, v;
+  int64_t length = 0;    // positions filled
+  int64_t capacity = 0;
+  void keep_rows(const at::Tensor& rows);  // compaction: keep only these batch rows (int64 on device)
+};
+
+class Qwen3Model {
+ public:
+  // Takes the tensors of a checkpoint, checks every name and shape against the config (each tensor
+  // must be used: WEIGHTS_UNUSED / WEIGHTS_MISSING / WEIGHTS_MISMATCH name the tensor) and moves
+  // them to the device and dtype (no copy when they already match, e.g. BF16 weights on CPU).
+  Qwen3Model(const Qwen3Config& cfg, TensorMap&& weights, const LoadOptions& opts);
+
+  const Qwen3Config& config() const { return cfg_; }
+  at::Device device() const { return device_; }
+  at::ScalarType dtype() const { return dtype_; }
+  int64_t num_parameters() const;
+  int64_t parameter_bytes() const;
+
+  KVCache new_cache(int64_t batch, int64_t capacity) const;
+
+  // ids [B, T] int64, positions [B, T] int64, key_mask [B, S] (S = cache->length + T, or T without a
+  // cache; 1 = real token, 0 = padding) -> final hidden states [B, T, hidden] (after the last norm).
+  // With a cache, the new keys/values are written at [length, length + T) and length advances.
+  at::Tensor hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache) const;
+  // hidden [.., hidden] -> logits [.., vocab] in float32.
+  at::Tensor logits(const at::Tensor& hidden) const;
+
+  // Raises TOKEN_OUT_OF_RANGE when an id is outside [0, vocab_size).
+  void check_ids(const at::Tensor& ids) const;
+
+ private:
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const;
+  at::Tensor attention(const Qwen3Layer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       const at::Tensor& mask, KVCache* cache, int64_t layer) const;
+
+  Qwen3Config cfg_;
+  at::Device device_;
+  at::ScalarType dtype_;
+  at::Tensor embed_;    // [vocab, hidden]
+  at::Tensor lm_head_;  // [vocab, hidden] (same storage as embed_ when tied)
+  at::Tensor norm_;     // [hidden]
+  at::Tensor inv_freq_; // [head_dim / 2] float32
+  std::vector<Qwen3Layer> layers_;
+};
+
+at::ScalarType parse_compute_dtype(const std::string& s);
+
+}  // namespace slm

@@ -1,0 +1,34 @@
+// Token sampling for a batch, on the logits' device. Randomness comes from per-row host RNGs (one
+// uniform number per row and step), so the same seed gives the same samples on any device, and the
+// choice is an inverse-CDF lookup (cumsum + searchsorted) instead of a device generator.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace slm {
+
+struct Sampled {
+  at::Tensor tokens;    // [B] int64
+  at::Tensor logprobs;  // [B] float32: log softmax(logits / T)[token] (T = 1 for greedy rows), before top-k/top-p
+};
+
+// logits [B, V] float32; temperature [B] float32 (<= 0: greedy, argmax with the first index on ties);
+// top_k <= 0 or >= V: off; top_p >= 1: off; u [B] float32 uniforms in (0, 1].
+Sampled sample(const at::Tensor& logits, const at::Tensor& temperature, int64_t top_k, double top_p, const at::Tensor& u);
+
+// One independent stream per row: seeded from (seed, row), so a row's samples do not depend on
+// which other rows share its batch.
+class RowRng {
+ public:
+  RowRng(uint64_t seed, int64_t rows);
+  // Next uniform in (0, 1] for each of the given original rows.
+  std::vector<float> next(const std::vector<int64_t>& rows);
+
+ private:
+  std::vector<std::mt19937_64> gens_;
+};
+
+}  // namespace slm
