@@ -7,6 +7,11 @@ export interface Tokenizer {
   decode(ids: ArrayLike<number>, opts?: { skipSpecialTokens?: boolean }): string;
   /** Ids that end an assistant turn (eos, <|im_end|>). */
   readonly stopTokenIds: number[];
+  /**
+   * The raw bytes each id stands for, indexed by id (byte-level pieces mapped back to bytes, special
+   * tokens as the UTF-8 of their content): the engine checks stop strings on these bytes.
+   */
+  tokenBytes(): Uint8Array[];
 }
 export interface ChatMessage {
   role: 'system' | 'user' | 'assistant' | 'tool';
