@@ -149,6 +149,11 @@ t.test("a model folder's own tokenizer.json is used instead of the packaged one"
   t.equal(tok.decode(ids, { skipSpecialTokens: true }), 'Hello wörld 🙂\n');
   t.ok(joinBytes(tok.tokenBytes(), ids).equals(utf8(text)));
   t.equal(qwen3Tokenizer().encode('Hello')[0], 9707, 'the packaged tokenizer is unaffected');
+  t.equal(loadTokenizer(dir), tok, 'loaded once while the files are unchanged');
+  writeFileSync(join(dir, 'config.json'), JSON.stringify({ model_type: 'qwen3', eos_token_id: 12 }));
+  const reloaded = loadTokenizer(dir);
+  t.not(reloaded, tok, 'reloaded after a file changed');
+  t.same(reloaded.stopTokenIds, [12, 261]);
 });
 
 t.test('folders without tokenizer.json use the packaged Qwen3 tokenizer', async (t) => {

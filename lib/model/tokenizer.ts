@@ -225,6 +225,30 @@ export function loadTokenizer(modelDir: string): HfTokenizer {
   if (!existsSync(dir) || !statSync(dir).isDirectory()) {
     throw new SlmError('MODEL_NOT_FOUND', `Expected a model folder at ${dir}, but ${existsSync(dir) ? 'it is not a folder' : 'nothing is there'}.`);
   }
+  // Loading takes up to a second: the engine, the episode runner and the CLI share one instance
+  // per folder for as long as its files are unchanged.
+  const key = `${dir}\0${CACHE_FILES.map((f) => fileStamp(join(dir, f))).join('|')}`;
+  let tok = loaded.get(dir);
+  if (!tok || tok.key !== key) {
+    tok = { key, tokenizer: loadUncached(dir) };
+    loaded.set(dir, tok);
+  }
+  return tok.tokenizer;
+}
+
+const CACHE_FILES = ['tokenizer.json', 'tokenizer_config.json', 'config.json', 'generation_config.json', ...OTHER_TOKENIZER_FILES];
+const loaded = new Map<string, { key: string; tokenizer: HfTokenizer }>();
+
+function fileStamp(path: string): string {
+  try {
+    const s = statSync(path);
+    return `${s.size}:${s.mtimeMs}`;
+  } catch {
+    return '-';
+  }
+}
+
+function loadUncached(dir: string): HfTokenizer {
   const tjPath = join(dir, 'tokenizer.json');
   const tcPath = join(dir, 'tokenizer_config.json');
   const folderConfig = existsSync(tcPath) ? (readJson(tcPath, 'TOKENIZER_MISSING') as TokenizerConfig) : undefined;
