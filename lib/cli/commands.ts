@@ -1,5 +1,11 @@
 /** Every command of the CLI, one module each (DESIGN §4). */
 import type { CommandModule } from 'yargs';
+import { benchCommand } from './bench.js';
+import { demoCommand } from './demo.js';
+import { doctorCommand } from './doctor.js';
+import { generateCommand } from './generate.js';
+import { initModelCommand } from './init-model.js';
+import { logitsCommand } from './logits.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export const commands: CommandModule<any, any>[] = [];
+export const commands: CommandModule<any, any>[] = [demoCommand, logitsCommand, generateCommand, initModelCommand, doctorCommand, benchCommand];

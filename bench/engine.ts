@@ -1,0 +1,124 @@
+/**
+ * Engine benchmark: prefill and batched decode on the `small` preset (~103M parameters, weights far
+ * larger than the caches), each next to its roofline measured in the same run:
+ *  - decode: bytes of weights read per step / measured copy bandwidth (memory bound); at batch 16 the
+ *    compute bound 2 x params x batch / matmul rate is given too, and the bound is the larger of both;
+ *  - prefill: 2 x (matmul parameters) x tokens / measured matmul FLOP/s, where matmul parameters are
+ *    the decoder layers' projections (the embedding lookup is no matmul; the vocab projection runs
+ *    once per sequence, for the last position only, and is added as such);
+ *  - the per-call overhead of crossing into native code (a sync call and an async worker round trip).
+ */
+import { existsSync, mkdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Model } from '../lib/engine/model.js';
+import { native } from '../lib/engine/runtime.js';
+import { initModel } from '../lib/model/init.js';
+import type { BenchOptions, BenchReport } from './types.js';
+
+export async function benchModelDir(preset: 'small' | 'tiny', log?: (s: string) => void): Promise<string> {
+  const dir = join(process.env.SLM_TRAIN_CACHE ?? join(tmpdir(), 'slm-train-cache'), `preset-${preset}-seed0`);
+  if (!existsSync(join(dir, 'model.safetensors'))) {
+    mkdirSync(dir, { recursive: true });
+    log?.(`writing the ${preset} preset to ${dir} ...`);
+    initModel({ preset, out: dir, seed: 0 });
+  }
+  return dir;
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
+}
+
+export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
+  const log = opts.log ?? (() => {});
+  const quick = !!opts.quick;
+  const a = native();
+  const dir = opts.model ?? (await benchModelDir('small', log));
+  log(`engine: loading ${dir}`);
+  const m = await Model.load(dir);
+  const info = m.info();
+  const cfg = m.config;
+  const H = cfg.hidden_size, V = cfg.vocab_size;
+  const embedParams = V * H;
+  const layerParams = info.numParameters - embedParams - H - (cfg.tie_word_embeddings ? 0 : V * H);
+  const bytesPerParam = info.parameterBytes / info.numParameters;
+  // Weights read per decode step: every layer matrix + the vocab projection (+ one embedding row).
+  const decodeBytes = (layerParams + V * H) * bytesPerParam;
+
+  log('engine: measuring the machine (copy bandwidth, matmul rate)');
+  const copyGBps = await a.measure({ kind: 'copy', n: 256 << 20, seconds: quick ? 0.3 : 1 });
+  const matmulGflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds: quick ? 0.3 : 1 });
+
+  const reps = quick ? 2 : 3;
+  const prefillTokens = quick ? 128 : 512;
+  const prompt = Int32Array.from({ length: prefillTokens }, (_, i) => (i * 7919) % 100000 + 100);
+  await m.generate({ prompts: [prompt.subarray(0, 16)], maxNewTokens: 2, greedy: true }); // warm-up
+  const pre: number[] = [];
+  for (let r = 0; r < reps; r++) pre.push((await m.generate({ prompts: [prompt], maxNewTokens: 1, greedy: true })).prefillSeconds);
+  const prefillS = median(pre);
+  const prefillFlops = 2 * layerParams * prefillTokens + 2 * V * H;
+  const prefill = {
+    tokens: prefillTokens,
+    tokens_per_s: +(prefillTokens / prefillS).toFixed(1),
+    roofline_tokens_per_s: +(prefillTokens / (prefillFlops / (matmulGflops * 1e9))).toFixed(1),
+    fraction_of_roofline: +((prefillFlops / (matmulGflops * 1e9)) / prefillS).toFixed(3),
+  };
+
+  const decode: Record<string, unknown>[] = [];
+  const steps = quick ? 16 : 48;
+  for (const B of [1, 16]) {
+    log(`engine: decode at batch ${B}`);
+    const prompts = Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => ((b * 131 + i) * 7919) % 100000 + 100));
+    const times: number[] = [];
+    for (let r = 0; r < reps; r++) {
+      const g = await m.generate({ prompts, maxNewTokens: steps, temperature: 1, topK: 0, seed: r });
+      // Rows never stop early here (no stop ids), so every step decodes all B rows.
+      times.push(g.decodeSeconds / Math.max(1, g.steps - 1));
+    }
+    const stepS = median(times);
+    const memBound = decodeBytes / (copyGBps * 1e9);
+    const computeBound = (2 * (layerParams + V * H) * B) / (matmulGflops * 1e9);
+    const bound = Math.max(memBound, computeBound);
+    decode.push({
+      batch: B,
+      step_ms: +(stepS * 1e3).toFixed(2),
+      tokens_per_s: +(B / stepS).toFixed(1),
+      roofline_step_ms: +(bound * 1e3).toFixed(2),
+      memory_bound_step_ms: +(memBound * 1e3).toFixed(2),
+      compute_bound_step_ms: +(computeBound * 1e3).toFixed(2),
+      roofline_tokens_per_s: +(B / bound).toFixed(1),
+      fraction_of_roofline: +(bound / stepS).toFixed(3),
+    });
+  }
+
+  // Crossing into native code: a synchronous method, and an async worker round trip with no work.
+  const N = quick ? 2000 : 10000;
+  let t0 = process.hrtime.bigint();
+  for (let i = 0; i < N; i++) m.info();
+  const syncUs = Number(process.hrtime.bigint() - t0) / 1e3 / N;
+  const M = quick ? 200 : 1000;
+  t0 = process.hrtime.bigint();
+  for (let i = 0; i < M; i++) await a.measure({ kind: 'copy', n: 1, seconds: 0 });
+  const asyncUs = Number(process.hrtime.bigint() - t0) / 1e3 / M;
+  m.dispose();
+
+  const results = {
+    model: { dir, parameters: info.numParameters, parameter_bytes: info.parameterBytes, dtype: info.dtype, threads: a.version().threads },
+    machine: { copy_GBps: +copyGBps.toFixed(1), matmul_f32_GFLOPs: +matmulGflops.toFixed(1) },
+    decode_bytes_per_step: decodeBytes,
+    prefill,
+    decode,
+    native_call_overhead_us: { sync: +syncUs.toFixed(2), async_worker: +asyncUs.toFixed(1) },
+  };
+  const rows = [
+    '| engine (small preset) | measured | roofline (same run) | fraction |',
+    '|---|---|---|---|',
+    `| prefill ${prefillTokens} tokens, batch 1 | ${prefill.tokens_per_s} tok/s | ${prefill.roofline_tokens_per_s} tok/s | ${prefill.fraction_of_roofline} |`,
+    ...decode.map((d) => `| decode batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step) | ${d.fraction_of_roofline} |`),
+    `| native call overhead | sync ${results.native_call_overhead_us.sync} µs, async ${results.native_call_overhead_us.async_worker} µs | | |`,
+    `| machine | copy ${results.machine.copy_GBps} GB/s, matmul f32 ${results.machine.matmul_f32_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,
+  ];
+  return { kind: 'engine', results, table: rows.join('\n') };
+}

@@ -1,0 +1,26 @@
+/** `slm-train init-model --preset tiny|small --out DIR` */
+import type { CommandModule } from 'yargs';
+import { PRESETS, initModel } from '../model/init.js';
+import { print } from './common.js';
+
+interface Args {
+  preset: string;
+  out: string;
+  seed: number;
+  dtype: 'float32' | 'bfloat16';
+}
+
+export const initModelCommand: CommandModule<object, Args> = {
+  command: 'init-model',
+  describe: 'write a randomly initialised Qwen3-architecture checkpoint in Hugging Face layout',
+  builder: (y) =>
+    y
+      .option('preset', { choices: Object.keys(PRESETS), demandOption: true, describe: Object.entries(PRESETS).map(([k, p]) => `${k}: ${p.description}`).join('; ') })
+      .option('out', { type: 'string', demandOption: true, describe: 'output folder' })
+      .option('seed', { type: 'number', default: 0 })
+      .option('dtype', { choices: ['float32', 'bfloat16'] as const, default: 'float32' as const, describe: 'storage dtype of the weights' }) as never,
+  handler: async (a) => {
+    const r = initModel({ preset: a.preset, out: a.out, seed: a.seed, dtype: a.dtype });
+    print(`wrote ${a.preset} model (${(r.parameters / 1e6).toFixed(1)}M parameters) to ${r.dir}`);
+  },
+};

@@ -1,0 +1,103 @@
+/**
+ * `slm-train doctor`: what this machine gives the engine, measured, with the fix where something is
+ * slow or missing.
+ */
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { availableParallelism, totalmem } from 'node:os';
+import { loadBinding } from './binding/index.js';
+import { native } from './engine/runtime.js';
+
+export interface DoctorReport {
+  binding: { path: string; kind: string } | { error: string };
+  libtorch?: { version: string; cuda: boolean; parallel: string; cpuCapability?: string };
+  blas?: { library: string; openblasCoretype?: string; matmulF32Gflops: number; matmulBf16Gflops: number; copyGBps: number };
+  threads?: { engine: number; cores: number };
+  memoryGiB: number;
+  python?: { executable: string; version: string } | { error: string };
+  warnings: string[];
+}
+
+/** Which BLAS the process really mapped (libtorch links the system libblas.so.3 alternative). */
+function loadedBlas(): string {
+  try {
+    const maps = readFileSync('/proc/self/maps', 'utf8');
+    const libs = [...new Set(maps.split('\n').map((l) => l.split(/\s+/)[5] ?? '').filter((p) => /lib(open)?blas|libmkl|blis/.test(p)))];
+    if (libs.some((l) => /openblas/.test(l))) return `OpenBLAS (${libs.find((l) => /openblas/.test(l))})`;
+    if (libs.some((l) => /mkl/.test(l))) return 'MKL';
+    if (libs.some((l) => /blis/.test(l))) return 'BLIS';
+    if (libs.length) return `reference BLAS (${libs[0]})`;
+    return 'none mapped';
+  } catch {
+    return 'unknown (no /proc/self/maps)';
+  }
+}
+
+export function findPython(): { executable: string; version: string } | { error: string } {
+  for (const cand of ['python3', '/usr/bin/python3']) {
+    try {
+      const out = execFileSync(cand, ['-c', 'import sys; print(sys.executable); print(sys.version.split()[0])'], { encoding: 'utf8', timeout: 10000 });
+      const [executable, version] = out.trim().split('\n');
+      return { executable, version };
+    } catch {
+      /* try the next */
+    }
+  }
+  return { error: 'python3 not found: install it (apt-get install python3) for the Python sandbox.' };
+}
+
+export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorReport> {
+  const warnings: string[] = [];
+  const report: DoctorReport = { binding: { error: '' }, memoryGiB: +(totalmem() / 2 ** 30).toFixed(1), warnings };
+  try {
+    const b = loadBinding();
+    report.binding = { path: b.path, kind: b.kind };
+  } catch (e) {
+    report.binding = { error: (e as Error).message };
+    warnings.push('the native engine is not available: see the binding error above.');
+  }
+  if (!('error' in report.binding)) {
+    const a = native();
+    const v = a.version();
+    const cap = /CPU capability usage: (\S+)/.exec(v.config)?.[1];
+    report.libtorch = { version: v.torch, cuda: v.cuda, parallel: /ATen parallel backend: (\S+)/.exec(v.parallel)?.[1] ?? 'unknown', cpuCapability: cap };
+    const seconds = opts.seconds ?? 0.4;
+    const f32 = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds });
+    const bf16 = await a.measure({ kind: 'matmul', n: 1024, dtype: 'bfloat16', seconds });
+    const copy = await a.measure({ kind: 'copy', n: 256 << 20, seconds });
+    const library = loadedBlas();
+    report.blas = { library, openblasCoretype: process.env.OPENBLAS_CORETYPE, matmulF32Gflops: +f32.toFixed(1), matmulBf16Gflops: +bf16.toFixed(1), copyGBps: +copy.toFixed(1) };
+    report.threads = { engine: v.threads, cores: availableParallelism() };
+    const perCore = f32 / v.threads;
+    if (/reference BLAS/.test(library) || perCore < 15)
+      warnings.push(
+        `float32 matmul runs at ${f32.toFixed(0)} GFLOP/s (${perCore.toFixed(0)} per thread): this is the reference BLAS speed. Install OpenBLAS: apt-get install libopenblas0-openmp.`,
+      );
+    else if (/OpenBLAS/.test(library) && perCore < 40)
+      warnings.push(`OpenBLAS reaches only ${perCore.toFixed(0)} GFLOP/s per thread: it may misdetect this CPU; try OPENBLAS_CORETYPE=SKYLAKEX (AVX-512) or HASWELL (AVX2).`);
+    if (v.threads < availableParallelism()) warnings.push(`the engine uses ${v.threads} of ${availableParallelism()} cores: set SLM_TRAIN_THREADS or --threads.`);
+  }
+  report.python = findPython();
+  if ('error' in report.python) warnings.push(report.python.error);
+  return report;
+}
+
+export function formatDoctor(r: DoctorReport): string {
+  const lines: string[] = [];
+  const row = (k: string, v: string) => lines.push(`${k.padEnd(16)} ${v}`);
+  row('native addon', 'error' in r.binding ? `MISSING\n${r.binding.error}` : `${r.binding.path} (${r.binding.kind})`);
+  if (r.libtorch) row('libtorch', `${r.libtorch.version}, ${r.libtorch.cuda ? 'CUDA available' : 'CPU only (no CUDA)'}, ${r.libtorch.parallel}, kernels ${r.libtorch.cpuCapability ?? '?'}`);
+  if (r.blas) {
+    row('BLAS', `${r.blas.library}${r.blas.openblasCoretype ? `, OPENBLAS_CORETYPE=${r.blas.openblasCoretype}` : ''}`);
+    row('matmul', `float32 ${r.blas.matmulF32Gflops} GFLOP/s, bfloat16 ${r.blas.matmulBf16Gflops} GFLOP/s (1024x1024, measured now)`);
+    row('memory copy', `${r.blas.copyGBps} GB/s (read + write, measured now)`);
+  }
+  if (r.threads) row('threads', `${r.threads.engine} engine threads on ${r.threads.cores} cores`);
+  row('memory', `${r.memoryGiB} GiB`);
+  if (r.python) row('python3', 'error' in r.python ? r.python.error : `${r.python.executable} (${r.python.version})`);
+  if (r.warnings.length) {
+    lines.push('', 'warnings:');
+    for (const w of r.warnings) lines.push(`  - ${w}`);
+  } else lines.push('', 'no problems found.');
+  return lines.join('\n');
+}
