@@ -16,7 +16,16 @@ at::ScalarType parse_compute_dtype(const std::string& s) {
   fail("ARGUMENT_INVALID", "compute dtype must be float32, bfloat16 or float16, found '" + s + "'.");
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight); }
+at::Tensor Linear::forward(const at::Tensor& x) const {
+  // One row (decode at batch 1): a matrix-vector product streams the weights once; BLAS gemm
+  // would first pack the whole weight matrix (measured 2.2x slower for the vocab projection).
+  if (x.numel() == x.size(-1)) {
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(0);
+    return at::mv(weight, x.reshape({-1})).view(sizes);
+  }
+  return at::linear(x, weight);
+}
 
 void KVCache::keep_rows(const at::Tensor& rows) {
   for (auto& t : k) t = t.index_select(0, rows);
@@ -221,6 +230,6 @@ at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions
   return rms_norm(h, norm_);
 }
 
-at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return at::matmul(hidden, lm_head_.t()).to(at::kFloat); }
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return Linear{lm_head_}.forward(hidden).to(at::kFloat); }
 
 }  // namespace slm
