@@ -46,3 +46,53 @@ for (const [name, g] of Object.entries(golden.models)) {
     }
   });
 }
+
+// F16 checkpoints: the f32 fixture rewritten with F16 weights (rounded to 11 significant bits) must
+// load, be converted to the compute dtype, and stay within f16 rounding of the reference.
+t.test('F16 weights load and compute within f16 rounding of the reference', async (t) => {
+  const { readSafetensorsHeader, writeSafetensors } = await import('../lib/model/safetensors.js');
+  const { copyFileSync, readFileSync } = await import('node:fs');
+  const { join } = await import('node:path');
+  const src = fixture('qwen3', 'tiny-qwen3-f32');
+  const dir = t.testdir();
+  copyFileSync(join(src, 'config.json'), join(dir, 'config.json'));
+  const header = readSafetensorsHeader(join(src, 'model.safetensors'));
+  const raw = readFileSync(join(src, 'model.safetensors'));
+  const dataStart = 8 + Number(raw.readBigUInt64LE(0));
+  const toF16 = (x: number): number => {
+    // round-to-nearest float32 -> float16 bits (normal range is enough for these weights)
+    const f = new Float32Array([x]);
+    const u = new Uint32Array(f.buffer)[0];
+    const sign = (u >>> 16) & 0x8000;
+    const exp = ((u >>> 23) & 0xff) - 127 + 15;
+    if (exp <= 0) return sign; // flush tiny values
+    const mant = u & 0x7fffff;
+    let h = sign | (exp << 10) | (mant >>> 13);
+    if (mant & 0x1000 && (mant & 0x2fff)) h++;
+    return h;
+  };
+  writeSafetensors(
+    join(dir, 'model.safetensors'),
+    Object.entries(header).map(([name, e]) => ({
+      name,
+      dtype: 'F16' as const,
+      shape: e.shape,
+      fill: (out: Uint8Array, off: number) => {
+        const n = out.byteLength / 2;
+        const f = new Float32Array(raw.buffer.slice(raw.byteOffset + dataStart + e.data_offsets[0] + off * 4, raw.byteOffset + dataStart + e.data_offsets[0] + (off + n) * 4));
+        const o = new Uint16Array(out.buffer, out.byteOffset, n);
+        for (let i = 0; i < n; i++) o[i] = toF16(f[i]);
+      },
+    })),
+  );
+  const m = await Model.load(dir, { dtype: 'float32' });
+  t.teardown(() => m.dispose());
+  const g = golden.models['tiny-qwen3-f32'];
+  for (const c of g.cases) {
+    const r = await m.logits(c.input_ids, { attentionMask: c.attention_mask, positionIds: c.position_ids });
+    const { diff } = maxAbsDiff(c, r.data);
+    // f16 keeps 11 significant bits (relative 2^-12 per weight); measured max |diff| ~1e-3.
+    t.ok(diff < 0.01, `${c.name}: max |diff| ${diff.toExponential(2)} < 0.01 (f16 weights)`);
+    t.ok(diff > 1e-7, 'the weights really were rounded');
+  }
+});

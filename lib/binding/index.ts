@@ -47,9 +47,14 @@ export function candidates(root = packageRoot()): Array<{ path: string; kind: Lo
 let loaded: LoadedBinding | undefined;
 
 export function loadBinding(): LoadedBinding {
-  if (loaded) return loaded;
+  if (!loaded) loaded = loadFrom(candidates());
+  return loaded;
+}
+
+/** Loads the first candidate that works; otherwise one error listing every attempt and the fix. */
+export function loadFrom(cands: Array<{ path: string; kind: LoadedBinding['kind'] }>): LoadedBinding {
   const tried: string[] = [];
-  for (const c of candidates()) {
+  for (const c of cands) {
     if (!existsSync(c.path)) {
       tried.push(`${c.path}: not found`);
       continue;
@@ -57,8 +62,7 @@ export function loadBinding(): LoadedBinding {
     try {
       const addon = require(c.path) as NativeAddon;
       addon.setErrorClass(NativeSlmError);
-      loaded = { addon, path: c.path, kind: c.kind };
-      return loaded;
+      return { addon, path: c.path, kind: c.kind };
     } catch (e) {
       tried.push(`${c.path}: ${(e as Error).message.split('\n')[0]}`);
     }
