@@ -31,7 +31,14 @@ export type ErrorCode =
   | 'SANDBOX_TIMEOUT'
   | 'SANDBOX_ERROR'
   | 'SANDBOX_UNAVAILABLE'
-  | 'PROTOCOL_ERROR';
+  | 'PROTOCOL_ERROR'
+  | 'ADAPTER_NOT_FOUND'
+  | 'ADAPTER_INVALID'
+  | 'ADAPTER_MISMATCH'
+  | 'ADAPTER_TARGET_UNKNOWN'
+  | 'NO_TRAINABLE_PARAMETERS'
+  | 'CHECKPOINT_INVALID'
+  | 'OUT_OF_MEMORY';
 
 export class SlmError extends Error {
   readonly code: ErrorCode | string;

@@ -62,7 +62,7 @@ t.test('bad input: clear coded errors, exit code 2, no stack trace', async (t) =
     [['logits', '--model', '/nope', '--ids', '1', '--json'], 'MODEL_NOT_FOUND'],
     [['logits', '--model', tiny, '--ids', '1,x', '--json'], 'ARGUMENT_INVALID'],
     [['logits', '--model', tiny, '--ids', '1,600', '--json'], 'TOKEN_OUT_OF_RANGE'],
-    [['generate', '--model', tiny, '--ids', '1', '--adapter', '/tmp/a'], 'NOT_SUPPORTED'],
+    [['generate', '--model', tiny, '--ids', '1', '--adapter', '/tmp/nonexistent-adapter'], 'ADAPTER_NOT_FOUND'],
     [['generate', '--model', tiny], 'ARGUMENT_INVALID'],
     [['init-model', '--preset', 'huge', '--out', '/tmp/x'], 'ARGUMENT_INVALID'],
     [['frobnicate'], 'ARGUMENT_INVALID'],

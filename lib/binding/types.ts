@@ -61,6 +61,82 @@ export interface NativeModel {
   /** out[t] = log p(ids[t] | ids[<t]) per row (0 at t = 0), concatenated like the input. */
   sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number }): Promise<Float32Array>;
   dispose(): void;
+
+  // LoRA training core
+  attachLora(spec: NativeLoraSpec & { seed?: number }): void;
+  loadLora(spec: NativeLoraSpec & { file: string }): Promise<void>;
+  detachLora(): void;
+  saveLora(req: { file: string; valueHeadFile?: string }): Promise<void>;
+  attachValueHead(seed?: number): void;
+  loadValueHead(file: string): void;
+  trainStep(req: NativeTrainRequest): Promise<NativeTrainStats>;
+  saveOptimizer(file: string): Promise<void>;
+  loadOptimizer(file: string): Promise<void>;
+  /** Base weights with the adapter merged, in Hugging Face names, to one safetensors file. */
+  saveMerged(req: { file: string; dtype: string }): Promise<void>;
+  /** Copies of the trainable tensors (or their gradients) by PEFT name. */
+  trainable(opts?: { grad?: boolean }): Record<string, Float32Array>;
+  setTrainable(name: string, values: Float32Array): void;
+  /** FNV-1a digest of every base weight's bytes. */
+  baseDigest(): string;
+}
+
+export interface NativeLoraSpec {
+  r: number;
+  alpha: number;
+  dropout: number;
+  rslora: boolean;
+  targets: string[];
+  layers?: number[];
+}
+
+export interface NativeTrainRequest {
+  ids: Int32Array;
+  lengths: Int32Array;
+  /** Per token: 1 = trained target (token t is predicted from position t - 1). */
+  mask: Uint8Array;
+  advantages?: Float32Array;
+  oldLogprobs?: Float32Array;
+  returns?: Float32Array;
+  oldValues?: Float32Array;
+  /** Per sequence sampling temperature (log-probs under softmax(logits / T)). */
+  temperature?: Float32Array;
+  loss: 'sft' | 'pg';
+  clipLow?: number;
+  clipHigh?: number;
+  tokenLevel?: boolean;
+  klCoef?: number;
+  klEstimator?: 1 | 3;
+  entropyCoef?: number;
+  vfCoef?: number;
+  valueClip?: number;
+  lr?: number;
+  valueLr?: number;
+  beta1?: number;
+  beta2?: number;
+  eps?: number;
+  weightDecay?: number;
+  maxGradNorm?: number;
+  microBatch?: number;
+  checkpoint?: boolean;
+  update?: boolean;
+}
+
+export interface NativeTrainStats {
+  loss: number;
+  pgLoss: number;
+  sftLoss: number;
+  kl: number;
+  entropy: number;
+  clipFrac: number;
+  ratio: number;
+  valueLoss: number;
+  gradNorm: number;
+  tokens: number;
+  sequences: number;
+  skipped: boolean;
+  skipReason: string;
+  step: number;
 }
 
 export interface NativeVersion {

@@ -2,7 +2,10 @@
  * A loaded Qwen3 model on the native engine: logits, batched generation, teacher-forced log-probs.
  * Implements TextGenerator (one native call per batch, on a worker thread).
  */
-import type { NativeModel, NativeModelInfo } from '../binding/types.js';
+import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { NativeModel, NativeModelInfo, NativeTrainRequest, NativeTrainStats } from '../binding/types.js';
+import { ADAPTER_WEIGHTS, VALUE_HEAD, checkLoraSpec, readAdapterConfig, writeAdapterConfig, type LoraSpec } from './adapter.js';
 import { SlmError, describe } from '../errors.js';
 import { nativeConfig, readModelConfig, type ModelConfig } from '../model/config.js';
 import { resolveWeightFiles } from '../model/weights.js';
@@ -14,11 +17,26 @@ export type ComputeDtype = 'float32' | 'bfloat16' | 'float16';
 export interface LoadModelOptions {
   dtype?: ComputeDtype;
   device?: string;
-  /** Adapters arrive with the LoRA work; until then a clear NOT_SUPPORTED. */
+  /** A PEFT LoRA adapter folder to load on top of the base weights. */
   adapter?: string;
 }
 
 const FINISH = ['length', 'stop_token', 'stop_string'] as const;
+
+export interface TrainBatch {
+  sequences: ArrayLike<number>[];
+  /** Per token: 1 = trained target, 0 = prompt / tool output / retrieved text. */
+  masks: ArrayLike<number>[];
+  advantages?: ArrayLike<number>[];
+  oldLogprobs?: ArrayLike<number>[];
+  returns?: ArrayLike<number>[];
+  oldValues?: ArrayLike<number>[];
+  temperature?: number[];
+}
+
+export interface TrainOptions extends Omit<NativeTrainRequest, 'ids' | 'lengths' | 'mask' | 'advantages' | 'oldLogprobs' | 'returns' | 'oldValues' | 'temperature' | 'klEstimator'> {
+  klEstimator?: 'k1' | 'k3';
+}
 
 export class Model implements TextGenerator {
   private handle: NativeModel | null;
@@ -32,15 +50,117 @@ export class Model implements TextGenerator {
   }
 
   static async load(dir: string, opts: LoadModelOptions = {}): Promise<Model> {
-    if (opts.adapter)
-      throw new SlmError('NOT_SUPPORTED', `--adapter is not supported yet (LoRA adapters arrive with the training core); run without --adapter.`);
     const config = readModelConfig(dir);
     const files = resolveWeightFiles(dir);
     const dtype = opts.dtype ?? 'float32';
     if (!['float32', 'bfloat16', 'float16'].includes(dtype))
       throw new SlmError('ARGUMENT_INVALID', `dtype must be float32, bfloat16 or float16, found ${describe(dtype)}.`);
     const handle = await native().loadModel({ files, config: nativeConfig(config), dtype, device: opts.device ?? 'cpu' });
-    return new Model(dir, config, handle);
+    const m = new Model(dir, config, handle);
+    if (opts.adapter) await m.loadAdapter(opts.adapter);
+    return m;
+  }
+
+  /** The adapter currently attached (undefined: the bare base model). */
+  lora?: LoraSpec;
+
+  /** A fresh LoRA adapter (A kaiming-uniform, B = 0: the model starts exactly at the base). */
+  attachLora(spec: LoraSpec, seed = 0): void {
+    checkLoraSpec(spec, this.config.num_hidden_layers);
+    this.h.attachLora({ ...spec, seed });
+    this.lora = spec;
+  }
+
+  /** Loads a PEFT adapter folder (and its value head, if saved with one). */
+  async loadAdapter(dir: string): Promise<void> {
+    const { spec, weights, valueHead } = readAdapterConfig(dir, this.config.num_hidden_layers);
+    await this.h.loadLora({ ...spec, file: weights });
+    if (valueHead) this.h.loadValueHead(valueHead);
+    this.lora = spec;
+  }
+
+  detachLora(): void {
+    this.h.detachLora();
+    this.lora = undefined;
+  }
+
+  /** Writes the adapter in PEFT format (plus value_head.safetensors when a value head exists). */
+  async saveAdapter(dir: string): Promise<void> {
+    if (!this.lora) throw new SlmError('NOT_SUPPORTED', 'there is no adapter to save: attach or load one first.');
+    mkdirSync(dir, { recursive: true });
+    await this.h.saveLora({ file: join(dir, ADAPTER_WEIGHTS), valueHeadFile: join(dir, VALUE_HEAD) });
+    writeAdapterConfig(dir, this.lora, this.dir);
+  }
+
+  attachValueHead(seed = 0): void {
+    this.h.attachValueHead(seed);
+  }
+
+  /**
+   * Merges the adapter into the base weights and writes a Hugging Face model folder (config.json,
+   * model.safetensors, and the tokenizer / chat template / generation config files of the base).
+   */
+  async exportMerged(out: string, dtype: 'float32' | 'bfloat16' | 'float16' = 'float32'): Promise<void> {
+    mkdirSync(out, { recursive: true });
+    await this.h.saveMerged({ file: join(out, 'model.safetensors'), dtype });
+    const torchDtype = dtype;
+    writeFileSync(join(out, 'config.json'), JSON.stringify({ ...this.config.raw, torch_dtype: torchDtype }, null, 2) + '\n');
+    for (const f of ['tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja', 'generation_config.json', 'special_tokens_map.json', 'added_tokens.json', 'vocab.json', 'merges.txt'])
+      if (existsSync(join(this.dir, f))) copyFileSync(join(this.dir, f), join(out, f));
+  }
+
+  /**
+   * One optimizer step in one native call: micro-batched forward/backward (per-layer checkpointing
+   * by default), the loss, gradient clipping, AdamW. `masks[i][t] = 1` trains token t of sequence i.
+   */
+  async trainStep(batch: TrainBatch, opts: TrainOptions): Promise<NativeTrainStats> {
+    const n = batch.sequences.length;
+    if (batch.masks.length !== n) throw new SlmError('ARGUMENT_INVALID', `expected one loss mask per sequence (${n}), found ${batch.masks.length}.`);
+    const lengths = Int32Array.from(batch.sequences.map((s) => s.length));
+    const total = lengths.reduce((a, b) => a + b, 0);
+    const flat = <T extends Int32Array | Float32Array | Uint8Array>(rows: ArrayLike<number>[] | undefined, Ctor: new (n: number) => T, what: string): T | undefined => {
+      if (!rows) return undefined;
+      if (rows.length !== n) throw new SlmError('ARGUMENT_INVALID', `${what}: expected one row per sequence (${n}), found ${rows.length}.`);
+      const out = new Ctor(total);
+      let o = 0;
+      rows.forEach((r, i) => {
+        if (r.length !== lengths[i]) throw new SlmError('ARGUMENT_INVALID', `${what}[${i}] has ${r.length} values for ${lengths[i]} tokens.`);
+        for (let t = 0; t < r.length; t++) out[o + t] = r[t];
+        o += r.length;
+      });
+      return out;
+    };
+    const ids = flat(batch.sequences, Int32Array, 'sequences')!;
+    this.checkIds(ids);
+    const req: NativeTrainRequest = {
+      ...opts,
+      klEstimator: opts.klEstimator === 'k1' ? 1 : 3,
+      ids,
+      lengths,
+      mask: flat(batch.masks, Uint8Array, 'masks')!,
+      advantages: flat(batch.advantages, Float32Array, 'advantages'),
+      oldLogprobs: flat(batch.oldLogprobs, Float32Array, 'oldLogprobs'),
+      returns: flat(batch.returns, Float32Array, 'returns'),
+      oldValues: flat(batch.oldValues, Float32Array, 'oldValues'),
+      temperature: batch.temperature ? Float32Array.from(batch.temperature) : undefined,
+    };
+    return this.h.trainStep(req);
+  }
+
+  saveOptimizer(file: string): Promise<void> {
+    return this.h.saveOptimizer(file);
+  }
+  loadOptimizer(file: string): Promise<void> {
+    return this.h.loadOptimizer(file);
+  }
+  trainable(opts?: { grad?: boolean }): Record<string, Float32Array> {
+    return this.h.trainable(opts);
+  }
+  setTrainable(name: string, values: Float32Array): void {
+    this.h.setTrainable(name, values);
+  }
+  baseDigest(): string {
+    return this.h.baseDigest();
   }
 
   private get h(): NativeModel {

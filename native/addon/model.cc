@@ -36,7 +36,8 @@ class LoadWorker : public PromiseWorker {
 
  protected:
   void Run() override {
-    c10::InferenceMode guard;
+    // Not InferenceMode: weights made there could never take part in a training graph.
+    at::NoGradGuard guard;
     auto weights = slm::read_safetensors_files(files_);
     model_ = std::make_shared<slm::Qwen3Model>(cfg_, std::move(weights), opts_);
   }
@@ -151,7 +152,15 @@ Napi::Function ModelWrap::Define(Napi::Env env) {
   auto cls = DefineClass(env, "NativeModel",
                          {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
                           InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
-                          InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"), InstanceMethod<&ModelWrap::Dispose>("dispose")});
+                          InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"), InstanceMethod<&ModelWrap::Dispose>("dispose"),
+                          InstanceMethod<&ModelWrap::AttachLora>("attachLora"), InstanceMethod<&ModelWrap::LoadLora>("loadLora"),
+                          InstanceMethod<&ModelWrap::DetachLora>("detachLora"), InstanceMethod<&ModelWrap::SaveLora>("saveLora"),
+                          InstanceMethod<&ModelWrap::AttachValueHead>("attachValueHead"),
+                          InstanceMethod<&ModelWrap::LoadValueHead>("loadValueHead"), InstanceMethod<&ModelWrap::TrainStep>("trainStep"),
+                          InstanceMethod<&ModelWrap::SaveOptimizer>("saveOptimizer"),
+                          InstanceMethod<&ModelWrap::LoadOptimizer>("loadOptimizer"), InstanceMethod<&ModelWrap::SaveMerged>("saveMerged"),
+                          InstanceMethod<&ModelWrap::Trainable>("trainable"), InstanceMethod<&ModelWrap::SetTrainable>("setTrainable"),
+                          InstanceMethod<&ModelWrap::BaseDigest>("baseDigest")});
   data(env)->model_class = Napi::Persistent(cls);
   return cls;
 }
@@ -167,6 +176,7 @@ ModelWrap::ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWra
     throw_error(info.Env(), "ARGUMENT_INVALID", "NativeModel cannot be constructed directly: use loadModel().");
   model_ = *info[0].As<Napi::External<std::shared_ptr<slm::Qwen3Model>>>().Data();
   vocab_ = std::make_shared<slm::Vocab>();
+  optimizer_ = std::make_shared<slm::AdamW>();
 }
 
 std::shared_ptr<slm::Qwen3Model> ModelWrap::live(Napi::Env env) const {

@@ -7,6 +7,7 @@
 
 #include "core/generate.h"
 #include "core/qwen3.h"
+#include "core/train.h"
 
 namespace slm_addon {
 
@@ -27,9 +28,24 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   Napi::Value Generate(const Napi::CallbackInfo& info);
   Napi::Value SequenceLogprobs(const Napi::CallbackInfo& info);
   Napi::Value Dispose(const Napi::CallbackInfo& info);
+  // LoRA training core (model_train.cc)
+  Napi::Value AttachLora(const Napi::CallbackInfo& info);
+  Napi::Value LoadLora(const Napi::CallbackInfo& info);
+  Napi::Value DetachLora(const Napi::CallbackInfo& info);
+  Napi::Value SaveLora(const Napi::CallbackInfo& info);
+  Napi::Value AttachValueHead(const Napi::CallbackInfo& info);
+  Napi::Value LoadValueHead(const Napi::CallbackInfo& info);
+  Napi::Value TrainStep(const Napi::CallbackInfo& info);
+  Napi::Value SaveOptimizer(const Napi::CallbackInfo& info);
+  Napi::Value LoadOptimizer(const Napi::CallbackInfo& info);
+  Napi::Value SaveMerged(const Napi::CallbackInfo& info);
+  Napi::Value Trainable(const Napi::CallbackInfo& info);
+  Napi::Value SetTrainable(const Napi::CallbackInfo& info);
+  Napi::Value BaseDigest(const Napi::CallbackInfo& info);
 
   std::shared_ptr<slm::Qwen3Model> model_;
   std::shared_ptr<slm::Vocab> vocab_;
+  std::shared_ptr<slm::AdamW> optimizer_;
 };
 
 }  // namespace slm_addon

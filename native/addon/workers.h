@@ -4,6 +4,8 @@
 #pragma once
 #include <napi.h>
 
+#include <functional>
+
 #include "addon/errors.h"
 
 namespace slm_addon {
@@ -38,6 +40,28 @@ class PromiseWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
   Napi::ObjectReference owner_;
   ErrorInfo err_;
+};
+
+// A worker from two lambdas: `run` on the worker thread (no N-API), `result` on the main thread.
+class LambdaWorker : public PromiseWorker {
+ public:
+  LambdaWorker(Napi::Env env, const char* name, Napi::Object owner, std::function<void()> run, std::function<Napi::Value(Napi::Env)> result)
+      : PromiseWorker(env, name, owner), run_(std::move(run)), result_(std::move(result)) {}
+  static Napi::Promise Start(Napi::Env env, const char* name, Napi::Object owner, std::function<void()> run,
+                             std::function<Napi::Value(Napi::Env)> result) {
+    auto* w = new LambdaWorker(env, name, owner, std::move(run), std::move(result));
+    auto p = w->Promise();
+    w->Queue();
+    return p;
+  }
+
+ protected:
+  void Run() override { run_(); }
+  Napi::Value Result(Napi::Env env) override { return result_(env); }
+
+ private:
+  std::function<void()> run_;
+  std::function<Napi::Value(Napi::Env)> result_;
 };
 
 }  // namespace slm_addon

@@ -1,6 +1,7 @@
 #include "core/qwen3.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <set>
@@ -16,15 +17,31 @@ at::ScalarType parse_compute_dtype(const std::string& s) {
   fail("ARGUMENT_INVALID", "compute dtype must be float32, bfloat16 or float16, found '" + s + "'.");
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) const {
-  // One row (decode at batch 1): a matrix-vector product streams the weights once; BLAS gemm
-  // would first pack the whole weight matrix (measured 2.2x slower for the vocab projection).
-  if (x.numel() == x.size(-1)) {
+at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
+  at::Tensor y;
+  if (x.numel() == x.size(-1) && !x.requires_grad()) {
+    // One row (decode at batch 1): a matrix-vector product streams the weights once; BLAS gemm
+    // would first pack the whole weight matrix (measured 2.2x slower for the vocab projection).
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(0);
-    return at::mv(weight, x.reshape({-1})).view(sizes);
+    y = at::mv(weight, x.reshape({-1})).view(sizes);
+  } else {
+    y = at::linear(x, weight);
   }
-  return at::linear(x, weight);
+  if (lora && o.adapter) {
+    auto xl = x.to(at::kFloat);
+    if (o.train && lora->dropout > 0) xl = at::dropout(xl, lora->dropout, /*train=*/true);
+    auto d = at::linear(at::linear(xl, lora->A), lora->B) * lora->scale;  // [.., r] -> [.., out]
+    y = y + d.to(y.scalar_type());
+  }
+  return y;
+}
+
+std::vector<std::pair<std::string, Linear*>> Qwen3Layer::projections() {
+  return {{"q_proj", &q}, {"k_proj", &k}, {"v_proj", &v}, {"o_proj", &o}, {"gate_proj", &gate}, {"up_proj", &up}, {"down_proj", &down}};
+}
+std::vector<std::pair<std::string, const Linear*>> Qwen3Layer::projections() const {
+  return {{"q_proj", &q}, {"k_proj", &k}, {"v_proj", &v}, {"o_proj", &o}, {"gate_proj", &gate}, {"up_proj", &up}, {"down_proj", &down}};
 }
 
 void KVCache::keep_rows(const at::Tensor& rows) {
@@ -155,14 +172,17 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }
 }  // namespace
 
-at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                 const at::Tensor& mask, KVCache* cache, int64_t layer) const {
+at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const LayerInputs& in, KVCache* cache, int64_t layer) const {
+  const auto& cos = in.cos;
+  const auto& sin = in.sin;
+  const auto& mask = in.mask;
+  const auto& fo = in.opts;
   const int64_t B = x.size(0), T = x.size(1), D = cfg_.head_dim;
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, R = nq / nkv;
   // [B, T, nq*D] -> [B, T, nq, D] -> per-head RMSNorm -> RoPE (cos/sin [B, T, 1, D]) -> [B, nq, T, D]
-  auto q = rms_norm(L.q.forward(x).view({B, T, nq, D}), L.q_norm);
-  auto k = rms_norm(L.k.forward(x).view({B, T, nkv, D}), L.k_norm);
-  auto v = L.v.forward(x).view({B, T, nkv, D});
+  auto q = rms_norm(L.q.forward(x, fo).view({B, T, nq, D}), L.q_norm);
+  auto k = rms_norm(L.k.forward(x, fo).view({B, T, nkv, D}), L.k_norm);
+  auto v = L.v.forward(x, fo).view({B, T, nkv, D});
   q = (q * cos + rotate_half(q) * sin).transpose(1, 2).contiguous();  // [B, nq, T, D]
   k = (k * cos + rotate_half(k) * sin).transpose(1, 2);               // [B, nkv, T, D]
   v = v.transpose(1, 2);                                              // [B, nkv, T, D]
@@ -196,10 +216,56 @@ at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const
     outs.push_back(at::matmul(probs, Vv).view({B, nq, c, D}));        // [B, nq, c, D]
   }
   auto o = outs.size() == 1 ? outs[0] : at::cat(outs, 2);
-  return L.o.forward(o.transpose(1, 2).reshape({B, T, nq * D}));
+  return L.o.forward(o.transpose(1, 2).reshape({B, T, nq * D}), fo);
+}
+
+at::Tensor Qwen3Model::layer_forward(int64_t layer, const at::Tensor& h0, const LayerInputs& in, KVCache* cache) const {
+  const auto& L = layers_[layer];
+  auto h = h0 + attention(L, rms_norm(h0, L.input_norm), in, cache, layer);
+  auto x = rms_norm(h, L.post_norm);
+  return h + L.down.forward(at::silu(L.gate.forward(x, in.opts)) * L.up.forward(x, in.opts), in.opts);
+}
+
+std::vector<at::Tensor> Qwen3Model::layer_lora_params(int64_t layer) const {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, lin] : layers_[layer].projections()) {
+    (void)name;
+    if (lin->lora) {
+      out.push_back(lin->lora->A);
+      out.push_back(lin->lora->B);
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Qwen3Model::named_weights() const {
+  std::vector<std::pair<std::string, at::Tensor>> out{{"model.embed_tokens.weight", embed_}, {"model.norm.weight", norm_}};
+  if (!cfg_.tie_word_embeddings) out.emplace_back("lm_head.weight", lm_head_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto& L = layers_[i];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    out.emplace_back(p + "input_layernorm.weight", L.input_norm);
+    out.emplace_back(p + "post_attention_layernorm.weight", L.post_norm);
+    out.emplace_back(p + "self_attn.q_norm.weight", L.q_norm);
+    out.emplace_back(p + "self_attn.k_norm.weight", L.k_norm);
+    for (const auto& [name, lin] : L.projections())
+      out.emplace_back(p + ((name == "gate_proj" || name == "up_proj" || name == "down_proj") ? "mlp." : "self_attn.") + name + ".weight", lin->weight);
+  }
+  return out;
+}
+
+bool Qwen3Model::has_adapter() const {
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (!layer_lora_params(static_cast<int64_t>(i)).empty()) return true;
+  return false;
 }
 
 at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache) const {
+  return hidden(ids, positions, key_mask, cache, ForwardOptions{});
+}
+
+at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache,
+                              const ForwardOptions& opts) const {
   const int64_t B = ids.size(0), T = ids.size(1);
   const int64_t S = (cache ? cache->length : 0) + T;
   if (key_mask.size(0) != B || key_mask.size(1) != S)
@@ -218,18 +284,18 @@ at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions
   // RoPE tables [B, T, 1, D] from explicit positions (HF: freqs = pos * inv_freq, emb = cat(freqs, freqs)).
   auto freqs = positions.to(device_).to(at::kFloat).unsqueeze(-1) * inv_freq_.view({1, 1, -1});  // [B, T, D/2]
   auto emb = at::cat({freqs, freqs}, -1);
-  auto cos = emb.cos().to(dtype_).unsqueeze(2), sin = emb.sin().to(dtype_).unsqueeze(2);
+  LayerInputs in{emb.cos().to(dtype_).unsqueeze(2), emb.sin().to(dtype_).unsqueeze(2), mask, opts};
   auto h = at::embedding(embed_, ids.to(device_));  // [B, T, hidden]
   for (size_t i = 0; i < layers_.size(); ++i) {
-    const auto& L = layers_[i];
-    h = h + attention(L, rms_norm(h, L.input_norm), cos, sin, mask, cache, static_cast<int64_t>(i));
-    auto x = rms_norm(h, L.post_norm);
-    h = h + L.down.forward(at::silu(L.gate.forward(x)) * L.up.forward(x));
+    if (opts.checkpoint && !cache && at::GradMode::is_enabled())
+      h = checkpointed_layer(*this, static_cast<int64_t>(i), h, in);  // recomputed in backward (checkpoint.cc)
+    else
+      h = layer_forward(static_cast<int64_t>(i), h, in, cache);
   }
   if (cache) cache->length += T;
   return rms_norm(h, norm_);
 }
 
-at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return Linear{lm_head_}.forward(hidden).to(at::kFloat); }
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return Linear{lm_head_, nullptr}.forward(hidden).to(at::kFloat); }
 
 }  // namespace slm

@@ -35,14 +35,40 @@ struct LoadOptions {
   std::string device = "cpu";         // "cpu", "cuda", "cuda:1", ...
 };
 
+// How a forward pass runs: with or without the adapter (the reference policy is the same model with
+// the adapter off), in training mode (LoRA dropout active), with per-layer gradient checkpointing.
+struct ForwardOptions {
+  bool adapter = true;
+  bool train = false;
+  bool checkpoint = false;
+};
+
+// A LoRA adapter on one projection: y += scale * B(A(dropout(x))), A [r, in], B [out, r], kept in
+// float32 whatever the compute dtype (trainable parameters are optimised in float32).
+struct LoraWeights {
+  at::Tensor A, B;
+  double scale = 1.0;
+  double dropout = 0.0;
+};
+
 struct Linear {
-  at::Tensor weight;  // [out, in]
-  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight;                   // [out, in], frozen
+  std::shared_ptr<LoraWeights> lora;   // null when this projection has no adapter
+  at::Tensor forward(const at::Tensor& x, const ForwardOptions& o = {}) const;
 };
 
 struct Qwen3Layer {
   at::Tensor input_norm, post_norm, q_norm, k_norm;  // [hidden], [hidden], [head_dim], [head_dim]
   Linear q, k, v, o, gate, up, down;
+  // The projections by their Hugging Face / PEFT names (q_proj, ..., down_proj).
+  std::vector<std::pair<std::string, Linear*>> projections();
+  std::vector<std::pair<std::string, const Linear*>> projections() const;
+};
+
+// Per-call tensors shared by every layer: rotary tables and the additive attention mask.
+struct LayerInputs {
+  at::Tensor cos, sin, mask;
+  ForwardOptions opts;
 };
 
 // Per-layer key/value cache for batched decoding: [B, n_kv, capacity, head_dim] each.
@@ -75,13 +101,30 @@ class Qwen3Model {
   // hidden [.., hidden] -> logits [.., vocab] in float32.
   at::Tensor logits(const at::Tensor& hidden) const;
 
+  // Same as hidden() with explicit options (adapter on/off, training, checkpointing).
+  at::Tensor hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache,
+                    const ForwardOptions& opts) const;
+
   // Raises TOKEN_OUT_OF_RANGE when an id is outside [0, vocab_size).
   void check_ids(const at::Tensor& ids) const;
 
+  // One decoder block: h [B, T, hidden] -> h [B, T, hidden].
+  at::Tensor layer_forward(int64_t layer, const at::Tensor& h, const LayerInputs& in, KVCache* cache) const;
+
+  std::vector<Qwen3Layer>& layers() { return layers_; }
+  const std::vector<Qwen3Layer>& layers() const { return layers_; }
+  // The LoRA tensors of one layer (A then B of each adapted projection), in a fixed order.
+  std::vector<at::Tensor> layer_lora_params(int64_t layer) const;
+  bool has_adapter() const;
+  // Every base weight by its Hugging Face name (for merged export).
+  std::vector<std::pair<std::string, at::Tensor>> named_weights() const;
+
+  // PPO value head on the final hidden states: v = w . h + b (float32, trainable); empty when absent.
+  at::Tensor value_w, value_b;  // [hidden], [1]
+
  private:
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const;
-  at::Tensor attention(const Qwen3Layer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                       const at::Tensor& mask, KVCache* cache, int64_t layer) const;
+  at::Tensor attention(const Qwen3Layer& L, const at::Tensor& x, const LayerInputs& in, KVCache* cache, int64_t layer) const;
 
   Qwen3Config cfg_;
   at::Device device_;
@@ -94,5 +137,9 @@ class Qwen3Model {
 };
 
 at::ScalarType parse_compute_dtype(const std::string& s);
+
+// A decoder layer whose activations are not kept for backward: the layer is recomputed from its
+// saved input when the gradient arrives (custom autograd function, checkpoint.cc).
+at::Tensor checkpointed_layer(const Qwen3Model& m, int64_t layer, const at::Tensor& h, const LayerInputs& in);
 
 }  // namespace slm

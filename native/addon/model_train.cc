@@ -1,0 +1,292 @@
+// The LoRA training surface of NativeModel: adapters (attach, PEFT load/save, merge), the value head,
+// one-call training steps and optimizer state. Long calls run on worker threads.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cstring>
+
+#include "addon/convert.h"
+#include "addon/model.h"
+#include "addon/workers.h"
+#include "core/lora.h"
+#include "core/safetensors.h"
+
+namespace slm_addon {
+
+namespace {
+
+slm::LoraConfig read_lora(Napi::Env env, const Napi::Object& o) {
+  slm::LoraConfig c;
+  c.r = int_field(env, o, "r", 8);
+  c.alpha = num_field(env, o, "alpha", 16);
+  c.dropout = num_field(env, o, "dropout", 0);
+  auto rs = o.Get("rslora");
+  c.rslora = rs.IsBoolean() && rs.As<Napi::Boolean>().Value();
+  auto t = o.Get("targets");
+  if (!t.IsArray()) throw_error(env, "ARGUMENT_INVALID", "LoRA config: 'targets' must be an array of module names.");
+  auto ta = t.As<Napi::Array>();
+  for (uint32_t i = 0; i < ta.Length(); ++i) c.targets.push_back(ta.Get(i).As<Napi::String>().Utf8Value());
+  auto l = o.Get("layers");
+  if (l.IsArray()) {
+    auto la = l.As<Napi::Array>();
+    for (uint32_t i = 0; i < la.Length(); ++i) c.layers.push_back(la.Get(i).As<Napi::Number>().Int64Value());
+  }
+  return c;
+}
+
+// Splits a flat typed array into per-sequence rows (lengths as for ids); empty when absent.
+template <class T, napi_typedarray_type K>
+std::vector<std::vector<T>> rows_of(Napi::Env env, const Napi::Object& o, const char* k, const std::vector<int32_t>& lengths, size_t total) {
+  std::vector<std::vector<T>> out;
+  auto v = o.Get(k);
+  if (v.IsUndefined() || v.IsNull()) return out;
+  auto flat = typed_vector<T, K>(env, v, k);
+  if (flat.size() != total) throw_error(env, "ARGUMENT_INVALID", std::string(k) + " must have one value per token (" + std::to_string(total) + "), found " + std::to_string(flat.size()) + ".");
+  size_t off = 0;
+  for (auto n : lengths) {
+    out.emplace_back(flat.begin() + off, flat.begin() + off + n);
+    off += n;
+  }
+  return out;
+}
+
+bool bool_field(const Napi::Object& o, const char* k, bool dflt) {
+  auto v = o.Get(k);
+  return v.IsBoolean() ? v.As<Napi::Boolean>().Value() : dflt;
+}
+
+Napi::Object stats_to_js(Napi::Env env, const slm::TrainStats& s) {
+  auto o = Napi::Object::New(env);
+  o.Set("loss", s.loss);
+  o.Set("pgLoss", s.pg_loss);
+  o.Set("sftLoss", s.sft_loss);
+  o.Set("kl", s.kl);
+  o.Set("entropy", s.entropy);
+  o.Set("clipFrac", s.clip_frac);
+  o.Set("ratio", s.ratio);
+  o.Set("valueLoss", s.value_loss);
+  o.Set("gradNorm", s.grad_norm);
+  o.Set("tokens", static_cast<double>(s.tokens));
+  o.Set("sequences", static_cast<double>(s.sequences));
+  o.Set("skipped", s.skipped);
+  o.Set("skipReason", s.skip_reason);
+  return o;
+}
+
+}  // namespace
+
+Napi::Value ModelWrap::AttachLora(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  auto c = read_lora(env, info[0].As<Napi::Object>());
+  const auto seed = static_cast<uint64_t>(num_field(env, info[0].As<Napi::Object>(), "seed", 0));
+  ErrorInfo err;
+  if (!capture([&] { slm::attach_lora(*m, c, seed); }, err)) throw_error(env, err.code, err.message);
+  optimizer_ = std::make_shared<slm::AdamW>();
+  return env.Undefined();
+}
+
+Napi::Value ModelWrap::LoadLora(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  auto o = info[0].As<Napi::Object>();
+  auto c = read_lora(env, o);
+  auto file = str_field(env, o, "file", "");
+  optimizer_ = std::make_shared<slm::AdamW>();
+  return LambdaWorker::Start(
+      env, "slm:loadLora", info.This().As<Napi::Object>(), [m, c, file] { slm::load_lora(*m, c, slm::read_safetensors_files({file})); },
+      [](Napi::Env e) { return e.Undefined(); });
+}
+
+Napi::Value ModelWrap::DetachLora(const Napi::CallbackInfo& info) {
+  auto m = live(info.Env());
+  slm::detach_lora(*m);
+  m->value_w = at::Tensor();
+  m->value_b = at::Tensor();
+  optimizer_ = std::make_shared<slm::AdamW>();
+  return info.Env().Undefined();
+}
+
+Napi::Value ModelWrap::SaveLora(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  auto o = info[0].As<Napi::Object>();
+  auto file = str_field(env, o, "file", "");
+  auto value_file = str_field(env, o, "valueHeadFile", "");
+  return LambdaWorker::Start(
+      env, "slm:saveLora", info.This().As<Napi::Object>(),
+      [m, file, value_file] {
+        slm::write_safetensors(file, slm::lora_tensors(*m), {{"format", "pt"}});
+        if (!value_file.empty() && m->value_w.defined())
+          slm::write_safetensors(value_file, {{"value_head.weight", m->value_w.detach()}, {"value_head.bias", m->value_b.detach()}}, {{"format", "pt"}});
+      },
+      [](Napi::Env e) { return e.Undefined(); });
+}
+
+Napi::Value ModelWrap::AttachValueHead(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  slm::attach_value_head(*m, static_cast<uint64_t>(info[0].IsNumber() ? info[0].As<Napi::Number>().Int64Value() : 0));
+  return env.Undefined();
+}
+
+Napi::Value ModelWrap::LoadValueHead(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  auto file = info[0].As<Napi::String>().Utf8Value();
+  ErrorInfo err;
+  if (!capture([&] { slm::load_value_head(*m, slm::read_safetensors_files({file})); }, err)) throw_error(env, err.code, err.message);
+  return env.Undefined();
+}
+
+Napi::Value ModelWrap::TrainStep(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "trainStep expects a batch object.");
+  auto o = info[0].As<Napi::Object>();
+  auto lengths = int32s(env, o.Get("lengths"), "lengths");
+  auto ids = int32s(env, o.Get("ids"), "ids");
+  size_t total = 0;
+  for (auto n : lengths) total += static_cast<size_t>(n);
+  if (total != ids.size()) throw_error(env, "ARGUMENT_INVALID", "lengths add up to " + std::to_string(total) + " but " + std::to_string(ids.size()) + " ids were given.");
+  slm::TrainBatch b;
+  size_t off = 0;
+  for (auto n : lengths) {
+    b.seqs.emplace_back(ids.begin() + off, ids.begin() + off + n);
+    off += n;
+  }
+  b.mask = rows_of<uint8_t, napi_uint8_array>(env, o, "mask", lengths, total);
+  b.advantages = rows_of<float, napi_float32_array>(env, o, "advantages", lengths, total);
+  b.old_logprobs = rows_of<float, napi_float32_array>(env, o, "oldLogprobs", lengths, total);
+  b.returns = rows_of<float, napi_float32_array>(env, o, "returns", lengths, total);
+  b.old_values = rows_of<float, napi_float32_array>(env, o, "oldValues", lengths, total);
+  if (!o.Get("temperature").IsUndefined()) b.temperature = float32s(env, o.Get("temperature"), "temperature");
+  if (!b.temperature.empty() && b.temperature.size() != b.seqs.size()) throw_error(env, "ARGUMENT_INVALID", "temperature must have one value per sequence.");
+  slm::LossConfig lc;
+  auto kind = str_field(env, o, "loss", "sft");
+  if (kind != "sft" && kind != "pg") throw_error(env, "ARGUMENT_INVALID", "loss must be 'sft' or 'pg', found '" + kind + "'.");
+  lc.kind = kind == "pg" ? slm::LossKind::PG : slm::LossKind::SFT;
+  lc.clip_low = num_field(env, o, "clipLow", 0.2);
+  lc.clip_high = num_field(env, o, "clipHigh", lc.clip_low);
+  lc.token_level = bool_field(o, "tokenLevel", true);
+  lc.kl_coef = num_field(env, o, "klCoef", 0);
+  lc.kl_estimator = static_cast<int>(int_field(env, o, "klEstimator", 3));
+  if (lc.kl_estimator != 1 && lc.kl_estimator != 3) throw_error(env, "ARGUMENT_INVALID", "klEstimator must be 1 or 3.");
+  lc.entropy_coef = num_field(env, o, "entropyCoef", 0);
+  lc.vf_coef = num_field(env, o, "vfCoef", 0);
+  lc.value_clip = num_field(env, o, "valueClip", 0.2);
+  slm::OptimConfig oc;
+  oc.lr = num_field(env, o, "lr", 1e-4);
+  oc.value_lr = num_field(env, o, "valueLr", -1);
+  oc.beta1 = num_field(env, o, "beta1", 0.9);
+  oc.beta2 = num_field(env, o, "beta2", 0.999);
+  oc.eps = num_field(env, o, "eps", 1e-8);
+  oc.weight_decay = num_field(env, o, "weightDecay", 0);
+  oc.max_grad_norm = num_field(env, o, "maxGradNorm", 1.0);
+  slm::TrainOptions to;
+  to.micro_batch = int_field(env, o, "microBatch", 0);
+  to.checkpoint = bool_field(o, "checkpoint", true);
+  to.update = bool_field(o, "update", true);
+  auto opt = optimizer_;
+  auto stats = std::make_shared<slm::TrainStats>();
+  return LambdaWorker::Start(
+      env, "slm:trainStep", info.This().As<Napi::Object>(), [m, opt, b, lc, oc, to, stats] { *stats = slm::train_step(*m, *opt, b, lc, oc, to); },
+      [stats, opt](Napi::Env e) {
+        auto r = stats_to_js(e, *stats);
+        r.Set("step", static_cast<double>(opt->step));
+        return r;
+      });
+}
+
+Napi::Value ModelWrap::SaveOptimizer(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  live(env);
+  auto file = info[0].As<Napi::String>().Utf8Value();
+  auto opt = optimizer_;
+  return LambdaWorker::Start(env, "slm:saveOptimizer", info.This().As<Napi::Object>(), [opt, file] { slm::write_safetensors(file, opt->state()); },
+                             [](Napi::Env e) { return e.Undefined(); });
+}
+
+Napi::Value ModelWrap::LoadOptimizer(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  auto file = info[0].As<Napi::String>().Utf8Value();
+  auto opt = optimizer_;
+  return LambdaWorker::Start(
+      env, "slm:loadOptimizer", info.This().As<Napi::Object>(),
+      [m, opt, file] {
+        auto t = slm::read_safetensors_files({file});
+        opt->load(t.tensors, m->device());
+      },
+      [](Napi::Env e) { return e.Undefined(); });
+}
+
+Napi::Value ModelWrap::SaveMerged(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  auto o = info[0].As<Napi::Object>();
+  auto file = str_field(env, o, "file", "");
+  auto dtype_s = str_field(env, o, "dtype", "float32");
+  ErrorInfo err;
+  at::ScalarType dtype = at::kFloat;
+  if (!capture([&] { dtype = slm::parse_compute_dtype(dtype_s); }, err)) throw_error(env, err.code, err.message);
+  return LambdaWorker::Start(
+      env, "slm:saveMerged", info.This().As<Napi::Object>(), [m, file, dtype] { slm::write_safetensors(file, slm::merged_weights(*m, dtype), {{"format", "pt"}}); },
+      [](Napi::Env e) { return e.Undefined(); });
+}
+
+// trainable({grad}) -> {name: Float32Array} copies of the trainable tensors (or their gradients).
+Napi::Value ModelWrap::Trainable(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  const bool grad = info[0].IsObject() && bool_field(info[0].As<Napi::Object>(), "grad", false);
+  auto out = Napi::Object::New(env);
+  for (const auto& [name, p] : slm::trainable(*m)) {
+    at::Tensor t = grad ? p.grad() : p;
+    if (!t.defined()) continue;
+    auto c = t.detach().to(at::kCPU, at::kFloat).contiguous();
+    auto a = Napi::Float32Array::New(env, c.numel());
+    std::memcpy(a.Data(), c.data_ptr<float>(), c.numel() * sizeof(float));
+    out.Set(name, a);
+  }
+  return out;
+}
+
+// setTrainable(name, Float32Array): overwrite one trainable tensor (tests, distributed sync).
+Napi::Value ModelWrap::SetTrainable(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  auto name = info[0].As<Napi::String>().Utf8Value();
+  auto vals = float32s(env, info[1], "values");
+  for (const auto& [n, p] : slm::trainable(*m)) {
+    if (n != name) continue;
+    if (static_cast<int64_t>(vals.size()) != p.numel()) throw_error(env, "ARGUMENT_INVALID", "setTrainable: " + name + " has " + std::to_string(p.numel()) + " values.");
+    at::NoGradGuard ng;
+    p.detach().copy_(at::tensor(vals, at::kFloat).view(p.sizes()));
+    return env.Undefined();
+  }
+  throw_error(env, "ARGUMENT_INVALID", "no trainable tensor named '" + name + "'.");
+}
+
+// A digest of every base weight's bytes (FNV-1a), to prove that training leaves them untouched.
+Napi::Value ModelWrap::BaseDigest(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, t] : m->named_weights()) {
+    (void)name;
+    auto c = t.detach().to(at::kCPU).contiguous();
+    const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+    const size_t n = c.numel() * c.element_size();
+    for (size_t i = 0; i < n; i += 8) {
+      uint64_t w = 0;
+      std::memcpy(&w, p + i, std::min<size_t>(8, n - i));
+      h = (h ^ w) * 1099511628211ull;
+    }
+  }
+  char buf[17];
+  snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return Napi::String::New(env, buf);
+}
+
+}  // namespace slm_addon
