@@ -1,0 +1,92 @@
+/**
+ * Answering a program's call to a search primitive, shared by the Python and QuickJS sandboxes:
+ * check the name and arguments, enforce the per-program call limit, run the tool, record the call,
+ * and turn any failure into a message the program sees as an exception.
+ */
+import { isSlmError } from '../errors.js';
+import type { SearchTools, ToolCall, ToolName } from './types.js';
+import { TOOL_NAMES } from './types.js';
+
+const PARAM: Record<ToolName, string> = { search_pages: 'query', view_sections: 'page_id', read_section: 'section_id' };
+
+export type ToolReply = { ok: true; value: unknown } | { ok: false; error: string; etype: 'ValueError' | 'TypeError' | 'RuntimeError' };
+
+/**
+ * Calls a tool for a program; never throws and never rejects. Answers synchronously when the tool is
+ * synchronous (QuickJS relies on that: a promise there means suspending the interpreter).
+ * `calls` receives the record of the call.
+ */
+export function invokeTool(
+  tools: SearchTools | undefined,
+  name: unknown,
+  args: unknown,
+  calls: ToolCall[],
+  maxCalls: number,
+): ToolReply | Promise<ToolReply> {
+  const t0 = performance.now();
+  const argList = Array.isArray(args) ? args : [args];
+  const record = (ok: boolean) => calls.push({ name: String(name), args: argList, ok, ms: performance.now() - t0 });
+  const fail = (etype: 'ValueError' | 'TypeError' | 'RuntimeError', error: string): ToolReply => {
+    record(false);
+    return { ok: false, etype, error };
+  };
+  if (typeof name !== 'string' || !(TOOL_NAMES as readonly string[]).includes(name)) {
+    return fail('ValueError', `unknown tool ${JSON.stringify(name)}; the tools are ${TOOL_NAMES.join(', ')}`);
+  }
+  const tool = name as ToolName;
+  if (calls.length >= maxCalls) return fail('RuntimeError', `call limit reached: a program may make at most ${maxCalls} tool calls`);
+  if (argList.length !== 1 || typeof argList[0] !== 'string') return fail('TypeError', `${tool}(${PARAM[tool]}) expects one string argument`);
+  if (!tools) return fail('RuntimeError', `${tool} is unavailable: no search corpus is configured for this sandbox`);
+  const settle = (value: unknown): ToolReply => {
+    try {
+      const v = toJsonLike(value, `${tool} result`);
+      record(true);
+      return { ok: true, value: v };
+    } catch (e) {
+      return failure(e);
+    }
+  };
+  const failure = (e: unknown): ToolReply => fail('ValueError', isSlmError(e) || e instanceof Error ? e.message : String(e));
+  try {
+    const out = tools[tool](argList[0] as string);
+    if (out && typeof (out as Promise<unknown>).then === 'function') return Promise.resolve(out).then(settle, failure);
+    return settle(out);
+  } catch (e) {
+    return failure(e);
+  }
+}
+
+/** Checks that a tool result is made of JSON values only (what both sandboxes can hand to a program). */
+export function toJsonLike(v: unknown, what: string, depth = 0): unknown {
+  if (depth > 32) throw new Error(`${what} is nested too deeply`);
+  if (v === null || typeof v === 'string' || typeof v === 'boolean') return v;
+  if (v === undefined) return null;
+  if (typeof v === 'number') return Number.isFinite(v) ? v : null;
+  if (Array.isArray(v)) return v.map((x) => toJsonLike(x, what, depth + 1));
+  if (typeof v === 'object' && (Object.getPrototypeOf(v) === Object.prototype || Object.getPrototypeOf(v) === null)) {
+    const out: Record<string, unknown> = {};
+    for (const [k, x] of Object.entries(v as Record<string, unknown>)) out[k] = toJsonLike(x, what, depth + 1);
+    return out;
+  }
+  throw new Error(`${what} contains a ${Object.prototype.toString.call(v).slice(8, -1)}; tools must return JSON values`);
+}
+
+/** Output capped in characters (UTF-16 code units, as in the Python runner's str length up to astral characters). */
+export class OutputCapture {
+  private parts: string[] = [];
+  private chars = 0;
+  truncated = false;
+  constructor(readonly cap: number) {}
+  write(s: string): void {
+    if (this.truncated) return;
+    if (this.chars + s.length > this.cap) {
+      s = s.slice(0, this.cap - this.chars);
+      this.truncated = true;
+    }
+    this.parts.push(s);
+    this.chars += s.length;
+  }
+  text(): string {
+    return this.parts.join('');
+  }
+}

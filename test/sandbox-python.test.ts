@@ -1,0 +1,268 @@
+// The Python sandbox pool: what a program sees, what comes back, how the pool manages its workers.
+// (Hostile programs: sandbox-hostile.test.ts; the real model-written programs: sandbox-code-blocks.test.ts.)
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import t from 'tap';
+import { SlmError } from '../lib/errors.js';
+import { createSandbox } from '../lib/sandbox/index.js';
+import { detectIsolation } from '../lib/sandbox/isolation.js';
+import { createPythonPool, type PythonSandboxPool } from '../lib/sandbox/python.js';
+import type { SearchTools } from '../lib/sandbox/types.js';
+import { truncationMarker } from '../lib/sandbox/types.js';
+import { SlmError as SlmErrorClass } from '../lib/errors.js';
+
+const tools: SearchTools = {
+  search_pages: (q) => [
+    { page_id: 'kate_box', title: 'Kate Box', similarity: 0.91 },
+    { page_id: 'q', title: `Query: ${q}`, similarity: 0.5 },
+  ],
+  view_sections: (p) => {
+    if (p !== 'kate_box') throw new SlmErrorClass('NOT_FOUND', `Page not found: ${p}; did you mean kate_box?`);
+    return [{ section_id: 'kate_box:career', section_name: 'Career' }];
+  },
+  read_section: (s) => {
+    if (s === 'kate_box:career') return 'In 2003, Box graduated from NIDA.';
+    throw new SlmErrorClass('NOT_FOUND', `Section not found: ${s}`);
+  },
+};
+
+/** Processes (any depth, reparented or not) whose command line carries the pool's tag. */
+function taggedPids(tag: string): number[] {
+  const out: number[] = [];
+  for (const pid of readdirSync('/proc')) {
+    if (!/^\d+$/.test(pid)) continue;
+    try {
+      if (readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(tag)) out.push(Number(pid));
+    } catch {
+      /* gone meanwhile */
+    }
+  }
+  return out;
+}
+const tagged = (tag: string) => taggedPids(tag).length;
+
+async function until(cond: () => boolean, ms = 5000): Promise<boolean> {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (cond()) return true;
+    await new Promise((res) => setTimeout(res, 20));
+  }
+  return cond();
+}
+
+let pool: PythonSandboxPool;
+t.before(async () => {
+  pool = await createPythonPool({ tools, size: 2, timeoutMs: 10_000 });
+});
+t.teardown(() => pool?.close());
+
+t.test('runs a program and returns what it printed', async (t) => {
+  const r = await pool.run('print("hello")\nprint(1 + 1)');
+  t.same(r, { stdout: 'hello\n2\n', error: null, timed_out: false, calls: [], truncated: false, duration_ms: r.duration_ms });
+  t.ok(r.duration_ms >= 0);
+});
+
+t.test("the reference's extras are pre-imported", async (t) => {
+  const r = await pool.run(
+    'print(re.sub("a", "b", "aa"), json.dumps({"a": 1}), string.ascii_lowercase[:3], Counter("aab")["a"], ' +
+      'defaultdict(int)["x"], math.floor(2.5), list(itertools.islice(itertools.count(), 3)), collections.deque([1]).pop())',
+  );
+  t.equal(r.error, null);
+  t.equal(r.stdout, 'bb {"a": 1} abc 2 0 2 [0, 1, 2] 1\n');
+});
+
+t.test('keeps printed output when the program raises, with the exception\'s last line', async (t) => {
+  const r = await pool.run('print(1)\nprint(2)\nundefined_name + 1\nprint(3)');
+  t.equal(r.stdout, '1\n2\n');
+  t.equal(r.error, "NameError: name 'undefined_name' is not defined");
+  t.equal(r.timed_out, false);
+});
+
+t.test('a syntax error names its line, as the reference reported it', async (t) => {
+  const r = await pool.run('x = 1\nprint((x\n');
+  t.equal(r.error, "SyntaxError: '(' was never closed (line 2)");
+  t.equal(r.stdout, '');
+});
+
+t.test('the search primitives are proxied to the host and every call is recorded', async (t) => {
+  const r = await pool.run(
+    'hits = search_pages("who graduated from NIDA")\n' +
+      'print(hits[0]["page_id"], hits[0]["similarity"])\n' +
+      'secs = view_sections(hits[0]["page_id"])\n' +
+      'print(secs[0]["section_id"], "|", read_section(secs[0]["section_id"]))',
+  );
+  t.equal(r.error, null);
+  t.equal(r.stdout, 'kate_box 0.91\nkate_box:career | In 2003, Box graduated from NIDA.\n');
+  t.same(
+    r.calls.map((c) => [c.name, c.args, c.ok]),
+    [
+      ['search_pages', ['who graduated from NIDA'], true],
+      ['view_sections', ['kate_box'], true],
+      ['read_section', ['kate_box:career'], true],
+    ],
+  );
+  for (const c of r.calls) t.ok(c.ms >= 0);
+});
+
+t.test("a tool's error reaches the program as a ValueError it can catch", async (t) => {
+  const r = await pool.run(
+    'try:\n    read_section("kate_box:awards")\nexcept ValueError as e:\n    print("caught:", e)\nview_sections("kate")',
+  );
+  t.equal(r.stdout, 'caught: Section not found: kate_box:awards\n');
+  t.equal(r.error, 'ValueError: Page not found: kate; did you mean kate_box?');
+  t.same(r.calls.map((c) => c.ok), [false, false]);
+});
+
+t.test('asynchronous tools work, and tools can be given per program', async (t) => {
+  const asyncTools: SearchTools = {
+    search_pages: async (q) => {
+      await new Promise((res) => setTimeout(res, 5));
+      return [{ page_id: q.toLowerCase(), title: q, similarity: 1 }];
+    },
+    view_sections: async () => [],
+    read_section: async (s) => `text of ${s}`,
+  };
+  const r = await pool.run('print(search_pages("Paris")[0]["page_id"], read_section("paris:full"), view_sections("paris"))', { tools: asyncTools });
+  t.equal(r.error, null);
+  t.equal(r.stdout, 'paris text of paris:full []\n');
+});
+
+t.test('wrong arguments are a TypeError, as for a Python function', async (t) => {
+  const a = await pool.run('search_pages(5)');
+  t.match(a.error, /^TypeError: search_pages\(query\) expects a str, got int/);
+  const b = await pool.run('search_pages()');
+  t.match(b.error, /^TypeError: .*search_pages\(\) missing 1 required positional argument: 'query'/);
+  const c = await pool.run('search_pages(query="x"); print("ok")');
+  t.equal(c.stdout, 'ok\n', 'the parameter names are those of the reference');
+  t.same(a.calls, [], 'a call rejected in the sandbox never reaches the host');
+});
+
+t.test('the call limit stops a program that calls tools without end', async (t) => {
+  const r = await pool.run('n = 0\nwhile True:\n    search_pages("x")\n    n += 1\n    print(n)', { maxCalls: 3 });
+  t.equal(r.stdout, '1\n2\n3\n');
+  t.match(r.error, /^RuntimeError: call limit reached: a program may make at most 3 tool calls/);
+  t.same(r.calls.map((c) => c.ok), [true, true, true, false]);
+});
+
+t.test('text survives both ways: accents, CJK, astral characters', async (t) => {
+  const uniTools: SearchTools = { ...tools, read_section: (s) => `naïve ☃ 𝄞 ${s}` };
+  const r = await pool.run('print(read_section("東京:full"))\nprint(len("𝄞"))', { tools: uniTools });
+  t.equal(r.error, null);
+  t.equal(r.stdout, 'naïve ☃ 𝄞 東京:full\n1\n');
+  t.same(r.calls[0].args, ['東京:full']);
+});
+
+t.test('output past the cap is cut and a visible marker appended', async (t) => {
+  const r = await pool.run('print("a" * 30)\nprint("b" * 30)\nraise KeyError("late")', { maxOutputChars: 40 });
+  t.equal(r.truncated, true);
+  t.equal(r.stdout, 'a'.repeat(30) + '\n' + 'b'.repeat(9) + truncationMarker(40));
+  t.ok(r.stdout.endsWith('\n...[output truncated at 40 chars]'));
+  t.equal(r.error, "KeyError: 'late'", 'the error is still reported after the cap');
+});
+
+t.test('exit(), sys.exit() and os._exit() end the program with an error; output is kept', async (t) => {
+  const a = await pool.run('print("before")\nexit()\nprint("after")');
+  t.same([a.stdout, a.error], ['before\n', 'SystemExit']);
+  const b = await pool.run('import sys\nprint("before")\nsys.exit(3)');
+  t.same([b.stdout, b.error], ['before\n', 'SystemExit: 3']);
+  const c = await pool.run('import os\nprint("before")\nos._exit(4)');
+  t.equal(c.stdout, 'before\n');
+  t.match(c.error, /^SystemExit: 4 \(the program ended its process itself/);
+  t.equal((await pool.run('print("next")')).stdout, 'next\n');
+});
+
+t.test('each program starts in a fresh namespace and an empty working directory', async (t) => {
+  const one = await createPythonPool({ tools, size: 1 });
+  t.teardown(() => one.close());
+  const first = await one.run(
+    'x = 41\nimport os, json\nopen("notes.txt", "w").write("x")\nos.mkdir("sub")\n' +
+      'json.dumps = lambda *a, **k: "patched"\nsearch_pages = lambda q: "fake"\nprint(sorted(os.listdir(".")), json.dumps(1), search_pages("q"))',
+  );
+  t.equal(first.stdout, "['notes.txt', 'sub'] patched fake\n");
+  const second = await one.run('import os, json\nprint("x" in globals(), os.listdir("."), json.dumps(1), search_pages("q")[0]["page_id"])');
+  t.equal(second.error, null);
+  t.equal(second.stdout, 'False [] 1 kate_box\n');
+  t.equal(second.calls.length, 1, 'the real search_pages answered');
+});
+
+t.test('programs run side by side on the workers and each gets its own result', async (t) => {
+  const n = 8;
+  const results = await Promise.all(Array.from({ length: n }, (_, i) => pool.run(`import time\ntime.sleep(0.05)\nprint(${i} * ${i})\nsearch_pages("q${i}")`)));
+  t.same(results.map((r) => r.stdout), Array.from({ length: n }, (_, i) => `${i * i}\n`));
+  t.same(results.map((r) => r.calls[0].args[0]), Array.from({ length: n }, (_, i) => `q${i}`));
+});
+
+t.test('a worker killed from outside is replaced and the pool keeps serving', async (t) => {
+  const started = pool.started;
+  const victim = pool.workerPids()[0];
+  process.kill(-victim, 'SIGKILL');
+  t.ok(await until(() => !pool.workerPids().includes(victim) && pool.workerPids().length === 2), 'the pool noticed and started a replacement');
+  const results = await Promise.all(Array.from({ length: 4 }, (_, i) => pool.run(`print(${i})`)));
+  t.same(results.map((r) => r.stdout), ['0\n', '1\n', '2\n', '3\n']);
+  t.ok(pool.started > started, 'a new worker was started');
+});
+
+t.test('a worker that stops answering is killed by the host and replaced', async (t) => {
+  const one = await createPythonPool({ tools, size: 1 });
+  t.teardown(() => one.close());
+  const [pid] = one.workerPids();
+  // Freeze every process of the worker (bubblewrap puts the runner in a session of its own):
+  // only the host's backstop timer can end the program now.
+  for (const p of taggedPids(one.tag)) process.kill(p, 'SIGSTOP');
+  const r = await one.run('print("never")', { timeoutMs: 300 });
+  t.equal(r.timed_out, true);
+  t.match(r.error, /^TimeoutError: .*did not answer and was replaced/);
+  const next = await one.run('print("after")');
+  t.equal(next.stdout, 'after\n');
+  t.notOk(one.workerPids().includes(pid));
+});
+
+t.test('close() ends every worker process and later runs are refused', async (t) => {
+  const p = await createPythonPool({ tools, size: 2 });
+  await p.run('print(1)');
+  t.ok(tagged(p.tag) >= 2, 'the workers carry the pool tag');
+  const pending = p.run('import time\ntime.sleep(30)');
+  await new Promise((res) => setTimeout(res, 100));
+  await p.close();
+  t.equal(tagged(p.tag), 0, 'no process of this pool is left');
+  const interrupted = await pending;
+  t.match(interrupted.error, /SandboxError: the sandbox worker died/);
+  await t.rejects(p.run('print(1)'), { code: 'SANDBOX_ERROR' });
+});
+
+t.test('limits and options are checked before anything starts', async (t) => {
+  await t.rejects(createPythonPool({ timeoutMs: -1 }), { code: 'ARGUMENT_INVALID', message: /timeoutMs/ });
+  await t.rejects(createPythonPool({ memoryMb: 16 }), { code: 'ARGUMENT_INVALID', message: /at least 64/ });
+  await t.rejects(pool.run('print(1)', { maxOutputChars: 0 }), { code: 'ARGUMENT_INVALID' });
+  await t.rejects(createSandbox({ kind: 'python', timeoutMS: 5 } as never), { code: 'CONFIG_UNKNOWN_KEY', message: /did you mean "timeoutMs"/ });
+  await t.rejects(createSandbox({ kind: 'ruby' } as never), { code: 'ARGUMENT_INVALID' });
+  await t.rejects(pool.run(42 as never), SlmError);
+});
+
+t.test('the isolation report describes this machine consistently', async (t) => {
+  const iso = await detectIsolation();
+  t.ok(['bwrap', 'unshare', 'rlimits-only'].includes(iso.level));
+  t.ok(existsSync(iso.python), 'the real interpreter, not a shim');
+  t.equal(iso.readonlyFs, iso.level === 'bwrap');
+  t.equal(iso.network, iso.level !== 'rlimits-only' || iso.seccomp);
+  t.same(pool.isolation.level, iso.level);
+  t.comment(`isolation: ${iso.level}; ${iso.details}`);
+  for (const level of ['unshare', 'rlimits-only'] as const) {
+    const lower = await detectIsolation({ maxLevel: level });
+    t.ok(['unshare', 'rlimits-only'].includes(lower.level), `asking for at most ${level} gives ${lower.level}`);
+  }
+});
+
+t.test('the lower isolation levels run programs too', async (t) => {
+  for (const maxLevel of ['unshare', 'rlimits-only'] as const) {
+    const iso = await detectIsolation({ maxLevel });
+    if (iso.level === 'rlimits-only' && !iso.seccomp && !iso.uidDrop) {
+      t.comment(`${maxLevel}: nothing to contain programs here; skipped`);
+      continue;
+    }
+    const p = await createPythonPool({ tools, size: 1, maxLevel });
+    const r = await p.run('import os\nprint(search_pages("x")[0]["title"], os.getcwd() != "/")');
+    t.equal(r.stdout, 'Kate Box True\n', `works at ${p.isolation.level}`);
+    await p.close();
+    t.equal(tagged(p.tag), 0);
+  }
+});
