@@ -29,6 +29,14 @@ Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// Seeds libtorch's default generators (LoRA dropout draws from them), for reproducible training.
+Napi::Value ManualSeed(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  if (!info[0].IsNumber()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "manualSeed expects a number.");
+  at::manual_seed(static_cast<uint64_t>(info[0].As<Napi::Number>().Int64Value()));
+  return env.Undefined();
+}
+
 Napi::Value Version(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto o = Napi::Object::New(env);
@@ -45,6 +53,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("setErrorClass", Napi::Function::New(env, SetErrorClass));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("version", Napi::Function::New(env, Version));
+  exports.Set("manualSeed", Napi::Function::New(env, ManualSeed));
   exports.Set("measure", Napi::Function::New(env, slm_addon::Measure));
   exports.Set("loadModel", Napi::Function::New(env, slm_addon::ModelWrap::Load));
   exports.Set("NativeModel", slm_addon::ModelWrap::Define(env));

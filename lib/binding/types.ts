@@ -153,6 +153,8 @@ export interface NativeAddon {
   setErrorClass(cls: new (code: string, message: string) => Error): void;
   setThreads(n: number): void;
   version(): NativeVersion;
+  /** Seeds libtorch's default generators (LoRA dropout). */
+  manualSeed(seed: number): void;
   /** GFLOP/s of n×n matmuls, or GB/s (read + write) of copying n bytes. */
   measure(req: { kind: 'matmul' | 'copy'; n?: number; dtype?: string; device?: string; seconds?: number }): Promise<number>;
   loadModel(req: { files: string[]; config: NativeModelConfig; dtype: string; device: string }): Promise<NativeModel>;

@@ -116,6 +116,12 @@ export interface InitOptions {
   dtype?: 'float32' | 'bfloat16';
   /** Overrides of config fields (e.g. a smaller vocab_size for a model with its own tokenizer). */
   overrides?: Record<string, number | boolean>;
+  /**
+   * Standard deviation of the (tied) embedding. HF's 0.02 caps a tiny model's logits near
+   * 0.02 * hidden_size (~1.3 at hidden 64), too flat for a frozen output layer to ever predict
+   * confidently; models meant to be trained with LoRA alone use a larger value.
+   */
+  embedStd?: number;
 }
 
 export function initModel(opts: InitOptions): { dir: string; parameters: number; config: Record<string, unknown> } {
@@ -131,7 +137,7 @@ export function initModel(opts: InitOptions): { dir: string; parameters: number;
   const tensors: TensorSpec[] = [];
   const mat = (name: string, shape: number[]) => tensors.push({ name, dtype, shape, fill: normalFiller(++seed * 7919 + 13, std, dtype) });
   const ones = (name: string, n: number) => tensors.push({ name, dtype, shape: [n], fill: onesFiller(dtype) });
-  mat('model.embed_tokens.weight', [V, H]);
+  tensors.push({ name: 'model.embed_tokens.weight', dtype, shape: [V, H], fill: normalFiller(++seed * 7919 + 13, opts.embedStd ?? std, dtype) });
   for (let i = 0; i < n('num_hidden_layers'); i++) {
     const p = `model.layers.${i}.`;
     ones(p + 'input_layernorm.weight', H);

@@ -1,0 +1,287 @@
+// The LoRA training step against hand computations: finite differences, checkpointing on/off,
+// frozen base, loss masks, SFT convergence, clipped surrogate and KL estimators, NaN handling,
+// exact optimizer restore, value head, learning-rate schedules.
+import t from 'tap';
+import { join } from 'node:path';
+import { Model, type TrainBatch } from '../lib/engine/model.js';
+import { learningRate } from '../lib/train/schedule.js';
+import { initModel } from '../lib/model/init.js';
+import { fixture } from './helpers/shared.js';
+
+const base = fixture('qwen3', 'tiny-qwen3-f32');
+const seq = [204, 125, 373, 399, 458, 17, 300, 457, 205, 161, 125, 489, 119, 182];
+const mask = seq.map((_, i) => (i >= 5 ? 1 : 0)); // a prompt of 5 tokens, then trained tokens
+const ALL = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
+
+async function withLora(seed = 1, targets: readonly string[] = ALL, r = 2): Promise<Model> {
+  const m = await Model.load(base);
+  m.attachLora({ r, alpha: 2 * r, dropout: 0, rslora: false, targets: [...targets] as never }, seed);
+  // Non-zero B so that every LoRA tensor has a gradient.
+  for (const [name, v] of Object.entries(m.trainable()))
+    if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => 0.05 * Math.cos(i * 1.7 + name.length)));
+  return m;
+}
+
+const sft = (m: Model, batch: TrainBatch, extra: Record<string, unknown> = {}) =>
+  m.trainStep(batch, { loss: 'sft', lr: 0, maxGradNorm: 0, update: false, checkpoint: false, ...extra });
+
+t.test('LoRA gradients match central finite differences', async (t) => {
+  const m = await withLora();
+  t.teardown(() => m.dispose());
+  const batch = { sequences: [seq], masks: [mask] };
+  await sft(m, batch);
+  const grads = m.trainable({ grad: true });
+  const params = m.trainable();
+  const names = ['base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight', 'base_model.model.model.layers.1.mlp.down_proj.lora_B.weight', 'base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight'];
+  const eps = 1e-2;
+  for (const name of names) {
+    const g = grads[name];
+    // the three largest-gradient entries of this tensor
+    const idx = Array.from(g.keys()).sort((a, b) => Math.abs(g[b]) - Math.abs(g[a])).slice(0, 3);
+    for (const i of idx) {
+      const p = params[name].slice();
+      p[i] += eps;
+      m.setTrainable(name, p);
+      const up = (await sft(m, batch)).loss;
+      p[i] -= 2 * eps;
+      m.setTrainable(name, p);
+      const down = (await sft(m, batch)).loss;
+      p[i] += eps;
+      m.setTrainable(name, p);
+      const fd = (up - down) / (2 * eps);
+      t.ok(Math.abs(fd - g[i]) <= 2e-2 * Math.abs(g[i]) + 1e-5, `${name.split('.').slice(3).join('.')}[${i}]: analytic ${g[i].toExponential(4)} vs finite difference ${fd.toExponential(4)}`);
+    }
+  }
+});
+
+t.test('checkpointing on and off give the same gradients (relative difference <= 1e-5)', async (t) => {
+  const m = await withLora();
+  t.teardown(() => m.dispose());
+  const batch = { sequences: [seq, seq.slice(0, 9)], masks: [mask, mask.slice(0, 9)] };
+  const a = await sft(m, batch, { checkpoint: false });
+  const ga = m.trainable({ grad: true });
+  const b = await sft(m, batch, { checkpoint: true });
+  const gb = m.trainable({ grad: true });
+  t.equal(a.loss, b.loss);
+  let num = 0;
+  let den = 0;
+  for (const k of Object.keys(ga)) for (let i = 0; i < ga[k].length; i++) {
+    num += (ga[k][i] - gb[k][i]) ** 2;
+    den += ga[k][i] ** 2;
+  }
+  t.ok(den > 0);
+  t.ok(Math.sqrt(num / den) <= 1e-5, `relative difference ${Math.sqrt(num / den).toExponential(2)}`);
+  // Micro-batching gives the same gradient as the whole batch at once.
+  await sft(m, batch, { microBatch: 1 });
+  const gc = m.trainable({ grad: true });
+  let dn = 0;
+  for (const k of Object.keys(ga)) for (let i = 0; i < ga[k].length; i++) dn += (ga[k][i] - gc[k][i]) ** 2;
+  t.ok(Math.sqrt(dn / den) < 1e-5, `micro-batches: relative difference ${Math.sqrt(dn / den).toExponential(2)}`);
+});
+
+t.test('with LoRA dropout, checkpointing replays the same dropout masks', async (t) => {
+  const { native } = await import('../lib/engine/runtime.js');
+  const m = await Model.load(base);
+  t.teardown(() => m.dispose());
+  m.attachLora({ r: 2, alpha: 4, dropout: 0.3, rslora: false, targets: ['q_proj', 'up_proj'] }, 1);
+  for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => 0.05 * Math.cos(i)));
+  const batch = { sequences: [seq], masks: [mask] };
+  const run = async (seed: number, checkpoint: boolean) => {
+    native().manualSeed(seed);
+    await sft(m, batch, { checkpoint });
+    return m.trainable({ grad: true });
+  };
+  const a = await run(5, false);
+  const b = await run(5, true);
+  const c = await run(6, false);
+  for (const k of Object.keys(a)) t.same(Array.from(b[k]), Array.from(a[k]), `${k}: same gradient with and without checkpointing`);
+  t.ok(Object.keys(a).some((k) => a[k].some((x, i) => x !== c[k][i])), 'another seed draws other masks (dropout is active)');
+});
+
+t.test('after one step every trained LoRA tensor changed and every base tensor is bit-identical', async (t) => {
+  const m = await withLora();
+  t.teardown(() => m.dispose());
+  const digest = m.baseDigest();
+  const before = m.trainable();
+  const s = await m.trainStep({ sequences: [seq], masks: [mask] }, { loss: 'sft', lr: 1e-3 });
+  t.equal(s.step, 1);
+  t.notOk(s.skipped);
+  const after = m.trainable();
+  for (const k of Object.keys(before)) t.ok(after[k].some((x, i) => x !== before[k][i]), `${k} changed`);
+  t.equal(m.baseDigest(), digest, 'base weights bit-identical');
+  // A fresh adapter (B = 0): B moves in step 1; A, whose gradient is zero while B = 0, in step 2.
+  m.attachLora({ r: 2, alpha: 4, dropout: 0, rslora: false, targets: ['q_proj'] }, 3);
+  const p0 = m.trainable();
+  await m.trainStep({ sequences: [seq], masks: [mask] }, { loss: 'sft', lr: 1e-3 });
+  const p1 = m.trainable();
+  await m.trainStep({ sequences: [seq], masks: [mask] }, { loss: 'sft', lr: 1e-3 });
+  const p2 = m.trainable();
+  const a = 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight';
+  const b = 'base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight';
+  t.ok(p1[b].some((x, i) => x !== p0[b][i]), 'B changed in step 1');
+  t.ok(p2[a].some((x, i) => x !== p1[a][i]), 'A changed in step 2');
+  t.equal(m.baseDigest(), digest);
+});
+
+t.test('the loss mask removes tokens from the gradient', async (t) => {
+  const m = await withLora();
+  t.teardown(() => m.dispose());
+  // The last three tokens are masked out: changing them (nothing after them is trained) changes
+  // neither the loss nor the gradient.
+  const m1 = mask.map((x, i) => (i >= seq.length - 3 ? 0 : x));
+  const a = await sft(m, { sequences: [seq], masks: [m1] });
+  const ga = m.trainable({ grad: true });
+  const seq2 = seq.map((x, i) => (i >= seq.length - 3 ? (x + 101) % 512 : x));
+  const b = await sft(m, { sequences: [seq2], masks: [m1] });
+  const gb = m.trainable({ grad: true });
+  t.equal(a.loss, b.loss);
+  t.equal(a.tokens, mask.reduce((s, x) => s + x, 0) - 3);
+  for (const k of Object.keys(ga)) t.same(Array.from(ga[k]), Array.from(gb[k]), `${k}: same gradient`);
+  // Unmasking them changes the gradient (the test can fail).
+  await sft(m, { sequences: [seq2], masks: [mask] });
+  const gc = m.trainable({ grad: true });
+  t.ok(Object.keys(ga).some((k) => ga[k].some((x, i) => x !== gc[k][i])));
+  // A masked token's advantage and old log-prob do not matter either.
+  const lp = (await m.sequenceLogprobs([seq]))[0];
+  const adv = seq.map(() => 1);
+  const pgA = await m.trainStep({ sequences: [seq], masks: [m1], advantages: [adv], oldLogprobs: [Array.from(lp)] }, { loss: 'pg', lr: 0, maxGradNorm: 0, update: false });
+  const gpa = m.trainable({ grad: true });
+  const adv2 = adv.map((x, i) => (m1[i] ? x : -50));
+  const pgB = await m.trainStep({ sequences: [seq], masks: [m1], advantages: [adv2], oldLogprobs: [Array.from(lp, (x, i) => (m1[i] ? x : x - 3))] }, { loss: 'pg', lr: 0, maxGradNorm: 0, update: false });
+  t.equal(pgA.loss, pgB.loss);
+  const gpb = m.trainable({ grad: true });
+  for (const k of Object.keys(gpa)) t.same(Array.from(gpa[k]), Array.from(gpb[k]));
+});
+
+t.test('SFT on one short conversation drives the loss below 0.05', async (t) => {
+  // The fixture's embedding (std 0.02, hidden 64) caps its logits near 1.3, so no LoRA can make it
+  // confident; a tiny model with a wider embedding can (see initModel's embedStd).
+  const dir = join(t.testdir(), 'tiny512');
+  initModel({ preset: 'tiny', out: dir, seed: 1, overrides: { vocab_size: 512 }, embedStd: 0.3 });
+  const m = await Model.load(dir);
+  t.teardown(() => m.dispose());
+  m.attachLora({ r: 8, alpha: 16, dropout: 0, rslora: false, targets: [...ALL] }, 5);
+  let loss = Infinity;
+  let steps = 0;
+  for (; steps < 200 && loss >= 0.05; steps++) loss = (await m.trainStep({ sequences: [seq], masks: [mask] }, { loss: 'sft', lr: 1e-2, maxGradNorm: 1 })).loss;
+  t.ok(loss < 0.05, `loss ${loss.toFixed(4)} after ${steps} steps`);
+  // The trained model now greedily continues the prompt with the trained tokens.
+  const g = await m.generate({ prompts: [Int32Array.from(seq.slice(0, 5))], maxNewTokens: seq.length - 5, greedy: true });
+  t.same(Array.from(g.tokens[0]), seq.slice(5));
+});
+
+t.test('clipped surrogate, clip fraction and KL estimators match values computed by hand', async (t) => {
+  const m = await withLora(2, ['q_proj', 'v_proj', 'up_proj']);
+  t.teardown(() => m.dispose());
+  const ref = await Model.load(base); // the reference policy: base without adapter
+  t.teardown(() => ref.dispose());
+  const seqs = [seq, seq.slice(2, 12)];
+  const masks = [mask, seq.slice(2, 12).map((_, i) => (i >= 4 ? 1 : 0))];
+  const lp = await m.sequenceLogprobs(seqs);
+  const rl = await ref.sequenceLogprobs(seqs);
+  // Old log-probs shifted by known amounts so ratios land on both sides of the clip range.
+  const deltas = [0.5, -0.5, 0.05, -0.05, 0.3, -0.3];
+  const old = lp.map((row, s) => Array.from(row, (x, i) => x - deltas[(i + s) % deltas.length]));
+  const adv = seqs.map((r, s) => r.map((_, i) => ((i + s) % 4) - 1.5)); // with deltas' period 6: every sign combination
+  for (const tokenLevel of [true, false])
+    for (const est of ['k1', 'k3'] as const) {
+      const st = await m.trainStep(
+        { sequences: seqs, masks, advantages: adv, oldLogprobs: old },
+        { loss: 'pg', clipLow: 0.2, clipHigh: 0.28, klCoef: 0.1, klEstimator: est, tokenLevel, lr: 0, maxGradNorm: 0, update: false },
+      );
+      // By hand.
+      const n = masks.map((mm) => mm.slice(1).reduce((a, b) => a + b, 0));
+      const total = n.reduce((a, b) => a + b, 0);
+      let pg = 0, kl = 0, clip = 0;
+      seqs.forEach((r, s) => {
+        for (let i = 1; i < r.length; i++) {
+          if (!masks[s][i]) continue;
+          const w = tokenLevel ? 1 / total : 1 / (seqs.length * n[s]);
+          const ratio = Math.exp(lp[s][i] - old[s][i]);
+          const a = adv[s][i];
+          const s1 = ratio * a, s2 = Math.min(Math.max(ratio, 0.8), 1.28) * a;
+          pg += w * -Math.min(s1, s2);
+          clip += w * (s2 < s1 ? 1 : 0);
+          const d = rl[s][i] - lp[s][i];
+          kl += w * (est === 'k1' ? -d : Math.exp(d) - d - 1);
+        }
+      });
+      const tag = `${tokenLevel ? 'token' : 'sequence'}-level, ${est}`;
+      t.ok(Math.abs(st.pgLoss - pg) < 1e-5, `${tag}: surrogate ${st.pgLoss.toFixed(6)} vs ${pg.toFixed(6)}`);
+      t.ok(Math.abs(st.kl - kl) < 1e-5, `${tag}: KL ${st.kl.toExponential(4)} vs ${kl.toExponential(4)}`);
+      t.ok(Math.abs(st.clipFrac - clip) < 1e-6, `${tag}: clip fraction ${st.clipFrac} vs ${clip}`);
+      t.ok(Math.abs(st.loss - (pg + 0.1 * kl)) < 1e-5, `${tag}: total loss`);
+      t.ok(clip > 0 && clip < 1, 'some but not all tokens clipped');
+    }
+});
+
+t.test('a NaN loss skips the update and says so', async (t) => {
+  const m = await withLora();
+  t.teardown(() => m.dispose());
+  const before = m.trainable();
+  const lp = (await m.sequenceLogprobs([seq]))[0];
+  const adv = seq.map((_, i) => (i === 7 ? NaN : 1));
+  const st = await m.trainStep({ sequences: [seq], masks: [mask], advantages: [adv], oldLogprobs: [Array.from(lp)] }, { loss: 'pg', lr: 1e-2 });
+  t.ok(st.skipped);
+  t.match(st.skipReason, /not finite.*skipped/);
+  const after = m.trainable();
+  for (const k of Object.keys(before)) t.same(Array.from(after[k]), Array.from(before[k]), `${k} untouched`);
+  t.equal(st.step, 0, 'no optimizer step counted');
+});
+
+t.test('optimizer state saved and restored reproduces the next step exactly', async (t) => {
+  const dir = t.testdir();
+  const batch = { sequences: [seq, seq.slice(0, 10)], masks: [mask, mask.slice(0, 10)] };
+  const opts = { loss: 'sft' as const, lr: 5e-3, weightDecay: 0.01, maxGradNorm: 0.5 };
+  const a = await withLora(4);
+  t.teardown(() => a.dispose());
+  await a.trainStep(batch, opts);
+  await a.trainStep(batch, opts);
+  await a.saveAdapter(join(dir, 'ad'));
+  await a.saveOptimizer(join(dir, 'optimizer.safetensors'));
+  await a.trainStep(batch, opts);
+  const expected = a.trainable();
+  const b = await Model.load(base, { adapter: join(dir, 'ad') });
+  t.teardown(() => b.dispose());
+  await b.loadOptimizer(join(dir, 'optimizer.safetensors'));
+  const s = await b.trainStep(batch, opts);
+  t.equal(s.step, 3);
+  const got = b.trainable();
+  for (const k of Object.keys(expected)) t.same(Array.from(got[k]), Array.from(expected[k]), `${k} identical`);
+  // Without the optimizer state the step differs (the test can fail).
+  const c = await Model.load(base, { adapter: join(dir, 'ad') });
+  t.teardown(() => c.dispose());
+  await c.trainStep(batch, opts);
+  const other = c.trainable();
+  t.ok(Object.keys(expected).some((k) => other[k].some((x, i) => x !== expected[k][i])));
+});
+
+t.test('PPO value head: trains on returns, saved and loaded with the adapter', async (t) => {
+  const m = await withLora();
+  t.teardown(() => m.dispose());
+  m.attachValueHead(3);
+  const lp = (await m.sequenceLogprobs([seq]))[0];
+  const returns = seq.map((_, i) => (i >= 5 ? 1 : 0));
+  const batch = { sequences: [seq], masks: [mask], advantages: [seq.map(() => 0)], oldLogprobs: [Array.from(lp)], returns: [returns], oldValues: [seq.map(() => 0)] };
+  const first = await m.trainStep(batch, { loss: 'pg', vfCoef: 1, valueClip: 100, lr: 1e-2, valueLr: 5e-2 });
+  let last = first;
+  for (let i = 0; i < 40; i++) last = await m.trainStep(batch, { loss: 'pg', vfCoef: 1, valueClip: 100, lr: 1e-2, valueLr: 5e-2 });
+  t.ok(last.valueLoss < first.valueLoss * 0.5, `value loss ${first.valueLoss.toFixed(4)} -> ${last.valueLoss.toFixed(4)}`);
+  const dir = join(t.testdir(), 'ppo');
+  await m.saveAdapter(dir);
+  const m2 = await Model.load(base, { adapter: dir });
+  t.teardown(() => m2.dispose());
+  const a = m.trainable(), b = m2.trainable();
+  t.same(Array.from(b['value_head.weight']), Array.from(a['value_head.weight']));
+  t.same(Array.from(b['value_head.bias']), Array.from(a['value_head.bias']));
+});
+
+t.test('learning-rate schedules', async (t) => {
+  t.equal(learningRate({ kind: 'constant', lr: 1e-4 }, 50), 1e-4);
+  t.equal(learningRate({ kind: 'constant', lr: 1e-4, warmupSteps: 10 }, 4), 5e-5);
+  t.equal(learningRate({ kind: 'linear', lr: 1, warmupSteps: 10, totalSteps: 110 }, 60), 0.5);
+  t.equal(learningRate({ kind: 'linear', lr: 1, totalSteps: 100 }, 100), 0);
+  t.ok(Math.abs(learningRate({ kind: 'cosine', lr: 1, totalSteps: 100 }, 50) - 0.5) < 1e-12);
+  t.equal(learningRate({ kind: 'cosine', lr: 1, totalSteps: 100, minRatio: 0.1 }, 100), 0.1);
+  t.throws(() => learningRate({ kind: 'cosine', lr: 1 }, 5), { code: 'CONFIG_INVALID' });
+});
