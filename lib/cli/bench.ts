@@ -10,7 +10,7 @@ type Runner = (o: BenchOptions) => Promise<BenchReport>;
 /** Benchmarks by kind; a kind whose subsystem has not landed yet is listed with null. */
 const KINDS: Record<string, (() => Promise<Runner>) | null> = {
   engine: async () => (await import('../../bench/engine.js')).runBench,
-  train: null,
+  train: async () => (await import('../../bench/train.js')).runBench,
   sandbox: null,
   retrieval: null,
   rollout: null,

@@ -1,0 +1,27 @@
+/**
+ * One configuration of the train benchmark in a process of its own, so that its peak resident memory
+ * (VmHWM) belongs to that configuration alone. Prints one JSON line.
+ * argv: modelDir checkpoint(0|1) seqLen reps
+ */
+import { readFileSync } from 'node:fs';
+import { Model } from '../lib/engine/model.js';
+
+const [dir, ckpt, seqLen, repsArg] = process.argv.slice(2);
+const T = Number(seqLen);
+const checkpoint = ckpt === '1';
+const kib = (k: string) => Number(new RegExp(`${k}:\\s+(\\d+) kB`).exec(readFileSync('/proc/self/status', 'utf8'))?.[1] ?? NaN) / 1024;
+const m = await Model.load(dir);
+m.attachLora({ r: 16, alpha: 32, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] }, 0);
+const seq = Array.from({ length: T }, (_, i) => ((i * 7919) % 100000) + 100);
+const mask = seq.map((_, i) => (i >= T / 4 ? 1 : 0));
+const batch = { sequences: [seq], masks: [mask] };
+const before = kib('VmRSS');
+const times: number[] = [];
+for (let r = 0; r < Number(repsArg) + 1; r++) {
+  const t0 = performance.now();
+  await m.trainStep(batch, { loss: 'sft', lr: 1e-5, checkpoint });
+  if (r > 0) times.push((performance.now() - t0) / 1e3); // the first step warms up
+}
+times.sort((a, b) => a - b);
+process.stdout.write(JSON.stringify({ step_s: times[Math.floor(times.length / 2)], peak_MiB: kib('VmHWM'), loaded_MiB: before }) + '\n');
+m.dispose();

@@ -1,0 +1,60 @@
+/**
+ * LoRA training-step benchmark on the `small` preset: tokens/s of one optimizer step (forward,
+ * backward, AdamW) at sequence 512 with and without per-layer gradient checkpointing, achieved
+ * FLOP/s as a fraction of the matmul rate measured in the same run, and peak memory of each.
+ *
+ * Useful FLOPs per step = 4 x (matmul parameters) x tokens: the forward (2) and the backward to the
+ * activations (2) through every projection and the vocabulary head; LoRA's own weight gradients are
+ * negligible. Checkpointing recomputes the forward (another 2x), counted as overhead, not as work.
+ * Each configuration runs in a child process (bench/train-child.ts) so that its peak resident memory
+ * (VmHWM) is its own; the table gives it and its growth over the loaded model.
+ */
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { Model } from '../lib/engine/model.js';
+import { SlmError } from '../lib/errors.js';
+import { native } from '../lib/engine/runtime.js';
+import { benchModelDir } from './engine.js';
+import type { BenchOptions, BenchReport } from './types.js';
+
+export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
+  const log = opts.log ?? (() => {});
+  const quick = !!opts.quick;
+  const a = native();
+  const dir = opts.model ?? (await benchModelDir('small', log));
+  const m = await Model.load(dir);
+  const cfg = m.config;
+  const info = m.info();
+  const H = cfg.hidden_size, V = cfg.vocab_size;
+  const matmulParams = info.numParameters - V * H - H + V * H; // layers + the vocab head (tied: the embedding counted once, as the head)
+  m.dispose();
+  log('train: measuring the matmul rate');
+  const gflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds: quick ? 0.3 : 1 });
+  const T = quick ? 256 : 512;
+  const child = fileURLToPath(new URL('./train-child.js', import.meta.url));
+  const rows: Record<string, unknown>[] = [];
+  for (const checkpoint of [false, true]) {
+    log(`train: sequence ${T}, checkpointing ${checkpoint ? 'on' : 'off'} (own process)`);
+    const r = spawnSync(process.execPath, [child, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 3)], { encoding: 'utf8', timeout: 600_000 });
+    if (r.status !== 0) throw new SlmError('NATIVE_ERROR', `the train benchmark child failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
+    const c = JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; peak_MiB: number; loaded_MiB: number };
+    const flops = 4 * matmulParams * T;
+    rows.push({
+      checkpointing: checkpoint,
+      seq_len: T,
+      step_s: +c.step_s.toFixed(3),
+      tokens_per_s: +(T / c.step_s).toFixed(1),
+      achieved_GFLOPs: +(flops / c.step_s / 1e9).toFixed(1),
+      fraction_of_matmul_rate: +(flops / c.step_s / 1e9 / gflops).toFixed(3),
+      peak_rss_MiB: Math.round(c.peak_MiB),
+      peak_above_loaded_MiB: Math.round(c.peak_MiB - c.loaded_MiB),
+    });
+  }
+  const results = { model: { dir, parameters: info.numParameters, lora: 'r16 on all projections' }, machine: { matmul_f32_GFLOPs: +gflops.toFixed(1) }, steps: rows };
+  const table = [
+    `| LoRA train step (small preset, seq ${T}) | tokens/s | achieved GFLOP/s (fraction of ${gflops.toFixed(0)} GFLOP/s matmul) | peak RSS (above the loaded model) |`,
+    '|---|---|---|---|',
+    ...rows.map((r) => `| checkpointing ${r.checkpointing ? 'on' : 'off'} | ${r.tokens_per_s} | ${r.achieved_GFLOPs} (${r.fraction_of_matmul_rate}) | ${r.peak_rss_MiB} MiB (+${r.peak_above_loaded_MiB} MiB) |`),
+  ].join('\n');
+  return { kind: 'train', results, table };
+}
