@@ -38,7 +38,8 @@ export type ErrorCode =
   | 'ADAPTER_TARGET_UNKNOWN'
   | 'NO_TRAINABLE_PARAMETERS'
   | 'CHECKPOINT_INVALID'
-  | 'OUT_OF_MEMORY';
+  | 'OUT_OF_MEMORY'
+  | 'DATA_INVALID';
 
 export class SlmError extends Error {
   readonly code: ErrorCode | string;
