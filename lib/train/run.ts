@@ -1,0 +1,128 @@
+/**
+ * A run folder: the resolved config, metrics.jsonl (one JSON object per step), and checkpoints
+ * `checkpoints/step-N/` holding the adapter (PEFT), the optimizer state, and `state.json` (step,
+ * data position, seeds, metrics so far). A checkpoint is written into a temporary folder and renamed
+ * into place, so a process killed mid-save leaves either the previous checkpoints or a complete new
+ * one, never a half-written `step-N`.
+ */
+import { appendFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { SlmError } from '../errors.js';
+import type { Model } from '../engine/model.js';
+
+export interface TrainState {
+  step: number;
+  epoch: number;
+  /** Index of the next batch within the epoch's order. */
+  batchInEpoch: number;
+  seed: number;
+  [k: string]: unknown;
+}
+
+export class RunFolder {
+  readonly dir: string;
+  constructor(dir: string) {
+    this.dir = dir;
+    mkdirSync(join(dir, 'checkpoints'), { recursive: true });
+  }
+
+  writeJson(name: string, value: unknown): void {
+    const tmp = join(this.dir, `.${name}.tmp`);
+    writeFileSync(tmp, JSON.stringify(value, null, 2) + '\n');
+    renameSync(tmp, join(this.dir, name));
+  }
+
+  writeText(name: string, text: string): void {
+    const tmp = join(this.dir, `.${name}.tmp`);
+    writeFileSync(tmp, text);
+    renameSync(tmp, join(this.dir, name));
+  }
+
+  /** Appends one metrics row (a JSON line) to metrics.jsonl. */
+  logMetrics(row: Record<string, unknown>): void {
+    appendFileSync(join(this.dir, 'metrics.jsonl'), JSON.stringify({ time: new Date().toISOString(), ...row }) + '\n');
+  }
+
+  readMetrics(): Record<string, unknown>[] {
+    const f = join(this.dir, 'metrics.jsonl');
+    if (!existsSync(f)) return [];
+    return readFileSync(f, 'utf8')
+      .split('\n')
+      .filter((l) => l.trim())
+      .flatMap((l) => {
+        try {
+          return [JSON.parse(l)];
+        } catch {
+          return []; // a line cut by a kill mid-write
+        }
+      });
+  }
+
+  /** Keeps only metrics rows up to `step` (a resumed run re-logs the steps after its checkpoint). */
+  truncateMetrics(step: number): void {
+    const rows = this.readMetrics().filter((r) => typeof r.step !== 'number' || (r.step as number) <= step);
+    this.writeText('metrics.jsonl', rows.map((r) => JSON.stringify(r)).join('\n') + (rows.length ? '\n' : ''));
+  }
+
+  async saveCheckpoint(model: Model, state: TrainState): Promise<string> {
+    const name = `step-${state.step}`;
+    const final = join(this.dir, 'checkpoints', name);
+    const tmp = join(this.dir, 'checkpoints', `.${name}.partial-${process.pid}`);
+    rmSync(tmp, { recursive: true, force: true });
+    mkdirSync(tmp, { recursive: true });
+    await model.saveAdapter(join(tmp, 'adapter'));
+    await model.saveOptimizer(join(tmp, 'optimizer.safetensors'));
+    writeFileSync(join(tmp, 'state.json'), JSON.stringify(state, null, 2) + '\n'); // written last
+    rmSync(final, { recursive: true, force: true });
+    renameSync(tmp, final);
+    return final;
+  }
+
+  /** The newest complete checkpoint, or undefined. */
+  latestCheckpoint(): { dir: string; state: TrainState } | undefined {
+    const root = join(this.dir, 'checkpoints');
+    const steps = readdirSync(root)
+      .map((d) => /^step-(\d+)$/.exec(d))
+      .filter((m): m is RegExpExecArray => !!m)
+      .map((m) => Number(m[1]))
+      .sort((a, b) => b - a);
+    for (const s of steps) {
+      const dir = join(root, `step-${s}`);
+      try {
+        const state = JSON.parse(readFileSync(join(dir, 'state.json'), 'utf8')) as TrainState;
+        if (state.step === s && existsSync(join(dir, 'adapter', 'adapter_model.safetensors')) && existsSync(join(dir, 'optimizer.safetensors'))) return { dir, state };
+      } catch {
+        /* incomplete or damaged: try an older one */
+      }
+    }
+    return undefined;
+  }
+
+  async restore(model: Model): Promise<TrainState> {
+    const ck = this.latestCheckpoint();
+    if (!ck) throw new SlmError('CHECKPOINT_INVALID', `--resume: ${this.dir} has no complete checkpoint under checkpoints/step-N. Start the run without --resume.`);
+    await model.loadAdapter(join(ck.dir, 'adapter'));
+    await model.loadOptimizer(join(ck.dir, 'optimizer.safetensors'));
+    this.truncateMetrics(ck.state.step);
+    return ck.state;
+  }
+}
+
+/** A deterministic permutation of 0..n-1 for (seed, epoch): resumable without saving RNG state. */
+export function permutation(n: number, seed: number, epoch: number): number[] {
+  let s = (seed * 2654435761 + epoch * 40503 + 1) >>> 0;
+  const rand = () => {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    return s / 4294967296;
+  };
+  const p = Array.from({ length: n }, (_, i) => i);
+  for (let i = n - 1; i > 0; i--) {
+    const j = Math.floor(rand() * (i + 1));
+    [p[i], p[j]] = [p[j], p[i]];
+  }
+  return p;
+}

@@ -1,0 +1,77 @@
+/**
+ * SFT: LoRA on assistant tokens only, epochs over length-sorted batches taken in a seeded order,
+ * one native call per optimizer step, metrics every step, atomic checkpoints, exact resume.
+ */
+import type { Model } from '../engine/model.js';
+import { native } from '../engine/runtime.js';
+import { SlmError } from '../errors.js';
+import type { LoraSpec } from '../engine/adapter.js';
+import { learningRate, type ScheduleSpec } from './schedule.js';
+import { permutation, type RunFolder, type TrainState } from './run.js';
+import { batchByLength, type SftExample } from './sft-data.js';
+
+export interface SftOptions {
+  lora: LoraSpec;
+  epochs: number;
+  batchSize: number;
+  microBatch?: number;
+  maxBatchTokens?: number;
+  schedule: Omit<ScheduleSpec, 'totalSteps'> & { totalSteps?: number };
+  weightDecay?: number;
+  maxGradNorm?: number;
+  gradientCheckpointing?: boolean;
+  seed: number;
+  checkpointEvery?: number;
+  /** Stop after this many optimizer steps in this process (tests of resume). */
+  stopAfter?: number;
+  resume?: boolean;
+  onStep?: (row: Record<string, unknown>) => void;
+}
+
+export async function runSft(model: Model, examples: SftExample[], run: RunFolder, o: SftOptions): Promise<{ steps: number; lastLoss: number }> {
+  if (!examples.length) throw new SlmError('DATA_INVALID', 'SFT has no examples to train on.');
+  const batches = batchByLength(examples, o.batchSize, o.maxBatchTokens);
+  const total = batches.length * o.epochs;
+  const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? total };
+  let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed };
+  if (o.resume) state = await run.restore(model);
+  else model.attachLora(o.lora, o.seed);
+  let lastLoss = NaN;
+  let ranHere = 0;
+  for (let epoch = state.epoch; epoch < o.epochs; epoch++) {
+    const order = permutation(batches.length, o.seed, epoch);
+    for (let b = epoch === state.epoch ? state.batchInEpoch : 0; b < batches.length; b++) {
+      if (o.stopAfter !== undefined && ranHere >= o.stopAfter) return { steps: state.step, lastLoss };
+      const batch = batches[order[b]];
+      const lr = learningRate(schedule, state.step);
+      native().manualSeed(o.seed * 1000003 + state.step); // LoRA dropout: reproducible per step
+      const t0 = performance.now();
+      const s = await model.trainStep(
+        { sequences: batch.map((e) => e.ids), masks: batch.map((e) => e.mask) },
+        { loss: 'sft', lr, weightDecay: o.weightDecay ?? 0, maxGradNorm: o.maxGradNorm ?? 1, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? true },
+      );
+      lastLoss = s.loss;
+      state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };
+      ranHere++;
+      const masked = batch.reduce((a, e) => a + e.mask.length, 0);
+      const row = {
+        stage: 'sft',
+        step: state.step,
+        epoch,
+        lr,
+        loss: s.loss,
+        grad_norm: s.gradNorm,
+        tokens_trained: s.tokens,
+        mask_coverage: s.tokens / masked,
+        skipped: s.skipped || undefined,
+        skip_reason: s.skipReason || undefined,
+        time_train_s: (performance.now() - t0) / 1e3,
+      };
+      run.logMetrics(row);
+      o.onStep?.(row);
+      if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
+    }
+  }
+  await run.saveCheckpoint(model, state);
+  return { steps: state.step, lastLoss };
+}
