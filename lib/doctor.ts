@@ -7,6 +7,8 @@ import { readFileSync } from 'node:fs';
 import { availableParallelism, totalmem } from 'node:os';
 import { loadBinding } from './binding/index.js';
 import { native } from './engine/runtime.js';
+import { detectIsolation } from './sandbox/isolation.js';
+import type { IsolationReport } from './sandbox/types.js';
 
 export interface DoctorReport {
   binding: { path: string; kind: string } | { error: string };
@@ -15,6 +17,7 @@ export interface DoctorReport {
   threads?: { engine: number; cores: number };
   memoryGiB: number;
   python?: { executable: string; version: string } | { error: string };
+  sandbox?: Omit<IsolationReport, 'caps'> | { error: string };
   warnings: string[];
 }
 
@@ -79,6 +82,15 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
   }
   report.python = findPython();
   if ('error' in report.python) warnings.push(report.python.error);
+  try {
+    const { caps: _caps, ...iso } = await detectIsolation();
+    report.sandbox = iso;
+    if (!iso.network || !iso.readonlyFs)
+      warnings.push(`the Python sandbox runs at isolation level ${iso.level}: ${!iso.network ? 'programs can reach the network' : ''}${!iso.network && !iso.readonlyFs ? ' and ' : ''}${!iso.readonlyFs ? 'programs can write outside their folder' : ''}. Install bubblewrap (apt-get install bubblewrap) for full isolation, or use --sandbox quickjs.`);
+  } catch (e) {
+    report.sandbox = { error: (e as Error).message };
+    warnings.push(`the Python sandbox cannot start: ${(e as Error).message}`);
+  }
   return report;
 }
 
@@ -95,6 +107,13 @@ export function formatDoctor(r: DoctorReport): string {
   if (r.threads) row('threads', `${r.threads.engine} engine threads on ${r.threads.cores} cores`);
   row('memory', `${r.memoryGiB} GiB`);
   if (r.python) row('python3', 'error' in r.python ? r.python.error : `${r.python.executable} (${r.python.version})`);
+  if (r.sandbox)
+    row(
+      'sandbox',
+      'error' in r.sandbox
+        ? `UNAVAILABLE: ${r.sandbox.error}`
+        : `isolation ${r.sandbox.level}: network ${r.sandbox.network ? 'blocked' : 'OPEN'}, filesystem ${r.sandbox.readonlyFs ? 'read-only' : 'WRITABLE'}, seccomp ${r.sandbox.seccomp ? 'on' : 'off'}, uid drop ${r.sandbox.uidDrop ? 'yes' : 'no'}`,
+    );
   if (r.warnings.length) {
     lines.push('', 'warnings:');
     for (const w of r.warnings) lines.push(`  - ${w}`);

@@ -55,6 +55,8 @@ t.test('doctor reports libtorch, BLAS with a measured rate, threads and python3'
   t.ok(d.blas.copyGBps > 0);
   t.ok(d.threads.engine >= 1);
   t.match(d.python.executable, /python/);
+  t.match(d.sandbox.level, /^(bwrap|unshare|rlimits-only)$/);
+  t.type(d.sandbox.network, 'boolean');
 });
 
 t.test('bad input: clear coded errors, exit code 2, no stack trace', async (t) => {
