@@ -22,6 +22,20 @@ t.test('logits --json prints one row of vocab-size float32 logits per position, 
   t.ok(d < 1e-4, `max |diff| ${d}`);
 });
 
+t.test('logits and generate with --adapter reproduce the LoRA reference', async (t) => {
+  const g = readGolden().models['tiny-qwen3-f32+tiny-lora'];
+  const c = g.cases.find((x) => x.name === 'seq17')!;
+  const r = runCli(['logits', '--model', tiny, '--adapter', fixture('qwen3', 'tiny-lora'), '--ids', c.input_ids[0].join(','), '--json']);
+  t.equal(r.code, 0, r.stderr);
+  const out = JSON.parse(r.stdout) as { logits: number[][] };
+  let d = 0;
+  out.logits.forEach((row, i) => row.forEach((x, v) => (d = Math.max(d, Math.abs(x - c.logits[0][i]![v])))));
+  t.ok(d < 1e-4, `max |diff| ${d}`);
+  const gen = runCli(['generate', '--model', tiny, '--adapter', fixture('qwen3', 'tiny-lora'), '--ids', g.greedy.prompt.join(','), '--max-new-tokens', String(g.greedy.steps), '--greedy', '--json']);
+  t.equal(gen.code, 0, gen.stderr);
+  t.same(JSON.parse(gen.stdout).ids, g.greedy.tokens);
+});
+
 t.test('generate --ids --greedy --json reproduces the reference greedy decode', async (t) => {
   const r = runCli(['generate', '--model', tiny, '--ids', golden.greedy.prompt.join(','), '--max-new-tokens', String(golden.greedy.steps), '--greedy', '--json']);
   t.equal(r.code, 0, r.stderr);
