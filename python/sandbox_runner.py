@@ -701,7 +701,7 @@ def run_program(msg, shm, c2z_w, reader):
     except SystemExit as e:
         err = 'SystemExit' if e.code is None else 'SystemExit: %s' % (e.code,)
     except CpuLimitExceeded as e:
-        err, cpu_limit = error_line(e), True
+        err, cpu_limit = 'TimeoutError: %s' % e, True
     except BaseException as e:
         err = error_line(e)
     return err, cpu_limit, out

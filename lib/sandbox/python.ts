@@ -386,7 +386,9 @@ function stripUndefined<T extends object>(o: T): Partial<T> {
 /** Fills in defaults and checks every limit (a wrong value is an error, not silently clamped). */
 export function resolveLimits(l: SandboxLimits): Required<SandboxLimits> {
   const out = { ...DEFAULT_LIMITS, ...stripUndefined(l) } as Required<SandboxLimits>;
-  if (out.cpuSeconds === undefined) out.cpuSeconds = Math.max(1, Math.ceil(out.timeoutMs / 1000));
+  // One second above the wall limit: a single-threaded program meets the wall clock first; the CPU
+  // limit stops a program whose threads burn several cores at once.
+  if (out.cpuSeconds === undefined) out.cpuSeconds = Math.ceil(out.timeoutMs / 1000) + 1;
   for (const k of ['timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'] as const) {
     const v = out[k];
     if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new SlmError('ARGUMENT_INVALID', `Expected a positive number for ${k} but received ${String(v)} (${typeof v}).`);

@@ -2,7 +2,8 @@
  * The QuickJS sandbox (DESIGN §7): JavaScript programs run in QuickJS compiled to WebAssembly, so a
  * program has no file system, network, processes or host objects at all, only what is installed:
  * `search_pages`, `view_sections`, `read_section` (synchronous functions returning JSON values),
- * `console.log` / `print` (captured, capped), and the ECMAScript built-ins.
+ * `console.log` / `print` (captured, capped), and the ECMAScript built-ins except ArrayBuffer and the
+ * typed arrays (their storage escapes QuickJS's memory accounting).
  *
  * Where it runs: each interpreter lives in its own worker thread (the plain synchronous QuickJS
  * build, a fresh runtime and context per program, every handle disposed). The main thread never runs
@@ -17,7 +18,9 @@
  * bytecode runs), the wait for a tool reply (bounded by the deadline), and, for a program stuck inside
  * a long native builtin where neither can act, the host terminating the worker thread shortly after the
  * deadline (a new worker is started for the next program). Heap (`setMemoryLimit`) and interpreter
- * stack (`setMaxStackSize`) are limited per program. Anything unexpected inside the worker (an abort
+ * stack (`setMaxStackSize`) are limited per program. QuickJS polls the interrupt handler rarely during
+ * allocation-heavy code and collects garbage repeatedly near the heap limit, so some memory bombs end
+ * with `out of memory` and others with the host's termination at the deadline; both are contained. Anything unexpected inside the worker (an abort
  * of the WebAssembly module, e.g. on a leaked handle) ends that worker only, never the host.
  */
 import { createRequire } from 'node:module';
@@ -134,7 +137,9 @@ async function workerMain(): Promise<void> {
     rt.setMemoryLimit(job.memoryMb * 1024 * 1024);
     rt.setMaxStackSize(job.stackKb * 1024);
     rt.setInterruptHandler(() => (timedOut = timedOut || Date.now() > deadline));
-    const vm = rt.newContext();
+    // No ArrayBuffer/typed arrays: their storage is not counted against QuickJS's memory limit, so a
+    // program could grow the host's memory until the deadline. Search programs have no use for them.
+    const vm = rt.newContext({ intrinsics: { ...qjs.DefaultIntrinsics, TypedArrays: false } });
     const describe = (h: import('quickjs-emscripten').QuickJSHandle): string => {
       let v: unknown;
       try {
@@ -168,6 +173,7 @@ async function workerMain(): Promise<void> {
     try {
       const w = vm.newFunction('write', (h) => {
         if (!truncated) write(vm.getString(h));
+        return truncated ? vm.true : vm.false; // once full, console.log stops calling out
       });
       vm.setProp(vm.global, '__slm_write', w);
       w.dispose();
@@ -211,13 +217,14 @@ async function workerMain(): Promise<void> {
 const PRELUDE = `(() => {
   const write = globalThis.__slm_write;
   delete globalThis.__slm_write;
+  let full = false;
   const show = (v) => {
     if (typeof v === 'string') return v;
     if (v instanceof Error) return String(v);
     if (typeof v === 'function') return '[Function ' + (v.name || 'anonymous') + ']';
     try { const s = JSON.stringify(v); return s === undefined ? String(v) : s; } catch (e) { return String(v); }
   };
-  const log = (...args) => { write(args.map(show).join(' ') + '\\n'); };
+  const log = (...args) => { if (!full) full = write(args.map(show).join(' ') + '\\n'); };
   globalThis.console = { log, info: log, warn: log, error: log, debug: log };
   globalThis.print = log;
 })();`;

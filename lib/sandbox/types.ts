@@ -36,7 +36,7 @@ export interface SandboxResult {
 export interface SandboxLimits {
   /** Wall-clock limit; the program is killed when it passes. */
   timeoutMs?: number;
-  /** CPU-time limit (Python: RLIMIT_CPU of the program's process). Defaults to the wall limit, rounded up. */
+  /** CPU-time limit (Python: RLIMIT_CPU of the program's process). Defaults to the wall limit + 1 s, rounded up. */
   cpuSeconds?: number;
   /** Address-space limit (Python: RLIMIT_AS) or heap limit (QuickJS), in MiB. */
   memoryMb?: number;
