@@ -46,6 +46,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const bytesPerParam = info.parameterBytes / info.numParameters;
   // Weights read per decode step: every layer matrix + the vocab projection (+ one embedding row).
   const decodeBytes = (layerParams + V * H) * bytesPerParam;
+  // (bfloat16 rows below read half as many bytes and use the bf16 matmul rate.)
 
   log('engine: measuring the machine (copy bandwidth, matmul rate)');
   const copyGBps = await a.measure({ kind: 'copy', n: 256 << 20, seconds: quick ? 0.3 : 1 });
@@ -68,20 +69,24 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
 
   const decode: Record<string, unknown>[] = [];
   const steps = quick ? 16 : 48;
+  const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
+  const bf16Gflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'bfloat16', seconds: quick ? 0.3 : 1 });
+  for (const [dtype, mm, bytesPerP, mmRate] of [['float32', m, bytesPerParam, matmulGflops], ['bfloat16', bf16, 2, bf16Gflops]] as const)
   for (const B of [1, 16]) {
-    log(`engine: decode at batch ${B}`);
+    log(`engine: decode at batch ${B} (${dtype})`);
     const prompts = Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => ((b * 131 + i) * 7919) % 100000 + 100));
     const times: number[] = [];
     for (let r = 0; r < reps; r++) {
-      const g = await m.generate({ prompts, maxNewTokens: steps, temperature: 1, topK: 0, seed: r });
+      const g = await mm.generate({ prompts, maxNewTokens: steps, temperature: 1, topK: 0, seed: r });
       // Rows never stop early here (no stop ids), so every step decodes all B rows.
       times.push(g.decodeSeconds / Math.max(1, g.steps - 1));
     }
     const stepS = median(times);
-    const memBound = decodeBytes / (copyGBps * 1e9);
-    const computeBound = (2 * (layerParams + V * H) * B) / (matmulGflops * 1e9);
+    const memBound = ((layerParams + V * H) * bytesPerP) / (copyGBps * 1e9);
+    const computeBound = (2 * (layerParams + V * H) * B) / (mmRate * 1e9);
     const bound = Math.max(memBound, computeBound);
     decode.push({
+      dtype,
       batch: B,
       step_ms: +(stepS * 1e3).toFixed(2),
       tokens_per_s: +(B / stepS).toFixed(1),
@@ -103,10 +108,11 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   for (let i = 0; i < M; i++) await a.measure({ kind: 'copy', n: 1, seconds: 0 });
   const asyncUs = Number(process.hrtime.bigint() - t0) / 1e3 / M;
   m.dispose();
+  bf16.dispose();
 
   const results = {
     model: { dir, parameters: info.numParameters, parameter_bytes: info.parameterBytes, dtype: info.dtype, threads: a.version().threads },
-    machine: { copy_GBps: +copyGBps.toFixed(1), matmul_f32_GFLOPs: +matmulGflops.toFixed(1) },
+    machine: { copy_GBps: +copyGBps.toFixed(1), matmul_f32_GFLOPs: +matmulGflops.toFixed(1), matmul_bf16_GFLOPs: +bf16Gflops.toFixed(1) },
     decode_bytes_per_step: decodeBytes,
     prefill,
     decode,
@@ -116,9 +122,9 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     '| engine (small preset) | measured | roofline (same run) | fraction |',
     '|---|---|---|---|',
     `| prefill ${prefillTokens} tokens, batch 1 | ${prefill.tokens_per_s} tok/s | ${prefill.roofline_tokens_per_s} tok/s | ${prefill.fraction_of_roofline} |`,
-    ...decode.map((d) => `| decode batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step) | ${d.fraction_of_roofline} |`),
+    ...decode.map((d) => `| decode ${d.dtype} batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step) | ${d.fraction_of_roofline} |`),
     `| native call overhead | sync ${results.native_call_overhead_us.sync} µs, async ${results.native_call_overhead_us.async_worker} µs | | |`,
-    `| machine | copy ${results.machine.copy_GBps} GB/s, matmul f32 ${results.machine.matmul_f32_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,
+    `| machine | copy ${results.machine.copy_GBps} GB/s, matmul f32 ${results.machine.matmul_f32_GFLOPs} / bf16 ${results.machine.matmul_bf16_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,
   ];
   return { kind: 'engine', results, table: rows.join('\n') };
 }
