@@ -1,31 +1,35 @@
 """slm-train Python sandbox worker. Standard library only; started by lib/sandbox/python.ts.
 
-Shape: this process is a *zygote*. It never runs untrusted code itself. For each program the host
-sends, it forks a child; the child locks itself down (limits, user, seccomp), runs the program in a
-fresh namespace and exits. So nothing a program does (monkeypatching `json`, redefining
+Shape: this process is a *zygote*. It never runs untrusted code itself. While idle it forks the child
+for the next program; the child does the lock-down that does not depend on the program (descriptors,
+environment, working directory, user) and waits on its pipe. When a program arrives the zygote hands
+it over; the child applies the program's limits and the seccomp filter, runs the program in a fresh
+namespace, reports, and exits. So nothing a program does (monkeypatching `json`, redefining
 `search_pages`, leaving threads behind, leaking memory) can reach the next program, and a program
-that dies or times out costs a fork (~1 ms), not a new worker.
+that dies or times out costs a fork, not a new worker.
 
 Channels. The host talks to the zygote over stdin/stdout with frames: a 4-byte big-endian length,
 then a MessagePack map (the tiny codec below covers nil, bool, int, float, str, bin, array, map; the
-host uses msgpackr). The child never sees those descriptors: it talks to the zygote over two private
-pipes, and the zygote relays whole, checked frames to the host, so a child killed half-way through a
-write cannot desynchronise the host channel. The program's printed output goes into a shared memory
-block that the zygote reads after the child has ended, so output survives exceptions, `os._exit`,
-crashes and timeouts.
+host uses msgpackr, plain maps). The child never sees those descriptors: it talks to the zygote over
+two private pipes, and the zygote relays whole, checked frames to the host, so a child killed
+half-way through a write cannot desynchronise the host channel. The program's printed output goes
+into a shared memory block, sealed by the child before it reports and read by the zygote, so output
+survives exceptions, `os._exit`, crashes and timeouts.
 
-    host -> zygote: {t:'run', id, code, timeout_ms, cpu_s, memory_mb, max_output}
+    host -> zygote: {t:'run', id, code, timeout_ms, cpu_s, memory_mb, max_output}   (passed to the child)
                     {t:'ret', id, seq, ok, value | error, etype}        (answer to a call)
                     {t:'exit'}
     zygote -> host: {t:'ready', ...capabilities}
                     {t:'call', seq, name, args}                          (relayed from the child)
-                    {t:'done', id, stdout, truncated, error, timed_out, exit}
+                    {t:'done', id, stdout, truncated, error, timed_out}
 
 What a program is held to, in the child (each item says what it does NOT cover):
 - wall-clock timeout: the zygote SIGKILLs the child at the deadline; the host kills the whole worker
   if the zygote itself does not answer shortly after (a program cannot evade this).
 - RLIMIT_CPU (soft = cpu_s, raising a Python TimeoutError; hard = cpu_s + 1, SIGKILL), RLIMIT_AS
-  (memory), RLIMIT_FSIZE (16 MiB per file), RLIMIT_NOFILE, RLIMIT_CORE = 0.
+  (memory), RLIMIT_FSIZE (16 MiB per file), RLIMIT_NOFILE, RLIMIT_CORE = 0. With seccomp in force
+  the program cannot raise them; without it, a program could lift its own CPU soft limit (the wall
+  clock still applies).
 - when the worker runs as root: the child drops to an unprivileged uid/gid (65534 by default) with
   no supplementary groups, so it has no capabilities, cannot raise its hard limits, cannot signal
   processes of other users (the host included) and RLIMIT_NPROC (128) binds it. Skipped when not

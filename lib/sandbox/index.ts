@@ -10,7 +10,7 @@ import { createQuickJSSandbox, type QuickJSSandboxOptions } from './quickjs.js';
 import type { Sandbox, SandboxKind } from './types.js';
 
 export * from './types.js';
-export { detectIsolation, resolvePython } from './isolation.js';
+export { detectIsolation, resolvePython, type DetectOptions } from './isolation.js';
 export { createPythonPool, runPythonOnce, PythonSandboxPool, type PythonPoolOptions } from './python.js';
 export { createQuickJSSandbox, QuickJSSandbox, type QuickJSSandboxOptions } from './quickjs.js';
 

@@ -173,12 +173,26 @@ async function probe(level: IsolationLevel, python: string, prefix: string): Pro
 const detectCache = new Map<string, Promise<IsolationReport & { caps: RunnerCaps }>>();
 const LEVELS: IsolationLevel[] = ['bwrap', 'unshare', 'rlimits-only'];
 
+export interface DetectOptions {
+  /** Python executable (default: resolvePython()). */
+  python?: string;
+  /** The best level to consider (e.g. 'unshare' skips bubblewrap). */
+  maxLevel?: IsolationLevel;
+  /** Probe again instead of using the memoized answer. */
+  refresh?: boolean;
+}
+
 /**
- * Finds the best isolation level that works on this machine (memoized per interpreter).
- * `maxLevel` caps it (e.g. 'unshare' skips bubblewrap); asking for a level that does not work here
- * is not an error: the next one down is used and `details` says why.
+ * Finds the best isolation level that works on this machine (memoized per interpreter and maxLevel).
+ * A level that does not work here is not an error: the next one down is used and `details` says why.
  */
-export function detectIsolation(opts: { python?: string; maxLevel?: IsolationLevel; refresh?: boolean } = {}): Promise<IsolationReport & { caps: RunnerCaps }> {
+export async function detectIsolation(opts: DetectOptions = {}): Promise<IsolationReport> {
+  const { caps: _caps, ...report } = await detectIsolationWithCaps(opts);
+  return report;
+}
+
+/** @internal detectIsolation() plus what the runner reported about itself (for starting workers). */
+export function detectIsolationWithCaps(opts: DetectOptions = {}): Promise<IsolationReport & { caps: RunnerCaps }> {
   const key = `${opts.python ?? ''}|${opts.maxLevel ?? 'bwrap'}`;
   let p = opts.refresh ? undefined : detectCache.get(key);
   if (!p) {

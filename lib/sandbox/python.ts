@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Packr } from 'msgpackr';
 import { SlmError } from '../errors.js';
-import { BWRAP_WORKDIR, detectIsolation, type RunnerCaps, WORKER_ENV, wrapperCommand } from './isolation.js';
+import { BWRAP_WORKDIR, detectIsolationWithCaps, type RunnerCaps, WORKER_ENV, wrapperCommand } from './isolation.js';
 import { invokeTool } from './tools.js';
 import type { IsolationLevel, IsolationReport, RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
 import { DEFAULT_LIMITS, truncationMarker } from './types.js';
@@ -405,7 +405,7 @@ function resolvePythonLimits(l: SandboxLimits): Required<SandboxLimits> {
 /** Detects the isolation level, starts `size` workers and waits until they are ready. */
 export async function createPythonPool(opts: PythonPoolOptions = {}): Promise<PythonSandboxPool> {
   resolvePythonLimits(opts); // fail early on a bad limit
-  const iso = await detectIsolation({ python: opts.python, maxLevel: opts.maxLevel });
+  const iso = await detectIsolationWithCaps({ python: opts.python, maxLevel: opts.maxLevel });
   const { caps, ...isolation } = iso;
   if (isolation.level === 'rlimits-only' && !isolation.seccomp && !isolation.uidDrop && !opts.allowWeakIsolation) {
     throw new SlmError(
