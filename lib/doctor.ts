@@ -17,7 +17,7 @@ export interface DoctorReport {
   threads?: { engine: number; cores: number };
   memoryGiB: number;
   python?: { executable: string; version: string } | { error: string };
-  sandbox?: Omit<IsolationReport, 'caps'> | { error: string };
+  sandbox?: IsolationReport | { error: string };
   warnings: string[];
 }
 
@@ -83,7 +83,8 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
   report.python = findPython();
   if ('error' in report.python) warnings.push(report.python.error);
   try {
-    const { caps: _caps, ...iso } = await detectIsolation();
+    const iso = { ...(await detectIsolation()) } as IsolationReport & { caps?: unknown };
+    delete iso.caps;
     report.sandbox = iso;
     if (!iso.network || !iso.readonlyFs)
       warnings.push(`the Python sandbox runs at isolation level ${iso.level}: ${!iso.network ? 'programs can reach the network' : ''}${!iso.network && !iso.readonlyFs ? ' and ' : ''}${!iso.readonlyFs ? 'programs can write outside their folder' : ''}. Install bubblewrap (apt-get install bubblewrap) for full isolation, or use --sandbox quickjs.`);
