@@ -83,8 +83,7 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
   report.python = findPython();
   if ('error' in report.python) warnings.push(report.python.error);
   try {
-    const iso = { ...(await detectIsolation()) } as IsolationReport & { caps?: unknown };
-    delete iso.caps;
+    const iso = await detectIsolation();
     report.sandbox = iso;
     if (!iso.network || !iso.readonlyFs)
       warnings.push(`the Python sandbox runs at isolation level ${iso.level}: ${!iso.network ? 'programs can reach the network' : ''}${!iso.network && !iso.readonlyFs ? ' and ' : ''}${!iso.readonlyFs ? 'programs can write outside their folder' : ''}. Install bubblewrap (apt-get install bubblewrap) for full isolation, or use --sandbox quickjs.`);
