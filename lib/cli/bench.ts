@@ -11,7 +11,7 @@ type Runner = (o: BenchOptions) => Promise<BenchReport>;
 const KINDS: Record<string, (() => Promise<Runner>) | null> = {
   engine: async () => (await import('../../bench/engine.js')).runBench,
   train: async () => (await import('../../bench/train.js')).runBench,
-  sandbox: null,
+  sandbox: async () => (await import('../../bench/sandbox.js')).runBench,
   retrieval: null,
   rollout: null,
 };
