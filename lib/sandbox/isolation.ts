@@ -232,5 +232,5 @@ function describeLevel(level: IsolationLevel, caps: RunnerCaps, python: string, 
   parts.push(caps.drop_uid ? 'programs run as uid 65534' : caps.root ? 'programs run as root (the standard library is not readable by an unprivileged uid here)' : 'programs run as the current user');
   parts.push(`python ${caps.version} at ${python}`);
   if (notes.length) parts.push(notes.join('; '));
-  return { level, network, readonlyFs, seccomp: caps.seccomp, uidDrop: caps.drop_uid, python, details: parts.join('; ') };
+  return { level, network, readonlyFs, seccomp: caps.seccomp, uidDrop: caps.drop_uid, python, pythonVersion: caps.version, details: parts.join('; ') };
 }

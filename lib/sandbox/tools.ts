@@ -70,23 +70,3 @@ export function toJsonLike(v: unknown, what: string, depth = 0): unknown {
   }
   throw new Error(`${what} contains a ${Object.prototype.toString.call(v).slice(8, -1)}; tools must return JSON values`);
 }
-
-/** Output capped in characters (UTF-16 code units, as in the Python runner's str length up to astral characters). */
-export class OutputCapture {
-  private parts: string[] = [];
-  private chars = 0;
-  truncated = false;
-  constructor(readonly cap: number) {}
-  write(s: string): void {
-    if (this.truncated) return;
-    if (this.chars + s.length > this.cap) {
-      s = s.slice(0, this.cap - this.chars);
-      this.truncated = true;
-    }
-    this.parts.push(s);
-    this.chars += s.length;
-  }
-  text(): string {
-    return this.parts.join('');
-  }
-}

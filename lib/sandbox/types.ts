@@ -85,8 +85,9 @@ export interface IsolationReport {
   seccomp: boolean;
   /** Programs run under an unprivileged uid (only possible when the worker starts as root). */
   uidDrop: boolean;
-  /** The real Python executable the workers run. */
+  /** The real Python executable the workers run, and its version (e.g. "3.11.7"). */
   python: string;
+  pythonVersion: string;
   /** One line for people. */
   details: string;
 }
