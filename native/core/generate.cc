@@ -68,8 +68,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   RowRng rng(p.seed, B);
   std::vector<int64_t> rows(B);  // original row of each batch slot
   for (int64_t b = 0; b < B; ++b) rows[b] = b;
-  auto temps_all = at::tensor(p.temperature, at::TensorOptions().dtype(at::kFloat));
-  auto temps = temps_all.to(dev);
+  std::vector<float> temps = p.temperature;  // of the rows in the batch, in batch order
   std::vector<bool> done(B, false);
 
   auto cache = model.new_cache(B, L + p.max_new_tokens);
@@ -137,7 +136,9 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
       cache.keep_rows(keep_t);
       mask = mask.index_select(0, keep_t);
       last_pos = last_pos.index_select(0, keep_t);
-      temps = temps.index_select(0, keep_t);
+      std::vector<float> kept_temps;
+      for (auto i : keep) kept_temps.push_back(temps[i]);
+      temps = std::move(kept_temps);
       next = next.index_select(0, keep_t);
       alive = at::ones({static_cast<int64_t>(keep.size())}, li.device(dev));
       rows = std::move(new_rows);

@@ -22,42 +22,59 @@ std::vector<float> RowRng::next(const std::vector<int64_t>& rows) {
   return u;
 }
 
-Sampled sample(const at::Tensor& logits, const at::Tensor& temperature, int64_t top_k, double top_p, const at::Tensor& u) {
-  const int64_t V = logits.size(-1);
-  auto greedy = temperature <= 0;                                    // [B] bool
-  auto t_eff = at::where(greedy, at::ones_like(temperature), temperature).unsqueeze(1);
-  auto logp = at::log_softmax(logits / t_eff, -1);                   // [B, V]
-  auto greedy_tok = logits.argmax(-1);                               // [B]
+Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, double top_p, const at::Tensor& u) {
+  const int64_t V = logits.size(-1), B = logits.size(0);
+  bool any_greedy = false, all_greedy = true, all_one = true;
+  std::vector<float> t_eff(temperature.size());
+  for (size_t i = 0; i < temperature.size(); ++i) {
+    const bool g = !(temperature[i] > 0);
+    any_greedy |= g;
+    all_greedy &= g;
+    t_eff[i] = g ? 1.f : temperature[i];
+    all_one &= t_eff[i] == 1.f;
+  }
+  // log p = scaled - logsumexp(scaled): the full log-softmax is never materialised.
+  auto scaled = all_one ? logits : logits / at::tensor(t_eff, logits.options()).view({B, 1});
+  auto lse = at::logsumexp(scaled, {-1}, /*keepdim=*/true);  // [B, 1]
   at::Tensor tok;
-  const bool use_k = top_k > 0 && top_k < V;
-  const bool use_p = top_p < 1.0;
-  auto uu = u.unsqueeze(1);
-  if (use_k) {
-    // Sample among the k best (sorted, so top-p applies directly to them).
-    auto top = logp.topk(top_k, -1, /*largest=*/true, /*sorted=*/true);
-    auto p = std::get<0>(top).exp();                                 // [B, k]
-    if (use_p) {
-      p = p / p.sum(-1, /*keepdim=*/true);  // top-p over the renormalised top-k (as HF's warpers)
+  if (all_greedy) {
+    tok = logits.argmax(-1);
+  } else {
+    const bool use_k = top_k > 0 && top_k < V;
+    const bool use_p = top_p < 1.0;
+    auto uu = u.unsqueeze(1);
+    if (use_k) {
+      // Sample among the k best (sorted, so top-p applies directly to them).
+      auto top = scaled.topk(top_k, -1, /*largest=*/true, /*sorted=*/true);
+      auto p = (std::get<0>(top) - lse).exp();  // [B, k]
+      if (use_p) {
+        p = p / p.sum(-1, /*keepdim=*/true);  // top-p over the renormalised top-k (as HF's warpers)
+        auto cum = p.cumsum(-1);
+        p = p.masked_fill((cum - p) > top_p, 0.0);
+      }
+      auto cdf = p.cumsum(-1);
+      auto pick = at::searchsorted(cdf, uu * cdf.narrow(1, top_k - 1, 1)).clamp_max(top_k - 1);  // [B, 1]
+      tok = std::get<1>(top).gather(1, pick).squeeze(1);
+    } else if (use_p) {
+      auto sorted = scaled.sort(-1, /*descending=*/true);
+      auto p = (std::get<0>(sorted) - lse).exp();
       auto cum = p.cumsum(-1);
       p = p.masked_fill((cum - p) > top_p, 0.0);
+      auto cdf = p.cumsum(-1);
+      auto pick = at::searchsorted(cdf, uu * cdf.narrow(1, V - 1, 1)).clamp_max(V - 1);
+      tok = std::get<1>(sorted).gather(1, pick).squeeze(1);
+    } else {
+      auto cdf = (scaled - lse).exp().cumsum(-1);
+      tok = at::searchsorted(cdf, uu * cdf.narrow(1, V - 1, 1)).clamp_max(V - 1).squeeze(1);
     }
-    auto cdf = p.cumsum(-1);
-    auto pick = at::searchsorted(cdf, uu * cdf.narrow(1, top_k - 1, 1)).clamp_max(top_k - 1);  // [B, 1]
-    tok = std::get<1>(top).gather(1, pick).squeeze(1);
-  } else if (use_p) {
-    auto sorted = logp.sort(-1, /*descending=*/true);
-    auto p = std::get<0>(sorted).exp();
-    auto cum = p.cumsum(-1);
-    p = p.masked_fill((cum - p) > top_p, 0.0);
-    auto cdf = p.cumsum(-1);
-    auto pick = at::searchsorted(cdf, uu * cdf.narrow(1, V - 1, 1)).clamp_max(V - 1);
-    tok = std::get<1>(sorted).gather(1, pick).squeeze(1);
-  } else {
-    auto cdf = logp.exp().cumsum(-1);
-    tok = at::searchsorted(cdf, uu * cdf.narrow(1, V - 1, 1)).clamp_max(V - 1).squeeze(1);
+    if (any_greedy) {
+      std::vector<uint8_t> g(temperature.size());
+      for (size_t i = 0; i < g.size(); ++i) g[i] = !(temperature[i] > 0);
+      auto gm = at::tensor(g, at::TensorOptions().dtype(at::kByte)).to(logits.device()).to(at::kBool);
+      tok = at::where(gm, logits.argmax(-1), tok);
+    }
   }
-  tok = at::where(greedy, greedy_tok, tok);
-  return {tok, logp.gather(1, tok.unsqueeze(1)).squeeze(1)};
+  return {tok, (scaled.gather(1, tok.unsqueeze(1)) - lse).squeeze(1)};
 }
 
 }  // namespace slm

@@ -15,9 +15,10 @@ struct Sampled {
   at::Tensor logprobs;  // [B] float32: log softmax(logits / T)[token] (T = 1 for greedy rows), before top-k/top-p
 };
 
-// logits [B, V] float32; temperature [B] float32 (<= 0: greedy, argmax with the first index on ties);
-// top_k <= 0 or >= V: off; top_p >= 1: off; u [B] float32 uniforms in (0, 1].
-Sampled sample(const at::Tensor& logits, const at::Tensor& temperature, int64_t top_k, double top_p, const at::Tensor& u);
+// logits [B, V] float32; temperature: one per row (<= 0: greedy, argmax with the first index on
+// ties), read on the host so that all-greedy or all-sampled batches skip the other path;
+// top_k <= 0 or >= V: off; top_p >= 1: off; u [B] float32 uniforms in (0, 1] on the logits' device.
+Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, double top_p, const at::Tensor& u);
 
 // One independent stream per row: seeded from (seed, row), so a row's samples do not depend on
 // which other rows share its batch.
