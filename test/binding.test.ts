@@ -1,16 +1,30 @@
 import t from 'tap';
-import { writeFileSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { candidates, loadBinding, loadFrom } from '../lib/binding/index.js';
 
 t.test('the loader prefers a prebuilt binary, then the local build', async (t) => {
   const c = candidates();
   const kinds = c.map((x) => x.kind).filter((k) => k !== 'env');
-  t.equal(kinds[0], 'prebuilt');
-  t.equal(kinds[kinds.length - 1], 'local-build');
-  t.match(c[c.length - 1].path, /build\/Release\/slm_train\.node$/);
+  t.ok(kinds.includes('prebuilt') && kinds.includes('local-build'));
+  t.ok(c.some((x) => /build\/Release\/slm_train\.node$/.test(x.path)));
   const b = loadBinding();
   t.type(b.addon.version().torch, 'string');
+});
+
+t.test('a matching prebuilt comes before the local build unless the local build is newer', async (t) => {
+  const root = t.testdir({ prebuilds: { [`${process.platform}-${process.arch}`]: { 'slm_train.torch-1.13.0.cpu.napi8.node': 'x', 'slm_train.torch-1.13.0.cuda.napi8.node': 'x' } }, build: { Release: {} } });
+  let c = candidates(root).filter((x) => x.kind !== 'env');
+  t.equal(c[0].kind, 'prebuilt');
+  const gpu = existsSync('/dev/nvidia0') || existsSync('/dev/nvidiactl');
+  t.match(c[0].path, gpu ? /\.cuda\./ : /\.cpu\./, 'the build for this machine\'s device first');
+  t.equal(c[c.length - 1].kind, 'local-build');
+  const { utimesSync } = await import('node:fs');
+  writeFileSync(join(root, 'build', 'Release', 'slm_train.node'), 'x');
+  const future = new Date(Date.now() + 60_000);
+  utimesSync(join(root, 'build', 'Release', 'slm_train.node'), future, future);
+  c = candidates(root).filter((x) => x.kind !== 'env');
+  t.equal(c[0].kind, 'local-build', 'a fresher local build wins');
 });
 
 t.test('when nothing loads, one error lists every attempt and the commands that fix it', async (t) => {

@@ -3,7 +3,7 @@
  * a local build; every failure is collected, and when nothing loads one error lists what was tried
  * and the commands that fix it.
  */
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, readdirSync, statSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -30,17 +30,29 @@ export interface LoadedBinding {
   kind: 'prebuilt' | 'local-build' | 'env';
 }
 
-/** Candidate binaries in order of preference. */
+/**
+ * Candidate binaries in order of preference: $SLM_TRAIN_NATIVE, then the prebuilt binaries for this
+ * platform (`prebuilds/<platform>-<arch>/slm_train.torch-<v>.<cpu|cuda>.napi<n>.node`; CUDA builds
+ * first when an NVIDIA device is visible, else CPU builds first), then the local build.
+ */
 export function candidates(root = packageRoot()): Array<{ path: string; kind: LoadedBinding['kind'] }> {
   const out: Array<{ path: string; kind: LoadedBinding['kind'] }> = [];
   if (process.env.SLM_TRAIN_NATIVE) out.push({ path: resolve(process.env.SLM_TRAIN_NATIVE), kind: 'env' });
   const pre = join(root, 'prebuilds', `${process.platform}-${process.arch}`);
   if (existsSync(pre)) {
-    for (const f of readdirSync(pre).filter((f) => f.endsWith('.node')).sort()) out.push({ path: join(pre, f), kind: 'prebuilt' });
+    const gpu = existsSync('/dev/nvidia0') || existsSync('/dev/nvidiactl');
+    const rank = (f: string) => (/\.cuda\./.test(f) === gpu ? 0 : 1);
+    const files = readdirSync(pre).filter((f) => f.endsWith('.node')).sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+    for (const f of files) out.push({ path: join(pre, f), kind: 'prebuilt' });
   } else {
-    out.push({ path: join(pre, 'slm_train.node'), kind: 'prebuilt' });
+    out.push({ path: join(pre, 'slm_train.<tag>.node'), kind: 'prebuilt' });
   }
-  out.push({ path: join(root, 'build', 'Release', 'slm_train.node'), kind: 'local-build' });
+  const local = join(root, 'build', 'Release', 'slm_train.node');
+  // A developer's local build that is newer than the prebuilt binaries wins (it has their changes).
+  const newest = Math.max(0, ...out.filter((c) => c.kind === 'prebuilt' && existsSync(c.path)).map((c) => statSync(c.path).mtimeMs));
+  const localEntry = { path: local, kind: 'local-build' as const };
+  if (existsSync(local) && newest > 0 && statSync(local).mtimeMs > newest) out.splice(out.findIndex((c) => c.kind === 'prebuilt'), 0, localEntry);
+  else out.push(localEntry);
   return out;
 }
 

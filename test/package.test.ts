@@ -1,0 +1,49 @@
+// The package as a user installs it: `npm pack`, then `npm install <tarball>` into an empty folder,
+// then `npx slm-train doctor` and a tiny `generate` there — using the prebuilt binary, with no
+// compiler invoked for slm-train (every compiler on PATH is a recorder that fails) and no build folder.
+import t from 'tap';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { chmodSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fixture, repoRoot } from './helpers/shared.js';
+
+t.test('npm pack -> install -> doctor and generate without compiling', { timeout: 900_000 }, async (t) => {
+  const work = t.testdir();
+  // 1. the prebuilt binary of this build, tagged with what it links against
+  execFileSync(process.execPath, [join(repoRoot, 'scripts', 'prebuild.mjs')], { cwd: repoRoot, stdio: 'pipe' });
+  t.teardown(() => rmSync(join(repoRoot, 'prebuilds'), { recursive: true, force: true }));
+  const pre = readdirSync(join(repoRoot, 'prebuilds', `${process.platform}-${process.arch}`));
+  t.ok(pre.some((f) => /^slm_train\.torch-[\d.]+\.(cpu|cuda)\.napi\d+\.node$/.test(f)), `tagged prebuilt: ${pre.join(', ')}`);
+  // 2. the tarball
+  const out = execFileSync('npm', ['pack', '--pack-destination', work, '--json'], { cwd: repoRoot, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  const tarball = join(work, JSON.parse(out)[0].filename);
+  t.ok(existsSync(tarball));
+  // 3. compilers that record their use and fail
+  const bin = join(work, 'fake-bin');
+  mkdirSync(bin);
+  const log = join(work, 'compiler.log');
+  for (const c of ['cc', 'gcc', 'g++', 'c++', 'clang', 'clang++', 'cmake', 'make', 'ninja']) {
+    writeFileSync(join(bin, c), `#!/bin/sh\necho "${c} $PWD" >> ${log}\nexit 1\n`);
+    chmodSync(join(bin, c), 0o755);
+  }
+  const app = join(work, 'app');
+  mkdirSync(app);
+  writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'app', version: '1.0.0', private: true }));
+  const env = { ...process.env, PATH: `${bin}:${process.env.PATH}`, CC: join(bin, 'cc'), CXX: join(bin, 'c++'), npm_config_audit: 'false', npm_config_fund: 'false' };
+  const inst = spawnSync('npm', ['install', tarball, '--prefer-offline', '--no-audit', '--no-fund'], { cwd: app, env, encoding: 'utf8', timeout: 600_000 });
+  t.equal(inst.status, 0, `npm install: ${inst.stderr.slice(-500)}`);
+  const pkg = join(app, 'node_modules', 'slm-train');
+  t.ok(existsSync(join(pkg, 'dist', 'lib', 'cli', 'main.js')), 'compiled CLI shipped in the tarball');
+  t.notOk(existsSync(join(pkg, 'build')), 'no build folder: nothing was compiled for slm-train');
+  const compiled = existsSync(log) ? readFileSync(log, 'utf8').split('\n').filter((l) => l.includes('slm-train')) : [];
+  t.same(compiled, [], 'no compiler was invoked for slm-train');
+  // 4. the CLI from the installed package
+  const doctor = spawnSync('npx', ['slm-train', 'doctor', '--json'], { cwd: app, env, encoding: 'utf8', timeout: 120_000 });
+  t.equal(doctor.status, 0, doctor.stderr);
+  const d = JSON.parse(doctor.stdout);
+  t.equal(d.binding.kind, 'prebuilt');
+  t.match(d.binding.path, /node_modules\/slm-train\/prebuilds\//);
+  const gen = spawnSync('npx', ['slm-train', 'generate', '--model', fixture('qwen3', 'tiny-qwen3-f32'), '--ids', '204,125,373,399,458', '--max-new-tokens', '8', '--greedy', '--json'], { cwd: app, env, encoding: 'utf8', timeout: 120_000 });
+  t.equal(gen.status, 0, gen.stderr);
+  t.same(JSON.parse(gen.stdout).ids, [184, 184, 184, 184, 184, 184, 184, 184], 'the golden greedy decode');
+});
