@@ -1,0 +1,207 @@
+/**
+ * GRPO over real episodes. One step:
+ *   1. take the next questions (seeded order, resumable), K rollouts each, every rollout with its own
+ *      temperature drawn from the configured range (seeded by step and index);
+ *   2. score every episode (each reward part kept for the logs);
+ *   3. group advantages (lib/train/advantages.ts: (r - mean) / std, the reference fallbacks, Dr.GRPO);
+ *      skipped groups contribute no episode;
+ *   4. `innerEpochs` optimizer steps on the kept episodes: clipped policy gradient against the
+ *      sampling log-probs, optional KL to the reference (adapter off), token- or sequence-level;
+ *   5. metrics row, trajectories JSONL, checkpoints.
+ * How this departs from the GRPO paper: old log-probs are the sampling log-probs (no separate
+ * old-policy forward), KL is off by default (as Dr.GRPO and the reference project), and one group is
+ * one question's K rollouts.
+ */
+import { appendFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Model } from '../engine/model.js';
+import { native } from '../engine/runtime.js';
+import type { LoraSpec } from '../engine/adapter.js';
+import { learningRate, type ScheduleSpec } from './schedule.js';
+import { permutation, type RunFolder, type TrainState } from './run.js';
+
+/** What the trainer needs of an episode (the EpisodeRunner returns more). */
+export interface TrainEpisode {
+  ids: Int32Array;
+  /** 1 on model-generated tokens only. */
+  lossMask: Uint8Array;
+  /** Sampling log-probs aligned with ids (0 where the mask is 0). */
+  logprobs: Float32Array;
+  temperature: number;
+  answer: string | null;
+  turns: number;
+  /** Anything worth saving in the trajectories file (messages, calls, finish reason...). */
+  record?: Record<string, unknown>;
+}
+
+export interface RolloutRequest<Q> {
+  question: Q;
+  temperature: number;
+  seed: number;
+}
+
+export interface RewardResult {
+  total: number;
+  parts: Record<string, number | null>;
+  correct?: boolean;
+}
+
+/** Per group (one question's K rewards): advantages, or null to skip the group, with a reason. */
+export type GroupAdvantages = (rewards: number[]) => { advantages: number[] | null; reason?: string };
+
+export interface GrpoDeps<Q> {
+  rollout(batch: RolloutRequest<Q>[]): Promise<TrainEpisode[]>;
+  reward(ep: TrainEpisode, q: Q): Promise<RewardResult>;
+  advantages: GroupAdvantages;
+}
+
+export interface GrpoOptions {
+  lora: LoraSpec;
+  k: number;
+  questionsPerStep: number;
+  steps: number;
+  temperature: number | [number, number];
+  innerEpochs?: number;
+  clipLow?: number;
+  clipHigh?: number;
+  klCoef?: number;
+  klEstimator?: 'k1' | 'k3';
+  tokenLevel?: boolean;
+  schedule: Omit<ScheduleSpec, 'totalSteps'> & { totalSteps?: number };
+  weightDecay?: number;
+  maxGradNorm?: number;
+  microBatch?: number;
+  gradientCheckpointing?: boolean;
+  seed: number;
+  checkpointEvery?: number;
+  resume?: boolean;
+  /** Keep the adapter already on the model (e.g. from SFT) instead of attaching a fresh one. */
+  keepAdapter?: boolean;
+  stopAfter?: number;
+  onStep?: (row: Record<string, unknown>) => void;
+}
+
+/** A seeded uniform in [0, 1) from integers (splitmix-style), for per-rollout temperatures. */
+export function hashUniform(...xs: number[]): number {
+  let h = 0x9e3779b9;
+  for (const x of xs) {
+    h ^= Math.imul(x | 0, 0x85ebca6b) + 0x6b43a9b5 + (h << 6) + (h >>> 2);
+    h = Math.imul(h ^ (h >>> 15), 0x2c1b3c6d);
+    h ^= h >>> 12;
+  }
+  return (h >>> 0) / 4294967296;
+}
+
+function mean(xs: number[]): number {
+  return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN;
+}
+
+export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: GrpoDeps<Q>, o: GrpoOptions): Promise<{ steps: number; meanReward: number[] }> {
+  const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
+  const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? o.steps };
+  let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed };
+  if (o.resume) state = await run.restore(model);
+  else if (!o.keepAdapter || !model.lora) model.attachLora(o.lora, o.seed);
+  const rewardsByStep: number[] = [];
+  let ranHere = 0;
+  while (state.step < o.steps) {
+    if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
+    const order = permutation(questions.length, o.seed, state.epoch);
+    const qs = order.slice(state.batchInEpoch * o.questionsPerStep, (state.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
+    // 1. rollouts
+    const t0 = performance.now();
+    const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
+    const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
+      Array.from({ length: o.k }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, qi, j), seed: o.seed * 7919 + state.step * 1009 + qi * o.k + j })),
+    );
+    const episodes = await deps.rollout(reqs);
+    const tRollout = (performance.now() - t0) / 1e3;
+    // 2. rewards
+    const t1 = performance.now();
+    const rewards = await Promise.all(episodes.map((ep, i) => deps.reward(ep, reqs[i].question)));
+    const tReward = (performance.now() - t1) / 1e3;
+    // 3. group advantages
+    const adv: Array<number | null> = [];
+    const skipped: string[] = [];
+    for (let g = 0; g < qs.length; g++) {
+      const r = rewards.slice(g * o.k, (g + 1) * o.k).map((x) => x.total);
+      const a = deps.advantages(r);
+      if (!a.advantages) skipped.push(a.reason ?? 'skipped');
+      for (let j = 0; j < o.k; j++) adv.push(a.advantages ? a.advantages[j] : null);
+    }
+    const keep = episodes.map((_, i) => i).filter((i) => adv[i] !== null && adv[i] !== 0 && episodes[i].lossMask.some((x) => x));
+    // 4. policy update
+    const t2 = performance.now();
+    const lr = learningRate(schedule, state.step);
+    let stats: Awaited<ReturnType<Model['trainStep']>> | undefined;
+    if (keep.length) {
+      const batch = {
+        sequences: keep.map((i) => episodes[i].ids),
+        masks: keep.map((i) => episodes[i].lossMask),
+        advantages: keep.map((i) => Array.from(episodes[i].lossMask, (m) => (m ? (adv[i] as number) : 0))),
+        oldLogprobs: keep.map((i) => episodes[i].logprobs),
+        temperature: keep.map((i) => episodes[i].temperature),
+      };
+      for (let e = 0; e < (o.innerEpochs ?? 1); e++) {
+        native().manualSeed(o.seed * 1000003 + state.step * 31 + e);
+        stats = await model.trainStep(batch, {
+          loss: 'pg',
+          lr,
+          clipLow: o.clipLow ?? 0.2,
+          clipHigh: o.clipHigh ?? o.clipLow ?? 0.2,
+          klCoef: o.klCoef ?? 0,
+          klEstimator: o.klEstimator ?? 'k3',
+          tokenLevel: o.tokenLevel ?? true,
+          weightDecay: o.weightDecay ?? 0,
+          maxGradNorm: o.maxGradNorm ?? 1,
+          microBatch: o.microBatch,
+          checkpoint: o.gradientCheckpointing ?? true,
+        });
+      }
+    }
+    const tTrain = (performance.now() - t2) / 1e3;
+    // 5. logs
+    const totals = rewards.map((r) => r.total);
+    const partNames = [...new Set(rewards.flatMap((r) => Object.keys(r.parts)))];
+    const genTokens = episodes.map((e) => e.lossMask.reduce((a, b) => a + b, 0));
+    const row: Record<string, unknown> = {
+      stage: 'grpo',
+      step: state.step + 1,
+      lr,
+      reward_mean: mean(totals),
+      reward_std: Math.sqrt(mean(totals.map((x) => (x - mean(totals)) ** 2))),
+      ...Object.fromEntries(partNames.map((p) => [`reward/${p}`, mean(rewards.map((r) => r.parts[p]).filter((x): x is number => typeof x === 'number'))])),
+      accuracy: rewards.some((r) => r.correct !== undefined) ? mean(rewards.map((r) => (r.correct ? 1 : 0))) : undefined,
+      episodes: episodes.length,
+      episodes_trained: keep.length,
+      groups_skipped: skipped.length,
+      skip_reasons: skipped.length ? [...new Set(skipped)] : undefined,
+      turns_mean: mean(episodes.map((e) => e.turns)),
+      response_tokens_mean: mean(genTokens),
+      mask_coverage: mean(episodes.map((e, i) => genTokens[i] / e.ids.length)),
+      loss: stats?.loss,
+      pg_loss: stats?.pgLoss,
+      kl: stats?.kl,
+      entropy: stats?.entropy,
+      clip_frac: stats?.clipFrac,
+      grad_norm: stats?.gradNorm,
+      update_skipped: stats?.skipped || undefined,
+      time_rollout_s: tRollout,
+      time_reward_s: tReward,
+      time_train_s: tTrain,
+    };
+    run.logMetrics(row);
+    o.onStep?.(row);
+    rewardsByStep.push(mean(totals));
+    appendFileSync(
+      join(run.dir, 'trajectories.jsonl'),
+      episodes.map((e, i) => JSON.stringify({ step: state.step + 1, question: reqs[i].question, temperature: e.temperature, answer: e.answer, reward: rewards[i].total, parts: rewards[i].parts, advantage: adv[i], turns: e.turns, ...e.record })).join('\n') + '\n',
+    );
+    const next = state.batchInEpoch + 1;
+    state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
+    ranHere++;
+    if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
+  }
+  if (state.step >= o.steps) await run.saveCheckpoint(model, state);
+  return { steps: state.step, meanReward: rewardsByStep };
+}
