@@ -10,7 +10,7 @@ import { fixture } from './helpers/shared.js';
 
 const base = fixture('qwen3', 'tiny-qwen3-f32');
 const seq = [204, 125, 373, 399, 458, 17, 300, 457, 205, 161, 125, 489, 119, 182];
-const mask = seq.map((_, i) => (i >= 5 ? 1 : 0)); // a prompt of 5 tokens, then trained tokens
+const mask: number[] = seq.map((_, i) => (i >= 5 ? 1 : 0)); // a prompt of 5 tokens, then trained tokens
 const ALL = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
 
 async function withLora(seed = 1, targets: readonly string[] = ALL, r = 2): Promise<Model> {
