@@ -1,0 +1,360 @@
+/**
+ * Advantages, as pure functions over plain arrays (no engine, no I/O). Every per-token array is
+ * aligned with the episode's token ids, like the loss mask and the log-probs the native trainer takes:
+ * index t is about token ids[t] (predicted from ids[<t]); values[t] is the value of the state before
+ * token t.
+ *
+ * GRPO (group-relative, one group = one question's K rollouts):
+ *   A_i = (r_i - mean(r)) / (std(r) + eps)
+ *   - std is the *sample* standard deviation by default (Bessel-corrected, divide by K - 1): what TRL's
+ *     GRPOTrainer and verl's compute_grpo_outcome_advantage compute (`torch.std`, unbiased=True).
+ *     `stdEstimator: 'population'` divides by K (numpy's `np.std` default).
+ *   - eps defaults to 1e-4, TRL's value (verl uses 1e-6).
+ *   - Dr.GRPO (`std: 'none'`): A_i = r_i - mean(r), no division (Liu et al. 2025).
+ *   The reference project's fallbacks, applied in this order:
+ *   1. every rollout of the group failed -> the group is skipped (advantages null; the trainer drops
+ *      those episodes). A rollout fails when its success flag is false (if flags are given) or else
+ *      when its reward is <= `failAtOrBelow` (default 0). `allFailed: 'normalize'` turns this off.
+ *   2. the rewards have no variance (max - min <= 1e-9) and at least one rollout succeeded ->
+ *      A_i = r_i - center (center 0.5): all-correct groups still get a push up, scaled by how far
+ *      above 0.5 their common reward is. `zeroVariance: 'skip' | 'zero'` are the alternatives.
+ *   3. otherwise the formula above.
+ *   A group holding a non-finite reward (NaN from a failed judge call) is skipped with reason
+ *   'non_finite_reward' rather than trained on a guessed value.
+ *
+ * Token level: an episode's scalar advantage is spread over its trained tokens
+ * (`broadcastAdvantage`). DAPO's token-level normalisation is not done here: it is the native loss's
+ * `tokenLevel` flag (native/core/train.cc): with it every trained token of the batch weighs
+ * 1 / (trained tokens in the batch); without it each sequence's tokens weigh
+ * 1 / (sequences x its own trained tokens) (GRPO's per-sequence mean).
+ *
+ * PPO (Search-R1 on verl):
+ *   - token rewards: -kl_coef * KL_t on every trained token (verl apply_kl_penalty, k1 = logp - ref by
+ *     default), plus the episode's score on its last trained token (verl puts the score on the last
+ *     response token);
+ *   - GAE over the trained tokens only: a masked token (prompt, tool output, retrieved passages) is
+ *     skipped in the recursion — its value and reward do not enter, and the next trained token's
+ *     value and running advantage carry across it (verl compute_gae_advantage_return with its
+ *     response mask);
+ *   - returns = advantages + values; masked positions hold 0 in both;
+ *   - optional whitening of the advantages over every trained token of the batch (verl masked_whiten:
+ *     unbiased variance, (x - mean) / sqrt(var + 1e-8)); returns are computed before whitening.
+ */
+import { SlmError, describe } from '../errors.js';
+
+// ---------------------------------------------------------------------------------------------
+// GRPO
+
+export interface GroupAdvantageOptions {
+  /** 'group' divides by the group's std (GRPO); 'none' does not (Dr.GRPO). */
+  std: 'group' | 'none';
+  /** 'sample' (divide by K - 1: TRL, verl) or 'population' (divide by K). */
+  stdEstimator: 'sample' | 'population';
+  /** Added to the std before dividing. */
+  eps: number;
+  /** Without success flags, a rollout fails when its reward is <= this. */
+  failAtOrBelow: number;
+  /** A group where every rollout failed: 'skip' (reference) or 'normalize' (the plain formula). */
+  allFailed: 'skip' | 'normalize';
+  /** A group without variance and with a success: 'center' (r - center, reference), 'skip', or 'zero'. */
+  zeroVariance: 'center' | 'skip' | 'zero';
+  /** The constant subtracted by zeroVariance 'center'. */
+  center: number;
+}
+
+export const GROUP_ADVANTAGE_DEFAULTS: GroupAdvantageOptions = {
+  std: 'group',
+  stdEstimator: 'sample',
+  eps: 1e-4,
+  failAtOrBelow: 0,
+  allFailed: 'skip',
+  zeroVariance: 'center',
+  center: 0.5,
+};
+
+export type GroupRule = 'normalized' | 'centered' | 'zero' | 'skipped';
+export type SkipReason = 'all_failed' | 'zero_variance' | 'non_finite_reward';
+
+export interface GroupAdvantage {
+  /** One advantage per rollout, or null when the group is skipped. */
+  advantages: number[] | null;
+  rule: GroupRule;
+  reason?: SkipReason;
+  mean: number;
+  /** The std under the chosen estimator (0 for a single rollout with the sample estimator). */
+  std: number;
+  /** Rollouts that did not fail. */
+  successes: number;
+}
+
+/** Below this spread (max - min) a group's rewards count as equal. */
+const ZERO_SPREAD = 1e-9;
+
+function options(o?: Partial<GroupAdvantageOptions>): GroupAdvantageOptions {
+  const opts = { ...GROUP_ADVANTAGE_DEFAULTS, ...o };
+  if (opts.std !== 'group' && opts.std !== 'none') throw new SlmError('ARGUMENT_INVALID', `std must be "group" or "none", found ${describe(opts.std)}.`);
+  if (opts.stdEstimator !== 'sample' && opts.stdEstimator !== 'population')
+    throw new SlmError('ARGUMENT_INVALID', `stdEstimator must be "sample" or "population", found ${describe(opts.stdEstimator)}.`);
+  if (!(opts.eps >= 0)) throw new SlmError('ARGUMENT_INVALID', `eps must be a number >= 0, found ${describe(opts.eps)}.`);
+  return opts;
+}
+
+/**
+ * One group's advantages (one question's K rollouts). `success`, when given, decides which rollouts
+ * failed (e.g. the reward's correctness flag); otherwise reward <= failAtOrBelow is a failure.
+ */
+export function groupAdvantage(rewards: ArrayLike<number>, opts?: Partial<GroupAdvantageOptions>, success?: ArrayLike<boolean>): GroupAdvantage {
+  const o = options(opts);
+  const r = Array.from(rewards);
+  const K = r.length;
+  if (K === 0) throw new SlmError('ARGUMENT_INVALID', 'a group needs at least one reward, found none.');
+  if (success && success.length !== K) throw new SlmError('ARGUMENT_INVALID', `success flags must match the rewards: ${K} rewards, ${success.length} flags.`);
+  if (r.some((x) => !Number.isFinite(x))) return { advantages: null, rule: 'skipped', reason: 'non_finite_reward', mean: NaN, std: NaN, successes: 0 };
+  const mean = r.reduce((a, b) => a + b, 0) / K;
+  const ss = r.reduce((a, b) => a + (b - mean) ** 2, 0);
+  const denom = o.stdEstimator === 'sample' ? K - 1 : K;
+  const std = denom > 0 ? Math.sqrt(ss / denom) : 0;
+  const successes = success ? Array.from(success).filter(Boolean).length : r.filter((x) => x > o.failAtOrBelow).length;
+  const base = { mean, std, successes };
+  if (successes === 0 && o.allFailed === 'skip') return { ...base, advantages: null, rule: 'skipped', reason: 'all_failed' };
+  if (Math.max(...r) - Math.min(...r) <= ZERO_SPREAD) {
+    if (successes > 0 && o.zeroVariance === 'center') return { ...base, advantages: r.map((x) => x - o.center), rule: 'centered' };
+    if (successes > 0 && o.zeroVariance === 'skip') return { ...base, advantages: null, rule: 'skipped', reason: 'zero_variance' };
+    return { ...base, advantages: r.map(() => 0), rule: 'zero' };
+  }
+  const scale = o.std === 'group' ? 1 / (std + o.eps) : 1;
+  return { ...base, advantages: r.map((x) => (x - mean) * scale), rule: 'normalized' };
+}
+
+export interface GroupAdvantages {
+  /** One per episode, in input order; null = dropped (its group was skipped). */
+  advantages: Array<number | null>;
+  groups: Array<Omit<GroupAdvantage, 'advantages'> & { group: number; start: number; size: number }>;
+  skipped: Array<{ group: number; reason: SkipReason }>;
+}
+
+/**
+ * Advantages of a batch laid out group after group: episodes [g*K, (g+1)*K) are group g's K rollouts.
+ */
+export function grpoAdvantages(rewards: ArrayLike<number>, groupSize: number, opts?: Partial<GroupAdvantageOptions>, success?: ArrayLike<boolean>): GroupAdvantages {
+  if (!Number.isInteger(groupSize) || groupSize < 1) throw new SlmError('ARGUMENT_INVALID', `groupSize must be a positive integer, found ${describe(groupSize)}.`);
+  if (rewards.length % groupSize !== 0)
+    throw new SlmError('ARGUMENT_INVALID', `${rewards.length} rewards do not split into groups of ${groupSize}: expected a multiple of ${groupSize}.`);
+  if (success && success.length !== rewards.length) throw new SlmError('ARGUMENT_INVALID', `success flags must match the rewards: ${rewards.length} rewards, ${success.length} flags.`);
+  const r = Array.from(rewards);
+  const s = success ? Array.from(success) : undefined;
+  const out: GroupAdvantages = { advantages: [], groups: [], skipped: [] };
+  for (let g = 0, start = 0; start < r.length; g++, start += groupSize) {
+    const { advantages, ...info } = groupAdvantage(r.slice(start, start + groupSize), opts, s?.slice(start, start + groupSize));
+    for (let j = 0; j < groupSize; j++) out.advantages.push(advantages ? advantages[j] : null);
+    out.groups.push({ group: g, start, size: groupSize, ...info });
+    if (info.reason) out.skipped.push({ group: g, reason: info.reason });
+  }
+  return out;
+}
+
+/**
+ * The per-group function the GRPO trainer takes (lib/train/grpo.ts `GroupAdvantages`), bound to
+ * options.
+ */
+export function groupAdvantageFn(opts?: Partial<GroupAdvantageOptions>): (rewards: number[], success?: boolean[]) => { advantages: number[] | null; reason?: string } {
+  const o = options(opts);
+  return (rewards, success) => {
+    const g = groupAdvantage(rewards, o, success);
+    return g.reason ? { advantages: g.advantages, reason: g.reason } : { advantages: g.advantages };
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token level
+
+/** An episode's scalar advantage on each trained token (mask 1), 0 elsewhere; aligned with the ids. */
+export function broadcastAdvantage(advantage: number, mask: Uint8Array): Float32Array {
+  const out = new Float32Array(mask.length);
+  for (let t = 0; t < mask.length; t++) if (mask[t]) out[t] = advantage;
+  return out;
+}
+
+/** broadcastAdvantage per episode; a null advantage (skipped group) gives null. */
+export function broadcastAdvantages(advantages: ArrayLike<number | null>, masks: Uint8Array[]): Array<Float32Array | null> {
+  if (advantages.length !== masks.length) throw new SlmError('ARGUMENT_INVALID', `${advantages.length} advantages for ${masks.length} loss masks: expected one per episode.`);
+  return masks.map((m, i) => {
+    const a = advantages[i];
+    return a === null ? null : broadcastAdvantage(a, m);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// PPO
+
+export type KlEstimator = 'k1' | 'k2' | 'k3';
+
+/**
+ * Per-token KL estimate between the sampling policy and the reference from their log-probs of the
+ * sampled token (verl kl_penalty): k1 = logp - ref ('kl'), k2 = (logp - ref)^2 / 2 ('mse'),
+ * k3 = exp(ref - logp) - (ref - logp) - 1 ('low_var_kl', clamped to [-10, 10] as verl does).
+ */
+export function klEstimate(logp: number, refLogp: number, estimator: KlEstimator = 'k1'): number {
+  const d = logp - refLogp;
+  if (estimator === 'k1') return d;
+  if (estimator === 'k2') return 0.5 * d * d;
+  if (estimator === 'k3') return Math.min(10, Math.max(-10, Math.exp(-d) + d - 1));
+  throw new SlmError('ARGUMENT_INVALID', `kl estimator must be k1, k2 or k3, found ${describe(estimator)}.`);
+}
+
+export interface TokenRewardInput {
+  /** 1 on trained (model-generated) tokens. */
+  mask: Uint8Array;
+  /** The episode's final reward (score). */
+  score: number;
+  /** Log-probs of the sampled tokens under the policy that sampled them, aligned with the ids. */
+  logprobs?: Float32Array;
+  /** Log-probs of the same tokens under the reference policy. Needed when klCoef > 0. */
+  refLogprobs?: Float32Array;
+}
+
+/**
+ * Per-token rewards: -klCoef * KL_t on every trained token and the score added on the last trained
+ * token. Returns the rewards and the per-token KL (0 on masked tokens). An episode with no trained
+ * token gets all zeros (its score has nowhere to go; `lastTrained` is -1).
+ */
+export function tokenRewards(ep: TokenRewardInput, klCoef = 0, estimator: KlEstimator = 'k1'): { rewards: Float32Array; kl: Float32Array; lastTrained: number } {
+  const n = ep.mask.length;
+  const rewards = new Float32Array(n);
+  const kl = new Float32Array(n);
+  if (klCoef !== 0) {
+    if (!ep.logprobs || !ep.refLogprobs) throw new SlmError('ARGUMENT_INVALID', `a KL penalty (kl_coef ${klCoef}) needs logprobs and refLogprobs for every episode.`);
+    if (ep.logprobs.length !== n || ep.refLogprobs.length !== n)
+      throw new SlmError('ARGUMENT_INVALID', `logprobs (${ep.logprobs.length}) and refLogprobs (${ep.refLogprobs.length}) must align with the mask (${n} tokens).`);
+  }
+  let last = -1;
+  for (let t = 0; t < n; t++) {
+    if (!ep.mask[t]) continue;
+    last = t;
+    if (klCoef !== 0) {
+      kl[t] = klEstimate(ep.logprobs![t], ep.refLogprobs![t], estimator);
+      rewards[t] = -klCoef * kl[t];
+    }
+  }
+  if (last >= 0) rewards[last] += ep.score;
+  return { rewards, kl, lastTrained: last };
+}
+
+/**
+ * Generalised advantage estimation over the trained tokens of one episode (masked tokens skipped):
+ *   delta_t = r_t + gamma * V_next - V_t,  A_t = delta_t + gamma * lam * A_next
+ * where "next" is the next *trained* token (V_next = 0 and A_next = 0 after the last one).
+ * returns_t = A_t + V_t. Masked positions hold 0.
+ */
+export function gae(rewards: Float32Array, values: Float32Array, mask: Uint8Array, gamma: number, lam: number): { advantages: Float32Array; returns: Float32Array } {
+  const n = mask.length;
+  if (rewards.length !== n || values.length !== n)
+    throw new SlmError('ARGUMENT_INVALID', `rewards (${rewards.length}), values (${values.length}) and mask (${n}) must have one entry per token.`);
+  const advantages = new Float32Array(n);
+  const returns = new Float32Array(n);
+  // Accumulate in float64, store float32.
+  let nextValue = 0;
+  let nextAdv = 0;
+  for (let t = n - 1; t >= 0; t--) {
+    if (!mask[t]) continue;
+    const delta = rewards[t] + gamma * nextValue - values[t];
+    const a = delta + gamma * lam * nextAdv;
+    advantages[t] = a;
+    returns[t] = a + values[t];
+    nextValue = values[t];
+    nextAdv = a;
+  }
+  return { advantages, returns };
+}
+
+/**
+ * verl masked_whiten over a batch: mean and unbiased variance over every masked-in entry of every
+ * array, then (x - mean) / sqrt(var + eps) (plus the mean back when shiftMean is false). Masked-out
+ * entries stay 0. Fewer than two trained tokens: returned unchanged (no variance to speak of).
+ */
+export function maskedWhiten(xs: Float32Array[], masks: Uint8Array[], opts: { shiftMean?: boolean; eps?: number } = {}): Float32Array[] {
+  if (xs.length !== masks.length) throw new SlmError('ARGUMENT_INVALID', `${xs.length} arrays for ${masks.length} masks: expected one mask per array.`);
+  let n = 0;
+  let sum = 0;
+  xs.forEach((x, i) => {
+    if (x.length !== masks[i].length) throw new SlmError('ARGUMENT_INVALID', `array ${i} has ${x.length} entries but its mask ${masks[i].length}.`);
+    for (let t = 0; t < x.length; t++)
+      if (masks[i][t]) {
+        n++;
+        sum += x[t];
+      }
+  });
+  if (n < 2) return xs.map((x) => Float32Array.from(x));
+  const mean = sum / n;
+  let ss = 0;
+  xs.forEach((x, i) => {
+    for (let t = 0; t < x.length; t++) if (masks[i][t]) ss += (x[t] - mean) ** 2;
+  });
+  const inv = 1 / Math.sqrt(ss / (n - 1) + (opts.eps ?? 1e-8));
+  const back = opts.shiftMean === false ? mean : 0;
+  return xs.map((x, i) => {
+    const out = new Float32Array(x.length);
+    for (let t = 0; t < x.length; t++) if (masks[i][t]) out[t] = (x[t] - mean) * inv + back;
+    return out;
+  });
+}
+
+export interface PpoEpisodeInput extends TokenRewardInput {
+  /** Value-head outputs aligned with the ids (value of the state before each token). */
+  values: Float32Array;
+}
+
+export interface PpoAdvantageOptions {
+  gamma: number;
+  lam: number;
+  klCoef: number;
+  klEstimator: KlEstimator;
+  /** Whiten advantages over the batch's trained tokens (verl always does). */
+  whiten: boolean;
+}
+
+export const PPO_ADVANTAGE_DEFAULTS: PpoAdvantageOptions = { gamma: 1, lam: 1, klCoef: 0.001, klEstimator: 'k1', whiten: true };
+
+export interface PpoAdvantages {
+  advantages: Float32Array[];
+  returns: Float32Array[];
+  /** The token rewards GAE ran on (score + KL penalty). */
+  rewards: Float32Array[];
+  /** Mean KL estimate over the trained tokens of the batch (0 when there are none). */
+  klMean: number;
+  /** Episodes with no trained token (their score went nowhere). */
+  empty: number[];
+}
+
+/** Token rewards, GAE and (optionally) whitening for a batch of PPO episodes. */
+export function ppoAdvantages(episodes: PpoEpisodeInput[], opts?: Partial<PpoAdvantageOptions>): PpoAdvantages {
+  const o = { ...PPO_ADVANTAGE_DEFAULTS, ...opts };
+  if (!(o.gamma >= 0 && o.gamma <= 1) || !(o.lam >= 0 && o.lam <= 1))
+    throw new SlmError('ARGUMENT_INVALID', `gamma and lam must be in [0, 1], found gamma ${describe(o.gamma)} and lam ${describe(o.lam)}.`);
+  const rewards: Float32Array[] = [];
+  const advantages: Float32Array[] = [];
+  const returns: Float32Array[] = [];
+  const empty: number[] = [];
+  let klSum = 0;
+  let klN = 0;
+  episodes.forEach((ep, i) => {
+    const tr = tokenRewards(ep, o.klCoef, o.klEstimator);
+    if (tr.lastTrained < 0) empty.push(i);
+    for (let t = 0; t < ep.mask.length; t++)
+      if (ep.mask[t]) {
+        klSum += tr.kl[t];
+        klN++;
+      }
+    const g = gae(tr.rewards, ep.values, ep.mask, o.gamma, o.lam);
+    rewards.push(tr.rewards);
+    advantages.push(g.advantages);
+    returns.push(g.returns);
+  });
+  return {
+    advantages: o.whiten ? maskedWhiten(advantages, episodes.map((e) => e.mask)) : advantages,
+    returns,
+    rewards,
+    klMean: klN ? klSum / klN : 0,
+    empty,
+  };
+}

@@ -1,0 +1,209 @@
+// Advantages against numbers computed by hand (worked out in the comments).
+import t from 'tap';
+import {
+  broadcastAdvantage,
+  broadcastAdvantages,
+  gae,
+  groupAdvantage,
+  groupAdvantageFn,
+  grpoAdvantages,
+  klEstimate,
+  maskedWhiten,
+  ppoAdvantages,
+  tokenRewards,
+} from '../lib/train/advantages.js';
+
+const close = (t: Tap, got: ArrayLike<number | null>, want: Array<number | null>, msg: string, tol = 1e-5) => {
+  t.equal(got.length, want.length, `${msg}: length`);
+  for (let i = 0; i < want.length; i++) {
+    const g = got[i];
+    const w = want[i];
+    if (w === null || g === null) t.equal(g, w, `${msg}[${i}]`);
+    else t.ok(Math.abs(g - w) <= tol, `${msg}[${i}]: ${g} vs ${w}`);
+  }
+};
+type Tap = Parameters<Parameters<typeof t.test>[1]>[0];
+
+t.test('GRPO: (r - mean) / (std + eps), sample and population std', async (t) => {
+  // r = [0.75, 0.25, 0, 1]: mean 0.5, deviations [0.25, -0.25, -0.5, 0.5], squares sum 0.625.
+  // sample std = sqrt(0.625 / 3) = 0.4564355; population std = sqrt(0.625 / 4) = 0.3952847.
+  const r = [0.75, 0.25, 0, 1];
+  const s = groupAdvantage(r, { eps: 0 });
+  t.equal(s.rule, 'normalized');
+  t.ok(Math.abs(s.mean - 0.5) < 1e-12);
+  t.ok(Math.abs(s.std - 0.4564355) < 1e-7);
+  close(t, s.advantages!, [0.5477226, -0.5477226, -1.0954451, 1.0954451], 'sample std');
+  const p = groupAdvantage(r, { eps: 0, stdEstimator: 'population' });
+  close(t, p.advantages!, [0.6324555, -0.6324555, -1.2649111, 1.2649111], 'population std');
+  // Default eps 1e-4 (TRL): 0.25 / (0.4564355 + 0.0001) = 0.5476026.
+  close(t, groupAdvantage(r).advantages!, [0.5476026, -0.5476026, -1.0952052, 1.0952052], 'eps 1e-4');
+  // Binary rewards [1, 0, 0, 1]: sample std sqrt(1/3) = 0.5773503 -> +-0.8660254; population -> +-1.
+  close(t, groupAdvantage([1, 0, 0, 1], { eps: 0 }).advantages!, [0.8660254, -0.8660254, -0.8660254, 0.8660254], 'binary, sample');
+  close(t, groupAdvantage([1, 0, 0, 1], { eps: 0, stdEstimator: 'population' }).advantages!, [1, -1, -1, 1], 'binary, population');
+});
+
+t.test('Dr.GRPO: r - mean, no std division', async (t) => {
+  close(t, groupAdvantage([0.75, 0.25, 0, 1], { std: 'none' }).advantages!, [0.25, -0.25, -0.5, 0.5], 'Dr.GRPO');
+  close(t, groupAdvantage([1, 0, 0, 0], { std: 'none' }).advantages!, [0.75, -0.25, -0.25, -0.25], 'Dr.GRPO binary');
+  // The fallbacks apply to Dr.GRPO too.
+  t.equal(groupAdvantage([0, 0, 0], { std: 'none' }).reason, 'all_failed');
+  close(t, groupAdvantage([1, 1], { std: 'none' }).advantages!, [0.5, 0.5], 'Dr.GRPO all succeed');
+});
+
+t.test('fallbacks: all failed is skipped; zero variance with success uses r - 0.5', async (t) => {
+  const f = groupAdvantage([0, 0, 0, 0]);
+  t.same([f.advantages, f.rule, f.reason, f.successes], [null, 'skipped', 'all_failed', 0]);
+  // Failure is reward <= failAtOrBelow (0 by default): negative format penalties with variance are still all failures.
+  t.equal(groupAdvantage([-0.1, 0, -0.2]).reason, 'all_failed');
+  // A raised threshold: 0.25 (e.g. the approach part alone) counts as a failure.
+  t.equal(groupAdvantage([0.25, 0.1, 0.2], { failAtOrBelow: 0.25 }).reason, 'all_failed');
+  t.equal(groupAdvantage([0.25, 0.1, 0.9], { failAtOrBelow: 0.25 }).rule, 'normalized');
+  // Success flags override the threshold: rewards above 0 from the approach judge, all incorrect.
+  t.equal(groupAdvantage([0.2, 0.1, 0.15], {}, [false, false, false]).reason, 'all_failed');
+  t.equal(groupAdvantage([0.2, 0.1, 0.15], {}, [false, true, false]).rule, 'normalized');
+  // allFailed 'normalize': plain GRPO.
+  const n = groupAdvantage([-1, 0], { allFailed: 'normalize', eps: 0 });
+  close(t, n.advantages!, [-0.7071068, 0.7071068], 'all failed, normalized'); // sample std of [-1, 0] = 0.7071068
+  close(t, groupAdvantage([0, 0], { allFailed: 'normalize' }).advantages!, [0, 0], 'all failed, no variance');
+  // Zero variance, all succeed: r - 0.5.
+  const c = groupAdvantage([1, 1, 1, 1]);
+  t.equal(c.rule, 'centered');
+  close(t, c.advantages!, [0.5, 0.5, 0.5, 0.5], 'all 1');
+  close(t, groupAdvantage([0.8, 0.8, 0.8]).advantages!, [0.3, 0.3, 0.3], 'all 0.8');
+  close(t, groupAdvantage([0.3, 0.3]).advantages!, [-0.2, -0.2], 'all 0.3 (a success below the centre is pushed down)');
+  close(t, groupAdvantage([1, 1], { center: 0.25 }).advantages!, [0.75, 0.75], 'centre 0.25');
+  t.equal(groupAdvantage([1, 1], { zeroVariance: 'skip' }).reason, 'zero_variance');
+  const z = groupAdvantage([1, 1], { zeroVariance: 'zero' });
+  t.same([z.rule, z.advantages], ['zero', [0, 0]]);
+  // A failed judge call (NaN) skips the group rather than guessing.
+  t.equal(groupAdvantage([1, NaN, 0]).reason, 'non_finite_reward');
+  // A single rollout: no sample std; it succeeds -> centred.
+  close(t, groupAdvantage([1]).advantages!, [0.5], 'single rollout');
+});
+
+t.test('a batch of groups: per-episode scalars and which groups were skipped', async (t) => {
+  // group 0 [1, 0]: sample std 0.7071068 -> +-0.7071068 (eps 0); group 1 all failed; group 2 all succeed.
+  const b = grpoAdvantages([1, 0, 0, 0, 1, 1], 2, { eps: 0 });
+  close(t, b.advantages, [0.7071068, -0.7071068, null, null, 0.5, 0.5], 'batch');
+  t.same(b.skipped, [{ group: 1, reason: 'all_failed' }]);
+  t.same(
+    b.groups.map((g) => [g.group, g.start, g.size, g.rule, g.successes]),
+    [
+      [0, 0, 2, 'normalized', 1],
+      [1, 2, 2, 'skipped', 0],
+      [2, 4, 2, 'centered', 2],
+    ],
+  );
+  t.same(grpoAdvantages([0.5, 0.5, 0.5, 0.5], 2, {}, [true, true, false, false]).skipped, [{ group: 1, reason: 'all_failed' }]);
+  t.throws(() => grpoAdvantages([1, 0, 1], 2), { code: 'ARGUMENT_INVALID', message: /multiple of 2/ });
+  t.throws(() => grpoAdvantages([1, 0], 0), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => grpoAdvantages([1, 0], 2, {}, [true]), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => groupAdvantage([]), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => groupAdvantage([1, 0], {}, [true]), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => groupAdvantage([1, 0], { std: 'batch' as never }), { code: 'ARGUMENT_INVALID', message: /"batch"/ });
+  t.throws(() => groupAdvantage([1, 0], { stdEstimator: 'x' as never }), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => groupAdvantage([1, 0], { eps: -1 }), { code: 'ARGUMENT_INVALID' });
+  // The trainer's per-group function.
+  const fn = groupAdvantageFn({ std: 'none' });
+  t.same(fn([1, 0]), { advantages: [0.5, -0.5] });
+  t.same(fn([0, 0]), { advantages: null, reason: 'all_failed' });
+  t.same(fn([0.5, 0.5], [false, false]), { advantages: null, reason: 'all_failed' });
+});
+
+t.test('token-level broadcasting over the loss mask', async (t) => {
+  const m = Uint8Array.from([0, 0, 1, 1, 0, 1]);
+  t.same(Array.from(broadcastAdvantage(-0.5, m)), [0, 0, -0.5, -0.5, 0, -0.5]);
+  const b = broadcastAdvantages([2, null], [m, Uint8Array.from([1, 0])]);
+  t.same(Array.from(b[0]!), [0, 0, 2, 2, 0, 2]);
+  t.equal(b[1], null);
+  t.type(b[0], Float32Array);
+  t.throws(() => broadcastAdvantages([1], []), { code: 'ARGUMENT_INVALID' });
+});
+
+t.test('KL estimators', async (t) => {
+  // d = logp - ref = 0.3: k1 0.3; k2 0.045; k3 = exp(-0.3) + 0.3 - 1 = 0.7408182 - 0.7 = 0.0408182.
+  t.ok(Math.abs(klEstimate(-1.2, -1.5, 'k1') - 0.3) < 1e-12);
+  t.ok(Math.abs(klEstimate(-1.2, -1.5, 'k2') - 0.045) < 1e-12);
+  t.ok(Math.abs(klEstimate(-1.2, -1.5, 'k3') - 0.0408182) < 1e-7);
+  t.equal(klEstimate(0, -50, 'k3'), 10, 'k3 clamped at 10');
+  t.throws(() => klEstimate(0, 0, 'k4' as never), { code: 'ARGUMENT_INVALID' });
+});
+
+// The 5-token example. Positions 0-1 are the prompt (mask 0); the response is positions 2-6 with a
+// tool-output token at position 4 (mask 0):
+//   mask        [0,    0,    1,    1,    0,    1,    1  ]
+//   logp - ref  [-,    -,    0.2, -0.1,  0.5,  0.3,  0.0]   (position 4 is ignored)
+//   values      [7,    7,    0.5,  0.4,  9.9,  0.6,  0.7]   (7 and 9.9 must not enter)
+// kl_coef 0.1, k1, score 1 on the last trained token (6):
+//   rewards     [0,    0,   -0.02, 0.01, 0,   -0.03, 1.0]
+const mask = Uint8Array.from([0, 0, 1, 1, 0, 1, 1]);
+const logprobs = Float32Array.from([0, 0, -1.0, -2.0, -0.5, -0.7, -0.4]);
+const refLogprobs = Float32Array.from([0, 0, -1.2, -1.9, -1.0, -1.0, -0.4]);
+const values = Float32Array.from([7, 7, 0.5, 0.4, 9.9, 0.6, 0.7]);
+
+t.test('PPO token rewards: KL penalty on trained tokens, score on the last one', async (t) => {
+  const r = tokenRewards({ mask, score: 1, logprobs, refLogprobs }, 0.1, 'k1');
+  close(t, r.rewards, [0, 0, -0.02, 0.01, 0, -0.03, 1.0], 'rewards');
+  close(t, r.kl, [0, 0, 0.2, -0.1, 0, 0.3, 0], 'kl');
+  t.equal(r.lastTrained, 6);
+  // Without KL no log-probs are needed.
+  close(t, tokenRewards({ mask, score: 0.5 }).rewards, [0, 0, 0, 0, 0, 0, 0.5], 'no KL');
+  const none = tokenRewards({ mask: new Uint8Array(3), score: 1 });
+  t.equal(none.lastTrained, -1);
+  t.throws(() => tokenRewards({ mask, score: 1 }, 0.1), { code: 'ARGUMENT_INVALID', message: /refLogprobs/ });
+  t.throws(() => tokenRewards({ mask, score: 1, logprobs: new Float32Array(2), refLogprobs }, 0.1), { code: 'ARGUMENT_INVALID' });
+});
+
+t.test('GAE over trained tokens only, against a hand computation', async (t) => {
+  const rewards = Float32Array.from([0, 0, -0.02, 0.01, 0, -0.03, 1.0]);
+  // gamma 0.9, lam 0.8 (gamma * lam = 0.72), walking back over the trained tokens 6, 5, 3, 2:
+  //   t=6: delta = 1.0 + 0.9*0     - 0.7 = 0.3      A = 0.3
+  //   t=5: delta = -0.03 + 0.9*0.7 - 0.6 = 0.0      A = 0.0 + 0.72*0.3      = 0.216
+  //   (t=4 skipped: its value 9.9 and reward never enter)
+  //   t=3: delta = 0.01 + 0.9*0.6  - 0.4 = 0.15     A = 0.15 + 0.72*0.216   = 0.30552
+  //   t=2: delta = -0.02 + 0.9*0.4 - 0.5 = -0.16    A = -0.16 + 0.72*0.30552 = 0.0599744
+  //   returns = A + V: [0.5599744, 0.70552, -, 0.816, 1.0]
+  const g = gae(rewards, values, mask, 0.9, 0.8);
+  close(t, g.advantages, [0, 0, 0.0599744, 0.30552, 0, 0.216, 0.3], 'advantages');
+  close(t, g.returns, [0, 0, 0.5599744, 0.70552, 0, 0.816, 1.0], 'returns');
+  // gamma = lam = 1 (Search-R1): A_t = (sum of rewards from t on) - V_t.
+  //   t=6: 1 - 0.7 = 0.3; t=5: 0.97 - 0.6 = 0.37; t=3: 0.98 - 0.4 = 0.58; t=2: 0.96 - 0.5 = 0.46
+  const g1 = gae(rewards, values, mask, 1, 1);
+  close(t, g1.advantages, [0, 0, 0.46, 0.58, 0, 0.37, 0.3], 'gamma=lam=1 advantages');
+  close(t, g1.returns, [0, 0, 0.96, 0.98, 0, 0.97, 1.0], 'gamma=lam=1 returns');
+  // lam = 0: one-step TD errors.
+  close(t, gae(rewards, values, mask, 0.9, 0).advantages, [0, 0, -0.16, 0.15, 0, 0, 0.3], 'lam=0');
+  t.throws(() => gae(rewards, values, new Uint8Array(3), 1, 1), { code: 'ARGUMENT_INVALID' });
+});
+
+t.test('masked whitening over the batch (verl masked_whiten)', async (t) => {
+  // Trained advantages of the gamma=lam=1 example: [0.46, 0.58, 0.37, 0.3]; mean 0.4275;
+  // squared deviations 0.00105625 + 0.02325625 + 0.00330625 + 0.01625625 = 0.043875;
+  // unbiased var 0.014625, sqrt(var + 1e-8) = 0.1209339; whitened = (x - 0.4275) / 0.1209339
+  // = [0.0325, 0.1525, -0.0575, -0.1275] / 0.1209339.
+  const a = Float32Array.from([0, 0, 0.46, 0.58, 0, 0.37, 0.3]);
+  const w = maskedWhiten([a], [mask]);
+  close(t, w[0], [0, 0, 0.2687418, 1.2610194, 0, -0.4754663, -1.0542949], 'whitened');
+  // Across two episodes the statistics are pooled: splitting the same tokens gives the same numbers.
+  const w2 = maskedWhiten([Float32Array.from([0.46, 0.58]), Float32Array.from([0.37, 0.3, 5])], [Uint8Array.from([1, 1]), Uint8Array.from([1, 1, 0])]);
+  close(t, [...w2[0], ...w2[1]], [0.2687418, 1.2610194, -0.4754663, -1.0542949, 0], 'pooled');
+  close(t, maskedWhiten([a], [mask], { shiftMean: false })[0], [0, 0, 0.6962418, 1.6885194, 0, -0.0479663, -0.6267949], 'mean kept');
+  close(t, maskedWhiten([Float32Array.from([3])], [Uint8Array.from([1])])[0], [3], 'one token: unchanged');
+  t.throws(() => maskedWhiten([a], []), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => maskedWhiten([a], [Uint8Array.from([1])]), { code: 'ARGUMENT_INVALID' });
+});
+
+t.test('ppoAdvantages: token rewards -> GAE -> whitening', async (t) => {
+  const ep = { mask, score: 1, logprobs, refLogprobs, values };
+  const raw = ppoAdvantages([ep], { gamma: 1, lam: 1, klCoef: 0.1, klEstimator: 'k1', whiten: false });
+  close(t, raw.rewards[0], [0, 0, -0.02, 0.01, 0, -0.03, 1.0], 'rewards');
+  close(t, raw.advantages[0], [0, 0, 0.46, 0.58, 0, 0.37, 0.3], 'advantages');
+  close(t, raw.returns[0], [0, 0, 0.96, 0.98, 0, 0.97, 1.0], 'returns');
+  t.ok(Math.abs(raw.klMean - 0.1) < 1e-6, 'mean KL (0.2 - 0.1 + 0.3 + 0) / 4 = 0.1');
+  const wh = ppoAdvantages([ep], { gamma: 1, lam: 1, klCoef: 0.1 });
+  close(t, wh.advantages[0], [0, 0, 0.2687418, 1.2610194, 0, -0.4754663, -1.0542949], 'whitened advantages');
+  close(t, wh.returns[0], [0, 0, 0.96, 0.98, 0, 0.97, 1.0], 'returns are not whitened');
+  const withEmpty = ppoAdvantages([ep, { mask: new Uint8Array(2), score: 1, values: new Float32Array(2) }], { klCoef: 0, whiten: false });
+  t.same(withEmpty.empty, [1]);
+  t.throws(() => ppoAdvantages([ep], { gamma: 1.5 }), { code: 'ARGUMENT_INVALID' });
+});
