@@ -1,5 +1,5 @@
 // Advantages against numbers computed by hand (worked out in the comments).
-import t from 'tap';
+import t, { type Test } from 'tap';
 import {
   broadcastAdvantage,
   broadcastAdvantages,
@@ -13,7 +13,7 @@ import {
   tokenRewards,
 } from '../lib/train/advantages.js';
 
-const close = (t: Tap, got: ArrayLike<number | null>, want: Array<number | null>, msg: string, tol = 1e-5) => {
+const close = (t: Test, got: ArrayLike<number | null>, want: Array<number | null>, msg: string, tol = 1e-5) => {
   t.equal(got.length, want.length, `${msg}: length`);
   for (let i = 0; i < want.length; i++) {
     const g = got[i];
@@ -22,7 +22,6 @@ const close = (t: Tap, got: ArrayLike<number | null>, want: Array<number | null>
     else t.ok(Math.abs(g - w) <= tol, `${msg}[${i}]: ${g} vs ${w}`);
   }
 };
-type Tap = Parameters<Parameters<typeof t.test>[1]>[0];
 
 t.test('GRPO: (r - mean) / (std + eps), sample and population std', async (t) => {
   // r = [0.75, 0.25, 0, 1]: mean 0.5, deviations [0.25, -0.25, -0.5, 0.5], squares sum 0.625.
