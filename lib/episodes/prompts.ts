@@ -1,0 +1,155 @@
+/**
+ * Default prompts, in our own words, with the tags and meaning of the originals:
+ * - the `code` system prompt follows the reference project's (functions, turns, tags, a worked
+ *   example with `<python_output>`, strategy and rules; see ../shared/data/seed-sft);
+ * - the `tags` instruction follows Search-R1's (a user message ending with `Question: …`).
+ */
+import { CODE_TAGS, type CodeTags } from './code.js';
+
+export type CodeLanguage = 'python' | 'javascript';
+
+export interface CodePromptOptions {
+  /** Turns the model has, the answer turn included (the reference used 2 for SFT data, 3 by default). */
+  maxTurns: number;
+  /** `javascript` for the QuickJS sandbox (its programs print with console.log). Default python. */
+  language?: CodeLanguage;
+  tags?: CodeTags;
+}
+
+const PY_EXAMPLE = (t: CodeTags) => `Question: In which city was the architect of the Sydney Opera House born?
+
+<${t.code}>
+# How many hits to open, and how much text around a match to show
+TOP = 3
+BEFORE, AFTER = 80, 300
+
+# 1. Find the building's page and who designed it
+for hit in search_pages("Sydney Opera House architect")[:TOP]:
+    text = read_section(hit['page_id'] + ":full")
+    i = text.lower().find('designed by')
+    if i != -1:
+        print(f"--- {hit['title']} ---")
+        print(text[max(0, i - BEFORE):i + AFTER])
+        break
+
+# 2. Look up the architect's birthplace
+for hit in search_pages("Jorn Utzon Danish architect")[:TOP]:
+    text = read_section(hit['page_id'] + ":full")
+    for word in ['born', 'birth']:
+        i = text.lower().find(word)
+        if i != -1:
+            print(f"\\n--- '{word}' in {hit['title']} ---")
+            print(text[max(0, i - BEFORE):i + AFTER])
+            break
+</${t.code}>
+<${t.code}_output>
+--- Sydney Opera House ---
+...a multi-venue performing arts centre in Sydney. It was designed by the Danish architect Jørn Utzon and opened in 1973...
+
+--- 'born' in Jørn Utzon ---
+...Jørn Oberg Utzon was born in Copenhagen, the son of a naval engineer, and grew up in Aalborg...
+</${t.code}_output>
+
+<${t.answer}>Copenhagen</${t.answer}>`;
+
+const JS_EXAMPLE = (t: CodeTags) => `Question: In which city was the architect of the Sydney Opera House born?
+
+<${t.code}>
+// How many hits to open, and how much text around a match to show
+const TOP = 3, BEFORE = 80, AFTER = 300;
+
+// 1. Find the building's page and who designed it
+for (const hit of search_pages("Sydney Opera House architect").slice(0, TOP)) {
+  const text = read_section(hit.page_id + ":full");
+  const i = text.toLowerCase().indexOf("designed by");
+  if (i !== -1) {
+    console.log(\`--- \${hit.title} ---\`);
+    console.log(text.slice(Math.max(0, i - BEFORE), i + AFTER));
+    break;
+  }
+}
+
+// 2. Look up the architect's birthplace
+for (const hit of search_pages("Jorn Utzon Danish architect").slice(0, TOP)) {
+  const text = read_section(hit.page_id + ":full");
+  const i = text.toLowerCase().indexOf("born");
+  if (i !== -1) {
+    console.log(\`\\n--- born in \${hit.title} ---\`);
+    console.log(text.slice(Math.max(0, i - BEFORE), i + AFTER));
+    break;
+  }
+}
+</${t.code}>
+<${t.code}_output>
+--- Sydney Opera House ---
+...a multi-venue performing arts centre in Sydney. It was designed by the Danish architect Jørn Utzon and opened in 1973...
+
+--- born in Jørn Utzon ---
+...Jørn Oberg Utzon was born in Copenhagen, the son of a naval engineer, and grew up in Aalborg...
+</${t.code}_output>
+
+<${t.answer}>Copenhagen</${t.answer}>`;
+
+/** The default system prompt of `code` episodes. */
+export function codeSystemPrompt(opts: CodePromptOptions): string {
+  const t = opts.tags ?? CODE_TAGS;
+  const n = opts.maxTurns;
+  const js = opts.language === 'javascript';
+  const lang = js ? 'JavaScript' : 'Python';
+  const functions = js
+    ? `- search_pages(query) -> array of {page_id, title, similarity}: the 10 pages that match best
+- view_sections(page_id) -> array of {section_id, section_name}
+- read_section(section_id) -> string  (pass "page_id:full" to get the whole page)
+
+Print with console.log(). The functions are synchronous; there is no import, file or network access.`
+    : `- search_pages(query: str) -> list[dict] with {page_id, title, similarity}: the 10 pages that match best
+- view_sections(page_id: str) -> list[dict] with {section_id, section_name}
+- read_section(section_id: str) -> str  (pass "page_id:full" to get the whole page)
+
+Ready to use without importing: re, json, string, Counter, defaultdict.`;
+  return `Answer questions by writing ${lang} code that searches Wikipedia.
+
+You have ${n} turn${n === 1 ? '' : 's'}. Put code inside <${t.code}> tags and the final answer inside <${t.answer}> tags.
+
+FUNCTIONS:
+${functions}
+
+STRATEGY:
+1. Write one program per turn and let it do as much as it can
+2. Do not stop at the first hit: check several pages and sections
+3. Collect what you find along the way and print a summary at the end
+4. If a query finds nothing, try other wordings in the same program
+5. Use code (loops, regular expressions, filtering) to locate and extract the answer
+6. The answer can be anywhere in a page, so search broadly, not only the obvious query
+
+EXAMPLE:
+
+${js ? JS_EXAMPLE(t) : PY_EXAMPLE(t)}
+
+RULES:
+1. If a search returns nothing, change the keywords
+2. In long pages, list the sections with view_sections() and read the ones that matter
+3. Give your <${t.answer}> by turn ${n} at the latest: a partial answer is better than none
+4. Answer from the pages' content only; never invent facts`;
+}
+
+/** The first user message of `code` episodes (as in the reference). */
+export function codeQuestionMessage(question: string): string {
+  return `Question: ${question}`;
+}
+
+/**
+ * The user message of `tags` episodes: Search-R1's instruction in our words, followed by the
+ * question, as Search-R1's `make_prefix` builds it (no system message).
+ */
+export function tagsInstruction(question: string): string {
+  return (
+    'Answer the question below. ' +
+    'Reason inside <think> and </think> first, and again every time you receive new information. ' +
+    'If the reasoning shows you are missing some knowledge, you can query a search engine by writing <search> query </search>; ' +
+    'the best matching passages will be returned between <information> and </information>. ' +
+    'You may search as many times as you need. ' +
+    'When no more outside knowledge is needed, give the answer inside <answer> and </answer>, without any explanation, ' +
+    `for example <answer> Beijing </answer>. Question: ${question}\n`
+  );
+}

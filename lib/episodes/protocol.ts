@@ -1,0 +1,206 @@
+/**
+ * A protocol bound to its environment: what the EpisodeRunner needs to run `code` or `tags`
+ * episodes. The parsing and formatting are the pure functions of code.ts and tags.ts; this file
+ * only calls the environment (a sandbox, a passage search) and says how its reply is joined to the
+ * token stream:
+ * - `chat`: the reply is one or more chat messages, joined by the model's chat template (the
+ *   reference's `code` episodes: `<python_output>` comes back as a user message);
+ * - `inline`: the reply text is appended to the assistant's own text as is (Search-R1).
+ */
+import { isSlmError, SlmError } from '../errors.js';
+import type { ChatMessage } from '../model/tokenizer-types.js';
+import type { ToolCall } from '../sandbox/types.js';
+import { CODE_TAGS, codeFeedback, finalTurnNotice, formatCodeObservation, parseCodeTurn, DEFAULT_OBSERVATION_CHARS, type CodeAction, type CodeTags, type ProgramOutput } from './code.js';
+import { codeQuestionMessage, codeSystemPrompt, tagsInstruction, type CodeLanguage } from './prompts.js';
+import { formatInformation, parseTagsTurn, tagsFeedback, type PassageLike, type TagsAction } from './tags.js';
+
+export type FinishReason = 'stop_token' | 'stop_string' | 'length';
+
+export type TurnAction = CodeAction | TagsAction;
+export type ToolAction = Exclude<TurnAction, { kind: 'answer' }>;
+
+/** What running one program gives (lib/sandbox's SandboxResult satisfies it). */
+export interface ProgramResult extends ProgramOutput {
+  calls?: ToolCall[];
+  truncated?: boolean;
+  duration_ms?: number;
+}
+
+/** Runs model-written programs; lib/sandbox's `createSandbox(...)` returns one. */
+export interface CodeExecutor {
+  run(code: string): Promise<ProgramResult>;
+}
+
+/** Top-k passages for a query; lib/retrieval's SearchIndex has it. */
+export interface PassageSearch {
+  searchPassages(query: string, k?: number): Promise<PassageLike[]> | PassageLike[];
+}
+
+/** One call an episode made to its environment, in order. */
+export interface EpisodeCall {
+  /** The turn whose action made it (1-based). */
+  turn: number;
+  /** `search_pages` / `view_sections` / `read_section` from a program, or `search` for a `<search>` tag. */
+  name: string;
+  args: unknown[];
+  ok: boolean;
+  ms: number;
+  /** Why it failed, where known. */
+  error?: string;
+  /** Passages returned (search). */
+  results?: number;
+}
+
+/** Summary of one program run, kept per turn. */
+export interface ProgramSummary {
+  error: string | null;
+  timed_out: boolean;
+  truncated: boolean;
+  output_chars: number;
+  duration_ms: number;
+}
+
+export interface EnvReply {
+  /** chat protocols: the messages to add. */
+  messages?: ChatMessage[];
+  /** inline protocols: the text appended to the assistant's text. */
+  text?: string;
+  calls: EpisodeCall[];
+  /** Wall time of the environment's work for this reply. */
+  toolMs: number;
+  program?: ProgramSummary;
+}
+
+export interface TurnContext {
+  /** The turn just generated (1-based). */
+  turn: number;
+  maxTurns: number;
+  finishReason: FinishReason;
+  maxNewTokens: number;
+}
+
+export interface EpisodeProtocol {
+  readonly name: string;
+  readonly injection: 'chat' | 'inline';
+  /** Stop strings for generation: the closing tags of the actions. */
+  readonly stopStrings: readonly string[];
+  /** The conversation an episode starts from. */
+  initialMessages(question: string, maxTurns: number): ChatMessage[];
+  parse(text: string): TurnAction;
+  /** The environment's reply to a turn that did not answer and was not the last. */
+  respond(action: ToolAction, ctx: TurnContext): Promise<EnvReply>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// code
+
+export interface CodeProtocolOptions {
+  executor: CodeExecutor;
+  /** Cap on the program output shown to the model (default 6000 characters, as the reference). */
+  maxOutputChars?: number;
+  /** Role of the environment's messages: `user` as the reference (default), or `tool`. */
+  envRole?: 'user' | 'tool';
+  /** The system prompt, or a function of maxTurns (default: codeSystemPrompt). */
+  systemPrompt?: string | ((maxTurns: number) => string);
+  /** Language named in the default system prompt (python; javascript for QuickJS). */
+  language?: CodeLanguage;
+  /** Reminder before the last turn (default finalTurnNotice()); null for none. */
+  finalTurnNotice?: string | null;
+  tags?: CodeTags;
+}
+
+export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
+  if (!o || typeof o.executor?.run !== 'function') {
+    throw new SlmError('ARGUMENT_INVALID', 'Expected codeProtocol({ executor }) with an executor that has run(code), e.g. a sandbox from createSandbox(); found none.');
+  }
+  const tags = o.tags ?? CODE_TAGS;
+  const role = o.envRole ?? 'user';
+  const notice = o.finalTurnNotice === undefined ? finalTurnNotice(tags) : o.finalTurnNotice;
+  const maxChars = o.maxOutputChars ?? DEFAULT_OBSERVATION_CHARS;
+  return {
+    name: 'code',
+    injection: 'chat',
+    stopStrings: [`</${tags.code}>`, `</${tags.answer}>`],
+    initialMessages(question, maxTurns) {
+      const system = typeof o.systemPrompt === 'function' ? o.systemPrompt(maxTurns) : (o.systemPrompt ?? codeSystemPrompt({ maxTurns, language: o.language, tags }));
+      return [
+        { role: 'system', content: system },
+        { role: 'user', content: codeQuestionMessage(question) },
+      ];
+    },
+    parse: (text) => parseCodeTurn(text, tags),
+    async respond(action, ctx) {
+      const out: EnvReply = { messages: [], calls: [], toolMs: 0 };
+      if (action.kind === 'code') {
+        const t0 = performance.now();
+        const r = await o.executor.run(action.code);
+        out.toolMs = performance.now() - t0;
+        out.calls = (r.calls ?? []).map((c) => ({ turn: ctx.turn, name: c.name, args: c.args, ok: c.ok, ms: c.ms }));
+        out.program = { error: r.error, timed_out: r.timed_out, truncated: r.truncated ?? false, output_chars: r.stdout.length, duration_ms: r.duration_ms ?? out.toolMs };
+        out.messages!.push({ role, content: formatCodeObservation(r, { maxChars, tags }) });
+      } else if (action.kind === 'none') {
+        out.messages!.push({ role, content: codeFeedback(action, { finishReason: ctx.finishReason, maxNewTokens: ctx.maxNewTokens, tags }) });
+      } else {
+        throw new SlmError('PROTOCOL_ERROR', `Expected a code, answer or no-action turn in a code episode, but the parser gave a "${action.kind}" action.`);
+      }
+      if (notice && ctx.turn + 1 === ctx.maxTurns) out.messages!.push({ role, content: notice });
+      return out;
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// tags
+
+export interface TagsProtocolOptions {
+  search: PassageSearch;
+  /** Passages per search (Search-R1's default: 3). */
+  topK?: number;
+  /** inline (Search-R1, default) or chat (the `<information>` block as a user/tool message). */
+  mode?: 'inline' | 'chat';
+  envRole?: 'user' | 'tool';
+  /** The first user message for a question (default: tagsInstruction). */
+  instruction?: (question: string) => string;
+  /** An optional system message (Search-R1 has none). */
+  systemPrompt?: string;
+}
+
+/** Errors of the search that are about the query (shown to the model) rather than a broken index (thrown). */
+const QUERY_ERRORS = new Set(['ARGUMENT_INVALID', 'NOT_FOUND']);
+
+export function tagsProtocol(o: TagsProtocolOptions): EpisodeProtocol {
+  if (!o || typeof o.search?.searchPassages !== 'function') {
+    throw new SlmError('ARGUMENT_INVALID', 'Expected tagsProtocol({ search }) with a search that has searchPassages(query, k), e.g. a SearchIndex; found none.');
+  }
+  const topK = o.topK ?? 3;
+  const mode = o.mode ?? 'inline';
+  const role = o.envRole ?? 'user';
+  const wrap = (text: string, calls: EpisodeCall[], toolMs: number): EnvReply =>
+    mode === 'inline' ? { text, calls, toolMs } : { messages: [{ role, content: text.trim() }], calls, toolMs };
+  return {
+    name: 'tags',
+    injection: mode,
+    stopStrings: ['</search>', '</answer>'],
+    initialMessages(question) {
+      const user: ChatMessage = { role: 'user', content: (o.instruction ?? tagsInstruction)(question) };
+      return o.systemPrompt ? [{ role: 'system', content: o.systemPrompt }, user] : [user];
+    },
+    parse: parseTagsTurn,
+    async respond(action, ctx) {
+      if (action.kind === 'none') return wrap(tagsFeedback(action), [], 0);
+      if (action.kind !== 'search') {
+        throw new SlmError('PROTOCOL_ERROR', `Expected a search, answer or no-action turn in a tags episode, but the parser gave a "${action.kind}" action.`);
+      }
+      const t0 = performance.now();
+      try {
+        const passages = await o.search.searchPassages(action.query, topK);
+        const ms = performance.now() - t0;
+        return wrap(formatInformation(passages), [{ turn: ctx.turn, name: 'search', args: [action.query], ok: true, ms, results: passages.length }], ms);
+      } catch (e) {
+        if (!isSlmError(e) || !QUERY_ERRORS.has(e.code)) throw e;
+        const ms = performance.now() - t0;
+        return wrap(`\n\n<information>The search failed: ${e.message}</information>\n\n`, [{ turn: ctx.turn, name: 'search', args: [action.query], ok: false, ms, error: e.message }], ms);
+      }
+    },
+  };
+}
