@@ -1,0 +1,475 @@
+/**
+ * Loading a training config: YAML file -> `key=value` overrides -> defaults and validation (ajv
+ * against lib/config/schema.ts) -> cross-key checks -> derived defaults -> absolute paths.
+ *
+ * Precedence: schema defaults < the file < overrides, later overrides winning over earlier ones.
+ * Paths (lib/config/schema.ts PATH_KEYS) written in the file are relative to the file's folder;
+ * paths given as overrides are relative to the working directory, as any other command-line path.
+ * Every problem is reported at once in one SlmError: CONFIG_UNKNOWN_KEY when all of them are unknown
+ * keys, CONFIG_INVALID otherwise. Nothing here checks that data files exist (`missingFiles` does):
+ * a config is valid on any machine.
+ */
+import { existsSync, mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { basename, dirname, extname, join, resolve } from 'node:path';
+import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
+import YAML from 'yaml';
+import { SlmError, closest, describe } from '../errors.js';
+import { ALIASES, CONFIG_SCHEMA, PATH_KEYS } from './schema.js';
+import type { ResolvedConfig } from './types.js';
+
+type Schema = Record<string, unknown>;
+type Obj = Record<string, unknown>;
+
+export interface Override {
+  /** Dotted path split into keys (numeric keys index lists). */
+  path: string[];
+  value: unknown;
+  /** The argument as given, for messages. */
+  text: string;
+}
+
+export interface LoadOptions {
+  /** Folder that override paths are relative to (default: process.cwd()). */
+  cwd?: string;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schema walking
+
+let validator: ValidateFunction | undefined;
+function compiled(): ValidateFunction {
+  validator ??= new Ajv({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true }).compile(CONFIG_SCHEMA);
+  return validator;
+}
+
+function isObj(v: unknown): v is Obj {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function props(s: Schema | undefined): Record<string, Schema> | undefined {
+  return s && isObj(s.properties) ? (s.properties as Record<string, Schema>) : undefined;
+}
+
+/** The schema of the value at a config path; undefined for an unknown key, 'free' inside a loosely typed value. */
+function schemaAt(path: string[]): Schema | 'free' | undefined {
+  let s: Schema = CONFIG_SCHEMA;
+  for (const key of path) {
+    const p = props(s);
+    if (p) {
+      if (!(key in p)) return s.additionalProperties === false ? undefined : 'free';
+      s = p[key];
+    } else if (s.items && /^\d+$/.test(key)) s = s.items as Schema;
+    else if (s.type === 'object' || (Array.isArray(s.type) && s.type.includes('object'))) return 'free';
+    else return undefined;
+  }
+  return s;
+}
+
+function dotted(path: string[]): string {
+  return path.reduce((acc, k) => (/^\d+$/.test(k) ? `${acc}[${k}]` : acc ? `${acc}.${k}` : k), '');
+}
+
+function aliasesOf(section: string[]): Record<string, string> {
+  return ALIASES[section.join('.')] ?? {};
+}
+
+/** Every object path in the schema with its property names. */
+function allSections(): Array<{ path: string[]; keys: string[] }> {
+  const out: Array<{ path: string[]; keys: string[] }> = [];
+  const walk = (s: Schema, path: string[]) => {
+    const p = props(s);
+    if (!p) return;
+    out.push({ path, keys: Object.keys(p) });
+    for (const [k, sub] of Object.entries(p)) walk(sub, [...path, k]);
+  };
+  walk(CONFIG_SCHEMA, []);
+  return out;
+}
+
+/** "did you mean" for an unknown key: a close name or known alias in the same section, else the same name elsewhere. */
+export function suggestKey(section: string[], key: string): string | undefined {
+  const here = props(schemaAt(section) as Schema | undefined);
+  const aliases = aliasesOf(section);
+  if (here) {
+    if (aliases[key]) return dotted([...section, aliases[key]]);
+    const c = closest(key, [...Object.keys(here), ...Object.keys(aliases)]);
+    if (c) return dotted([...section, aliases[c] ?? c]);
+  }
+  for (const s of allSections()) {
+    if (s.keys.includes(key)) return dotted([...s.path, key]);
+    const a = aliasesOf(s.path)[key];
+    if (a) return dotted([...s.path, a]);
+  }
+  return undefined;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages
+
+function range(s: Schema): string {
+  const r: string[] = [];
+  if (typeof s.minimum === 'number') r.push(`>= ${s.minimum}`);
+  if (typeof s.exclusiveMinimum === 'number') r.push(`> ${s.exclusiveMinimum}`);
+  if (typeof s.maximum === 'number') r.push(`<= ${s.maximum}`);
+  if (typeof s.exclusiveMaximum === 'number') r.push(`< ${s.exclusiveMaximum}`);
+  return r.length ? ' ' + r.join(' and ') : '';
+}
+
+function quoteList(xs: unknown[]): string {
+  const named = xs.filter((x) => x !== null).map((x) => JSON.stringify(x));
+  return named.join(', ') + (xs.includes(null) ? ' or null' : '');
+}
+
+/** What a schema accepts, in words: "a number > 0", "one of "a", "b"", "a list of 2 numbers >= 0". */
+export function expectedOf(s: Schema): string {
+  if (Array.isArray(s.enum)) return `one of ${quoteList(s.enum)}`;
+  if (Array.isArray(s.anyOf)) return (s.anyOf as Schema[]).map(expectedOf).join(' or ');
+  const types = Array.isArray(s.type) ? (s.type as string[]) : typeof s.type === 'string' ? [s.type] : [];
+  const words = types.map((t) => {
+    if (t === 'number') return `a number${range(s)}`;
+    if (t === 'integer') return `an integer${range(s)}`;
+    if (t === 'boolean') return 'true or false';
+    if (t === 'string') return s.pattern ? `a string matching ${s.pattern}` : 'a string';
+    if (t === 'null') return 'null';
+    if (t === 'object') return 'a mapping (key: value)';
+    if (t === 'array') {
+      const it = (s.items ?? {}) as Schema;
+      const n = s.minItems !== undefined && s.minItems === s.maxItems ? `${s.minItems} ` : '';
+      if (Array.isArray(it.enum)) return `a list of ${n}names, each one of ${quoteList(it.enum)}`;
+      const t2 = it.type === 'number' ? 'numbers' : it.type === 'integer' ? 'integers' : it.type === 'string' ? 'strings' : it.type === 'object' ? 'mappings' : 'values';
+      return `a list of ${n}${t2}${range(it)}`;
+    }
+    return t;
+  });
+  return words.join(' or ') || 'a value';
+}
+
+function schemaFromPointer(pointer: string): Schema | undefined {
+  let s: unknown = CONFIG_SCHEMA;
+  for (const raw of pointer.replace(/^#\/?/, '').split('/').filter(Boolean)) {
+    const k = raw.replace(/~1/g, '/').replace(/~0/g, '~');
+    if (Array.isArray(s)) s = s[Number(k)];
+    else if (isObj(s)) s = s[k];
+    else return undefined;
+  }
+  return isObj(s) ? s : undefined;
+}
+
+function valueAt(data: unknown, path: string[]): unknown {
+  let v = data;
+  for (const k of path) {
+    if (Array.isArray(v)) v = v[Number(k)];
+    else if (isObj(v)) v = v[k];
+    else return undefined;
+  }
+  return v;
+}
+
+function instancePath(p: string): string[] {
+  return p
+    .split('/')
+    .slice(1)
+    .map((k) => k.replace(/~1/g, '/').replace(/~0/g, '~'));
+}
+
+interface Problem {
+  path: string[];
+  message: string;
+  unknownKey?: boolean;
+}
+
+/** ajv's errors -> one problem per offending value, in words. */
+function problemsFromAjv(errors: ErrorObject[], data: unknown): Problem[] {
+  const anyOfs = errors.filter((e) => e.keyword === 'anyOf').map((e) => e.schemaPath + '/');
+  const seen = new Set<string>();
+  const out: Problem[] = [];
+  for (const e of errors) {
+    if (anyOfs.some((p) => e.schemaPath.startsWith(p))) continue; // the anyOf error speaks for its branches
+    const path = instancePath(e.instancePath);
+    const parent = schemaFromPointer(e.schemaPath.slice(0, e.schemaPath.lastIndexOf('/'))) ?? {};
+    if (e.keyword === 'additionalProperties') {
+      const key = String((e.params as { additionalProperty: string }).additionalProperty);
+      const full = [...path, key];
+      const hint = suggestKey(path, key);
+      const keys = Object.keys(props(parent) ?? {});
+      out.push({ path: full, unknownKey: true, message: `unknown key; ${hint ? `did you mean ${hint}?` : `expected one of ${keys.join(', ')}`}` });
+      continue;
+    }
+    if (e.keyword === 'required') {
+      const key = String((e.params as { missingProperty: string }).missingProperty);
+      const sub = props(parent)?.[key] ?? {};
+      const what = sub.description ? ` (${sub.description})` : '';
+      out.push({ path: [...path, key], message: `missing; expected ${expectedOf(sub)}${what}` });
+      continue;
+    }
+    const id = path.join('/');
+    if (seen.has(id)) continue;
+    seen.add(id);
+    const s = e.keyword === 'anyOf' ? { anyOf: parent.anyOf ?? schemaFromPointer(e.schemaPath)?.anyOf } : parent;
+    const found = valueAt(data, path);
+    let hint = '';
+    if (e.keyword === 'enum' && typeof found === 'string') {
+      const c = closest(found, ((parent.enum ?? []) as unknown[]).filter((x): x is string => typeof x === 'string'));
+      if (c) hint = `; did you mean "${c}"?`;
+    }
+    if (e.keyword === 'uniqueItems') {
+      out.push({ path, message: `expected ${expectedOf(s)} without repeats, found a repeated item` });
+      continue;
+    }
+    out.push({ path, message: `expected ${expectedOf(s)}, found ${describeValue(found)}${hint}` });
+  }
+  return out;
+}
+
+function describeValue(v: unknown): string {
+  if (Array.isArray(v)) return `a list of ${v.length} (${JSON.stringify(v).slice(0, 60)})`;
+  if (isObj(v)) return 'a mapping';
+  return describe(v);
+}
+
+function fail(where: string, problems: Problem[], fromCli: Set<string> = new Set()): never {
+  const lines = problems.map((p) => {
+    const key = dotted(p.path);
+    const cli = [...fromCli].some((o) => key === o || key.startsWith(o + '.') || key.startsWith(o + '[')) ? ' (set on the command line)' : '';
+    return `${key || '(top level)'}: ${p.message}${cli}`;
+  });
+  const code = problems.every((p) => p.unknownKey) ? 'CONFIG_UNKNOWN_KEY' : 'CONFIG_INVALID';
+  const msg = lines.length === 1 ? `${where}: ${lines[0]}` : `${where}: ${lines.length} problems:\n  - ${lines.join('\n  - ')}`;
+  throw new SlmError(code, msg, { problems: lines });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overrides
+
+const OVERRIDE = /^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)=([\s\S]*)$/;
+
+function acceptsArray(s: Schema): boolean {
+  const types = Array.isArray(s.type) ? s.type : [s.type];
+  return types.includes('array') || (Array.isArray(s.anyOf) && (s.anyOf as Schema[]).some(acceptsArray));
+}
+
+function parseScalar(text: string): unknown {
+  try {
+    return YAML.parse(text);
+  } catch {
+    return text; // not valid YAML (e.g. "a: b: c"): keep the text; validation says if a string is wrong here
+  }
+}
+
+/**
+ * `key=value` arguments -> overrides. Values are YAML scalars or flow collections (`1e-5`, `true`,
+ * `null`, `[0.7, 1.15]`); for a key that takes a list, `a,b,c` is the list [a, b, c]. Unknown keys
+ * are errors with a suggestion.
+ */
+export function parseOverrides(args: readonly string[]): Override[] {
+  const problems: Problem[] = [];
+  const out: Override[] = [];
+  for (const text of args) {
+    const m = OVERRIDE.exec(text);
+    if (!m) {
+      problems.push({ path: [], message: `override ${JSON.stringify(text)} is not key=value with a dotted key (e.g. optim.lr=1e-5)` });
+      continue;
+    }
+    const path = m[1].split('.');
+    const s = schemaAt(path);
+    if (s === undefined) {
+      let i = 0;
+      while (i < path.length && schemaAt(path.slice(0, i + 1)) !== undefined) i++;
+      const hint = suggestKey(path.slice(0, i), path[i]);
+      problems.push({ path: path.slice(0, i + 1), unknownKey: true, message: `unknown key in override ${JSON.stringify(text)}; ${hint ? `did you mean ${hint}?` : 'no such key'}` });
+      continue;
+    }
+    let value = parseScalar(m[2]);
+    if (s !== 'free' && typeof value === 'string' && value.includes(',') && acceptsArray(s)) value = value.split(',').map((x) => parseScalar(x.trim()));
+    out.push({ path, value, text });
+  }
+  if (problems.length) fail('command line', problems);
+  return out;
+}
+
+/** A copy of `obj` with the overrides set, in order (a later one wins). */
+export function applyOverrides(obj: Obj, overrides: readonly Override[]): Obj {
+  const root = structuredClone(obj);
+  for (const o of overrides) {
+    let cur: Obj | unknown[] = root;
+    for (let i = 0; i < o.path.length - 1; i++) {
+      const k = o.path[i];
+      const next: unknown = Array.isArray(cur) ? cur[Number(k)] : cur[k];
+      if (next === undefined || next === null) {
+        const created: Obj | unknown[] = /^\d+$/.test(o.path[i + 1]) ? [] : {};
+        if (Array.isArray(cur)) cur[Number(k)] = created;
+        else cur[k] = created;
+        cur = created;
+      } else if (typeof next === 'object') cur = next as Obj | unknown[];
+      else throw new SlmError('CONFIG_INVALID', `override ${o.text}: ${dotted(o.path.slice(0, i + 1))} is ${describe(next)}, not a section that can hold ${o.path[i + 1]}.`);
+    }
+    const last = o.path[o.path.length - 1];
+    if (Array.isArray(cur)) cur[Number(last)] = o.value;
+    else cur[last] = o.value;
+  }
+  return root;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+function crossChecks(c: ResolvedConfig): Problem[] {
+  const p: Problem[] = [];
+  const a = c.algorithm as Omit<ResolvedConfig['algorithm'], 'kind' | 'kl_in' | 'kl_estimator'> & { kind: string | null; kl_in: string | null; kl_estimator: string | null };
+  if (a.kind !== null && c.stage !== 'eval' && a.kind !== c.stage)
+    p.push({ path: ['algorithm', 'kind'], message: `${JSON.stringify(a.kind)} does not match stage ${JSON.stringify(c.stage)}; leave algorithm.kind out (it follows the stage) or make them equal` });
+  const temp = c.rollout.temperature;
+  if (Array.isArray(temp) && temp[0] > temp[1]) p.push({ path: ['rollout', 'temperature'], message: `expected [lo, hi] with lo <= hi, found [${temp.join(', ')}]` });
+  if (c.stage === 'sft' && c.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; the sft stage needs chat-format JSONL trajectories ({messages: [...]} rows)' });
+  if (c.stage !== 'sft') {
+    if (c.data.questions === null) p.push({ path: ['data', 'questions'], message: `missing; the ${c.stage} stage needs question rows {question, answer}` });
+    if (c.protocol.kind !== 'direct' && c.data.corpus === null && c.data.index === null)
+      p.push({ path: ['data', 'corpus'], message: `missing; the ${c.protocol.kind} protocol searches a corpus: set data.corpus or data.index` });
+  }
+  if (c.stage === 'grpo' && c.rollout.k < 2) p.push({ path: ['rollout', 'k'], message: `GRPO compares the rollouts of a group: expected an integer >= 2, found ${c.rollout.k}` });
+  const klIn = a.kl_in ?? (c.stage === 'ppo' || a.kind === 'ppo' ? 'reward' : 'loss');
+  if (klIn === 'loss' && a.kl_estimator === 'k2') p.push({ path: ['algorithm', 'kl_estimator'], message: 'the KL term in the loss supports k1 and k3, found "k2"; use k2 with kl_in: reward' });
+  if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.warmup_steps >= c.train.steps)
+    p.push({ path: ['optim', 'warmup_steps'], message: `expected fewer warm-up steps than train.steps (${c.train.steps}) for a ${c.optim.schedule} schedule, found ${c.optim.warmup_steps}` });
+  return p;
+}
+
+/** A copy with keys in schema order (then any loosely typed extras), so written configs read like the schema. */
+function ordered(v: unknown, s: Schema | undefined): unknown {
+  if (Array.isArray(v)) return v.map((x) => ordered(x, s?.items as Schema | undefined));
+  if (!isObj(v)) return v;
+  const p = props(s) ?? {};
+  const out: Obj = {};
+  for (const k of Object.keys(p)) if (k in v) out[k] = ordered(v[k], p[k]);
+  for (const k of Object.keys(v)) if (!(k in out)) out[k] = v[k];
+  return out;
+}
+
+/** Fills the defaults that depend on other keys (see lib/config/schema.ts). */
+function derive(c: ResolvedConfig, name: string | null): ResolvedConfig {
+  const a = c.algorithm as unknown as Record<string, unknown>;
+  if (a.kind === null) a.kind = c.stage === 'eval' ? 'grpo' : c.stage;
+  if (a.kl_in === null) a.kl_in = a.kind === 'ppo' ? 'reward' : 'loss';
+  if (a.kl_estimator === null) a.kl_estimator = a.kl_in === 'reward' ? 'k1' : 'k3';
+  if (a.clip_high === null) a.clip_high = a.clip_low;
+  const pr = c.protocol as unknown as Record<string, unknown>;
+  if (pr.max_turns_eval === null) pr.max_turns_eval = c.protocol.max_turns;
+  if (c.run.name === null && name) c.run.name = name;
+  return c;
+}
+
+/**
+ * Validates a config object (defaults filled in a copy), checks the keys that depend on each other
+ * and fills the derived defaults. `where` names the source in messages (a file, "command line").
+ * Paths are left as they are.
+ */
+export function validateConfig(obj: unknown, where: string, opts: { name?: string; fromCli?: Iterable<string> } = {}): ResolvedConfig {
+  const fromCli = new Set(opts.fromCli ?? []);
+  if (!isObj(obj)) fail(where, [{ path: [], message: `expected a mapping of sections (stage, model, lora, ...), found ${describeValue(obj)}` }]);
+  const data = structuredClone(obj);
+  const validate = compiled();
+  if (!validate(data)) fail(where, problemsFromAjv(validate.errors ?? [], data), fromCli);
+  const c = data as unknown as ResolvedConfig;
+  const problems = crossChecks(c);
+  if (problems.length) fail(where, problems, fromCli);
+  return ordered(derive(c, opts.name ?? null), CONFIG_SCHEMA) as ResolvedConfig;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+function expandHome(p: string): string {
+  return p === '~' ? homedir() : p.startsWith('~/') ? join(homedir(), p.slice(2)) : p;
+}
+
+function isPathValue(key: string, v: unknown): v is string {
+  return typeof v === 'string' && v !== '' && !(key === 'retrieval.embedder' && v === 'hashing');
+}
+
+/** Makes the path keys of a raw config absolute against `base` (in place; non-strings untouched). */
+function resolvePathKeys(obj: Obj, base: string, only?: (key: string) => boolean): void {
+  for (const key of PATH_KEYS) {
+    if (only && !only(key)) continue;
+    const [sec, k] = key.split('.');
+    const s = obj[sec];
+    if (isObj(s) && isPathValue(key, s[k])) s[k] = resolve(base, expandHome(s[k] as string));
+  }
+}
+
+/** Reads a YAML config file into a plain object, with line and column on syntax errors. */
+export function readConfigFile(file: string): Obj {
+  if (!existsSync(file)) throw new SlmError('FILE_NOT_FOUND', `config file ${file} does not exist.`);
+  if (statSync(file).isDirectory()) throw new SlmError('CONFIG_INVALID', `${file} is a folder; expected a YAML config file.`);
+  const doc = YAML.parseDocument(readFileSync(file, 'utf8'));
+  if (doc.errors.length) {
+    const lines = doc.errors.map((e) => {
+      const at = e.linePos?.[0];
+      return `${file}${at ? `:${at.line}:${at.col}` : ''}: ${e.message.split('\n')[0]}`;
+    });
+    throw new SlmError('CONFIG_INVALID', `${file} is not valid YAML:\n  ${lines.join('\n  ')}`);
+  }
+  const v = doc.toJS();
+  if (!isObj(v)) fail(file, [{ path: [], message: `expected a mapping of sections (stage, model, lora, ...), found ${describeValue(v)}` }]);
+  return v;
+}
+
+/**
+ * `slm-train train --config FILE [key=value ...]`: the file, the overrides, defaults, validation;
+ * paths made absolute (file paths against the file's folder, override paths against opts.cwd);
+ * run.name defaults to the file's name without extension.
+ */
+export function loadConfig(file: string, overrides: readonly string[] = [], opts: LoadOptions = {}): ResolvedConfig {
+  const cwd = opts.cwd ?? process.cwd();
+  const abs = resolve(cwd, file);
+  const raw = readConfigFile(abs);
+  resolvePathKeys(raw, dirname(abs));
+  const ov = parseOverrides(overrides);
+  const merged = applyOverrides(raw, ov);
+  const cliKeys = new Set(ov.map((o) => o.path.join('.')));
+  resolvePathKeys(merged, cwd, (k) => cliKeys.has(k));
+  const cfg = validateConfig(merged, file, { name: basename(abs, extname(abs)), fromCli: ov.map((o) => dotted(o.path)) });
+  cfg.run.dir = resolve(cwd, expandHome(cfg.run.dir ?? 'runs'));
+  return cfg;
+}
+
+/** The run folder a config writes into: run.dir/run.name. */
+export function runDir(cfg: ResolvedConfig): string {
+  return join(cfg.run.dir, cfg.run.name ?? cfg.stage);
+}
+
+/** Paths in the config that do not exist on this machine ("data.sft: /x/y.jsonl"). */
+export function missingFiles(cfg: ResolvedConfig): string[] {
+  const out: string[] = [];
+  for (const key of PATH_KEYS) {
+    const [sec, k] = key.split('.');
+    const v = (cfg as unknown as Record<string, Obj>)[sec][k];
+    if (isPathValue(key, v) && !existsSync(v)) out.push(`${key}: ${v}`);
+  }
+  return out;
+}
+
+/** The resolved config as YAML, with a header saying where it came from. */
+export function configToYaml(cfg: ResolvedConfig, source?: { file?: string; overrides?: readonly string[] }): string {
+  const head = ['# The resolved slm-train config of this run: defaults filled, paths absolute.'];
+  if (source?.file) head.push(`# from: ${source.file}`);
+  if (source?.overrides?.length) head.push(`# overrides: ${source.overrides.join(' ')}`);
+  const doc = new YAML.Document(cfg);
+  // Short lists of scalars on one line: temperature: [0.7, 1.15], targets: [q_proj, k_proj].
+  YAML.visit(doc, {
+    Seq(_, node) {
+      if (node.items.every((i) => YAML.isScalar(i))) node.flow = true;
+    },
+  });
+  return head.join('\n') + '\n' + doc.toString({ lineWidth: 0, flowCollectionPadding: false });
+}
+
+/** Writes `config.yaml` into a run folder atomically (temp file + rename); returns its path. */
+export function writeResolvedConfig(cfg: ResolvedConfig, dir: string, source?: { file?: string; overrides?: readonly string[] }): string {
+  mkdirSync(dir, { recursive: true });
+  const file = join(dir, 'config.yaml');
+  const tmp = `${file}.tmp-${process.pid}`;
+  writeFileSync(tmp, configToYaml(cfg, source));
+  renameSync(tmp, file);
+  return file;
+}

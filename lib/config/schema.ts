@@ -1,0 +1,220 @@
+/**
+ * The JSON Schema of a training config (`slm-train train --config FILE`), with a default for every
+ * key that has a sensible one. Every object forbids unknown keys except the reward part items and
+ * `reward.judge`, which lib/rewards owns. A few defaults depend on other keys and are filled after
+ * validation (lib/config/load.ts `derive`): algorithm.kind (= stage), algorithm.kl_in (reward for PPO,
+ * loss otherwise), algorithm.kl_estimator (k1 in the reward, k3 in the loss), algorithm.clip_high
+ * (= clip_low), protocol.max_turns_eval (= max_turns), run.name (= the config file's name).
+ */
+
+type Schema = Record<string, unknown>;
+
+const num = (d: number | null, extra: Schema = {}, description?: string): Schema => ({ type: d === null ? ['number', 'null'] : 'number', default: d, ...extra, ...(description ? { description } : {}) });
+const int = (d: number | null, extra: Schema = {}, description?: string): Schema => ({ type: d === null ? ['integer', 'null'] : 'integer', default: d, ...extra, ...(description ? { description } : {}) });
+const bool = (d: boolean, description?: string): Schema => ({ type: 'boolean', default: d, ...(description ? { description } : {}) });
+const str = (d: string | null, description?: string): Schema => ({ type: d === null ? ['string', 'null'] : 'string', default: d, ...(description ? { description } : {}) });
+const oneOf = (values: readonly string[], d: string | null, description?: string): Schema => ({
+  ...(d === null ? { type: ['string', 'null'], enum: [...values, null] } : { type: 'string', enum: values }),
+  default: d,
+  ...(description ? { description } : {}),
+});
+const section = (properties: Record<string, Schema>, required: string[] = []): Schema => ({
+  type: 'object',
+  additionalProperties: false,
+  default: {},
+  properties,
+  ...(required.length ? { required } : {}),
+});
+
+export const STAGES = ['sft', 'grpo', 'ppo', 'eval'] as const;
+export const LORA_TARGET_NAMES = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
+/** Config keys that hold file or folder paths: resolved against the config file's folder. */
+export const PATH_KEYS = ['model.path', 'model.adapter', 'data.questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder'] as const;
+
+export const CONFIG_SCHEMA: Schema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['stage', 'model'],
+  properties: {
+    stage: { type: 'string', enum: STAGES, description: 'what `slm-train train` runs' },
+    model: section(
+      {
+        path: { type: 'string', minLength: 1, description: 'a Hugging Face model folder (config.json, safetensors, tokenizer)' },
+        adapter: str(null, 'a PEFT adapter folder to start from (e.g. the SFT result before GRPO)'),
+        dtype: oneOf(['float32', 'bfloat16', 'float16'], 'float32'),
+        device: { type: 'string', pattern: '^(cpu|cuda(:[0-9]+)?)$', default: 'cpu', description: 'cpu, cuda or cuda:N' },
+        threads: int(0, { minimum: 0 }, 'CPU threads for libtorch; 0 = all cores'),
+      },
+      ['path'],
+    ),
+    lora: section({
+      r: int(16, { minimum: 1 }),
+      alpha: num(32, { exclusiveMinimum: 0 }),
+      dropout: num(0.05, { minimum: 0, exclusiveMaximum: 1 }),
+      rslora: bool(false, 'scale by alpha / sqrt(r) instead of alpha / r'),
+      targets: { type: 'array', items: { type: 'string', enum: LORA_TARGET_NAMES }, minItems: 1, uniqueItems: true, default: ['q_proj', 'k_proj', 'v_proj', 'o_proj'] },
+      layers: { type: ['array', 'null'], items: { type: 'integer', minimum: 0 }, uniqueItems: true, default: null, description: 'layers with adapters; null = all' },
+    }),
+    data: section({
+      questions: str(null, 'JSONL/JSON/Parquet rows {question, answer} (optional id, split)'),
+      corpus: str(null, 'JSONL/JSON/Parquet rows {id, title, content}'),
+      index: str(null, 'a folder written by `slm-train index`; built from the corpus when null'),
+      sft: str(null, 'chat-format JSONL {messages: [...]} for the SFT stage'),
+      split: section({
+        train_fraction: num(0.8, { exclusiveMinimum: 0, maximum: 1 }),
+        seed: int(null, {}, 'null: split by index (first train_fraction train, the rest eval); an integer shuffles first'),
+      }),
+      exclude_leaking: bool(true, 'drop SFT rows marked in_test_split: true (they hold eval questions)'),
+    }),
+    protocol: section({
+      kind: oneOf(['code', 'tags', 'direct'], 'code', 'code: <python> programs; tags: Search-R1 <search>; direct: answer only'),
+      max_turns: int(2, { minimum: 1 }),
+      max_turns_eval: int(null, { minimum: 1 }, 'null = max_turns'),
+      max_new_tokens: int(256, { minimum: 1 }, 'per turn'),
+      max_context: int(3000, { minimum: 16 }, 'tokens of prompt + turns + observations'),
+      tool_output_chars: int(2000, { minimum: 0 }, 'observations are cut to this many characters'),
+      top_k: int(3, { minimum: 1 }, 'passages per <search> (tags)'),
+    }),
+    sandbox: section({
+      kind: oneOf(['python', 'quickjs'], 'python'),
+      timeout_s: num(10, { exclusiveMinimum: 0 }),
+      memory_mb: int(512, { minimum: 16 }),
+      workers: int(4, { minimum: 1 }),
+    }),
+    retrieval: section({
+      kind: oneOf(['dense', 'bm25', 'hybrid'], 'dense'),
+      embedder: str('hashing', '"hashing" or a Qwen3 embedding model folder'),
+      ef: int(128, { minimum: 1 }, 'HNSW search breadth (hnswlib default 10 loses neighbours)'),
+      k: int(10, { minimum: 1 }, 'results per search_pages call'),
+    }),
+    rollout: section({
+      k: int(8, { minimum: 1 }, 'rollouts per question (the GRPO group size)'),
+      batch_questions: int(4, { minimum: 1 }, 'questions per step'),
+      temperature: {
+        anyOf: [
+          { type: 'number', minimum: 0 },
+          { type: 'array', items: { type: 'number', minimum: 0 }, minItems: 2, maxItems: 2 },
+        ],
+        default: 1,
+        description: 'a number, or [lo, hi]: each rollout draws its own from the range',
+      },
+      top_p: num(1, { exclusiveMinimum: 0, maximum: 1 }),
+      top_k: int(0, { minimum: 0 }, '0 = off'),
+    }),
+    reward: section({
+      combine: oneOf(['weighted', 'sign_magnitude'], 'weighted', 'weighted sum of the parts, or sign of correctness times magnitude of approach'),
+      parts: {
+        type: 'array',
+        items: { type: 'object' },
+        default: [{ kind: 'em', weight: 1 }],
+        description: 'reward parts; their keys are defined by lib/rewards',
+      },
+      judge: { type: 'object', default: {}, description: 'the LLM judge (engine model or OpenAI-compatible endpoint); keys defined by lib/rewards' },
+    }),
+    algorithm: section({
+      kind: oneOf(['grpo', 'ppo', 'sft'], null, 'null = the stage'),
+      clip_low: num(0.2, { minimum: 0 }),
+      clip_high: num(null, { minimum: 0 }, 'null = clip_low; DAPO uses 0.28'),
+      kl_coef: num(0, { minimum: 0 }),
+      kl_in: oneOf(['loss', 'reward'], null, 'null: reward for PPO (Search-R1), loss for GRPO'),
+      kl_estimator: oneOf(['k1', 'k2', 'k3'], null, 'null: k1 in the reward, k3 in the loss'),
+      token_level: bool(true, 'DAPO token-level loss normalisation (else per-sequence mean)'),
+      inner_epochs: int(1, { minimum: 1 }),
+      entropy_coef: num(0, { minimum: 0 }),
+      std: oneOf(['group', 'none'], 'group', 'none = Dr.GRPO (no std division)'),
+      std_estimator: oneOf(['sample', 'population'], 'sample', 'sample = divide by K - 1 (TRL, verl)'),
+      adv_eps: num(1e-4, { minimum: 0 }),
+      fallbacks: section({
+        fail_at_or_below: num(0, {}, 'a rollout fails when its reward is <= this (or its correctness flag is false, with fail_by: correct)'),
+        fail_by: oneOf(['reward', 'correct'], 'reward'),
+        all_failed: oneOf(['skip', 'normalize'], 'skip'),
+        zero_variance: oneOf(['center', 'skip', 'zero'], 'center', 'center = r - center when every rollout succeeds alike'),
+        center: num(0.5),
+      }),
+      gamma: num(1, { minimum: 0, maximum: 1 }),
+      lam: num(1, { minimum: 0, maximum: 1 }),
+      vf_coef: num(0.5, { minimum: 0 }),
+      value_clip: num(0.5, { exclusiveMinimum: 0 }),
+      whiten: bool(true, 'whiten PPO advantages over the batch (verl)'),
+    }),
+    optim: section({
+      lr: num(1e-4, { exclusiveMinimum: 0 }),
+      critic_lr: num(1e-5, { exclusiveMinimum: 0 }, 'PPO value head'),
+      weight_decay: num(0, { minimum: 0 }),
+      betas: { type: 'array', items: { type: 'number', minimum: 0, exclusiveMaximum: 1 }, minItems: 2, maxItems: 2, default: [0.9, 0.999] },
+      eps: num(1e-8, { exclusiveMinimum: 0 }),
+      max_grad_norm: num(1, { minimum: 0 }, '0 = no clipping'),
+      schedule: oneOf(['constant', 'linear', 'cosine'], 'constant'),
+      warmup_steps: int(0, { minimum: 0 }),
+      min_lr_ratio: num(0, { minimum: 0, maximum: 1 }),
+      micro_batch: int(0, { minimum: 0 }, 'sequences per forward/backward; 0 = the whole batch'),
+      gradient_checkpointing: bool(true),
+    }),
+    train: section({
+      epochs: int(1, { minimum: 1 }),
+      steps: int(null, { minimum: 1 }, 'null = from epochs'),
+      batch_size: int(8, { minimum: 1 }, 'SFT sequences per optimizer step'),
+      seed: int(0),
+      checkpoint_every: int(50, { minimum: 0 }, '0 = only at the end'),
+      eval_every: int(0, { minimum: 0 }, '0 = never during training'),
+    }),
+    eval: section({
+      split: oneOf(['train', 'eval', 'all'], 'eval'),
+      max_questions: int(null, { minimum: 1 }),
+      temperature: num(0, { minimum: 0 }, '0 = greedy'),
+    }),
+    run: section({
+      dir: str('runs', 'parent folder of run folders (relative to the working directory)'),
+      name: str(null, 'null = the config file name'),
+    }),
+  },
+};
+
+/**
+ * Names people carry over from other trainers (TRL, verl, PEFT), for "did you mean": alias -> key.
+ * Section aliases are at the top level, key aliases per section.
+ */
+export const ALIASES: Record<string, Record<string, string>> = {
+  '': { optimizer: 'optim', optimization: 'optim', training: 'train', rollouts: 'rollout', rewards: 'reward', algo: 'algorithm', peft: 'lora', dataset: 'data', search: 'retrieval' },
+  model: { name: 'path', model_path: 'path', dir: 'path', torch_dtype: 'dtype', num_threads: 'threads', adapter_path: 'adapter' },
+  lora: { rank: 'r', lora_r: 'r', lora_alpha: 'alpha', lora_dropout: 'dropout', use_rslora: 'rslora', target_modules: 'targets', layers_to_transform: 'layers' },
+  data: { trajectories: 'sft', sft_data: 'sft', questions_file: 'questions', corpus_file: 'corpus', index_dir: 'index' },
+  protocol: { turns: 'max_turns', max_tokens: 'max_new_tokens', max_response_length: 'max_new_tokens', max_length: 'max_context', context_length: 'max_context', max_seq_len: 'max_context', topk: 'top_k' },
+  sandbox: { timeout: 'timeout_s', memory: 'memory_mb', pool_size: 'workers' },
+  retrieval: { ef_search: 'ef', top_k: 'k', embedding_model: 'embedder' },
+  rollout: { num_generations: 'k', group_size: 'k', rollouts: 'k', n: 'k', questions_per_step: 'batch_questions', batch_size: 'batch_questions', temp: 'temperature' },
+  reward: { reward_parts: 'parts', components: 'parts' },
+  algorithm: {
+    beta: 'kl_coef',
+    kl: 'kl_coef',
+    kl_penalty: 'kl_estimator',
+    kl_loss_type: 'kl_estimator',
+    epsilon: 'clip_low',
+    clip_ratio: 'clip_low',
+    cliprange: 'clip_low',
+    epsilon_high: 'clip_high',
+    clip_ratio_high: 'clip_high',
+    num_iterations: 'inner_epochs',
+    ppo_epochs: 'inner_epochs',
+    lambda: 'lam',
+    gae_lambda: 'lam',
+    scale_rewards: 'std',
+    cliprange_value: 'value_clip',
+    loss_type: 'token_level',
+  },
+  optim: {
+    learning_rate: 'lr',
+    actor_lr: 'lr',
+    value_lr: 'critic_lr',
+    critic_learning_rate: 'critic_lr',
+    grad_clip: 'max_grad_norm',
+    clip_grad_norm: 'max_grad_norm',
+    lr_scheduler_type: 'schedule',
+    scheduler: 'schedule',
+    warmup: 'warmup_steps',
+    micro_batch_size: 'micro_batch',
+  },
+  train: { num_epochs: 'epochs', num_train_epochs: 'epochs', max_steps: 'steps', total_steps: 'steps', save_steps: 'checkpoint_every', save_every: 'checkpoint_every', eval_steps: 'eval_every' },
+  eval: { limit: 'max_questions', n: 'max_questions' },
+  run: { output_dir: 'dir', out: 'dir', run_name: 'name' },
+};

@@ -1,0 +1,154 @@
+/**
+ * The shape of a resolved config: every key present (defaults filled, derived defaults resolved,
+ * paths absolute). Mirrors lib/config/schema.ts; a test checks the two agree on every key.
+ */
+
+export type Stage = 'sft' | 'grpo' | 'ppo' | 'eval';
+export type LoraTargetName = 'q_proj' | 'k_proj' | 'v_proj' | 'o_proj' | 'gate_proj' | 'up_proj' | 'down_proj';
+
+export interface ModelConfig {
+  path: string;
+  adapter: string | null;
+  dtype: 'float32' | 'bfloat16' | 'float16';
+  device: string;
+  threads: number;
+}
+
+export interface LoraConfig {
+  r: number;
+  alpha: number;
+  dropout: number;
+  rslora: boolean;
+  targets: LoraTargetName[];
+  layers: number[] | null;
+}
+
+export interface DataConfig {
+  questions: string | null;
+  corpus: string | null;
+  index: string | null;
+  sft: string | null;
+  split: { train_fraction: number; seed: number | null };
+  exclude_leaking: boolean;
+}
+
+export interface ProtocolConfig {
+  kind: 'code' | 'tags' | 'direct';
+  max_turns: number;
+  max_turns_eval: number;
+  max_new_tokens: number;
+  max_context: number;
+  tool_output_chars: number;
+  top_k: number;
+}
+
+export interface SandboxConfig {
+  kind: 'python' | 'quickjs';
+  timeout_s: number;
+  memory_mb: number;
+  workers: number;
+}
+
+export interface RetrievalConfig {
+  kind: 'dense' | 'bm25' | 'hybrid';
+  embedder: string;
+  ef: number;
+  k: number;
+}
+
+export interface RolloutConfig {
+  k: number;
+  batch_questions: number;
+  temperature: number | [number, number];
+  top_p: number;
+  top_k: number;
+}
+
+/** A reward part: its keys belong to lib/rewards (combine.ts), so they are loosely typed here. */
+export type RewardPartConfig = Record<string, unknown>;
+
+export interface RewardConfig {
+  combine: 'weighted' | 'sign_magnitude';
+  parts: RewardPartConfig[];
+  judge: Record<string, unknown>;
+}
+
+export interface GroupFallbackConfig {
+  fail_at_or_below: number;
+  fail_by: 'reward' | 'correct';
+  all_failed: 'skip' | 'normalize';
+  zero_variance: 'center' | 'skip' | 'zero';
+  center: number;
+}
+
+export interface AlgorithmConfig {
+  kind: 'grpo' | 'ppo' | 'sft';
+  clip_low: number;
+  clip_high: number;
+  kl_coef: number;
+  kl_in: 'loss' | 'reward';
+  kl_estimator: 'k1' | 'k2' | 'k3';
+  token_level: boolean;
+  inner_epochs: number;
+  entropy_coef: number;
+  std: 'group' | 'none';
+  std_estimator: 'sample' | 'population';
+  adv_eps: number;
+  fallbacks: GroupFallbackConfig;
+  gamma: number;
+  lam: number;
+  vf_coef: number;
+  value_clip: number;
+  whiten: boolean;
+}
+
+export interface OptimConfig {
+  lr: number;
+  critic_lr: number;
+  weight_decay: number;
+  betas: [number, number];
+  eps: number;
+  max_grad_norm: number;
+  schedule: 'constant' | 'linear' | 'cosine';
+  warmup_steps: number;
+  min_lr_ratio: number;
+  micro_batch: number;
+  gradient_checkpointing: boolean;
+}
+
+export interface TrainConfig {
+  epochs: number;
+  steps: number | null;
+  batch_size: number;
+  seed: number;
+  checkpoint_every: number;
+  eval_every: number;
+}
+
+export interface EvalConfig {
+  split: 'train' | 'eval' | 'all';
+  max_questions: number | null;
+  temperature: number;
+}
+
+export interface RunConfig {
+  dir: string;
+  name: string | null;
+}
+
+export interface ResolvedConfig {
+  stage: Stage;
+  model: ModelConfig;
+  lora: LoraConfig;
+  data: DataConfig;
+  protocol: ProtocolConfig;
+  sandbox: SandboxConfig;
+  retrieval: RetrievalConfig;
+  rollout: RolloutConfig;
+  reward: RewardConfig;
+  algorithm: AlgorithmConfig;
+  optim: OptimConfig;
+  train: TrainConfig;
+  eval: EvalConfig;
+  run: RunConfig;
+}
