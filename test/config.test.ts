@@ -257,3 +257,40 @@ t.test('what the config hands to the advantage functions and the schedule', asyn
   t.same(scheduleSpec(p), { kind: 'constant', lr: 1e-6, warmupSteps: 286, totalSteps: 1005, minRatio: 0 });
   t.equal(scheduleSpec(p, p.optim.critic_lr).lr, 1e-5);
 });
+
+t.test('the TypeScript shape and the schema name the same keys', async (t) => {
+  // Each record must list every key of its interface (the compiler checks that side); the test checks
+  // the schema's side.
+  type Keys<T> = Record<keyof T, true>;
+  const shape: { [S in keyof ResolvedConfig]: ResolvedConfig[S] extends object ? Keys<ResolvedConfig[S]> : true } = {
+    stage: true,
+    model: { path: true, adapter: true, dtype: true, device: true, threads: true },
+    lora: { r: true, alpha: true, dropout: true, rslora: true, targets: true, layers: true },
+    data: { questions: true, corpus: true, index: true, sft: true, split: true, exclude_leaking: true },
+    protocol: { kind: true, max_turns: true, max_turns_eval: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true },
+    sandbox: { kind: true, timeout_s: true, memory_mb: true, workers: true },
+    retrieval: { kind: true, embedder: true, ef: true, k: true },
+    rollout: { k: true, batch_questions: true, temperature: true, top_p: true, top_k: true },
+    reward: { combine: true, parts: true, judge: true },
+    algorithm: {
+      kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_in: true, kl_estimator: true, token_level: true, inner_epochs: true, entropy_coef: true,
+      std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true,
+    },
+    optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, schedule: true, warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },
+    train: { epochs: true, steps: true, batch_size: true, seed: true, checkpoint_every: true, eval_every: true },
+    eval: { split: true, max_questions: true, temperature: true },
+    run: { dir: true, name: true },
+  };
+  const nested: Record<string, string[]> = {
+    'data.split': Object.keys({ train_fraction: true, seed: true } satisfies Keys<ResolvedConfig['data']['split']>),
+    'algorithm.fallbacks': Object.keys({ fail_at_or_below: true, fail_by: true, all_failed: true, zero_variance: true, center: true } satisfies Keys<ResolvedConfig['algorithm']['fallbacks']>),
+  };
+  const props = (s: unknown) => Object.keys(((s as { properties?: object }).properties ?? {}) as object);
+  const top = CONFIG_SCHEMA.properties as Record<string, unknown>;
+  t.same(props(CONFIG_SCHEMA).sort(), Object.keys(shape).sort(), 'sections');
+  for (const [sec, keys] of Object.entries(shape)) if (keys !== true) t.same(props(top[sec]).sort(), Object.keys(keys).sort(), sec);
+  for (const [path, keys] of Object.entries(nested)) {
+    const [a, b] = path.split('.');
+    t.same(props((top[a] as { properties: Record<string, unknown> }).properties[b]).sort(), [...keys].sort(), path);
+  }
+});

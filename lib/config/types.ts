@@ -1,6 +1,7 @@
 /**
  * The shape of a resolved config: every key present (defaults filled, derived defaults resolved,
- * paths absolute). Mirrors lib/config/schema.ts; a test checks the two agree on every key.
+ * paths absolute). Mirrors lib/config/schema.ts by hand; test/config.test.ts checks that both name the
+ * same keys.
  */
 
 export type Stage = 'sft' | 'grpo' | 'ppo' | 'eval';
