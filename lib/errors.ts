@@ -40,7 +40,8 @@ export type ErrorCode =
   | 'NO_TRAINABLE_PARAMETERS'
   | 'CHECKPOINT_INVALID'
   | 'OUT_OF_MEMORY'
-  | 'DATA_INVALID';
+  | 'DATA_INVALID'
+  | 'NOT_FOUND';
 
 export class SlmError extends Error {
   readonly code: ErrorCode | string;

@@ -82,9 +82,9 @@ export const CONFIG_SCHEMA: Schema = {
       workers: int(4, { minimum: 1 }),
     }),
     retrieval: section({
-      kind: oneOf(['dense', 'bm25', 'hybrid'], 'dense'),
+      kind: oneOf(['dense', 'bm25', 'hybrid'], 'hybrid', 'hybrid: dense + BM25 by reciprocal-rank fusion'),
       embedder: str('hashing', '"hashing" or a Qwen3 embedding model folder'),
-      ef: int(128, { minimum: 1 }, 'HNSW search breadth (hnswlib default 10 loses neighbours)'),
+      ef: int(256, { minimum: 1 }, 'HNSW search breadth (hnswlib default 10 loses neighbours)'),
       k: int(10, { minimum: 1 }, 'results per search_pages call'),
     }),
     rollout: section({

@@ -1,0 +1,85 @@
+/**
+ * A deterministic fictional encyclopedia: invented towns, people, rivers, companies and festivals
+ * with markdown sections, and questions whose answers are facts on one page. Rare by construction
+ * (the names are made up, so no model has memorised them). Some questions name the page only by an
+ * alias that appears in its content, never its title, to exercise content retrieval.
+ */
+import { normalizeId, type Page } from './corpus.js';
+
+export interface SyntheticQuestion {
+  id: string;
+  question: string;
+  answer: string;
+  page_id: string;
+  /** true when the question shares no word with the page title. */
+  by_alias: boolean;
+}
+
+const SYL = ['var', 'nol', 'quil', 'mere', 'ost', 'ra', 'bel', 'dun', 'kar', 'vell', 'tor', 'sin', 'ash', 'gro', 'mir', 'fen', 'lod', 'pra', 'zeb', 'hal', 'ith', 'cor', 'wyn', 'ul', 'dre', 'syl', 'bar', 'tam', 'eck', 'orn'];
+const FIRST = ['Aldric', 'Berin', 'Calla', 'Doran', 'Elsabet', 'Faro', 'Gwenna', 'Hollis', 'Isolde', 'Jorund', 'Kestra', 'Lovan', 'Maren', 'Nils', 'Orla', 'Perrin', 'Quenby', 'Rosalind', 'Sten', 'Tamsin'];
+const TRADES = ['copper', 'salt', 'wool', 'glass', 'timber', 'amber', 'paper', 'clocks', 'ink', 'rope'];
+const REGIONS = ['the Harrowmarch', 'the Lowen Vale', 'the Sorrel Coast', 'the Upper Fenn', 'the Drammic Hills', 'the Kelt Plateau'];
+
+function rng(seed: number): () => number {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    return s / 4294967296;
+  };
+}
+
+export function syntheticCorpus(opts: { pages: number; seed?: number; paragraphs?: number } = { pages: 100 }): { pages: Page[]; questions: SyntheticQuestion[] } {
+  const r = rng((opts.seed ?? 1) * 2654435761);
+  const pick = <T>(xs: T[]) => xs[Math.floor(r() * xs.length)];
+  const used = new Set<string>();
+  // Unique names; when the short names run out (30^2 = 900 two-syllable ones), use one more syllable.
+  const name = (parts: number) => {
+    for (let tries = 0; ; tries++) {
+      let n = '';
+      for (let i = 0; i < parts + Math.floor(tries / 20); i++) n += pick(SYL);
+      n = n[0].toUpperCase() + n.slice(1);
+      if (!used.has(n)) {
+        used.add(n);
+        return n;
+      }
+    }
+  };
+  const pages: Page[] = [];
+  const questions: SyntheticQuestion[] = [];
+  const filler = (subject: string, n: number) =>
+    Array.from({ length: n }, () => `Records kept in ${pick(REGIONS)} describe ${subject} in letters, ledgers and travellers' accounts, most of them written in the ${pick(['old', 'plain', 'court', 'river'])} script.`).join(' ');
+  for (let i = 0; i < opts.pages; i++) {
+    const town = name(3);
+    const title = `${town}`;
+    const id = normalizeId(title);
+    const founder = `${pick(FIRST)} ${name(2)}`;
+    const year = 1100 + Math.floor(r() * 800);
+    const river = `${name(2)} River`;
+    const trade = pick(TRADES);
+    const alias = `the ${pick(['Grey', 'Silent', 'Painted', 'Lantern', 'Hollow', 'Copper', 'Seventh'])} ${pick(['Harbour', 'Crossing', 'Market', 'Gate', 'Ford', 'Bell'])} of ${name(2)}`;
+    const population = 1000 + Math.floor(r() * 90000);
+    const festival = `${name(2)} Fair`;
+    const extra = opts.paragraphs ?? 1;
+    const content = [
+      `${title} is a town in ${pick(REGIONS)}, known in old chronicles as ${alias}. ${filler(title, extra)}`,
+      `## History`,
+      `${title} was founded in ${year} by ${founder}, a ${pick(['merchant', 'surveyor', 'abbess', 'soldier', 'weaver'])}. ${filler('its founding', extra)}`,
+      `## Geography`,
+      `The town lies on the ${river}. Its population was ${population.toLocaleString('en-US')} at the last count. ${filler('the valley', extra)}`,
+      `## Economy`,
+      `The economy of ${title} rests on ${trade}. Every spring the town holds the ${festival}. ${filler('the markets', extra)}`,
+    ].join('\n\n');
+    pages.push({ id, title, content });
+    const q = (question: string, answer: string, by_alias: boolean) => questions.push({ id: `${id}-${questions.length}`, question, answer, page_id: id, by_alias });
+    q(`In which year was ${title} founded?`, String(year), false);
+    q(`Who founded ${title}?`, founder, false);
+    q(`On which river does ${title} lie?`, river, false);
+    q(`What does the economy of ${title} rest on?`, trade, false);
+    q(`Which fair is held every spring in the town chronicles call ${alias}?`, festival, true);
+  }
+  return { pages, questions };
+}
