@@ -328,3 +328,34 @@ t.test('a step trains on the hand-computed values, returns and advantages', asyn
   }
 });
 
+
+t.test('Model.values (one native forward) equals the values the training loss sees, in a batch of unequal rows', async (t) => {
+  const m = await Model.load(join(root, 'model'));
+  t.teardown(() => m.dispose());
+  m.attachLora(LORA, 5);
+  // Non-zero lora_B so that the adapter changes the hidden states the head reads.
+  for (const [k, w] of Object.entries(m.trainable())) if (k.includes('.lora_B.')) m.setTrainable(k, w.map((_, i) => Math.sin(i + k.length) * 0.05));
+  m.attachValueHead(9);
+  const rows = [
+    [10, 11, 12, 13, 14, 15, 16],
+    [20, 21, 22, 23],
+    [30, 31, 32, 33, 34, 35, 36, 37, 38, 39],
+  ];
+  const masks = rows.map((r, i) => r.map((_, k) => (k >= 2 && (k + i) % 3 !== 0 ? 1 : 0)));
+  const fast = await m.values(rows, masks);
+  const ref = await m.valuesFromTrainingPath(rows, masks);
+  rows.forEach((r, i) => {
+    t.equal(fast[i].length, r.length);
+    for (let k = 0; k < r.length; k++) {
+      if (!masks[i][k]) t.equal(fast[i][k], 0, `row ${i} token ${k}: masked -> 0`);
+      else t.ok(Math.abs(fast[i][k] - ref[i][k]) < 1e-5 && ref[i][k] !== 0, `row ${i} token ${k}: ${fast[i][k]} vs ${ref[i][k]}`);
+    }
+  });
+  const all = await m.values(rows);
+  t.equal(all[0][0], 0, 't = 0 has no state before it');
+  t.ok(Math.abs(all[1][3] - fast[1][3]) < 1e-6 || masks[1][3] === 0, 'without masks every position is computed');
+  m.detachLora();
+  const bare = await Model.load(join(root, 'model'));
+  t.teardown(() => bare.dispose());
+  await t.rejects(bare.values(rows), { code: 'NOT_SUPPORTED' }, 'no value head: a clear error');
+});

@@ -60,6 +60,8 @@ export interface NativeModel {
   generate(req: NativeGenerateRequest): Promise<NativeGenerateResult>;
   /** out[t] = log p(ids[t] | ids[<t]) per row (0 at t = 0), concatenated like the input. */
   sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number }): Promise<Float32Array>;
+  /** PPO critic values per token (value of the state before it; 0 at t = 0), adapter on, no dropout. */
+  sequenceValues(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   dispose(): void;
 
   // LoRA training core

@@ -103,19 +103,47 @@ export class Model implements TextGenerator {
 
   /**
    * The value head's predictions, aligned with the ids like the log-probs: out[t] = V(state before
-   * token t) = w . h[t-1] + b, computed only where `masks[i][t]` is 1 (everywhere but t = 0 without
-   * masks); 0 elsewhere.
-   *
-   * The engine has no value-only forward, so each value is read exactly from the training path: one
-   * `trainStep` without update per requested token, its mask on that token alone, returns 0, old values 0
-   * and no value clipping, so the loss is 0.5 * V^2 and the value-head bias gradient is V itself
-   * (the value the native value loss sees, bit for bit). Cost: one forward + backward of the row per
-   * requested token, plus a copy of every trainable gradient: fine at test scale, far too slow for long
-   * responses; a native `values` forward (hidden states with the adapter on, no grad, times the head)
-   * is the fix. Leaves gradients on the parameters (the next trainStep clears them) and, with LoRA
-   * dropout > 0, samples dropout like a training forward.
+   * token t) = w . h[t-1] + b where `masks[i][t]` is 1 (everywhere but t = 0 without masks); 0
+   * elsewhere. One native forward for the batch (adapter on, no dropout, no gradient), as verl's
+   * critic computes values before the update.
    */
-  async values(rows: ArrayLike<number>[], masks?: ArrayLike<number>[], opts: { checkpoint?: boolean } = {}): Promise<Float32Array[]> {
+  async values(rows: ArrayLike<number>[], masks?: ArrayLike<number>[]): Promise<Float32Array[]> {
+    if (masks && masks.length !== rows.length) throw new SlmError('ARGUMENT_INVALID', `values: expected one mask per row (${rows.length}), found ${masks.length}.`);
+    if (!this.hasValueHead()) throw new SlmError('NOT_SUPPORTED', 'values: no value head is attached; call attachValueHead() or load an adapter saved with one.');
+    rows.forEach((r, i) => {
+      if (masks && masks[i].length !== r.length) throw new SlmError('ARGUMENT_INVALID', `values: mask ${i} has ${masks[i].length} entries for ${r.length} tokens.`);
+    });
+    const { ids, lengths } = this.#flatten(rows);
+    const flat = await this.h.sequenceValues({ ids, lengths });
+    let off = 0;
+    return Array.from(lengths, (n, i) => {
+      const v = flat.slice(off, off + n);
+      off += n;
+      if (masks) for (let t = 0; t < n; t++) if (!masks[i][t]) v[t] = 0;
+      return v;
+    });
+  }
+
+  #flatten(rows: ArrayLike<number>[]): { ids: Int32Array; lengths: Int32Array } {
+    const lengths = Int32Array.from(rows.map((r) => r.length));
+    const ids = new Int32Array(lengths.reduce((a, b) => a + b, 0));
+    let off = 0;
+    for (const r of rows) {
+      ids.set(Array.from(r), off);
+      off += r.length;
+    }
+    this.checkIds(ids);
+    return { ids, lengths };
+  }
+
+  /**
+   * The values exactly as the training loss sees them, read from the training path (a reference for
+   * tests of `values`): one `trainStep` without update per requested token, its mask on that token
+   * alone, returns 0, old values 0 and no value clipping, so the loss is 0.5 * V^2 and the value-head
+   * bias gradient is V itself. One forward + backward per token; leaves gradients on the parameters
+   * and, with LoRA dropout > 0, samples dropout like a training forward.
+   */
+  async valuesFromTrainingPath(rows: ArrayLike<number>[], masks?: ArrayLike<number>[], opts: { checkpoint?: boolean } = {}): Promise<Float32Array[]> {
     if (masks && masks.length !== rows.length) throw new SlmError('ARGUMENT_INVALID', `values: expected one mask per row (${rows.length}), found ${masks.length}.`);
     if (!this.hasValueHead()) throw new SlmError('NOT_SUPPORTED', 'values: no value head is attached; call attachValueHead() or load an adapter saved with one.');
     const out: Float32Array[] = [];

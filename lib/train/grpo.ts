@@ -44,10 +44,15 @@ export interface RewardResult {
   total: number;
   parts: Record<string, number | null>;
   correct?: boolean;
+  /** Why a part is null (a failed judge call...), by part name. */
+  errors?: Record<string, string>;
 }
 
-/** Per group (one question's K rewards): advantages, or null to skip the group, with a reason. */
-export type GroupAdvantages = (rewards: number[]) => { advantages: number[] | null; reason?: string };
+/**
+ * Per group (one question's K rewards, and their correctness flags when every reward has one):
+ * advantages, or null to skip the group, with a reason.
+ */
+export type GroupAdvantages = (rewards: number[], correct?: boolean[]) => { advantages: number[] | null; reason?: string };
 
 export interface GrpoDeps<Q> {
   rollout(batch: RolloutRequest<Q>[]): Promise<TrainEpisode[]>;
@@ -124,8 +129,11 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
     const adv: Array<number | null> = [];
     const skipped: string[] = [];
     for (let g = 0; g < qs.length; g++) {
-      const r = rewards.slice(g * o.k, (g + 1) * o.k).map((x) => x.total);
-      const a = deps.advantages(r);
+      const group = rewards.slice(g * o.k, (g + 1) * o.k);
+      const a = deps.advantages(
+        group.map((x) => x.total),
+        group.every((x) => typeof x.correct === 'boolean') ? group.map((x) => x.correct as boolean) : undefined,
+      );
       if (!a.advantages) skipped.push(a.reason ?? 'skipped');
       for (let j = 0; j < o.k; j++) adv.push(a.advantages ? a.advantages[j] : null);
     }
@@ -195,7 +203,7 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
     rewardsByStep.push(mean(totals));
     appendFileSync(
       join(run.dir, 'trajectories.jsonl'),
-      episodes.map((e, i) => JSON.stringify({ step: state.step + 1, question: reqs[i].question, temperature: e.temperature, answer: e.answer, reward: rewards[i].total, parts: rewards[i].parts, advantage: adv[i], turns: e.turns, ...e.record })).join('\n') + '\n',
+      episodes.map((e, i) => JSON.stringify({ step: state.step + 1, question: reqs[i].question, temperature: e.temperature, answer: e.answer, reward: rewards[i].total, parts: rewards[i].parts, ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}), advantage: adv[i], turns: e.turns, ...e.record })).join('\n') + '\n',
     );
     const next = state.batchInEpoch + 1;
     state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };

@@ -17,8 +17,9 @@
  *   - the critic is a value head on the policy's own LoRA'd trunk, not a separate model: the value
  *     loss's gradient also reaches the LoRA weights, and gradient-norm clipping covers actor and
  *     critic together;
- *   - values are read through Model.values (exact, but one forward + backward per trained token: the
- *     engine has no value-only forward yet);
+ *   - values are read through Model.values: one native forward, adapter on, dropout off (the
+ *     training forward samples LoRA dropout, so with dropout > 0 the loss sees slightly different
+ *     values, as verl's critic in train mode does);
  *   - the value clip fraction and the old/new policy KL (verl actor/ppo_kl) are not reported (the
  *     native step does not count them; the mean ratio is);
  *   - LoRA on a frozen base rather than full fine-tuning (Search-R1 updates every weight).
@@ -170,7 +171,7 @@ export async function ppoPrepare(model: Model, episodes: TrainEpisode[], scores:
   const oldLogprobs = o.recomputeOldLogprobs
     ? (await byTemperature(sequences, temperature, (r, t) => model.sequenceLogprobs(r, t))).map((lp, j) => lp.map((x, t) => (keptMasks[j][t] ? x : 0)))
     : kept.map((i, j) => Float32Array.from(episodes[i].logprobs, (x, t) => (keptMasks[j][t] ? x : 0)));
-  const oldValues = await model.values(sequences, keptMasks, { checkpoint: o.checkpoint });
+  const oldValues = await model.values(sequences, keptMasks);
   const refLogprobs = o.klCoef > 0 && o.klIn === 'reward' ? await byTemperature(sequences, temperature, (r, t) => model.referenceLogprobs(r, t)) : undefined;
   const adv = ppoAdvantages(
     kept.map((i, j) => ({ mask: keptMasks[j], score: scores[i], logprobs: oldLogprobs[j], refLogprobs: refLogprobs?.[j], values: oldValues[j] })),
@@ -413,6 +414,7 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
             answer: e.answer,
             reward: rewards[i].total,
             parts: rewards[i].parts,
+            ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}),
             value: f >= 0 ? oldValues[j!][f] : null,
             return: f >= 0 ? prep.adv.returns[j!][f] : null,
             turns: e.turns,

@@ -111,13 +111,14 @@ class GenerateWorker : public PromiseWorker {
 
 class LogprobsWorker : public PromiseWorker {
  public:
-  LogprobsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::vector<std::vector<int32_t>> seqs, double temp)
-      : PromiseWorker(env, "slm:logprobs", owner), m_(std::move(m)), seqs_(std::move(seqs)), temp_(temp) {}
+  // values: the PPO critic's values (sequence_values) instead of log-probs.
+  LogprobsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::vector<std::vector<int32_t>> seqs, double temp, bool values = false)
+      : PromiseWorker(env, values ? "slm:values" : "slm:logprobs", owner), m_(std::move(m)), seqs_(std::move(seqs)), temp_(temp), values_(values) {}
 
  protected:
   void Run() override {
     c10::InferenceMode guard;
-    out_ = slm::sequence_logprobs(*m_, seqs_, temp_);
+    out_ = values_ ? slm::sequence_values(*m_, seqs_) : slm::sequence_logprobs(*m_, seqs_, temp_);
   }
   Napi::Value Result(Napi::Env env) override {
     std::vector<float> flat;
@@ -129,6 +130,7 @@ class LogprobsWorker : public PromiseWorker {
   std::shared_ptr<slm::Qwen3Model> m_;
   std::vector<std::vector<int32_t>> seqs_;
   double temp_;
+  bool values_;
   std::vector<std::vector<float>> out_;
 };
 
@@ -152,7 +154,8 @@ Napi::Function ModelWrap::Define(Napi::Env env) {
   auto cls = DefineClass(env, "NativeModel",
                          {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
                           InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
-                          InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"), InstanceMethod<&ModelWrap::Dispose>("dispose"),
+                          InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"),
+                          InstanceMethod<&ModelWrap::SequenceValues>("sequenceValues"), InstanceMethod<&ModelWrap::Dispose>("dispose"),
                           InstanceMethod<&ModelWrap::AttachLora>("attachLora"), InstanceMethod<&ModelWrap::LoadLora>("loadLora"),
                           InstanceMethod<&ModelWrap::DetachLora>("detachLora"), InstanceMethod<&ModelWrap::SaveLora>("saveLora"),
                           InstanceMethod<&ModelWrap::AttachValueHead>("attachValueHead"),
@@ -301,6 +304,19 @@ Napi::Value ModelWrap::SequenceLogprobs(const Napi::CallbackInfo& info) {
   auto o = info[0].As<Napi::Object>();
   auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
   auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), m, std::move(rows), num_field(env, o, "temperature", 1.0));
+  auto p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+Napi::Value ModelWrap::SequenceValues(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "sequenceValues expects {ids, lengths}.");
+  if (!m->value_w.defined()) throw_error(env, "NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
+  auto o = info[0].As<Napi::Object>();
+  auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
+  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), m, std::move(rows), 1.0, true);
   auto p = w->Promise();
   w->Queue();
   return p;

@@ -152,6 +152,34 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   return out;
 }
 
+std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs) {
+  const int64_t B = static_cast<int64_t>(seqs.size());
+  std::vector<std::vector<float>> out(B);
+  if (!model.value_w.defined()) fail("NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
+  int64_t T = 0;
+  for (const auto& s : seqs) T = std::max<int64_t>(T, static_cast<int64_t>(s.size()));
+  if (B == 0 || T == 0) return out;
+  const auto li = at::TensorOptions().dtype(at::kLong);
+  auto ids = at::zeros({B, T}, li), mask = at::zeros({B, T}, li);
+  auto ia = ids.accessor<int64_t, 2>();
+  auto ma = mask.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t t = 0; t < seqs[b].size(); ++t) {
+      ia[b][t] = seqs[b][t];
+      ma[b][t] = 1;
+    }
+  const auto dev = model.device();
+  auto positions = at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous();
+  auto h = model.hidden(ids.to(dev), positions.to(dev), mask.to(dev), nullptr, ForwardOptions{true, false, false});  // [B, T, hidden]
+  auto v = (at::matmul(h.to(at::kFloat), model.value_w.detach()) + model.value_b.detach()).to(at::kCPU).contiguous();  // [B, T]
+  auto va = v.accessor<float, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    out[b].resize(seqs[b].size());
+    for (size_t t = 0; t < seqs[b].size(); ++t) out[b][t] = t == 0 ? 0.f : va[b][t - 1];
+  }
+  return out;
+}
+
 std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, double temperature) {
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);

@@ -45,6 +45,11 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
 // temperature) for t >= 1, and out[0] = 0. One forward for the whole (right-padded) batch.
 std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, double temperature);
 
+// PPO critic: for each sequence, out[t] = value_w . h[t - 1] + value_b for t >= 1 (the value of the
+// state from which token t was generated, as the training loss reads it) and out[0] = 0; the
+// adapter on, no dropout, no gradient. One forward for the whole (right-padded) batch. Needs a value head.
+std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs);
+
 // Logits of every position: ids [B, T] with an optional attention mask and explicit positions (as in
 // HF's forward); returns [B, T, V] float32 on the CPU.
 at::Tensor full_logits(const Qwen3Model& model, const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& positions);
