@@ -41,7 +41,8 @@ export type ErrorCode =
   | 'CHECKPOINT_INVALID'
   | 'OUT_OF_MEMORY'
   | 'DATA_INVALID'
-  | 'NOT_FOUND';
+  | 'NOT_FOUND'
+  | 'RUN_EXISTS';
 
 export class SlmError extends Error {
   readonly code: ErrorCode | string;

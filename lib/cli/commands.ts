@@ -6,6 +6,7 @@ import { doctorCommand } from './doctor.js';
 import { generateCommand } from './generate.js';
 import { initModelCommand } from './init-model.js';
 import { logitsCommand } from './logits.js';
+import { evalCommand, trainCommand } from './train.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export const commands: CommandModule<any, any>[] = [demoCommand, logitsCommand, generateCommand, initModelCommand, doctorCommand, benchCommand];
+export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, logitsCommand, generateCommand, initModelCommand, doctorCommand, benchCommand];

@@ -56,7 +56,8 @@ export function splitSections(page: Page): Section[] {
   return out;
 }
 
-async function readRows(file: string): Promise<unknown[]> {
+/** Rows of a JSONL, JSON (array) or Parquet file. */
+export async function readRows(file: string): Promise<unknown[]> {
   const ext = extname(file).toLowerCase();
   if (ext === '.parquet') {
     const { asyncBufferFromFile, parquetReadObjects } = await import('hyparquet');

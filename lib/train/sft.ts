@@ -13,6 +13,8 @@ import { batchByLength, type SftExample } from './sft-data.js';
 export interface SftOptions {
   lora: LoraSpec;
   epochs: number;
+  /** Stop after this many optimizer steps in all (the config's train.steps); default: every epoch. */
+  maxSteps?: number;
   batchSize: number;
   microBatch?: number;
   maxBatchTokens?: number;
@@ -31,17 +33,18 @@ export interface SftOptions {
 export async function runSft(model: Model, examples: SftExample[], run: RunFolder, o: SftOptions): Promise<{ steps: number; lastLoss: number }> {
   if (!examples.length) throw new SlmError('DATA_INVALID', 'SFT has no examples to train on.');
   const batches = batchByLength(examples, o.batchSize, o.maxBatchTokens);
-  const total = batches.length * o.epochs;
+  const total = Math.min(batches.length * o.epochs, o.maxSteps ?? Infinity);
   const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? total };
   let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed };
   if (o.resume) state = await run.restore(model);
   else model.attachLora(o.lora, o.seed);
   let lastLoss = NaN;
   let ranHere = 0;
-  for (let epoch = state.epoch; epoch < o.epochs; epoch++) {
+  outer: for (let epoch = state.epoch; epoch < o.epochs; epoch++) {
     const order = permutation(batches.length, o.seed, epoch);
     for (let b = epoch === state.epoch ? state.batchInEpoch : 0; b < batches.length; b++) {
       if (o.stopAfter !== undefined && ranHere >= o.stopAfter) return { steps: state.step, lastLoss };
+      if (state.step >= total) break outer;
       const batch = batches[order[b]];
       const lr = learningRate(schedule, state.step);
       native().manualSeed(o.seed * 1000003 + state.step); // LoRA dropout: reproducible per step

@@ -1,0 +1,67 @@
+/**
+ * `slm-train train --config FILE [key=value ...] [--resume]` and
+ * `slm-train eval --config FILE [key=value ...] [--adapter DIR] [--label NAME]`.
+ */
+import type { CommandModule } from 'yargs';
+import { loadConfig, missingFiles } from '../config/load.js';
+import type { ResolvedConfig } from '../config/types.js';
+import { SlmError } from '../errors.js';
+import { evalFromConfig, trainFromConfig } from '../train/session.js';
+import { print } from './common.js';
+
+interface Args {
+  config: string;
+  overrides?: string[];
+  resume?: boolean;
+  adapter?: string;
+  label?: string;
+  json?: boolean;
+}
+
+const log = (s: string) => process.stderr.write(`[slm-train] ${s}\n`);
+
+/** Files the command reads: SFT training reads data.sft only; RL and eval read everything but it. */
+function load(a: Args, command: 'train' | 'eval'): ResolvedConfig {
+  const cfg = loadConfig(a.config, (a.overrides ?? []).map(String));
+  const sftOnly = command === 'train' && cfg.stage === 'sft';
+  const unused = (key: string) => (sftOnly ? key !== 'data.sft' && key !== 'model.path' && key !== 'model.adapter' : key === 'data.sft');
+  // data.index may be a folder still to be built from data.corpus.
+  const missing = missingFiles(cfg).filter((m) => !unused(m.slice(0, m.indexOf(':'))) && !(m.startsWith('data.index:') && cfg.data.corpus));
+  if (missing.length) throw new SlmError('FILE_NOT_FOUND', `the config names files that do not exist: ${missing.join('; ')}. Fix the paths in ${a.config} or override them (e.g. data.questions=path/to/questions.jsonl).`);
+  return cfg;
+}
+
+export const trainCommand: CommandModule<object, Args> = {
+  command: 'train [overrides..]',
+  describe: 'run the stage named in the config (sft, grpo, ppo); key=value overrides with dotted paths',
+  builder: (y) =>
+    y
+      .positional('overrides', { type: 'string', array: true, describe: 'key=value overrides, e.g. optim.lr=5e-5 rollout.k=8' })
+      .option('config', { type: 'string', demandOption: true, describe: 'YAML config (see configs/)' })
+      .option('resume', { type: 'boolean', describe: 'continue the run from its newest complete checkpoint' })
+      .option('json', { type: 'boolean', describe: 'print the result as JSON' }) as never,
+  handler: async (a) => {
+    const cfg = load(a, 'train');
+    const r = await trainFromConfig(cfg, { resume: a.resume, log, overrides: a.overrides, configFile: a.config });
+    if (a.json) print(JSON.stringify(r));
+    else print(`${r.stage}: ${r.steps} steps; run ${r.dir}; adapter ${r.adapter}`);
+  },
+};
+
+export const evalCommand: CommandModule<object, Args> = {
+  command: 'eval [overrides..]',
+  describe: 'evaluate the model (with an adapter) on the configured split; prints and saves a comparison table',
+  builder: (y) =>
+    y
+      .positional('overrides', { type: 'string', array: true, describe: 'key=value overrides, e.g. eval.max_questions=50' })
+      .option('config', { type: 'string', demandOption: true, describe: 'YAML config (see configs/)' })
+      .option('adapter', { type: 'string', describe: 'a PEFT adapter folder (default: model.adapter of the config; none = the base model)' })
+      .option('label', { type: 'string', describe: 'name of this evaluation in the comparison table (default: base, or the adapter run)' })
+      .option('json', { type: 'boolean', describe: 'print the summary as JSON' }) as never,
+  handler: async (a) => {
+    const cfg = load(a, 'eval');
+    const r = await evalFromConfig(cfg, { adapter: a.adapter, label: a.label, log });
+    if (a.json) print(JSON.stringify(r.summary));
+    else print(`${r.table}\n\nsaved: ${r.dir}/summary.json, ${r.dir}/trajectories.jsonl`);
+  },
+};

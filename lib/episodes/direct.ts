@@ -1,0 +1,32 @@
+/**
+ * The `direct` protocol: no search, the model answers from what it knows inside
+ * `<answer>…</answer>` (the closed-book baseline of Search-R1's tables). A turn without an answer
+ * gets a short note and, when turns remain, another try.
+ */
+import type { ChatMessage } from '../model/tokenizer-types.js';
+import { scanBlocks } from './blocks.js';
+import type { EpisodeProtocol } from './protocol.js';
+
+export function directInstruction(question: string): string {
+  return `Answer the question below from what you know. Give only the answer, between <answer> and </answer>, for example <answer> Beijing </answer>. Question: ${question}`;
+}
+
+export function directProtocol(o: { instruction?: (question: string) => string; envRole?: 'user' | 'tool' } = {}): EpisodeProtocol {
+  const role = o.envRole ?? 'user';
+  return {
+    name: 'direct',
+    injection: 'chat',
+    stopStrings: ['</answer>'],
+    initialMessages(question): ChatMessage[] {
+      return [{ role: 'user', content: (o.instruction ?? directInstruction)(question) }];
+    },
+    parse(text) {
+      const r = scanBlocks(text, [{ tag: 'answer' }]);
+      if (r.found) return { kind: 'answer', answer: r.content.trim(), end: r.end };
+      return r.open ? { kind: 'none', reason: 'unclosed', open: r.open } : { kind: 'none', reason: 'no_action' };
+    },
+    async respond() {
+      return { messages: [{ role, content: 'No answer found. Give the answer between <answer> and </answer>.' }], calls: [], toolMs: 0 };
+    },
+  };
+}

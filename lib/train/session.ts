@@ -1,0 +1,473 @@
+/**
+ * From a resolved config to a running stage: the questions and their split, the model with its
+ * tokenizer and chat template, the environment (search index, sandbox, protocol), the episode
+ * runner, the reward, and the trainer (SFT, GRPO or PPO) — or the evaluation. The CLI's `train`
+ * and `eval` commands are thin wrappers over `trainFromConfig` and `evalFromConfig`.
+ */
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { basename, dirname, join, resolve } from 'node:path';
+import type { ResolvedConfig } from '../config/types.js';
+import { groupAdvantageOptions, ppoAdvantageOptions, scheduleSpec } from '../config/algorithm.js';
+import { runDir, writeResolvedConfig } from '../config/load.js';
+import type { LoraSpec } from '../engine/adapter.js';
+import { Model } from '../engine/model.js';
+import { setThreads } from '../engine/runtime.js';
+import { SlmError, describe } from '../errors.js';
+import { EpisodeRunner, type Episode, type RunnerTokenizer } from '../episodes/runner.js';
+import { codeProtocol, tagsProtocol, type EpisodeProtocol } from '../episodes/protocol.js';
+import { directProtocol } from '../episodes/direct.js';
+import { ChatFormatter } from '../model/chat.js';
+import { loadTokenizer } from '../model/tokenizer.js';
+import type { HfTokenizer } from '../model/tokenizer.js';
+import { Corpus, readRows } from '../retrieval/corpus.js';
+import { SearchIndex } from '../retrieval/index.js';
+import { answerMetrics } from '../rewards/metrics.js';
+import { goldAnswers, rewardFromConfig, trainerReward, type ComposedRewardFn } from '../rewards/combine.js';
+import { createSandbox, detectIsolation, type Sandbox } from '../sandbox/index.js';
+import { groupAdvantageFn } from './advantages.js';
+import { runGrpo, type RolloutRequest, type TrainEpisode } from './grpo.js';
+import { runPpo } from './ppo.js';
+import { RunFolder, permutation } from './run.js';
+import { runSft } from './sft.js';
+import { readSftRows, tokenizeConversation } from './sft-data.js';
+
+export type Log = (line: string) => void;
+
+// ---------------------------------------------------------------------------------------------
+// Questions
+
+export interface Question {
+  id: string;
+  /** Position in the file. */
+  index: number;
+  question: string;
+  golds: string[];
+}
+
+/**
+ * Question rows from JSONL, JSON or Parquet: `question` and `answer` (a string, a list, or
+ * Search-R1's `golden_answers` / `{target: [...]}`), optional `id`.
+ */
+export async function loadQuestions(file: string): Promise<Question[]> {
+  if (!existsSync(file)) throw new SlmError('FILE_NOT_FOUND', `questions file ${file} does not exist. Set data.questions to JSONL/JSON/Parquet rows {question, answer}.`);
+  const rows = await readRows(file);
+  if (!rows.length) throw new SlmError('DATA_INVALID', `${file} has no question rows.`);
+  return rows.map((r, i) => {
+    const o = (r ?? {}) as Record<string, unknown>;
+    if (typeof o.question !== 'string' || !o.question.trim())
+      throw new SlmError('DATA_INVALID', `${file}: row ${i + 1} needs a non-empty string "question", found ${describe(o.question)}. Question rows are {question, answer}.`);
+    const answer = o.answer ?? o.answers ?? o.golden_answers ?? o.reward_model;
+    let golds: string[];
+    try {
+      golds = goldAnswers((answer as { ground_truth?: unknown })?.ground_truth ?? answer);
+    } catch (e) {
+      throw new SlmError('DATA_INVALID', `${file}: row ${i + 1}: ${(e as Error).message}`);
+    }
+    return { id: String(o.id ?? o.index ?? i), index: i, question: o.question, golds };
+  });
+}
+
+/** The split of the config: the first `train_fraction` by index (or after a seeded shuffle) train, the rest eval. */
+export function splitQuestions<T>(rows: readonly T[], split: { train_fraction: number; seed: number | null }): { train: T[]; eval: T[] } {
+  const order = split.seed === null ? rows.map((_, i) => i) : permutation(rows.length, split.seed, 0);
+  const cut = Math.round(rows.length * split.train_fraction);
+  return { train: order.slice(0, cut).map((i) => rows[i]), eval: order.slice(cut).map((i) => rows[i]) };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model and environment
+
+export interface Agent {
+  model: Model;
+  tokenizer: HfTokenizer;
+  formatter: ChatFormatter;
+}
+
+export async function loadAgent(cfg: ResolvedConfig, adapter: string | null = cfg.model.adapter): Promise<Agent> {
+  if (cfg.model.threads > 0) setThreads(cfg.model.threads);
+  const model = await Model.load(cfg.model.path, { dtype: cfg.model.dtype, device: cfg.model.device, adapter: adapter ?? undefined });
+  try {
+    const tokenizer = loadTokenizer(cfg.model.path);
+    if (tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
+    return { model, tokenizer, formatter: ChatFormatter.forModel(cfg.model.path) };
+  } catch (e) {
+    model.dispose();
+    throw e;
+  }
+}
+
+export interface Environment {
+  protocol: EpisodeProtocol;
+  index?: SearchIndex;
+  sandbox?: Sandbox;
+  /** One line for the run log: protocol, retrieval, sandbox and its isolation level. */
+  describe: string;
+  close(): Promise<void>;
+}
+
+/** The search index of the config: data.index when it holds one, else built from data.corpus (and saved to data.index when set). */
+export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}): Promise<SearchIndex> {
+  if (cfg.retrieval.embedder !== 'hashing')
+    throw new SlmError('NOT_SUPPORTED', `retrieval.embedder: Qwen3 embedding checkpoints (${cfg.retrieval.embedder}) are not supported yet; use embedder: hashing.`, { path: 'retrieval.embedder' });
+  if (cfg.data.index && existsSync(join(cfg.data.index, 'manifest.json'))) {
+    const idx = await SearchIndex.load(cfg.data.index);
+    log(`index: ${cfg.data.index} (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind})`);
+    return idx;
+  }
+  if (!cfg.data.corpus) throw new SlmError('CONFIG_INVALID', `data.index ${cfg.data.index} holds no index and data.corpus is not set; build one with \`slm-train index\` or set data.corpus.`, { path: 'data.index' });
+  const t0 = performance.now();
+  const idx = await SearchIndex.build(await Corpus.load(cfg.data.corpus), { kind: cfg.retrieval.kind, ef: cfg.retrieval.ef });
+  log(`index: built from ${cfg.data.corpus} in ${((performance.now() - t0) / 1e3).toFixed(1)} s (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind})`);
+  if (cfg.data.index) {
+    idx.save(cfg.data.index);
+    log(`index: saved to ${cfg.data.index}`);
+  }
+  return idx;
+}
+
+export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}): Promise<Environment> {
+  const kind = cfg.protocol.kind;
+  if (kind === 'direct') return { protocol: directProtocol(), describe: 'protocol direct (no search)', close: async () => {} };
+  const index = await openIndex(cfg, log);
+  if (kind === 'tags') {
+    return { protocol: tagsProtocol({ search: index, topK: cfg.protocol.top_k }), index, describe: `protocol tags, top-k ${cfg.protocol.top_k}, ${index.params.kind} retrieval`, close: async () => {} };
+  }
+  const sb = cfg.sandbox;
+  const sandbox = await createSandbox(
+    sb.kind === 'python'
+      ? { kind: 'python', tools: index, size: sb.workers, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb }
+      : { kind: 'quickjs', tools: index, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb },
+  );
+  let isolation = '';
+  if (sb.kind === 'python') isolation = `, isolation ${(await detectIsolation()).level}`;
+  return {
+    protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python' }),
+    index,
+    sandbox,
+    describe: `protocol code, ${sb.kind} sandbox (${sb.kind === 'python' ? `${sb.workers} workers, ` : ''}${sb.timeout_s} s, ${sb.memory_mb} MB${isolation}), ${index.params.kind} retrieval`,
+    close: () => sandbox.close(),
+  };
+}
+
+/**
+ * The tokenizer as the episode runner sees it. Qwen3 checkpoints have more embedding rows (151,936)
+ * than tokens (151,669); a sampled id past the tokenizer decodes to nothing, as in Hugging Face and
+ * vLLM, instead of stopping the run (its log-prob stays in the sequence, so training stays exact).
+ */
+export function runnerTokenizer(tok: HfTokenizer): RunnerTokenizer {
+  const n = tok.vocabSize;
+  return {
+    encode: (text) => tok.encode(text),
+    decode: (ids, opts) => tok.decode(Array.from(ids).filter((id) => id < n), opts),
+    stopTokenIds: tok.stopTokenIds,
+  };
+}
+
+export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environment, o: { eval?: boolean; seed: number; temperature?: number }): EpisodeRunner {
+  const p = cfg.protocol;
+  return new EpisodeRunner({
+    generator: agent.model,
+    tokenizer: runnerTokenizer(agent.tokenizer),
+    formatter: agent.formatter,
+    protocol: env.protocol,
+    maxTurns: o.eval ? (p.max_turns_eval ?? p.max_turns) : p.max_turns,
+    maxNewTokens: p.max_new_tokens,
+    maxTotalTokens: p.max_context,
+    temperature: o.temperature,
+    topP: cfg.rollout.top_p,
+    topK: cfg.rollout.top_k || undefined,
+    seed: o.seed,
+  });
+}
+
+function trainEpisode(e: Episode, q: Question): TrainEpisode {
+  return { ids: e.ids, lossMask: e.lossMask, logprobs: e.logprobs, temperature: e.temperature, answer: e.answer, turns: e.turns, record: { ...e.record } };
+}
+
+/** The trainers' rollout function: one EpisodeRunner batch per call, seeded by the request. */
+export function rolloutFn(cfg: ResolvedConfig, agent: Agent, env: Environment): (reqs: RolloutRequest<Question>[]) => Promise<TrainEpisode[]> {
+  return async (reqs) => {
+    if (!reqs.length) return [];
+    const runner = episodeRunner(cfg, agent, env, { seed: reqs[0].seed });
+    const r = await runner.run(reqs.map((q) => ({ question: q.question.question, temperature: q.temperature })));
+    return r.episodes.map((e, i) => trainEpisode(e, reqs[i].question));
+  };
+}
+
+export function loraSpec(cfg: ResolvedConfig): LoraSpec {
+  const l = cfg.lora;
+  return { r: l.r, alpha: l.alpha, dropout: l.dropout, rslora: l.rslora, targets: l.targets, ...(l.layers ? { layers: l.layers } : {}) } as LoraSpec;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Train
+
+export interface TrainResult {
+  stage: string;
+  dir: string;
+  steps: number;
+  /** The trained adapter (PEFT folder). */
+  adapter: string;
+  /** Mean reward per step (RL) or the last loss (SFT). */
+  meanReward?: number[];
+  lastLoss?: number;
+}
+
+export interface StageOptions {
+  resume?: boolean;
+  log?: Log;
+  /** Overrides as given on the command line (recorded in the resolved config). */
+  overrides?: readonly string[];
+  configFile?: string;
+  /** Stop after this many optimizer steps in this process (tests of resume). */
+  stopAfter?: number;
+}
+
+export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {}): Promise<TrainResult> {
+  const log = o.log ?? (() => {});
+  const stage = cfg.stage;
+  if (stage === 'eval') throw new SlmError('CONFIG_INVALID', 'stage: eval has nothing to train; run `slm-train eval --config FILE` instead.', { path: 'stage' });
+  const dir = runDir(cfg);
+  if (!o.resume && existsSync(join(dir, 'checkpoints')) && readdirSync(join(dir, 'checkpoints')).some((d) => /^step-\d+$/.test(d)))
+    throw new SlmError('RUN_EXISTS', `${dir} already holds checkpoints of a run. Continue it with --resume, or choose another run.name (or delete the folder).`);
+  const run = new RunFolder(dir);
+  writeResolvedConfig(cfg, dir, { file: o.configFile, overrides: o.overrides });
+  const agent = await loadAgent(cfg);
+  const keepAdapter = cfg.model.adapter !== null;
+  const common = {
+    lora: loraSpec(cfg),
+    weightDecay: cfg.optim.weight_decay,
+    maxGradNorm: cfg.optim.max_grad_norm,
+    microBatch: cfg.optim.micro_batch || undefined,
+    gradientCheckpointing: cfg.optim.gradient_checkpointing,
+    seed: cfg.train.seed,
+    checkpointEvery: cfg.train.checkpoint_every,
+    resume: o.resume,
+    stopAfter: o.stopAfter,
+  };
+  const onStep = (row: Record<string, unknown>) => log(stepLine(row));
+  let env: Environment | undefined;
+  try {
+    log(`run: ${dir} (stage ${stage}, model ${cfg.model.path}${cfg.model.adapter ? `, adapter ${cfg.model.adapter}` : ''})`);
+    let result: TrainResult;
+    if (stage === 'sft') {
+      if (!cfg.data.sft) throw new SlmError('CONFIG_INVALID', 'stage: sft needs data.sft (chat-format JSONL {messages: [...]}).', { path: 'data.sft' });
+      let rows = readSftRows(cfg.data.sft);
+      const before = rows.length;
+      if (cfg.data.exclude_leaking) rows = rows.filter((r) => r.in_test_split !== true);
+      if (rows.length < before) log(`sft: dropped ${before - rows.length} of ${before} rows marked in_test_split (data.exclude_leaking)`);
+      const examples = rows.map((r, i) => tokenizeConversation(r.messages, agent.formatter, agent.tokenizer, i));
+      const long = examples.filter((e) => e.ids.length > cfg.protocol.max_context).length;
+      const kept = examples.filter((e) => e.ids.length <= cfg.protocol.max_context);
+      if (long) log(`sft: skipped ${long} conversations longer than protocol.max_context (${cfg.protocol.max_context} tokens)`);
+      const r = await runSft(agent.model, kept, run, { ...common, epochs: cfg.train.epochs, maxSteps: cfg.train.steps ?? undefined, batchSize: cfg.train.batch_size, schedule: scheduleSpec(cfg), onStep });
+      result = { stage, dir, steps: r.steps, adapter: join(dir, 'adapter'), lastLoss: r.lastLoss };
+    } else {
+      const all = await loadQuestions(required(cfg.data.questions, 'data.questions'));
+      const { train } = splitQuestions(all, cfg.data.split);
+      if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty (train_fraction ${cfg.data.split.train_fraction} of ${all.length} rows).`);
+      env = await openEnvironment(cfg, log);
+      log(`environment: ${env.describe}`);
+      const reward = trainerReward(rewardFromConfig(cfg.reward as never, { onError: (component, message) => log(`reward: ${component} failed: ${message}`) }), (q: Question) => ({ question: q.question, golds: q.golds }));
+      const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
+      const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
+      const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, tokenLevel: cfg.algorithm.token_level, entropyCoef: cfg.algorithm.entropy_coef, onStep };
+      const rollout = rolloutFn(cfg, agent, env);
+      let r: { steps: number; meanReward: number[] };
+      if (stage === 'grpo') {
+        const g = groupAdvantageOptions(cfg);
+        const fn = groupAdvantageFn(g);
+        const est = cfg.algorithm.kl_estimator;
+        if (cfg.algorithm.kl_coef > 0 && est === 'k2') throw new SlmError('CONFIG_INVALID', 'algorithm.kl_estimator: GRPO puts the KL in the loss, which supports k1 and k3; found k2.', { path: 'algorithm.kl_estimator' });
+        r = await runGrpo(agent.model, train, run, { rollout, reward, advantages: (rw, correct) => fn(rw, g.useCorrectness ? correct : undefined) }, {
+          ...rl,
+          k: cfg.rollout.k,
+          innerEpochs: cfg.algorithm.inner_epochs,
+          klCoef: cfg.algorithm.kl_coef,
+          klEstimator: est === 'k2' ? 'k3' : est,
+          schedule: scheduleSpec(cfg),
+        });
+      } else {
+        const a = ppoAdvantageOptions(cfg);
+        r = await runPpo(agent.model, train, run, { rollout, reward }, {
+          ...rl,
+          n: cfg.rollout.k,
+          ppoEpochs: cfg.algorithm.inner_epochs,
+          gamma: a.gamma,
+          lam: a.lam,
+          whiten: a.whiten,
+          klCoef: cfg.algorithm.kl_coef,
+          klIn: cfg.algorithm.kl_in,
+          klEstimator: cfg.algorithm.kl_estimator,
+          vfCoef: cfg.algorithm.vf_coef,
+          valueClip: cfg.algorithm.value_clip,
+          schedule: scheduleSpec(cfg),
+          criticLr: cfg.optim.critic_lr,
+        });
+      }
+      result = { stage, dir, steps: r.steps, adapter: join(dir, 'adapter'), meanReward: r.meanReward };
+    }
+    if (o.stopAfter === undefined || result.steps >= (run.latestCheckpoint()?.state.step ?? 0)) {
+      await agent.model.saveAdapter(result.adapter);
+      log(`adapter: ${result.adapter}`);
+    }
+    return result;
+  } finally {
+    await env?.close();
+    agent.model.dispose();
+  }
+}
+
+function required(v: string | null, key: string): string {
+  if (!v) throw new SlmError('CONFIG_INVALID', `${key} is not set; this stage needs it.`, { path: key });
+  return v;
+}
+
+function fmt(v: unknown): string {
+  return typeof v === 'number' ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : String(v);
+}
+
+/** One progress line per step: the step and its headline metrics. */
+export function stepLine(row: Record<string, unknown>): string {
+  const keys = ['loss', 'reward_mean', 'reward', 'accuracy', 'kl', 'clip_frac', 'grad_norm', 'lr', 'mask_coverage', 'time_rollout_s', 'time_train_s'];
+  return `step ${row.step}: ` + keys.filter((k) => row[k] !== undefined && row[k] !== null).map((k) => `${k} ${fmt(row[k])}`).join(', ');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Eval
+
+export interface EvalSummary {
+  label: string;
+  model: string;
+  adapter: string | null;
+  split: string;
+  questions: number;
+  /** Judge correctness when a judge part is configured, else exact match. */
+  accuracy: number;
+  accuracy_by: 'judge' | 'em';
+  em: number;
+  subem: number;
+  f1: number;
+  rouge_l: number;
+  reward: number;
+  avg_turns: number;
+  answered: number;
+  max_turns: number;
+  temperature: number;
+  time_s: number;
+  date: string;
+}
+
+export interface EvalOptions {
+  adapter?: string | null;
+  /** Name of this evaluation in the comparison table (default: base, or the adapter's run). */
+  label?: string;
+  log?: Log;
+  /** Evaluation batch size in episodes (default: rollout.batch_questions x rollout.k, at least 8). */
+  batch?: number;
+}
+
+export function evalLabel(adapter: string | null): string {
+  if (!adapter) return 'base';
+  const a = resolve(adapter);
+  // runs/NAME/adapter or runs/NAME/checkpoints/step-N/adapter -> NAME or NAME@step-N
+  if (basename(a) === 'adapter') {
+    const parent = dirname(a);
+    if (/^step-\d+$/.test(basename(parent)) && basename(dirname(parent)) === 'checkpoints') return `${basename(dirname(dirname(parent)))}@${basename(parent)}`;
+    return basename(parent);
+  }
+  return basename(a);
+}
+
+const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);
+
+export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): Promise<{ summary: EvalSummary; dir: string; table: string }> {
+  const log = o.log ?? (() => {});
+  const adapter = o.adapter === undefined ? cfg.model.adapter : o.adapter;
+  const label = o.label ?? evalLabel(adapter);
+  if (!/^[\w.@-]+$/.test(label)) throw new SlmError('ARGUMENT_INVALID', `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-" or "@".`);
+  const all = await loadQuestions(required(cfg.data.questions, 'data.questions'));
+  const parts = splitQuestions(all, cfg.data.split);
+  let qs = cfg.eval.split === 'all' ? all : parts[cfg.eval.split];
+  if (cfg.eval.max_questions !== null) qs = qs.slice(0, cfg.eval.max_questions);
+  if (!qs.length) throw new SlmError('DATA_INVALID', `the ${cfg.eval.split} split of ${cfg.data.questions} is empty; nothing to evaluate.`);
+  const dir = join(cfg.run.dir, 'evals', label);
+  mkdirSync(dir, { recursive: true });
+  const agent = await loadAgent(cfg, adapter);
+  let env: Environment | undefined;
+  const t0 = performance.now();
+  try {
+    env = await openEnvironment(cfg, log);
+    log(`eval ${label}: ${qs.length} questions (${cfg.eval.split} split), ${env.describe}`);
+    const rewardFn: ComposedRewardFn = rewardFromConfig(cfg.reward as never, { onError: (component, message) => log(`reward: ${component} failed: ${message}`) });
+    const byJudge = (cfg.reward.parts as Array<{ kind?: string }>).some((p) => p.kind === 'judge' || p.kind === 'judge_correctness');
+    const batch = o.batch ?? Math.max(8, cfg.rollout.batch_questions * cfg.rollout.k);
+    const rows: Array<Record<string, unknown>> = [];
+    const lines: string[] = [];
+    for (let s = 0; s < qs.length; s += batch) {
+      const chunk = qs.slice(s, s + batch);
+      const runner = episodeRunner(cfg, agent, env, { eval: true, seed: cfg.train.seed * 7919 + s, temperature: cfg.eval.temperature });
+      const r = await runner.run(chunk.map((q) => ({ question: q.question, temperature: cfg.eval.temperature })));
+      for (let i = 0; i < chunk.length; i++) {
+        const e = r.episodes[i];
+        const q = chunk[i];
+        const m = answerMetrics(e.answer, q.golds);
+        const rw = await rewardFn({ answer: e.answer, golds: q.golds, question: q.question, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } });
+        const correct = byJudge ? (rw.correct ?? false) : m.em === 1;
+        const row = { id: q.id, question: q.question, golds: q.golds, answer: e.answer, correct, ...m, reward: rw.total, parts: rw.parts, ...(Object.keys(rw.errors).length ? { reward_errors: rw.errors } : {}), turns: e.turns, finish: e.finish, calls: e.calls, messages: e.messages };
+        rows.push(row);
+        lines.push(JSON.stringify(row));
+      }
+      log(`eval ${label}: ${Math.min(s + batch, qs.length)}/${qs.length}, accuracy so far ${mean(rows.map((x) => (x.correct ? 1 : 0))).toFixed(3)}`);
+    }
+    writeFileSync(join(dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
+    const num = (k: string) => mean(rows.map((x) => x[k] as number));
+    const summary: EvalSummary = {
+      label,
+      model: cfg.model.path,
+      adapter,
+      split: cfg.eval.split,
+      questions: rows.length,
+      accuracy: mean(rows.map((x) => (x.correct ? 1 : 0))),
+      accuracy_by: byJudge ? 'judge' : 'em',
+      em: num('em'),
+      subem: num('subem'),
+      f1: num('f1'),
+      rouge_l: num('rouge_l'),
+      reward: num('reward'),
+      avg_turns: num('turns'),
+      answered: mean(rows.map((x) => (x.answer !== null ? 1 : 0))),
+      max_turns: cfg.protocol.max_turns_eval ?? cfg.protocol.max_turns,
+      temperature: cfg.eval.temperature,
+      time_s: (performance.now() - t0) / 1e3,
+      date: new Date().toISOString(),
+    };
+    writeFileSync(join(dir, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
+    const table = comparisonTable(join(cfg.run.dir, 'evals'));
+    writeFileSync(join(cfg.run.dir, 'evals', 'comparison.md'), table + '\n');
+    return { summary, dir, table };
+  } finally {
+    await env?.close();
+    agent.model.dispose();
+  }
+}
+
+/** A markdown table of every evaluation under `evalsDir` (one row per label, in order of date). */
+export function comparisonTable(evalsDir: string): string {
+  const rows: EvalSummary[] = [];
+  for (const d of existsSync(evalsDir) ? readdirSync(evalsDir) : []) {
+    const f = join(evalsDir, d, 'summary.json');
+    if (!existsSync(f)) continue;
+    try {
+      rows.push(JSON.parse(readFileSync(f, 'utf8')));
+    } catch {
+      /* a damaged summary is left out */
+    }
+  }
+  rows.sort((a, b) => a.date.localeCompare(b.date));
+  const pct = (x: number) => `${(100 * x).toFixed(1)}`;
+  const head = '| run | split | n | accuracy % | by | EM % | F1 % | ROUGE-L % | answered % | avg turns | reward |';
+  const sep = '|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|';
+  const body = rows.map((r) => `| ${r.label} | ${r.split} | ${r.questions} | ${pct(r.accuracy)} | ${r.accuracy_by} | ${pct(r.em)} | ${pct(r.f1)} | ${pct(r.rouge_l)} | ${pct(r.answered)} | ${r.avg_turns.toFixed(2)} | ${r.reward.toFixed(3)} |`);
+  return [head, sep, ...body].join('\n');
+}
