@@ -1,51 +1,40 @@
 /**
- * `slm-train` with no arguments: the embedded demo. The full pipeline (baseline eval -> SFT -> GRPO
- * -> eval on a built-in corpus) needs the trainer; until it lands the demo runs the part that exists:
- * it creates the tiny model, renders built-in questions with the chat template, and generates a
- * batch of rollouts in one native call, reporting what it did and how long each phase took.
+ * `slm-train` with no arguments: the embedded demo (lib/demo/pipeline.ts). A fictional corpus, a
+ * tiny model with its own tokenizer, expert trajectories from a scripted expert, then baseline eval
+ * -> SFT -> eval -> GRPO -> eval, and a table of the three evaluations.
  */
-import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { CommandModule } from 'yargs';
-import { Model } from '../engine/model.js';
-import { ChatFormatter } from '../model/chat.js';
-import { initModel } from '../model/init.js';
-import { loadTokenizer } from '../model/tokenizer.js';
+import { runDemo } from '../demo/pipeline.js';
 import { print } from './common.js';
 
-const QUESTIONS = [
-  'In which year was the Varnholt Observatory founded?',
-  'Who designed the Quillmere Bridge?',
-  'What river flows through the town of Ostrava Minor?',
-  'Which composer wrote the Sellabrook Cantatas?',
-];
+interface Args {
+  out?: string;
+  pages?: number;
+  'sft-epochs'?: number;
+  'grpo-steps'?: number;
+  seed?: number;
+}
 
-export const demoCommand: CommandModule<object, { out?: string }> = {
+export const demoCommand: CommandModule<object, Args> = {
   command: '$0',
-  describe: 'the embedded demo (tiny model, built-in questions)',
-  builder: (y) => y.option('out', { type: 'string', describe: 'run folder (default: runs/demo-<time>)' }) as never,
+  describe: 'the embedded demo: tiny model, fictional corpus, baseline -> SFT -> GRPO, results table',
+  builder: (y) =>
+    y
+      .option('out', { type: 'string', describe: 'run folder (default: runs/demo-<time>)' })
+      .option('pages', { type: 'number', describe: 'pages of the generated corpus (5 questions each; default 60)' })
+      .option('sft-epochs', { type: 'number', describe: 'SFT epochs over the expert trajectories' })
+      .option('grpo-steps', { type: 'number', describe: 'GRPO steps' })
+      .option('seed', { type: 'number', describe: 'seed of the corpus, the model and the training (default 0)' }) as never,
   handler: async (a) => {
-    const run = resolve(a.out ?? join('runs', `demo-${new Date().toISOString().replace(/[:.]/g, '-')}`));
-    mkdirSync(run, { recursive: true });
-    let t = Date.now();
-    const { dir, parameters } = initModel({ preset: 'tiny', out: join(run, 'model'), seed: 0 });
-    print(`created the tiny model (${(parameters / 1e6).toFixed(1)}M parameters) in ${Date.now() - t} ms: ${dir}`);
-    t = Date.now();
-    const model = await Model.load(dir);
-    const tok = loadTokenizer(dir);
-    model.setVocab(tok.tokenBytes());
-    const chat = ChatFormatter.forModel(dir);
-    const system = 'Answer questions by searching. Write code in <python> tags, the final answer in <answer> tags.';
-    const prompts = QUESTIONS.flatMap((q) => [0, 1].map(() => Int32Array.from(tok.encode(chat.prompt([{ role: 'system', content: system }, { role: 'user', content: q }])))));
-    print(`loaded the engine and tokenizer in ${Date.now() - t} ms`);
-    const temps = prompts.map((_, i) => 0.7 + (0.45 * i) / (prompts.length - 1));
-    const g = await model.generate({ prompts, maxNewTokens: 24, temperature: temps, topP: 1, seed: 1, stopTokenIds: tok.stopTokenIds, stopStrings: ['</python>', '</answer>'] });
-    const generated = g.tokens.reduce((s, x) => s + x.length, 0);
-    print(`generated ${prompts.length} rollouts (${generated} tokens, temperatures 0.70-1.15) in one native call: prefill ${(g.prefillSeconds * 1e3).toFixed(0)} ms, decode ${(g.decodeSeconds * 1e3).toFixed(0)} ms`);
-    print(`first rollout (an untrained model writes noise): ${JSON.stringify(tok.decode(g.tokens[0]).slice(0, 120))}`);
+    const out = resolve(a.out ?? join('runs', `demo-${new Date().toISOString().replace(/[:.]/g, '-')}`));
+    const t0 = performance.now();
+    const log = (s: string) => process.stderr.write(`[demo ${((performance.now() - t0) / 1e3).toFixed(0).padStart(4)} s] ${s}\n`);
+    const r = await runDemo({ out, pages: a.pages, sftEpochs: a['sft-epochs'], grpoSteps: a['grpo-steps'], seed: a.seed, log });
     print('');
-    print('The full demo (baseline eval -> SFT -> GRPO -> eval, with a results table) arrives with the trainer.');
-    print(`run folder: ${run}`);
-    model.dispose();
+    print(r.table);
+    print('');
+    print(`Evaluated on the ${r.stages[0].summary.questions} held-out questions (greedy); accuracy = exact match after Search-R1 normalisation.`);
+    print(`Total ${((performance.now() - t0) / 1e3).toFixed(0)} s. Run folder: ${r.dir} (report.md, configs/, runs/, data/, model/)`);
   },
 };

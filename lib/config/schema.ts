@@ -74,6 +74,7 @@ export const CONFIG_SCHEMA: Schema = {
       max_context: int(3000, { minimum: 16 }, 'tokens of prompt + turns + observations'),
       tool_output_chars: int(2000, { minimum: 0 }, 'observations are cut to this many characters'),
       top_k: int(3, { minimum: 1 }, 'passages per <search> (tags)'),
+      system_prompt: str(null, "null = the protocol's own (code: the reference's; tags: none, as Search-R1)"),
     }),
     sandbox: section({
       kind: oneOf(['python', 'quickjs'], 'python'),

@@ -41,6 +41,7 @@ export interface ProtocolConfig {
   max_context: number;
   tool_output_chars: number;
   top_k: number;
+  system_prompt: string | null;
 }
 
 export interface SandboxConfig {

@@ -159,7 +159,7 @@ export function initModel(opts: InitOptions): { dir: string; parameters: number;
   writeFileSync(join(opts.out, 'config.json'), JSON.stringify(c, null, 2) + '\n');
   writeFileSync(
     join(opts.out, 'generation_config.json'),
-    JSON.stringify({ bos_token_id: c.bos_token_id, eos_token_id: [151645, 151643], do_sample: true, temperature: 0.7, top_p: 0.8, top_k: 20 }, null, 2) + '\n',
+    JSON.stringify({ bos_token_id: c.bos_token_id, eos_token_id: [c.eos_token_id, c.bos_token_id], do_sample: true, temperature: 0.7, top_p: 0.8, top_k: 20 }, null, 2) + '\n',
   );
   const parameters = tensors.reduce((a, t) => a + t.shape.reduce((x, y) => x * y, 1), 0);
   return { dir: opts.out, parameters, config: c };

@@ -13,7 +13,11 @@ export interface SyntheticQuestion {
   page_id: string;
   /** true when the question shares no word with the page title. */
   by_alias: boolean;
+  /** Which fact it asks for (the section that holds it: history, geography or economy). */
+  kind: SyntheticQuestionKind;
 }
+
+export type SyntheticQuestionKind = 'founded' | 'founder' | 'river' | 'economy' | 'fair';
 
 const SYL = ['var', 'nol', 'quil', 'mere', 'ost', 'ra', 'bel', 'dun', 'kar', 'vell', 'tor', 'sin', 'ash', 'gro', 'mir', 'fen', 'lod', 'pra', 'zeb', 'hal', 'ith', 'cor', 'wyn', 'ul', 'dre', 'syl', 'bar', 'tam', 'eck', 'orn'];
 const FIRST = ['Aldric', 'Berin', 'Calla', 'Doran', 'Elsabet', 'Faro', 'Gwenna', 'Hollis', 'Isolde', 'Jorund', 'Kestra', 'Lovan', 'Maren', 'Nils', 'Orla', 'Perrin', 'Quenby', 'Rosalind', 'Sten', 'Tamsin'];
@@ -74,12 +78,12 @@ export function syntheticCorpus(opts: { pages: number; seed?: number; paragraphs
       `The economy of ${title} rests on ${trade}. Every spring the town holds the ${festival}. ${filler('the markets', extra)}`,
     ].join('\n\n');
     pages.push({ id, title, content });
-    const q = (question: string, answer: string, by_alias: boolean) => questions.push({ id: `${id}-${questions.length}`, question, answer, page_id: id, by_alias });
-    q(`In which year was ${title} founded?`, String(year), false);
-    q(`Who founded ${title}?`, founder, false);
-    q(`On which river does ${title} lie?`, river, false);
-    q(`What does the economy of ${title} rest on?`, trade, false);
-    q(`Which fair is held every spring in the town chronicles call ${alias}?`, festival, true);
+    const q = (kind: SyntheticQuestionKind, question: string, answer: string, by_alias: boolean) => questions.push({ id: `${id}-${questions.length}`, question, answer, page_id: id, by_alias, kind });
+    q('founded', `In which year was ${title} founded?`, String(year), false);
+    q('founder', `Who founded ${title}?`, founder, false);
+    q('river', `On which river does ${title} lie?`, river, false);
+    q('economy', `What does the economy of ${title} rest on?`, trade, false);
+    q('fair', `Which fair is held every spring in the town chronicles call ${alias}?`, festival, true);
   }
   return { pages, questions };
 }

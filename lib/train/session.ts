@@ -130,7 +130,7 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}):
   if (kind === 'direct') return { protocol: directProtocol(), describe: 'protocol direct (no search)', close: async () => {} };
   const index = await openIndex(cfg, log);
   if (kind === 'tags') {
-    return { protocol: tagsProtocol({ search: index, topK: cfg.protocol.top_k }), index, describe: `protocol tags, top-k ${cfg.protocol.top_k}, ${index.params.kind} retrieval`, close: async () => {} };
+    return { protocol: tagsProtocol({ search: index, topK: cfg.protocol.top_k, ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) }), index, describe: `protocol tags, top-k ${cfg.protocol.top_k}, ${index.params.kind} retrieval`, close: async () => {} };
   }
   const sb = cfg.sandbox;
   const sandbox = await createSandbox(
@@ -141,7 +141,7 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}):
   let isolation = '';
   if (sb.kind === 'python') isolation = `, isolation ${(await detectIsolation()).level}`;
   return {
-    protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python' }),
+    protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) }),
     index,
     sandbox,
     describe: `protocol code, ${sb.kind} sandbox (${sb.kind === 'python' ? `${sb.workers} workers, ` : ''}${sb.timeout_s} s, ${sb.memory_mb} MB${isolation}), ${index.params.kind} retrieval`,

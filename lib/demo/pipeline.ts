@@ -1,0 +1,157 @@
+/**
+ * The embedded demo (`npx slm-train` with no arguments): the whole pipeline at toy scale on this
+ * machine, with nothing downloaded.
+ *   1. a fictional encyclopedia (rare by construction) with questions, split 80/20 by index;
+ *   2. a byte-level BPE tokenizer learned from it (~1k ids) and a randomly initialised tiny Qwen3
+ *      that uses it, in Hugging Face layout;
+ *   3. the search index; expert trajectories from a scripted expert run through the real sandbox;
+ *   4. eval of the untrained model -> SFT on the expert trajectories -> eval -> GRPO -> eval;
+ *   5. a table (accuracy, EM, F1, answered, average turns, time) and the run folder.
+ * Every stage goes through the same code as `slm-train train` / `eval`, with configs written into
+ * the run folder so each stage can be re-run by hand.
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import YAML from 'yaml';
+import { loadConfig } from '../config/load.js';
+import { initModel } from '../model/init.js';
+import { loadTokenizer } from '../model/tokenizer.js';
+import { syntheticCorpus } from '../retrieval/synthetic.js';
+import { evalFromConfig, openEnvironment, trainFromConfig, type EvalSummary, type Log } from '../train/session.js';
+import { trainByteLevelBpe } from './bpe.js';
+import { DEMO_SYSTEM_PROMPT, expertProgram, expertTrajectories } from './expert.js';
+
+export interface DemoOptions {
+  out: string;
+  /** Pages of the generated corpus (5 questions each). */
+  pages?: number;
+  sftEpochs?: number;
+  grpoSteps?: number;
+  seed?: number;
+  log?: Log;
+}
+
+export interface DemoStage {
+  stage: string;
+  summary: EvalSummary;
+  train_s: number;
+}
+
+export interface DemoResult {
+  dir: string;
+  stages: DemoStage[];
+  table: string;
+  expert: { accepted: number; rejected: number };
+}
+
+const CHAT_TEMPLATE =
+  "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}" +
+  "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
+
+export async function runDemo(o: DemoOptions): Promise<DemoResult> {
+  const log = o.log ?? (() => {});
+  const dir = resolve(o.out);
+  const seed = o.seed ?? 0;
+  const paths = { model: join(dir, 'model'), data: join(dir, 'data'), configs: join(dir, 'configs'), runs: join(dir, 'runs') };
+  for (const p of Object.values(paths)) mkdirSync(p, { recursive: true });
+
+  // 1. corpus and questions
+  const gen = syntheticCorpus({ pages: o.pages ?? 60, seed: 11 + seed });
+  const corpusFile = join(paths.data, 'corpus.jsonl');
+  const questionsFile = join(paths.data, 'questions.jsonl');
+  writeFileSync(corpusFile, gen.pages.map((p) => JSON.stringify(p)).join('\n') + '\n');
+  writeFileSync(questionsFile, gen.questions.map((q) => JSON.stringify({ id: q.id, question: q.question, answer: q.answer, kind: q.kind })).join('\n') + '\n');
+  const cut = Math.round(gen.questions.length * 0.8);
+  const train = gen.questions.slice(0, cut);
+  log(`corpus: ${gen.pages.length} fictional pages, ${gen.questions.length} questions (${train.length} train, ${gen.questions.length - cut} eval)`);
+
+  // 2. tokenizer and model
+  const special = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
+  const tags = ['<python>', '</python>', '<python_output>', '</python_output>', '<answer>', '</answer>'];
+  const texts = [...gen.pages.map((p) => `# ${p.title}\n${p.content}`), ...gen.questions.map((q) => `Question: ${q.question}\n${expertProgram(q)}\n${q.answer}`), DEMO_SYSTEM_PROMPT];
+  const tj = trainByteLevelBpe(texts, { merges: 700, special, added: tags });
+  const vocab = Object.keys((tj.model as { vocab: object }).vocab).length + special.length + tags.length;
+  initModel({
+    preset: 'tiny',
+    out: paths.model,
+    seed: 1 + seed,
+    overrides: { vocab_size: vocab, hidden_size: 128, intermediate_size: 384, num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 32, max_window_layers: 4, bos_token_id: vocab - tags.length - 3, eos_token_id: vocab - tags.length - 1 },
+    embedStd: 0.15,
+  });
+  writeFileSync(join(paths.model, 'tokenizer.json'), JSON.stringify(tj));
+  writeFileSync(join(paths.model, 'tokenizer_config.json'), JSON.stringify({ tokenizer_class: 'PreTrainedTokenizerFast', bos_token: null, eos_token: '<|im_end|>', pad_token: '<|endoftext|>', model_max_length: 4096 }, null, 2) + '\n');
+  writeFileSync(join(paths.model, 'chat_template.jinja'), CHAT_TEMPLATE);
+  const tok = loadTokenizer(paths.model);
+  log(`model: tiny Qwen3 (4 layers, hidden 128) with its own ${tok.vocabSize}-token BPE tokenizer, in ${paths.model}`);
+
+  // 3. configs (the same files `slm-train train --config` takes)
+  const base = {
+    model: { path: paths.model, dtype: 'float32', device: 'cpu' },
+    lora: { r: 32, alpha: 64, dropout: 0, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] },
+    data: { questions: questionsFile, corpus: corpusFile, index: join(dir, 'index'), split: { train_fraction: 0.8 } },
+    protocol: { kind: 'code', max_turns: 2, max_new_tokens: 96, max_context: 1024, system_prompt: DEMO_SYSTEM_PROMPT },
+    sandbox: { kind: 'python', workers: 2, timeout_s: 5 },
+    retrieval: { kind: 'hybrid' },
+    reward: { parts: [{ kind: 'f1', weight: 1 }] },
+    eval: { split: 'eval', temperature: 0 },
+    run: { dir: paths.runs },
+  };
+  const sftFile = join(paths.data, 'expert.jsonl');
+  const write = (name: string, c: object) => {
+    const f = join(paths.configs, `${name}.yaml`);
+    writeFileSync(f, `# Written by the slm-train demo; run it again with: slm-train train --config ${f}\n` + YAML.stringify(c));
+    return loadConfig(f);
+  };
+  const sftCfg = write('sft', { stage: 'sft', ...base, data: { ...base.data, sft: sftFile }, optim: { lr: 3e-3, schedule: 'cosine', warmup_steps: 5 }, train: { epochs: o.sftEpochs ?? 8, batch_size: 8, seed, checkpoint_every: 0 }, run: { ...base.run, name: 'sft' } });
+  const grpoCfg = write('grpo', {
+    stage: 'grpo',
+    ...base,
+    model: { ...base.model, adapter: join(paths.runs, 'sft', 'adapter') },
+    rollout: { k: 8, batch_questions: 4, temperature: 1 },
+    algorithm: { std: 'group', fallbacks: { all_failed: 'skip', zero_variance: 'skip' } },
+    optim: { lr: 1e-3 },
+    train: { steps: o.grpoSteps ?? 20, seed, checkpoint_every: 0 },
+    run: { ...base.run, name: 'grpo' },
+  });
+
+  // 4. expert trajectories through the real sandbox and protocol
+  let t = performance.now();
+  const env = await openEnvironment(grpoCfg, log);
+  let expert: { accepted: number; rejected: number };
+  try {
+    const ex = await expertTrajectories(train, env.protocol, grpoCfg.protocol.max_turns);
+    writeFileSync(sftFile, ex.rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    expert = { accepted: ex.rows.length, rejected: ex.rejected };
+    log(`expert: ${ex.rows.length} trajectories (${ex.rejected} rejected: the program's output was not the gold answer) in ${((performance.now() - t) / 1e3).toFixed(1)} s`);
+  } finally {
+    await env.close();
+  }
+
+  // 5. baseline -> SFT -> eval -> GRPO -> eval
+  const stages: DemoStage[] = [];
+  const evaluate = async (stage: string, adapter: string | null, trainS: number) => {
+    const r = await evalFromConfig(grpoCfg, { adapter, label: stage, log });
+    stages.push({ stage, summary: r.summary, train_s: trainS });
+    log(`${stage}: accuracy ${(100 * r.summary.accuracy).toFixed(1)} %, F1 ${(100 * r.summary.f1).toFixed(1)} %, answered ${(100 * r.summary.answered).toFixed(1)} %, avg turns ${r.summary.avg_turns.toFixed(2)}`);
+  };
+  await evaluate('baseline', null, 0);
+  t = performance.now();
+  const sft = await trainFromConfig(sftCfg, { log, configFile: join(paths.configs, 'sft.yaml') });
+  await evaluate('sft', sft.adapter, (performance.now() - t) / 1e3);
+  t = performance.now();
+  const rl = await trainFromConfig(grpoCfg, { log, configFile: join(paths.configs, 'grpo.yaml') });
+  await evaluate('grpo', rl.adapter, (performance.now() - t) / 1e3);
+
+  const table = demoTable(stages);
+  writeFileSync(join(dir, 'report.md'), `# slm-train demo\n\n${new Date().toISOString()}\n\n${table}\n\nExpert trajectories: ${expert.accepted} (${expert.rejected} rejected).\n`);
+  return { dir, stages, table, expert };
+}
+
+export function demoTable(stages: readonly DemoStage[]): string {
+  const pct = (x: number) => (100 * x).toFixed(1);
+  return [
+    '| stage | accuracy % | EM % | F1 % | answered % | avg turns | train time s | eval time s |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|',
+    ...stages.map((s) => `| ${s.stage} | ${pct(s.summary.accuracy)} | ${pct(s.summary.em)} | ${pct(s.summary.f1)} | ${pct(s.summary.answered)} | ${s.summary.avg_turns.toFixed(2)} | ${s.train_s.toFixed(0)} | ${s.summary.time_s.toFixed(0)} |`),
+  ].join('\n');
+}

@@ -1,0 +1,82 @@
+// The embedded demo's parts: the byte-level BPE tokenizer it learns (a real Hugging Face
+// tokenizer.json, read back by the same loader as any model's), the scripted expert (its programs run
+// in the real Python sandbox and its answers are the gold ones), and the whole pipeline at a small
+// scale (every stage runs, the table and the run folder are written). The full-size demo is the
+// README's main command; its numbers are in the README.
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { loadConfig } from '../lib/config/load.js';
+import { trainByteLevelBpe } from '../lib/demo/bpe.js';
+import { DEMO_SYSTEM_PROMPT, expertProgram, expertTrajectories } from '../lib/demo/expert.js';
+import { runDemo } from '../lib/demo/pipeline.js';
+import { codeProtocol } from '../lib/episodes/protocol.js';
+import { loadTokenizer } from '../lib/model/tokenizer.js';
+import { Corpus } from '../lib/retrieval/corpus.js';
+import { SearchIndex } from '../lib/retrieval/index.js';
+import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
+import { createPythonPool } from '../lib/sandbox/python.js';
+
+const gen = syntheticCorpus({ pages: 12, seed: 5 });
+
+t.test('the learned BPE tokenizer round-trips text and is read by the Hugging Face loader', async (t) => {
+  const dir = join(t.testdir(), 'tok');
+  mkdirSync(dir);
+  const special = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
+  const added = ['<python>', '</python>'];
+  const tj = trainByteLevelBpe(gen.pages.map((p) => p.content), { merges: 300, special, added });
+  const model = tj.model as { vocab: Record<string, number>; merges: string[] };
+  t.equal(model.merges.length, 300);
+  t.equal(Object.keys(model.vocab).length, 256 + 300, '256 bytes + one piece per merge');
+  writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(tj));
+  writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify({ eos_token: '<|im_end|>' }));
+  const tok = loadTokenizer(dir);
+  t.equal(tok.vocabSize, 556 + 5);
+  t.same(tok.stopTokenIds.sort(), [556, 558].sort(), '<|im_end|> and <|endoftext|> stop');
+  const texts = [gen.pages[3].content, '<|im_start|>user\nQuestion: héllo wörld 😀 1234<|im_end|>\n<python>\nprint("x")\n</python>', '  spaces\n\n\ttabs  '];
+  for (const s of texts) {
+    const ids = tok.encode(s);
+    t.equal(tok.decode(ids), s, `round trip of ${JSON.stringify(s.slice(0, 30))}`);
+    const bytes = tok.tokenBytes();
+    t.equal(Buffer.concat(ids.map((i) => Buffer.from(bytes[i]))).toString('utf8'), s, 'token bytes concatenate to the text');
+  }
+  t.equal(tok.encode('<python>').length, 1, 'an added tag is one token');
+  const corpusText = gen.pages.map((p) => p.content).join('\n');
+  t.ok(tok.encode(corpusText).length < Buffer.byteLength(corpusText) / 3, 'merges compress the text they were learned from');
+});
+
+t.test('the scripted expert answers with the gold answer through the real sandbox', async (t) => {
+  const index = await SearchIndex.build(new Corpus(gen.pages));
+  const pool = await createPythonPool({ tools: index, size: 2, timeoutMs: 5000 });
+  t.teardown(() => pool.close());
+  const protocol = codeProtocol({ executor: pool, systemPrompt: DEMO_SYSTEM_PROMPT });
+  t.match(expertProgram(gen.questions[0]), /^hits = search_pages\("In which year was \w+ founded\?"\)\ntext = read_section\(hits\[0\]\["page_id"\] \+ ":history"\)\nprint\(re\.search/);
+  const { rows, rejected } = await expertTrajectories(gen.questions, protocol);
+  t.equal(rows.length + rejected, gen.questions.length);
+  t.ok(rows.length >= gen.questions.length * 0.8, `${rows.length} of ${gen.questions.length} accepted`);
+  for (const r of rows) {
+    t.same(r.messages.map((m) => m.role), ['system', 'user', 'assistant', 'user', 'user', 'assistant'], 'program, output, final-turn notice, answer');
+    t.equal(r.messages[0].content, DEMO_SYSTEM_PROMPT);
+    t.match(r.messages[3].content, /^<python_output>\n[\s\S]+\n<\/python_output>$/);
+    t.equal(r.messages[5].content, `<answer>${r.answer}</answer>`);
+  }
+});
+
+t.test('the demo pipeline runs every stage at a small scale and writes its run folder', async (t) => {
+  const out = join(t.testdir(), 'demo');
+  const lines: string[] = [];
+  const r = await runDemo({ out, pages: 10, sftEpochs: 1, grpoSteps: 1, log: (s) => lines.push(s) });
+  t.same(r.stages.map((s) => s.stage), ['baseline', 'sft', 'grpo']);
+  for (const s of r.stages) {
+    t.equal(s.summary.questions, 10, `${s.stage}: the 10 held-out questions`);
+    t.ok(s.summary.accuracy >= 0 && s.summary.accuracy <= 1 && Number.isFinite(s.summary.f1));
+  }
+  t.ok(r.expert.accepted > 20, `${r.expert.accepted} expert trajectories`);
+  t.match(r.table, /\| stage \| accuracy % \|[\s\S]*\| baseline \|[\s\S]*\| sft \|[\s\S]*\| grpo \|/);
+  t.match(readFileSync(join(out, 'report.md'), 'utf8'), /\| grpo \|/);
+  for (const f of ['model/tokenizer.json', 'model/chat_template.jinja', 'data/expert.jsonl', 'index/manifest.json', 'runs/sft/adapter/adapter_config.json', 'runs/grpo/adapter/adapter_config.json', 'runs/evals/comparison.md'])
+    t.ok(existsSync(join(out, f)), f);
+  const grpo = loadConfig(join(out, 'configs', 'grpo.yaml'));
+  t.equal(grpo.model.adapter, join(out, 'runs', 'sft', 'adapter'), 'GRPO starts from the SFT adapter');
+  t.match(lines.join('\n'), /expert: \d+ trajectories/);
+});
