@@ -6,7 +6,8 @@ import { doctorCommand } from './doctor.js';
 import { generateCommand } from './generate.js';
 import { initModelCommand } from './init-model.js';
 import { logitsCommand } from './logits.js';
+import { execCommand, indexCommand, searchCommand } from './retrieval.js';
 import { evalCommand, trainCommand } from './train.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, logitsCommand, generateCommand, initModelCommand, doctorCommand, benchCommand];
+export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, indexCommand, searchCommand, execCommand, logitsCommand, generateCommand, initModelCommand, doctorCommand, benchCommand];

@@ -1,0 +1,145 @@
+/**
+ * `slm-train index --corpus FILE --out DIR`, `slm-train search (--index DIR | --corpus FILE) QUERY`
+ * and `slm-train exec (--index DIR | --corpus FILE) [--sandbox python|quickjs] [--file F | -]`.
+ */
+import { readFileSync } from 'node:fs';
+import type { CommandModule } from 'yargs';
+import { SlmError } from '../errors.js';
+import { Corpus } from '../retrieval/corpus.js';
+import { DEFAULT_PARAMS, SearchIndex, type IndexKind } from '../retrieval/index.js';
+import { createSandbox } from '../sandbox/index.js';
+import { print } from './common.js';
+
+const KINDS = ['hybrid', 'dense', 'bm25'] as const;
+const log = (s: string) => process.stderr.write(`[slm-train] ${s}\n`);
+
+interface Source {
+  index?: string;
+  corpus?: string;
+}
+
+/** The index of `--index DIR`, or one built in memory from `--corpus FILE`; exactly one of them. */
+async function openSource(a: Source, kind?: IndexKind): Promise<SearchIndex> {
+  if ((a.index === undefined) === (a.corpus === undefined))
+    throw new SlmError('ARGUMENT_INVALID', `give exactly one of --index DIR (built by \`slm-train index\`) or --corpus FILE (JSONL/JSON/Parquet rows {id, title, content}); found ${a.index === undefined ? 'neither' : 'both'}.`);
+  if (a.index !== undefined) return SearchIndex.load(a.index);
+  return SearchIndex.build(await Corpus.load(a.corpus!), kind ? { kind } : {});
+}
+
+function checkEmbedder(e: string): void {
+  if (e !== 'hashing') throw new SlmError('NOT_SUPPORTED', `--embedder ${e}: Qwen3 embedding checkpoints are not supported yet; use --embedder hashing (the default).`);
+}
+
+interface IndexArgs {
+  corpus: string;
+  out: string;
+  embedder: string;
+  kind: IndexKind;
+  M: number;
+  'ef-construction': number;
+  ef: number;
+  json?: boolean;
+}
+
+export const indexCommand: CommandModule<object, IndexArgs> = {
+  command: 'index',
+  describe: 'build the search index of a corpus (HNSW over chunk vectors + BM25) and save it',
+  builder: (y) =>
+    y
+      .option('corpus', { type: 'string', demandOption: true, describe: 'JSONL/JSON/Parquet rows {id, title, content}' })
+      .option('out', { type: 'string', demandOption: true, describe: 'the index folder to write' })
+      .option('embedder', { type: 'string', default: 'hashing', describe: 'hashing (Qwen3 embedding folders: not yet)' })
+      .option('kind', { choices: KINDS, default: DEFAULT_PARAMS.kind, describe: 'what search_pages uses' })
+      .option('M', { type: 'number', default: DEFAULT_PARAMS.M, describe: 'HNSW links per node' })
+      .option('ef-construction', { type: 'number', default: DEFAULT_PARAMS.efConstruction, describe: 'HNSW build breadth' })
+      .option('ef', { type: 'number', default: DEFAULT_PARAMS.ef, describe: 'HNSW search breadth' })
+      .option('json', { type: 'boolean', describe: 'print the manifest as JSON' }) as never,
+  handler: async (a) => {
+    checkEmbedder(a.embedder);
+    for (const [k, v] of [['M', a.M], ['ef-construction', a['ef-construction']], ['ef', a.ef]] as const)
+      if (!Number.isInteger(v) || v < 1) throw new SlmError('ARGUMENT_INVALID', `--${k} expects a positive integer, found ${v}.`);
+    const t0 = performance.now();
+    const corpus = await Corpus.load(a.corpus);
+    const idx = await SearchIndex.build(corpus, { kind: a.kind, M: a.M, efConstruction: a['ef-construction'], ef: a.ef });
+    idx.save(a.out);
+    const s = (performance.now() - t0) / 1e3;
+    const summary = { out: a.out, pages: corpus.pages.length, chunks: idx.chunks.length, kind: idx.params.kind, embedder: idx.embedder.name, hnsw: !idx.exact, seconds: +s.toFixed(2) };
+    if (a.json) print(JSON.stringify(summary));
+    else print(`indexed ${summary.pages} pages (${summary.chunks} chunks, ${summary.embedder}, ${summary.kind}${summary.hnsw ? '' : ', exact search: hnswlib-node is not installed'}) in ${s.toFixed(1)} s -> ${a.out}`);
+  },
+};
+
+interface SearchArgs extends Source {
+  query: string;
+  k: number;
+  kind?: IndexKind;
+  json?: boolean;
+}
+
+export const searchCommand: CommandModule<object, SearchArgs> = {
+  command: 'search <query>',
+  describe: 'what search_pages(query) returns for an index or a corpus',
+  builder: (y) =>
+    y
+      .positional('query', { type: 'string', describe: 'free-text query' })
+      .option('index', { type: 'string', describe: 'an index folder (slm-train index)' })
+      .option('corpus', { type: 'string', describe: 'a corpus file (indexed in memory)' })
+      .option('k', { type: 'number', default: 10, describe: 'results' })
+      .option('kind', { choices: KINDS, describe: "retrieval (default: the index's)" })
+      .option('json', { type: 'boolean', describe: 'print [{page_id, title, similarity}]' }) as never,
+  handler: async (a) => {
+    const idx = await openSource(a, a.kind);
+    const hits = await idx.searchPages(String(a.query), a.k, a.kind);
+    if (a.json) return print(JSON.stringify(hits));
+    print(hits.map((h, i) => `${String(i + 1).padStart(3)}  ${h.similarity.toFixed(4)}  ${h.page_id}  ${h.title}`).join('\n') || '(no results)');
+  },
+};
+
+interface ExecArgs extends Source {
+  stdin?: string;
+  sandbox: 'python' | 'quickjs';
+  file?: string;
+  'timeout-s': number;
+  json?: boolean;
+}
+
+export const execCommand: CommandModule<object, ExecArgs> = {
+  command: 'exec [stdin]',
+  describe: 'run one program in the sandbox with search_pages / view_sections / read_section bound to a corpus',
+  builder: (y) =>
+    y
+      .positional('stdin', { type: 'string', describe: '- : read the program from stdin (the default without --file)' })
+      .option('index', { type: 'string', describe: 'an index folder (slm-train index)' })
+      .option('corpus', { type: 'string', describe: 'a corpus file (indexed in memory)' })
+      .option('sandbox', { choices: ['python', 'quickjs'] as const, default: 'python' as const })
+      .option('file', { type: 'string', describe: 'the program file (default: stdin)' })
+      .option('timeout-s', { type: 'number', default: 10, describe: 'wall-clock limit' })
+      .option('json', { type: 'boolean', describe: 'print {"stdout", "error", "timed_out", "calls"}' }) as never,
+  handler: async (a) => {
+    if (!(a['timeout-s'] > 0)) throw new SlmError('ARGUMENT_INVALID', `--timeout-s expects a positive number of seconds, found ${a['timeout-s']}.`);
+    if (a.stdin === '') a.stdin = '-'; // yargs hands a lone "-" over as ""
+    if (a.stdin !== undefined && a.stdin !== '-') throw new SlmError('ARGUMENT_INVALID', `exec takes the program from --file F or from stdin (-); found the argument ${JSON.stringify(a.stdin)}.`);
+    if (a.stdin === '-' && a.file !== undefined) throw new SlmError('ARGUMENT_INVALID', 'give the program either with --file F or on stdin (-), not both.');
+    const fromStdin = a.file === undefined;
+    if (fromStdin && process.stdin.isTTY) throw new SlmError('ARGUMENT_INVALID', 'no program: give --file F, or pipe the program into stdin (--file -).');
+    let code: string;
+    try {
+      code = readFileSync(fromStdin ? 0 : a.file!, 'utf8');
+    } catch (e) {
+      throw new SlmError('FILE_NOT_FOUND', `cannot read the program ${fromStdin ? 'from stdin' : a.file}: ${(e as Error).message}.`);
+    }
+    const idx = await openSource(a);
+    const sb = await createSandbox({ kind: a.sandbox, tools: idx, timeoutMs: a['timeout-s'] * 1000 });
+    try {
+      const r = await sb.run(code);
+      if (a.json) print(JSON.stringify({ stdout: r.stdout, error: r.error, timed_out: r.timed_out, calls: r.calls }));
+      else {
+        if (r.stdout) process.stdout.write(r.stdout.endsWith('\n') ? r.stdout : r.stdout + '\n');
+        if (r.error) log(`the program raised: ${r.error}`);
+        if (r.timed_out) log(`the program ran past ${a['timeout-s']} s and was stopped`);
+      }
+    } finally {
+      await sb.close();
+    }
+  },
+};
