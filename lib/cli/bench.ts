@@ -12,8 +12,8 @@ const KINDS: Record<string, (() => Promise<Runner>) | null> = {
   engine: async () => (await import('../../bench/engine.js')).runBench,
   train: async () => (await import('../../bench/train.js')).runBench,
   sandbox: async () => (await import('../../bench/sandbox.js')).runBench,
-  retrieval: null,
-  rollout: null,
+  retrieval: async () => (await import('../../bench/retrieval.js')).runBench,
+  rollout: async () => (await import('../../bench/rollout.js')).runBench,
 };
 
 interface Args {

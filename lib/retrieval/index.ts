@@ -116,6 +116,13 @@ export class SearchIndex implements SearchTools {
     return new SearchIndex(corpus, chunks, vectors, embedder, params, hnsw);
   }
 
+  /** Changes the HNSW search breadth (recall against speed) for the searches that follow. */
+  setEf(ef: number): void {
+    if (!Number.isInteger(ef) || ef < 1) throw new SlmError('ARGUMENT_INVALID', `ef expects a positive integer, found ${ef}.`);
+    this.params.ef = ef;
+    this.hnsw?.setEf(ef);
+  }
+
   /** Top-k chunks by vector similarity (HNSW, or exact when forced or unavailable). */
   async denseChunks(query: string, k: number, exact = false): Promise<Array<{ chunk: number; score: number }>> {
     const [q] = await this.embedder.embed([query], 'query');

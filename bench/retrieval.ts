@@ -1,0 +1,84 @@
+/**
+ * `slm-train bench retrieval`: on a generated corpus of 5,000 pages (20,000 chunks; --quick: 1,000
+ * pages), the index build time (embedding + HNSW graph, beside the embedding alone), query latency
+ * p50/p99 for HNSW dense search, exact dense search (the reference it approximates), BM25 and the
+ * hybrid, and HNSW recall@10 against exact search for several ef (a neighbour counts when its score is
+ * within 1e-3 of the 10th exact one, ann-benchmarks' convention, so ties at the cut are not misses).
+ */
+import { Corpus } from '../lib/retrieval/corpus.js';
+import { SearchIndex, chunkPages, DEFAULT_PARAMS } from '../lib/retrieval/index.js';
+import { HashingEmbedder } from '../lib/retrieval/embedders.js';
+import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
+import { summarize, type Latency } from './sandbox.js';
+import type { BenchOptions, BenchReport } from './types.js';
+
+const EFS = [16, 32, 64, 128, 256, 512];
+
+async function latency(queries: string[], f: (q: string) => Promise<unknown>): Promise<Latency> {
+  const ms: number[] = [];
+  for (const q of queries) {
+    const t0 = performance.now();
+    await f(q);
+    ms.push(performance.now() - t0);
+  }
+  return summarize(ms);
+}
+
+export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
+  const log = o.log ?? (() => {});
+  const pages = o.quick ? 1000 : 5000;
+  const gen = syntheticCorpus({ pages, seed: 7 });
+  const corpus = new Corpus(gen.pages);
+  const chunks = chunkPages(corpus, DEFAULT_PARAMS.chunkWords);
+  let t0 = performance.now();
+  await new HashingEmbedder().embed(chunks.map((c) => c.text), 'document');
+  const embedS = (performance.now() - t0) / 1e3;
+  log(`retrieval: ${pages} pages, ${chunks.length} chunks; building the index`);
+  t0 = performance.now();
+  const idx = await SearchIndex.build(corpus, { kind: 'hybrid' });
+  const buildS = (performance.now() - t0) / 1e3;
+  const step = Math.max(1, Math.floor(gen.questions.length / (o.quick ? 100 : 300)));
+  const queries = gen.questions.filter((_, i) => i % step === 0).map((q) => q.question);
+  const exact = await Promise.all(queries.map((q) => idx.denseChunks(q, 10, true)));
+  const recall: Record<string, { recall_at_10: number; p50_ms: number; p99_ms: number }> = {};
+  for (const ef of EFS) {
+    idx.setEf(ef);
+    let hit = 0;
+    const ms: number[] = [];
+    for (let i = 0; i < queries.length; i++) {
+      const t = performance.now();
+      const a = await idx.denseChunks(queries[i], 10);
+      ms.push(performance.now() - t);
+      const cut = exact[i][9].score - 1e-3;
+      hit += a.filter((x) => x.score >= cut).length;
+    }
+    const l = summarize(ms);
+    recall[ef] = { recall_at_10: +(hit / (queries.length * 10)).toFixed(4), p50_ms: l.p50_ms, p99_ms: l.p99_ms };
+    log(`retrieval: ef ${ef}: recall@10 ${recall[ef].recall_at_10}`);
+  }
+  idx.setEf(DEFAULT_PARAMS.ef);
+  const lat = {
+    hnsw_dense: await latency(queries, (q) => idx.denseChunks(q, 10)),
+    exact_dense: await latency(queries, (q) => idx.denseChunks(q, 10, true)),
+    bm25_pages: await latency(queries, (q) => idx.searchPages(q, 10, 'bm25')),
+    hybrid_pages: await latency(queries, (q) => idx.searchPages(q, 10, 'hybrid')),
+  };
+  const results = { pages, chunks: chunks.length, queries: queries.length, M: DEFAULT_PARAMS.M, ef_construction: DEFAULT_PARAMS.efConstruction, default_ef: DEFAULT_PARAMS.ef, build_s: +buildS.toFixed(2), embed_only_s: +embedS.toFixed(2), latency: lat, recall };
+  const f = (x: number) => x.toFixed(2);
+  const table = [
+    `Retrieval: ${pages} generated pages, ${chunks.length} chunks, hashing-256 embedder, HNSW M ${DEFAULT_PARAMS.M} / efConstruction ${DEFAULT_PARAMS.efConstruction}; ${queries.length} queries`,
+    '',
+    '| case | p50 ms | p99 ms |',
+    '|---|---:|---:|',
+    `| index build (embed + HNSW + BM25) | ${f(buildS * 1e3)} (embedding alone ${f(embedS * 1e3)}) | |`,
+    `| dense top-10, HNSW ef ${DEFAULT_PARAMS.ef} | ${f(lat.hnsw_dense.p50_ms)} | ${f(lat.hnsw_dense.p99_ms)} |`,
+    `| dense top-10, exact (the reference) | ${f(lat.exact_dense.p50_ms)} | ${f(lat.exact_dense.p99_ms)} |`,
+    `| search_pages, BM25 | ${f(lat.bm25_pages.p50_ms)} | ${f(lat.bm25_pages.p99_ms)} |`,
+    `| search_pages, hybrid | ${f(lat.hybrid_pages.p50_ms)} | ${f(lat.hybrid_pages.p99_ms)} |`,
+    '',
+    '| HNSW ef | recall@10 vs exact | p50 ms | p99 ms |',
+    '|---:|---:|---:|---:|',
+    ...EFS.map((ef) => `| ${ef} | ${recall[ef].recall_at_10.toFixed(4)} | ${f(recall[ef].p50_ms)} | ${f(recall[ef].p99_ms)} |`),
+  ].join('\n');
+  return { kind: 'retrieval', results, table };
+}

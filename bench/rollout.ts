@@ -1,0 +1,167 @@
+/**
+ * `slm-train bench rollout`: Q questions x K rollouts of the code protocol on a generated corpus,
+ * end to end as training runs them (EpisodeRunner over the native engine, the Python sandbox pool
+ * with the search index, the EM reward), for K = 1, 8 and 24 (--quick: 1 and 4) on the `small`
+ * preset or `--model`. Reported per K: per-rollout wall time, rollouts/s, generated tokens/s, and the
+ * wall time split into generation, sandbox, retrieval, reward and orchestration (the rest), each
+ * with p50/p99 per rollout; next to generation, the bound from the roofline measured in the same run
+ * (every generate call's prefill at the matmul rate and each decode step at max(weight bytes / copy
+ * bandwidth, 2 x params x rows / matmul rate)). Comparison: the same K = 8 batch (--quick: 4) generated
+ * one episode at a time (unbatched).
+ *
+ * A random-weight model rarely writes a program, so sandbox and retrieval time is also measured on
+ * the scripted expert's programs for the same questions (what a trained policy's turns cost).
+ */
+import { Model } from '../lib/engine/model.js';
+import { native } from '../lib/engine/runtime.js';
+import type { GenerateRequest, GenerateResult, TextGenerator } from '../lib/engine/types.js';
+import { expertProgram } from '../lib/demo/expert.js';
+import { EpisodeRunner, type Episode } from '../lib/episodes/runner.js';
+import { codeProtocol } from '../lib/episodes/protocol.js';
+import { ChatFormatter } from '../lib/model/chat.js';
+import { loadTokenizer } from '../lib/model/tokenizer.js';
+import { Corpus } from '../lib/retrieval/corpus.js';
+import { SearchIndex } from '../lib/retrieval/index.js';
+import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
+import { answerMetrics } from '../lib/rewards/metrics.js';
+import { createPythonPool } from '../lib/sandbox/python.js';
+import { runnerTokenizer } from '../lib/train/session.js';
+import { benchModelDir } from './engine.js';
+import { summarize, type Latency } from './sandbox.js';
+import type { BenchOptions, BenchReport } from './types.js';
+
+interface CallRecord {
+  rows: number;
+  promptTokens: number;
+  steps: number;
+  seconds: number;
+}
+
+/** The engine, recording every generate call (rows, prompt tokens, decode steps, wall time). */
+class RecordingGenerator implements TextGenerator {
+  calls: CallRecord[] = [];
+  constructor(private m: Model) {}
+  async generate(req: GenerateRequest): Promise<GenerateResult> {
+    const t0 = performance.now();
+    const r = await this.m.generate(req);
+    this.calls.push({ rows: req.prompts.length, promptTokens: req.prompts.reduce((a, p) => a + p.length, 0), steps: r.steps, seconds: (performance.now() - t0) / 1e3 });
+    return r;
+  }
+}
+
+export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
+  const log = o.log ?? (() => {});
+  const quick = !!o.quick;
+  const dir = o.model ?? (await benchModelDir('small', log));
+  const model = await Model.load(dir);
+  const tok = loadTokenizer(dir);
+  if (tok.vocabSize <= model.vocabSize) model.setVocab(tok.tokenBytes());
+  const formatter = ChatFormatter.forModel(dir);
+  const info = model.info();
+  const H = model.config.hidden_size, V = model.config.vocab_size;
+  const layerParams = info.numParameters - V * H - H - (model.config.tie_word_embeddings ? 0 : V * H);
+  const bytesPerParam = info.parameterBytes / info.numParameters;
+  const a = native();
+  const copyGBps = await a.measure({ kind: 'copy', n: 256 << 20, seconds: quick ? 0.3 : 1 });
+  const matmulGflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds: quick ? 0.3 : 1 });
+  const bound = (c: CallRecord) =>
+    (2 * layerParams * c.promptTokens + 2 * V * H * c.rows) / (matmulGflops * 1e9) +
+    Math.max(0, c.steps - 1) * Math.max(((layerParams + V * H) * bytesPerParam) / (copyGBps * 1e9), (2 * (layerParams + V * H) * c.rows) / (matmulGflops * 1e9));
+
+  const gen = syntheticCorpus({ pages: 200, seed: 3 });
+  const index = await SearchIndex.build(new Corpus(gen.pages));
+  const pool = await createPythonPool({ tools: index, size: 4, timeoutMs: 10_000 });
+  const maxNewTokens = quick ? 32 : 96;
+  const Q = 2;
+  const protocol = codeProtocol({ executor: pool });
+  const run = async (k: number, unbatched = false) => {
+    const g = new RecordingGenerator(model);
+    const qs = gen.questions.slice(0, Q);
+    const reqs = qs.flatMap((q) => Array.from({ length: k }, () => ({ question: q.question, temperature: 1 })));
+    const runner = new EpisodeRunner({ generator: g, tokenizer: runnerTokenizer(tok), formatter, protocol, maxTurns: 2, maxNewTokens, maxTotalTokens: 4096, seed: 1 });
+    const t0 = performance.now();
+    const episodes: Episode[] = [];
+    let generateMs = 0;
+    let toolMs = 0;
+    for (const batch of unbatched ? reqs.map((r) => [r]) : [reqs]) {
+      const r = await runner.run(batch);
+      episodes.push(...r.episodes);
+      generateMs += r.stats.generateMs;
+      toolMs += r.stats.toolMs;
+    }
+    const tr = performance.now();
+    const rewardMs = episodes.map((e, i) => {
+      const t = performance.now();
+      answerMetrics(e.answer, qs[Math.floor(i / k)].answer);
+      return performance.now() - t;
+    });
+    const rewardTotal = performance.now() - tr;
+    const wall = (performance.now() - t0) / 1e3;
+    const tokens = episodes.reduce((s, e) => s + e.lossMask.reduce((x, y) => x + y, 0), 0);
+    const retrievalMs = episodes.map((e) => e.calls.reduce((s, c) => s + c.ms, 0));
+    const per = (f: (e: Episode, i: number) => number): Latency => summarize(episodes.map(f));
+    const genBound = g.calls.reduce((s, c) => s + bound(c), 0);
+    const n = episodes.length;
+    return {
+      k,
+      rollouts: n,
+      unbatched,
+      wall_s: +wall.toFixed(3),
+      per_rollout_s: +(wall / n).toFixed(4),
+      rollouts_per_s: +(n / wall).toFixed(2),
+      generated_tokens_per_s: +(tokens / wall).toFixed(1),
+      generate_calls: g.calls.length,
+      split_s: {
+        generation: +(generateMs / 1e3).toFixed(3),
+        generation_roofline: +genBound.toFixed(3),
+        sandbox: +((toolMs - retrievalMs.reduce((x, y) => x + y, 0)) / 1e3).toFixed(3),
+        retrieval: +(retrievalMs.reduce((x, y) => x + y, 0) / 1e3).toFixed(3),
+        reward: +(rewardTotal / 1e3).toFixed(4),
+        orchestration: +(wall - generateMs / 1e3 - toolMs / 1e3 - rewardTotal / 1e3).toFixed(3),
+      },
+      per_rollout_ms: {
+        generation: per((e) => e.timings.generateMs),
+        tools: per((e) => e.timings.toolMs),
+        retrieval: per((_, i) => retrievalMs[i]),
+        reward: per((_, i) => rewardMs[i]),
+      },
+    };
+  };
+  const results: Record<string, unknown>[] = [];
+  try {
+    for (const k of quick ? [1, 4] : [1, 8, 24]) {
+      log(`rollout: ${Q} questions x K ${k}`);
+      results.push(await run(k));
+    }
+    const ku = quick ? 4 : 8;
+    log(`rollout: K ${ku} unbatched`);
+    results.push(await run(ku, true));
+    // What a trained policy's programs cost: the expert's programs for the same kind of questions.
+    const progs = gen.questions.slice(0, quick ? 20 : 60);
+    const ms: number[] = [];
+    const searchMs: number[] = [];
+    for (const q of progs) {
+      const t = performance.now();
+      const r = await pool.run(expertProgram(q));
+      ms.push(performance.now() - t);
+      searchMs.push(r.calls.reduce((s, c) => s + c.ms, 0));
+    }
+    const expert = { programs: progs.length, program_ms: summarize(ms), retrieval_ms: summarize(searchMs) };
+    const machine = { copy_GBps: +copyGBps.toFixed(1), matmul_f32_GFLOPs: +matmulGflops.toFixed(1), params: info.numParameters, max_new_tokens: maxNewTokens, turns: 2 };
+    type Row = { k: number; rollouts: number; unbatched: boolean; per_rollout_s: number; rollouts_per_s: number; generated_tokens_per_s: number; generate_calls: number; split_s: Record<string, number> };
+    const rows = results as unknown as Row[];
+    const table = [
+      `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; copy ${machine.copy_GBps} GB/s, matmul ${machine.matmul_f32_GFLOPs} GFLOP/s)`,
+      '',
+      '| K | rollouts | per rollout s | rollouts/s | gen tok/s | generation s (roofline s) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
+      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+      ...rows.map((r) => `| ${r.k}${r.unbatched ? ' unbatched' : ''} | ${r.rollouts} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`),
+      '',
+      `Expert programs (search + read + regex) in the same sandbox: p50 ${expert.program_ms.p50_ms} ms, p99 ${expert.program_ms.p99_ms} ms per program, of which retrieval p50 ${expert.retrieval_ms.p50_ms} ms.`,
+    ].join('\n');
+    return { kind: 'rollout', results: { machine, runs: results, expert_programs: expert }, table };
+  } finally {
+    await pool.close();
+    model.dispose();
+  }
+}
