@@ -22,7 +22,7 @@ export const demoCommand: CommandModule<object, Args> = {
   builder: (y) =>
     y
       .option('out', { type: 'string', describe: 'run folder (default: runs/demo-<time>)' })
-      .option('pages', { type: 'number', describe: 'pages of the generated corpus (5 questions each; default 60)' })
+      .option('pages', { type: 'number', describe: 'pages of the generated corpus (5 questions each; default 150)' })
       .option('sft-epochs', { type: 'number', describe: 'SFT epochs over the expert trajectories' })
       .option('grpo-steps', { type: 'number', describe: 'GRPO steps' })
       .option('seed', { type: 'number', describe: 'seed of the corpus, the model and the training (default 0)' }) as never,

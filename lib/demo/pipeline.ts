@@ -56,7 +56,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   for (const p of Object.values(paths)) mkdirSync(p, { recursive: true });
 
   // 1. corpus and questions
-  const gen = syntheticCorpus({ pages: o.pages ?? 60, seed: 11 + seed });
+  const gen = syntheticCorpus({ pages: o.pages ?? 150, seed: 11 + seed });
   const corpusFile = join(paths.data, 'corpus.jsonl');
   const questionsFile = join(paths.data, 'questions.jsonl');
   writeFileSync(corpusFile, gen.pages.map((p) => JSON.stringify(p)).join('\n') + '\n');
@@ -102,7 +102,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
     writeFileSync(f, `# Written by the slm-train demo; run it again with: slm-train train --config ${f}\n` + YAML.stringify(c));
     return loadConfig(f);
   };
-  const sftCfg = write('sft', { stage: 'sft', ...base, data: { ...base.data, sft: sftFile }, optim: { lr: 3e-3, schedule: 'cosine', warmup_steps: 5 }, train: { epochs: o.sftEpochs ?? 8, batch_size: 8, seed, checkpoint_every: 0 }, run: { ...base.run, name: 'sft' } });
+  const sftCfg = write('sft', { stage: 'sft', ...base, data: { ...base.data, sft: sftFile }, optim: { lr: 3e-3, schedule: 'cosine', warmup_steps: 5 }, train: { epochs: o.sftEpochs ?? 4, batch_size: 8, seed, checkpoint_every: 0 }, run: { ...base.run, name: 'sft' } });
   const grpoCfg = write('grpo', {
     stage: 'grpo',
     ...base,
