@@ -135,6 +135,19 @@ t.test('PPO (configs/search-r1-ppo.yaml): tags protocol, index saved and reused'
   t.match(JSON.parse(ev.stdout), { label: 'search-r1-ppo', max_turns: 5, questions: 2 });
 });
 
+t.test('eval with the judge on the native engine (reward.judge.model_path): a failed grade is recorded, never a silent zero', async (t) => {
+  const r = await cli(t, ['eval', '--config', cfg('code-grpo.yaml'), ...common(), `reward.judge.model_path=${model}`, 'reward.judge.max_new_tokens=8', 'reward.judge.skip_without_answer=false', 'eval.max_questions=2', 'protocol.max_new_tokens=8', 'sandbox.workers=1', '--label', 'engine-judge', '--json']);
+  t.match(r.stderr, /judge: .*model on the native engine/);
+  t.match(JSON.parse(r.stdout), { label: 'engine-judge', accuracy_by: 'judge', questions: 2, accuracy: 0 });
+  const rows = jsonl(join(runs, 'evals', 'engine-judge', 'trajectories.jsonl'));
+  t.equal(rows.length, 2);
+  for (const x of rows) {
+    t.equal(x.parts.judge_correctness, null, 'an unreadable reply leaves the part empty');
+    t.equal(x.parts.judge_error, 1);
+    t.match(x.reward_errors.judge, /engine judge: Expected the judge's reply to end with a line "Correctness: <0-10>"/, 'and says why');
+  }
+});
+
 t.test('config errors are clear and name the key', async (t) => {
   const r = await cli(t, ['train', '--config', cfg('code-grpo.yaml'), ...common(), 'rollout.kk=3'], 2);
   t.match(r.stderr, /error CONFIG_UNKNOWN_KEY: .*rollout\.kk.*did you mean rollout\.k\?/);

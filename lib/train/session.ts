@@ -22,7 +22,8 @@ import type { HfTokenizer } from '../model/tokenizer.js';
 import { Corpus, readRows } from '../retrieval/corpus.js';
 import { SearchIndex } from '../retrieval/index.js';
 import { answerMetrics } from '../rewards/metrics.js';
-import { goldAnswers, rewardFromConfig, trainerReward, type ComposedRewardFn } from '../rewards/combine.js';
+import { goldAnswers, rewardFromConfig, trainerReward, type ComposedRewardFn, type RewardDeps } from '../rewards/combine.js';
+import { parseJudgeConfig } from '../rewards/config.js';
 import { createSandbox, detectIsolation, type Sandbox } from '../sandbox/index.js';
 import { groupAdvantageFn } from './advantages.js';
 import { runGrpo, type RolloutRequest, type TrainEpisode } from './grpo.js';
@@ -199,6 +200,27 @@ export function loraSpec(cfg: ResolvedConfig): LoraSpec {
   return { r: l.r, alpha: l.alpha, dropout: l.dropout, rslora: l.rslora, targets: l.targets, ...(l.layers ? { layers: l.layers } : {}) } as LoraSpec;
 }
 
+/**
+ * What the reward needs besides the config: with judge parts on the native engine
+ * (`reward.judge.model_path`, no base_url), the judge model loaded beside the policy.
+ */
+export async function rewardDeps(cfg: ResolvedConfig, log: Log): Promise<{ deps: RewardDeps; close(): void }> {
+  const onError = (component: string, message: string) => log(`reward: ${component} failed: ${message}`);
+  const usesJudge = (cfg.reward.parts as Array<{ kind?: unknown }>).some((p) => typeof p.kind === 'string' && p.kind.startsWith('judge'));
+  const j = parseJudgeConfig(cfg.reward.judge ?? {});
+  if (!usesJudge || j.backend !== 'engine' || !j.model_path) return { deps: { onError }, close: () => {} };
+  const model = await Model.load(j.model_path, { dtype: cfg.model.dtype, device: cfg.model.device });
+  try {
+    const tok = loadTokenizer(j.model_path);
+    if (tok.vocabSize <= model.vocabSize) model.setVocab(tok.tokenBytes());
+    log(`judge: ${j.model_path} on the native engine`);
+    return { deps: { onError, judgeEngine: { generator: model, tokenizer: runnerTokenizer(tok), formatter: ChatFormatter.forModel(j.model_path) } }, close: () => model.dispose() };
+  } catch (e) {
+    model.dispose();
+    throw e;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Train
 
@@ -247,6 +269,7 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
   };
   const onStep = (row: Record<string, unknown>) => log(stepLine(row));
   let env: Environment | undefined;
+  let judge: { close(): void } | undefined;
   try {
     log(`run: ${dir} (stage ${stage}, model ${cfg.model.path}${cfg.model.adapter ? `, adapter ${cfg.model.adapter}` : ''})`);
     let result: TrainResult;
@@ -268,7 +291,9 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
       if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty (train_fraction ${cfg.data.split.train_fraction} of ${all.length} rows).`);
       env = await openEnvironment(cfg, log);
       log(`environment: ${env.describe}`);
-      const reward = trainerReward(rewardFromConfig(cfg.reward as never, { onError: (component, message) => log(`reward: ${component} failed: ${message}`) }), (q: Question) => ({ question: q.question, golds: q.golds }));
+      const j = await rewardDeps(cfg, log);
+      judge = j;
+      const reward = trainerReward(rewardFromConfig(cfg.reward as never, j.deps), (q: Question) => ({ question: q.question, golds: q.golds }));
       const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
       const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
       const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, tokenLevel: cfg.algorithm.token_level, entropyCoef: cfg.algorithm.entropy_coef, onStep };
@@ -314,6 +339,7 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
     return result;
   } finally {
     await env?.close();
+    judge?.close();
     agent.model.dispose();
   }
 }
@@ -395,11 +421,13 @@ export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): 
   mkdirSync(dir, { recursive: true });
   const agent = await loadAgent(cfg, adapter);
   let env: Environment | undefined;
+  let judge: { deps: RewardDeps; close(): void } | undefined;
   const t0 = performance.now();
   try {
     env = await openEnvironment(cfg, log);
+    judge = await rewardDeps(cfg, log);
     log(`eval ${label}: ${qs.length} questions (${cfg.eval.split} split), ${env.describe}`);
-    const rewardFn: ComposedRewardFn = rewardFromConfig(cfg.reward as never, { onError: (component, message) => log(`reward: ${component} failed: ${message}`) });
+    const rewardFn: ComposedRewardFn = rewardFromConfig(cfg.reward as never, judge.deps);
     const byJudge = (cfg.reward.parts as Array<{ kind?: string }>).some((p) => p.kind === 'judge' || p.kind === 'judge_correctness');
     const batch = o.batch ?? Math.max(8, cfg.rollout.batch_questions * cfg.rollout.k);
     const rows: Array<Record<string, unknown>> = [];
@@ -448,6 +476,7 @@ export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): 
     return { summary, dir, table };
   } finally {
     await env?.close();
+    judge?.close();
     agent.model.dispose();
   }
 }
