@@ -118,14 +118,21 @@ t.test('GRPO (configs/code-grpo.yaml): Python sandbox, judge on a loopback endpo
 
 t.test('PPO (configs/search-r1-ppo.yaml): tags protocol, index saved and reused', async (t) => {
   const index = join(root, 'index');
-  const args = ['train', '--config', cfg('search-r1-ppo.yaml'), ...common(), `data.index=${index}`, 'rollout.batch_questions=2', 'protocol.max_new_tokens=24', 'train.steps=2', '--json'];
+  const args = ['train', '--config', cfg('search-r1-ppo.yaml'), ...common(), `data.index=${index}`, 'rollout.batch_questions=2', 'protocol.max_new_tokens=24', 'train.steps=2', 'train.eval_every=2', 'eval.max_questions=2', '--json'];
   const r = await cli(t, args);
   t.match(JSON.parse(r.stdout), { stage: 'ppo', steps: 2 });
   t.ok(existsSync(join(index, 'manifest.json')), 'the index built from the corpus is saved to data.index');
   const dir = join(runs, 'search-r1-ppo');
-  const metrics = jsonl(join(dir, 'metrics.jsonl'));
+  const all = jsonl(join(dir, 'metrics.jsonl'));
+  const metrics = all.filter((m) => m.kind !== 'eval');
   t.equal(metrics.length, 2);
   t.ok(metrics.every((m) => Number.isFinite(m.vf_loss) && Number.isFinite(m.values_mean)), 'critic metrics logged');
+  // train.eval_every 2: the model is evaluated at step 2, as it trains.
+  const evals = all.filter((m) => m.kind === 'eval');
+  t.same(evals.map((m) => m.step), [2]);
+  t.ok(Number.isFinite(evals[0].eval_f1) && Number.isFinite(evals[0].eval_avg_turns));
+  t.match(JSON.parse(readFileSync(join(dir, 'evals', 'step-2', 'summary.json'), 'utf8')), { label: 'search-r1-ppo@step-2', questions: 2, max_turns: 5 });
+  t.match(r.stderr, /eval at step 2: accuracy/);
   t.ok(existsSync(join(dir, 'adapter', 'value_head.safetensors')), 'the value head is saved beside the adapter');
   const traj = jsonl(join(dir, 'trajectories.jsonl'));
   t.equal(traj.length, 4);

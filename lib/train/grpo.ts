@@ -83,7 +83,8 @@ export interface GrpoOptions {
   /** Keep the adapter already on the model (e.g. from SFT) instead of attaching a fresh one. */
   keepAdapter?: boolean;
   stopAfter?: number;
-  onStep?: (row: Record<string, unknown>) => void;
+  /** Called after each step's metrics row (awaited: e.g. an evaluation every N steps). */
+  onStep?: (row: Record<string, unknown>) => void | Promise<void>;
 }
 
 /** A seeded uniform in [0, 1) from integers (splitmix-style), for per-rollout temperatures. */
@@ -199,7 +200,7 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
       time_train_s: tTrain,
     };
     run.logMetrics(row);
-    o.onStep?.(row);
+    await o.onStep?.(row);
     rewardsByStep.push(mean(totals));
     appendFileSync(
       join(run.dir, 'trajectories.jsonl'),

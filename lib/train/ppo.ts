@@ -95,7 +95,8 @@ export interface PpoOptions {
   /** Keep the adapter already on the model (e.g. from SFT) instead of attaching a fresh one. */
   keepAdapter?: boolean;
   stopAfter?: number;
-  onStep?: (row: Record<string, unknown>) => void;
+  /** Called after each step's metrics row (awaited: e.g. an evaluation every N steps). */
+  onStep?: (row: Record<string, unknown>) => void | Promise<void>;
   /** Sees every step's prepared batch before the update (tests, debugging). */
   onBatch?: (info: PpoStepInfo) => void | Promise<void>;
 }
@@ -397,7 +398,7 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
       time_train_s: tTrain,
     };
     run.logMetrics(row);
-    o.onStep?.(row);
+    await o.onStep?.(row);
     rewardsByStep.push(mean(totals));
     const pos = new Map(prep.kept.map((i, j) => [i, j]));
     const firstTrained = (m: Uint8Array) => m.findIndex((x) => x === 1);

@@ -267,9 +267,24 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
     resume: o.resume,
     stopAfter: o.stopAfter,
   };
-  const onStep = (row: Record<string, unknown>) => log(stepLine(row));
   let env: Environment | undefined;
-  let judge: { close(): void } | undefined;
+  let judge: { deps: RewardDeps; close(): void } | undefined;
+  // train.eval_every: evaluate the model as it trains (adapter in place) on the eval split.
+  let evalEnv: Environment | undefined;
+  let evalQs: Question[] | undefined;
+  const onStep = async (row: Record<string, unknown>) => {
+    log(stepLine(row));
+    const every = cfg.train.eval_every;
+    if (!every || typeof row.step !== 'number' || row.step % every !== 0 || row.kind === 'eval') return;
+    if (!cfg.data.questions) return log('train.eval_every: data.questions is not set; no evaluation during training');
+    evalQs ??= await evalQuestions(cfg);
+    const e = env ?? (evalEnv ??= await openEnvironment(cfg, log));
+    judge ??= await rewardDeps(cfg, log);
+    const label = `${cfg.run.name ?? stage}@step-${row.step}`;
+    const s = await evaluate(cfg, agent, e, judge.deps, evalQs, { label, adapter: null, dir: join(dir, 'evals', `step-${row.step}`), log });
+    run.logMetrics({ step: row.step, kind: 'eval', eval_accuracy: s.accuracy, eval_em: s.em, eval_f1: s.f1, eval_answered: s.answered, eval_avg_turns: s.avg_turns, eval_time_s: s.time_s });
+    log(`eval at step ${row.step}: accuracy ${(100 * s.accuracy).toFixed(1)} %, F1 ${(100 * s.f1).toFixed(1)} %, answered ${(100 * s.answered).toFixed(1)} %`);
+  };
   try {
     log(`run: ${dir} (stage ${stage}, model ${cfg.model.path}${cfg.model.adapter ? `, adapter ${cfg.model.adapter}` : ''})`);
     let result: TrainResult;
@@ -291,9 +306,8 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
       if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty (train_fraction ${cfg.data.split.train_fraction} of ${all.length} rows).`);
       env = await openEnvironment(cfg, log);
       log(`environment: ${env.describe}`);
-      const j = await rewardDeps(cfg, log);
-      judge = j;
-      const reward = trainerReward(rewardFromConfig(cfg.reward as never, j.deps), (q: Question) => ({ question: q.question, golds: q.golds }));
+      judge ??= await rewardDeps(cfg, log);
+      const reward = trainerReward(rewardFromConfig(cfg.reward as never, judge.deps), (q: Question) => ({ question: q.question, golds: q.golds }));
       const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
       const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
       const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, tokenLevel: cfg.algorithm.token_level, entropyCoef: cfg.algorithm.entropy_coef, onStep };
@@ -339,6 +353,7 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
     return result;
   } finally {
     await env?.close();
+    await evalEnv?.close();
     judge?.close();
     agent.model.dispose();
   }
@@ -407,70 +422,92 @@ export function evalLabel(adapter: string | null): string {
 
 const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);
 
-export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): Promise<{ summary: EvalSummary; dir: string; table: string }> {
-  const log = o.log ?? (() => {});
-  const adapter = o.adapter === undefined ? cfg.model.adapter : o.adapter;
-  const label = o.label ?? evalLabel(adapter);
-  if (!/^[\w.@-]+$/.test(label)) throw new SlmError('ARGUMENT_INVALID', `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-" or "@".`);
+/** The questions of the configured eval split (eval.split, eval.max_questions). */
+export async function evalQuestions(cfg: ResolvedConfig): Promise<Question[]> {
   const all = await loadQuestions(required(cfg.data.questions, 'data.questions'));
   const parts = splitQuestions(all, cfg.data.split);
   let qs = cfg.eval.split === 'all' ? all : parts[cfg.eval.split];
   if (cfg.eval.max_questions !== null) qs = qs.slice(0, cfg.eval.max_questions);
   if (!qs.length) throw new SlmError('DATA_INVALID', `the ${cfg.eval.split} split of ${cfg.data.questions} is empty; nothing to evaluate.`);
+  return qs;
+}
+
+/**
+ * Evaluates the agent as it is (its adapter included) on `qs`: greedy or at eval.temperature, with
+ * max_turns_eval; writes trajectories.jsonl and summary.json into `dir`.
+ */
+export async function evaluate(
+  cfg: ResolvedConfig,
+  agent: Agent,
+  env: Environment,
+  deps: RewardDeps,
+  qs: readonly Question[],
+  o: { label: string; adapter: string | null; dir: string; log: Log; batch?: number },
+): Promise<EvalSummary> {
+  const t0 = performance.now();
+  mkdirSync(o.dir, { recursive: true });
+  o.log(`eval ${o.label}: ${qs.length} questions (${cfg.eval.split} split), ${env.describe}`);
+  const rewardFn: ComposedRewardFn = rewardFromConfig(cfg.reward as never, deps);
+  const byJudge = (cfg.reward.parts as Array<{ kind?: string }>).some((p) => p.kind === 'judge' || p.kind === 'judge_correctness');
+  const batch = o.batch ?? Math.max(8, cfg.rollout.batch_questions * cfg.rollout.k);
+  const rows: Array<Record<string, unknown>> = [];
+  const lines: string[] = [];
+  for (let s = 0; s < qs.length; s += batch) {
+    const chunk = qs.slice(s, s + batch);
+    const runner = episodeRunner(cfg, agent, env, { eval: true, seed: cfg.train.seed * 7919 + s, temperature: cfg.eval.temperature });
+    const r = await runner.run(chunk.map((q) => ({ question: q.question, temperature: cfg.eval.temperature })));
+    for (let i = 0; i < chunk.length; i++) {
+      const e = r.episodes[i];
+      const q = chunk[i];
+      const m = answerMetrics(e.answer, q.golds);
+      const rw = await rewardFn({ answer: e.answer, golds: q.golds, question: q.question, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } });
+      const correct = byJudge ? (rw.correct ?? false) : m.em === 1;
+      const row = { id: q.id, question: q.question, golds: q.golds, answer: e.answer, correct, ...m, reward: rw.total, parts: rw.parts, ...(Object.keys(rw.errors).length ? { reward_errors: rw.errors } : {}), turns: e.turns, finish: e.finish, calls: e.calls, messages: e.messages };
+      rows.push(row);
+      lines.push(JSON.stringify(row));
+    }
+    o.log(`eval ${o.label}: ${Math.min(s + batch, qs.length)}/${qs.length}, accuracy so far ${mean(rows.map((x) => (x.correct ? 1 : 0))).toFixed(3)}`);
+  }
+  writeFileSync(join(o.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
+  const num = (k: string) => mean(rows.map((x) => x[k] as number));
+  const summary: EvalSummary = {
+    label: o.label,
+    model: cfg.model.path,
+    adapter: o.adapter,
+    split: cfg.eval.split,
+    questions: rows.length,
+    accuracy: mean(rows.map((x) => (x.correct ? 1 : 0))),
+    accuracy_by: byJudge ? 'judge' : 'em',
+    em: num('em'),
+    subem: num('subem'),
+    f1: num('f1'),
+    rouge_l: num('rouge_l'),
+    reward: num('reward'),
+    avg_turns: num('turns'),
+    answered: mean(rows.map((x) => (x.answer !== null ? 1 : 0))),
+    max_turns: cfg.protocol.max_turns_eval ?? cfg.protocol.max_turns,
+    temperature: cfg.eval.temperature,
+    time_s: (performance.now() - t0) / 1e3,
+    date: new Date().toISOString(),
+  };
+  writeFileSync(join(o.dir, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
+  return summary;
+}
+
+export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): Promise<{ summary: EvalSummary; dir: string; table: string }> {
+  const log = o.log ?? (() => {});
+  const adapter = o.adapter === undefined ? cfg.model.adapter : o.adapter;
+  const label = o.label ?? evalLabel(adapter);
+  if (!/^[\w.@-]+$/.test(label)) throw new SlmError('ARGUMENT_INVALID', `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-" or "@".`);
+  const qs = await evalQuestions(cfg);
   const dir = join(cfg.run.dir, 'evals', label);
-  mkdirSync(dir, { recursive: true });
   const agent = await loadAgent(cfg, adapter);
   let env: Environment | undefined;
   let judge: { deps: RewardDeps; close(): void } | undefined;
-  const t0 = performance.now();
   try {
     env = await openEnvironment(cfg, log);
     judge = await rewardDeps(cfg, log);
-    log(`eval ${label}: ${qs.length} questions (${cfg.eval.split} split), ${env.describe}`);
-    const rewardFn: ComposedRewardFn = rewardFromConfig(cfg.reward as never, judge.deps);
-    const byJudge = (cfg.reward.parts as Array<{ kind?: string }>).some((p) => p.kind === 'judge' || p.kind === 'judge_correctness');
-    const batch = o.batch ?? Math.max(8, cfg.rollout.batch_questions * cfg.rollout.k);
-    const rows: Array<Record<string, unknown>> = [];
-    const lines: string[] = [];
-    for (let s = 0; s < qs.length; s += batch) {
-      const chunk = qs.slice(s, s + batch);
-      const runner = episodeRunner(cfg, agent, env, { eval: true, seed: cfg.train.seed * 7919 + s, temperature: cfg.eval.temperature });
-      const r = await runner.run(chunk.map((q) => ({ question: q.question, temperature: cfg.eval.temperature })));
-      for (let i = 0; i < chunk.length; i++) {
-        const e = r.episodes[i];
-        const q = chunk[i];
-        const m = answerMetrics(e.answer, q.golds);
-        const rw = await rewardFn({ answer: e.answer, golds: q.golds, question: q.question, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } });
-        const correct = byJudge ? (rw.correct ?? false) : m.em === 1;
-        const row = { id: q.id, question: q.question, golds: q.golds, answer: e.answer, correct, ...m, reward: rw.total, parts: rw.parts, ...(Object.keys(rw.errors).length ? { reward_errors: rw.errors } : {}), turns: e.turns, finish: e.finish, calls: e.calls, messages: e.messages };
-        rows.push(row);
-        lines.push(JSON.stringify(row));
-      }
-      log(`eval ${label}: ${Math.min(s + batch, qs.length)}/${qs.length}, accuracy so far ${mean(rows.map((x) => (x.correct ? 1 : 0))).toFixed(3)}`);
-    }
-    writeFileSync(join(dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
-    const num = (k: string) => mean(rows.map((x) => x[k] as number));
-    const summary: EvalSummary = {
-      label,
-      model: cfg.model.path,
-      adapter,
-      split: cfg.eval.split,
-      questions: rows.length,
-      accuracy: mean(rows.map((x) => (x.correct ? 1 : 0))),
-      accuracy_by: byJudge ? 'judge' : 'em',
-      em: num('em'),
-      subem: num('subem'),
-      f1: num('f1'),
-      rouge_l: num('rouge_l'),
-      reward: num('reward'),
-      avg_turns: num('turns'),
-      answered: mean(rows.map((x) => (x.answer !== null ? 1 : 0))),
-      max_turns: cfg.protocol.max_turns_eval ?? cfg.protocol.max_turns,
-      temperature: cfg.eval.temperature,
-      time_s: (performance.now() - t0) / 1e3,
-      date: new Date().toISOString(),
-    };
-    writeFileSync(join(dir, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
+    const summary = await evaluate(cfg, agent, env, judge.deps, qs, { label, adapter, dir, log, batch: o.batch });
     const table = comparisonTable(join(cfg.run.dir, 'evals'));
     writeFileSync(join(cfg.run.dir, 'evals', 'comparison.md'), table + '\n');
     return { summary, dir, table };

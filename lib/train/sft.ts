@@ -27,7 +27,8 @@ export interface SftOptions {
   /** Stop after this many optimizer steps in this process (tests of resume). */
   stopAfter?: number;
   resume?: boolean;
-  onStep?: (row: Record<string, unknown>) => void;
+  /** Called after each step's metrics row (awaited: e.g. an evaluation every N steps). */
+  onStep?: (row: Record<string, unknown>) => void | Promise<void>;
 }
 
 export async function runSft(model: Model, examples: SftExample[], run: RunFolder, o: SftOptions): Promise<{ steps: number; lastLoss: number }> {
@@ -71,7 +72,7 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
         time_train_s: (performance.now() - t0) / 1e3,
       };
       run.logMetrics(row);
-      o.onStep?.(row);
+      await o.onStep?.(row);
       if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
     }
   }
