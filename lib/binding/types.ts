@@ -62,6 +62,8 @@ export interface NativeModel {
   sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number }): Promise<Float32Array>;
   /** PPO critic values per token (value of the state before it; 0 at t = 0), adapter on, no dropout. */
   sequenceValues(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
+  /** Final hidden state (after the last norm) of each sequence's last token, [rows x hidden] flattened. */
+  lastHidden(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   dispose(): void;
 
   // LoRA training core

@@ -6,7 +6,7 @@ import { readFileSync } from 'node:fs';
 import type { CommandModule } from 'yargs';
 import { SlmError } from '../errors.js';
 import { Corpus } from '../retrieval/corpus.js';
-import { DEFAULT_PARAMS, SearchIndex, type IndexKind } from '../retrieval/index.js';
+import { DEFAULT_PARAMS, SearchIndex, embedderFor, type IndexKind } from '../retrieval/index.js';
 import { createSandbox } from '../sandbox/index.js';
 import { print } from './common.js';
 
@@ -26,9 +26,6 @@ async function openSource(a: Source, kind?: IndexKind): Promise<SearchIndex> {
   return SearchIndex.build(await Corpus.load(a.corpus!), kind ? { kind } : {});
 }
 
-function checkEmbedder(e: string): void {
-  if (e !== 'hashing') throw new SlmError('NOT_SUPPORTED', `--embedder ${e}: Qwen3 embedding checkpoints are not supported yet; use --embedder hashing (the default).`);
-}
 
 interface IndexArgs {
   corpus: string;
@@ -48,19 +45,19 @@ export const indexCommand: CommandModule<object, IndexArgs> = {
     y
       .option('corpus', { type: 'string', demandOption: true, describe: 'JSONL/JSON/Parquet rows {id, title, content}' })
       .option('out', { type: 'string', demandOption: true, describe: 'the index folder to write' })
-      .option('embedder', { type: 'string', default: 'hashing', describe: 'hashing (Qwen3 embedding folders: not yet)' })
+      .option('embedder', { type: 'string', default: 'hashing', describe: 'hashing, or a Qwen3 embedding model folder (last-token pooling on the native engine)' })
       .option('kind', { choices: KINDS, default: DEFAULT_PARAMS.kind, describe: 'what search_pages uses' })
       .option('M', { type: 'number', default: DEFAULT_PARAMS.M, describe: 'HNSW links per node' })
       .option('ef-construction', { type: 'number', default: DEFAULT_PARAMS.efConstruction, describe: 'HNSW build breadth' })
       .option('ef', { type: 'number', default: DEFAULT_PARAMS.ef, describe: 'HNSW search breadth' })
       .option('json', { type: 'boolean', describe: 'print the manifest as JSON' }) as never,
   handler: async (a) => {
-    checkEmbedder(a.embedder);
     for (const [k, v] of [['M', a.M], ['ef-construction', a['ef-construction']], ['ef', a.ef]] as const)
       if (!Number.isInteger(v) || v < 1) throw new SlmError('ARGUMENT_INVALID', `--${k} expects a positive integer, found ${v}.`);
     const t0 = performance.now();
+    const embedder = await embedderFor(a.embedder);
     const corpus = await Corpus.load(a.corpus);
-    const idx = await SearchIndex.build(corpus, { kind: a.kind, M: a.M, efConstruction: a['ef-construction'], ef: a.ef });
+    const idx = await SearchIndex.build(corpus, { kind: a.kind, M: a.M, efConstruction: a['ef-construction'], ef: a.ef, embedder });
     idx.save(a.out);
     const s = (performance.now() - t0) / 1e3;
     const summary = { out: a.out, pages: corpus.pages.length, chunks: idx.chunks.length, kind: idx.params.kind, embedder: idx.embedder.name, hnsw: !idx.exact, seconds: +s.toFixed(2) };

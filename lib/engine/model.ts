@@ -124,6 +124,15 @@ export class Model implements TextGenerator {
     });
   }
 
+  /** The final hidden state (after the last norm) of each row's last token: what embedding models pool. */
+  async lastHidden(rows: ArrayLike<number>[]): Promise<Float32Array[]> {
+    if (rows.some((r) => r.length === 0)) throw new SlmError('ARGUMENT_INVALID', 'lastHidden: every row needs at least one token.');
+    const { ids, lengths } = this.#flatten(rows);
+    const flat = await this.h.lastHidden({ ids, lengths });
+    const H = this.config.hidden_size;
+    return rows.map((_, i) => flat.slice(i * H, (i + 1) * H));
+  }
+
   #flatten(rows: ArrayLike<number>[]): { ids: Int32Array; lengths: Int32Array } {
     const lengths = Int32Array.from(rows.map((r) => r.length));
     const ids = new Int32Array(lengths.reduce((a, b) => a + b, 0));

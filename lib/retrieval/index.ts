@@ -80,6 +80,27 @@ export function chunkPages(corpus: Corpus, chunkWords: number): Chunk[] {
   return chunks;
 }
 
+/** The embedder a manifest names: `hashing-D`, or `qwen3:/abs/model/dir` (loaded on the native engine). */
+async function embedderOf(e: { name: string; dim: number }, dir: string): Promise<Embedder> {
+  const h = /^hashing-(\d+)$/.exec(e.name);
+  if (h) return new HashingEmbedder(Number(h[1]));
+  if (e.name.startsWith('qwen3:')) {
+    const model = e.name.slice('qwen3:'.length);
+    if (!existsSync(join(model, 'config.json')))
+      throw new SlmError('MODEL_NOT_FOUND', `${dir} was built with the embedding model ${model}, which is not there any more; put it back or rebuild the index.`);
+    return (await import('./qwen-embedder.js')).QwenEmbedder.load(model);
+  }
+  throw new SlmError('NOT_SUPPORTED', `${dir} was built with the embedder ${e.name}, which this version cannot load.`);
+}
+
+/** `hashing` or a Qwen3 embedding model folder (what retrieval.embedder and --embedder take). */
+export async function embedderFor(spec: string): Promise<Embedder> {
+  if (spec === 'hashing') return new HashingEmbedder();
+  if (!existsSync(join(spec, 'config.json')))
+    throw new SlmError('MODEL_NOT_FOUND', `embedder ${spec}: expected "hashing" or a Qwen3 embedding model folder (config.json, *.safetensors, tokenizer.json), but ${spec} has no config.json.`);
+  return (await import('./qwen-embedder.js')).QwenEmbedder.load(spec);
+}
+
 export class SearchIndex implements SearchTools {
   private hnsw?: Hnsw;
   private bm25: BM25;
@@ -192,7 +213,7 @@ export class SearchIndex implements SearchTools {
     );
   }
 
-  static async load(dir: string): Promise<SearchIndex> {
+  static async load(dir: string, opts: { embedder?: Embedder } = {}): Promise<SearchIndex> {
     const mf = join(dir, 'manifest.json');
     if (!existsSync(mf)) throw new SlmError('INDEX_INVALID', `${dir} is not a search index (no manifest.json). Build one with \`slm-train index --corpus FILE --out ${dir}\`.`);
     let m: { format?: string; version?: number; embedder?: { name: string; dim: number }; params?: IndexParams; chunks?: number; hnsw?: boolean };
@@ -203,9 +224,9 @@ export class SearchIndex implements SearchTools {
     }
     if (m.format !== INDEX_FORMAT || m.version !== INDEX_VERSION || !m.embedder || !m.params)
       throw new SlmError('INDEX_INVALID', `${dir}: expected an index of format ${INDEX_FORMAT} version ${INDEX_VERSION}, found ${m.format} version ${m.version}; rebuild it with \`slm-train index\`.`);
-    const m2 = /^hashing-(\d+)$/.exec(m.embedder.name);
-    if (!m2) throw new SlmError('NOT_SUPPORTED', `${dir} was built with the embedder ${m.embedder.name}, which this version cannot load yet.`);
-    const embedder = new HashingEmbedder(Number(m2[1]));
+    const embedder = opts.embedder ?? (await embedderOf(m.embedder, dir));
+    if (embedder.name !== m.embedder.name || embedder.dim !== m.embedder.dim)
+      throw new SlmError('INDEX_INVALID', `${dir} was built with the embedder ${m.embedder.name} (dimension ${m.embedder.dim}), but ${embedder.name} (dimension ${embedder.dim}) was given; queries must be embedded as the chunks were. Rebuild the index or use its embedder.`);
     let pages: Page[];
     try {
       pages = JSON.parse(readFileSync(join(dir, 'pages.json'), 'utf8'));

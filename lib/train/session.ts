@@ -20,7 +20,7 @@ import { ChatFormatter } from '../model/chat.js';
 import { loadTokenizer } from '../model/tokenizer.js';
 import type { HfTokenizer } from '../model/tokenizer.js';
 import { Corpus, readRows } from '../retrieval/corpus.js';
-import { SearchIndex } from '../retrieval/index.js';
+import { SearchIndex, embedderFor } from '../retrieval/index.js';
 import { answerMetrics } from '../rewards/metrics.js';
 import { goldAnswers, rewardFromConfig, trainerReward, type ComposedRewardFn, type RewardDeps } from '../rewards/combine.js';
 import { parseJudgeConfig } from '../rewards/config.js';
@@ -108,8 +108,6 @@ export interface Environment {
 
 /** The search index of the config: data.index when it holds one, else built from data.corpus (and saved to data.index when set). */
 export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}): Promise<SearchIndex> {
-  if (cfg.retrieval.embedder !== 'hashing')
-    throw new SlmError('NOT_SUPPORTED', `retrieval.embedder: Qwen3 embedding checkpoints (${cfg.retrieval.embedder}) are not supported yet; use embedder: hashing.`, { path: 'retrieval.embedder' });
   if (cfg.data.index && existsSync(join(cfg.data.index, 'manifest.json'))) {
     const idx = await SearchIndex.load(cfg.data.index);
     log(`index: ${cfg.data.index} (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind})`);
@@ -117,7 +115,8 @@ export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}): Promi
   }
   if (!cfg.data.corpus) throw new SlmError('CONFIG_INVALID', `data.index ${cfg.data.index} holds no index and data.corpus is not set; build one with \`slm-train index\` or set data.corpus.`, { path: 'data.index' });
   const t0 = performance.now();
-  const idx = await SearchIndex.build(await Corpus.load(cfg.data.corpus), { kind: cfg.retrieval.kind, ef: cfg.retrieval.ef });
+  const embedder = await embedderFor(cfg.retrieval.embedder);
+  const idx = await SearchIndex.build(await Corpus.load(cfg.data.corpus), { kind: cfg.retrieval.kind, ef: cfg.retrieval.ef, embedder });
   log(`index: built from ${cfg.data.corpus} in ${((performance.now() - t0) / 1e3).toFixed(1)} s (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind})`);
   if (cfg.data.index) {
     idx.save(cfg.data.index);

@@ -111,14 +111,16 @@ class GenerateWorker : public PromiseWorker {
 
 class LogprobsWorker : public PromiseWorker {
  public:
-  // values: the PPO critic's values (sequence_values) instead of log-probs.
-  LogprobsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::vector<std::vector<int32_t>> seqs, double temp, bool values = false)
-      : PromiseWorker(env, values ? "slm:values" : "slm:logprobs", owner), m_(std::move(m)), seqs_(std::move(seqs)), temp_(temp), values_(values) {}
+  // What a teacher-forced pass returns: log-probs, the PPO critic's values, or last-token hidden states.
+  enum class Mode { Logprobs, Values, LastHidden };
+  LogprobsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::vector<std::vector<int32_t>> seqs, double temp, Mode mode = Mode::Logprobs)
+      : PromiseWorker(env, mode == Mode::Values ? "slm:values" : mode == Mode::LastHidden ? "slm:hidden" : "slm:logprobs", owner),
+        m_(std::move(m)), seqs_(std::move(seqs)), temp_(temp), mode_(mode) {}
 
  protected:
   void Run() override {
     c10::InferenceMode guard;
-    out_ = values_ ? slm::sequence_values(*m_, seqs_) : slm::sequence_logprobs(*m_, seqs_, temp_);
+    out_ = mode_ == Mode::Values ? slm::sequence_values(*m_, seqs_) : mode_ == Mode::LastHidden ? slm::last_hidden(*m_, seqs_) : slm::sequence_logprobs(*m_, seqs_, temp_);
   }
   Napi::Value Result(Napi::Env env) override {
     std::vector<float> flat;
@@ -130,7 +132,7 @@ class LogprobsWorker : public PromiseWorker {
   std::shared_ptr<slm::Qwen3Model> m_;
   std::vector<std::vector<int32_t>> seqs_;
   double temp_;
-  bool values_;
+  Mode mode_;
   std::vector<std::vector<float>> out_;
 };
 
@@ -155,7 +157,8 @@ Napi::Function ModelWrap::Define(Napi::Env env) {
                          {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
                           InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
                           InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"),
-                          InstanceMethod<&ModelWrap::SequenceValues>("sequenceValues"), InstanceMethod<&ModelWrap::Dispose>("dispose"),
+                          InstanceMethod<&ModelWrap::SequenceValues>("sequenceValues"),
+                          InstanceMethod<&ModelWrap::LastHidden>("lastHidden"), InstanceMethod<&ModelWrap::Dispose>("dispose"),
                           InstanceMethod<&ModelWrap::AttachLora>("attachLora"), InstanceMethod<&ModelWrap::LoadLora>("loadLora"),
                           InstanceMethod<&ModelWrap::DetachLora>("detachLora"), InstanceMethod<&ModelWrap::SaveLora>("saveLora"),
                           InstanceMethod<&ModelWrap::AttachValueHead>("attachValueHead"),
@@ -316,7 +319,19 @@ Napi::Value ModelWrap::SequenceValues(const Napi::CallbackInfo& info) {
   if (!m->value_w.defined()) throw_error(env, "NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
   auto o = info[0].As<Napi::Object>();
   auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
-  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), m, std::move(rows), 1.0, true);
+  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), m, std::move(rows), 1.0, LogprobsWorker::Mode::Values);
+  auto p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+Napi::Value ModelWrap::LastHidden(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "lastHidden expects {ids, lengths}.");
+  auto o = info[0].As<Napi::Object>();
+  auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
+  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), m, std::move(rows), 1.0, LogprobsWorker::Mode::LastHidden);
   auto p = w->Promise();
   w->Queue();
   return p;

@@ -28,6 +28,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   Napi::Value Generate(const Napi::CallbackInfo& info);
   Napi::Value SequenceLogprobs(const Napi::CallbackInfo& info);
   Napi::Value SequenceValues(const Napi::CallbackInfo& info);
+  Napi::Value LastHidden(const Napi::CallbackInfo& info);
   Napi::Value Dispose(const Napi::CallbackInfo& info);
   // LoRA training core (model_train.cc)
   Napi::Value AttachLora(const Napi::CallbackInfo& info);

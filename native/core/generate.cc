@@ -152,6 +152,40 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   return out;
 }
 
+std::vector<std::vector<float>> last_hidden(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs) {
+  const int64_t B = static_cast<int64_t>(seqs.size());
+  std::vector<std::vector<float>> out(B);
+  int64_t T = 0;
+  for (const auto& s : seqs) {
+    if (s.empty()) fail("ARGUMENT_INVALID", "every sequence to embed needs at least one token; found an empty one.");
+    T = std::max<int64_t>(T, static_cast<int64_t>(s.size()));
+  }
+  if (B == 0) return out;
+  const auto li = at::TensorOptions().dtype(at::kLong);
+  auto ids = at::zeros({B, T}, li), mask = at::zeros({B, T}, li), last = at::zeros({B}, li);
+  auto ia = ids.accessor<int64_t, 2>();
+  auto ma = mask.accessor<int64_t, 2>();
+  auto la = last.accessor<int64_t, 1>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (size_t t = 0; t < seqs[b].size(); ++t) {
+      ia[b][t] = seqs[b][t];
+      ma[b][t] = 1;
+    }
+    la[b] = static_cast<int64_t>(seqs[b].size()) - 1;
+  }
+  const auto dev = model.device();
+  ids = ids.to(dev);
+  model.check_ids(ids);
+  auto positions = at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous().to(dev);
+  auto h = model.hidden(ids, positions, mask.to(dev), nullptr);                                  // [B, T, hidden]
+  auto idx = last.to(dev).view({B, 1, 1}).expand({B, 1, h.size(2)});
+  auto v = h.gather(1, idx).squeeze(1).to(at::kFloat).to(at::kCPU).contiguous();                  // [B, hidden]
+  const int64_t H = v.size(1);
+  const float* d = v.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b) out[b].assign(d + b * H, d + (b + 1) * H);
+  return out;
+}
+
 std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs) {
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);

@@ -50,6 +50,10 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
 // adapter on, no dropout, no gradient. One forward for the whole (right-padded) batch. Needs a value head.
 std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs);
 
+// Embeddings: for each sequence, the final hidden state (after the last norm) of its last token,
+// adapter on, no gradient; one forward for the whole (right-padded) batch. [B][hidden].
+std::vector<std::vector<float>> last_hidden(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs);
+
 // Logits of every position: ids [B, T] with an optional attention mask and explicit positions (as in
 // HF's forward); returns [B, T, V] float32 on the CPU.
 at::Tensor full_logits(const Qwen3Model& model, const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& positions);
