@@ -42,7 +42,8 @@ export type ErrorCode =
   | 'OUT_OF_MEMORY'
   | 'DATA_INVALID'
   | 'NOT_FOUND'
-  | 'RUN_EXISTS';
+  | 'RUN_EXISTS'
+  | 'PORT_IN_USE';
 
 export class SlmError extends Error {
   readonly code: ErrorCode | string;

@@ -7,7 +7,8 @@ import { generateCommand } from './generate.js';
 import { initModelCommand } from './init-model.js';
 import { logitsCommand } from './logits.js';
 import { execCommand, indexCommand, searchCommand } from './retrieval.js';
+import { serveCommand } from './serve.js';
 import { evalCommand, trainCommand } from './train.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, indexCommand, searchCommand, execCommand, logitsCommand, generateCommand, initModelCommand, doctorCommand, benchCommand];
+export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, indexCommand, searchCommand, execCommand, logitsCommand, generateCommand, serveCommand, initModelCommand, doctorCommand, benchCommand];

@@ -1,0 +1,40 @@
+/** `slm-train serve --model DIR [--adapter DIR] --port N`: an OpenAI-compatible server (lib/serve). */
+import { basename } from 'node:path';
+import type { CommandModule } from 'yargs';
+import { ChatFormatter } from '../model/chat.js';
+import { loadTokenizer } from '../model/tokenizer.js';
+import { OpenAIServer } from '../serve/server.js';
+import { loadModelFromArgs, modelOptions, print, type ModelArgs } from './common.js';
+
+interface Args extends ModelArgs {
+  port: number;
+  host: string;
+  name?: string;
+  'max-batch': number;
+}
+
+export const serveCommand: CommandModule<object, Args> = {
+  command: 'serve',
+  describe: 'serve the model (with an adapter) as OpenAI-compatible /v1/chat/completions and /v1/completions, batching concurrent requests',
+  builder: (y) =>
+    modelOptions(y)
+      .option('port', { type: 'number', default: 8000, describe: 'port (0 = any free port)' })
+      .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on' })
+      .option('name', { type: 'string', describe: 'model name in responses (default: the folder name)' })
+      .option('max-batch', { type: 'number', default: 32, describe: 'requests per batched generate call' }) as never,
+  handler: async (a) => {
+    const model = await loadModelFromArgs(a);
+    const tokenizer = loadTokenizer(a.model);
+    if (tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
+    const server = new OpenAIServer({ model, tokenizer, formatter: ChatFormatter.forModel(a.model), name: a.name ?? basename(a.model), port: a.port, host: a.host, maxBatch: a['max-batch'], log: (s) => process.stderr.write(`[slm-train] ${s}\n`) });
+    const port = await server.listen();
+    print(`serving ${a.name ?? basename(a.model)}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models)`);
+    await new Promise<void>((resolve) => {
+      const stop = () => resolve();
+      process.once('SIGINT', stop);
+      process.once('SIGTERM', stop);
+    });
+    await server.close();
+    model.dispose();
+  },
+};
