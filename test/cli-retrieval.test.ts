@@ -16,6 +16,10 @@ t.test('index builds and saves; search finds the page a title names, from the in
   const r = runCli(['index', '--corpus', corpus, '--out', index, '--M', '24', '--ef', '64', '--json']);
   t.equal(r.code, 0, r.stderr);
   t.match(JSON.parse(r.stdout), { pages: 30, chunks: 120, kind: 'hybrid', embedder: 'hashing-256', hnsw: true });
+  t.match(r.stderr, /index: 30 pages, 120 chunks in [\d.]+ s/, 'progress and timing on stderr');
+  const plain = runCli(['index', '--corpus', corpus, '--out', join(dir, 'index-plain'), '--kind', 'bm25']);
+  t.equal(plain.code, 0, plain.stderr);
+  t.match(plain.stdout, /^indexed 30 pages \(120 chunks, hashing-256, bm25\) in [\d.]+ s -> .*index-plain\n$/, 'a one-line summary');
   t.match(JSON.parse(readFileSync(join(index, 'manifest.json'), 'utf8')).params, { M: 24, ef: 64, efConstruction: 200 });
   for (const src of [['--index', index], ['--corpus', corpus]]) {
     const s = runCli(['search', ...src, page.title, '--json']);
@@ -52,6 +56,15 @@ t.test('exec runs a Python program against the index; output, error and calls co
   const loop = runCli(['exec', '--corpus', corpus, '--timeout-s', '1', '--json', '-'], { input: 'while True: pass' });
   t.equal(loop.code, 0);
   t.match(JSON.parse(loop.stdout), { timed_out: true });
+});
+
+t.test('exec without --json: the program output on stdout, its error on stderr, exit 0, sandbox closed', async (t) => {
+  // No process.exit in the CLI: a sandbox left open would keep it alive past this timeout.
+  const r = runCli(['exec', '--corpus', corpus], { input: `print(search_pages(${JSON.stringify(page.title)})[0]["title"])\nprint("before")\n1/0\nprint("after")`, timeout: 30_000 });
+  t.equal(r.code, 0, r.stderr);
+  t.equal(r.stdout, `${page.title}\nbefore\n`);
+  t.match(r.stderr, /the program raised: ZeroDivisionError: division by zero/);
+  t.notMatch(r.stderr, /slm-train: error/);
 });
 
 t.test('exec runs JavaScript in QuickJS with the same tools', async (t) => {

@@ -57,12 +57,14 @@ export const indexCommand: CommandModule<object, IndexArgs> = {
     const t0 = performance.now();
     const embedder = await embedderFor(a.embedder);
     const corpus = await Corpus.load(a.corpus);
+    log(`index: ${corpus.pages.length} pages from ${a.corpus}; building (${a.kind}, ${embedder.name}, M ${a.M}, efConstruction ${a['ef-construction']})`);
     const idx = await SearchIndex.build(corpus, { kind: a.kind, M: a.M, efConstruction: a['ef-construction'], ef: a.ef, embedder });
     idx.save(a.out);
     const s = (performance.now() - t0) / 1e3;
+    log(`index: ${corpus.pages.length} pages, ${idx.chunks.length} chunks in ${s.toFixed(2)} s -> ${a.out}`);
     const summary = { out: a.out, pages: corpus.pages.length, chunks: idx.chunks.length, kind: idx.params.kind, embedder: idx.embedder.name, hnsw: !idx.exact, seconds: +s.toFixed(2) };
     if (a.json) print(JSON.stringify(summary));
-    else print(`indexed ${summary.pages} pages (${summary.chunks} chunks, ${summary.embedder}, ${summary.kind}${summary.hnsw ? '' : ', exact search: hnswlib-node is not installed'}) in ${s.toFixed(1)} s -> ${a.out}`);
+    else print(`indexed ${summary.pages} pages (${summary.chunks} chunks, ${summary.embedder}, ${summary.kind}${summary.hnsw || summary.kind === 'bm25' ? '' : ', exact search: hnswlib-node is not installed'}) in ${s.toFixed(1)} s -> ${a.out}`);
   },
 };
 
