@@ -70,12 +70,14 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const tags = ['<python>', '</python>', '<python_output>', '</python_output>', '<answer>', '</answer>'];
   const texts = [...gen.pages.map((p) => `# ${p.title}\n${p.content}`), ...gen.questions.map((q) => `Question: ${q.question}\n${expertProgram(q)}\n${q.answer}`), DEMO_SYSTEM_PROMPT];
   const tj = trainByteLevelBpe(texts, { merges: 700, special, added: tags });
-  const vocab = Object.keys((tj.model as { vocab: object }).vocab).length + special.length + tags.length;
+  const added = tj.added_tokens as Array<{ id: number; content: string }>;
+  const idOf = (content: string) => added.find((t) => t.content === content)!.id;
+  const vocab = Math.max(...added.map((t) => t.id)) + 1;
   initModel({
     preset: 'tiny',
     out: paths.model,
     seed: 1 + seed,
-    overrides: { vocab_size: vocab, hidden_size: 128, intermediate_size: 384, num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 32, max_window_layers: 4, bos_token_id: vocab - tags.length - 3, eos_token_id: vocab - tags.length - 1 },
+    overrides: { vocab_size: vocab, hidden_size: 128, intermediate_size: 384, num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 32, max_window_layers: 4, bos_token_id: idOf('<|endoftext|>'), eos_token_id: idOf('<|im_end|>') },
     embedStd: 0.15,
   });
   writeFileSync(join(paths.model, 'tokenizer.json'), JSON.stringify(tj));

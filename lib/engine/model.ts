@@ -114,14 +114,11 @@ export class Model implements TextGenerator {
       if (masks && masks[i].length !== r.length) throw new SlmError('ARGUMENT_INVALID', `values: mask ${i} has ${masks[i].length} entries for ${r.length} tokens.`);
     });
     const { ids, lengths } = this.#flatten(rows);
-    const flat = await this.h.sequenceValues({ ids, lengths });
-    let off = 0;
-    return Array.from(lengths, (n, i) => {
-      const v = flat.slice(off, off + n);
-      off += n;
-      if (masks) for (let t = 0; t < n; t++) if (!masks[i][t]) v[t] = 0;
-      return v;
+    const out = this.#split(await this.h.sequenceValues({ ids, lengths }), lengths);
+    if (masks) out.forEach((v, i) => {
+      for (let t = 0; t < v.length; t++) if (!masks[i][t]) v[t] = 0;
     });
+    return out;
   }
 
   /** The final hidden state (after the last norm) of each row's last token: what embedding models pool. */
@@ -133,6 +130,13 @@ export class Model implements TextGenerator {
     return rows.map((_, i) => flat.slice(i * H, (i + 1) * H));
   }
 
+  /** A flat per-token result back into rows of the given lengths. */
+  #split(flat: Float32Array, lengths: Int32Array): Float32Array[] {
+    let off = 0;
+    return Array.from(lengths, (n) => flat.slice(off, (off += n)));
+  }
+
+  /** Rows of ids as one Int32Array + lengths (what the native teacher-forced calls take), checked. */
   #flatten(rows: ArrayLike<number>[]): { ids: Int32Array; lengths: Int32Array } {
     const lengths = Int32Array.from(rows.map((r) => r.length));
     const ids = new Int32Array(lengths.reduce((a, b) => a + b, 0));
@@ -383,22 +387,8 @@ export class Model implements TextGenerator {
 
   /** Teacher forcing: per row, out[t] = log p(ids[t] | ids[<t]) (0 at t = 0). */
   async sequenceLogprobs(rows: ArrayLike<number>[], temperature = 1): Promise<Float32Array[]> {
-    const lengths = Int32Array.from(rows.map((r) => r.length));
-    const ids = new Int32Array(lengths.reduce((a, b) => a + b, 0));
-    let off = 0;
-    for (const r of rows) {
-      ids.set(Array.from(r), off);
-      off += r.length;
-    }
-    this.checkIds(ids);
-    const flat = await this.h.sequenceLogprobs({ ids, lengths, temperature });
-    const out: Float32Array[] = [];
-    off = 0;
-    for (const n of lengths) {
-      out.push(flat.slice(off, off + n));
-      off += n;
-    }
-    return out;
+    const { ids, lengths } = this.#flatten(rows);
+    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature }), lengths);
   }
 
   dispose(): void {

@@ -9,6 +9,7 @@ import { readFileSync } from 'node:fs';
 import { extname } from 'node:path';
 import { SlmError, closest, describe } from '../errors.js';
 import type { SectionRef } from './types.js';
+import { parseJsonLines } from '../util/data.js';
 
 export interface Page {
   id: string;
@@ -82,17 +83,7 @@ export async function readRows(file: string): Promise<unknown[]> {
       throw new SlmError('CORPUS_INVALID', `${file}: expected a JSON array of {id, title, content} rows (${(e as Error).message}).`);
     }
   }
-  return text
-    .split('\n')
-    .map((l, i) => [l, i] as const)
-    .filter(([l]) => l.trim())
-    .map(([l, i]) => {
-      try {
-        return JSON.parse(l);
-      } catch (e) {
-        throw new SlmError('CORPUS_INVALID', `${file}:${i + 1}: not valid JSON (${(e as Error).message}).`);
-      }
-    });
+  return parseJsonLines(text, file, 'CORPUS_INVALID');
 }
 
 export function validatePages(rows: unknown[], where: string): Page[] {

@@ -5,6 +5,7 @@
  * alias that appears in its content, never its title, to exercise content retrieval.
  */
 import { normalizeId, type Page } from './corpus.js';
+import { xorshift32 } from '../util/data.js';
 
 export interface SyntheticQuestion {
   id: string;
@@ -24,20 +25,8 @@ const FIRST = ['Aldric', 'Berin', 'Calla', 'Doran', 'Elsabet', 'Faro', 'Gwenna',
 const TRADES = ['copper', 'salt', 'wool', 'glass', 'timber', 'amber', 'paper', 'clocks', 'ink', 'rope'];
 const REGIONS = ['the Harrowmarch', 'the Lowen Vale', 'the Sorrel Coast', 'the Upper Fenn', 'the Drammic Hills', 'the Kelt Plateau'];
 
-function rng(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s >>>= 0;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    s >>>= 0;
-    return s / 4294967296;
-  };
-}
-
 export function syntheticCorpus(opts: { pages: number; seed?: number; paragraphs?: number } = { pages: 100 }): { pages: Page[]; questions: SyntheticQuestion[] } {
-  const r = rng((opts.seed ?? 1) * 2654435761);
+  const r = xorshift32(((opts.seed ?? 1) * 2654435761) >>> 0 || 1);
   const pick = <T>(xs: T[]) => xs[Math.floor(r() * xs.length)];
   const used = new Set<string>();
   // Unique names; when the short names run out (30^2 = 900 two-syllable ones), use one more syllable.

@@ -9,6 +9,7 @@ import { appendFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renam
 import { join } from 'node:path';
 import { SlmError } from '../errors.js';
 import type { Model } from '../engine/model.js';
+import { xorshift32 } from '../util/data.js';
 
 export interface TrainState {
   step: number;
@@ -110,15 +111,7 @@ export class RunFolder {
 
 /** A deterministic permutation of 0..n-1 for (seed, epoch): resumable without saving RNG state. */
 export function permutation(n: number, seed: number, epoch: number): number[] {
-  let s = (seed * 2654435761 + epoch * 40503 + 1) >>> 0;
-  const rand = () => {
-    s ^= s << 13;
-    s >>>= 0;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    s >>>= 0;
-    return s / 4294967296;
-  };
+  const rand = xorshift32(seed * 2654435761 + epoch * 40503 + 1);
   const p = Array.from({ length: n }, (_, i) => i);
   for (let i = n - 1; i > 0; i--) {
     const j = Math.floor(rand() * (i + 1));

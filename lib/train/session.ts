@@ -455,11 +455,13 @@ export async function evaluate(
     const chunk = qs.slice(s, s + batch);
     const runner = episodeRunner(cfg, agent, env, { eval: true, seed: cfg.train.seed * 7919 + s, temperature: cfg.eval.temperature });
     const r = await runner.run(chunk.map((q) => ({ question: q.question, temperature: cfg.eval.temperature })));
+    // Every episode of the chunk scored at once (a judge endpoint limits its own concurrency).
+    const rewards = await Promise.all(r.episodes.map((e, i) => rewardFn({ answer: e.answer, golds: chunk[i].golds, question: chunk[i].question, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
     for (let i = 0; i < chunk.length; i++) {
       const e = r.episodes[i];
       const q = chunk[i];
       const m = answerMetrics(e.answer, q.golds);
-      const rw = await rewardFn({ answer: e.answer, golds: q.golds, question: q.question, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } });
+      const rw = rewards[i];
       const correct = byJudge ? (rw.correct ?? false) : m.em === 1;
       const row = { id: q.id, question: q.question, golds: q.golds, answer: e.answer, correct, ...m, reward: rw.total, parts: rw.parts, ...(Object.keys(rw.errors).length ? { reward_errors: rw.errors } : {}), turns: e.turns, finish: e.finish, calls: e.calls, messages: e.messages };
       rows.push(row);

@@ -9,6 +9,7 @@
  * which is also where generation starts and stops at run time.
  */
 import { readFileSync } from 'node:fs';
+import { parseJsonLines } from '../util/data.js';
 import { SlmError, describe } from '../errors.js';
 import type { ChatFormatter } from '../model/chat.js';
 import type { ChatMessage, Tokenizer } from '../model/tokenizer-types.js';
@@ -36,19 +37,7 @@ export function readSftRows(file: string): SftRow[] {
   } catch {
     throw new SlmError('FILE_NOT_FOUND', `SFT data file ${file} cannot be read. Expected JSONL (or a JSON array) of {"messages": [{"role", "content"}, ...]} rows.`);
   }
-  const rows: unknown[] = text.trimStart().startsWith('[')
-    ? JSON.parse(text)
-    : text
-        .split('\n')
-        .map((l, i) => [l, i] as const)
-        .filter(([l]) => l.trim())
-        .map(([l, i]) => {
-          try {
-            return JSON.parse(l);
-          } catch (e) {
-            throw new SlmError('DATA_INVALID', `${file}:${i + 1}: not valid JSON (${(e as Error).message}).`);
-          }
-        });
+  const rows: unknown[] = text.trimStart().startsWith('[') ? JSON.parse(text) : parseJsonLines(text, file, 'DATA_INVALID');
   return rows.map((r, i) => {
     const msgs = (r as SftRow)?.messages;
     if (!Array.isArray(msgs) || !msgs.length)

@@ -150,6 +150,19 @@ std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<in
   return rows;
 }
 
+// sequenceLogprobs / sequenceValues / lastHidden: {ids, lengths[, temperature]} -> a worker's Promise.
+Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen3Model> m, const char* name, LogprobsWorker::Mode mode) {
+  auto env = info.Env();
+  const bool lp = mode == LogprobsWorker::Mode::Logprobs;
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", std::string(name) + (lp ? " expects {ids, lengths, temperature}." : " expects {ids, lengths}."));
+  auto o = info[0].As<Napi::Object>();
+  auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
+  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), std::move(m), std::move(rows), lp ? num_field(env, o, "temperature", 1.0) : 1.0, mode);
+  auto p = w->Promise();
+  w->Queue();
+  return p;
+}
+
 }  // namespace
 
 Napi::Function ModelWrap::Define(Napi::Env env) {
@@ -301,40 +314,17 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
 }
 
 Napi::Value ModelWrap::SequenceLogprobs(const Napi::CallbackInfo& info) {
-  auto env = info.Env();
-  auto m = live(env);
-  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "sequenceLogprobs expects {ids, lengths, temperature}.");
-  auto o = info[0].As<Napi::Object>();
-  auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
-  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), m, std::move(rows), num_field(env, o, "temperature", 1.0));
-  auto p = w->Promise();
-  w->Queue();
-  return p;
+  return queue_rows(info, live(info.Env()), "sequenceLogprobs", LogprobsWorker::Mode::Logprobs);
 }
 
 Napi::Value ModelWrap::SequenceValues(const Napi::CallbackInfo& info) {
-  auto env = info.Env();
-  auto m = live(env);
-  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "sequenceValues expects {ids, lengths}.");
-  if (!m->value_w.defined()) throw_error(env, "NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
-  auto o = info[0].As<Napi::Object>();
-  auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
-  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), m, std::move(rows), 1.0, LogprobsWorker::Mode::Values);
-  auto p = w->Promise();
-  w->Queue();
-  return p;
+  auto m = live(info.Env());
+  if (!m->value_w.defined()) throw_error(info.Env(), "NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
+  return queue_rows(info, m, "sequenceValues", LogprobsWorker::Mode::Values);
 }
 
 Napi::Value ModelWrap::LastHidden(const Napi::CallbackInfo& info) {
-  auto env = info.Env();
-  auto m = live(env);
-  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "lastHidden expects {ids, lengths}.");
-  auto o = info[0].As<Napi::Object>();
-  auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
-  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), m, std::move(rows), 1.0, LogprobsWorker::Mode::LastHidden);
-  auto p = w->Promise();
-  w->Queue();
-  return p;
+  return queue_rows(info, live(info.Env()), "lastHidden", LogprobsWorker::Mode::LastHidden);
 }
 
 Napi::Value ModelWrap::Dispose(const Napi::CallbackInfo& info) {

@@ -21,6 +21,32 @@ bool ends_with_stop(const std::string& tail, size_t added, const std::string& st
   const size_t window = std::min(tail.size(), stop.size() + added - 1);
   return tail.find(stop, tail.size() - window) != std::string::npos;
 }
+// A batch of sequences right-padded to the longest (real tokens never attend to the pads after them
+// under the causal mask), on the model's device: ids, key mask, positions 0..T-1.
+struct RightPadded {
+  at::Tensor ids, mask, positions;
+  int64_t T = 0;
+};
+
+RightPadded right_padded(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs) {
+  const int64_t B = static_cast<int64_t>(seqs.size());
+  RightPadded r;
+  for (const auto& s : seqs) r.T = std::max<int64_t>(r.T, static_cast<int64_t>(s.size()));
+  const auto li = at::TensorOptions().dtype(at::kLong);
+  auto ids = at::zeros({B, r.T}, li), mask = at::zeros({B, r.T}, li);
+  auto ia = ids.accessor<int64_t, 2>();
+  auto ma = mask.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t t = 0; t < seqs[b].size(); ++t) {
+      ia[b][t] = seqs[b][t];
+      ma[b][t] = 1;
+    }
+  const auto dev = model.device();
+  r.ids = ids.to(dev);
+  r.mask = mask.to(dev);
+  r.positions = at::arange(r.T, li).unsqueeze(0).expand({B, r.T}).contiguous().to(dev);
+  return r;
+}
 }  // namespace
 
 GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const Vocab* vocab) {
@@ -155,30 +181,15 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
 std::vector<std::vector<float>> last_hidden(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs) {
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);
-  int64_t T = 0;
-  for (const auto& s : seqs) {
+  for (const auto& s : seqs)
     if (s.empty()) fail("ARGUMENT_INVALID", "every sequence to embed needs at least one token; found an empty one.");
-    T = std::max<int64_t>(T, static_cast<int64_t>(s.size()));
-  }
   if (B == 0) return out;
-  const auto li = at::TensorOptions().dtype(at::kLong);
-  auto ids = at::zeros({B, T}, li), mask = at::zeros({B, T}, li), last = at::zeros({B}, li);
-  auto ia = ids.accessor<int64_t, 2>();
-  auto ma = mask.accessor<int64_t, 2>();
-  auto la = last.accessor<int64_t, 1>();
-  for (int64_t b = 0; b < B; ++b) {
-    for (size_t t = 0; t < seqs[b].size(); ++t) {
-      ia[b][t] = seqs[b][t];
-      ma[b][t] = 1;
-    }
-    la[b] = static_cast<int64_t>(seqs[b].size()) - 1;
-  }
-  const auto dev = model.device();
-  ids = ids.to(dev);
-  model.check_ids(ids);
-  auto positions = at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous().to(dev);
-  auto h = model.hidden(ids, positions, mask.to(dev), nullptr);                                  // [B, T, hidden]
-  auto idx = last.to(dev).view({B, 1, 1}).expand({B, 1, h.size(2)});
+  auto p = right_padded(model, seqs);
+  model.check_ids(p.ids);
+  std::vector<int64_t> last_v(B);
+  for (int64_t b = 0; b < B; ++b) last_v[b] = static_cast<int64_t>(seqs[b].size()) - 1;
+  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr);                                      // [B, T, hidden]
+  auto idx = at::tensor(last_v, at::TensorOptions().dtype(at::kLong)).to(model.device()).view({B, 1, 1}).expand({B, 1, h.size(2)});
   auto v = h.gather(1, idx).squeeze(1).to(at::kFloat).to(at::kCPU).contiguous();                  // [B, hidden]
   const int64_t H = v.size(1);
   const float* d = v.data_ptr<float>();
@@ -190,21 +201,9 @@ std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const s
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);
   if (!model.value_w.defined()) fail("NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
-  int64_t T = 0;
-  for (const auto& s : seqs) T = std::max<int64_t>(T, static_cast<int64_t>(s.size()));
-  if (B == 0 || T == 0) return out;
-  const auto li = at::TensorOptions().dtype(at::kLong);
-  auto ids = at::zeros({B, T}, li), mask = at::zeros({B, T}, li);
-  auto ia = ids.accessor<int64_t, 2>();
-  auto ma = mask.accessor<int64_t, 2>();
-  for (int64_t b = 0; b < B; ++b)
-    for (size_t t = 0; t < seqs[b].size(); ++t) {
-      ia[b][t] = seqs[b][t];
-      ma[b][t] = 1;
-    }
-  const auto dev = model.device();
-  auto positions = at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous();
-  auto h = model.hidden(ids.to(dev), positions.to(dev), mask.to(dev), nullptr, ForwardOptions{true, false, false});  // [B, T, hidden]
+  auto p = right_padded(model, seqs);
+  if (B == 0 || p.T == 0) return out;
+  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false});  // [B, T, hidden]
   auto v = (at::matmul(h.to(at::kFloat), model.value_w.detach()) + model.value_b.detach()).to(at::kCPU).contiguous();  // [B, T]
   auto va = v.accessor<float, 2>();
   for (int64_t b = 0; b < B; ++b) {
@@ -219,25 +218,12 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
   std::vector<std::vector<float>> out(B);
   if (B == 0) return out;
   if (!(temperature > 0)) fail("ARGUMENT_INVALID", "temperature for log-probs must be > 0, found " + std::to_string(temperature) + ".");
-  int64_t T = 0;
-  for (const auto& s : seqs) T = std::max<int64_t>(T, static_cast<int64_t>(s.size()));
-  if (T == 0) {
-    return out;
-  }
-  const auto li = at::TensorOptions().dtype(at::kLong);
-  // Right padding: real tokens never attend to the pads after them under the causal mask.
-  auto ids = at::zeros({B, T}, li), mask = at::zeros({B, T}, li);
-  auto ia = ids.accessor<int64_t, 2>();
-  auto ma = mask.accessor<int64_t, 2>();
-  for (int64_t b = 0; b < B; ++b)
-    for (size_t t = 0; t < seqs[b].size(); ++t) {
-      ia[b][t] = seqs[b][t];
-      ma[b][t] = 1;
-    }
+  auto p = right_padded(model, seqs);
+  const int64_t T = p.T;
+  if (T == 0) return out;
   const auto dev = model.device();
-  auto positions = at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous();
-  auto h = model.hidden(ids.to(dev), positions.to(dev), mask.to(dev), nullptr);  // [B, T, hidden]
-  auto targets = ids.to(dev);
+  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr);  // [B, T, hidden]
+  auto targets = p.ids;
   auto result = at::zeros({B, T}, at::TensorOptions().dtype(at::kFloat).device(dev));
   // The vocabulary projection in time chunks bounds the [B, c, V] float32 block to ~256 MB.
   const int64_t V = model.config().vocab_size;
