@@ -3,12 +3,17 @@
  * pages), the index build time (embedding + HNSW graph, beside the embedding alone), query latency
  * p50/p99 for HNSW dense search, exact dense search (the reference it approximates), BM25 and the
  * hybrid, and HNSW recall@10 against exact search for several ef (a neighbour counts when its score is
- * within 1e-3 of the 10th exact one, ann-benchmarks' convention, so ties at the cut are not misses).
+ * within 1e-3 of the 10th exact one, ann-benchmarks' convention, so ties at the cut are not misses),
+ * and a load test of `slm-train serve-retriever` over the same index (bench/retriever-server.ts).
  */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Corpus } from '../lib/retrieval/corpus.js';
 import { SearchIndex, chunkPages, DEFAULT_PARAMS } from '../lib/retrieval/index.js';
 import { HashingEmbedder } from '../lib/retrieval/embedders.js';
 import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
+import { loadTest } from './retriever-server.js';
 import { summarize, type Latency } from './sandbox.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
@@ -63,7 +68,18 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     bm25_pages: await latency(queries, (q) => idx.searchPages(q, 10, 'bm25')),
     hybrid_pages: await latency(queries, (q) => idx.searchPages(q, 10, 'hybrid')),
   };
-  const results = { pages, chunks: chunks.length, queries: queries.length, M: DEFAULT_PARAMS.M, ef_construction: DEFAULT_PARAMS.efConstruction, default_ef: DEFAULT_PARAMS.ef, build_s: +buildS.toFixed(2), embed_only_s: +embedS.toFixed(2), latency: lat, recall };
+  // The server in its own process over the saved index; the limit beside it is the in-process rate.
+  const passages = await latency(queries, (q) => idx.searchPassages(q, 3));
+  const dir = mkdtempSync(join(tmpdir(), 'slm-bench-index-'));
+  let server;
+  try {
+    idx.save(dir);
+    server = await loadTest(dir, queries, { levels: [1, 8, 64], seconds: o.quick ? 1.5 : 5, log });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const inProcessRate = +(1000 / passages.mean_ms).toFixed(1);
+  const results = { serve_retriever: { in_process_passages: passages, in_process_searches_per_s: inProcessRate, levels: server }, pages, chunks: chunks.length, queries: queries.length, M: DEFAULT_PARAMS.M, ef_construction: DEFAULT_PARAMS.efConstruction, default_ef: DEFAULT_PARAMS.ef, build_s: +buildS.toFixed(2), embed_only_s: +embedS.toFixed(2), latency: lat, recall };
   const f = (x: number) => x.toFixed(2);
   const table = [
     `Retrieval: ${pages} generated pages, ${chunks.length} chunks, hashing-256 embedder, HNSW M ${DEFAULT_PARAMS.M} / efConstruction ${DEFAULT_PARAMS.efConstruction}; ${queries.length} queries`,
@@ -79,6 +95,12 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     '| HNSW ef | recall@10 vs exact | p50 ms | p99 ms |',
     '|---:|---:|---:|---:|',
     ...EFS.map((ef) => `| ${ef} | ${recall[ef].recall_at_10.toFixed(4)} | ${f(recall[ef].p50_ms)} | ${f(recall[ef].p99_ms)} |`),
+    '',
+    `slm-train serve-retriever (own process, one-query POST /retrieve, top-3 hybrid passages); the limit: ${inProcessRate} searches/s in process (p50 ${f(passages.p50_ms)} ms)`,
+    '',
+    '| concurrent clients | requests/s | p50 ms | p99 ms | errors |',
+    '|---:|---:|---:|---:|---:|',
+    ...server.map((l) => `| ${l.clients} | ${l.requests_per_s} | ${f(l.p50_ms)} | ${f(l.p99_ms)} | ${l.errors} |`),
   ].join('\n');
   return { kind: 'retrieval', results, table };
 }

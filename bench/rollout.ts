@@ -1,7 +1,8 @@
 /**
  * `slm-train bench rollout`: Q questions x K rollouts of the code protocol on a generated corpus,
  * end to end as training runs them (EpisodeRunner over the native engine, the Python sandbox pool
- * with the search index, the EM reward), for K = 1, 8 and 24 (--quick: 1 and 4) on the `small`
+ * with the search index, the EM reward), for Q = 2 and K = 1, 8 and 24 (--quick: Q = 1, K = 1 and 4,
+ * 24 new tokens per turn instead of 96) on the `small`
  * preset or `--model`. Reported per K: per-rollout wall time, rollouts/s, generated tokens/s, and the
  * wall time split into generation, sandbox, retrieval, reward and orchestration (the rest), each
  * with p50/p99 per rollout; next to generation, the bound from the roofline measured in the same run
@@ -71,8 +72,8 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const gen = syntheticCorpus({ pages: 200, seed: 3 });
   const index = await SearchIndex.build(new Corpus(gen.pages));
   const pool = await createPythonPool({ tools: index, size: 4, timeoutMs: 10_000 });
-  const maxNewTokens = quick ? 32 : 96;
-  const Q = 2;
+  const maxNewTokens = quick ? 24 : 96;
+  const Q = quick ? 1 : 2;
   const protocol = codeProtocol({ executor: pool });
   const run = async (k: number, unbatched = false) => {
     const g = new RecordingGenerator(model);

@@ -4,7 +4,7 @@
  */
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { availableParallelism, totalmem } from 'node:os';
+import { availableParallelism, loadavg, totalmem } from 'node:os';
 import { loadBinding } from './binding/index.js';
 import { native } from './engine/runtime.js';
 import { detectIsolation } from './sandbox/isolation.js';
@@ -72,12 +72,8 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
     report.blas = { library, openblasCoretype: process.env.OPENBLAS_CORETYPE, matmulF32Gflops: +f32.toFixed(1), matmulBf16Gflops: +bf16.toFixed(1), copyGBps: +copy.toFixed(1) };
     report.threads = { engine: v.threads, cores: availableParallelism() };
     const perCore = f32 / v.threads;
-    if (/reference BLAS/.test(library) || perCore < 15)
-      warnings.push(
-        `float32 matmul runs at ${f32.toFixed(0)} GFLOP/s (${perCore.toFixed(0)} per thread): this is the reference BLAS speed. Install OpenBLAS: apt-get install libopenblas0-openmp.`,
-      );
-    else if (/OpenBLAS/.test(library) && perCore < 40)
-      warnings.push(`OpenBLAS reaches only ${perCore.toFixed(0)} GFLOP/s per thread: it may misdetect this CPU; try OPENBLAS_CORETYPE=SKYLAKEX (AVX-512) or HASWELL (AVX2).`);
+    const advice = blasAdvice({ library, perThreadGflops: perCore, loadAverage: loadavg()[0], cores: availableParallelism() });
+    if (advice) warnings.push(advice);
     if (v.threads < availableParallelism()) warnings.push(`the engine uses ${v.threads} of ${availableParallelism()} cores: set SLM_TRAIN_THREADS or --threads.`);
   }
   report.python = findPython();
@@ -92,6 +88,24 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
     warnings.push(`the Python sandbox cannot start: ${(e as Error).message}`);
   }
   return report;
+}
+
+/**
+ * What to do about the measured float32 matmul rate: the reference BLAS (or a rate only it would
+ * give) needs OpenBLAS; OpenBLAS below its usual rate is misdetecting the CPU — unless other
+ * processes are keeping the cores busy, in which case the figure itself is not trustworthy.
+ */
+export function blasAdvice(o: { library: string; perThreadGflops: number; loadAverage: number; cores: number }): string | null {
+  const rate = `float32 matmul runs at ${o.perThreadGflops.toFixed(0)} GFLOP/s per thread`;
+  const busy = o.loadAverage > 0.75 * o.cores;
+  const busyNote = `the 1-minute load average is ${o.loadAverage.toFixed(1)} on ${o.cores} cores, so other processes share the CPU and this figure is low; run \`slm-train doctor\` again on an idle machine`;
+  if (/reference BLAS/.test(o.library)) return `${rate} with the reference BLAS (${o.library}), ~40x slower than OpenBLAS. Install it: apt-get install libopenblas0-openmp.`;
+  if (/OpenBLAS/.test(o.library)) {
+    if (o.perThreadGflops >= 40) return null;
+    return busy ? `${rate}: ${busyNote}.` : `${rate}: OpenBLAS may misdetect this CPU; try OPENBLAS_CORETYPE=SKYLAKEX (AVX-512) or HASWELL (AVX2).`;
+  }
+  if (o.perThreadGflops < 15) return busy ? `${rate}: ${busyNote}.` : `${rate} (${o.library}): that is reference-BLAS speed. Install OpenBLAS: apt-get install libopenblas0-openmp.`;
+  return null;
 }
 
 export function formatDoctor(r: DoctorReport): string {

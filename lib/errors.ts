@@ -9,6 +9,10 @@ export type ErrorCode =
   | 'CONFIG_UNKNOWN_KEY'
   | 'ARGUMENT_INVALID'
   | 'FILE_NOT_FOUND'
+  | 'HUB_NOT_FOUND'
+  | 'HUB_AUTH_REQUIRED'
+  | 'HUB_UNREACHABLE'
+  | 'HUB_DOWNLOAD_FAILED'
   | 'MODEL_NOT_FOUND'
   | 'MODEL_CONFIG_INVALID'
   | 'MODEL_TYPE_UNSUPPORTED'
@@ -43,7 +47,13 @@ export type ErrorCode =
   | 'DATA_INVALID'
   | 'NOT_FOUND'
   | 'RUN_EXISTS'
-  | 'PORT_IN_USE';
+  | 'PORT_IN_USE'
+  | 'RETRIEVER_UNAVAILABLE'
+  | 'RETRIEVER_ERROR'
+  | 'DISTRIBUTED_UNAVAILABLE'
+  | 'DISTRIBUTED_FAILED'
+  | 'ROLLOUT_SERVER_UNAVAILABLE'
+  | 'ROLLOUT_SERVER_ERROR';
 
 export class SlmError extends Error {
   readonly code: ErrorCode | string;

@@ -60,6 +60,28 @@ t.test('init-model writes a loadable HF folder; generate --prompt goes through t
   t.type(out.text, 'string');
 });
 
+t.test('init-model --model-type qwen2 | llama writes that architecture, and the engine runs it', async (t) => {
+  for (const [type, vocab, tensor] of [['qwen2', 151936, 'model.layers.0.self_attn.q_proj.bias'], ['llama', 128256, 'model.layers.0.self_attn.q_proj.weight']] as const) {
+    const dir = join(t.testdir(), type);
+    const r = runCli(['init-model', '--preset', 'tiny', '--model-type', type, '--out', dir]);
+    t.equal(r.code, 0, r.stderr);
+    t.match(r.stdout, new RegExp(`tiny ${type} model`));
+    const cfg = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8'));
+    t.equal(cfg.model_type, type);
+    t.equal(cfg.vocab_size, vocab);
+    if (type === 'llama') t.match(cfg.rope_scaling, { rope_type: 'llama3', factor: 32 });
+    const { readSafetensorsHeader } = await import('../lib/model/safetensors.js');
+    const names = Object.keys(readSafetensorsHeader(join(dir, 'model.safetensors')));
+    t.ok(names.includes(tensor), `has ${tensor}`);
+    t.notOk(names.some((n) => n.includes('q_norm')), 'no q/k norms outside Qwen3');
+    const l = runCli(['logits', '--model', dir, '--ids', '1,2,3', '--json']);
+    t.equal(l.code, 0, l.stderr);
+    t.equal(JSON.parse(l.stdout).logits.length, 3);
+  }
+  const bad = runCli(['init-model', '--preset', 'tiny', '--model-type', 'gpt2', '--out', join(t.testdir(), 'x')]);
+  t.not(bad.code, 0);
+});
+
 t.test('doctor reports libtorch, BLAS with a measured rate, threads and python3', async (t) => {
   const r = runCli(['doctor', '--json']);
   t.equal(r.code, 0, r.stderr);
@@ -71,6 +93,20 @@ t.test('doctor reports libtorch, BLAS with a measured rate, threads and python3'
   t.match(d.python.executable, /python/);
   t.match(d.sandbox.level, /^(bwrap|unshare|rlimits-only)$/);
   t.type(d.sandbox.network, 'boolean');
+});
+
+t.test("doctor's BLAS advice: install OpenBLAS, set the core type, or measure again on an idle machine", async (t) => {
+  const { blasAdvice } = await import('../lib/doctor.js');
+  const idle = { loadAverage: 0.2, cores: 2 };
+  t.match(blasAdvice({ library: 'reference BLAS (libblas.so.3)', perThreadGflops: 3, ...idle }), /reference BLAS.*apt-get install libopenblas0-openmp/);
+  t.match(blasAdvice({ library: 'reference BLAS (libblas.so.3)', perThreadGflops: 3, loadAverage: 4, cores: 2 }), /apt-get install libopenblas0-openmp/, 'the reference BLAS is slow whatever the load');
+  t.match(blasAdvice({ library: 'OpenBLAS (libopenblasp-r0.3.21.so)', perThreadGflops: 10, ...idle }), /OPENBLAS_CORETYPE=SKYLAKEX/);
+  const busy = blasAdvice({ library: 'OpenBLAS (libopenblasp-r0.3.21.so)', perThreadGflops: 10, loadAverage: 3.1, cores: 2 });
+  t.match(busy, /load average is 3\.1 on 2 cores.*idle machine/);
+  t.notMatch(busy, /apt-get install|CORETYPE/, 'no wrong fix when the cores are busy');
+  t.equal(blasAdvice({ library: 'OpenBLAS (libopenblasp-r0.3.21.so)', perThreadGflops: 60, ...idle }), null);
+  t.match(blasAdvice({ library: 'unknown', perThreadGflops: 5, ...idle }), /reference-BLAS speed/);
+  t.equal(blasAdvice({ library: 'MKL', perThreadGflops: 50, ...idle }), null);
 });
 
 t.test('bad input: clear coded errors, exit code 2, no stack trace', async (t) => {

@@ -269,8 +269,9 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     data: { questions: true, corpus: true, index: true, sft: true, split: true, exclude_leaking: true },
     protocol: { kind: true, max_turns: true, max_turns_eval: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, system_prompt: true },
     sandbox: { kind: true, timeout_s: true, memory_mb: true, workers: true },
-    retrieval: { kind: true, embedder: true, ef: true, k: true },
-    rollout: { k: true, batch_questions: true, temperature: true, top_p: true, top_k: true },
+    retrieval: { kind: true, embedder: true, ef: true, k: true, url: true, timeout_s: true, retries: true },
+    rollout: { k: true, batch_questions: true, temperature: true, top_p: true, top_k: true, engine: true, openai: true },
+    distributed: { nproc: true, nnodes: true, node_rank: true, master_addr: true, master_port: true, backend: true, timeout_s: true, python: true },
     reward: { combine: true, parts: true, judge: true },
     algorithm: {
       kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_in: true, kl_estimator: true, token_level: true, inner_epochs: true, entropy_coef: true,
@@ -278,11 +279,12 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     },
     optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, schedule: true, warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },
     train: { epochs: true, steps: true, batch_size: true, seed: true, checkpoint_every: true, eval_every: true },
-    eval: { split: true, max_questions: true, temperature: true },
+    eval: { split: true, max_questions: true, temperature: true, top_p: true, table: true },
     run: { dir: true, name: true },
   };
   const nested: Record<string, string[]> = {
     'data.split': Object.keys({ train_fraction: true, seed: true } satisfies Keys<ResolvedConfig['data']['split']>),
+    'rollout.openai': Object.keys({ urls: true, model: true, timeout_s: true, retries: true, concurrency: true, adapter_dir: true } satisfies Keys<ResolvedConfig['rollout']['openai']>),
     'algorithm.fallbacks': Object.keys({ fail_at_or_below: true, fail_by: true, all_failed: true, zero_variance: true, center: true } satisfies Keys<ResolvedConfig['algorithm']['fallbacks']>),
   };
   const props = (s: unknown) => Object.keys(((s as { properties?: object }).properties ?? {}) as object);

@@ -6,6 +6,8 @@ import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { native } from '../lib/engine/runtime.js';
 import { writeSafetensors } from '../lib/model/safetensors.js';
+import { nativeConfig, readModelConfig } from '../lib/model/config.js';
+import { resolveWeightFiles } from '../lib/model/weights.js';
 import { fixture } from './helpers/shared.js';
 
 const f32 = fixture('qwen3', 'tiny-qwen3-f32');
@@ -93,12 +95,54 @@ t.test('unknown dtype -> DTYPE_UNSUPPORTED', async (t) => {
   await expectCode(t, Model.load(dir), 'DTYPE_UNSUPPORTED', /F8.*expected one of F32, F16, BF16/);
 });
 
-t.test('model_type other than qwen3 -> MODEL_TYPE_UNSUPPORTED listing what is supported', async (t) => {
+t.test('model_type other than qwen3 / qwen2 / llama -> MODEL_TYPE_UNSUPPORTED listing what is supported', async (t) => {
   const dir = copyModel(t, f32, ['model.safetensors']);
   const cfg = JSON.parse(readFileSync(join(f32, 'config.json'), 'utf8'));
   cfg.model_type = 'gpt2';
   writeFileSync(join(dir, 'config.json'), JSON.stringify(cfg));
-  await expectCode(t, Model.load(dir), 'MODEL_TYPE_UNSUPPORTED', /"gpt2".*supported: qwen3/);
+  await expectCode(t, Model.load(dir), 'MODEL_TYPE_UNSUPPORTED', /"gpt2".*supported: qwen3, qwen2, llama\..*Qwen\/Qwen2\.5-3B-Instruct/);
+});
+
+t.test('unsupported or incomplete rope_scaling, sliding-window attention -> MODEL_CONFIG_INVALID saying what is supported', async (t) => {
+  const dir = copyModel(t, f32, ['model.safetensors']);
+  const cfg = JSON.parse(readFileSync(join(f32, 'config.json'), 'utf8'));
+  const write = (c: object) => writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...cfg, ...c }));
+  write({ rope_scaling: { rope_type: 'yarn', factor: 4, original_max_position_embeddings: 32768 } });
+  await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /rope_scaling type "yarn" is not supported; supported: none, default, llama3\..*remove rope_scaling/);
+  write({ rope_scaling: { type: 'dynamic', factor: 2 } });
+  await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /"dynamic" is not supported/);
+  write({ rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4 } });
+  await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /llama3 rope_scaling needs a positive number "original_max_position_embeddings".*found nothing/);
+  write({ rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 4, high_freq_factor: 1, original_max_position_embeddings: 32 } });
+  await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /high_freq_factor > low_freq_factor/);
+  write({ use_sliding_window: true, sliding_window: 4096 });
+  await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /use_sliding_window.*full attention only/);
+  write({ rope_scaling: { rope_type: 'default' } });
+  const m = await Model.load(dir);
+  m.dispose();
+  t.pass('rope_type "default" is the unscaled RoPE');
+});
+
+t.test('config.json of another architecture than the weights -> the tensor that does not fit is named', async (t) => {
+  const dir = copyModel(t, f32, ['model.safetensors']);
+  const cfg = JSON.parse(readFileSync(join(f32, 'config.json'), 'utf8'));
+  writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...cfg, model_type: 'qwen2' }));
+  await expectCode(t, Model.load(dir), 'WEIGHTS_MISSING', /'model\.layers\.0\.self_attn\.q_proj\.bias'/);
+  writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...cfg, model_type: 'llama' }));
+  await expectCode(t, Model.load(dir), 'WEIGHTS_UNUSED', /llama model does not use: .*q_norm.*wrong model_type/);
+});
+
+t.test('the native side rejects architectures and RoPE types it does not implement, whatever the caller passes', async (t) => {
+  const files = resolveWeightFiles(f32);
+  const config = nativeConfig(readModelConfig(f32));
+  await expectCode(t, native().loadModel({ files, config: { ...config, model_type: 'gpt2' }, dtype: 'float32', device: 'cpu' }), 'MODEL_TYPE_UNSUPPORTED', /'gpt2'.*supported: qwen3, qwen2, llama/);
+  await expectCode(t, native().loadModel({ files, config: { ...config, rope_type: 'yarn' }, dtype: 'float32', device: 'cpu' }), 'MODEL_CONFIG_INVALID', /'yarn'.*supported: default, llama3/);
+  await expectCode(
+    t,
+    native().loadModel({ files, config: { ...config, rope_type: 'llama3', rope_factor: 8, rope_low_freq_factor: 4, rope_high_freq_factor: 1, rope_original_max_position_embeddings: 32 }, dtype: 'float32', device: 'cpu' }),
+    'MODEL_CONFIG_INVALID',
+    /low_freq_factor < high_freq_factor/,
+  );
 });
 
 t.test('invalid config.json -> MODEL_CONFIG_INVALID', async (t) => {

@@ -120,7 +120,15 @@ t.test('PPO (configs/search-r1-ppo.yaml): tags protocol, index saved and reused'
   const index = join(root, 'index');
   const args = ['train', '--config', cfg('search-r1-ppo.yaml'), ...common(), `data.index=${index}`, 'rollout.batch_questions=2', 'protocol.max_new_tokens=24', 'train.steps=2', 'train.eval_every=2', 'eval.max_questions=2', '--json'];
   const r = await cli(t, args);
-  t.match(JSON.parse(r.stdout), { stage: 'ppo', steps: 2 });
+  t.match(JSON.parse(r.stdout), { stage: 'ppo', steps: 2 }, 'stdout holds only the JSON result');
+  // Progress on stderr, as plain lines (stderr is a pipe here): counts, rate, ETA, live reward.
+  t.match(r.stderr, /^\[progress\] index embed: \d+ chunks$/m, 'indexing progress');
+  t.match(r.stderr, /^\[progress\] ppo: 2 steps$/m, 'the training phase starts with its count');
+  t.match(r.stderr, /^\[progress\] ppo: 1\/2 steps \(50 %\), [\d.]+ (s\/step|steps\/s), elapsed [^,]+, ETA [\dms.h ]+, reward -?[\d.]+(, acc [\d.]+ %)?$/m, 'a line at half way with count, rate, ETA and reward');
+  t.match(r.stderr, /^\[progress\] ppo: 2\/2 steps \(100 %\), [\d.]+ (s\/step|steps\/s), elapsed [^,]+, reward -?[\d.]+(, acc [\d.]+ %)?, done$/m, 'and a final line');
+  t.match(r.stderr, /^\[progress\] eval search-r1-ppo@step-2: 2\/2 questions \(100 %\), .*reward -?[\d.]+, acc [\d.]+ %, done$/m, 'the evaluation during training has its own progress');
+  t.notMatch(r.stderr, /\r|\x1b\[/, 'no bar redraws in a non-interactive stderr');
+  t.notMatch(r.stdout, /\[progress\]/);
   t.ok(existsSync(join(index, 'manifest.json')), 'the index built from the corpus is saved to data.index');
   const dir = join(runs, 'search-r1-ppo');
   const all = jsonl(join(dir, 'metrics.jsonl'));
@@ -134,6 +142,10 @@ t.test('PPO (configs/search-r1-ppo.yaml): tags protocol, index saved and reused'
   t.match(JSON.parse(readFileSync(join(dir, 'evals', 'step-2', 'summary.json'), 'utf8')), { label: 'search-r1-ppo@step-2', questions: 2, max_turns: 5 });
   t.match(r.stderr, /eval at step 2: accuracy/);
   t.ok(existsSync(join(dir, 'adapter', 'value_head.safetensors')), 'the value head is saved beside the adapter');
+  t.ok(metrics.every((m) => ['reward_mean', 'answered', 'response_tokens_max', 'tool_turns_mean', 'time_step_s'].every((k) => k in m)), 'rollout metrics in every row');
+  t.equal(readdirSync(join(dir, 'tb')).filter((f) => /^events\.out\.tfevents\.\d+\./.test(f)).length, 1, 'a TensorBoard event file');
+  t.match(readFileSync(join(dir, 'report.html'), 'utf8'), /<h1>slm-train run search-r1-ppo<\/h1>[\s\S]*id="report-data"/, 'the HTML report is written at the end');
+  t.match(r.stderr, new RegExp(`report: ${join(dir, 'report.html').replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}`));
   const traj = jsonl(join(dir, 'trajectories.jsonl'));
   t.equal(traj.length, 4);
   t.ok(traj.every((x) => x.messages[0].role === 'user' && /<search>/.test(x.messages[0].content)), 'Search-R1 instruction');
@@ -160,4 +172,50 @@ t.test('config errors are clear and name the key', async (t) => {
   t.match(r.stderr, /error CONFIG_UNKNOWN_KEY: .*rollout\.kk.*did you mean rollout\.k\?/);
   const m = await cli(t, ['train', '--config', cfg('code-grpo.yaml'), ...common(), `data.questions=${join(root, 'nope.jsonl')}`], 2);
   t.match(m.stderr, /error FILE_NOT_FOUND: .*data\.questions: .*nope\.jsonl/);
+});
+
+t.test("the SFT+PPO report's evaluation (configs/search-r1-eval.yaml) against slm-train serve-retriever", async (t) => {
+  // Our index behind Search-R1's retrieval API, read by retrieval.kind http.
+  const { SearchIndex } = await import('../lib/retrieval/index.js');
+  const { Corpus } = await import('../lib/retrieval/corpus.js');
+  const { RetrieverServer } = await import('../lib/retrieval/server.js');
+  const server = new RetrieverServer({ index: await SearchIndex.build(await Corpus.load(join(root, 'corpus.jsonl'))), port: 0 });
+  const url = `http://127.0.0.1:${await server.listen()}/retrieve`;
+  t.teardown(() => server.close());
+  const dir = join(root, 'report-runs');
+  // Search-R1's layout: golden_answers lists and a data_source per row.
+  const qfile = join(root, 'report-questions.jsonl');
+  writeFileSync(qfile, jsonl(join(root, 'questions.jsonl')).slice(0, 3).map((q, i) => JSON.stringify({ id: q.id, question: q.question, golden_answers: [q.answer, 'x'], data_source: i % 2 ? 'hotpotqa' : 'nq' })).join('\n') + '\n');
+  const args = (label: string) => [
+    'eval', '--config', cfg('search-r1-eval.yaml'), `model.path=${model}`, 'model.dtype=float32', 'model.device=cpu',
+    `data.questions=${qfile}`, 'data.corpus=null', 'data.index=null', 'retrieval.kind=http', `retrieval.url=${url}`,
+    `run.dir=${dir}`, 'eval.max_questions=3', 'protocol.max_new_tokens=24', '--label', label,
+  ];
+  await cli(t, args('Base'));
+  const r = await cli(t, args('SFT+PPO'));
+  const table = r.stdout.split('\n').filter((l) => l.startsWith('|'));
+  t.same(table.slice(0, 2), ['| configuration | EM | ROUGE-L |', '|---|---:|---:|'], "the report's table shape");
+  t.match(table[2], /^\| Base \| \d\.\d{3} \| \d\.\d{3} \|$/);
+  t.match(table[3], /^\| SFT\+PPO \| \d\.\d{3} \| \d\.\d{3} \|$/);
+  t.match(r.stderr, /retrieval server http:\/\/127\.0\.0\.1:\d+\/retrieve/, 'searches go to the server');
+  const s = JSON.parse(readFileSync(join(dir, 'evals', 'SFT+PPO', 'summary.json'), 'utf8'));
+  t.match(s.by_source, { nq: { questions: 2 }, hotpotqa: { questions: 1 } }, 'EM/F1/ROUGE-L per data_source');
+  t.match(s, { questions: 3, split: 'all', max_turns: 5, temperature: 0.7, top_p: 0.9, top_k: 3, max_new_tokens: 24 }, 'the report\'s sampling settings (max_new_tokens overridden here for time)');
+});
+
+t.test('the no-search baseline: the same PPO config trains and evaluates with protocol.kind=direct, no corpus needed', async (t) => {
+  const dir = join(root, 'direct-runs');
+  const over = ['protocol.kind=direct', 'data.corpus=null', 'data.index=null', `run.dir=${dir}`, 'rollout.batch_questions=2', 'protocol.max_new_tokens=16'];
+  const common0 = common().filter((a) => !a.startsWith('data.corpus=') && !a.startsWith('run.dir='));
+  const r = await cli(t, ['train', '--config', cfg('search-r1-ppo.yaml'), ...common0, ...over, 'train.steps=1', 'train.eval_every=0', '--json']);
+  t.match(JSON.parse(r.stdout), { stage: 'ppo', steps: 1 });
+  t.match(r.stderr, /protocol direct \(no search\)/);
+  const traj = jsonl(join(dir, 'search-r1-ppo', 'trajectories.jsonl'));
+  t.equal(traj.length, 2);
+  t.ok(traj.every((x) => /from what you know/.test(x.messages[0].content) && !/<search>/.test(x.messages[0].content)), 'the closed-book instruction, no search tags');
+  t.ok(traj.every((x) => !x.messages.some((m: { content: string }) => /<information>/.test(m.content))), 'no passages in any episode');
+  const ev = await cli(t, ['eval', '--config', cfg('search-r1-ppo.yaml'), ...common0, ...over, 'eval.max_questions=2', '--adapter', join(dir, 'search-r1-ppo', 'adapter'), '--json']);
+  t.match(JSON.parse(ev.stdout), { questions: 2 });
+  const rows = jsonl(join(dir, 'evals', 'search-r1-ppo', 'trajectories.jsonl'));
+  t.ok(rows.every((x) => Array.isArray(x.calls) && x.calls.length === 0), 'no tool calls in evaluation');
 });

@@ -13,6 +13,18 @@ export interface NativeModelConfig {
   rope_theta: number;
   rms_norm_eps: number;
   tie_word_embeddings: boolean;
+  /** Which architecture (lib/model/config.ts ARCHITECTURES); the native side rejects unknown names. */
+  model_type: string;
+  qk_norm: boolean;
+  qkv_bias: boolean;
+  o_bias: boolean;
+  mlp_bias: boolean;
+  /** rope_scaling: 'default' or 'llama3' (with the four numbers below). */
+  rope_type: string;
+  rope_factor?: number;
+  rope_low_freq_factor?: number;
+  rope_high_freq_factor?: number;
+  rope_original_max_position_embeddings?: number;
 }
 
 export interface NativeModelInfo {
@@ -81,6 +93,10 @@ export interface NativeModel {
   /** Copies of the trainable tensors (or their gradients) by PEFT name. */
   trainable(opts?: { grad?: boolean }): Record<string, Float32Array>;
   setTrainable(name: string, values: Float32Array): void;
+  /** Every trainable tensor's gradient, flattened in trainable() order (zeros where none). */
+  gradients(): Float32Array;
+  /** Norm, NaN/inf skip, clipping, AdamW on the given flat gradients (or those left by trainStep({update: false})). */
+  applyGradients(opts: NativeOptimOptions & { loss?: number }, grads?: Float32Array): Promise<NativeApplyResult>;
   /** FNV-1a digest of every base weight's bytes. */
   baseDigest(): string;
 }
@@ -123,7 +139,20 @@ export interface NativeTrainRequest {
   maxGradNorm?: number;
   microBatch?: number;
   checkpoint?: boolean;
+  /** false: leave the unclipped gradients in place (gradients(), then applyGradients). */
   update?: boolean;
+  /** Trained tokens / sequences of the global batch (data-parallel ranks); default: this batch's. */
+  normTokens?: number;
+  normSequences?: number;
+}
+
+export type NativeOptimOptions = Pick<NativeTrainRequest, 'lr' | 'valueLr' | 'beta1' | 'beta2' | 'eps' | 'weightDecay' | 'maxGradNorm'>;
+
+export interface NativeApplyResult {
+  gradNorm: number;
+  skipped: boolean;
+  skipReason: string;
+  step: number;
 }
 
 export interface NativeTrainStats {

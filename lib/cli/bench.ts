@@ -44,6 +44,8 @@ export const benchCommand: CommandModule<object, Args> = {
     const log = (s: string) => process.stderr.write(`[bench] ${s}\n`);
     const reports: BenchReport[] = [];
     const skipped: string[] = [];
+    const seconds: Record<string, number> = {};
+    const t0 = performance.now();
     for (const k of kinds) {
       const load = KINDS[k];
       if (!load) {
@@ -52,10 +54,14 @@ export const benchCommand: CommandModule<object, Args> = {
         continue;
       }
       const run = await load();
+      const t = performance.now();
       reports.push(await run({ quick: a.quick, model: a.model, log }));
+      seconds[k] = +((performance.now() - t) / 1e3).toFixed(1);
     }
-    const doc = { machine: machineLine(), quick: !!a.quick, reports: Object.fromEntries(reports.map((r) => [r.kind, r.results])), not_available: skipped };
-    const md = [`Measured ${doc.machine}${a.quick ? ' (--quick)' : ''}.`, '', ...reports.flatMap((r) => [r.table, ''])].join('\n');
+    const total = +((performance.now() - t0) / 1e3).toFixed(1);
+    const doc = { machine: machineLine(), quick: !!a.quick, seconds: { ...seconds, total }, reports: Object.fromEntries(reports.map((r) => [r.kind, r.results])), not_available: skipped };
+    const took = `${Object.entries(seconds).map(([k, v]) => `${k} ${v} s`).join(', ')}; total ${total} s`;
+    const md = [`Measured ${doc.machine}${a.quick ? ' (--quick)' : ''}; the benchmarks took ${took}.`, '', ...reports.flatMap((r) => [r.table, ''])].join('\n');
     if (a.out) {
       writeFileSync(a.out, JSON.stringify(doc, null, 2) + '\n');
       writeFileSync(a.out.replace(/\.json$/, '') + '.md', md);

@@ -6,9 +6,10 @@ import { doctorCommand } from './doctor.js';
 import { generateCommand } from './generate.js';
 import { initModelCommand } from './init-model.js';
 import { logitsCommand } from './logits.js';
-import { execCommand, indexCommand, searchCommand } from './retrieval.js';
+import { reportCommand } from './report.js';
+import { execCommand, indexCommand, searchCommand, serveRetrieverCommand } from './retrieval.js';
 import { serveCommand } from './serve.js';
 import { evalCommand, trainCommand } from './train.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, indexCommand, searchCommand, execCommand, logitsCommand, generateCommand, serveCommand, initModelCommand, doctorCommand, benchCommand];
+export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, reportCommand, indexCommand, searchCommand, execCommand, logitsCommand, generateCommand, serveCommand, serveRetrieverCommand, initModelCommand, doctorCommand, benchCommand];

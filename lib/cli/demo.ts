@@ -6,6 +6,7 @@
 import { join, resolve } from 'node:path';
 import type { CommandModule } from 'yargs';
 import { runDemo } from '../demo/pipeline.js';
+import { progressLog } from '../util/progress.js';
 import { print } from './common.js';
 
 interface Args {
@@ -29,8 +30,8 @@ export const demoCommand: CommandModule<object, Args> = {
   handler: async (a) => {
     const out = resolve(a.out ?? join('runs', `demo-${new Date().toISOString().replace(/[:.]/g, '-')}`));
     const t0 = performance.now();
-    const log = (s: string) => process.stderr.write(`[demo ${((performance.now() - t0) / 1e3).toFixed(0).padStart(4)} s] ${s}\n`);
-    const r = await runDemo({ out, pages: a.pages, sftEpochs: a['sft-epochs'], grpoSteps: a['grpo-steps'], seed: a.seed, log });
+    const log = progressLog(process.stderr, () => `[demo ${((performance.now() - t0) / 1e3).toFixed(0).padStart(4)} s] `);
+    const r = await runDemo({ out, pages: a.pages, sftEpochs: a['sft-epochs'], grpoSteps: a['grpo-steps'], seed: a.seed, log, progress: { stream: process.stderr } });
     print('');
     print(r.table);
     print('');

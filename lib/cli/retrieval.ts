@@ -1,6 +1,7 @@
 /**
  * `slm-train index --corpus FILE --out DIR`, `slm-train search (--index DIR | --corpus FILE) QUERY`
- * and `slm-train exec (--index DIR | --corpus FILE) [--sandbox python|quickjs] [--file F | -]`.
+ * `slm-train exec (--index DIR | --corpus FILE) [--sandbox python|quickjs] [--file F | -]` and
+ * `slm-train serve-retriever (--index DIR | --corpus FILE) --port N` (Search-R1's retrieval API).
  */
 import { readFileSync } from 'node:fs';
 import type { CommandModule } from 'yargs';
@@ -8,10 +9,12 @@ import { SlmError } from '../errors.js';
 import { Corpus } from '../retrieval/corpus.js';
 import { DEFAULT_PARAMS, SearchIndex, embedderFor, type IndexKind } from '../retrieval/index.js';
 import { createSandbox } from '../sandbox/index.js';
-import { print } from './common.js';
+import { RetrieverServer } from '../retrieval/server.js';
+import { phasedProgress, progressLog } from '../util/progress.js';
+import { print, untilSignal } from './common.js';
 
 const KINDS = ['hybrid', 'dense', 'bm25'] as const;
-const log = (s: string) => process.stderr.write(`[slm-train] ${s}\n`);
+const log = progressLog(process.stderr, '[slm-train] ');
 
 interface Source {
   index?: string;
@@ -58,7 +61,13 @@ export const indexCommand: CommandModule<object, IndexArgs> = {
     const embedder = await embedderFor(a.embedder);
     const corpus = await Corpus.load(a.corpus);
     log(`index: ${corpus.pages.length} pages from ${a.corpus}; building (${a.kind}, ${embedder.name}, M ${a.M}, efConstruction ${a['ef-construction']})`);
-    const idx = await SearchIndex.build(corpus, { kind: a.kind, M: a.M, efConstruction: a['ef-construction'], ef: a.ef, embedder });
+    const bars = phasedProgress('index', 'chunks', { stream: process.stderr });
+    let idx: SearchIndex;
+    try {
+      idx = await SearchIndex.build(corpus, { kind: a.kind, M: a.M, efConstruction: a['ef-construction'], ef: a.ef, embedder, onProgress: bars.update });
+    } finally {
+      bars.stop();
+    }
     idx.save(a.out);
     const s = (performance.now() - t0) / 1e3;
     log(`index: ${corpus.pages.length} pages, ${idx.chunks.length} chunks in ${s.toFixed(2)} s -> ${a.out}`);
@@ -140,5 +149,32 @@ export const execCommand: CommandModule<object, ExecArgs> = {
     } finally {
       await sb.close();
     }
+  },
+};
+
+interface ServeRetrieverArgs extends Source {
+  port: number;
+  host: string;
+  topk: number;
+}
+
+export const serveRetrieverCommand: CommandModule<object, ServeRetrieverArgs> = {
+  command: 'serve-retriever',
+  describe: "serve an index with Search-R1's retrieval API (POST /retrieve {queries, topk, return_scores}) for Search-R1, verl or `retrieval.kind: http`",
+  builder: (y) =>
+    y
+      .option('index', { type: 'string', describe: 'an index folder (slm-train index)' })
+      .option('corpus', { type: 'string', describe: 'a corpus file (indexed in memory at start)' })
+      .option('port', { type: 'number', default: 8000, describe: 'port (0 = any free port)' })
+      .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on (0.0.0.0 for other machines)' })
+      .option('topk', { type: 'number', default: 3, describe: 'passages per query when a request gives no topk' }) as never,
+  handler: async (a) => {
+    if (!Number.isInteger(a.topk) || a.topk < 1) throw new SlmError('ARGUMENT_INVALID', `--topk expects a positive integer, found ${a.topk}.`);
+    const index = await openSource(a);
+    const server = new RetrieverServer({ index, port: a.port, host: a.host, topK: a.topk, log });
+    const port = await server.listen();
+    print(`serving ${a.index ?? a.corpus} (${index.corpus.pages.length} pages, ${index.chunks.length} chunks, ${index.params.kind}) on http://${a.host}:${port}/retrieve`);
+    await untilSignal();
+    await server.close();
   },
 };

@@ -4,7 +4,8 @@ import type { CommandModule } from 'yargs';
 import { ChatFormatter } from '../model/chat.js';
 import { loadTokenizer } from '../model/tokenizer.js';
 import { OpenAIServer } from '../serve/server.js';
-import { loadModelFromArgs, modelOptions, print, type ModelArgs } from './common.js';
+import { hubRepoName } from '../hub/download.js';
+import { loadModelFromArgs, modelOptions, print, untilSignal, type ModelArgs } from './common.js';
 
 interface Args extends ModelArgs {
   port: number;
@@ -23,17 +24,14 @@ export const serveCommand: CommandModule<object, Args> = {
       .option('name', { type: 'string', describe: 'model name in responses (default: the folder name)' })
       .option('max-batch', { type: 'number', default: 32, describe: 'requests per batched generate call' }) as never,
   handler: async (a) => {
+    a.name ??= hubRepoName(a.model) ?? basename(a.model);
     const model = await loadModelFromArgs(a);
     const tokenizer = loadTokenizer(a.model);
     if (tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
-    const server = new OpenAIServer({ model, tokenizer, formatter: ChatFormatter.forModel(a.model), name: a.name ?? basename(a.model), port: a.port, host: a.host, maxBatch: a['max-batch'], log: (s) => process.stderr.write(`[slm-train] ${s}\n`) });
+    const server = new OpenAIServer({ model, tokenizer, formatter: ChatFormatter.forModel(a.model), name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], adapter: a.adapter, log: (s) => process.stderr.write(`[slm-train] ${s}\n`) });
     const port = await server.listen();
-    print(`serving ${a.name ?? basename(a.model)}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models)`);
-    await new Promise<void>((resolve) => {
-      const stop = () => resolve();
-      process.once('SIGINT', stop);
-      process.once('SIGTERM', stop);
-    });
+    print(`serving ${a.name}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models)`);
+    await untilSignal();
     await server.close();
     model.dispose();
   },

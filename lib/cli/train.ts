@@ -7,7 +7,9 @@ import { loadConfig, missingFiles } from '../config/load.js';
 import type { ResolvedConfig } from '../config/types.js';
 import { SlmError } from '../errors.js';
 import { evalFromConfig, trainFromConfig } from '../train/session.js';
+import { progressLog } from '../util/progress.js';
 import { print } from './common.js';
+import { launchWorkers } from '../distributed/launch.js';
 
 interface Args {
   config: string;
@@ -15,10 +17,13 @@ interface Args {
   resume?: boolean;
   adapter?: string;
   label?: string;
+  nproc?: number;
   json?: boolean;
 }
 
-const log = (s: string) => process.stderr.write(`[slm-train] ${s}\n`);
+// Log lines and progress bars on stderr (lines above a live bar on a terminal); stdout stays for the result.
+const log = progressLog(process.stderr, '[slm-train] ');
+const progress = { stream: process.stderr };
 
 /** Files the command reads: SFT training reads data.sft only; RL and eval read everything but it. */
 function load(a: Args, command: 'train' | 'eval'): ResolvedConfig {
@@ -39,10 +44,12 @@ export const trainCommand: CommandModule<object, Args> = {
       .positional('overrides', { type: 'string', array: true, describe: 'key=value overrides, e.g. optim.lr=5e-5 rollout.k=8' })
       .option('config', { type: 'string', demandOption: true, describe: 'YAML config (see configs/)' })
       .option('resume', { type: 'boolean', describe: 'continue the run from its newest complete checkpoint' })
+      .option('nproc', { type: 'number', describe: 'worker processes on this node, one per device (data-parallel; see README "Scaling")' })
       .option('json', { type: 'boolean', describe: 'print the result as JSON' }) as never,
   handler: async (a) => {
     const cfg = load(a, 'train');
-    const r = await trainFromConfig(cfg, { resume: a.resume, log, overrides: a.overrides, configFile: a.config });
+    if (await launchWorkers(cfg.distributed, { nproc: a.nproc, log })) return;
+    const r = await trainFromConfig(cfg, { resume: a.resume, log, progress, overrides: a.overrides, configFile: a.config });
     if (a.json) print(JSON.stringify(r));
     else print(`${r.stage}: ${r.steps} steps; run ${r.dir}; adapter ${r.adapter}`);
   },
@@ -60,7 +67,7 @@ export const evalCommand: CommandModule<object, Args> = {
       .option('json', { type: 'boolean', describe: 'print the summary as JSON' }) as never,
   handler: async (a) => {
     const cfg = load(a, 'eval');
-    const r = await evalFromConfig(cfg, { adapter: a.adapter, label: a.label, log });
+    const r = await evalFromConfig(cfg, { adapter: a.adapter, label: a.label, log, progress });
     if (a.json) print(JSON.stringify(r.summary));
     else print(`${r.table}\n\nsaved: ${r.dir}/summary.json, ${r.dir}/trajectories.jsonl`);
   },

@@ -16,6 +16,7 @@ import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
 import YAML from 'yaml';
 import { SlmError, closest, describe } from '../errors.js';
 import { ALIASES, CONFIG_SCHEMA, PATH_KEYS } from './schema.js';
+import { isHubRef } from '../hub/ref.js';
 import type { ResolvedConfig } from './types.js';
 
 type Schema = Record<string, unknown>;
@@ -324,9 +325,14 @@ function crossChecks(c: ResolvedConfig): Problem[] {
   if (c.stage === 'sft' && c.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; the sft stage needs chat-format JSONL trajectories ({messages: [...]} rows)' });
   if (c.stage !== 'sft') {
     if (c.data.questions === null) p.push({ path: ['data', 'questions'], message: `missing; the ${c.stage} stage needs question rows {question, answer}` });
-    if (c.protocol.kind !== 'direct' && c.data.corpus === null && c.data.index === null)
-      p.push({ path: ['data', 'corpus'], message: `missing; the ${c.protocol.kind} protocol searches a corpus: set data.corpus or data.index` });
+    if (c.protocol.kind !== 'direct' && c.retrieval.kind !== 'http' && c.data.corpus === null && c.data.index === null)
+      p.push({ path: ['data', 'corpus'], message: `missing; the ${c.protocol.kind} protocol searches a corpus: set data.corpus or data.index (or retrieval.kind: http with retrieval.url)` });
   }
+  if (c.retrieval.kind === 'http') {
+    if (c.retrieval.url === null) p.push({ path: ['retrieval', 'url'], message: 'missing; retrieval.kind: http needs the server, e.g. http://127.0.0.1:8000/retrieve (`slm-train serve-retriever --index DIR --port 8000`)' });
+    if (c.protocol.kind === 'code') p.push({ path: ['retrieval', 'kind'], message: 'http serves passages for the tags protocol; the code protocol\'s search_pages/view_sections/read_section need a local index (retrieval.kind hybrid, dense or bm25)' });
+  }
+  if (isHubRef(c.data.index)) p.push({ path: ['data', 'index'], message: `a local folder (written by \`slm-train index\`), found the hub reference ${JSON.stringify(c.data.index)}; put a hub dataset in data.corpus and the index is built from it` });
   if (c.stage === 'grpo' && c.rollout.k < 2) p.push({ path: ['rollout', 'k'], message: `GRPO compares the rollouts of a group: expected an integer >= 2, found ${c.rollout.k}` });
   const klIn = a.kl_in ?? (c.stage === 'ppo' || a.kind === 'ppo' ? 'reward' : 'loss');
   if (klIn === 'loss' && a.kl_estimator === 'k2') p.push({ path: ['algorithm', 'kl_estimator'], message: 'the KL term in the loss supports k1 and k3, found "k2"; use k2 with kl_in: reward' });
@@ -383,8 +389,9 @@ function expandHome(p: string): string {
   return p === '~' ? homedir() : p.startsWith('~/') ? join(homedir(), p.slice(2)) : p;
 }
 
+/** A local path (hf:OWNER/NAME hub references are neither made absolute nor checked for existence). */
 function isPathValue(key: string, v: unknown): v is string {
-  return typeof v === 'string' && v !== '' && !(key === 'retrieval.embedder' && v === 'hashing');
+  return typeof v === 'string' && v !== '' && !isHubRef(v) && !(key === 'retrieval.embedder' && v === 'hashing');
 }
 
 /** Makes the path keys of a raw config absolute against `base` (in place; non-strings untouched). */

@@ -39,8 +39,8 @@ export const CONFIG_SCHEMA: Schema = {
     stage: { type: 'string', enum: STAGES, description: 'what `slm-train train` runs' },
     model: section(
       {
-        path: { type: 'string', minLength: 1, description: 'a Hugging Face model folder (config.json, safetensors, tokenizer)' },
-        adapter: str(null, 'a PEFT adapter folder to start from (e.g. the SFT result before GRPO)'),
+        path: { type: 'string', minLength: 1, description: 'a Hugging Face model folder (config.json, safetensors, tokenizer), or hf:OWNER/NAME from the hub' },
+        adapter: str(null, 'a PEFT adapter folder (or hf:OWNER/NAME) to start from (e.g. the SFT result before GRPO)'),
         dtype: oneOf(['float32', 'bfloat16', 'float16'], 'float32'),
         device: { type: 'string', pattern: '^(cpu|cuda(:[0-9]+)?)$', default: 'cpu', description: 'cpu, cuda or cuda:N' },
         threads: int(0, { minimum: 0 }, 'CPU threads for libtorch; 0 = all cores'),
@@ -56,10 +56,10 @@ export const CONFIG_SCHEMA: Schema = {
       layers: { type: ['array', 'null'], items: { type: 'integer', minimum: 0 }, uniqueItems: true, default: null, description: 'layers with adapters; null = all' },
     }),
     data: section({
-      questions: str(null, 'JSONL/JSON/Parquet rows {question, answer} (optional id, split)'),
-      corpus: str(null, 'JSONL/JSON/Parquet rows {id, title, content}'),
+      questions: str(null, 'JSONL/JSON/Parquet rows {question, answer} (optional id, split), or a hub dataset hf:OWNER/NAME[:split]'),
+      corpus: str(null, 'JSONL/JSON/Parquet rows {id, title, content}, or a hub dataset hf:OWNER/NAME[:split]'),
       index: str(null, 'a folder written by `slm-train index`; built from the corpus when null'),
-      sft: str(null, 'chat-format JSONL {messages: [...]} for the SFT stage'),
+      sft: str(null, 'chat-format JSONL {messages: [...]} for the SFT stage (or hf:OWNER/NAME[:split])'),
       split: section({
         train_fraction: num(0.8, { exclusiveMinimum: 0, maximum: 1 }),
         seed: int(null, {}, 'null: split by index (first train_fraction train, the rest eval); an integer shuffles first'),
@@ -83,10 +83,13 @@ export const CONFIG_SCHEMA: Schema = {
       workers: int(4, { minimum: 1 }),
     }),
     retrieval: section({
-      kind: oneOf(['dense', 'bm25', 'hybrid'], 'hybrid', 'hybrid: dense + BM25 by reciprocal-rank fusion'),
+      kind: oneOf(['dense', 'bm25', 'hybrid', 'http'], 'hybrid', 'hybrid: dense + BM25 by reciprocal-rank fusion; http: a Search-R1 retrieval server at retrieval.url (tags protocol)'),
       embedder: str('hashing', '"hashing" or a Qwen3 embedding model folder'),
       ef: int(256, { minimum: 1 }, 'HNSW search breadth (hnswlib default 10 loses neighbours)'),
       k: int(10, { minimum: 1 }, 'results per search_pages call'),
+      url: str(null, 'kind http: the retrieval server, e.g. http://127.0.0.1:8000/retrieve (Search-R1 retrieval_server.py or slm-train serve-retriever)'),
+      timeout_s: num(30, { exclusiveMinimum: 0 }, 'kind http: seconds per request before a retry'),
+      retries: int(3, { minimum: 0 }, 'kind http: retries after a failed request (exponential backoff)'),
     }),
     rollout: section({
       k: int(8, { minimum: 1 }, 'rollouts per question (the GRPO group size)'),
@@ -101,6 +104,25 @@ export const CONFIG_SCHEMA: Schema = {
       },
       top_p: num(1, { exclusiveMinimum: 0, maximum: 1 }),
       top_k: int(0, { minimum: 0 }, '0 = off'),
+      engine: oneOf(['native', 'openai'], 'native', "native: the trainer's own engine generates; openai: OpenAI-compatible servers (vLLM, slm-train serve) generate with the adapter loaded at run time"),
+      openai: section({
+        urls: { type: 'array', items: { type: 'string', pattern: '^https?://' }, default: [], description: 'engine openai: server base URLs (e.g. http://10.0.0.5:8000), requests spread over them' },
+        model: str(null, 'engine openai: the base model name the servers serve (null = the first of GET /v1/models)'),
+        timeout_s: num(300, { exclusiveMinimum: 0 }, 'engine openai: seconds per request before a retry'),
+        retries: int(3, { minimum: 0 }, 'engine openai: retries after a failed request (exponential backoff)'),
+        concurrency: int(64, { minimum: 1 }, 'engine openai: requests in flight per server'),
+        adapter_dir: str(null, 'engine openai: a folder the servers can read where the adapter is written after each step (default: the run folder)'),
+      }),
+    }),
+    distributed: section({
+      nproc: int(1, { minimum: 1 }, 'worker processes on this node, one per device (the CLI: --nproc)'),
+      nnodes: int(1, { minimum: 1 }, 'nodes in the job; each runs `slm-train train --nproc N` with its own distributed.node_rank'),
+      node_rank: int(0, { minimum: 0 }),
+      master_addr: str('127.0.0.1', "rank 0's host (the c10d TCPStore); MASTER_ADDR wins when set"),
+      master_port: int(0, { minimum: 0, maximum: 65535 }, '0 = a free port (one node only); MASTER_PORT wins when set'),
+      backend: oneOf(['auto', 'gloo', 'nccl'], 'auto', 'auto: nccl when model.device is cuda, else gloo'),
+      timeout_s: num(300, { exclusiveMinimum: 0 }, 'seconds for the rendezvous and every collective; past it the run stops with DISTRIBUTED_FAILED'),
+      python: str('/usr/bin/python3', 'a python with torch.distributed (Debian: python3-torch)'),
     }),
     reward: section({
       combine: oneOf(['weighted', 'sign_magnitude'], 'weighted', 'weighted sum of the parts, or sign of correctness times magnitude of approach'),
@@ -163,6 +185,8 @@ export const CONFIG_SCHEMA: Schema = {
       split: oneOf(['train', 'eval', 'all'], 'eval'),
       max_questions: int(null, { minimum: 1 }),
       temperature: num(0, { minimum: 0 }, '0 = greedy'),
+      top_p: num(null, { exclusiveMinimum: 0, maximum: 1 }, 'null = rollout.top_p'),
+      table: oneOf(['full', 'em_rouge_l'], 'full', "the comparison table: every metric, or the SFT+PPO report's (configuration, EM, ROUGE-L)"),
     }),
     run: section({
       dir: str('runs', 'parent folder of run folders (relative to the working directory)'),

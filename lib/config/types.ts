@@ -52,10 +52,13 @@ export interface SandboxConfig {
 }
 
 export interface RetrievalConfig {
-  kind: 'dense' | 'bm25' | 'hybrid';
+  kind: 'dense' | 'bm25' | 'hybrid' | 'http';
   embedder: string;
   ef: number;
   k: number;
+  url: string | null;
+  timeout_s: number;
+  retries: number;
 }
 
 export interface RolloutConfig {
@@ -64,6 +67,19 @@ export interface RolloutConfig {
   temperature: number | [number, number];
   top_p: number;
   top_k: number;
+  engine: 'native' | 'openai';
+  openai: { urls: string[]; model: string | null; timeout_s: number; retries: number; concurrency: number; adapter_dir: string | null };
+}
+
+export interface DistributedConfig {
+  nproc: number;
+  nnodes: number;
+  node_rank: number;
+  master_addr: string;
+  master_port: number;
+  backend: 'auto' | 'gloo' | 'nccl';
+  timeout_s: number;
+  python: string;
 }
 
 /** A reward part: its keys belong to lib/rewards (combine.ts), so they are loosely typed here. */
@@ -131,6 +147,8 @@ export interface EvalConfig {
   split: 'train' | 'eval' | 'all';
   max_questions: number | null;
   temperature: number;
+  top_p: number | null;
+  table: 'full' | 'em_rouge_l';
 }
 
 export interface RunConfig {
@@ -147,6 +165,7 @@ export interface ResolvedConfig {
   sandbox: SandboxConfig;
   retrieval: RetrievalConfig;
   rollout: RolloutConfig;
+  distributed: DistributedConfig;
   reward: RewardConfig;
   algorithm: AlgorithmConfig;
   optim: OptimConfig;

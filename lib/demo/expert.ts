@@ -42,7 +42,7 @@ export interface ExpertRow {
  * `protocol` (a code protocol over the demo's sandbox). Returns the accepted rows and how many were
  * rejected because the program's output was not the gold answer.
  */
-export async function expertTrajectories(questions: readonly SyntheticQuestion[], protocol: EpisodeProtocol, maxTurns = 2): Promise<{ rows: ExpertRow[]; rejected: number }> {
+export async function expertTrajectories(questions: readonly SyntheticQuestion[], protocol: EpisodeProtocol, maxTurns = 2, onDone?: () => void): Promise<{ rows: ExpertRow[]; rejected: number }> {
   const rows: ExpertRow[] = [];
   let rejected = 0;
   await Promise.all(
@@ -52,6 +52,7 @@ export async function expertTrajectories(questions: readonly SyntheticQuestion[]
       const action = protocol.parse(turn1);
       if (action.kind !== 'code') throw new Error(`expert program did not parse as code: ${action.kind}`);
       const reply = await protocol.respond(action, { turn: 1, maxTurns, finishReason: 'stop_string', maxNewTokens: 256 });
+      onDone?.();
       const output = /<python_output>\n([\s\S]*?)\n<\/python_output>/.exec(reply.messages?.[0]?.content ?? '')?.[1]?.trim() ?? '';
       if (!exactMatch(output, q.answer) || reply.program?.error) {
         rejected++;

@@ -19,6 +19,7 @@ import { loadTokenizer } from '../model/tokenizer.js';
 import { syntheticCorpus } from '../retrieval/synthetic.js';
 import { evalFromConfig, openEnvironment, trainFromConfig, type EvalSummary, type Log } from '../train/session.js';
 import { trainByteLevelBpe } from './bpe.js';
+import { Progress, type ProgressTo } from '../util/progress.js';
 import { DEMO_SYSTEM_PROMPT, expertProgram, expertTrajectories } from './expert.js';
 
 export interface DemoOptions {
@@ -29,6 +30,8 @@ export interface DemoOptions {
   grpoSteps?: number;
   seed?: number;
   log?: Log;
+  /** Progress bars of every long phase (the CLI: stderr); default none. */
+  progress?: ProgressTo;
 }
 
 export interface DemoStage {
@@ -118,34 +121,36 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
 
   // 4. expert trajectories through the real sandbox and protocol
   let t = performance.now();
-  const env = await openEnvironment(grpoCfg, log);
+  const env = await openEnvironment(grpoCfg, log, o.progress);
   let expert: { accepted: number; rejected: number };
+  const bar = new Progress('expert', train.length, 'questions', o.progress);
   try {
-    const ex = await expertTrajectories(train, env.protocol, grpoCfg.protocol.max_turns);
+    const ex = await expertTrajectories(train, env.protocol, grpoCfg.protocol.max_turns, () => bar.increment());
     writeFileSync(sftFile, ex.rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
     expert = { accepted: ex.rows.length, rejected: ex.rejected };
     log(`expert: ${ex.rows.length} trajectories (${ex.rejected} rejected: the program's output was not the gold answer) in ${((performance.now() - t) / 1e3).toFixed(1)} s`);
   } finally {
+    bar.stop();
     await env.close();
   }
 
   // 5. baseline -> SFT -> eval -> GRPO -> eval
   const stages: DemoStage[] = [];
   const evaluate = async (stage: string, adapter: string | null, trainS: number) => {
-    const r = await evalFromConfig(grpoCfg, { adapter, label: stage, log });
+    const r = await evalFromConfig(grpoCfg, { adapter, label: stage, log, progress: o.progress });
     stages.push({ stage, summary: r.summary, train_s: trainS });
     log(`${stage}: accuracy ${(100 * r.summary.accuracy).toFixed(1)} %, F1 ${(100 * r.summary.f1).toFixed(1)} %, answered ${(100 * r.summary.answered).toFixed(1)} %, avg turns ${r.summary.avg_turns.toFixed(2)}`);
   };
   await evaluate('baseline', null, 0);
   t = performance.now();
-  const sft = await trainFromConfig(sftCfg, { log, configFile: join(paths.configs, 'sft.yaml') });
+  const sft = await trainFromConfig(sftCfg, { log, progress: o.progress, configFile: join(paths.configs, 'sft.yaml') });
   await evaluate('sft', sft.adapter, (performance.now() - t) / 1e3);
   t = performance.now();
-  const rl = await trainFromConfig(grpoCfg, { log, configFile: join(paths.configs, 'grpo.yaml') });
+  const rl = await trainFromConfig(grpoCfg, { log, progress: o.progress, configFile: join(paths.configs, 'grpo.yaml') });
   await evaluate('grpo', rl.adapter, (performance.now() - t) / 1e3);
 
   const table = demoTable(stages);
-  writeFileSync(join(dir, 'report.md'), `# slm-train demo\n\n${new Date().toISOString()}\n\n${table}\n\nExpert trajectories: ${expert.accepted} (${expert.rejected} rejected).\n`);
+  writeFileSync(join(dir, 'report.md'), `# slm-train demo\n\n${new Date().toISOString()}\n\n${table}\n\nExpert trajectories: ${expert.accepted} (${expert.rejected} rejected).\n\nRun reports (curves, evaluations, sampled trajectories): runs/sft/report.html, runs/grpo/report.html.\n`);
   return { dir, stages, table, expert };
 }
 

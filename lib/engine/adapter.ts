@@ -8,6 +8,7 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { SlmError, closest, describe } from '../errors.js';
+import { readSafetensorsHeader } from '../model/safetensors.js';
 
 export const LORA_TARGETS = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
 export type LoraTarget = (typeof LORA_TARGETS)[number];
@@ -82,6 +83,83 @@ export function readAdapterConfig(dir: string, numLayers: number): { spec: LoraS
     throw new SlmError('ADAPTER_NOT_FOUND', `${dir} has adapter_config.json but no ${ADAPTER_WEIGHTS}${existsSync(join(dir, 'adapter_model.bin')) ? ' (adapter_model.bin is a PyTorch pickle: re-save with safe_serialization=True)' : ''}.`);
   const vh = join(dir, VALUE_HEAD);
   return { spec, raw, weights, valueHead: existsSync(vh) ? vh : undefined };
+}
+
+/** The dimensions of a model that decide its LoRA tensors' shapes (a subset of config.json). */
+export interface ProjectionDims {
+  hidden_size: number;
+  intermediate_size: number;
+  num_hidden_layers: number;
+  num_attention_heads: number;
+  num_key_value_heads: number;
+  head_dim: number;
+}
+
+/** [out_features, in_features] of a projection, and the config.json keys they come from. */
+function projection(t: LoraTarget, d: ProjectionDims): { out: number; in: number; why: [string, string] } {
+  const q = `num_attention_heads ${d.num_attention_heads} x head_dim ${d.head_dim}`;
+  const kv = `num_key_value_heads ${d.num_key_value_heads} x head_dim ${d.head_dim}`;
+  const h = `hidden_size ${d.hidden_size}`;
+  const i = `intermediate_size ${d.intermediate_size}`;
+  switch (t) {
+    case 'q_proj':
+      return { out: d.num_attention_heads * d.head_dim, in: d.hidden_size, why: [q, h] };
+    case 'k_proj':
+    case 'v_proj':
+      return { out: d.num_key_value_heads * d.head_dim, in: d.hidden_size, why: [kv, h] };
+    case 'o_proj':
+      return { out: d.hidden_size, in: d.num_attention_heads * d.head_dim, why: [h, q] };
+    case 'gate_proj':
+    case 'up_proj':
+      return { out: d.intermediate_size, in: d.hidden_size, why: [i, h] };
+    case 'down_proj':
+      return { out: d.hidden_size, in: d.intermediate_size, why: [h, i] };
+  }
+}
+
+/**
+ * Checks a PEFT adapter's tensors against the model it is loaded into before anything is loaded, and
+ * reports every misfit at once: how many tensors have other shapes (the first named with both shapes
+ * and the config.json dimension behind them), how many are missing or left over, and the base model
+ * adapter_config.json says the adapter was made for. Throws ADAPTER_MISMATCH; returns when it fits.
+ */
+export function checkAdapterFits(dir: string, spec: LoraSpec, raw: Record<string, unknown>, weights: string, dims: ProjectionDims, modelDir: string): void {
+  const header = readSafetensorsHeader(weights);
+  const have = new Map(Object.entries(header).map(([n, e]) => [n.replace('.default.weight', '.weight'), e.shape]));
+  const wrong: string[] = [];
+  const missing: string[] = [];
+  let expected = 0;
+  const layers = spec.layers ?? Array.from({ length: dims.num_hidden_layers }, (_, i) => i);
+  for (const l of layers)
+    for (const t of spec.targets) {
+      const pr = projection(t, dims);
+      const base = `base_model.model.${moduleName(l, t)}`;
+      for (const [part, want, why] of [
+        ['lora_A', [spec.r, pr.in], `r=${spec.r}, in_features = ${pr.why[1]}`],
+        ['lora_B', [pr.out, spec.r], `out_features = ${pr.why[0]}, r=${spec.r}`],
+      ] as const) {
+        expected++;
+        const name = `${base}.${part}.weight`;
+        const shape = have.get(name);
+        have.delete(name);
+        if (!shape) missing.push(name);
+        else if (shape.join() !== want.join()) wrong.push(`${name} [${shape.join(', ')}], this model needs [${want.join(', ')}] (${why})`);
+      }
+    }
+  const extra = [...have.keys()].filter((n) => n.includes('.lora_'));
+  if (!wrong.length && !missing.length && !extra.length) return;
+  const adapterLayers = new Set([...Object.keys(header)].map((n) => /\.layers\.(\d+)\./.exec(n)?.[1]).filter((x) => x !== undefined)).size;
+  const parts: string[] = [];
+  if (wrong.length) parts.push(`${wrong.length} of ${expected} LoRA tensors have other shapes (e.g. ${wrong[0]})`);
+  if (missing.length)
+    parts.push(`${missing.length} of ${expected} LoRA tensors are missing (e.g. ${missing[0]}${adapterLayers < layers.length ? `; the adapter covers ${adapterLayers} layers, this model has ${dims.num_hidden_layers}` : ''})`);
+  if (extra.length) parts.push(`${extra.length} adapter tensors have no place in this model (e.g. ${extra[0]})`);
+  const base = raw.base_model_name_or_path;
+  throw new SlmError(
+    'ADAPTER_MISMATCH',
+    `adapter ${dir} does not fit the model ${modelDir}: ${parts.join('; ')}. ${typeof base === 'string' && base ? `Its adapter_config.json says it was made for base_model_name_or_path "${base}": load it with that model, or train an adapter for this one.` : 'It was made for another base model (or another rank than adapter_config.json says): load it with the model it was trained on.'}`,
+    { wrong: wrong.length, missing: missing.length, extra: extra.length },
+  );
 }
 
 /** The adapter_config.json PEFT writes for this spec. */

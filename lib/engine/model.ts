@@ -4,8 +4,8 @@
  */
 import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { NativeModel, NativeModelInfo, NativeTrainRequest, NativeTrainStats } from '../binding/types.js';
-import { ADAPTER_WEIGHTS, VALUE_HEAD, checkLoraSpec, readAdapterConfig, writeAdapterConfig, type LoraSpec } from './adapter.js';
+import type { NativeApplyResult, NativeModel, NativeModelInfo, NativeOptimOptions, NativeTrainRequest, NativeTrainStats } from '../binding/types.js';
+import { ADAPTER_WEIGHTS, VALUE_HEAD, checkAdapterFits, checkLoraSpec, readAdapterConfig, writeAdapterConfig, type LoraSpec } from './adapter.js';
 import { SlmError, describe } from '../errors.js';
 import { nativeConfig, readModelConfig, type ModelConfig } from '../model/config.js';
 import { resolveWeightFiles } from '../model/weights.js';
@@ -73,7 +73,8 @@ export class Model implements TextGenerator {
 
   /** Loads a PEFT adapter folder (and its value head, if saved with one). */
   async loadAdapter(dir: string): Promise<void> {
-    const { spec, weights, valueHead } = readAdapterConfig(dir, this.config.num_hidden_layers);
+    const { spec, raw, weights, valueHead } = readAdapterConfig(dir, this.config.num_hidden_layers);
+    checkAdapterFits(dir, spec, raw, weights, this.config, this.dir);
     await this.h.loadLora({ ...spec, file: weights });
     if (valueHead) this.h.loadValueHead(valueHead);
     this.lora = spec;
@@ -222,10 +223,22 @@ export class Model implements TextGenerator {
   }
 
   /**
+   * Data-parallel training (lib/distributed/data-parallel.ts): when set, every trainStep is one step
+   * over the batches of all ranks (gradients all-reduced before the optimizer).
+   */
+  dataParallel?: { trainStep(model: Model, batch: TrainBatch, opts: TrainOptions): Promise<NativeTrainStats> };
+
+  /**
    * One optimizer step in one native call: micro-batched forward/backward (per-layer checkpointing
    * by default), the loss, gradient clipping, AdamW. `masks[i][t] = 1` trains token t of sequence i.
+   * With `dataParallel` set, the step spans every rank.
    */
-  async trainStep(batch: TrainBatch, opts: TrainOptions): Promise<NativeTrainStats> {
+  trainStep(batch: TrainBatch, opts: TrainOptions): Promise<NativeTrainStats> {
+    return this.dataParallel ? this.dataParallel.trainStep(this, batch, opts) : this.trainStepLocal(batch, opts);
+  }
+
+  /** trainStep on this process alone (with `update: false` it leaves the gradients for gradients()). */
+  async trainStepLocal(batch: TrainBatch, opts: TrainOptions): Promise<NativeTrainStats> {
     const n = batch.sequences.length;
     if (batch.masks.length !== n) throw new SlmError('ARGUMENT_INVALID', `expected one loss mask per sequence (${n}), found ${batch.masks.length}.`);
     const lengths = Int32Array.from(batch.sequences.map((s) => s.length));
@@ -270,6 +283,14 @@ export class Model implements TextGenerator {
   }
   setTrainable(name: string, values: Float32Array): void {
     this.h.setTrainable(name, values);
+  }
+  /** Every trainable tensor's gradient flattened in trainable() order (zeros where none). */
+  gradients(): Float32Array {
+    return this.h.gradients();
+  }
+  /** The optimizer half of a step (norm, NaN/inf skip, clipping, AdamW) on the given flat gradients. */
+  applyGradients(opts: NativeOptimOptions & { loss?: number }, grads?: Float32Array): Promise<NativeApplyResult> {
+    return this.h.applyGradients(opts, grads);
   }
   baseDigest(): string {
     return this.h.baseDigest();

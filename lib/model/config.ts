@@ -1,13 +1,60 @@
-/** Hugging Face `config.json` of a Qwen3 model, validated into what the native engine needs. */
+/**
+ * Hugging Face `config.json` of a Qwen3, Qwen2/2.5 or Llama 3.x model, validated into what the native
+ * engine needs. ARCHITECTURES is the one list of supported model types: it turns each into the
+ * switches of the shared decoder block (q/k norm, biases) that are passed to the native engine.
+ */
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { SlmError, describe } from '../errors.js';
 import type { NativeModelConfig } from '../binding/types.js';
 
-export const SUPPORTED_MODEL_TYPES = ['qwen3'] as const;
+/** The switches of the shared decoder block (native/core/qwen3.h ModelArch). */
+export interface ArchSwitches {
+  /** Per-head RMSNorm on q and k before RoPE. */
+  qk_norm: boolean;
+  /** Biases on q_proj, k_proj, v_proj. */
+  qkv_bias: boolean;
+  /** Bias on o_proj. */
+  o_bias: boolean;
+  /** Biases on gate_proj, up_proj, down_proj. */
+  mlp_bias: boolean;
+}
+
+interface Architecture {
+  /** How Hugging Face's modeling file builds the block from config.json. */
+  switches(raw: Record<string, unknown>): ArchSwitches;
+  /** The architectures entry of config.json. */
+  hfClass: string;
+  example: string;
+}
+
+/** The supported `model_type`s, as modeling_qwen3.py, modeling_qwen2.py and modeling_llama.py build them. */
+export const ARCHITECTURES = {
+  qwen3: {
+    hfClass: 'Qwen3ForCausalLM',
+    example: 'Qwen/Qwen3-4B-Instruct-2507',
+    switches: (raw) => ({ qk_norm: true, qkv_bias: raw.attention_bias === true, o_bias: raw.attention_bias === true, mlp_bias: false }),
+  },
+  qwen2: {
+    hfClass: 'Qwen2ForCausalLM',
+    example: 'Qwen/Qwen2.5-3B-Instruct',
+    // Qwen2 always has q/k/v biases and none on o_proj (attention_bias is not read).
+    switches: () => ({ qk_norm: false, qkv_bias: true, o_bias: false, mlp_bias: false }),
+  },
+  llama: {
+    hfClass: 'LlamaForCausalLM',
+    example: 'meta-llama/Llama-3.2-3B-Instruct',
+    switches: (raw) => ({ qk_norm: false, qkv_bias: raw.attention_bias === true, o_bias: raw.attention_bias === true, mlp_bias: raw.mlp_bias === true }),
+  },
+} satisfies Record<string, Architecture>;
+
+export type SupportedModelType = keyof typeof ARCHITECTURES;
+export const SUPPORTED_MODEL_TYPES = Object.keys(ARCHITECTURES) as SupportedModelType[];
+/** rope_scaling types: none / "default", and Llama 3.1's "llama3" frequency-band rescaling. */
+export const SUPPORTED_ROPE_TYPES = ['default', 'llama3'] as const;
 
 export interface ModelConfig extends NativeModelConfig {
-  model_type: string;
+  model_type: SupportedModelType;
   max_position_embeddings: number;
   bos_token_id?: number;
   eos_token_id?: number | number[];
@@ -40,8 +87,10 @@ export function parseModelConfig(raw: Record<string, unknown>, where = 'config.j
   if (typeof modelType !== 'string' || !(SUPPORTED_MODEL_TYPES as readonly string[]).includes(modelType))
     throw new SlmError(
       'MODEL_TYPE_UNSUPPORTED',
-      `${where}: model_type ${describe(modelType)} is not supported; supported: ${SUPPORTED_MODEL_TYPES.join(', ')}. Use a Qwen3 checkpoint (e.g. Qwen/Qwen3-4B-Instruct-2507).`,
+      `${where}: model_type ${describe(modelType)} is not supported; supported: ${SUPPORTED_MODEL_TYPES.join(', ')}. ` +
+        `Use a checkpoint of one of these architectures (e.g. ${SUPPORTED_MODEL_TYPES.map((k) => ARCHITECTURES[k].example).join(', ')}).`,
     );
+  const arch = ARCHITECTURES[modelType as SupportedModelType];
   const int = (k: string, dflt?: number): number => {
     const v = raw[k] ?? dflt;
     if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0)
@@ -55,11 +104,16 @@ export function parseModelConfig(raw: Record<string, unknown>, where = 'config.j
   };
   const heads = int('num_attention_heads');
   const hidden = int('hidden_size');
-  const rs = raw.rope_scaling as { rope_type?: string; type?: string } | null | undefined;
-  if (rs && (rs.rope_type ?? rs.type) && (rs.rope_type ?? rs.type) !== 'default')
-    throw new SlmError('MODEL_CONFIG_INVALID', `${where}: rope_scaling of type "${rs.rope_type ?? rs.type}" is not supported yet; supported: none/default.`);
+  const rope = ropeScaling(raw.rope_scaling, where);
+  if (raw.use_sliding_window === true)
+    throw new SlmError(
+      'MODEL_CONFIG_INVALID',
+      `${where}: use_sliding_window is true, but the engine implements full attention only. Set "use_sliding_window": false (as the released Qwen2.5 / Qwen3 checkpoints have it).`,
+    );
   const cfg: ModelConfig = {
-    model_type: modelType,
+    model_type: modelType as SupportedModelType,
+    ...arch.switches(raw),
+    ...rope,
     vocab_size: int('vocab_size'),
     hidden_size: hidden,
     intermediate_size: int('intermediate_size'),
@@ -84,7 +138,43 @@ export function parseModelConfig(raw: Record<string, unknown>, where = 'config.j
   return cfg;
 }
 
+type RopeFields = Pick<NativeModelConfig, 'rope_type' | 'rope_factor' | 'rope_low_freq_factor' | 'rope_high_freq_factor' | 'rope_original_max_position_embeddings'>;
+
+/** config.json's `rope_scaling` (null, `{rope_type}` or the older `{type}`), checked against SUPPORTED_ROPE_TYPES. */
+function ropeScaling(rs: unknown, where: string): RopeFields {
+  if (rs === null || rs === undefined) return { rope_type: 'default' };
+  if (typeof rs !== 'object' || Array.isArray(rs)) throw new SlmError('MODEL_CONFIG_INVALID', `${where}: expected "rope_scaling" to be null or an object, found ${describe(rs)}.`);
+  const r = rs as Record<string, unknown>;
+  const type = r.rope_type ?? r.type ?? 'default';
+  if (typeof type !== 'string' || !(SUPPORTED_ROPE_TYPES as readonly string[]).includes(type))
+    throw new SlmError(
+      'MODEL_CONFIG_INVALID',
+      `${where}: rope_scaling type ${typeof type === 'string' ? JSON.stringify(type) : describe(type)} is not supported; supported: none, ${SUPPORTED_ROPE_TYPES.join(', ')}. ` +
+        'Use a checkpoint without this RoPE scaling, or remove rope_scaling from config.json to run within the original context length.',
+    );
+  if (type === 'default') return { rope_type: 'default' };
+  const num = (k: string): number => {
+    const v = r[k];
+    if (typeof v !== 'number' || !(v > 0))
+      throw new SlmError('MODEL_CONFIG_INVALID', `${where}: llama3 rope_scaling needs a positive number "${k}" (as transformers requires), found ${describe(v)}.`);
+    return v;
+  };
+  const out = {
+    rope_type: 'llama3',
+    rope_factor: num('factor'),
+    rope_low_freq_factor: num('low_freq_factor'),
+    rope_high_freq_factor: num('high_freq_factor'),
+    rope_original_max_position_embeddings: num('original_max_position_embeddings'),
+  };
+  if (out.rope_high_freq_factor <= out.rope_low_freq_factor)
+    throw new SlmError(
+      'MODEL_CONFIG_INVALID',
+      `${where}: llama3 rope_scaling needs high_freq_factor > low_freq_factor, found ${out.rope_high_freq_factor} <= ${out.rope_low_freq_factor}.`,
+    );
+  return out;
+}
+
 export function nativeConfig(c: ModelConfig): NativeModelConfig {
-  const { vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, rope_theta, rms_norm_eps, tie_word_embeddings } = c;
-  return { vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, rope_theta, rms_norm_eps, tie_word_embeddings };
+  const { raw: _raw, max_position_embeddings: _m, bos_token_id: _b, eos_token_id: _e, torch_dtype: _t, ...native } = c;
+  return native;
 }

@@ -10,6 +10,8 @@ import { extname } from 'node:path';
 import { SlmError, closest, describe } from '../errors.js';
 import type { SectionRef } from './types.js';
 import { parseJsonLines } from '../util/data.js';
+import { localDataFiles } from '../hub/download.js';
+import { isHubRef } from '../hub/ref.js';
 
 export interface Page {
   id: string;
@@ -57,8 +59,13 @@ export function splitSections(page: Page): Section[] {
   return out;
 }
 
-/** Rows of a JSONL, JSON (array) or Parquet file. */
+/** Rows of a JSONL, JSON (array) or Parquet file, or of a hub dataset's data files (`hf:OWNER/NAME[:split]`, lib/hub). */
 export async function readRows(file: string): Promise<unknown[]> {
+  if (isHubRef(file)) {
+    const rows: unknown[] = [];
+    for (const f of await localDataFiles(file)) for (const r of await readRows(f)) rows.push(r);
+    return rows;
+  }
   const ext = extname(file).toLowerCase();
   if (ext === '.parquet') {
     const { asyncBufferFromFile, parquetReadObjects } = await import('hyparquet');

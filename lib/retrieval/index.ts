@@ -18,6 +18,7 @@ import { Corpus, type Page } from './corpus.js';
 import { HashingEmbedder, dot, type Embedder } from './embedders.js';
 import type { PageHit, SearchTools, SectionRef } from './types.js';
 import { words } from './text.js';
+import { localModelDir } from '../hub/download.js';
 
 export const INDEX_FORMAT = 'slm-train-index';
 export const INDEX_VERSION = 1;
@@ -96,6 +97,7 @@ async function embedderOf(e: { name: string; dim: number }, dir: string): Promis
 /** `hashing` or a Qwen3 embedding model folder (what retrieval.embedder and --embedder take). */
 export async function embedderFor(spec: string): Promise<Embedder> {
   if (spec === 'hashing') return new HashingEmbedder();
+  spec = await localModelDir(spec); // hf:OWNER/NAME: downloaded once into the hub cache
   if (!existsSync(join(spec, 'config.json')))
     throw new SlmError('MODEL_NOT_FOUND', `embedder ${spec}: expected "hashing" or a Qwen3 embedding model folder (config.json, *.safetensors, tokenizer.json), but ${spec} has no config.json.`);
   return (await import('./qwen-embedder.js')).QwenEmbedder.load(spec);
@@ -120,19 +122,27 @@ export class SearchIndex implements SearchTools {
     hnsw?.setEf(params.ef);
   }
 
-  static async build(corpus: Corpus, opts: Partial<IndexParams> & { embedder?: Embedder } = {}): Promise<SearchIndex> {
+  /** `onProgress(phase, done, total)`: chunks embedded (`embed`), then inserted into the HNSW graph (`graph`). */
+  static async build(corpus: Corpus, opts: Partial<IndexParams> & { embedder?: Embedder; onProgress?: (phase: 'embed' | 'graph', done: number, total: number) => void } = {}): Promise<SearchIndex> {
     const params = { ...DEFAULT_PARAMS, ...opts };
     delete (params as { embedder?: unknown }).embedder;
+    delete (params as { onProgress?: unknown }).onProgress;
     const embedder = opts.embedder ?? new HashingEmbedder();
     const chunks = chunkPages(corpus, params.chunkWords);
     const vectors: Float32Array[] = [];
-    for (let i = 0; i < chunks.length; i += 256) vectors.push(...(await embedder.embed(chunks.slice(i, i + 256).map((c) => c.text), 'document')));
+    for (let i = 0; i < chunks.length; i += 256) {
+      vectors.push(...(await embedder.embed(chunks.slice(i, i + 256).map((c) => c.text), 'document')));
+      opts.onProgress?.('embed', vectors.length, chunks.length);
+    }
     const H = hnswlib();
     let hnsw: Hnsw | undefined;
     if (H && params.kind !== 'bm25') {
       hnsw = new H('cosine', embedder.dim);
       hnsw.initIndex(chunks.length, params.M, params.efConstruction, 100);
-      vectors.forEach((v, i) => hnsw!.addPoint(Array.from(v), i));
+      vectors.forEach((v, i) => {
+        hnsw!.addPoint(Array.from(v), i);
+        if ((i + 1) % 500 === 0 || i + 1 === vectors.length) opts.onProgress?.('graph', i + 1, vectors.length);
+      });
     }
     return new SearchIndex(corpus, chunks, vectors, embedder, params, hnsw);
   }

@@ -43,17 +43,26 @@ export interface RunnerCaps {
   seccomp_error: string | null;
 }
 
-let runnerCache: string | undefined;
-/** Absolute path of python/sandbox_runner.py (works from lib/ and from dist/lib/). */
-export function runnerPath(): string {
-  if (runnerCache) return runnerCache;
+const pythonFiles = new Map<string, string>();
+/** Absolute path of python/NAME in the slm-train package (works from lib/ and from dist/lib/). */
+export function pythonFile(name: string, code = 'SANDBOX_UNAVAILABLE'): string {
+  const hit = pythonFiles.get(name);
+  if (hit) return hit;
   let dir = dirname(fileURLToPath(import.meta.url));
   for (let i = 0; i < 6; i++) {
-    const p = join(dir, 'python', 'sandbox_runner.py');
-    if (existsSync(p)) return (runnerCache = realpathSync(p));
+    const p = join(dir, 'python', name);
+    if (existsSync(p)) {
+      pythonFiles.set(name, realpathSync(p));
+      return pythonFiles.get(name)!;
+    }
     dir = dirname(dir);
   }
-  throw new SlmError('SANDBOX_UNAVAILABLE', 'Expected python/sandbox_runner.py in the slm-train package but did not find it; reinstall the package.');
+  throw new SlmError(code, `Expected python/${name} in the slm-train package but did not find it; reinstall the package.`);
+}
+
+/** Absolute path of python/sandbox_runner.py. */
+export function runnerPath(): string {
+  return pythonFile('sandbox_runner.py');
 }
 
 function run(cmd: string, args: string[], timeoutMs = 15_000, env: NodeJS.ProcessEnv = WORKER_ENV): Promise<{ code: number | null; stdout: string; stderr: string }> {

@@ -6,14 +6,22 @@
  * batched native call with per-row temperature; rows share max_tokens (the largest asked) and each
  * row's text is cut at its own limit. top_p, top_k and stop strings apply per call, so a batch
  * mixes only requests that agree on them. No streaming.
+ *
+ * LoRA adapters at run time, as vLLM serves them (`--enable-lora`): POST /v1/load_lora_adapter
+ * {lora_name, lora_path} (a PEFT folder) and POST /v1/unload_lora_adapter {lora_name}; a request
+ * whose `model` is a loaded adapter's name runs with that adapter (the engine holds one adapter at a
+ * time, so a batch is one adapter's requests, and the adapter is swapped between calls). Completion
+ * requests with `logprobs` get vLLM's `logprobs` object; with `return_tokens_as_token_ids` its
+ * tokens are "token_id:N" (what lib/engine/openai-rollout.ts reads).
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import type { Model } from '../engine/model.js';
-import { SlmError, describe } from '../errors.js';
+import { describe } from '../errors.js';
 import type { ChatFormatter } from '../model/chat.js';
 import type { HfTokenizer } from '../model/tokenizer.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
+import { HttpError, closeServer, listen, readBody, sendJson } from './http.js';
+import { readAdapterConfig } from '../engine/adapter.js';
 
 export interface ServeOptions {
   model: Model;
@@ -29,6 +37,8 @@ export interface ServeOptions {
   defaultMaxTokens?: number;
   maxTokensLimit?: number;
   log?: (line: string) => void;
+  /** The adapter the model was loaded with (requests naming no loaded adapter run with it). */
+  adapter?: string;
 }
 
 interface Job {
@@ -38,41 +48,19 @@ interface Job {
   topP: number;
   topK: number;
   stop: string[];
+  keepStop: boolean;
   seed: number;
-  resolve: (r: { text: string; tokens: number; finish: 'stop' | 'length' }) => void;
+  /** A loaded adapter's name, or null for the model as started. */
+  adapter: string | null;
+  resolve: (r: Completion) => void;
   reject: (e: Error) => void;
 }
 
-class HttpError extends Error {
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly type = 'invalid_request_error',
-  ) {
-    super(message);
-  }
-}
-
-function readBody(req: IncomingMessage, limit = 16 << 20): Promise<unknown> {
-  return new Promise((resolve, reject) => {
-    let size = 0;
-    const parts: Buffer[] = [];
-    req.on('data', (c: Buffer) => {
-      size += c.length;
-      if (size > limit) {
-        reject(new HttpError(413, `request body over ${limit} bytes`));
-        req.destroy();
-      } else parts.push(c);
-    });
-    req.on('end', () => {
-      try {
-        resolve(JSON.parse(Buffer.concat(parts).toString('utf8') || 'null'));
-      } catch (e) {
-        reject(new HttpError(400, `the body is not valid JSON: ${(e as Error).message}`));
-      }
-    });
-    req.on('error', reject);
-  });
+interface Completion {
+  text: string;
+  ids: number[];
+  logprobs: number[];
+  finish: 'stop' | 'length';
 }
 
 const num = (v: unknown, name: string, d: number, lo: number, hi: number): number => {
@@ -88,31 +76,24 @@ export class OpenAIServer {
   private seq = 0;
   /** Generate calls made and rows per call (tests and logs). */
   readonly batches: number[] = [];
+  /** Adapters loaded at run time: name -> PEFT folder. */
+  readonly adapters = new Map<string, string>();
+  private active: string | null = null;
 
   constructor(readonly o: ServeOptions) {
     this.server = createServer((req, res) => void this.handle(req, res));
   }
 
-  async listen(): Promise<number> {
-    await new Promise<void>((resolve, reject) => {
-      this.server.once('error', (e: NodeJS.ErrnoException) =>
-        reject(e.code === 'EADDRINUSE' ? new SlmError('PORT_IN_USE', `port ${this.o.port} is already in use; pick another with --port N (0 = any free port).`) : e),
-      );
-      this.server.listen(this.o.port, this.o.host ?? '127.0.0.1', () => resolve());
-    });
-    return (this.server.address() as AddressInfo).port;
+  listen(): Promise<number> {
+    return listen(this.server, this.o.port, this.o.host);
   }
 
   close(): Promise<void> {
-    return new Promise((resolve) => {
-      this.server.closeAllConnections();
-      this.server.close(() => resolve());
-    });
+    return closeServer(this.server);
   }
 
   private send(res: ServerResponse, status: number, body: unknown): void {
-    res.writeHead(status, { 'content-type': 'application/json' });
-    res.end(JSON.stringify(body));
+    sendJson(res, status, body);
   }
 
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -120,9 +101,12 @@ export class OpenAIServer {
       const url = (req.url ?? '/').split('?')[0].replace(/\/+$/, '');
       if (req.method === 'GET' && (url === '/health' || url === '')) return this.send(res, 200, { status: 'ok' });
       if (req.method === 'GET' && url === '/v1/models') return this.send(res, 200, { object: 'list', data: [{ id: this.o.name, object: 'model', owned_by: 'slm-train' }] });
-      if (req.method !== 'POST' || (url !== '/v1/chat/completions' && url !== '/v1/completions')) throw new HttpError(404, `no route ${req.method} ${url}; POST /v1/chat/completions or /v1/completions`, 'not_found');
+      const lora = url === '/v1/load_lora_adapter' || url === '/v1/unload_lora_adapter';
+      if (req.method !== 'POST' || (url !== '/v1/chat/completions' && url !== '/v1/completions' && !lora)) throw new HttpError(404, `no route ${req.method} ${url}; POST /v1/chat/completions, /v1/completions, /v1/load_lora_adapter or /v1/unload_lora_adapter`, 'not_found');
       const body = (await readBody(req)) as Record<string, unknown> | null;
       if (!body || typeof body !== 'object') throw new HttpError(400, 'the body must be a JSON object');
+      if (lora) return this.adapterRoute(res, url, body);
+      const adapter = typeof body.model === 'string' && this.adapters.has(body.model) ? body.model : null;
       if (body.stream) throw new HttpError(400, 'stream: true is not supported; ask without streaming');
       const chat = url === '/v1/chat/completions';
       let prompt: number[];
@@ -144,7 +128,7 @@ export class OpenAIServer {
       const stop = stopRaw === undefined || stopRaw === null ? [] : typeof stopRaw === 'string' ? [stopRaw] : Array.isArray(stopRaw) && stopRaw.every((s) => typeof s === 'string') ? (stopRaw as string[]) : null;
       if (!stop) throw new HttpError(400, 'stop must be a string or a list of strings');
       const limit = this.o.maxTokensLimit ?? 4096;
-      const job = await new Promise<{ text: string; tokens: number; finish: 'stop' | 'length' }>((resolve, reject) => {
+      const job = await new Promise<Completion>((resolve, reject) => {
         this.queue.push({
           prompt: Int32Array.from(prompt),
           maxTokens: Math.round(num(body.max_tokens ?? body.max_completion_tokens, 'max_tokens', this.o.defaultMaxTokens ?? 512, 1, limit)),
@@ -152,6 +136,8 @@ export class OpenAIServer {
           topP: num(body.top_p, 'top_p', 1, 0, 1),
           topK: Math.round(num(body.top_k, 'top_k', 0, 0, 1e6)),
           stop,
+          keepStop: body.include_stop_str_in_output === true,
+          adapter,
           seed: Math.round(num(body.seed, 'seed', this.seq++, 0, 2 ** 31)),
           resolve,
           reject,
@@ -159,15 +145,50 @@ export class OpenAIServer {
         void this.pump();
       });
       const id = `${chat ? 'chatcmpl' : 'cmpl'}-${Date.now().toString(36)}${(this.seq++).toString(36)}`;
-      const usage = { prompt_tokens: prompt.length, completion_tokens: job.tokens, total_tokens: prompt.length + job.tokens };
+      const usage = { prompt_tokens: prompt.length, completion_tokens: job.ids.length, total_tokens: prompt.length + job.ids.length };
+      const asIds = body.return_tokens_as_token_ids === true;
+      const logprobs = body.logprobs === undefined || body.logprobs === null || body.logprobs === false ? null : { tokens: job.ids.map((id) => (asIds ? `token_id:${id}` : this.o.tokenizer.decode([id]))), token_logprobs: job.logprobs, top_logprobs: null, text_offset: null };
+      const name = adapter ?? this.o.name;
       const created = Math.floor(Date.now() / 1000);
-      if (chat) this.send(res, 200, { id, object: 'chat.completion', created, model: this.o.name, choices: [{ index: 0, message: { role: 'assistant', content: job.text }, finish_reason: job.finish }], usage });
-      else this.send(res, 200, { id, object: 'text_completion', created, model: this.o.name, choices: [{ index: 0, text: job.text, finish_reason: job.finish, logprobs: null }], usage });
+      if (chat) this.send(res, 200, { id, object: 'chat.completion', created, model: name, choices: [{ index: 0, message: { role: 'assistant', content: job.text }, finish_reason: job.finish }], usage });
+      else this.send(res, 200, { id, object: 'text_completion', created, model: name, choices: [{ index: 0, text: job.text, finish_reason: job.finish, logprobs }], usage });
     } catch (e) {
       const he = e instanceof HttpError ? e : new HttpError(500, (e as Error).message ?? String(e), 'server_error');
       if (!(e instanceof HttpError)) this.o.log?.(`serve: ${he.message}`);
       if (!res.headersSent) this.send(res, he.status, { error: { message: he.message, type: he.type } });
     }
+  }
+
+  /** vLLM's runtime LoRA routes: load {lora_name, lora_path} / unload {lora_name}. */
+  private adapterRoute(res: ServerResponse, url: string, body: Record<string, unknown>): void {
+    const name = body.lora_name;
+    if (typeof name !== 'string' || !name || name === this.o.name) throw new HttpError(400, `lora_name must be a non-empty string other than the base model's name, found ${describe(name)}`);
+    if (url === '/v1/unload_lora_adapter') {
+      if (!this.adapters.delete(name)) throw new HttpError(404, `no adapter named '${name}' is loaded`, 'not_found');
+      this.o.log?.(`serve: unloaded adapter ${name}`);
+      res.writeHead(200, { 'content-type': 'text/plain' }).end(`Success: LoRA adapter '${name}' removed successfully.`);
+      return;
+    }
+    if (this.adapters.has(name)) throw new HttpError(400, `an adapter named '${name}' is already loaded; unload it first or choose another name`);
+    const path = body.lora_path;
+    if (typeof path !== 'string' || !path) throw new HttpError(400, `lora_path must be a PEFT adapter folder, found ${describe(path)}`);
+    try {
+      readAdapterConfig(path, this.o.model.config.num_hidden_layers);
+    } catch (e) {
+      throw new HttpError(400, `lora_path ${path}: ${(e as Error).message}`);
+    }
+    this.adapters.set(name, path);
+    this.o.log?.(`serve: loaded adapter ${name} from ${path}`);
+    res.writeHead(200, { 'content-type': 'text/plain' }).end(`Success: LoRA adapter '${name}' added successfully.`);
+  }
+
+  /** Puts the job's adapter on the model (the started adapter, or none, for null). */
+  private async useAdapter(name: string | null): Promise<void> {
+    if (name === this.active && (name === null || this.adapters.has(name))) return;
+    const dir = name === null ? this.o.adapter : this.adapters.get(name);
+    if (dir) await this.o.model.loadAdapter(dir);
+    else this.o.model.detachLora();
+    this.active = name;
   }
 
   /** Runs queued jobs in batched generate calls, one call at a time. */
@@ -180,11 +201,12 @@ export class OpenAIServer {
         await new Promise((r) => setImmediate(r));
         const first = this.queue[0];
         // The engine stops a row on any stop string of the call: batch only requests that agree.
-        const key = (j: Job) => JSON.stringify([j.topP, j.topK, [...j.stop].sort()]);
+        const key = (j: Job) => JSON.stringify([j.topP, j.topK, [...j.stop].sort(), j.adapter]);
         const take = this.queue.filter((j) => key(j) === key(first)).slice(0, this.o.maxBatch ?? 32);
         this.queue = this.queue.filter((j) => !take.includes(j));
         this.batches.push(take.length);
         try {
+          await this.useAdapter(first.adapter);
           const r = await this.o.model.generate({
             prompts: take.map((j) => j.prompt),
             maxNewTokens: Math.max(...take.map((j) => j.maxTokens)),
@@ -197,6 +219,7 @@ export class OpenAIServer {
           });
           take.forEach((j, i) => {
             let ids = Array.from(r.tokens[i]);
+            const lps = Array.from(r.logprobs[i]).slice(0, j.maxTokens);
             let finish: 'stop' | 'length' = r.finishReasons[i] === 'length' ? 'length' : 'stop';
             if (ids.length > j.maxTokens) {
               ids = ids.slice(0, j.maxTokens);
@@ -208,13 +231,13 @@ export class OpenAIServer {
             let cut = -1;
             for (const s of j.stop) {
               const at = text.indexOf(s);
-              if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+              if (at >= 0 && (cut < 0 || at < cut)) cut = j.keepStop ? at + s.length : at;
             }
             if (cut >= 0) {
               text = text.slice(0, cut);
               finish = 'stop';
             }
-            j.resolve({ text, tokens: ids.length, finish });
+            j.resolve({ text, ids, logprobs: lps, finish });
           });
         } catch (e) {
           for (const j of take) j.reject(e as Error);

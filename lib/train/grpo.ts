@@ -17,8 +17,13 @@ import { join } from 'node:path';
 import type { Model } from '../engine/model.js';
 import { native } from '../engine/runtime.js';
 import type { LoraSpec } from '../engine/adapter.js';
+import { Progress, type ProgressTo } from '../util/progress.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
+import { mean, rolloutMetrics } from './rollout-metrics.js';
+import { shardRange } from '../distributed/data-parallel.js';
+import { gatherRollouts } from '../distributed/gather.js';
+import type { Shard } from '../distributed/run.js';
 
 /** What the trainer needs of an episode (the EpisodeRunner returns more). */
 export interface TrainEpisode {
@@ -54,8 +59,11 @@ export interface RewardResult {
  */
 export type GroupAdvantages = (rewards: number[], correct?: boolean[]) => { advantages: number[] | null; reason?: string };
 
+/** Rollouts of a batch; `onProgress` (when given) hears how many episodes have finished. */
+export type RolloutFn<Q> = (batch: RolloutRequest<Q>[], onProgress?: (finished: number, total: number) => void) => Promise<TrainEpisode[]>;
+
 export interface GrpoDeps<Q> {
-  rollout(batch: RolloutRequest<Q>[]): Promise<TrainEpisode[]>;
+  rollout: RolloutFn<Q>;
   reward(ep: TrainEpisode, q: Q): Promise<RewardResult>;
   advantages: GroupAdvantages;
 }
@@ -85,6 +93,13 @@ export interface GrpoOptions {
   stopAfter?: number;
   /** Called after each step's metrics row (awaited: e.g. an evaluation every N steps). */
   onStep?: (row: Record<string, unknown>) => void | Promise<void>;
+  /** Where the steps' progress bar goes (default: none). */
+  progress?: ProgressTo;
+  /**
+   * Data-parallel rank (lib/distributed): this process rolls out and trains its share of each step's
+   * questions (the model's trainStep all-reduces the gradients); metrics cover every rank.
+   */
+  shard?: Shard;
 }
 
 /** A seeded uniform in [0, 1) from integers (splitmix-style), for per-rollout temperatures. */
@@ -98,10 +113,6 @@ export function hashUniform(...xs: number[]): number {
   return (h >>> 0) / 4294967296;
 }
 
-function mean(xs: number[]): number {
-  return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN;
-}
-
 export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: GrpoDeps<Q>, o: GrpoOptions): Promise<{ steps: number; meanReward: number[] }> {
   const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
   const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? o.steps };
@@ -110,106 +121,115 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
   else if (!o.keepAdapter || !model.lora) model.attachLora(o.lora, o.seed);
   const rewardsByStep: number[] = [];
   let ranHere = 0;
-  while (state.step < o.steps) {
-    if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
-    const order = permutation(questions.length, o.seed, state.epoch);
-    const qs = order.slice(state.batchInEpoch * o.questionsPerStep, (state.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
-    // 1. rollouts
-    const t0 = performance.now();
-    const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
-    const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
-      Array.from({ length: o.k }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, qi, j), seed: o.seed * 7919 + state.step * 1009 + qi * o.k + j })),
-    );
-    const episodes = await deps.rollout(reqs);
-    const tRollout = (performance.now() - t0) / 1e3;
-    // 2. rewards
-    const t1 = performance.now();
-    const rewards = await Promise.all(episodes.map((ep, i) => deps.reward(ep, reqs[i].question)));
-    const tReward = (performance.now() - t1) / 1e3;
-    // 3. group advantages
-    const adv: Array<number | null> = [];
-    const skipped: string[] = [];
-    for (let g = 0; g < qs.length; g++) {
-      const group = rewards.slice(g * o.k, (g + 1) * o.k);
-      const a = deps.advantages(
-        group.map((x) => x.total),
-        group.every((x) => typeof x.correct === 'boolean') ? group.map((x) => x.correct as boolean) : undefined,
+  const bar = new Progress('grpo', o.steps, 'steps', o.progress, state.step);
+  try {
+    while (state.step < o.steps) {
+      if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
+      const order = permutation(questions.length, o.seed, state.epoch);
+      const stepQs = order.slice(state.batchInEpoch * o.questionsPerStep, (state.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
+      // This rank's share (all of it in one process); temperatures and seeds by the global index.
+      const [q0, q1] = o.shard ? shardRange(stepQs.length, o.shard.rank, o.shard.world) : [0, stepQs.length];
+      const qs = stepQs.slice(q0, q1);
+      // 1. rollouts
+      const t0 = performance.now();
+      const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
+      const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
+        Array.from({ length: o.k }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, q0 + qi, j), seed: o.seed * 7919 + state.step * 1009 + (q0 + qi) * o.k + j })),
       );
-      if (!a.advantages) skipped.push(a.reason ?? 'skipped');
-      for (let j = 0; j < o.k; j++) adv.push(a.advantages ? a.advantages[j] : null);
-    }
-    const keep = episodes.map((_, i) => i).filter((i) => adv[i] !== null && adv[i] !== 0 && episodes[i].lossMask.some((x) => x));
-    // 4. policy update
-    const t2 = performance.now();
-    const lr = learningRate(schedule, state.step);
-    let stats: Awaited<ReturnType<Model['trainStep']>> | undefined;
-    if (keep.length) {
-      const batch = {
-        sequences: keep.map((i) => episodes[i].ids),
-        masks: keep.map((i) => episodes[i].lossMask),
-        advantages: keep.map((i) => Array.from(episodes[i].lossMask, (m) => (m ? (adv[i] as number) : 0))),
-        oldLogprobs: keep.map((i) => episodes[i].logprobs),
-        temperature: keep.map((i) => episodes[i].temperature),
-      };
-      for (let e = 0; e < (o.innerEpochs ?? 1); e++) {
-        native().manualSeed(o.seed * 1000003 + state.step * 31 + e);
-        stats = await model.trainStep(batch, {
-          loss: 'pg',
-          lr,
-          clipLow: o.clipLow ?? 0.2,
-          clipHigh: o.clipHigh ?? o.clipLow ?? 0.2,
-          klCoef: o.klCoef ?? 0,
-          klEstimator: o.klEstimator ?? 'k3',
-          tokenLevel: o.tokenLevel ?? true,
-          weightDecay: o.weightDecay ?? 0,
-          maxGradNorm: o.maxGradNorm ?? 1,
-          microBatch: o.microBatch,
-          checkpoint: o.gradientCheckpointing ?? true,
-        });
+      bar.set({ detail: `rollouts 0/${reqs.length}` });
+      const episodes = await deps.rollout(reqs, (done, total) => bar.set({ detail: `rollouts ${done}/${total}` }));
+      const tRollout = (performance.now() - t0) / 1e3;
+      // 2. rewards
+      bar.set({ detail: 'reward' });
+      const t1 = performance.now();
+      const rewards = await Promise.all(episodes.map((ep, i) => deps.reward(ep, reqs[i].question)));
+      const tReward = (performance.now() - t1) / 1e3;
+      // 3. group advantages
+      const adv: Array<number | null> = [];
+      const skipped: string[] = [];
+      for (let g = 0; g < qs.length; g++) {
+        const group = rewards.slice(g * o.k, (g + 1) * o.k);
+        const a = deps.advantages(
+          group.map((x) => x.total),
+          group.every((x) => typeof x.correct === 'boolean') ? group.map((x) => x.correct as boolean) : undefined,
+        );
+        if (!a.advantages) skipped.push(a.reason ?? 'skipped');
+        for (let j = 0; j < o.k; j++) adv.push(a.advantages ? a.advantages[j] : null);
       }
+      const keep = episodes.map((_, i) => i).filter((i) => adv[i] !== null && adv[i] !== 0 && episodes[i].lossMask.some((x) => x));
+      // 4. policy update
+      bar.set({ detail: `train (${keep.length} episodes)` });
+      const t2 = performance.now();
+      const lr = learningRate(schedule, state.step);
+      let stats: Awaited<ReturnType<Model['trainStep']>> | undefined;
+      // Every rank takes part in every step's collectives, with or without episodes of its own.
+      if (keep.length || o.shard) {
+        const batch = {
+          sequences: keep.map((i) => episodes[i].ids),
+          masks: keep.map((i) => episodes[i].lossMask),
+          advantages: keep.map((i) => Array.from(episodes[i].lossMask, (m) => (m ? (adv[i] as number) : 0))),
+          oldLogprobs: keep.map((i) => episodes[i].logprobs),
+          temperature: keep.map((i) => episodes[i].temperature),
+        };
+        for (let e = 0; e < (o.innerEpochs ?? 1); e++) {
+          native().manualSeed(o.seed * 1000003 + state.step * 31 + e);
+          stats = await model.trainStep(batch, {
+            loss: 'pg',
+            lr,
+            clipLow: o.clipLow ?? 0.2,
+            clipHigh: o.clipHigh ?? o.clipLow ?? 0.2,
+            klCoef: o.klCoef ?? 0,
+            klEstimator: o.klEstimator ?? 'k3',
+            tokenLevel: o.tokenLevel ?? true,
+            weightDecay: o.weightDecay ?? 0,
+            maxGradNorm: o.maxGradNorm ?? 1,
+            microBatch: o.microBatch,
+            checkpoint: o.gradientCheckpointing ?? true,
+          });
+        }
+      }
+      const tTrain = (performance.now() - t2) / 1e3;
+      // 5. logs
+      const all = o.shard ? await gatherRollouts(o.shard, episodes, rewards, keep.map((i) => adv[i] as number), skipped) : { episodes, rewards, kept: keep.map((i) => adv[i] as number), skipped };
+      const totals = all.rewards.map((r) => r.total);
+      const kept = all.kept;
+      const row: Record<string, unknown> = {
+        stage: 'grpo',
+        step: state.step + 1,
+        lr,
+        ...rolloutMetrics(all.episodes, all.rewards),
+        episodes_trained: kept.length,
+        groups_skipped: all.skipped.length,
+        skip_reasons: all.skipped.length ? [...new Set(all.skipped)] : undefined,
+        advantages_mean: kept.length ? mean(kept) : undefined,
+        advantages_abs_mean: kept.length ? mean(kept.map(Math.abs)) : undefined,
+        loss: stats?.loss,
+        pg_loss: stats?.pgLoss,
+        kl: stats?.kl,
+        entropy: stats?.entropy,
+        clip_frac: stats?.clipFrac,
+        grad_norm: stats?.gradNorm,
+        update_skipped: stats?.skipped || undefined,
+        time_rollout_s: tRollout,
+        time_reward_s: tReward,
+        time_train_s: tTrain,
+        time_step_s: (performance.now() - t0) / 1e3,
+      };
+      run.logMetrics(row);
+      bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
+      await o.onStep?.(row);
+      rewardsByStep.push(mean(totals));
+      appendFileSync(
+        join(run.dir, 'trajectories.jsonl'),
+        episodes.map((e, i) => JSON.stringify({ step: state.step + 1, question: reqs[i].question, temperature: e.temperature, answer: e.answer, reward: rewards[i].total, parts: rewards[i].parts, ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}), advantage: adv[i], turns: e.turns, ...e.record })).join('\n') + '\n',
+      );
+      const next = state.batchInEpoch + 1;
+      state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
+      ranHere++;
+      if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
     }
-    const tTrain = (performance.now() - t2) / 1e3;
-    // 5. logs
-    const totals = rewards.map((r) => r.total);
-    const partNames = [...new Set(rewards.flatMap((r) => Object.keys(r.parts)))];
-    const genTokens = episodes.map((e) => e.lossMask.reduce((a, b) => a + b, 0));
-    const row: Record<string, unknown> = {
-      stage: 'grpo',
-      step: state.step + 1,
-      lr,
-      reward_mean: mean(totals),
-      reward_std: Math.sqrt(mean(totals.map((x) => (x - mean(totals)) ** 2))),
-      ...Object.fromEntries(partNames.map((p) => [`reward/${p}`, mean(rewards.map((r) => r.parts[p]).filter((x): x is number => typeof x === 'number'))])),
-      accuracy: rewards.some((r) => r.correct !== undefined) ? mean(rewards.map((r) => (r.correct ? 1 : 0))) : undefined,
-      episodes: episodes.length,
-      episodes_trained: keep.length,
-      groups_skipped: skipped.length,
-      skip_reasons: skipped.length ? [...new Set(skipped)] : undefined,
-      turns_mean: mean(episodes.map((e) => e.turns)),
-      response_tokens_mean: mean(genTokens),
-      mask_coverage: mean(episodes.map((e, i) => genTokens[i] / e.ids.length)),
-      loss: stats?.loss,
-      pg_loss: stats?.pgLoss,
-      kl: stats?.kl,
-      entropy: stats?.entropy,
-      clip_frac: stats?.clipFrac,
-      grad_norm: stats?.gradNorm,
-      update_skipped: stats?.skipped || undefined,
-      time_rollout_s: tRollout,
-      time_reward_s: tReward,
-      time_train_s: tTrain,
-    };
-    run.logMetrics(row);
-    await o.onStep?.(row);
-    rewardsByStep.push(mean(totals));
-    appendFileSync(
-      join(run.dir, 'trajectories.jsonl'),
-      episodes.map((e, i) => JSON.stringify({ step: state.step + 1, question: reqs[i].question, temperature: e.temperature, answer: e.answer, reward: rewards[i].total, parts: rewards[i].parts, ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}), advantage: adv[i], turns: e.turns, ...e.record })).join('\n') + '\n',
-    );
-    const next = state.batchInEpoch + 1;
-    state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
-    ranHere++;
-    if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
+  } finally {
+    bar.stop();
   }
   if (state.step >= o.steps) await run.saveCheckpoint(model, state);
   return { steps: state.step, meanReward: rewardsByStep };

@@ -35,12 +35,14 @@ import type { LoraSpec } from '../engine/adapter.js';
 import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
 import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './advantages.js';
-import { hashUniform, type RewardResult, type RolloutRequest, type TrainEpisode } from './grpo.js';
+import { Progress, type ProgressTo } from '../util/progress.js';
+import { hashUniform, type RewardResult, type RolloutFn, type RolloutRequest, type TrainEpisode } from './grpo.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
+import { mean, rolloutMetrics } from './rollout-metrics.js';
 
 export interface PpoDeps<Q> {
-  rollout(batch: RolloutRequest<Q>[]): Promise<TrainEpisode[]>;
+  rollout: RolloutFn<Q>;
   reward(ep: TrainEpisode, q: Q): Promise<RewardResult>;
 }
 
@@ -99,6 +101,8 @@ export interface PpoOptions {
   onStep?: (row: Record<string, unknown>) => void | Promise<void>;
   /** Sees every step's prepared batch before the update (tests, debugging). */
   onBatch?: (info: PpoStepInfo) => void | Promise<void>;
+  /** Where the steps' progress bar goes (default: none). */
+  progress?: ProgressTo;
 }
 
 /** What one optimizer pass trains on: per-token arrays aligned with the ids (0 where the mask is 0). */
@@ -135,10 +139,6 @@ export interface PpoPrepareOptions {
   klEstimator: KlEstimator;
   recomputeOldLogprobs: boolean;
   checkpoint: boolean;
-}
-
-function mean(xs: number[]): number {
-  return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN;
 }
 
 /** Runs `fn` once per distinct temperature over the rows that share it; results in row order. */
@@ -284,150 +284,152 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
   }
   const rewardsByStep: number[] = [];
   let ranHere = 0;
-  while (state.step < o.steps) {
-    if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
-    const order = permutation(questions.length, o.seed, state.epoch);
-    const qs = order.slice(state.batchInEpoch * o.questionsPerStep, (state.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
-    // 1. rollouts
-    const t0 = performance.now();
-    const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
-    const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
-      Array.from({ length: n }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, qi, j), seed: o.seed * 7919 + state.step * 1009 + qi * n + j })),
-    );
-    const episodes = await deps.rollout(reqs);
-    if (episodes.length !== reqs.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${episodes.length} episodes for ${reqs.length} requests.`);
-    const tRollout = (performance.now() - t0) / 1e3;
-    // 2. rewards
-    const t1 = performance.now();
-    const rewards = await Promise.all(episodes.map((ep, i) => deps.reward(ep, reqs[i].question)));
-    const tReward = (performance.now() - t1) / 1e3;
-    // 3-4. values, reference, advantages
-    const t2 = performance.now();
-    native().manualSeed(o.seed * 1000003 + state.step * 31 + 17);
-    const scores = rewards.map((r) => r.total);
-    const prep = await ppoPrepare(model, episodes, scores, {
-      gamma: o.gamma ?? 1,
-      lam: o.lam ?? 1,
-      whiten: o.whiten ?? true,
-      klCoef,
-      klIn,
-      klEstimator,
-      recomputeOldLogprobs: o.recomputeOldLogprobs ?? false,
-      checkpoint,
-    });
-    const tPrepare = (performance.now() - t2) / 1e3;
-    await o.onBatch?.({ step: state.step + 1, episodes, kept: prep.kept, scores, refLogprobs: prep.refLogprobs, adv: prep.adv, batch: prep.batch });
-    // 5. update
-    const t3 = performance.now();
-    const lr = learningRate(actor, state.step);
-    const valueLr = critic ? learningRate(critic, state.step) : lr;
-    const warm = state.step < (o.criticWarmup ?? 0);
-    let stats: NativeTrainStats[] = [];
-    if (prep.kept.length) {
-      const b = warm ? { ...prep.batch, advantages: prep.batch.advantages.map((a) => new Float32Array(a.length)) } : prep.batch;
-      stats = await ppoUpdate(model, b, {
-        epochs: o.ppoEpochs ?? 1,
-        miniBatch: o.miniBatch,
-        seed: o.seed * 31 + state.step,
-        lr: warm ? 0 : lr,
-        valueLr,
-        clipLow: o.clipLow ?? 0.2,
-        clipHigh: o.clipHigh ?? o.clipLow ?? 0.2,
-        klCoef: klIn === 'loss' && !warm ? klCoef : 0,
-        klEstimator: klEstimator === 'k3' ? 'k3' : 'k1',
-        entropyCoef: warm ? 0 : (o.entropyCoef ?? 0),
-        vfCoef: o.vfCoef ?? 0.5,
-        valueClip: o.valueClip ?? 0.5,
-        tokenLevel: o.tokenLevel ?? true,
-        weightDecay: o.weightDecay ?? 0,
-        maxGradNorm: o.maxGradNorm ?? 1,
-        microBatch: o.microBatch,
+  const bar = new Progress('ppo', o.steps, 'steps', o.progress, state.step);
+  try {
+    while (state.step < o.steps) {
+      if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
+      const order = permutation(questions.length, o.seed, state.epoch);
+      const qs = order.slice(state.batchInEpoch * o.questionsPerStep, (state.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
+      // 1. rollouts
+      const t0 = performance.now();
+      const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
+      const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
+        Array.from({ length: n }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, qi, j), seed: o.seed * 7919 + state.step * 1009 + qi * n + j })),
+      );
+      bar.set({ detail: `rollouts 0/${reqs.length}` });
+      const episodes = await deps.rollout(reqs, (done, total) => bar.set({ detail: `rollouts ${done}/${total}` }));
+      if (episodes.length !== reqs.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${episodes.length} episodes for ${reqs.length} requests.`);
+      const tRollout = (performance.now() - t0) / 1e3;
+      // 2. rewards
+      bar.set({ detail: 'reward' });
+      const t1 = performance.now();
+      const rewards = await Promise.all(episodes.map((ep, i) => deps.reward(ep, reqs[i].question)));
+      const tReward = (performance.now() - t1) / 1e3;
+      // 3-4. values, reference, advantages
+      bar.set({ detail: 'values and advantages' });
+      const t2 = performance.now();
+      native().manualSeed(o.seed * 1000003 + state.step * 31 + 17);
+      const scores = rewards.map((r) => r.total);
+      const prep = await ppoPrepare(model, episodes, scores, {
+        gamma: o.gamma ?? 1,
+        lam: o.lam ?? 1,
+        whiten: o.whiten ?? true,
+        klCoef,
+        klIn,
+        klEstimator,
+        recomputeOldLogprobs: o.recomputeOldLogprobs ?? false,
         checkpoint,
       });
+      const tPrepare = (performance.now() - t2) / 1e3;
+      await o.onBatch?.({ step: state.step + 1, episodes, kept: prep.kept, scores, refLogprobs: prep.refLogprobs, adv: prep.adv, batch: prep.batch });
+      // 5. update
+      bar.set({ detail: `train (${prep.kept.length} episodes)` });
+      const t3 = performance.now();
+      const lr = learningRate(actor, state.step);
+      const valueLr = critic ? learningRate(critic, state.step) : lr;
+      const warm = state.step < (o.criticWarmup ?? 0);
+      let stats: NativeTrainStats[] = [];
+      if (prep.kept.length) {
+        const b = warm ? { ...prep.batch, advantages: prep.batch.advantages.map((a) => new Float32Array(a.length)) } : prep.batch;
+        stats = await ppoUpdate(model, b, {
+          epochs: o.ppoEpochs ?? 1,
+          miniBatch: o.miniBatch,
+          seed: o.seed * 31 + state.step,
+          lr: warm ? 0 : lr,
+          valueLr,
+          clipLow: o.clipLow ?? 0.2,
+          clipHigh: o.clipHigh ?? o.clipLow ?? 0.2,
+          klCoef: klIn === 'loss' && !warm ? klCoef : 0,
+          klEstimator: klEstimator === 'k3' ? 'k3' : 'k1',
+          entropyCoef: warm ? 0 : (o.entropyCoef ?? 0),
+          vfCoef: o.vfCoef ?? 0.5,
+          valueClip: o.valueClip ?? 0.5,
+          tokenLevel: o.tokenLevel ?? true,
+          weightDecay: o.weightDecay ?? 0,
+          maxGradNorm: o.maxGradNorm ?? 1,
+          microBatch: o.microBatch,
+          checkpoint,
+        });
+      }
+      const tTrain = (performance.now() - t3) / 1e3;
+      // 6. logs
+      const totals = scores;
+      const done = stats.filter((s) => !s.skipped);
+      const sm = (k: keyof NativeTrainStats) => (done.length ? mean(done.map((s) => s[k] as number)) : undefined);
+      const { masks, oldValues } = prep.batch;
+      const v = maskedStats(oldValues, masks);
+      const ret = maskedStats(prep.adv.returns, masks);
+      const resid = maskedStats(
+        prep.adv.returns.map((r, i) => r.map((x, t) => x - oldValues[i][t])),
+        masks,
+      );
+      const advStats = maskedStats(prep.adv.advantages, masks);
+      const row: Record<string, unknown> = {
+        stage: 'ppo',
+        step: state.step + 1,
+        lr: warm ? 0 : lr,
+        critic_lr: valueLr,
+        critic_warmup: warm || undefined,
+        ...rolloutMetrics(episodes, rewards),
+        episodes_trained: prep.kept.length,
+        episodes_empty: episodes.length - prep.kept.length || undefined,
+        kl: klIn === 'reward' ? prep.adv.klMean : sm('kl'),
+        kl_coef: klCoef,
+        values_mean: v.mean,
+        returns_mean: ret.mean,
+        advantages_mean: advStats.mean,
+        advantages_std: Math.sqrt(advStats.var),
+        explained_var: ret.n ? 1 - resid.var / (ret.var + 1e-5) : undefined,
+        loss: sm('loss'),
+        pg_loss: sm('pgLoss'),
+        vf_loss: sm('valueLoss'),
+        entropy: sm('entropy'),
+        pg_clipfrac: sm('clipFrac'),
+        ratio_mean: sm('ratio'),
+        grad_norm: sm('gradNorm'),
+        optimizer_steps: done.length,
+        updates_skipped: stats.length - done.length || undefined,
+        time_rollout_s: tRollout,
+        time_reward_s: tReward,
+        time_prepare_s: tPrepare,
+        time_train_s: tTrain,
+        time_step_s: (performance.now() - t0) / 1e3,
+      };
+      run.logMetrics(row);
+      bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
+      await o.onStep?.(row);
+      rewardsByStep.push(mean(totals));
+      const pos = new Map(prep.kept.map((i, j) => [i, j]));
+      const firstTrained = (m: Uint8Array) => m.findIndex((x) => x === 1);
+      appendFileSync(
+        join(run.dir, 'trajectories.jsonl'),
+        episodes
+          .map((e, i) => {
+            const j = pos.get(i);
+            const f = j === undefined ? -1 : firstTrained(masks[j]);
+            return JSON.stringify({
+              step: state.step + 1,
+              question: reqs[i].question,
+              temperature: e.temperature,
+              answer: e.answer,
+              reward: rewards[i].total,
+              parts: rewards[i].parts,
+              ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}),
+              value: f >= 0 ? oldValues[j!][f] : null,
+              return: f >= 0 ? prep.adv.returns[j!][f] : null,
+              turns: e.turns,
+              ...e.record,
+            });
+          })
+          .join('\n') + '\n',
+      );
+      const next = state.batchInEpoch + 1;
+      state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
+      ranHere++;
+      if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
     }
-    const tTrain = (performance.now() - t3) / 1e3;
-    // 6. logs
-    const totals = scores;
-    const partNames = [...new Set(rewards.flatMap((r) => Object.keys(r.parts)))];
-    const genTokens = episodes.map((e) => e.lossMask.reduce((a, b) => a + (b ? 1 : 0), 0));
-    const done = stats.filter((s) => !s.skipped);
-    const sm = (k: keyof NativeTrainStats) => (done.length ? mean(done.map((s) => s[k] as number)) : undefined);
-    const { masks, oldValues } = prep.batch;
-    const v = maskedStats(oldValues, masks);
-    const ret = maskedStats(prep.adv.returns, masks);
-    const resid = maskedStats(
-      prep.adv.returns.map((r, i) => r.map((x, t) => x - oldValues[i][t])),
-      masks,
-    );
-    const advStats = maskedStats(prep.adv.advantages, masks);
-    const row: Record<string, unknown> = {
-      stage: 'ppo',
-      step: state.step + 1,
-      lr: warm ? 0 : lr,
-      critic_lr: valueLr,
-      critic_warmup: warm || undefined,
-      reward_mean: mean(totals),
-      reward_std: Math.sqrt(mean(totals.map((x) => (x - mean(totals)) ** 2))),
-      ...Object.fromEntries(partNames.map((p) => [`reward/${p}`, mean(rewards.map((r) => r.parts[p]).filter((x): x is number => typeof x === 'number'))])),
-      accuracy: rewards.some((r) => r.correct !== undefined) ? mean(rewards.map((r) => (r.correct ? 1 : 0))) : undefined,
-      episodes: episodes.length,
-      episodes_trained: prep.kept.length,
-      episodes_empty: episodes.length - prep.kept.length || undefined,
-      turns_mean: mean(episodes.map((e) => e.turns)),
-      response_tokens_mean: mean(genTokens),
-      mask_coverage: mean(episodes.map((e, i) => genTokens[i] / Math.max(1, e.ids.length))),
-      kl: klIn === 'reward' ? prep.adv.klMean : sm('kl'),
-      kl_coef: klCoef,
-      values_mean: v.mean,
-      returns_mean: ret.mean,
-      advantages_mean: advStats.mean,
-      advantages_std: Math.sqrt(advStats.var),
-      explained_var: ret.n ? 1 - resid.var / (ret.var + 1e-5) : undefined,
-      loss: sm('loss'),
-      pg_loss: sm('pgLoss'),
-      vf_loss: sm('valueLoss'),
-      entropy: sm('entropy'),
-      pg_clipfrac: sm('clipFrac'),
-      ratio_mean: sm('ratio'),
-      grad_norm: sm('gradNorm'),
-      optimizer_steps: done.length,
-      updates_skipped: stats.length - done.length || undefined,
-      time_rollout_s: tRollout,
-      time_reward_s: tReward,
-      time_prepare_s: tPrepare,
-      time_train_s: tTrain,
-    };
-    run.logMetrics(row);
-    await o.onStep?.(row);
-    rewardsByStep.push(mean(totals));
-    const pos = new Map(prep.kept.map((i, j) => [i, j]));
-    const firstTrained = (m: Uint8Array) => m.findIndex((x) => x === 1);
-    appendFileSync(
-      join(run.dir, 'trajectories.jsonl'),
-      episodes
-        .map((e, i) => {
-          const j = pos.get(i);
-          const f = j === undefined ? -1 : firstTrained(masks[j]);
-          return JSON.stringify({
-            step: state.step + 1,
-            question: reqs[i].question,
-            temperature: e.temperature,
-            answer: e.answer,
-            reward: rewards[i].total,
-            parts: rewards[i].parts,
-            ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}),
-            value: f >= 0 ? oldValues[j!][f] : null,
-            return: f >= 0 ? prep.adv.returns[j!][f] : null,
-            turns: e.turns,
-            ...e.record,
-          });
-        })
-        .join('\n') + '\n',
-    );
-    const next = state.batchInEpoch + 1;
-    state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
-    ranHere++;
-    if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
+  } finally {
+    bar.stop();
   }
   if (state.step >= o.steps) await run.saveCheckpoint(model, state);
   return { steps: state.step, meanReward: rewardsByStep };

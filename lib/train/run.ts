@@ -1,5 +1,6 @@
 /**
- * A run folder: the resolved config, metrics.jsonl (one JSON object per step), and checkpoints
+ * A run folder: the resolved config, metrics.jsonl (one JSON object per step) mirrored as
+ * TensorBoard scalars in `tb/events.out.tfevents.*` (lib/train/tensorboard.ts), and checkpoints
  * `checkpoints/step-N/` holding the adapter (PEFT), the optimizer state, and `state.json` (step,
  * data position, seeds, metrics so far). A checkpoint is written into a temporary folder and renamed
  * into place, so a process killed mid-save leaves either the previous checkpoints or a complete new
@@ -10,6 +11,22 @@ import { join } from 'node:path';
 import { SlmError } from '../errors.js';
 import type { Model } from '../engine/model.js';
 import { xorshift32 } from '../util/data.js';
+import { EventWriter } from './tensorboard.js';
+
+/**
+ * The TensorBoard scalars of a metrics row: every finite number but `step`; the keys of an
+ * evaluation row (kind: eval, keys eval_*) under `eval/`, the others as they are (`reward/f1` groups
+ * under reward).
+ */
+export function tbScalars(row: Record<string, unknown>): Record<string, number> {
+  const evalRow = row.kind === 'eval';
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(row)) {
+    if (k === 'step' || typeof v !== 'number' || !Number.isFinite(v)) continue;
+    out[evalRow ? `eval/${k.replace(/^eval_/, '')}` : k] = v;
+  }
+  return out;
+}
 
 export interface TrainState {
   step: number;
@@ -20,8 +37,25 @@ export interface TrainState {
   [k: string]: unknown;
 }
 
+/** The object rows of a JSONL file the run writes (none if it is absent); a line cut by a kill mid-write is left out. */
+export function readRows(file: string): Record<string, unknown>[] {
+  if (!existsSync(file)) return [];
+  return readFileSync(file, 'utf8')
+    .split('\n')
+    .filter((l) => l.trim())
+    .flatMap((l) => {
+      try {
+        const v = JSON.parse(l);
+        return v && typeof v === 'object' ? [v as Record<string, unknown>] : [];
+      } catch {
+        return [];
+      }
+    });
+}
+
 export class RunFolder {
   readonly dir: string;
+  #tb: EventWriter | undefined;
   constructor(dir: string) {
     this.dir = dir;
     mkdirSync(join(dir, 'checkpoints'), { recursive: true });
@@ -39,24 +73,26 @@ export class RunFolder {
     renameSync(tmp, join(this.dir, name));
   }
 
-  /** Appends one metrics row (a JSON line) to metrics.jsonl. */
+  /** Appends one metrics row (a JSON line) to metrics.jsonl, and its numbers to the TensorBoard events. */
   logMetrics(row: Record<string, unknown>): void {
-    appendFileSync(join(this.dir, 'metrics.jsonl'), JSON.stringify({ time: new Date().toISOString(), ...row }) + '\n');
+    const now = Date.now();
+    appendFileSync(join(this.dir, 'metrics.jsonl'), JSON.stringify({ time: new Date(now).toISOString(), ...row }) + '\n');
+    if (typeof row.step === 'number') this.tensorboard().scalars(row.step, tbScalars(row), now / 1000);
+  }
+
+  /** This process's TensorBoard event file (created on first use). */
+  tensorboard(): EventWriter {
+    return (this.#tb ??= new EventWriter(join(this.dir, 'tb')));
+  }
+
+  /** Closes the event file (a later logMetrics opens a new one). */
+  close(): void {
+    this.#tb?.close();
+    this.#tb = undefined;
   }
 
   readMetrics(): Record<string, unknown>[] {
-    const f = join(this.dir, 'metrics.jsonl');
-    if (!existsSync(f)) return [];
-    return readFileSync(f, 'utf8')
-      .split('\n')
-      .filter((l) => l.trim())
-      .flatMap((l) => {
-        try {
-          return [JSON.parse(l)];
-        } catch {
-          return []; // a line cut by a kill mid-write
-        }
-      });
+    return readRows(join(this.dir, 'metrics.jsonl'));
   }
 
   /** Keeps only metrics rows up to `step` (a resumed run re-logs the steps after its checkpoint). */
@@ -105,6 +141,8 @@ export class RunFolder {
     await model.loadAdapter(join(ck.dir, 'adapter'));
     await model.loadOptimizer(join(ck.dir, 'optimizer.safetensors'));
     this.truncateMetrics(ck.state.step);
+    // TensorBoard drops the earlier files' points from this step on (logged past the checkpoint).
+    this.tensorboard().write({ wallTime: Date.now() / 1000, step: ck.state.step + 1, sessionStart: true });
     return ck.state;
   }
 }

@@ -13,24 +13,32 @@ import type { LoraSpec } from '../engine/adapter.js';
 import { Model } from '../engine/model.js';
 import { setThreads } from '../engine/runtime.js';
 import { SlmError, describe } from '../errors.js';
-import { EpisodeRunner, type Episode, type RunnerTokenizer } from '../episodes/runner.js';
-import { codeProtocol, tagsProtocol, type EpisodeProtocol } from '../episodes/protocol.js';
+import { EpisodeRunner, type Episode, type EpisodeRunnerOptions, type RunnerTokenizer } from '../episodes/runner.js';
+import { codeProtocol, tagsProtocol, type EpisodeProtocol, type TagsProtocolOptions } from '../episodes/protocol.js';
 import { directProtocol } from '../episodes/direct.js';
 import { ChatFormatter } from '../model/chat.js';
 import { loadTokenizer } from '../model/tokenizer.js';
 import type { HfTokenizer } from '../model/tokenizer.js';
 import { Corpus, readRows } from '../retrieval/corpus.js';
+import { localDataFiles, localModelDir } from '../hub/download.js';
+import { isHubRef } from '../hub/ref.js';
+import { HttpRetriever } from '../retrieval/http.js';
 import { SearchIndex, embedderFor } from '../retrieval/index.js';
 import { answerMetrics } from '../rewards/metrics.js';
 import { goldAnswers, rewardFromConfig, trainerReward, type ComposedRewardFn, type RewardDeps } from '../rewards/combine.js';
 import { parseJudgeConfig } from '../rewards/config.js';
 import { createSandbox, detectIsolation, type Sandbox } from '../sandbox/index.js';
 import { groupAdvantageFn } from './advantages.js';
-import { runGrpo, type RolloutRequest, type TrainEpisode } from './grpo.js';
+import { runGrpo, type RolloutFn, type TrainEpisode } from './grpo.js';
 import { runPpo } from './ppo.js';
 import { RunFolder, permutation } from './run.js';
+import { writeReport } from './report.js';
+import { Progress, phasedProgress, type ProgressTo } from '../util/progress.js';
 import { runSft } from './sft.js';
 import { readSftRows, tokenizeConversation } from './sft-data.js';
+import { RankRunFolder, joinFromConfig, makeDataParallel, type Distributed } from '../distributed/run.js';
+import { OpenAIRollout, recomputeLogprobs } from '../engine/openai-rollout.js';
+import type { TextGenerator } from '../engine/types.js';
 
 export type Log = (line: string) => void;
 
@@ -43,20 +51,36 @@ export interface Question {
   index: number;
   question: string;
   golds: string[];
+  /** Search-R1's `data_source` (nq, hotpotqa, ...) when the row has one. */
+  data_source?: string;
+}
+
+/** The question of a Search-R1 processed row that kept only its `prompt` (the template ends with "Question: …"). */
+function questionFromPrompt(prompt: unknown): string | undefined {
+  if (!Array.isArray(prompt)) return undefined;
+  const user = [...prompt].reverse().find((m) => m && m.role === 'user' && typeof m.content === 'string');
+  const m = user ? /Question:\s*([^\n]+)\s*$/.exec(user.content) : null;
+  return m ? m[1].trim() : undefined;
 }
 
 /**
  * Question rows from JSONL, JSON or Parquet: `question` and `answer` (a string, a list, or
- * Search-R1's `golden_answers` / `{target: [...]}`), optional `id`.
+ * Search-R1's `golden_answers` / `reward_model.ground_truth.target` lists of acceptable answers),
+ * optional `id` and `data_source`. A Search-R1 processed row without `question` gives the one at
+ * the end of its `prompt`.
  */
 export async function loadQuestions(file: string): Promise<Question[]> {
-  if (!existsSync(file)) throw new SlmError('FILE_NOT_FOUND', `questions file ${file} does not exist. Set data.questions to JSONL/JSON/Parquet rows {question, answer}.`);
+  if (!isHubRef(file) && !existsSync(file)) throw new SlmError('FILE_NOT_FOUND', `questions file ${file} does not exist. Set data.questions to JSONL/JSON/Parquet rows {question, answer}.`);
   const rows = await readRows(file);
   if (!rows.length) throw new SlmError('DATA_INVALID', `${file} has no question rows.`);
   return rows.map((r, i) => {
     const o = (r ?? {}) as Record<string, unknown>;
-    if (typeof o.question !== 'string' || !o.question.trim())
-      throw new SlmError('DATA_INVALID', `${file}: row ${i + 1} needs a non-empty string "question", found ${describe(o.question)}. Question rows are {question, answer}.`);
+    const question = typeof o.question === 'string' ? o.question : questionFromPrompt(o.prompt);
+    if (typeof question !== 'string' || !question.trim())
+      throw new SlmError(
+        'DATA_INVALID',
+        `${file}: row ${i + 1} needs a non-empty string "question", found ${describe(o.question)}. Question rows are {question, answer} (or Search-R1's {question, golden_answers}).${Array.isArray(o.messages) ? ' This row is a chat conversation ({messages}): SFT data, which belongs in data.sft of a stage: sft config.' : ''}`,
+      );
     const answer = o.answer ?? o.answers ?? o.golden_answers ?? o.reward_model;
     let golds: string[];
     try {
@@ -64,7 +88,7 @@ export async function loadQuestions(file: string): Promise<Question[]> {
     } catch (e) {
       throw new SlmError('DATA_INVALID', `${file}: row ${i + 1}: ${(e as Error).message}`);
     }
-    return { id: String(o.id ?? o.index ?? i), index: i, question: o.question, golds };
+    return { id: String(o.id ?? o.index ?? i), index: i, question, golds, ...(typeof o.data_source === 'string' ? { data_source: o.data_source } : {}) };
   });
 }
 
@@ -86,11 +110,13 @@ export interface Agent {
 
 export async function loadAgent(cfg: ResolvedConfig, adapter: string | null = cfg.model.adapter): Promise<Agent> {
   if (cfg.model.threads > 0) setThreads(cfg.model.threads);
-  const model = await Model.load(cfg.model.path, { dtype: cfg.model.dtype, device: cfg.model.device, adapter: adapter ?? undefined });
+  // hf:OWNER/NAME model and adapter references are downloaded (once) into the hub cache.
+  const path = await localModelDir(cfg.model.path);
+  const model = await Model.load(path, { dtype: cfg.model.dtype, device: cfg.model.device, adapter: adapter ? await localModelDir(adapter) : undefined });
   try {
-    const tokenizer = loadTokenizer(cfg.model.path);
+    const tokenizer = loadTokenizer(path);
     if (tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
-    return { model, tokenizer, formatter: ChatFormatter.forModel(cfg.model.path) };
+    return { model, tokenizer, formatter: ChatFormatter.forModel(path) };
   } catch (e) {
     model.dispose();
     throw e;
@@ -107,7 +133,7 @@ export interface Environment {
 }
 
 /** The search index of the config: data.index when it holds one, else built from data.corpus (and saved to data.index when set). */
-export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}): Promise<SearchIndex> {
+export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}, progress?: ProgressTo): Promise<SearchIndex> {
   if (cfg.data.index && existsSync(join(cfg.data.index, 'manifest.json'))) {
     const idx = await SearchIndex.load(cfg.data.index);
     log(`index: ${cfg.data.index} (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind})`);
@@ -115,8 +141,16 @@ export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}): Promi
   }
   if (!cfg.data.corpus) throw new SlmError('CONFIG_INVALID', `data.index ${cfg.data.index} holds no index and data.corpus is not set; build one with \`slm-train index\` or set data.corpus.`, { path: 'data.index' });
   const t0 = performance.now();
+  const kind = cfg.retrieval.kind;
+  if (kind === 'http') throw new SlmError('CONFIG_INVALID', `retrieval.kind: http searches a remote server; building a local index from ${cfg.data.corpus} needs retrieval.kind dense, bm25 or hybrid.`, { path: 'retrieval.kind' });
   const embedder = await embedderFor(cfg.retrieval.embedder);
-  const idx = await SearchIndex.build(await Corpus.load(cfg.data.corpus), { kind: cfg.retrieval.kind, ef: cfg.retrieval.ef, embedder });
+  const bars = phasedProgress('index', 'chunks', progress);
+  let idx: SearchIndex;
+  try {
+    idx = await SearchIndex.build(await Corpus.load(cfg.data.corpus), { kind, ef: cfg.retrieval.ef, embedder, onProgress: bars.update });
+  } finally {
+    bars.stop();
+  }
   log(`index: built from ${cfg.data.corpus} in ${((performance.now() - t0) / 1e3).toFixed(1)} s (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind})`);
   if (cfg.data.index) {
     idx.save(cfg.data.index);
@@ -125,13 +159,17 @@ export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}): Promi
   return idx;
 }
 
-export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}): Promise<Environment> {
+export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, progress?: ProgressTo): Promise<Environment> {
   const kind = cfg.protocol.kind;
   if (kind === 'direct') return { protocol: directProtocol(), describe: 'protocol direct (no search)', close: async () => {} };
-  const index = await openIndex(cfg, log);
-  if (kind === 'tags') {
-    return { protocol: tagsProtocol({ search: index, topK: cfg.protocol.top_k, ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) }), index, describe: `protocol tags, top-k ${cfg.protocol.top_k}, ${index.params.kind} retrieval`, close: async () => {} };
+  const tags = (search: TagsProtocolOptions['search']) => tagsProtocol({ search, topK: cfg.protocol.top_k, ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) });
+  // retrieval.kind http goes with the tags protocol and names its url (config cross-checks).
+  if (cfg.retrieval.kind === 'http') {
+    const remote = new HttpRetriever({ url: cfg.retrieval.url ?? '', timeoutS: cfg.retrieval.timeout_s, retries: cfg.retrieval.retries });
+    return { protocol: tags(remote), describe: `protocol tags, top-k ${cfg.protocol.top_k}, retrieval server ${remote.url}`, close: async () => {} };
   }
+  const index = await openIndex(cfg, log, progress);
+  if (kind === 'tags') return { protocol: tags(index), index, describe: `protocol tags, top-k ${cfg.protocol.top_k}, ${index.params.kind} retrieval`, close: async () => {} };
   const sb = cfg.sandbox;
   const sandbox = await createSandbox(
     sb.kind === 'python'
@@ -163,10 +201,10 @@ export function runnerTokenizer(tok: HfTokenizer): RunnerTokenizer {
   };
 }
 
-export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environment, o: { eval?: boolean; seed: number; temperature?: number }): EpisodeRunner {
+export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environment, o: { eval?: boolean; seed: number; temperature?: number; onTurn?: EpisodeRunnerOptions['onTurn']; generator?: TextGenerator }): EpisodeRunner {
   const p = cfg.protocol;
   return new EpisodeRunner({
-    generator: agent.model,
+    generator: o.generator ?? agent.model,
     tokenizer: runnerTokenizer(agent.tokenizer),
     formatter: agent.formatter,
     protocol: env.protocol,
@@ -174,9 +212,10 @@ export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environmen
     maxNewTokens: p.max_new_tokens,
     maxTotalTokens: p.max_context,
     temperature: o.temperature,
-    topP: cfg.rollout.top_p,
+    topP: o.eval ? (cfg.eval.top_p ?? cfg.rollout.top_p) : cfg.rollout.top_p,
     topK: cfg.rollout.top_k || undefined,
     seed: o.seed,
+    onTurn: o.onTurn,
   });
 }
 
@@ -184,13 +223,19 @@ function trainEpisode(e: Episode, q: Question): TrainEpisode {
   return { ids: e.ids, lossMask: e.lossMask, logprobs: e.logprobs, temperature: e.temperature, answer: e.answer, turns: e.turns, record: { ...e.record } };
 }
 
-/** The trainers' rollout function: one EpisodeRunner batch per call, seeded by the request. */
-export function rolloutFn(cfg: ResolvedConfig, agent: Agent, env: Environment): (reqs: RolloutRequest<Question>[]) => Promise<TrainEpisode[]> {
-  return async (reqs) => {
+/**
+ * The trainers' rollout function: one EpisodeRunner batch per call, seeded by the request. With
+ * `remote` (rollout.engine openai) the servers generate with the adapter as it is now (written and
+ * loaded before the batch) and the trainer's engine recomputes the log-probs.
+ */
+export function rolloutFn(cfg: ResolvedConfig, agent: Agent, env: Environment, remote?: OpenAIRollout): RolloutFn<Question> {
+  return async (reqs, onProgress) => {
     if (!reqs.length) return [];
-    const runner = episodeRunner(cfg, agent, env, { seed: reqs[0].seed });
+    if (remote) await remote.syncAdapter(agent.model);
+    const runner = episodeRunner(cfg, agent, env, { seed: reqs[0].seed, onTurn: onProgress && ((t) => onProgress(t.finished, reqs.length)), generator: remote });
     const r = await runner.run(reqs.map((q) => ({ question: q.question.question, temperature: q.temperature })));
-    return r.episodes.map((e, i) => trainEpisode(e, reqs[i].question));
+    const eps = r.episodes.map((e, i) => trainEpisode(e, reqs[i].question));
+    return remote ? recomputeLogprobs(agent.model, eps) : eps;
   };
 }
 
@@ -208,12 +253,13 @@ export async function rewardDeps(cfg: ResolvedConfig, log: Log): Promise<{ deps:
   const usesJudge = (cfg.reward.parts as Array<{ kind?: unknown }>).some((p) => typeof p.kind === 'string' && p.kind.startsWith('judge'));
   const j = parseJudgeConfig(cfg.reward.judge ?? {});
   if (!usesJudge || j.backend !== 'engine' || !j.model_path) return { deps: { onError }, close: () => {} };
-  const model = await Model.load(j.model_path, { dtype: cfg.model.dtype, device: cfg.model.device });
+  const judgeDir = await localModelDir(j.model_path);
+  const model = await Model.load(judgeDir, { dtype: cfg.model.dtype, device: cfg.model.device });
   try {
-    const tok = loadTokenizer(j.model_path);
+    const tok = loadTokenizer(judgeDir);
     if (tok.vocabSize <= model.vocabSize) model.setVocab(tok.tokenBytes());
     log(`judge: ${j.model_path} on the native engine`);
-    return { deps: { onError, judgeEngine: { generator: model, tokenizer: runnerTokenizer(tok), formatter: ChatFormatter.forModel(j.model_path) } }, close: () => model.dispose() };
+    return { deps: { onError, judgeEngine: { generator: model, tokenizer: runnerTokenizer(tok), formatter: ChatFormatter.forModel(judgeDir) } }, close: () => model.dispose() };
   } catch (e) {
     model.dispose();
     throw e;
@@ -242,18 +288,36 @@ export interface StageOptions {
   configFile?: string;
   /** Stop after this many optimizer steps in this process (tests of resume). */
   stopAfter?: number;
+  /** Progress bars of indexing, training steps and evaluations (the CLI: stderr); default none. */
+  progress?: ProgressTo;
 }
 
+/**
+ * Runs the stage of the config; as one rank of a data-parallel job when WORLD_SIZE > 1 (set by
+ * `slm-train train --nproc N` or torchrun; lib/distributed): rank 0 writes the run folder.
+ */
 export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {}): Promise<TrainResult> {
+  const dist = await joinFromConfig(cfg, o.log ?? (() => {}));
+  if (!dist) return trainStage(cfg, o, null);
+  try {
+    return await trainStage(dist.cfg, o, dist);
+  } finally {
+    await dist.group.close();
+  }
+}
+
+async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distributed | null): Promise<TrainResult> {
   const log = o.log ?? (() => {});
+  const lead = !dist || dist.shard.rank === 0;
   const stage = cfg.stage;
   if (stage === 'eval') throw new SlmError('CONFIG_INVALID', 'stage: eval has nothing to train; run `slm-train eval --config FILE` instead.', { path: 'stage' });
   const dir = runDir(cfg);
-  if (!o.resume && existsSync(join(dir, 'checkpoints')) && readdirSync(join(dir, 'checkpoints')).some((d) => /^step-\d+$/.test(d)))
+  if (!o.resume && lead && existsSync(join(dir, 'checkpoints')) && readdirSync(join(dir, 'checkpoints')).some((d) => /^step-\d+$/.test(d)))
     throw new SlmError('RUN_EXISTS', `${dir} already holds checkpoints of a run. Continue it with --resume, or choose another run.name (or delete the folder).`);
-  const run = new RunFolder(dir);
-  writeResolvedConfig(cfg, dir, { file: o.configFile, overrides: o.overrides });
+  const run = lead ? new RunFolder(dir) : new RankRunFolder(dir, dist!.shard.rank);
+  if (lead) writeResolvedConfig(cfg, dir, { file: o.configFile, overrides: o.overrides });
   const agent = await loadAgent(cfg);
+  if (dist) makeDataParallel(agent.model, dist);
   const keepAdapter = cfg.model.adapter !== null;
   const common = {
     lora: loraSpec(cfg),
@@ -265,6 +329,8 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
     checkpointEvery: cfg.train.checkpoint_every,
     resume: o.resume,
     stopAfter: o.stopAfter,
+    shard: dist?.shard,
+    progress: o.progress,
   };
   let env: Environment | undefined;
   let judge: { deps: RewardDeps; close(): void } | undefined;
@@ -272,15 +338,16 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
   let evalEnv: Environment | undefined;
   let evalQs: Question[] | undefined;
   const onStep = async (row: Record<string, unknown>) => {
+    if (!lead) return;
     log(stepLine(row));
     const every = cfg.train.eval_every;
     if (!every || typeof row.step !== 'number' || row.step % every !== 0 || row.kind === 'eval') return;
     if (!cfg.data.questions) return log('train.eval_every: data.questions is not set; no evaluation during training');
     evalQs ??= await evalQuestions(cfg);
-    const e = env ?? (evalEnv ??= await openEnvironment(cfg, log));
+    const e = env ?? (evalEnv ??= await openEnvironment(cfg, log, o.progress));
     judge ??= await rewardDeps(cfg, log);
     const label = `${cfg.run.name ?? stage}@step-${row.step}`;
-    const s = await evaluate(cfg, agent, e, judge.deps, evalQs, { label, adapter: null, dir: join(dir, 'evals', `step-${row.step}`), log });
+    const s = await evaluate(cfg, agent, e, judge.deps, evalQs, { label, adapter: null, dir: join(dir, 'evals', `step-${row.step}`), log, progress: o.progress });
     run.logMetrics({ step: row.step, kind: 'eval', eval_accuracy: s.accuracy, eval_em: s.em, eval_f1: s.f1, eval_answered: s.answered, eval_avg_turns: s.avg_turns, eval_time_s: s.time_s });
     log(`eval at step ${row.step}: accuracy ${(100 * s.accuracy).toFixed(1)} %, F1 ${(100 * s.f1).toFixed(1)} %, answered ${(100 * s.answered).toFixed(1)} %`);
   };
@@ -289,7 +356,7 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
     let result: TrainResult;
     if (stage === 'sft') {
       if (!cfg.data.sft) throw new SlmError('CONFIG_INVALID', 'stage: sft needs data.sft (chat-format JSONL {messages: [...]}).', { path: 'data.sft' });
-      let rows = readSftRows(cfg.data.sft);
+      let rows = (await localDataFiles(cfg.data.sft)).flatMap((f) => readSftRows(f));
       const before = rows.length;
       if (cfg.data.exclude_leaking) rows = rows.filter((r) => r.in_test_split !== true);
       if (rows.length < before) log(`sft: dropped ${before - rows.length} of ${before} rows marked in_test_split (data.exclude_leaking)`);
@@ -303,14 +370,20 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
       const all = await loadQuestions(required(cfg.data.questions, 'data.questions'));
       const { train } = splitQuestions(all, cfg.data.split);
       if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty (train_fraction ${cfg.data.split.train_fraction} of ${all.length} rows).`);
-      env = await openEnvironment(cfg, log);
+      env = await openEnvironment(cfg, log, o.progress);
       log(`environment: ${env.describe}`);
       judge ??= await rewardDeps(cfg, log);
       const reward = trainerReward(rewardFromConfig(cfg.reward as never, judge.deps), (q: Question) => ({ question: q.question, golds: q.golds }));
       const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
       const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
       const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, tokenLevel: cfg.algorithm.token_level, entropyCoef: cfg.algorithm.entropy_coef, onStep };
-      const rollout = rolloutFn(cfg, agent, env);
+      const o8 = cfg.rollout.openai;
+      const remote =
+        cfg.rollout.engine === 'openai'
+          ? new OpenAIRollout({ urls: o8.urls, model: o8.model, timeoutS: o8.timeout_s, retries: o8.retries, concurrency: o8.concurrency, stopTokenIds: agent.tokenizer.stopTokenIds, adapterDir: o8.adapter_dir ?? join(dir, 'rollout-adapters'), name: `${basename(dir)}${dist ? `-rank${dist.shard.rank}` : ''}` })
+          : undefined;
+      if (remote) log(`rollouts: OpenAI-compatible servers ${o8.urls.join(', ')} (adapter reloaded after every step; log-probs recomputed here)`);
+      const rollout = rolloutFn(cfg, agent, env, remote);
       let r: { steps: number; meanReward: number[] };
       if (stage === 'grpo') {
         const g = groupAdvantageOptions(cfg);
@@ -345,12 +418,18 @@ export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {})
       }
       result = { stage, dir, steps: r.steps, adapter: join(dir, 'adapter'), meanReward: r.meanReward };
     }
-    if (o.stopAfter === undefined || result.steps >= (run.latestCheckpoint()?.state.step ?? 0)) {
+    if (lead && (o.stopAfter === undefined || result.steps >= (run.latestCheckpoint()?.state.step ?? 0))) {
       await agent.model.saveAdapter(result.adapter);
       log(`adapter: ${result.adapter}`);
     }
+    try {
+      log(`report: ${await writeReport(dir)}`);
+    } catch (e) {
+      log(`report: not written (${(e as Error).message}); run \`slm-train report ${dir}\` to try again`);
+    }
     return result;
   } finally {
+    run.close();
     await env?.close();
     await evalEnv?.close();
     judge?.close();
@@ -392,8 +471,14 @@ export interface EvalSummary {
   reward: number;
   avg_turns: number;
   answered: number;
+  /** Per Search-R1 `data_source` (when the questions name one): questions, EM, F1, ROUGE-L. */
+  by_source?: Record<string, { questions: number; em: number; f1: number; rouge_l: number }>;
   max_turns: number;
   temperature: number;
+  top_p: number;
+  /** Passages per search (tags protocol) and the new-token limit per turn. */
+  top_k: number;
+  max_new_tokens: number;
   time_s: number;
   date: string;
 }
@@ -405,6 +490,8 @@ export interface EvalOptions {
   log?: Log;
   /** Evaluation batch size in episodes (default: rollout.batch_questions x rollout.k, at least 8). */
   batch?: number;
+  /** Progress bars of indexing and evaluation (the CLI: stderr); default none. */
+  progress?: ProgressTo;
 }
 
 export function evalLabel(adapter: string | null): string {
@@ -423,7 +510,13 @@ const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.l
 
 /** The questions of the configured eval split (eval.split, eval.max_questions). */
 export async function evalQuestions(cfg: ResolvedConfig): Promise<Question[]> {
-  const all = await loadQuestions(required(cfg.data.questions, 'data.questions'));
+  if (!cfg.data.questions)
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `data.questions is not set: evaluation needs question rows {question, answer}${cfg.stage === 'sft' ? `; this config is for stage sft (it trains on the conversations of data.sft)` : ''}. Set data.questions (and data.corpus or data.index for a searching protocol), e.g. data.questions=path/to/questions.jsonl.`,
+      { path: 'data.questions' },
+    );
+  const all = await loadQuestions(cfg.data.questions);
   const parts = splitQuestions(all, cfg.data.split);
   let qs = cfg.eval.split === 'all' ? all : parts[cfg.eval.split];
   if (cfg.eval.max_questions !== null) qs = qs.slice(0, cfg.eval.max_questions);
@@ -435,13 +528,21 @@ export async function evalQuestions(cfg: ResolvedConfig): Promise<Question[]> {
  * Evaluates the agent as it is (its adapter included) on `qs`: greedy or at eval.temperature, with
  * max_turns_eval; writes trajectories.jsonl and summary.json into `dir`.
  */
+function bySource(rows: ReadonlyArray<Record<string, unknown>>): Pick<EvalSummary, 'by_source'> {
+  const groups = new Map<string, Array<Record<string, unknown>>>();
+  for (const r of rows) if (typeof r.data_source === 'string') groups.set(r.data_source, [...(groups.get(r.data_source) ?? []), r]);
+  if (!groups.size) return {};
+  const avg = (g: Array<Record<string, unknown>>, k: string) => mean(g.map((x) => x[k] as number));
+  return { by_source: Object.fromEntries([...groups].map(([k, g]) => [k, { questions: g.length, em: avg(g, 'em'), f1: avg(g, 'f1'), rouge_l: avg(g, 'rouge_l') }])) };
+}
+
 export async function evaluate(
   cfg: ResolvedConfig,
   agent: Agent,
   env: Environment,
   deps: RewardDeps,
   qs: readonly Question[],
-  o: { label: string; adapter: string | null; dir: string; log: Log; batch?: number },
+  o: { label: string; adapter: string | null; dir: string; log: Log; batch?: number; progress?: ProgressTo },
 ): Promise<EvalSummary> {
   const t0 = performance.now();
   mkdirSync(o.dir, { recursive: true });
@@ -451,23 +552,30 @@ export async function evaluate(
   const batch = o.batch ?? Math.max(8, cfg.rollout.batch_questions * cfg.rollout.k);
   const rows: Array<Record<string, unknown>> = [];
   const lines: string[] = [];
-  for (let s = 0; s < qs.length; s += batch) {
-    const chunk = qs.slice(s, s + batch);
-    const runner = episodeRunner(cfg, agent, env, { eval: true, seed: cfg.train.seed * 7919 + s, temperature: cfg.eval.temperature });
-    const r = await runner.run(chunk.map((q) => ({ question: q.question, temperature: cfg.eval.temperature })));
-    // Every episode of the chunk scored at once (a judge endpoint limits its own concurrency).
-    const rewards = await Promise.all(r.episodes.map((e, i) => rewardFn({ answer: e.answer, golds: chunk[i].golds, question: chunk[i].question, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
-    for (let i = 0; i < chunk.length; i++) {
-      const e = r.episodes[i];
-      const q = chunk[i];
-      const m = answerMetrics(e.answer, q.golds);
-      const rw = rewards[i];
-      const correct = byJudge ? (rw.correct ?? false) : m.em === 1;
-      const row = { id: q.id, question: q.question, golds: q.golds, answer: e.answer, correct, ...m, reward: rw.total, parts: rw.parts, ...(Object.keys(rw.errors).length ? { reward_errors: rw.errors } : {}), turns: e.turns, finish: e.finish, calls: e.calls, messages: e.messages };
-      rows.push(row);
-      lines.push(JSON.stringify(row));
+  const bar = new Progress(`eval ${o.label}`, qs.length, 'questions', o.progress);
+  try {
+    for (let s = 0; s < qs.length; s += batch) {
+      const chunk = qs.slice(s, s + batch);
+      const runner = episodeRunner(cfg, agent, env, { eval: true, seed: cfg.train.seed * 7919 + s, temperature: cfg.eval.temperature, onTurn: (t) => bar.update(s + t.finished) });
+      const r = await runner.run(chunk.map((q) => ({ question: q.question, temperature: cfg.eval.temperature })));
+      // Every episode of the chunk scored at once (a judge endpoint limits its own concurrency).
+      const rewards = await Promise.all(r.episodes.map((e, i) => rewardFn({ answer: e.answer, golds: chunk[i].golds, question: chunk[i].question, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
+      for (let i = 0; i < chunk.length; i++) {
+        const e = r.episodes[i];
+        const q = chunk[i];
+        const m = answerMetrics(e.answer, q.golds);
+        const rw = rewards[i];
+        const correct = byJudge ? (rw.correct ?? false) : m.em === 1;
+        const row = { id: q.id, ...(q.data_source ? { data_source: q.data_source } : {}), question: q.question, golds: q.golds, answer: e.answer, correct, ...m, reward: rw.total, parts: rw.parts, ...(Object.keys(rw.errors).length ? { reward_errors: rw.errors } : {}), turns: e.turns, finish: e.finish, calls: e.calls, messages: e.messages };
+        rows.push(row);
+        lines.push(JSON.stringify(row));
+      }
+      const accuracy = mean(rows.map((x) => (x.correct ? 1 : 0)));
+      bar.update(s + chunk.length, { accuracy, reward: mean(rows.map((x) => x.reward as number)) });
+      if (!o.progress) o.log(`eval ${o.label}: ${Math.min(s + batch, qs.length)}/${qs.length}, accuracy so far ${accuracy.toFixed(3)}`);
     }
-    o.log(`eval ${o.label}: ${Math.min(s + batch, qs.length)}/${qs.length}, accuracy so far ${mean(rows.map((x) => (x.correct ? 1 : 0))).toFixed(3)}`);
+  } finally {
+    bar.stop();
   }
   writeFileSync(join(o.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
   const num = (k: string) => mean(rows.map((x) => x[k] as number));
@@ -486,8 +594,12 @@ export async function evaluate(
     reward: num('reward'),
     avg_turns: num('turns'),
     answered: mean(rows.map((x) => (x.answer !== null ? 1 : 0))),
+    ...bySource(rows),
     max_turns: cfg.protocol.max_turns_eval ?? cfg.protocol.max_turns,
     temperature: cfg.eval.temperature,
+    top_p: cfg.eval.top_p ?? cfg.rollout.top_p,
+    top_k: cfg.protocol.top_k,
+    max_new_tokens: cfg.protocol.max_new_tokens,
     time_s: (performance.now() - t0) / 1e3,
     date: new Date().toISOString(),
   };
@@ -499,17 +611,17 @@ export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): 
   const log = o.log ?? (() => {});
   const adapter = o.adapter === undefined ? cfg.model.adapter : o.adapter;
   const label = o.label ?? evalLabel(adapter);
-  if (!/^[\w.@-]+$/.test(label)) throw new SlmError('ARGUMENT_INVALID', `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-" or "@".`);
+  if (!/^[\w.@+-]+$/.test(label)) throw new SlmError('ARGUMENT_INVALID', `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-", "+" or "@" (it names a folder).`);
   const qs = await evalQuestions(cfg);
   const dir = join(cfg.run.dir, 'evals', label);
   const agent = await loadAgent(cfg, adapter);
   let env: Environment | undefined;
   let judge: { deps: RewardDeps; close(): void } | undefined;
   try {
-    env = await openEnvironment(cfg, log);
+    env = await openEnvironment(cfg, log, o.progress);
     judge = await rewardDeps(cfg, log);
-    const summary = await evaluate(cfg, agent, env, judge.deps, qs, { label, adapter, dir, log, batch: o.batch });
-    const table = comparisonTable(join(cfg.run.dir, 'evals'));
+    const summary = await evaluate(cfg, agent, env, judge.deps, qs, { label, adapter, dir, log, batch: o.batch, progress: o.progress });
+    const table = comparisonTable(join(cfg.run.dir, 'evals'), cfg.eval.table);
     writeFileSync(join(cfg.run.dir, 'evals', 'comparison.md'), table + '\n');
     return { summary, dir, table };
   } finally {
@@ -520,7 +632,7 @@ export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): 
 }
 
 /** A markdown table of every evaluation under `evalsDir` (one row per label, in order of date). */
-export function comparisonTable(evalsDir: string): string {
+export function comparisonTable(evalsDir: string, shape: ResolvedConfig['eval']['table'] = 'full'): string {
   const rows: EvalSummary[] = [];
   for (const d of existsSync(evalsDir) ? readdirSync(evalsDir) : []) {
     const f = join(evalsDir, d, 'summary.json');
@@ -532,6 +644,10 @@ export function comparisonTable(evalsDir: string): string {
     }
   }
   rows.sort((a, b) => a.date.localeCompare(b.date));
+  if (shape === 'em_rouge_l') {
+    // The SFT+PPO report's shape: one row per configuration, EM and ROUGE-L as fractions.
+    return ['| configuration | EM | ROUGE-L |', '|---|---:|---:|', ...rows.map((r) => `| ${r.label} | ${r.em.toFixed(3)} | ${r.rouge_l.toFixed(3)} |`)].join('\n');
+  }
   const pct = (x: number) => `${(100 * x).toFixed(1)}`;
   const head = '| run | split | n | accuracy % | by | EM % | F1 % | ROUGE-L % | answered % | avg turns | reward |';
   const sep = '|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|';

@@ -41,7 +41,10 @@ export function readSftRows(file: string): SftRow[] {
   return rows.map((r, i) => {
     const msgs = (r as SftRow)?.messages;
     if (!Array.isArray(msgs) || !msgs.length)
-      throw new SlmError('DATA_INVALID', `${file}: row ${i + 1} has no "messages" list; expected {"messages": [{"role": "user", "content": "..."}, ...]}.`);
+      throw new SlmError(
+        'DATA_INVALID',
+        `${file}: row ${i + 1} has no "messages" list; expected {"messages": [{"role": "user", "content": "..."}, ...]}.${typeof (r as { question?: unknown })?.question === 'string' ? ' This row is a question ({question, answer}): rows {question, answer} belong in data.questions of a grpo, ppo or eval config.' : ''}`,
+      );
     msgs.forEach((m, j) => {
       if (!m || !ROLES.has(m.role) || typeof m.content !== 'string')
         throw new SlmError('DATA_INVALID', `${file}: row ${i + 1}, message ${j + 1}: expected {role: system|user|assistant|tool, content: string}, found role ${describe(m?.role)} and content ${describe(m?.content)}.`);

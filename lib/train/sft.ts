@@ -6,9 +6,12 @@ import type { Model } from '../engine/model.js';
 import { native } from '../engine/runtime.js';
 import { SlmError } from '../errors.js';
 import type { LoraSpec } from '../engine/adapter.js';
+import { Progress, type ProgressTo } from '../util/progress.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { batchByLength, type SftExample } from './sft-data.js';
+import { shardRange } from '../distributed/data-parallel.js';
+import type { Shard } from '../distributed/run.js';
 
 export interface SftOptions {
   lora: LoraSpec;
@@ -29,6 +32,10 @@ export interface SftOptions {
   resume?: boolean;
   /** Called after each step's metrics row (awaited: e.g. an evaluation every N steps). */
   onStep?: (row: Record<string, unknown>) => void | Promise<void>;
+  /** Where the steps' progress bar goes (default: none). */
+  progress?: ProgressTo;
+  /** Data-parallel rank (lib/distributed): this process trains its share of each batch. */
+  shard?: Shard;
 }
 
 export async function runSft(model: Model, examples: SftExample[], run: RunFolder, o: SftOptions): Promise<{ steps: number; lastLoss: number }> {
@@ -41,40 +48,51 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
   else model.attachLora(o.lora, o.seed);
   let lastLoss = NaN;
   let ranHere = 0;
-  outer: for (let epoch = state.epoch; epoch < o.epochs; epoch++) {
-    const order = permutation(batches.length, o.seed, epoch);
-    for (let b = epoch === state.epoch ? state.batchInEpoch : 0; b < batches.length; b++) {
-      if (o.stopAfter !== undefined && ranHere >= o.stopAfter) return { steps: state.step, lastLoss };
-      if (state.step >= total) break outer;
-      const batch = batches[order[b]];
-      const lr = learningRate(schedule, state.step);
-      native().manualSeed(o.seed * 1000003 + state.step); // LoRA dropout: reproducible per step
-      const t0 = performance.now();
-      const s = await model.trainStep(
-        { sequences: batch.map((e) => e.ids), masks: batch.map((e) => e.mask) },
-        { loss: 'sft', lr, weightDecay: o.weightDecay ?? 0, maxGradNorm: o.maxGradNorm ?? 1, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? true },
-      );
-      lastLoss = s.loss;
-      state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };
-      ranHere++;
-      const masked = batch.reduce((a, e) => a + e.mask.length, 0);
-      const row = {
-        stage: 'sft',
-        step: state.step,
-        epoch,
-        lr,
-        loss: s.loss,
-        grad_norm: s.gradNorm,
-        tokens_trained: s.tokens,
-        mask_coverage: s.tokens / masked,
-        skipped: s.skipped || undefined,
-        skip_reason: s.skipReason || undefined,
-        time_train_s: (performance.now() - t0) / 1e3,
-      };
-      run.logMetrics(row);
-      await o.onStep?.(row);
-      if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
+  const bar = new Progress('sft', total, 'steps', o.progress, state.step);
+  try {
+    outer: for (let epoch = state.epoch; epoch < o.epochs; epoch++) {
+      const order = permutation(batches.length, o.seed, epoch);
+      for (let b = epoch === state.epoch ? state.batchInEpoch : 0; b < batches.length; b++) {
+        if (o.stopAfter !== undefined && ranHere >= o.stopAfter) return { steps: state.step, lastLoss };
+        if (state.step >= total) break outer;
+        const batch = batches[order[b]];
+        const lr = learningRate(schedule, state.step);
+        native().manualSeed(o.seed * 1000003 + state.step); // LoRA dropout: reproducible per step
+        const t0 = performance.now();
+        const mine = o.shard ? batch.slice(...shardRange(batch.length, o.shard.rank, o.shard.world)) : batch;
+        const s = await model.trainStep(
+          { sequences: mine.map((e) => e.ids), masks: mine.map((e) => e.mask) },
+          { loss: 'sft', lr, weightDecay: o.weightDecay ?? 0, maxGradNorm: o.maxGradNorm ?? 1, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? true },
+        );
+        lastLoss = s.loss;
+        state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };
+        ranHere++;
+        const masked = batch.reduce((a, e) => a + e.mask.length, 0);
+        const tTrain = (performance.now() - t0) / 1e3;
+        const row = {
+          stage: 'sft',
+          step: state.step,
+          epoch,
+          lr,
+          loss: s.loss,
+          grad_norm: s.gradNorm,
+          sequences: batch.length,
+          sequence_tokens_mean: masked / batch.length,
+          tokens_trained: s.tokens,
+          mask_coverage: s.tokens / masked,
+          tokens_per_s: masked / tTrain,
+          skipped: s.skipped || undefined,
+          skip_reason: s.skipReason || undefined,
+          time_train_s: tTrain,
+        };
+        run.logMetrics(row);
+        bar.update(state.step, { detail: `loss ${s.loss.toFixed(4)}` });
+        await o.onStep?.(row);
+        if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
+      }
     }
+  } finally {
+    bar.stop();
   }
   await run.saveCheckpoint(model, state);
   return { steps: state.step, lastLoss };

@@ -26,6 +26,21 @@ slm::Qwen3Config read_config(Napi::Env env, const Napi::Object& c) {
   cfg.rms_norm_eps = num_field(env, c, "rms_norm_eps", 1e-6);
   auto tie = c.Get("tie_word_embeddings");
   cfg.tie_word_embeddings = tie.IsBoolean() && tie.As<Napi::Boolean>().Value();
+  // The architecture's switches and RoPE scaling, as lib/model/config.ts derives them from config.json.
+  auto flag = [&](const char* k, bool dflt) {
+    auto v = c.Get(k);
+    return v.IsBoolean() ? v.As<Napi::Boolean>().Value() : dflt;
+  };
+  cfg.arch.model_type = str_field(env, c, "model_type", "qwen3");
+  cfg.arch.qk_norm = flag("qk_norm", true);
+  cfg.arch.qkv_bias = flag("qkv_bias", false);
+  cfg.arch.o_bias = flag("o_bias", false);
+  cfg.arch.mlp_bias = flag("mlp_bias", false);
+  cfg.rope_scaling.type = str_field(env, c, "rope_type", "default");
+  cfg.rope_scaling.factor = num_field(env, c, "rope_factor", 1.0);
+  cfg.rope_scaling.low_freq_factor = num_field(env, c, "rope_low_freq_factor", 1.0);
+  cfg.rope_scaling.high_freq_factor = num_field(env, c, "rope_high_freq_factor", 4.0);
+  cfg.rope_scaling.original_max_position_embeddings = num_field(env, c, "rope_original_max_position_embeddings", 8192);
   return cfg;
 }
 
@@ -179,6 +194,7 @@ Napi::Function ModelWrap::Define(Napi::Env env) {
                           InstanceMethod<&ModelWrap::SaveOptimizer>("saveOptimizer"),
                           InstanceMethod<&ModelWrap::LoadOptimizer>("loadOptimizer"), InstanceMethod<&ModelWrap::SaveMerged>("saveMerged"),
                           InstanceMethod<&ModelWrap::Trainable>("trainable"), InstanceMethod<&ModelWrap::SetTrainable>("setTrainable"),
+                          InstanceMethod<&ModelWrap::Gradients>("gradients"), InstanceMethod<&ModelWrap::ApplyGradients>("applyGradients"),
                           InstanceMethod<&ModelWrap::BaseDigest>("baseDigest")});
   data(env)->model_class = Napi::Persistent(cls);
   return cls;

@@ -43,6 +43,8 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   Napi::Value SaveMerged(const Napi::CallbackInfo& info);
   Napi::Value Trainable(const Napi::CallbackInfo& info);
   Napi::Value SetTrainable(const Napi::CallbackInfo& info);
+  Napi::Value Gradients(const Napi::CallbackInfo& info);
+  Napi::Value ApplyGradients(const Napi::CallbackInfo& info);
   Napi::Value BaseDigest(const Napi::CallbackInfo& info);
 
   std::shared_ptr<slm::Qwen3Model> model_;

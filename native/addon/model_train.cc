@@ -55,6 +55,18 @@ bool bool_field(const Napi::Object& o, const char* k, bool dflt) {
   return v.IsBoolean() ? v.As<Napi::Boolean>().Value() : dflt;
 }
 
+slm::OptimConfig read_optim(Napi::Env env, const Napi::Object& o) {
+  slm::OptimConfig oc;
+  oc.lr = num_field(env, o, "lr", 1e-4);
+  oc.value_lr = num_field(env, o, "valueLr", -1);
+  oc.beta1 = num_field(env, o, "beta1", 0.9);
+  oc.beta2 = num_field(env, o, "beta2", 0.999);
+  oc.eps = num_field(env, o, "eps", 1e-8);
+  oc.weight_decay = num_field(env, o, "weightDecay", 0);
+  oc.max_grad_norm = num_field(env, o, "maxGradNorm", 1.0);
+  return oc;
+}
+
 Napi::Object stats_to_js(Napi::Env env, const slm::TrainStats& s) {
   auto o = Napi::Object::New(env);
   o.Set("loss", s.loss);
@@ -175,18 +187,13 @@ Napi::Value ModelWrap::TrainStep(const Napi::CallbackInfo& info) {
   lc.entropy_coef = num_field(env, o, "entropyCoef", 0);
   lc.vf_coef = num_field(env, o, "vfCoef", 0);
   lc.value_clip = num_field(env, o, "valueClip", 0.2);
-  slm::OptimConfig oc;
-  oc.lr = num_field(env, o, "lr", 1e-4);
-  oc.value_lr = num_field(env, o, "valueLr", -1);
-  oc.beta1 = num_field(env, o, "beta1", 0.9);
-  oc.beta2 = num_field(env, o, "beta2", 0.999);
-  oc.eps = num_field(env, o, "eps", 1e-8);
-  oc.weight_decay = num_field(env, o, "weightDecay", 0);
-  oc.max_grad_norm = num_field(env, o, "maxGradNorm", 1.0);
+  auto oc = read_optim(env, o);
   slm::TrainOptions to;
   to.micro_batch = int_field(env, o, "microBatch", 0);
   to.checkpoint = bool_field(o, "checkpoint", true);
   to.update = bool_field(o, "update", true);
+  to.norm_tokens = int_field(env, o, "normTokens", 0);
+  to.norm_sequences = int_field(env, o, "normSequences", 0);
   auto opt = optimizer_;
   auto stats = std::make_shared<slm::TrainStats>();
   return LambdaWorker::Start(
@@ -266,6 +273,51 @@ Napi::Value ModelWrap::SetTrainable(const Napi::CallbackInfo& info) {
     return env.Undefined();
   }
   throw_error(env, "ARGUMENT_INVALID", "no trainable tensor named '" + name + "'.");
+}
+
+// gradients() -> Float32Array: every trainable tensor's gradient flattened in trainable() order (zeros
+// where none), e.g. after trainStep({update: false}), for an all-reduce across data-parallel ranks.
+Napi::Value ModelWrap::Gradients(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  at::Tensor g;
+  ErrorInfo err;
+  if (!capture([&] { g = slm::flat_gradients(*m).to(at::kCPU).contiguous(); }, err)) throw_error(env, err.code, err.message);
+  auto a = Napi::Float32Array::New(env, g.numel());
+  std::memcpy(a.Data(), g.data_ptr<float>(), g.numel() * sizeof(float));
+  return a;
+}
+
+// applyGradients({lr, ..., maxGradNorm, loss?}, grads?: Float32Array) -> {gradNorm, skipped, skipReason, step}:
+// the optimizer half of a step (norm, NaN/inf skip, clipping, AdamW, gradients cleared) on the given
+// flat gradients (as gradients() lays them out) or on those the last trainStep({update: false}) left.
+Napi::Value ModelWrap::ApplyGradients(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "applyGradients expects an options object.");
+  auto o = info[0].As<Napi::Object>();
+  auto oc = read_optim(env, o);
+  const double loss = num_field(env, o, "loss", 0);
+  std::vector<float> flat;
+  const bool given = info.Length() > 1 && !info[1].IsUndefined();
+  if (given) flat = float32s(env, info[1], "grads");
+  auto opt = optimizer_;
+  auto stats = std::make_shared<slm::TrainStats>();
+  return LambdaWorker::Start(
+      env, "slm:applyGradients", info.This().As<Napi::Object>(),
+      [m, opt, oc, loss, flat, given, stats] {
+        if (given) slm::set_flat_gradients(*m, at::from_blob(const_cast<float*>(flat.data()), {static_cast<int64_t>(flat.size())}, at::kFloat));
+        stats->loss = loss;
+        slm::apply_gradients(*m, *opt, oc, *stats);
+      },
+      [stats, opt](Napi::Env e) {
+        auto r = Napi::Object::New(e);
+        r.Set("gradNorm", stats->grad_norm);
+        r.Set("skipped", stats->skipped);
+        r.Set("skipReason", stats->skip_reason);
+        r.Set("step", static_cast<double>(opt->step));
+        return r;
+      });
 }
 
 // A digest of every base weight's bytes (FNV-1a), to prove that training leaves them untouched.

@@ -22,7 +22,7 @@ void check_config(const Qwen3Model& m, const LoraConfig& c) {
   if (c.targets.empty()) fail("ADAPTER_INVALID", "LoRA needs at least one target module (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).");
   for (const auto& t : c.targets)
     if (!kProjections.count(t))
-      fail("ADAPTER_TARGET_UNKNOWN", "target module '" + t + "' does not exist in Qwen3; expected some of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.");
+      fail("ADAPTER_TARGET_UNKNOWN", "target module '" + t + "' is not a projection of the decoder block (the same names in Qwen3, Qwen2 and Llama); expected some of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.");
   for (auto l : c.layers)
     if (l < 0 || l >= m.config().num_hidden_layers)
       fail("ADAPTER_INVALID", "layer " + std::to_string(l) + " is not in the model (it has " + std::to_string(m.config().num_hidden_layers) + " layers).");

@@ -3,12 +3,57 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
 #include "core/errors.h"
 
 namespace slm {
+
+const std::vector<std::string> kModelTypes = {"qwen3", "qwen2", "llama"};
+const std::vector<std::string> kRopeTypes = {"default", "llama3"};
+
+namespace {
+std::string join_names(const std::vector<std::string>& v) {
+  std::string r;
+  for (const auto& x : v) r += (r.empty() ? "" : ", ") + x;
+  return r;
+}
+bool contains(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+}  // namespace
+
+void check_arch(const ModelArch& arch, const RopeScaling& rope) {
+  if (!contains(kModelTypes, arch.model_type))
+    fail("MODEL_TYPE_UNSUPPORTED", "model_type '" + arch.model_type + "' is not implemented by the native engine; supported: " + join_names(kModelTypes) +
+                                       ". Use a checkpoint of one of these architectures.");
+  if (!contains(kRopeTypes, rope.type))
+    fail("MODEL_CONFIG_INVALID", "rope_scaling type '" + rope.type + "' is not implemented by the native engine; supported: " + join_names(kRopeTypes) + ".");
+  if (rope.type == "llama3" && !(rope.factor > 0 && rope.low_freq_factor > 0 && rope.high_freq_factor > rope.low_freq_factor &&
+                                 rope.original_max_position_embeddings > 0))
+    fail("MODEL_CONFIG_INVALID", "llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0; found factor " +
+                                     std::to_string(rope.factor) + ", low_freq_factor " + std::to_string(rope.low_freq_factor) + ", high_freq_factor " +
+                                     std::to_string(rope.high_freq_factor) + ", original_max_position_embeddings " +
+                                     std::to_string(rope.original_max_position_embeddings) + ".");
+}
+
+at::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& rope, at::Device device) {
+  // Default: inv_freq[i] = 1 / theta^(2i / head_dim).
+  auto idx = at::arange(0, head_dim, 2, at::TensorOptions().dtype(at::kDouble).device(device));
+  auto inv = 1.0 / at::pow(theta, idx / static_cast<double>(head_dim));
+  if (rope.type != "llama3") return inv;
+  // Llama 3.1 (HF _compute_llama3_parameters): wavelengths longer than original_max_position /
+  // low_freq_factor are slowed down by `factor`, shorter than original / high_freq_factor are kept,
+  // and the band between is interpolated linearly in original / wavelength.
+  const double old_len = rope.original_max_position_embeddings, lo = rope.low_freq_factor, hi = rope.high_freq_factor;
+  const double low_freq_wavelen = old_len / lo, high_freq_wavelen = old_len / hi;
+  auto wavelen = 2.0 * M_PI / inv;
+  auto scaled = at::where(wavelen > low_freq_wavelen, inv / rope.factor, inv);
+  auto smooth = (old_len / wavelen - lo) / (hi - lo);
+  auto smoothed = (1.0 - smooth) * scaled / rope.factor + smooth * scaled;
+  auto medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
 
 at::ScalarType parse_compute_dtype(const std::string& s) {
   if (s == "float32" || s == "f32" || s == "fp32") return at::kFloat;
@@ -26,8 +71,9 @@ at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(0);
     y = at::mv(weight, x.reshape({-1})).view(sizes);
+    if (bias.defined()) y = y + bias;
   } else {
-    y = at::linear(x, weight);
+    y = bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
   }
   if (lora && o.adapter) {
     auto xl = x.to(at::kFloat);
@@ -82,6 +128,8 @@ at::Tensor take(TensorMap& w, const std::string& name, std::vector<int64_t> shap
 
 Qwen3Model::Qwen3Model(const Qwen3Config& cfg, TensorMap&& w, const LoadOptions& opts)
     : cfg_(cfg), device_(opts.device), dtype_(opts.dtype) {
+  check_arch(cfg.arch, cfg.rope_scaling);
+  const auto& arch = cfg.arch;
   if (device_.is_cuda() && !at::hasCUDA())
     fail("DEVICE_UNAVAILABLE", "device '" + opts.device + "' was asked for, but this libtorch has no CUDA support (or no GPU is visible). Use device cpu, or build against a CUDA libtorch.");
   if (dtype_ == at::kHalf && !device_.is_cuda())
@@ -98,15 +146,22 @@ Qwen3Model::Qwen3Model(const Qwen3Config& cfg, TensorMap&& w, const LoadOptions&
     Qwen3Layer L;
     L.input_norm = T(p + "input_layernorm.weight", {H});
     L.post_norm = T(p + "post_attention_layernorm.weight", {H});
-    L.q.weight = T(p + "self_attn.q_proj.weight", {nq * D, H});
-    L.k.weight = T(p + "self_attn.k_proj.weight", {nkv * D, H});
-    L.v.weight = T(p + "self_attn.v_proj.weight", {nkv * D, H});
-    L.o.weight = T(p + "self_attn.o_proj.weight", {H, nq * D});
-    L.q_norm = T(p + "self_attn.q_norm.weight", {D});
-    L.k_norm = T(p + "self_attn.k_norm.weight", {D});
-    L.gate.weight = T(p + "mlp.gate_proj.weight", {I, H});
-    L.up.weight = T(p + "mlp.up_proj.weight", {I, H});
-    L.down.weight = T(p + "mlp.down_proj.weight", {H, I});
+    // A projection [out, in] and, when the architecture has one, its bias [out].
+    auto proj = [&](Linear& l, const std::string& name, int64_t out, int64_t in, bool bias) {
+      l.weight = T(p + name + ".weight", {out, in});
+      if (bias) l.bias = T(p + name + ".bias", {out});
+    };
+    proj(L.q, "self_attn.q_proj", nq * D, H, arch.qkv_bias);
+    proj(L.k, "self_attn.k_proj", nkv * D, H, arch.qkv_bias);
+    proj(L.v, "self_attn.v_proj", nkv * D, H, arch.qkv_bias);
+    proj(L.o, "self_attn.o_proj", H, nq * D, arch.o_bias);
+    if (arch.qk_norm) {
+      L.q_norm = T(p + "self_attn.q_norm.weight", {D});
+      L.k_norm = T(p + "self_attn.k_norm.weight", {D});
+    }
+    proj(L.gate, "mlp.gate_proj", I, H, arch.mlp_bias);
+    proj(L.up, "mlp.up_proj", I, H, arch.mlp_bias);
+    proj(L.down, "mlp.down_proj", H, I, arch.mlp_bias);
     layers_.push_back(std::move(L));
   }
   if (cfg.tie_word_embeddings) {
@@ -122,19 +177,19 @@ Qwen3Model::Qwen3Model(const Qwen3Config& cfg, TensorMap&& w, const LoadOptions&
       if (n++ < 5) names += (names.empty() ? "" : ", ") + ("'" + kv.first + "'");
     }
     fail("WEIGHTS_UNUSED", "the checkpoint has " + std::to_string(w.tensors.size()) + " tensor(s) that a " + std::to_string(cfg.num_hidden_layers) +
-                               "-layer Qwen3 does not use: " + names + (w.tensors.size() > 5 ? ", ..." : "") +
-                               ". config.json does not describe these weights (wrong num_hidden_layers or tie_word_embeddings?).");
+                               "-layer " + arch.model_type + " model does not use: " + names + (w.tensors.size() > 5 ? ", ..." : "") +
+                               ". config.json does not describe these weights (wrong model_type, num_hidden_layers, tie_word_embeddings or attention_bias?).");
   }
-  // inv_freq[i] = 1 / theta^(2i / head_dim), computed in float64 and stored in float32 as HF keeps it.
-  auto idx = at::arange(0, D, 2, at::TensorOptions().dtype(at::kDouble).device(device_));
-  inv_freq_ = (1.0 / at::pow(cfg.rope_theta, idx / static_cast<double>(D))).to(at::kFloat);
+  // Computed in float64 and stored in float32 as HF keeps it.
+  inv_freq_ = rope_inv_freq(D, cfg.rope_theta, cfg.rope_scaling, device_).to(at::kFloat);
 }
 
 int64_t Qwen3Model::num_parameters() const {
   int64_t n = embed_.numel() + norm_.numel() + (cfg_.tie_word_embeddings ? 0 : lm_head_.numel());
   for (const auto& L : layers_) {
-    for (const auto* t : {&L.input_norm, &L.post_norm, &L.q_norm, &L.k_norm}) n += t->numel();
-    for (const auto* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) n += l->weight.numel();
+    for (const auto* t : {&L.input_norm, &L.post_norm, &L.q_norm, &L.k_norm})
+      if (t->defined()) n += t->numel();
+    for (const auto* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) n += l->weight.numel() + (l->bias.defined() ? l->bias.numel() : 0);
   }
   return n;
 }
@@ -180,9 +235,13 @@ at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const
   const auto& fo = in.opts;
   const int64_t B = x.size(0), T = x.size(1), D = cfg_.head_dim;
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, R = nq / nkv;
-  // [B, T, nq*D] -> [B, T, nq, D] -> per-head RMSNorm -> RoPE (cos/sin [B, T, 1, D]) -> [B, nq, T, D]
-  auto q = rms_norm(L.q.forward(x, fo).view({B, T, nq, D}), L.q_norm);
-  auto k = rms_norm(L.k.forward(x, fo).view({B, T, nkv, D}), L.k_norm);
+  // [B, T, nq*D] -> [B, T, nq, D] -> per-head RMSNorm (Qwen3) -> RoPE (cos/sin [B, T, 1, D]) -> [B, nq, T, D]
+  auto q = L.q.forward(x, fo).view({B, T, nq, D});
+  auto k = L.k.forward(x, fo).view({B, T, nkv, D});
+  if (cfg_.arch.qk_norm) {
+    q = rms_norm(q, L.q_norm);
+    k = rms_norm(k, L.k_norm);
+  }
   auto v = L.v.forward(x, fo).view({B, T, nkv, D});
   q = (q * cos + rotate_half(q) * sin).transpose(1, 2).contiguous();  // [B, nq, T, D]
   k = (k * cos + rotate_half(k) * sin).transpose(1, 2);               // [B, nkv, T, D]
@@ -247,10 +306,13 @@ std::vector<std::pair<std::string, at::Tensor>> Qwen3Model::named_weights() cons
     const std::string p = "model.layers." + std::to_string(i) + ".";
     out.emplace_back(p + "input_layernorm.weight", L.input_norm);
     out.emplace_back(p + "post_attention_layernorm.weight", L.post_norm);
-    out.emplace_back(p + "self_attn.q_norm.weight", L.q_norm);
-    out.emplace_back(p + "self_attn.k_norm.weight", L.k_norm);
-    for (const auto& [name, lin] : L.projections())
-      out.emplace_back(p + ((name == "gate_proj" || name == "up_proj" || name == "down_proj") ? "mlp." : "self_attn.") + name + ".weight", lin->weight);
+    if (L.q_norm.defined()) out.emplace_back(p + "self_attn.q_norm.weight", L.q_norm);
+    if (L.k_norm.defined()) out.emplace_back(p + "self_attn.k_norm.weight", L.k_norm);
+    for (const auto& [name, lin] : L.projections()) {
+      const std::string base = p + ((name == "gate_proj" || name == "up_proj" || name == "down_proj") ? "mlp." : "self_attn.") + name;
+      out.emplace_back(base + ".weight", lin->weight);
+      if (lin->bias.defined()) out.emplace_back(base + ".bias", lin->bias);
+    }
   }
   return out;
 }
@@ -297,6 +359,6 @@ at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions
   return rms_norm(h, norm_);
 }
 
-at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return Linear{lm_head_, nullptr}.forward(hidden).to(at::kFloat); }
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return Linear{lm_head_, at::Tensor(), nullptr}.forward(hidden).to(at::kFloat); }
 
 }  // namespace slm

@@ -1,12 +1,15 @@
-// The Qwen3 decoder, computed as Hugging Face's modeling_qwen3.py computes it:
+// The decoder shared by Qwen3, Qwen2/2.5 and Llama 3.x, computed as Hugging Face's modeling_qwen3.py,
+// modeling_qwen2.py and modeling_llama.py compute it (one block; ModelArch switches the differences):
 //   h = embed(ids)
 //   per layer:  h = h + o_proj(attn(rope(q_norm(q)), rope(k_norm(k)), v))   (pre-norm: input_layernorm)
 //               h = h + down(silu(gate(x)) * up(x))                         (x = post_attention_layernorm(h))
 //   logits = lm_head(norm(h))   (lm_head = embed_tokens when tie_word_embeddings)
-// RMSNorm runs in float32 and casts back; q/k norms are per head, before RoPE; RoPE is rotate-half with
-// inv_freq = 1 / theta^(2i/head_dim); attention is grouped-query (num_heads / num_kv_heads queries per
-// key/value head), softmax in float32. Nothing here assumes a device: weights and activations live
-// on `device` and every new tensor is created with the options of an existing one.
+// RMSNorm runs in float32 and casts back; q/k norms (Qwen3 only) are per head, before RoPE; q/k/v
+// carry biases in Qwen2 (and o/MLP in configs with attention_bias / mlp_bias); RoPE is rotate-half
+// with inv_freq = 1 / theta^(2i/head_dim), rescaled per frequency band for rope_type llama3;
+// attention is grouped-query (num_heads / num_kv_heads queries per key/value head), softmax in
+// float32. Nothing here assumes a device: weights and activations live on `device` and every new
+// tensor is created with the options of an existing one.
 #pragma once
 #include <ATen/Tensor.h>
 
@@ -17,7 +20,38 @@
 
 namespace slm {
 
+// What distinguishes the supported architectures inside the one decoder block. The authoritative
+// table (model_type -> switches) is lib/model/config.ts, which passes the switches; the native side
+// only re-checks the names (kModelTypes, kRopeTypes) so that a caller bypassing it fails clearly.
+struct ModelArch {
+  std::string model_type = "qwen3";  // one of kModelTypes
+  bool qk_norm = true;               // per-head RMSNorm on q and k before RoPE (Qwen3)
+  bool qkv_bias = false;             // biases on q_proj, k_proj, v_proj (Qwen2; attention_bias elsewhere)
+  bool o_bias = false;               // bias on o_proj (attention_bias in Qwen3 / Llama)
+  bool mlp_bias = false;             // biases on gate/up/down_proj (Llama's mlp_bias)
+};
+
+// config.json's rope_scaling: "default" (none) or Llama 3.1's "llama3" frequency-band rescaling.
+struct RopeScaling {
+  std::string type = "default";  // one of kRopeTypes
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192;
+};
+
+extern const std::vector<std::string> kModelTypes;  // {"qwen3", "qwen2", "llama"}
+extern const std::vector<std::string> kRopeTypes;   // {"default", "llama3"}
+
+// Raises MODEL_TYPE_UNSUPPORTED / MODEL_CONFIG_INVALID for names or values the block does not implement.
+void check_arch(const ModelArch& arch, const RopeScaling& rope);
+
+// inv_freq [head_dim / 2] (float64) for rope_theta and the scaling, as HF's ROPE_INIT_FUNCTIONS compute it.
+at::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& rope, at::Device device);
+
 struct Qwen3Config {
+  ModelArch arch;
+  RopeScaling rope_scaling;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -53,12 +87,13 @@ struct LoraWeights {
 
 struct Linear {
   at::Tensor weight;                   // [out, in], frozen
+  at::Tensor bias;                     // [out], frozen; undefined when the projection has none
   std::shared_ptr<LoraWeights> lora;   // null when this projection has no adapter
   at::Tensor forward(const at::Tensor& x, const ForwardOptions& o = {}) const;
 };
 
 struct Qwen3Layer {
-  at::Tensor input_norm, post_norm, q_norm, k_norm;  // [hidden], [hidden], [head_dim], [head_dim]
+  at::Tensor input_norm, post_norm, q_norm, k_norm;  // [hidden], [hidden], [head_dim], [head_dim] (q/k: Qwen3 only)
   Linear q, k, v, o, gate, up, down;
   // The projections by their Hugging Face / PEFT names (q_proj, ..., down_proj).
   std::vector<std::pair<std::string, Linear*>> projections();

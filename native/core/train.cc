@@ -95,6 +95,11 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   }
   st.tokens = total;
   st.sequences = seqs_with_tokens;
+  // The loss weights' denominators: this batch's counts, or the global batch's (data-parallel ranks).
+  const int64_t w_tokens = to.norm_tokens > 0 ? to.norm_tokens : total;
+  const int64_t w_seqs = to.norm_sequences > 0 ? to.norm_sequences : seqs_with_tokens;
+  if (to.norm_tokens > 0 && (to.norm_tokens < total || to.norm_sequences < seqs_with_tokens))
+    fail("ARGUMENT_INVALID", "normTokens/normSequences (" + std::to_string(to.norm_tokens) + "/" + std::to_string(to.norm_sequences) + ") are the global batch's counts and cannot be smaller than this batch's (" + std::to_string(total) + "/" + std::to_string(seqs_with_tokens) + ").");
   for (const auto& [name, p] : params) {
     (void)name;
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
@@ -125,7 +130,7 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
         for (size_t t = 0; t < b.seqs[i].size(); ++t) {
           ia[i - s0][t] = b.seqs[i][t];
           ka[i - s0][t] = 1;
-          if (t >= 1 && b.mask[i][t]) wa[i - s0][t - 1] = lc.token_level || !pg ? 1.f / total : 1.f / (seqs_with_tokens * n[i]);
+          if (t >= 1 && b.mask[i][t]) wa[i - s0][t - 1] = lc.token_level || !pg ? 1.f / w_tokens : 1.f / (w_seqs * n[i]);
         }
         if (!b.temperature.empty()) ta[i - s0][0][0] = b.temperature[i];
       }
@@ -221,6 +226,27 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   st.entropy = s_ent;
   st.clip_frac = s_clip;
   st.ratio = s_ratio;
+  if (to.update) {
+    apply_gradients(m, opt, oc, st);
+  } else {
+    double sq = 0;
+    for (const auto& [name, p] : params) {
+      (void)name;
+      if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    }
+    st.grad_norm = std::sqrt(sq);
+  }
+  return st;
+}
+
+void apply_gradients(Qwen3Model& m, AdamW& opt, const OptimConfig& oc, TrainStats& st) {
+  auto params = trainable(m);
+  auto clear = [&] {
+    for (const auto& [name, p] : params) {
+      (void)name;
+      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+    }
+  };
   // Gradient norm over every trainable tensor; a NaN/inf gradient skips the update.
   double sq = 0;
   for (const auto& [name, p] : params) {
@@ -231,11 +257,8 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   if (!std::isfinite(st.grad_norm) || !std::isfinite(st.loss)) {
     st.skipped = true;
     st.skip_reason = !std::isfinite(st.loss) ? "the loss is not finite (NaN or inf): the update was skipped" : "the gradient is not finite (NaN or inf): the update was skipped";
-    for (const auto& [name, p] : params) {
-      (void)name;
-      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
-    }
-    return st;
+    clear();
+    return;
   }
   if (oc.max_grad_norm > 0 && st.grad_norm > oc.max_grad_norm) {
     at::NoGradGuard ng;
@@ -245,14 +268,31 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
       if (p.grad().defined()) p.mutable_grad().mul_(coef);
     }
   }
-  if (to.update) {
-    opt.update(params, oc);
-    for (const auto& [name, p] : params) {
-      (void)name;
-      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
-    }
+  opt.update(params, oc);
+  clear();
+}
+
+at::Tensor flat_gradients(const Qwen3Model& m) {
+  std::vector<at::Tensor> parts;
+  for (const auto& [name, p] : trainable(m)) {
+    (void)name;
+    parts.push_back(p.grad().defined() ? p.grad().detach().to(at::kFloat).reshape({-1}) : at::zeros({p.numel()}, p.options().dtype(at::kFloat)));
   }
-  return st;
+  if (parts.empty()) fail("NO_TRAINABLE_PARAMETERS", "no trainable tensors: attach or load a LoRA adapter first.");
+  return at::cat(parts);
+}
+
+void set_flat_gradients(Qwen3Model& m, const at::Tensor& flat) {
+  auto params = trainable(m);
+  int64_t n = 0;
+  for (const auto& [name, p] : params) n += p.numel();
+  if (flat.numel() != n) fail("ARGUMENT_INVALID", "gradients: expected " + std::to_string(n) + " values (every trainable tensor, flattened in order), found " + std::to_string(flat.numel()) + ".");
+  int64_t off = 0;
+  for (const auto& [name, p] : params) {
+    (void)name;
+    p.mutable_grad() = flat.narrow(0, off, p.numel()).to(p.device(), p.scalar_type()).view(p.sizes()).clone();
+    off += p.numel();
+  }
 }
 
 }  // namespace slm

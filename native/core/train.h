@@ -56,7 +56,11 @@ struct OptimConfig {
 struct TrainOptions {
   int64_t micro_batch = 0;  // sequences per forward/backward; 0 = all at once
   bool checkpoint = true;
-  bool update = true;       // false: leave the gradients in place (accumulate / all-reduce first)
+  bool update = true;       // false: leave the (unclipped) gradients in place for an all-reduce, then apply_gradients
+  // Data-parallel training: the trained tokens / sequences of the *global* batch (every rank's), so
+  // that each rank's loss weights are those of the whole batch and the SUM of the ranks' gradients
+  // is the single-process gradient. 0 = this batch's own counts.
+  int64_t norm_tokens = 0, norm_sequences = 0;
 };
 
 struct TrainStats {
@@ -80,5 +84,14 @@ class AdamW {
 };
 
 TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const LossConfig& lc, const OptimConfig& oc, const TrainOptions& to);
+
+// The second half of a step: gradient norm (into st.grad_norm), skip on NaN/inf (st.skipped), clipping
+// to max_grad_norm, AdamW, gradients cleared. train_step calls it when to.update is true.
+void apply_gradients(Qwen3Model& m, AdamW& opt, const OptimConfig& oc, TrainStats& st);
+
+// Every trainable tensor's gradient, flattened in trainable() order (zeros where none), float32 on the
+// model's device; and the inverse (a flat tensor of the same length becomes the gradients).
+at::Tensor flat_gradients(const Qwen3Model& m);
+void set_flat_gradients(Qwen3Model& m, const at::Tensor& flat);
 
 }  // namespace slm

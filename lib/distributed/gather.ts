@@ -1,0 +1,32 @@
+/**
+ * The metrics of a data-parallel step cover every rank's rollouts: each rank sends what the metrics
+ * row needs of its episodes (lengths, trained-token counts, answers, turns, tool records) and
+ * rewards, and every rank gets them all back in rank order (= the order of the global batch).
+ */
+import type { RewardResult, TrainEpisode } from '../train/grpo.js';
+import type { Shard } from './run.js';
+
+interface Lite {
+  n: number;
+  g: number;
+  answer: string | null;
+  turns: number;
+  temperature: number;
+  record?: { steps?: unknown; calls?: unknown };
+}
+
+export async function gatherRollouts(shard: Shard, episodes: readonly TrainEpisode[], rewards: readonly RewardResult[], kept: number[], skipped: string[]): Promise<{ episodes: TrainEpisode[]; rewards: RewardResult[]; kept: number[]; skipped: string[] }> {
+  const mine = {
+    eps: episodes.map((e): Lite => ({ n: e.ids.length, g: e.lossMask.reduce((a, b) => a + (b ? 1 : 0), 0), answer: e.answer, turns: e.turns, temperature: e.temperature, record: e.record ? { steps: e.record.steps, calls: e.record.calls } : undefined })),
+    rewards,
+    kept,
+    skipped,
+  };
+  const all = await shard.allGather(mine);
+  return {
+    episodes: all.flatMap((r) => r.eps.map((e): TrainEpisode => ({ ids: new Int32Array(e.n), lossMask: new Uint8Array(e.n).fill(1, 0, e.g), logprobs: new Float32Array(0), answer: e.answer, turns: e.turns, temperature: e.temperature, record: e.record as Record<string, unknown> | undefined }))),
+    rewards: all.flatMap((r) => r.rewards as RewardResult[]),
+    kept: all.flatMap((r) => r.kept),
+    skipped: all.flatMap((r) => r.skipped),
+  };
+}

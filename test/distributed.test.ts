@@ -1,0 +1,156 @@
+// Data-parallel training on torch.distributed (Gloo on CPU): two ranks, each with its share of the
+// global batch, take exactly the optimizer step one process takes on the whole batch; a rank that
+// dies stops the other with DISTRIBUTED_FAILED instead of a hang. The ranks run the compiled dist/
+// (test/helpers/dp-worker.mjs) beside a python3 with torch.distributed (Debian's python3-torch).
+import t from 'tap';
+import { spawn } from 'node:child_process';
+import { copyFileSync, existsSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Model } from '../lib/engine/model.js';
+import { initModel } from '../lib/model/init.js';
+import { distEnvFrom } from '../lib/distributed/group.js';
+import { shardRange, trainedCounts } from '../lib/distributed/data-parallel.js';
+import { freePort, workerArgs } from '../lib/distributed/launch.js';
+import { runCliAsync } from './helpers/cli.js';
+import { fixture, repoRoot } from './helpers/shared.js';
+
+const python = process.env.SLM_TORCH_PYTHON ?? '/usr/bin/python3';
+const dir = mkdtempSync(join(tmpdir(), 'slm-dist-'));
+const model = join(dir, 'model');
+initModel({ preset: 'tiny', out: model, seed: 3 });
+const lora = { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'v_proj', 'o_proj', 'down_proj'] };
+
+// Five sequences of different lengths (the shards are 3 and 2, unequal in tokens too).
+const rand = (i: number) => ((Math.sin(i * 12.9898) * 43758.5453) % 1 + 1) % 1;
+const lens = [9, 17, 6, 13, 11];
+const sequences = lens.map((n, s) => Array.from({ length: n }, (_, i) => 3 + Math.floor(rand(s * 100 + i) * 200)));
+const masks = lens.map((n, s) => Array.from({ length: n }, (_, i) => (i >= 2 + s % 3 ? 1 : 0)));
+const advantages = masks.map((m, s) => m.map((x) => (x ? [1.2, -0.7, 0.4, -1.1, 0.9][s] : 0)));
+const steps = [
+  { batch: { sequences, masks }, opts: { loss: 'sft', lr: 0.01, maxGradNorm: 0.5, weightDecay: 0.01, checkpoint: false } },
+  // sequence-level averaging: each rank must weigh by the global number of sequences
+  { batch: { sequences, masks, advantages, oldLogprobs: masks.map((m) => m.map((x) => (x ? -5 : 0))) }, opts: { loss: 'pg', tokenLevel: false, klCoef: 0.05, lr: 0.01, maxGradNorm: 1, checkpoint: true } },
+];
+
+t.test('shardRange covers every item once, in order', async (t) => {
+  for (const [n, w] of [[5, 2], [7, 3], [2, 4], [0, 2]]) {
+    const parts = Array.from({ length: w }, (_, r) => shardRange(n, r, w));
+    t.same(parts.flatMap(([lo, hi]) => Array.from({ length: hi - lo }, (_, i) => lo + i)), Array.from({ length: n }, (_, i) => i), `${n} over ${w}`);
+  }
+  t.same(workerArgs(['bin/slm-train.js', 'train', '--nproc', '2', '--config', 'f.yaml', '--nproc=3', 'a=1']), ['bin/slm-train.js', 'train', '--config', 'f.yaml', 'a=1']);
+  t.same(trainedCounts(masks), { tokens: masks.reduce((a, m) => a + m.slice(1).filter((x) => x).length, 0), sequences: 5 });
+});
+
+t.test('distEnvFrom reads the torchrun variables and says what is missing', async (t) => {
+  t.equal(distEnvFrom({}), null);
+  t.equal(distEnvFrom({ WORLD_SIZE: '1', RANK: '0' }), null);
+  t.same(distEnvFrom({ WORLD_SIZE: '4', RANK: '2', LOCAL_RANK: '0', MASTER_ADDR: 'h', MASTER_PORT: '29500' }), { rank: 2, world: 4, localRank: 0, masterAddr: 'h', masterPort: 29500 });
+  t.throws(() => distEnvFrom({ WORLD_SIZE: '2', RANK: '2', MASTER_ADDR: 'h', MASTER_PORT: '1' }), { code: 'CONFIG_INVALID' });
+  t.throws(() => distEnvFrom({ WORLD_SIZE: '2', RANK: '0' }), { code: 'CONFIG_INVALID', message: /MASTER_ADDR/ });
+});
+
+function runRanks(spec: Record<string, unknown>, world = 2): Promise<Array<{ code: number | null; stderr: string; ms: number }>> {
+  return freePort().then((port) => {
+    const file = join(dir, `spec-${port}.json`);
+    writeFileSync(file, JSON.stringify(spec));
+    return Promise.all(
+      Array.from({ length: world }, (_, rank) => {
+        const t0 = Date.now();
+        const p = spawn(process.execPath, [join(repoRoot, 'test', 'helpers', 'dp-worker.mjs'), file], {
+          env: { ...process.env, RANK: String(rank), WORLD_SIZE: String(world), LOCAL_RANK: String(rank), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port) },
+          stdio: ['ignore', 'inherit', 'pipe'],
+        });
+        let stderr = '';
+        p.stderr.on('data', (d) => (stderr += d));
+        return new Promise<{ code: number | null; stderr: string; ms: number }>((res) => p.on('exit', (code) => res({ code, stderr, ms: Date.now() - t0 })));
+      }),
+    );
+  });
+}
+
+const skip = !existsSync(python) ? `${python} (python3-torch) is not installed` : !existsSync(join(repoRoot, 'dist', 'lib', 'distributed', 'group.js')) ? 'dist/ is not built (npm run build:ts)' : false;
+
+t.test('2 Gloo ranks take the single-process optimizer step (adapters equal within 1e-6)', { skip }, async (t) => {
+  const single = await Model.load(model);
+  t.teardown(() => single.dispose());
+  single.attachLora(lora as never, 5);
+  const init: Record<string, number[]> = {};
+  for (const [k, v] of Object.entries(single.trainable())) {
+    const w = k.includes('lora_B') ? v.map((_, i) => 0.05 * Math.cos(i * 1.3 + k.length)) : v;
+    single.setTrainable(k, Float32Array.from(w));
+    init[k] = Array.from(w);
+  }
+  // The single process runs the batch in micro-batches of the ranks' shards (3 + 2 sequences):
+  // micro-batching leaves the math unchanged (fixed per-token weights) and this way both runs pad and
+  // sum in the same order, so the comparison sees the distributed step, not float reordering.
+  const singleStats = [];
+  for (const s of steps) singleStats.push(await single.trainStep(s.batch, { ...s.opts, microBatch: shardRange(5, 0, 2)[1] } as never));
+  const out = join(dir, 'dp');
+  const ranks = await runRanks({ model, lora, seed: 5, init, steps, out, python });
+  for (const [i, r] of ranks.entries()) t.equal(r.code, 0, `rank ${i} exits 0${r.code ? `: ${r.stderr}` : ''}`);
+  const want = single.trainable();
+  const got = [0, 1].map((r) => JSON.parse(readFileSync(`${out}.rank${r}.json`, 'utf8')) as { trainable: Record<string, number[]>; stats: Array<Record<string, number>> });
+  let maxDiff = 0;
+  let moved = 0;
+  for (const [k, v] of Object.entries(want)) {
+    for (const g of got) for (let i = 0; i < v.length; i++) maxDiff = Math.max(maxDiff, Math.abs(g.trainable[k][i] - v[i]));
+    for (let i = 0; i < v.length; i++) moved = Math.max(moved, Math.abs(v[i] - init[k][i]));
+  }
+  t.ok(moved > 1e-3, `the two steps moved the adapter (max change ${moved})`);
+  t.ok(maxDiff <= 1e-6, `both ranks' adapters equal the single process's: max |diff| ${maxDiff}`);
+  for (const [s, st] of singleStats.entries()) {
+    for (const g of got) {
+      t.ok(Math.abs(g.stats[s].loss - st.loss) < 1e-5, `step ${s + 1}: global loss ${g.stats[s].loss} = single ${st.loss}`);
+      t.ok(Math.abs(g.stats[s].gradNorm - st.gradNorm) < 1e-5 * Math.max(1, st.gradNorm), `step ${s + 1}: gradient norm ${g.stats[s].gradNorm} = single ${st.gradNorm}`);
+      t.equal(g.stats[s].tokens, st.tokens, 'global trained tokens');
+    }
+  }
+  t.equal(got[0].stats[0].allReduceBytes, 4 * Object.values(want).reduce((a, v) => a + v.length, 0), 'the all-reduce moves the whole flat gradient');
+  t.comment(`all-reduce of ${got[0].stats[0].allReduceBytes} bytes: ${(got[0].stats.map((s) => s.allReduceS * 1e3)).map((x) => x.toFixed(2)).join(', ')} ms`);
+});
+
+t.test('a rank that dies stops the others with DISTRIBUTED_FAILED, not a hang', { skip }, async (t) => {
+  const init = {};
+  const ranks = await runRanks({ model, lora, seed: 5, init, steps, out: join(dir, 'fail'), python, failRank: 1, timeoutS: 20 });
+  t.equal(ranks[1].code, 3, 'rank 1 died');
+  t.not(ranks[0].code, 0, 'rank 0 failed too');
+  t.match(ranks[0].stderr, /DISTRIBUTED_FAILED/, 'with the distributed error code');
+  t.ok(ranks[0].ms < 60_000, `within the timeout's reach (${ranks[0].ms} ms)`);
+});
+
+const jsonl = (f: string) => readFileSync(f, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+
+t.test('slm-train train --nproc 2: SFT over two Gloo ranks writes the adapter one process writes', { skip }, async (t) => {
+  copyFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), join(model, 'chat_template.jinja'));
+  const runs = join(dir, 'runs');
+  // Eight short conversations (the tiny model trains fast on them; lengths differ within a batch).
+  const sft = join(dir, 'sft.jsonl');
+  const words = ['river', 'mountain', 'lake', 'forest', 'desert', 'island', 'valley', 'glacier'];
+  writeFileSync(sft, words.map((w, i) => JSON.stringify({ messages: [{ role: 'user', content: `Name a ${w}.` }, { role: 'assistant', content: `<answer>The ${w} of ${'north '.repeat(i % 3)}${i}</answer>` }] })).join('\n') + '\n');
+  // micro_batch 2 = each rank's share of a batch of 4, so both runs sum in the same order (see above).
+  const args = (name: string) => ['train', '--config', join(repoRoot, 'configs', 'code-sft.yaml'), `model.path=${model}`, 'model.device=cpu', `data.sft=${sft}`, `run.dir=${runs}`, `run.name=${name}`, 'train.steps=2', 'train.batch_size=4', 'optim.micro_batch=2', 'optim.warmup_steps=0', 'optim.lr=0.001', 'lora.r=4', 'lora.alpha=8', 'lora.dropout=0', 'model.threads=1', `distributed.python=${python}`, '--json'];
+  const one = await runCliAsync(args('one'), { cwd: dir });
+  t.equal(one.code, 0, `single process exits 0${one.code ? one.stderr.slice(-2000) : ''}`);
+  const two = await runCliAsync([...args('two'), '--nproc', '2'], { cwd: dir });
+  t.equal(two.code, 0, `--nproc 2 exits 0${two.code ? two.stderr.slice(-3000) : ''}`);
+  t.match(two.stderr, /\[rank 1\] .*distributed: rank 1\/2 joined \(gloo/, 'rank 1 joined the Gloo group');
+  t.match(JSON.parse(two.stdout), { stage: 'sft', steps: 2 }, 'rank 0 prints the result (once)');
+  t.equal(two.stdout.trim().split('\n').length, 1);
+  const a = await Model.load(model, { adapter: join(runs, 'one', 'adapter') });
+  const b = await Model.load(model, { adapter: join(runs, 'two', 'adapter') });
+  t.teardown(() => (a.dispose(), b.dispose()));
+  const [wa, wb] = [a.trainable(), b.trainable()];
+  let maxDiff = 0;
+  let norm = 0;
+  for (const [k, v] of Object.entries(wa)) for (let i = 0; i < v.length; i++) (maxDiff = Math.max(maxDiff, Math.abs(v[i] - wb[k][i]))), (norm = Math.max(norm, Math.abs(v[i])));
+  t.ok(norm > 0, 'the adapter was trained');
+  t.ok(maxDiff <= 1e-6, `adapters equal within 1e-6 (max |diff| ${maxDiff})`);
+  const m1 = jsonl(join(runs, 'one', 'metrics.jsonl'));
+  const m2 = jsonl(join(runs, 'two', 'metrics.jsonl'));
+  t.equal(m2.length, 2, 'rank 0 logs one row per step');
+  for (let i = 0; i < 2; i++) t.ok(Math.abs(m1[i].loss - m2[i].loss) < 1e-6 && m1[i].tokens_trained === m2[i].tokens_trained, `step ${i + 1}: the global loss and tokens (${m2[i].loss}, ${m2[i].tokens_trained})`);
+  t.same(readdirSync(join(runs, 'two', 'checkpoints')).sort(), ['step-2'], 'rank 0 wrote the checkpoint');
+  t.notOk(existsSync(join(runs, 'two', 'ranks', 'rank-1', 'metrics.jsonl')), 'rank 1 logs nothing');
+  t.same(readdirSync(join(runs, 'two', 'ranks', 'rank-1', 'checkpoints')), [], 'rank 1 writes no checkpoint');
+});

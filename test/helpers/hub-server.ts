@@ -1,0 +1,108 @@
+/**
+ * A stand-in Hugging Face hub on loopback for the hub tests: real files served in the hub's URL
+ * layout, for the endpoints @huggingface/hub calls —
+ *   GET /api/{models,datasets}/OWNER/NAME/revision/REV   {id, sha, ...}
+ *   GET /api/{models,datasets}/OWNER/NAME/tree/REV?recursive=true   [{type, path, size, oid, lfs?}]
+ *   GET /[datasets/]OWNER/NAME/resolve/REV/PATH   the file (Range -> 206 + Content-Range; ETag,
+ *       X-Repo-Commit, Content-Length, Accept-Ranges), 404 + X-Error-Code otherwise
+ * — with a log of every request, and faults to inject: drop the connection halfway through a file.
+ */
+import { createHash } from 'node:crypto';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+export interface HubRepo {
+  kind: 'model' | 'dataset';
+  name: string;
+  files: Record<string, Buffer>;
+}
+
+export interface Served {
+  method: string;
+  url: string;
+  range?: string;
+  auth?: string;
+}
+
+export class FakeHub {
+  readonly requests: Served[] = [];
+  /** Paths (repo file paths) whose next full-body GETs send half the bytes and then drop the connection; the count is how many times. */
+  readonly dropNext = new Map<string, number>();
+  private server?: Server;
+  private repos = new Map<string, { repo: HubRepo; sha: string }>();
+  url = '';
+
+  add(repo: HubRepo): string {
+    const sha = createHash('sha1').update(repo.kind + repo.name + Object.keys(repo.files).join()).digest('hex');
+    this.repos.set(`${repo.kind}:${repo.name}`, { repo, sha });
+    return sha;
+  }
+
+  /** Requests whose URL is a file download (resolve/) of `path`. */
+  downloads(path: string): Served[] {
+    return this.requests.filter((r) => r.url.includes('/resolve/') && r.url.split('?')[0].endsWith('/' + path));
+  }
+
+  async start(): Promise<string> {
+    this.server = createServer((req, res) => this.handle(req, res));
+    await new Promise<void>((r) => this.server!.listen(0, '127.0.0.1', () => r()));
+    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+    return this.url;
+  }
+
+  async stop(): Promise<void> {
+    this.server?.closeAllConnections();
+    await new Promise<void>((r) => this.server?.close(() => r()) ?? r());
+  }
+
+  private notFound(res: ServerResponse, code: string, message: string) {
+    res.writeHead(404, { 'content-type': 'application/json', 'x-error-code': code });
+    res.end(JSON.stringify({ error: message }));
+  }
+
+  private handle(req: IncomingMessage, res: ServerResponse) {
+    const url = req.url ?? '/';
+    this.requests.push({ method: req.method ?? 'GET', url, ...(req.headers.range ? { range: req.headers.range } : {}), ...(req.headers.authorization ? { auth: req.headers.authorization } : {}) });
+    const path = decodeURIComponent(url.split('?')[0]);
+    let m = /^\/api\/(models|datasets)\/([^/]+\/[^/]+)\/(revision|tree)\/([^/]+)(?:\/(.*))?$/.exec(path);
+    if (m) {
+      const entry = this.repos.get(`${m[1].slice(0, -1)}:${m[2]}`);
+      if (!entry) return this.notFound(res, 'RepoNotFound', 'Repository not found');
+      if (m[4] !== 'main' && m[4] !== entry.sha) return this.notFound(res, 'RevisionNotFound', `Invalid rev id: ${m[4]}`);
+      res.setHeader('content-type', 'application/json');
+      if (m[3] === 'revision') return res.end(JSON.stringify({ _id: entry.sha.slice(0, 24), id: m[2], sha: entry.sha, private: false, downloads: 0, likes: 0, gated: false, lastModified: new Date(0).toISOString() }));
+      const prefix = m[5] ? m[5] + '/' : '';
+      const list = Object.entries(entry.repo.files)
+        .filter(([p]) => p.startsWith(prefix))
+        .map(([p, buf]) => {
+          const oid = createHash('sha1').update(`blob ${buf.length}\0`).update(buf).digest('hex');
+          // Weights and data files are LFS files on the hub: sha256 oid in `lfs`.
+          const lfs = /\.(safetensors|parquet)$/.test(p) ? { oid: createHash('sha256').update(buf).digest('hex'), size: buf.length, pointerSize: 130 } : undefined;
+          return { type: 'file', path: p, size: buf.length, oid, ...(lfs ? { lfs } : {}) };
+        });
+      return res.end(JSON.stringify(list));
+    }
+    m = /^\/(datasets\/)?([^/]+\/[^/]+)\/resolve\/([^/]+)\/(.+)$/.exec(path);
+    if (!m) return this.notFound(res, 'RepoNotFound', 'Repository not found');
+    const entry = this.repos.get(`${m[1] ? 'dataset' : 'model'}:${m[2]}`);
+    if (!entry) return this.notFound(res, 'RepoNotFound', 'Repository not found');
+    const file = entry.repo.files[m[4]];
+    if (!file) return this.notFound(res, 'EntryNotFound', 'Entry not found');
+    const headers = { etag: `"${createHash('sha256').update(file).digest('hex')}"`, 'x-repo-commit': entry.sha, 'accept-ranges': 'bytes', 'content-type': 'application/octet-stream' };
+    const range = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');
+    if (range) {
+      const start = Number(range[1]);
+      const end = range[2] ? Math.min(Number(range[2]), file.length - 1) : file.length - 1;
+      res.writeHead(206, { ...headers, 'content-range': `bytes ${start}-${end}/${file.length}`, 'content-length': String(end - start + 1) });
+      return res.end(file.subarray(start, end + 1));
+    }
+    res.writeHead(200, { ...headers, 'content-length': String(file.length) });
+    const drops = this.dropNext.get(m[4]) ?? 0;
+    if (drops > 0) {
+      this.dropNext.set(m[4], drops - 1);
+      res.write(file.subarray(0, file.length >> 1), () => setTimeout(() => res.socket?.destroy(), 20));
+      return;
+    }
+    res.end(file);
+  }
+}

@@ -1,0 +1,96 @@
+// rollout.engine openai (issue 8, item 3): generation on OpenAI-compatible servers with the adapter
+// loaded at run time through vLLM's /v1/load_lora_adapter, against `slm-train serve`'s server on
+// loopback: token ids come back exact (greedy rows equal the trainer's own engine with the same
+// adapter), a loaded adapter changes the replies and an unloaded one is gone, requests spread over
+// several servers and survive a dead one, a silent server gives ROLLOUT_SERVER_UNAVAILABLE in
+// bounded time, and log-probs are recomputed by the trainer's engine.
+import { createServer } from 'node:http';
+import { join } from 'node:path';
+import t from 'tap';
+import { Model } from '../lib/engine/model.js';
+import { OpenAIRollout, recomputeLogprobs } from '../lib/engine/openai-rollout.js';
+import { ChatFormatter } from '../lib/model/chat.js';
+import { initModel } from '../lib/model/init.js';
+import { loadTokenizer } from '../lib/model/tokenizer.js';
+import { OpenAIServer } from '../lib/serve/server.js';
+import { freePort } from '../lib/distributed/launch.js';
+
+const root = t.testdir();
+const dir = join(root, 'model');
+initModel({ preset: 'tiny', out: dir, seed: 6, embedStd: 0.3 });
+const lora = { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'v_proj', 'down_proj'] };
+
+async function serve(t: { teardown(f: () => unknown): void }) {
+  const model = await Model.load(dir);
+  const tok = loadTokenizer(dir);
+  model.setVocab(tok.tokenBytes());
+  const server = new OpenAIServer({ model, tokenizer: tok, formatter: ChatFormatter.forModel(dir), name: 'tiny', port: 0 });
+  const port = await server.listen();
+  t.teardown(async () => {
+    await server.close();
+    model.dispose();
+  });
+  return { server, url: `http://127.0.0.1:${port}`, tok };
+}
+
+const prompts = [[5, 9, 33, 2], [40, 41, 42], [7, 7, 100, 12, 3]].map((p) => Int32Array.from(p));
+
+t.test('greedy rows through the server equal the engine, before and after the adapter is loaded', async (t) => {
+  const a = await serve(t);
+  const b = await serve(t);
+  const trainer = await Model.load(dir);
+  t.teardown(() => trainer.dispose());
+  trainer.setVocab(a.tok.tokenBytes());
+  trainer.attachLora(lora as never, 3);
+  const remote = new OpenAIRollout({ urls: [a.url, b.url + '/v1'], model: null, timeoutS: 30, retries: 1, concurrency: 4, stopTokenIds: a.tok.stopTokenIds, adapterDir: join(root, 'adapters'), name: 'run' });
+  const req = { prompts, maxNewTokens: 10, greedy: true, stopTokenIds: a.tok.stopTokenIds };
+  const local = async () => (await trainer.generate(req)).tokens.map((x) => Array.from(x));
+  const viaServer = async () => (await remote.generate(req)).tokens.map((x) => Array.from(x));
+  // B = 0: the fresh adapter is the base model.
+  t.same(await viaServer(), await local(), 'base model: server ids = engine ids');
+  const base = await viaServer();
+  for (const [k, v] of Object.entries(trainer.trainable())) if (k.includes('lora_B')) trainer.setTrainable(k, v.map((_, i) => 4 * Math.sin(i + k.length)));
+  const name = await remote.syncAdapter(trainer);
+  t.equal(name, 'run-v1');
+  t.same([...a.server.adapters.keys()], ['run-v1'], 'server a loaded it');
+  t.same([...b.server.adapters.keys()], ['run-v1'], 'server b loaded it');
+  const tuned = await viaServer();
+  t.same(tuned, await local(), 'with the adapter: server ids = engine ids (the adapter is in use)');
+  t.not(JSON.stringify(tuned), JSON.stringify(base), 'and the adapter changed the replies');
+  t.ok((remote.sent.get(a.url) ?? 0) > 1 && (remote.sent.get(b.url) ?? 0) > 1, `requests spread over both servers (${[...remote.sent.values()].join(', ')})`);
+  await remote.syncAdapter(trainer);
+  t.same([...a.server.adapters.keys()], ['run-v2'], 'the next step replaces the previous adapter');
+  const gone = await fetch(`${a.url}/v1/completions`, { method: 'POST', body: JSON.stringify({ model: 'run-v1', prompt: [1, 2], max_tokens: 2 }) });
+  t.equal(gone.status, 200, 'a request naming an unloaded adapter runs on the base model');
+  const dup = await fetch(`${a.url}/v1/load_lora_adapter`, { method: 'POST', body: JSON.stringify({ lora_name: 'run-v2', lora_path: join(root, 'adapters', 'run-v2') }) });
+  t.equal(dup.status, 400, 'loading a name twice is refused (as vLLM does)');
+  const bad = await fetch(`${a.url}/v1/load_lora_adapter`, { method: 'POST', body: JSON.stringify({ lora_name: 'x', lora_path: join(root, 'nothing') }) });
+  t.equal(bad.status, 400, 'a folder without an adapter is refused');
+  t.match(await bad.text(), /nothing/);
+  const un = await fetch(`${a.url}/v1/unload_lora_adapter`, { method: 'POST', body: JSON.stringify({ lora_name: 'nope' }) });
+  t.equal(un.status, 404);
+
+  // Log-probs for the loss come from the trainer's engine, 0 off the mask.
+  const ids = Int32Array.from([...prompts[0], ...tuned[0]]);
+  const mask = Uint8Array.from(ids, (_, i) => (i >= prompts[0].length ? 1 : 0));
+  const [ep] = await recomputeLogprobs(trainer, [{ ids, lossMask: mask, logprobs: new Float32Array(ids.length), temperature: 1 }]);
+  const want = (await trainer.sequenceLogprobs([ids], 1))[0];
+  t.same(Array.from(ep.logprobs), Array.from(want, (x, i) => (mask[i] ? x : 0)));
+  t.ok(ep.logprobs.some((x) => x < 0));
+});
+
+t.test('a dead server is skipped; a silent one fails with ROLLOUT_SERVER_UNAVAILABLE', async (t) => {
+  const a = await serve(t);
+  const dead = `http://127.0.0.1:${await freePort()}`;
+  const remote = new OpenAIRollout({ urls: [dead, a.url], model: 'tiny', timeoutS: 5, retries: 3, concurrency: 2, stopTokenIds: a.tok.stopTokenIds, adapterDir: join(root, 'ad2'), backoffMs: 10 });
+  const r = await remote.generate({ prompts, maxNewTokens: 4, greedy: true });
+  t.equal(r.tokens.length, 3, 'every row answered');
+  const silent = createServer(() => {});
+  await new Promise<void>((res) => silent.listen(0, '127.0.0.1', () => res()));
+  t.teardown(() => silent.closeAllConnections?.() ?? silent.close());
+  const s = new OpenAIRollout({ urls: [`http://127.0.0.1:${(silent.address() as { port: number }).port}`], model: 'tiny', timeoutS: 0.5, retries: 1, concurrency: 2, stopTokenIds: [], adapterDir: join(root, 'ad3'), backoffMs: 10 });
+  const t0 = Date.now();
+  await t.rejects(s.generate({ prompts: [prompts[0]], maxNewTokens: 2 }), { code: 'ROLLOUT_SERVER_UNAVAILABLE', message: /no reply within 0.5 s/ });
+  t.ok(Date.now() - t0 < 5000, 'within timeout x attempts');
+  t.throws(() => new OpenAIRollout({ urls: [], model: null, timeoutS: 1, retries: 0, concurrency: 1, stopTokenIds: [], adapterDir: root }), { code: 'CONFIG_INVALID' });
+});
