@@ -154,3 +154,66 @@ t.test('slm-train train --nproc 2: SFT over two Gloo ranks writes the adapter on
   t.notOk(existsSync(join(runs, 'two', 'ranks', 'rank-1', 'metrics.jsonl')), 'rank 1 logs nothing');
   t.same(readdirSync(join(runs, 'two', 'ranks', 'rank-1', 'checkpoints')), [], 'rank 1 writes no checkpoint');
 });
+
+t.test('slm-train train --nproc 2: GRPO with the Python sandbox, each rank rolling out its questions, equals one process', { skip }, async (t) => {
+  const { createServer } = await import('node:http');
+  const { createHash } = await import('node:crypto');
+  const { syntheticCorpus } = await import('../lib/retrieval/synthetic.js');
+  copyFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), join(model, 'chat_template.jinja'));
+  const { pages, questions } = syntheticCorpus({ pages: 20, seed: 5 });
+  writeFileSync(join(dir, 'corpus.jsonl'), pages.map((p) => JSON.stringify(p)).join('\n') + '\n');
+  writeFileSync(join(dir, 'questions.jsonl'), questions.slice(0, 10).map((q) => JSON.stringify({ id: q.id, question: q.question, answer: q.answer })).join('\n') + '\n');
+  // A judge whose grade is a function of what it is asked (the episode), so both runs get the same
+  // grades whichever rank asks and in whatever order; both grades occur, so the groups have variance.
+  let calls = 0;
+  const judge = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      calls++;
+      const grade = createHash('sha256').update(body).digest()[0] % 2 ? 8 : 1;
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ choices: [{ index: 0, message: { role: 'assistant', content: `Correctness: ${grade}\nApproach: 5` }, finish_reason: 'stop' }] }));
+    });
+  });
+  await new Promise<void>((res) => judge.listen(0, '127.0.0.1', () => res()));
+  t.teardown(() => judge.close());
+  const url = `http://127.0.0.1:${(judge.address() as { port: number }).port}/v1`;
+  const runs = join(dir, 'grpo-runs');
+  const args = (name: string) => [
+    'train', '--config', join(repoRoot, 'configs', 'code-grpo.yaml'), `model.path=${model}`, 'model.dtype=float32', 'model.device=cpu', 'model.threads=1',
+    `data.questions=${join(dir, 'questions.jsonl')}`, `data.corpus=${join(dir, 'corpus.jsonl')}`, `run.dir=${runs}`, `run.name=${name}`,
+    // top_k 8: a full-vocabulary sample over the random model's flat distribution could move with the
+    // float rounding of a different batch (4 rows instead of 8); a top-8 one does not.
+    'lora.r=4', 'lora.alpha=8', 'lora.dropout=0', 'rollout.k=2', 'rollout.batch_questions=4', 'rollout.top_k=8', 'protocol.max_new_tokens=12', 'sandbox.workers=1', 'train.steps=2',
+    `reward.judge.base_url=${url}`, 'reward.judge.model=fake-judge', 'reward.judge.skip_without_answer=false', `distributed.python=${python}`, '--json',
+  ];
+  const one = await runCliAsync(args('one'), { cwd: dir });
+  t.equal(one.code, 0, `single process exits 0${one.code ? one.stderr.slice(-2000) : ''}`);
+  const callsOne = calls;
+  const two = await runCliAsync([...args('two'), '--nproc', '2'], { cwd: dir });
+  t.equal(two.code, 0, `--nproc 2 exits 0${two.code ? two.stderr.slice(-3000) : ''}`);
+  t.match(JSON.parse(two.stdout), { stage: 'grpo', steps: 2 }, 'rank 0 prints the result (once)');
+  t.equal(calls - callsOne, callsOne, 'the two ranks together judged as many episodes as one process');
+  const m1 = jsonl(join(runs, 'one', 'metrics.jsonl'));
+  const m2 = jsonl(join(runs, 'two', 'metrics.jsonl'));
+  t.equal(m2.length, 2, 'rank 0 logs one row per step');
+  for (let i = 0; i < 2; i++) {
+    t.equal(m2[i].episodes, m1[i].episodes, `step ${i + 1}: metrics cover both ranks' episodes (${m2[i].episodes})`);
+    t.ok(Math.abs(m2[i].reward_mean - m1[i].reward_mean) < 1e-9, `step ${i + 1}: the same mean reward (${m2[i].reward_mean})`);
+    t.equal(m2[i].episodes_trained, m1[i].episodes_trained);
+  }
+  t.ok(m1.some((m) => m.episodes_trained > 0), 'episodes were trained on');
+  // Rank 0 records every episode, in the order one process does, and each is token for token the
+  // single process's (per-episode random streams): the same programs, outputs and answers.
+  const q = (f: string) => jsonl(f).map((x) => JSON.stringify([x.step, x.question.id, x.temperature, x.reward, x.messages]));
+  t.same(q(join(runs, 'two', 'trajectories.jsonl')), q(join(runs, 'one', 'trajectories.jsonl')), 'the same episodes, in the same order');
+  t.notOk(existsSync(join(runs, 'two', 'ranks', 'rank-1', 'trajectories.jsonl')), 'rank 1 writes no trajectories of its own');
+  const a = await Model.load(model, { adapter: join(runs, 'one', 'adapter') });
+  const b = await Model.load(model, { adapter: join(runs, 'two', 'adapter') });
+  t.teardown(() => (a.dispose(), b.dispose()));
+  const [wa, wb] = [a.trainable(), b.trainable()];
+  let maxDiff = 0;
+  for (const [k, v] of Object.entries(wa)) for (let i = 0; i < v.length; i++) maxDiff = Math.max(maxDiff, Math.abs(v[i] - wb[k][i]));
+  t.ok(maxDiff <= 1e-6, `adapters equal within 1e-6 (max |diff| ${maxDiff})`);
+});

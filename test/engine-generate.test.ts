@@ -73,6 +73,27 @@ t.test('the same seed repeats the same samples; another seed differs', async (t)
   t.notSame(a.tokens.map((x) => Array.from(x)), c.tokens.map((x) => Array.from(x)));
 });
 
+t.test('rowSeeds: a row samples the same tokens at any position of any batch; bad seeds are refused', async (t) => {
+  const m = await Model.load(dir);
+  t.teardown(() => m.dispose());
+  const seeds = [901, 17, 5550];
+  const fwd = await m.generate({ prompts, maxNewTokens: 12, temperature: 1.3, rowSeeds: seeds });
+  // Reversed order, and row 2 alone at position 0.
+  const rev = await m.generate({ prompts: [...prompts].reverse(), maxNewTokens: 12, temperature: 1.3, rowSeeds: [...seeds].reverse() });
+  const alone = await m.generate({ prompts: [prompts[2]], maxNewTokens: 12, temperature: 1.3, rowSeeds: [seeds[2]] });
+  for (let i = 0; i < 3; i++) t.same(Array.from(rev.tokens[2 - i]), Array.from(fwd.tokens[i]), `row ${i}: the same samples in reversed position`);
+  t.same(Array.from(alone.tokens[0]), Array.from(fwd.tokens[2]), 'row 2 alone = row 2 in the batch');
+  // Without rowSeeds the stream is (seed, position): moving a row changes its samples.
+  const posA = await m.generate({ prompts, maxNewTokens: 12, temperature: 1.3, seed: 9 });
+  const posB = await m.generate({ prompts: [...prompts].reverse(), maxNewTokens: 12, temperature: 1.3, seed: 9 });
+  t.notSame(Array.from(posB.tokens[2]), Array.from(posA.tokens[0]), 'the positional streams differ (so the check above can fail)');
+  const other = await m.generate({ prompts, maxNewTokens: 12, temperature: 1.3, rowSeeds: [902, 17, 5550] });
+  t.notSame(Array.from(other.tokens[0]), Array.from(fwd.tokens[0]), 'another seed, other samples');
+  t.same(Array.from(other.tokens[1]), Array.from(fwd.tokens[1]), 'the other rows keep theirs');
+  await t.rejects(m.generate({ prompts, maxNewTokens: 4, rowSeeds: [1, 2] }), { code: 'ARGUMENT_INVALID', message: /one non-negative integer per row \(3\)/ });
+  await t.rejects(m.generate({ prompts, maxNewTokens: 4, rowSeeds: [1, -2, 3] }), { code: 'ARGUMENT_INVALID' });
+});
+
 t.test('top-k 1 equals greedy; per-row temperature 0 is greedy inside a sampled batch', async (t) => {
   const m = await Model.load(dir);
   t.teardown(() => m.dispose());

@@ -94,3 +94,68 @@ t.test('a dead server is skipped; a silent one fails with ROLLOUT_SERVER_UNAVAIL
   t.ok(Date.now() - t0 < 5000, 'within timeout x attempts');
   t.throws(() => new OpenAIRollout({ urls: [], model: null, timeoutS: 1, retries: 0, concurrency: 1, stopTokenIds: [], adapterDir: root }), { code: 'CONFIG_INVALID' });
 });
+
+t.test('slm-train train with rollout.engine openai: GRPO rollouts on a loopback server that loads each step\'s adapter', async (t) => {
+  const { copyFileSync, readFileSync, writeFileSync } = await import('node:fs');
+  const { syntheticCorpus } = await import('../lib/retrieval/synthetic.js');
+  const { runCliAsync } = await import('./helpers/cli.js');
+  const { fixture, repoRoot } = await import('./helpers/shared.js');
+  copyFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), join(dir, 'chat_template.jinja'));
+  const { pages, questions } = syntheticCorpus({ pages: 20, seed: 4 });
+  writeFileSync(join(root, 'corpus.jsonl'), pages.map((p) => JSON.stringify(p)).join('\n') + '\n');
+  writeFileSync(join(root, 'questions.jsonl'), questions.slice(0, 10).map((q) => JSON.stringify({ id: q.id, question: q.question, answer: q.answer })).join('\n') + '\n');
+  const log: string[] = [];
+  const model = await Model.load(dir);
+  const tok = loadTokenizer(dir);
+  model.setVocab(tok.tokenBytes());
+  const server = new OpenAIServer({ model, tokenizer: tok, formatter: ChatFormatter.forModel(dir), name: 'tiny', port: 0, log: (l) => log.push(l) });
+  const url = `http://127.0.0.1:${await server.listen()}`;
+  t.teardown(async () => {
+    await server.close();
+    model.dispose();
+  });
+  // The config's judge on its own loopback endpoint, grading correct / incorrect alternately so that
+  // the groups have variance (the random tiny model answers nothing right).
+  let graded = 0;
+  const judge = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ choices: [{ index: 0, message: { role: 'assistant', content: `Correctness: ${graded++ % 2 ? 1 : 8}\nApproach: 5` }, finish_reason: 'stop' }] }));
+    });
+  });
+  await new Promise<void>((res) => judge.listen(0, '127.0.0.1', () => res()));
+  t.teardown(() => judge.close());
+  const judgeUrl = `http://127.0.0.1:${(judge.address() as { port: number }).port}/v1`;
+  const runs = join(root, 'runs');
+  const r = await runCliAsync(
+    [
+      'train', '--config', join(repoRoot, 'configs', 'code-grpo.yaml'),
+      `model.path=${dir}`, 'model.dtype=float32', 'model.device=cpu', `data.questions=${join(root, 'questions.jsonl')}`, `data.corpus=${join(root, 'corpus.jsonl')}`, `run.dir=${runs}`,
+      'lora.r=4', 'lora.alpha=8', 'lora.dropout=0', 'rollout.k=2', 'rollout.batch_questions=2', 'protocol.max_new_tokens=12', 'sandbox.workers=1', 'train.steps=2',
+      `reward.judge.base_url=${judgeUrl}`, 'reward.judge.model=fake-judge', 'reward.judge.skip_without_answer=false',
+      'rollout.engine=openai', `rollout.openai.urls=[${url}]`, 'rollout.openai.timeout_s=60', '--json',
+    ],
+    { cwd: root },
+  );
+  t.equal(r.code, 0, `train exits 0${r.code ? `\n${r.stderr.slice(-3000)}` : ''}`);
+  t.match(r.stderr, /rollouts: OpenAI-compatible servers http:\/\/127\.0\.0\.1:\d+ \(adapter reloaded after every step; log-probs recomputed here\)/);
+  const dirRun = join(runs, 'code-grpo');
+  t.match(JSON.parse(r.stdout), { stage: 'grpo', steps: 2, dir: dirRun });
+  // Before each step's rollouts the trainer wrote its adapter and the server loaded it (the previous one unloaded).
+  const loaded = log.filter((l) => l.startsWith('serve: loaded adapter')).map((l) => l.split(' ')[3]);
+  t.same(loaded, ['code-grpo-v1', 'code-grpo-v2'], 'one adapter per step, loaded by the server');
+  t.same(log.filter((l) => l.startsWith('serve: unloaded')).length, 1, 'the step-1 adapter was unloaded');
+  t.same([...server.adapters.keys()], ['code-grpo-v2']);
+  const rows = server.batches.reduce((a, b) => a + b, 0);
+  const traj = readFileSync(join(dirRun, 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  t.equal(traj.length, 8, '2 steps x 2 questions x 2 rollouts');
+  const turns = traj.reduce((a, x) => a + x.turns, 0);
+  t.ok(rows >= turns, `the server generated every turn (${rows} rows for ${turns} turns)`);
+  // Old log-probs (recomputed by the trainer's engine) and the policy being trained agree: ratio 1 in the
+  // single inner epoch, as on-policy GRPO has it when the server generated with the current adapter.
+  const metrics = readFileSync(join(dirRun, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  t.equal(metrics.length, 2);
+  t.ok(metrics.some((m) => m.episodes_trained > 0), 'episodes were trained on');
+  for (const m of metrics) if (m.episodes_trained > 0) t.ok(Math.abs(m.ratio_mean - 1) < 1e-4, `step ${m.step}: importance ratio ${m.ratio_mean} = 1`);
+});

@@ -57,6 +57,15 @@ t.test('chat and text completions, batching, the judge backend, errors', async (
   t.ok(rows.length < qs.length && Math.max(...rows) > 1, `6 requests in ${rows.length} generate calls (${rows.join(', ')} rows)`);
   for (let i = 0; i < qs.length; i++) t.equal(all[i].body.choices[0].message.content, (await solo(qs[i], 8)).text, `batched reply ${i} = its solo reply`);
 
+  // Sampled requests with a seed: batched or alone, a request gets the same reply (its own stream, as
+  // vLLM's per-request seed). top_k 4: over this random model's flat 151k-token distribution, float
+  // rounding that differs between a padded batch and a lone row could move a full-vocabulary sample.
+  const sampled = (q: string) => ({ messages: [{ role: 'user', content: q }], max_tokens: 8, temperature: 1, top_k: 4, seed: 1000 + q.length });
+  const calls1 = server.batches.length;
+  const together = await Promise.all(qs.map((q) => post('/chat/completions', sampled(q))));
+  t.ok(server.batches.slice(calls1).some((n) => n > 1), 'the sampled requests shared generate calls');
+  for (let i = 0; i < qs.length; i++) t.equal(together[i].body.choices[0].message.content, (await post("/chat/completions", sampled(qs[i]))).body.choices[0].message.content, `sampled reply ${i} batched = alone`);
+
   const c = await post('/completions', { prompt: [1, 2, 3, 4], max_tokens: 5, temperature: 0 });
   t.equal(c.status, 200);
   t.match(c.body, { object: 'text_completion', choices: [{ text: String }], usage: { prompt_tokens: 4 } });

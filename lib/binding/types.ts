@@ -47,6 +47,8 @@ export interface NativeGenerateRequest {
   topK?: number;
   topP?: number;
   seed?: number;
+  /** One seed per row (each row its own random stream, whatever its batch); overrides `seed`. */
+  rowSeeds?: number[];
   stopTokenIds?: Int32Array;
   stopStrings?: string[];
   padId?: number;

@@ -1,7 +1,8 @@
 /**
  * The metrics of a data-parallel step cover every rank's rollouts: each rank sends what the metrics
  * row needs of its episodes (lengths, trained-token counts, answers, turns, tool records) and
- * rewards, and every rank gets them all back in rank order (= the order of the global batch).
+ * rewards, and every rank gets them all back in rank order (= the order of the global batch); the
+ * trajectory lines travel too, so that rank 0's trajectories.jsonl holds every episode.
  */
 import type { RewardResult, TrainEpisode } from '../train/grpo.js';
 import type { Shard } from './run.js';
@@ -15,12 +16,20 @@ interface Lite {
   record?: { steps?: unknown; calls?: unknown };
 }
 
-export async function gatherRollouts(shard: Shard, episodes: readonly TrainEpisode[], rewards: readonly RewardResult[], kept: number[], skipped: string[]): Promise<{ episodes: TrainEpisode[]; rewards: RewardResult[]; kept: number[]; skipped: string[] }> {
+export async function gatherRollouts(
+  shard: Shard,
+  episodes: readonly TrainEpisode[],
+  rewards: readonly RewardResult[],
+  kept: number[],
+  skipped: string[],
+  lines: string[],
+): Promise<{ episodes: TrainEpisode[]; rewards: RewardResult[]; kept: number[]; skipped: string[]; lines: string[] }> {
   const mine = {
     eps: episodes.map((e): Lite => ({ n: e.ids.length, g: e.lossMask.reduce((a, b) => a + (b ? 1 : 0), 0), answer: e.answer, turns: e.turns, temperature: e.temperature, record: e.record ? { steps: e.record.steps, calls: e.record.calls } : undefined })),
     rewards,
     kept,
     skipped,
+    lines,
   };
   const all = await shard.allGather(mine);
   return {
@@ -28,5 +37,6 @@ export async function gatherRollouts(shard: Shard, episodes: readonly TrainEpiso
     rewards: all.flatMap((r) => r.rewards as RewardResult[]),
     kept: all.flatMap((r) => r.kept),
     skipped: all.flatMap((r) => r.skipped),
+    lines: all.flatMap((r) => r.lines),
   };
 }

@@ -1,8 +1,8 @@
 /**
  * What a training run needs to be one rank of a data-parallel job: the process group from the
  * torchrun variables and the config's `distributed` section, the device of this rank, and a run
- * folder that only rank 0 writes (the other ranks keep their own trajectories under ranks/rank-N and
- * read checkpoints from the shared run folder when resuming).
+ * folder that only rank 0 writes (the other ranks get ranks/rank-N for their own files and read
+ * checkpoints from the shared run folder when resuming).
  */
 import { join } from 'node:path';
 import type { ResolvedConfig } from '../config/types.js';
@@ -47,7 +47,8 @@ export function makeDataParallel(model: Model, d: Distributed): void {
 
 /**
  * The run folder of a rank other than 0: writes nothing in the shared run folder (no metrics, no
- * checkpoints, no config); its own trajectories go to `ranks/rank-N/`; resuming reads the shared
+ * checkpoints, no config, no trajectories: rank 0 records every rank's); `ranks/rank-N/` is its own
+ * folder for whatever a trainer writes there; resuming reads the shared
  * checkpoints that rank 0 wrote.
  */
 export class RankRunFolder extends RunFolder {

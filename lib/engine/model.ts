@@ -372,6 +372,8 @@ export class Model implements TextGenerator {
       if (typeof v !== 'number' || !(v >= 0)) throw new SlmError('ARGUMENT_INVALID', `temperature must be >= 0 for every row, found ${describe(v)} at row ${i}.`);
       temps[i] = v;
     }
+    if (req.rowSeeds && (req.rowSeeds.length !== B || !req.rowSeeds.every((s) => Number.isSafeInteger(s) && s >= 0)))
+      throw new SlmError('ARGUMENT_INVALID', `rowSeeds must hold one non-negative integer per row (${B}), found ${describe(req.rowSeeds)}.`);
     const topP = req.topP ?? 1;
     if (!(topP > 0 && topP <= 1)) throw new SlmError('ARGUMENT_INVALID', `topP must be in (0, 1], found ${describe(req.topP)}.`);
     const topK = req.topK ?? 0;
@@ -384,6 +386,7 @@ export class Model implements TextGenerator {
       topK,
       topP,
       seed: req.seed ?? 0,
+      ...(req.rowSeeds ? { rowSeeds: req.rowSeeds } : {}),
       stopTokenIds: Int32Array.from(req.stopTokenIds ?? []),
       stopStrings: req.stopStrings ?? [],
     });

@@ -101,7 +101,7 @@ export class OpenAIRollout implements TextGenerator {
           temperature: req.greedy ? 0 : temps[i],
           top_p: req.topP ?? 1,
           ...(req.topK ? { top_k: req.topK } : {}),
-          ...(req.seed !== undefined ? { seed: (req.seed + i) % 2 ** 31 } : {}),
+          ...(req.rowSeeds ? { seed: req.rowSeeds[i] % 2 ** 31 } : req.seed !== undefined ? { seed: (req.seed + i) % 2 ** 31 } : {}),
           ...(req.stopStrings?.length ? { stop: req.stopStrings, include_stop_str_in_output: true } : {}),
           ...(req.stopTokenIds?.length ? { stop_token_ids: req.stopTokenIds } : {}),
           logprobs: 0,

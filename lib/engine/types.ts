@@ -12,6 +12,11 @@ export interface GenerateRequest {
   topK?: number;
   greedy?: boolean;
   seed?: number;
+  /**
+   * One seed per row: a row then samples the same tokens whatever batch it is in and at whatever
+   * position (rather than from (seed, row index)). Data-parallel ranks and batching servers rely on it.
+   */
+  rowSeeds?: number[];
   /** Generation of a row stops after any of these token ids (the stop token is included in the output). */
   stopTokenIds?: number[];
   /** Generation of a row stops once its decoded output ends with any of these strings (included). */

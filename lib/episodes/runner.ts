@@ -69,6 +69,12 @@ export interface EpisodeRequest {
   temperature?: number;
   /** Start from these messages instead of the protocol's (e.g. a custom system prompt). */
   messages?: ChatMessage[];
+  /**
+   * This episode's own seed. When every request of a batch has one, each generate call gives each
+   * row a seed derived from it (and the turn and round), so an episode samples the same tokens
+   * whatever else is in its batch: a data-parallel rank's share equals the same episodes of one process.
+   */
+  seed?: number;
 }
 
 export type EpisodeFinish = 'answer' | 'max_turns' | 'context';
@@ -147,6 +153,7 @@ export interface BatchResult {
 /** State of one episode while the batch runs. */
 interface Live {
   index: number;
+  seed?: number;
   question: string;
   temperature: number;
   ids: number[];
@@ -217,6 +224,7 @@ export class EpisodeRunner {
     const ids = o.tokenizer.encode(text);
     const s: Live = {
       index,
+      seed: r.seed,
       question: r.question,
       temperature,
       ids: [...ids],
@@ -265,6 +273,7 @@ export class EpisodeRunner {
         topP: o.topP,
         topK: o.topK,
         seed: ((o.seed ?? 0) * 1000003 + turn * 7919 + round * 131) >>> 0,
+        ...(rows.every((s) => s.seed !== undefined) ? { rowSeeds: rows.map((s) => ((s.seed as number) * 1000003 + turn * 7919 + round * 131) >>> 0) } : {}),
         stopTokenIds: o.tokenizer.stopTokenIds,
         stopStrings: [...o.protocol.stopStrings],
       });

@@ -213,7 +213,8 @@ export class OpenAIServer {
             temperature: take.map((j) => j.temperature),
             topP: first.topP,
             topK: first.topK,
-            seed: first.seed,
+            // Each request's own seed: its samples do not depend on what it was batched with.
+            rowSeeds: take.map((j) => j.seed),
             stopTokenIds: this.o.tokenizer.stopTokenIds,
             stopStrings: first.stop,
           });

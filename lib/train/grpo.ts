@@ -190,7 +190,8 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
       }
       const tTrain = (performance.now() - t2) / 1e3;
       // 5. logs
-      const all = o.shard ? await gatherRollouts(o.shard, episodes, rewards, keep.map((i) => adv[i] as number), skipped) : { episodes, rewards, kept: keep.map((i) => adv[i] as number), skipped };
+      const lines = episodes.map((e, i) => JSON.stringify({ step: state.step + 1, question: reqs[i].question, temperature: e.temperature, answer: e.answer, reward: rewards[i].total, parts: rewards[i].parts, ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}), advantage: adv[i], turns: e.turns, ...e.record }));
+      const all = o.shard ? await gatherRollouts(o.shard, episodes, rewards, keep.map((i) => adv[i] as number), skipped, lines) : { episodes, rewards, kept: keep.map((i) => adv[i] as number), skipped, lines };
       const totals = all.rewards.map((r) => r.total);
       const kept = all.kept;
       const row: Record<string, unknown> = {
@@ -208,6 +209,7 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
         kl: stats?.kl,
         entropy: stats?.entropy,
         clip_frac: stats?.clipFrac,
+        ratio_mean: stats?.ratio,
         grad_norm: stats?.gradNorm,
         update_skipped: stats?.skipped || undefined,
         time_rollout_s: tRollout,
@@ -219,10 +221,8 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
       bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
       await o.onStep?.(row);
       rewardsByStep.push(mean(totals));
-      appendFileSync(
-        join(run.dir, 'trajectories.jsonl'),
-        episodes.map((e, i) => JSON.stringify({ step: state.step + 1, question: reqs[i].question, temperature: e.temperature, answer: e.answer, reward: rewards[i].total, parts: rewards[i].parts, ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}), advantage: adv[i], turns: e.turns, ...e.record })).join('\n') + '\n',
-      );
+      // Rank 0 records every rank's episodes, in the global batch's order.
+      if (!o.shard || o.shard.rank === 0) appendFileSync(join(run.dir, 'trajectories.jsonl'), all.lines.join('\n') + '\n');
       const next = state.batchInEpoch + 1;
       state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
       ranHere++;

@@ -233,7 +233,7 @@ export function rolloutFn(cfg: ResolvedConfig, agent: Agent, env: Environment, r
     if (!reqs.length) return [];
     if (remote) await remote.syncAdapter(agent.model);
     const runner = episodeRunner(cfg, agent, env, { seed: reqs[0].seed, onTurn: onProgress && ((t) => onProgress(t.finished, reqs.length)), generator: remote });
-    const r = await runner.run(reqs.map((q) => ({ question: q.question.question, temperature: q.temperature })));
+    const r = await runner.run(reqs.map((q) => ({ question: q.question.question, temperature: q.temperature, seed: q.seed })));
     const eps = r.episodes.map((e, i) => trainEpisode(e, reqs[i].question));
     return remote ? recomputeLogprobs(agent.model, eps) : eps;
   };

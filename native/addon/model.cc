@@ -316,6 +316,18 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
   p.top_k = int_field(env, o, "topK", 0);
   p.top_p = num_field(env, o, "topP", 1.0);
   p.seed = static_cast<uint64_t>(num_field(env, o, "seed", 0));
+  auto rs = o.Get("rowSeeds");
+  if (!rs.IsUndefined() && !rs.IsNull()) {
+    if (!rs.IsArray()) throw_error(env, "ARGUMENT_INVALID", "generate: rowSeeds must be an array of non-negative integers, one per row.");
+    auto a = rs.As<Napi::Array>();
+    for (uint32_t i = 0; i < a.Length(); ++i) {
+      auto v = a.Get(i);
+      const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+      if (!(d >= 0) || d > 9007199254740991.0 || d != static_cast<double>(static_cast<uint64_t>(d)))
+        throw_error(env, "ARGUMENT_INVALID", "generate: rowSeeds[" + std::to_string(i) + "] must be a non-negative integer below 2^53.");
+      p.row_seeds.push_back(static_cast<uint64_t>(d));
+    }
+  }
   p.pad_id = static_cast<int32_t>(int_field(env, o, "padId", 0));
   if (!o.Get("stopTokenIds").IsUndefined()) p.stop_token_ids = int32s(env, o.Get("stopTokenIds"), "stopTokenIds");
   auto ss = o.Get("stopStrings");

@@ -91,7 +91,9 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   for (const auto& s : p.stop_strings) max_stop = std::max(max_stop, s.size());
   std::vector<std::string> tails(B);
 
-  RowRng rng(p.seed, B);
+  if (!p.row_seeds.empty() && static_cast<int64_t>(p.row_seeds.size()) != B)
+    fail("ARGUMENT_INVALID", "generate: rowSeeds has " + std::to_string(p.row_seeds.size()) + " seeds for " + std::to_string(B) + " rows; give one per row or none.");
+  RowRng rng = p.row_seeds.empty() ? RowRng(p.seed, B) : RowRng(p.row_seeds);
   std::vector<int64_t> rows(B);  // original row of each batch slot
   for (int64_t b = 0; b < B; ++b) rows[b] = b;
   std::vector<float> temps = p.temperature;  // of the rows in the batch, in batch order

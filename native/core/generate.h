@@ -23,6 +23,8 @@ struct GenerateParams {
   int64_t top_k = 0;
   double top_p = 1.0;
   uint64_t seed = 0;
+  // One seed per row (empty: rows are seeded from (seed, row index)); see RowRng.
+  std::vector<uint64_t> row_seeds;
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;
   int32_t pad_id = 0;

@@ -11,6 +11,13 @@ RowRng::RowRng(uint64_t seed, int64_t rows) {
   }
 }
 
+RowRng::RowRng(const std::vector<uint64_t>& row_seeds) {
+  for (auto s : row_seeds) {
+    std::seed_seq seq{static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32), 0x726f77u, 0x5eedu};
+    gens_.emplace_back(seq);
+  }
+}
+
 std::vector<float> RowRng::next(const std::vector<int64_t>& rows) {
   std::vector<float> u;
   u.reserve(rows.size());

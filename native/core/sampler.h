@@ -25,6 +25,9 @@ Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, 
 class RowRng {
  public:
   RowRng(uint64_t seed, int64_t rows);
+  // One stream per row from that row's own seed: a row samples the same tokens in any batch, at any
+  // position (data-parallel ranks, servers that batch independent requests).
+  explicit RowRng(const std::vector<uint64_t>& row_seeds);
   // Next uniform in (0, 1] for each of the given original rows.
   std::vector<float> next(const std::vector<int64_t>& rows);
 
