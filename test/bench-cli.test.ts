@@ -1,6 +1,6 @@
 // `slm-train bench retrieval --quick`: the JSON and markdown it writes (figures are not asserted —
 // tests never assert timings — only that each is measured, finite and beside its limit).
-import { readFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { runCliAsync } from './helpers/cli.js';
@@ -8,7 +8,9 @@ import { runCliAsync } from './helpers/cli.js';
 t.test('bench retrieval --quick --out: JSON with the serve-retriever load test beside the in-process rate, and the table', async (t) => {
   const dir = t.testdir();
   const out = join(dir, 'bench.json');
-  const r = await runCliAsync(['bench', 'retrieval', '--quick', '--out', out], { timeout: 300_000 });
+  const readme = join(dir, 'README.md');
+  writeFileSync(readme, '# x\n\nbefore\n\n<!-- bench -->\nold tables\n<!-- /bench -->\n\nafter\n');
+  const r = await runCliAsync(['bench', 'retrieval', '--quick', '--out', out, '--readme', readme], { timeout: 300_000 });
   t.equal(r.code, 0, r.stderr.slice(-2000));
   const doc = JSON.parse(readFileSync(out, 'utf8'));
   t.match(doc, { quick: true, machine: /cores/, seconds: { retrieval: Number, total: Number } });
@@ -23,4 +25,14 @@ t.test('bench retrieval --quick --out: JSON with the serve-retriever load test b
   t.match(md, /the benchmarks took retrieval [\d.]+ s; total [\d.]+ s/);
   t.match(md, /\| concurrent clients \| requests\/s \| p50 ms \| p99 ms \| errors \|/);
   t.equal(r.stdout.trim(), md.trim(), 'stdout is the table');
+  t.equal(readFileSync(readme, 'utf8'), `# x\n\nbefore\n\n<!-- bench -->\n${md.trim()}\n<!-- /bench -->\n\nafter\n`, '--readme replaced the block between the markers, nothing else');
+});
+
+t.test('bench --readme on a file without the markers fails at once with a code, before any benchmark', async (t) => {
+  const dir = t.testdir({ 'README.md': '# no markers\n' });
+  const r = await runCliAsync(['bench', 'rollout', '--quick', '--readme', join(dir, 'README.md')], { timeout: 60_000 });
+  t.equal(r.code, 2);
+  t.match(r.stderr, /ARGUMENT_INVALID.*<!-- bench -->.*<!-- \/bench -->.*found no <!-- bench -->/);
+  t.notMatch(r.stderr, /\[bench\]/, 'no benchmark ran');
+  t.equal(readFileSync(join(dir, 'README.md'), 'utf8'), '# no markers\n', 'the file is untouched');
 });

@@ -1,5 +1,5 @@
-/** `slm-train bench [engine|train|sandbox|retrieval|rollout] [--json] [--quick] [--out FILE]` */
-import { writeFileSync } from 'node:fs';
+/** `slm-train bench [engine|train|sandbox|retrieval|rollout] [--json] [--quick] [--out FILE] [--readme FILE]` */
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import type { CommandModule } from 'yargs';
 import type { BenchOptions, BenchReport } from '../../bench/types.js';
@@ -21,12 +21,45 @@ interface Args {
   json?: boolean;
   quick?: boolean;
   out?: string;
+  readme?: string;
   model?: string;
+}
+
+const BEGIN = '<!-- bench -->';
+const END = '<!-- /bench -->';
+
+/** Where the benchmark block of a markdown file begins and ends (checked before any benchmark runs). */
+function readmeBlock(file: string): { text: string; a: number; b: number } {
+  if (!existsSync(file)) throw new SlmError('FILE_NOT_FOUND', `--readme ${file}: no such file; expected a markdown file holding ${BEGIN} ... ${END}.`);
+  const text = readFileSync(file, 'utf8');
+  const a = text.indexOf(BEGIN);
+  const b = text.indexOf(END, a + BEGIN.length);
+  if (a < 0 || b < 0)
+    throw new SlmError('ARGUMENT_INVALID', `--readme ${file}: expected the markers ${BEGIN} and ${END} (in that order) around the benchmark tables, found ${a < 0 ? `no ${BEGIN}` : `no ${END} after it`}. Add them where the tables belong.`);
+  return { text, a, b };
+}
+
+/** Replaces what lies between `<!-- bench -->` and `<!-- /bench -->` in a markdown file with `md`. */
+export function writeReadmeBlock(file: string, md: string): void {
+  const { text, a, b } = readmeBlock(file);
+  writeFileSync(file, `${text.slice(0, a + BEGIN.length)}\n${md.trim()}\n${text.slice(b)}`);
+}
+
+/** The CPU's vector extensions that decide matmul speed (Linux /proc/cpuinfo); empty elsewhere. */
+function cpuFlags(): string[] {
+  try {
+    const line = readFileSync('/proc/cpuinfo', 'utf8').split('\n').find((l) => l.startsWith('flags')) ?? '';
+    const have = new Set(line.split(':')[1]?.trim().split(/\s+/) ?? []);
+    return ['avx2', 'avx512f', 'avx512_bf16', 'amx_bf16'].filter((f) => have.has(f));
+  } catch {
+    return [];
+  }
 }
 
 export function machineLine(): string {
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
-  return `${new Date().toISOString().slice(0, 10)}, ${cpu}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB`;
+  const flags = cpuFlags();
+  return `${new Date().toISOString().slice(0, 10)}, ${cpu}${flags.length ? ` (${flags.join(', ')})` : ''}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB`;
 }
 
 export const benchCommand: CommandModule<object, Args> = {
@@ -38,8 +71,10 @@ export const benchCommand: CommandModule<object, Args> = {
       .option('json', { type: 'boolean', describe: 'print JSON only' })
       .option('quick', { type: 'boolean', describe: 'smaller sizes (all benchmarks in ~2 minutes on 2 cores)' })
       .option('out', { type: 'string', describe: 'also write the JSON report here (and the table to FILE.md)' })
+      .option('readme', { type: 'string', describe: 'replace the tables between <!-- bench --> and <!-- /bench --> in this markdown file (README.md)' })
       .option('model', { type: 'string', describe: 'a model folder instead of the generated small preset' }) as never,
   handler: async (a) => {
+    if (a.readme) readmeBlock(a.readme); // a bad file fails now, not after the benchmarks
     const kinds = a.kind ? [a.kind] : Object.keys(KINDS);
     const log = (s: string) => process.stderr.write(`[bench] ${s}\n`);
     const reports: BenchReport[] = [];
@@ -66,6 +101,7 @@ export const benchCommand: CommandModule<object, Args> = {
       writeFileSync(a.out, JSON.stringify(doc, null, 2) + '\n');
       writeFileSync(a.out.replace(/\.json$/, '') + '.md', md);
     }
+    if (a.readme) writeReadmeBlock(a.readme, md);
     print(a.json ? JSON.stringify(doc, null, 2) : md);
   },
 };
