@@ -49,6 +49,18 @@ export function findPython(): { executable: string; version: string } | { error:
   return { error: 'python3 not found: install it (apt-get install python3) for the Python sandbox.' };
 }
 
+/**
+ * bfloat16 on a CPU without a native bf16 matmul path (AVX-512 BF16 / AMX) is emulated and can be an
+ * order of magnitude slower than float32; say so, with the setting that avoids it.
+ */
+export function bf16Advice(o: { cuda: boolean; f32Gflops: number; bf16Gflops: number }): string | null {
+  if (!(o.bf16Gflops > 0 && o.f32Gflops > 0) || o.bf16Gflops >= 0.5 * o.f32Gflops) return null;
+  return (
+    `bfloat16 matmul runs at ${o.bf16Gflops.toFixed(1)} GFLOP/s here, ${(o.f32Gflops / o.bf16Gflops).toFixed(0)}x slower than float32 (${o.f32Gflops.toFixed(1)}): this CPU has no fast bfloat16 path (AVX-512 BF16 or AMX). ` +
+    `On the CPU use model.dtype: float32 (or --dtype float32)${o.cuda ? '; on CUDA devices bfloat16 is unaffected' : ''}.`
+  );
+}
+
 export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorReport> {
   const warnings: string[] = [];
   const report: DoctorReport = { binding: { error: '' }, memoryGiB: +(totalmem() / 2 ** 30).toFixed(1), warnings };
@@ -74,6 +86,8 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
     const perCore = f32 / v.threads;
     const advice = blasAdvice({ library, perThreadGflops: perCore, loadAverage: loadavg()[0], cores: availableParallelism() });
     if (advice) warnings.push(advice);
+    const bfAdvice = bf16Advice({ cuda: v.cuda, f32Gflops: f32, bf16Gflops: bf16 });
+    if (bfAdvice) warnings.push(bfAdvice);
     if (v.threads < availableParallelism()) warnings.push(`the engine uses ${v.threads} of ${availableParallelism()} cores: set SLM_TRAIN_THREADS or --threads.`);
   }
   report.python = findPython();

@@ -107,6 +107,10 @@ t.test("doctor's BLAS advice: install OpenBLAS, set the core type, or measure ag
   t.equal(blasAdvice({ library: 'OpenBLAS (libopenblasp-r0.3.21.so)', perThreadGflops: 60, ...idle }), null);
   t.match(blasAdvice({ library: 'unknown', perThreadGflops: 5, ...idle }), /reference-BLAS speed/);
   t.equal(blasAdvice({ library: 'MKL', perThreadGflops: 50, ...idle }), null);
+  const { bf16Advice } = await import('../lib/doctor.js');
+  t.match(bf16Advice({ cuda: false, f32Gflops: 65.4, bf16Gflops: 3.7 }), /bfloat16 matmul runs at 3\.7 GFLOP\/s here, 18x slower than float32.*model\.dtype: float32/);
+  t.equal(bf16Advice({ cuda: false, f32Gflops: 153, bf16Gflops: 323 }), null, 'a CPU with a fast bf16 path gets no advice');
+  t.equal(bf16Advice({ cuda: false, f32Gflops: 0, bf16Gflops: 0 }), null, 'nothing measured, nothing said');
 });
 
 t.test('bad input: clear coded errors, exit code 2, no stack trace', async (t) => {
