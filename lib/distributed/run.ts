@@ -30,7 +30,6 @@ export interface Distributed {
 export async function joinFromConfig(cfg: ResolvedConfig, log: (line: string) => void): Promise<Distributed | null> {
   const env = distEnvFrom(process.env);
   if (!env) return null;
-  if (cfg.stage === 'ppo') throw new SlmError('NOT_SUPPORTED', 'stage ppo does not run data-parallel yet (its critic warm-up and mini-batches are per process); run PPO with one process, or GRPO / SFT with several.', { path: 'stage' });
   const d = cfg.distributed;
   const cuda = cfg.model.device.startsWith('cuda');
   const device = cfg.model.device === 'cuda' ? `cuda:${env.localRank}` : cfg.model.device;

@@ -40,6 +40,9 @@ import { hashUniform, type RewardResult, type RolloutFn, type RolloutRequest, ty
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { mean, rolloutMetrics } from './rollout-metrics.js';
+import { shardRange } from '../distributed/data-parallel.js';
+import { gatherRollouts } from '../distributed/gather.js';
+import type { Shard } from '../distributed/run.js';
 
 export interface PpoDeps<Q> {
   rollout: RolloutFn<Q>;
@@ -99,6 +102,13 @@ export interface PpoOptions {
   stopAfter?: number;
   /** Called after each step's metrics row (awaited: e.g. an evaluation every N steps). */
   onStep?: (row: Record<string, unknown>) => void | Promise<void>;
+  /**
+   * Data-parallel rank (lib/distributed): this process rolls out its share of each step's questions
+   * and computes their values and log-probs; the prepared episodes are gathered so that every rank
+   * computes the same advantages (whitening over the global batch) and walks the same mini-batches,
+   * training on the members it rolled out (the model's trainStep all-reduces the gradients).
+   */
+  shard?: Shard;
   /** Sees every step's prepared batch before the update (tests, debugging). */
   onBatch?: (info: PpoStepInfo) => void | Promise<void>;
   /** Where the steps' progress bar goes (default: none). */
@@ -160,6 +170,55 @@ async function byTemperature(rows: Int32Array[], temps: number[], fn: (rows: Int
  * whitening. Episodes without a trained token (index 0 never is: nothing predicts it) are left out.
  */
 export async function ppoPrepare(model: Model, episodes: TrainEpisode[], scores: number[], o: PpoPrepareOptions): Promise<{ kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] }> {
+  return ppoAdvantagesFor(await ppoForward(model, episodes, o), scores, o);
+}
+
+/** The model's part of step 3 for the episodes with a trained token (`kept`): per-token arrays, 0 off the mask. */
+export interface PpoForward {
+  kept: number[];
+  sequences: Int32Array[];
+  masks: Uint8Array[];
+  temperature: number[];
+  oldLogprobs: Float32Array[];
+  oldValues: Float32Array[];
+  refLogprobs?: Float32Array[];
+}
+
+/** Step 4 (token rewards, GAE, whitening over every kept episode) for prepared episodes; `scores` by episode index. */
+export function ppoAdvantagesFor(f: PpoForward, scores: number[], o: Pick<PpoPrepareOptions, 'gamma' | 'lam' | 'whiten' | 'klCoef' | 'klIn' | 'klEstimator'>): { kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] } {
+  const { kept, sequences, masks, temperature, oldLogprobs, oldValues, refLogprobs } = f;
+  const adv = ppoAdvantages(
+    kept.map((i, j) => ({ mask: masks[j], score: scores[i], logprobs: oldLogprobs[j], refLogprobs: refLogprobs?.[j], values: oldValues[j] })),
+    { gamma: o.gamma, lam: o.lam, whiten: o.whiten, klCoef: o.klIn === 'reward' ? o.klCoef : 0, klEstimator: o.klEstimator },
+  );
+  return { kept, refLogprobs, adv, batch: { sequences, masks, oldLogprobs, temperature, advantages: adv.advantages, returns: adv.returns, oldValues } };
+}
+
+/** Every rank's PpoForward, in rank order (= the global batch's order), with `kept` as global episode indices. */
+async function gatherForward(shard: Shard, f: PpoForward, offset: number): Promise<PpoForward> {
+  const rows = (xs: ArrayLike<number>[]) => xs.map((x) => Array.from(x));
+  const all = await shard.allGather({
+    kept: f.kept.map((i) => i + offset),
+    sequences: rows(f.sequences),
+    masks: rows(f.masks),
+    temperature: f.temperature,
+    oldLogprobs: rows(f.oldLogprobs),
+    oldValues: rows(f.oldValues),
+    refLogprobs: f.refLogprobs ? rows(f.refLogprobs) : null,
+  });
+  const cat = <T>(pick: (r: (typeof all)[number]) => number[][], Ctor: { from(x: number[]): T }) => all.flatMap((r) => pick(r).map((x) => Ctor.from(x)));
+  return {
+    kept: all.flatMap((r) => r.kept),
+    sequences: cat((r) => r.sequences, Int32Array),
+    masks: cat((r) => r.masks, Uint8Array),
+    temperature: all.flatMap((r) => r.temperature),
+    oldLogprobs: cat((r) => r.oldLogprobs, Float32Array),
+    oldValues: cat((r) => r.oldValues, Float32Array),
+    refLogprobs: all[0].refLogprobs ? cat((r) => r.refLogprobs as number[][], Float32Array) : undefined,
+  };
+}
+
+async function ppoForward(model: Model, episodes: TrainEpisode[], o: PpoPrepareOptions): Promise<PpoForward> {
   const masks = episodes.map((e) => {
     const m = Uint8Array.from(e.lossMask, (x) => (x ? 1 : 0));
     if (m.length) m[0] = 0;
@@ -174,11 +233,7 @@ export async function ppoPrepare(model: Model, episodes: TrainEpisode[], scores:
     : kept.map((i, j) => Float32Array.from(episodes[i].logprobs, (x, t) => (keptMasks[j][t] ? x : 0)));
   const oldValues = await model.values(sequences, keptMasks);
   const refLogprobs = o.klCoef > 0 && o.klIn === 'reward' ? await byTemperature(sequences, temperature, (r, t) => model.referenceLogprobs(r, t)) : undefined;
-  const adv = ppoAdvantages(
-    kept.map((i, j) => ({ mask: keptMasks[j], score: scores[i], logprobs: oldLogprobs[j], refLogprobs: refLogprobs?.[j], values: oldValues[j] })),
-    { gamma: o.gamma, lam: o.lam, whiten: o.whiten, klCoef: o.klIn === 'reward' ? o.klCoef : 0, klEstimator: o.klEstimator },
-  );
-  return { kept, refLogprobs, adv, batch: { sequences, masks: keptMasks, oldLogprobs, temperature, advantages: adv.advantages, returns: adv.returns, oldValues } };
+  return { kept, sequences, masks: keptMasks, temperature, oldLogprobs, oldValues, refLogprobs };
 }
 
 export interface PpoUpdateOptions {
@@ -202,6 +257,12 @@ export interface PpoUpdateOptions {
   maxGradNorm: number;
   microBatch?: number;
   checkpoint: boolean;
+  /**
+   * Data-parallel: which of the batch's episodes this rank trains on (the others' gradients come from
+   * their ranks through the all-reduce). Every rank walks the same mini-batches and takes part in
+   * every step, with or without members of its own.
+   */
+  mine?: (i: number) => boolean;
 }
 
 /** Step 5: `epochs` passes of seeded mini-batches, one native train step (policy + value loss) each. */
@@ -212,7 +273,7 @@ export async function ppoUpdate(model: Model, b: PpoBatch, o: PpoUpdateOptions):
   for (let e = 0; e < o.epochs; e++) {
     const order = permutation(N, o.seed, e);
     for (let s = 0, k = 0; s < N; s += mb, k++) {
-      const idx = order.slice(s, s + mb);
+      const idx = order.slice(s, s + mb).filter((i) => !o.mine || o.mine(i));
       const pick = <T>(xs: T[]) => idx.map((i) => xs[i]);
       native().manualSeed(o.seed * 1000003 + e * 7919 + k);
       stats.push(
@@ -289,12 +350,16 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
     while (state.step < o.steps) {
       if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
       const order = permutation(questions.length, o.seed, state.epoch);
-      const qs = order.slice(state.batchInEpoch * o.questionsPerStep, (state.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
+      const stepQs = order.slice(state.batchInEpoch * o.questionsPerStep, (state.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
+      // This rank's share (all of it in one process); temperatures and seeds by the global index.
+      const [q0, q1] = o.shard ? shardRange(stepQs.length, o.shard.rank, o.shard.world) : [0, stepQs.length];
+      const qs = stepQs.slice(q0, q1);
+      const offset = q0 * n; // the global index of this rank's first episode
       // 1. rollouts
       const t0 = performance.now();
       const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
       const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
-        Array.from({ length: n }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, qi, j), seed: o.seed * 7919 + state.step * 1009 + qi * n + j })),
+        Array.from({ length: n }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, q0 + qi, j), seed: o.seed * 7919 + state.step * 1009 + (q0 + qi) * n + j })),
       );
       bar.set({ detail: `rollouts 0/${reqs.length}` });
       const episodes = await deps.rollout(reqs, (done, total) => bar.set({ detail: `rollouts ${done}/${total}` }));
@@ -310,7 +375,7 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
       const t2 = performance.now();
       native().manualSeed(o.seed * 1000003 + state.step * 31 + 17);
       const scores = rewards.map((r) => r.total);
-      const prep = await ppoPrepare(model, episodes, scores, {
+      const prepOpts: PpoPrepareOptions = {
         gamma: o.gamma ?? 1,
         lam: o.lam ?? 1,
         whiten: o.whiten ?? true,
@@ -319,7 +384,12 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
         klEstimator,
         recomputeOldLogprobs: o.recomputeOldLogprobs ?? false,
         checkpoint,
-      });
+      };
+      // Each rank's forward passes cover its own episodes; the advantages (whitened over the whole
+      // batch) are computed from every rank's, identically on every rank.
+      const fwd = await ppoForward(model, episodes, prepOpts);
+      const allScores = o.shard ? (await o.shard.allGather(scores)).flat() : scores;
+      const prep = ppoAdvantagesFor(o.shard ? await gatherForward(o.shard, fwd, offset) : fwd, allScores, prepOpts);
       const tPrepare = (performance.now() - t2) / 1e3;
       await o.onBatch?.({ step: state.step + 1, episodes, kept: prep.kept, scores, refLogprobs: prep.refLogprobs, adv: prep.adv, batch: prep.batch });
       // 5. update
@@ -349,14 +419,35 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
           maxGradNorm: o.maxGradNorm ?? 1,
           microBatch: o.microBatch,
           checkpoint,
+          mine: o.shard ? (i) => prep.kept[i] >= offset && prep.kept[i] < offset + episodes.length : undefined,
         });
       }
       const tTrain = (performance.now() - t3) / 1e3;
       // 6. logs
-      const totals = scores;
+      const totals = allScores;
+      const pos = new Map(prep.kept.map((g, j) => [g, j]));
+      const firstTrained = (m: Uint8Array) => m.findIndex((x) => x === 1);
+      const { masks, oldValues } = prep.batch;
+      const lines = episodes.map((e, i) => {
+        const j = pos.get(offset + i);
+        const f = j === undefined ? -1 : firstTrained(masks[j]);
+        return JSON.stringify({
+          step: state.step + 1,
+          question: reqs[i].question,
+          temperature: e.temperature,
+          answer: e.answer,
+          reward: rewards[i].total,
+          parts: rewards[i].parts,
+          ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}),
+          value: f >= 0 ? oldValues[j!][f] : null,
+          return: f >= 0 ? prep.adv.returns[j!][f] : null,
+          turns: e.turns,
+          ...e.record,
+        });
+      });
+      const all = o.shard ? await gatherRollouts(o.shard, episodes, rewards, [], [], lines) : { episodes, rewards, lines };
       const done = stats.filter((s) => !s.skipped);
       const sm = (k: keyof NativeTrainStats) => (done.length ? mean(done.map((s) => s[k] as number)) : undefined);
-      const { masks, oldValues } = prep.batch;
       const v = maskedStats(oldValues, masks);
       const ret = maskedStats(prep.adv.returns, masks);
       const resid = maskedStats(
@@ -370,9 +461,9 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
         lr: warm ? 0 : lr,
         critic_lr: valueLr,
         critic_warmup: warm || undefined,
-        ...rolloutMetrics(episodes, rewards),
+        ...rolloutMetrics(all.episodes, all.rewards),
         episodes_trained: prep.kept.length,
-        episodes_empty: episodes.length - prep.kept.length || undefined,
+        episodes_empty: all.episodes.length - prep.kept.length || undefined,
         kl: klIn === 'reward' ? prep.adv.klMean : sm('kl'),
         kl_coef: klCoef,
         values_mean: v.mean,
@@ -399,30 +490,8 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
       bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
       await o.onStep?.(row);
       rewardsByStep.push(mean(totals));
-      const pos = new Map(prep.kept.map((i, j) => [i, j]));
-      const firstTrained = (m: Uint8Array) => m.findIndex((x) => x === 1);
-      appendFileSync(
-        join(run.dir, 'trajectories.jsonl'),
-        episodes
-          .map((e, i) => {
-            const j = pos.get(i);
-            const f = j === undefined ? -1 : firstTrained(masks[j]);
-            return JSON.stringify({
-              step: state.step + 1,
-              question: reqs[i].question,
-              temperature: e.temperature,
-              answer: e.answer,
-              reward: rewards[i].total,
-              parts: rewards[i].parts,
-              ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}),
-              value: f >= 0 ? oldValues[j!][f] : null,
-              return: f >= 0 ? prep.adv.returns[j!][f] : null,
-              turns: e.turns,
-              ...e.record,
-            });
-          })
-          .join('\n') + '\n',
-      );
+      // Rank 0 records every rank's episodes, in the global batch's order.
+      if (!o.shard || o.shard.rank === 0) appendFileSync(join(run.dir, 'trajectories.jsonl'), all.lines.join('\n') + '\n');
       const next = state.batchInEpoch + 1;
       state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
       ranHere++;
