@@ -159,6 +159,7 @@ export const CONFIG_SCHEMA: Schema = {
       vf_coef: num(0.5, { minimum: 0 }),
       value_clip: num(0.5, { exclusiveMinimum: 0 }),
       whiten: bool(true, 'whiten PPO advantages over the batch (verl)'),
+      mini_batch: int(0, { minimum: 0 }, "PPO: episodes per optimizer step (verl ppo_mini_batch_size; Search-R1: half the batch); 0 = all of the step's episodes"),
     }),
     optim: section({
       lr: num(1e-4, { exclusiveMinimum: 0 }),

@@ -118,6 +118,7 @@ export interface AlgorithmConfig {
   vf_coef: number;
   value_clip: number;
   whiten: boolean;
+  mini_batch: number;
 }
 
 export interface OptimConfig {

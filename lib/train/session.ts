@@ -404,6 +404,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
           ...rl,
           n: cfg.rollout.k,
           ppoEpochs: cfg.algorithm.inner_epochs,
+          miniBatch: cfg.algorithm.mini_batch || undefined,
           gamma: a.gamma,
           lam: a.lam,
           whiten: a.whiten,
