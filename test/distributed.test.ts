@@ -119,6 +119,22 @@ t.test('a rank that dies stops the others with DISTRIBUTED_FAILED, not a hang', 
   t.ok(ranks[0].ms < 60_000, `within the timeout's reach (${ranks[0].ms} ms)`);
 });
 
+/** Max |difference| between two trained adapters of the tiny model, and the largest |value| of the first. */
+async function compareAdapters(one: string, two: string): Promise<{ maxDiff: number; norm: number }> {
+  const a = await Model.load(model, { adapter: one });
+  const b = await Model.load(model, { adapter: two });
+  try {
+    const [wa, wb] = [a.trainable(), b.trainable()];
+    let maxDiff = 0;
+    let norm = 0;
+    for (const [k, v] of Object.entries(wa)) for (let i = 0; i < v.length; i++) (maxDiff = Math.max(maxDiff, Math.abs(v[i] - wb[k][i]))), (norm = Math.max(norm, Math.abs(v[i])));
+    return { maxDiff, norm };
+  } finally {
+    a.dispose();
+    b.dispose();
+  }
+}
+
 const jsonl = (f: string) => readFileSync(f, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
 
 t.test('slm-train train --nproc 2: SFT over two Gloo ranks writes the adapter one process writes', { skip }, async (t) => {
@@ -137,13 +153,7 @@ t.test('slm-train train --nproc 2: SFT over two Gloo ranks writes the adapter on
   t.match(two.stderr, /\[rank 1\] .*distributed: rank 1\/2 joined \(gloo/, 'rank 1 joined the Gloo group');
   t.match(JSON.parse(two.stdout), { stage: 'sft', steps: 2 }, 'rank 0 prints the result (once)');
   t.equal(two.stdout.trim().split('\n').length, 1);
-  const a = await Model.load(model, { adapter: join(runs, 'one', 'adapter') });
-  const b = await Model.load(model, { adapter: join(runs, 'two', 'adapter') });
-  t.teardown(() => (a.dispose(), b.dispose()));
-  const [wa, wb] = [a.trainable(), b.trainable()];
-  let maxDiff = 0;
-  let norm = 0;
-  for (const [k, v] of Object.entries(wa)) for (let i = 0; i < v.length; i++) (maxDiff = Math.max(maxDiff, Math.abs(v[i] - wb[k][i]))), (norm = Math.max(norm, Math.abs(v[i])));
+  const { maxDiff, norm } = await compareAdapters(join(runs, 'one', 'adapter'), join(runs, 'two', 'adapter'));
   t.ok(norm > 0, 'the adapter was trained');
   t.ok(maxDiff <= 1e-6, `adapters equal within 1e-6 (max |diff| ${maxDiff})`);
   const m1 = jsonl(join(runs, 'one', 'metrics.jsonl'));
@@ -209,12 +219,7 @@ t.test('slm-train train --nproc 2: GRPO with the Python sandbox, each rank rolli
   const q = (f: string) => jsonl(f).map((x) => JSON.stringify([x.step, x.question.id, x.temperature, x.reward, x.messages]));
   t.same(q(join(runs, 'two', 'trajectories.jsonl')), q(join(runs, 'one', 'trajectories.jsonl')), 'the same episodes, in the same order');
   t.notOk(existsSync(join(runs, 'two', 'ranks', 'rank-1', 'trajectories.jsonl')), 'rank 1 writes no trajectories of its own');
-  const a = await Model.load(model, { adapter: join(runs, 'one', 'adapter') });
-  const b = await Model.load(model, { adapter: join(runs, 'two', 'adapter') });
-  t.teardown(() => (a.dispose(), b.dispose()));
-  const [wa, wb] = [a.trainable(), b.trainable()];
-  let maxDiff = 0;
-  for (const [k, v] of Object.entries(wa)) for (let i = 0; i < v.length; i++) maxDiff = Math.max(maxDiff, Math.abs(v[i] - wb[k][i]));
+  const { maxDiff } = await compareAdapters(join(runs, 'one', 'adapter'), join(runs, 'two', 'adapter'));
   t.ok(maxDiff <= 1e-6, `adapters equal within 1e-6 (max |diff| ${maxDiff})`);
 });
 
@@ -252,12 +257,7 @@ t.test('slm-train train --nproc 2: PPO (tags, critic, whitening over the global 
   }
   const q = (f: string) => jsonl(f).map((x) => JSON.stringify([x.step, x.question.id, x.temperature, x.reward, x.messages]));
   t.same(q(join(runs, 'two', 'trajectories.jsonl')), q(join(runs, 'one', 'trajectories.jsonl')), 'the same episodes, in the same order');
-  const a = await Model.load(model, { adapter: join(runs, 'one', 'adapter') });
-  const b = await Model.load(model, { adapter: join(runs, 'two', 'adapter') });
-  t.teardown(() => (a.dispose(), b.dispose()));
-  const [wa, wb] = [a.trainable(), b.trainable()];
-  let maxDiff = 0;
-  for (const [k, v] of Object.entries(wa)) for (let i = 0; i < v.length; i++) maxDiff = Math.max(maxDiff, Math.abs(v[i] - wb[k][i]));
+  const { maxDiff } = await compareAdapters(join(runs, 'one', 'adapter'), join(runs, 'two', 'adapter'));
   // Two steps of two updates at lr 0.01 after forward passes over differently padded batches (4 and
   // 2 rows against 6): float32 rounding reaches the adapter at ~1e-6 (7.7e-7 measured); the single
   // optimizer step above is the exact check.

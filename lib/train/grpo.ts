@@ -20,7 +20,7 @@ import type { LoraSpec } from '../engine/adapter.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
-import { mean, rolloutMetrics } from './rollout-metrics.js';
+import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
 import { shardRange } from '../distributed/data-parallel.js';
 import { gatherRollouts } from '../distributed/gather.js';
 import type { Shard } from '../distributed/run.js';
@@ -190,7 +190,7 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
       }
       const tTrain = (performance.now() - t2) / 1e3;
       // 5. logs
-      const lines = episodes.map((e, i) => JSON.stringify({ step: state.step + 1, question: reqs[i].question, temperature: e.temperature, answer: e.answer, reward: rewards[i].total, parts: rewards[i].parts, ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}), advantage: adv[i], turns: e.turns, ...e.record }));
+      const lines = episodes.map((e, i) => trajectoryLine(state.step + 1, reqs[i].question, e, rewards[i], { advantage: adv[i] }));
       const all = o.shard ? await gatherRollouts(o.shard, episodes, rewards, keep.map((i) => adv[i] as number), skipped, lines) : { episodes, rewards, kept: keep.map((i) => adv[i] as number), skipped, lines };
       const totals = all.rewards.map((r) => r.total);
       const kept = all.kept;

@@ -39,7 +39,7 @@ import { Progress, type ProgressTo } from '../util/progress.js';
 import { hashUniform, type RewardResult, type RolloutFn, type RolloutRequest, type TrainEpisode } from './grpo.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
-import { mean, rolloutMetrics } from './rollout-metrics.js';
+import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
 import { shardRange } from '../distributed/data-parallel.js';
 import { gatherRollouts } from '../distributed/gather.js';
 import type { Shard } from '../distributed/run.js';
@@ -431,19 +431,7 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
       const lines = episodes.map((e, i) => {
         const j = pos.get(offset + i);
         const f = j === undefined ? -1 : firstTrained(masks[j]);
-        return JSON.stringify({
-          step: state.step + 1,
-          question: reqs[i].question,
-          temperature: e.temperature,
-          answer: e.answer,
-          reward: rewards[i].total,
-          parts: rewards[i].parts,
-          ...(rewards[i].errors && Object.keys(rewards[i].errors!).length ? { reward_errors: rewards[i].errors } : {}),
-          value: f >= 0 ? oldValues[j!][f] : null,
-          return: f >= 0 ? prep.adv.returns[j!][f] : null,
-          turns: e.turns,
-          ...e.record,
-        });
+        return trajectoryLine(state.step + 1, reqs[i].question, e, rewards[i], { value: f >= 0 ? oldValues[j!][f] : null, return: f >= 0 ? prep.adv.returns[j!][f] : null });
       });
       const all = o.shard ? await gatherRollouts(o.shard, episodes, rewards, [], [], lines) : { episodes, rewards, lines };
       const done = stats.filter((s) => !s.skipped);

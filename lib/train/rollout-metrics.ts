@@ -5,6 +5,12 @@
  */
 import type { RewardResult, TrainEpisode } from './grpo.js';
 
+/** One trajectories.jsonl row of a training step (GRPO adds the advantage, PPO the value and return). */
+export function trajectoryLine(step: number, question: unknown, e: TrainEpisode, r: RewardResult, extra: Record<string, unknown>): string {
+  const errors = r.errors && Object.keys(r.errors).length ? { reward_errors: r.errors } : {};
+  return JSON.stringify({ step, question, temperature: e.temperature, answer: e.answer, reward: r.total, parts: r.parts, ...errors, ...extra, turns: e.turns, ...e.record });
+}
+
 export function mean(xs: number[]): number {
   return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN;
 }
