@@ -114,7 +114,9 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
     model: { ...base.model, adapter: join(paths.runs, 'sft', 'adapter') },
     rollout: { k: 8, batch_questions: 4, temperature: 1 },
     algorithm: { std: 'group', fallbacks: { all_failed: 'skip', zero_variance: 'skip' } },
-    optim: { lr: 1e-3 },
+    // 1e-3 drove the policy's entropy from 0.6 to 2.5 in 20 steps and greedy decoding stopped answering;
+    // 3e-4 keeps the SFT format (measured on the 2026-11-23 demo: answered 100 %, F1 0.1 -> 9.2 %).
+    optim: { lr: 3e-4 },
     train: { steps: o.grpoSteps ?? 20, seed, checkpoint_every: 0 },
     run: { ...base.run, name: 'grpo' },
   });
