@@ -113,6 +113,34 @@ export function hashUniform(...xs: number[]): number {
   return (h >>> 0) / 4294967296;
 }
 
+/**
+ * The end of an RL step, shared by GRPO and PPO: the metrics row (logged, shown, handed to onStep),
+ * the trajectories (rank 0 records every rank's, in the global batch's order), the data position
+ * advanced, and a checkpoint every `checkpointEvery` steps. Returns the new state.
+ */
+export async function endStep(c: {
+  model: Model;
+  run: RunFolder;
+  bar: Progress;
+  row: Record<string, unknown>;
+  lines: string[];
+  state: TrainState;
+  perEpoch: number;
+  shard?: Shard;
+  onStep?: (row: Record<string, unknown>) => void | Promise<void>;
+  checkpointEvery?: number;
+}): Promise<TrainState> {
+  const { row, state } = c;
+  c.run.logMetrics(row);
+  c.bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
+  await c.onStep?.(row);
+  if (!c.shard || c.shard.rank === 0) appendFileSync(join(c.run.dir, 'trajectories.jsonl'), c.lines.join('\n') + '\n');
+  const next = state.batchInEpoch + 1;
+  const after = { ...state, step: state.step + 1, epoch: next >= c.perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= c.perEpoch ? 0 : next };
+  if (c.checkpointEvery && after.step % c.checkpointEvery === 0) await c.run.saveCheckpoint(c.model, after);
+  return after;
+}
+
 export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: GrpoDeps<Q>, o: GrpoOptions): Promise<{ steps: number; meanReward: number[] }> {
   const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
   const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? o.steps };
@@ -217,16 +245,9 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
         time_train_s: tTrain,
         time_step_s: (performance.now() - t0) / 1e3,
       };
-      run.logMetrics(row);
-      bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
-      await o.onStep?.(row);
       rewardsByStep.push(mean(totals));
-      // Rank 0 records every rank's episodes, in the global batch's order.
-      if (!o.shard || o.shard.rank === 0) appendFileSync(join(run.dir, 'trajectories.jsonl'), all.lines.join('\n') + '\n');
-      const next = state.batchInEpoch + 1;
-      state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
+      state = await endStep({ model, run, bar, row, lines: all.lines, state, perEpoch, shard: o.shard, onStep: o.onStep, checkpointEvery: o.checkpointEvery });
       ranHere++;
-      if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
     }
   } finally {
     bar.stop();

@@ -27,8 +27,6 @@
  * finite, moderate values there (ppoPrepare writes 0), or an overflow would make the loss NaN and
  * skip the step.
  */
-import { appendFileSync } from 'node:fs';
-import { join } from 'node:path';
 import type { Model } from '../engine/model.js';
 import { native } from '../engine/runtime.js';
 import type { LoraSpec } from '../engine/adapter.js';
@@ -36,7 +34,7 @@ import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
 import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './advantages.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
-import { hashUniform, type RewardResult, type RolloutFn, type RolloutRequest, type TrainEpisode } from './grpo.js';
+import { endStep, hashUniform, type RewardResult, type RolloutFn, type RolloutRequest, type TrainEpisode } from './grpo.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
@@ -474,16 +472,9 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
         time_train_s: tTrain,
         time_step_s: (performance.now() - t0) / 1e3,
       };
-      run.logMetrics(row);
-      bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
-      await o.onStep?.(row);
       rewardsByStep.push(mean(totals));
-      // Rank 0 records every rank's episodes, in the global batch's order.
-      if (!o.shard || o.shard.rank === 0) appendFileSync(join(run.dir, 'trajectories.jsonl'), all.lines.join('\n') + '\n');
-      const next = state.batchInEpoch + 1;
-      state = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
+      state = await endStep({ model, run, bar, row, lines: all.lines, state, perEpoch, shard: o.shard, onStep: o.onStep, checkpointEvery: o.checkpointEvery });
       ranHere++;
-      if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
     }
   } finally {
     bar.stop();
