@@ -6,9 +6,9 @@
  * ceiling a one-threaded server can reach), so the cost of HTTP and JSON is visible.
  */
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
+import { packageRoot } from '../lib/binding/index.js';
+import { SlmError } from '../lib/errors.js';
 import { summarize, type Latency } from './sandbox.js';
 
 export interface LoadLevel extends Latency {
@@ -17,15 +17,9 @@ export interface LoadLevel extends Latency {
   errors: number;
 }
 
-function cliPath(): string {
-  let d = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(d, 'package.json')) && dirname(d) !== d) d = dirname(d);
-  return join(d, 'bin', 'slm-train.js');
-}
-
 /** Starts `slm-train serve-retriever --index DIR --port 0` and resolves with its URL and a stop function. */
 async function startServer(indexDir: string): Promise<{ url: string; stop: () => Promise<void> }> {
-  const p = spawn(process.execPath, [cliPath(), 'serve-retriever', '--index', indexDir, '--port', '0', '--topk', '3'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const p = spawn(process.execPath, [join(packageRoot(), 'bin', 'slm-train.js'), 'serve-retriever', '--index', indexDir, '--port', '0', '--topk', '3'], { stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';
   p.stderr.on('data', (c) => (err += c));
   const url = await new Promise<string>((resolve, reject) => {
@@ -35,9 +29,16 @@ async function startServer(indexDir: string): Promise<{ url: string; stop: () =>
       const m = /on (http:\/\/\S+\/retrieve)/.exec(out);
       if (m) resolve(m[1]);
     });
-    p.on('exit', (code) => reject(new Error(`serve-retriever exited ${code}: ${err.slice(-500)}`)));
+    p.on('error', (e) => reject(new SlmError('RETRIEVER_UNAVAILABLE', `bench: could not start slm-train serve-retriever: ${e.message}`)));
+    p.on('exit', (code) => reject(new SlmError('RETRIEVER_UNAVAILABLE', `bench: slm-train serve-retriever exited with code ${code} before serving: ${err.slice(-500)}`)));
   });
-  return { url, stop: () => new Promise<void>((r) => { p.once('exit', () => r()); p.kill('SIGTERM'); }) };
+  const stop = () =>
+    new Promise<void>((r) => {
+      if (p.exitCode !== null || p.signalCode !== null) return r();
+      p.once('exit', () => r());
+      p.kill('SIGTERM');
+    });
+  return { url, stop };
 }
 
 export async function loadTest(indexDir: string, queries: string[], o: { levels: number[]; seconds: number; log?: (s: string) => void }): Promise<LoadLevel[]> {

@@ -9,6 +9,7 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
 import { writeSafetensors } from '../lib/model/safetensors.js';
+import { freePort } from '../lib/distributed/launch.js';
 import { runCli, runCliAsync } from './helpers/cli.js';
 import { fixture } from './helpers/shared.js';
 
@@ -63,10 +64,7 @@ t.before(async () => {
   blocker = createServer();
   await new Promise<void>((r) => blocker.listen(0, '127.0.0.1', () => r()));
   busyPort = (blocker.address() as AddressInfo).port;
-  const closed = createServer();
-  await new Promise<void>((r) => closed.listen(0, '127.0.0.1', () => r()));
-  closedPort = (closed.address() as AddressInfo).port;
-  await new Promise<void>((r) => closed.close(() => r()));
+  closedPort = await freePort();
 });
 t.teardown(() => new Promise<void>((r) => blocker.close(() => r())));
 

@@ -4,7 +4,7 @@
 // (test/helpers/dp-worker.mjs) beside a python3 with torch.distributed (Debian's python3-torch).
 import t from 'tap';
 import { spawn } from 'node:child_process';
-import { copyFileSync, existsSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
@@ -17,6 +17,12 @@ import { fixture, repoRoot } from './helpers/shared.js';
 
 const python = process.env.SLM_TORCH_PYTHON ?? '/usr/bin/python3';
 const dir = mkdtempSync(join(tmpdir(), 'slm-dist-'));
+// Rank processes still running when the file ends (a test failed or timed out) are killed; the folder goes.
+const ranks = new Set<ReturnType<typeof spawn>>();
+t.teardown(() => {
+  for (const p of ranks) p.kill('SIGKILL');
+  rmSync(dir, { recursive: true, force: true });
+});
 const model = join(dir, 'model');
 initModel({ preset: 'tiny', out: model, seed: 3 });
 const lora = { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'v_proj', 'o_proj', 'down_proj'] };
@@ -61,9 +67,10 @@ function runRanks(spec: Record<string, unknown>, world = 2): Promise<Array<{ cod
           env: { ...process.env, RANK: String(rank), WORLD_SIZE: String(world), LOCAL_RANK: String(rank), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port) },
           stdio: ['ignore', 'inherit', 'pipe'],
         });
+        ranks.add(p);
         let stderr = '';
         p.stderr.on('data', (d) => (stderr += d));
-        return new Promise<{ code: number | null; stderr: string; ms: number }>((res) => p.on('exit', (code) => res({ code, stderr, ms: Date.now() - t0 })));
+        return new Promise<{ code: number | null; stderr: string; ms: number }>((res) => p.on('exit', (code) => (ranks.delete(p), res({ code, stderr, ms: Date.now() - t0 }))));
       }),
     );
   });

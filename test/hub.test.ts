@@ -16,6 +16,7 @@ import { Corpus } from '../lib/retrieval/corpus.js';
 import { loadQuestions } from '../lib/train/session.js';
 import { runCliAsync } from './helpers/cli.js';
 import { FakeHub } from './helpers/hub-server.js';
+import { freePort } from '../lib/distributed/launch.js';
 import { fixture, repoRoot } from './helpers/shared.js';
 
 const tmp = t.testdir();
@@ -159,10 +160,7 @@ t.test('a repository that does not exist: HUB_NOT_FOUND with the URL tried and w
 });
 
 t.test('an unreachable endpoint fails fast with HUB_UNREACHABLE; a silent one after the timeout, not a hang', async (t) => {
-  const closed = createServer();
-  await new Promise<void>((r) => closed.listen(0, '127.0.0.1', () => r()));
-  const port = (closed.address() as AddressInfo).port;
-  await new Promise<void>((r) => closed.close(() => r()));
+  const port = await freePort();
   const t0 = Date.now();
   await t.rejects(localDataFiles('hf:sr1/nq', { endpoint: `http://127.0.0.1:${port}`, cacheDir: freshCache(), attempts: 2 }), {
     code: 'HUB_UNREACHABLE',

@@ -124,6 +124,12 @@ t.test('Search-R1 documents: contents split at the first newline; text/title doc
 });
 
 type Handler = (req: import('node:http').IncomingMessage, body: unknown, res: import('node:http').ServerResponse, n: number) => void;
+// Every fake server still open when the file ends (a failed assertion skips its close) is closed then.
+const open = new Set<Server>();
+t.teardown(() => {
+  for (const s of open) (s.closeAllConnections(), s.close());
+});
+
 async function serve(h: Handler): Promise<{ url: string; hits: () => number; close: () => Promise<void> }> {
   let n = 0;
   const s: Server = createServer((req, res) => {
@@ -132,10 +138,11 @@ async function serve(h: Handler): Promise<{ url: string; hits: () => number; clo
     req.on('end', () => h(req, raw ? JSON.parse(raw) : null, res, ++n));
   });
   await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
+  open.add(s);
   return {
     url: `http://127.0.0.1:${(s.address() as AddressInfo).port}/retrieve`,
     hits: () => n,
-    close: () => new Promise<void>((r) => { s.closeAllConnections(); s.close(() => r()); }),
+    close: () => new Promise<void>((r) => { open.delete(s); s.closeAllConnections(); s.close(() => r()); }),
   };
 }
 
@@ -211,6 +218,7 @@ t.test('slm-train serve-retriever: a real process on loopback, and PORT_IN_USE',
   t.ok(got.some((g) => g.page_id === pages[3].id), 'a page found by its title');
   const port = new URL(url).port;
   const taken = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve-retriever', '--corpus', corpus, '--port', port], { stdio: ['ignore', 'pipe', 'pipe'] });
+  t.teardown(() => taken.kill('SIGKILL'));
   let err = '';
   taken.stderr.on('data', (c) => (err += c));
   const code = await new Promise<number | null>((r) => taken.on('exit', r));

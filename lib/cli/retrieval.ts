@@ -9,7 +9,7 @@ import { SlmError } from '../errors.js';
 import { Corpus } from '../retrieval/corpus.js';
 import { DEFAULT_PARAMS, SearchIndex, embedderFor, type IndexKind } from '../retrieval/index.js';
 import { createSandbox } from '../sandbox/index.js';
-import { RetrieverServer } from '../retrieval/server.js';
+import { MAX_TOPK, RetrieverServer } from '../retrieval/server.js';
 import { phasedProgress, progressLog } from '../util/progress.js';
 import { print, untilSignal } from './common.js';
 
@@ -169,7 +169,7 @@ export const serveRetrieverCommand: CommandModule<object, ServeRetrieverArgs> = 
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on (0.0.0.0 for other machines)' })
       .option('topk', { type: 'number', default: 3, describe: 'passages per query when a request gives no topk' }) as never,
   handler: async (a) => {
-    if (!Number.isInteger(a.topk) || a.topk < 1) throw new SlmError('ARGUMENT_INVALID', `--topk expects a positive integer, found ${a.topk}.`);
+    if (!Number.isInteger(a.topk) || a.topk < 1 || a.topk > MAX_TOPK) throw new SlmError('ARGUMENT_INVALID', `--topk expects an integer from 1 to ${MAX_TOPK}, found ${a.topk}.`);
     const index = await openSource(a);
     const server = new RetrieverServer({ index, port: a.port, host: a.host, topK: a.topk, log });
     const port = await server.listen();

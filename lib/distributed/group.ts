@@ -17,7 +17,7 @@ import { closeSync, existsSync, ftruncateSync, openSync, readSync, rmSync, write
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { SlmError } from '../errors.js';
+import { SlmError, describe } from '../errors.js';
 import { pythonFile } from '../sandbox/isolation.js';
 
 /** Where this process sits in the job: the torchrun variables. */
@@ -77,9 +77,6 @@ export class ProcessGroup {
   private shmBytes = 0;
   private dead: string | null = null;
   private stderr = '';
-  /** Milliseconds of each float32 all-reduce inside the sidecar, and the bytes it moved (benchmarks, logs). */
-  readonly allReduceMs: number[] = [];
-  lastAllReduceBytes = 0;
 
   private constructor(
     readonly env: DistEnv,
@@ -115,7 +112,13 @@ export class ProcessGroup {
       env: { ...process.env, RANK: String(env.rank), WORLD_SIZE: String(env.world), LOCAL_RANK: String(env.localRank), MASTER_ADDR: env.masterAddr, MASTER_PORT: String(env.masterPort) },
     });
     const g = new ProcessGroup(env, o, proc);
-    const first = await g.read(`joining the process group at ${env.masterAddr}:${env.masterPort}`, o.timeoutS + 60);
+    let first: Reply;
+    try {
+      first = await g.read(`joining the process group at ${env.masterAddr}:${env.masterPort}`, o.timeoutS + 60);
+    } catch (e) {
+      g.kill();
+      throw e;
+    }
     if (!first.ok) {
       g.kill();
       throw new SlmError(/cannot import/.test(first.error ?? '') ? 'DISTRIBUTED_UNAVAILABLE' : 'DISTRIBUTED_FAILED', `${first.error}${g.stderrTail()}`);
@@ -126,11 +129,7 @@ export class ProcessGroup {
 
   /** Sums `a` over every rank, in place; returns `a`. */
   allReduce(a: Float32Array): Promise<Float32Array> {
-    return this.withFile(a, 'all_reduce', {}).then((ms) => {
-      this.allReduceMs.push(ms);
-      this.lastAllReduceBytes = a.byteLength;
-      return a;
-    });
+    return this.withFile(a, 'all_reduce', {}).then(() => a);
   }
 
   /** Rank `src`'s `a` on every rank, in place; returns `a`. */
@@ -227,7 +226,15 @@ export class ProcessGroup {
     try {
       const next = await Promise.race([this.lines.next(), timeout]);
       if (next.done) throw new SlmError('DISTRIBUTED_FAILED', `rank ${this.rank}: ${what}: ${this.dead ?? 'the torch.distributed sidecar closed its output'}.${this.stderrTail()}`);
-      return JSON.parse(next.value) as Reply;
+      try {
+        return JSON.parse(next.value) as Reply;
+      } catch {
+        this.kill();
+        throw new SlmError(
+          'DISTRIBUTED_FAILED',
+          `rank ${this.rank}: ${what}: the torch.distributed sidecar wrote ${describe(next.value.slice(0, 200))} on its protocol channel (stdout) instead of a JSON reply; something in it prints to stdout (e.g. a library's logging). Send that output to stderr.${this.stderrTail()}`,
+        );
+      }
     } finally {
       clearTimeout(timer);
     }

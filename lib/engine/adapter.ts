@@ -9,6 +9,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { SlmError, closest, describe } from '../errors.js';
 import { readSafetensorsHeader } from '../model/safetensors.js';
+import type { NativeModelConfig } from '../binding/types.js';
 
 export const LORA_TARGETS = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
 export type LoraTarget = (typeof LORA_TARGETS)[number];
@@ -86,14 +87,7 @@ export function readAdapterConfig(dir: string, numLayers: number): { spec: LoraS
 }
 
 /** The dimensions of a model that decide its LoRA tensors' shapes (a subset of config.json). */
-export interface ProjectionDims {
-  hidden_size: number;
-  intermediate_size: number;
-  num_hidden_layers: number;
-  num_attention_heads: number;
-  num_key_value_heads: number;
-  head_dim: number;
-}
+export type ProjectionDims = Pick<NativeModelConfig, 'hidden_size' | 'intermediate_size' | 'num_hidden_layers' | 'num_attention_heads' | 'num_key_value_heads' | 'head_dim'>;
 
 /** [out_features, in_features] of a projection, and the config.json keys they come from. */
 function projection(t: LoraTarget, d: ProjectionDims): { out: number; in: number; why: [string, string] } {

@@ -265,6 +265,8 @@ export class EpisodeRunner {
     for (let round = 0; rows.length; round++) {
       const limits = rows.map((s) => Math.min(s.budget, o.maxTotalTokens - s.ids.length - s.turnIds.length));
       const maxNewTokens = Math.max(...limits);
+      // A generate call's seeds, from the runner's (or an episode's) seed, the turn and the round.
+      const callSeed = (seed: number) => (seed * 1000003 + turn * 7919 + round * 131) >>> 0;
       const t0 = performance.now();
       const res = await o.generator.generate({
         prompts: rows.map((s) => Int32Array.from(s.turnIds.length ? s.ids.concat(s.turnIds) : s.ids)),
@@ -272,8 +274,8 @@ export class EpisodeRunner {
         temperature: rows.map((s) => s.temperature),
         topP: o.topP,
         topK: o.topK,
-        seed: ((o.seed ?? 0) * 1000003 + turn * 7919 + round * 131) >>> 0,
-        ...(rows.every((s) => s.seed !== undefined) ? { rowSeeds: rows.map((s) => ((s.seed as number) * 1000003 + turn * 7919 + round * 131) >>> 0) } : {}),
+        seed: callSeed(o.seed ?? 0),
+        ...(rows.every((s) => s.seed !== undefined) ? { rowSeeds: rows.map((s) => callSeed(s.seed as number)) } : {}),
         stopTokenIds: o.tokenizer.stopTokenIds,
         stopStrings: [...o.protocol.stopStrings],
       });

@@ -17,6 +17,9 @@ import { HttpError, closeServer, listen, readBody, sendJson } from '../serve/htt
 import type { Passage } from './index.js';
 
 /** What the server needs from an index (a SearchIndex has it). */
+/** The most passages one query may ask for (the server's default maxTopK, and the CLI's --topk bound). */
+export const MAX_TOPK = 100;
+
 export interface PassageSearch {
   searchPassages(query: string, k: number): Promise<Passage[]>;
   readonly corpus?: { pages: readonly unknown[] };
@@ -67,7 +70,7 @@ export class RetrieverServer {
       const maxQ = this.o.maxQueries ?? 4096;
       if (!Array.isArray(queries) || queries.some((q) => typeof q !== 'string')) throw new HttpError(422, `queries must be a list of strings, found ${describe(queries)}`);
       if (queries.length > maxQ) throw new HttpError(422, `at most ${maxQ} queries per request, found ${queries.length}; split the batch`);
-      const maxK = this.o.maxTopK ?? 100;
+      const maxK = this.o.maxTopK ?? MAX_TOPK;
       const topk = body.topk ?? this.o.topK ?? 3;
       if (typeof topk !== 'number' || !Number.isInteger(topk) || topk < 1 || topk > maxK) throw new HttpError(422, `topk must be an integer from 1 to ${maxK}, found ${describe(body.topk)}`);
       const scores = body.return_scores ?? false;

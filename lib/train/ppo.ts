@@ -192,10 +192,11 @@ export function ppoAdvantagesFor(f: PpoForward, scores: number[], o: Pick<PpoPre
   return { kept, refLogprobs, adv, batch: { sequences, masks, oldLogprobs, temperature, advantages: adv.advantages, returns: adv.returns, oldValues } };
 }
 
-/** Every rank's PpoForward, in rank order (= the global batch's order), with `kept` as global episode indices. */
-async function gatherForward(shard: Shard, f: PpoForward, offset: number): Promise<PpoForward> {
+/** Every rank's PpoForward and scores, in rank order (= the global batch's order), with `kept` as global episode indices. */
+async function gatherForward(shard: Shard, f: PpoForward, offset: number, scores: number[]): Promise<{ forward: PpoForward; scores: number[] }> {
   const rows = (xs: ArrayLike<number>[]) => xs.map((x) => Array.from(x));
   const all = await shard.allGather({
+    scores,
     kept: f.kept.map((i) => i + offset),
     sequences: rows(f.sequences),
     masks: rows(f.masks),
@@ -205,7 +206,7 @@ async function gatherForward(shard: Shard, f: PpoForward, offset: number): Promi
     refLogprobs: f.refLogprobs ? rows(f.refLogprobs) : null,
   });
   const cat = <T>(pick: (r: (typeof all)[number]) => number[][], Ctor: { from(x: number[]): T }) => all.flatMap((r) => pick(r).map((x) => Ctor.from(x)));
-  return {
+  const forward = {
     kept: all.flatMap((r) => r.kept),
     sequences: cat((r) => r.sequences, Int32Array),
     masks: cat((r) => r.masks, Uint8Array),
@@ -214,6 +215,7 @@ async function gatherForward(shard: Shard, f: PpoForward, offset: number): Promi
     oldValues: cat((r) => r.oldValues, Float32Array),
     refLogprobs: all[0].refLogprobs ? cat((r) => r.refLogprobs as number[][], Float32Array) : undefined,
   };
+  return { forward, scores: all.flatMap((r) => r.scores) };
 }
 
 async function ppoForward(model: Model, episodes: TrainEpisode[], o: PpoPrepareOptions): Promise<PpoForward> {
@@ -386,8 +388,9 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
       // Each rank's forward passes cover its own episodes; the advantages (whitened over the whole
       // batch) are computed from every rank's, identically on every rank.
       const fwd = await ppoForward(model, episodes, prepOpts);
-      const allScores = o.shard ? (await o.shard.allGather(scores)).flat() : scores;
-      const prep = ppoAdvantagesFor(o.shard ? await gatherForward(o.shard, fwd, offset) : fwd, allScores, prepOpts);
+      const global = o.shard ? await gatherForward(o.shard, fwd, offset, scores) : { forward: fwd, scores };
+      const allScores = global.scores;
+      const prep = ppoAdvantagesFor(global.forward, allScores, prepOpts);
       const tPrepare = (performance.now() - t2) / 1e3;
       await o.onBatch?.({ step: state.step + 1, episodes, kept: prep.kept, scores, refLogprobs: prep.refLogprobs, adv: prep.adv, batch: prep.batch });
       // 5. update

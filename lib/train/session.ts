@@ -423,11 +423,12 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       await agent.model.saveAdapter(result.adapter);
       log(`adapter: ${result.adapter}`);
     }
-    try {
-      log(`report: ${await writeReport(dir)}`);
-    } catch (e) {
-      log(`report: not written (${(e as Error).message}); run \`slm-train report ${dir}\` to try again`);
-    }
+    if (lead)
+      try {
+        log(`report: ${await writeReport(dir)}`);
+      } catch (e) {
+        log(`report: not written (${(e as Error).message}); run \`slm-train report ${dir}\` to try again`);
+      }
     return result;
   } finally {
     run.close();
@@ -525,18 +526,24 @@ export async function evalQuestions(cfg: ResolvedConfig): Promise<Question[]> {
   return qs;
 }
 
-/**
- * Evaluates the agent as it is (its adapter included) on `qs`: greedy or at eval.temperature, with
- * max_turns_eval; writes trajectories.jsonl and summary.json into `dir`.
- */
+/** EM / F1 / ROUGE-L per data_source (Search-R1's datasets), when the questions name one. */
 function bySource(rows: ReadonlyArray<Record<string, unknown>>): Pick<EvalSummary, 'by_source'> {
   const groups = new Map<string, Array<Record<string, unknown>>>();
-  for (const r of rows) if (typeof r.data_source === 'string') groups.set(r.data_source, [...(groups.get(r.data_source) ?? []), r]);
+  for (const r of rows) {
+    if (typeof r.data_source !== 'string') continue;
+    const g = groups.get(r.data_source);
+    if (g) g.push(r);
+    else groups.set(r.data_source, [r]);
+  }
   if (!groups.size) return {};
   const avg = (g: Array<Record<string, unknown>>, k: string) => mean(g.map((x) => x[k] as number));
   return { by_source: Object.fromEntries([...groups].map(([k, g]) => [k, { questions: g.length, em: avg(g, 'em'), f1: avg(g, 'f1'), rouge_l: avg(g, 'rouge_l') }])) };
 }
 
+/**
+ * Evaluates the agent as it is (its adapter included) on `qs`: greedy or at eval.temperature, with
+ * max_turns_eval; writes trajectories.jsonl and summary.json into `dir`.
+ */
 export async function evaluate(
   cfg: ResolvedConfig,
   agent: Agent,

@@ -305,7 +305,7 @@ Napi::Value ModelWrap::ApplyGradients(const Napi::CallbackInfo& info) {
   auto stats = std::make_shared<slm::TrainStats>();
   return LambdaWorker::Start(
       env, "slm:applyGradients", info.This().As<Napi::Object>(),
-      [m, opt, oc, loss, flat, given, stats] {
+      [m, opt, oc, loss, flat = std::move(flat), given, stats] {
         if (given) slm::set_flat_gradients(*m, at::from_blob(const_cast<float*>(flat.data()), {static_cast<int64_t>(flat.size())}, at::kFloat));
         stats->loss = loss;
         slm::apply_gradients(*m, *opt, oc, *stats);
