@@ -6,6 +6,7 @@ import { loadTokenizer } from '../model/tokenizer.js';
 import { OpenAIServer } from '../serve/server.js';
 import { hubRepoName } from '../hub/download.js';
 import { loadModelFromArgs, modelOptions, print, untilSignal, type ModelArgs } from './common.js';
+import { progressLog } from '../util/progress.js';
 
 interface Args extends ModelArgs {
   port: number;
@@ -28,7 +29,7 @@ export const serveCommand: CommandModule<object, Args> = {
     const model = await loadModelFromArgs(a);
     const tokenizer = loadTokenizer(a.model);
     if (tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
-    const server = new OpenAIServer({ model, tokenizer, formatter: ChatFormatter.forModel(a.model), name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], adapter: a.adapter, log: (s) => process.stderr.write(`[slm-train] ${s}\n`) });
+    const server = new OpenAIServer({ model, tokenizer, formatter: ChatFormatter.forModel(a.model), name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
     const port = await server.listen();
     print(`serving ${a.name}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models)`);
     await untilSignal();

@@ -63,7 +63,7 @@ export async function launchWorkers(d: DistributedConfig, o: LaunchOptions): Pro
   o.log(`distributed: starting ranks ${first}..${first + nproc - 1} of ${world} on this node (rendezvous ${addr}:${port})`);
   const procs: ChildProcess[] = [];
   let failure: string | null = null;
-  const stopAll = (except: ChildProcess) => {
+  const stopAll = (except?: ChildProcess) => {
     for (const p of procs) if (p !== except && p.exitCode === null && p.signalCode === null) p.kill('SIGTERM');
     const t = setTimeout(() => procs.forEach((p) => p.exitCode === null && p.signalCode === null && p.kill('SIGKILL')), 10_000);
     t.unref();
@@ -77,12 +77,12 @@ export async function launchWorkers(d: DistributedConfig, o: LaunchOptions): Pro
     procs.push(p);
     let tail = '';
     let partial = '';
-    p.stderr!.on('data', (d: Buffer) => {
-      const text = partial + d.toString();
-      const lines = text.split('\n');
+    p.stderr!.setEncoding('utf8'); // whole characters, even when a chunk ends inside one
+    p.stderr!.on('data', (d: string) => {
+      const lines = (partial + d).split('\n');
       partial = lines.pop() ?? '';
       for (const l of lines) process.stderr.write(`[rank ${rank}] ${l}\n`);
-      tail = (tail + d.toString()).slice(-2000);
+      tail = (tail + d).slice(-2000);
     });
     return new Promise<void>((res) =>
       p.on('exit', (code, sig) => {
@@ -96,7 +96,7 @@ export async function launchWorkers(d: DistributedConfig, o: LaunchOptions): Pro
       }),
     );
   });
-  const onSignal = () => stopAll(null as unknown as ChildProcess);
+  const onSignal = () => stopAll();
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
   try {

@@ -76,12 +76,17 @@ export class OpenAIRollout implements TextGenerator {
     mkdirSync(dir, { recursive: true });
     await model.saveAdapter(dir);
     const old = this.current;
-    await Promise.all(
-      this.servers.map(async (s) => {
-        await this.post(s, '/v1/load_lora_adapter', { lora_name: name, lora_path: dir }, `loading adapter ${name}`);
-        if (old) await this.post(s, '/v1/unload_lora_adapter', { lora_name: old }, `unloading adapter ${old}`).catch(() => {});
-      }),
-    );
+    try {
+      await Promise.all(
+        this.servers.map(async (s) => {
+          await this.post(s, '/v1/load_lora_adapter', { lora_name: name, lora_path: dir }, `loading adapter ${name}`);
+          if (old) await this.post(s, '/v1/unload_lora_adapter', { lora_name: old }, `unloading adapter ${old}`).catch(() => {});
+        }),
+      );
+    } catch (e) {
+      rmSync(dir, { recursive: true, force: true });
+      throw e;
+    }
     this.current = name;
     if (this.currentDir) rmSync(this.currentDir, { recursive: true, force: true });
     this.currentDir = dir;
@@ -196,7 +201,11 @@ export class OpenAIRollout implements TextGenerator {
  */
 export async function recomputeLogprobs<E extends { ids: Int32Array; lossMask: Uint8Array; logprobs: Float32Array; temperature: number }>(model: Model, episodes: E[]): Promise<E[]> {
   const byTemp = new Map<number, number[]>();
-  episodes.forEach((e, i) => byTemp.set(e.temperature, [...(byTemp.get(e.temperature) ?? []), i]));
+  episodes.forEach((e, i) => {
+    const g = byTemp.get(e.temperature);
+    if (g) g.push(i);
+    else byTemp.set(e.temperature, [i]);
+  });
   const out = episodes.slice();
   for (const [temp, idx] of byTemp) {
     const lps = await model.sequenceLogprobs(idx.map((i) => episodes[i].ids), temp > 0 ? temp : 1);

@@ -100,7 +100,11 @@ export class HttpRetriever {
     const q = this.queue;
     this.queue = [];
     const byK = new Map<number, Pending[]>();
-    for (const p of q) byK.set(p.k, [...(byK.get(p.k) ?? []), p]);
+    for (const p of q) {
+      const g = byK.get(p.k);
+      if (g) g.push(p);
+      else byK.set(p.k, [p]);
+    }
     for (const [k, group] of byK)
       for (let i = 0; i < group.length; i += this.maxBatch) {
         const part = group.slice(i, i + this.maxBatch);

@@ -70,6 +70,24 @@ at::Tensor pack(const std::vector<std::vector<float>>& src, int64_t s0, int64_t 
   return out;
 }
 
+// Drops every trainable tensor's gradient.
+void clear_grads(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  for (const auto& [name, p] : params) {
+    (void)name;
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+  }
+}
+
+// The L2 norm of every trainable tensor's gradient, in float64.
+double grad_norm(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  double sq = 0;
+  for (const auto& [name, p] : params) {
+    (void)name;
+    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return std::sqrt(sq);
+}
+
 }  // namespace
 
 TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const LossConfig& lc, const OptimConfig& oc, const TrainOptions& to) {
@@ -100,10 +118,7 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   const int64_t w_seqs = to.norm_sequences > 0 ? to.norm_sequences : seqs_with_tokens;
   if (to.norm_tokens > 0 && (to.norm_tokens < total || to.norm_sequences < seqs_with_tokens))
     fail("ARGUMENT_INVALID", "normTokens/normSequences (" + std::to_string(to.norm_tokens) + "/" + std::to_string(to.norm_sequences) + ") are the global batch's counts and cannot be smaller than this batch's (" + std::to_string(total) + "/" + std::to_string(seqs_with_tokens) + ").");
-  for (const auto& [name, p] : params) {
-    (void)name;
-    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
-  }
+  clear_grads(params);
   if (total == 0) {
     st.skipped = true;
     st.skip_reason = "no trained tokens in the batch (every loss mask is 0)";
@@ -226,38 +241,21 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   st.entropy = s_ent;
   st.clip_frac = s_clip;
   st.ratio = s_ratio;
-  if (to.update) {
+  if (to.update)
     apply_gradients(m, opt, oc, st);
-  } else {
-    double sq = 0;
-    for (const auto& [name, p] : params) {
-      (void)name;
-      if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-    }
-    st.grad_norm = std::sqrt(sq);
-  }
+  else
+    st.grad_norm = grad_norm(params);
   return st;
 }
 
 void apply_gradients(Qwen3Model& m, AdamW& opt, const OptimConfig& oc, TrainStats& st) {
   auto params = trainable(m);
-  auto clear = [&] {
-    for (const auto& [name, p] : params) {
-      (void)name;
-      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
-    }
-  };
   // Gradient norm over every trainable tensor; a NaN/inf gradient skips the update.
-  double sq = 0;
-  for (const auto& [name, p] : params) {
-    (void)name;
-    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  }
-  st.grad_norm = std::sqrt(sq);
+  st.grad_norm = grad_norm(params);
   if (!std::isfinite(st.grad_norm) || !std::isfinite(st.loss)) {
     st.skipped = true;
     st.skip_reason = !std::isfinite(st.loss) ? "the loss is not finite (NaN or inf): the update was skipped" : "the gradient is not finite (NaN or inf): the update was skipped";
-    clear();
+    clear_grads(params);
     return;
   }
   if (oc.max_grad_norm > 0 && st.grad_norm > oc.max_grad_norm) {
@@ -269,7 +267,7 @@ void apply_gradients(Qwen3Model& m, AdamW& opt, const OptimConfig& oc, TrainStat
     }
   }
   opt.update(params, oc);
-  clear();
+  clear_grads(params);
 }
 
 at::Tensor flat_gradients(const Qwen3Model& m) {
