@@ -698,6 +698,10 @@ def run_program(msg, shm, c2z_w, reader):
         'search_pages': search_pages, 'view_sections': view_sections, 'read_section': read_section,
         'exit': exit, 'quit': exit,
     }
+    # Per-program variables (e.g. the episode's question); the host checked the names and values.
+    globals_ = msg.get('globals')
+    if isinstance(globals_, dict):
+        ns.update(globals_)
     err, cpu_limit = None, False
     try:
         code = compile(msg['code'], '<program>', 'exec')

@@ -382,6 +382,32 @@ t.test('environment replies as tool messages', async (t) => {
   checkEpisode(t, e);
 });
 
+t.test('protocol.questionVariable: each episode\'s programs get their own question as a global', async (t) => {
+  const seen: Array<{ code: string; globals?: Record<string, unknown> }> = [];
+  const exec: CodeExecutor = {
+    async run(code, opts) {
+      seen.push({ code, globals: opts?.globals });
+      return { stdout: `${String(opts?.globals?.question)}\n`, error: null, timed_out: false, calls: [], truncated: false, duration_ms: 1 };
+    },
+  };
+  const scripts: Script[] = [
+    { key: 'QV: first?', turns: ['<python>\nprint(question)\n</python>', '<answer>a</answer>'] },
+    { key: 'QV: second?', turns: ['<python>\nprint(question)\n</python>', '<answer>b</answer>'] },
+  ];
+  const protocol = codeProtocol({ executor: exec, questionVariable: 'question' });
+  const r = runner(new ScriptedGenerator(scripts), exec, { protocol });
+  const { episodes } = await r.run([{ question: 'QV: first?' }, { question: 'QV: second?' }]);
+  t.same(seen.map((x) => x.globals).sort((a, b) => String(a?.question).localeCompare(String(b?.question))), [{ question: 'QV: first?' }, { question: 'QV: second?' }]);
+  for (const e of episodes) t.equal(e.messages[3].content, `<python_output>\n${e.question}\n\n</python_output>`, 'the output is the episode\'s own question');
+  t.match(episodes[0].messages[0].content, /The question is also in the variable question/);
+  // Without the option no globals are passed, and a bad name is refused.
+  const plain: Array<unknown> = [];
+  await codeProtocol({ executor: { run: async (c, o) => (plain.push(o), { stdout: '', error: null, timed_out: false }) } }).respond({ kind: 'code', code: 'x', end: 0 }, { turn: 1, maxTurns: 2, finishReason: 'stop_string', maxNewTokens: 9, question: 'q' });
+  t.same(plain, [undefined]);
+  t.throws(() => codeProtocol({ executor: exec, questionVariable: 'the question' }), { code: 'ARGUMENT_INVALID' });
+  await t.rejects(protocol.respond({ kind: 'code', code: 'x', end: 0 }, { turn: 1, maxTurns: 2, finishReason: 'stop_string', maxNewTokens: 9 }), { code: 'PROTOCOL_ERROR' });
+});
+
 t.test('tags episodes (Search-R1): passages appended inline, masked out', async (t) => {
   const scripts: Script[] = [
     {

@@ -184,6 +184,22 @@ t.test('each program starts in a fresh namespace and an empty working directory'
   t.equal(second.calls.length, 1, 'the real search_pages answered');
 });
 
+t.test('globals are bound for one program only, checked before it is queued', async (t) => {
+  const question = 'Who founded "Oslo"?\nÅ 😀';
+  const r = await pool.run('print(question, n + 1, flags, search_pages(question)[1]["title"])', { globals: { question, n: 41, flags: { a: [1, null] } } });
+  t.equal(r.error, null);
+  t.equal(r.stdout, `${question} 42 {'a': [1, None]} Query: ${question}\n`);
+  const next = await pool.run('print("question" in globals())');
+  t.equal(next.stdout, 'False\n', 'the next program does not see them');
+  for (const [globals, msg] of [
+    [{ 'not a name': 1 }, /identifier/],
+    [{ search_pages: 'x' }, /would hide the search primitive/],
+    [{ q: () => 1 }, /JSON value/],
+  ] as const) {
+    await t.rejects(pool.run('print(1)', { globals }), { code: 'ARGUMENT_INVALID', message: msg });
+  }
+});
+
 t.test('programs run side by side on the workers and each gets its own result', async (t) => {
   const n = 8;
   const results = await Promise.all(Array.from({ length: n }, (_, i) => pool.run(`import time\ntime.sleep(0.05)\nprint(${i} * ${i})\nsearch_pages("q${i}")`)));

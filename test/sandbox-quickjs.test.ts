@@ -124,6 +124,16 @@ t.test('redefining search_pages affects that program only', async (t) => {
   t.equal(b.stdout, 'kate_box undefined\n');
 });
 
+t.test('globals are bound for one program only, checked before it is queued', async (t) => {
+  const question = 'Who founded "Oslo"?\nÅ 😀';
+  const r = await sb.run('console.log(question, n + 1, flags, search_pages(question)[0].title)', { globals: { question, n: 41, flags: { a: [1, null] } } });
+  t.equal(r.error, null);
+  t.equal(r.stdout, `${question} 42 {"a":[1,null]} Kate Box (${question})\n`);
+  t.equal((await sb.run('console.log(typeof question)')).stdout, 'undefined\n', 'the next program does not see them');
+  await t.rejects(sb.run('1', { globals: { read_section: 1 } }), { code: 'ARGUMENT_INVALID', message: /would hide the search primitive/ });
+  await t.rejects(sb.run('1', { globals: { 'a-b': 1 } }), { code: 'ARGUMENT_INVALID', message: /identifier/ });
+});
+
 t.test('the call limit applies', async (t) => {
   const r = await sb.run('for (;;) search_pages("x")', { maxCalls: 5 });
   t.match(r.error, /call limit reached/);

@@ -75,6 +75,7 @@ export const CONFIG_SCHEMA: Schema = {
       tool_output_chars: int(2000, { minimum: 0 }, 'observations are cut to this many characters'),
       top_k: int(3, { minimum: 1 }, 'passages per <search> (tags)'),
       system_prompt: str(null, "null = the protocol's own (code: the reference's; tags: none, as Search-R1)"),
+      question_variable: { ...str(null, 'code: bind the question to this variable in every program (e.g. question), as smolagents passes task inputs; null = none'), pattern: '^[A-Za-z_][A-Za-z0-9_]*$' },
     }),
     sandbox: section({
       kind: oneOf(['python', 'quickjs'], 'python'),

@@ -42,6 +42,7 @@ export interface ProtocolConfig {
   tool_output_chars: number;
   top_k: number;
   system_prompt: string | null;
+  question_variable: string | null;
 }
 
 export interface SandboxConfig {

@@ -14,6 +14,8 @@ export interface CodePromptOptions {
   /** `javascript` for the QuickJS sandbox (its programs print with console.log). Default python. */
   language?: CodeLanguage;
   tags?: CodeTags;
+  /** The variable that holds the question in every program (CodeProtocolOptions.questionVariable). */
+  questionVariable?: string;
 }
 
 const PY_EXAMPLE = (t: CodeTags) => `Question: In which city was the architect of the Sydney Opera House born?
@@ -107,12 +109,14 @@ Print with console.log(). The functions are synchronous; there is no import, fil
 - read_section(section_id: str) -> str  (pass "page_id:full" to get the whole page)
 
 Ready to use without importing: re, json, string, Counter, defaultdict.`;
+  const qv = opts.questionVariable ? `\n\nThe question is also in the variable ${opts.questionVariable} (a string) in every program.` : '';
+  const fns = functions + qv;
   return `Answer questions by writing ${lang} code that searches Wikipedia.
 
 You have ${n} turn${n === 1 ? '' : 's'}. Put code inside <${t.code}> tags and the final answer inside <${t.answer}> tags.
 
 FUNCTIONS:
-${functions}
+${fns}
 
 STRATEGY:
 1. Write one program per turn and let it do as much as it can

@@ -28,7 +28,8 @@ export interface ProgramResult extends ProgramOutput {
 
 /** Runs model-written programs; lib/sandbox's `createSandbox(...)` returns one. */
 export interface CodeExecutor {
-  run(code: string): Promise<ProgramResult>;
+  /** `globals`: variables bound for this program only (see CodeProtocolOptions.questionVariable). */
+  run(code: string, opts?: { globals?: Record<string, unknown> }): Promise<ProgramResult>;
 }
 
 /** Top-k passages for a query; lib/retrieval's SearchIndex has it. */
@@ -77,6 +78,8 @@ export interface TurnContext {
   maxTurns: number;
   finishReason: FinishReason;
   maxNewTokens: number;
+  /** The episode's question (the code protocol binds it to a variable when asked to). */
+  question?: string;
 }
 
 export interface EpisodeProtocol {
@@ -107,6 +110,12 @@ export interface CodeProtocolOptions {
   /** Reminder before the last turn (default finalTurnNotice()); null for none. */
   finalTurnNotice?: string | null;
   tags?: CodeTags;
+  /**
+   * When set, every program of an episode finds the episode's question in a global variable of this
+   * name (e.g. `question`), so it can search with it without copying it out of the prompt: a
+   * smolagents-style task input. The default system prompt then says so. Default: none.
+   */
+  questionVariable?: string;
 }
 
 export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
@@ -117,12 +126,16 @@ export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
   const role = o.envRole ?? 'user';
   const notice = o.finalTurnNotice === undefined ? finalTurnNotice(tags) : o.finalTurnNotice;
   const maxChars = o.maxOutputChars ?? DEFAULT_OBSERVATION_CHARS;
+  const qVar = o.questionVariable;
+  if (qVar !== undefined && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(qVar)) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected questionVariable to be an identifier such as "question" but received ${JSON.stringify(qVar)}.`);
+  }
   return {
     name: 'code',
     injection: 'chat',
     stopStrings: [`</${tags.code}>`, `</${tags.answer}>`],
     initialMessages(question, maxTurns) {
-      const system = typeof o.systemPrompt === 'function' ? o.systemPrompt(maxTurns) : (o.systemPrompt ?? codeSystemPrompt({ maxTurns, language: o.language, tags }));
+      const system = typeof o.systemPrompt === 'function' ? o.systemPrompt(maxTurns) : (o.systemPrompt ?? codeSystemPrompt({ maxTurns, language: o.language, tags, questionVariable: qVar }));
       return [
         { role: 'system', content: system },
         { role: 'user', content: codeQuestionMessage(question) },
@@ -133,7 +146,10 @@ export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
       const out: EnvReply = { messages: [], calls: [], toolMs: 0 };
       if (action.kind === 'code') {
         const t0 = performance.now();
-        const r = await o.executor.run(action.code);
+        if (qVar !== undefined && typeof ctx.question !== 'string') {
+          throw new SlmError('PROTOCOL_ERROR', `Expected the turn context to carry the episode's question (the protocol binds it to "${qVar}") but it had none.`);
+        }
+        const r = await (qVar === undefined ? o.executor.run(action.code) : o.executor.run(action.code, { globals: { [qVar]: ctx.question } }));
         out.toolMs = performance.now() - t0;
         out.calls = (r.calls ?? []).map((c) => ({ turn: ctx.turn, name: c.name, args: c.args, ok: c.ok, ms: c.ms }));
         out.program = { error: r.error, timed_out: r.timed_out, truncated: r.truncated ?? false, output_chars: r.stdout.length, duration_ms: r.duration_ms ?? out.toolMs };

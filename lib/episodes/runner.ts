@@ -371,7 +371,7 @@ export class EpisodeRunner {
     const t0 = performance.now();
     const replies = await Promise.all(
       pending.map(({ s, action }) =>
-        o.protocol.respond(action, { turn, maxTurns: o.maxTurns, finishReason: s.turnFinish, maxNewTokens: o.maxNewTokens }),
+        o.protocol.respond(action, { turn, maxTurns: o.maxTurns, finishReason: s.turnFinish, maxNewTokens: o.maxNewTokens, question: s.question }),
       ),
     );
     stats.toolMs += performance.now() - t0;

@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import { Packr } from 'msgpackr';
 import { SlmError } from '../errors.js';
 import { BWRAP_WORKDIR, detectIsolationWithCaps, type RunnerCaps, WORKER_ENV, wrapperCommand } from './isolation.js';
-import { invokeTool } from './tools.js';
+import { checkGlobals, invokeTool } from './tools.js';
 import type { IsolationLevel, IsolationReport, RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
 import { DEFAULT_LIMITS, truncationMarker } from './types.js';
 
@@ -51,6 +51,7 @@ interface Job {
   code: string;
   limits: Required<SandboxLimits>;
   tools?: SearchTools;
+  globals?: Record<string, unknown>;
   resolve: (r: SandboxResult) => void;
   reject: (e: Error) => void;
 }
@@ -200,6 +201,7 @@ class Worker {
       cpu_s: job.limits.cpuSeconds,
       memory_mb: job.limits.memoryMb,
       max_output: job.limits.maxOutputChars,
+      ...(job.globals ? { globals: job.globals } : {}),
     });
   }
 
@@ -299,13 +301,15 @@ export class PythonSandboxPool implements Sandbox {
     if (this.closed) return Promise.reject(new SlmError('SANDBOX_ERROR', 'Expected an open sandbox pool but this one is closed; create a new one.'));
     if (typeof code !== 'string') return Promise.reject(new SlmError('ARGUMENT_INVALID', `Expected the program as a string but received ${typeof code}.`));
     let limits: Required<SandboxLimits>;
+    let globals: Record<string, unknown> | undefined;
     try {
       limits = resolvePythonLimits({ ...this.options, ...stripUndefined(opts) });
+      globals = checkGlobals(opts.globals);
     } catch (e) {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, resolve, reject });
+      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, globals, resolve, reject });
       this.dispatch();
     });
   }

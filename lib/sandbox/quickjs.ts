@@ -27,7 +27,7 @@ import { createRequire } from 'node:module';
 import { MessageChannel, type MessagePort, Worker } from 'node:worker_threads';
 import { SlmError } from '../errors.js';
 import { resolveLimits } from './python.js';
-import { invokeTool } from './tools.js';
+import { checkGlobals, invokeTool } from './tools.js';
 import type { RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
 import { TOOL_NAMES, truncationMarker } from './types.js';
 
@@ -55,6 +55,7 @@ interface JobMsg {
   memoryMb: number;
   maxOutputChars: number;
   stackKb: number;
+  globals?: Record<string, unknown>;
 }
 interface DoneMsg {
   t: 'done';
@@ -189,6 +190,11 @@ async function workerMain(): Promise<void> {
         vm.setProp(vm.global, name, fn);
         fn.dispose();
       }
+      for (const [name, v] of Object.entries(job.globals ?? {})) {
+        const h = toHandle(v);
+        vm.setProp(vm.global, name, h);
+        h.dispose();
+      }
       const res = vm.evalCode(job.code, 'program.js');
       if (res.error) error = describe(res.error);
       else res.value.dispose();
@@ -235,6 +241,7 @@ interface Job {
   code: string;
   limits: Required<SandboxLimits>;
   tools?: SearchTools;
+  globals?: Record<string, unknown>;
   resolve: (r: SandboxResult) => void;
   reject: (e: Error) => void;
 }
@@ -310,6 +317,7 @@ class QjsWorker {
       memoryMb: job.limits.memoryMb,
       maxOutputChars: job.limits.maxOutputChars,
       stackKb: this.owner.stackKb,
+      ...(job.globals ? { globals: job.globals } : {}),
     } satisfies JobMsg);
   }
 
@@ -385,13 +393,15 @@ export class QuickJSSandbox implements Sandbox {
     if (this.closed) return Promise.reject(new SlmError('SANDBOX_ERROR', 'Expected an open QuickJS sandbox but this one is closed; create a new one.'));
     if (typeof code !== 'string') return Promise.reject(new SlmError('ARGUMENT_INVALID', `Expected the program as a string but received ${typeof code}.`));
     let limits: Required<SandboxLimits>;
+    let globals: Record<string, unknown> | undefined;
     try {
       limits = resolveLimits({ memoryMb: QUICKJS_DEFAULT_MEMORY_MB, ...defined(this.options), ...defined(opts) });
+      globals = checkGlobals(opts.globals);
     } catch (e) {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, resolve, reject });
+      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, globals, resolve, reject });
       this.dispatch();
     });
   }

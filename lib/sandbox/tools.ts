@@ -3,7 +3,7 @@
  * check the name and arguments, enforce the per-program call limit, run the tool, record the call,
  * and turn any failure into a message the program sees as an exception.
  */
-import { isSlmError } from '../errors.js';
+import { isSlmError, SlmError } from '../errors.js';
 import type { SearchTools, ToolCall, ToolName } from './types.js';
 import { TOOL_NAMES } from './types.js';
 
@@ -69,4 +69,28 @@ export function toJsonLike(v: unknown, what: string, depth = 0): unknown {
     return out;
   }
   throw new Error(`${what} contains a ${Object.prototype.toString.call(v).slice(8, -1)}; tools must return JSON values`);
+}
+
+const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/**
+ * Checks a program's global variables (RunOptions.globals) and returns them as plain JSON values;
+ * ARGUMENT_INVALID names the offending entry. Both sandboxes call it before queueing the program.
+ */
+export function checkGlobals(globals: Record<string, unknown> | undefined): Record<string, unknown> | undefined {
+  if (globals === undefined) return undefined;
+  if (globals === null || typeof globals !== 'object' || Array.isArray(globals)) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected globals to be an object of name -> JSON value but received ${Array.isArray(globals) ? 'an array' : String(globals)}.`);
+  }
+  const out: Record<string, unknown> = {};
+  for (const [name, v] of Object.entries(globals)) {
+    if (!IDENTIFIER.test(name)) throw new SlmError('ARGUMENT_INVALID', `Expected each global's name to be an identifier (letters, digits, _) but received ${JSON.stringify(name)}.`);
+    if ((TOOL_NAMES as readonly string[]).includes(name)) throw new SlmError('ARGUMENT_INVALID', `The global ${JSON.stringify(name)} would hide the search primitive of that name; choose another name.`);
+    try {
+      out[name] = toJsonLike(v, `global ${name}`);
+    } catch (e) {
+      throw new SlmError('ARGUMENT_INVALID', `Expected global ${JSON.stringify(name)} to be a JSON value: ${(e as Error).message}.`);
+    }
+  }
+  return out;
 }

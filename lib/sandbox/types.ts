@@ -49,6 +49,12 @@ export interface SandboxLimits {
 export interface RunOptions extends SandboxLimits {
   /** Tools for this program only (default: the sandbox's own). */
   tools?: SearchTools;
+  /**
+   * Global variables for this program only, as JSON values (the code protocol binds the episode's
+   * question this way when `protocol.question_variable` is set). Names must be identifiers and may
+   * not shadow the search primitives.
+   */
+  globals?: Record<string, unknown>;
 }
 
 export const DEFAULT_LIMITS: Required<Omit<SandboxLimits, 'cpuSeconds'>> = {
