@@ -16,12 +16,13 @@ half-way through a write cannot desynchronise the host channel. The program's pr
 into a shared memory block, sealed by the child before it reports and read by the zygote, so output
 survives exceptions, `os._exit`, crashes and timeouts.
 
-    host -> zygote: {t:'run', id, code, timeout_ms, cpu_s, memory_mb, max_output}   (passed to the child)
+    host -> zygote: {t:'run', id, code, timeout_ms, cpu_s, memory_mb, max_output[, globals, final_answer]}
+                    (passed to the child; globals: variables for the program; final_answer: define final_answer())
                     {t:'ret', id, seq, ok, value | error, etype}        (answer to a call)
                     {t:'exit'}
     zygote -> host: {t:'ready', ...capabilities}
                     {t:'call', seq, name, args}                          (relayed from the child)
-                    {t:'done', id, stdout, truncated, error, timed_out}
+                    {t:'done', id, stdout, truncated, error, timed_out[, final_answer]}
 
 What a program is held to, in the child (each item says what it does NOT cover):
 - wall-clock timeout: the zygote SIGKILLs the child at the deadline; the host kills the whole worker
@@ -484,6 +485,10 @@ class CpuLimitExceeded(TimeoutError):
     pass
 
 
+class FinalAnswer(BaseException):
+    """Raised by final_answer() to end the program (BaseException: `except Exception` does not catch it)."""
+
+
 class Capture:
     """sys.stdout/sys.stderr for the program: UTF-8 into the shared block, capped in characters."""
 
@@ -571,9 +576,12 @@ def child_main(cfg, shm, c2z_w, z2c_r):
             err = 'SandboxError: could not contain the program (%s); nothing was run' % setup_error
             write_all(c2z_w, frame(pack({'t': 'done', 'error': err, 'setup_failed': True})))
         else:
-            err, cpu, out = run_program(msg, shm, c2z_w, reader)
+            err, cpu, out, final = run_program(msg, shm, c2z_w, reader)
             out.seal()
-            write_all(c2z_w, frame(pack({'t': 'done', 'error': err, 'cpu_limit': cpu})))
+            done = {'t': 'done', 'error': err, 'cpu_limit': cpu}
+            if final is not None:
+                done['final_answer'] = final[:int(msg.get('max_output') or 10000)]
+            write_all(c2z_w, frame(pack(done)))
             status = 0
     finally:
         os._exit(status)
@@ -649,7 +657,8 @@ def lock_down(cfg, msg):
 
 
 def run_program(msg, shm, c2z_w, reader):
-    """Returns (error line or None, whether the CPU limit ended it, the output capture)."""
+    """Returns (error line or None, whether the CPU limit ended it, the output capture, the text
+    given to final_answer() or None)."""
     import _thread
     cap = int(msg.get('max_output') or 10000)
     out = Capture(shm, cap)
@@ -702,17 +711,30 @@ def run_program(msg, shm, c2z_w, reader):
     globals_ = msg.get('globals')
     if isinstance(globals_, dict):
         ns.update(globals_)
+    final = [None]
+    if msg.get('final_answer'):
+        def final_answer(answer):
+            """Ends the program; the episode's answer is str(answer) (the first call counts)."""
+            text = answer if isinstance(answer, str) else str(answer)
+            if final[0] is None:
+                final[0] = text
+            raise FinalAnswer()
+        ns['final_answer'] = final_answer
     err, cpu_limit = None, False
     try:
         code = compile(msg['code'], '<program>', 'exec')
         exec(code, ns)
+    except FinalAnswer:
+        pass
     except SystemExit as e:
         err = 'SystemExit' if e.code is None else 'SystemExit: %s' % (e.code,)
     except CpuLimitExceeded as e:
         err, cpu_limit = 'TimeoutError: %s' % e, True
     except BaseException as e:
         err = error_line(e)
-    return err, cpu_limit, out
+    if final[0] is not None:
+        err = None  # the program gave its answer; what it did after catching FinalAnswer does not matter
+    return err, cpu_limit, out, final[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -910,6 +932,9 @@ class Zygote:
             result['error'] = e[:MAX_ERROR_CHARS + 3] if isinstance(e, str) else None
             if done.get('cpu_limit'):
                 result['timed_out'] = True
+            fa = done.get('final_answer')
+            if isinstance(fa, str):
+                result['final_answer'] = fa[:int(msg.get('max_output') or 10000)]
         elif status is not None and os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             cpu_used = ru.ru_utime + ru.ru_stime if ru is not None else 0.0

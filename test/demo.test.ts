@@ -49,14 +49,24 @@ t.test('the scripted expert answers with the gold answer through the real sandbo
   const index = await SearchIndex.build(new Corpus(gen.pages));
   const pool = await createPythonPool({ tools: index, size: 2, timeoutMs: 5000 });
   t.teardown(() => pool.close());
-  const protocol = codeProtocol({ executor: pool, systemPrompt: DEMO_SYSTEM_PROMPT });
-  t.match(expertProgram(gen.questions[0]), /^hits = search_pages\("In which year was \w+ founded\?"\)\ntext = read_section\(hits\[0\]\["page_id"\] \+ ":history"\)\nprint\(re\.search/);
+  t.match(expertProgram(gen.questions[0]), /^hits = search_pages\(question\)\ntext = read_section\(hits\[0\]\["page_id"\] \+ ":history"\)\nfinal_answer\(re\.search/);
+  // As the demo runs it: the question in a variable, the program answers with final_answer().
+  const protocol = codeProtocol({ executor: pool, systemPrompt: DEMO_SYSTEM_PROMPT, questionVariable: 'question', finalAnswer: true });
   const { rows, rejected } = await expertTrajectories(gen.questions, protocol);
   t.equal(rows.length + rejected, gen.questions.length);
   t.ok(rows.length >= gen.questions.length * 0.8, `${rows.length} of ${gen.questions.length} accepted`);
   for (const r of rows) {
-    t.same(r.messages.map((m) => m.role), ['system', 'user', 'assistant', 'user', 'user', 'assistant'], 'program, output, final-turn notice, answer');
+    t.same(r.messages.map((m) => m.role), ['system', 'user', 'assistant'], 'one turn: the program answers');
     t.equal(r.messages[0].content, DEMO_SYSTEM_PROMPT);
+    t.equal(r.messages[1].content, `Question: ${r.question}`, 'the program does not contain the question; the prompt does');
+    t.notOk(r.messages[2].content.includes(r.question), 'the program does not copy the question');
+  }
+  // Without final_answer(): the program prints the fact, a second turn answers with it.
+  const printing = codeProtocol({ executor: pool, systemPrompt: DEMO_SYSTEM_PROMPT, questionVariable: 'question' });
+  const two = await expertTrajectories(gen.questions, printing, { answer: 'print' });
+  t.same(two.rows.map((r) => r.question), rows.map((r) => r.question), 'the same questions are accepted either way');
+  for (const r of two.rows) {
+    t.same(r.messages.map((m) => m.role), ['system', 'user', 'assistant', 'user', 'user', 'assistant'], 'program, output, final-turn notice, answer');
     t.match(r.messages[3].content, /^<python_output>\n[\s\S]+\n<\/python_output>$/);
     t.equal(r.messages[5].content, `<answer>${r.answer}</answer>`);
   }
@@ -78,5 +88,9 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
     t.ok(existsSync(join(out, f)), f);
   const grpo = loadConfig(join(out, 'configs', 'grpo.yaml'));
   t.equal(grpo.model.adapter, join(out, 'runs', 'sft', 'adapter'), 'GRPO starts from the SFT adapter');
+  t.equal(grpo.protocol.question_variable, 'question', 'programs find the question in a variable');
+  t.equal(grpo.protocol.final_answer, true, 'programs answer with final_answer()');
+  const expert = readFileSync(join(out, 'data', 'expert.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  t.ok(expert.every((r) => r.messages.length === 3 && /final_answer\(/.test(r.messages[2].content)), 'the SFT data are one-turn programs that answer');
   t.match(lines.join('\n'), /expert: \d+ trajectories/);
 });

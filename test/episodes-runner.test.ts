@@ -408,6 +408,33 @@ t.test('protocol.questionVariable: each episode\'s programs get their own questi
   await t.rejects(protocol.respond({ kind: 'code', code: 'x', end: 0 }, { turn: 1, maxTurns: 2, finishReason: 'stop_string', maxNewTokens: 9 }), { code: 'PROTOCOL_ERROR' });
 });
 
+t.test('protocol.finalAnswer: a program that calls final_answer() ends its episode with that answer', async (t) => {
+  const seen: unknown[] = [];
+  const exec: CodeExecutor = {
+    async run(code, opts) {
+      seen.push(opts);
+      const answer = /final_answer\("(.*)"\)/.exec(code)?.[1];
+      return { stdout: 'printed\n', error: null, timed_out: false, calls: [], truncated: false, duration_ms: 1, ...(answer !== undefined ? { final_answer: ` ${answer} ` } : {}) };
+    },
+  };
+  const scripts: Script[] = [
+    { key: 'QF: answers in code', turns: ['<python>\nfinal_answer("Oslo")\n</python>'] },
+    { key: 'QF: prints first', turns: ['<python>\nprint(1)\n</python>', '<python>\nfinal_answer("Bergen")\n</python>', '<answer>unused</answer>'] },
+  ];
+  const protocol = codeProtocol({ executor: exec, finalAnswer: true });
+  const { episodes } = await runner(new ScriptedGenerator(scripts), exec, { protocol }).run([{ question: 'QF: answers in code' }, { question: 'QF: prints first' }]);
+  t.same(episodes.map((e) => [e.answer, e.finish, e.turns]), [['Oslo', 'answer', 1], ['Bergen', 'answer', 2]]);
+  t.same(episodes[0].messages.map((m) => m.role), ['system', 'user', 'assistant'], 'nothing appended after the answering program');
+  t.equal(episodes[0].segments[episodes[0].segments.length - 1].source, 'model', 'the sequence ends with the model\'s turn');
+  t.match(episodes[1].messages[3].content, /printed/, 'a program without final_answer() gets its output back');
+  t.ok(seen.every((o) => (o as { finalAnswer?: boolean }).finalAnswer === true));
+  t.match(episodes[0].messages[0].content, /final_answer\(answer\) ends the program/, 'the default system prompt says so');
+  for (const e of episodes) checkEpisode(t, e);
+  // Without the option a program's final_answer text is not an answer.
+  const plain = await runner(new ScriptedGenerator([{ key: 'QF: off', turns: ['<python>\nfinal_answer("Oslo")\n</python>', '<answer>tagged</answer>'] }]), exec).run([{ question: 'QF: off' }]);
+  t.same([plain.episodes[0].answer, plain.episodes[0].turns], ['tagged', 2]);
+});
+
 t.test('tags episodes (Search-R1): passages appended inline, masked out', async (t) => {
   const scripts: Script[] = [
     {

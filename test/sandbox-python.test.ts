@@ -200,6 +200,20 @@ t.test('globals are bound for one program only, checked before it is queued', as
   }
 });
 
+t.test('final_answer() ends the program with its answer, only where asked for', async (t) => {
+  const r = await pool.run('print("looking")\ntry:\n    final_answer(1432)\nexcept Exception:\n    print("caught")\nprint("after")', { finalAnswer: true });
+  t.same([r.stdout, r.error, r.final_answer], ['looking\n', null, '1432'], 'ends at the call; except Exception does not catch it; the value as text');
+  const swallowed = await pool.run('try:\n    final_answer("first")\nexcept BaseException:\n    pass\nfinal_answer("second")\nraise ValueError("later")', { finalAnswer: true });
+  t.same([swallowed.final_answer, swallowed.error], ['first', null], 'the first call counts, even when the program catches it');
+  const capped = await pool.run('final_answer("x" * 500)', { finalAnswer: true, maxOutputChars: 100 });
+  t.equal(capped.final_answer, 'x'.repeat(100), 'capped like the output');
+  const off = await pool.run('final_answer("x")');
+  t.match(off.error, /NameError: name 'final_answer' is not defined/);
+  t.equal(off.final_answer, undefined);
+  const none = await pool.run('print(2)', { finalAnswer: true });
+  t.same([none.stdout, none.final_answer], ['2\n', undefined], 'a program that does not call it has no answer');
+});
+
 t.test('programs run side by side on the workers and each gets its own result', async (t) => {
   const n = 8;
   const results = await Promise.all(Array.from({ length: n }, (_, i) => pool.run(`import time\ntime.sleep(0.05)\nprint(${i} * ${i})\nsearch_pages("q${i}")`)));

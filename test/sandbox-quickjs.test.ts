@@ -134,6 +134,17 @@ t.test('globals are bound for one program only, checked before it is queued', as
   await t.rejects(sb.run('1', { globals: { 'a-b': 1 } }), { code: 'ARGUMENT_INVALID', message: /identifier/ });
 });
 
+t.test('final_answer() ends the program with its answer, only where asked for', async (t) => {
+  const r = await sb.run('console.log("looking"); try { final_answer(1432) } catch (e) { console.log("caught") } final_answer("second"); console.log("after")', { finalAnswer: true });
+  t.same([r.error, r.final_answer], [null, '1432'], 'the first call counts, even when the program catches it');
+  const inAsync = await sb.run('(async () => { await null; final_answer({a: 1}) })()', { finalAnswer: true });
+  t.same([inAsync.error, inAsync.final_answer], [null, '{"a":1}'], 'from a promise continuation too; objects as JSON');
+  const off = await sb.run('final_answer("x")');
+  t.match(off.error, /ReferenceError: 'final_answer' is not defined/);
+  t.equal(off.final_answer, undefined);
+  await healthy(t);
+});
+
 t.test('the call limit applies', async (t) => {
   const r = await sb.run('for (;;) search_pages("x")', { maxCalls: 5 });
   t.match(r.error, /call limit reached/);

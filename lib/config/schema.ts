@@ -76,6 +76,7 @@ export const CONFIG_SCHEMA: Schema = {
       top_k: int(3, { minimum: 1 }, 'passages per <search> (tags)'),
       system_prompt: str(null, "null = the protocol's own (code: the reference's; tags: none, as Search-R1)"),
       question_variable: { ...str(null, 'code: bind the question to this variable in every program (e.g. question), as smolagents passes task inputs; null = none'), pattern: '^[A-Za-z_][A-Za-z0-9_]*$' },
+      final_answer: bool(false, 'code: programs may end the episode with final_answer(answer), as in smolagents; <answer> tags still work'),
     }),
     sandbox: section({
       kind: oneOf(['python', 'quickjs'], 'python'),

@@ -43,6 +43,7 @@ export interface ProtocolConfig {
   top_k: number;
   system_prompt: string | null;
   question_variable: string | null;
+  final_answer: boolean;
 }
 
 export interface SandboxConfig {

@@ -1,10 +1,11 @@
 /**
  * The demo's scripted expert: for each question of the generated corpus it writes the program a
  * careful searcher would write (search with the question, read the section that holds the fact,
- * extract it with a regular expression), runs it in the real sandbox through the code protocol, and
- * answers with what the program printed. The conversation is built with the same protocol object
- * the episodes use, so SFT sees exactly the format of a rollout. Trajectories whose answer is not the
- * gold one are dropped (rejection sampling of demonstrations).
+ * extract it with a regular expression and hand it to final_answer()), runs it in the real sandbox
+ * through the code protocol, and keeps the conversation when the answer is the gold one (rejection
+ * sampling of demonstrations). The conversation is built with the same protocol object the episodes
+ * use, so SFT sees exactly the format of a rollout. With a protocol without final_answer() the
+ * program prints the fact and a second turn answers with what it printed.
  */
 import type { ChatMessage } from '../model/tokenizer-types.js';
 import type { EpisodeProtocol } from '../episodes/protocol.js';
@@ -14,8 +15,8 @@ import { exactMatch } from '../rewards/metrics.js';
 export const DEMO_SYSTEM_PROMPT = [
   'Answer the question by writing Python that searches an encyclopedia.',
   'Tools: search_pages(query) -> list of {page_id, title, similarity}; read_section(section_id) -> text.',
-  'Section ids: page_id + ":history", ":geography", ":economy" or ":full". re is imported.',
-  'Put code in <python></python>; its output comes back in <python_output>. Put the final answer in <answer></answer>.',
+  'Section ids: page_id + ":history", ":geography", ":economy" or ":full". re is imported; the variable question holds the question.',
+  'Put code in <python></python>; its output comes back in <python_output>. Give the answer with final_answer(answer) in the code, or in <answer></answer>.',
 ].join('\n');
 
 const PLAN: Record<SyntheticQuestionKind, { section: string; pattern: string }> = {
@@ -26,9 +27,15 @@ const PLAN: Record<SyntheticQuestionKind, { section: string; pattern: string }> 
   fair: { section: 'economy', pattern: 'holds the (\\w+ Fair)' },
 };
 
-export function expertProgram(q: Pick<SyntheticQuestion, 'question' | 'kind'>): string {
+/**
+ * The program for a question: search with the question, read the section that holds the fact, and
+ * give it to final_answer() (or print it: `answer: 'print'`). The demo binds the question to the
+ * variable `question` and lets programs answer, so nothing has to be copied: its 4-layer model
+ * learned neither to copy a town's name into a search string nor a printed fact into <answer>.
+ */
+export function expertProgram(q: Pick<SyntheticQuestion, 'kind'>, answer: 'final_answer' | 'print' = 'final_answer'): string {
   const p = PLAN[q.kind];
-  return [`hits = search_pages(${JSON.stringify(q.question)})`, `text = read_section(hits[0]["page_id"] + ":${p.section}")`, `print(re.search(r"${p.pattern}", text).group(1))`].join('\n');
+  return [`hits = search_pages(question)`, `text = read_section(hits[0]["page_id"] + ":${p.section}")`, `${answer === 'print' ? 'print' : 'final_answer'}(re.search(r"${p.pattern}", text).group(1))`].join('\n');
 }
 
 export interface ExpertRow {
@@ -38,27 +45,35 @@ export interface ExpertRow {
 }
 
 /**
- * Expert conversations for `questions` (two turns: the program, then the answer), run through
- * `protocol` (a code protocol over the demo's sandbox). Returns the accepted rows and how many were
- * rejected because the program's output was not the gold answer.
+ * Expert conversations for `questions`, run through `protocol` (a code protocol over the demo's
+ * sandbox, binding the question to `question`): one turn whose program calls final_answer(), or,
+ * with `answer: 'print'`, two turns (the program, then `<answer>` with what it printed). Returns the
+ * accepted rows and how many were rejected because the answer was not the gold one.
  */
-export async function expertTrajectories(questions: readonly SyntheticQuestion[], protocol: EpisodeProtocol, maxTurns = 2, onDone?: () => void): Promise<{ rows: ExpertRow[]; rejected: number }> {
+export async function expertTrajectories(
+  questions: readonly SyntheticQuestion[],
+  protocol: EpisodeProtocol,
+  opts: { maxTurns?: number; answer?: 'final_answer' | 'print'; onDone?: () => void } = {},
+): Promise<{ rows: ExpertRow[]; rejected: number }> {
+  const maxTurns = opts.maxTurns ?? 2;
   const rows: ExpertRow[] = [];
   let rejected = 0;
   await Promise.all(
     questions.map(async (q) => {
       const messages = protocol.initialMessages(q.question, maxTurns);
-      const turn1 = `<python>\n${expertProgram(q)}\n</python>`;
+      const turn1 = `<python>\n${expertProgram(q, opts.answer)}\n</python>`;
       const action = protocol.parse(turn1);
       if (action.kind !== 'code') throw new Error(`expert program did not parse as code: ${action.kind}`);
-      const reply = await protocol.respond(action, { turn: 1, maxTurns, finishReason: 'stop_string', maxNewTokens: 256 });
-      onDone?.();
-      const output = /<python_output>\n([\s\S]*?)\n<\/python_output>/.exec(reply.messages?.[0]?.content ?? '')?.[1]?.trim() ?? '';
-      if (!exactMatch(output, q.answer) || reply.program?.error) {
+      const reply = await protocol.respond(action, { turn: 1, maxTurns, finishReason: 'stop_string', maxNewTokens: 256, question: q.question });
+      opts.onDone?.();
+      const printed = /<python_output>\n([\s\S]*?)\n<\/python_output>/.exec(reply.messages?.[0]?.content ?? '')?.[1]?.trim() ?? '';
+      const answer = reply.answer ?? printed;
+      if (!exactMatch(answer, q.answer) || reply.program?.error) {
         rejected++;
         return;
       }
-      messages.push({ role: 'assistant', content: turn1 }, ...(reply.messages ?? []), { role: 'assistant', content: `<answer>${output}</answer>` });
+      messages.push({ role: 'assistant', content: turn1 });
+      if (reply.answer === undefined) messages.push(...(reply.messages ?? []), { role: 'assistant', content: `<answer>${printed}</answer>` });
       rows.push({ question: q.question, answer: q.answer, messages });
     }),
   );

@@ -94,7 +94,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
     model: { path: paths.model, dtype: 'float32', device: 'cpu' },
     lora: { r: 32, alpha: 64, dropout: 0, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] },
     data: { questions: questionsFile, corpus: corpusFile, index: join(dir, 'index'), split: { train_fraction: 0.8 } },
-    protocol: { kind: 'code', max_turns: 2, max_new_tokens: 96, max_context: 1024, system_prompt: DEMO_SYSTEM_PROMPT },
+    protocol: { kind: 'code', max_turns: 2, max_new_tokens: 96, max_context: 1024, system_prompt: DEMO_SYSTEM_PROMPT, question_variable: 'question', final_answer: true },
     sandbox: { kind: 'python', workers: 2, timeout_s: 5 },
     retrieval: { kind: 'hybrid' },
     reward: { parts: [{ kind: 'f1', weight: 1 }] },
@@ -127,7 +127,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   let expert: { accepted: number; rejected: number };
   const bar = new Progress('expert', train.length, 'questions', o.progress);
   try {
-    const ex = await expertTrajectories(train, env.protocol, grpoCfg.protocol.max_turns, () => bar.increment());
+    const ex = await expertTrajectories(train, env.protocol, { maxTurns: grpoCfg.protocol.max_turns, onDone: () => bar.increment() });
     writeFileSync(sftFile, ex.rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
     expert = { accepted: ex.rows.length, rejected: ex.rejected };
     log(`expert: ${ex.rows.length} trajectories (${ex.rejected} rejected: the program's output was not the gold answer) in ${((performance.now() - t) / 1e3).toFixed(1)} s`);

@@ -16,6 +16,8 @@ export interface CodePromptOptions {
   tags?: CodeTags;
   /** The variable that holds the question in every program (CodeProtocolOptions.questionVariable). */
   questionVariable?: string;
+  /** Programs may end the episode with final_answer(answer) (CodeProtocolOptions.finalAnswer). */
+  finalAnswer?: boolean;
 }
 
 const PY_EXAMPLE = (t: CodeTags) => `Question: In which city was the architect of the Sydney Opera House born?
@@ -110,7 +112,8 @@ Print with console.log(). The functions are synchronous; there is no import, fil
 
 Ready to use without importing: re, json, string, Counter, defaultdict.`;
   const qv = opts.questionVariable ? `\n\nThe question is also in the variable ${opts.questionVariable} (a string) in every program.` : '';
-  const fns = functions + qv;
+  const fa = opts.finalAnswer ? `\n- final_answer(answer) ends the program and gives your final answer (instead of <${t.answer}> tags)` : '';
+  const fns = functions.replace(/\n\n/, `${fa}\n\n`) + qv;
   return `Answer questions by writing ${lang} code that searches Wikipedia.
 
 You have ${n} turn${n === 1 ? '' : 's'}. Put code inside <${t.code}> tags and the final answer inside <${t.answer}> tags.

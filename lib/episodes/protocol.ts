@@ -24,12 +24,17 @@ export interface ProgramResult extends ProgramOutput {
   calls?: ToolCall[];
   truncated?: boolean;
   duration_ms?: number;
+  /** The text the program passed to final_answer(), when it called it. */
+  final_answer?: string;
 }
 
 /** Runs model-written programs; lib/sandbox's `createSandbox(...)` returns one. */
 export interface CodeExecutor {
-  /** `globals`: variables bound for this program only (see CodeProtocolOptions.questionVariable). */
-  run(code: string, opts?: { globals?: Record<string, unknown> }): Promise<ProgramResult>;
+  /**
+   * `globals`: variables bound for this program only (CodeProtocolOptions.questionVariable);
+   * `finalAnswer`: define final_answer() for it (CodeProtocolOptions.finalAnswer).
+   */
+  run(code: string, opts?: { globals?: Record<string, unknown>; finalAnswer?: boolean }): Promise<ProgramResult>;
 }
 
 /** Top-k passages for a query; lib/retrieval's SearchIndex has it. */
@@ -70,6 +75,11 @@ export interface EnvReply {
   /** Wall time of the environment's work for this reply. */
   toolMs: number;
   program?: ProgramSummary;
+  /**
+   * The episode's final answer, given by the environment (a program's final_answer() call): the
+   * episode ends with it and no reply is appended.
+   */
+  answer?: string;
 }
 
 export interface TurnContext {
@@ -116,6 +126,12 @@ export interface CodeProtocolOptions {
    * smolagents-style task input. The default system prompt then says so. Default: none.
    */
   questionVariable?: string;
+  /**
+   * Programs may call `final_answer(answer)` (smolagents' CodeAgent): the call ends the program and
+   * the episode, whose answer is the value as text; `<answer>` tags still work. Default false (the
+   * reference's protocol has no such function).
+   */
+  finalAnswer?: boolean;
 }
 
 export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
@@ -135,7 +151,7 @@ export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
     injection: 'chat',
     stopStrings: [`</${tags.code}>`, `</${tags.answer}>`],
     initialMessages(question, maxTurns) {
-      const system = typeof o.systemPrompt === 'function' ? o.systemPrompt(maxTurns) : (o.systemPrompt ?? codeSystemPrompt({ maxTurns, language: o.language, tags, questionVariable: qVar }));
+      const system = typeof o.systemPrompt === 'function' ? o.systemPrompt(maxTurns) : (o.systemPrompt ?? codeSystemPrompt({ maxTurns, language: o.language, tags, questionVariable: qVar, finalAnswer: o.finalAnswer }));
       return [
         { role: 'system', content: system },
         { role: 'user', content: codeQuestionMessage(question) },
@@ -149,10 +165,15 @@ export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
         if (qVar !== undefined && typeof ctx.question !== 'string') {
           throw new SlmError('PROTOCOL_ERROR', `Expected the turn context to carry the episode's question (the protocol binds it to "${qVar}") but it had none.`);
         }
-        const r = await (qVar === undefined ? o.executor.run(action.code) : o.executor.run(action.code, { globals: { [qVar]: ctx.question } }));
+        const opts = { ...(qVar !== undefined ? { globals: { [qVar]: ctx.question } } : {}), ...(o.finalAnswer ? { finalAnswer: true } : {}) };
+        const r = await (Object.keys(opts).length ? o.executor.run(action.code, opts) : o.executor.run(action.code));
         out.toolMs = performance.now() - t0;
         out.calls = (r.calls ?? []).map((c) => ({ turn: ctx.turn, name: c.name, args: c.args, ok: c.ok, ms: c.ms }));
         out.program = { error: r.error, timed_out: r.timed_out, truncated: r.truncated ?? false, output_chars: r.stdout.length, duration_ms: r.duration_ms ?? out.toolMs };
+        if (o.finalAnswer && typeof r.final_answer === 'string') {
+          out.answer = r.final_answer.trim();
+          return out;
+        }
         out.messages!.push({ role, content: formatCodeObservation(r, { maxChars, tags }) });
       } else if (action.kind === 'none') {
         out.messages!.push({ role, content: codeFeedback(action, { finishReason: ctx.finishReason, maxNewTokens: ctx.maxNewTokens, tags }) });

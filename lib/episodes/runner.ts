@@ -13,7 +13,8 @@
  *      came out of the generator, never re-tokenized (mask 1, their log-probs);
  *   3. answer -> the episode ends; last turn -> it ends without an answer; otherwise the
  *      environment replies (programs run concurrently) and only the reply's text is tokenized and
- *      appended (mask 0), chat-template glue included.
+ *      appended (mask 0), chat-template glue included. A reply may carry the answer itself (a
+ *      program's final_answer()): the episode then ends with it, nothing appended.
  * Every episode ends with a reason: `answer`, `max_turns`, or `context` (the next tokens would pass
  * `maxTotalTokens`: a generation reaching the limit, or an environment reply that would not fit
  * with room left to generate).
@@ -384,6 +385,11 @@ export class EpisodeRunner {
     s.calls.push(...reply.calls);
     s.toolMs += reply.toolMs;
     if (reply.program) step.program = reply.program;
+    if (reply.answer !== undefined) {
+      s.answer = reply.answer;
+      s.finish = 'answer';
+      return;
+    }
     const next = reply.messages ?? [];
     let text: string;
     if (o.protocol.injection === 'inline') {

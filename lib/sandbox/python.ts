@@ -52,6 +52,7 @@ interface Job {
   limits: Required<SandboxLimits>;
   tools?: SearchTools;
   globals?: Record<string, unknown>;
+  finalAnswer?: boolean;
   resolve: (r: SandboxResult) => void;
   reject: (e: Error) => void;
 }
@@ -202,6 +203,7 @@ class Worker {
       memory_mb: job.limits.memoryMb,
       max_output: job.limits.maxOutputChars,
       ...(job.globals ? { globals: job.globals } : {}),
+      ...(job.finalAnswer ? { final_answer: true } : {}),
     });
   }
 
@@ -225,14 +227,16 @@ class Worker {
           truncated: msg.truncated === true,
           timed_out: msg.timed_out === true,
           error: typeof msg.error === 'string' ? msg.error : null,
+          ...(running.finalAnswer && typeof msg.final_answer === 'string' ? { final_answer: msg.final_answer } : {}),
         }),
       );
       this.pool.workerIdle(this);
     } else this.fail(`unexpected frame ${JSON.stringify(msg.t)} from the worker`);
   }
 
-  private result(running: Running, r: Pick<SandboxResult, 'stdout' | 'error' | 'timed_out' | 'truncated'>): SandboxResult {
+  private result(running: Running, r: Pick<SandboxResult, 'stdout' | 'error' | 'timed_out' | 'truncated' | 'final_answer'>): SandboxResult {
     return {
+      ...(r.final_answer !== undefined ? { final_answer: r.final_answer } : {}),
       stdout: r.truncated ? r.stdout + truncationMarker(running.limits.maxOutputChars) : r.stdout,
       error: r.error,
       timed_out: r.timed_out,
@@ -309,7 +313,7 @@ export class PythonSandboxPool implements Sandbox {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, globals, resolve, reject });
+      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, globals, finalAnswer: opts.finalAnswer === true, resolve, reject });
       this.dispatch();
     });
   }

@@ -56,6 +56,7 @@ interface JobMsg {
   maxOutputChars: number;
   stackKb: number;
   globals?: Record<string, unknown>;
+  finalAnswer?: boolean;
 }
 interface DoneMsg {
   t: 'done';
@@ -66,6 +67,8 @@ interface DoneMsg {
   timedOut: boolean;
   /** The worker's own machinery failed: it must be replaced. */
   hostFailure: string | null;
+  /** What the program passed to final_answer(), as text; null when it did not call it. */
+  finalAnswer: string | null;
 }
 interface CallMsg {
   t: 'call';
@@ -103,6 +106,7 @@ async function workerMain(): Promise<void> {
     let truncated = false;
     let error: string | null = null;
     let hostFailure: string | null = null;
+    let finalText: string | null = null;
     const write = (s: string) => {
       if (truncated) return;
       if (chars + s.length > job.maxOutputChars) {
@@ -190,6 +194,20 @@ async function workerMain(): Promise<void> {
         vm.setProp(vm.global, name, fn);
         fn.dispose();
       }
+      if (job.finalAnswer) {
+        // final_answer(x) records x as text and throws to end the program (a program that catches it
+        // still ends with that answer: the first call counts).
+        const fn = vm.newFunction('final_answer', (h) => {
+          if (finalText === null) {
+            const v = h === undefined ? undefined : vm.dump(h);
+            const text = typeof v === 'string' ? v : (JSON.stringify(v) ?? String(v));
+            finalText = text.slice(0, job.maxOutputChars);
+          }
+          return { error: vm.newError({ name: 'FinalAnswer', message: 'the program gave its final answer' }) };
+        });
+        vm.setProp(vm.global, 'final_answer', fn);
+        fn.dispose();
+      }
       for (const [name, v] of Object.entries(job.globals ?? {})) {
         const h = toHandle(v);
         vm.setProp(vm.global, name, h);
@@ -199,7 +217,7 @@ async function workerMain(): Promise<void> {
       if (res.error) error = describe(res.error);
       else res.value.dispose();
       // Promise continuations (async functions, then-callbacks) run here, under the same deadline.
-      while (error === null && !timedOut && rt.hasPendingJob()) {
+      while (error === null && finalText === null && !timedOut && rt.hasPendingJob()) {
         const r = rt.executePendingJobs();
         if (r.error) error = describe(r.error);
       }
@@ -215,7 +233,8 @@ async function workerMain(): Promise<void> {
       }
     }
     if (timedOut) error = `TimeoutError: the program exceeded the time limit of ${job.timeoutMs / 1000} s`;
-    return { t: 'done', id: job.id, stdout: parts.join(''), truncated, error, timedOut, hostFailure };
+    else if (finalText !== null) error = null;
+    return { t: 'done', id: job.id, stdout: parts.join(''), truncated, error, timedOut, hostFailure, finalAnswer: finalText };
   }
 }
 
@@ -242,6 +261,7 @@ interface Job {
   limits: Required<SandboxLimits>;
   tools?: SearchTools;
   globals?: Record<string, unknown>;
+  finalAnswer?: boolean;
   resolve: (r: SandboxResult) => void;
   reject: (e: Error) => void;
 }
@@ -318,6 +338,7 @@ class QjsWorker {
       maxOutputChars: job.limits.maxOutputChars,
       stackKb: this.owner.stackKb,
       ...(job.globals ? { globals: job.globals } : {}),
+      ...(job.finalAnswer ? { finalAnswer: true } : {}),
     } satisfies JobMsg);
   }
 
@@ -338,14 +359,15 @@ class QjsWorker {
       clearTimeout(cur.timer);
       this.current = undefined;
       const error = done.hostFailure ? `SandboxError: the interpreter failed (${done.hostFailure.slice(0, 300)}); it was replaced` : done.error;
-      cur.resolve(this.result(cur, { stdout: done.stdout, truncated: done.truncated, timedOut: done.timedOut, error }));
+      cur.resolve(this.result(cur, { stdout: done.stdout, truncated: done.truncated, timedOut: done.timedOut, error, ...(cur.finalAnswer && typeof done.finalAnswer === 'string' && !done.hostFailure ? { finalAnswer: done.finalAnswer } : {}) }));
       if (done.hostFailure) void this.worker.terminate();
       else this.owner.workerIdle(this);
     }
   }
 
-  private result(job: Job & { calls: ToolCall[]; t0: number }, r: { stdout: string; truncated: boolean; timedOut: boolean; error: string | null }): SandboxResult {
+  private result(job: Job & { calls: ToolCall[]; t0: number }, r: { stdout: string; truncated: boolean; timedOut: boolean; error: string | null; finalAnswer?: string }): SandboxResult {
     return {
+      ...(r.finalAnswer !== undefined ? { final_answer: r.finalAnswer } : {}),
       stdout: r.truncated ? r.stdout + truncationMarker(job.limits.maxOutputChars) : r.stdout,
       error: r.error,
       timed_out: r.timedOut,
@@ -401,7 +423,7 @@ export class QuickJSSandbox implements Sandbox {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, globals, resolve, reject });
+      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, globals, finalAnswer: opts.finalAnswer === true, resolve, reject });
       this.dispatch();
     });
   }

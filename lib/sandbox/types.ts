@@ -30,6 +30,8 @@ export interface SandboxResult {
   truncated: boolean;
   /** Wall time from the program's start to its result, in milliseconds (queueing not included). */
   duration_ms: number;
+  /** What the program passed to final_answer() (as text, capped like the output); only with RunOptions.finalAnswer. */
+  final_answer?: string;
 }
 
 /** Per-program limits; every field has a default (see DEFAULT_LIMITS). */
@@ -55,6 +57,11 @@ export interface RunOptions extends SandboxLimits {
    * not shadow the search primitives.
    */
   globals?: Record<string, unknown>;
+  /**
+   * Define `final_answer(answer)` for this program (smolagents' CodeAgent has it): the call ends the
+   * program, which then counts as having run to its end, and the result carries the answer as text.
+   */
+  finalAnswer?: boolean;
 }
 
 export const DEFAULT_LIMITS: Required<Omit<SandboxLimits, 'cpuSeconds'>> = {

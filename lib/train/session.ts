@@ -179,7 +179,7 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
   let isolation = '';
   if (sb.kind === 'python') isolation = `, isolation ${(await detectIsolation()).level}`;
   return {
-    protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}), ...(cfg.protocol.question_variable ? { questionVariable: cfg.protocol.question_variable } : {}) }),
+    protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}), ...(cfg.protocol.question_variable ? { questionVariable: cfg.protocol.question_variable } : {}), finalAnswer: cfg.protocol.final_answer }),
     index,
     sandbox,
     describe: `protocol code, ${sb.kind} sandbox (${sb.kind === 'python' ? `${sb.workers} workers, ` : ''}${sb.timeout_s} s, ${sb.memory_mb} MB${isolation}), ${index.params.kind} retrieval`,
