@@ -162,7 +162,7 @@ t.test('timeouts and retries: 503, a dropped connection and a silent server are 
   const silent = await serve(() => {});
   const s = new HttpRetriever({ url: silent.url, timeoutS: 0.2, retries: 1, backoffMs: 10 });
   const t0 = performance.now();
-  await t.rejects(s.searchPassages('q', 1), { code: 'RETRIEVER_UNAVAILABLE', message: /failed 2 times \(last: no answer within 0.2 s\).*serve-retriever/ });
+  await t.rejects(s.searchPassages('q', 1), { code: 'RETRIEVER_UNAVAILABLE', message: /failed 2 times \(last: no reply within 200 ms\).*serve-retriever/ });
   t.ok(performance.now() - t0 < 5000, 'gives up after its tries instead of hanging');
   t.equal(silent.hits(), 2);
   await silent.close();

@@ -17,7 +17,8 @@
 import { mkdirSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { SlmError } from '../errors.js';
-import { Limiter, backoffMs } from '../rewards/judge-backends.js';
+import { Limiter } from '../rewards/judge-backends.js';
+import { AttemptError, backoffMs, fetchText, retryableStatus, withRetries } from '../util/http-retry.js';
 import type { Model } from './model.js';
 import type { GenerateRequest, GenerateResult, TextGenerator } from './types.js';
 
@@ -36,15 +37,6 @@ export interface OpenAIRolloutOptions {
   /** Prefix of the adapter names on the servers. */
   name?: string;
   backoffMs?: number;
-}
-
-class Attempt extends Error {
-  constructor(
-    message: string,
-    readonly retry: boolean,
-  ) {
-    super(message);
-  }
 }
 
 interface Server {
@@ -150,47 +142,43 @@ export class OpenAIRollout implements TextGenerator {
   }
 
   private async request(server: Server | null, method: string, path: string, body: unknown, what: string): Promise<unknown> {
-    const errors: string[] = [];
-    let last: Server | undefined;
-    for (let i = 0; ; i++) {
-      const s = server ?? this.pick(last);
-      last = s;
-      s.inFlight++;
-      try {
-        return await s.limiter.run(() => this.attempt(s, method, path, body));
-      } catch (e) {
-        const err = e instanceof Attempt ? e : new Attempt((e as Error).message, false);
-        errors.push(`${s.url}: ${err.message}`);
-        if (!err.retry || i >= this.o.retries)
-          throw new SlmError(err.retry ? 'ROLLOUT_SERVER_UNAVAILABLE' : 'ROLLOUT_SERVER_ERROR', `rollout server ${what} failed after ${i + 1} attempt(s): ${errors.join('; ')}.${err.retry ? ' Check that the servers in rollout.openai.urls are up, or raise rollout.openai.timeout_s / retries.' : ''}`);
-        await new Promise((r) => setTimeout(r, backoffMs(i + 1, this.o.backoffMs ?? 500, 10_000)));
-      } finally {
-        s.inFlight--;
-      }
+    const tried: string[] = [];
+    let s: Server | undefined;
+    try {
+      return await withRetries(
+        () => {
+          // A server stays counted until the next attempt starts, so other rows avoid it during the backoff.
+          if (s) s.inFlight--;
+          const cur = server ?? this.pick(s);
+          s = cur;
+          tried.push(cur.url);
+          cur.inFlight++;
+          return cur.limiter.run(() => this.attempt(cur, method, path, body));
+        },
+        {
+          retries: this.o.retries,
+          delayMs: (n) => backoffMs(n, this.o.backoffMs ?? 500, 10_000),
+          fail: (last, errors) =>
+            new SlmError(
+              last.retry ? 'ROLLOUT_SERVER_UNAVAILABLE' : 'ROLLOUT_SERVER_ERROR',
+              `rollout server ${what} failed after ${errors.length} attempt(s): ${errors.map((m, i) => `${tried[i]}: ${m}`).join('; ')}.${last.retry ? ' Check that the servers in rollout.openai.urls are up, or raise rollout.openai.timeout_s / retries.' : ''}`,
+            ),
+        },
+      );
+    } finally {
+      if (s) s.inFlight--;
     }
   }
 
   private async attempt(s: Server, method: string, path: string, body: unknown): Promise<unknown> {
     this.sent.set(s.url, (this.sent.get(s.url) ?? 0) + 1);
-    const ac = new AbortController();
-    const timer = setTimeout(() => ac.abort(), this.o.timeoutS * 1000);
+    const init = { method, headers: { 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) };
+    const { res, text } = await fetchText(s.url + path, init, this.o.timeoutS * 1000);
+    if (!res.ok) throw new AttemptError(`HTTP ${res.status} on ${path}: ${text.slice(0, 300)}`, retryableStatus(res.status));
     try {
-      let res: Response;
-      let text: string;
-      try {
-        res = await fetch(s.url + path, { method, headers: { 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body), signal: ac.signal });
-        text = await res.text();
-      } catch (e) {
-        throw new Attempt(ac.signal.aborted ? `no reply within ${this.o.timeoutS} s` : `request failed: ${(e as Error & { cause?: Error }).cause?.message ?? (e as Error).message}`, true);
-      }
-      if (!res.ok) throw new Attempt(`HTTP ${res.status} on ${path}: ${text.slice(0, 300)}`, res.status === 408 || res.status === 429 || res.status >= 500);
-      try {
-        return JSON.parse(text);
-      } catch {
-        return text; // vLLM answers the adapter calls in plain text
-      }
-    } finally {
-      clearTimeout(timer);
+      return JSON.parse(text);
+    } catch {
+      return text; // vLLM answers the adapter calls in plain text
     }
   }
 }

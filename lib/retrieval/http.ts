@@ -12,6 +12,7 @@
  * must not turn into "no passages" observations that the policy then learns from).
  */
 import { SlmError, describe } from '../errors.js';
+import { AttemptError, backoffMs, fetchText, withRetries } from '../util/http-retry.js';
 import type { Passage } from './index.js';
 
 export interface HttpRetrieverOptions {
@@ -123,32 +124,24 @@ export class HttpRetriever {
     this.stats.requests++;
     this.stats.queries += queries.length;
     const body = JSON.stringify({ queries, topk: k, return_scores: true });
-    let last = '';
-    for (let attempt = 0; attempt <= this.retries; attempt++) {
-      if (attempt > 0) {
-        this.stats.retries++;
-        await new Promise((r) => setTimeout(r, this.backoffMs * 2 ** (attempt - 1)));
-      }
-      let res: Response;
-      let text: string;
-      try {
-        res = await fetch(this.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body, signal: AbortSignal.timeout(this.timeoutMs) });
-        text = await res.text();
-      } catch (e) {
-        const err = e as Error & { cause?: { code?: string; message?: string } };
-        last = err.name === 'TimeoutError' ? `no answer within ${this.timeoutMs / 1000} s` : (err.cause?.code ?? err.cause?.message ?? err.message);
-        continue;
-      }
-      if (res.status === 429 || res.status >= 500) {
-        last = `HTTP ${res.status} ${text.slice(0, 200)}`;
-        continue;
-      }
-      if (!res.ok) throw new SlmError('RETRIEVER_ERROR', `POST ${this.url} answered HTTP ${res.status}: ${text.slice(0, 300)}. Expected a Search-R1 retrieval server taking {queries, topk, return_scores}.`);
-      return this.parse(text, queries.length);
-    }
-    throw new SlmError(
-      'RETRIEVER_UNAVAILABLE',
-      `the retrieval server at ${this.url} failed ${this.retries + 1} times (last: ${last}). Is it running? Start one with \`slm-train serve-retriever --index DIR --port N\` (or Search-R1's retrieval_server.py), or raise retrieval.timeout_s / retrieval.retries.`,
+    return withRetries(
+      async () => {
+        const { res, text } = await fetchText(this.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body }, this.timeoutMs);
+        // 429 and 5xx are retried; another status means the server does not take this request.
+        if (res.status === 429 || res.status >= 500) throw new AttemptError(`HTTP ${res.status} ${text.slice(0, 200)}`, true);
+        if (!res.ok) throw new SlmError('RETRIEVER_ERROR', `POST ${this.url} answered HTTP ${res.status}: ${text.slice(0, 300)}. Expected a Search-R1 retrieval server taking {queries, topk, return_scores}.`);
+        return this.parse(text, queries.length);
+      },
+      {
+        retries: this.retries,
+        delayMs: (n) => backoffMs(n, this.backoffMs, Infinity),
+        onRetry: () => this.stats.retries++,
+        fail: (last, errors) =>
+          new SlmError(
+            'RETRIEVER_UNAVAILABLE',
+            `the retrieval server at ${this.url} failed ${errors.length} times (last: ${last.message}). Is it running? Start one with \`slm-train serve-retriever --index DIR --port N\` (or Search-R1's retrieval_server.py), or raise retrieval.timeout_s / retrieval.retries.`,
+          ),
+      },
     );
   }
 

@@ -16,6 +16,9 @@
 import { SlmError, describe } from '../errors.js';
 import type { TextGenerator } from '../engine/types.js';
 import type { ChatMessage, Tokenizer } from '../model/tokenizer-types.js';
+import { AttemptError, backoffMs, fetchText, retryAfterMs, retryableStatus, withRetries } from '../util/http-retry.js';
+
+export { backoffMs };
 
 export interface JudgeReply {
   text: string;
@@ -49,13 +52,6 @@ export class Limiter {
       else this.#active--;
     }
   }
-}
-
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
-
-/** Backoff before retry `attempt` (1-based): base · 2^(attempt-1), at most `max`. */
-export function backoffMs(attempt: number, base: number, max: number): number {
-  return Math.min(max, base * 2 ** (attempt - 1));
 }
 
 function positive(name: string, v: number, integer = false, min = 0): number {
@@ -95,26 +91,6 @@ export interface OpenAIJudgeOptions {
   env?: Record<string, string | undefined>;
 }
 
-/** A failure of one attempt; `retry` says whether another attempt may succeed. */
-class AttemptError extends Error {
-  constructor(
-    message: string,
-    readonly retry: boolean,
-    readonly waitMs?: number,
-  ) {
-    super(message);
-  }
-}
-
-/** `Retry-After` in milliseconds (seconds or an HTTP date), or undefined. */
-function retryAfterMs(h: string | null): number | undefined {
-  if (!h) return undefined;
-  const s = Number(h);
-  if (Number.isFinite(s)) return Math.max(0, s * 1000);
-  const t = Date.parse(h);
-  return Number.isFinite(t) ? Math.max(0, t - Date.now()) : undefined;
-}
-
 function chatUrl(baseUrl: string): string {
   const b = baseUrl.replace(/\/+$/, '');
   return b.endsWith('/chat/completions') ? b : `${b}/chat/completions`;
@@ -152,53 +128,28 @@ export function openAIJudgeBackend(opts: OpenAIJudgeOptions): JudgeBackend {
   const description = `judge ${opts.model} at ${url}`;
 
   async function attempt(body: string): Promise<JudgeReply> {
-    const ac = new AbortController();
-    const timer = setTimeout(() => ac.abort(), timeout);
-    try {
-      let res: Response;
-      try {
-        res = await fetch(url, { method: 'POST', headers, body, signal: ac.signal });
-      } catch (e) {
-        throw new AttemptError(ac.signal.aborted ? `no reply within ${timeout} ms` : `request failed: ${(e as Error & { cause?: Error }).cause?.message ?? (e as Error).message}`, true);
-      }
-      let text: string;
-      try {
-        text = await res.text();
-      } catch (e) {
-        throw new AttemptError(ac.signal.aborted ? `the reply did not finish within ${timeout} ms` : `reading the reply failed: ${(e as Error).message}`, true);
-      }
-      if (!res.ok) {
-        const retry = res.status === 408 || res.status === 429 || res.status >= 500;
-        const hint = res.status === 401 || res.status === 403 ? ' Check the API key (api_key_env).' : res.status === 404 ? ' Check base_url (it should end in /v1) and the model name.' : '';
-        throw new AttemptError(`HTTP ${res.status}: ${text.slice(0, 300)}.${hint}`, retry, res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined);
-      }
-      let json: unknown;
-      try {
-        json = JSON.parse(text);
-      } catch {
-        throw new AttemptError(`Expected a JSON body, but found ${JSON.stringify(text.slice(0, 200))}.`, false);
-      }
-      return replyOf(json);
-    } finally {
-      clearTimeout(timer);
+    const { res, text } = await fetchText(url, { method: 'POST', headers, body }, timeout);
+    if (!res.ok) {
+      const hint = res.status === 401 || res.status === 403 ? ' Check the API key (api_key_env).' : res.status === 404 ? ' Check base_url (it should end in /v1) and the model name.' : '';
+      throw new AttemptError(`HTTP ${res.status}: ${text.slice(0, 300)}.${hint}`, retryableStatus(res.status), res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined);
     }
+    let json: unknown;
+    try {
+      json = JSON.parse(text);
+    } catch {
+      throw new AttemptError(`Expected a JSON body, but found ${JSON.stringify(text.slice(0, 200))}.`, false);
+    }
+    return replyOf(json);
   }
 
   async function complete(messages: readonly ChatMessage[]): Promise<JudgeReply> {
     const body = JSON.stringify({ model: opts.model, messages, temperature: opts.temperature ?? 0, max_tokens: opts.maxTokens ?? 1024, ...opts.extraBody });
-    const errors: string[] = [];
-    for (let i = 0; ; i++) {
-      try {
-        return await limiter.run(() => attempt(body));
-      } catch (e) {
-        const err = e instanceof AttemptError ? e : new AttemptError((e as Error).message, false);
-        errors.push(`attempt ${i + 1}: ${err.message}`);
-        if (!err.retry || i >= retries) {
-          throw new SlmError('JUDGE_FAILED', `The ${description} gave no usable reply (${errors.join('; ')}).${err.retry ? ' Raise timeout_s or retries, or check that the server is up.' : ''}`, { url, attempts: i + 1 });
-        }
-        await sleep(Math.min(maxBackoff, err.waitMs ?? backoffMs(i + 1, base, maxBackoff)));
-      }
-    }
+    return withRetries(() => limiter.run(() => attempt(body)), {
+      retries,
+      delayMs: (n, err) => Math.min(maxBackoff, err.waitMs ?? backoffMs(n, base, maxBackoff)),
+      fail: (last, errors) =>
+        new SlmError('JUDGE_FAILED', `The ${description} gave no usable reply (${errors.map((m, i) => `attempt ${i + 1}: ${m}`).join('; ')}).${last.retry ? ' Raise timeout_s or retries, or check that the server is up.' : ''}`, { url, attempts: errors.length }),
+    });
   }
 
   return { description, complete };
