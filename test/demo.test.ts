@@ -82,6 +82,11 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
     t.ok(s.summary.accuracy >= 0 && s.summary.accuracy <= 1 && Number.isFinite(s.summary.f1));
   }
   t.ok(r.expert.accepted > 20, `${r.expert.accepted} expert trajectories`);
+  t.equal(r.expert.rejected, 0, 'with BM25 over made-up names every expert program finds its page and fact');
+  const tok = loadTokenizer(join(out, 'model'));
+  // Learned from the texts as the model sees them (the system prompt once per question), the prompt
+  // is mostly whole words; learned once, it took 197 tokens at the full size.
+  t.ok(tok.encode(DEMO_SYSTEM_PROMPT).length < 150, `the system prompt is ${tok.encode(DEMO_SYSTEM_PROMPT).length} tokens`);
   t.match(r.table, /\| stage \| accuracy % \|[\s\S]*\| baseline \|[\s\S]*\| sft \|[\s\S]*\| grpo \|/);
   t.match(readFileSync(join(out, 'report.md'), 'utf8'), /\| grpo \|/);
   for (const f of ['model/tokenizer.json', 'model/chat_template.jinja', 'data/expert.jsonl', 'index/manifest.json', 'runs/sft/adapter/adapter_config.json', 'runs/grpo/adapter/adapter_config.json', 'runs/evals/comparison.md'])
@@ -90,6 +95,7 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
   t.equal(grpo.model.adapter, join(out, 'runs', 'sft', 'adapter'), 'GRPO starts from the SFT adapter');
   t.equal(grpo.protocol.question_variable, 'question', 'programs find the question in a variable');
   t.equal(grpo.protocol.final_answer, true, 'programs answer with final_answer()');
+  t.equal(grpo.retrieval.kind, 'bm25');
   const expert = readFileSync(join(out, 'data', 'expert.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
   t.ok(expert.every((r) => r.messages.length === 3 && /final_answer\(/.test(r.messages[2].content)), 'the SFT data are one-turn programs that answer');
   t.match(lines.join('\n'), /expert: \d+ trajectories/);

@@ -19,12 +19,15 @@ export const DEMO_SYSTEM_PROMPT = [
   'Put code in <python></python>; its output comes back in <python_output>. Give the answer with final_answer(answer) in the code, or in <answer></answer>.',
 ].join('\n');
 
+// Patterns without a shared lead-in: with "founded in (\d+)" and "on the (\w+ River)" the tiny
+// model picked the lead-in without regard to the question (GRPO then traded the river questions
+// for the founding years); the first match of "(\d+)" in the history section is the year.
 const PLAN: Record<SyntheticQuestionKind, { section: string; pattern: string }> = {
-  founded: { section: 'history', pattern: 'founded in (\\d+)' },
+  founded: { section: 'history', pattern: '(\\d+)' },
   founder: { section: 'history', pattern: 'by ([A-Z]\\w+ [A-Z]\\w+)' },
-  river: { section: 'geography', pattern: 'on the (\\w+ River)' },
+  river: { section: 'geography', pattern: '(\\w+ River)' },
   economy: { section: 'economy', pattern: 'rests on (\\w+)' },
-  fair: { section: 'economy', pattern: 'holds the (\\w+ Fair)' },
+  fair: { section: 'economy', pattern: '(\\w+ Fair)' },
 };
 
 /**
