@@ -9,7 +9,8 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
-import { localDataFiles, localModelDir } from '../lib/hub/download.js';
+import { hubCacheError, localDataFiles, localModelDir } from '../lib/hub/download.js';
+import { SlmError } from '../lib/errors.js';
 import { parseHubRef, pathHasSplit, selectDataFiles, selectModelFiles } from '../lib/hub/ref.js';
 import { loadConfig, missingFiles } from '../lib/config/load.js';
 import { Corpus } from '../lib/retrieval/corpus.js';
@@ -157,6 +158,24 @@ t.test('a repository that does not exist: HUB_NOT_FOUND with the URL tried and w
   await t.rejects(loadQuestions('hf:nobody/missing:test'), { code: 'HUB_NOT_FOUND', message: /api\/datasets\/nobody\/missing/ });
   await t.rejects(loadQuestions('hf:sr1/nq:validation'), { code: 'HUB_NOT_FOUND', message: /split "validation".*its splits: train, test/ });
   await t.rejects(localModelDir('hf:sr1/nq@v9', { cacheDir: freshCache() }), { code: 'HUB_NOT_FOUND', message: /revision "v9"/ });
+});
+
+t.test('a hub cache that cannot be written: HUB_CACHE_UNWRITABLE naming the cache and what to do', async (t) => {
+  // As root every folder is writable, so the test uses a cache path under a file (ENOTDIR), which
+  // fails the same way for everyone.
+  const file = join(tmp, 'not-a-folder');
+  writeFileSync(file, 'x');
+  const cacheDir = join(file, 'hub');
+  await t.rejects(localModelDir('hf:tiny/qwen3', { cacheDir }), {
+    code: 'HUB_CACHE_UNWRITABLE',
+    message: new RegExp(`hf:tiny/qwen3: the Hugging Face cache at ${cacheDir} could not be written \\(ENOTDIR on mkdir .*\\)\\. Part of that path is a file.*HF_HUB_CACHE`),
+  });
+  // The other errno codes people meet (no permission, a full disk) map the same way, each with its hint.
+  const errno = (code: string) => Object.assign(new Error(`${code}: failed`), { code, syscall: 'write', path: '/cache/x.incomplete' });
+  t.match(hubCacheError(errno('EACCES'), '/cache', 'hf:a/b')?.message, /^hf:a\/b: the Hugging Face cache at \/cache could not be written \(EACCES on write \/cache\/x\.incomplete\)\. Make it writable/);
+  t.match(hubCacheError(errno('ENOSPC'), '/cache', 'hf:a/b'), { code: 'HUB_CACHE_UNWRITABLE', message: /disk is full.*next run resumes it/, details: { errno: 'ENOSPC', cacheDir: '/cache' } });
+  t.equal(hubCacheError(errno('ECONNRESET'), '/cache', 'hf:a/b'), undefined, 'not a cache problem');
+  t.equal(hubCacheError(new SlmError('HUB_NOT_FOUND', 'x'), '/cache', 'hf:a/b'), undefined, 'slm-train errors pass as they are');
 });
 
 t.test('an unreachable endpoint fails fast with HUB_UNREACHABLE; a silent one after the timeout, not a hang', async (t) => {

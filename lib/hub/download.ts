@@ -27,7 +27,7 @@ import { homedir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { Readable } from 'node:stream';
 import { datasetInfo, downloadFile, listFiles, modelInfo, type ListFileEntry } from '@huggingface/hub';
-import { SlmError } from '../errors.js';
+import { isSlmError, SlmError } from '../errors.js';
 import { INDEX_FILE, indexShards, isHubRef, parseHubRef, selectDataFiles, selectModelFiles, type HubRef, type RepoKind } from './ref.js';
 
 export interface HubOptions {
@@ -95,15 +95,47 @@ function settings(o: HubOptions): Settings {
 export async function localModelDir(pathOrRef: string, o: HubOptions = {}): Promise<string> {
   if (!isHubRef(pathOrRef)) return pathOrRef;
   const ref = parseHubRef(pathOrRef);
-  const { root } = await fetchSnapshot(ref, 'model', settings(o));
+  const { root } = await fetchInCache(ref, 'model', settings(o));
   return ref.path ? join(root, ref.path) : root;
 }
 
 /** The local files of a data source: `[path]`, or for `hf:OWNER/NAME[:split]` its downloaded data files. */
 export async function localDataFiles(pathOrRef: string, o: HubOptions = {}): Promise<string[]> {
   if (!isHubRef(pathOrRef)) return [pathOrRef];
-  const { root, files } = await fetchSnapshot(parseHubRef(pathOrRef), 'dataset', settings(o));
+  const { root, files } = await fetchInCache(parseHubRef(pathOrRef), 'dataset', settings(o));
   return files.map((f) => join(root, f));
+}
+
+/** fetchSnapshot, with the cache's file-system failures (no permission, no space, ...) said as such. */
+async function fetchInCache(ref: HubRef, kind: RepoKind, s: Settings): Promise<{ root: string; files: string[] }> {
+  try {
+    return await fetchSnapshot(ref, kind, s);
+  } catch (e) {
+    throw hubCacheError(e, s.cacheDir, ref.text) ?? e;
+  }
+}
+
+const CACHE_ERRNO: Record<string, string> = {
+  EACCES: 'Make it writable by this user, or point HF_HUB_CACHE (or HF_HOME) at a folder you can write.',
+  EPERM: 'Make it writable by this user, or point HF_HUB_CACHE (or HF_HOME) at a folder you can write.',
+  EROFS: 'It is on a read-only file system; point HF_HUB_CACHE (or HF_HOME) at a writable folder.',
+  ENOSPC: 'The disk is full: free space there, or point HF_HUB_CACHE (or HF_HOME) at a disk with room; the partial file is kept and the next run resumes it.',
+  EDQUOT: 'The disk quota is used up: free space, or point HF_HUB_CACHE (or HF_HOME) at another disk; the partial file is kept and the next run resumes it.',
+  ENOTDIR: 'Part of that path is a file, not a folder; point HF_HUB_CACHE (or HF_HOME) at a folder.',
+};
+
+/**
+ * HUB_CACHE_UNWRITABLE for a file-system error of the hub cache (a Node error with an errno code
+ * such as EACCES or ENOSPC), naming the cache, the operation and what to do; undefined for anything
+ * else (SlmErrors and other failures pass as they are).
+ */
+export function hubCacheError(e: unknown, cacheDir: string, what: string): SlmError | undefined {
+  if (isSlmError(e)) return undefined;
+  const err = e as NodeJS.ErrnoException;
+  const hint = typeof err?.code === 'string' ? CACHE_ERRNO[err.code] : undefined;
+  if (!hint) return undefined;
+  const op = [err.syscall, err.path].filter(Boolean).join(' ');
+  return new SlmError('HUB_CACHE_UNWRITABLE', `${what}: the Hugging Face cache at ${cacheDir} could not be written (${err.code}${op ? ` on ${op}` : ''}). ${hint}`, { cacheDir, errno: err.code });
 }
 
 /** `hf:OWNER/NAME` -> "OWNER/NAME" (a display name), anything else -> undefined. */
