@@ -144,6 +144,21 @@ async function compareAdapters(one: string, two: string): Promise<{ maxDiff: num
 
 const jsonl = (f: string) => readFileSync(f, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
 
+/** The float32 tensors of a safetensors file (its header gives each tensor's byte range after it). */
+function readF32Tensors(file: string): Record<string, Float32Array> {
+  const buf = readFileSync(file);
+  const n = Number(buf.readBigUInt64LE(0));
+  const header = JSON.parse(buf.subarray(8, 8 + n).toString('utf8')) as Record<string, { dtype: string; data_offsets: [number, number] }>;
+  const out: Record<string, Float32Array> = {};
+  for (const [k, e] of Object.entries(header)) {
+    if (k === '__metadata__') continue;
+    if (e.dtype !== 'F32') throw new Error(`${file}: ${k} is ${e.dtype}, expected F32`);
+    const bytes = buf.subarray(8 + n + e.data_offsets[0], 8 + n + e.data_offsets[1]);
+    out[k] = new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length));
+  }
+  return out;
+}
+
 t.test('slm-train train --nproc 2: SFT over two Gloo ranks writes the adapter one process writes', { skip }, async (t) => {
   copyFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), join(model, 'chat_template.jinja'));
   const runs = join(dir, 'runs');
@@ -270,6 +285,11 @@ t.test('slm-train train --nproc 2: PPO (tags, critic, whitening over the global 
   // optimizer step above is the exact check.
   t.ok(maxDiff <= 1e-5, `adapters equal within 1e-5 (max |diff| ${maxDiff})`);
   // The value head is part of the run's final state: the checkpoints hold the same one.
-  const vh = (r: string) => readFileSync(join(runs, r, 'checkpoints', 'step-2', 'adapter', 'value_head.safetensors'));
-  t.ok(vh('one').length > 0 && vh('two').length === vh('one').length, 'both wrote a value head of the same size');
+  const vh = (r: string) => readF32Tensors(join(runs, r, 'checkpoints', 'step-2', 'adapter', 'value_head.safetensors'));
+  const [vh1, vh2] = [vh('one'), vh('two')];
+  t.same(Object.keys(vh2).sort(), Object.keys(vh1).sort(), 'the same value-head tensors');
+  let vmax = 0;
+  let vnorm = 0;
+  for (const [k, v] of Object.entries(vh1)) for (let i = 0; i < v.length; i++) (vmax = Math.max(vmax, Math.abs(v[i] - vh2[k][i]))), (vnorm = Math.max(vnorm, Math.abs(v[i])));
+  t.ok(vnorm > 0 && vmax <= 1e-5, `value heads equal within 1e-5 (max |diff| ${vmax}, max |w| ${vnorm})`);
 });

@@ -117,10 +117,18 @@ t.test('unsupported or incomplete rope_scaling, sliding-window attention -> MODE
   await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /high_freq_factor > low_freq_factor/);
   write({ use_sliding_window: true, sliding_window: 4096 });
   await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /use_sliding_window.*full attention only/);
-  write({ rope_scaling: { rope_type: 'default' } });
-  const m = await Model.load(dir);
-  m.dispose();
-  t.pass('rope_type "default" is the unscaled RoPE');
+  const logitsWith = async (c: object) => {
+    write(c);
+    const m = await Model.load(dir);
+    try {
+      return Array.from((await m.logits([[1, 2, 3, 4, 5, 6, 7, 8]])).data);
+    } finally {
+      m.dispose();
+    }
+  };
+  const plain = await logitsWith({});
+  t.same(await logitsWith({ rope_scaling: { rope_type: 'default' } }), plain, 'rope_type "default" is the unscaled RoPE: the same logits');
+  t.notSame(await logitsWith({ rope_theta: cfg.rope_theta * 4 }), plain, 'while another RoPE base changes them (the comparison can fail)');
 });
 
 t.test('config.json of another architecture than the weights -> the tensor that does not fit is named', async (t) => {
