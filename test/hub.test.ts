@@ -3,7 +3,6 @@
 // @huggingface/hub into the hub cache layout, once. Every request goes to a stand-in hub on loopback
 // (test/helpers/hub-server.ts) that serves real files: a Search-R1-layout Parquet written here, a
 // corpus JSONL, and the tiny checkpoints of ../shared/fixtures.
-import { execFileSync } from 'node:child_process';
 import { existsSync, lstatSync, readFileSync, readlinkSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -18,7 +17,8 @@ import { loadQuestions } from '../lib/train/session.js';
 import { runCliAsync } from './helpers/cli.js';
 import { FakeHub } from './helpers/hub-server.js';
 import { freePort } from '../lib/distributed/launch.js';
-import { fixture, repoRoot } from './helpers/shared.js';
+import { fixture } from './helpers/shared.js';
+import { writeParquet } from './helpers/parquet.js';
 
 const tmp = t.testdir();
 const QUESTIONS = {
@@ -36,9 +36,7 @@ const PAGES = [
 
 function parquet(rows: Array<Record<string, unknown>>, name: string): Buffer {
   const file = join(tmp, name);
-  const columnData = Object.keys(rows[0]).map((n) => ({ name: n, data: rows.map((r) => r[n]) }));
-  // hyparquet-writer in a plain node process (tap's TypeScript loader cannot resolve its subpath import).
-  execFileSync(process.execPath, ['--input-type=module', '-e', `import { parquetWriteFile } from 'hyparquet-writer'; await parquetWriteFile(${JSON.stringify({ filename: file, columnData })});`], { cwd: repoRoot });
+  writeParquet(file, rows);
   return readFileSync(file);
 }
 

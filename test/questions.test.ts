@@ -2,13 +2,12 @@
 // {id, question, golden_answers: [...]}, its processed rows (data_source, prompt, ability,
 // reward_model.ground_truth.target: [...], extra_info) in Parquet with nested lists and structs as
 // written by a Parquet writer, and JSONL; exact match and F1 count against any of the gold answers.
-import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { answerMetrics } from '../lib/rewards/metrics.js';
 import { loadQuestions } from '../lib/train/session.js';
-import { repoRoot } from './helpers/shared.js';
+import { writeParquet } from './helpers/parquet.js';
 
 const tmp = t.testdir();
 const template = (q: string) => `Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new information. ... Question: ${q}\n`;
@@ -26,9 +25,7 @@ const processed = ROWS.map((r, i) => ({
 
 t.test('Search-R1 processed Parquet (nested lists and structs) and JSONL', async (t) => {
   const file = join(tmp, 'test.parquet');
-  const columnData = Object.keys(processed[0]).map((name) => ({ name, data: processed.map((r) => r[name as keyof (typeof processed)[0]]) }));
-  // hyparquet-writer in a plain node process (tap's TypeScript loader cannot resolve its subpath import).
-  execFileSync(process.execPath, ['--input-type=module', '-e', `import { parquetWriteFile } from 'hyparquet-writer'; await parquetWriteFile(${JSON.stringify({ filename: file, columnData })});`], { cwd: repoRoot });
+  writeParquet(file, processed);
   writeFileSync(join(tmp, 'test.jsonl'), processed.map((r) => JSON.stringify(r)).join('\n') + '\n');
   for (const f of ['test.parquet', 'test.jsonl']) {
     const qs = await loadQuestions(join(tmp, f));

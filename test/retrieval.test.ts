@@ -1,7 +1,6 @@
 // Corpus loading and search primitives, BM25, reciprocal-rank fusion, the HNSW index (recall against
 // exact search, save/load, damaged folders) and page retrieval on a generated corpus (issue 3,
 // items 1-3 and 10).
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -13,7 +12,7 @@ import { HashingEmbedder, dot } from '../lib/retrieval/embedders.js';
 import { SearchIndex } from '../lib/retrieval/index.js';
 import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { words } from '../lib/retrieval/text.js';
-import { repoRoot } from './helpers/shared.js';
+import { writeParquet } from './helpers/parquet.js';
 
 const tmp = mkdtempSync(join(tmpdir(), 'slm-retrieval-'));
 t.teardown(() => rmSync(tmp, { recursive: true, force: true }));
@@ -42,14 +41,7 @@ async function rejects(p: () => unknown, code: string, re: RegExp, t: Test) {
 t.test('a corpus loads the same from JSONL, JSON and Parquet', async (t) => {
   writeFileSync(join(tmp, 'c.jsonl'), PAGES.map((p) => JSON.stringify(p)).join('\n') + '\n\n');
   writeFileSync(join(tmp, 'c.json'), JSON.stringify(PAGES));
-  // Written by hyparquet-writer in a plain node process (tap's TypeScript loader cannot resolve the
-  // writer's wildcard subpath import of hyparquet).
-  const columns = ['id', 'title', 'content'].map((name) => ({ name, data: PAGES.map((p) => p[name as keyof Page]), type: 'STRING' }));
-  execFileSync(process.execPath, [
-    '--input-type=module',
-    '-e',
-    `import { parquetWriteFile } from 'hyparquet-writer'; await parquetWriteFile(${JSON.stringify({ filename: join(tmp, 'c.parquet'), columnData: columns })});`,
-  ], { cwd: repoRoot });
+  writeParquet(join(tmp, 'c.parquet'), PAGES.map((p) => ({ id: p.id, title: p.title, content: p.content })), { id: 'STRING', title: 'STRING', content: 'STRING' });
   for (const f of ['c.jsonl', 'c.json', 'c.parquet']) {
     const c = await Corpus.load(join(tmp, f));
     t.same(c.pages, PAGES, f);
