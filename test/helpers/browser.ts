@@ -27,7 +27,8 @@ type Msg = { id?: number; method?: string; params?: Record<string, unknown>; res
 export async function openPage(binary: string, url: string, expression: string, timeoutMs = 60_000): Promise<PageResult> {
   const profile = mkdtempSync(join(tmpdir(), 'slm-chromium-'));
   const args = ['--headless=new', '--remote-debugging-pipe', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--no-default-browser-check', '--disable-extensions', `--user-data-dir=${profile}`, 'about:blank'];
-  const proc: ChildProcess = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
+  // Its own process group, so that cleaning up ends its helper processes (zygote, crash handler) too.
+  const proc: ChildProcess = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'], detached: true });
   let stderr = '';
   proc.stderr!.on('data', (c) => (stderr += c));
   const toBrowser = proc.stdio[3] as Writable;
@@ -93,8 +94,14 @@ export async function openPage(binary: string, url: string, expression: string, 
     return { value: r.result?.value, errors };
   } finally {
     clearTimeout(timer);
-    if (proc.exitCode === null) proc.kill('SIGKILL');
-    await new Promise((r) => (proc.exitCode !== null ? r(null) : proc.once('exit', r)));
-    rmSync(profile, { recursive: true, force: true });
+    const exited = new Promise((r) => (proc.exitCode !== null || proc.signalCode !== null ? r(null) : proc.once('exit', r)));
+    try {
+      process.kill(-proc.pid!, 'SIGKILL'); // the whole group, even after the main process closed
+    } catch {
+      /* already gone */
+    }
+    await exited;
+    // A helper may still be writing into the profile for a moment (seen in CI: ENOTEMPTY on rmdir).
+    rmSync(profile, { recursive: true, force: true, maxRetries: 20, retryDelay: 50 });
   }
 }
