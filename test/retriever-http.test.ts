@@ -146,17 +146,18 @@ async function serve(h: Handler): Promise<{ url: string; hits: () => number; clo
   };
 }
 
-t.test('timeouts and retries: 503, a dropped connection and a silent server are retried; 4xx is not', async (t) => {
+t.test('timeouts and retries: 503, 408, a dropped connection and a silent server are retried; other 4xx are not', async (t) => {
   const answer = (body: unknown) => JSON.stringify({ result: (body as { queries: string[] }).queries.map(() => [{ id: '1', contents: 'T\nx' }]) });
   const flaky = await serve((req, body, res, n) => {
     if (n === 1) { res.writeHead(503); res.end('busy'); return; }
     if (n === 2) { req.socket.destroy(); return; }
+    if (n === 3) { res.writeHead(408); res.end('request timeout'); return; }
     res.end(answer(body));
   });
   const c = new HttpRetriever({ url: flaky.url, retries: 3, backoffMs: 10 });
-  t.same(await c.searchPassages('q', 1), [{ page_id: '1', title: 'T', text: 'x', score: 0 }], 'answered on the third try');
-  t.equal(flaky.hits(), 3);
-  t.equal(c.stats.retries, 2);
+  t.same(await c.searchPassages('q', 1), [{ page_id: '1', title: 'T', text: 'x', score: 0 }], 'answered on the fourth try');
+  t.equal(flaky.hits(), 4);
+  t.equal(c.stats.retries, 3);
   await flaky.close();
 
   const silent = await serve(() => {});

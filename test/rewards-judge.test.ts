@@ -16,12 +16,12 @@ import {
   judgeReward,
   judgeSystemPrompt,
   judgeUserMessage,
-  Limiter,
   openAIJudgeBackend,
   parseJudgeReply,
   renderTrajectory,
   type RewardContext,
 } from '../lib/rewards/index.js';
+import { Limiter } from '../lib/util/limiter.js';
 
 const ctx: RewardContext = {
   question: 'Who designed the Sydney Opera House?',

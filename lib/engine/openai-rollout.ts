@@ -17,7 +17,7 @@
 import { mkdirSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { SlmError } from '../errors.js';
-import { Limiter } from '../rewards/judge-backends.js';
+import { Limiter } from '../util/limiter.js';
 import { AttemptError, backoffMs, fetchText, retryableStatus, withRetries } from '../util/http-retry.js';
 import type { Model } from './model.js';
 import type { GenerateRequest, GenerateResult, TextGenerator } from './types.js';

@@ -7,12 +7,12 @@
  *
  * Every query asked in the same turn of the event loop (the episode runner asks all active
  * episodes' searches at once) goes out in one request (up to `maxBatch` queries per request).
- * Requests time out, and connection errors, timeouts, 429 and 5xx are retried with exponential
+ * Requests time out, and connection errors, timeouts, 408, 429 and 5xx are retried with exponential
  * backoff; after the last try the run stops with RETRIEVER_UNAVAILABLE (a retriever that is down
  * must not turn into "no passages" observations that the policy then learns from).
  */
 import { SlmError, describe } from '../errors.js';
-import { AttemptError, backoffMs, fetchText, withRetries } from '../util/http-retry.js';
+import { AttemptError, backoffMs, fetchText, retryableStatus, withRetries } from '../util/http-retry.js';
 import type { Passage } from './index.js';
 
 export interface HttpRetrieverOptions {
@@ -128,7 +128,7 @@ export class HttpRetriever {
       async () => {
         const { res, text } = await fetchText(this.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body }, this.timeoutMs);
         // 429 and 5xx are retried; another status means the server does not take this request.
-        if (res.status === 429 || res.status >= 500) throw new AttemptError(`HTTP ${res.status} ${text.slice(0, 200)}`, true);
+        if (retryableStatus(res.status)) throw new AttemptError(`HTTP ${res.status} ${text.slice(0, 200)}`, true);
         if (!res.ok) throw new SlmError('RETRIEVER_ERROR', `POST ${this.url} answered HTTP ${res.status}: ${text.slice(0, 300)}. Expected a Search-R1 retrieval server taking {queries, topk, return_scores}.`);
         return this.parse(text, queries.length);
       },

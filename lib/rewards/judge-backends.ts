@@ -17,6 +17,7 @@ import { SlmError, describe } from '../errors.js';
 import type { TextGenerator } from '../engine/types.js';
 import type { ChatMessage, Tokenizer } from '../model/tokenizer-types.js';
 import { AttemptError, backoffMs, fetchText, retryAfterMs, retryableStatus, withRetries } from '../util/http-retry.js';
+import { Limiter } from '../util/limiter.js';
 
 export { backoffMs };
 
@@ -34,25 +35,6 @@ export interface JudgeBackend {
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
-
-/** A counting semaphore: `run(fn)` waits until fewer than `limit` runs are in flight. */
-export class Limiter {
-  #active = 0;
-  readonly #waiting: Array<() => void> = [];
-  constructor(readonly limit: number) {}
-
-  async run<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.#active >= this.limit) await new Promise<void>((resolve) => this.#waiting.push(resolve));
-    else this.#active++;
-    try {
-      return await fn();
-    } finally {
-      const next = this.#waiting.shift();
-      if (next) next(); // the slot passes to the next waiter
-      else this.#active--;
-    }
-  }
-}
 
 function positive(name: string, v: number, integer = false, min = 0): number {
   if (typeof v !== 'number' || !Number.isFinite(v) || v < min || (integer && !Number.isInteger(v))) {
