@@ -933,6 +933,7 @@ class Zygote:
             if done.get('cpu_limit'):
                 result['timed_out'] = True
             fa = done.get('final_answer')
+            # Capped again here: the child runs the model's code and could write its own frame.
             if isinstance(fa, str):
                 result['final_answer'] = fa[:int(msg.get('max_output') or 10000)]
         elif status is not None and os.WIFSIGNALED(status):

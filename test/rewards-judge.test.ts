@@ -10,7 +10,6 @@ import type { GenerateRequest, GenerateResult, TextGenerator } from '../lib/engi
 import { ChatFormatter } from '../lib/model/chat.js';
 import { packagedQwen3Config, qwen3Tokenizer } from '../lib/model/tokenizer.js';
 import {
-  backoffMs,
   combineGrades,
   engineJudgeBackend,
   judgeReward,
@@ -22,6 +21,7 @@ import {
   type RewardContext,
 } from '../lib/rewards/index.js';
 import { Limiter } from '../lib/util/limiter.js';
+import { backoffMs } from '../lib/util/http-retry.js';
 
 const ctx: RewardContext = {
   question: 'Who designed the Sydney Opera House?',

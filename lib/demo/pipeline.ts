@@ -118,8 +118,8 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
     model: { ...base.model, adapter: join(paths.runs, 'sft', 'adapter') },
     rollout: { k: 8, batch_questions: 4, temperature: 1 },
     algorithm: { std: 'group', fallbacks: { all_failed: 'skip', zero_variance: 'skip' } },
-    // 1e-3 drove the policy's entropy from 0.6 to 2.5 in 20 steps and greedy decoding stopped answering;
-    // 3e-4 keeps the SFT format (measured on the 2026-11-23 demo: answered 100 %, F1 0.1 -> 9.2 %).
+    // At 1e-3 the policy's entropy rose until greedy decoding stopped answering (answered 41 -> 6 %
+    // from an earlier version of this demo's SFT adapter, 2026-11-23); 3e-4 keeps what SFT taught.
     optim: { lr: 3e-4, gradient_checkpointing: false },
     train: { steps: o.grpoSteps ?? 20, seed, checkpoint_every: 0 },
     run: { ...base.run, name: 'grpo' },
@@ -134,7 +134,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
     const ex = await expertTrajectories(train, env.protocol, { maxTurns: grpoCfg.protocol.max_turns, onDone: () => bar.increment() });
     writeFileSync(sftFile, ex.rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
     expert = { accepted: ex.rows.length, rejected: ex.rejected };
-    log(`expert: ${ex.rows.length} trajectories (${ex.rejected} rejected: the program's output was not the gold answer) in ${((performance.now() - t) / 1e3).toFixed(1)} s`);
+    log(`expert: ${ex.rows.length} trajectories (${ex.rejected} rejected: the program's answer was not the gold one) in ${((performance.now() - t) / 1e3).toFixed(1)} s`);
   } finally {
     bar.stop();
     await env.close();

@@ -9,6 +9,7 @@
  */
 import { isSlmError, SlmError } from '../errors.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
+import { IDENTIFIER } from '../sandbox/tools.js';
 import type { ToolCall } from '../sandbox/types.js';
 import { CODE_TAGS, codeFeedback, finalTurnNotice, formatCodeObservation, parseCodeTurn, DEFAULT_OBSERVATION_CHARS, type CodeAction, type CodeTags, type ProgramOutput } from './code.js';
 import { codeQuestionMessage, codeSystemPrompt, tagsInstruction, type CodeLanguage } from './prompts.js';
@@ -143,7 +144,7 @@ export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
   const notice = o.finalTurnNotice === undefined ? finalTurnNotice(tags) : o.finalTurnNotice;
   const maxChars = o.maxOutputChars ?? DEFAULT_OBSERVATION_CHARS;
   const qVar = o.questionVariable;
-  if (qVar !== undefined && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(qVar)) {
+  if (qVar !== undefined && !IDENTIFIER.test(qVar)) {
     throw new SlmError('ARGUMENT_INVALID', `Expected questionVariable to be an identifier such as "question" but received ${JSON.stringify(qVar)}.`);
   }
   return {
@@ -165,8 +166,8 @@ export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
         if (qVar !== undefined && typeof ctx.question !== 'string') {
           throw new SlmError('PROTOCOL_ERROR', `Expected the turn context to carry the episode's question (the protocol binds it to "${qVar}") but it had none.`);
         }
-        const opts = { ...(qVar !== undefined ? { globals: { [qVar]: ctx.question } } : {}), ...(o.finalAnswer ? { finalAnswer: true } : {}) };
-        const r = await (Object.keys(opts).length ? o.executor.run(action.code, opts) : o.executor.run(action.code));
+        const opts = qVar !== undefined || o.finalAnswer ? { ...(qVar !== undefined ? { globals: { [qVar]: ctx.question } } : {}), finalAnswer: o.finalAnswer === true } : undefined;
+        const r = await o.executor.run(action.code, opts);
         out.toolMs = performance.now() - t0;
         out.calls = (r.calls ?? []).map((c) => ({ turn: ctx.turn, name: c.name, args: c.args, ok: c.ok, ms: c.ms }));
         out.program = { error: r.error, timed_out: r.timed_out, truncated: r.truncated ?? false, output_chars: r.stdout.length, duration_ms: r.duration_ms ?? out.toolMs };

@@ -115,9 +115,10 @@ async function fetchInCache(ref: HubRef, kind: RepoKind, s: Settings): Promise<{
   }
 }
 
+const NO_PERMISSION = 'Make it writable by this user, or point HF_HUB_CACHE (or HF_HOME) at a folder you can write.';
 const CACHE_ERRNO: Record<string, string> = {
-  EACCES: 'Make it writable by this user, or point HF_HUB_CACHE (or HF_HOME) at a folder you can write.',
-  EPERM: 'Make it writable by this user, or point HF_HUB_CACHE (or HF_HOME) at a folder you can write.',
+  EACCES: NO_PERMISSION,
+  EPERM: NO_PERMISSION,
   EROFS: 'It is on a read-only file system; point HF_HUB_CACHE (or HF_HOME) at a writable folder.',
   ENOSPC: 'The disk is full: free space there, or point HF_HUB_CACHE (or HF_HOME) at a disk with room; the partial file is kept and the next run resumes it.',
   EDQUOT: 'The disk quota is used up: free space, or point HF_HUB_CACHE (or HF_HOME) at another disk; the partial file is kept and the next run resumes it.',

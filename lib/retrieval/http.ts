@@ -127,7 +127,7 @@ export class HttpRetriever {
     return withRetries(
       async () => {
         const { res, text } = await fetchText(this.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body }, this.timeoutMs);
-        // 429 and 5xx are retried; another status means the server does not take this request.
+        // 408, 429 and 5xx are retried; another status means the server does not take this request.
         if (retryableStatus(res.status)) throw new AttemptError(`HTTP ${res.status} ${text.slice(0, 200)}`, true);
         if (!res.ok) throw new SlmError('RETRIEVER_ERROR', `POST ${this.url} answered HTTP ${res.status}: ${text.slice(0, 300)}. Expected a Search-R1 retrieval server taking {queries, topk, return_scores}.`);
         return this.parse(text, queries.length);

@@ -16,10 +16,10 @@ import { describe } from '../errors.js';
 import { HttpError, closeServer, listen, readBody, sendJson } from '../serve/http.js';
 import type { Passage } from './index.js';
 
-/** What the server needs from an index (a SearchIndex has it). */
 /** The most passages one query may ask for (the server's default maxTopK, and the CLI's --topk bound). */
 export const MAX_TOPK = 100;
 
+/** What the server needs from an index (a SearchIndex has it). */
 export interface PassageSearch {
   searchPassages(query: string, k: number): Promise<Passage[]>;
   readonly corpus?: { pages: readonly unknown[] };

@@ -19,8 +19,6 @@ import type { ChatMessage, Tokenizer } from '../model/tokenizer-types.js';
 import { AttemptError, backoffMs, fetchText, retryAfterMs, retryableStatus, withRetries } from '../util/http-retry.js';
 import { Limiter } from '../util/limiter.js';
 
-export { backoffMs };
-
 export interface JudgeReply {
   text: string;
   /** The reply stopped at the token limit (it may lack the grades). */

@@ -71,7 +71,8 @@ export function toJsonLike(v: unknown, what: string, depth = 0): unknown {
   throw new Error(`${what} contains a ${Object.prototype.toString.call(v).slice(8, -1)}; tools must return JSON values`);
 }
 
-const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]*$/;
+/** A variable name both sandboxes' languages accept (what RunOptions.globals and questionVariable take). */
+export const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /**
  * Checks a program's global variables (RunOptions.globals) and returns them as plain JSON values;
