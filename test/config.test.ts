@@ -274,7 +274,7 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     distributed: { nproc: true, nnodes: true, node_rank: true, master_addr: true, master_port: true, backend: true, timeout_s: true, python: true },
     reward: { combine: true, parts: true, judge: true },
     algorithm: {
-      kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_in: true, kl_estimator: true, token_level: true, inner_epochs: true, entropy_coef: true,
+      kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_reference: true, kl_in: true, kl_estimator: true, token_level: true, inner_epochs: true, entropy_coef: true,
       std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true, mini_batch: true,
     },
     optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, schedule: true, warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },

@@ -72,8 +72,11 @@ export interface NativeModel {
   /** [batch, seqLen, vocab] float32 logits of every position. */
   logits(req: { ids: Int32Array; batch: number; seqLen: number; attentionMask?: Int32Array; positionIds?: Int32Array }): Promise<Float32Array>;
   generate(req: NativeGenerateRequest): Promise<NativeGenerateResult>;
-  /** out[t] = log p(ids[t] | ids[<t]) per row (0 at t = 0), concatenated like the input. */
-  sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number }): Promise<Float32Array>;
+  /**
+   * out[t] = log p(ids[t] | ids[<t]) per row (0 at t = 0), concatenated like the input. `reference`:
+   * under the KL reference policy (the frozen reference adapter, else the base model).
+   */
+  sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number; reference?: boolean }): Promise<Float32Array>;
   /** PPO critic values per token (value of the state before it; 0 at t = 0), adapter on, no dropout. */
   sequenceValues(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   /** Final hidden state (after the last norm) of each sequence's last token, [rows x hidden] flattened. */
@@ -84,6 +87,11 @@ export interface NativeModel {
   attachLora(spec: NativeLoraSpec & { seed?: number }): void;
   loadLora(spec: NativeLoraSpec & { file: string }): Promise<void>;
   detachLora(): void;
+  /** Freezes the adapter attached now as the KL reference policy (kept when the adapter is replaced). */
+  setReferenceAdapter(): void;
+  /** The KL reference is the base model again. */
+  clearReferenceAdapter(): void;
+  hasReferenceAdapter(): boolean;
   saveLora(req: { file: string; valueHeadFile?: string }): Promise<void>;
   attachValueHead(seed?: number): void;
   loadValueHead(file: string): void;

@@ -141,6 +141,7 @@ export const CONFIG_SCHEMA: Schema = {
       clip_low: num(0.2, { minimum: 0 }),
       clip_high: num(null, { minimum: 0 }, 'null = clip_low; DAPO uses 0.28'),
       kl_coef: num(0, { minimum: 0 }),
+      kl_reference: oneOf(['start', 'base'], 'start', 'the KL reference policy: start = the adapter the stage starts from (model.adapter, e.g. the SFT result), frozen; base = the base model (adapter off)'),
       kl_in: oneOf(['loss', 'reward'], null, 'null: reward for PPO (Search-R1), loss for GRPO'),
       kl_estimator: oneOf(['k1', 'k2', 'k3'], null, 'null: k1 in the reward, k3 in the loss'),
       token_level: bool(true, 'DAPO token-level loss normalisation (else per-sequence mean)'),

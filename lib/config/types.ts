@@ -106,6 +106,7 @@ export interface AlgorithmConfig {
   clip_low: number;
   clip_high: number;
   kl_coef: number;
+  kl_reference: 'start' | 'base';
   kl_in: 'loss' | 'reward';
   kl_estimator: 'k1' | 'k2' | 'k3';
   token_level: boolean;

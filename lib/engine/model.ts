@@ -193,20 +193,32 @@ export class Model implements TextGenerator {
   }
 
   /**
-   * Teacher-forced log-probs of the reference policy (the base model, adapter off), as
-   * sequenceLogprobs. Every lora_B is set to 0 while it runs (an adapter with B = 0 adds exact zeros)
-   * and restored after, so nothing else may use this model concurrently. Without an adapter it is
-   * sequenceLogprobs.
+   * Teacher-forced log-probs of the KL reference policy, as sequenceLogprobs: the adapter frozen by
+   * setReferenceAdapter() (the SFT adapter an RL stage starts from), else the base model (adapter
+   * off). One native forward with the reference option; the trained adapter is not touched.
    */
   async referenceLogprobs(rows: ArrayLike<number>[], temperature = 1): Promise<Float32Array[]> {
-    if (!this.lora) return this.sequenceLogprobs(rows, temperature);
-    const saved = Object.entries(this.h.trainable()).filter(([k]) => k.includes('.lora_B.'));
-    for (const [k, w] of saved) this.h.setTrainable(k, new Float32Array(w.length));
-    try {
-      return await this.sequenceLogprobs(rows, temperature);
-    } finally {
-      for (const [k, w] of saved) this.h.setTrainable(k, w);
-    }
+    const { ids, lengths } = this.#flatten(rows);
+    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature, reference: true }), lengths);
+  }
+
+  /**
+   * Freezes the adapter attached now as the KL reference policy of training (the loss's KL term and
+   * referenceLogprobs). It survives replacing the trained adapter (a checkpoint restored on resume).
+   */
+  setReferenceAdapter(): void {
+    if (!this.lora) throw new SlmError('NOT_SUPPORTED', 'there is no adapter to freeze as the KL reference: load or attach one first.');
+    this.h.setReferenceAdapter();
+  }
+
+  /** The KL reference is the base model again. */
+  clearReferenceAdapter(): void {
+    this.h.clearReferenceAdapter();
+  }
+
+  /** Whether a frozen reference adapter is set (else the reference is the base model). */
+  hasReferenceAdapter(): boolean {
+    return this.h.hasReferenceAdapter();
   }
 
   /**

@@ -83,6 +83,10 @@ export interface GrpoOptions {
   schedule: Omit<ScheduleSpec, 'totalSteps'> & { totalSteps?: number };
   weightDecay?: number;
   maxGradNorm?: number;
+  /** AdamW's betas and eps (optim.betas, optim.eps); default 0.9, 0.999, 1e-8. */
+  adam?: AdamOptions;
+  /** Entropy bonus coefficient (the loss subtracts coef x the mean entropy of the trained tokens). */
+  entropyCoef?: number;
   microBatch?: number;
   gradientCheckpointing?: boolean;
   seed: number;
@@ -90,6 +94,12 @@ export interface GrpoOptions {
   resume?: boolean;
   /** Keep the adapter already on the model (e.g. from SFT) instead of attaching a fresh one. */
   keepAdapter?: boolean;
+  /**
+   * The KL reference policy: 'start' (default) = the adapter the stage starts from, frozen (the SFT
+   * policy, as TRL and verl keep the initial policy as reference), or the base model without one;
+   * 'base' = the base model (adapter off) even when starting from an adapter.
+   */
+  klReference?: 'start' | 'base';
   stopAfter?: number;
   /** Called after each step's metrics row (awaited: e.g. an evaluation every N steps). */
   onStep?: (row: Record<string, unknown>) => void | Promise<void>;
@@ -102,6 +112,13 @@ export interface GrpoOptions {
   shard?: Shard;
 }
 
+/** AdamW's moment decay rates and epsilon, as the native trainStep takes them. */
+export interface AdamOptions {
+  beta1: number;
+  beta2: number;
+  eps: number;
+}
+
 /** A seeded uniform in [0, 1) from integers (splitmix-style), for per-rollout temperatures. */
 export function hashUniform(...xs: number[]): number {
   let h = 0x9e3779b9;
@@ -111,6 +128,25 @@ export function hashUniform(...xs: number[]): number {
     h ^= h >>> 12;
   }
   return (h >>> 0) / 4294967296;
+}
+
+/**
+ * The start of an RL stage, shared by GRPO and PPO: the KL reference (with klReference 'start' and an
+ * adapter to start from, that adapter frozen, set before a checkpoint replaces the trained one on
+ * resume), then the trained adapter: restored from the newest checkpoint with `resume`, the adapter
+ * already on the model with keepAdapter, else a fresh one. `fresh`: a new adapter was attached.
+ */
+export async function beginStage(
+  model: Model,
+  run: RunFolder,
+  o: { resume?: boolean; keepAdapter?: boolean; klReference?: 'start' | 'base'; lora: LoraSpec; seed: number },
+): Promise<{ state: TrainState; fresh: boolean }> {
+  const start = o.keepAdapter === true && model.lora !== undefined;
+  if (start && (o.klReference ?? 'start') === 'start') model.setReferenceAdapter();
+  else model.clearReferenceAdapter();
+  if (o.resume) return { state: await run.restore(model), fresh: false };
+  if (!start) model.attachLora(o.lora, o.seed);
+  return { state: { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed }, fresh: !start };
 }
 
 /**
@@ -144,9 +180,7 @@ export async function endStep(c: {
 export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: GrpoDeps<Q>, o: GrpoOptions): Promise<{ steps: number; meanReward: number[] }> {
   const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
   const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? o.steps };
-  let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed };
-  if (o.resume) state = await run.restore(model);
-  else if (!o.keepAdapter || !model.lora) model.attachLora(o.lora, o.seed);
+  let { state } = await beginStage(model, run, o);
   const rewardsByStep: number[] = [];
   let ranHere = 0;
   const bar = new Progress('grpo', o.steps, 'steps', o.progress, state.step);
@@ -208,9 +242,11 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
             clipHigh: o.clipHigh ?? o.clipLow ?? 0.2,
             klCoef: o.klCoef ?? 0,
             klEstimator: o.klEstimator ?? 'k3',
+            entropyCoef: o.entropyCoef ?? 0,
             tokenLevel: o.tokenLevel ?? true,
             weightDecay: o.weightDecay ?? 0,
             maxGradNorm: o.maxGradNorm ?? 1,
+            ...o.adam,
             microBatch: o.microBatch,
             checkpoint: o.gradientCheckpointing ?? true,
           });

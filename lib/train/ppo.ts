@@ -34,7 +34,7 @@ import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
 import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './advantages.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
-import { endStep, hashUniform, type RewardResult, type RolloutFn, type RolloutRequest, type TrainEpisode } from './grpo.js';
+import { beginStage, endStep, hashUniform, type AdamOptions, type RewardResult, type RolloutFn, type RolloutRequest, type TrainEpisode } from './grpo.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
@@ -67,7 +67,7 @@ export interface PpoOptions {
   lam?: number;
   /** Whiten the advantages over the batch's trained tokens (default true, as verl). */
   whiten?: boolean;
-  /** KL to the reference (adapter off); default 0.001 (Search-R1). */
+  /** KL to the reference (see klReference); default 0.001 (Search-R1). */
   klCoef?: number;
   /** 'reward' (default, verl's kl_ctrl in the token rewards) or 'loss' (a KL term in the native loss). */
   klIn?: 'reward' | 'loss';
@@ -90,6 +90,7 @@ export interface PpoOptions {
   recomputeOldLogprobs?: boolean;
   weightDecay?: number;
   maxGradNorm?: number;
+  adam?: AdamOptions;
   microBatch?: number;
   gradientCheckpointing?: boolean;
   seed: number;
@@ -97,6 +98,8 @@ export interface PpoOptions {
   resume?: boolean;
   /** Keep the adapter already on the model (e.g. from SFT) instead of attaching a fresh one. */
   keepAdapter?: boolean;
+  /** The KL reference: the adapter the stage starts from, frozen ('start', default), or the base model. */
+  klReference?: 'start' | 'base';
   stopAfter?: number;
   /** Called after each step's metrics row (awaited: e.g. an evaluation every N steps). */
   onStep?: (row: Record<string, unknown>) => void | Promise<void>;
@@ -255,6 +258,8 @@ export interface PpoUpdateOptions {
   tokenLevel: boolean;
   weightDecay: number;
   maxGradNorm: number;
+  /** AdamW's betas and eps (optim.betas, optim.eps); default 0.9, 0.999, 1e-8. */
+  adam?: AdamOptions;
   microBatch?: number;
   checkpoint: boolean;
   /**
@@ -301,6 +306,7 @@ export async function ppoUpdate(model: Model, b: PpoBatch, o: PpoUpdateOptions):
             tokenLevel: o.tokenLevel,
             weightDecay: o.weightDecay,
             maxGradNorm: o.maxGradNorm,
+            ...o.adam,
             microBatch: o.microBatch,
             checkpoint: o.checkpoint,
           },
@@ -334,15 +340,11 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
   const criticBase = o.criticSchedule ?? (o.criticLr !== undefined ? { ...o.schedule, lr: o.criticLr } : undefined);
   const critic: ScheduleSpec | undefined = criticBase && { ...criticBase, totalSteps: criticBase.totalSteps ?? o.steps };
   const checkpoint = o.gradientCheckpointing ?? true;
-  let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed };
+  const begun = await beginStage(model, run, o);
+  let state: TrainState = begun.state;
   if (o.resume) {
-    state = await run.restore(model);
     if (!model.hasValueHead()) throw new SlmError('CHECKPOINT_INVALID', `--resume: the latest checkpoint in ${run.dir} has no value head (value_head.safetensors); it is not a PPO checkpoint.`);
-  } else {
-    const fresh = !o.keepAdapter || !model.lora;
-    if (fresh) model.attachLora(o.lora, o.seed);
-    if (fresh || !model.hasValueHead()) model.attachValueHead(o.seed + 1);
-  }
+  } else if (begun.fresh || !model.hasValueHead()) model.attachValueHead(o.seed + 1);
   const rewardsByStep: number[] = [];
   let ranHere = 0;
   const bar = new Progress('ppo', o.steps, 'steps', o.progress, state.step);
@@ -418,6 +420,7 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
           tokenLevel: o.tokenLevel ?? true,
           weightDecay: o.weightDecay ?? 0,
           maxGradNorm: o.maxGradNorm ?? 1,
+          adam: o.adam,
           microBatch: o.microBatch,
           checkpoint,
           mine: o.shard ? (i) => prep.kept[i] >= offset && prep.kept[i] < offset + episodes.length : undefined,

@@ -323,6 +323,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
     lora: loraSpec(cfg),
     weightDecay: cfg.optim.weight_decay,
     maxGradNorm: cfg.optim.max_grad_norm,
+    adam: { beta1: cfg.optim.betas[0], beta2: cfg.optim.betas[1], eps: cfg.optim.eps },
     microBatch: cfg.optim.micro_batch || undefined,
     gradientCheckpointing: cfg.optim.gradient_checkpointing,
     seed: cfg.train.seed,
@@ -376,7 +377,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       const reward = trainerReward(rewardFromConfig(cfg.reward as never, judge.deps), (q: Question) => ({ question: q.question, golds: q.golds }));
       const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
       const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
-      const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, tokenLevel: cfg.algorithm.token_level, entropyCoef: cfg.algorithm.entropy_coef, onStep };
+      const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, klReference: cfg.algorithm.kl_reference, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, tokenLevel: cfg.algorithm.token_level, entropyCoef: cfg.algorithm.entropy_coef, onStep };
       const o8 = cfg.rollout.openai;
       const remote =
         cfg.rollout.engine === 'openai'

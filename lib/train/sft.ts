@@ -10,6 +10,7 @@ import { Progress, type ProgressTo } from '../util/progress.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { batchByLength, type SftExample } from './sft-data.js';
+import type { AdamOptions } from './grpo.js';
 import { shardRange } from '../distributed/data-parallel.js';
 import type { Shard } from '../distributed/run.js';
 
@@ -24,6 +25,8 @@ export interface SftOptions {
   schedule: Omit<ScheduleSpec, 'totalSteps'> & { totalSteps?: number };
   weightDecay?: number;
   maxGradNorm?: number;
+  /** AdamW's betas and eps (optim.betas, optim.eps); default 0.9, 0.999, 1e-8. */
+  adam?: AdamOptions;
   gradientCheckpointing?: boolean;
   seed: number;
   checkpointEvery?: number;
@@ -62,7 +65,7 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
         const mine = o.shard ? batch.slice(...shardRange(batch.length, o.shard.rank, o.shard.world)) : batch;
         const s = await model.trainStep(
           { sequences: mine.map((e) => e.ids), masks: mine.map((e) => e.mask) },
-          { loss: 'sft', lr, weightDecay: o.weightDecay ?? 0, maxGradNorm: o.maxGradNorm ?? 1, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? true },
+          { loss: 'sft', lr, weightDecay: o.weightDecay ?? 0, maxGradNorm: o.maxGradNorm ?? 1, ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? true },
         );
         lastLoss = s.loss;
         state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };

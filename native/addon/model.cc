@@ -128,14 +128,14 @@ class LogprobsWorker : public PromiseWorker {
  public:
   // What a teacher-forced pass returns: log-probs, the PPO critic's values, or last-token hidden states.
   enum class Mode { Logprobs, Values, LastHidden };
-  LogprobsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::vector<std::vector<int32_t>> seqs, double temp, Mode mode = Mode::Logprobs)
+  LogprobsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::vector<std::vector<int32_t>> seqs, double temp, Mode mode, bool reference)
       : PromiseWorker(env, mode == Mode::Values ? "slm:values" : mode == Mode::LastHidden ? "slm:hidden" : "slm:logprobs", owner),
-        m_(std::move(m)), seqs_(std::move(seqs)), temp_(temp), mode_(mode) {}
+        m_(std::move(m)), seqs_(std::move(seqs)), temp_(temp), mode_(mode), reference_(reference) {}
 
  protected:
   void Run() override {
     c10::InferenceMode guard;
-    out_ = mode_ == Mode::Values ? slm::sequence_values(*m_, seqs_) : mode_ == Mode::LastHidden ? slm::last_hidden(*m_, seqs_) : slm::sequence_logprobs(*m_, seqs_, temp_);
+    out_ = mode_ == Mode::Values ? slm::sequence_values(*m_, seqs_) : mode_ == Mode::LastHidden ? slm::last_hidden(*m_, seqs_) : slm::sequence_logprobs(*m_, seqs_, temp_, reference_);
   }
   Napi::Value Result(Napi::Env env) override {
     std::vector<float> flat;
@@ -148,6 +148,7 @@ class LogprobsWorker : public PromiseWorker {
   std::vector<std::vector<int32_t>> seqs_;
   double temp_;
   Mode mode_;
+  bool reference_;
   std::vector<std::vector<float>> out_;
 };
 
@@ -165,14 +166,16 @@ std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<in
   return rows;
 }
 
-// sequenceLogprobs / sequenceValues / lastHidden: {ids, lengths[, temperature]} -> a worker's Promise.
+// sequenceLogprobs / sequenceValues / lastHidden: {ids, lengths[, temperature, reference]} -> a worker's Promise.
 Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen3Model> m, const char* name, LogprobsWorker::Mode mode) {
   auto env = info.Env();
   const bool lp = mode == LogprobsWorker::Mode::Logprobs;
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", std::string(name) + (lp ? " expects {ids, lengths, temperature}." : " expects {ids, lengths}."));
   auto o = info[0].As<Napi::Object>();
   auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
-  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), std::move(m), std::move(rows), lp ? num_field(env, o, "temperature", 1.0) : 1.0, mode);
+  auto ref = o.Get("reference");
+  const bool reference = lp && ref.IsBoolean() && ref.As<Napi::Boolean>().Value();
+  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), std::move(m), std::move(rows), lp ? num_field(env, o, "temperature", 1.0) : 1.0, mode, reference);
   auto p = w->Promise();
   w->Queue();
   return p;
@@ -189,6 +192,9 @@ Napi::Function ModelWrap::Define(Napi::Env env) {
                           InstanceMethod<&ModelWrap::LastHidden>("lastHidden"), InstanceMethod<&ModelWrap::Dispose>("dispose"),
                           InstanceMethod<&ModelWrap::AttachLora>("attachLora"), InstanceMethod<&ModelWrap::LoadLora>("loadLora"),
                           InstanceMethod<&ModelWrap::DetachLora>("detachLora"), InstanceMethod<&ModelWrap::SaveLora>("saveLora"),
+                          InstanceMethod<&ModelWrap::SetReferenceAdapter>("setReferenceAdapter"),
+                          InstanceMethod<&ModelWrap::ClearReferenceAdapter>("clearReferenceAdapter"),
+                          InstanceMethod<&ModelWrap::HasReferenceAdapter>("hasReferenceAdapter"),
                           InstanceMethod<&ModelWrap::AttachValueHead>("attachValueHead"),
                           InstanceMethod<&ModelWrap::LoadValueHead>("loadValueHead"), InstanceMethod<&ModelWrap::TrainStep>("trainStep"),
                           InstanceMethod<&ModelWrap::SaveOptimizer>("saveOptimizer"),

@@ -35,6 +35,9 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   Napi::Value LoadLora(const Napi::CallbackInfo& info);
   Napi::Value DetachLora(const Napi::CallbackInfo& info);
   Napi::Value SaveLora(const Napi::CallbackInfo& info);
+  Napi::Value SetReferenceAdapter(const Napi::CallbackInfo& info);
+  Napi::Value ClearReferenceAdapter(const Napi::CallbackInfo& info);
+  Napi::Value HasReferenceAdapter(const Napi::CallbackInfo& info);
   Napi::Value AttachValueHead(const Napi::CallbackInfo& info);
   Napi::Value LoadValueHead(const Napi::CallbackInfo& info);
   Napi::Value TrainStep(const Napi::CallbackInfo& info);

@@ -110,6 +110,25 @@ Napi::Value ModelWrap::LoadLora(const Napi::CallbackInfo& info) {
       [](Napi::Env e) { return e.Undefined(); });
 }
 
+// setReferenceAdapter(): freeze the adapter attached now as the KL reference policy;
+// clearReferenceAdapter(): the reference is the base model again; hasReferenceAdapter() -> boolean.
+Napi::Value ModelWrap::SetReferenceAdapter(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  ErrorInfo err;
+  if (!capture([&] { slm::set_reference_adapter(*m); }, err)) throw_error(env, err.code, err.message);
+  return env.Undefined();
+}
+
+Napi::Value ModelWrap::ClearReferenceAdapter(const Napi::CallbackInfo& info) {
+  slm::clear_reference_adapter(*live(info.Env()));
+  return info.Env().Undefined();
+}
+
+Napi::Value ModelWrap::HasReferenceAdapter(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), slm::has_reference_adapter(*live(info.Env())));
+}
+
 Napi::Value ModelWrap::DetachLora(const Napi::CallbackInfo& info) {
   auto m = live(info.Env());
   slm::detach_lora(*m);

@@ -215,7 +215,7 @@ std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const s
   return out;
 }
 
-std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, double temperature) {
+std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, double temperature, bool reference) {
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);
   if (B == 0) return out;
@@ -224,7 +224,7 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
   const int64_t T = p.T;
   if (T == 0) return out;
   const auto dev = model.device();
-  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr);  // [B, T, hidden]
+  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false, reference});  // [B, T, hidden]
   auto targets = p.ids;
   auto result = at::zeros({B, T}, at::TensorOptions().dtype(at::kFloat).device(dev));
   // The vocabulary projection in time chunks bounds the [B, c, V] float32 block to ~256 MB.

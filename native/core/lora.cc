@@ -113,6 +113,40 @@ void detach_lora(Qwen3Model& m) {
     }
 }
 
+void set_reference_adapter(Qwen3Model& m) {
+  if (!m.has_adapter()) fail("NOT_SUPPORTED", "there is no adapter to freeze as the KL reference: load or attach one first.");
+  at::NoGradGuard ng;
+  for (auto& L : m.layers())
+    for (auto& [name, lin] : L.projections()) {
+      (void)name;
+      if (!lin->lora) {
+        lin->reference.reset();
+        continue;
+      }
+      auto ref = std::make_shared<LoraWeights>(*lin->lora);
+      ref->A = lin->lora->A.detach().clone();
+      ref->B = lin->lora->B.detach().clone();
+      lin->reference = std::move(ref);
+    }
+}
+
+void clear_reference_adapter(Qwen3Model& m) {
+  for (auto& L : m.layers())
+    for (auto& [name, lin] : L.projections()) {
+      (void)name;
+      lin->reference.reset();
+    }
+}
+
+bool has_reference_adapter(const Qwen3Model& m) {
+  for (const auto& L : m.layers())
+    for (const auto& [name, lin] : L.projections()) {
+      (void)name;
+      if (lin->reference) return true;
+    }
+  return false;
+}
+
 std::map<std::string, at::Tensor> lora_tensors(const Qwen3Model& m) {
   std::map<std::string, at::Tensor> out;
   const auto& layers = m.layers();

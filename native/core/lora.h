@@ -32,6 +32,13 @@ void attach_lora(Qwen3Model& m, const LoraConfig& c, uint64_t seed);
 // Adapter tensors from a PEFT file: every tensor must be used and every shape must match.
 void load_lora(Qwen3Model& m, const LoraConfig& c, TensorMap&& tensors);
 void detach_lora(Qwen3Model& m);
+// The KL reference adapter (ForwardOptions::reference): a frozen copy of the adapter attached now
+// (e.g. the SFT adapter an RL stage starts from). It stays when the trained adapter is replaced
+// (a checkpoint restored on resume). Without one, the reference is the base model. Raises
+// NOT_SUPPORTED when no adapter is attached.
+void set_reference_adapter(Qwen3Model& m);
+void clear_reference_adapter(Qwen3Model& m);
+bool has_reference_adapter(const Qwen3Model& m);
 // name -> tensor in PEFT naming (float32).
 std::map<std::string, at::Tensor> lora_tensors(const Qwen3Model& m);
 // All trainable tensors by name (LoRA, then the value head as value_head.weight / value_head.bias).

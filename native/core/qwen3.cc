@@ -75,10 +75,11 @@ at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
   } else {
     y = bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
   }
-  if (lora && o.adapter) {
+  const LoraWeights* l = o.reference ? reference.get() : o.adapter ? lora.get() : nullptr;
+  if (l) {
     auto xl = x.to(at::kFloat);
-    if (o.train && lora->dropout > 0) xl = at::dropout(xl, lora->dropout, /*train=*/true);
-    auto d = at::linear(at::linear(xl, lora->A), lora->B) * lora->scale;  // [.., r] -> [.., out]
+    if (o.train && !o.reference && l->dropout > 0) xl = at::dropout(xl, l->dropout, /*train=*/true);
+    auto d = at::linear(at::linear(xl, l->A), l->B) * l->scale;  // [.., r] -> [.., out]
     y = y + d.to(y.scalar_type());
   }
   return y;
@@ -359,6 +360,6 @@ at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions
   return rms_norm(h, norm_);
 }
 
-at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return Linear{lm_head_, at::Tensor(), nullptr}.forward(hidden).to(at::kFloat); }
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return Linear{lm_head_, at::Tensor(), nullptr, nullptr}.forward(hidden).to(at::kFloat); }
 
 }  // namespace slm

@@ -69,12 +69,14 @@ struct LoadOptions {
   std::string device = "cpu";         // "cpu", "cuda", "cuda:1", ...
 };
 
-// How a forward pass runs: with or without the adapter (the reference policy is the same model with
-// the adapter off), in training mode (LoRA dropout active), with per-layer gradient checkpointing.
+// How a forward pass runs: with or without the adapter, in training mode (LoRA dropout active), with
+// per-layer gradient checkpointing, or as the KL reference policy (`reference`: the frozen reference
+// adapter where one was set, e.g. the SFT adapter an RL stage starts from, else the base weights).
 struct ForwardOptions {
   bool adapter = true;
   bool train = false;
   bool checkpoint = false;
+  bool reference = false;
 };
 
 // A LoRA adapter on one projection: y += scale * B(A(dropout(x))), A [r, in], B [out, r], kept in
@@ -89,6 +91,9 @@ struct Linear {
   at::Tensor weight;                   // [out, in], frozen
   at::Tensor bias;                     // [out], frozen; undefined when the projection has none
   std::shared_ptr<LoraWeights> lora;   // null when this projection has no adapter
+  // A frozen copy of an adapter, used by reference forwards (ForwardOptions::reference); null = the
+  // reference is the base weights. Attaching, loading or detaching the trained adapter leaves it.
+  std::shared_ptr<const LoraWeights> reference;
   at::Tensor forward(const at::Tensor& x, const ForwardOptions& o = {}) const;
 };
 

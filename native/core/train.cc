@@ -168,8 +168,8 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
     const int64_t V = m.config().vocab_size;
     const int64_t chunk = std::max<int64_t>(1, (int64_t(32) << 20) / std::max<int64_t>(B * V, 1));  // ~128 MB of float32 logits
     if (pg && lc.kl_coef > 0) {
-      at::NoGradGuard ng;  // the reference policy: the same weights with the adapter switched off
-      auto hr = m.hidden(ids, positions, keys, nullptr, ForwardOptions{false, false, false});
+      at::NoGradGuard ng;  // the reference policy: the frozen reference adapter, else the base weights
+      auto hr = m.hidden(ids, positions, keys, nullptr, ForwardOptions{false, false, false, true});
       ref_lp = at::zeros({B, T - 1}, at::TensorOptions().dtype(at::kFloat).device(dev));
       for (int64_t c0 = 0; c0 < T - 1; c0 += chunk) {
         const int64_t c = std::min(chunk, T - 1 - c0);

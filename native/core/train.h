@@ -10,7 +10,8 @@
 // change the result):
 //   sft:  -log p(token)                                         (mean over trained tokens)
 //   pg:   -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A),  r = exp(logp - old_logp)
-//         + kl_coef * KL(policy || reference)   (reference = the same model with the adapter off;
+//         + kl_coef * KL(policy || reference)   (reference = the frozen reference adapter when one is
+//           set (set_reference_adapter: the SFT adapter an RL stage starts from), else the base model;
 //           k1 = logp - ref_logp, k3 = exp(ref - logp) - (ref - logp) - 1)
 //         - entropy_coef * entropy
 //         + vf_coef * 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -value_clip, value_clip) - R)^2)
