@@ -49,22 +49,39 @@ t.test('Dr.GRPO: r - mean, no std division', async (t) => {
   close(t, groupAdvantage([1, 1], { std: 'none' }).advantages!, [0.5, 0.5], 'Dr.GRPO all succeed');
 });
 
-t.test('fallbacks: all failed is skipped; zero variance with success uses r - 0.5', async (t) => {
-  const f = groupAdvantage([0, 0, 0, 0]);
+t.test("fallbacks, the reference's rule: flat (std < 0.01) and mean < 0.1 skipped, flat otherwise r - 0.5, else normalized", async (t) => {
+  // The reference (population std): std < 0.01 -> mean < 0.1 ? skip : r - 0.5; else (r - mean) / (std + 1e-8).
+  const ref = { stdEstimator: 'population', eps: 1e-8 } as const;
+  const f = groupAdvantage([0, 0, 0, 0], ref);
   t.same([f.advantages, f.rule, f.reason, f.successes], [null, 'skipped', 'all_failed', 0]);
-  // Failure is reward <= failAtOrBelow (0 by default): negative format penalties with variance are still all failures.
-  t.equal(groupAdvantage([-0.1, 0, -0.2]).reason, 'all_failed');
-  // A raised threshold: 0.25 (e.g. the approach part alone) counts as a failure.
-  t.equal(groupAdvantage([0.25, 0.1, 0.2], { failAtOrBelow: 0.25 }).reason, 'all_failed');
-  t.equal(groupAdvantage([0.25, 0.1, 0.9], { failAtOrBelow: 0.25 }).rule, 'normalized');
-  // Success flags override the threshold: rewards above 0 from the approach judge, all incorrect.
-  t.equal(groupAdvantage([0.2, 0.1, 0.15], {}, [false, false, false]).reason, 'all_failed');
-  t.equal(groupAdvantage([0.2, 0.1, 0.15], {}, [false, true, false]).rule, 'normalized');
-  // allFailed 'normalize': plain GRPO.
-  const n = groupAdvantage([-1, 0], { allFailed: 'normalize', eps: 0 });
+  // Every rollout wrong, all scored -1 (sign-magnitude, approach 0): flat, mean -1 < 0.1 -> skipped.
+  t.equal(groupAdvantage([-1, -1, -1], ref).reason, 'all_failed');
+  // Every rollout wrong but with different approach scores: not flat -> normalized (the reference learns
+  // from the better wrong answers). r = [-0.9, -0.5, -0.7]: mean -0.7, population std sqrt(0.08 / 3) = 0.1632993.
+  const w = groupAdvantage([-0.9, -0.5, -0.7], ref);
+  t.equal(w.rule, 'normalized');
+  close(t, w.advantages!, [-1.2247449, 1.2247449, 0], 'all wrong, spread');
+  // A near-tie (spread 0.0025: population std 0.0011785) counts as flat: mean 0.80125 >= 0.1 -> r - 0.5,
+  // not the +-1.2 a division by a tiny std would give.
+  close(t, groupAdvantage([0.8, 0.8025, 0.8, 0.8025], ref).advantages!, [0.3, 0.3025, 0.3, 0.3025], 'near-tie centred');
+  // Flat below 0.1 but not zero (e.g. a small format reward for everyone): still skipped.
+  t.equal(groupAdvantage([0.05, 0.05], ref).reason, 'all_failed');
+  // Flat at exactly 0.1: centred (0.1 - 0.5 = -0.4).
+  close(t, groupAdvantage([0.1, 0.1], ref).advantages!, [-0.4, -0.4], 'flat at 0.1');
+  // The thresholds are options.
+  t.equal(groupAdvantage([0.8, 0.81], { ...ref, flatStd: 0.001 }).rule, 'normalized');
+  t.equal(groupAdvantage([0.3, 0.3], { ...ref, flatSkipBelow: 0.5 }).reason, 'all_failed');
+  // Opt-in, not the reference: allFailed 'skip' skips a group without a success whatever its spread.
+  // Failure is reward <= failAtOrBelow (0 by default), or the correctness flag when given.
+  t.equal(groupAdvantage([-0.1, 0, -0.2], { allFailed: 'skip' }).reason, 'all_failed');
+  t.equal(groupAdvantage([-0.1, 0, -0.2]).rule, 'normalized', 'by default the spread is learned from');
+  t.equal(groupAdvantage([0.25, 0.1, 0.2], { allFailed: 'skip', failAtOrBelow: 0.25 }).reason, 'all_failed');
+  t.equal(groupAdvantage([0.25, 0.1, 0.9], { allFailed: 'skip', failAtOrBelow: 0.25 }).rule, 'normalized');
+  t.equal(groupAdvantage([0.2, 0.1, 0.15], { allFailed: 'skip' }, [false, false, false]).reason, 'all_failed');
+  t.equal(groupAdvantage([0.2, 0.1, 0.15], { allFailed: 'skip' }, [false, true, false]).rule, 'normalized');
+  const n = groupAdvantage([-1, 0], { eps: 0 });
   close(t, n.advantages!, [-0.7071068, 0.7071068], 'all failed, normalized'); // sample std of [-1, 0] = 0.7071068
-  close(t, groupAdvantage([0, 0], { allFailed: 'normalize' }).advantages!, [0, 0], 'all failed, no variance');
-  // Zero variance, all succeed: r - 0.5.
+  // Flat and successful: r - 0.5.
   const c = groupAdvantage([1, 1, 1, 1]);
   t.equal(c.rule, 'centered');
   close(t, c.advantages!, [0.5, 0.5, 0.5, 0.5], 'all 1');
@@ -74,10 +91,11 @@ t.test('fallbacks: all failed is skipped; zero variance with success uses r - 0.
   t.equal(groupAdvantage([1, 1], { zeroVariance: 'skip' }).reason, 'zero_variance');
   const z = groupAdvantage([1, 1], { zeroVariance: 'zero' });
   t.same([z.rule, z.advantages], ['zero', [0, 0]]);
-  // A failed judge call (NaN) skips the group rather than guessing.
+  // A non-finite reward skips the group rather than guessing.
   t.equal(groupAdvantage([1, NaN, 0]).reason, 'non_finite_reward');
-  // A single rollout: no sample std; it succeeds -> centred.
+  // A single rollout: no sample std, so it is flat; it succeeds -> centred.
   close(t, groupAdvantage([1]).advantages!, [0.5], 'single rollout');
+  t.throws(() => groupAdvantage([1, 0], { flatStd: -1 }), { code: 'ARGUMENT_INVALID' });
 });
 
 t.test('a batch of groups: per-episode scalars and which groups were skipped', async (t) => {
@@ -93,7 +111,7 @@ t.test('a batch of groups: per-episode scalars and which groups were skipped', a
       [2, 4, 2, 'centered', 2],
     ],
   );
-  t.same(grpoAdvantages([0.5, 0.5, 0.5, 0.5], 2, {}, [true, true, false, false]).skipped, [{ group: 1, reason: 'all_failed' }]);
+  t.same(grpoAdvantages([0.5, 0.5, 0.5, 0.5], 2, { allFailed: 'skip' }, [true, true, false, false]).skipped, [{ group: 1, reason: 'all_failed' }]);
   t.throws(() => grpoAdvantages([1, 0, 1], 2), { code: 'ARGUMENT_INVALID', message: /multiple of 2/ });
   t.throws(() => grpoAdvantages([1, 0], 0), { code: 'ARGUMENT_INVALID' });
   t.throws(() => grpoAdvantages([1, 0], 2, {}, [true]), { code: 'ARGUMENT_INVALID' });
@@ -106,7 +124,8 @@ t.test('a batch of groups: per-episode scalars and which groups were skipped', a
   const fn = groupAdvantageFn({ std: 'none' });
   t.same(fn([1, 0]), { advantages: [0.5, -0.5] });
   t.same(fn([0, 0]), { advantages: null, reason: 'all_failed' });
-  t.same(fn([0.5, 0.5], [false, false]), { advantages: null, reason: 'all_failed' });
+  t.same(groupAdvantageFn({ allFailed: 'skip' })([0.5, 0.5], [false, false]), { advantages: null, reason: 'all_failed' });
+  t.same(fn([0.5, 0.5], [false, false]), { advantages: [0, 0] }, 'flat at 0.5 with std none: r - 0.5');
 });
 
 t.test('token-level broadcasting over the loss mask', async (t) => {

@@ -59,7 +59,7 @@ t.test('the ready configs hold the reference settings', async (t) => {
     g.reward.parts.map((p) => p.weight),
     [0.75, 0.25],
   );
-  t.same([g.algorithm.fallbacks.all_failed, g.algorithm.fallbacks.zero_variance, g.algorithm.fallbacks.center], ['skip', 'center', 0.5]);
+  t.same([g.algorithm.fallbacks.flat_std, g.algorithm.fallbacks.flat_skip_below, g.algorithm.fallbacks.all_failed, g.algorithm.fallbacks.zero_variance, g.algorithm.fallbacks.center], [0.01, 0.1, 'normalize', 'center', 0.5]);
 
   const p = loadConfig(join(configs, 'search-r1-ppo.yaml'));
   t.same([p.stage, p.algorithm.kind, p.rollout.batch_questions, p.optim.lr, p.optim.critic_lr, p.algorithm.kl_coef], ['ppo', 'ppo', 32, 1e-6, 1e-5, 0.001]);
@@ -250,7 +250,7 @@ t.test('the resolved config written into a run folder loads back identically', a
 
 t.test('what the config hands to the advantage functions and the schedule', async (t) => {
   const g: ResolvedConfig = loadConfig(join(configs, 'code-grpo.yaml'), ['algorithm.std=none', 'algorithm.std_estimator=population']);
-  t.same(groupAdvantageOptions(g), { std: 'none', stdEstimator: 'population', eps: 1e-4, failAtOrBelow: 0, allFailed: 'skip', zeroVariance: 'center', center: 0.5, useCorrectness: true });
+  t.same(groupAdvantageOptions(g), { std: 'none', stdEstimator: 'population', eps: 1e-4, flatStd: 0.01, flatSkipBelow: 0.1, failAtOrBelow: 0, allFailed: 'normalize', zeroVariance: 'center', center: 0.5, useCorrectness: false });
   const p = loadConfig(join(configs, 'search-r1-ppo.yaml'));
   t.same(ppoAdvantageOptions(p), { gamma: 1, lam: 1, klCoef: 0.001, klEstimator: 'k1', whiten: true });
   t.equal(ppoAdvantageOptions(loadConfig(join(configs, 'search-r1-ppo.yaml'), ['algorithm.kl_in=loss', 'algorithm.kl_estimator=k3'])).klCoef, 0, 'KL in the loss: none in the reward');
@@ -285,7 +285,7 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
   const nested: Record<string, string[]> = {
     'data.split': Object.keys({ train_fraction: true, seed: true } satisfies Keys<ResolvedConfig['data']['split']>),
     'rollout.openai': Object.keys({ urls: true, model: true, timeout_s: true, retries: true, concurrency: true, adapter_dir: true } satisfies Keys<ResolvedConfig['rollout']['openai']>),
-    'algorithm.fallbacks': Object.keys({ fail_at_or_below: true, fail_by: true, all_failed: true, zero_variance: true, center: true } satisfies Keys<ResolvedConfig['algorithm']['fallbacks']>),
+    'algorithm.fallbacks': Object.keys({ flat_std: true, flat_skip_below: true, fail_at_or_below: true, fail_by: true, all_failed: true, zero_variance: true, center: true } satisfies Keys<ResolvedConfig['algorithm']['fallbacks']>),
   };
   const props = (s: unknown) => Object.keys(((s as { properties?: object }).properties ?? {}) as object);
   const top = CONFIG_SCHEMA.properties as Record<string, unknown>;

@@ -14,6 +14,8 @@ export function groupAdvantageOptions(c: ResolvedConfig): GroupAdvantageOptions 
     std: a.std,
     stdEstimator: a.std_estimator,
     eps: a.adv_eps,
+    flatStd: a.fallbacks.flat_std,
+    flatSkipBelow: a.fallbacks.flat_skip_below,
     failAtOrBelow: a.fallbacks.fail_at_or_below,
     allFailed: a.fallbacks.all_failed,
     zeroVariance: a.fallbacks.zero_variance,

@@ -94,6 +94,8 @@ export interface RewardConfig {
 }
 
 export interface GroupFallbackConfig {
+  flat_std: number;
+  flat_skip_below: number;
   fail_at_or_below: number;
   fail_by: 'reward' | 'correct';
   all_failed: 'skip' | 'normalize';

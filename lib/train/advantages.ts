@@ -11,16 +11,17 @@
  *     `stdEstimator: 'population'` divides by K (numpy's `np.std` default).
  *   - eps defaults to 1e-4, TRL's value (verl uses 1e-6).
  *   - Dr.GRPO (`std: 'none'`): A_i = r_i - mean(r), no division (Liu et al. 2025).
- *   The reference project's fallbacks, applied in this order:
- *   1. every rollout of the group failed -> the group is skipped (advantages null; the trainer drops
- *      those episodes). A rollout fails when its success flag is false (if flags are given) or else
- *      when its reward is <= `failAtOrBelow` (default 0). `allFailed: 'normalize'` turns this off.
- *   2. the rewards have no variance (max - min <= 1e-9) and at least one rollout succeeded ->
- *      A_i = r_i - center (center 0.5): all-correct groups still get a push up, scaled by how far
- *      above 0.5 their common reward is. `zeroVariance: 'skip' | 'zero'` are the alternatives.
- *   3. otherwise the formula above.
- *   A group holding a non-finite reward (NaN from a failed judge call) is skipped with reason
- *   'non_finite_reward' rather than trained on a guessed value.
+ *   The reference project's fallbacks (its compute_grpo_advantages, population std), in this order:
+ *   1. a group with a non-finite reward (NaN from a failed judge call) is skipped with reason
+ *      'non_finite_reward' rather than trained on a guessed value;
+ *   2. a flat group (std < `flatStd`, 0.01) whose mean is below `flatSkipBelow` (0.1) is skipped
+ *      (reason 'all_failed': every rollout failed alike, there is nothing to learn from);
+ *   3. a flat group at or above it: A_i = r_i - center (center 0.5), so an all-correct group still
+ *      gets a push up ('zeroVariance: center'; 'skip' and 'zero' are the alternatives);
+ *   4. otherwise the formula above — also for a group in which every rollout failed but whose
+ *      rewards differ (the reference learns from a better approach among wrong answers).
+ *   Opt-in, not the reference: `allFailed: 'skip'` skips every group without a success whatever
+ *   its spread (a success: the correctness flag when given, else reward > `failAtOrBelow`).
  *
  * Token level: an episode's scalar advantage is spread over its trained tokens
  * (`broadcastAdvantage`). DAPO's token-level normalisation is not done here: it is the native loss's
@@ -52,24 +53,30 @@ export interface GroupAdvantageOptions {
   stdEstimator: 'sample' | 'population';
   /** Added to the std before dividing. */
   eps: number;
-  /** Without success flags, a rollout fails when its reward is <= this. */
-  failAtOrBelow: number;
-  /** A group where every rollout failed: 'skip' (reference) or 'normalize' (the plain formula). */
-  allFailed: 'skip' | 'normalize';
-  /** A group without variance and with a success: 'center' (r - center, reference), 'skip', or 'zero'. */
+  /** A group whose std (under stdEstimator) is below this is flat (the reference: 0.01). */
+  flatStd: number;
+  /** A flat group whose mean is below this is skipped (the reference: 0.1). */
+  flatSkipBelow: number;
+  /** A flat group at or above flatSkipBelow: 'center' (r - center, reference), 'skip', or 'zero'. */
   zeroVariance: 'center' | 'skip' | 'zero';
   /** The constant subtracted by zeroVariance 'center'. */
   center: number;
+  /** Without success flags, a rollout fails when its reward is <= this (for allFailed 'skip'). */
+  failAtOrBelow: number;
+  /** A group without a success: 'normalize' (the formula; reference) or 'skip' whatever its spread. */
+  allFailed: 'skip' | 'normalize';
 }
 
 export const GROUP_ADVANTAGE_DEFAULTS: GroupAdvantageOptions = {
   std: 'group',
   stdEstimator: 'sample',
   eps: 1e-4,
-  failAtOrBelow: 0,
-  allFailed: 'skip',
+  flatStd: 0.01,
+  flatSkipBelow: 0.1,
   zeroVariance: 'center',
   center: 0.5,
+  failAtOrBelow: 0,
+  allFailed: 'normalize',
 };
 
 export type GroupRule = 'normalized' | 'centered' | 'zero' | 'skipped';
@@ -87,15 +94,14 @@ export interface GroupAdvantage {
   successes: number;
 }
 
-/** Below this spread (max - min) a group's rewards count as equal. */
-const ZERO_SPREAD = 1e-9;
-
 function options(o?: Partial<GroupAdvantageOptions>): GroupAdvantageOptions {
   const opts = { ...GROUP_ADVANTAGE_DEFAULTS, ...o };
   if (opts.std !== 'group' && opts.std !== 'none') throw new SlmError('ARGUMENT_INVALID', `std must be "group" or "none", found ${describe(opts.std)}.`);
   if (opts.stdEstimator !== 'sample' && opts.stdEstimator !== 'population')
     throw new SlmError('ARGUMENT_INVALID', `stdEstimator must be "sample" or "population", found ${describe(opts.stdEstimator)}.`);
   if (!(opts.eps >= 0)) throw new SlmError('ARGUMENT_INVALID', `eps must be a number >= 0, found ${describe(opts.eps)}.`);
+  if (!(opts.flatStd >= 0)) throw new SlmError('ARGUMENT_INVALID', `flatStd must be a number >= 0, found ${describe(opts.flatStd)}.`);
+  if (typeof opts.flatSkipBelow !== 'number' || Number.isNaN(opts.flatSkipBelow)) throw new SlmError('ARGUMENT_INVALID', `flatSkipBelow must be a number, found ${describe(opts.flatSkipBelow)}.`);
   return opts;
 }
 
@@ -117,9 +123,12 @@ export function groupAdvantage(rewards: ArrayLike<number>, opts?: Partial<GroupA
   const successes = success ? Array.from(success).filter(Boolean).length : r.filter((x) => x > o.failAtOrBelow).length;
   const base = { mean, std, successes };
   if (successes === 0 && o.allFailed === 'skip') return { ...base, advantages: null, rule: 'skipped', reason: 'all_failed' };
-  if (Math.max(...r) - Math.min(...r) <= ZERO_SPREAD) {
-    if (successes > 0 && o.zeroVariance === 'center') return { ...base, advantages: r.map((x) => x - o.center), rule: 'centered' };
-    if (successes > 0 && o.zeroVariance === 'skip') return { ...base, advantages: null, rule: 'skipped', reason: 'zero_variance' };
+  // Flat: the std under the estimator in use, or for a single rollout (no sample std) no spread.
+  const flat = denom > 0 ? std < o.flatStd : true;
+  if (flat) {
+    if (mean < o.flatSkipBelow) return { ...base, advantages: null, rule: 'skipped', reason: 'all_failed' };
+    if (o.zeroVariance === 'center') return { ...base, advantages: r.map((x) => x - o.center), rule: 'centered' };
+    if (o.zeroVariance === 'skip') return { ...base, advantages: null, rule: 'skipped', reason: 'zero_variance' };
     return { ...base, advantages: r.map(() => 0), rule: 'zero' };
   }
   const scale = o.std === 'group' ? 1 / (std + o.eps) : 1;

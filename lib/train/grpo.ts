@@ -211,9 +211,11 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
       const skipped: string[] = [];
       for (let g = 0; g < qs.length; g++) {
         const group = rewards.slice(g * o.k, (g + 1) * o.k);
+        // Correctness flags when the reward gives them; an episode without one (a failed judge call)
+        // counts as not correct rather than switching the flags off for its whole group.
         const a = deps.advantages(
           group.map((x) => x.total),
-          group.every((x) => typeof x.correct === 'boolean') ? group.map((x) => x.correct as boolean) : undefined,
+          group.some((x) => typeof x.correct === 'boolean') ? group.map((x) => x.correct === true) : undefined,
         );
         if (!a.advantages) skipped.push(a.reason ?? 'skipped');
         for (let j = 0; j < o.k; j++) adv.push(a.advantages ? a.advantages[j] : null);
