@@ -267,7 +267,7 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     model: { path: true, adapter: true, dtype: true, device: true, threads: true },
     lora: { r: true, alpha: true, dropout: true, rslora: true, targets: true, layers: true },
     data: { questions: true, corpus: true, index: true, sft: true, split: true, exclude_leaking: true },
-    protocol: { kind: true, max_turns: true, max_turns_eval: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, system_prompt: true, question_variable: true, final_answer: true },
+    protocol: { kind: true, max_turns: true, max_turns_eval: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, system_prompt: true, final_turn_notice: true, prompts_from_sft: true, question_variable: true, final_answer: true },
     sandbox: { kind: true, timeout_s: true, memory_mb: true, workers: true },
     retrieval: { kind: true, embedder: true, ef: true, k: true, url: true, timeout_s: true, retries: true },
     rollout: { k: true, batch_questions: true, temperature: true, top_p: true, top_k: true, engine: true, openai: true },

@@ -2,7 +2,7 @@ import t from 'tap';
 import { readFileSync } from 'node:fs';
 import { ChatFormatter } from '../lib/model/chat.js';
 import { qwen3Tokenizer } from '../lib/model/tokenizer.js';
-import { batchByLength, readSftRows, tokenizeConversation } from '../lib/train/sft-data.js';
+import { batchByLength, fitContext, readSftRows, sftPrompts, tokenizeConversation } from '../lib/train/sft-data.js';
 import { dataFile, fixture } from './helpers/shared.js';
 
 const fmt = new ChatFormatter(readFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), 'utf8'), { eosToken: '<|im_end|>' });
@@ -49,4 +49,47 @@ t.test('bad rows give DATA_INVALID with the row number', async (t) => {
   t.throws(() => readSftRows(`${dir}/bad.jsonl`), { code: 'DATA_INVALID', message: /row 1, message 2.*"robot"/ });
   t.throws(() => readSftRows(`${dir}/noasst.jsonl`), { code: 'DATA_INVALID', message: /no assistant message/ });
   t.throws(() => readSftRows(`${dir}/missing.jsonl`), { code: 'FILE_NOT_FOUND' });
+});
+
+t.test('conversations over max_context are truncated (loss on what fits), not dropped', async (t) => {
+  const ex = (n: number, trainedFrom: number, row: number) => ({ ids: Array.from({ length: n }, (_, i) => i + 1), mask: Array.from({ length: n }, (_, i) => (i >= trainedFrom ? 1 : 0)), row });
+  const r = fitContext([ex(5, 2, 0), ex(12, 4, 1), ex(12, 9, 2)], 8);
+  t.same([r.truncated, r.dropped], [1, 1]);
+  t.same(r.examples.map((e) => e.row), [0, 1], 'the one whose assistant tokens all lie past the limit is dropped');
+  t.same(r.examples[1].ids, [1, 2, 3, 4, 5, 6, 7, 8]);
+  t.same(r.examples[1].mask, [0, 0, 0, 0, 1, 1, 1, 1], 'the loss covers the assistant tokens within the limit');
+  t.same(r.examples[0], ex(5, 2, 0), 'short ones pass through unchanged');
+  t.throws(() => fitContext([], 1), { code: 'ARGUMENT_INVALID' });
+  // The reference trajectories at the reference's 3,000 tokens: none dropped whole any more.
+  const rows = readSftRows(dataFile('seed-sft', 'trajectories.jsonl')).filter((x) => !x.in_test_split);
+  const all = rows.map((x, i) => tokenizeConversation(x.messages, fmt, tok, i));
+  const long = all.filter((e) => e.ids.length > 3000).length;
+  const fit = fitContext(all, 3000);
+  t.ok(long > 0, `${long} of the ${rows.length} training trajectories are longer than 3,000 tokens`);
+  t.equal(fit.truncated + fit.dropped, long);
+  t.equal(fit.examples.length, rows.length - fit.dropped, `kept ${fit.examples.length} (truncated ${fit.truncated}, dropped ${fit.dropped})`);
+  t.ok(fit.examples.every((e) => e.ids.length <= 3000 && e.mask.some((m) => m)));
+});
+
+t.test('the prompts the SFT conversations carry: the system message and the final-turn reminder', async (t) => {
+  const rows = readSftRows(dataFile('seed-sft', 'trajectories.jsonl')).filter((x) => !x.in_test_split);
+  const p = sftPrompts(rows);
+  t.equal(p.rows, 62);
+  t.equal(p.systemRows, 62, 'every training trajectory has the same system prompt');
+  t.match(p.system!, /^Answer questions using Python code to search Wikipedia\./);
+  t.match(p.system!, /You have 2 turns/);
+  t.match(p.finalTurn!, /^\[FINAL TURN\] You MUST provide your answer NOW/);
+  t.ok(p.finalTurnRows >= 55, `${p.finalTurnRows} rows end with the reminder`);
+  // Majority and agreement counts on a mixed set; a one-turn conversation has no reminder.
+  const conv = (s: string, notice?: string) => ({
+    messages: [
+      { role: 'system' as const, content: s },
+      { role: 'user' as const, content: 'Question: q' },
+      ...(notice ? [{ role: 'assistant' as const, content: '<python>x</python>' }, { role: 'user' as const, content: '<python_output>\n1\n</python_output>' }, { role: 'user' as const, content: notice }] : []),
+      { role: 'assistant' as const, content: '<answer>a</answer>' },
+    ],
+  });
+  const q = sftPrompts([conv('A', 'N1'), conv('B', 'N1'), conv('A'), conv('A', 'N2')]);
+  t.same([q.system, q.systemRows, q.finalTurn, q.finalTurnRows, q.rows], ['A', 3, 'N1', 2, 4]);
+  t.same(sftPrompts([{ messages: [{ role: 'user', content: 'q' }, { role: 'assistant', content: 'a' }] }]), { system: null, systemRows: 0, finalTurn: null, finalTurnRows: 0, rows: 1 });
 });

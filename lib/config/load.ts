@@ -333,6 +333,11 @@ function crossChecks(c: ResolvedConfig): Problem[] {
     if (c.protocol.kind === 'code') p.push({ path: ['retrieval', 'kind'], message: 'http serves passages for the tags protocol; the code protocol\'s search_pages/view_sections/read_section need a local index (retrieval.kind hybrid, dense or bm25)' });
   }
   if (isHubRef(c.data.index)) p.push({ path: ['data', 'index'], message: `a local folder (written by \`slm-train index\`), found the hub reference ${JSON.stringify(c.data.index)}; put a hub dataset in data.corpus and the index is built from it` });
+  if (c.protocol.prompts_from_sft) {
+    if (c.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; protocol.prompts_from_sft takes the prompts from the conversations of data.sft' });
+    for (const k of ['system_prompt', 'final_turn_notice'] as const)
+      if (c.protocol[k] !== null) p.push({ path: ['protocol', k], message: `set, but protocol.prompts_from_sft takes it from data.sft; set one or the other` });
+  }
   if (c.stage === 'grpo' && c.rollout.k < 2) p.push({ path: ['rollout', 'k'], message: `GRPO compares the rollouts of a group: expected an integer >= 2, found ${c.rollout.k}` });
   const klIn = a.kl_in ?? (c.stage === 'ppo' || a.kind === 'ppo' ? 'reward' : 'loss');
   if (klIn === 'loss' && a.kl_estimator === 'k2') p.push({ path: ['algorithm', 'kl_estimator'], message: 'the KL term in the loss supports k1 and k3, found "k2"; use k2 with kl_in: reward' });

@@ -75,6 +75,8 @@ export const CONFIG_SCHEMA: Schema = {
       tool_output_chars: int(6000, { minimum: 0 }, 'observations are cut to this many characters (the reference: 6,000; the first and last 40 % are kept)'),
       top_k: int(3, { minimum: 1 }, 'passages per <search> (tags)'),
       system_prompt: str(null, "null = the protocol's own (code: the reference's; tags: none, as Search-R1)"),
+      final_turn_notice: str(null, "code: the message sent before the last turn; null = the protocol's own"),
+      prompts_from_sft: bool(false, 'take the system prompt (and, for code, the final-turn notice) from the conversations of data.sft, the most common of each, so that SFT, RL and evaluation see one prompt; system_prompt and final_turn_notice must then be null'),
       question_variable: { ...str(null, 'code: bind the question to this variable in every program (e.g. question), as smolagents passes task inputs; null = none'), pattern: '^[A-Za-z_][A-Za-z0-9_]*$' },
       final_answer: bool(false, 'code: programs may end the episode with final_answer(answer), as in smolagents; <answer> tags still work'),
     }),

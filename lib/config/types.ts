@@ -42,6 +42,8 @@ export interface ProtocolConfig {
   tool_output_chars: number;
   top_k: number;
   system_prompt: string | null;
+  final_turn_notice: string | null;
+  prompts_from_sft: boolean;
   question_variable: string | null;
   final_answer: boolean;
 }

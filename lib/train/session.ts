@@ -35,7 +35,7 @@ import { RunFolder, permutation } from './run.js';
 import { writeReport } from './report.js';
 import { Progress, phasedProgress, type ProgressTo } from '../util/progress.js';
 import { runSft } from './sft.js';
-import { readSftRows, tokenizeConversation } from './sft-data.js';
+import { fitContext, readSftRows, sftPrompts, tokenizeConversation } from './sft-data.js';
 import { RankRunFolder, joinFromConfig, makeDataParallel, type Distributed } from '../distributed/run.js';
 import { OpenAIRollout, recomputeLogprobs } from '../engine/openai-rollout.js';
 import type { TextGenerator } from '../engine/types.js';
@@ -159,7 +159,24 @@ export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}, progre
   return idx;
 }
 
+/**
+ * protocol.prompts_from_sft: the config with protocol.system_prompt and final_turn_notice taken from
+ * the conversations of data.sft that SFT trains on (leaking rows left out as SFT leaves them out):
+ * the most common of each, logged with how many rows carry it. Otherwise the config as it is.
+ */
+export async function withSftPrompts(cfg: ResolvedConfig, log: Log = () => {}): Promise<ResolvedConfig> {
+  if (!cfg.protocol.prompts_from_sft) return cfg;
+  const file = required(cfg.data.sft, 'data.sft');
+  let rows = (await localDataFiles(file)).flatMap((f) => readSftRows(f));
+  if (cfg.data.exclude_leaking) rows = rows.filter((r) => r.in_test_split !== true);
+  const p = sftPrompts(rows);
+  if (p.system === null) throw new SlmError('DATA_INVALID', `protocol.prompts_from_sft: none of the ${p.rows} conversations of ${file} starts with a system message; set protocol.system_prompt instead.`);
+  log(`prompts: the system prompt of ${file} (${p.systemRows} of ${p.rows} conversations)${p.finalTurn !== null ? `, its final-turn notice (${p.finalTurnRows})` : ''}`);
+  return { ...cfg, protocol: { ...cfg.protocol, prompts_from_sft: false, system_prompt: p.system, final_turn_notice: p.finalTurn } };
+}
+
 export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, progress?: ProgressTo): Promise<Environment> {
+  cfg = await withSftPrompts(cfg, log);
   const kind = cfg.protocol.kind;
   if (kind === 'direct') return { protocol: directProtocol(), describe: 'protocol direct (no search)', close: async () => {} };
   const tags = (search: TagsProtocolOptions['search']) => tagsProtocol({ search, topK: cfg.protocol.top_k, ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) });
@@ -179,7 +196,7 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
   let isolation = '';
   if (sb.kind === 'python') isolation = `, isolation ${(await detectIsolation()).level}`;
   return {
-    protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}), ...(cfg.protocol.question_variable ? { questionVariable: cfg.protocol.question_variable } : {}), finalAnswer: cfg.protocol.final_answer }),
+    protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}), ...(cfg.protocol.final_turn_notice !== null ? { finalTurnNotice: cfg.protocol.final_turn_notice } : {}), ...(cfg.protocol.question_variable ? { questionVariable: cfg.protocol.question_variable } : {}), finalAnswer: cfg.protocol.final_answer }),
     index,
     sandbox,
     describe: `protocol code, ${sb.kind} sandbox (${sb.kind === 'python' ? `${sb.workers} workers, ` : ''}${sb.timeout_s} s, ${sb.memory_mb} MB${isolation}), ${index.params.kind} retrieval`,
@@ -362,9 +379,12 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       if (cfg.data.exclude_leaking) rows = rows.filter((r) => r.in_test_split !== true);
       if (rows.length < before) log(`sft: dropped ${before - rows.length} of ${before} rows marked in_test_split (data.exclude_leaking)`);
       const examples = rows.map((r, i) => tokenizeConversation(r.messages, agent.formatter, agent.tokenizer, i));
-      const long = examples.filter((e) => e.ids.length > cfg.protocol.max_context).length;
-      const kept = examples.filter((e) => e.ids.length <= cfg.protocol.max_context);
-      if (long) log(`sft: skipped ${long} conversations longer than protocol.max_context (${cfg.protocol.max_context} tokens)`);
+      // Longer than the context: cut to what fits (loss on the assistant tokens within it), as the
+      // reference's tokenizer truncation does, rather than dropped whole.
+      const fit = fitContext(examples, cfg.protocol.max_context);
+      if (fit.truncated || fit.dropped)
+        log(`sft: ${fit.truncated} of ${examples.length} conversations longer than protocol.max_context (${cfg.protocol.max_context} tokens) truncated to it (loss on what fits)${fit.dropped ? `; ${fit.dropped} dropped (no assistant token within the limit)` : ''}`);
+      const kept = fit.examples;
       const r = await runSft(agent.model, kept, run, { ...common, epochs: cfg.train.epochs, maxSteps: cfg.train.steps ?? undefined, batchSize: cfg.train.batch_size, schedule: scheduleSpec(cfg), onStep });
       result = { stage, dir, steps: r.steps, adapter: join(dir, 'adapter'), lastLoss: r.lastLoss };
     } else {

@@ -106,3 +106,60 @@ export function batchByLength(examples: SftExample[], batchSize: number, maxToke
   if (cur.length) out.push(cur);
   return out;
 }
+
+/**
+ * Conversations longer than `maxTokens` are cut to their first `maxTokens` tokens (the loss covers
+ * the assistant tokens that fit, as the reference's tokenizer truncation does) instead of being
+ * dropped: the longest trajectories are the multi-search ones worth learning from. One that keeps
+ * no assistant token within the limit cannot teach anything and is dropped. Returns the examples
+ * and how many were truncated and dropped.
+ */
+export function fitContext(examples: readonly SftExample[], maxTokens: number): { examples: SftExample[]; truncated: number; dropped: number } {
+  if (!Number.isInteger(maxTokens) || maxTokens < 2) throw new SlmError('ARGUMENT_INVALID', `maxTokens must be an integer >= 2, found ${describe(maxTokens)}.`);
+  const out: SftExample[] = [];
+  let truncated = 0;
+  let dropped = 0;
+  for (const e of examples) {
+    if (e.ids.length <= maxTokens) {
+      out.push(e);
+      continue;
+    }
+    const mask = e.mask.slice(0, maxTokens);
+    if (!mask.some((m) => m)) {
+      dropped++;
+      continue;
+    }
+    truncated++;
+    out.push({ ids: e.ids.slice(0, maxTokens), mask, row: e.row });
+  }
+  return { examples: out, truncated, dropped };
+}
+
+/**
+ * The prompts a set of conversations was written under: the system message, and the reminder the
+ * environment sent before the last turn (a user message right after another user message — the
+ * observation — and right before the final assistant message, e.g. the reference's "[FINAL TURN]
+ * ..."). Each is the most common one among the rows that have it, with how many rows agree, so that
+ * RL and evaluation can ask for the behaviour under the very prompt SFT taught it with.
+ */
+export function sftPrompts(rows: readonly SftRow[]): { system: string | null; systemRows: number; finalTurn: string | null; finalTurnRows: number; rows: number } {
+  const count = (xs: string[]) => {
+    const c = new Map<string, number>();
+    for (const x of xs) c.set(x, (c.get(x) ?? 0) + 1);
+    let best: string | null = null;
+    let n = 0;
+    for (const [k, v] of c) if (v > n) [best, n] = [k, v];
+    return { best, n };
+  };
+  const systems: string[] = [];
+  const notices: string[] = [];
+  for (const r of rows) {
+    const m = r.messages;
+    if (m[0]?.role === 'system') systems.push(m[0].content);
+    const last = m.map((x) => x.role).lastIndexOf('assistant');
+    if (last >= 2 && m[last - 1].role === 'user' && (m[last - 2].role === 'user' || m[last - 2].role === 'tool')) notices.push(m[last - 1].content);
+  }
+  const s = count(systems);
+  const f = count(notices);
+  return { system: s.best, systemRows: s.n, finalTurn: f.best, finalTurnRows: f.n, rows: rows.length };
+}
