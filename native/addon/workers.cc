@@ -2,11 +2,48 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#endif
+
 #include "addon/convert.h"
 #include "addon/workers.h"
 #include "core/measure.h"
 
 namespace slm_addon {
+
+#if defined(__GLIBC__)
+namespace {
+// Resident bytes of this process (/proc/self/statm), or -1.
+int64_t resident_bytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE) : -1;
+}
+}  // namespace
+#endif
+
+void release_free_memory() {
+#if defined(__GLIBC__)
+  // Trim when resident memory has grown by more than `slack` over what it was after the last trim:
+  // a call's working set is then reused by the next call (no re-fault) while fragmentation stays
+  // bounded. Slack: a quarter of physical memory, at most 4 GiB.
+  static std::atomic<int64_t> after_trim{-1};
+  static const int64_t slack = std::min<int64_t>(int64_t(4) << 30, static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 4);
+  const int64_t rss = resident_bytes();
+  const int64_t base = after_trim.load();
+  if (rss >= 0 && base >= 0 && rss < base + slack) return;
+  malloc_trim(0);
+  after_trim.store(resident_bytes());
+#endif
+}
 
 namespace {
 class MeasureWorker : public PromiseWorker {

@@ -10,6 +10,15 @@
 
 namespace slm_addon {
 
+// Hands the memory freed by a native call back to the OS (glibc's malloc_trim; a no-op elsewhere).
+// Tensors of varying sizes (batches of varying length) otherwise fragment glibc's heap: a tiny
+// model's GRPO steps grew to 7-10 GB of resident memory in 30 steps (and a run was OOM-killed on a
+// 24 GB machine), against ~0.3 GB live. Forcing large blocks through mmap instead (a fixed
+// M_MMAP_THRESHOLD) kept memory down but made each training step 1.8x slower (page faults on every
+// allocation), and trimming after every call 1.2x slower (the next call re-faults its working set):
+// this trims when resident memory has grown by a slack (min(4 GiB, RAM / 4)) since the last trim.
+void release_free_memory();
+
 class PromiseWorker : public Napi::AsyncWorker {
  public:
   PromiseWorker(Napi::Env env, const char* name, Napi::Object owner = Napi::Object())
@@ -23,6 +32,7 @@ class PromiseWorker : public Napi::AsyncWorker {
   virtual Napi::Value Result(Napi::Env env) = 0;  // main thread
   void Execute() override {
     if (!capture([this] { Run(); }, err_)) SetError(err_.message);
+    release_free_memory();
   }
   void OnOK() override {
     Napi::Value v;
