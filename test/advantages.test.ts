@@ -3,6 +3,7 @@ import t, { type Test } from 'tap';
 import {
   broadcastAdvantage,
   broadcastAdvantages,
+  episodeTokenAdvantages,
   gae,
   groupAdvantage,
   groupAdvantageFn,
@@ -11,6 +12,7 @@ import {
   maskedWhiten,
   ppoAdvantages,
   tokenRewards,
+  turnSpans,
 } from '../lib/train/advantages.js';
 
 const close = (t: Test, got: ArrayLike<number | null>, want: Array<number | null>, msg: string, tol = 1e-5) => {
@@ -224,4 +226,32 @@ t.test('ppoAdvantages: token rewards -> GAE -> whitening', async (t) => {
   const withEmpty = ppoAdvantages([ep, { mask: new Uint8Array(2), score: 1, values: new Float32Array(2) }], { klCoef: 0, whiten: false });
   t.same(withEmpty.empty, [1]);
   t.throws(() => ppoAdvantages([ep], { gamma: 1.5 }), { code: 'ARGUMENT_INVALID' });
+});
+
+t.test('per-turn advantages: turn discount and the reference per-turn mean', async (t) => {
+  t.same(turnSpans([0, 1, 1, 0, 0, 1, 0, 1, 1, 1]), [[1, 3], [5, 6], [7, 10]]);
+  t.same(turnSpans([0, 0]), []);
+  // Episode A: turns of 2 and 3 tokens (n 5); episode B: one turn of 4 tokens (n 4). S = 2, P = 3.
+  const a = Uint8Array.from([0, 1, 1, 0, 0, 1, 1, 1]);
+  const b = Uint8Array.from([0, 0, 1, 1, 1, 1]);
+  // Token level, no discount: the scalar on every trained token.
+  const tok = episodeTokenAdvantages([2, -1], [a, b]);
+  t.same(Array.from(tok[0]), [0, 2, 2, 0, 0, 2, 2, 2]);
+  t.same(Array.from(tok[1]), [0, 0, -1, -1, -1, -1]);
+  // Discount 0.5: the first of A's two turns carries 2 * 0.5 = 1; B's only turn is its last.
+  const disc = episodeTokenAdvantages([2, -1], [a, b], { turnDiscount: 0.5 });
+  t.same(Array.from(disc[0]), [0, 1, 1, 0, 0, 2, 2, 2]);
+  t.same(Array.from(disc[1]), [0, 0, -1, -1, -1, -1]);
+  // Per turn: factor S n_i / (P m_ij): A's first turn 2*5/(3*2) = 5/3, second 2*5/(3*3) = 10/9; B 2*4/(3*4) = 2/3.
+  // With the native per-sequence weight 1/(S n_i) a token of turn j then weighs 1/(P m_ij): check
+  // that weight x advantage = A / (P m_ij) for each turn.
+  const turn = episodeTokenAdvantages([2, -1], [a, b], { norm: 'turn' });
+  close(t, Array.from(turn[0]), [0, 10 / 3, 10 / 3, 0, 0, 20 / 9, 20 / 9, 20 / 9], 'episode A per turn');
+  close(t, Array.from(turn[1]), [0, 0, -2 / 3, -2 / 3, -2 / 3, -2 / 3], 'episode B per turn');
+  const w = (n: number) => 1 / (2 * n);
+  close(t, [turn[0][1] * w(5), turn[0][5] * w(5), turn[1][2] * w(4)], [2 / (3 * 2), 2 / (3 * 3), -1 / (3 * 4)], 'effective per-token weight = A / (P m)');
+  // Token 0 is never a target, even when its mask says 1.
+  t.same(Array.from(episodeTokenAdvantages([1], [Uint8Array.from([1, 1, 0])])[0]), [0, 1, 0]);
+  t.throws(() => episodeTokenAdvantages([1], []), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => episodeTokenAdvantages([1], [a], { turnDiscount: 2 }), { code: 'ARGUMENT_INVALID' });
 });

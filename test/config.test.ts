@@ -52,14 +52,15 @@ t.test('the ready configs hold the reference settings', async (t) => {
   t.equal(sft.data.sft, join(root, 'data/seed-sft/trajectories.jsonl'), 'relative to the config file');
 
   const g = loadConfig(join(configs, 'code-grpo.yaml'));
-  t.same([g.stage, g.algorithm.kind, g.rollout.k, g.protocol.max_turns, g.protocol.max_new_tokens, g.protocol.max_context], ['grpo', 'grpo', 20, 2, 256, 3000]);
-  t.same([g.optim.lr, g.rollout.temperature, g.optim.max_grad_norm, g.optim.gradient_checkpointing], [1e-4, [0.7, 1.15], 1, true]);
-  t.same([g.lora.r, g.lora.alpha, g.lora.dropout, g.lora.targets], [8, 16, 0.05, ['q_proj', 'k_proj', 'v_proj', 'o_proj']]);
-  t.same(
-    g.reward.parts.map((p) => p.weight),
-    [0.75, 0.25],
-  );
+  t.same([g.stage, g.algorithm.kind, g.rollout.k, g.rollout.batch_questions, g.protocol.max_turns, g.protocol.max_new_tokens, g.protocol.max_context, g.protocol.tool_output_chars], ['grpo', 'grpo', 24, 1, 2, 356, 3000, 6000]);
+  t.same([g.optim.lr, g.optim.weight_decay, g.optim.schedule, g.rollout.temperature, g.optim.max_grad_norm, g.optim.gradient_checkpointing], [1e-5, 0.01, 'constant', [0.7, 1.15], 1, true]);
+  t.same([g.lora.r, g.lora.alpha, g.lora.dropout, g.lora.targets], [16, 32, 0.1, ['q_proj', 'k_proj', 'v_proj', 'o_proj']]);
+  t.same([g.reward.combine, g.reward.on_failure, g.reward.parts.map((p) => p.kind)], ['sign_magnitude', 'penalty', ['judge_correctness', 'judge_approach']]);
+  t.same([g.algorithm.std_estimator, g.algorithm.adv_eps, g.algorithm.kl_coef, g.algorithm.entropy_coef, g.algorithm.loss_norm, g.algorithm.turn_discount], ['population', 1e-8, 0, 0.05, 'turn', 0.99]);
   t.same([g.algorithm.fallbacks.flat_std, g.algorithm.fallbacks.flat_skip_below, g.algorithm.fallbacks.all_failed, g.algorithm.fallbacks.zero_variance, g.algorithm.fallbacks.center], [0.01, 0.1, 'normalize', 'center', 0.5]);
+  t.equal(g.protocol.prompts_from_sft, true, 'RL and eval under the SFT trajectories\' prompt');
+  t.equal(g.data.sft, join(root, 'data/seed-sft/trajectories.jsonl'));
+  t.same([sft.lora.dropout, sft.optim.lr, sft.optim.schedule, sft.optim.weight_decay, sft.train.batch_size, sft.protocol.max_context], [0.1, 1e-5, 'linear', 0.01, 4, 3000]);
 
   const p = loadConfig(join(configs, 'search-r1-ppo.yaml'));
   t.same([p.stage, p.algorithm.kind, p.rollout.batch_questions, p.optim.lr, p.optim.critic_lr, p.algorithm.kl_coef], ['ppo', 'ppo', 32, 1e-6, 1e-5, 0.001]);
@@ -250,7 +251,7 @@ t.test('the resolved config written into a run folder loads back identically', a
 
 t.test('what the config hands to the advantage functions and the schedule', async (t) => {
   const g: ResolvedConfig = loadConfig(join(configs, 'code-grpo.yaml'), ['algorithm.std=none', 'algorithm.std_estimator=population']);
-  t.same(groupAdvantageOptions(g), { std: 'none', stdEstimator: 'population', eps: 1e-4, flatStd: 0.01, flatSkipBelow: 0.1, failAtOrBelow: 0, allFailed: 'normalize', zeroVariance: 'center', center: 0.5, useCorrectness: false });
+  t.same(groupAdvantageOptions(g), { std: 'none', stdEstimator: 'population', eps: 1e-8, flatStd: 0.01, flatSkipBelow: 0.1, failAtOrBelow: 0, allFailed: 'normalize', zeroVariance: 'center', center: 0.5, useCorrectness: false });
   const p = loadConfig(join(configs, 'search-r1-ppo.yaml'));
   t.same(ppoAdvantageOptions(p), { gamma: 1, lam: 1, klCoef: 0.001, klEstimator: 'k1', whiten: true });
   t.equal(ppoAdvantageOptions(loadConfig(join(configs, 'search-r1-ppo.yaml'), ['algorithm.kl_in=loss', 'algorithm.kl_estimator=k3'])).klCoef, 0, 'KL in the loss: none in the reward');
@@ -267,14 +268,14 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     model: { path: true, adapter: true, dtype: true, device: true, threads: true },
     lora: { r: true, alpha: true, dropout: true, rslora: true, targets: true, layers: true },
     data: { questions: true, corpus: true, index: true, sft: true, split: true, exclude_leaking: true },
-    protocol: { kind: true, max_turns: true, max_turns_eval: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, system_prompt: true, final_turn_notice: true, prompts_from_sft: true, question_variable: true, final_answer: true },
+    protocol: { kind: true, max_turns: true, max_turns_eval: true, turns_count: true, instruction: true, use_data_prompt: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, system_prompt: true, final_turn_notice: true, prompts_from_sft: true, question_variable: true, final_answer: true },
     sandbox: { kind: true, timeout_s: true, memory_mb: true, workers: true },
     retrieval: { kind: true, embedder: true, ef: true, k: true, url: true, timeout_s: true, retries: true },
     rollout: { k: true, batch_questions: true, temperature: true, top_p: true, top_k: true, engine: true, openai: true },
     distributed: { nproc: true, nnodes: true, node_rank: true, master_addr: true, master_port: true, backend: true, timeout_s: true, python: true },
-    reward: { combine: true, parts: true, judge: true },
+    reward: { combine: true, on_failure: true, failure_value: true, parts: true, judge: true },
     algorithm: {
-      kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_reference: true, kl_in: true, kl_estimator: true, token_level: true, inner_epochs: true, entropy_coef: true,
+      kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_reference: true, kl_in: true, kl_estimator: true, loss_norm: true, turn_discount: true, inner_epochs: true, entropy_coef: true,
       std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true, mini_batch: true,
     },
     optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, schedule: true, warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },

@@ -474,12 +474,74 @@ t.test('tags: a search on the last turn is not run; max turns ends the episode',
   const scripts: Script[] = [{ key: 'Question: loops', turns: ['<search>a</search>', 'no action here', '<search>c</search>'] }];
   const queries: string[] = [];
   const protocol = tagsProtocol({ search: { searchPassages: (q: string) => (queries.push(q), [{ title: 'T', text: 'x' }]) } });
-  const r = new EpisodeRunner({ generator: new ScriptedGenerator(scripts), tokenizer: tok, formatter, protocol, maxTurns: 3, maxNewTokens: 50, maxTotalTokens: 4096 });
+  // maxTurns 2 (was 3 when maxTurns counted generations): the tags protocol counts as Search-R1's
+  // max_turns does, 2 turns with a reply (the search, the invalid-action note) and then a last one.
+  const r = new EpisodeRunner({ generator: new ScriptedGenerator(scripts), tokenizer: tok, formatter, protocol, maxTurns: 2, maxNewTokens: 50, maxTotalTokens: 4096 });
   const [e] = (await r.run([{ question: 'loops' }])).episodes;
   t.match(e, { finish: 'max_turns', answer: null, turns: 3 });
   t.same(queries, ['a']);
   t.match(e.segments[4].text, /My previous action is invalid/);
   checkEpisode(t, e);
+});
+
+t.test("tags: max_turns counts searches as Search-R1's (N searches, then one last generation without results)", async (t) => {
+  const passages = [{ title: 'T', text: 'passage text' }];
+  for (const n of [1, 2, 3]) {
+    // a model that always searches: turn i asks "query i"
+    const key = `Question: always searches ${n}`;
+    const scripts: Script[] = [{ key, turns: Array.from({ length: n + 1 }, (_, i) => `<think>step ${i + 1}</think>\n<search> query ${i + 1} </search>`) }];
+    const queries: string[] = [];
+    const gen = new ScriptedGenerator(scripts);
+    const protocol = tagsProtocol({ search: { searchPassages: (q: string) => (queries.push(q), passages) } });
+    const r = new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol, maxTurns: n, maxNewTokens: 50, maxTotalTokens: 4096 });
+    const [e] = (await r.run([{ question: `always searches ${n}` }])).episodes;
+    t.equal(queries.length, n, `max_turns ${n}: ${n} searches`);
+    t.same(queries, Array.from({ length: n }, (_, i) => `query ${i + 1}`));
+    t.equal(gen.calls.length, n + 1, `max_turns ${n}: ${n + 1} generations`);
+    t.match(e, { finish: 'max_turns', answer: null, turns: n + 1 });
+    t.same(e.segments.map((x) => x.source), ['prompt', ...Array.from({ length: n }, () => ['model', 'env']).flat(), 'model'], 'model/env alternate; the last generation gets no reply');
+    t.ok(e.segments.filter((x) => x.source === 'env').every((x) => x.text === formatInformation(passages)));
+    const last = e.messages[e.messages.length - 1].content;
+    t.ok(last.endsWith(`<search> query ${n + 1} </search>`), 'the last generation ends the sequence: no <information> after it');
+    t.equal(last.split('<information>').length - 1, n);
+    t.same(e.steps.map((x) => x.envTokens > 0), [...new Array(n).fill(true), false]);
+    checkEpisode(t, e);
+  }
+  // turnsCount: generations gives the old meaning (N generations, N - 1 searches); the code protocol counts generations
+  const queries: string[] = [];
+  const key = 'Question: counted as generations';
+  const gen = new ScriptedGenerator([{ key, turns: ['<search>a</search>', '<search>b</search>', '<search>c</search>'] }]);
+  const protocol = tagsProtocol({ search: { searchPassages: (q: string) => (queries.push(q), passages) }, turnsCount: 'generations' });
+  const [g] = (await new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol, maxTurns: 3, maxNewTokens: 50, maxTotalTokens: 4096 }).run([{ question: 'counted as generations' }])).episodes;
+  t.same([queries, g.turns, gen.calls.length, g.finish], [['a', 'b'], 3, 3, 'max_turns']);
+  t.equal(codeProtocol({ executor: new FakeExecutor() }).turnsCount, undefined, 'code: generations');
+  // an answer before the limit ends the episode as before
+  const early = new ScriptedGenerator([{ key: 'Question: early', turns: ['<search>x</search>', '<answer>y</answer>'] }]);
+  const [a] = (await new EpisodeRunner({ generator: early, tokenizer: tok, formatter, protocol: tagsProtocol({ search: { searchPassages: () => passages } }), maxTurns: 3, maxNewTokens: 50, maxTotalTokens: 4096 }).run([{ question: 'early' }])).episodes;
+  t.match(a, { finish: 'answer', answer: 'y', turns: 2 });
+});
+
+t.test("tags: an episode starts from the question row's own chat prompt, rendered with the chat template", async (t) => {
+  const prompt = [{ role: 'user' as const, content: 'Answer the given question, as my data file says. Question: who painted the Mona Lisa?\n' }];
+  const gen = new ScriptedGenerator([
+    { key: 'as my data file says', turns: ['<answer> Leonardo </answer>'] },
+    { key: 'Question: who painted the Night Watch?', turns: ['<answer> Rembrandt </answer>'] },
+  ]);
+  const protocol = tagsProtocol({ search: { searchPassages: () => [] } });
+  const r = new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol, maxTurns: 2, maxNewTokens: 50, maxTotalTokens: 4096 });
+  const [a, b] = (await r.run([{ question: 'who painted the Mona Lisa?', prompt }, { question: 'who painted the Night Watch?' }])).episodes;
+  t.equal(tok.decode(a.ids.subarray(0, a.promptTokens)), formatter.prompt(prompt), "the prompt is the row's messages through the chat template (add_generation_prompt)");
+  t.same(Array.from(a.ids.subarray(0, a.promptTokens)), tok.encode(formatter.prompt(prompt)));
+  t.same(a.messages.slice(0, 1), prompt);
+  t.same(a.record.messages[0], prompt[0]);
+  t.match(a, { question: 'who painted the Mona Lisa?', answer: 'Leonardo' });
+  // a row without a prompt keeps the protocol's instruction
+  t.same(b.messages[0], protocol.initialMessages('who painted the Night Watch?', 3)[0]);
+  t.equal(b.answer, 'Rembrandt');
+  // the code protocol ignores a row's prompt (it has its own system prompt and question message)
+  const code = codeProtocol({ executor: new FakeExecutor() });
+  t.same(code.initialMessages('q', 2, prompt), code.initialMessages('q', 2));
+  await t.rejects(r.run([{ question: 'q', prompt: 'not messages' as never }]), { code: 'ARGUMENT_INVALID', message: /list of chat messages/ });
 });
 
 t.test('argument checks', async (t) => {

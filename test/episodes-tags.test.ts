@@ -1,8 +1,9 @@
 // Search-R1's protocol: parsing, the `Doc i(Title: …) text` passages, the invalid-action note,
 // the instruction, and the protocol bound to a passage search.
 import t from 'tap';
-import { formatInformation, formatPassages, parseTagsTurn, tagsFeedback, tagsInstruction, tagsProtocol } from '../lib/episodes/index.js';
+import { formatInformation, formatPassages, parseTagsTurn, SEARCH_R1_INSTRUCTION, tagsFeedback, tagsInstruction, tagsProtocol } from '../lib/episodes/index.js';
 import { SlmError } from '../lib/errors.js';
+import { validateConfig } from '../lib/config/load.js';
 
 t.test('search and answer actions', async (t) => {
   const text = '<think>I need the capital.</think>\n<search> capital of France </search>';
@@ -98,4 +99,58 @@ t.test('tags protocol over a passage search', async (t) => {
   const cr = await chat.respond({ kind: 'search', query: 'paris', end: 0 }, ctx);
   t.same(cr.messages, [{ role: 'tool', content: '<information>Doc 1(Title: Paris) Capital of France.</information>' }]);
   t.throws(() => tagsProtocol({} as never), { code: 'ARGUMENT_INVALID' });
+});
+
+// Search-R1's make_prefix (scripts/data_process/nq_search.py, template_type base), copied here by hand
+// so that a change to the default template shows.
+const MAKE_PREFIX = (question: string) =>
+  `Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new information. After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query </search> and it will return the top searched results between <information> and </information>. You can search as many times as your want. If you find no further external knowledge needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: ${question}\n`;
+
+t.test("the default instruction is Search-R1's template, word for word", async (t) => {
+  t.equal(tagsInstruction('who wrote Hamlet?'), MAKE_PREFIX('who wrote Hamlet?'));
+  t.equal(SEARCH_R1_INSTRUCTION, MAKE_PREFIX('{question}'));
+  // the question is put in literally (no $-patterns of String.replace)
+  t.equal(tagsInstruction("what costs $& or $1?"), MAKE_PREFIX("what costs $& or $1?"));
+  const search = { searchPassages: () => [] };
+  t.same(tagsProtocol({ search }).initialMessages('who wrote Hamlet?', 3), [{ role: 'user', content: MAKE_PREFIX('who wrote Hamlet?') }]);
+});
+
+t.test('a configured template; a row\'s own chat prompt is used as it is', async (t) => {
+  const search = { searchPassages: () => [] };
+  const custom = tagsProtocol({ search, instruction: 'Q: {question}\nSearch with <search>, answer with <answer>. ({question})' });
+  t.same(custom.initialMessages('why?', 2), [{ role: 'user', content: 'Q: why?\nSearch with <search>, answer with <answer>. (why?)' }]);
+  t.same(tagsProtocol({ search, instruction: (q) => `fn ${q}` }).initialMessages('x', 2), [{ role: 'user', content: 'fn x' }]);
+  t.throws(() => tagsProtocol({ search, instruction: 'Answer the question.' }), { code: 'ARGUMENT_INVALID', message: /contain \{question\}/ });
+  // A Search-R1 processed row's prompt: exactly those messages, no re-wrapping and no system prompt added
+  const prompt = [
+    { role: 'system' as const, content: 'You are helpful.' },
+    { role: 'user' as const, content: MAKE_PREFIX('who wrote Hamlet?').replace('Answer the given', 'Please answer the given') },
+  ];
+  for (const p of [tagsProtocol({ search }), custom, tagsProtocol({ search, systemPrompt: 'S', mode: 'chat' })]) {
+    const msgs = p.initialMessages('who wrote Hamlet?', 2, prompt);
+    t.same(msgs, prompt);
+    t.not(msgs[0], prompt[0], 'a copy');
+  }
+  // an empty prompt, or usePrompt false, falls back to the instruction
+  t.same(custom.initialMessages('why?', 2, []), custom.initialMessages('why?', 2));
+  t.same(tagsProtocol({ search, usePrompt: false }).initialMessages('who wrote Hamlet?', 2, prompt), [{ role: 'user', content: MAKE_PREFIX('who wrote Hamlet?') }]);
+  // turns are counted as Search-R1 counts them unless asked otherwise
+  t.equal(tagsProtocol({ search }).turnsCount, 'searches');
+  t.equal(tagsProtocol({ search, turnsCount: 'generations' }).turnsCount, 'generations');
+  t.throws(() => tagsProtocol({ search, turnsCount: 'turns' as never }), { code: 'ARGUMENT_INVALID' });
+});
+
+t.test('config: protocol.instruction, use_data_prompt, turns_count', async (t) => {
+  const base = { stage: 'ppo', model: { path: '/m' }, data: { questions: '/q.jsonl', corpus: '/c.jsonl' } };
+  const c = validateConfig({ ...base, protocol: { kind: 'tags' } }, 'test');
+  t.equal(c.protocol.instruction, SEARCH_R1_INSTRUCTION, "the default is Search-R1's template");
+  t.equal(c.protocol.use_data_prompt, true);
+  t.equal(c.protocol.turns_count, null, "null: the protocol's own (tags: searches)");
+  const mine = validateConfig({ ...base, protocol: { kind: 'tags', instruction: 'Q: {question}', turns_count: 'generations' } }, 'test');
+  t.same([mine.protocol.instruction, mine.protocol.turns_count], ['Q: {question}', 'generations']);
+  t.throws(() => validateConfig({ ...base, protocol: { kind: 'tags', instruction: 'Answer the question.' } }, 'test'), {
+    code: 'CONFIG_INVALID',
+    message: /protocol\.instruction: expected a string matching \\\{question\\\}, found "Answer the question\."/,
+  });
+  t.throws(() => validateConfig({ ...base, protocol: { kind: 'tags', turns_count: 'turns' } }, 'test'), { code: 'CONFIG_INVALID', message: /protocol\.turns_count: expected one of "searches", "generations" or null/ });
 });

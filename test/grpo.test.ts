@@ -78,3 +78,31 @@ t.test('GRPO raises the mean reward of a toy task; resume is exact', async (t) =
   const b = m3.trainable();
   for (const k of Object.keys(a)) t.same(Array.from(b[k]), Array.from(a[k]), `${k} identical after resume`);
 });
+
+t.test('reward.on_failure exclude: excluded episodes leave their group and the loss, and are counted', async (t) => {
+  const root = t.testdir();
+  initModel({ preset: 'tiny', out: join(root, 'model'), seed: 4, overrides: { vocab_size: 64 }, embedStd: 0.08 });
+  const m = await Model.load(join(root, 'model'));
+  t.teardown(() => m.dispose());
+  // A failed judge call stands in: episodes whose first generated token is even are "excluded".
+  const first = (ep: TrainEpisode) => Array.from(ep.ids).find((_, k) => ep.lossMask[k])!;
+  const excluding = async (ep: TrainEpisode) => {
+    const r = await reward(ep);
+    return first(ep) % 2 === 0 ? { ...r, total: -1, failed: true, excluded: true } : r;
+  };
+  const seen: number[][] = [];
+  const adv = (r: number[]) => {
+    seen.push(r);
+    return advantages(r);
+  };
+  const run = new RunFolder(join(root, 'run'));
+  await runGrpo(m, questions, run, { rollout: direct(m, 4), reward: excluding, advantages: adv }, { ...opts, steps: 2, checkpointEvery: 0 });
+  const lines = readFileSync(join(root, 'run', 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const ex = lines.filter((l) => (l.completion[0] as number) % 2 === 0);
+  t.ok(ex.length > 0 && ex.length < lines.length, `${ex.length} of ${lines.length} episodes excluded`);
+  t.ok(ex.every((l) => l.advantage === null), 'excluded episodes get no advantage');
+  t.ok(seen.every((g) => !g.includes(-1)), 'the group statistics never saw an excluded reward');
+  t.equal(seen.reduce((a, g) => a + g.length, 0), lines.length - ex.length, 'the groups hold exactly the other episodes');
+  const rows = run.readMetrics();
+  t.equal(rows.reduce((a, r) => a + ((r.episodes_excluded as number) ?? 0), 0), ex.length, 'episodes_excluded counts them');
+});

@@ -228,6 +228,8 @@ t.test('a step trains on the hand-computed values, returns and advantages', asyn
   await runPpo(m, questions, run, { rollout: twoTurn(m), reward }, {
     ...opts,
     keepAdapter: true,
+    // The base model as the KL reference (not the default: the starting adapter), checked below.
+    klReference: 'base',
     steps: 2,
     gamma,
     lam,
@@ -360,4 +362,60 @@ t.test('Model.values (one native forward) equals the values the training loss se
   const bare = await Model.load(join(root, 'model'));
   t.teardown(() => bare.dispose());
   await t.rejects(bare.values(rows), { code: 'NOT_SUPPORTED' }, 'no value head: a clear error');
+});
+
+t.test('reward.on_failure exclude: PPO trains nothing of an excluded episode and counts it', async (t) => {
+  const m = await Model.load(join(root, 'model'));
+  t.teardown(() => m.dispose());
+  const firstToken = (ep: TrainEpisode) => Array.from(ep.ids).find((_, k) => ep.lossMask[k])!;
+  const excluding = async (ep: TrainEpisode) => {
+    const r = await reward(ep);
+    return firstToken(ep) % 2 === 0 ? { ...r, failed: true, excluded: true } : r;
+  };
+  const infos: PpoStepInfo[] = [];
+  const run = new RunFolder(join(t.testdir(), 'run'));
+  await runPpo(m, questions, run, { rollout: twoTurn(m), reward: excluding }, { ...opts, steps: 2, checkpointEvery: 0, onBatch: (i) => void infos.push(i) });
+  let excluded = 0;
+  for (const info of infos) {
+    const ex = info.episodes.map((e, i) => (firstToken(e) % 2 === 0 ? i : -1)).filter((i) => i >= 0);
+    excluded += ex.length;
+    t.same(info.kept.filter((i) => ex.includes(i)), [], `step ${info.step}: no excluded episode is trained on`);
+    t.equal(info.kept.length, info.episodes.length - ex.length, `step ${info.step}: every other episode is`);
+  }
+  t.ok(excluded > 0, `${excluded} episodes excluded`);
+  t.equal(run.readMetrics().reduce((a, r) => a + ((r.episodes_excluded as number) ?? 0), 0), excluded, 'episodes_excluded counts them');
+});
+
+t.test('the KL reference of a stage that starts from an adapter is that adapter, frozen', async (t) => {
+  const m = await Model.load(join(root, 'model'));
+  const start = await Model.load(join(root, 'model'));
+  t.teardown(() => (m.dispose(), start.dispose()));
+  freshState(m);
+  const dir = join(t.testdir(), 'start-adapter');
+  await m.saveAdapter(dir);
+  await start.loadAdapter(dir);
+  const run = new RunFolder(join(t.testdir(), 'run'));
+  let checked = 0;
+  await runPpo(m, questions, run, { rollout: twoTurn(m), reward }, {
+    ...opts,
+    keepAdapter: true,
+    steps: 2,
+    klCoef: 0.05,
+    checkpointEvery: 0,
+    onBatch: async (info) => {
+      const b = info.batch;
+      for (let i = 0; i < b.sequences.length; i++) {
+        const [lp] = await start.sequenceLogprobs([b.sequences[i]], b.temperature[i]);
+        const ref = info.refLogprobs![i];
+        if (!b.masks[i].every((x, k) => !x || Math.abs(ref[k] - lp[k]) < 1e-5)) t.fail(`step ${info.step} episode ${i}: the reference is not the starting adapter`);
+        else checked++;
+      }
+      if (info.step === 2) {
+        // The policy has moved by now: its log-probs differ from the reference's.
+        const [now] = await m.sequenceLogprobs([b.sequences[0]], b.temperature[0]);
+        t.ok(b.masks[0].some((x, k) => x && Math.abs(now[k] - info.refLogprobs![0][k]) > 1e-6), 'the policy moved away from the reference');
+      }
+    },
+  });
+  t.equal(checked, 16, 'every episode of both steps');
 });

@@ -28,6 +28,7 @@ import {
   type RewardContext,
   type RewardFn,
 } from '../lib/rewards/index.js';
+import type { RewardConfig } from '../lib/config/types.js';
 import { repoRoot } from './helpers/shared.js';
 
 const ctx = (answer: string | null, golds: string[] = ['Eiffel Tower'], extra: Partial<RewardContext> = {}): RewardContext => ({ answer, golds, question: 'What is the tower in Paris?', ...extra });
@@ -201,6 +202,10 @@ t.test('composeRewards records failures: null part, <component>_error, errors, o
   t.match(r.errors.bonus_judge, /boom/);
   t.match(r.errors.weird, /NaN/);
   t.same(seen.sort(), [`bonus_judge: boom`, `weird: ${r.errors.weird}`].sort());
+  t.equal(r.failed, true, 'a failed component marks the result failed');
+  t.equal(r.excluded, undefined, 'penalty (the default) does not exclude');
+  const ok = await composeRewards({ terms: [{ name: 'em', weight: 1, fn: matchReward('em') }] })(ctx('Eiffel Tower'));
+  t.notOk('failed' in ok || 'excluded' in ok, 'no flags when nothing failed');
 });
 
 t.test('composeRewards sign_magnitude: sign from correctness, magnitude from approach', async (t) => {
@@ -213,10 +218,29 @@ t.test('composeRewards sign_magnitude: sign from correctness, magnitude from app
     ],
     combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a', threshold: 0.7 },
   });
+  // Changed deliberately to the reference's formula: a wrong answer scores -(1 - approach), not
+  // -approach; and a failed pair scores -1 by default (it was 0).
   t.ok(close((await fn(ctx('{"c": 0.8, "a": 0.6}'))).total, 0.6 - 0.1));
-  t.ok(close((await fn(ctx('{"c": 0.3, "a": 0.9}'))).total, -0.9 - 0.1));
+  t.ok(close((await fn(ctx('{"c": 0.3, "a": 0.9}'))).total, -0.1 - 0.1), 'wrong with approach 0.9: -(1 - 0.9)');
+  t.ok(close((await fn(ctx('{"c": 0.3, "a": 0.1}'))).total, -0.9 - 0.1), 'wrong with approach 0.1: -(1 - 0.1)');
+  t.ok(close((await fn(ctx('{"c": 1, "a": 0.9}'))).total, 0.9 - 0.1), 'right with approach 0.9: +0.9');
+  t.ok(close((await fn(ctx('{"c": 0, "a": 0}'))).total, -1 - 0.1), 'no answer (0, 0): -1');
   t.ok(close((await fn(ctx('{"c": 0.7, "a": 0.2}'))).total, 0.2 - 0.1), 'at the threshold counts as correct');
-  t.ok(close((await fn(ctx('{"c": null, "a": 0.9}'))).total, 0 - 0.1), 'a failed grade contributes failedValue');
+  const failed = await fn(ctx('{"c": null, "a": 0.9}'));
+  t.ok(close(failed.total, -1 - 0.1), 'a failed grade: the pair gives the default failedValue -1');
+  t.equal(failed.failed, true);
+  t.match(failed.errors.c, /could not be computed/);
+  const custom = composeRewards({ terms: [{ name: 'c', weight: 1, fn: grades }, { name: 'a', weight: 1, fn: grades }], combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a' }, failedValue: -2, onFailure: 'exclude' });
+  const ex = await custom(ctx('{"c": 1, "a": null}'));
+  t.equal(ex.total, -2, 'failedValue given');
+  t.equal(ex.failed, true);
+  t.equal(ex.excluded, true, "onFailure 'exclude' marks the episode");
+  t.notOk('excluded' in (await custom(ctx('{"c": 1, "a": 0.5}'))), 'only failed episodes are excluded');
+  const gave: RewardFn = async (c) => ({ parts: { ...JSON.parse(c.answer as string) } });
+  const withGaveUp = composeRewards({ terms: [{ name: 'c', weight: 1, fn: gave }, { name: 'a', weight: 1, fn: gave }], combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a', gaveUp: { part: 'g', value: -1.5 } } });
+  t.equal((await withGaveUp(ctx('{"c": 0, "a": 0.3, "g": 1}'))).total, -1.5, 'gave up: its value');
+  t.ok(close((await withGaveUp(ctx('{"c": 0, "a": 0.3, "g": 0}'))).total, -0.7), 'not gave up: -(1 - 0.3)');
+  t.throws(() => composeRewards({ terms: [{ name: 'c', weight: 1, fn: grades }], onFailure: 'drop' as never }), { code: 'ARGUMENT_INVALID', message: /penalty, exclude/ });
   t.throws(() => composeRewards({ terms: [{ name: 'c', weight: 1, fn: grades }], combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a' } }), { code: 'ARGUMENT_INVALID' });
 });
 
@@ -227,9 +251,10 @@ t.test('rewardFromConfig: the defaults are Search-R1 EM', async (t) => {
 });
 
 t.test('rewardFromConfig: judge parts share one request; weighted 0.75 / 0.25', async (t) => {
+  // the graded format and no match shortcut, stated since they stopped being the defaults
   const judge = scriptedJudge('Looks right.\nCorrectness: 8\nApproach: 6');
   const fn = rewardFromConfig(
-    { combine: 'weighted', parts: [{ kind: 'judge_correctness', weight: 0.75 }, { kind: 'judge_approach', weight: 0.25 }, { kind: 'em', weight: 0 }], judge: {} },
+    { combine: 'weighted', parts: [{ kind: 'judge_correctness', weight: 0.75 }, { kind: 'judge_approach', weight: 0.25 }, { kind: 'em', weight: 0 }], judge: { format: 'graded', match_shortcut: false } },
     { judgeBackend: judge },
   );
   const r = await fn(ctx('Eiffel Tower', ['Eiffel Tower'], { episode: { messages: [{ role: 'user', content: 'q' }, { role: 'assistant', content: 'searching <python>x</python>' }] } }));
@@ -244,26 +269,100 @@ t.test('rewardFromConfig: judge parts share one request; weighted 0.75 / 0.25', 
 });
 
 t.test('rewardFromConfig: sign_magnitude and a renamed judge part', async (t) => {
-  const judge = scriptedJudge('Correctness: 2\nApproach: 9');
+  // was a graded reply "Correctness: 2 / Approach: 9" scoring -0.9; now the binary default and the
+  // reference's -(1 - approach) for a wrong answer
+  const judge = scriptedJudge('{"category": "incorrect", "approach_score": 90}');
   const fn = rewardFromConfig(
     { combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness', weight: 1 }, { kind: 'judge_approach', weight: 1, name: 'how' }, { kind: 'format', weight: 1, max_words: 2, overlong: 0.5 }], judge: {} },
     { judgeBackend: judge },
   );
-  const r = await fn(ctx('the Eiffel Tower of Paris'));
+  const r = await fn(ctx('the Eiffel Tour of Paris'));
   t.equal(judge.calls, 1, 'the renamed part reuses the same request');
-  t.ok(close(r.total, -0.9 - 0.5), String(r.total));
+  t.ok(close(r.total, -0.1 - 0.5), String(r.total));
   t.equal(r.parts.how, 0.9);
   t.equal(r.correct, false);
+});
+
+/** The reference's reward: sign_magnitude over the judge's two parts, and nothing else. */
+const REFERENCE: Partial<RewardConfig> = { combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }], judge: {} };
+const episode = { episode: { messages: [{ role: 'user' as const, content: 'q' }, { role: 'assistant' as const, content: '<python>search_pages("tower")</python>' }] } };
+
+t.test('rewardFromConfig, the reference recipe: +approach, -(1 - approach), by hand', async (t) => {
+  for (const [reply, total, correct] of [
+    ['{"category": "correct", "approach_score": 90}', 0.9, true],
+    ['{"category": "incorrect", "approach_score": 90}', -0.1, false],
+    ['{"category": "correct", "approach_score": 10}', 0.1, true],
+    ['{"category": "incorrect", "approach_score": 10}', -0.9, false],
+    ['<think>said it could not find it</think>{"category": "gave_up", "approach_score": 30}', -0.7, false],
+  ] as const) {
+    const judge = scriptedJudge(reply);
+    const r = await rewardFromConfig(REFERENCE, { judgeBackend: judge })(ctx('the Tower of Pisa', ['Eiffel Tower'], episode));
+    t.equal(judge.calls, 1);
+    t.ok(close(r.total, total), `${reply}: ${r.total} = ${total}`);
+    t.ok(close(r.parts.judge as number, total), 'the logged judge part follows reward.combine');
+    t.equal(r.correct, correct);
+    t.notOk(r.failed);
+  }
+  const gave = await rewardFromConfig({ ...REFERENCE, judge: { gave_up_reward: -1.5 } }, { judgeBackend: scriptedJudge('{"category": "gave_up", "approach_score": 30}') })(ctx('unknown'));
+  t.equal(gave.total, -1.5, 'judge.gave_up_reward: -1.5');
+  t.equal(gave.parts.judge_gave_up, 1);
+  const notGave = await rewardFromConfig({ ...REFERENCE, judge: { gave_up_reward: -1.5 } }, { judgeBackend: scriptedJudge('{"category": "incorrect", "approach_score": 30}') })(ctx('Big Ben'));
+  t.ok(close(notGave.total, -0.7), 'gave_up_reward leaves a wrong answer alone');
+});
+
+t.test('rewardFromConfig, the reference recipe: no answer and a gold match need no request', async (t) => {
+  const judge = scriptedJudge('{"category": "correct", "approach_score": 50}');
+  const fn = rewardFromConfig(REFERENCE, { judgeBackend: judge });
+  const none = await fn(ctx(null));
+  t.equal(none.total, -1, 'no answer: -1');
+  t.equal(none.parts.judge_skipped, 1);
+  t.equal(none.correct, false);
+  const hit = await fn(ctx('It is the Eiffel Tower.'));
+  t.equal(hit.total, 1, 'contains the gold: correct, approach 100');
+  t.equal(hit.parts.judge_matched, 1);
+  t.equal(hit.correct, true);
+  t.equal(judge.calls, 0, 'no request made for either');
+  const off = await rewardFromConfig({ ...REFERENCE, judge: { match_shortcut: false } }, { judgeBackend: judge })(ctx('It is the Eiffel Tower.'));
+  t.equal(judge.calls, 1, 'match_shortcut: false asks');
+  t.equal(off.total, 0.5);
+});
+
+t.test('rewardFromConfig, the reference recipe: a failed judge scores -1, recorded; or is excluded', async (t) => {
+  const errors: string[] = [];
+  const deps = (reply: string | Error) => ({ judgeBackend: scriptedJudge(reply), onError: (c: string, m: string) => errors.push(`${c}: ${m}`) });
+  const down = await rewardFromConfig(REFERENCE, deps(new Error('connection reset')))(ctx('Big Ben'));
+  t.equal(down.total, -1, 'the reference: -1');
+  t.equal(down.failed, true);
+  t.equal(down.excluded, undefined, 'on_failure penalty (default) keeps it');
+  t.equal(down.parts.judge_error, 1);
+  t.equal(down.parts.judge_correctness, null);
+  t.equal(down.correct, undefined);
+  t.match(down.errors.judge, /scripted judge: connection reset/);
+  const garbled = await rewardFromConfig(REFERENCE, deps('Mostly right, I would say.'))(ctx('Big Ben'));
+  t.equal(garbled.total, -1, 'an unparseable reply is a failure too');
+  t.equal(garbled.failed, true);
+  t.match(garbled.errors.judge, /Expected the judge's reply to end with a JSON object/);
+  t.equal(errors.length, 2, 'onError heard both');
+  const ex = await rewardFromConfig({ ...REFERENCE, on_failure: 'exclude' }, deps(new Error('timeout')))(ctx('Big Ben'));
+  t.equal(ex.excluded, true, 'on_failure: exclude');
+  t.equal(ex.failed, true);
+  t.equal(ex.total, -1, 'the total still holds the penalty');
+  const fine = await rewardFromConfig({ ...REFERENCE, on_failure: 'exclude' }, deps('{"category": "incorrect", "approach_score": 20}'))(ctx('Big Ben'));
+  t.notOk('excluded' in fine || 'failed' in fine, 'a working judge is neither failed nor excluded');
+  const fv = await rewardFromConfig({ ...REFERENCE, failure_value: -0.5 }, deps(new Error('x')))(ctx('Big Ben'));
+  t.equal(fv.total, -0.5, 'failure_value');
 });
 
 t.test('rewardFromConfig: a judge failure is recorded, not a silent zero', async (t) => {
   const errors: string[] = [];
   const fn = rewardFromConfig(
-    { parts: [{ kind: 'em', weight: 1 }, { kind: 'judge', weight: 1 }] },
+    // match_shortcut off: the answer equals the gold, and the judge must be asked to fail
+    { parts: [{ kind: 'em', weight: 1 }, { kind: 'judge', weight: 1 }], judge: { match_shortcut: false } },
     { judgeBackend: scriptedJudge(new Error('connection reset')), onError: (c, m) => errors.push(`${c}: ${m}`) },
   );
   const r = await fn(ctx('Eiffel Tower'));
-  t.equal(r.total, 1, 'em counts; the failed judge adds failedValue 0');
+  t.equal(r.total, 1, 'em counts; the failed judge adds failedValue 0 (weighted)');
+  t.equal(r.failed, true);
   t.equal(r.parts.judge, null);
   t.equal(r.parts.judge_correctness, null);
   t.equal(r.parts.judge_error, 1);
@@ -275,11 +374,13 @@ t.test('rewardFromConfig: a judge failure is recorded, not a silent zero', async
 t.test('rewardFromConfig: the shipped configs build', async (t) => {
   for (const [file, kinds] of [
     ['search-r1-ppo.yaml', ['em']],
-    ['code-grpo.yaml', ['judge_correctness', 'judge_approach', 'judge_error', 'judge_skipped']],
+    ['code-grpo.yaml', ['judge_correctness', 'judge_approach', 'judge_error', 'judge_skipped', 'judge_matched', 'judge_gave_up']],
   ] as const) {
     const reward = parseYaml(readFileSync(`${repoRoot}/configs/${file}`, 'utf8')).reward;
-    const fn = rewardFromConfig(reward, { judgeBackend: scriptedJudge('Correctness: 10\nApproach: 10') });
-    const r = await fn(ctx('Eiffel Tower'));
+    const judge = scriptedJudge('{"category": "correct", "approach_score": 100}');
+    const fn = rewardFromConfig(reward, { judgeBackend: judge });
+    // an answer the judge must grade (it contains no gold, so no match shortcut); EM accepts it
+    const r = await fn(ctx('Eiffel  Tower!', ['The Eiffel Tower']));
     t.same(Object.keys(r.parts).filter((k) => k !== 'judge').sort(), [...kinds].sort(), file);
     t.equal(r.total, 1, file);
   }
@@ -301,6 +402,11 @@ t.test('rewardFromConfig: config mistakes say what was expected', async (t) => {
     { code: 'CONFIG_INVALID', message: /SLM_TEST_NO_SUCH_KEY/ },
   );
   t.throws(() => rewardFromConfig({ combine: 'sign_magnitude', parts: [{ kind: 'em' }] }), { code: 'CONFIG_INVALID', message: /judge_approach/ });
+  t.throws(() => rewardFromConfig({ on_failure: 'drop' as never }), { code: 'CONFIG_INVALID', message: /reward\.on_failure: expected penalty or exclude, but found "drop"/ });
+  t.throws(() => rewardFromConfig({ failure_value: '-1' as never }), { code: 'CONFIG_INVALID', message: /reward\.failure_value: expected a number or null/ });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { format: 'json' } }), { code: 'CONFIG_INVALID', message: /reward\.judge\.format: expected one of binary, graded/ });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { format: 'graded', gave_up_reward: -1.5 } }), { code: 'CONFIG_INVALID', message: /gave_up_reward: only the binary format/ });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { match_shortcut: 'yes' } }), { code: 'CONFIG_INVALID', message: /match_shortcut: expected true or false/ });
   // an em part with no judge part never builds a judge, so no judge settings are needed
   t.doesNotThrow(() => rewardFromConfig({ parts: [{ kind: 'em' }], judge: {} }));
 });

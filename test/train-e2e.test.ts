@@ -63,7 +63,7 @@ t.test('SFT (configs/code-sft.yaml) on the reference trajectories, then eval of 
   const again = await cli(t, ['train', '--config', cfg('code-sft.yaml'), ...common(), `data.sft=${dataFile('seed-sft', 'trajectories.jsonl')}`], 2);
   t.match(again.stderr, /error RUN_EXISTS: .*--resume/, 'an existing run is not overwritten');
 
-  const evalArgs = ['eval', '--config', cfg('code-sft.yaml'), ...common(), 'eval.max_questions=3', 'protocol.max_new_tokens=16', 'sandbox.workers=1', '--json'];
+  const evalArgs = ['eval', '--config', cfg('code-sft.yaml'), ...common(), `data.sft=${dataFile('seed-sft', 'trajectories.jsonl')}`, 'eval.max_questions=3', 'protocol.max_new_tokens=16', 'sandbox.workers=1', '--json'];
   const base = JSON.parse((await cli(t, evalArgs)).stdout);
   t.match(base, { label: 'base', adapter: null, split: 'eval', questions: 3, accuracy_by: 'em' });
   const sft = JSON.parse((await cli(t, [...evalArgs, '--adapter', join(dir, 'adapter')])).stdout);
@@ -87,9 +87,10 @@ t.test('GRPO (configs/code-grpo.yaml): Python sandbox, judge on a loopback endpo
     req.on('data', (c) => (body += c));
     req.on('end', () => {
       calls++;
-      const grade = calls % 2 ? 8 : 1; // correct / incorrect alternately: the groups have variance
+      // correct / incorrect alternately (the groups have variance), in the reference's binary format
+      const category = calls % 2 ? 'correct' : 'incorrect';
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ choices: [{ index: 0, message: { role: 'assistant', content: `Reasoning...\nCorrectness: ${grade}\nApproach: 5` }, finish_reason: 'stop' }] }));
+      res.end(JSON.stringify({ choices: [{ index: 0, message: { role: 'assistant', content: `Reasoning...\n{"category": "${category}", "approach_score": 40}` }, finish_reason: 'stop' }] }));
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
@@ -99,6 +100,7 @@ t.test('GRPO (configs/code-grpo.yaml): Python sandbox, judge on a loopback endpo
     'train', '--config', cfg('code-grpo.yaml'), ...common(),
     'rollout.k=2', 'rollout.batch_questions=2', 'protocol.max_new_tokens=24', 'sandbox.workers=2', `train.steps=${steps}`, 'train.checkpoint_every=1',
     `reward.judge.base_url=${url}`, 'reward.judge.model=fake-judge', 'reward.judge.skip_without_answer=false',
+    `data.sft=${dataFile('seed-sft', 'trajectories.jsonl')}`,
   ];
   await cli(t, args(1));
   const r = await cli(t, [...args(2), '--resume']);
@@ -110,8 +112,10 @@ t.test('GRPO (configs/code-grpo.yaml): Python sandbox, judge on a loopback endpo
   const traj = jsonl(join(dir, 'trajectories.jsonl'));
   t.equal(traj.length, 8, '2 steps x 2 questions x 2 rollouts');
   t.equal(calls, 8, 'the judge was asked once per episode');
-  t.ok(traj.every((x) => x.parts.judge_correctness === 0.8 || x.parts.judge_correctness === 0.1), 'judge grades reach the reward parts');
-  t.ok(traj.every((x) => Math.abs(x.reward - (0.75 * x.parts.judge_correctness + 0.25 * x.parts.judge_approach)) < 1e-9), 'reward = 0.75 correctness + 0.25 approach');
+  t.ok(traj.every((x) => (x.parts.judge_correctness === 1 || x.parts.judge_correctness === 0) && x.parts.judge_approach === 0.4), 'judge verdicts reach the reward parts');
+  // The reference's sign x magnitude: correct +0.4, wrong -(1 - 0.4) = -0.6.
+  t.ok(traj.every((x) => Math.abs(x.reward - (x.parts.judge_correctness === 1 ? 0.4 : -0.6)) < 1e-9), 'reward = +approach when correct, -(1 - approach) when wrong');
+  t.ok(traj.every((x) => x.messages[0].content.startsWith('Answer questions using Python code to search Wikipedia.')), 'episodes start from the SFT trajectories\' system prompt');
   t.ok(traj.every((x) => x.turns >= 1 && x.turns <= 2 && Array.isArray(x.messages) && typeof x.temperature === 'number' && x.temperature >= 0.7 && x.temperature <= 1.15));
   t.ok(traj.some((x) => x.advantage !== null), 'groups with mixed grades get advantages');
 });
@@ -155,7 +159,7 @@ t.test('PPO (configs/search-r1-ppo.yaml): tags protocol, index saved and reused'
 });
 
 t.test('eval with the judge on the native engine (reward.judge.model_path): a failed grade is recorded, never a silent zero', async (t) => {
-  const r = await cli(t, ['eval', '--config', cfg('code-grpo.yaml'), ...common(), `reward.judge.model_path=${model}`, 'reward.judge.max_new_tokens=8', 'reward.judge.skip_without_answer=false', 'eval.max_questions=2', 'protocol.max_new_tokens=8', 'sandbox.workers=1', '--label', 'engine-judge', '--json']);
+  const r = await cli(t, ['eval', '--config', cfg('code-grpo.yaml'), ...common(), `data.sft=${dataFile('seed-sft', 'trajectories.jsonl')}`, `reward.judge.model_path=${model}`, 'reward.judge.max_new_tokens=8', 'reward.judge.skip_without_answer=false', 'eval.max_questions=2', 'protocol.max_new_tokens=8', 'sandbox.workers=1', '--label', 'engine-judge', '--json']);
   t.match(r.stderr, /judge: .*model on the native engine/);
   t.match(JSON.parse(r.stdout), { label: 'engine-judge', accuracy_by: 'judge', questions: 2, accuracy: 0 });
   const rows = jsonl(join(runs, 'evals', 'engine-judge', 'trajectories.jsonl'));
@@ -163,7 +167,8 @@ t.test('eval with the judge on the native engine (reward.judge.model_path): a fa
   for (const x of rows) {
     t.equal(x.parts.judge_correctness, null, 'an unreadable reply leaves the part empty');
     t.equal(x.parts.judge_error, 1);
-    t.match(x.reward_errors.judge, /engine judge: Expected the judge's reply to end with a line "Correctness: <0-10>"/, 'and says why');
+    t.equal(x.reward, -1, "the reference's -1 for a failed judge call, recorded as a failure");
+    t.match(x.reward_errors.judge, /engine judge: Expected the judge's reply to end with a JSON object/, 'and says why');
   }
 });
 

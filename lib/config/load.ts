@@ -333,6 +333,8 @@ function crossChecks(c: ResolvedConfig): Problem[] {
     if (c.protocol.kind === 'code') p.push({ path: ['retrieval', 'kind'], message: 'http serves passages for the tags protocol; the code protocol\'s search_pages/view_sections/read_section need a local index (retrieval.kind hybrid, dense or bm25)' });
   }
   if (isHubRef(c.data.index)) p.push({ path: ['data', 'index'], message: `a local folder (written by \`slm-train index\`), found the hub reference ${JSON.stringify(c.data.index)}; put a hub dataset in data.corpus and the index is built from it` });
+  if (c.algorithm.loss_norm === 'turn' && (c.stage === 'ppo' || a.kind === 'ppo'))
+    p.push({ path: ['algorithm', 'loss_norm'], message: 'turn is the reference code-search system\'s GRPO normalisation; PPO takes token or sequence' });
   if (c.protocol.prompts_from_sft) {
     if (c.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; protocol.prompts_from_sft takes the prompts from the conversations of data.sft' });
     for (const k of ['system_prompt', 'final_turn_notice'] as const)

@@ -7,6 +7,8 @@
  * (= clip_low), protocol.max_turns_eval (= max_turns), run.name (= the config file's name).
  */
 
+import { SEARCH_R1_INSTRUCTION } from '../episodes/prompts.js';
+
 type Schema = Record<string, unknown>;
 
 const num = (d: number | null, extra: Schema = {}, description?: string): Schema => ({ type: d === null ? ['number', 'null'] : 'number', default: d, ...extra, ...(description ? { description } : {}) });
@@ -68,13 +70,23 @@ export const CONFIG_SCHEMA: Schema = {
     }),
     protocol: section({
       kind: oneOf(['code', 'tags', 'direct'], 'code', 'code: <python> programs; tags: Search-R1 <search>; direct: answer only'),
-      max_turns: int(2, { minimum: 1 }),
+      max_turns: int(2, { minimum: 1 }, 'turns per episode, counted as turns_count says'),
       max_turns_eval: int(null, { minimum: 1 }, 'null = max_turns'),
+      turns_count: oneOf(
+        ['searches', 'generations'],
+        null,
+        "tags: what max_turns counts. null = searches, Search-R1's max_turns: N rounds of generation + reply (search results or the invalid-action note), then a last generation that must answer; generations: N generations, the last must answer (what code and direct always count)",
+      ),
       max_new_tokens: int(256, { minimum: 1 }, 'per turn'),
       max_context: int(3000, { minimum: 16 }, 'tokens of prompt + turns + observations'),
       tool_output_chars: int(6000, { minimum: 0 }, 'observations are cut to this many characters (the reference: 6,000; the first and last 40 % are kept)'),
       top_k: int(3, { minimum: 1 }, 'passages per <search> (tags)'),
       system_prompt: str(null, "null = the protocol's own (code: the reference's; tags: none, as Search-R1)"),
+      instruction: {
+        ...str(SEARCH_R1_INSTRUCTION, "tags: the user message an episode starts from, {question} replaced by the question (default: Search-R1's make_prefix template, word for word)"),
+        pattern: '\\{question\\}',
+      },
+      use_data_prompt: bool(true, "tags: a question row that carries its own chat prompt (Search-R1's processed files: prompt, a list of {role, content}) starts from exactly those messages, as Search-R1; false = the row's question in instruction"),
       final_turn_notice: str(null, "code: the message sent before the last turn; null = the protocol's own"),
       prompts_from_sft: bool(false, 'take the system prompt (and, for code, the final-turn notice) from the conversations of data.sft, the most common of each, so that SFT, RL and evaluation see one prompt; system_prompt and final_turn_notice must then be null'),
       question_variable: { ...str(null, 'code: bind the question to this variable in every program (e.g. question), as smolagents passes task inputs; null = none'), pattern: '^[A-Za-z_][A-Za-z0-9_]*$' },
@@ -129,7 +141,9 @@ export const CONFIG_SCHEMA: Schema = {
       python: str('/usr/bin/python3', 'a python with torch.distributed (Debian: python3-torch)'),
     }),
     reward: section({
-      combine: oneOf(['weighted', 'sign_magnitude'], 'weighted', 'weighted sum of the parts, or sign of correctness times magnitude of approach'),
+      combine: oneOf(['weighted', 'sign_magnitude'], 'weighted', 'weighted sum of the parts, or the reference\'s sign_magnitude: a correct answer scores +approach, a wrong one -(1 - approach), approach in [0, 1]'),
+      on_failure: oneOf(['penalty', 'exclude'], 'penalty', 'an episode whose reward has a failed component (a judge call): penalty = it scores with failure_value (the reference); exclude = also marked excluded, and the trainer leaves it out of the loss and counts it'),
+      failure_value: num(null, {}, 'the value of a failed part; null = -1 under sign_magnitude (the reference scores a failed judge call -1), 0 under weighted'),
       parts: {
         type: 'array',
         items: { type: 'object' },
@@ -146,7 +160,8 @@ export const CONFIG_SCHEMA: Schema = {
       kl_reference: oneOf(['start', 'base'], 'start', 'the KL reference policy: start = the adapter the stage starts from (model.adapter, e.g. the SFT result), frozen; base = the base model (adapter off)'),
       kl_in: oneOf(['loss', 'reward'], null, 'null: reward for PPO (Search-R1), loss for GRPO'),
       kl_estimator: oneOf(['k1', 'k2', 'k3'], null, 'null: k1 in the reward, k3 in the loss'),
-      token_level: bool(true, 'DAPO token-level loss normalisation (else per-sequence mean)'),
+      loss_norm: oneOf(['token', 'sequence', 'turn'], 'token', "how the policy loss averages: token = every trained token of the batch weighs the same (DAPO, Dr.GRPO); sequence = per episode, then over episodes (the GRPO paper); turn = per assistant turn, then over the batch's turns (the reference code-search system; GRPO only)"),
+      turn_discount: num(1, { minimum: 0, maximum: 1 }, 'GRPO: the advantage of turn j of J is scaled by turn_discount^(J - 1 - j) (the reference: 0.99; 1 = none)'),
       inner_epochs: int(1, { minimum: 1 }),
       entropy_coef: num(0, { minimum: 0 }),
       std: oneOf(['group', 'none'], 'group', 'none = Dr.GRPO (no std division)'),
@@ -233,7 +248,8 @@ export const ALIASES: Record<string, Record<string, string>> = {
     gae_lambda: 'lam',
     scale_rewards: 'std',
     cliprange_value: 'value_clip',
-    loss_type: 'token_level',
+    loss_type: 'loss_norm',
+    token_level: 'loss_norm',
   },
   optim: {
     learning_rate: 'lr',

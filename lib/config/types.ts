@@ -37,11 +37,17 @@ export interface ProtocolConfig {
   kind: 'code' | 'tags' | 'direct';
   max_turns: number;
   max_turns_eval: number;
+  /** null: the protocol's own (tags: searches, as Search-R1; code and direct: generations). */
+  turns_count: 'searches' | 'generations' | null;
   max_new_tokens: number;
   max_context: number;
   tool_output_chars: number;
   top_k: number;
   system_prompt: string | null;
+  /** tags: the user message template, with {question}. */
+  instruction: string;
+  /** tags: start from a question row's own chat prompt when it has one. */
+  use_data_prompt: boolean;
   final_turn_notice: string | null;
   prompts_from_sft: boolean;
   question_variable: string | null;
@@ -91,6 +97,10 @@ export type RewardPartConfig = Record<string, unknown>;
 
 export interface RewardConfig {
   combine: 'weighted' | 'sign_magnitude';
+  /** A failed component (judge call): score failure_value ('penalty'), or also mark the episode excluded. */
+  on_failure: 'penalty' | 'exclude';
+  /** The value of a failed part; null = -1 under sign_magnitude, 0 under weighted. */
+  failure_value: number | null;
   parts: RewardPartConfig[];
   judge: Record<string, unknown>;
 }
@@ -113,7 +123,8 @@ export interface AlgorithmConfig {
   kl_reference: 'start' | 'base';
   kl_in: 'loss' | 'reward';
   kl_estimator: 'k1' | 'k2' | 'k3';
-  token_level: boolean;
+  loss_norm: 'token' | 'sequence' | 'turn';
+  turn_discount: number;
   inner_epochs: number;
   entropy_coef: number;
   std: 'group' | 'none';

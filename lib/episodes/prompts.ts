@@ -2,7 +2,9 @@
  * Default prompts, in our own words, with the tags and meaning of the originals:
  * - the `code` system prompt follows the reference project's (functions, turns, tags, a worked
  *   example with `<python_output>`, strategy and rules; see ../shared/data/seed-sft);
- * - the `tags` instruction follows Search-R1's (a user message ending with `Question: …`).
+ * - the `tags` instruction is Search-R1's own template (`make_prefix` of its
+ *   scripts/data_process/nq_search.py, Apache-2.0), word for word, so that an episode starts from the
+ *   very prompt Search-R1 trains on; it is a config key (protocol.instruction).
  */
 import { CODE_TAGS, type CodeTags } from './code.js';
 
@@ -145,18 +147,34 @@ export function codeQuestionMessage(question: string): string {
   return `Question: ${question}`;
 }
 
+/** The placeholder a `tags` instruction template must hold: where the question goes. */
+export const QUESTION_PLACEHOLDER = '{question}';
+
 /**
- * The user message of `tags` episodes: Search-R1's instruction in our words, followed by the
- * question, as Search-R1's `make_prefix` builds it (no system message).
+ * Search-R1's instruction template (`make_prefix`, template_type "base", of its
+ * scripts/data_process/nq_search.py), word for word, typo ("as many times as your want") included:
+ * the user message of every row of its processed data files, with `{question}` for the question.
+ * One difference in use: Search-R1's preprocessing also appends "?" to a question that lacks one;
+ * `tagsInstruction` puts the question in as written (Search-R1's own files carry the prompt, which is
+ * used as is; see TagsProtocolOptions.usePrompt).
+ */
+export const SEARCH_R1_INSTRUCTION =
+  'Answer the given question. ' +
+  'You must conduct reasoning inside <think> and </think> first every time you get new information. ' +
+  'After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query </search> and it will return the top searched results between <information> and </information>. ' +
+  'You can search as many times as your want. ' +
+  'If you find no further external knowledge needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. ' +
+  'For example, <answer> Beijing </answer>. Question: {question}\n';
+
+/** `template` with every `{question}` replaced by `question` (taken literally: no `$` patterns). */
+export function fillInstruction(template: string, question: string): string {
+  return template.split(QUESTION_PLACEHOLDER).join(question);
+}
+
+/**
+ * The user message of `tags` episodes: Search-R1's template filled with the question, as Search-R1's
+ * `make_prefix` builds it (no system message).
  */
 export function tagsInstruction(question: string): string {
-  return (
-    'Answer the question below. ' +
-    'Reason inside <think> and </think> first, and again every time you receive new information. ' +
-    'If the reasoning shows you are missing some knowledge, you can query a search engine by writing <search> query </search>; ' +
-    'the best matching passages will be returned between <information> and </information>. ' +
-    'You may search as many times as you need. ' +
-    'When no more outside knowledge is needed, give the answer inside <answer> and </answer>, without any explanation, ' +
-    `for example <answer> Beijing </answer>. Question: ${question}\n`
-  );
+  return fillInstruction(SEARCH_R1_INSTRUCTION, question);
 }

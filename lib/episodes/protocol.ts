@@ -12,7 +12,7 @@ import type { ChatMessage } from '../model/tokenizer-types.js';
 import { IDENTIFIER } from '../sandbox/tools.js';
 import type { ToolCall } from '../sandbox/types.js';
 import { CODE_TAGS, codeFeedback, finalTurnNotice, formatCodeObservation, parseCodeTurn, DEFAULT_OBSERVATION_CHARS, type CodeAction, type CodeTags, type ProgramOutput } from './code.js';
-import { codeQuestionMessage, codeSystemPrompt, tagsInstruction, type CodeLanguage } from './prompts.js';
+import { codeQuestionMessage, codeSystemPrompt, fillInstruction, QUESTION_PLACEHOLDER, SEARCH_R1_INSTRUCTION, type CodeLanguage } from './prompts.js';
 import { formatInformation, parseTagsTurn, tagsFeedback, type PassageLike, type TagsAction } from './tags.js';
 
 export type FinishReason = 'stop_token' | 'stop_string' | 'length';
@@ -86,6 +86,7 @@ export interface EnvReply {
 export interface TurnContext {
   /** The turn just generated (1-based). */
   turn: number;
+  /** Generations the episode may have, the last one (which gets no reply) included. */
   maxTurns: number;
   finishReason: FinishReason;
   maxNewTokens: number;
@@ -93,13 +94,25 @@ export interface TurnContext {
   question?: string;
 }
 
+export type TurnsCount = 'generations' | 'searches';
+
 export interface EpisodeProtocol {
   readonly name: string;
   readonly injection: 'chat' | 'inline';
   /** Stop strings for generation: the closing tags of the actions. */
   readonly stopStrings: readonly string[];
-  /** The conversation an episode starts from. */
-  initialMessages(question: string, maxTurns: number): ChatMessage[];
+  /**
+   * How the runner's maxTurns counts: `generations` (the default; the code protocol, as the
+   * reference: N generations, the last must answer) or `searches` (Search-R1's max_turns: N turns
+   * that get a reply, then one more generation that gets none and must answer).
+   */
+  readonly turnsCount?: TurnsCount;
+  /**
+   * The conversation an episode starts from. `maxTurns`: the generations it may have. `prompt`: the
+   * question row's own chat prompt, when it has one (Search-R1's processed files); a protocol may
+   * start from it (tags) or ignore it (code, direct).
+   */
+  initialMessages(question: string, maxTurns: number, prompt?: readonly ChatMessage[]): ChatMessage[];
   parse(text: string): TurnAction;
   /** The environment's reply to a turn that did not answer and was not the last. */
   respond(action: ToolAction, ctx: TurnContext): Promise<EnvReply>;
@@ -197,10 +210,25 @@ export interface TagsProtocolOptions {
   /** inline (Search-R1, default) or chat (the `<information>` block as a user/tool message). */
   mode?: 'inline' | 'chat';
   envRole?: 'user' | 'tool';
-  /** The first user message for a question (default: tagsInstruction). */
-  instruction?: (question: string) => string;
+  /**
+   * The first user message for a question: a template with `{question}` where the question goes, or
+   * a function of the question (default: Search-R1's template, SEARCH_R1_INSTRUCTION).
+   */
+  instruction?: string | ((question: string) => string);
   /** An optional system message (Search-R1 has none). */
   systemPrompt?: string;
+  /**
+   * An episode whose question row carries its own chat prompt (Search-R1's processed files: `prompt`)
+   * starts from exactly those messages, as Search-R1 renders them with the chat template; instruction
+   * and systemPrompt are then not used. Default true; false wraps the question in instruction.
+   */
+  usePrompt?: boolean;
+  /**
+   * What the runner's maxTurns counts (default `searches`, Search-R1's max_turns: N rounds of
+   * generation + reply, a search or the invalid-action note, then one last generation without
+   * search results); `generations` makes N the number of generations, the last one included.
+   */
+  turnsCount?: TurnsCount;
 }
 
 /** Errors of the search that are about the query (shown to the model) rather than a broken index (thrown). */
@@ -213,14 +241,25 @@ export function tagsProtocol(o: TagsProtocolOptions): EpisodeProtocol {
   const topK = o.topK ?? 3;
   const mode = o.mode ?? 'inline';
   const role = o.envRole ?? 'user';
+  const turnsCount = o.turnsCount ?? 'searches';
+  if (turnsCount !== 'searches' && turnsCount !== 'generations') {
+    throw new SlmError('ARGUMENT_INVALID', `Expected turnsCount of tagsProtocol to be "searches" or "generations" but received ${JSON.stringify(turnsCount)}.`);
+  }
+  const template = o.instruction ?? SEARCH_R1_INSTRUCTION;
+  if (typeof template === 'string' && !template.includes(QUESTION_PLACEHOLDER)) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected the instruction template of tagsProtocol to contain ${QUESTION_PLACEHOLDER} where the question goes, but it has none: ${JSON.stringify(template.slice(0, 80))}.`);
+  }
+  const instruction = typeof template === 'string' ? (q: string) => fillInstruction(template, q) : template;
   const wrap = (text: string, calls: EpisodeCall[], toolMs: number): EnvReply =>
     mode === 'inline' ? { text, calls, toolMs } : { messages: [{ role, content: text.trim() }], calls, toolMs };
   return {
     name: 'tags',
     injection: mode,
     stopStrings: ['</search>', '</answer>'],
-    initialMessages(question) {
-      const user: ChatMessage = { role: 'user', content: (o.instruction ?? tagsInstruction)(question) };
+    turnsCount,
+    initialMessages(question, _maxTurns, prompt) {
+      if (prompt?.length && o.usePrompt !== false) return prompt.map((m) => ({ role: m.role, content: m.content }));
+      const user: ChatMessage = { role: 'user', content: instruction(question) };
       return o.systemPrompt ? [{ role: 'system', content: o.systemPrompt }, user] : [user];
     },
     parse: parseTagsTurn,

@@ -15,6 +15,9 @@
  *      environment replies (programs run concurrently) and only the reply's text is tokenized and
  *      appended (mask 0), chat-template glue included. A reply may carry the answer itself (a
  *      program's final_answer()): the episode then ends with it, nothing appended.
+ * How many generations `maxTurns` allows is the protocol's (EpisodeProtocol.turnsCount): `maxTurns`
+ * for `generations` (code), `maxTurns + 1` for `searches` (tags: Search-R1's max_turns rounds of
+ * generation and reply, then a last generation that gets no reply).
  * Every episode ends with a reason: `answer`, `max_turns`, or `context` (the next tokens would pass
  * `maxTotalTokens`: a generation reaching the limit, or an environment reply that would not fit
  * with room left to generate).
@@ -42,7 +45,11 @@ export interface EpisodeRunnerOptions {
   tokenizer: RunnerTokenizer;
   formatter: PromptFormatter;
   protocol: EpisodeProtocol;
-  /** Assistant turns per episode, the answer turn included (the last one must answer). */
+  /**
+   * Turns per episode, counted as the protocol says (EpisodeProtocol.turnsCount): assistant turns,
+   * the answer turn included (`generations`, the default), or turns that get a reply, the final
+   * answer turn not included (`searches`, Search-R1's max_turns). The last turn must answer.
+   */
   maxTurns: number;
   /** Tokens one turn may generate. */
   maxNewTokens: number;
@@ -70,6 +77,11 @@ export interface EpisodeRequest {
   temperature?: number;
   /** Start from these messages instead of the protocol's (e.g. a custom system prompt). */
   messages?: ChatMessage[];
+  /**
+   * The question row's own chat prompt (Search-R1's processed files carry one): given to the
+   * protocol, which starts from it (tags) or builds its own (code, direct).
+   */
+  prompt?: readonly ChatMessage[];
   /**
    * This episode's own seed. When every request of a batch has one, each generate call gives each
    * row a seed derived from it (and the turn and round), so an episode samples the same tokens
@@ -183,10 +195,13 @@ interface Live {
 export class EpisodeRunner {
   readonly options: Readonly<EpisodeRunnerOptions>;
   readonly #stopTexts: string[];
+  /** Generations an episode may have, the last one (which gets no reply) included. */
+  readonly #generations: number;
 
   constructor(options: EpisodeRunnerOptions) {
     checkOptions(options);
     this.options = { ...options };
+    this.#generations = options.maxTurns + (options.protocol.turnsCount === 'searches' ? 1 : 0);
     this.#stopTexts = options.tokenizer.stopTokenIds.map((id) => options.tokenizer.decode([id])).filter((s) => s.length > 0);
   }
 
@@ -196,7 +211,7 @@ export class EpisodeRunner {
     const t0 = performance.now();
     const stats: BatchStats = { generateMs: 0, toolMs: 0, totalMs: 0, generateCalls: 0, rowsPerCall: [] };
     const live = requests.map((r, i) => this.#start(r, i));
-    for (let turn = 1; turn <= o.maxTurns; turn++) {
+    for (let turn = 1; turn <= this.#generations; turn++) {
       const active = live.filter((s) => !s.finish);
       if (!active.length) break;
       await this.#generateTurn(active, turn, stats);
@@ -220,7 +235,10 @@ export class EpisodeRunner {
     if (!(typeof temperature === 'number' && temperature >= 0)) {
       throw new SlmError('ARGUMENT_INVALID', `Expected the temperature of episode request ${index} to be a number >= 0, but found ${describe(temperature)}.`);
     }
-    const messages = r.messages ? r.messages.map((m) => ({ ...m })) : o.protocol.initialMessages(r.question, o.maxTurns);
+    if (r.prompt !== undefined && !(Array.isArray(r.prompt) && r.prompt.every((m) => m && typeof m.role === 'string' && typeof m.content === 'string'))) {
+      throw new SlmError('ARGUMENT_INVALID', `Expected the prompt of episode request ${index} to be a list of chat messages {role, content}, but found ${describe(r.prompt)}.`);
+    }
+    const messages = r.messages ? r.messages.map((m) => ({ ...m })) : o.protocol.initialMessages(r.question, this.#generations, r.prompt);
     const text = o.formatter.prompt(messages);
     const ids = o.tokenizer.encode(text);
     const s: Live = {
@@ -358,7 +376,7 @@ export class EpisodeRunner {
       s.finish = 'context';
       return undefined;
     }
-    if (turn >= o.maxTurns) {
+    if (turn >= this.#generations) {
       s.finish = 'max_turns';
       return undefined;
     }
@@ -372,7 +390,7 @@ export class EpisodeRunner {
     const t0 = performance.now();
     const replies = await Promise.all(
       pending.map(({ s, action }) =>
-        o.protocol.respond(action, { turn, maxTurns: o.maxTurns, finishReason: s.turnFinish, maxNewTokens: o.maxNewTokens, question: s.question }),
+        o.protocol.respond(action, { turn, maxTurns: this.#generations, finishReason: s.turnFinish, maxNewTokens: o.maxNewTokens, question: s.question }),
       ),
     );
     stats.toolMs += performance.now() - t0;

@@ -7,14 +7,22 @@
  * and the total is
  *
  *   weighted:        Σ weight_i · value_i
- *   sign_magnitude:  (c >= threshold ? +1 : -1) · |a|  +  Σ weight_i · value_i over the other terms
- *                    (c, a: the values of the correctness and approach terms; their weights unused)
+ *   sign_magnitude:  (c >= threshold ? +a : -(1 - a))  +  Σ weight_i · value_i over the other terms
+ *                    (c, a: the values of the correctness and approach terms, a clamped to [0, 1];
+ *                    their weights unused. The reference project's formula: a right answer earns its
+ *                    approach, a wrong one loses what its approach lacked; no answer, c = a = 0,
+ *                    gives -1. With `gaveUp`, a pair whose gave-up part is 1 gives its value instead.)
  *
- * A value that could not be computed (null: the judge failed) counts as `failedValue` (default 0) in
- * the total, but never silently: `parts.<component>_error` is 1, `errors` says why, and `onError`
- * is called. A component that throws or returns a non-finite value is recorded the same way.
- * `correct` comes from the first term whose component gives a verdict (em, subem, the judge), or
- * the term named by `correctFrom`; undefined when none does.
+ * A value that could not be computed (null: the judge failed) counts as `failedValue` in its place:
+ * weighted, each failed term adds weight · failedValue (default 0); sign_magnitude, a failed
+ * correctness or approach value makes the pair give failedValue (default -1, the reference's score
+ * of a failed judge call), so a reward of the judge pair alone totals exactly -1. Never silently:
+ * `parts.<component>_error` is 1, `errors` says why, `onError` is called, and the result carries
+ * `failed: true`; with `onFailure: 'exclude'` also `excluded: true`, which tells the trainers to
+ * leave the episode out of the loss (its total is still the penalty, so a consumer that ignores the
+ * flag sees the penalty, not a zero). A component that throws or returns a non-finite value is
+ * recorded the same way. `correct` comes from the first term whose component gives a verdict (em,
+ * subem, the judge), or the term named by `correctFrom`; undefined when none does.
  */
 import { SlmError, describe } from '../errors.js';
 import type { RewardConfig } from '../config/types.js';
@@ -35,12 +43,28 @@ export interface RewardTerm {
   component?: string;
 }
 
-export type CombineSpec = { kind: 'weighted' } | { kind: 'sign_magnitude'; correctness: string; approach: string; threshold?: number };
+export type CombineSpec =
+  | { kind: 'weighted' }
+  | {
+      kind: 'sign_magnitude';
+      correctness: string;
+      approach: string;
+      threshold?: number;
+      /** When the parts hold `part` = 1 (the judge's `judge_gave_up`), the pair gives `value` (e.g. -1.5). */
+      gaveUp?: { part: string; value: number };
+    };
+
+/** What happens to an episode whose reward has a failed component. */
+export type FailurePolicy = 'penalty' | 'exclude';
+export const FAILURE_POLICIES: readonly FailurePolicy[] = ['penalty', 'exclude'];
 
 export interface ComposeSpec {
   terms: RewardTerm[];
   combine?: CombineSpec;
+  /** The value of a failed term (default: -1 for the sign_magnitude pair, 0 for a weighted term). */
   failedValue?: number;
+  /** 'penalty' (default): the failed episode scores with failedValue; 'exclude': also `excluded: true`. */
+  onFailure?: FailurePolicy;
   correctFrom?: string;
   /** Called once per failed component and episode, with the reason. */
   onError?: (component: string, message: string, ctx: RewardContext) => void;
@@ -49,6 +73,12 @@ export interface ComposeSpec {
 export interface ComposedReward extends RewardResult {
   /** Why a component failed, by component ({} when none did). */
   errors: Record<string, string>;
+  /**
+   * Present (true) only when a component failed and the policy is `onFailure: 'exclude'`
+   * (`reward.on_failure: exclude`): the trainer leaves the episode out of the loss and counts it.
+   * `failed` is then true too; `total` still holds the penalty.
+   */
+  excluded?: boolean;
 }
 
 export type ComposedRewardFn = (ctx: RewardContext) => Promise<ComposedReward>;
@@ -68,6 +98,15 @@ function checkSpec(spec: ComposeSpec): void {
     for (const role of ['correctness', 'approach'] as const) {
       if (!names.has(c[role])) throw new SlmError('ARGUMENT_INVALID', `Expected the ${role} term of sign_magnitude ("${c[role]}") among the terms (${[...names].join(', ')}), but it is not there.`);
     }
+    if (c.gaveUp !== undefined && (typeof c.gaveUp.part !== 'string' || typeof c.gaveUp.value !== 'number' || !Number.isFinite(c.gaveUp.value))) {
+      throw new SlmError('ARGUMENT_INVALID', `Expected sign_magnitude's gaveUp to be { part, value } with a finite value, but found part ${describe(c.gaveUp.part)}, value ${describe(c.gaveUp.value)}.`);
+    }
+  }
+  if (spec.failedValue !== undefined && (typeof spec.failedValue !== 'number' || !Number.isFinite(spec.failedValue))) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected composeRewards' failedValue to be a finite number, but found ${describe(spec.failedValue)}.`);
+  }
+  if (spec.onFailure !== undefined && !FAILURE_POLICIES.includes(spec.onFailure)) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected composeRewards' onFailure to be one of ${FAILURE_POLICIES.join(', ')}, but found ${describe(spec.onFailure)}.`);
   }
 }
 
@@ -90,7 +129,8 @@ async function runComponents(terms: RewardTerm[], ctx: RewardContext): Promise<M
 export function composeRewards(spec: ComposeSpec): ComposedRewardFn {
   checkSpec(spec);
   const combine = spec.combine ?? { kind: 'weighted' };
-  const failed = spec.failedValue ?? 0;
+  const failed = spec.failedValue ?? (combine.kind === 'sign_magnitude' ? -1 : 0);
+  const exclude = spec.onFailure === 'exclude';
   return async (ctx) => {
     const byFn = await runComponents(spec.terms, ctx);
     const parts: Record<string, number | null> = {};
@@ -122,12 +162,24 @@ export function composeRewards(spec: ComposeSpec): ComposedRewardFn {
       skip = new Set([combine.correctness, combine.approach]);
       const c = values.get(combine.correctness);
       const a = values.get(combine.approach);
-      total += c == null || a == null ? failed : (c >= (combine.threshold ?? 0.5) ? 1 : -1) * Math.abs(a);
+      if (c == null || a == null) total += failed;
+      else if (combine.gaveUp && parts[combine.gaveUp.part] === 1) total += combine.gaveUp.value;
+      else {
+        const m = Math.min(1, Math.max(0, a));
+        total += c >= (combine.threshold ?? 0.5) ? m : -(1 - m);
+      }
     }
     for (const t of spec.terms) if (!skip.has(t.name)) total += t.weight * val(t.name);
+    total += 0; // no -0 in the logs
     const from = spec.correctFrom !== undefined ? spec.terms.filter((t) => t.name === spec.correctFrom) : spec.terms;
     const correct = from.map((t) => byFn.get(t.fn)!.correct).find((c) => c !== undefined);
-    return correct === undefined ? { total, parts, errors } : { total, parts, errors, correct };
+    const out: ComposedReward = { total, parts, errors };
+    if (correct !== undefined) out.correct = correct;
+    if (Object.keys(errors).length > 0) {
+      out.failed = true;
+      if (exclude) out.excluded = true;
+    }
+    return out;
   };
 }
 
@@ -179,6 +231,9 @@ export function judgeBackendFromConfig(j: JudgeConfig, deps: RewardDeps = {}): J
 function judgeFromConfig(j: JudgeConfig, deps: RewardDeps): RewardFn {
   return judgeReward({
     backend: judgeBackendFromConfig(j, deps),
+    format: j.format,
+    gaveUpReward: j.gave_up_reward,
+    matchShortcut: j.match_shortcut,
     approach: j.approach,
     combine: j.combine,
     correctnessWeight: j.correctness_weight,
@@ -225,19 +280,32 @@ function termOf(p: PartConfig, judge: () => RewardFn): RewardTerm {
 /**
  * The reward of a config's `reward` section (lib/config RewardConfig; missing keys take the schema's
  * defaults). With `combine: sign_magnitude` the correctness term is the judge_correctness part (else
- * em, subem) and the approach term the judge_approach part; the threshold is judge.correct_threshold.
+ * em, subem) and the approach term the judge_approach part; the threshold is judge.correct_threshold,
+ * and judge.gave_up_reward (when a number) is the pair's value for a "gave_up" verdict.
+ * judge.combine (the combined `judge` part) defaults to reward.combine.
+ * `on_failure` and `failure_value` (null: -1 under sign_magnitude, 0 under weighted) say what a
+ * failed component does to the episode (see the module comment).
  */
 export function rewardFromConfig(cfg: Partial<RewardConfig> = {}, deps: RewardDeps = {}): ComposedRewardFn {
   const combine = cfg.combine ?? 'weighted';
   if (combine !== 'weighted' && combine !== 'sign_magnitude') throw new SlmError('CONFIG_INVALID', `reward.combine: expected weighted or sign_magnitude, but found ${describe(combine)}.`, { path: 'reward.combine' });
+  const onFailure = cfg.on_failure ?? 'penalty';
+  if (!FAILURE_POLICIES.includes(onFailure)) throw new SlmError('CONFIG_INVALID', `reward.on_failure: expected ${FAILURE_POLICIES.join(' or ')}, but found ${describe(onFailure)}.`, { path: 'reward.on_failure' });
+  const failureValue = cfg.failure_value ?? null;
+  if (failureValue !== null && (typeof failureValue !== 'number' || !Number.isFinite(failureValue))) {
+    throw new SlmError('CONFIG_INVALID', `reward.failure_value: expected a number or null (null: -1 with sign_magnitude, 0 with weighted), but found ${describe(failureValue)}.`, { path: 'reward.failure_value' });
+  }
   const raw = cfg.parts ?? [{ kind: 'em', weight: 1 }];
   if (!Array.isArray(raw) || raw.length === 0) throw new SlmError('CONFIG_INVALID', `reward.parts: expected a non-empty list of parts, but found ${describe(raw)}.`, { path: 'reward.parts' });
   const parts = raw.map((p, i) => parsePart(p, `reward.parts[${i}]`));
-  const j = parseJudgeConfig(cfg.judge ?? {});
+  const parsed = parseJudgeConfig(cfg.judge ?? {});
+  // judge.combine (the logged `judge` part) follows reward.combine unless set, so that the part
+  // shows what the total counts
+  const j: JudgeConfig = cfg.judge && 'combine' in cfg.judge ? parsed : { ...parsed, combine };
   let judge: RewardFn | undefined;
   // One judge for every judge part, asked once per episode even where a renamed part wraps it.
   const terms = parts.map((p) => termOf(p, () => (judge ??= oncePerContext(judgeFromConfig(j, deps)))));
-  let spec: ComposeSpec = { terms, onError: deps.onError };
+  let spec: ComposeSpec = { terms, onError: deps.onError, onFailure, ...(failureValue === null ? {} : { failedValue: failureValue }) };
   if (combine === 'sign_magnitude') {
     const find = (...kinds: string[]) => kinds.map((k) => parts.find((p) => p.kind === k)).find((p) => p !== undefined);
     const c = find('judge_correctness', 'em', 'subem');
@@ -249,7 +317,8 @@ export function rewardFromConfig(cfg: Partial<RewardConfig> = {}, deps: RewardDe
         { path: 'reward.combine' },
       );
     }
-    spec = { ...spec, combine: { kind: 'sign_magnitude', correctness: c.name, approach: a.name, threshold: j.correct_threshold } };
+    const gaveUp = j.gave_up_reward === null ? {} : { gaveUp: { part: 'judge_gave_up', value: j.gave_up_reward } };
+    spec = { ...spec, combine: { kind: 'sign_magnitude', correctness: c.name, approach: a.name, threshold: j.correct_threshold, ...gaveUp } };
   }
   return composeRewards(spec);
 }

@@ -4,7 +4,10 @@
  * of messages as the schema (path, expected, found, did-you-mean for unknown keys).
  *
  *   reward:
- *     combine: weighted | sign_magnitude
+ *     combine: weighted | sign_magnitude   # sign_magnitude (the reference): correct +a, wrong -(1 - a)
+ *     on_failure: penalty | exclude        # a failed component (judge call): score failure_value, or
+ *                                          # also mark the episode excluded: true (default penalty)
+ *     failure_value: null                  # null: -1 under sign_magnitude (the reference), 0 weighted
  *     parts:                       # each: kind, weight (default 1), name (default the kind)
  *       - { kind: em }             # em | subem | f1 | rouge_l
  *       - { kind: format, no_answer: 1, empty_answer: 1, max_words: 20, overlong: 0.5 }
@@ -15,8 +18,20 @@
  *       concurrency, max_tokens, temperature, extra_body          # openai
  *       model_path, max_new_tokens, batch_size, enable_thinking    # engine (model_path: whoever
  *                                   # loads the engine reads it; null = the caller's choice)
- *       approach, combine, correctness_weight, approach_weight, correct_threshold,
- *       max_trajectory_chars, skip_without_answer, system_prompt  # judging
+ *       format: binary | graded    # binary (default, the reference's): a JSON {"category":
+ *                                  # correct | incorrect | gave_up, "approach_score": 0-100},
+ *                                  # correctness 1/0 and approach score / 100; graded: lines
+ *                                  # "Correctness: 0-10" / "Approach: 0-10", each / 10
+ *       gave_up_reward: null       # binary + sign_magnitude: the value of a "gave_up" verdict
+ *                                  # (e.g. -1.5); null = as any wrong answer, -(1 - approach), which
+ *                                  # is what the reference's recipe (one answer per call) computes
+ *       match_shortcut: true       # an answer equal to or containing a gold (lowercased, trimmed)
+ *                                  # is correct with approach 1, without a request (the reference)
+ *       skip_without_answer: true  # no answer: correctness 0, approach 0, no request
+ *                                  # (sign_magnitude: -1, the reference's score)
+ *       approach, combine (default: reward.combine), correctness_weight, approach_weight, correct_threshold,
+ *       max_trajectory_chars, system_prompt                       # judging (judge.combine only
+ *                                  # shapes the combined `judge` part; reward.combine the total)
  */
 import { SlmError, closest, describe } from '../errors.js';
 
@@ -52,6 +67,9 @@ export interface JudgeConfig {
   max_new_tokens: number;
   batch_size: number;
   enable_thinking: boolean | null;
+  format: 'binary' | 'graded';
+  gave_up_reward: number | null;
+  match_shortcut: boolean;
   approach: boolean;
   combine: 'weighted' | 'sign_magnitude';
   correctness_weight: number;
@@ -93,6 +111,9 @@ const JUDGE_KEYS: Record<keyof JudgeConfig, KeySpec> = {
   max_new_tokens: int(1),
   batch_size: int(1),
   enable_thinking: orNull(bool),
+  format: oneOf('binary', 'graded'),
+  gave_up_reward: orNull(num()),
+  match_shortcut: bool,
   approach: bool,
   combine: oneOf('weighted', 'sign_magnitude'),
   correctness_weight: num(),
@@ -119,6 +140,9 @@ const JUDGE_DEFAULTS: Omit<JudgeConfig, 'backend'> = {
   max_new_tokens: 1024,
   batch_size: 16,
   enable_thinking: null,
+  format: 'binary',
+  gave_up_reward: null,
+  match_shortcut: true,
   approach: true,
   combine: 'weighted',
   correctness_weight: 0.75,
@@ -165,5 +189,8 @@ export function parseJudgeConfig(v: unknown, path = 'reward.judge'): JudgeConfig
   const o = checkObject(v ?? {}, path);
   checkKeys(o, JUDGE_KEYS, path, 'the judge');
   const c = { ...JUDGE_DEFAULTS, ...(o as Partial<JudgeConfig>) };
+  if (c.gave_up_reward !== null && c.format !== 'binary') {
+    throw new SlmError('CONFIG_INVALID', `${path}.gave_up_reward: only the binary format has a "gave_up" verdict, but format is ${c.format}. Set format: binary, or gave_up_reward: null.`, { path: `${path}.gave_up_reward` });
+  }
   return { backend: c.base_url ? 'openai' : 'engine', ...c } as JudgeConfig;
 }

@@ -193,6 +193,53 @@ export function broadcastAdvantages(advantages: ArrayLike<number | null>, masks:
   });
 }
 
+/** An episode's assistant turns: the maximal runs of trained tokens (mask 1), as [start, end) spans. */
+export function turnSpans(mask: ArrayLike<number>): Array<[number, number]> {
+  const spans: Array<[number, number]> = [];
+  for (let t = 0; t < mask.length; t++) {
+    if (!mask[t]) continue;
+    const start = t;
+    while (t < mask.length && mask[t]) t++;
+    spans.push([start, t]);
+  }
+  return spans;
+}
+
+/** How the policy loss averages over a batch (algorithm.loss_norm). */
+export type LossNorm = 'token' | 'sequence' | 'turn';
+
+/**
+ * Per-token advantages of a batch of episodes for the native policy loss, whose per-token weights
+ * are 1 / (trained tokens of the batch) with tokenLevel (loss_norm 'token') and 1 / (S * n_i)
+ * otherwise (S episodes with trained tokens, n_i of them in episode i):
+ * - `turnDiscount` g: the tokens of turn j of an episode with J turns carry A * g^(J - 1 - j) (the
+ *   reference discounts earlier turns, 0.99; 1 = none);
+ * - loss_norm 'turn' (the reference: the mean token loss of each (episode, turn) pair, averaged over
+ *   the batch's P pairs, so a token of turn j weighs 1 / (P * m_ij)): the factor S * n_i / (P * m_ij)
+ *   is folded into the advantage, exact for the clipped objective since min(r A c, clip(r) A c) =
+ *   c min(r A, clip(r) A) for c > 0; the native loss then runs per-sequence (tokenLevel false).
+ * Token 0 is never a target (nothing predicts it), so it counts in no turn.
+ */
+export function episodeTokenAdvantages(advantages: readonly number[], masks: readonly Uint8Array[], o: { turnDiscount?: number; norm?: LossNorm } = {}): Float32Array[] {
+  if (advantages.length !== masks.length) throw new SlmError('ARGUMENT_INVALID', `${advantages.length} advantages for ${masks.length} loss masks: expected one per episode.`);
+  const g = o.turnDiscount ?? 1;
+  if (!(g >= 0 && g <= 1)) throw new SlmError('ARGUMENT_INVALID', `turnDiscount must be in [0, 1], found ${describe(o.turnDiscount)}.`);
+  const norm = o.norm ?? 'token';
+  const spans = masks.map((m) => turnSpans(Array.from(m, (x, t) => (t === 0 ? 0 : x))));
+  const S = spans.filter((s) => s.length).length;
+  const P = spans.reduce((a, s) => a + s.length, 0);
+  return masks.map((m, i) => {
+    const out = new Float32Array(m.length);
+    const turns = spans[i];
+    const n = turns.reduce((a, [b, e]) => a + e - b, 0);
+    turns.forEach(([b, e], j) => {
+      const scale = g ** (turns.length - 1 - j) * (norm === 'turn' ? (S * n) / (P * (e - b)) : 1);
+      for (let t = b; t < e; t++) out[t] = advantages[i] * scale;
+    });
+    return out;
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // PPO
 

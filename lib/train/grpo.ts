@@ -23,6 +23,8 @@ import { permutation, type RunFolder, type TrainState } from './run.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
 import { shardRange } from '../distributed/data-parallel.js';
 import { gatherRollouts } from '../distributed/gather.js';
+import { episodeTokenAdvantages, type LossNorm } from './advantages.js';
+import { SlmError } from '../errors.js';
 import type { Shard } from '../distributed/run.js';
 
 /** What the trainer needs of an episode (the EpisodeRunner returns more). */
@@ -51,6 +53,17 @@ export interface RewardResult {
   correct?: boolean;
   /** Why a part is null (a failed judge call...), by part name. */
   errors?: Record<string, string>;
+  /**
+   * True when a reward component failed (a judge call that errored or gave an unparseable reply):
+   * `total` then holds the configured penalty (reward.failure_value) and `errors` says why. Absent
+   * when every component worked.
+   */
+  failed?: boolean;
+  /**
+   * reward.on_failure: exclude — the trainers leave this episode out of the loss (and out of its
+   * GRPO group's statistics) and count it (episodes_excluded).
+   */
+  excluded?: boolean;
 }
 
 /**
@@ -79,7 +92,13 @@ export interface GrpoOptions {
   clipHigh?: number;
   klCoef?: number;
   klEstimator?: 'k1' | 'k3';
-  tokenLevel?: boolean;
+  /**
+   * How the loss averages (algorithm.loss_norm): 'token' (default; DAPO, Dr.GRPO), 'sequence' (the
+   * GRPO paper), 'turn' (the reference: per assistant turn, then over the batch's turns).
+   */
+  lossNorm?: LossNorm;
+  /** Turn j of J carries the advantage x turnDiscount^(J - 1 - j) (the reference: 0.99; default 1). */
+  turnDiscount?: number;
   schedule: Omit<ScheduleSpec, 'totalSteps'> & { totalSteps?: number };
   weightDecay?: number;
   maxGradNorm?: number;
@@ -180,6 +199,8 @@ export async function endStep(c: {
 export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: GrpoDeps<Q>, o: GrpoOptions): Promise<{ steps: number; meanReward: number[] }> {
   const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
   const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? o.steps };
+  if (o.shard && o.lossNorm === 'turn')
+    throw new SlmError('NOT_SUPPORTED', "algorithm.loss_norm: turn is not supported with data-parallel ranks (its weights need the global batch's turn count); use token or sequence, or one process.");
   let { state } = await beginStage(model, run, o);
   const rewardsByStep: number[] = [];
   let ranHere = 0;
@@ -211,14 +232,21 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
       const skipped: string[] = [];
       for (let g = 0; g < qs.length; g++) {
         const group = rewards.slice(g * o.k, (g + 1) * o.k);
+        // reward.on_failure: exclude — an episode whose reward failed (a judge call) is left out of
+        // its group's statistics and of the loss, and counted.
+        const members = group.map((_, j) => j).filter((j) => group[j].excluded !== true);
+        const scored = members.map((j) => group[j]);
         // Correctness flags when the reward gives them; an episode without one (a failed judge call)
         // counts as not correct rather than switching the flags off for its whole group.
-        const a = deps.advantages(
-          group.map((x) => x.total),
-          group.some((x) => typeof x.correct === 'boolean') ? group.map((x) => x.correct === true) : undefined,
-        );
+        const a = scored.length
+          ? deps.advantages(
+              scored.map((x) => x.total),
+              scored.some((x) => typeof x.correct === 'boolean') ? scored.map((x) => x.correct === true) : undefined,
+            )
+          : { advantages: null, reason: 'all_excluded' };
         if (!a.advantages) skipped.push(a.reason ?? 'skipped');
-        for (let j = 0; j < o.k; j++) adv.push(a.advantages ? a.advantages[j] : null);
+        const byMember = new Map(members.map((j, n) => [j, a.advantages ? a.advantages[n] : null]));
+        for (let j = 0; j < o.k; j++) adv.push(byMember.get(j) ?? null);
       }
       const keep = episodes.map((_, i) => i).filter((i) => adv[i] !== null && adv[i] !== 0 && episodes[i].lossMask.some((x) => x));
       // 4. policy update
@@ -231,7 +259,11 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
         const batch = {
           sequences: keep.map((i) => episodes[i].ids),
           masks: keep.map((i) => episodes[i].lossMask),
-          advantages: keep.map((i) => Array.from(episodes[i].lossMask, (m) => (m ? (adv[i] as number) : 0))),
+          advantages: episodeTokenAdvantages(
+            keep.map((i) => adv[i] as number),
+            keep.map((i) => episodes[i].lossMask),
+            { turnDiscount: o.turnDiscount, norm: o.lossNorm },
+          ),
           oldLogprobs: keep.map((i) => episodes[i].logprobs),
           temperature: keep.map((i) => episodes[i].temperature),
         };
@@ -245,7 +277,7 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
             klCoef: o.klCoef ?? 0,
             klEstimator: o.klEstimator ?? 'k3',
             entropyCoef: o.entropyCoef ?? 0,
-            tokenLevel: o.tokenLevel ?? true,
+            tokenLevel: (o.lossNorm ?? 'token') === 'token',
             weightDecay: o.weightDecay ?? 0,
             maxGradNorm: o.maxGradNorm ?? 1,
             ...o.adam,
@@ -266,6 +298,7 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
         lr,
         ...rolloutMetrics(all.episodes, all.rewards),
         episodes_trained: kept.length,
+        episodes_excluded: all.rewards.filter((r) => r.excluded === true).length || undefined,
         groups_skipped: all.skipped.length,
         skip_reasons: all.skipped.length ? [...new Set(all.skipped)] : undefined,
         advantages_mean: kept.length ? mean(kept) : undefined,

@@ -389,7 +389,9 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
       };
       // Each rank's forward passes cover its own episodes; the advantages (whitened over the whole
       // batch) are computed from every rank's, identically on every rank.
-      const fwd = await ppoForward(model, episodes, prepOpts);
+      // reward.on_failure: exclude — an episode whose reward failed trains nothing (no trained token).
+      const trained = episodes.map((e, i) => (rewards[i].excluded === true ? { ...e, lossMask: new Uint8Array(e.lossMask.length) } : e));
+      const fwd = await ppoForward(model, trained, prepOpts);
       const global = o.shard ? await gatherForward(o.shard, fwd, offset, scores) : { forward: fwd, scores };
       const allScores = global.scores;
       const prep = ppoAdvantagesFor(global.forward, allScores, prepOpts);
@@ -455,7 +457,8 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
         critic_warmup: warm || undefined,
         ...rolloutMetrics(all.episodes, all.rewards),
         episodes_trained: prep.kept.length,
-        episodes_empty: all.episodes.length - prep.kept.length || undefined,
+        episodes_excluded: all.rewards.filter((r) => r.excluded === true).length || undefined,
+        episodes_empty: all.episodes.length - prep.kept.length - all.rewards.filter((r) => r.excluded === true).length || undefined,
         kl: klIn === 'reward' ? prep.adv.klMean : sm('kl'),
         kl_coef: klCoef,
         values_mean: v.mean,

@@ -16,6 +16,7 @@ import { SlmError, describe } from '../errors.js';
 import { EpisodeRunner, type Episode, type EpisodeRunnerOptions, type RunnerTokenizer } from '../episodes/runner.js';
 import { codeProtocol, tagsProtocol, type EpisodeProtocol, type TagsProtocolOptions } from '../episodes/protocol.js';
 import { directProtocol } from '../episodes/direct.js';
+import type { ChatMessage } from '../model/tokenizer-types.js';
 import { ChatFormatter } from '../model/chat.js';
 import { loadTokenizer } from '../model/tokenizer.js';
 import type { HfTokenizer } from '../model/tokenizer.js';
@@ -53,9 +54,17 @@ export interface Question {
   golds: string[];
   /** Search-R1's `data_source` (nq, hotpotqa, ...) when the row has one. */
   data_source?: string;
+  /**
+   * The row's own chat prompt (Search-R1's processed files: `prompt`, a list of {role, content}) when
+   * it has one: tags episodes start from exactly these messages (protocol.use_data_prompt).
+   */
+  prompt?: ChatMessage[];
 }
 
-/** The question of a Search-R1 processed row that kept only its `prompt` (the template ends with "Question: …"). */
+/**
+ * The question of a Search-R1 processed row that kept only its `prompt` (the template ends with
+ * "Question: …"), for logs and rewards; the episode itself starts from the prompt (Question.prompt).
+ */
 function questionFromPrompt(prompt: unknown): string | undefined {
   if (!Array.isArray(prompt)) return undefined;
   const user = [...prompt].reverse().find((m) => m && m.role === 'user' && typeof m.content === 'string');
@@ -66,8 +75,9 @@ function questionFromPrompt(prompt: unknown): string | undefined {
 /**
  * Question rows from JSONL, JSON or Parquet: `question` and `answer` (a string, a list, or
  * Search-R1's `golden_answers` / `reward_model.ground_truth.target` lists of acceptable answers),
- * optional `id` and `data_source`. A Search-R1 processed row without `question` gives the one at
- * the end of its `prompt`.
+ * optional `id` and `data_source`. A row's `prompt` in chat format (Search-R1's processed files: a
+ * list of {role, content}) is kept as Question.prompt; a row without `question` gives the one at the
+ * end of its `prompt`. A `prompt` of another type (a plain string) is not used.
  */
 export async function loadQuestions(file: string): Promise<Question[]> {
   if (!isHubRef(file) && !existsSync(file)) throw new SlmError('FILE_NOT_FOUND', `questions file ${file} does not exist. Set data.questions to JSONL/JSON/Parquet rows {question, answer}.`);
@@ -81,6 +91,14 @@ export async function loadQuestions(file: string): Promise<Question[]> {
         'DATA_INVALID',
         `${file}: row ${i + 1} needs a non-empty string "question", found ${describe(o.question)}. Question rows are {question, answer} (or Search-R1's {question, golden_answers}).${Array.isArray(o.messages) ? ' This row is a chat conversation ({messages}): SFT data, which belongs in data.sft of a stage: sft config.' : ''}`,
       );
+    let prompt: ChatMessage[] | undefined;
+    if (Array.isArray(o.prompt)) {
+      const roles = ['system', 'user', 'assistant', 'tool'];
+      const bad = o.prompt.findIndex((m) => !m || typeof m !== 'object' || !roles.includes(m.role) || typeof m.content !== 'string');
+      if (bad >= 0 || !o.prompt.length)
+        throw new SlmError('DATA_INVALID', `${file}: row ${i + 1}: "prompt" is a list, so it must be chat messages {role: ${roles.join(' | ')}, content: string} (Search-R1's layout), but ${o.prompt.length ? `item ${bad + 1} is ${describe(o.prompt[bad])}` : 'it is empty'}.`);
+      prompt = o.prompt.map((m: { role: ChatMessage['role']; content: string }) => ({ role: m.role, content: m.content }));
+    }
     const answer = o.answer ?? o.answers ?? o.golden_answers ?? o.reward_model;
     let golds: string[];
     try {
@@ -88,7 +106,7 @@ export async function loadQuestions(file: string): Promise<Question[]> {
     } catch (e) {
       throw new SlmError('DATA_INVALID', `${file}: row ${i + 1}: ${(e as Error).message}`);
     }
-    return { id: String(o.id ?? o.index ?? i), index: i, question, golds, ...(typeof o.data_source === 'string' ? { data_source: o.data_source } : {}) };
+    return { id: String(o.id ?? o.index ?? i), index: i, question, golds, ...(typeof o.data_source === 'string' ? { data_source: o.data_source } : {}), ...(prompt ? { prompt } : {}) };
   });
 }
 
@@ -179,7 +197,8 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
   cfg = await withSftPrompts(cfg, log);
   const kind = cfg.protocol.kind;
   if (kind === 'direct') return { protocol: directProtocol(), describe: 'protocol direct (no search)', close: async () => {} };
-  const tags = (search: TagsProtocolOptions['search']) => tagsProtocol({ search, topK: cfg.protocol.top_k, ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) });
+  const tags = (search: TagsProtocolOptions['search']) =>
+    tagsProtocol({ search, topK: cfg.protocol.top_k, instruction: cfg.protocol.instruction, usePrompt: cfg.protocol.use_data_prompt, turnsCount: cfg.protocol.turns_count ?? 'searches', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) });
   // retrieval.kind http goes with the tags protocol and names its url (config cross-checks).
   if (cfg.retrieval.kind === 'http') {
     const remote = new HttpRetriever({ url: cfg.retrieval.url ?? '', timeoutS: cfg.retrieval.timeout_s, retries: cfg.retrieval.retries });
@@ -250,7 +269,7 @@ export function rolloutFn(cfg: ResolvedConfig, agent: Agent, env: Environment, r
     if (!reqs.length) return [];
     if (remote) await remote.syncAdapter(agent.model);
     const runner = episodeRunner(cfg, agent, env, { seed: reqs[0].seed, onTurn: onProgress && ((t) => onProgress(t.finished, reqs.length)), generator: remote });
-    const r = await runner.run(reqs.map((q) => ({ question: q.question.question, temperature: q.temperature, seed: q.seed })));
+    const r = await runner.run(reqs.map((q) => ({ question: q.question.question, prompt: q.question.prompt, temperature: q.temperature, seed: q.seed })));
     const eps = r.episodes.map((e, i) => trainEpisode(e, reqs[i].question));
     return remote ? recomputeLogprobs(agent.model, eps) : eps;
   };
@@ -397,7 +416,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       const reward = trainerReward(rewardFromConfig(cfg.reward as never, judge.deps), (q: Question) => ({ question: q.question, golds: q.golds }));
       const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
       const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
-      const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, klReference: cfg.algorithm.kl_reference, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, tokenLevel: cfg.algorithm.token_level, entropyCoef: cfg.algorithm.entropy_coef, onStep };
+      const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, klReference: cfg.algorithm.kl_reference, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, entropyCoef: cfg.algorithm.entropy_coef, onStep };
       const o8 = cfg.rollout.openai;
       const remote =
         cfg.rollout.engine === 'openai'
@@ -417,6 +436,8 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
           innerEpochs: cfg.algorithm.inner_epochs,
           klCoef: cfg.algorithm.kl_coef,
           klEstimator: est === 'k2' ? 'k3' : est,
+          lossNorm: cfg.algorithm.loss_norm,
+          turnDiscount: cfg.algorithm.turn_discount,
           schedule: scheduleSpec(cfg),
         });
       } else {
@@ -432,6 +453,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
           klCoef: cfg.algorithm.kl_coef,
           klIn: cfg.algorithm.kl_in,
           klEstimator: cfg.algorithm.kl_estimator,
+          tokenLevel: cfg.algorithm.loss_norm === 'token',
           vfCoef: cfg.algorithm.vf_coef,
           valueClip: cfg.algorithm.value_clip,
           schedule: scheduleSpec(cfg),
@@ -586,7 +608,7 @@ export async function evaluate(
     for (let s = 0; s < qs.length; s += batch) {
       const chunk = qs.slice(s, s + batch);
       const runner = episodeRunner(cfg, agent, env, { eval: true, seed: cfg.train.seed * 7919 + s, temperature: cfg.eval.temperature, onTurn: (t) => bar.update(s + t.finished) });
-      const r = await runner.run(chunk.map((q) => ({ question: q.question, temperature: cfg.eval.temperature })));
+      const r = await runner.run(chunk.map((q) => ({ question: q.question, prompt: q.prompt, temperature: cfg.eval.temperature })));
       // Every episode of the chunk scored at once (a judge endpoint limits its own concurrency).
       const rewards = await Promise.all(r.episodes.map((e, i) => rewardFn({ answer: e.answer, golds: chunk[i].golds, question: chunk[i].question, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
       for (let i = 0; i < chunk.length; i++) {
