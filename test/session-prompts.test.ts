@@ -44,3 +44,17 @@ t.test('the system prompt and final-turn notice come from data.sft', async (t) =
   t.throws(() => validateConfig({ ...base, protocol: { ...base.protocol, prompts_from_sft: true, system_prompt: 'x' } }, 'test'), { code: 'CONFIG_INVALID', message: /protocol.system_prompt: set, but protocol.prompts_from_sft takes it from data.sft/ });
   t.throws(() => validateConfig({ ...base, data: { ...base.data, sft: null }, protocol: { ...base.protocol, prompts_from_sft: true } }, 'test'), { code: 'CONFIG_INVALID', message: /data.sft: missing; protocol.prompts_from_sft/ });
 });
+
+t.test('retrieval.k is what search_pages returns, and what the default prompt says', async (t) => {
+  const dir = t.testdir();
+  const corpus = join(dir, 'corpus.jsonl');
+  writeFileSync(corpus, Array.from({ length: 8 }, (_, i) => JSON.stringify({ id: `p${i}`, title: `Town ${i}`, content: `# Town ${i}\n\nTown ${i} is a town by the river.` })).join('\n') + '\n');
+  const cfg = (k: number) => validateConfig({ stage: 'grpo', model: { path: 'unused' }, data: { questions: 'q.jsonl', corpus }, protocol: { kind: 'code' }, sandbox: { workers: 1 }, retrieval: { kind: 'bm25', k } }, 'test');
+  for (const k of [3, 5]) {
+    const env = await openEnvironment(cfg(k));
+    t.teardown(() => env.close());
+    const r = await env.protocol.respond({ kind: 'code', code: 'print(len(search_pages("town river")))', end: 0 }, { turn: 1, maxTurns: 3, finishReason: 'stop_string', maxNewTokens: 64 });
+    t.match(r.messages![0].content, new RegExp(`<python_output>\\n${k}\\n`), `search_pages gives ${k} pages`);
+    t.match(env.protocol.initialMessages('q', 3)[0].content, new RegExp(`the ${k} pages that match best`));
+  }
+});

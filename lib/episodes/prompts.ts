@@ -20,6 +20,8 @@ export interface CodePromptOptions {
   questionVariable?: string;
   /** Programs may end the episode with final_answer(answer) (CodeProtocolOptions.finalAnswer). */
   finalAnswer?: boolean;
+  /** Pages search_pages returns (retrieval.k; default 10). */
+  searchResults?: number;
 }
 
 const PY_EXAMPLE = (t: CodeTags) => `Question: In which city was the architect of the Sydney Opera House born?
@@ -103,12 +105,12 @@ export function codeSystemPrompt(opts: CodePromptOptions): string {
   const js = opts.language === 'javascript';
   const lang = js ? 'JavaScript' : 'Python';
   const functions = js
-    ? `- search_pages(query) -> array of {page_id, title, similarity}: the 10 pages that match best
+    ? `- search_pages(query) -> array of {page_id, title, similarity}: the ${opts.searchResults ?? 10} pages that match best
 - view_sections(page_id) -> array of {section_id, section_name}
 - read_section(section_id) -> string  (pass "page_id:full" to get the whole page)
 
 Print with console.log(). The functions are synchronous; there is no import, file or network access.`
-    : `- search_pages(query: str) -> list[dict] with {page_id, title, similarity}: the 10 pages that match best
+    : `- search_pages(query: str) -> list[dict] with {page_id, title, similarity}: the ${opts.searchResults ?? 10} pages that match best
 - view_sections(page_id: str) -> list[dict] with {section_id, section_name}
 - read_section(section_id: str) -> str  (pass "page_id:full" to get the whole page)
 

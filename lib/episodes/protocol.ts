@@ -146,6 +146,8 @@ export interface CodeProtocolOptions {
    * reference's protocol has no such function).
    */
   finalAnswer?: boolean;
+  /** Pages search_pages returns, as the default system prompt says (retrieval.k; default 10). */
+  searchResults?: number;
 }
 
 export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
@@ -165,7 +167,7 @@ export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
     injection: 'chat',
     stopStrings: [`</${tags.code}>`, `</${tags.answer}>`],
     initialMessages(question, maxTurns) {
-      const system = typeof o.systemPrompt === 'function' ? o.systemPrompt(maxTurns) : (o.systemPrompt ?? codeSystemPrompt({ maxTurns, language: o.language, tags, questionVariable: qVar, finalAnswer: o.finalAnswer }));
+      const system = typeof o.systemPrompt === 'function' ? o.systemPrompt(maxTurns) : (o.systemPrompt ?? codeSystemPrompt({ maxTurns, language: o.language, tags, questionVariable: qVar, finalAnswer: o.finalAnswer, searchResults: o.searchResults }));
       return [
         { role: 'system', content: system },
         { role: 'user', content: codeQuestionMessage(question) },

@@ -9,7 +9,7 @@ export interface SectionRef {
   section_name: string;
 }
 export interface SearchTools {
-  /** The 10 best pages for a free-text query. */
+  /** The best pages for a free-text query (10, or retrieval.k). */
   search_pages(query: string): Promise<PageHit[]> | PageHit[];
   /** The sections of a page; throws SlmError('NOT_FOUND'-like) with a recovery hint for unknown ids. */
   view_sections(pageId: string): Promise<SectionRef[]> | SectionRef[];

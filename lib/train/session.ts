@@ -25,6 +25,7 @@ import { localDataFiles, localModelDir } from '../hub/download.js';
 import { isHubRef } from '../hub/ref.js';
 import { HttpRetriever } from '../retrieval/http.js';
 import { SearchIndex, embedderFor } from '../retrieval/index.js';
+import type { SearchTools } from '../retrieval/types.js';
 import { answerMetrics } from '../rewards/metrics.js';
 import { goldAnswers, rewardFromConfig, trainerReward, type ComposedRewardFn, type RewardDeps } from '../rewards/combine.js';
 import { parseJudgeConfig } from '../rewards/config.js';
@@ -154,7 +155,9 @@ export interface Environment {
 export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}, progress?: ProgressTo): Promise<SearchIndex> {
   if (cfg.data.index && existsSync(join(cfg.data.index, 'manifest.json'))) {
     const idx = await SearchIndex.load(cfg.data.index);
-    log(`index: ${cfg.data.index} (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind})`);
+    // ef is a search-time setting: the config's, whatever the index was saved with.
+    idx.setEf(cfg.retrieval.ef);
+    log(`index: ${cfg.data.index} (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind}, ef ${cfg.retrieval.ef})`);
     return idx;
   }
   if (!cfg.data.corpus) throw new SlmError('CONFIG_INVALID', `data.index ${cfg.data.index} holds no index and data.corpus is not set; build one with \`slm-train index\` or set data.corpus.`, { path: 'data.index' });
@@ -207,15 +210,17 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
   const index = await openIndex(cfg, log, progress);
   if (kind === 'tags') return { protocol: tags(index), index, describe: `protocol tags, top-k ${cfg.protocol.top_k}, ${index.params.kind} retrieval`, close: async () => {} };
   const sb = cfg.sandbox;
+  // search_pages returns retrieval.k pages; the other tools are the index's.
+  const tools: SearchTools = { search_pages: (q) => index.searchPages(q, cfg.retrieval.k), view_sections: (p) => index.view_sections(p), read_section: (s) => index.read_section(s) };
   const sandbox = await createSandbox(
     sb.kind === 'python'
-      ? { kind: 'python', tools: index, size: sb.workers, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb }
-      : { kind: 'quickjs', tools: index, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb },
+      ? { kind: 'python', tools, size: sb.workers, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb }
+      : { kind: 'quickjs', tools, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb },
   );
   let isolation = '';
   if (sb.kind === 'python') isolation = `, isolation ${(await detectIsolation()).level}`;
   return {
-    protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}), ...(cfg.protocol.final_turn_notice !== null ? { finalTurnNotice: cfg.protocol.final_turn_notice } : {}), ...(cfg.protocol.question_variable ? { questionVariable: cfg.protocol.question_variable } : {}), finalAnswer: cfg.protocol.final_answer }),
+    protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}), ...(cfg.protocol.final_turn_notice !== null ? { finalTurnNotice: cfg.protocol.final_turn_notice } : {}), searchResults: cfg.retrieval.k, ...(cfg.protocol.question_variable ? { questionVariable: cfg.protocol.question_variable } : {}), finalAnswer: cfg.protocol.final_answer }),
     index,
     sandbox,
     describe: `protocol code, ${sb.kind} sandbox (${sb.kind === 'python' ? `${sb.workers} workers, ` : ''}${sb.timeout_s} s, ${sb.memory_mb} MB${isolation}), ${index.params.kind} retrieval`,
