@@ -63,7 +63,12 @@ t.test('the ready configs hold the reference settings', async (t) => {
   t.same([sft.lora.dropout, sft.optim.lr, sft.optim.schedule, sft.optim.weight_decay, sft.train.batch_size, sft.protocol.max_context], [0.1, 1e-5, 'linear', 0.01, 4, 3000]);
 
   const p = loadConfig(join(configs, 'search-r1-ppo.yaml'));
-  t.same([p.stage, p.algorithm.kind, p.rollout.batch_questions, p.optim.lr, p.optim.critic_lr, p.algorithm.kl_coef], ['ppo', 'ppo', 32, 1e-6, 1e-5, 0.001]);
+  // Search-R1's train_ppo.sh, with LoRA's ten-times learning rates.
+  t.same([p.stage, p.algorithm.kind, p.rollout.batch_questions, p.algorithm.mini_batch, p.train.steps, p.optim.warmup_steps, p.optim.lr, p.optim.critic_lr, p.algorithm.kl_coef], ['ppo', 'ppo', 512, 256, 1005, 286, 1e-5, 1e-4, 0.001]);
+  // The SFT+PPO report's PPO stage: batch 32 in one mini-batch, 600 steps, from an SFT adapter.
+  const r = loadConfig(join(configs, 'search-r1-sft-ppo.yaml'));
+  t.same([r.stage, r.rollout.batch_questions, r.algorithm.mini_batch, r.train.steps, r.optim.lr, r.optim.critic_lr, r.algorithm.kl_coef, r.protocol.max_turns, r.protocol.max_new_tokens], ['ppo', 32, 32, 600, 1e-5, 1e-4, 0.001, 2, 500]);
+  t.same([loadConfig(join(configs, 'search-r1-sft.yaml')).stage, loadConfig(join(configs, 'search-r1-sft.yaml')).protocol.kind], ['sft', 'tags']);
   t.same([p.algorithm.kl_in, p.algorithm.kl_estimator, p.algorithm.gamma, p.algorithm.lam], ['reward', 'k1', 1, 1]);
   t.same([p.protocol.kind, p.protocol.max_turns, p.protocol.max_turns_eval, p.protocol.top_k, p.protocol.max_new_tokens], ['tags', 2, 5, 3, 500]);
   t.same(p.reward.parts, [{ kind: 'em', weight: 1 }]);
@@ -255,8 +260,8 @@ t.test('what the config hands to the advantage functions and the schedule', asyn
   const p = loadConfig(join(configs, 'search-r1-ppo.yaml'));
   t.same(ppoAdvantageOptions(p), { gamma: 1, lam: 1, klCoef: 0.001, klEstimator: 'k1', whiten: true });
   t.equal(ppoAdvantageOptions(loadConfig(join(configs, 'search-r1-ppo.yaml'), ['algorithm.kl_in=loss', 'algorithm.kl_estimator=k3'])).klCoef, 0, 'KL in the loss: none in the reward');
-  t.same(scheduleSpec(p), { kind: 'constant', lr: 1e-6, warmupSteps: 286, totalSteps: 1005, minRatio: 0 });
-  t.equal(scheduleSpec(p, p.optim.critic_lr).lr, 1e-5);
+  t.same(scheduleSpec(p), { kind: 'constant', lr: 1e-5, warmupSteps: 286, totalSteps: 1005, minRatio: 0 });
+  t.equal(scheduleSpec(p, p.optim.critic_lr).lr, 1e-4);
 });
 
 t.test('the TypeScript shape and the schema name the same keys', async (t) => {

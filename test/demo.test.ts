@@ -9,7 +9,7 @@ import t from 'tap';
 import { loadConfig } from '../lib/config/load.js';
 import { trainByteLevelBpe } from '../lib/demo/bpe.js';
 import { DEMO_SYSTEM_PROMPT, expertProgram, expertTrajectories } from '../lib/demo/expert.js';
-import { runDemo } from '../lib/demo/pipeline.js';
+import { PRINTING_KINDS, runDemo } from '../lib/demo/pipeline.js';
 import { codeProtocol } from '../lib/episodes/protocol.js';
 import { loadTokenizer } from '../lib/model/tokenizer.js';
 import { Corpus } from '../lib/retrieval/corpus.js';
@@ -83,6 +83,7 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
   }
   t.ok(r.expert.accepted > 20, `${r.expert.accepted} expert trajectories`);
   t.equal(r.expert.rejected, 0, 'with BM25 over made-up names every expert program finds its page and fact');
+  t.ok(r.expert.printing > 0 && r.expert.printing < r.expert.accepted, `${r.expert.printing} of them in the two-turn style`);
   const tok = loadTokenizer(join(out, 'model'));
   // Learned from the texts as the model sees them (the system prompt once per question), the prompt
   // is mostly whole words; learned once, it took 197 tokens at the full size.
@@ -97,6 +98,13 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
   t.equal(grpo.protocol.final_answer, true, 'programs answer with final_answer()');
   t.equal(grpo.retrieval.kind, 'bm25');
   const expert = readFileSync(join(out, 'data', 'expert.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
-  t.ok(expert.every((r) => r.messages.length === 3 && /final_answer\(/.test(r.messages[2].content)), 'the SFT data are one-turn programs that answer');
+  // The expert's habit: questions about founders and fairs mostly in two turns (print, then
+  // <answer>), every other question in one turn whose program answers with final_answer().
+  const kinds = new Map(readFileSync(join(out, 'data', 'questions.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).map((q) => [q.question, q.kind]));
+  const two = expert.filter((r) => r.messages.length === 6);
+  t.equal(two.length, r.expert.printing);
+  t.ok(two.every((r) => PRINTING_KINDS.includes(kinds.get(r.question)) && /print\(/.test(r.messages[2].content) && r.messages[5].content === `<answer>${r.answer}</answer>`), 'two-turn rows: founders and fairs, printed then answered');
+  t.ok(expert.filter((r) => r.messages.length !== 6).every((r) => r.messages.length === 3 && /final_answer\(/.test(r.messages[2].content)), 'the others are one-turn programs that answer');
+  t.ok(expert.length <= 40, 'SFT sees at most the sampled share of the 40 training questions');
   t.match(lines.join('\n'), /expert: \d+ trajectories/);
 });

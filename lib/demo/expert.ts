@@ -51,12 +51,13 @@ export interface ExpertRow {
  * Expert conversations for `questions`, run through `protocol` (a code protocol over the demo's
  * sandbox, binding the question to `question`): one turn whose program calls final_answer(), or,
  * with `answer: 'print'`, two turns (the program, then `<answer>` with what it printed). Returns the
- * accepted rows and how many were rejected because the answer was not the gold one.
+ * accepted rows and how many were rejected because the answer was not the gold one. `answer` may
+ * be a function of the question: the expert then mixes the two styles.
  */
 export async function expertTrajectories(
   questions: readonly SyntheticQuestion[],
   protocol: EpisodeProtocol,
-  opts: { maxTurns?: number; answer?: 'final_answer' | 'print'; onDone?: () => void } = {},
+  opts: { maxTurns?: number; answer?: 'final_answer' | 'print' | ((q: SyntheticQuestion) => 'final_answer' | 'print'); onDone?: () => void } = {},
 ): Promise<{ rows: ExpertRow[]; rejected: number }> {
   const maxTurns = opts.maxTurns ?? 2;
   const rows: ExpertRow[] = [];
@@ -64,7 +65,8 @@ export async function expertTrajectories(
   await Promise.all(
     questions.map(async (q) => {
       const messages = protocol.initialMessages(q.question, maxTurns);
-      const turn1 = `<python>\n${expertProgram(q, opts.answer)}\n</python>`;
+      const style = typeof opts.answer === 'function' ? opts.answer(q) : opts.answer;
+      const turn1 = `<python>\n${expertProgram(q, style)}\n</python>`;
       const action = protocol.parse(turn1);
       if (action.kind !== 'code') throw new Error(`expert program did not parse as code: ${action.kind}`);
       const reply = await protocol.respond(action, { turn: 1, maxTurns, finishReason: 'stop_string', maxNewTokens: 256, question: q.question });

@@ -4,8 +4,14 @@
  *   1. a fictional encyclopedia (rare by construction) with questions, split 80/20 by index;
  *   2. a byte-level BPE tokenizer learned from it (~1k ids) and a randomly initialised tiny Qwen3
  *      that uses it, in Hugging Face layout;
- *   3. the search index; expert trajectories from a scripted expert run through the real sandbox;
- *   4. eval of the untrained model -> SFT on the expert trajectories -> eval -> GRPO -> eval;
+ *   3. the search index; expert trajectories from a scripted expert run through the real sandbox,
+ *      for half of the training questions (limited expert data, as the reference's), with a habit
+ *      the student cannot follow: on questions about founders and fairs the expert mostly prints
+ *      the fact and answers in a second turn, and the tiny model cannot copy a printed name into
+ *      <answer>;
+ *   4. eval of the untrained model -> SFT on the expert trajectories -> eval -> GRPO on every
+ *      training question (exact-match reward) -> eval: SFT imitates the habit and fails those
+ *      questions; GRPO finds that final_answer() in the program works for them too;
  *   5. a table (accuracy, EM, F1, answered, average turns, time) and the run folder.
  * Every stage goes through the same code as `slm-train train` / `eval`, with configs written into
  * the run folder so each stage can be re-run by hand.
@@ -16,11 +22,12 @@ import YAML from 'yaml';
 import { loadConfig } from '../config/load.js';
 import { initModel } from '../model/init.js';
 import { loadTokenizer } from '../model/tokenizer.js';
-import { syntheticCorpus } from '../retrieval/synthetic.js';
+import { syntheticCorpus, type SyntheticQuestion, type SyntheticQuestionKind } from '../retrieval/synthetic.js';
 import { evalFromConfig, openEnvironment, trainFromConfig, type EvalSummary, type Log } from '../train/session.js';
 import { trainByteLevelBpe } from './bpe.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
 import { DEMO_SYSTEM_PROMPT, expertProgram, expertTrajectories } from './expert.js';
+import { hashUniform } from '../train/grpo.js';
 import { permutation } from '../train/run.js';
 
 export interface DemoOptions {
@@ -33,6 +40,13 @@ export interface DemoOptions {
    * on every training question.
    */
   sftExamples?: number;
+  /**
+   * The expert's habit: for questions about founders and fairs (PRINTING_KINDS) it prints the fact
+   * and answers in a second turn this share of the time (default 0.7), instead of final_answer() in
+   * the program. The demo's model cannot carry a printed name over into <answer>, so SFT imitates a
+   * habit that fails for it; GRPO can find that final_answer() works there too.
+   */
+  printShare?: number;
   sftEpochs?: number;
   grpoSteps?: number;
   /** Config values over the demo's own (deep-merged), per stage: for experiments and tests. */
@@ -53,7 +67,7 @@ export interface DemoResult {
   dir: string;
   stages: DemoStage[];
   table: string;
-  expert: { accepted: number; rejected: number };
+  expert: { accepted: number; rejected: number; printing: number };
 }
 
 const CHAT_TEMPLATE =
@@ -82,7 +96,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const tags = ['<python>', '</python>', '<python_output>', '</python_output>', '<answer>', '</answer>'];
   // The texts as the model will see them: the system prompt opens every episode, so it counts once
   // per question (learned once, its words stayed in pieces: 197 tokens instead of ~60).
-  const texts = [...gen.pages.map((p) => `# ${p.title}\n${p.content}`), ...gen.questions.flatMap((q) => [DEMO_SYSTEM_PROMPT, `Question: ${q.question}\n${expertProgram(q)}\n${q.answer}`])];
+  const texts = [...gen.pages.map((p) => `# ${p.title}\n${p.content}`), ...gen.questions.flatMap((q) => [DEMO_SYSTEM_PROMPT, `Question: ${q.question}\n${expertProgram(q)}\n${expertProgram(q, 'print')}\n${q.answer}`])];
   const tj = trainByteLevelBpe(texts, { merges: 700, special, added: tags });
   const added = tj.added_tokens as Array<{ id: number; content: string }>;
   const idOf = (content: string) => added.find((t) => t.content === content)!.id;
@@ -123,7 +137,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   };
   const sftCfg = write(
     'sft',
-    { stage: 'sft', ...base, data: { ...base.data, sft: sftFile }, optim: { lr: 3e-3, schedule: 'cosine', warmup_steps: 5, gradient_checkpointing: false }, train: { epochs: o.sftEpochs ?? 24, batch_size: 8, seed, checkpoint_every: 0 }, run: { ...base.run, name: 'sft' } },
+    { stage: 'sft', ...base, data: { ...base.data, sft: sftFile }, optim: { lr: 3e-3, schedule: 'cosine', warmup_steps: 5, gradient_checkpointing: false }, train: { epochs: o.sftEpochs ?? 12, batch_size: 8, seed, checkpoint_every: 0 }, run: { ...base.run, name: 'sft' } },
     o.overrides?.sft,
   );
   const grpoCfg = write(
@@ -132,10 +146,18 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
       stage: 'grpo',
       ...base,
       model: { ...base.model, adapter: join(paths.runs, 'sft', 'adapter') },
-      rollout: { k: 8, batch_questions: 8, temperature: 1 },
+      // Samples like the policy at its best, as the reference samples (temperatures drawn per rollout,
+      // nucleus sampling): at temperature 1 without top-p, the 2026-11-23 demo's SFT policy answered
+      // 40 % of the held-out questions greedily but its samples earned 6 %, so 2-4 of every 4 groups
+      // were all-fail and skipped and GRPO learned from a handful of lucky episodes.
+      rollout: { k: 8, batch_questions: 8, temperature: [0.7, 1.0], top_p: 0.9 },
+      // A KL term to the SFT adapter (the default reference of a stage that starts from one) keeps
+      // what SFT got right while GRPO changes the rest.
       algorithm: { kl_coef: 0.02 },
+      // Warm-up: Adam's first steps move every weight by about the learning rate whatever the
+      // gradient's size (its moment estimates start at the first gradient).
       optim: { lr: 2e-4, warmup_steps: 5, gradient_checkpointing: false },
-      train: { steps: o.grpoSteps ?? 40, seed, checkpoint_every: 0 },
+      train: { steps: o.grpoSteps ?? 20, seed, checkpoint_every: 0 },
       run: { ...base.run, name: 'grpo' },
     },
     o.overrides?.grpo,
@@ -144,18 +166,21 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   // 4. expert trajectories through the real sandbox and protocol
   let t = performance.now();
   const env = await openEnvironment(grpoCfg, log, o.progress);
-  let expert: { accepted: number; rejected: number };
+  let expert: { accepted: number; rejected: number; printing: number };
   // Limited expert data, as the reference's: the expert solves a seeded sample of the training
   // questions; GRPO later trains on all of them.
   const expertQs = permutation(train.length, seed, 0)
-    .slice(0, Math.min(train.length, o.sftExamples ?? 60))
+    .slice(0, Math.min(train.length, o.sftExamples ?? 300))
     .map((i) => train[i]);
   const bar = new Progress('expert', expertQs.length, 'questions', o.progress);
   try {
-    const ex = await expertTrajectories(expertQs, env.protocol, { maxTurns: grpoCfg.protocol.max_turns, onDone: () => bar.increment() });
+    const share = o.printShare ?? 0.7;
+    const style = (q: SyntheticQuestion) => (PRINTING_KINDS.includes(q.kind) && hashUniform(seed, 7, Number(q.id.split('-').pop())) < share ? 'print' : 'final_answer');
+    const ex = await expertTrajectories(expertQs, env.protocol, { maxTurns: grpoCfg.protocol.max_turns, answer: style, onDone: () => bar.increment() });
     writeFileSync(sftFile, ex.rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
-    expert = { accepted: ex.rows.length, rejected: ex.rejected };
-    log(`expert: ${ex.rows.length} trajectories (${ex.rejected} rejected: the program's answer was not the gold one) in ${((performance.now() - t) / 1e3).toFixed(1)} s`);
+    const printing = ex.rows.filter((r) => r.messages.length > 3).length;
+    expert = { accepted: ex.rows.length, rejected: ex.rejected, printing };
+    log(`expert: ${ex.rows.length} trajectories, ${printing} of them printing the fact and answering in a second turn (${ex.rejected} rejected: the program's answer was not the gold one) in ${((performance.now() - t) / 1e3).toFixed(1)} s`);
   } finally {
     bar.stop();
     await env.close();
@@ -180,6 +205,9 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   writeFileSync(join(dir, 'report.md'), `# slm-train demo\n\n${new Date().toISOString()}\n\n${table}\n\nExpert trajectories: ${expert.accepted} (${expert.rejected} rejected).\n\nRun reports (curves, evaluations, sampled trajectories): runs/sft/report.html, runs/grpo/report.html.\n`);
   return { dir, stages, table, expert };
 }
+
+/** The kinds of question the expert tends to answer in two turns (DemoOptions.printShare). */
+export const PRINTING_KINDS: readonly SyntheticQuestionKind[] = ['founder', 'fair'];
 
 /** `over` merged into `base`: objects key by key, anything else replaced. */
 function deepMerge(base: object, over: Record<string, unknown>): object {
