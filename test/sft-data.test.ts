@@ -93,3 +93,25 @@ t.test('the prompts the SFT conversations carry: the system message and the fina
   t.same([q.system, q.systemRows, q.finalTurn, q.finalTurnRows, q.rows], ['A', 3, 'N1', 2, 4]);
   t.same(sftPrompts([{ messages: [{ role: 'user', content: 'q' }, { role: 'assistant', content: 'a' }] }]), { system: null, systemRows: 0, finalTurn: null, finalTurnRows: 0, rows: 1 });
 });
+
+t.test('retrieved passages inside an assistant message (Search-R1 trajectories) are not trained on', async (t) => {
+  const info = '\n\n<information>Doc 1(Title: Paris) Paris is the capital of France.</information>\n\n';
+  const messages = [
+    { role: 'user' as const, content: 'Question: capital of France?' },
+    { role: 'assistant' as const, content: `<think>I should search.</think>\n<search>capital of France</search>${info}<answer>Paris</answer>` },
+  ];
+  const ex = tokenizeConversation(messages, fmt, tok);
+  const trained = tok.decode(ex.ids.filter((_, i) => ex.mask[i]));
+  t.equal(trained, '<think>I should search.</think>\n<search>capital of France</search><answer>Paris</answer><|im_end|>', 'the model\'s own text only');
+  t.equal(tok.decode(ex.ids), fmt.render(messages), 'the whole conversation is still there');
+  // The passages are tokenized on their own, as the runner encodes an inline reply.
+  const infoIds = tok.encode(info);
+  const at = ex.ids.findIndex((_, i) => infoIds.every((x, j) => ex.ids[i + j] === x));
+  t.ok(at > 0, 'the information block appears as its own tokens');
+  t.ok(infoIds.every((_, j) => ex.mask[at + j] === 0), 'all of them masked');
+  // Two searches: both blocks masked; inline program output likewise.
+  const two = tokenizeConversation([{ role: 'user', content: 'q' }, { role: 'assistant', content: `<search>a</search>${info}<search>b</search>${info}<answer>x</answer>` }], fmt, tok);
+  t.equal(tok.decode(two.ids.filter((_, i) => two.mask[i])), '<search>a</search><search>b</search><answer>x</answer><|im_end|>');
+  const code = tokenizeConversation([{ role: 'user', content: 'q' }, { role: 'assistant', content: '<python>print(1)</python>\n<python_output>\n1\n</python_output>\n<answer>1</answer>' }], fmt, tok);
+  t.equal(tok.decode(code.ids.filter((_, i) => code.mask[i])), '<python>print(1)</python><answer>1</answer><|im_end|>');
+});

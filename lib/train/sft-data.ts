@@ -1,7 +1,8 @@
 /**
  * SFT data: chat-format rows `{messages: [{role, content}, ...]}` (environment replies as `user` or
- * `tool` messages) turned into token ids and a loss mask that is 1 exactly on the assistant turns'
- * tokens (their content and the end-of-turn token), rendered with the model's own chat template.
+ * `tool` messages, or inline in the assistant's text as Search-R1 writes `<information>` blocks)
+ * turned into token ids and a loss mask that is 1 exactly on the model's own tokens of the assistant
+ * turns (their content and the end-of-turn token), rendered with the model's own chat template.
  *
  * Each assistant turn is located by rendering the conversation up to it with the generation prompt
  * (the text the model sees before it speaks) and with it (the text after it has spoken): the
@@ -54,7 +55,30 @@ export function readSftRows(file: string): SftRow[] {
   });
 }
 
-/** Token ids and assistant-only loss mask of one conversation. */
+/**
+ * Environment text written inside an assistant message, as Search-R1's trajectories carry the
+ * retrieved passages inline (`<information>…</information>`, and `<python_output>…</python_output>`
+ * likewise), with the whitespace around it: attended to, never trained on (state masking), and
+ * tokenized on its own as the episode runner tokenizes an inline reply.
+ */
+const OBSERVATION = /\s*<(information|python_output)>[\s\S]*?<\/\1>\s*/g;
+
+function splitObservations(text: string): Array<{ text: string; trained: boolean }> {
+  const out: Array<{ text: string; trained: boolean }> = [];
+  let at = 0;
+  for (const m of text.matchAll(OBSERVATION)) {
+    if (m.index! > at) out.push({ text: text.slice(at, m.index), trained: true });
+    out.push({ text: m[0], trained: false });
+    at = m.index! + m[0].length;
+  }
+  if (at < text.length) out.push({ text: text.slice(at), trained: true });
+  return out;
+}
+
+/**
+ * Token ids and loss mask of one conversation: 1 on the assistant turns (their content and
+ * end-of-turn token) except environment text inside them (splitObservations), 0 elsewhere.
+ */
 export function tokenizeConversation(messages: readonly ChatMessage[], fmt: ChatFormatter, tok: Tokenizer, row = 0): SftExample {
   const full = fmt.render(messages);
   const pieces: Array<{ text: string; trained: boolean }> = [];
@@ -74,7 +98,7 @@ export function tokenizeConversation(messages: readonly ChatMessage[], fmt: Chat
     const stop = fmt.stopTexts.map((s) => ({ s, at: turn.indexOf(s) })).filter((x) => x.at >= 0).sort((a, b) => a.at - b.at)[0];
     const trainedText = stop ? turn.slice(0, stop.at + stop.s.length) : turn;
     pieces.push({ text: full.slice(cursor, before.length), trained: false });
-    pieces.push({ text: trainedText, trained: true });
+    pieces.push(...splitObservations(trainedText));
     cursor = before.length + trainedText.length;
     turn = '';
   });
