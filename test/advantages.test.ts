@@ -4,6 +4,7 @@ import {
   broadcastAdvantage,
   broadcastAdvantages,
   episodeTokenAdvantages,
+  turnCounts,
   gae,
   groupAdvantage,
   groupAdvantageFn,
@@ -250,6 +251,14 @@ t.test('per-turn advantages: turn discount and the reference per-turn mean', asy
   close(t, Array.from(turn[1]), [0, 0, -2 / 3, -2 / 3, -2 / 3, -2 / 3], 'episode B per turn');
   const w = (n: number) => 1 / (2 * n);
   close(t, [turn[0][1] * w(5), turn[0][5] * w(5), turn[1][2] * w(4)], [2 / (3 * 2), 2 / (3 * 3), -1 / (3 * 4)], 'effective per-token weight = A / (P m)');
+  // Data-parallel ranks: A on one rank, B on another, each given the global counts (S 2, P 3 = the
+  // sums of turnCounts over the ranks), give the whole batch's advantages.
+  t.same(turnCounts([a]), { sequences: 1, pairs: 2 });
+  t.same(turnCounts([b, new Uint8Array(3)]), { sequences: 1, pairs: 1 });
+  const totals = { sequences: 2, pairs: 3 };
+  close(t, Array.from(episodeTokenAdvantages([2], [a], { norm: 'turn', totals })[0]), Array.from(turn[0]), 'rank 0 alone, global counts');
+  close(t, Array.from(episodeTokenAdvantages([-1], [b], { norm: 'turn', totals })[0]), Array.from(turn[1]), 'rank 1 alone, global counts');
+  t.notSame(Array.from(episodeTokenAdvantages([2], [a], { norm: 'turn' })[0]), Array.from(turn[0]), 'local counts alone would differ');
   // Token 0 is never a target, even when its mask says 1.
   t.same(Array.from(episodeTokenAdvantages([1], [Uint8Array.from([1, 1, 0])])[0]), [0, 1, 0]);
   t.throws(() => episodeTokenAdvantages([1], []), { code: 'ARGUMENT_INVALID' });

@@ -13,7 +13,7 @@ import { distEnvFrom } from '../lib/distributed/group.js';
 import { shardRange, trainedCounts } from '../lib/distributed/data-parallel.js';
 import { freePort, workerArgs } from '../lib/distributed/launch.js';
 import { runCliAsync } from './helpers/cli.js';
-import { fixture, repoRoot } from './helpers/shared.js';
+import { dataFile, fixture, repoRoot } from './helpers/shared.js';
 
 const python = process.env.SLM_TORCH_PYTHON ?? '/usr/bin/python3';
 const dir = mkdtempSync(join(tmpdir(), 'slm-dist-'));
@@ -203,9 +203,10 @@ t.test('slm-train train --nproc 2: GRPO with the Python sandbox, each rank rolli
     req.on('data', (c) => (body += c));
     req.on('end', () => {
       calls++;
-      const grade = createHash('sha256').update(body).digest()[0] % 2 ? 8 : 1;
+      // a verdict that depends on the episode only (not on which rank asks), in the reference's binary format
+      const category = createHash('sha256').update(body).digest()[0] % 2 ? 'correct' : 'incorrect';
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ choices: [{ index: 0, message: { role: 'assistant', content: `Correctness: ${grade}\nApproach: 5` }, finish_reason: 'stop' }] }));
+      res.end(JSON.stringify({ choices: [{ index: 0, message: { role: 'assistant', content: `{"category": "${category}", "approach_score": 50}` }, finish_reason: 'stop' }] }));
     });
   });
   await new Promise<void>((res) => judge.listen(0, '127.0.0.1', () => res()));
@@ -218,7 +219,8 @@ t.test('slm-train train --nproc 2: GRPO with the Python sandbox, each rank rolli
     // top_k 8: a full-vocabulary sample over the random model's flat distribution could move with the
     // float rounding of a different batch (4 rows instead of 8); a top-8 one does not.
     'lora.r=4', 'lora.alpha=8', 'lora.dropout=0', 'rollout.k=2', 'rollout.batch_questions=4', 'rollout.top_k=8', 'protocol.max_new_tokens=12', 'sandbox.workers=1', 'train.steps=2',
-    `reward.judge.base_url=${url}`, 'reward.judge.model=fake-judge', 'reward.judge.skip_without_answer=false', `distributed.python=${python}`, '--json',
+    `reward.judge.base_url=${url}`, 'reward.judge.model=fake-judge', 'reward.judge.skip_without_answer=false', `data.sft=${dataFile('seed-sft', 'trajectories.jsonl')}`,
+    `distributed.python=${python}`, '--json',
   ];
   const one = await runCliAsync(args('one'), { cwd: dir });
   t.equal(one.code, 0, `single process exits 0${one.code ? one.stderr.slice(-2000) : ''}`);

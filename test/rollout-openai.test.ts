@@ -99,7 +99,7 @@ t.test('slm-train train with rollout.engine openai: GRPO rollouts on a loopback 
   const { copyFileSync, readFileSync, writeFileSync } = await import('node:fs');
   const { syntheticCorpus } = await import('../lib/retrieval/synthetic.js');
   const { runCliAsync } = await import('./helpers/cli.js');
-  const { fixture, repoRoot } = await import('./helpers/shared.js');
+  const { dataFile, fixture, repoRoot } = await import('./helpers/shared.js');
   copyFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), join(dir, 'chat_template.jinja'));
   const { pages, questions } = syntheticCorpus({ pages: 20, seed: 4 });
   writeFileSync(join(root, 'corpus.jsonl'), pages.map((p) => JSON.stringify(p)).join('\n') + '\n');
@@ -121,7 +121,7 @@ t.test('slm-train train with rollout.engine openai: GRPO rollouts on a loopback 
     req.resume();
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ choices: [{ index: 0, message: { role: 'assistant', content: `Correctness: ${graded++ % 2 ? 1 : 8}\nApproach: 5` }, finish_reason: 'stop' }] }));
+      res.end(JSON.stringify({ choices: [{ index: 0, message: { role: 'assistant', content: `{"category": "${graded++ % 2 ? 'incorrect' : 'correct'}", "approach_score": 50}` }, finish_reason: 'stop' }] }));
     });
   });
   await new Promise<void>((res) => judge.listen(0, '127.0.0.1', () => res()));
@@ -134,7 +134,7 @@ t.test('slm-train train with rollout.engine openai: GRPO rollouts on a loopback 
       `model.path=${dir}`, 'model.dtype=float32', 'model.device=cpu', `data.questions=${join(root, 'questions.jsonl')}`, `data.corpus=${join(root, 'corpus.jsonl')}`, `run.dir=${runs}`,
       'lora.r=4', 'lora.alpha=8', 'lora.dropout=0', 'rollout.k=2', 'rollout.batch_questions=2', 'protocol.max_new_tokens=12', 'sandbox.workers=1', 'train.steps=2',
       `reward.judge.base_url=${judgeUrl}`, 'reward.judge.model=fake-judge', 'reward.judge.skip_without_answer=false',
-      'rollout.engine=openai', `rollout.openai.urls=[${url}]`, 'rollout.openai.timeout_s=60', '--json',
+      `data.sft=${dataFile('seed-sft', 'trajectories.jsonl')}`, 'rollout.engine=openai', `rollout.openai.urls=[${url}]`, 'rollout.openai.timeout_s=60', '--json',
     ],
     { cwd: root },
   );

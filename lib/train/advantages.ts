@@ -205,6 +205,18 @@ export function turnSpans(mask: ArrayLike<number>): Array<[number, number]> {
   return spans;
 }
 
+const maskTurns = (m: Uint8Array) => turnSpans(Array.from(m, (x, t) => (t === 0 ? 0 : x)));
+
+/** Episodes with trained tokens (S) and (episode, turn) pairs (P) of a batch, for loss_norm 'turn'. */
+export interface TurnCounts {
+  sequences: number;
+  pairs: number;
+}
+export function turnCounts(masks: readonly Uint8Array[]): TurnCounts {
+  const spans = masks.map(maskTurns);
+  return { sequences: spans.filter((s) => s.length).length, pairs: spans.reduce((a, s) => a + s.length, 0) };
+}
+
 /** How the policy loss averages over a batch (algorithm.loss_norm). */
 export type LossNorm = 'token' | 'sequence' | 'turn';
 
@@ -220,14 +232,18 @@ export type LossNorm = 'token' | 'sequence' | 'turn';
  *   c min(r A, clip(r) A) for c > 0; the native loss then runs per-sequence (tokenLevel false).
  * Token 0 is never a target (nothing predicts it), so it counts in no turn.
  */
-export function episodeTokenAdvantages(advantages: readonly number[], masks: readonly Uint8Array[], o: { turnDiscount?: number; norm?: LossNorm } = {}): Float32Array[] {
+export function episodeTokenAdvantages(
+  advantages: readonly number[],
+  masks: readonly Uint8Array[],
+  o: { turnDiscount?: number; norm?: LossNorm; totals?: TurnCounts } = {},
+): Float32Array[] {
   if (advantages.length !== masks.length) throw new SlmError('ARGUMENT_INVALID', `${advantages.length} advantages for ${masks.length} loss masks: expected one per episode.`);
   const g = o.turnDiscount ?? 1;
   if (!(g >= 0 && g <= 1)) throw new SlmError('ARGUMENT_INVALID', `turnDiscount must be in [0, 1], found ${describe(o.turnDiscount)}.`);
   const norm = o.norm ?? 'token';
-  const spans = masks.map((m) => turnSpans(Array.from(m, (x, t) => (t === 0 ? 0 : x))));
-  const S = spans.filter((s) => s.length).length;
-  const P = spans.reduce((a, s) => a + s.length, 0);
+  const spans = masks.map(maskTurns);
+  // S and P of the whole batch: this process's, or (data-parallel ranks) the sums over every rank's.
+  const { sequences: S, pairs: P } = o.totals ?? turnCounts(masks);
   return masks.map((m, i) => {
     const out = new Float32Array(m.length);
     const turns = spans[i];

@@ -23,7 +23,7 @@ import { permutation, type RunFolder, type TrainState } from './run.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
 import { shardRange } from '../distributed/data-parallel.js';
 import { gatherRollouts } from '../distributed/gather.js';
-import { episodeTokenAdvantages, type LossNorm } from './advantages.js';
+import { episodeTokenAdvantages, turnCounts, type LossNorm, type TurnCounts } from './advantages.js';
 import { SlmError } from '../errors.js';
 import type { Shard } from '../distributed/run.js';
 
@@ -199,8 +199,6 @@ export async function endStep(c: {
 export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: GrpoDeps<Q>, o: GrpoOptions): Promise<{ steps: number; meanReward: number[] }> {
   const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
   const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? o.steps };
-  if (o.shard && o.lossNorm === 'turn')
-    throw new SlmError('NOT_SUPPORTED', "algorithm.loss_norm: turn is not supported with data-parallel ranks (its weights need the global batch's turn count); use token or sequence, or one process.");
   let { state } = await beginStage(model, run, o);
   const rewardsByStep: number[] = [];
   let ranHere = 0;
@@ -256,13 +254,20 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
       let stats: Awaited<ReturnType<Model['trainStep']>> | undefined;
       // Every rank takes part in every step's collectives, with or without episodes of its own.
       if (keep.length || o.shard) {
+        const masks = keep.map((i) => episodes[i].lossMask);
+        // loss_norm 'turn' weighs a token by the global batch's counts: ranks add theirs up.
+        let totals: TurnCounts | undefined;
+        if (o.shard && o.lossNorm === 'turn') {
+          const all = await o.shard.allGather(turnCounts(masks));
+          totals = { sequences: all.reduce((a, c) => a + c.sequences, 0), pairs: all.reduce((a, c) => a + c.pairs, 0) };
+        }
         const batch = {
           sequences: keep.map((i) => episodes[i].ids),
-          masks: keep.map((i) => episodes[i].lossMask),
+          masks,
           advantages: episodeTokenAdvantages(
             keep.map((i) => adv[i] as number),
-            keep.map((i) => episodes[i].lossMask),
-            { turnDiscount: o.turnDiscount, norm: o.lossNorm },
+            masks,
+            { turnDiscount: o.turnDiscount, norm: o.lossNorm, totals },
           ),
           oldLogprobs: keep.map((i) => episodes[i].logprobs),
           temperature: keep.map((i) => episodes[i].temperature),
