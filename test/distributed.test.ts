@@ -127,15 +127,26 @@ t.test('a rank that dies stops the others with DISTRIBUTED_FAILED, not a hang', 
 });
 
 /** Max |difference| between two trained adapters of the tiny model, and the largest |value| of the first. */
-async function compareAdapters(one: string, two: string): Promise<{ maxDiff: number; norm: number }> {
+/**
+ * The largest difference between two adapters, and how far the first moved from its start: max |lora_B|
+ * (PEFT starts every lora_B at 0 and lora_A at random, so only lora_B says that training happened).
+ */
+async function compareAdapters(one: string, two: string): Promise<{ maxDiff: number; moved: number }> {
   const a = await Model.load(model, { adapter: one });
   const b = await Model.load(model, { adapter: two });
   try {
     const [wa, wb] = [a.trainable(), b.trainable()];
     let maxDiff = 0;
-    let norm = 0;
-    for (const [k, v] of Object.entries(wa)) for (let i = 0; i < v.length; i++) (maxDiff = Math.max(maxDiff, Math.abs(v[i] - wb[k][i]))), (norm = Math.max(norm, Math.abs(v[i])));
-    return { maxDiff, norm };
+    let moved = 0;
+    for (const [k, v] of Object.entries(wa)) {
+      if (!wb[k]) throw new Error(`${two} lacks ${k}`);
+      for (let i = 0; i < v.length; i++) {
+        maxDiff = Math.max(maxDiff, Math.abs(v[i] - wb[k][i]));
+        if (k.includes('lora_B')) moved = Math.max(moved, Math.abs(v[i]));
+      }
+    }
+    if (!Object.keys(wa).some((k) => k.includes('lora_B'))) throw new Error(`${one} has no lora_B tensor`);
+    return { maxDiff, moved };
   } finally {
     a.dispose();
     b.dispose();
@@ -175,8 +186,8 @@ t.test('slm-train train --nproc 2: SFT over two Gloo ranks writes the adapter on
   t.match(two.stderr, /\[rank 1\] .*distributed: rank 1\/2 joined \(gloo/, 'rank 1 joined the Gloo group');
   t.match(JSON.parse(two.stdout), { stage: 'sft', steps: 2 }, 'rank 0 prints the result (once)');
   t.equal(two.stdout.trim().split('\n').length, 1);
-  const { maxDiff, norm } = await compareAdapters(join(runs, 'one', 'adapter'), join(runs, 'two', 'adapter'));
-  t.ok(norm > 0, 'the adapter was trained');
+  const { maxDiff, moved } = await compareAdapters(join(runs, 'one', 'adapter'), join(runs, 'two', 'adapter'));
+  t.ok(moved > 1e-4, `the adapter was trained: lora_B moved away from 0 (max |B| ${moved})`);
   t.ok(maxDiff <= 1e-6, `adapters equal within 1e-6 (max |diff| ${maxDiff})`);
   const m1 = jsonl(join(runs, 'one', 'metrics.jsonl'));
   const m2 = jsonl(join(runs, 'two', 'metrics.jsonl'));
@@ -243,7 +254,8 @@ t.test('slm-train train --nproc 2: GRPO with the Python sandbox, each rank rolli
   const q = (f: string) => jsonl(f).map((x) => JSON.stringify([x.step, x.question.id, x.temperature, x.reward, x.messages]));
   t.same(q(join(runs, 'two', 'trajectories.jsonl')), q(join(runs, 'one', 'trajectories.jsonl')), 'the same episodes, in the same order');
   t.notOk(existsSync(join(runs, 'two', 'ranks', 'rank-1', 'trajectories.jsonl')), 'rank 1 writes no trajectories of its own');
-  const { maxDiff } = await compareAdapters(join(runs, 'one', 'adapter'), join(runs, 'two', 'adapter'));
+  const { maxDiff, moved } = await compareAdapters(join(runs, 'one', 'adapter'), join(runs, 'two', 'adapter'));
+  t.ok(moved > 1e-6, `the policy was updated: lora_B moved away from 0 (max |B| ${moved})`);
   t.ok(maxDiff <= 1e-6, `adapters equal within 1e-6 (max |diff| ${maxDiff})`);
 });
 
@@ -262,7 +274,7 @@ t.test('slm-train train --nproc 2: PPO (tags, critic, whitening over the global 
     // 3 questions x 2 rollouts: rank 0 rolls out 2 questions, rank 1 one (unequal shares).
     'lora.r=4', 'lora.alpha=8', 'lora.dropout=0', 'rollout.k=2', 'rollout.batch_questions=3', 'rollout.top_k=8', 'protocol.max_new_tokens=10', 'train.steps=2',
     // Mini-batches of 4 of the 6 episodes (then 2): a rank may own none of a mini-batch and still takes part.
-    'algorithm.inner_epochs=2', 'algorithm.mini_batch=4', 'optim.lr=0.01', 'optim.critic_lr=0.02', 'algorithm.kl_coef=0.01', `distributed.python=${python}`, '--json',
+    'algorithm.inner_epochs=2', 'algorithm.mini_batch=4', 'optim.lr=0.01', 'optim.critic_lr=0.02', 'algorithm.kl_coef=0.01', 'train.checkpoint_every=1', `distributed.python=${python}`, '--json',
   ];
   const one = await runCliAsync(args('one'), { cwd: dir });
   t.equal(one.code, 0, `single process exits 0${one.code ? one.stderr.slice(-2000) : ''}`);
@@ -281,14 +293,19 @@ t.test('slm-train train --nproc 2: PPO (tags, critic, whitening over the global 
   }
   const q = (f: string) => jsonl(f).map((x) => JSON.stringify([x.step, x.question.id, x.temperature, x.reward, x.messages]));
   t.same(q(join(runs, 'two', 'trajectories.jsonl')), q(join(runs, 'one', 'trajectories.jsonl')), 'the same episodes, in the same order');
-  const { maxDiff } = await compareAdapters(join(runs, 'one', 'adapter'), join(runs, 'two', 'adapter'));
+  const { maxDiff, moved } = await compareAdapters(join(runs, 'one', 'adapter'), join(runs, 'two', 'adapter'));
+  t.ok(moved > 1e-6, `the actor was updated: lora_B moved away from 0 (max |B| ${moved})`);
   // Two steps of two updates at lr 0.01 after forward passes over differently padded batches (4 and
   // 2 rows against 6): float32 rounding reaches the adapter at ~1e-6 (7.7e-7 measured); the single
   // optimizer step above is the exact check.
   t.ok(maxDiff <= 1e-5, `adapters equal within 1e-5 (max |diff| ${maxDiff})`);
   // The value head is part of the run's final state: the checkpoints hold the same one.
-  const vh = (r: string) => readF32Tensors(join(runs, r, 'checkpoints', 'step-2', 'adapter', 'value_head.safetensors'));
+  const vh = (r: string, step = 2) => readF32Tensors(join(runs, r, 'checkpoints', `step-${step}`, 'adapter', 'value_head.safetensors'));
   const [vh1, vh2] = [vh('one'), vh('two')];
+  // The critic was trained at step 2 (its head starts at random, so compare with step 1's).
+  const before = vh('one', 1);
+  const change = Math.max(...Object.entries(vh1).map(([k, v]) => Math.max(...Array.from(v, (x, i) => Math.abs(x - before[k][i])))));
+  t.ok(change > 1e-6, `the value head moved between steps 1 and 2 (max change ${change})`);
   t.same(Object.keys(vh2).sort(), Object.keys(vh1).sort(), 'the same value-head tensors');
   let vmax = 0;
   let vnorm = 0;
