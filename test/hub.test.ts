@@ -55,6 +55,8 @@ hub.add({ kind: 'dataset', name: 'sr1/wiki', files: { 'corpus.jsonl': Buffer.fro
 hub.add({ kind: 'model', name: 'tiny/qwen3', files: { ...fx('tiny-qwen3-f32', 'config.json', 'model.safetensors'), 'README.md': Buffer.from('tiny'), 'pytorch_model.bin': Buffer.from('not read') } });
 hub.add({ kind: 'model', name: 'tiny/sharded', files: { ...fx('tiny-qwen3-bf16-sharded', 'config.json', 'model.safetensors.index.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors'), 'onnx/model.onnx': Buffer.from('x') } });
 hub.add({ kind: 'model', name: 'tiny/lora', files: fx('tiny-lora', 'adapter_config.json', 'adapter_model.safetensors') });
+hub.add({ kind: 'model', name: 'gated/qwen3', files: fx('tiny-qwen3-f32', 'config.json', 'model.safetensors') });
+hub.gated.set('model:gated/qwen3', 'hf_granted');
 
 let cacheN = 0;
 const freshCache = () => join(tmp, `cache-${++cacheN}`);
@@ -131,6 +133,38 @@ t.test('a connection dropped halfway through a file: the retry resumes with a Ra
   t.match(logs.join('\n'), /try 2 of 5 at /);
   const blobs = readdirSync(join(cacheDir, 'datasets--sr1--nq', 'blobs'));
   t.notOk(blobs.some((b) => b.endsWith('.incomplete') || b.endsWith('.lock')), 'nothing partial left behind');
+});
+
+t.test('altered bytes (hash unlike the listing): HUB_DOWNLOAD_FAILED and nothing kept, for LFS (sha256) and git (blob id) files', async (t) => {
+  for (const [ref, path, storage] of [
+    ['hf:tiny/qwen3', 'model.safetensors', 'models--tiny--qwen3'],
+    ['hf:sr1/wiki', 'corpus.jsonl', 'datasets--sr1--wiki'],
+  ] as const) {
+    const cacheDir = freshCache();
+    hub.alter.add(path);
+    try {
+      const load = ref === 'hf:tiny/qwen3' ? localModelDir(ref, { cacheDir, log: () => {} }) : localDataFiles(ref, { cacheDir, log: () => {} });
+      await t.rejects(load, { code: 'HUB_DOWNLOAD_FAILED', message: new RegExp(`${path} arrived with hash [0-9a-f]+, not the [0-9a-f]+ the hub lists; the file was discarded`) }, `${ref}: ${path}`);
+    } finally {
+      hub.alter.delete(path);
+    }
+    const blobs = join(cacheDir, storage, 'blobs');
+    const left = existsSync(blobs) ? readdirSync(blobs) : [];
+    const size = ref === 'hf:tiny/qwen3' ? readFileSync(fixture('qwen3', 'tiny-qwen3-f32', path)).length : Buffer.from(PAGES.map((p) => JSON.stringify(p)).join('\n') + '\n').length;
+    t.notOk(left.some((b) => statSync(join(blobs, b)).size === size), `${ref}: no blob of the altered file is kept (blobs: ${left.join(', ') || 'none'})`);
+    t.notOk(left.some((b) => b.endsWith('.incomplete')), `${ref}: no partial file left to resume from`);
+    // and the hub serving the right bytes again, the same cache takes the file
+    const ok = ref === 'hf:tiny/qwen3' ? [join(await localModelDir(ref, { cacheDir, log: () => {} }), path)] : await localDataFiles(ref, { cacheDir, log: () => {} });
+    t.ok(ok.some((f) => f.endsWith(path) && readFileSync(f).length > 0), `${ref}: then downloads`);
+  }
+});
+
+t.test('a gated repository: 401 without a token and 403 with one without access give HUB_AUTH_REQUIRED saying what to do; the granted token downloads', async (t) => {
+  const cacheDir = freshCache();
+  await t.rejects(localModelDir('hf:gated/qwen3', { cacheDir, log: () => {} }), { code: 'HUB_AUTH_REQUIRED', message: /hf:gated\/qwen3: .*answered 401 .*Set HF_TOKEN to an access token with read access/ });
+  await t.rejects(localModelDir('hf:gated/qwen3', { cacheDir, token: 'hf_other', log: () => {} }), { code: 'HUB_AUTH_REQUIRED', message: /answered 403 .*The token in HF_TOKEN has no access: request access on the repository page/ });
+  const dir = await localModelDir('hf:gated/qwen3', { cacheDir, token: 'hf_granted', log: () => {} });
+  t.same(readFileSync(join(dir, 'model.safetensors')), readFileSync(fixture('qwen3', 'tiny-qwen3-f32', 'model.safetensors')), 'the granted token gets the exact file');
 });
 
 t.test('a download that keeps failing is not taken for a file; the next run resumes it', async (t) => {

@@ -5,7 +5,9 @@
  *   GET /api/{models,datasets}/OWNER/NAME/tree/REV?recursive=true   [{type, path, size, oid, lfs?}]
  *   GET /[datasets/]OWNER/NAME/resolve/REV/PATH   the file (Range -> 206 + Content-Range; ETag,
  *       X-Repo-Commit, Content-Length, Accept-Ranges), 404 + X-Error-Code otherwise
- * — with a log of every request, and faults to inject: drop the connection halfway through a file.
+ * — with a log of every request, and faults to inject: drop the connection halfway through a file,
+ * serve altered bytes (same length, one byte changed), and gated repositories (401 without a token,
+ * 403 with a token that has no access).
  */
 import { createHash } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -28,6 +30,10 @@ export class FakeHub {
   readonly requests: Served[] = [];
   /** Paths (repo file paths) whose next full-body GETs send half the bytes and then drop the connection; the count is how many times. */
   readonly dropNext = new Map<string, number>();
+  /** Paths whose full-body GETs send altered bytes: the listing's hash no longer matches. */
+  readonly alter = new Set<string>();
+  /** Gated repositories ("kind:OWNER/NAME") and the one token that has access to them. */
+  readonly gated = new Map<string, string>();
   private server?: Server;
   private repos = new Map<string, { repo: HubRepo; sha: string }>();
   url = '';
@@ -64,6 +70,17 @@ export class FakeHub {
     const url = req.url ?? '/';
     this.requests.push({ method: req.method ?? 'GET', url, ...(req.headers.range ? { range: req.headers.range } : {}), ...(req.headers.authorization ? { auth: req.headers.authorization } : {}) });
     const path = decodeURIComponent(url.split('?')[0]);
+    // Gated repositories: as the hub, 401 without a token and 403 with one that has no access.
+    const gate = /^\/(?:api\/)?(models\/|datasets\/)?([^/]+\/[^/]+)\//.exec(path);
+    if (gate) {
+      const key = `${gate[1] === 'datasets/' ? 'dataset' : 'model'}:${gate[2]}`;
+      const token = this.gated.get(key);
+      if (token !== undefined && req.headers.authorization !== `Bearer ${token}`) {
+        const status = req.headers.authorization ? 403 : 401;
+        res.writeHead(status, { 'content-type': 'application/json', 'x-error-code': status === 401 ? 'GatedRepo' : 'AccessDenied' });
+        return res.end(JSON.stringify({ error: status === 401 ? 'Access to this repository is restricted: you must be authenticated.' : 'Access to this repository is restricted: your token has no access.' }));
+      }
+    }
     let m = /^\/api\/(models|datasets)\/([^/]+\/[^/]+)\/(revision|tree)\/([^/]+)(?:\/(.*))?$/.exec(path);
     if (m) {
       const entry = this.repos.get(`${m[1].slice(0, -1)}:${m[2]}`);
@@ -97,6 +114,11 @@ export class FakeHub {
       return res.end(file.subarray(start, end + 1));
     }
     res.writeHead(200, { ...headers, 'content-length': String(file.length) });
+    if (this.alter.has(m[4])) {
+      const bad = Buffer.from(file);
+      bad[bad.length >> 1] ^= 0xff;
+      return res.end(bad);
+    }
     const drops = this.dropNext.get(m[4]) ?? 0;
     if (drops > 0) {
       this.dropNext.set(m[4], drops - 1);
