@@ -143,7 +143,7 @@ t.test('altered bytes (hash unlike the listing): HUB_DOWNLOAD_FAILED and nothing
     const cacheDir = freshCache();
     hub.alter.add(path);
     try {
-      const load = ref === 'hf:tiny/qwen3' ? localModelDir(ref, { cacheDir, log: () => {} }) : localDataFiles(ref, { cacheDir, log: () => {} });
+      const load: Promise<unknown> = ref === 'hf:tiny/qwen3' ? localModelDir(ref, { cacheDir, log: () => {} }) : localDataFiles(ref, { cacheDir, log: () => {} });
       await t.rejects(load, { code: 'HUB_DOWNLOAD_FAILED', message: new RegExp(`${path} arrived with hash [0-9a-f]+, not the [0-9a-f]+ the hub lists; the file was discarded`) }, `${ref}: ${path}`);
     } finally {
       hub.alter.delete(path);

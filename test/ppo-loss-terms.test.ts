@@ -13,7 +13,7 @@ t.teardown(() => rmSync(dir, { recursive: true, force: true }));
 initModel({ preset: 'tiny', out: dir, seed: 21 });
 const lora = { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'v_proj', 'o_proj'] };
 const ids = [5, 17, 42, 9, 88, 3, 61, 27, 14];
-const mask = ids.map((_, i) => (i >= 2 ? 1 : 0)); // 7 trained tokens
+const mask: number[] = ids.map((_, i) => (i >= 2 ? 1 : 0)); // 7 trained tokens
 const n = mask.reduce((a, b) => a + b, 0);
 const close = (a: number, b: number, rel: number) => Math.abs(a - b) <= rel * Math.max(Math.abs(a), Math.abs(b), 1e-12);
 

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import type { ResolvedConfig } from '../config/types.js';
 import { SlmError } from '../errors.js';
 import type { Model } from '../engine/model.js';
-import { RunFolder, type TrainState } from '../train/run.js';
+import { RunFolder, loadNewestGood, type TrainState } from '../train/run.js';
 import { DataParallel } from './data-parallel.js';
 import { ProcessGroup, distEnvFrom } from './group.js';
 
@@ -65,11 +65,11 @@ export class RankRunFolder extends RunFolder {
   override latestCheckpoint(): ReturnType<RunFolder['latestCheckpoint']> {
     return this.shared.latestCheckpoint();
   }
+  override checkpoints(): ReturnType<RunFolder['checkpoints']> {
+    return this.shared.checkpoints();
+  }
   override async restore(model: Model): Promise<TrainState> {
-    const ck = this.shared.latestCheckpoint();
-    if (!ck) throw new SlmError('CHECKPOINT_INVALID', `--resume: ${this.shared.dir} has no complete checkpoint (rank 0 writes them; several nodes need the run folder on a shared filesystem).`);
-    await model.loadAdapter(join(ck.dir, 'adapter'));
-    await model.loadOptimizer(join(ck.dir, 'optimizer.safetensors'));
+    const ck = await loadNewestGood(model, this.shared.checkpoints(), this.log, `${this.shared.dir} has no complete checkpoint (rank 0 writes them; several nodes need the run folder on a shared filesystem).`);
     return ck.state;
   }
 }

@@ -115,36 +115,70 @@ export class RunFolder {
     return final;
   }
 
-  /** The newest complete checkpoint, or undefined. */
-  latestCheckpoint(): { dir: string; state: TrainState } | undefined {
+  /** Where resume messages go (the session sets its log). */
+  log: (line: string) => void = () => {};
+
+  /** The complete checkpoints (state.json, adapter and optimizer present), newest first. */
+  checkpoints(): Array<{ dir: string; state: TrainState }> {
     const root = join(this.dir, 'checkpoints');
     const steps = readdirSync(root)
       .map((d) => /^step-(\d+)$/.exec(d))
       .filter((m): m is RegExpExecArray => !!m)
       .map((m) => Number(m[1]))
       .sort((a, b) => b - a);
+    const out: Array<{ dir: string; state: TrainState }> = [];
     for (const s of steps) {
       const dir = join(root, `step-${s}`);
       try {
         const state = JSON.parse(readFileSync(join(dir, 'state.json'), 'utf8')) as TrainState;
-        if (state.step === s && existsSync(join(dir, 'adapter', 'adapter_model.safetensors')) && existsSync(join(dir, 'optimizer.safetensors'))) return { dir, state };
+        if (state.step === s && existsSync(join(dir, 'adapter', 'adapter_model.safetensors')) && existsSync(join(dir, 'optimizer.safetensors'))) out.push({ dir, state });
       } catch {
         /* incomplete or damaged: try an older one */
       }
     }
-    return undefined;
+    return out;
+  }
+
+  /** The newest complete checkpoint, or undefined. */
+  latestCheckpoint(): { dir: string; state: TrainState } | undefined {
+    return this.checkpoints()[0];
   }
 
   async restore(model: Model): Promise<TrainState> {
-    const ck = this.latestCheckpoint();
-    if (!ck) throw new SlmError('CHECKPOINT_INVALID', `--resume: ${this.dir} has no complete checkpoint under checkpoints/step-N. Start the run without --resume.`);
-    await model.loadAdapter(join(ck.dir, 'adapter'));
-    await model.loadOptimizer(join(ck.dir, 'optimizer.safetensors'));
+    const ck = await loadNewestGood(model, this.checkpoints(), this.log, `${this.dir} has no complete checkpoint under checkpoints/step-N. Start the run without --resume.`);
     this.truncateMetrics(ck.state.step);
     // TensorBoard drops the earlier files' points from this step on (logged past the checkpoint).
     this.tensorboard().write({ wallTime: Date.now() / 1000, step: ck.state.step + 1, sessionStart: true });
     return ck.state;
   }
+}
+
+/**
+ * Loads the newest checkpoint of `candidates` (newest first) whose adapter and optimizer load; one
+ * that does not (a damaged file: a disk that filled, a copy cut short) is logged and the next older
+ * one is tried. Throws CHECKPOINT_INVALID when none loads, naming why each failed.
+ */
+export async function loadNewestGood(
+  model: Model,
+  candidates: Array<{ dir: string; state: TrainState }>,
+  log: (line: string) => void,
+  none: string,
+): Promise<{ dir: string; state: TrainState }> {
+  if (!candidates.length) throw new SlmError('CHECKPOINT_INVALID', `--resume: ${none}`);
+  const failures: string[] = [];
+  for (const ck of candidates) {
+    try {
+      await model.loadAdapter(join(ck.dir, 'adapter'));
+      await model.loadOptimizer(join(ck.dir, 'optimizer.safetensors'));
+      if (failures.length) log(`resume: continuing from ${ck.dir} (step ${ck.state.step}) instead`);
+      return ck;
+    } catch (e) {
+      const why = e instanceof SlmError ? `${e.code}: ${e.message}` : String(e);
+      failures.push(`${ck.dir}: ${why}`);
+      log(`resume: checkpoint ${ck.dir} cannot be loaded (${why}); trying an older one`);
+    }
+  }
+  throw new SlmError('CHECKPOINT_INVALID', `--resume: no checkpoint could be loaded: ${failures.join('; ')}. Start the run again without --resume (or restore the checkpoint files).`);
 }
 
 /** A deterministic permutation of 0..n-1 for (seed, epoch): resumable without saving RNG state. */

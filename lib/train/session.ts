@@ -356,6 +356,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
   if (!o.resume && lead && existsSync(join(dir, 'checkpoints')) && readdirSync(join(dir, 'checkpoints')).some((d) => /^step-\d+$/.test(d)))
     throw new SlmError('RUN_EXISTS', `${dir} already holds checkpoints of a run. Continue it with --resume, or choose another run.name (or delete the folder).`);
   const run = lead ? new RunFolder(dir) : new RankRunFolder(dir, dist!.shard.rank);
+  run.log = log;
   if (lead) writeResolvedConfig(cfg, dir, { file: o.configFile, overrides: o.overrides });
   const agent = await loadAgent(cfg);
   if (dist) makeDataParallel(agent.model, dist);
