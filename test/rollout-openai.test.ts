@@ -61,7 +61,7 @@ t.test('greedy rows through the server equal the engine, before and after the ad
   await remote.syncAdapter(trainer);
   t.same([...a.server.adapters.keys()], ['run-v2'], 'the next step replaces the previous adapter');
   const gone = await fetch(`${a.url}/v1/completions`, { method: 'POST', body: JSON.stringify({ model: 'run-v1', prompt: [1, 2], max_tokens: 2 }) });
-  t.equal(gone.status, 200, 'a request naming an unloaded adapter runs on the base model');
+  t.equal(gone.status, 404, 'a request naming an unloaded adapter is a 404 (as vLLM answers an unknown model)');
   const dup = await fetch(`${a.url}/v1/load_lora_adapter`, { method: 'POST', body: JSON.stringify({ lora_name: 'run-v2', lora_path: join(root, 'adapters', 'run-v2') }) });
   t.equal(dup.status, 400, 'loading a name twice is refused (as vLLM does)');
   const bad = await fetch(`${a.url}/v1/load_lora_adapter`, { method: 'POST', body: JSON.stringify({ lora_name: 'x', lora_path: join(root, 'nothing') }) });

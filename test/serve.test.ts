@@ -78,8 +78,8 @@ t.test('chat and text completions, batching, the judge backend, errors', async (
 
   for (const [body, re] of [
     [{ messages: [] }, /messages must be a non-empty list/],
-    [{ messages: [{ role: 'user', content: 'x' }], stream: true }, /stream: true is not supported/],
-    [{ messages: [{ role: 'user', content: 'x' }], max_tokens: -1 }, /max_tokens must be a number from 1/],
+    [{ messages: [{ role: 'user', content: 'x' }], presence_penalty: 1 }, /presence_penalty is not supported/],
+    [{ messages: [{ role: 'user', content: 'x' }], max_tokens: -1 }, /max_tokens must be an integer from 1/],
     [{ messages: [{ role: 'user', content: 'x' }], temperature: 'hot' }, /temperature must be a number/],
   ] as const) {
     const e = await post('/chat/completions', body);

@@ -52,17 +52,36 @@ export interface NativeGenerateRequest {
   stopTokenIds?: Int32Array;
   stopStrings?: string[];
   padId?: number;
+  /** Per row, at most maxNewTokens: the row stops (finish 0 = length) after this many tokens. */
+  rowMaxNewTokens?: Int32Array;
+  /** Also return the topN most likely tokens of every step with their log-probs (0: none). */
+  topN?: number;
 }
 
 export interface NativeGenerateResult {
   tokens: Int32Array;
   lengths: Int32Array;
   logprobs: Float32Array;
-  /** 0 = length, 1 = stop token, 2 = stop string. */
+  /** With topN: topN ids / log-probs per generated token, in the order of `tokens`. */
+  topIds?: Int32Array;
+  topLogprobs?: Float32Array;
+  /** 0 = length, 1 = stop token, 2 = stop string, 3 = cancelled. */
   finish: Uint8Array;
   steps: number;
   prefillSeconds: number;
   decodeSeconds: number;
+}
+
+/** One decode step of generateStream: the rows that sampled a token in it. */
+export interface NativeGenerateStep {
+  rows: Int32Array;
+  tokens: Int32Array;
+  logprobs: Float32Array;
+  /** topN per row, row-major (empty without topN). */
+  topIds: Int32Array;
+  topLogprobs: Float32Array;
+  /** Per row: 255 = still generating, else the finish code of the result. */
+  finish: Uint8Array;
 }
 
 export interface NativeModel {
@@ -72,6 +91,12 @@ export interface NativeModel {
   /** [batch, seqLen, vocab] float32 logits of every position. */
   logits(req: { ids: Int32Array; batch: number; seqLen: number; attentionMask?: Int32Array; positionIds?: Int32Array }): Promise<Float32Array>;
   generate(req: NativeGenerateRequest): Promise<NativeGenerateResult>;
+  /**
+   * generate, streamed: `onStep` gets every decode step's tokens on the main thread, in order, as
+   * they are sampled (the last steps may arrive after `done` resolves); `cancel(row)` stops a row
+   * before its next token (finish 3) and drops it from the batch.
+   */
+  generateStream(req: NativeGenerateRequest, onStep: (step: NativeGenerateStep) => void): { done: Promise<NativeGenerateResult>; cancel(row: number): void };
   /**
    * out[t] = log p(ids[t] | ids[<t]) per row (0 at t = 0), concatenated like the input. `reference`:
    * under the KL reference policy (the frozen reference adapter, else the base model).

@@ -17,13 +17,13 @@ interface Args extends ModelArgs {
 
 export const serveCommand: CommandModule<object, Args> = {
   command: 'serve',
-  describe: 'serve the model (with an adapter) as OpenAI-compatible /v1/chat/completions and /v1/completions, batching concurrent requests',
+  describe: 'serve the model (with an adapter) as OpenAI-compatible /v1/chat/completions and /v1/completions (streaming, n, logprobs), batching concurrent requests',
   builder: (y) =>
     modelOptions(y)
       .option('port', { type: 'number', default: 8000, describe: 'port (0 = any free port)' })
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on' })
       .option('name', { type: 'string', describe: 'model name in responses (default: the folder name)' })
-      .option('max-batch', { type: 'number', default: 32, describe: 'requests per batched generate call' }) as never,
+      .option('max-batch', { type: 'number', default: 32, describe: 'rows per batched generate call (also the largest n)' }) as never,
   handler: async (a) => {
     a.name ??= hubRepoName(a.model) ?? basename(a.model);
     const model = await loadModelFromArgs(a);

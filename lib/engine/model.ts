@@ -4,12 +4,12 @@
  */
 import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { NativeApplyResult, NativeModel, NativeModelInfo, NativeOptimOptions, NativeTrainRequest, NativeTrainStats } from '../binding/types.js';
+import type { NativeApplyResult, NativeGenerateRequest, NativeGenerateResult, NativeModel, NativeModelInfo, NativeOptimOptions, NativeTrainRequest, NativeTrainStats } from '../binding/types.js';
 import { ADAPTER_WEIGHTS, VALUE_HEAD, checkAdapterFits, checkLoraSpec, readAdapterConfig, writeAdapterConfig, type LoraSpec } from './adapter.js';
 import { SlmError, describe } from '../errors.js';
 import { nativeConfig, readModelConfig, type ModelConfig } from '../model/config.js';
 import { resolveWeightFiles } from '../model/weights.js';
-import type { GenerateRequest, GenerateResult, TextGenerator } from './types.js';
+import type { GenerateRequest, GenerateResult, StreamGenerateRequest, StreamGenerateResult, TextGenerator, TokenEvent } from './types.js';
 import { native } from './runtime.js';
 
 export type ComputeDtype = 'float32' | 'bfloat16' | 'float16';
@@ -21,7 +21,7 @@ export interface LoadModelOptions {
   adapter?: string;
 }
 
-const FINISH = ['length', 'stop_token', 'stop_string'] as const;
+const FINISH = ['length', 'stop_token', 'stop_string', 'cancelled'] as const;
 
 export interface TrainBatch {
   sequences: ArrayLike<number>[];
@@ -366,6 +366,113 @@ export class Model implements TextGenerator {
   async generate(req: GenerateRequest): Promise<GenerateResult & { steps: number; prefillSeconds: number; decodeSeconds: number }> {
     const B = req.prompts.length;
     if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillSeconds: 0, decodeSeconds: 0 };
+    const r = await this.h.generate(this.#generateRequest(req));
+    const { tokens, logprobs } = this.#rows(r, B);
+    return {
+      tokens,
+      logprobs,
+      finishReasons: Array.from(r.finish, (f) => FINISH[f] as 'length' | 'stop_token' | 'stop_string'),
+      steps: r.steps,
+      prefillSeconds: r.prefillSeconds,
+      decodeSeconds: r.decodeSeconds,
+    };
+  }
+
+  /**
+   * generate in one batched native call, with each token reported to `onToken` as it is sampled
+   * (from the native worker thread, step by step: what a streaming server sends), per-row token
+   * limits, the top-n log-probs of every step, and rows that stop early when their signal aborts
+   * (the row leaves the batch at the next step; finish 'cancelled'). Every token reaches onToken
+   * before the promise resolves; an exception thrown by onToken rejects it once generation ends.
+   */
+  async generateStream(req: StreamGenerateRequest): Promise<StreamGenerateResult> {
+    const B = req.prompts.length;
+    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0 };
+    const base = this.#generateRequest(req);
+    const topN = req.topLogprobs ?? 0;
+    if (!Number.isInteger(topN) || topN < 0 || topN > this.vocabSize) throw new SlmError('ARGUMENT_INVALID', `topLogprobs must be an integer from 0 to the vocabulary size, found ${describe(req.topLogprobs)}.`);
+    let rowMax: Int32Array | undefined;
+    if (req.rowMaxNewTokens) {
+      if (req.rowMaxNewTokens.length !== B || !req.rowMaxNewTokens.every((n) => Number.isInteger(n) && n >= 1 && n <= req.maxNewTokens))
+        throw new SlmError('ARGUMENT_INVALID', `rowMaxNewTokens must hold one integer from 1 to maxNewTokens (${req.maxNewTokens}) per row (${B}), found ${describe(req.rowMaxNewTokens)}.`);
+      rowMax = Int32Array.from(req.rowMaxNewTokens);
+    }
+    if (req.signals && req.signals.length !== B) throw new SlmError('ARGUMENT_INVALID', `signals must hold one entry (or undefined) per row (${B}), found ${req.signals.length}.`);
+    const seen = new Int32Array(B);
+    let closed = false;
+    let failure: unknown;
+    const deliver = (ev: TokenEvent) => {
+      if (!req.onToken || failure !== undefined) return;
+      try {
+        req.onToken(ev);
+      } catch (e) {
+        failure = e;
+      }
+    };
+    const call = this.h.generateStream({ ...base, topN, ...(rowMax ? { rowMaxNewTokens: rowMax } : {}) }, (s) => {
+      if (closed) return;
+      const n = s.rows.length ? s.topIds.length / s.rows.length : 0;
+      for (let k = 0; k < s.rows.length; k++) {
+        const row = s.rows[k];
+        seen[row]++;
+        const f = s.finish[k];
+        deliver({
+          row,
+          token: s.tokens[k],
+          logprob: s.logprobs[k],
+          ...(n ? { top: { ids: s.topIds.slice(k * n, (k + 1) * n), logprobs: s.topLogprobs.slice(k * n, (k + 1) * n) } } : {}),
+          ...(f !== 255 ? { finish: FINISH[f] as 'length' | 'stop_token' | 'stop_string' } : {}),
+        });
+      }
+    });
+    const unlisten: Array<() => void> = [];
+    req.signals?.forEach((sig, i) => {
+      if (!sig) return;
+      const stop = () => call.cancel(i);
+      if (sig.aborted) stop();
+      else {
+        sig.addEventListener('abort', stop, { once: true });
+        unlisten.push(() => sig.removeEventListener('abort', stop));
+      }
+    });
+    let r: NativeGenerateResult;
+    try {
+      r = await call.done;
+    } finally {
+      closed = true;
+      for (const u of unlisten) u();
+    }
+    const { tokens, logprobs } = this.#rows(r, B);
+    const finishReasons = Array.from(r.finish, (f) => FINISH[f]);
+    let topLogprobs: StreamGenerateResult['topLogprobs'];
+    if (topN > 0) {
+      topLogprobs = [];
+      let o = 0;
+      for (let i = 0; i < B; i++) {
+        const n = r.lengths[i] * topN;
+        topLogprobs.push({ ids: r.topIds!.slice(o, o + n), logprobs: r.topLogprobs!.slice(o, o + n) });
+        o += n;
+      }
+    }
+    // The last steps' events may still be queued behind the result: report those tokens from it.
+    for (let i = 0; i < B; i++) {
+      const f = finishReasons[i];
+      for (let t = seen[i]; t < tokens[i].length; t++)
+        deliver({
+          row: i,
+          token: tokens[i][t],
+          logprob: logprobs[i][t],
+          ...(topLogprobs ? { top: { ids: topLogprobs[i].ids.slice(t * topN, (t + 1) * topN), logprobs: topLogprobs[i].logprobs.slice(t * topN, (t + 1) * topN) } } : {}),
+          ...(t === tokens[i].length - 1 && f !== 'cancelled' ? { finish: f } : {}),
+        });
+    }
+    if (failure !== undefined) throw failure;
+    return { tokens, logprobs, ...(topLogprobs ? { topLogprobs } : {}), finishReasons, steps: r.steps };
+  }
+
+  /** A GenerateRequest checked and flattened into the native request. */
+  #generateRequest(req: GenerateRequest): NativeGenerateRequest {
+    const B = req.prompts.length;
     if (!Number.isInteger(req.maxNewTokens) || req.maxNewTokens < 1)
       throw new SlmError('ARGUMENT_INVALID', `maxNewTokens must be a positive integer, found ${describe(req.maxNewTokens)}.`);
     const lengths = Int32Array.from(req.prompts.map((p) => p.length));
@@ -390,7 +497,7 @@ export class Model implements TextGenerator {
     if (!(topP > 0 && topP <= 1)) throw new SlmError('ARGUMENT_INVALID', `topP must be in (0, 1], found ${describe(req.topP)}.`);
     const topK = req.topK ?? 0;
     if (!Number.isInteger(topK) || topK < 0) throw new SlmError('ARGUMENT_INVALID', `topK must be a non-negative integer, found ${describe(req.topK)}.`);
-    const r = await this.h.generate({
+    return {
       ids,
       lengths,
       maxNewTokens: req.maxNewTokens,
@@ -401,7 +508,11 @@ export class Model implements TextGenerator {
       ...(req.rowSeeds ? { rowSeeds: req.rowSeeds } : {}),
       stopTokenIds: Int32Array.from(req.stopTokenIds ?? []),
       stopStrings: req.stopStrings ?? [],
-    });
+    };
+  }
+
+  /** The native result's flat tokens / log-probs split into rows. */
+  #rows(r: NativeGenerateResult, B: number): { tokens: Int32Array[]; logprobs: Float32Array[] } {
     const tokens: Int32Array[] = [];
     const logprobs: Float32Array[] = [];
     let o = 0;
@@ -411,14 +522,7 @@ export class Model implements TextGenerator {
       logprobs.push(r.logprobs.slice(o, o + n));
       o += n;
     }
-    return {
-      tokens,
-      logprobs,
-      finishReasons: Array.from(r.finish, (f) => FINISH[f]),
-      steps: r.steps,
-      prefillSeconds: r.prefillSeconds,
-      decodeSeconds: r.decodeSeconds,
-    };
+    return { tokens, logprobs };
   }
 
   /** Teacher forcing: per row, out[t] = log p(ids[t] | ids[<t]) (0 at t = 0). */

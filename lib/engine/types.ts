@@ -33,3 +33,36 @@ export interface GenerateResult {
 export interface TextGenerator {
   generate(req: GenerateRequest): Promise<GenerateResult>;
 }
+
+/** A token as generateStream reports it, the moment it is sampled. */
+export interface TokenEvent {
+  row: number;
+  token: number;
+  /** As GenerateResult.logprobs. */
+  logprob: number;
+  /** With topLogprobs: the n most likely tokens of this step, best first, under the same distribution. */
+  top?: { ids: Int32Array; logprobs: Float32Array };
+  /** On the row's last token: why it stopped (a cancelled row gets no such event). */
+  finish?: 'stop_token' | 'stop_string' | 'length';
+}
+
+/** generateStream (lib/engine/model.ts): generate with tokens reported as they are sampled. */
+export interface StreamGenerateRequest extends GenerateRequest {
+  /** Per row, at most maxNewTokens: the row's own token limit (finish 'length'). */
+  rowMaxNewTokens?: number[];
+  /** Also return the n most likely tokens of every step with their log-probs (0: none). */
+  topLogprobs?: number;
+  /** Every token, in order per row, as it is sampled; all of them before generateStream resolves. */
+  onToken?: (ev: TokenEvent) => void;
+  /** Per row: aborting the signal stops that row before its next token (finish 'cancelled'). */
+  signals?: Array<AbortSignal | undefined>;
+}
+
+export interface StreamGenerateResult {
+  tokens: Int32Array[];
+  logprobs: Float32Array[];
+  /** With topLogprobs n: per row, n ids / log-probs per generated token (row-major). */
+  topLogprobs?: Array<{ ids: Int32Array; logprobs: Float32Array }>;
+  finishReasons: Array<'stop_token' | 'stop_string' | 'length' | 'cancelled'>;
+  steps: number;
+}

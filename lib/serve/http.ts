@@ -7,14 +7,22 @@ import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { SlmError } from '../errors.js';
 
-/** An error answered as `status` with an OpenAI-style `{error: {message, type}}` body. */
+/** An error answered as `status` with an OpenAI-style `{error: {message, type, param, code}}` body. */
 export class HttpError extends Error {
   constructor(
     readonly status: number,
     message: string,
     readonly type = 'invalid_request_error',
+    /** The request parameter at fault (OpenAI's `param`). */
+    readonly param: string | null = null,
+    readonly code: string | null = null,
   ) {
     super(message);
+  }
+
+  /** The OpenAI error body. */
+  body(): { error: { message: string; type: string; param: string | null; code: string | null } } {
+    return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
   }
 }
 

@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <atomic>
 #include <cstring>
+#include <memory>
 
 #include "addon/convert.h"
 #include "addon/workers.h"
@@ -86,31 +88,69 @@ class LogitsWorker : public PromiseWorker {
   at::Tensor ids_, mask_, pos_, out_;
 };
 
+// Cancel flags of a streamed generate call: one per row, set by the JS `cancel(row)` function on the
+// main thread and read by the generating thread.
+struct CancelFlags {
+  explicit CancelFlags(size_t n) : n(n), v(new std::atomic<uint8_t>[n]) {
+    for (size_t i = 0; i < n; ++i) v[i].store(0);
+  }
+  size_t n;
+  std::unique_ptr<std::atomic<uint8_t>[]> v;
+};
+
 class GenerateWorker : public PromiseWorker {
  public:
   GenerateWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::shared_ptr<slm::Vocab> vocab, slm::GenerateParams p)
       : PromiseWorker(env, "slm:generate", owner), m_(std::move(m)), vocab_(std::move(vocab)), p_(std::move(p)) {}
+  // Streaming: every decode step's tokens go to `on_step` (a JS function, called on the main thread
+  // in order, without blocking generation); `cancel` stops rows.
+  void Stream(Napi::Env env, Napi::Function on_step, std::shared_ptr<CancelFlags> cancel) {
+    tsfn_ = Napi::ThreadSafeFunction::New(env, on_step, "slm:generate-step", 0, 1);
+    streaming_ = true;
+    cancel_ = std::move(cancel);
+  }
 
  protected:
   void Run() override {
     c10::InferenceMode guard;
+    if (cancel_) p_.cancel = cancel_->v.get();
+    if (streaming_) {
+      p_.on_step = [this](slm::StepEvent&& e) {
+        auto* d = new slm::StepEvent(std::move(e));
+        if (tsfn_.NonBlockingCall(d, DeliverStep) != napi_ok) delete d;
+      };
+    }
+    struct Release {  // the step function is released however generate ends
+      GenerateWorker* w;
+      ~Release() {
+        if (w->streaming_) w->tsfn_.Release();
+      }
+    } release{this};
     out_ = slm::generate(*m_, p_, vocab_.get());
   }
   Napi::Value Result(Napi::Env env) override {
-    std::vector<int32_t> tokens, lengths;
-    std::vector<float> lps;
+    std::vector<int32_t> tokens, lengths, top_ids;
+    std::vector<float> lps, top_lps;
     std::vector<uint8_t> finish;
     for (size_t r = 0; r < out_.tokens.size(); ++r) {
       tokens.insert(tokens.end(), out_.tokens[r].begin(), out_.tokens[r].end());
       lps.insert(lps.end(), out_.logprobs[r].begin(), out_.logprobs[r].end());
       lengths.push_back(static_cast<int32_t>(out_.tokens[r].size()));
       finish.push_back(static_cast<uint8_t>(out_.finish[r]));
+      if (r < out_.top_ids.size()) {
+        top_ids.insert(top_ids.end(), out_.top_ids[r].begin(), out_.top_ids[r].end());
+        top_lps.insert(top_lps.end(), out_.top_logprobs[r].begin(), out_.top_logprobs[r].end());
+      }
     }
     auto o = Napi::Object::New(env);
     o.Set("tokens", to_typed(env, tokens));
     o.Set("lengths", to_typed(env, lengths));
     o.Set("logprobs", to_typed(env, lps));
     o.Set("finish", to_typed(env, finish));
+    if (p_.top_n > 0) {
+      o.Set("topIds", to_typed(env, top_ids));
+      o.Set("topLogprobs", to_typed(env, top_lps));
+    }
     o.Set("steps", Napi::Number::New(env, static_cast<double>(out_.steps)));
     o.Set("prefillSeconds", Napi::Number::New(env, out_.prefill_seconds));
     o.Set("decodeSeconds", Napi::Number::New(env, out_.decode_seconds));
@@ -118,10 +158,31 @@ class GenerateWorker : public PromiseWorker {
   }
 
  private:
+  // Main thread: one step's event as {rows, tokens, logprobs, topIds, topLogprobs, finish} to the JS function.
+  static void DeliverStep(Napi::Env env, Napi::Function fn, slm::StepEvent* d) {
+    std::unique_ptr<slm::StepEvent> e(d);
+    if (!env || !fn) return;
+    auto o = Napi::Object::New(env);
+    o.Set("rows", to_typed(env, e->rows));
+    o.Set("tokens", to_typed(env, e->tokens));
+    o.Set("logprobs", to_typed(env, e->logprobs));
+    o.Set("topIds", to_typed(env, e->top_ids));
+    o.Set("topLogprobs", to_typed(env, e->top_logprobs));
+    o.Set("finish", to_typed(env, e->finish));
+    try {
+      fn.Call({o});
+    } catch (const Napi::Error&) {
+      // The JS side (lib/engine/model.ts) catches its own errors; nothing to do with one here.
+    }
+  }
+
   std::shared_ptr<slm::Qwen3Model> m_;
   std::shared_ptr<slm::Vocab> vocab_;
   slm::GenerateParams p_;
   slm::GenerateOutput out_;
+  Napi::ThreadSafeFunction tsfn_;
+  bool streaming_ = false;
+  std::shared_ptr<CancelFlags> cancel_;
 };
 
 class LogprobsWorker : public PromiseWorker {
@@ -187,6 +248,7 @@ Napi::Function ModelWrap::Define(Napi::Env env) {
   auto cls = DefineClass(env, "NativeModel",
                          {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
                           InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
+                          InstanceMethod<&ModelWrap::GenerateStream>("generateStream"),
                           InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"),
                           InstanceMethod<&ModelWrap::SequenceValues>("sequenceValues"),
                           InstanceMethod<&ModelWrap::LastHidden>("lastHidden"), InstanceMethod<&ModelWrap::Dispose>("dispose"),
@@ -310,11 +372,8 @@ Napi::Value ModelWrap::Logits(const Napi::CallbackInfo& info) {
   return p;
 }
 
-Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
-  auto env = info.Env();
-  auto m = live(env);
-  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "generate expects a request object.");
-  auto o = info[0].As<Napi::Object>();
+namespace {
+slm::GenerateParams generate_params(Napi::Env env, const Napi::Object& o) {
   slm::GenerateParams p;
   p.prompts = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
   p.max_new_tokens = int_field(env, o, "maxNewTokens", 64);
@@ -322,6 +381,8 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
   p.top_k = int_field(env, o, "topK", 0);
   p.top_p = num_field(env, o, "topP", 1.0);
   p.seed = static_cast<uint64_t>(num_field(env, o, "seed", 0));
+  p.top_n = int_field(env, o, "topN", 0);
+  if (p.top_n < 0) throw_error(env, "ARGUMENT_INVALID", "generate: topN must be a non-negative integer.");
   auto rs = o.Get("rowSeeds");
   if (!rs.IsUndefined() && !rs.IsNull()) {
     if (!rs.IsArray()) throw_error(env, "ARGUMENT_INVALID", "generate: rowSeeds must be an array of non-negative integers, one per row.");
@@ -334,6 +395,11 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
       p.row_seeds.push_back(static_cast<uint64_t>(d));
     }
   }
+  auto rm = o.Get("rowMaxNewTokens");
+  if (!rm.IsUndefined() && !rm.IsNull()) {
+    auto v = int32s(env, rm, "rowMaxNewTokens");
+    p.row_max_new_tokens.assign(v.begin(), v.end());
+  }
   p.pad_id = static_cast<int32_t>(int_field(env, o, "padId", 0));
   if (!o.Get("stopTokenIds").IsUndefined()) p.stop_token_ids = int32s(env, o.Get("stopTokenIds"), "stopTokenIds");
   auto ss = o.Get("stopStrings");
@@ -341,10 +407,42 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
     auto a = ss.As<Napi::Array>();
     for (uint32_t i = 0; i < a.Length(); ++i) p.stop_strings.push_back(a.Get(i).As<Napi::String>().Utf8Value());
   }
-  auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, std::move(p));
+  return p;
+}
+}  // namespace
+
+Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "generate expects a request object.");
+  auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, generate_params(env, info[0].As<Napi::Object>()));
   auto pr = w->Promise();
   w->Queue();
   return pr;
+}
+
+// generateStream(req, onStep) -> {done: Promise<result>, cancel(row)}: generate, with every decode
+// step's tokens handed to onStep as they are sampled, and rows that can be stopped early.
+Napi::Value ModelWrap::GenerateStream(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto m = live(env);
+  if (!info[0].IsObject() || !info[1].IsFunction()) throw_error(env, "ARGUMENT_INVALID", "generateStream expects a request object and a step function.");
+  auto p = generate_params(env, info[0].As<Napi::Object>());
+  auto flags = std::make_shared<CancelFlags>(p.prompts.size());
+  auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, std::move(p));
+  w->Stream(env, info[1].As<Napi::Function>(), flags);
+  auto o = Napi::Object::New(env);
+  o.Set("done", w->Promise());
+  o.Set("cancel", Napi::Function::New(env, [flags](const Napi::CallbackInfo& ci) -> Napi::Value {
+          auto e = ci.Env();
+          if (!ci[0].IsNumber()) throw_error(e, "ARGUMENT_INVALID", "cancel expects a row index.");
+          const int64_t r = ci[0].As<Napi::Number>().Int64Value();
+          if (r < 0 || static_cast<size_t>(r) >= flags->n) throw_error(e, "ARGUMENT_INVALID", "cancel: row " + std::to_string(r) + " is not in this call.");
+          flags->v[r].store(1);
+          return e.Undefined();
+        }, "cancel"));
+  w->Queue();
+  return o;
 }
 
 Napi::Value ModelWrap::SequenceLogprobs(const Napi::CallbackInfo& info) {

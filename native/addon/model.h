@@ -26,6 +26,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   Napi::Value SetVocab(const Napi::CallbackInfo& info);
   Napi::Value Logits(const Napi::CallbackInfo& info);
   Napi::Value Generate(const Napi::CallbackInfo& info);
+  Napi::Value GenerateStream(const Napi::CallbackInfo& info);
   Napi::Value SequenceLogprobs(const Napi::CallbackInfo& info);
   Napi::Value SequenceValues(const Napi::CallbackInfo& info);
   Napi::Value LastHidden(const Napi::CallbackInfo& info);

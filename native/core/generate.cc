@@ -54,8 +54,21 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   GenerateOutput out;
   out.tokens.resize(B);
   out.logprobs.resize(B);
+  const int64_t top_n = std::max<int64_t>(0, p.top_n);
+  if (top_n > 0) {
+    out.top_ids.resize(B);
+    out.top_logprobs.resize(B);
+  }
   out.finish.assign(B, Finish::Length);
   if (B == 0 || p.max_new_tokens <= 0) return out;
+  if (!p.row_max_new_tokens.empty() && static_cast<int64_t>(p.row_max_new_tokens.size()) != B)
+    fail("ARGUMENT_INVALID", "generate: rowMaxNewTokens has " + std::to_string(p.row_max_new_tokens.size()) + " values for " + std::to_string(B) + " rows; give one per row or none.");
+  std::vector<int64_t> row_max(B, p.max_new_tokens);
+  for (int64_t b = 0; b < static_cast<int64_t>(p.row_max_new_tokens.size()); ++b) {
+    if (p.row_max_new_tokens[b] < 1 || p.row_max_new_tokens[b] > p.max_new_tokens)
+      fail("ARGUMENT_INVALID", "generate: rowMaxNewTokens[" + std::to_string(b) + "] must be from 1 to maxNewTokens (" + std::to_string(p.max_new_tokens) + "), found " + std::to_string(p.row_max_new_tokens[b]) + ".");
+    row_max[b] = p.row_max_new_tokens[b];
+  }
   if (static_cast<int64_t>(p.temperature.size()) != B)
     fail("ARGUMENT_INVALID", "expected one temperature per prompt (" + std::to_string(B) + "), found " + std::to_string(p.temperature.size()) + ".");
   if (!p.stop_strings.empty() && (!vocab || vocab->bytes.empty()))
@@ -109,16 +122,29 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
 
   for (int64_t step = 0; step < p.max_new_tokens; ++step) {
     auto u = at::tensor(rng.next(rows), at::TensorOptions().dtype(at::kFloat)).to(dev);
-    auto s = sample(logits, temps, p.top_k, p.top_p, u);
+    auto s = sample(logits, temps, p.top_k, p.top_p, u, top_n);
     auto tok_cpu = s.tokens.to(at::kCPU);
     auto lp_cpu = s.logprobs.to(at::kCPU);
     auto tok_a = tok_cpu.accessor<int64_t, 1>();
     auto lp_a = lp_cpu.accessor<float, 1>();
+    at::Tensor top_ids_cpu, top_lp_cpu;
+    if (top_n > 0) {
+      top_ids_cpu = s.top_ids.to(at::kCPU).to(at::kInt).contiguous();
+      top_lp_cpu = s.top_logprobs.to(at::kCPU).contiguous();
+    }
+    const int64_t n_top = top_n > 0 ? top_ids_cpu.size(1) : 0;
     const int64_t Bc = static_cast<int64_t>(rows.size());
     int64_t finished_in_batch = 0;
+    bool cancelled = false;
     std::vector<int64_t> alive_mask(Bc, 1);
+    StepEvent ev;
     for (int64_t i = 0; i < Bc; ++i) {
       const int64_t r = rows[i];
+      if (!done[r] && p.cancel && p.cancel[r].load(std::memory_order_relaxed)) {
+        done[r] = true;
+        out.finish[r] = Finish::Cancelled;
+        cancelled = true;
+      }
       if (done[r]) {
         alive_mask[i] = 0;
         ++finished_in_batch;
@@ -127,6 +153,16 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
       const int32_t t = static_cast<int32_t>(tok_a[i]);
       out.tokens[r].push_back(t);
       out.logprobs[r].push_back(lp_a[i]);
+      if (top_n > 0) {
+        const int32_t* ti = top_ids_cpu.data_ptr<int32_t>() + i * n_top;
+        const float* tl = top_lp_cpu.data_ptr<float>() + i * n_top;
+        out.top_ids[r].insert(out.top_ids[r].end(), ti, ti + n_top);
+        out.top_logprobs[r].insert(out.top_logprobs[r].end(), tl, tl + n_top);
+        if (p.on_step) {
+          ev.top_ids.insert(ev.top_ids.end(), ti, ti + n_top);
+          ev.top_logprobs.insert(ev.top_logprobs.end(), tl, tl + n_top);
+        }
+      }
       if (stop_ids.count(t)) {
         done[r] = true;
         out.finish[r] = Finish::StopToken;
@@ -143,16 +179,27 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
         }
         if (tail.size() > 4 * max_stop + 64) tail.erase(0, tail.size() - 2 * max_stop - 64);
       }
+      if (!done[r] && static_cast<int64_t>(out.tokens[r].size()) >= row_max[r]) {
+        done[r] = true;
+        out.finish[r] = Finish::Length;
+      }
+      if (p.on_step) {
+        ev.rows.push_back(static_cast<int32_t>(r));
+        ev.tokens.push_back(t);
+        ev.logprobs.push_back(lp_a[i]);
+        ev.finish.push_back(done[r] ? static_cast<uint8_t>(out.finish[r]) : StepEvent::kRunning);
+      }
       if (done[r]) {
         alive_mask[i] = 0;
         ++finished_in_batch;
       }
     }
+    if (p.on_step && !ev.rows.empty()) p.on_step(std::move(ev));
     out.steps = step + 1;
     if (finished_in_batch == Bc || step + 1 == p.max_new_tokens) break;
     auto next = s.tokens.unsqueeze(1);  // [Bc, 1]
     auto alive = at::tensor(alive_mask, li).to(dev);
-    if (finished_in_batch * 4 >= Bc) {
+    if (finished_in_batch * 4 >= Bc || cancelled) {
       // Compact: keep only the live rows (cost: one copy of the cache; at most log_{4/3}(B) times).
       std::vector<int64_t> keep, new_rows;
       for (int64_t i = 0; i < Bc; ++i)

@@ -1,10 +1,13 @@
 // Batched generation in one call: left-padded prefill, then one decode step per token for all rows
 // with a KV cache. Rows stop on a stop token id, on a stop string (checked on the decoded bytes of
-// the row's output, using the vocabulary's byte strings), or at max_new_tokens. Finished rows are
-// dropped from the batch (and the cache compacted) once a quarter of the batch has finished.
+// the row's output, using the vocabulary's byte strings), at their max_new_tokens, or when cancelled
+// from another thread. Finished rows are dropped from the batch (and the cache compacted) once a
+// quarter of the batch has finished, or at once when a row was cancelled. An optional per-step
+// callback reports each step's tokens as they are sampled (streaming servers).
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,9 +19,25 @@ struct Vocab {
   std::vector<std::string> bytes;  // id -> the raw bytes the token decodes to
 };
 
+enum class Finish : uint8_t { Length = 0, StopToken = 1, StopString = 2, Cancelled = 3 };
+
+// One decode step: the rows (original indices) that sampled a token in it, with the token, its
+// log-prob, its top-n alternatives (n = GenerateParams::top_n, row-major) and whether the row
+// finished with it (kRunning: not yet). A cancelled row gets no event; generate's output says so.
+struct StepEvent {
+  static constexpr uint8_t kRunning = 255;
+  std::vector<int32_t> rows, tokens;
+  std::vector<float> logprobs;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+  std::vector<uint8_t> finish;
+};
+
 struct GenerateParams {
   std::vector<std::vector<int32_t>> prompts;
   int64_t max_new_tokens = 64;
+  // Per row (empty: every row max_new_tokens): a row stops with Finish::Length after this many tokens.
+  std::vector<int64_t> row_max_new_tokens;
   std::vector<float> temperature;  // per row; <= 0 = greedy
   int64_t top_k = 0;
   double top_p = 1.0;
@@ -28,13 +47,21 @@ struct GenerateParams {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;
   int32_t pad_id = 0;
+  // The top_n most likely tokens and their log-probs at every step (0: none), under the same
+  // distribution as `logprobs` (softmax(logits / T), T = 1 for greedy rows).
+  int64_t top_n = 0;
+  // One flag per row, set from any thread: the row stops before its next token (Finish::Cancelled).
+  const std::atomic<uint8_t>* cancel = nullptr;
+  // Called on the generating thread after every decode step with that step's tokens.
+  std::function<void(StepEvent&&)> on_step;
 };
-
-enum class Finish : uint8_t { Length = 0, StopToken = 1, StopString = 2 };
 
 struct GenerateOutput {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<float>> logprobs;
+  // With top_n > 0: per row, top_n ids / log-probs per generated token (row-major).
+  std::vector<std::vector<int32_t>> top_ids;
+  std::vector<std::vector<float>> top_logprobs;
   std::vector<Finish> finish;
   int64_t steps = 0;           // decode steps run
   double prefill_seconds = 0;  // time of the prefill forward

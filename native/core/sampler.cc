@@ -29,7 +29,7 @@ std::vector<float> RowRng::next(const std::vector<int64_t>& rows) {
   return u;
 }
 
-Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, double top_p, const at::Tensor& u) {
+Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, double top_p, const at::Tensor& u, int64_t top_n) {
   const int64_t V = logits.size(-1), B = logits.size(0);
   bool any_greedy = false, all_greedy = true, all_one = true;
   std::vector<float> t_eff(temperature.size());
@@ -81,7 +81,13 @@ Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, 
       tok = at::where(gm, logits.argmax(-1), tok);
     }
   }
-  return {tok, (scaled.gather(1, tok.unsqueeze(1)) - lse).squeeze(1)};
+  Sampled out{tok, (scaled.gather(1, tok.unsqueeze(1)) - lse).squeeze(1), at::Tensor(), at::Tensor()};
+  if (top_n > 0) {
+    auto top = scaled.topk(std::min(top_n, V), -1, /*largest=*/true, /*sorted=*/true);
+    out.top_ids = std::get<1>(top);
+    out.top_logprobs = (std::get<0>(top) - lse).to(at::kFloat);
+  }
+  return out;
 }
 
 }  // namespace slm

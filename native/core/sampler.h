@@ -13,12 +13,16 @@ namespace slm {
 struct Sampled {
   at::Tensor tokens;    // [B] int64
   at::Tensor logprobs;  // [B] float32: log softmax(logits / T)[token] (T = 1 for greedy rows), before top-k/top-p
+  // With top_n > 0: the n most likely tokens of that same distribution, best first ([B, n] int64 /
+  // float32); undefined otherwise.
+  at::Tensor top_ids, top_logprobs;
 };
 
 // logits [B, V] float32; temperature: one per row (<= 0: greedy, argmax with the first index on
 // ties), read on the host so that all-greedy or all-sampled batches skip the other path;
-// top_k <= 0 or >= V: off; top_p >= 1: off; u [B] float32 uniforms in (0, 1] on the logits' device.
-Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, double top_p, const at::Tensor& u);
+// top_k <= 0 or >= V: off; top_p >= 1: off; u [B] float32 uniforms in (0, 1] on the logits' device;
+// top_n > 0: also return the top_n log-probs of each row (what a server's `top_logprobs` reports).
+Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, double top_p, const at::Tensor& u, int64_t top_n = 0);
 
 // One independent stream per row: seeded from (seed, row), so a row's samples do not depend on
 // which other rows share its batch.
