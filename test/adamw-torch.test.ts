@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
 import { NO_TORCH_PYTHON, torchPython } from './helpers/reference.js';
+import { needs } from './helpers/shared.js';
 
 const python = torchPython();
 const dir = mkdtempSync(join(tmpdir(), 'slm-adamw-'));
@@ -35,7 +36,7 @@ for s in req["steps"]:
 print(json.dumps(out))
 `;
 
-t.test('clipping + AdamW equal torch.nn.utils.clip_grad_norm_ + torch.optim.AdamW over 5 steps', { skip: python ? false : NO_TORCH_PYTHON }, async (t) => {
+t.test('clipping + AdamW equal torch.nn.utils.clip_grad_norm_ + torch.optim.AdamW over 5 steps', { skip: needs(python ? false : NO_TORCH_PYTHON, t) }, async (t) => {
   initModel({ preset: 'tiny', out: dir, seed: 11 });
   const model = await Model.load(dir);
   t.teardown(() => model.dispose());

@@ -4,9 +4,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ChatFormatter, ChatTemplate, chatTemplateFor, renderChat, type ChatMessage } from '../lib/model/chat.js';
 import { QWEN3_PACKAGE, packagedQwen3Config } from '../lib/model/tokenizer.js';
-import { fixture, haveShared } from './helpers/shared.js';
+import { fixture, haveShared, needs } from './helpers/shared.js';
 
-const needShared = { skip: !haveShared && 'needs ../shared' };
+const needShared = { skip: needs(!haveShared && 'needs ../shared beside the checkout (fixtures and data)', t) };
 const realTemplate = () => readFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), 'utf8');
 const packagedTemplate = () => packagedQwen3Config().chat_template as string;
 

@@ -3,7 +3,7 @@
 // dies stops the other with DISTRIBUTED_FAILED instead of a hang. The ranks run the compiled dist/
 // (test/helpers/dp-worker.mjs) beside a python3 with torch.distributed (Debian's python3-torch).
 import t from 'tap';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -13,7 +13,7 @@ import { distEnvFrom } from '../lib/distributed/group.js';
 import { shardRange, trainedCounts } from '../lib/distributed/data-parallel.js';
 import { freePort, workerArgs } from '../lib/distributed/launch.js';
 import { runCliAsync } from './helpers/cli.js';
-import { dataFile, fixture, repoRoot } from './helpers/shared.js';
+import { dataFile, fixture, repoRoot, needs } from './helpers/shared.js';
 
 const python = process.env.SLM_TORCH_PYTHON ?? '/usr/bin/python3';
 const dir = mkdtempSync(join(tmpdir(), 'slm-dist-'));
@@ -76,7 +76,14 @@ function runRanks(spec: Record<string, unknown>, world = 2): Promise<Array<{ cod
   });
 }
 
-const skip = !existsSync(python) ? `${python} (python3-torch) is not installed` : !existsSync(join(repoRoot, 'dist', 'lib', 'distributed', 'group.js')) ? 'dist/ is not built (npm run build:ts)' : false;
+const skip = needs(
+  !existsSync(python) || spawnSync(python, ['-c', 'import torch.distributed'], { encoding: 'utf8' }).status !== 0
+    ? `${python} with torch.distributed is not installed (apt-get install python3-torch)`
+    : !existsSync(join(repoRoot, 'dist', 'lib', 'distributed', 'group.js'))
+      ? 'dist/ is not built (npm run build:ts)'
+      : false,
+  t,
+);
 
 t.test('2 Gloo ranks take the single-process optimizer step (adapters equal within 1e-6)', { skip }, async (t) => {
   const single = await Model.load(model);

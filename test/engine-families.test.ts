@@ -11,9 +11,10 @@ import { initModel } from '../lib/model/init.js';
 import type { LoraSpec } from '../lib/engine/adapter.js';
 import { readSafetensorsHeader } from '../lib/model/safetensors.js';
 import { NO_TORCH_PYTHON, compareLogits, runReference, torchPython, type RefCase } from './helpers/reference.js';
+import { needs } from './helpers/shared.js';
 
 const python = torchPython();
-const skip = python ? false : NO_TORCH_PYTHON;
+const skip = needs(python ? false : NO_TORCH_PYTHON, t);
 const V = 300;
 const PROJECTIONS: LoraSpec['targets'] = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'];
 

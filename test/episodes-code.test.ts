@@ -14,9 +14,9 @@ import {
   truncateMiddle,
 } from '../lib/episodes/index.js';
 import { codeQuestionMessage, codeSystemPrompt } from '../lib/episodes/prompts.js';
-import { dataFile, haveShared } from './helpers/shared.js';
+import { dataFile, haveShared, needs } from './helpers/shared.js';
 
-const needShared = { skip: !haveShared && 'needs ../shared' };
+const needShared = { skip: needs(!haveShared && 'needs ../shared beside the checkout (fixtures and data)', t) };
 
 t.test('code and answer actions', async (t) => {
   const code = parseCodeTurn('Let me search.\n<python>\nprint(search_pages("x"))\n</python>');

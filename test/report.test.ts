@@ -10,6 +10,7 @@ import { RunFolder } from '../lib/train/run.js';
 import { collectReport, jsonForScript, writeReport } from '../lib/train/report.js';
 import { findChromium, openPage } from './helpers/browser.js';
 import { runCli } from './helpers/cli.js';
+import { needs } from './helpers/shared.js';
 
 const HOSTILE_Q = 'Who </script><script>window.__pwned="question"</script> wrote it?';
 const HOSTILE_A = '<img src=x onerror="window.__pwned=\'answer\'">';
@@ -98,7 +99,7 @@ t.test('slm-train report RUN_DIR writes the report; a folder that is not a run i
 });
 
 const chromium = findChromium();
-const noChromium = chromium ? false : 'chromium is not installed (apt-get install chromium); CI installs it, so there this check runs';
+const noChromium = needs(chromium ? false : 'chromium is not installed (apt-get install chromium)', t);
 t.test('in headless Chromium: the page opens, the plots draw, trajectories are listed, no console errors, no hostile script ran', { skip: noChromium }, async (t) => {
   const dir = t.testdir();
   makeRun(dir);

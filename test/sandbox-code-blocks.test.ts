@@ -7,7 +7,7 @@ import t from 'tap';
 import { SlmError } from '../lib/errors.js';
 import { createPythonPool } from '../lib/sandbox/python.js';
 import type { SandboxResult, SearchTools } from '../lib/sandbox/types.js';
-import { dataFile } from './helpers/shared.js';
+import { dataFile, needs } from './helpers/shared.js';
 
 const blocksFile = dataFile('model-code', 'code_blocks.jsonl');
 const excerptsFile = dataFile('wiki-excerpts', 'page_excerpts.jsonl');
@@ -81,7 +81,7 @@ function excerptTools(rows: Excerpt[]): SearchTools {
   };
 }
 
-t.test('every model-written program ends with a result and the host keeps serving', { skip: !existsSync(blocksFile) && 'no ../shared data here' }, async (t) => {
+t.test('every model-written program ends with a result and the host keeps serving', { skip: needs(!existsSync(blocksFile) && 'no ../shared data beside the checkout', t) }, async (t) => {
   const blocks = readFileSync(blocksFile, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Block);
   const excerpts = readFileSync(excerptsFile, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Excerpt);
   t.equal(blocks.length, 353);

@@ -3,7 +3,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { QWEN3_PACKAGE, byteLevelDecodeTable, loadTokenizer, qwen3Tokenizer } from '../lib/model/tokenizer.js';
-import { fixture, haveShared } from './helpers/shared.js';
+import { fixture, haveShared, needs } from './helpers/shared.js';
 
 const utf8 = (s: string) => Buffer.from(s, 'utf8');
 const joinBytes = (pieces: Uint8Array[], ids: number[]) => Buffer.concat(ids.map((i) => pieces[i]));
@@ -166,7 +166,7 @@ t.test('folders without tokenizer.json use the packaged Qwen3 tokenizer', async 
   t.same(tok.encode('Hello <|im_start|>user\n'), [9707, 220, 151644, 872, 198]);
 });
 
-t.test('the real Qwen3-2507 tokenizer files (no tokenizer.json) load on the packaged vocabulary', { skip: !haveShared && 'needs ../shared' }, async (t) => {
+t.test('the real Qwen3-2507 tokenizer files (no tokenizer.json) load on the packaged vocabulary', { skip: needs(!haveShared && 'needs ../shared beside the checkout (fixtures and data)', t) }, async (t) => {
   const tok = loadTokenizer(fixture('qwen3-tokenizer'));
   t.equal(tok.packaged, true);
   t.equal(tok.config.model_max_length, 1010000, "the folder's tokenizer_config wins over the package's");
