@@ -33,17 +33,20 @@ for (const [name, g] of Object.entries(golden.models)) {
   // rounding), through 2-3 layers of residual sums of O(1) values and a final vocab projection of 64
   // terms; we measured max |diff| ~0.02-0.03 on these fixtures, so 0.08 bounds it with margin while a
   // real bug (wrong RoPE, missing norm) moves logits by O(0.1-1). Argmax may only differ where the
-  // reference's own top-1/top-2 margin is below that bound.
+  // reference's own top-1/top-2 margin is below twice that bound: at every other position it must agree.
   t.test(`${name}: bfloat16 compute stays within bf16 rounding of the reference`, async (t) => {
     const m = await Model.load(fixture('qwen3', g.model_dir), { dtype: 'bfloat16' });
     t.teardown(() => m.dispose());
     t.equal(m.info().dtype, 'BFloat16');
+    let checked = 0;
     for (const c of g.cases) {
       const r = await m.logits(c.input_ids, { attentionMask: c.attention_mask, positionIds: c.position_ids });
-      const { diff, argmaxMismatches, worstMargin } = maxAbsDiff(c, r.data);
+      const { diff, widePositions, wideMismatches } = maxAbsDiff(c, r.data, 0.16);
       t.ok(diff < 0.08, `${c.name}: max |diff| ${diff.toFixed(4)} < 0.08`);
-      if (worstMargin > 0.16) t.equal(argmaxMismatches, 0, `${c.name}: argmax identical (reference margin ${worstMargin.toFixed(3)})`);
+      t.equal(wideMismatches, 0, `${c.name}: argmax identical at the ${widePositions} positions whose reference margin exceeds 0.16`);
+      checked += widePositions;
     }
+    t.ok(checked > 0, `the argmax check ran (${checked} positions)`);
   });
 }
 
