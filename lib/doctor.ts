@@ -95,8 +95,13 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
   try {
     const iso = await detectIsolation();
     report.sandbox = iso;
-    if (!iso.network || !iso.readonlyFs)
-      warnings.push(`the Python sandbox runs at isolation level ${iso.level}: ${!iso.network ? 'programs can reach the network' : ''}${!iso.network && !iso.readonlyFs ? ' and ' : ''}${!iso.readonlyFs ? 'programs can write outside their folder' : ''}. Install bubblewrap (apt-get install bubblewrap) for full isolation, or use --sandbox quickjs.`);
+    if (!iso.network || !iso.readonlyFs || !iso.hostFilesHidden) {
+      const gaps = [!iso.network && 'programs can reach the network', !iso.readonlyFs && 'programs can write outside their folder', !iso.hostFilesHidden && `a program can read ${iso.readable}`].filter(Boolean);
+      warnings.push(
+        `the Python sandbox runs at isolation level ${iso.level}: ${gaps.join('; ')}. In RL a policy that can read the questions file learns to read its answer key. ` +
+          'Install bubblewrap (apt-get install bubblewrap) for full isolation, or use --sandbox quickjs; sandbox.require_isolation: bwrap makes a run refuse to start without it.',
+      );
+    }
   } catch (e) {
     report.sandbox = { error: (e as Error).message };
     warnings.push(`the Python sandbox cannot start: ${(e as Error).message}`);
@@ -140,8 +145,9 @@ export function formatDoctor(r: DoctorReport): string {
       'sandbox',
       'error' in r.sandbox
         ? `UNAVAILABLE: ${r.sandbox.error}`
-        : `isolation ${r.sandbox.level}: network ${r.sandbox.network ? 'blocked' : 'OPEN'}, filesystem ${r.sandbox.readonlyFs ? 'read-only' : 'WRITABLE'}, seccomp ${r.sandbox.seccomp ? 'on' : 'off'}, uid drop ${r.sandbox.uidDrop ? 'yes' : 'no'}`,
+        : `isolation ${r.sandbox.level}: network ${r.sandbox.network ? 'blocked' : 'OPEN'}, filesystem ${r.sandbox.readonlyFs ? 'read-only' : 'WRITABLE'}, host files ${r.sandbox.hostFilesHidden ? 'hidden' : 'READABLE'}, seccomp ${r.sandbox.seccomp ? 'on' : 'off'}, uid drop ${r.sandbox.uidDrop ? 'yes' : 'no'}`,
     );
+  if (r.sandbox && !('error' in r.sandbox)) row('sandbox files', `a program can read ${r.sandbox.readable}`);
   if (r.warnings.length) {
     lines.push('', 'warnings:');
     for (const w of r.warnings) lines.push(`  - ${w}`);

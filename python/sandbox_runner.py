@@ -1045,6 +1045,41 @@ def stdlib_readable_by_others():
     return True
 
 
+def needed_paths():
+    """What this interpreter reads to run the runner and the programs (the host's bubblewrap mode
+    binds exactly these, read-only, and nothing else of the machine): the standard library
+    directories (lib-dynload included), the installed-packages directories inside them (hidden
+    there: programs run with -S and never import from them), and every file mapped into this
+    process now that the runner's modules and ctypes are loaded (the executable, libpython, shared
+    libraries). Real paths throughout."""
+    import sysconfig
+    dirs, site, files = set(), set(), set()
+    for key in ('stdlib', 'platstdlib'):
+        p = sysconfig.get_path(key)
+        if p and os.path.isdir(p):
+            dirs.add(os.path.realpath(p))
+    dirs.add(os.path.dirname(os.path.realpath(os.__file__)))
+    for p in sys.path:
+        if p.endswith('lib-dynload') and os.path.isdir(p):
+            dirs.add(os.path.realpath(p))
+    for key in ('purelib', 'platlib'):
+        p = sysconfig.get_path(key)
+        if p and os.path.isdir(p):
+            site.add(os.path.realpath(p))
+    files.add(os.path.realpath(sys.executable))
+    try:
+        with open('/proc/self/maps') as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith('/') and not parts[5].rstrip().endswith('(deleted)'):
+                    p = os.path.realpath(parts[5].rstrip('\n'))
+                    if os.path.isfile(p):
+                        files.add(p)
+    except OSError:
+        pass
+    return {'dirs': sorted(dirs), 'site': sorted(site), 'files': sorted(files)}
+
+
 def capabilities(want_uid):
     """What this machine lets the child do; each check forks a throw-away child."""
     caps = {'executable': sys.executable, 'base_prefix': sys.base_prefix,
@@ -1107,7 +1142,9 @@ def capabilities(want_uid):
 
 def main(argv):
     if len(argv) >= 2 and argv[1] == '--probe':
-        sys.stdout.write(json.dumps(capabilities(65534)) + '\n')
+        caps = capabilities(65534)
+        caps['paths'] = needed_paths()
+        sys.stdout.write(json.dumps(caps) + '\n')
         return 0
     if len(argv) < 3 or argv[1] != '--config':
         sys.stderr.write('usage: sandbox_runner.py --config JSON [--tag TAG] | --probe\n')

@@ -8,7 +8,7 @@ import type { CommandModule } from 'yargs';
 import { SlmError } from '../errors.js';
 import { Corpus } from '../retrieval/corpus.js';
 import { DEFAULT_PARAMS, SearchIndex, embedderFor, type IndexKind } from '../retrieval/index.js';
-import { createSandbox } from '../sandbox/index.js';
+import { createSandbox, filesystemLine, ISOLATION_ORDER, type IsolationLevel, type PythonSandboxPool } from '../sandbox/index.js';
 import { MAX_TOPK, RetrieverServer } from '../retrieval/server.js';
 import { phasedProgress, progressLog } from '../util/progress.js';
 import { print, untilSignal } from './common.js';
@@ -109,7 +109,10 @@ interface ExecArgs extends Source {
   file?: string;
   'timeout-s': number;
   json?: boolean;
+  'require-isolation'?: IsolationLevel;
 }
+
+const LEVELS_BEST_FIRST = [...ISOLATION_ORDER].reverse() as IsolationLevel[];
 
 export const execCommand: CommandModule<object, ExecArgs> = {
   command: 'exec [stdin]',
@@ -122,6 +125,7 @@ export const execCommand: CommandModule<object, ExecArgs> = {
       .option('sandbox', { choices: ['python', 'quickjs'] as const, default: 'python' as const })
       .option('file', { type: 'string', describe: 'the program file (default: stdin)' })
       .option('timeout-s', { type: 'number', default: 10, describe: 'wall-clock limit' })
+      .option('require-isolation', { choices: LEVELS_BEST_FIRST, describe: 'python: refuse to run below this isolation level (as sandbox.require_isolation in a config)' })
       .option('json', { type: 'boolean', describe: 'print {"stdout", "error", "timed_out", "calls"}' }) as never,
   handler: async (a) => {
     if (!(a['timeout-s'] > 0)) throw new SlmError('ARGUMENT_INVALID', `--timeout-s expects a positive number of seconds, found ${a['timeout-s']}.`);
@@ -137,7 +141,12 @@ export const execCommand: CommandModule<object, ExecArgs> = {
       throw new SlmError('FILE_NOT_FOUND', `cannot read the program ${fromStdin ? 'from stdin' : a.file}: ${(e as Error).message}.`);
     }
     const idx = await openSource(a);
-    const sb = await createSandbox({ kind: a.sandbox, tools: idx, timeoutMs: a['timeout-s'] * 1000 });
+    const sb = await createSandbox(
+      a.sandbox === 'python'
+        ? { kind: 'python', tools: idx, timeoutMs: a['timeout-s'] * 1000, ...(a['require-isolation'] ? { requireIsolation: a['require-isolation'] } : {}) }
+        : { kind: 'quickjs', tools: idx, timeoutMs: a['timeout-s'] * 1000 },
+    );
+    log(a.sandbox === 'python' ? `sandbox: isolation ${filesystemLine((sb as PythonSandboxPool).isolation)}` : 'sandbox: quickjs (WebAssembly): a program can read no file at all');
     try {
       const r = await sb.run(code);
       if (a.json) print(JSON.stringify({ stdout: r.stdout, error: r.error, timed_out: r.timed_out, calls: r.calls }));

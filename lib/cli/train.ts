@@ -6,6 +6,7 @@ import type { CommandModule } from 'yargs';
 import { loadConfig, missingFiles } from '../config/load.js';
 import type { ResolvedConfig } from '../config/types.js';
 import { SlmError } from '../errors.js';
+import { checkRequiredIsolation, detectIsolation, filesystemLine } from '../sandbox/isolation.js';
 import { evalFromConfig, trainFromConfig } from '../train/session.js';
 import { progressLog } from '../util/progress.js';
 import { print } from './common.js';
@@ -36,6 +37,24 @@ function load(a: Args, command: 'train' | 'eval'): ResolvedConfig {
   return cfg;
 }
 
+/**
+ * Before a run whose episodes execute programs: says what a program can read at the isolation level
+ * this machine gives, and refuses to start below sandbox.require_isolation
+ * (SANDBOX_ISOLATION_INSUFFICIENT) before anything is loaded.
+ */
+export async function sandboxPreflight(cfg: ResolvedConfig, command: 'train' | 'eval', say: (line: string) => void = log): Promise<void> {
+  const runsPrograms = cfg.protocol.kind === 'code' && (command === 'eval' || cfg.stage !== 'sft' || cfg.train.eval_every > 0);
+  if (!runsPrograms) return;
+  const sb = cfg.sandbox;
+  if (sb.kind !== 'python') {
+    say('sandbox: quickjs (WebAssembly): a program can read no file at all');
+    return;
+  }
+  const iso = await detectIsolation();
+  say(`sandbox: isolation ${filesystemLine(iso)}`);
+  checkRequiredIsolation(iso, sb.require_isolation, 'sandbox.require_isolation');
+}
+
 export const trainCommand: CommandModule<object, Args> = {
   command: 'train [overrides..]',
   describe: 'run the stage named in the config (sft, grpo, ppo); key=value overrides with dotted paths',
@@ -48,6 +67,7 @@ export const trainCommand: CommandModule<object, Args> = {
       .option('json', { type: 'boolean', describe: 'print the result as JSON' }) as never,
   handler: async (a) => {
     const cfg = load(a, 'train');
+    await sandboxPreflight(cfg, 'train');
     if (await launchWorkers(cfg.distributed, { nproc: a.nproc, log })) return;
     const r = await trainFromConfig(cfg, { resume: a.resume, log, progress, overrides: a.overrides, configFile: a.config });
     if (a.json) print(JSON.stringify(r));
@@ -67,6 +87,7 @@ export const evalCommand: CommandModule<object, Args> = {
       .option('json', { type: 'boolean', describe: 'print the summary as JSON' }) as never,
   handler: async (a) => {
     const cfg = load(a, 'eval');
+    await sandboxPreflight(cfg, 'eval');
     const r = await evalFromConfig(cfg, { adapter: a.adapter, label: a.label, log, progress });
     if (a.json) print(JSON.stringify(r.summary));
     else print(`${r.table}\n\nsaved: ${r.dir}/summary.json, ${r.dir}/trajectories.jsonl`);

@@ -97,6 +97,11 @@ export const CONFIG_SCHEMA: Schema = {
       timeout_s: num(10, { exclusiveMinimum: 0 }),
       memory_mb: int(512, { minimum: 16 }),
       workers: int(4, { minimum: 1 }),
+      require_isolation: oneOf(
+        ['bwrap', 'unshare', 'rlimits-only'],
+        null,
+        "python: the weakest isolation level a run accepts; below it the run refuses to start (SANDBOX_ISOLATION_INSUFFICIENT). bwrap is the only level at which programs cannot read the host's files (the run folder, the questions file with its gold answers, the project); null = any level (the log and `slm-train doctor` say what a program can read)",
+      ),
     }),
     retrieval: section({
       kind: oneOf(['dense', 'bm25', 'hybrid', 'http'], 'hybrid', 'hybrid: dense + BM25 by reciprocal-rank fusion; http: a Search-R1 retrieval server at retrieval.url (tags protocol)'),
@@ -228,7 +233,7 @@ export const ALIASES: Record<string, Record<string, string>> = {
   lora: { rank: 'r', lora_r: 'r', lora_alpha: 'alpha', lora_dropout: 'dropout', use_rslora: 'rslora', target_modules: 'targets', layers_to_transform: 'layers' },
   data: { trajectories: 'sft', sft_data: 'sft', questions_file: 'questions', corpus_file: 'corpus', index_dir: 'index' },
   protocol: { turns: 'max_turns', max_tokens: 'max_new_tokens', max_response_length: 'max_new_tokens', max_length: 'max_context', context_length: 'max_context', max_seq_len: 'max_context', topk: 'top_k' },
-  sandbox: { timeout: 'timeout_s', memory: 'memory_mb', pool_size: 'workers' },
+  sandbox: { timeout: 'timeout_s', memory: 'memory_mb', pool_size: 'workers', isolation: 'require_isolation', min_isolation: 'require_isolation' },
   retrieval: { ef_search: 'ef', top_k: 'k', embedding_model: 'embedder' },
   rollout: { num_generations: 'k', group_size: 'k', rollouts: 'k', n: 'k', questions_per_step: 'batch_questions', batch_size: 'batch_questions', temp: 'temperature' },
   reward: { reward_parts: 'parts', components: 'parts' },

@@ -59,6 +59,8 @@ export interface SandboxConfig {
   timeout_s: number;
   memory_mb: number;
   workers: number;
+  /** python: refuse to start below this isolation level (null = any). */
+  require_isolation: 'bwrap' | 'unshare' | 'rlimits-only' | null;
 }
 
 export interface RetrievalConfig {

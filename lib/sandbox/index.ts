@@ -10,7 +10,7 @@ import { createQuickJSSandbox, type QuickJSSandboxOptions } from './quickjs.js';
 import type { Sandbox, SandboxKind } from './types.js';
 
 export * from './types.js';
-export { detectIsolation, resolvePython, type DetectOptions } from './isolation.js';
+export { checkRequiredIsolation, detectIsolation, filesystemLine, ISOLATION_ORDER, resolvePython, type DetectOptions } from './isolation.js';
 export { createPythonPool, runPythonOnce, PythonSandboxPool, type PythonPoolOptions } from './python.js';
 export { createQuickJSSandbox, QuickJSSandbox, type QuickJSSandboxOptions } from './quickjs.js';
 
@@ -19,7 +19,7 @@ export type CreateSandboxOptions =
   | ({ kind: 'quickjs' } & QuickJSSandboxOptions);
 
 const KEYS: Record<SandboxKind, string[]> = {
-  python: ['kind', 'tools', 'size', 'maxLevel', 'python', 'workdirMb', 'uid', 'allowWeakIsolation', 'timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'],
+  python: ['kind', 'tools', 'size', 'maxLevel', 'requireIsolation', 'python', 'workdirMb', 'uid', 'allowWeakIsolation', 'timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'],
   quickjs: ['kind', 'tools', 'stackKb', 'size', 'timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'],
 };
 

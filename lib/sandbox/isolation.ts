@@ -3,20 +3,27 @@
  *
  * Levels, best first (each is tried by actually starting the runner under it, so a level is only
  * reported when it works here):
- * - `bwrap` (bubblewrap): own network, PID, IPC and UTS namespaces; the root filesystem read-only;
- *   /root, /home, /run, /tmp and /var/tmp replaced by empty read-only directories (the Python
- *   installation and the runner are bound back in where they live there); a private size-limited
- *   tmpfs as the working directory; dies with its parent.
+ * - `bwrap` (bubblewrap): own network, PID, IPC and UTS namespaces; the filesystem is an allow-list:
+ *   an empty read-only root into which only what the interpreter needs is bound, read-only (its
+ *   executable, standard library and the files it maps, as the runner itself reports them with
+ *   `--probe`; the system libraries /usr/lib, /usr/lib64, /lib, /lib64; /etc/ld.so.cache; the runner
+ *   at SANDBOX_RUNNER), plus its own /proc and /dev and a private size-limited tmpfs as the working
+ *   directory. Nothing else of the host is readable or listable: not the folder slm-train runs from,
+ *   the run folder, the corpus or questions files, the project, /home, /root, /srv, /opt, /mnt, /etc.
+ *   Dies with its parent.
  * - `unshare` (util-linux): own network, PID (with its own /proc), IPC, UTS and mount namespaces; the
- *   filesystem stays writable and visible (a host temp directory is the working directory).
- * - `rlimits-only`: no wrapper; the worker runs in its own process group.
+ *   filesystem stays writable and visible (a host temp directory is the working directory): a
+ *   program reads what its uid can (`IsolationReport.readable` says which).
+ * - `rlimits-only`: no wrapper; the worker runs in its own process group; the filesystem as above.
+ * `sandbox.require_isolation` / `requireIsolation` makes a run refuse to start below a chosen level.
  * Inside every level the runner adds its own layer (python/sandbox_runner.py): resource limits, an
  * unprivileged uid when it starts as root and the standard library is readable by that uid, and a
  * seccomp filter where ctypes is available. `network` is true when either a network namespace or
  * the seccomp filter (which denies socket()) is in force.
  */
 import { execFile } from 'node:child_process';
-import { accessSync, constants, existsSync, realpathSync, statSync } from 'node:fs';
+import { accessSync, constants, existsSync, lstatSync, readlinkSync, realpathSync } from 'node:fs';
+import { userInfo } from 'node:os';
 import { dirname, join, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { SlmError } from '../errors.js';
@@ -24,10 +31,26 @@ import type { IsolationLevel, IsolationReport } from './types.js';
 
 /** Working directory of a program inside bubblewrap (a tmpfs). */
 export const BWRAP_WORKDIR = '/tmp/work';
-/** Directories replaced by empty read-only ones inside bubblewrap (secrets, sockets, other people's temp files). */
-const HIDDEN_DIRS = ['/root', '/home', '/run', '/var/tmp', '/tmp'];
+/** Where the runner is bound inside bubblewrap (nothing of the slm-train package's location shows). */
+export const SANDBOX_RUNNER = '/slm-train/sandbox_runner.py';
+/** Shared-library directories bound read-only inside bubblewrap (a symlink is recreated as one). */
+const SYSTEM_LIB_DIRS = ['/usr/lib', '/usr/lib64', '/lib', '/lib64'];
+/** Host files the dynamic loader reads, bound read-only where they exist. */
+const SYSTEM_FILES = ['/etc/ld.so.cache'];
+/** Isolation levels, weakest first (require_isolation compares positions). */
+export const ISOLATION_ORDER: readonly IsolationLevel[] = ['rlimits-only', 'unshare', 'bwrap'];
 /** The environment every worker (and probe) starts with: nothing from the host. */
 export const WORKER_ENV: Record<string, string> = { PATH: '/usr/local/bin:/usr/bin:/bin', LANG: 'C.UTF-8', MALLOC_ARENA_MAX: '2' };
+
+/** What the interpreter reads to run (`sandbox_runner.py --probe`, real paths). */
+export interface InterpreterPaths {
+  /** Standard-library directories (lib-dynload included). */
+  dirs: string[];
+  /** Installed-packages directories (site-packages); hidden inside bubblewrap when they lie in a bound directory. */
+  site: string[];
+  /** Files mapped into the runner (executable, libpython, shared libraries). */
+  files: string[];
+}
 
 /** Capabilities the runner reports (`sandbox_runner.py --probe`). */
 export interface RunnerCaps {
@@ -41,6 +64,8 @@ export interface RunnerCaps {
   ctypes: boolean;
   seccomp: boolean;
   seccomp_error: string | null;
+  /** Only from `--probe`. */
+  paths?: InterpreterPaths;
 }
 
 const pythonFiles = new Map<string, string>();
@@ -116,24 +141,64 @@ async function findPython(explicit: string): Promise<string> {
   throw new SlmError('SANDBOX_UNAVAILABLE', `Expected a Python 3.9+ interpreter for the sandbox but found none. Tried: ${tried.join('; ')}. Install python3 or set SLM_SANDBOX_PYTHON.`);
 }
 
-/** bubblewrap's arguments (everything before the Python command line). */
-export function bwrapArgs(python: string, pythonPrefix: string, runner: string, workdirMb: number): string[] {
-  const hidden = HIDDEN_DIRS.filter((d) => isDir(d));
-  const a = ['--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc'];
-  for (const h of hidden) a.push('--tmpfs', h);
-  // Bring back what the workers need from under a hidden directory (pyenv lives in /root here).
-  const exposed = new Set<string>();
-  for (const p of [pythonPrefix, dirname(python), dirname(runner)]) {
-    const real = safeRealpath(p);
-    const h = hidden.find((d) => real === d || real.startsWith(d + sep));
-    if (!h || [...exposed].some((e) => real === e || real.startsWith(e + sep))) continue;
-    const rel = real.slice(h.length + 1).split(sep);
-    for (let i = 1; i < rel.length; i++) a.push('--perms', '0755', '--dir', join(h, ...rel.slice(0, i)));
-    a.push('--ro-bind', real, real);
-    exposed.add(real);
+/** What bubblewrap makes visible (read-only) to a program, from what the interpreter reported it needs. */
+export interface BwrapView {
+  /** Directories bound read-only at the same path. */
+  dirs: string[];
+  /** Symbolic links recreated as they are on the host: [target, path] (e.g. ['usr/lib', '/lib']). */
+  symlinks: Array<[string, string]>;
+  /** Single files bound read-only at the same path. */
+  files: string[];
+  /** Directories inside bound ones replaced by empty read-only ones (site-packages). */
+  hidden: string[];
+}
+
+const under = (p: string, d: string) => p === d || p.startsWith(d.endsWith(sep) ? d : d + sep);
+
+/** The allow-list bubblewrap binds: the system library directories, the interpreter's own paths, /etc/ld.so.cache. */
+export function bwrapView(python: string, paths: InterpreterPaths): BwrapView {
+  const dirs: string[] = [];
+  const symlinks: Array<[string, string]> = [];
+  for (const d of SYSTEM_LIB_DIRS) {
+    try {
+      const st = lstatSync(d);
+      if (st.isSymbolicLink()) symlinks.push([readlinkSync(d), d]);
+      else if (st.isDirectory()) dirs.push(d);
+    } catch {
+      /* not on this machine */
+    }
   }
+  const covered = (p: string) => dirs.some((d) => under(p, d));
+  const stdlib = [...new Set(paths.dirs.map(safeRealpath))].filter((d) => !covered(d)).sort();
+  for (const d of stdlib) if (!stdlib.some((o) => o !== d && under(d, o))) dirs.push(d);
+  const files: string[] = [];
+  for (const f of [safeRealpath(python), ...SYSTEM_FILES.filter((f) => existsSync(f)), ...paths.files]) {
+    if (!covered(f) && !files.includes(f)) files.push(f);
+  }
+  const hidden = [...new Set(paths.site.map(safeRealpath))].filter((h) => covered(h) && !dirs.includes(h) && !dirs.some((d) => under(d, h))).sort();
+  return { dirs, symlinks, files, hidden };
+}
+
+/** bubblewrap's arguments (everything before the Python command line): see bwrapView() and the file comment. */
+export function bwrapArgs(python: string, paths: InterpreterPaths, runner: string, workdirMb: number): string[] {
+  const v = bwrapView(python, paths);
+  const a: string[] = [];
+  // bubblewrap creates the folders leading to a mount point with mode 0700: make them 0755 first, so
+  // that the unprivileged uid the runner drops programs to can reach the standard library.
+  const parents = new Set<string>();
+  for (const p of [...v.dirs, ...v.files, ...v.symlinks.map((s) => s[1]), SANDBOX_RUNNER, BWRAP_WORKDIR]) {
+    for (let d = dirname(p); d !== '/' && d !== '.'; d = dirname(d)) if (!v.dirs.some((b) => under(d, b))) parents.add(d);
+  }
+  for (const d of [...parents].sort((x, y) => x.split(sep).length - y.split(sep).length || x.localeCompare(y))) a.push('--perms', '0755', '--dir', d);
+  for (const d of v.dirs) a.push('--ro-bind', d, d);
+  for (const [target, path] of v.symlinks) a.push('--symlink', target, path);
+  for (const f of v.files) a.push('--ro-bind', f, f);
+  a.push('--ro-bind', runner, SANDBOX_RUNNER);
+  a.push('--dev', '/dev', '--proc', '/proc');
+  for (const h of v.hidden) a.push('--tmpfs', h);
   a.push('--size', String(Math.max(1, workdirMb) * 1024 * 1024), '--tmpfs', BWRAP_WORKDIR);
-  for (const h of hidden) a.push('--remount-ro', h);
+  for (const h of v.hidden) a.push('--remount-ro', h);
+  a.push('--remount-ro', '/');
   a.push('--unshare-net', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try');
   a.push('--die-with-parent', '--new-session', '--chdir', BWRAP_WORKDIR, '--');
   return a;
@@ -144,22 +209,18 @@ export function unshareArgs(): string[] {
   return ['--net', '--pid', '--ipc', '--uts', '--mount', '--fork', '--kill-child', '--mount-proc', '--'];
 }
 
-/** The program and arguments that start the runner with `runnerArgs` at `level`. */
-export function wrapperCommand(level: IsolationLevel, python: string, caps: Pick<RunnerCaps, 'base_prefix'>, runnerArgs: string[], workdirMb = 64): { file: string; args: string[] } {
+/** The program and arguments that start the runner with `runnerArgs` at `level` (bwrap needs `paths`). */
+export function wrapperCommand(level: IsolationLevel, python: string, caps: Pick<RunnerCaps, 'paths'>, runnerArgs: string[], workdirMb = 64): { file: string; args: string[] } {
   const runner = runnerPath();
   const py = [python, '-I', '-S', '-B', runner, ...runnerArgs];
-  if (level === 'bwrap') return { file: 'bwrap', args: [...bwrapArgs(python, caps.base_prefix, runner, workdirMb), ...py] };
+  if (level === 'bwrap') {
+    if (!caps.paths) throw new SlmError('SANDBOX_UNAVAILABLE', "Expected the interpreter's paths (from the runner's --probe) to start bubblewrap but found none.");
+    return { file: 'bwrap', args: [...bwrapArgs(python, caps.paths, runner, workdirMb), python, '-I', '-S', '-B', SANDBOX_RUNNER, ...runnerArgs] };
+  }
   if (level === 'unshare') return { file: 'unshare', args: [...unshareArgs(), ...py] };
   return { file: python, args: py.slice(1) };
 }
 
-function isDir(p: string): boolean {
-  try {
-    return statSync(p).isDirectory();
-  } catch {
-    return false;
-  }
-}
 function safeRealpath(p: string): string {
   try {
     return realpathSync(p);
@@ -168,8 +229,8 @@ function safeRealpath(p: string): string {
   }
 }
 
-async function probe(level: IsolationLevel, python: string, prefix: string): Promise<{ caps?: RunnerCaps; why?: string }> {
-  const { file, args } = wrapperCommand(level, python, { base_prefix: prefix }, ['--probe'], 1);
+async function probe(level: IsolationLevel, python: string, paths?: InterpreterPaths): Promise<{ caps?: RunnerCaps; why?: string }> {
+  const { file, args } = wrapperCommand(level, python, { paths }, ['--probe'], 1);
   const r = await run(file, args);
   if (r.code !== 0) return { why: `${file}: ${r.stderr.trim().split('\n').slice(-2).join(' ') || 'exit ' + r.code}` };
   try {
@@ -182,10 +243,26 @@ async function probe(level: IsolationLevel, python: string, prefix: string): Pro
 const detectCache = new Map<string, Promise<IsolationReport & { caps: RunnerCaps }>>();
 const LEVELS: IsolationLevel[] = ['bwrap', 'unshare', 'rlimits-only'];
 
+/**
+ * $SLM_SANDBOX_ISOLATION caps the level every sandbox of this process uses (bwrap, unshare or
+ * rlimits-only): to see what a program can do at a weaker level, or to try a run's
+ * sandbox.require_isolation.
+ */
+function envMaxLevel(): IsolationLevel | undefined {
+  const v = process.env.SLM_SANDBOX_ISOLATION;
+  if (v === undefined || v === '') return undefined;
+  if (!(ISOLATION_ORDER as readonly string[]).includes(v)) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected SLM_SANDBOX_ISOLATION to be one of ${ISOLATION_ORDER.join(', ')} but found ${JSON.stringify(v)}; unset it to use the best level this machine offers.`);
+  }
+  return v as IsolationLevel;
+}
+
+const weaker = (a: IsolationLevel, b: IsolationLevel): IsolationLevel => (ISOLATION_ORDER.indexOf(a) <= ISOLATION_ORDER.indexOf(b) ? a : b);
+
 export interface DetectOptions {
   /** Python executable (default: resolvePython()). */
   python?: string;
-  /** The best level to consider (e.g. 'unshare' skips bubblewrap). */
+  /** The best level to consider (e.g. 'unshare' skips bubblewrap); $SLM_SANDBOX_ISOLATION lowers it further. */
   maxLevel?: IsolationLevel;
   /** Probe again instead of using the memoized answer. */
   refresh?: boolean;
@@ -202,10 +279,16 @@ export async function detectIsolation(opts: DetectOptions = {}): Promise<Isolati
 
 /** @internal detectIsolation() plus what the runner reported about itself (for starting workers). */
 export function detectIsolationWithCaps(opts: DetectOptions = {}): Promise<IsolationReport & { caps: RunnerCaps }> {
-  const key = `${opts.python ?? ''}|${opts.maxLevel ?? 'bwrap'}`;
+  let maxLevel: IsolationLevel;
+  try {
+    maxLevel = weaker(opts.maxLevel ?? 'bwrap', envMaxLevel() ?? 'bwrap');
+  } catch (e) {
+    return Promise.reject(e);
+  }
+  const key = `${opts.python ?? ''}|${maxLevel}`;
   let p = opts.refresh ? undefined : detectCache.get(key);
   if (!p) {
-    p = detect(opts.python, opts.maxLevel ?? 'bwrap');
+    p = detect(opts.python, maxLevel);
     detectCache.set(key, p);
     p.catch(() => detectCache.delete(key));
   }
@@ -214,32 +297,93 @@ export function detectIsolationWithCaps(opts: DetectOptions = {}): Promise<Isola
 
 async function detect(pythonOpt: string | undefined, maxLevel: IsolationLevel): Promise<IsolationReport & { caps: RunnerCaps }> {
   const python = await resolvePython(pythonOpt);
-  const bare = await probe('rlimits-only', python, '');
+  const bare = await probe('rlimits-only', python);
   if (!bare.caps) throw new SlmError('SANDBOX_UNAVAILABLE', `Expected the sandbox runner to start under ${python} but it failed: ${bare.why}`);
-  const prefix = bare.caps.base_prefix;
+  const paths = bare.caps.paths ?? { dirs: [], site: [], files: [] };
   const notes: string[] = [];
   for (const level of LEVELS.slice(LEVELS.indexOf(maxLevel))) {
-    const r = level === 'rlimits-only' ? bare : await probe(level, python, prefix);
+    const r = level === 'rlimits-only' ? bare : await probe(level, python, paths);
     if (!r.caps) {
       notes.push(`${level} unavailable (${r.why})`);
       continue;
     }
-    return { ...describeLevel(level, r.caps, python, notes), caps: r.caps };
+    const caps = { ...r.caps, paths };
+    return { ...describeLevel(level, caps, python, notes), caps };
   }
   /* c8 ignore next */
   throw new Error('unreachable');
 }
 
+/** Exactly what a program can read at `level` (the words after "a program can read"). */
+export function readableAt(level: IsolationLevel, caps: Pick<RunnerCaps, 'paths' | 'drop_uid' | 'root'>, python: string): string {
+  if (level === 'bwrap') {
+    const v = bwrapView(python, caps.paths ?? { dirs: [], site: [], files: [] });
+    const notes = [...v.symlinks.map(([target, path]) => `${path} -> ${target}`), ...v.hidden.map((h) => `${h} emptied`)];
+    const shown = v.files.slice(0, 8).join(', ') + (v.files.length > 8 ? ` and ${v.files.length - 8} more files` : '');
+    return (
+      `only what the interpreter needs, read-only: ${v.dirs.join(', ')}${notes.length ? ` (${notes.join('; ')})` : ''}` +
+      `${v.files.length ? `; the files ${shown}` : ''}; the sandbox runner; ` +
+      'its own /proc and /dev, and its private working directory. Nothing else of this machine: not the folder slm-train runs from, the run folder, ' +
+      'the corpus or questions files, the project, /home, /srv, /opt, /mnt, nor anything else under /etc, /root or /usr'
+    );
+  }
+  if (caps.drop_uid) {
+    return (
+      'every file and folder of this machine that any user may read (programs run as an unprivileged uid, 65534 by default): ' +
+      'with the usual permissions (files 0644, folders 0755) that includes the folder slm-train runs from, the run folder, the corpus and questions files ' +
+      'with their gold answers and the project; only files and folders closed to "others" are out of reach'
+    );
+  }
+  let who: string;
+  try {
+    const u = userInfo();
+    who = `${u.username} (uid ${u.uid})`;
+  } catch {
+    who = `uid ${process.getuid?.() ?? '?'}`;
+  }
+  return caps.root
+    ? `every file of this machine: programs run as ${who}, the user slm-train runs as, which is root (the folder slm-train runs from, the run folder, the corpus and questions files with their gold answers, the project, /root, keys)`
+    : `every file the slm-train user can: programs run as ${who}, the user slm-train runs as (the folder slm-train runs from, the run folder, the corpus and questions files with their gold answers, the project, the home folder and any keys in it)`;
+}
+
+/** One line for logs: "<level>: a program can read <readable>". */
+export function filesystemLine(iso: Pick<IsolationReport, 'level' | 'readable'>): string {
+  return `${iso.level}: a program can read ${iso.readable}`;
+}
+
+/**
+ * Refuses to go on (SANDBOX_ISOLATION_INSUFFICIENT) when `iso` is below `required`
+ * (`sandbox.require_isolation` in a config, `requireIsolation` for createSandbox, `--require-isolation` for exec).
+ */
+export function checkRequiredIsolation(iso: IsolationReport, required: IsolationLevel | null | undefined, setting = 'sandbox.require_isolation'): void {
+  if (required === null || required === undefined) return;
+  if (!ISOLATION_ORDER.includes(required)) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected ${setting} to be one of ${ISOLATION_ORDER.join(', ')} (or null) but received ${JSON.stringify(required)}.`);
+  }
+  if (ISOLATION_ORDER.indexOf(iso.level) >= ISOLATION_ORDER.indexOf(required)) return;
+  const why = iso.details.split('; ').filter((p) => / unavailable \(/.test(p)).join('; ');
+  throw new SlmError(
+    'SANDBOX_ISOLATION_INSUFFICIENT',
+    `Expected sandbox isolation ${required} or better (${setting}) but this machine gives ${iso.level}${why ? ` (${why})` : ''}; at ${iso.level} a program can read ${iso.readable}. ` +
+      (required === 'bwrap'
+        ? 'Install bubblewrap (apt-get install bubblewrap) and allow it to create namespaces (as root, or with unprivileged user namespaces enabled: sysctl kernel.unprivileged_userns_clone=1), '
+        : 'Install util-linux unshare and run slm-train as root, or install bubblewrap, ') +
+      `lower ${setting}, or use sandbox kind quickjs (no filesystem at all). Nothing was started.`,
+    { required, level: iso.level },
+  );
+}
+
 function describeLevel(level: IsolationLevel, caps: RunnerCaps, python: string, notes: string[]): IsolationReport {
   const network = level !== 'rlimits-only' || caps.seccomp;
   const readonlyFs = level === 'bwrap';
+  const readable = readableAt(level, caps, python);
   const parts: string[] = [];
-  if (level === 'bwrap') parts.push('bubblewrap: own network/PID/IPC/UTS namespaces, read-only filesystem, /root /home /run /tmp hidden, private tmpfs work dir');
-  else if (level === 'unshare') parts.push('unshare: own network/PID/IPC/UTS/mount namespaces; filesystem writable');
-  else parts.push('no namespaces: resource limits and process groups only');
+  if (level === 'bwrap') parts.push('bubblewrap: own network/PID/IPC/UTS namespaces, filesystem an allow-list (the interpreter and system libraries read-only, a private tmpfs work dir)');
+  else if (level === 'unshare') parts.push('unshare: own network/PID/IPC/UTS/mount namespaces; filesystem writable and visible');
+  else parts.push('no namespaces: resource limits and process groups only; filesystem writable and visible');
   parts.push(caps.seccomp ? 'seccomp: no fork/exec/sockets, signals only to itself' : `no seccomp (${caps.seccomp_error ?? 'unavailable'})`);
   parts.push(caps.drop_uid ? 'programs run as uid 65534' : caps.root ? 'programs run as root (the standard library is not readable by an unprivileged uid here)' : 'programs run as the current user');
   parts.push(`python ${caps.version} at ${python}`);
   if (notes.length) parts.push(notes.join('; '));
-  return { level, network, readonlyFs, seccomp: caps.seccomp, uidDrop: caps.drop_uid, python, pythonVersion: caps.version, details: parts.join('; ') };
+  return { level, network, readonlyFs, hostFilesHidden: level === 'bwrap', readable, seccomp: caps.seccomp, uidDrop: caps.drop_uid, python, pythonVersion: caps.version, details: parts.join('; ') };
 }

@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Packr } from 'msgpackr';
 import { SlmError } from '../errors.js';
-import { BWRAP_WORKDIR, detectIsolationWithCaps, type RunnerCaps, WORKER_ENV, wrapperCommand } from './isolation.js';
+import { BWRAP_WORKDIR, checkRequiredIsolation, detectIsolationWithCaps, type RunnerCaps, WORKER_ENV, wrapperCommand } from './isolation.js';
 import { checkGlobals, invokeTool } from './tools.js';
 import type { IsolationLevel, IsolationReport, RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
 import { DEFAULT_LIMITS, truncationMarker } from './types.js';
@@ -34,6 +34,12 @@ export interface PythonPoolOptions extends SandboxLimits {
   size?: number;
   /** The best isolation level to use (default 'bwrap'); lower levels are used when it does not work here. */
   maxLevel?: IsolationLevel;
+  /**
+   * The weakest isolation level to accept (default: any): below it createPythonPool() fails with
+   * SANDBOX_ISOLATION_INSUFFICIENT and starts nothing. 'bwrap' is the one where programs cannot read
+   * the host's files (see IsolationReport.readable).
+   */
+  requireIsolation?: IsolationLevel | null;
   /** Python executable (default: resolved by `resolvePython()`). */
   python?: string;
   /** Size of the private work directory under bubblewrap, in MiB (default 64). */
@@ -415,6 +421,7 @@ export async function createPythonPool(opts: PythonPoolOptions = {}): Promise<Py
   resolvePythonLimits(opts); // fail early on a bad limit
   const iso = await detectIsolationWithCaps({ python: opts.python, maxLevel: opts.maxLevel });
   const { caps, ...isolation } = iso;
+  checkRequiredIsolation(isolation, opts.requireIsolation, 'requireIsolation');
   if (isolation.level === 'rlimits-only' && !isolation.seccomp && !isolation.uidDrop && !opts.allowWeakIsolation) {
     throw new SlmError(
       'SANDBOX_UNAVAILABLE',

@@ -94,6 +94,16 @@ export interface IsolationReport {
   network: boolean;
   /** Programs cannot write outside their working directory. */
   readonlyFs: boolean;
+  /**
+   * The filesystem is an allow-list (bubblewrap): a program sees only what the interpreter needs and
+   * its working directory; no file of the host (run folder, corpus, questions, project) is readable.
+   */
+  hostFilesHidden: boolean;
+  /**
+   * Exactly what a program can read, as the words after "a program can read" (the run log,
+   * `slm-train exec` and `slm-train doctor` print it).
+   */
+  readable: string;
   /** The seccomp filter is in force (no fork/exec/sockets, signals only to the program itself). */
   seccomp: boolean;
   /** Programs run under an unprivileged uid (only possible when the worker starts as root). */
