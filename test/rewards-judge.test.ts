@@ -5,6 +5,7 @@
 // that becomes a recorded failure in bounded time, connection refused, unparseable replies, the
 // concurrency limit) and the engine backend with a scripted TextGenerator and the real Qwen3
 // tokenizer and chat template (batching, greedy request, decoding, truncation, generator errors).
+import { recordWaits } from './helpers/waits.js';
 import t, { type Test } from 'tap';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -335,9 +336,11 @@ t.test('http judge: a 500 is retried, then the reply counts', async (t) => {
 t.test('http judge: a 429 waits Retry-After; a 400 is not retried', async (t) => {
   const srv = await loopback(t, (_req, _body, res, n) => (n === 1 ? send(res, 429, '{}', { 'retry-after': '0.2' }) : send(res, 200, completion('Correctness: 9\nApproach: 9'))));
   const backend = openAIJudgeBackend({ baseUrl: srv.baseUrl, model: 'm', retries: 1, backoffMs: 1 });
+  const waits = recordWaits(t);
   const r = await graded({ backend })(ctx);
   t.equal(r.parts.judge_correctness, 0.9);
-  t.ok(srv.requests[1].at - srv.requests[0].at >= 180, `Retry-After honoured (${srv.requests[1].at - srv.requests[0].at} ms)`);
+  t.same(waits, [200], 'Retry-After honoured (200 ms, not the 1 ms backoff)');
+  t.equal(srv.requests.length, 2);
 
   const bad = await loopback(t, (_req, _body, res) => send(res, 400, '{"error":"unknown model m"}'));
   const r2 = await graded({ backend: openAIJudgeBackend({ baseUrl: bad.baseUrl, model: 'm', retries: 3, backoffMs: 1 }) })(ctx);
@@ -352,10 +355,9 @@ t.test('http judge: a server that never answers gives a recorded failure in boun
     /* never answer */
   });
   const backend = openAIJudgeBackend({ baseUrl: srv.baseUrl, model: 'm', timeoutMs: 200, retries: 1, backoffMs: 20 });
-  const t0 = Date.now();
+  const waits = recordWaits(t);
   const r = await graded({ backend })(ctx);
-  const ms = Date.now() - t0;
-  t.ok(ms >= 400 && ms < 2000, `two attempts of 200 ms plus a 20 ms backoff (took ${ms} ms)`);
+  t.same(waits, [20], 'one backoff of 20 ms between the two attempts');
   t.equal(srv.requests.length, 2, 'the timed-out attempt was retried once');
   t.same(r.parts, { judge_correctness: null, judge_approach: null, judge: null, judge_error: 1, judge_skipped: 0, judge_matched: 0 });
   t.equal(r.correct, undefined, 'no verdict from a failed judge');

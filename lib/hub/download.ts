@@ -29,6 +29,7 @@ import { Readable } from 'node:stream';
 import { datasetInfo, downloadFile, listFiles, modelInfo, type ListFileEntry } from '@huggingface/hub';
 import { isSlmError, SlmError } from '../errors.js';
 import { INDEX_FILE, indexShards, isHubRef, parseHubRef, selectDataFiles, selectModelFiles, type HubRef, type RepoKind } from './ref.js';
+import { retryClock } from '../util/http-retry.js';
 
 export interface HubOptions {
   /** The hub's address (default: $HF_ENDPOINT, else https://huggingface.co). */
@@ -207,7 +208,7 @@ function writeAtomic(file: string, text: string): void {
 // ---------------------------------------------------------------------------------------------
 // Requests
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const sleep = (ms: number) => retryClock.sleep(ms);
 
 class RangeIgnored extends Error {}
 
@@ -468,7 +469,7 @@ async function withLock(lock: string, done: () => boolean, log: (s: string) => v
       if (done()) return;
       if (!told) log(`hub: waiting for process ${pid}, which is downloading ${lock.slice(0, -'.lock'.length)}`);
       told = true;
-      await sleep(250);
+      await new Promise((r) => setTimeout(r, 250)); // polling another process's lock: real time
     }
   }
   try {

@@ -214,7 +214,7 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
   const tools: SearchTools = { search_pages: (q) => index.searchPages(q, cfg.retrieval.k), view_sections: (p) => index.view_sections(p), read_section: (s) => index.read_section(s) };
   const sandbox = await createSandbox(
     sb.kind === 'python'
-      ? { kind: 'python', tools, size: sb.workers, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb }
+      ? { kind: 'python', tools, size: sb.workers, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb, requireIsolation: sb.require_isolation }
       : { kind: 'quickjs', tools, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb },
   );
   let isolation = '';

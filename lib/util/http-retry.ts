@@ -68,6 +68,12 @@ export async function fetchText(url: string, init: RequestInit, timeoutMs: numbe
   }
 }
 
+/**
+ * How every retry loop here waits between attempts. Tests replace `sleep` to record the waits and
+ * count attempts instead of measuring wall-clock time; nothing else should touch it.
+ */
+export const retryClock = { sleep: (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms)) };
+
 export interface RetryOptions {
   /** Retries after the first attempt. */
   retries: number;
@@ -93,7 +99,7 @@ export async function withRetries<T>(attempt: (i: number) => Promise<T>, o: Retr
       errors.push(e.message);
       if (!e.retry || i >= o.retries) throw o.fail(e, errors);
       o.onRetry?.(i + 1, e);
-      await new Promise((r) => setTimeout(r, o.delayMs(i + 1, e)));
+      await retryClock.sleep(o.delayMs(i + 1, e));
     }
   }
 }
