@@ -79,7 +79,11 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
   t.same(r.stages.map((s) => s.stage), ['baseline', 'sft', 'grpo']);
   for (const s of r.stages) {
     t.equal(s.summary.questions, 10, `${s.stage}: the 10 held-out questions`);
-    t.ok(s.summary.accuracy >= 0 && s.summary.accuracy <= 1 && Number.isFinite(s.summary.f1));
+    // the summary is the mean over its episodes, recomputed here from the trajectories
+    const eps = readFileSync(join(out, 'runs', 'evals', s.stage, 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    t.equal(eps.length, 10);
+    t.ok(Math.abs(s.summary.accuracy - eps.filter((e) => e.correct).length / 10) < 1e-9, `${s.stage}: accuracy ${s.summary.accuracy} = correct episodes / 10`);
+    t.ok(Math.abs(s.summary.f1 - eps.reduce((a, e) => a + e.f1, 0) / 10) < 1e-9, `${s.stage}: f1 = the episodes' mean`);
   }
   t.ok(r.expert.accepted > 20, `${r.expert.accepted} expert trajectories`);
   t.equal(r.expert.rejected, 0, 'with BM25 over made-up names every expert program finds its page and fact');

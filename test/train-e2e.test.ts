@@ -71,6 +71,12 @@ t.test('SFT (configs/code-sft.yaml) on the reference trajectories, then eval of 
   for (const s of [base, sft]) for (const k of ['accuracy', 'em', 'f1', 'rouge_l', 'avg_turns']) t.ok(Number.isFinite(s[k]), `${s.label}: ${k}`);
   const rows = jsonl(join(runs, 'evals', 'code-sft', 'trajectories.jsonl'));
   t.equal(rows.length, 3);
+  // The summary is the mean of its episodes' scores, recomputed here from the trajectories.
+  const mean = (k: string, xs = rows) => xs.reduce((a, x) => a + Number(x[k]), 0) / xs.length;
+  for (const [k, e] of [['accuracy', 'correct'], ['em', 'em'], ['f1', 'f1'], ['rouge_l', 'rouge_l'], ['avg_turns', 'turns']])
+    t.ok(Math.abs(sft[k] - mean(e)) < 1e-9, `code-sft: ${k} ${sft[k]} = the mean of the episodes' ${e} (${mean(e)})`);
+  const baseRows = jsonl(join(runs, 'evals', 'base', 'trajectories.jsonl'));
+  t.ok(Math.abs(base.f1 - mean('f1', baseRows)) < 1e-9 && Math.abs(base.avg_turns - mean('turns', baseRows)) < 1e-9, 'base: likewise');
   // The eval split is the last 20 % by index: questions 16-19 of the 20.
   const ids = jsonl(join(root, 'questions.jsonl')).map((q) => q.id);
   t.same(rows.map((x) => x.id), ids.slice(16, 19));
