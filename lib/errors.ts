@@ -55,7 +55,9 @@ export type ErrorCode =
   | 'DISTRIBUTED_UNAVAILABLE'
   | 'DISTRIBUTED_FAILED'
   | 'ROLLOUT_SERVER_UNAVAILABLE'
-  | 'ROLLOUT_SERVER_ERROR';
+  | 'ROLLOUT_SERVER_ERROR'
+  | 'REWARD_MODULE_INVALID'
+  | 'TOOLS_MODULE_INVALID';
 
 export class SlmError extends Error {
   readonly code: ErrorCode | string;

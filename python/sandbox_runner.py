@@ -671,10 +671,13 @@ def run_program(msg, shm, c2z_w, reader):
     def call(name, arg, param):
         if not isinstance(arg, str):
             raise TypeError('%s(%s) expects a str, got %s' % (name, param, type(arg).__name__))
+        return call_args(name, [arg])
+
+    def call_args(name, args):
         with lock:
             counter[0] += 1
             seq = counter[0]
-            write_all(c2z_w, frame(pack({'t': 'call', 'seq': seq, 'name': name, 'args': [arg]})))
+            write_all(c2z_w, frame(pack({'t': 'call', 'seq': seq, 'name': name, 'args': args})))
             while True:
                 payload = reader.read_blocking()
                 if payload is None:
@@ -707,6 +710,13 @@ def run_program(msg, shm, c2z_w, reader):
         'search_pages': search_pages, 'view_sections': view_sections, 'read_section': read_section,
         'exit': exit, 'quit': exit,
     }
+    # Extra tools (sandbox.tools_module): the host runs them; any JSON arguments, positional.
+    for tool_name in msg.get('extra_tools') or ():
+        if isinstance(tool_name, str) and tool_name.isidentifier():
+            def extra_tool(*args, _name=tool_name):
+                return call_args(_name, list(args))
+            extra_tool.__name__ = tool_name
+            ns[tool_name] = extra_tool
     # Per-program variables (e.g. the episode's question); the host checked the names and values.
     globals_ = msg.get('globals')
     if isinstance(globals_, dict):

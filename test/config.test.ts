@@ -274,11 +274,11 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     lora: { r: true, alpha: true, dropout: true, rslora: true, targets: true, layers: true },
     data: { questions: true, corpus: true, index: true, sft: true, split: true, exclude_leaking: true },
     protocol: { kind: true, max_turns: true, max_turns_eval: true, turns_count: true, instruction: true, use_data_prompt: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, system_prompt: true, final_turn_notice: true, prompts_from_sft: true, question_variable: true, final_answer: true },
-    sandbox: { kind: true, timeout_s: true, memory_mb: true, workers: true, require_isolation: true },
+    sandbox: { kind: true, timeout_s: true, memory_mb: true, workers: true, require_isolation: true, tools_module: true },
     retrieval: { kind: true, embedder: true, ef: true, k: true, url: true, timeout_s: true, retries: true },
     rollout: { k: true, batch_questions: true, temperature: true, top_p: true, top_k: true, engine: true, openai: true },
     distributed: { nproc: true, nnodes: true, node_rank: true, master_addr: true, master_port: true, backend: true, timeout_s: true, python: true },
-    reward: { combine: true, on_failure: true, failure_value: true, parts: true, judge: true },
+    reward: { combine: true, on_failure: true, failure_value: true, parts: true, judge: true, module: true },
     algorithm: {
       kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_reference: true, kl_in: true, kl_estimator: true, loss_norm: true, turn_discount: true, inner_epochs: true, entropy_coef: true,
       std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true, mini_batch: true,

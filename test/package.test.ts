@@ -46,4 +46,35 @@ t.test('npm pack -> install -> doctor and generate without compiling', { timeout
   const gen = spawnSync('npx', ['slm-train', 'generate', '--model', fixture('qwen3', 'tiny-qwen3-f32'), '--ids', '204,125,373,399,458', '--max-new-tokens', '8', '--greedy', '--json'], { cwd: app, env, encoding: 'utf8', timeout: 120_000 });
   t.equal(gen.status, 0, gen.stderr);
   t.same(JSON.parse(gen.stdout).ids, [184, 184, 184, 184, 184, 184, 184, 184], 'the golden greedy decode');
+  // 5. the library: the README's example, compiled (strict) against the installed package's types
+  // and run with node; importing the package alone has no side effects.
+  const pj = JSON.parse(readFileSync(join(pkg, 'package.json'), 'utf8'));
+  t.same(pj.exports['.'], { types: './dist/lib/index.d.ts', import: './dist/lib/index.js' }, 'exports map');
+  t.ok(existsSync(join(pkg, 'dist', 'lib', 'index.js')) && existsSync(join(pkg, 'dist', 'lib', 'index.d.ts')), 'the entry point and its types are shipped');
+  const bare = spawnSync(process.execPath, ['--input-type=module', '-e', `const before = JSON.stringify(process.env); const m = await import('slm-train'); const maps = (await import('node:fs')).readFileSync('/proc/self/maps', 'utf8'); console.log(JSON.stringify({ n: Object.keys(m).length, env: before === JSON.stringify(process.env), native: /libtorch|slm_train[^/]*\\.node/.test(maps), model: typeof m.Model, train: typeof m.trainFromConfig }));`], { cwd: app, env, encoding: 'utf8', timeout: 60_000 });
+  t.equal(bare.status, 0, bare.stderr);
+  const imp = JSON.parse(bare.stdout.trim().split('\n').pop()!);
+  t.same({ env: imp.env, native: imp.native, model: imp.model, train: imp.train }, { env: true, native: false, model: 'function', train: 'function' }, 'import: no env change, native engine not loaded');
+  t.equal(bare.stdout.trim().split('\n').length, 1, 'import prints nothing');
+  const readme = readFileSync(join(repoRoot, 'README.md'), 'utf8');
+  const block = /<!-- library-example:start -->\s*```ts\n([\s\S]*?)```\s*<!-- library-example:end -->/.exec(readme);
+  t.ok(block, 'the README has the library example');
+  writeFileSync(join(app, 'example.mts'), block![1]);
+  writeFileSync(
+    join(app, 'tsconfig.json'),
+    JSON.stringify({ compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, outDir: 'out', typeRoots: [join(repoRoot, 'node_modules', '@types')], types: ['node'] }, files: ['example.mts'] }),
+  );
+  const tsc = spawnSync(process.execPath, [join(repoRoot, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', app], { cwd: app, env, encoding: 'utf8', timeout: 120_000 });
+  t.equal(tsc.status, 0, `tsc: ${tsc.stdout}${tsc.stderr}`);
+  const ex = spawnSync(process.execPath, [join(app, 'out', 'example.mjs')], { cwd: app, env, encoding: 'utf8', timeout: 300_000 });
+  t.equal(ex.status, 0, ex.stderr);
+  const r = JSON.parse(ex.stdout.trim().split('\n').pop()!);
+  t.equal(r.generated, 4, 'generate gave the 4 tokens asked for');
+  t.equal(r.turns.length, 2, 'one episode per question');
+  t.ok(r.scores.every((x: number) => Number.isFinite(x)), 'the custom reward scored them');
+  t.equal(r.steps, 1, 'one GRPO step trained');
+  t.equal(r.questions, 2, 'the adapter evaluated on both questions');
+  // The random model answers neither question, so EM alone would give 0; the custom reward's
+  // -0.1 per turn makes the evaluation's mean reward negative.
+  t.ok(r.evalReward < 0, `the evaluation's reward is the custom function's (${r.evalReward})`);
 });

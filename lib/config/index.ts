@@ -3,6 +3,7 @@ export { CONFIG_SCHEMA, ALIASES, PATH_KEYS, STAGES, LORA_TARGET_NAMES } from './
 export type * from './types.js';
 export {
   applyOverrides,
+  configFromObject,
   configToYaml,
   expectedOf,
   loadConfig,

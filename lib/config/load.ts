@@ -447,6 +447,20 @@ export function loadConfig(file: string, overrides: readonly string[] = [], opts
   return cfg;
 }
 
+/**
+ * A config built in code (the library's way to what `loadConfig` reads from a file): the same
+ * validation and defaults; relative paths (and run.dir, default "runs") are resolved against
+ * `baseDir` (default: the working directory). run.name defaults to `name`, else the stage.
+ */
+export function configFromObject(obj: unknown, opts: { baseDir?: string; name?: string } = {}): ResolvedConfig {
+  const base = resolve(opts.baseDir ?? process.cwd());
+  const raw = isObj(obj) ? structuredClone(obj) : obj;
+  if (isObj(raw)) resolvePathKeys(raw, base);
+  const cfg = validateConfig(raw, 'config object', { name: opts.name });
+  cfg.run.dir = resolve(base, expandHome(cfg.run.dir ?? 'runs'));
+  return cfg;
+}
+
 /** The run folder a config writes into: run.dir/run.name. */
 export function runDir(cfg: ResolvedConfig): string {
   return join(cfg.run.dir, cfg.run.name ?? cfg.stage);

@@ -31,7 +31,7 @@ const section = (properties: Record<string, Schema>, required: string[] = []): S
 export const STAGES = ['sft', 'grpo', 'ppo', 'eval'] as const;
 export const LORA_TARGET_NAMES = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
 /** Config keys that hold file or folder paths: resolved against the config file's folder. */
-export const PATH_KEYS = ['model.path', 'model.adapter', 'data.questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder'] as const;
+export const PATH_KEYS = ['model.path', 'model.adapter', 'data.questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
 
 export const CONFIG_SCHEMA: Schema = {
   type: 'object',
@@ -102,6 +102,7 @@ export const CONFIG_SCHEMA: Schema = {
         null,
         "python: the weakest isolation level a run accepts; below it the run refuses to start (SANDBOX_ISOLATION_INSUFFICIENT). bwrap is the only level at which programs cannot read the host's files (the run folder, the questions file with its gold answers, the project); null = any level (the log and `slm-train doctor` say what a program can read)",
       ),
+      tools_module: str(null, 'a JavaScript module (.js/.mjs, relative to the config file) whose `tools` export (or default export) is an object of name -> function: each becomes a function programs can call beside search_pages, view_sections and read_section, with JSON arguments and result; the functions run in the trainer process, not in the sandbox. null = none'),
     }),
     retrieval: section({
       kind: oneOf(['dense', 'bm25', 'hybrid', 'http'], 'hybrid', 'hybrid: dense + BM25 by reciprocal-rank fusion; http: a Search-R1 retrieval server at retrieval.url (tags protocol)'),
@@ -156,6 +157,7 @@ export const CONFIG_SCHEMA: Schema = {
         description: 'reward parts; their keys are defined by lib/rewards',
       },
       judge: { type: 'object', default: {}, description: 'the LLM judge (engine model or OpenAI-compatible endpoint); keys defined by lib/rewards' },
+      module: str(null, 'a JavaScript module (.js/.mjs, relative to the config file) exporting `reward` (or a default function) (ctx: {id, question, golds, answer, episode}) => number | {score, parts?, correct?} (or a promise of one); it is the part named `module` (weight 1) added to reward.parts unless the parts list a {kind: module} themselves. A non-number stops the run with REWARD_MODULE_INVALID. null = none'),
     }),
     algorithm: section({
       kind: oneOf(['grpo', 'ppo', 'sft'], null, 'null = the stage'),

@@ -61,6 +61,8 @@ export interface SandboxConfig {
   workers: number;
   /** python: refuse to start below this isolation level (null = any). */
   require_isolation: 'bwrap' | 'unshare' | 'rlimits-only' | null;
+  /** A JavaScript module exporting extra tools programs can call (lib/extensions.ts); null = none. */
+  tools_module: string | null;
 }
 
 export interface RetrievalConfig {
@@ -105,6 +107,8 @@ export interface RewardConfig {
   failure_value: number | null;
   parts: RewardPartConfig[];
   judge: Record<string, unknown>;
+  /** A JavaScript module exporting a reward function, the part `module` (lib/extensions.ts); null = none. */
+  module: string | null;
 }
 
 export interface GroupFallbackConfig {

@@ -24,7 +24,8 @@
  * recorded the same way. `correct` comes from the first term whose component gives a verdict (em,
  * subem, the judge), or the term named by `correctFrom`; undefined when none does.
  */
-import { SlmError, describe } from '../errors.js';
+import { SlmError, describe, isSlmError } from '../errors.js';
+import { customReward, type CustomRewardFn } from '../extensions.js';
 import type { RewardConfig } from '../config/types.js';
 import type { RewardResult, TrainEpisode } from '../train/grpo.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
@@ -118,6 +119,8 @@ async function runComponents(terms: RewardTerm[], ctx: RewardContext): Promise<M
       try {
         return await fn(ctx);
       } catch (e) {
+        // A custom reward that returned a non-number is a bug in the user's module: the run stops.
+        if (isSlmError(e) && e.code === 'REWARD_MODULE_INVALID') throw e;
         const label = terms.find((t) => t.fn === fn)!;
         return { parts: {}, errors: { [label.component ?? label.name]: (e as Error).message } };
       }
@@ -194,6 +197,8 @@ export interface RewardDeps {
   onError?: ComposeSpec['onError'];
   /** Environment for judge.api_key_env (default process.env). */
   env?: Record<string, string | undefined>;
+  /** The function of reward.module, already imported (lib/extensions.ts loadRewardModule), and its file for messages. */
+  customReward?: { fn: CustomRewardFn; file: string };
 }
 
 /** The judge backend reward.judge describes. */
@@ -255,8 +260,10 @@ export function oncePerContext(fn: RewardFn): RewardFn {
   };
 }
 
-function termOf(p: PartConfig, judge: () => RewardFn): RewardTerm {
+function termOf(p: PartConfig, judge: () => RewardFn, custom: () => RewardFn): RewardTerm {
   switch (p.kind) {
+    case 'module':
+      return { name: p.name, weight: p.weight, fn: custom(), component: p.name };
     case 'em':
     case 'subem':
     case 'f1':
@@ -298,13 +305,28 @@ export function rewardFromConfig(cfg: Partial<RewardConfig> = {}, deps: RewardDe
   const raw = cfg.parts ?? [{ kind: 'em', weight: 1 }];
   if (!Array.isArray(raw) || raw.length === 0) throw new SlmError('CONFIG_INVALID', `reward.parts: expected a non-empty list of parts, but found ${describe(raw)}.`, { path: 'reward.parts' });
   const parts = raw.map((p, i) => parsePart(p, `reward.parts[${i}]`));
+  // reward.module: its function is the part `module` (weight 1) unless the parts place it themselves.
+  const moduleFile = cfg.module ?? null;
+  if ((moduleFile || deps.customReward) && !parts.some((p) => p.kind === 'module')) parts.push({ kind: 'module', weight: 1, name: 'module' });
+  const custom = (name: string) => () => {
+    const c = deps.customReward;
+    if (!c)
+      throw new SlmError(
+        'CONFIG_INVALID',
+        moduleFile
+          ? `reward.module ${moduleFile} was not loaded: pass deps.customReward = { fn: await loadRewardModule(file), file } (rewardDeps does this).`
+          : 'reward.parts: a {kind: module} part needs reward.module, the file of the reward function.',
+        { path: 'reward.module' },
+      );
+    return customReward(c.fn, name, c.file);
+  };
   const parsed = parseJudgeConfig(cfg.judge ?? {});
   // judge.combine (the logged `judge` part) follows reward.combine unless set, so that the part
   // shows what the total counts
   const j: JudgeConfig = cfg.judge && 'combine' in cfg.judge ? parsed : { ...parsed, combine };
   let judge: RewardFn | undefined;
   // One judge for every judge part, asked once per episode even where a renamed part wraps it.
-  const terms = parts.map((p) => termOf(p, () => (judge ??= oncePerContext(judgeFromConfig(j, deps)))));
+  const terms = parts.map((p) => termOf(p, () => (judge ??= oncePerContext(judgeFromConfig(j, deps))), custom(p.name)));
   let spec: ComposeSpec = { terms, onError: deps.onError, onFailure, ...(failureValue === null ? {} : { failedValue: failureValue }) };
   if (combine === 'sign_magnitude') {
     const find = (...kinds: string[]) => kinds.map((k) => parts.find((p) => p.kind === k)).find((p) => p !== undefined);
@@ -339,19 +361,19 @@ export function goldAnswers(answer: unknown): string[] {
 }
 
 /** The reward context of a trainer's episode (TrainEpisode.record carries messages, calls, finish). */
-export function episodeContext(ep: Pick<TrainEpisode, 'answer' | 'turns' | 'record'>, question: string, golds: readonly string[]): RewardContext {
+export function episodeContext(ep: Pick<TrainEpisode, 'answer' | 'turns' | 'record'>, question: string, golds: readonly string[], id?: string): RewardContext {
   const rec = ep.record ?? {};
   const episode: RewardEpisode = { turns: ep.turns };
   if (Array.isArray(rec.messages)) episode.messages = rec.messages as ChatMessage[];
   if (Array.isArray(rec.calls)) episode.calls = rec.calls;
   if (typeof rec.finish === 'string') episode.finish = rec.finish;
-  return { answer: ep.answer, golds, question, episode };
+  return { answer: ep.answer, golds, question, ...(id !== undefined ? { id } : {}), episode };
 }
 
 /** `GrpoDeps.reward` from a composed reward and a way to read a question's text and golds. */
-export function trainerReward<Q>(fn: ComposedRewardFn, read: (q: Q) => { question: string; golds: readonly string[] }): (ep: TrainEpisode, q: Q) => Promise<ComposedReward> {
+export function trainerReward<Q>(fn: ComposedRewardFn, read: (q: Q) => { question: string; golds: readonly string[]; id?: string }): (ep: TrainEpisode, q: Q) => Promise<ComposedReward> {
   return (ep, q) => {
-    const { question, golds } = read(q);
-    return fn(episodeContext(ep, question, golds));
+    const { question, golds, id } = read(q);
+    return fn(episodeContext(ep, question, golds, id));
   };
 }

@@ -24,6 +24,8 @@ export interface RewardContext {
   /** Gold answers: matching any of them counts. */
   golds: readonly string[];
   question: string;
+  /** The question's id, when the caller knows it (the trainers and evaluation pass it). */
+  id?: string;
   episode?: RewardEpisode;
 }
 

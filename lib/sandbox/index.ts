@@ -19,8 +19,8 @@ export type CreateSandboxOptions =
   | ({ kind: 'quickjs' } & QuickJSSandboxOptions);
 
 const KEYS: Record<SandboxKind, string[]> = {
-  python: ['kind', 'tools', 'size', 'maxLevel', 'requireIsolation', 'python', 'workdirMb', 'uid', 'allowWeakIsolation', 'timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'],
-  quickjs: ['kind', 'tools', 'stackKb', 'size', 'timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'],
+  python: ['kind', 'tools', 'extraTools', 'size', 'maxLevel', 'requireIsolation', 'python', 'workdirMb', 'uid', 'allowWeakIsolation', 'timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'],
+  quickjs: ['kind', 'tools', 'extraTools', 'stackKb', 'size', 'timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'],
 };
 
 /** `createSandbox({ kind: 'python', tools, timeoutMs: 5000 })`; unknown option names are errors. */

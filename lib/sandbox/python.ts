@@ -18,7 +18,8 @@ import { join } from 'node:path';
 import { Packr } from 'msgpackr';
 import { SlmError } from '../errors.js';
 import { BWRAP_WORKDIR, checkRequiredIsolation, detectIsolationWithCaps, type RunnerCaps, WORKER_ENV, wrapperCommand } from './isolation.js';
-import { checkGlobals, invokeTool } from './tools.js';
+import { checkGlobals, invokeTool, type ExtraTools } from './tools.js';
+import { checkTools } from '../extensions.js';
 import type { IsolationLevel, IsolationReport, RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
 import { DEFAULT_LIMITS, truncationMarker } from './types.js';
 
@@ -30,6 +31,11 @@ const STARTUP_TIMEOUT_MS = 20_000;
 export interface PythonPoolOptions extends SandboxLimits {
   /** The search primitives programs may call (a program can also get its own through run()). */
   tools?: SearchTools;
+  /**
+   * Extra functions programs may call by name (sandbox.tools_module): JSON arguments, a JSON result
+   * (or a promise of one); they run in this process, like the search tools.
+   */
+  extraTools?: ExtraTools;
   /** Number of warm workers (default: 2, at most the number of CPUs). */
   size?: number;
   /** The best isolation level to use (default 'bwrap'); lower levels are used when it does not work here. */
@@ -210,6 +216,7 @@ class Worker {
       max_output: job.limits.maxOutputChars,
       ...(job.globals ? { globals: job.globals } : {}),
       ...(job.finalAnswer ? { final_answer: true } : {}),
+      ...(this.pool.extraToolNames.length ? { extra_tools: this.pool.extraToolNames } : {}),
     });
   }
 
@@ -218,7 +225,7 @@ class Worker {
     if (msg.t === 'call') {
       if (!running) return this.fail('a tool call arrived while no program was running');
       const { id } = running;
-      void Promise.resolve(invokeTool(running.tools, msg.name, msg.args, running.calls, running.limits.maxCalls)).then((reply) => {
+      void Promise.resolve(invokeTool(running.tools, msg.name, msg.args, running.calls, running.limits.maxCalls, this.pool.extraTools)).then((reply) => {
         if (this.current?.id !== id) return; // the program already ended
         this.send({ t: 'ret', id, seq: msg.seq, ...reply });
       });
@@ -287,13 +294,19 @@ export class PythonSandboxPool implements Sandbox {
   /** Workers started over the pool's life (the initial ones included). */
   started = 0;
   programs = 0;
+  /** options.extraTools, checked, and their names (declared to the runner with every program). */
+  readonly extraTools: ExtraTools | undefined;
+  readonly extraToolNames: string[];
 
   constructor(
     readonly options: PythonPoolOptions,
     readonly isolation: IsolationReport,
     private caps: RunnerCaps,
     readonly size: number,
-  ) {}
+  ) {
+    this.extraTools = options.extraTools ? checkTools(options.extraTools, 'extraTools', 'extraTools') : undefined;
+    this.extraToolNames = Object.keys(this.extraTools ?? {});
+  }
 
   /** Starts the workers and waits until all are ready. */
   async start(): Promise<void> {

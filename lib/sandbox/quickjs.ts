@@ -27,12 +27,15 @@ import { createRequire } from 'node:module';
 import { MessageChannel, type MessagePort, Worker } from 'node:worker_threads';
 import { SlmError } from '../errors.js';
 import { resolveLimits } from './python.js';
-import { checkGlobals, invokeTool } from './tools.js';
+import { checkGlobals, invokeTool, type ExtraTools } from './tools.js';
+import { checkTools } from '../extensions.js';
 import type { RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
 import { TOOL_NAMES, truncationMarker } from './types.js';
 
 export interface QuickJSSandboxOptions extends SandboxLimits {
   tools?: SearchTools;
+  /** Extra functions programs may call by name (sandbox.tools_module): JSON arguments, a JSON result; they run in this process. */
+  extraTools?: ExtraTools;
   /** Interpreter stack limit in KiB (16 to 1024, default 256): deep recursion ends with `InternalError: stack overflow`. */
   stackKb?: number;
   /** Worker threads, i.e. programs that can run at the same time (default 1). */
@@ -281,7 +284,7 @@ class QjsWorker {
     this.replyPort = port1;
     this.worker = new Worker(WORKER_SOURCE, {
       eval: true,
-      workerData: { quickjsPath: quickjsPath(), replyPort: port2, flag: this.flag.buffer, toolNames: [...TOOL_NAMES], prelude: PRELUDE },
+      workerData: { quickjsPath: quickjsPath(), replyPort: port2, flag: this.flag.buffer, toolNames: [...TOOL_NAMES, ...owner.extraToolNames], prelude: PRELUDE },
       transferList: [port2],
       resourceLimits: { maxOldGenerationSizeMb: 256, stackSizeMb: 8 },
       stdout: true,
@@ -347,7 +350,7 @@ class QjsWorker {
     if (m.t === 'call') {
       const call = m as CallMsg;
       if (!cur || cur.id !== call.id) return;
-      void Promise.resolve(invokeTool(cur.tools, call.name, call.args, cur.calls, cur.limits.maxCalls)).then((reply) => {
+      void Promise.resolve(invokeTool(cur.tools, call.name, call.args, cur.calls, cur.limits.maxCalls, this.owner.extraTools)).then((reply) => {
         if (this.dead) return;
         this.replyPort.postMessage({ seq: call.seq, ...reply });
         Atomics.store(this.flag, 0, 1);
@@ -395,7 +398,13 @@ export class QuickJSSandbox implements Sandbox {
   /** Worker threads started over the sandbox's life (replacements included). */
   started = 0;
 
+  /** options.extraTools, checked, and their names (defined as globals in every interpreter). */
+  readonly extraTools: ExtraTools | undefined;
+  readonly extraToolNames: string[];
+
   constructor(readonly options: QuickJSSandboxOptions) {
+    this.extraTools = options.extraTools ? checkTools(options.extraTools, 'extraTools', 'extraTools') : undefined;
+    this.extraToolNames = Object.keys(this.extraTools ?? {});
     this.stackKb = options.stackKb ?? DEFAULT_STACK_KB;
     this.size = options.size ?? 1;
   }

@@ -9,6 +9,9 @@ import { TOOL_NAMES } from './types.js';
 
 const PARAM: Record<ToolName, string> = { search_pages: 'query', view_sections: 'page_id', read_section: 'section_id' };
 
+/** Extra functions programs may call (sandbox.tools_module): JSON arguments, a JSON result. */
+export type ExtraTools = Record<string, (...args: any[]) => unknown>;
+
 export type ToolReply = { ok: true; value: unknown } | { ok: false; error: string; etype: 'ValueError' | 'TypeError' | 'RuntimeError' };
 
 /**
@@ -22,6 +25,7 @@ export function invokeTool(
   args: unknown,
   calls: ToolCall[],
   maxCalls: number,
+  extra?: ExtraTools,
 ): ToolReply | Promise<ToolReply> {
   const t0 = performance.now();
   const argList = Array.isArray(args) ? args : [args];
@@ -30,8 +34,29 @@ export function invokeTool(
     record(false);
     return { ok: false, etype, error };
   };
+  const failure = (e: unknown): ToolReply => fail('ValueError', isSlmError(e) || e instanceof Error ? e.message : String(e));
+  if (typeof name === 'string' && extra && Object.hasOwn(extra, name) && !(TOOL_NAMES as readonly string[]).includes(name)) {
+    // A tool of sandbox.tools_module: any JSON arguments, a JSON result.
+    if (calls.length >= maxCalls) return fail('RuntimeError', `call limit reached: a program may make at most ${maxCalls} tool calls`);
+    const settleExtra = (value: unknown): ToolReply => {
+      try {
+        const v = toJsonLike(value, `${name} result`);
+        record(true);
+        return { ok: true, value: v };
+      } catch (e) {
+        return failure(e);
+      }
+    };
+    try {
+      const out = extra[name](...argList);
+      if (out && typeof (out as Promise<unknown>).then === 'function') return Promise.resolve(out).then(settleExtra, failure);
+      return settleExtra(out);
+    } catch (e) {
+      return failure(e);
+    }
+  }
   if (typeof name !== 'string' || !(TOOL_NAMES as readonly string[]).includes(name)) {
-    return fail('ValueError', `unknown tool ${JSON.stringify(name)}; the tools are ${TOOL_NAMES.join(', ')}`);
+    return fail('ValueError', `unknown tool ${JSON.stringify(name)}; the tools are ${[...TOOL_NAMES, ...Object.keys(extra ?? {})].join(', ')}`);
   }
   const tool = name as ToolName;
   if (calls.length >= maxCalls) return fail('RuntimeError', `call limit reached: a program may make at most ${maxCalls} tool calls`);
@@ -46,7 +71,6 @@ export function invokeTool(
       return failure(e);
     }
   };
-  const failure = (e: unknown): ToolReply => fail('ValueError', isSlmError(e) || e instanceof Error ? e.message : String(e));
   try {
     const out = tools[tool](argList[0] as string);
     if (out && typeof (out as Promise<unknown>).then === 'function') return Promise.resolve(out).then(settle, failure);

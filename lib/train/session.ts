@@ -30,6 +30,7 @@ import { answerMetrics } from '../rewards/metrics.js';
 import { goldAnswers, rewardFromConfig, trainerReward, type ComposedRewardFn, type RewardDeps } from '../rewards/combine.js';
 import { parseJudgeConfig } from '../rewards/config.js';
 import { createSandbox, detectIsolation, type Sandbox } from '../sandbox/index.js';
+import { checkTools, loadRewardModule, loadToolsModule, type CustomRewardFn, type CustomTools } from '../extensions.js';
 import { groupAdvantageFn } from './advantages.js';
 import { runGrpo, type RolloutFn, type TrainEpisode } from './grpo.js';
 import { runPpo } from './ppo.js';
@@ -196,7 +197,22 @@ export async function withSftPrompts(cfg: ResolvedConfig, log: Log = () => {}): 
   return { ...cfg, protocol: { ...cfg.protocol, prompts_from_sft: false, system_prompt: p.system, final_turn_notice: p.finalTurn } };
 }
 
-export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, progress?: ProgressTo): Promise<Environment> {
+/** What code adds to a config's environment and reward (the library; the CLI uses the config's modules). */
+export interface Extensions {
+  /**
+   * A reward function: the reward part `module` (weight 1, added to reward.parts unless they list a
+   * {kind: module} part), in place of reward.module's.
+   */
+  reward?: CustomRewardFn;
+  /** Extra functions programs can call (code protocol), in place of sandbox.tools_module's. */
+  tools?: CustomTools;
+}
+
+/**
+ * The episode environment of the config: the protocol with its search index (tags, code) and
+ * sandbox (code); `ext.tools` (or sandbox.tools_module) adds functions programs can call.
+ */
+export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, progress?: ProgressTo, ext: Pick<Extensions, 'tools'> = {}): Promise<Environment> {
   cfg = await withSftPrompts(cfg, log);
   const kind = cfg.protocol.kind;
   if (kind === 'direct') return { protocol: directProtocol(), describe: 'protocol direct (no search)', close: async () => {} };
@@ -210,12 +226,15 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
   const index = await openIndex(cfg, log, progress);
   if (kind === 'tags') return { protocol: tags(index), index, describe: `protocol tags, top-k ${cfg.protocol.top_k}, ${index.params.kind} retrieval`, close: async () => {} };
   const sb = cfg.sandbox;
+  // sandbox.tools_module: extra functions programs can call, run here like the search tools.
+  const extraTools = ext.tools ? checkTools(ext.tools, 'tools', 'tools') : sb.tools_module ? await loadToolsModule(sb.tools_module) : undefined;
+  if (extraTools) log(`tools: ${Object.keys(extraTools).join(', ')} from ${ext.tools ? 'code' : sb.tools_module}`);
   // search_pages returns retrieval.k pages; the other tools are the index's.
   const tools: SearchTools = { search_pages: (q) => index.searchPages(q, cfg.retrieval.k), view_sections: (p) => index.view_sections(p), read_section: (s) => index.read_section(s) };
   const sandbox = await createSandbox(
     sb.kind === 'python'
-      ? { kind: 'python', tools, size: sb.workers, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb, requireIsolation: sb.require_isolation }
-      : { kind: 'quickjs', tools, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb },
+      ? { kind: 'python', tools, ...(extraTools ? { extraTools } : {}), size: sb.workers, timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb, requireIsolation: sb.require_isolation }
+      : { kind: 'quickjs', tools, ...(extraTools ? { extraTools } : {}), timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb },
   );
   let isolation = '';
   if (sb.kind === 'python') isolation = `, isolation ${(await detectIsolation()).level}`;
@@ -289,18 +308,22 @@ export function loraSpec(cfg: ResolvedConfig): LoraSpec {
  * What the reward needs besides the config: with judge parts on the native engine
  * (`reward.judge.model_path`, no base_url), the judge model loaded beside the policy.
  */
-export async function rewardDeps(cfg: ResolvedConfig, log: Log): Promise<{ deps: RewardDeps; close(): void }> {
+export async function rewardDeps(cfg: ResolvedConfig, log: Log, ext: Pick<Extensions, 'reward'> = {}): Promise<{ deps: RewardDeps; close(): void }> {
   const onError = (component: string, message: string) => log(`reward: ${component} failed: ${message}`);
+  // reward.module: the user's reward function, imported once (REWARD_MODULE_INVALID when it cannot be).
+  const file = cfg.reward.module;
+  const custom = ext.reward ? { customReward: { fn: ext.reward, file: '<reward function>' } } : file ? { customReward: { fn: await loadRewardModule(file), file } } : {};
+  if (file && !ext.reward) log(`reward: module ${file}`);
   const usesJudge = (cfg.reward.parts as Array<{ kind?: unknown }>).some((p) => typeof p.kind === 'string' && p.kind.startsWith('judge'));
   const j = parseJudgeConfig(cfg.reward.judge ?? {});
-  if (!usesJudge || j.backend !== 'engine' || !j.model_path) return { deps: { onError }, close: () => {} };
+  if (!usesJudge || j.backend !== 'engine' || !j.model_path) return { deps: { onError, ...custom }, close: () => {} };
   const judgeDir = await localModelDir(j.model_path);
   const model = await Model.load(judgeDir, { dtype: cfg.model.dtype, device: cfg.model.device });
   try {
     const tok = loadTokenizer(judgeDir);
     if (tok.vocabSize <= model.vocabSize) model.setVocab(tok.tokenBytes());
     log(`judge: ${j.model_path} on the native engine`);
-    return { deps: { onError, judgeEngine: { generator: model, tokenizer: runnerTokenizer(tok), formatter: ChatFormatter.forModel(judgeDir) } }, close: () => model.dispose() };
+    return { deps: { onError, ...custom, judgeEngine: { generator: model, tokenizer: runnerTokenizer(tok), formatter: ChatFormatter.forModel(judgeDir) } }, close: () => model.dispose() };
   } catch (e) {
     model.dispose();
     throw e;
@@ -331,6 +354,10 @@ export interface StageOptions {
   stopAfter?: number;
   /** Progress bars of indexing, training steps and evaluations (the CLI: stderr); default none. */
   progress?: ProgressTo;
+  /** A reward function (the part `module`) in place of reward.module's. */
+  reward?: CustomRewardFn;
+  /** Extra functions programs can call, in place of sandbox.tools_module's. */
+  tools?: CustomTools;
 }
 
 /**
@@ -387,8 +414,8 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
     if (!every || typeof row.step !== 'number' || row.step % every !== 0 || row.kind === 'eval') return;
     if (!cfg.data.questions) return log('train.eval_every: data.questions is not set; no evaluation during training');
     evalQs ??= await evalQuestions(cfg);
-    const e = env ?? (evalEnv ??= await openEnvironment(cfg, log, o.progress));
-    judge ??= await rewardDeps(cfg, log);
+    const e = env ?? (evalEnv ??= await openEnvironment(cfg, log, o.progress, o));
+    judge ??= await rewardDeps(cfg, log, o);
     const label = `${cfg.run.name ?? stage}@step-${row.step}`;
     const s = await evaluate(cfg, agent, e, judge.deps, evalQs, { label, adapter: null, dir: join(dir, 'evals', `step-${row.step}`), log, progress: o.progress });
     run.logMetrics({ step: row.step, kind: 'eval', eval_accuracy: s.accuracy, eval_em: s.em, eval_f1: s.f1, eval_answered: s.answered, eval_avg_turns: s.avg_turns, eval_time_s: s.time_s });
@@ -416,10 +443,10 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       const all = await loadQuestions(required(cfg.data.questions, 'data.questions'));
       const { train } = splitQuestions(all, cfg.data.split);
       if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty (train_fraction ${cfg.data.split.train_fraction} of ${all.length} rows).`);
-      env = await openEnvironment(cfg, log, o.progress);
+      env = await openEnvironment(cfg, log, o.progress, o);
       log(`environment: ${env.describe}`);
-      judge ??= await rewardDeps(cfg, log);
-      const reward = trainerReward(rewardFromConfig(cfg.reward as never, judge.deps), (q: Question) => ({ question: q.question, golds: q.golds }));
+      judge ??= await rewardDeps(cfg, log, o);
+      const reward = trainerReward(rewardFromConfig(cfg.reward as never, judge.deps), (q: Question) => ({ question: q.question, golds: q.golds, id: q.id }));
       const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
       const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
       const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, klReference: cfg.algorithm.kl_reference, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, entropyCoef: cfg.algorithm.entropy_coef, onStep };
@@ -543,6 +570,10 @@ export interface EvalOptions {
   batch?: number;
   /** Progress bars of indexing and evaluation (the CLI: stderr); default none. */
   progress?: ProgressTo;
+  /** A reward function (the part `module`) in place of reward.module's. */
+  reward?: CustomRewardFn;
+  /** Extra functions programs can call, in place of sandbox.tools_module's. */
+  tools?: CustomTools;
 }
 
 export function evalLabel(adapter: string | null): string {
@@ -616,7 +647,7 @@ export async function evaluate(
       const runner = episodeRunner(cfg, agent, env, { eval: true, seed: cfg.train.seed * 7919 + s, temperature: cfg.eval.temperature, onTurn: (t) => bar.update(s + t.finished) });
       const r = await runner.run(chunk.map((q) => ({ question: q.question, prompt: q.prompt, temperature: cfg.eval.temperature })));
       // Every episode of the chunk scored at once (a judge endpoint limits its own concurrency).
-      const rewards = await Promise.all(r.episodes.map((e, i) => rewardFn({ answer: e.answer, golds: chunk[i].golds, question: chunk[i].question, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
+      const rewards = await Promise.all(r.episodes.map((e, i) => rewardFn({ answer: e.answer, golds: chunk[i].golds, question: chunk[i].question, id: chunk[i].id, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
       for (let i = 0; i < chunk.length; i++) {
         const e = r.episodes[i];
         const q = chunk[i];
@@ -675,8 +706,8 @@ export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): 
   let env: Environment | undefined;
   let judge: { deps: RewardDeps; close(): void } | undefined;
   try {
-    env = await openEnvironment(cfg, log, o.progress);
-    judge = await rewardDeps(cfg, log);
+    env = await openEnvironment(cfg, log, o.progress, o);
+    judge = await rewardDeps(cfg, log, o);
     const summary = await evaluate(cfg, agent, env, judge.deps, qs, { label, adapter, dir, log, batch: o.batch, progress: o.progress });
     const table = comparisonTable(join(cfg.run.dir, 'evals'), cfg.eval.table);
     writeFileSync(join(cfg.run.dir, 'evals', 'comparison.md'), table + '\n');
