@@ -11,6 +11,7 @@ import { rewardFromConfig } from '../lib/rewards/combine.js';
 import { evalFromConfig, openEnvironment, rewardDeps, trainFromConfig } from '../lib/train/session.js';
 import { initModel } from '../lib/model/init.js';
 import { loadRewardModule, loadToolsModule } from '../lib/extensions.js';
+import { runCli } from './helpers/cli.js';
 
 const root = t.testdir();
 const modDir = join(root, 'modules');
@@ -192,4 +193,20 @@ t.test('the reward module changes the rewards of an evaluation and a GRPO run', 
   t.same(g.meanReward, [2], 'the step trained on the module reward: mean of 1, 1, 3, 3');
   const metrics = readFileSync(join(g.dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
   t.equal(metrics.find((m) => m.step === 1)?.['reward/module'], 2, 'logged as reward/module');
+});
+
+t.test('slm-train exec --tools-module: a scripted program calls the module\'s tools in the Python sandbox', async (t) => {
+  const prog = join(root, 'prog.py');
+  writeFileSync(prog, 'print(word_count("one two three four"))\nprint(lookup("k", 5)["n"])\n');
+  const r = runCli(['exec', '--corpus', corpus, '--file', prog, '--tools-module', join(modDir, 'tools.mjs'), '--json'], { timeout: 120_000 });
+  t.equal(r.code, 0, r.stderr);
+  const out = JSON.parse(r.stdout);
+  t.equal(out.error, null);
+  t.equal(out.stdout, '4\n10\n', 'the tools answered');
+  t.same(out.calls.map((c: { name: string; ok: boolean }) => [c.name, c.ok]), [['word_count', true], ['lookup', true]]);
+  const bad = runCli(['exec', '--corpus', corpus, '--file', prog, '--tools-module', join(modDir, 'tools-reserved.mjs'), '--json'], { timeout: 120_000 });
+  t.not(bad.code, 0, 'a wrong module fails the command');
+  t.match(bad.stderr, /TOOLS_MODULE_INVALID[\s\S]*tools-reserved\.mjs/, 'with the code and the file');
+  const none = runCli(['exec', '--corpus', corpus, '--file', prog, '--json'], { timeout: 120_000 });
+  t.match(JSON.parse(none.stdout).error, /NameError: name 'word_count' is not defined/, 'without the module the name does not exist');
 });

@@ -4,6 +4,8 @@
  * `slm-train serve-retriever (--index DIR | --corpus FILE) --port N` (Search-R1's retrieval API).
  */
 import { readFileSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { loadToolsModule } from '../extensions.js';
 import type { CommandModule } from 'yargs';
 import { SlmError } from '../errors.js';
 import { Corpus } from '../retrieval/corpus.js';
@@ -110,6 +112,7 @@ interface ExecArgs extends Source {
   'timeout-s': number;
   json?: boolean;
   'require-isolation'?: IsolationLevel;
+  'tools-module'?: string;
 }
 
 const LEVELS_BEST_FIRST = [...ISOLATION_ORDER].reverse() as IsolationLevel[];
@@ -126,6 +129,7 @@ export const execCommand: CommandModule<object, ExecArgs> = {
       .option('file', { type: 'string', describe: 'the program file (default: stdin)' })
       .option('timeout-s', { type: 'number', default: 10, describe: 'wall-clock limit' })
       .option('require-isolation', { choices: LEVELS_BEST_FIRST, describe: 'python: refuse to run below this isolation level (as sandbox.require_isolation in a config)' })
+      .option('tools-module', { type: 'string', describe: 'a JavaScript module exporting extra tools programs can call (as sandbox.tools_module in a config)' })
       .option('json', { type: 'boolean', describe: 'print {"stdout", "error", "timed_out", "calls"}' }) as never,
   handler: async (a) => {
     if (!(a['timeout-s'] > 0)) throw new SlmError('ARGUMENT_INVALID', `--timeout-s expects a positive number of seconds, found ${a['timeout-s']}.`);
@@ -140,11 +144,12 @@ export const execCommand: CommandModule<object, ExecArgs> = {
     } catch (e) {
       throw new SlmError('FILE_NOT_FOUND', `cannot read the program ${fromStdin ? 'from stdin' : a.file}: ${(e as Error).message}.`);
     }
+    const extra = a['tools-module'] ? { extraTools: await loadToolsModule(resolve(a['tools-module']), '--tools-module') } : {};
     const idx = await openSource(a);
     const sb = await createSandbox(
       a.sandbox === 'python'
-        ? { kind: 'python', tools: idx, timeoutMs: a['timeout-s'] * 1000, ...(a['require-isolation'] ? { requireIsolation: a['require-isolation'] } : {}) }
-        : { kind: 'quickjs', tools: idx, timeoutMs: a['timeout-s'] * 1000 },
+        ? { kind: 'python', tools: idx, ...extra, timeoutMs: a['timeout-s'] * 1000, ...(a['require-isolation'] ? { requireIsolation: a['require-isolation'] } : {}) }
+        : { kind: 'quickjs', tools: idx, ...extra, timeoutMs: a['timeout-s'] * 1000 },
     );
     log(a.sandbox === 'python' ? `sandbox: isolation ${filesystemLine((sb as PythonSandboxPool).isolation)}` : 'sandbox: quickjs (WebAssembly): a program can read no file at all');
     try {
