@@ -1,18 +1,22 @@
 /**
  * The run report: one self-contained HTML file (`report.html` in the run folder) with the curves of
- * metrics.jsonl drawn as inline SVG by a small inline script, the evaluations, the resolved config,
+ * metrics.jsonl drawn by uPlot (inlined from node_modules, so the file opens offline), grouped
+ * (reward and accuracy, losses, KL/entropy/clipping, lengths and turns, timing, other), evaluation
+ * rows as points on their training curve, an EMA smoothing slider; the evaluations, the resolved config,
  * and a browsable sample of trajectories (question, every turn's text — code and its output —,
  * answer, reward). Written at the end of `slm-train train`; `slm-train report RUN_DIR` writes it again.
  *
  * Model-written text is hostile input. It only ever reaches the page inside a JSON data block whose
  * `<`, `>`, `&`, U+2028 and U+2029 are \u-escaped (so nothing in it can close the block), and the
  * script puts it on the page with textContent, never as HTML. The page's Content-Security-Policy
- * allows no network at all and runs only the one inline script whose SHA-256 it names, so even
+ * allows no network at all and runs only the two inline scripts (uPlot, the page's) whose SHA-256 it names, so even
  * markup that slipped through could not run code or fetch anything.
  */
 import { createHash } from 'node:crypto';
 import { createReadStream, existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
-import { basename, join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
+import { createRequire } from 'node:module';
+import { runInNewContext } from 'node:vm';
 import { createInterface } from 'node:readline';
 import { SlmError } from '../errors.js';
 import { readRows } from './run.js';
@@ -178,78 +182,209 @@ export function jsonForScript(v: unknown): string {
 }
 
 const STYLE = `
-body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:16px;color:#222}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:24px 0 8px;border-bottom:1px solid #ddd}
-.meta{color:#666;margin:0 0 12px}table{border-collapse:collapse;font-size:13px}
+body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1240px;padding:16px;color:#222;background:#fff}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:2px}
+nav a{margin-right:12px;color:#1f6feb}.meta{color:#666;margin:0 0 12px}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
-#plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(280px,1fr));gap:10px}
-.plot{border:1px solid #e3e3e3;border-radius:4px;padding:4px}.plot h3{font-size:12px;margin:2px 4px;font-weight:600}
-.plot svg{width:100%;height:auto}.plot path.line{fill:none;stroke:#1f6feb;stroke-width:1.5}.plot path.eval{fill:none;stroke:#d9480f;stroke-width:1.5}
-.plot .axis{stroke:#999;stroke-width:1}.plot text{font-size:10px;fill:#555}
-.traj{border:1px solid #ddd;border-radius:4px;margin:8px 0;padding:6px 10px}.traj h3{font-size:13px;margin:0}
-.traj .facts{color:#444;font-size:12px;margin:4px 0}.msg{margin:4px 0}.role{font-weight:600;font-size:12px;color:#555}
-.msg pre{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;margin:2px 0;padding:6px;font-size:12px;max-height:360px;overflow:auto}
-.msg.assistant pre{background:#eef5ff}.ok{color:#176f2c}.bad{color:#b42318}pre.config{background:#f7f7f7;padding:8px;overflow:auto}
+.controls{display:flex;gap:18px;align-items:center;flex-wrap:wrap;color:#444;font-size:13px;margin:4px 0 8px}
+.controls input[type=range]{width:180px;vertical-align:middle}.key{display:inline-block;width:10px;height:10px;border-radius:50%;background:#e8590c;vertical-align:middle}
+.group h3{font-size:15px;margin:18px 0 6px;color:#333}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(370px,1fr));gap:12px}
+.plot{border:1px solid #e3e3e3;border-radius:6px;padding:6px 6px 2px;background:#fff;min-width:0}
+.plot .title{font-size:13px;font-weight:600;margin:0 4px 2px;color:#333;overflow-wrap:anywhere}
+.plot .u-legend{font-size:11px;line-height:1.2}.plot .u-legend .u-series>*{padding:1px 3px}
+.traj{border:1px solid #ddd;border-radius:6px;margin:10px 0;padding:8px 12px;background:#fff}
+.traj .head{display:flex;flex-wrap:wrap;gap:6px 12px;align-items:baseline;font-size:12px;color:#555}
+.traj .head .src{font-weight:600;color:#333}.badge{border-radius:10px;padding:0 8px;font-weight:600;background:#eee;color:#333}
+.badge.ok{background:#d3f9d8;color:#176f2c}.badge.bad{background:#ffe3e3;color:#b42318}
+.traj .q{font-size:14px;font-weight:600;margin:6px 0 4px;white-space:pre-wrap;overflow-wrap:anywhere}
+.traj .ga{display:grid;grid-template-columns:max-content 1fr;gap:2px 10px;font-size:13px;margin:2px 0 6px}
+.traj .ga .k{color:#666}.traj .ga .v{white-space:pre-wrap;overflow-wrap:anywhere;font-family:ui-monospace,monospace}
+.traj .facts{color:#555;font-size:12px;margin:2px 0 6px}.traj summary{cursor:pointer;color:#1f6feb;font-size:13px}
+.msg{margin:6px 0;border-left:3px solid #ccc;padding-left:8px}.msg .role{font-weight:600;font-size:11px;text-transform:uppercase;letter-spacing:.04em;color:#555}
+.msg pre{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;margin:2px 0;padding:6px 8px;font-size:12px;max-height:420px;overflow:auto}
+.msg.assistant{border-color:#1f6feb}.msg.assistant pre{background:#eef5ff}.msg.user{border-color:#868e96}.msg.tool{border-color:#2f9e44}.msg.tool pre{background:#f0faf2}
+.msg.system{border-color:#ced4da}.msg.system pre{color:#555}
+.ok{color:#176f2c}.bad{color:#b42318}pre.config{background:#f7f7f7;padding:8px;overflow:auto}
 `;
 
-/** The page's only script: draws the curves and lists the trajectories from the JSON data block. */
+/**
+ * The plotting plan, as plain functions (no closures over the page): which plots, in which group,
+ * with which series, the EMA smoothing and the number format. The page runs this text; the tests
+ * run the same text in a VM (see `reportHelpers`).
+ */
+export const HELPERS = `
+var GROUPS=[{id:'reward',title:'Reward and accuracy'},{id:'loss',title:'Losses'},{id:'kl',title:'KL, entropy, clipping'},{id:'length',title:'Lengths and turns'},{id:'timing',title:'Timing'},{id:'other',title:'Other'}];
+var PALETTE=['#1f6feb','#2f9e44','#ae3ec9','#0c8599','#c2255c','#5f3dc4'];
+var EVAL_COLOR='#e8590c';
+var PREFERRED=['reward_mean','accuracy','answered','reward_std','loss','pg_loss','vf_loss','sft_loss','kl','kl_coef','entropy','clip_frac','pg_clipfrac','ratio_mean','response_tokens','sequence_tokens_mean','turns_mean','tool_turns_mean','tool_error_rate','tool_errors_mean','mask_coverage','time','grad_norm','lr'];
+function groupOf(k){
+  k=String(k).replace(/^eval_/,'');
+  if(/^time_|(^|_)time_s$|_per_s$/.test(k))return 'timing';
+  if(/^(reward|accuracy|answered|advantages?|em|f1|rouge|correct|returns|values_mean|explained_var)/.test(k))return 'reward';
+  if(/(^|_)loss$/.test(k))return 'loss';
+  if(/^(kl|entropy)|clip|^ratio/.test(k))return 'kl';
+  if(/tokens|turns|length|^tool_|^sequences$|^episodes|mask_coverage/.test(k))return 'length';
+  return 'other';
+}
+function rank(k){var i=PREFERRED.indexOf(k);return i<0?PREFERRED.length:i;}
+function byRank(a,b){var d=rank(a.id)-rank(b.id);return d||(a.id<b.id?-1:a.id>b.id?1:0);}
+/** The eval_* key's training counterpart, when the run logged one. */
+function evalTarget(ek,keys){
+  var s=ek.replace(/^eval_/,'');
+  var c=[s,'reward/'+s,s+'_mean',s==='avg_turns'?'turns_mean':''];
+  for(var i=0;i<c.length;i++)if(c[i]&&keys[c[i]])return c[i];
+  return null;
+}
+/** Plots from metrics.jsonl rows: one per metric (X_min/X_mean/X_max together, the time_*_s phases together), eval rows as points on their training plot. */
+function planPlots(rows){
+  var byStep={},eByStep={};
+  rows.forEach(function(r){if(!r||typeof r.step!=='number'||!isFinite(r.step))return;var m=r.kind==='eval'?eByStep:byStep;m[r.step]=Object.assign(m[r.step]||{},r);});
+  var num=function(v){return typeof v==='number'&&isFinite(v);};
+  var keys={},ekeys={};
+  Object.keys(byStep).forEach(function(s){var r=byStep[s];for(var k in r)if(k!=='step'&&k!=='epoch'&&num(r[k]))keys[k]=1;});
+  Object.keys(eByStep).forEach(function(s){var r=eByStep[s];for(var k in r)if(k!=='step'&&num(r[k]))ekeys[k]=1;});
+  var plots={},used={};
+  function plot(id,title){return plots[id]||(plots[id]={id:id,title:title,group:groupOf(id),train:[],evals:[]});}
+  Object.keys(keys).forEach(function(k){
+    var m=/^(.*)_(min|mean|max)$/.exec(k);
+    if(m&&(keys[m[1]+'_min']||keys[m[1]+'_max'])&&keys[m[1]+'_mean']){var p=plot(m[1],m[1]+' (mean, min, max)');p.train.push({key:k,label:m[2],dash:m[2]!=='mean'});return;}
+    if(/^time_.*_s$/.test(k)){var tp=plot('time','time per phase (s)');tp.group='timing';tp.train.push({key:k,label:k==='time_step_s'?'whole step':k.replace(/^time_|_s$/g,'')});return;}
+    plot(k,k).train.push({key:k,label:k});
+  });
+  Object.keys(ekeys).forEach(function(ek){
+    var t=evalTarget(ek,keys),p=null;
+    if(t)for(var id in plots)if(plots[id].train.some(function(s){return s.key===t;}))p=plots[id];
+    if(!p){p=plot(ek,ek);if(p.group==='other')p.group='reward';}
+    p.evals.push({key:ek,label:'eval '+ek.replace(/^eval_/,'')});
+  });
+  var order={mean:0,min:1,max:2};
+  return Object.keys(plots).map(function(id){return plots[id];}).sort(byRank).map(function(p){
+    p.train.sort(function(a,b){return (order[a.label]!==undefined&&order[b.label]!==undefined)?order[a.label]-order[b.label]:a.key<b.key?-1:a.key>b.key?1:0;});
+    var xs={};
+    p.train.forEach(function(s){for(var st in byStep)if(num(byStep[st][s.key]))xs[st]=1;});
+    p.evals.forEach(function(s){for(var st in eByStep)if(num(eByStep[st][s.key]))xs[st]=1;});
+    var x=Object.keys(xs).map(Number).sort(function(a,b){return a-b;});
+    var series=p.train.map(function(s,i){return {key:s.key,label:s.label,color:PALETTE[i%PALETTE.length],dash:!!s.dash,eval:false,values:x.map(function(st){var r=byStep[st];return r&&num(r[s.key])?r[s.key]:null;})};})
+      .concat(p.evals.map(function(s){return {key:s.key,label:s.label,color:EVAL_COLOR,dash:false,eval:true,values:x.map(function(st){var r=eByStep[st];return r&&num(r[s.key])?r[s.key]:null;})};}));
+    return {id:p.id,title:p.title,group:p.group,x:x,series:series};
+  }).filter(function(p){return p.x.length>0;});
+}
+/** Exponential moving average with TensorBoard's debiasing (the first points are not pulled to 0); gaps stay gaps. */
+function ema(values,w){
+  if(!(w>0))return values.slice();
+  var acc=0,n=0;
+  return values.map(function(v){if(v===null||v===undefined||!isFinite(v))return null;acc=acc*w+(1-w)*v;n++;return acc/(1-Math.pow(w,n));});
+}
+/** Numbers for people: ticks with the decimals their spacing needs, rounding noise (|v| below a millionth of the spacing, or 1e-12) shown as 0. */
+function fmtNum(v,incr){
+  if(v===null||v===undefined)return '-';
+  if(typeof v!=='number')return String(v);
+  if(!isFinite(v))return String(v);
+  var a=Math.abs(v),step=incr&&isFinite(incr)&&incr>0?incr:0;
+  if(a<(step?step*1e-6:1e-12))return '0';
+  if(step){
+    if(a>=1e6||step>=1e6)return (v/1e6).toFixed(decimals(step/1e6))+'M';
+    if(a>=1e4&&step>=100)return (v/1e3).toFixed(decimals(step/1e3))+'k';
+    if(step<1e-4){var e=Math.floor(Math.log10(a));return v.toExponential(Math.min(6,decimals(step/Math.pow(10,e))));}
+    return v.toFixed(decimals(step));
+  }
+  if(a>=1e6||a<1e-3)return v.toExponential(2).replace(/\\.?0+e/,'e');
+  return String(+v.toPrecision(4));
+}
+function decimals(step){for(var d=0;d<10;d++){var s=step*Math.pow(10,d);if(Math.abs(s-Math.round(s))<1e-6*Math.max(1,Math.abs(s)))return d;}return 10;}
+`;
+
+/** The page's script: draws the plots with uPlot and lists the trajectories from the JSON data block. */
 const SCRIPT = `(function(){
 'use strict';
+${HELPERS}
 var data=JSON.parse(document.getElementById('report-data').textContent);
-var NS='http://www.w3.org/2000/svg';
-function el(tag,attrs,parent,text){var e=document.createElementNS(NS,tag);for(var k in attrs)e.setAttribute(k,attrs[k]);if(text!==undefined)e.textContent=text;if(parent)parent.appendChild(e);return e;}
 function h(tag,parent,text,cls){var e=document.createElement(tag);if(cls)e.className=cls;if(text!==undefined)e.textContent=text;if(parent)parent.appendChild(e);return e;}
-function fmt(v){if(v===null||v===undefined)return '-';if(typeof v!=='number')return String(v);var a=Math.abs(v);return a!==0&&(a<1e-3||a>=1e5)?v.toExponential(2):String(+v.toPrecision(4));}
-var PREFERRED=['reward_mean','accuracy','answered','loss','pg_loss','vf_loss','kl','entropy','clip_frac','pg_clipfrac','grad_norm','response_tokens_mean','turns_mean','tool_error_rate','tool_errors_mean','mask_coverage','lr'];
-var train=data.metrics.filter(function(r){return r.kind!=='eval'&&typeof r.step==='number';});
-var evals=data.metrics.filter(function(r){return r.kind==='eval'&&typeof r.step==='number';});
-function series(rows,key){return rows.filter(function(r){return typeof r[key]==='number'&&isFinite(r[key]);}).map(function(r){return [r.step,r[key]];});}
-var keys={};train.forEach(function(r){for(var k in r)if(k!=='step'&&typeof r[k]==='number')keys[k]=1;});
-var ordered=PREFERRED.filter(function(k){return keys[k];}).concat(Object.keys(keys).filter(function(k){return PREFERRED.indexOf(k)<0;}).sort(function(a,b){var ra=a.indexOf('reward/')===0,rb=b.indexOf('reward/')===0;return ra!==rb?(ra?-1:1):a<b?-1:a>b?1:0;}));
-var plots=ordered.map(function(k){return {title:k,lines:[{cls:'line',pts:series(train,k)}]};});
-var ekeys={};evals.forEach(function(r){for(var k in r)if(k!=='step'&&typeof r[k]==='number')ekeys[k]=1;});
-Object.keys(ekeys).sort().forEach(function(k){plots.push({title:'eval: '+k.replace(/^eval_/,''),lines:[{cls:'eval',pts:series(evals,k)}]});});
-var grid=document.getElementById('plots'),drawn=0;
-plots.forEach(function(p){
-  var all=[];p.lines.forEach(function(l){all=all.concat(l.pts);});if(!all.length)return;
-  var W=300,H=170,L=44,R=8,T=8,B=22;
-  var xs=all.map(function(q){return q[0];}),ys=all.map(function(q){return q[1];});
-  var x0=Math.min.apply(null,xs),x1=Math.max.apply(null,xs),y0=Math.min.apply(null,ys),y1=Math.max.apply(null,ys);
-  if(x1===x0){x0-=1;x1+=1;}if(y1===y0){var d=Math.abs(y0)*0.1||1;y0-=d;y1+=d;}
-  function X(v){return L+(v-x0)/(x1-x0)*(W-L-R);}function Y(v){return H-B-(v-y0)/(y1-y0)*(H-T-B);}
-  var box=h('div',grid,undefined,'plot');h('h3',box,p.title);
-  var svg=el('svg',{viewBox:'0 0 '+W+' '+H,role:'img','aria-label':p.title},box);
-  el('path',{'class':'axis',d:'M'+L+' '+T+'V'+(H-B)+'H'+(W-R)},svg);
-  el('text',{x:L-4,y:T+8,'text-anchor':'end'},svg,fmt(y1));el('text',{x:L-4,y:H-B,'text-anchor':'end'},svg,fmt(y0));
-  el('text',{x:L,y:H-6},svg,'step '+x0);el('text',{x:W-R,y:H-6,'text-anchor':'end'},svg,String(x1));
-  p.lines.forEach(function(l){
-    if(!l.pts.length)return;
-    var d=l.pts.map(function(q,i){return (i?'L':'M')+X(q[0]).toFixed(1)+' '+Y(q[1]).toFixed(1);}).join('');
-    if(l.pts.length===1)d+='h0.01';
-    el('path',{'class':l.cls,d:d},svg);
-    if(l.pts.length<=60)l.pts.forEach(function(q){var c=el('circle',{cx:X(q[0]).toFixed(1),cy:Y(q[1]).toFixed(1),r:2,fill:l.cls==='eval'?'#d9480f':'#1f6feb'},svg);el('title',{},c,'step '+q[0]+': '+fmt(q[1]));});
+var root=document.getElementById('plots'),smoothEl=document.getElementById('smoothing'),smoothOut=document.getElementById('smoothing-value');
+var plan=planPlots(data.metrics),cards=[];
+GROUPS.forEach(function(g){
+  var ps=plan.filter(function(p){return p.group===g.id;});if(!ps.length)return;
+  var sec=h('section',root,undefined,'group');sec.setAttribute('data-group',g.id);h('h3',sec,g.title);
+  var grid=h('div',sec,undefined,'grid');
+  ps.forEach(function(p){
+    var card=h('div',grid,undefined,'plot');card.setAttribute('data-title',p.title);card.setAttribute('data-color',p.series[0].color);
+    if(p.series.some(function(s){return s.eval;}))card.setAttribute('data-eval-color',EVAL_COLOR);
+    h('div',card,p.title,'title');cards.push({p:p,holder:h('div',card),u:null});
   });
-  drawn++;
 });
-if(!drawn)h('p',grid,'No metrics to plot yet.');
-document.body.setAttribute('data-plots-drawn',String(drawn));
+if(!plan.length)h('p',root,'No metrics to plot yet.');
+var XINCRS=[1,2,5,10,20,25,50,100,200,250,500,1000,2000,2500,5000,10000,20000,50000,100000,200000,500000,1000000];
+function tickValues(u,splits,ai,space,incr){return splits.map(function(v){return fmtNum(v,incr);});}
+function axisSize(u,values){if(!values)return 40;var n=0;values.forEach(function(v){n=Math.max(n,String(v).length);});return Math.max(36,n*7+14);}
+function legendValue(u,v){return fmtNum(v);}
+/* uPlot's own range, except that a flat series (spread under 1e-3 of its level: a constant, or float noise such as a ratio of 1.0000003) gets +-5 % (or +-0.5 around 0) instead of a range of noise. */
+function yRange(u,min,max){
+  if(min===null||max===null||!isFinite(min)||!isFinite(max))return [0,1];
+  var mid=(min+max)/2;
+  if(max-min<=Math.abs(mid)*1e-3){var d=mid===0?0.5:Math.abs(mid)*0.05;min=mid-d;max=mid+d;}
+  return uPlot.rangeNum(min,max,0.1,true);
+}
+function options(p,w,width){
+  var series=[{label:'step',value:function(u,v){return v===null||v===undefined?'-':String(v);}}],cols=[p.x];
+  var evalOnly=!p.series.some(function(s){return !s.eval;});
+  p.series.forEach(function(s){
+    if(s.eval){var e={label:s.label,stroke:EVAL_COLOR,width:1.5,spanGaps:true,points:{show:true,size:9,width:1,stroke:EVAL_COLOR,fill:EVAL_COLOR},value:legendValue};if(!evalOnly)e.paths=function(){return null;};series.push(e);cols.push(s.values);return;}
+    var lw=s.dash?1:2,dash=s.dash?[5,4]:undefined;
+    if(w>0){
+      series.push({label:s.label+' (raw)',stroke:s.color+'4d',width:1,dash:dash,spanGaps:true,points:{show:false},value:legendValue});cols.push(s.values);
+      series.push({label:s.label,stroke:s.color,width:lw,dash:dash,spanGaps:true,points:{show:false},value:legendValue});cols.push(ema(s.values,w));
+    }else{series.push({label:s.label,stroke:s.color,width:lw,dash:dash,spanGaps:true,value:legendValue});cols.push(s.values);}
+  });
+  var axis={stroke:'#555',font:'11px system-ui,sans-serif',grid:{stroke:'#ececec',width:1},ticks:{stroke:'#cfcfcf',width:1,size:4},values:tickValues};
+  return {opts:{width:width,height:190,scales:{x:{time:false},y:{range:yRange}},series:series,
+    axes:[Object.assign({},axis,{incrs:XINCRS,size:30}),Object.assign({},axis,{size:axisSize})],
+    legend:{show:true,live:true},cursor:{drag:{x:false,y:false}}},data:cols};
+}
+function draw(){
+  var w=Number(smoothEl.value)||0;smoothOut.textContent=w>0?w.toFixed(2):'off';
+  cards.forEach(function(c){
+    if(c.u)c.u.destroy();c.holder.textContent='';
+    var o=options(c.p,w,Math.max(240,c.holder.clientWidth));
+    try{c.u=new uPlot(o.opts,o.data,c.holder);}catch(e){c.u=null;c.holder.textContent='';h('p',c.holder,'could not draw: '+e,'bad');console.error('plot '+c.p.title+': '+e);}
+  });
+  document.body.setAttribute('data-plots-drawn',String(cards.length));
+  document.body.setAttribute('data-smoothing',String(w));
+}
+/* long noisy runs start smoothed (TensorBoard's 0.6), short ones raw */
+if(plan.some(function(p){return p.x.length>=50;}))smoothEl.value='0.6';
+smoothEl.addEventListener('input',draw);
+var resizing=0;window.addEventListener('resize',function(){clearTimeout(resizing);resizing=setTimeout(draw,150);});
+draw();
 var list=document.getElementById('traj-list'),sel=document.getElementById('traj-source');
 var sources=[];data.trajectories.forEach(function(t){if(sources.indexOf(t.source)<0)sources.push(t.source);});
 sources.forEach(function(s){var o=h('option',sel,s);o.value=s;});
+var ROLES=['system','user','assistant','tool'];
 function show(){
   list.textContent='';var shown=0;
   data.trajectories.forEach(function(t,i){
     if(sel.value!=='*'&&t.source!==sel.value)return;shown++;
     var box=h('div',list,undefined,'traj');
-    h('h3',box,'#'+(i+1)+' '+t.source+': '+t.question);
-    var f=h('div',box,undefined,'facts');
-    h('span',f,'gold: '+t.golds.join(' | ')+' · answer: '+(t.answer===null?'(none)':t.answer)+' · reward: '+fmt(t.reward));
-    if(t.correct!==undefined)h('span',f,t.correct?' · correct':' · wrong',t.correct?'ok':'bad');
-    var extra=[];if(t.turns!==undefined)extra.push('turns '+t.turns);if(t.finish)extra.push('finish '+t.finish);if(t.temperature!==undefined)extra.push('temperature '+fmt(t.temperature));if(t.advantage!==undefined)extra.push('advantage '+fmt(t.advantage));
-    if(t.parts)for(var k in t.parts)extra.push(k+' '+fmt(t.parts[k]));
-    if(extra.length)h('div',box,extra.join(' · '),'facts');
-    var det=h('details',box);h('summary',det,t.messages.length+' messages');
-    t.messages.forEach(function(m){var d=h('div',det,undefined,'msg '+(m.role==='assistant'?'assistant':'env'));h('div',d,m.role,'role');h('pre',d,m.content);});
+    var head=h('div',box,undefined,'head');
+    h('span',head,'#'+(i+1)+' '+t.source,'src');
+    var good=t.correct!==undefined?t.correct:(t.reward!==null&&t.reward>0);
+    h('span',head,'reward '+fmtNum(t.reward),'badge '+(t.reward===null?'':good?'ok':'bad'));
+    if(t.correct!==undefined)h('span',head,t.correct?'correct':'wrong',t.correct?'ok':'bad');
+    if(t.turns!==undefined)h('span',head,'turns '+t.turns);
+    if(t.finish)h('span',head,'finish '+t.finish);
+    if(t.temperature!==undefined)h('span',head,'temperature '+fmtNum(t.temperature));
+    if(t.advantage!==undefined)h('span',head,'advantage '+fmtNum(t.advantage));
+    h('div',box,t.question,'q');
+    var ga=h('div',box,undefined,'ga');
+    h('span',ga,'gold','k');h('span',ga,t.golds.join(' | '),'v');
+    h('span',ga,'answer','k');h('span',ga,t.answer===null?'(none)':t.answer,'v '+(t.correct===undefined?'':t.correct?'ok':'bad'));
+    if(t.parts){var extra=[];for(var k in t.parts)extra.push(k+' '+fmtNum(t.parts[k]));if(extra.length)h('div',box,'reward parts: '+extra.join(' · '),'facts');}
+    var det=h('details',box);if(shown===1)det.open=true;
+    h('summary',det,'conversation: '+t.messages.length+' messages');
+    t.messages.forEach(function(m){
+      var role=ROLES.indexOf(m.role)>=0?m.role:'other';
+      var d=h('div',det,undefined,'msg '+role);h('div',d,m.role,'role');h('pre',d,m.content);
+    });
   });
   if(!shown)h('p',list,'No trajectories in this run folder.');
   document.body.setAttribute('data-trajectories-shown',String(shown));
@@ -257,13 +392,34 @@ function show(){
 sel.addEventListener('change',show);show();
 })();`;
 
+const require = createRequire(import.meta.url);
+let uplotCache: { js: string; css: string } | undefined;
+/** uPlot (MIT, github.com/leeoniya/uPlot), read from node_modules and inlined so the report opens offline. */
+function uplotAssets(): { js: string; css: string } {
+  if (uplotCache) return uplotCache;
+  const dir = dirname(require.resolve('uplot/package.json'));
+  const version = (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { version: string }).version;
+  // The banner's URL goes (the page names no address); the licence notice stays.
+  const js = readFileSync(join(dir, 'dist', 'uPlot.iife.min.js'), 'utf8').replace(/^\/\*![^*]*\*\/\s*/, '');
+  const css = readFileSync(join(dir, 'dist', 'uPlot.min.css'), 'utf8');
+  if (/<\/script|<!--|<\/style/i.test(js + css)) throw new SlmError('FILE_NOT_FOUND', `report: ${dir}/dist holds markup that could end its inline block; reinstall uplot.`);
+  uplotCache = { js: `/*! uPlot v${version} | (c) Leon Sorokin | MIT License | github.com/leeoniya/uPlot */\n${js}`, css };
+  return uplotCache;
+}
+
+/** The pure plotting helpers of the page, evaluated in a VM (for tests). */
+export function reportHelpers(): Record<string, (...a: any[]) => any> { // eslint-disable-line @typescript-eslint/no-explicit-any
+  return runInNewContext(`${HELPERS};({groupOf:groupOf,planPlots:planPlots,ema:ema,fmtNum:fmtNum,GROUPS:GROUPS})`);
+}
+
 export function renderReport(d: ReportData): string {
-  const hash = createHash('sha256').update(SCRIPT, 'utf8').digest('base64');
+  const uplot = uplotAssets();
+  const hashes = [uplot.js, SCRIPT].map((x) => `'sha256-${createHash('sha256').update(x, 'utf8').digest('base64')}'`).join(' ');
   const last = [...d.metrics].reverse().find((r) => r.kind !== 'eval');
   const stage = String(last?.stage ?? d.metrics.find((r) => r.stage)?.stage ?? '');
   const steps = d.metrics.filter((r) => r.kind !== 'eval' && typeof r.step === 'number').length;
   const headline = ['reward_mean', 'accuracy', 'loss', 'kl', 'entropy', 'grad_norm', 'response_tokens_mean', 'turns_mean', 'tool_error_rate', 'mask_coverage'].filter((k) => typeof last?.[k] === 'number');
-  const f = (v: unknown) => (typeof v === 'number' ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : escapeHtml(String(v ?? '')));
+  const f = (v: unknown) => (typeof v === 'number' ? (Number.isInteger(v) ? String(v) : Math.abs(v) < 1e-12 ? '0' : String(+v.toPrecision(4))) : escapeHtml(String(v ?? '')));
   const lastTable = headline.length ? `<table><tr><th>last step</th>${headline.map((k) => `<th>${escapeHtml(k)}</th>`).join('')}</tr><tr><td>${f(last?.step)}</td>${headline.map((k) => `<td>${f(last?.[k])}</td>`).join('')}</tr></table>` : '<p>No training steps logged.</p>';
   const pct = (v: unknown) => (typeof v === 'number' ? (100 * v).toFixed(1) : '');
   const evalTable = d.evals.length
@@ -273,25 +429,29 @@ export function renderReport(d: ReportData): string {
     : '<p>No evaluations in this run folder.</p>';
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-${hash}'">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src ${hashes}">
 <meta name="viewport" content="width=device-width,initial-scale=1">
 <title>slm-train run ${escapeHtml(d.title)}</title>
-<style>${STYLE}</style></head>
+<style>${uplot.css}
+${STYLE}</style></head>
 <body>
 <h1>slm-train run ${escapeHtml(d.title)}</h1>
 <p class="meta">${escapeHtml(d.dir)} · ${stage ? `stage ${escapeHtml(stage)} · ` : ''}${steps} steps logged · report written ${escapeHtml(d.generated)}</p>
 <noscript><p>The plots and trajectories are drawn by the page's script; the data is in metrics.jsonl and trajectories.jsonl.</p></noscript>
+<nav><a href="#curves">curves</a><a href="#evaluations">evaluations</a><a href="#trajectories">trajectories</a><a href="#config">config</a></nav>
 ${lastTable}
-<h2>Curves</h2>
+<h2 id="curves">Curves</h2>
+<div class="controls"><label>smoothing (EMA) <input type="range" id="smoothing" min="0" max="0.99" step="0.01" value="0"> <span id="smoothing-value">off</span></label><span><span class="key"></span> evaluation (on the matching training curve)</span><span>hover a plot for the values at a step</span></div>
 <div id="plots"></div>
-<h2>Evaluations</h2>
+<h2 id="evaluations">Evaluations</h2>
 ${evalTable}
-<h2>Trajectories</h2>
+<h2 id="trajectories">Trajectories</h2>
 <p><label>show <select id="traj-source"><option value="*">all sampled</option></select></label> (a sample: per training step the best and worst episodes, per evaluation correct and wrong ones)</p>
 <div id="traj-list"></div>
-<h2>Config</h2>
+<h2 id="config">Config</h2>
 ${d.config !== null ? `<details><summary>config.yaml</summary><pre class="config">${escapeHtml(d.config)}</pre></details>` : '<p>No config.yaml in this run folder.</p>'}
 <script type="application/json" id="report-data">${jsonForScript({ metrics: d.metrics, trajectories: d.trajectories })}</script>
+<script>${uplot.js}</script>
 <script>${SCRIPT}</script>
 </body></html>
 `;

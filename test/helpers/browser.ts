@@ -24,7 +24,26 @@ export interface PageResult {
 
 type Msg = { id?: number; method?: string; params?: Record<string, unknown>; result?: Record<string, unknown>; error?: { message: string }; sessionId?: string };
 
+/** An open page: evaluate expressions in it, screenshot it. */
+export interface Page {
+  /** Value of `expression` (awaited when it is a promise); throws on an exception in it. */
+  evaluate(expression: string): Promise<unknown>;
+  /** Resizes the viewport to the whole document (at the current width), so one screenshot shows everything. */
+  fitToContent(): Promise<{ width: number; height: number }>;
+  /** PNG of the viewport, at 1 device pixel per CSS pixel. */
+  screenshot(): Promise<Buffer>;
+  /** console.error/warn calls, uncaught exceptions and browser log errors so far. */
+  errors: string[];
+}
+
 export async function openPage(binary: string, url: string, expression: string, timeoutMs = 60_000): Promise<PageResult> {
+  return withPage(binary, url, async (page) => ({ value: await page.evaluate(expression), errors: page.errors }), { timeoutMs });
+}
+
+/** Opens `url` in a fresh headless Chromium (viewport `width` x `height`, default 1280 x 900), waits for its load event, runs `fn`. */
+export async function withPage<T>(binary: string, url: string, fn: (page: Page) => Promise<T>, o: { timeoutMs?: number; width?: number; height?: number } = {}): Promise<T> {
+  const timeoutMs = o.timeoutMs ?? 60_000;
+  const width = o.width ?? 1280;
   const profile = mkdtempSync(join(tmpdir(), 'slm-chromium-'));
   const args = ['--headless=new', '--remote-debugging-pipe', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--no-default-browser-check', '--disable-extensions', `--user-data-dir=${profile}`, 'about:blank'];
   // Its own process group, so that cleaning up ends its helper processes (zygote, crash handler) too.
@@ -85,13 +104,35 @@ export async function openPage(binary: string, url: string, expression: string, 
     await send('Runtime.enable', {}, sessionId);
     await send('Log.enable', {}, sessionId);
     await send('Page.enable', {}, sessionId);
+    await send('Emulation.setDeviceMetricsOverride', { width, height: o.height ?? 900, deviceScaleFactor: 1, mobile: false }, sessionId);
     await send('Page.navigate', { url }, sessionId);
     await Promise.race([load, new Promise((_, reject) => proc.on('exit', () => reject(failed)))]);
     await new Promise((r) => setTimeout(r, 300)); // late console messages
-    const r = (await send('Runtime.evaluate', { expression, returnByValue: true }, sessionId)) as { result?: { value?: unknown }; exceptionDetails?: { text: string } };
-    if (r.exceptionDetails) throw new Error(`evaluating the check failed: ${r.exceptionDetails.text}`);
+    const evaluate = async (expression: string): Promise<unknown> => {
+      const r = (await send('Runtime.evaluate', { expression, returnByValue: true, awaitPromise: true }, sessionId)) as {
+        result?: { value?: unknown };
+        exceptionDetails?: { text: string; exception?: { description?: string } };
+      };
+      if (r.exceptionDetails) throw new Error(`evaluating in the page failed: ${r.exceptionDetails.exception?.description ?? r.exceptionDetails.text}`);
+      return r.result?.value;
+    };
+    const page: Page = {
+      evaluate,
+      errors,
+      async fitToContent() {
+        const h = Math.ceil(Number(await evaluate('Math.max(document.documentElement.scrollHeight, document.body.scrollHeight)')));
+        await send('Emulation.setDeviceMetricsOverride', { width, height: h, deviceScaleFactor: 1, mobile: false }, sessionId);
+        await evaluate('new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r, 200))))');
+        return { width, height: h };
+      },
+      async screenshot() {
+        const r = (await send('Page.captureScreenshot', { format: 'png' }, sessionId)) as { data: string };
+        return Buffer.from(r.data, 'base64');
+      },
+    };
+    const value = await fn(page);
     await send('Browser.close').catch(() => {});
-    return { value: r.result?.value, errors };
+    return value;
   } finally {
     clearTimeout(timer);
     const exited = new Promise((r) => (proc.exitCode !== null || proc.signalCode !== null ? r(null) : proc.once('exit', r)));
