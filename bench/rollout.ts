@@ -8,7 +8,10 @@
  * with p50/p99 per rollout; next to generation, the bound from the roofline measured in the same run
  * (every generate call's prefill at the matmul rate and each decode step at max(weight bytes / copy
  * bandwidth, 2 x params x rows / matmul rate)). Comparison: the same K = 8 batch (--quick: 4) generated
- * one episode at a time (unbatched).
+ * one episode at a time (unbatched). Every run reports the prefill tokens the engine computed against
+ * those its prompts hold (shared prefixes: the K samples of a question and the system prompt are
+ * prefilled once); with --compare-unshared each K is also run on the old path (sharePrefix false:
+ * every row prefills its whole prompt) right after it, in the same run.
  *
  * A random-weight model rarely writes a program, so sandbox and retrieval time is also measured on
  * the scripted expert's programs for the same questions (what a trained policy's turns cost).
@@ -34,6 +37,8 @@ import type { BenchOptions, BenchReport } from './types.js';
 interface CallRecord {
   rows: number;
   promptTokens: number;
+  prefillTokens: number;
+  prefillSeconds: number;
   steps: number;
   seconds: number;
 }
@@ -41,11 +46,11 @@ interface CallRecord {
 /** The engine, recording every generate call (rows, prompt tokens, decode steps, wall time). */
 class RecordingGenerator implements TextGenerator {
   calls: CallRecord[] = [];
-  constructor(private m: Model) {}
+  constructor(private m: Model, private sharePrefix = true) {}
   async generate(req: GenerateRequest): Promise<GenerateResult> {
     const t0 = performance.now();
-    const r = await this.m.generate(req);
-    this.calls.push({ rows: req.prompts.length, promptTokens: req.prompts.reduce((a, p) => a + p.length, 0), steps: r.steps, seconds: (performance.now() - t0) / 1e3 });
+    const r = await this.m.generate({ ...req, sharePrefix: this.sharePrefix });
+    this.calls.push({ rows: req.prompts.length, promptTokens: r.prefillTokensRequested, prefillTokens: r.prefillTokens, prefillSeconds: r.prefillSeconds, steps: r.steps, seconds: (performance.now() - t0) / 1e3 });
     return r;
   }
 }
@@ -66,7 +71,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const copyGBps = await a.measure({ kind: 'copy', n: 256 << 20, seconds: quick ? 0.3 : 1 });
   const matmulGflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds: quick ? 0.3 : 1 });
   const bound = (c: CallRecord) =>
-    (2 * layerParams * c.promptTokens + 2 * V * H * c.rows) / (matmulGflops * 1e9) +
+    (2 * layerParams * c.prefillTokens + 2 * V * H * c.rows) / (matmulGflops * 1e9) +
     Math.max(0, c.steps - 1) * Math.max(((layerParams + V * H) * bytesPerParam) / (copyGBps * 1e9), (2 * (layerParams + V * H) * c.rows) / (matmulGflops * 1e9));
 
   const gen = syntheticCorpus({ pages: 200, seed: 3 });
@@ -75,8 +80,8 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const maxNewTokens = quick ? 24 : 96;
   const Q = quick ? 1 : 2;
   const protocol = codeProtocol({ executor: pool });
-  const run = async (k: number, unbatched = false) => {
-    const g = new RecordingGenerator(model);
+  const run = async (k: number, unbatched = false, shared = true) => {
+    const g = new RecordingGenerator(model, shared);
     const qs = gen.questions.slice(0, Q);
     const reqs = qs.flatMap((q) => Array.from({ length: k }, () => ({ question: q.question, temperature: 1 })));
     const runner = new EpisodeRunner({ generator: g, tokenizer: runnerTokenizer(tok), formatter, protocol, maxTurns: 2, maxNewTokens, maxTotalTokens: 4096, seed: 1 });
@@ -107,6 +112,9 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       k,
       rollouts: n,
       unbatched,
+      shared_prefix: shared,
+      prefill_tokens: g.calls.reduce((s, c) => s + c.prefillTokens, 0),
+      prefill_tokens_requested: g.calls.reduce((s, c) => s + c.promptTokens, 0),
       wall_s: +wall.toFixed(3),
       per_rollout_s: +(wall / n).toFixed(4),
       rollouts_per_s: +(n / wall).toFixed(2),
@@ -115,6 +123,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       split_s: {
         generation: +(generateMs / 1e3).toFixed(3),
         generation_roofline: +genBound.toFixed(3),
+        prefill: +g.calls.reduce((s, c) => s + c.prefillSeconds, 0).toFixed(3),
         sandbox: +((toolMs - retrievalMs.reduce((x, y) => x + y, 0)) / 1e3).toFixed(3),
         retrieval: +(retrievalMs.reduce((x, y) => x + y, 0) / 1e3).toFixed(3),
         reward: +(rewardTotal / 1e3).toFixed(4),
@@ -133,6 +142,10 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     for (const k of quick ? [1, 4] : [1, 8, 24]) {
       log(`rollout: ${Q} questions x K ${k}`);
       results.push(await run(k));
+      if (o.compareUnshared) {
+        log(`rollout: ${Q} questions x K ${k}, old path (no shared prefixes)`);
+        results.push(await run(k, false, false));
+      }
     }
     const ku = quick ? 4 : 8;
     log(`rollout: K ${ku} unbatched`);
@@ -149,14 +162,14 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     }
     const expert = { programs: progs.length, program_ms: summarize(ms), retrieval_ms: summarize(searchMs) };
     const machine = { copy_GBps: +copyGBps.toFixed(1), matmul_f32_GFLOPs: +matmulGflops.toFixed(1), params: info.numParameters, max_new_tokens: maxNewTokens, turns: 2 };
-    type Row = { k: number; rollouts: number; unbatched: boolean; per_rollout_s: number; rollouts_per_s: number; generated_tokens_per_s: number; generate_calls: number; split_s: Record<string, number> };
+    type Row = { k: number; rollouts: number; unbatched: boolean; shared_prefix: boolean; prefill_tokens: number; prefill_tokens_requested: number; per_rollout_s: number; rollouts_per_s: number; generated_tokens_per_s: number; generate_calls: number; split_s: Record<string, number> };
     const rows = results as unknown as Row[];
     const table = [
       `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; copy ${machine.copy_GBps} GB/s, matmul ${machine.matmul_f32_GFLOPs} GFLOP/s)`,
       '',
-      '| K | rollouts | per rollout s | rollouts/s | gen tok/s | generation s (roofline s) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
-      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
-      ...rows.map((r) => `| ${r.k}${r.unbatched ? ' unbatched' : ''} | ${r.rollouts} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`),
+      '| K | rollouts | prefill tokens computed / requested (prefill s) | per rollout s | rollouts/s | gen tok/s | generation s (roofline s) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
+      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+      ...rows.map((r) => `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`),
       '',
       `Expert programs (search + read + regex) in the same sandbox: p50 ${expert.program_ms.p50_ms} ms, p99 ${expert.program_ms.p99_ms} ms per program, of which retrieval p50 ${expert.retrieval_ms.p50_ms} ms.`,
     ].join('\n');

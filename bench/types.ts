@@ -4,6 +4,11 @@ export interface BenchOptions {
   quick?: boolean;
   /** A model folder to use instead of the generated preset (where the benchmark uses a model). */
   model?: string;
+  /**
+   * rollout: also measure, in the same run and beside each K, the old generate path (sharePrefix
+   * false: every row prefills its whole prompt).
+   */
+  compareUnshared?: boolean;
   /** Print progress lines to stderr. */
   log?: (line: string) => void;
 }

@@ -56,6 +56,8 @@ export interface NativeGenerateRequest {
   rowMaxNewTokens?: Int32Array;
   /** Also return the topN most likely tokens of every step with their log-probs (0: none). */
   topN?: number;
+  /** Prefill repeated prompts and the prefix common to all prompts once (default true). */
+  sharePrefix?: boolean;
 }
 
 export interface NativeGenerateResult {
@@ -70,6 +72,9 @@ export interface NativeGenerateResult {
   steps: number;
   prefillSeconds: number;
   decodeSeconds: number;
+  /** Prompt tokens run through the model in the prefill (padding excluded) / the sum of the prompts' lengths. */
+  prefillTokens: number;
+  prefillTokensRequested: number;
 }
 
 /** One decode step of generateStream: the rows that sampled a token in it. */

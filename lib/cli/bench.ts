@@ -1,4 +1,4 @@
-/** `slm-train bench [engine|train|sandbox|retrieval|rollout] [--json] [--quick] [--out FILE] [--readme FILE]` */
+/** `slm-train bench [engine|train|sandbox|retrieval|rollout] [--json] [--quick] [--out FILE] [--readme FILE] [--compare-unshared]` */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import type { CommandModule } from 'yargs';
@@ -23,6 +23,7 @@ interface Args {
   out?: string;
   readme?: string;
   model?: string;
+  compareUnshared?: boolean;
 }
 
 const BEGIN = '<!-- bench -->';
@@ -72,7 +73,8 @@ export const benchCommand: CommandModule<object, Args> = {
       .option('quick', { type: 'boolean', describe: 'smaller sizes (all benchmarks in ~2 minutes on 2 cores)' })
       .option('out', { type: 'string', describe: 'also write the JSON report here (and the table to FILE.md)' })
       .option('readme', { type: 'string', describe: 'replace the tables between <!-- bench --> and <!-- /bench --> in this markdown file (README.md)' })
-      .option('model', { type: 'string', describe: 'a model folder instead of the generated small preset' }) as never,
+      .option('model', { type: 'string', describe: 'a model folder instead of the generated small preset' })
+      .option('compare-unshared', { type: 'boolean', describe: 'rollout: also measure the old generate path (no shared prefixes) beside each K in the same run' }) as never,
   handler: async (a) => {
     if (a.readme) readmeBlock(a.readme); // a bad file fails now, not after the benchmarks
     const kinds = a.kind ? [a.kind] : Object.keys(KINDS);
@@ -90,7 +92,7 @@ export const benchCommand: CommandModule<object, Args> = {
       }
       const run = await load();
       const t = performance.now();
-      reports.push(await run({ quick: a.quick, model: a.model, log }));
+      reports.push(await run({ quick: a.quick, model: a.model, compareUnshared: a.compareUnshared, log }));
       seconds[k] = +((performance.now() - t) / 1e3).toFixed(1);
     }
     const total = +((performance.now() - t0) / 1e3).toFixed(1);

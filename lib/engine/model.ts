@@ -363,9 +363,9 @@ export class Model implements TextGenerator {
     return { data, batch: rows.length, seqLen: T, vocab: this.config.vocab_size };
   }
 
-  async generate(req: GenerateRequest): Promise<GenerateResult & { steps: number; prefillSeconds: number; decodeSeconds: number }> {
+  async generate(req: GenerateRequest): Promise<GenerateResult & { steps: number; prefillSeconds: number; decodeSeconds: number; prefillTokens: number; prefillTokensRequested: number }> {
     const B = req.prompts.length;
-    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillSeconds: 0, decodeSeconds: 0 };
+    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, prefillTokensRequested: 0 };
     const r = await this.h.generate(this.#generateRequest(req));
     const { tokens, logprobs } = this.#rows(r, B);
     return {
@@ -375,6 +375,8 @@ export class Model implements TextGenerator {
       steps: r.steps,
       prefillSeconds: r.prefillSeconds,
       decodeSeconds: r.decodeSeconds,
+      prefillTokens: r.prefillTokens,
+      prefillTokensRequested: r.prefillTokensRequested,
     };
   }
 
@@ -387,7 +389,7 @@ export class Model implements TextGenerator {
    */
   async generateStream(req: StreamGenerateRequest): Promise<StreamGenerateResult> {
     const B = req.prompts.length;
-    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0 };
+    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillTokens: 0, prefillTokensRequested: 0 };
     const base = this.#generateRequest(req);
     const topN = req.topLogprobs ?? 0;
     if (!Number.isInteger(topN) || topN < 0 || topN > this.vocabSize) throw new SlmError('ARGUMENT_INVALID', `topLogprobs must be an integer from 0 to the vocabulary size, found ${describe(req.topLogprobs)}.`);
@@ -467,7 +469,7 @@ export class Model implements TextGenerator {
         });
     }
     if (failure !== undefined) throw failure;
-    return { tokens, logprobs, ...(topLogprobs ? { topLogprobs } : {}), finishReasons, steps: r.steps };
+    return { tokens, logprobs, ...(topLogprobs ? { topLogprobs } : {}), finishReasons, steps: r.steps, prefillTokens: r.prefillTokens, prefillTokensRequested: r.prefillTokensRequested };
   }
 
   /** A GenerateRequest checked and flattened into the native request. */
@@ -508,6 +510,7 @@ export class Model implements TextGenerator {
       ...(req.rowSeeds ? { rowSeeds: req.rowSeeds } : {}),
       stopTokenIds: Int32Array.from(req.stopTokenIds ?? []),
       stopStrings: req.stopStrings ?? [],
+      ...(req.sharePrefix !== undefined ? { sharePrefix: !!req.sharePrefix } : {}),
     };
   }
 

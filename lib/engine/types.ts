@@ -21,6 +21,14 @@ export interface GenerateRequest {
   stopTokenIds?: number[];
   /** Generation of a row stops once its decoded output ends with any of these strings (included). */
   stopStrings?: string[];
+  /**
+   * Shared prefixes (default true): rows with identical prompts (e.g. the K samples of a question)
+   * prefill it once, and the prefix common to all distinct prompts (e.g. the system prompt) is
+   * prefilled once; each row still samples with its own seed, and the outputs equal the unshared
+   * path's (same greedy tokens, log-probs within float rounding). false: every row prefills its
+   * whole prompt (the old path, for comparison).
+   */
+  sharePrefix?: boolean;
 }
 export interface GenerateResult {
   /** Generated ids per row (not including the prompt). */
@@ -65,4 +73,7 @@ export interface StreamGenerateResult {
   topLogprobs?: Array<{ ids: Int32Array; logprobs: Float32Array }>;
   finishReasons: Array<'stop_token' | 'stop_string' | 'length' | 'cancelled'>;
   steps: number;
+  /** Prompt tokens the prefill ran through the model (padding excluded) and the sum of the prompts' lengths. */
+  prefillTokens: number;
+  prefillTokensRequested: number;
 }

@@ -154,6 +154,8 @@ class GenerateWorker : public PromiseWorker {
     o.Set("steps", Napi::Number::New(env, static_cast<double>(out_.steps)));
     o.Set("prefillSeconds", Napi::Number::New(env, out_.prefill_seconds));
     o.Set("decodeSeconds", Napi::Number::New(env, out_.decode_seconds));
+    o.Set("prefillTokens", Napi::Number::New(env, static_cast<double>(out_.prefill_tokens)));
+    o.Set("prefillTokensRequested", Napi::Number::New(env, static_cast<double>(out_.prefill_tokens_requested)));
     return o;
   }
 
@@ -401,6 +403,11 @@ slm::GenerateParams generate_params(Napi::Env env, const Napi::Object& o) {
     p.row_max_new_tokens.assign(v.begin(), v.end());
   }
   p.pad_id = static_cast<int32_t>(int_field(env, o, "padId", 0));
+  auto sp = o.Get("sharePrefix");
+  if (!sp.IsUndefined() && !sp.IsNull()) {
+    if (!sp.IsBoolean()) throw_error(env, "ARGUMENT_INVALID", "generate: sharePrefix must be a boolean.");
+    p.share_prefix = sp.As<Napi::Boolean>().Value();
+  }
   if (!o.Get("stopTokenIds").IsUndefined()) p.stop_token_ids = int32s(env, o.Get("stopTokenIds"), "stopTokenIds");
   auto ss = o.Get("stopStrings");
   if (ss.IsArray()) {

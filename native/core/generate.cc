@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <map>
 #include <unordered_set>
 
 #include "core/errors.h"
@@ -77,22 +78,59 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   for (const auto& pr : p.prompts) {
     if (pr.empty()) fail("ARGUMENT_INVALID", "every prompt needs at least one token; found an empty prompt.");
     L = std::max<int64_t>(L, static_cast<int64_t>(pr.size()));
+    out.prefill_tokens_requested += static_cast<int64_t>(pr.size());
+  }
+  // Shared prefixes (p.share_prefix): the distinct prompts are prefilled once each (uniq[u]: the
+  // first row holding prompt u; of[b]: the distinct prompt of row b), and the P tokens common to all
+  // of them once at batch 1 before that. P leaves every prompt at least one token of its own, whose
+  // hidden state gives the first logits. Without sharing: U = B, of = identity, P = 0.
+  std::vector<int64_t> uniq, of(B);
+  if (p.share_prefix) {
+    std::map<std::vector<int32_t>, int64_t> seen;
+    for (int64_t b = 0; b < B; ++b) {
+      auto ins = seen.emplace(p.prompts[b], static_cast<int64_t>(uniq.size()));
+      if (ins.second) uniq.push_back(b);
+      of[b] = ins.first->second;
+    }
+  } else {
+    for (int64_t b = 0; b < B; ++b) {
+      uniq.push_back(b);
+      of[b] = b;
+    }
+  }
+  const int64_t U = static_cast<int64_t>(uniq.size());
+  int64_t P = 0;
+  if (p.share_prefix && U > 1) {
+    const auto& first = p.prompts[uniq[0]];
+    P = static_cast<int64_t>(first.size()) - 1;
+    for (int64_t u = 1; u < U && P > 0; ++u) {
+      const auto& pr = p.prompts[uniq[u]];
+      const int64_t n = std::min<int64_t>(P, static_cast<int64_t>(pr.size()) - 1);
+      int64_t i = 0;
+      while (i < n && pr[i] == first[i]) ++i;
+      P = i;
+    }
   }
   const auto dev = model.device();
   const auto li = at::TensorOptions().dtype(at::kLong);
-  // Left padding: ids [B, L], mask [B, L] (1 = real), positions = cumsum(mask) - 1 (pads -> 1, as HF).
-  auto ids = at::full({B, L}, p.pad_id, li);
-  auto mask = at::zeros({B, L}, li);
+  // Per distinct prompt, [U, L]: the shared prefix at [0, P), then padding, then the rest of the
+  // prompt right-aligned at the end (P = 0: plain left padding). mask 1 = real; positions =
+  // cumsum(mask) - 1, so every real token keeps its position in its prompt (pads -> 1, as HF).
+  auto ids = at::full({U, L}, p.pad_id, li);
+  auto mask = at::zeros({U, L}, li);
   auto ids_a = ids.accessor<int64_t, 2>();
   auto mask_a = mask.accessor<int64_t, 2>();
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& pr = p.prompts[b];
-    const int64_t off = L - static_cast<int64_t>(pr.size());
-    for (size_t t = 0; t < pr.size(); ++t) {
-      ids_a[b][off + t] = pr[t];
-      mask_a[b][off + t] = 1;
+  for (int64_t u = 0; u < U; ++u) {
+    const auto& pr = p.prompts[uniq[u]];
+    const int64_t n = static_cast<int64_t>(pr.size());
+    out.prefill_tokens += n - P;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t at_ = t < P ? t : L - n + t;
+      ids_a[u][at_] = pr[t];
+      mask_a[u][at_] = 1;
     }
   }
+  out.prefill_tokens += P;
   auto positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1);
   ids = ids.to(dev);
   mask = mask.to(dev);
@@ -112,11 +150,23 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   std::vector<float> temps = p.temperature;  // of the rows in the batch, in batch order
   std::vector<bool> done(B, false);
 
-  auto cache = model.new_cache(B, L + p.max_new_tokens);
+  auto cache = model.new_cache(P > 0 ? 1 : U, L + p.max_new_tokens);
   double t0 = now();
-  auto h = model.hidden(ids, positions, mask, &cache);               // [B, L, hidden]
-  auto logits = model.logits(h.narrow(1, L - 1, 1)).squeeze(1);      // [B, V]
-  auto last_pos = positions.narrow(1, L - 1, 1).squeeze(1);          // [B]
+  if (P > 0) {  // the common prefix once, then its cache row copied to every distinct prompt
+    model.hidden(ids.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), positions.narrow(0, 0, 1).narrow(1, 0, P).contiguous(),
+                 mask.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), &cache);
+    cache.keep_rows(at::zeros({U}, li.device(dev)));
+  }
+  auto h = model.hidden(ids.narrow(1, P, L - P).contiguous(), positions.narrow(1, P, L - P).contiguous(), mask, &cache);  // [U, L - P, hidden]
+  auto logits = model.logits(h.narrow(1, L - P - 1, 1)).squeeze(1);  // [U, V]
+  auto last_pos = positions.narrow(1, L - 1, 1).squeeze(1);           // [U]
+  if (U < B) {  // every row of a repeated prompt gets a copy of its cache rows and logits
+    auto of_t = at::tensor(of, li).to(dev);
+    cache.keep_rows(of_t);
+    logits = logits.index_select(0, of_t);
+    last_pos = last_pos.index_select(0, of_t);
+    mask = mask.index_select(0, of_t);
+  }
   out.prefill_seconds = now() - t0;
   t0 = now();
 

@@ -1,5 +1,5 @@
-// Batched generation in one call: left-padded prefill, then one decode step per token for all rows
-// with a KV cache. Rows stop on a stop token id, on a stop string (checked on the decoded bytes of
+// Batched generation in one call: left-padded prefill (shared prefixes computed once, see
+// GenerateParams::share_prefix), then one decode step per token for all rows with a KV cache. Rows stop on a stop token id, on a stop string (checked on the decoded bytes of
 // the row's output, using the vocabulary's byte strings), at their max_new_tokens, or when cancelled
 // from another thread. Finished rows are dropped from the batch (and the cache compacted) once a
 // quarter of the batch has finished, or at once when a row was cancelled. An optional per-step
@@ -54,6 +54,11 @@ struct GenerateParams {
   const std::atomic<uint8_t>* cancel = nullptr;
   // Called on the generating thread after every decode step with that step's tokens.
   std::function<void(StepEvent&&)> on_step;
+  // Shared prefixes: rows with identical prompts are prefilled once (their cache rows and last
+  // logits copied to every such row), and the longest prefix common to all distinct prompts (e.g.
+  // the system prompt) is prefilled once at batch 1 before the rest of each prompt. Each row still
+  // samples with its own random stream. false: every row prefills its whole prompt (the old path).
+  bool share_prefix = true;
 };
 
 struct GenerateOutput {
@@ -66,6 +71,8 @@ struct GenerateOutput {
   int64_t steps = 0;           // decode steps run
   double prefill_seconds = 0;  // time of the prefill forward
   double decode_seconds = 0;   // time of all decode steps
+  int64_t prefill_tokens = 0;            // prompt tokens run through the model (padding excluded)
+  int64_t prefill_tokens_requested = 0;  // the sum of the prompts' lengths
 };
 
 GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const Vocab* vocab);
