@@ -1,11 +1,14 @@
 /**
  * Load test of `slm-train serve-retriever` (part of `slm-train bench retrieval`): the server runs in
  * its own process over a saved index, and C concurrent clients (C = 1, 8, 64) each send one-query
- * POST /retrieve requests back to back for a fixed time. Reported per level: requests/s and latency
+ * POST /retrieve requests back to back for a fixed time, over kept-alive connections (node:http with a
+ * keep-alive agent, one socket per client, as a trainer's pooled client holds them; lighter on the
+ * shared CPU than fetch). Reported per level: requests/s and latency
  * p50/p99 — next to the in-process search rate of the same index measured in the same run (the
  * ceiling a one-threaded server can reach), so the cost of HTTP and JSON is visible.
  */
 import { spawn } from 'node:child_process';
+import { Agent, request } from 'node:http';
 import { join } from 'node:path';
 import { packageRoot } from '../lib/binding/index.js';
 import { SlmError } from '../lib/errors.js';
@@ -44,13 +47,25 @@ async function startServer(indexDir: string): Promise<{ url: string; stop: () =>
 export async function loadTest(indexDir: string, queries: string[], o: { levels: number[]; seconds: number; log?: (s: string) => void }): Promise<LoadLevel[]> {
   const server = await startServer(indexDir);
   const out: LoadLevel[] = [];
+  const agent = new Agent({ keepAlive: true, maxSockets: Math.max(...o.levels) });
   try {
     let next = 0;
+    const post = (body: string) =>
+      new Promise<{ status: number; text: string }>((resolve, reject) => {
+        const req = request(server.url, { method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
+          const parts: Buffer[] = [];
+          res.on('data', (c: Buffer) => parts.push(c));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(parts).toString('utf8') }));
+          res.on('error', reject);
+        });
+        req.on('error', reject);
+        req.end(body);
+      });
     const ask = async () => {
       const q = queries[next++ % queries.length];
-      const r = await fetch(server.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ queries: [q], topk: 3, return_scores: true }) });
-      const body = (await r.json()) as { result?: unknown[] };
-      if (!r.ok || !Array.isArray(body.result) || body.result.length !== 1) throw new Error(`HTTP ${r.status}`);
+      const r = await post(JSON.stringify({ queries: [q], topk: 3, return_scores: true }));
+      const body = JSON.parse(r.text) as { result?: unknown[] };
+      if (r.status !== 200 || !Array.isArray(body.result) || body.result.length !== 1) throw new Error(`HTTP ${r.status}`);
     };
     for (let i = 0; i < 20; i++) await ask(); // warm-up
     for (const clients of o.levels) {
@@ -77,6 +92,7 @@ export async function loadTest(indexDir: string, queries: string[], o: { levels:
       o.log?.(`retrieval: serve-retriever, ${clients} clients: ${level.requests_per_s} requests/s, p99 ${level.p99_ms} ms`);
     }
   } finally {
+    agent.destroy();
     await server.stop();
   }
   return out;

@@ -45,6 +45,11 @@ export interface Passage {
   score: number;
 }
 
+/** What the index needs of its lexical search (BM25 over the chunks). */
+export interface LexicalSearch {
+  search(query: string, k: number): Array<{ doc: number; score: number }>;
+}
+
 interface Hnsw {
   initIndex(max: number, m: number, efc: number, seed: number): void;
   addPoint(v: number[] | Float32Array, label: number): void;
@@ -105,7 +110,8 @@ export async function embedderFor(spec: string): Promise<Embedder> {
 
 export class SearchIndex implements SearchTools {
   private hnsw?: Hnsw;
-  private bm25: BM25;
+  /** BM25 over the chunk texts (replaceable: the bench times the version before issue 19 through it). */
+  lexical: LexicalSearch;
   readonly exact: boolean;
 
   constructor(
@@ -118,7 +124,7 @@ export class SearchIndex implements SearchTools {
   ) {
     this.hnsw = hnsw;
     this.exact = !hnsw;
-    this.bm25 = new BM25(chunks.map((c) => c.text));
+    this.lexical = new BM25(chunks.map((c) => c.text));
     hnsw?.setEf(params.ef);
   }
 
@@ -180,7 +186,7 @@ export class SearchIndex implements SearchTools {
     const hit = (page: number, score: number): PageHit => ({ page_id: this.corpus.pages[page].id, title: this.corpus.pages[page].title, similarity: +score.toFixed(4) });
     const pool = Math.max(50, k * 5);
     const dense = kind === 'bm25' ? [] : this.rankPages(await this.denseChunks(query, pool));
-    const lex = kind === 'dense' ? [] : this.rankPages(this.bm25.search(query, pool).map((d) => ({ chunk: d.doc, score: d.score })));
+    const lex = kind === 'dense' ? [] : this.rankPages(this.lexical.search(query, pool).map((d) => ({ chunk: d.doc, score: d.score })));
     if (kind === 'dense') return dense.slice(0, k).map((d) => hit(d.page, d.score));
     if (kind === 'bm25') return lex.slice(0, k).map((d) => hit(d.page, d.score));
     const fused = reciprocalRankFusion([dense.map((d) => String(d.page)), lex.map((d) => String(d.page))]);
@@ -190,7 +196,7 @@ export class SearchIndex implements SearchTools {
   /** The top-k chunks as passages (the `<information>` of the tags protocol). */
   async searchPassages(query: string, k = 3): Promise<Passage[]> {
     const dense = this.params.kind === 'bm25' ? [] : await this.denseChunks(query, Math.max(50, k * 5));
-    const lex = this.params.kind === 'dense' ? [] : this.bm25.search(query, Math.max(50, k * 5)).map((d) => ({ chunk: d.doc, score: d.score }));
+    const lex = this.params.kind === 'dense' ? [] : this.lexical.search(query, Math.max(50, k * 5)).map((d) => ({ chunk: d.doc, score: d.score }));
     const keys = this.params.kind === 'hybrid' ? reciprocalRankFusion([dense.map((d) => String(d.chunk)), lex.map((d) => String(d.chunk))]) : (dense.length ? dense : lex).map((d) => ({ key: String(d.chunk), score: d.score }));
     return keys.slice(0, k).map(({ key, score }) => {
       const c = this.chunks[Number(key)];
