@@ -35,12 +35,11 @@ export function invokeTool(
     return { ok: false, etype, error };
   };
   const failure = (e: unknown): ToolReply => fail('ValueError', isSlmError(e) || e instanceof Error ? e.message : String(e));
-  if (typeof name === 'string' && extra && Object.hasOwn(extra, name) && !(TOOL_NAMES as readonly string[]).includes(name)) {
-    // A tool of sandbox.tools_module: any JSON arguments, a JSON result.
-    if (calls.length >= maxCalls) return fail('RuntimeError', `call limit reached: a program may make at most ${maxCalls} tool calls`);
-    const settleExtra = (value: unknown): ToolReply => {
+  // Calls a tool (sync or async) and turns its result into a JSON reply, or its error into a failure.
+  const invoke = (label: string, call: () => unknown): ToolReply | Promise<ToolReply> => {
+    const settle = (value: unknown): ToolReply => {
       try {
-        const v = toJsonLike(value, `${name} result`);
+        const v = toJsonLike(value, `${label} result`);
         record(true);
         return { ok: true, value: v };
       } catch (e) {
@@ -48,12 +47,17 @@ export function invokeTool(
       }
     };
     try {
-      const out = extra[name](...argList);
-      if (out && typeof (out as Promise<unknown>).then === 'function') return Promise.resolve(out).then(settleExtra, failure);
-      return settleExtra(out);
+      const out = call();
+      if (out && typeof (out as Promise<unknown>).then === 'function') return Promise.resolve(out).then(settle, failure);
+      return settle(out);
     } catch (e) {
       return failure(e);
     }
+  };
+  if (typeof name === 'string' && extra && Object.hasOwn(extra, name) && !(TOOL_NAMES as readonly string[]).includes(name)) {
+    // A tool of sandbox.tools_module: any JSON arguments, a JSON result.
+    if (calls.length >= maxCalls) return fail('RuntimeError', `call limit reached: a program may make at most ${maxCalls} tool calls`);
+    return invoke(name, () => extra[name](...argList));
   }
   if (typeof name !== 'string' || !(TOOL_NAMES as readonly string[]).includes(name)) {
     return fail('ValueError', `unknown tool ${JSON.stringify(name)}; the tools are ${[...TOOL_NAMES, ...Object.keys(extra ?? {})].join(', ')}`);
@@ -62,22 +66,7 @@ export function invokeTool(
   if (calls.length >= maxCalls) return fail('RuntimeError', `call limit reached: a program may make at most ${maxCalls} tool calls`);
   if (argList.length !== 1 || typeof argList[0] !== 'string') return fail('TypeError', `${tool}(${PARAM[tool]}) expects one string argument`);
   if (!tools) return fail('RuntimeError', `${tool} is unavailable: no search corpus is configured for this sandbox`);
-  const settle = (value: unknown): ToolReply => {
-    try {
-      const v = toJsonLike(value, `${tool} result`);
-      record(true);
-      return { ok: true, value: v };
-    } catch (e) {
-      return failure(e);
-    }
-  };
-  try {
-    const out = tools[tool](argList[0] as string);
-    if (out && typeof (out as Promise<unknown>).then === 'function') return Promise.resolve(out).then(settle, failure);
-    return settle(out);
-  } catch (e) {
-    return failure(e);
-  }
+  return invoke(tool, () => tools[tool](argList[0] as string));
 }
 
 /** Checks that a tool result is made of JSON values only (what both sandboxes can hand to a program). */
