@@ -35,7 +35,7 @@ interface Script {
  * output continues the same turn (a resume); any other call starts the next turn.
  */
 class ScriptedGenerator implements TextGenerator {
-  calls: Array<{ rows: number; keys: string[]; temperature: number[]; maxNewTokens: number; stopStrings: string[]; stopTokenIds: number[] }> = [];
+  calls: Array<{ rows: number; keys: string[]; temperature: number[]; topP?: number | number[]; maxNewTokens: number; stopStrings: string[]; stopTokenIds: number[] }> = [];
   readonly #state = new Map<string, { turn: number; pos: number; lastLen: number }>();
   constructor(
     readonly scripts: Script[],
@@ -83,7 +83,7 @@ class ScriptedGenerator implements TextGenerator {
       out.finishReasons.push(finish);
     }
     const temps = typeof req.temperature === 'number' ? req.prompts.map(() => req.temperature as number) : Array.from(req.temperature ?? []);
-    this.calls.push({ rows: req.prompts.length, keys, temperature: temps, maxNewTokens: req.maxNewTokens, stopStrings: req.stopStrings ?? [], stopTokenIds: req.stopTokenIds ?? [] });
+    this.calls.push({ rows: req.prompts.length, keys, temperature: temps, topP: req.topP, maxNewTokens: req.maxNewTokens, stopStrings: req.stopStrings ?? [], stopTokenIds: req.stopTokenIds ?? [] });
     return out;
   }
 }
@@ -155,9 +155,9 @@ t.test('a batch of code episodes finishing at different turns', async (t) => {
   const exec = new FakeExecutor();
   const r = runner(gen, exec);
   const { episodes, stats } = await r.run([
-    { question: scripts[0].key, temperature: 0.7 },
+    { question: scripts[0].key, temperature: 0.7, topP: 0.9 },
     { question: scripts[1].key, temperature: 1.1 },
-    { question: scripts[2].key, temperature: 0.9 },
+    { question: scripts[2].key, temperature: 0.9, topP: 0.85 },
   ]);
   const [a, b, c] = episodes;
 
@@ -166,6 +166,9 @@ t.test('a batch of code episodes finishing at different turns', async (t) => {
   t.same(stats.rowsPerCall, [3, 2, 1]);
   t.same(gen.calls.map((x) => x.keys), [[scripts[0].key, scripts[1].key, scripts[2].key], [scripts[0].key, scripts[1].key], [scripts[1].key]]);
   t.same(gen.calls.map((x) => x.temperature), [[0.7, 1.1, 0.9], [0.7, 1.1], [1.1]]);
+  // and their own top-p where one in the call sets it (the runner's, none = 1, for the others);
+  // a call without any stays on the runner's single value
+  t.same(gen.calls.map((x) => x.topP), [[0.9, 1, 0.85], [0.9, 1], undefined]);
   t.same(gen.calls[0].stopStrings, ['</python>', '</answer>']);
   t.same(gen.calls[0].stopTokenIds, tok.stopTokenIds);
   t.equal(gen.calls[0].maxNewTokens, 400);

@@ -127,6 +127,8 @@ t.test('the openai client against slm-train serve', async (t) => {
       text += d ?? '';
     }
     t.equal(during, 0, 'the first content delta arrived before the call ended');
+    // The call is recorded when the native call returns, which may come after the stream's last chunk.
+    await settled();
     t.equal(server.calls.length - before, 1);
     t.equal(server.calls[server.calls.length - 1].steps, 400, 'ignore_eos: all 400 tokens');
     t.ok(text.length > 100);

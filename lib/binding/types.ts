@@ -46,6 +46,8 @@ export interface NativeGenerateRequest {
   temperature: Float32Array;
   topK?: number;
   topP?: number;
+  /** Per row top-p (overrides topP). */
+  rowTopP?: Float32Array;
   seed?: number;
   /** One seed per row (each row its own random stream, whatever its batch); overrides `seed`. */
   rowSeeds?: number[];

@@ -322,6 +322,8 @@ function crossChecks(c: ResolvedConfig): Problem[] {
     p.push({ path: ['algorithm', 'kind'], message: `${JSON.stringify(a.kind)} does not match stage ${JSON.stringify(c.stage)}; leave algorithm.kind out (it follows the stage) or make them equal` });
   const temp = c.rollout.temperature;
   if (Array.isArray(temp) && temp[0] > temp[1]) p.push({ path: ['rollout', 'temperature'], message: `expected [lo, hi] with lo <= hi, found [${temp.join(', ')}]` });
+  const topP = c.rollout.top_p;
+  if (Array.isArray(topP) && topP[0] > topP[1]) p.push({ path: ['rollout', 'top_p'], message: `expected [lo, hi] with lo <= hi, found [${topP.join(', ')}]` });
   if (c.stage === 'sft' && c.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; the sft stage needs chat-format JSONL trajectories ({messages: [...]} rows)' });
   if (c.stage !== 'sft') {
     if (c.data.questions === null) p.push({ path: ['data', 'questions'], message: `missing; the ${c.stage} stage needs question rows {question, answer}` });

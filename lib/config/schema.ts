@@ -124,7 +124,14 @@ export const CONFIG_SCHEMA: Schema = {
         default: 1,
         description: 'a number, or [lo, hi]: each rollout draws its own from the range',
       },
-      top_p: num(1, { exclusiveMinimum: 0, maximum: 1 }),
+      top_p: {
+        anyOf: [
+          { type: 'number', exclusiveMinimum: 0, maximum: 1 },
+          { type: 'array', items: { type: 'number', exclusiveMinimum: 0, maximum: 1 }, minItems: 2, maxItems: 2 },
+        ],
+        default: 1,
+        description: 'a number, or [lo, hi]: each rollout draws its own from the range (the reference code-search system draws from [0.85, 0.99])',
+      },
       top_k: int(0, { minimum: 0 }, '0 = off'),
       engine: oneOf(['native', 'openai'], 'native', "native: the trainer's own engine generates; openai: OpenAI-compatible servers (vLLM, slm-train serve) generate with the adapter loaded at run time"),
       openai: section({

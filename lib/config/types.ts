@@ -79,7 +79,7 @@ export interface RolloutConfig {
   k: number;
   batch_questions: number;
   temperature: number | [number, number];
-  top_p: number;
+  top_p: number | [number, number];
   top_k: number;
   engine: 'native' | 'openai';
   openai: { urls: string[]; model: string | null; timeout_s: number; retries: number; concurrency: number; adapter_dir: string | null };

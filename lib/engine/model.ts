@@ -495,8 +495,11 @@ export class Model implements TextGenerator {
     }
     if (req.rowSeeds && (req.rowSeeds.length !== B || !req.rowSeeds.every((s) => Number.isSafeInteger(s) && s >= 0)))
       throw new SlmError('ARGUMENT_INVALID', `rowSeeds must hold one non-negative integer per row (${B}), found ${describe(req.rowSeeds)}.`);
-    const topP = req.topP ?? 1;
-    if (!(topP > 0 && topP <= 1)) throw new SlmError('ARGUMENT_INVALID', `topP must be in (0, 1], found ${describe(req.topP)}.`);
+    const topPs = typeof req.topP === 'object' && req.topP !== null ? Array.from(req.topP) : undefined;
+    if (topPs && topPs.length !== B) throw new SlmError('ARGUMENT_INVALID', `topP: expected one value per row (${B}) or one number, found ${topPs.length}.`);
+    for (const v of topPs ?? [req.topP ?? 1])
+      if (!(typeof v === 'number' && v > 0 && v <= 1)) throw new SlmError('ARGUMENT_INVALID', `topP must be in (0, 1], found ${describe(v)}.`);
+    const topP = topPs ? 1 : (req.topP as number | undefined) ?? 1;
     const topK = req.topK ?? 0;
     if (!Number.isInteger(topK) || topK < 0) throw new SlmError('ARGUMENT_INVALID', `topK must be a non-negative integer, found ${describe(req.topK)}.`);
     return {
@@ -506,6 +509,7 @@ export class Model implements TextGenerator {
       temperature: temps,
       topK,
       topP,
+      ...(topPs ? { rowTopP: Float32Array.from(topPs) } : {}),
       seed: req.seed ?? 0,
       ...(req.rowSeeds ? { rowSeeds: req.rowSeeds } : {}),
       stopTokenIds: Int32Array.from(req.stopTokenIds ?? []),

@@ -96,7 +96,7 @@ export class OpenAIRollout implements TextGenerator {
           prompt: Array.from(p),
           max_tokens: req.maxNewTokens,
           temperature: req.greedy ? 0 : temps[i],
-          top_p: req.topP ?? 1,
+          top_p: typeof req.topP === 'object' ? req.topP[i] : req.topP ?? 1,
           ...(req.topK ? { top_k: req.topK } : {}),
           ...(req.rowSeeds ? { seed: req.rowSeeds[i] % 2 ** 31 } : req.seed !== undefined ? { seed: (req.seed + i) % 2 ** 31 } : {}),
           ...(req.stopStrings?.length ? { stop: req.stopStrings, include_stop_str_in_output: true } : {}),

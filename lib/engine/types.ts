@@ -8,7 +8,8 @@ export interface GenerateRequest {
   maxNewTokens: number;
   /** Per-row temperature (0 or `greedy` = argmax). */
   temperature?: number | Float32Array | number[];
-  topP?: number;
+  /** Nucleus mass in (0, 1]: one for every row, or one per row (the reference draws it per rollout). */
+  topP?: number | number[];
   topK?: number;
   greedy?: boolean;
   seed?: number;

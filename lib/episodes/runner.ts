@@ -75,6 +75,8 @@ export interface EpisodeRequest {
   question: string;
   /** Sampling temperature of this episode (default: the runner's). */
   temperature?: number;
+  /** Top-p of this episode (default: the runner's). */
+  topP?: number;
   /** Start from these messages instead of the protocol's (e.g. a custom system prompt). */
   messages?: ChatMessage[];
   /**
@@ -169,6 +171,7 @@ interface Live {
   seed?: number;
   question: string;
   temperature: number;
+  topP?: number;
   ids: number[];
   mask: number[];
   logprobs: number[];
@@ -235,6 +238,9 @@ export class EpisodeRunner {
     if (!(typeof temperature === 'number' && temperature >= 0)) {
       throw new SlmError('ARGUMENT_INVALID', `Expected the temperature of episode request ${index} to be a number >= 0, but found ${describe(temperature)}.`);
     }
+    if (r.topP !== undefined && !(typeof r.topP === 'number' && r.topP > 0 && r.topP <= 1)) {
+      throw new SlmError('ARGUMENT_INVALID', `Expected the topP of episode request ${index} to be a number in (0, 1], but found ${describe(r.topP)}.`);
+    }
     if (r.prompt !== undefined && !(Array.isArray(r.prompt) && r.prompt.every((m) => m && typeof m.role === 'string' && typeof m.content === 'string'))) {
       throw new SlmError('ARGUMENT_INVALID', `Expected the prompt of episode request ${index} to be a list of chat messages {role, content}, but found ${describe(r.prompt)}.`);
     }
@@ -246,6 +252,7 @@ export class EpisodeRunner {
       seed: r.seed,
       question: r.question,
       temperature,
+      ...(r.topP !== undefined ? { topP: r.topP } : {}),
       ids: [...ids],
       mask: new Array(ids.length).fill(0),
       logprobs: new Array(ids.length).fill(0),
@@ -291,7 +298,8 @@ export class EpisodeRunner {
         prompts: rows.map((s) => Int32Array.from(s.turnIds.length ? s.ids.concat(s.turnIds) : s.ids)),
         maxNewTokens,
         temperature: rows.map((s) => s.temperature),
-        topP: o.topP,
+        // per episode where an episode sets its own (GRPO draws it per rollout), else the runner's
+        topP: rows.some((s) => s.topP !== undefined) ? rows.map((s) => s.topP ?? o.topP ?? 1) : o.topP,
         topK: o.topK,
         seed: callSeed(o.seed ?? 0),
         ...(rows.every((s) => s.seed !== undefined) ? { rowSeeds: rows.map((s) => callSeed(s.seed as number)) } : {}),

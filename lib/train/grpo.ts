@@ -44,7 +44,18 @@ export interface TrainEpisode {
 export interface RolloutRequest<Q> {
   question: Q;
   temperature: number;
+  /** Drawn per rollout when the config gives a top-p range; else the runner's top-p applies. */
+  topP?: number;
   seed: number;
+}
+
+/**
+ * Top-p of rollout j of question q at `step`, drawn from [lo, hi] (rollout.top_p as a range, as the
+ * reference code-search system draws it per rollout) on a stream of its own; undefined for one value.
+ */
+export function rolloutTopP(topP: number | [number, number] | undefined, seed: number, step: number, q: number, j: number): number | undefined {
+  if (!Array.isArray(topP)) return undefined;
+  return topP[0] + (topP[1] - topP[0]) * hashUniform(seed + 0x5bd1e995, step, q, j);
 }
 
 export interface RewardResult {
@@ -87,6 +98,8 @@ export interface GrpoOptions {
   questionsPerStep: number;
   steps: number;
   temperature: number | [number, number];
+  /** rollout.top_p: a range is drawn per rollout (rolloutTopP); one value is the runner's. */
+  topP?: number | [number, number];
   innerEpochs?: number;
   clipLow?: number;
   clipHigh?: number;
@@ -215,7 +228,7 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
       const t0 = performance.now();
       const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
       const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
-        Array.from({ length: o.k }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, q0 + qi, j), seed: o.seed * 7919 + state.step * 1009 + (q0 + qi) * o.k + j })),
+        Array.from({ length: o.k }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, q0 + qi, j), topP: rolloutTopP(o.topP, o.seed, state.step, q0 + qi, j), seed: o.seed * 7919 + state.step * 1009 + (q0 + qi) * o.k + j })),
       );
       bar.set({ detail: `rollouts 0/${reqs.length}` });
       const episodes = await deps.rollout(reqs, (done, total) => bar.set({ detail: `rollouts ${done}/${total}` }));

@@ -34,7 +34,7 @@ import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
 import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './advantages.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
-import { beginStage, endStep, hashUniform, type AdamOptions, type RewardResult, type RolloutFn, type RolloutRequest, type TrainEpisode } from './grpo.js';
+import { beginStage, endStep, hashUniform, rolloutTopP, type AdamOptions, type RewardResult, type RolloutFn, type RolloutRequest, type TrainEpisode } from './grpo.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
@@ -56,6 +56,8 @@ export interface PpoOptions {
   questionsPerStep: number;
   steps: number;
   temperature: number | [number, number];
+  /** rollout.top_p: a range is drawn per rollout (rolloutTopP); one value is the runner's. */
+  topP?: number | [number, number];
   /** Passes over a step's episodes (verl ppo_epochs; default 1). */
   ppoEpochs?: number;
   /** Episodes per optimizer step (verl ppo_mini_batch_size); default: all of the step's episodes. */
@@ -361,7 +363,7 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
       const t0 = performance.now();
       const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
       const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
-        Array.from({ length: n }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, q0 + qi, j), seed: o.seed * 7919 + state.step * 1009 + (q0 + qi) * n + j })),
+        Array.from({ length: n }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, q0 + qi, j), topP: rolloutTopP(o.topP, o.seed, state.step, q0 + qi, j), seed: o.seed * 7919 + state.step * 1009 + (q0 + qi) * n + j })),
       );
       bar.set({ detail: `rollouts 0/${reqs.length}` });
       const episodes = await deps.rollout(reqs, (done, total) => bar.set({ detail: `rollouts ${done}/${total}` }));

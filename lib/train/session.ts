@@ -272,12 +272,15 @@ export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environmen
     maxNewTokens: p.max_new_tokens,
     maxTotalTokens: p.max_context,
     temperature: o.temperature,
-    topP: o.eval ? (cfg.eval.top_p ?? cfg.rollout.top_p) : cfg.rollout.top_p,
+    topP: o.eval ? (cfg.eval.top_p ?? midpoint(cfg.rollout.top_p)) : typeof cfg.rollout.top_p === 'number' ? cfg.rollout.top_p : undefined,
     topK: cfg.rollout.top_k || undefined,
     seed: o.seed,
     onTurn: o.onTurn,
   });
 }
+
+/** A range's middle (evaluation without eval.top_p, where a training range draws per rollout). */
+const midpoint = (v: number | [number, number]) => (typeof v === 'number' ? v : (v[0] + v[1]) / 2);
 
 function trainEpisode(e: Episode, q: Question): TrainEpisode {
   return { ids: e.ids, lossMask: e.lossMask, logprobs: e.logprobs, temperature: e.temperature, answer: e.answer, turns: e.turns, record: { ...e.record } };
@@ -293,7 +296,7 @@ export function rolloutFn(cfg: ResolvedConfig, agent: Agent, env: Environment, r
     if (!reqs.length) return [];
     if (remote) await remote.syncAdapter(agent.model);
     const runner = episodeRunner(cfg, agent, env, { seed: reqs[0].seed, onTurn: onProgress && ((t) => onProgress(t.finished, reqs.length)), generator: remote });
-    const r = await runner.run(reqs.map((q) => ({ question: q.question.question, prompt: q.question.prompt, temperature: q.temperature, seed: q.seed })));
+    const r = await runner.run(reqs.map((q) => ({ question: q.question.question, prompt: q.question.prompt, temperature: q.temperature, ...(q.topP !== undefined ? { topP: q.topP } : {}), seed: q.seed })));
     const eps = r.episodes.map((e, i) => trainEpisode(e, reqs[i].question));
     return remote ? recomputeLogprobs(agent.model, eps) : eps;
   };
@@ -449,7 +452,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       const reward = trainerReward(rewardFromConfig(cfg.reward as never, judge.deps), (q: Question) => ({ question: q.question, golds: q.golds, id: q.id }));
       const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
       const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
-      const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, keepAdapter, klReference: cfg.algorithm.kl_reference, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, entropyCoef: cfg.algorithm.entropy_coef, onStep };
+      const rl = { ...common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, topP: cfg.rollout.top_p, keepAdapter, klReference: cfg.algorithm.kl_reference, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, entropyCoef: cfg.algorithm.entropy_coef, onStep };
       const o8 = cfg.rollout.openai;
       const remote =
         cfg.rollout.engine === 'openai'
@@ -685,7 +688,7 @@ export async function evaluate(
     ...bySource(rows),
     max_turns: cfg.protocol.max_turns_eval ?? cfg.protocol.max_turns,
     temperature: cfg.eval.temperature,
-    top_p: cfg.eval.top_p ?? cfg.rollout.top_p,
+    top_p: cfg.eval.top_p ?? midpoint(cfg.rollout.top_p),
     top_k: cfg.protocol.top_k,
     max_new_tokens: cfg.protocol.max_new_tokens,
     time_s: (performance.now() - t0) / 1e3,

@@ -382,6 +382,12 @@ slm::GenerateParams generate_params(Napi::Env env, const Napi::Object& o) {
   p.temperature = float32s(env, o.Get("temperature"), "temperature");
   p.top_k = int_field(env, o, "topK", 0);
   p.top_p = num_field(env, o, "topP", 1.0);
+  auto rtp = o.Get("rowTopP");
+  if (!rtp.IsUndefined() && !rtp.IsNull()) {
+    p.row_top_p = float32s(env, rtp, "rowTopP");
+    for (auto q : p.row_top_p)
+      if (!(q > 0.f && q <= 1.f)) throw_error(env, "ARGUMENT_INVALID", "generate: every rowTopP value must be in (0, 1].");
+  }
   p.seed = static_cast<uint64_t>(num_field(env, o, "seed", 0));
   p.top_n = int_field(env, o, "topN", 0);
   if (p.top_n < 0) throw_error(env, "ARGUMENT_INVALID", "generate: topN must be a non-negative integer.");

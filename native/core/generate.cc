@@ -148,6 +148,8 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   std::vector<int64_t> rows(B);  // original row of each batch slot
   for (int64_t b = 0; b < B; ++b) rows[b] = b;
   std::vector<float> temps = p.temperature;  // of the rows in the batch, in batch order
+  std::vector<float> tops = p.row_top_p.empty() ? std::vector<float>(temps.size(), static_cast<float>(p.top_p)) : p.row_top_p;
+  if (tops.size() != temps.size()) fail("ARGUMENT_INVALID", "row_top_p must have one value per prompt.");
   std::vector<bool> done(B, false);
 
   auto cache = model.new_cache(P > 0 ? 1 : U, L + p.max_new_tokens);
@@ -172,7 +174,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
 
   for (int64_t step = 0; step < p.max_new_tokens; ++step) {
     auto u = at::tensor(rng.next(rows), at::TensorOptions().dtype(at::kFloat)).to(dev);
-    auto s = sample(logits, temps, p.top_k, p.top_p, u, top_n);
+    auto s = sample(logits, temps, p.top_k, tops, u, top_n);
     auto tok_cpu = s.tokens.to(at::kCPU);
     auto lp_cpu = s.logprobs.to(at::kCPU);
     auto tok_a = tok_cpu.accessor<int64_t, 1>();
@@ -261,9 +263,10 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
       cache.keep_rows(keep_t);
       mask = mask.index_select(0, keep_t);
       last_pos = last_pos.index_select(0, keep_t);
-      std::vector<float> kept_temps;
-      for (auto i : keep) kept_temps.push_back(temps[i]);
+      std::vector<float> kept_temps, kept_tops;
+      for (auto i : keep) kept_temps.push_back(temps[i]), kept_tops.push_back(tops[i]);
       temps = std::move(kept_temps);
+      tops = std::move(kept_tops);
       next = next.index_select(0, keep_t);
       alive = at::ones({static_cast<int64_t>(keep.size())}, li.device(dev));
       rows = std::move(new_rows);

@@ -41,6 +41,8 @@ struct GenerateParams {
   std::vector<float> temperature;  // per row; <= 0 = greedy
   int64_t top_k = 0;
   double top_p = 1.0;
+  // Per row (empty: every row top_p): nucleus mass of each row, in (0, 1].
+  std::vector<float> row_top_p;
   uint64_t seed = 0;
   // One seed per row (empty: rows are seeded from (seed, row index)); see RowRng.
   std::vector<uint64_t> row_seeds;

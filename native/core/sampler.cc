@@ -29,7 +29,7 @@ std::vector<float> RowRng::next(const std::vector<int64_t>& rows) {
   return u;
 }
 
-Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, double top_p, const at::Tensor& u, int64_t top_n) {
+Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p, const at::Tensor& u, int64_t top_n) {
   const int64_t V = logits.size(-1), B = logits.size(0);
   bool any_greedy = false, all_greedy = true, all_one = true;
   std::vector<float> t_eff(temperature.size());
@@ -48,16 +48,25 @@ Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, 
     tok = logits.argmax(-1);
   } else {
     const bool use_k = top_k > 0 && top_k < V;
-    const bool use_p = top_p < 1.0;
+    // Top-p per row: one value for the batch stays a scalar (the same arithmetic as a single top_p);
+    // rows with different values get a [B, 1] threshold (a row at 1 keeps every token).
+    bool use_p = false, same_p = true;
+    for (auto q : top_p) use_p |= q < 1.f, same_p &= q == top_p.front();
+    at::Scalar p_one = top_p.empty() ? 1.0 : static_cast<double>(top_p.front());
+    auto p_rows = same_p ? at::Tensor() : at::tensor(top_p, logits.options()).view({B, 1});
+    auto beyond = [&](const at::Tensor& excl) { return same_p ? excl > p_one : excl > p_rows; };
+    // Mixed values: a row at 1 samples exactly as a call without top-p would (no renormalisation, no sort).
+    auto open_rows = same_p ? at::Tensor() : p_rows >= 1.0;  // [B, 1]
     auto uu = u.unsqueeze(1);
     if (use_k) {
       // Sample among the k best (sorted, so top-p applies directly to them).
       auto top = scaled.topk(top_k, -1, /*largest=*/true, /*sorted=*/true);
       auto p = (std::get<0>(top) - lse).exp();  // [B, k]
       if (use_p) {
-        p = p / p.sum(-1, /*keepdim=*/true);  // top-p over the renormalised top-k (as HF's warpers)
-        auto cum = p.cumsum(-1);
-        p = p.masked_fill((cum - p) > top_p, 0.0);
+        auto q = p / p.sum(-1, /*keepdim=*/true);  // top-p over the renormalised top-k (as HF's warpers)
+        auto cum = q.cumsum(-1);
+        q = q.masked_fill(beyond(cum - q), 0.0);
+        p = same_p ? q : at::where(open_rows, p, q);
       }
       auto cdf = p.cumsum(-1);
       auto pick = at::searchsorted(cdf, uu * cdf.narrow(1, top_k - 1, 1)).clamp_max(top_k - 1);  // [B, 1]
@@ -66,10 +75,15 @@ Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, 
       auto sorted = scaled.sort(-1, /*descending=*/true);
       auto p = (std::get<0>(sorted) - lse).exp();
       auto cum = p.cumsum(-1);
-      p = p.masked_fill((cum - p) > top_p, 0.0);
+      p = p.masked_fill(beyond(cum - p), 0.0);
       auto cdf = p.cumsum(-1);
       auto pick = at::searchsorted(cdf, uu * cdf.narrow(1, V - 1, 1)).clamp_max(V - 1);
       tok = std::get<1>(sorted).gather(1, pick).squeeze(1);
+      if (!same_p) {
+        auto plain = (scaled - lse).exp().cumsum(-1);
+        auto tok_plain = at::searchsorted(plain, uu * plain.narrow(1, V - 1, 1)).clamp_max(V - 1).squeeze(1);
+        tok = at::where(open_rows.squeeze(1), tok_plain, tok);
+      }
     } else {
       auto cdf = (scaled - lse).exp().cumsum(-1);
       tok = at::searchsorted(cdf, uu * cdf.narrow(1, V - 1, 1)).clamp_max(V - 1).squeeze(1);
