@@ -62,9 +62,6 @@ export class RankRunFolder extends RunFolder {
   override async saveCheckpoint(_model: Model, state: TrainState): Promise<string> {
     return join(this.shared.dir, 'checkpoints', `step-${state.step}`);
   }
-  override latestCheckpoint(): ReturnType<RunFolder['latestCheckpoint']> {
-    return this.shared.latestCheckpoint();
-  }
   override checkpoints(): ReturnType<RunFolder['checkpoints']> {
     return this.shared.checkpoints();
   }

@@ -58,6 +58,29 @@ export function rolloutTopP(topP: number | [number, number] | undefined, seed: n
   return topP[0] + (topP[1] - topP[0]) * hashUniform(seed + 0x5bd1e995, step, q, j);
 }
 
+/**
+ * A step's rollout requests, k per question: temperature (and top-p, for a range) drawn per rollout
+ * and seeds from the question's index in the whole step (q0 = this rank's first), so that ranks and
+ * resumed runs draw the same. GRPO and PPO both use it.
+ */
+export function rolloutRequests<Q>(
+  qs: Q[],
+  q0: number,
+  k: number,
+  step: number,
+  o: { seed: number; temperature: number | [number, number]; topP?: number | [number, number] },
+): RolloutRequest<Q>[] {
+  const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
+  return qs.flatMap((question, qi) =>
+    Array.from({ length: k }, (_, j) => ({
+      question,
+      temperature: lo + (hi - lo) * hashUniform(o.seed, step, q0 + qi, j),
+      topP: rolloutTopP(o.topP, o.seed, step, q0 + qi, j),
+      seed: o.seed * 7919 + step * 1009 + (q0 + qi) * k + j,
+    })),
+  );
+}
+
 export interface RewardResult {
   total: number;
   parts: Record<string, number | null>;
@@ -226,10 +249,7 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
       const qs = stepQs.slice(q0, q1);
       // 1. rollouts
       const t0 = performance.now();
-      const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
-      const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
-        Array.from({ length: o.k }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, q0 + qi, j), topP: rolloutTopP(o.topP, o.seed, state.step, q0 + qi, j), seed: o.seed * 7919 + state.step * 1009 + (q0 + qi) * o.k + j })),
-      );
+      const reqs = rolloutRequests(qs, q0, o.k, state.step, o);
       bar.set({ detail: `rollouts 0/${reqs.length}` });
       const episodes = await deps.rollout(reqs, (done, total) => bar.set({ detail: `rollouts ${done}/${total}` }));
       const tRollout = (performance.now() - t0) / 1e3;

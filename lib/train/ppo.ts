@@ -34,7 +34,7 @@ import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
 import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './advantages.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
-import { beginStage, endStep, hashUniform, rolloutTopP, type AdamOptions, type RewardResult, type RolloutFn, type RolloutRequest, type TrainEpisode } from './grpo.js';
+import { beginStage, endStep, rolloutRequests, type AdamOptions, type RewardResult, type RolloutFn, type TrainEpisode } from './grpo.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
@@ -361,10 +361,7 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
       const offset = q0 * n; // the global index of this rank's first episode
       // 1. rollouts
       const t0 = performance.now();
-      const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
-      const reqs: RolloutRequest<Q>[] = qs.flatMap((question, qi) =>
-        Array.from({ length: n }, (_, j) => ({ question, temperature: lo + (hi - lo) * hashUniform(o.seed, state.step, q0 + qi, j), topP: rolloutTopP(o.topP, o.seed, state.step, q0 + qi, j), seed: o.seed * 7919 + state.step * 1009 + (q0 + qi) * n + j })),
-      );
+      const reqs = rolloutRequests(qs, q0, n, state.step, o);
       bar.set({ detail: `rollouts 0/${reqs.length}` });
       const episodes = await deps.rollout(reqs, (done, total) => bar.set({ detail: `rollouts ${done}/${total}` }));
       if (episodes.length !== reqs.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${episodes.length} episodes for ${reqs.length} requests.`);
