@@ -7,8 +7,8 @@
  * parameter (as OpenAI answers "Unrecognized request argument").
  *
  * - Batching: while a generate call runs, new requests queue, and the next call takes every queued
- *   row (up to `maxBatch`) in one batched native call with per-row temperature, seed and max_tokens.
- *   top_p, top_k, stop strings, stop token ids and the adapter apply per call, so a call mixes only
+ *   row (up to `maxBatch`) in one batched native call with per-row temperature, top_p, seed and
+ *   max_tokens. top_k, stop strings, stop token ids and the adapter apply per call, so a call mixes only
  *   rows that agree on them. A row leaves the call when it finishes, and its reply is sent then.
  * - `n` choices are n rows of the same call, choice i seeded from (seed, i) (choice 0 with the seed
  *   itself, so it equals the n = 1 reply).
@@ -117,8 +117,9 @@ class Job {
     this.ids.push(ev.token);
     this.logprobs.push(ev.logprob);
     this.top.push(ev.top);
-    // A stop token ends the text unseen unless include_stop_str_in_output (vLLM).
-    if (ev.finish !== 'stop_token' || this.s.keepStop) this.text.push(ev.token);
+    // A stop token ends the text unseen unless include_stop_str_in_output (vLLM). Only a streamed
+    // row decodes as it goes (its listener is set before the call starts); the others decode once.
+    if (this.listener && (ev.finish !== 'stop_token' || this.s.keepStop)) this.text.push(ev.token);
     if (ev.finish) this.end(ev.finish);
     else this.listener?.(this.text.take());
   }
@@ -631,9 +632,10 @@ export class OpenAIServer {
         await new Promise((r) => setImmediate(r));
         if (!this.queue.length) break;
         const first = this.queue[0];
-        // The engine applies top-p / top-k / stops per call: batch only rows that agree.
-        const key = (j: Job) => JSON.stringify([j.s.topP, j.s.topK, [...j.s.stop].sort(), j.s.stopTokenIds, j.s.adapter]);
-        const take = this.queue.filter((j) => key(j) === key(first)).slice(0, this.o.maxBatch ?? 32);
+        // The engine applies top-k / stops / the adapter per call: batch only rows that agree (top-p is per row).
+        const key = (j: Job) => JSON.stringify([j.s.topK, [...j.s.stop].sort(), j.s.stopTokenIds, j.s.adapter]);
+        const firstKey = key(first);
+        const take = this.queue.filter((j) => key(j) === firstKey).slice(0, this.o.maxBatch ?? 32);
         this.queue = this.queue.filter((j) => !take.includes(j));
         this.batches.push(take.length);
         try {
@@ -643,7 +645,7 @@ export class OpenAIServer {
             maxNewTokens: Math.max(...take.map((j) => j.s.maxTokens)),
             rowMaxNewTokens: take.map((j) => j.s.maxTokens),
             temperature: take.map((j) => j.s.temperature),
-            topP: first.s.topP,
+            topP: take.map((j) => j.s.topP),
             topK: first.s.topK,
             // Each row's own seed: its samples do not depend on what it was batched with.
             rowSeeds: take.map((j) => j.seed),
