@@ -456,7 +456,14 @@ export function loadConfig(file: string, overrides: readonly string[] = [], opts
  */
 export function configFromObject(obj: unknown, opts: { baseDir?: string; name?: string } = {}): ResolvedConfig {
   const base = resolve(opts.baseDir ?? process.cwd());
-  const raw = isObj(obj) ? structuredClone(obj) : obj;
+  let raw: unknown = obj;
+  if (isObj(obj)) {
+    try {
+      raw = structuredClone(obj);
+    } catch (e) {
+      throw new SlmError('CONFIG_INVALID', `config object: expected plain data (numbers, strings, lists, objects) as YAML would give, but it holds a value that cannot be copied (${(e as Error).message}). Pass reward functions and tools as the stage's { reward, tools } options instead.`);
+    }
+  }
   if (isObj(raw)) resolvePathKeys(raw, base);
   const cfg = validateConfig(raw, 'config object', { name: opts.name });
   cfg.run.dir = resolve(base, expandHome(cfg.run.dir ?? 'runs'));

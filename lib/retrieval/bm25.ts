@@ -11,6 +11,7 @@
  * Map-and-sort version this replaces, so scores are bit-identical to it; ties are broken by the lower
  * document index, as before.
  */
+import { SlmError } from '../errors.js';
 import { words } from './text.js';
 
 export class BM25 {
@@ -26,6 +27,8 @@ export class BM25 {
   private touched: Int32Array;
 
   constructor(docs: string[], readonly k1 = 1.2, readonly b = 0.75) {
+    // Every posting's score must be > 0: the accumulator takes 0 for "not touched yet".
+    if (!(k1 >= 0 && b >= 0 && b <= 1)) throw new SlmError('ARGUMENT_INVALID', `BM25 expects k1 >= 0 and 0 <= b <= 1, found k1 ${k1}, b ${b}.`);
     const n = docs.length;
     this.lengths = new Int32Array(n);
     let cap = 1 << 16;

@@ -397,11 +397,16 @@ let uplotCache: { js: string; css: string } | undefined;
 /** uPlot (MIT, github.com/leeoniya/uPlot), read from node_modules and inlined so the report opens offline. */
 function uplotAssets(): { js: string; css: string } {
   if (uplotCache) return uplotCache;
-  const dir = dirname(require.resolve('uplot/package.json'));
-  const version = (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { version: string }).version;
-  // The banner's URL goes (the page names no address); the licence notice stays.
-  const js = readFileSync(join(dir, 'dist', 'uPlot.iife.min.js'), 'utf8').replace(/^\/\*![^*]*\*\/\s*/, '');
-  const css = readFileSync(join(dir, 'dist', 'uPlot.min.css'), 'utf8');
+  let dir = '', version = '', js = '', css = '';
+  try {
+    dir = dirname(require.resolve('uplot/package.json'));
+    version = (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { version: string }).version;
+    // The banner's URL goes (the page names no address); the licence notice stays.
+    js = readFileSync(join(dir, 'dist', 'uPlot.iife.min.js'), 'utf8').replace(/^\/\*![^*]*\*\/\s*/, '');
+    css = readFileSync(join(dir, 'dist', 'uPlot.min.css'), 'utf8');
+  } catch (e) {
+    throw new SlmError('FILE_NOT_FOUND', `report: the plotting library uPlot could not be read (${(e as Error).message.split('\n')[0]}). Expected the "uplot" package beside slm-train; reinstall it (npm install).`);
+  }
   if (/<\/script|<!--|<\/style/i.test(js + css)) throw new SlmError('FILE_NOT_FOUND', `report: ${dir}/dist holds markup that could end its inline block; reinstall uplot.`);
   uplotCache = { js: `/*! uPlot v${version} | (c) Leon Sorokin | MIT License | github.com/leeoniya/uPlot */\n${js}`, css };
   return uplotCache;

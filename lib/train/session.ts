@@ -223,11 +223,12 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
     const remote = new HttpRetriever({ url: cfg.retrieval.url ?? '', timeoutS: cfg.retrieval.timeout_s, retries: cfg.retrieval.retries });
     return { protocol: tags(remote), describe: `protocol tags, top-k ${cfg.protocol.top_k}, retrieval server ${remote.url}`, close: async () => {} };
   }
+  const sb = cfg.sandbox;
+  // sandbox.tools_module: extra functions programs can call, run here like the search tools; loaded
+  // before the index is built, so that a broken module fails at once.
+  const extraTools = kind === 'tags' ? undefined : ext.tools ? checkTools(ext.tools, 'tools', 'tools') : sb.tools_module ? await loadToolsModule(sb.tools_module) : undefined;
   const index = await openIndex(cfg, log, progress);
   if (kind === 'tags') return { protocol: tags(index), index, describe: `protocol tags, top-k ${cfg.protocol.top_k}, ${index.params.kind} retrieval`, close: async () => {} };
-  const sb = cfg.sandbox;
-  // sandbox.tools_module: extra functions programs can call, run here like the search tools.
-  const extraTools = ext.tools ? checkTools(ext.tools, 'tools', 'tools') : sb.tools_module ? await loadToolsModule(sb.tools_module) : undefined;
   if (extraTools) log(`tools: ${Object.keys(extraTools).join(', ')} from ${ext.tools ? 'code' : sb.tools_module}`);
   // search_pages returns retrieval.k pages; the other tools are the index's.
   const tools: SearchTools = { search_pages: (q) => index.searchPages(q, cfg.retrieval.k), view_sections: (p) => index.view_sections(p), read_section: (s) => index.read_section(s) };
