@@ -185,6 +185,7 @@ t.test('every isolation level: the report says what a program can read, and it i
 
 t.test('requireIsolation refuses a pool below the chosen level, before starting anything', async (t) => {
   const weak = levels.find((l) => l.level !== 'bwrap' && !l.refused);
+  t.ok(weak, 'a level below bwrap is offered (rlimits-only always is), so the refusal is exercised');
   if (weak) {
     await t.rejects(createPythonPool({ tools: tools(), size: 1, maxLevel: weak.level, requireIsolation: 'bwrap' }), { code: 'SANDBOX_ISOLATION_INSUFFICIENT', message: new RegExp(`Expected sandbox isolation bwrap or better \\(requireIsolation\\) but this machine gives ${weak.level}.*a program can read every file`) });
   }
@@ -238,6 +239,7 @@ t.test('slm-train exec from a run folder with secrets, at every level: nothing o
     });
   }
   const weak = levels.find((l) => l.level !== 'bwrap');
+  t.ok(weak, 'a level below bwrap is offered (rlimits-only always is), so the refusal is exercised');
   if (weak) {
     const r = await runCliAsync(['exec', '--corpus', corpus, '--file', prog, '--require-isolation', 'bwrap', '--json'], { cwd: runDir, env: { SLM_SANDBOX_ISOLATION: weak.level }, timeout: 120_000 });
     t.equal(r.code, 2, '--require-isolation bwrap below bwrap: refused');
@@ -251,6 +253,7 @@ t.test('slm-train eval with sandbox.require_isolation: refuses to start below it
   mkdirSync(model, { recursive: true });
   const args = (extra: string[]) => ['eval', '--config', join(repoRoot, 'configs', 'code-grpo.yaml'), `model.path=${model}`, `data.questions=${questions}`, `data.corpus=${corpus}`, `run.dir=${join(runDir, 'runs')}`, 'protocol.prompts_from_sft=false', ...extra];
   const weak = levels.find((l) => l.level !== 'bwrap');
+  t.ok(weak, 'a level below bwrap is offered (rlimits-only always is), so the refusal is exercised');
   if (weak) {
     const r = await runCliAsync(args(['sandbox.require_isolation=bwrap']), { cwd: runDir, env: { SLM_SANDBOX_ISOLATION: weak.level }, timeout: 120_000 });
     t.equal(r.code, 2);
@@ -288,6 +291,7 @@ t.test('the library path (openEnvironment, what trainFromConfig opens) enforces 
   const cfg = (req: string | null) =>
     validateConfig({ stage: 'grpo', model: { path: 'unused' }, data: { questions: questions, corpus }, protocol: { kind: 'code', max_turns: 2 }, sandbox: { workers: 1, require_isolation: req }, retrieval: { kind: 'bm25' } }, 'test');
   const weak = levels.find((l) => l.level !== 'bwrap' && !l.refused);
+  t.ok(weak, 'a level below bwrap is offered (rlimits-only always is), so the refusal is exercised');
   if (weak) {
     const saved = process.env.SLM_SANDBOX_ISOLATION;
     process.env.SLM_SANDBOX_ISOLATION = weak.level;

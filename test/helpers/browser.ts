@@ -15,13 +15,6 @@ export function findChromium(): string | undefined {
   return undefined;
 }
 
-export interface PageResult {
-  /** The value of `expression`, evaluated after the load event. */
-  value: unknown;
-  /** console.error/warn calls, uncaught exceptions, and error entries of the browser's log (CSP violations among them). */
-  errors: string[];
-}
-
 type Msg = { id?: number; method?: string; params?: Record<string, unknown>; result?: Record<string, unknown>; error?: { message: string }; sessionId?: string };
 
 /** An open page: evaluate expressions in it, screenshot it. */
@@ -34,10 +27,6 @@ export interface Page {
   screenshot(): Promise<Buffer>;
   /** console.error/warn calls, uncaught exceptions and browser log errors so far. */
   errors: string[];
-}
-
-export async function openPage(binary: string, url: string, expression: string, timeoutMs = 60_000): Promise<PageResult> {
-  return withPage(binary, url, async (page) => ({ value: await page.evaluate(expression), errors: page.errors }), { timeoutMs });
 }
 
 /** Opens `url` in a fresh headless Chromium (viewport `width` x `height`, default 1280 x 900), waits for its load event, runs `fn`. */
