@@ -54,16 +54,14 @@ export function invokeTool(
       return failure(e);
     }
   };
-  if (typeof name === 'string' && extra && Object.hasOwn(extra, name) && !(TOOL_NAMES as readonly string[]).includes(name)) {
-    // A tool of sandbox.tools_module: any JSON arguments, a JSON result.
-    if (calls.length >= maxCalls) return fail('RuntimeError', `call limit reached: a program may make at most ${maxCalls} tool calls`);
-    return invoke(name, () => extra[name](...argList));
-  }
-  if (typeof name !== 'string' || !(TOOL_NAMES as readonly string[]).includes(name)) {
-    return fail('ValueError', `unknown tool ${JSON.stringify(name)}; the tools are ${[...TOOL_NAMES, ...Object.keys(extra ?? {})].join(', ')}`);
-  }
-  const tool = name as ToolName;
+  const builtin = typeof name === 'string' && (TOOL_NAMES as readonly string[]).includes(name);
+  // A tool of sandbox.tools_module (checkTools keeps their names apart from the built-in ones).
+  const custom = typeof name === 'string' && !builtin && extra && Object.hasOwn(extra, name);
+  if (!builtin && !custom) return fail('ValueError', `unknown tool ${JSON.stringify(name)}; the tools are ${[...TOOL_NAMES, ...Object.keys(extra ?? {})].join(', ')}`);
   if (calls.length >= maxCalls) return fail('RuntimeError', `call limit reached: a program may make at most ${maxCalls} tool calls`);
+  // Custom tools: any JSON arguments, a JSON result.
+  if (custom) return invoke(name as string, () => extra![name as string](...argList));
+  const tool = name as ToolName;
   if (argList.length !== 1 || typeof argList[0] !== 'string') return fail('TypeError', `${tool}(${PARAM[tool]}) expects one string argument`);
   if (!tools) return fail('RuntimeError', `${tool} is unavailable: no search corpus is configured for this sandbox`);
   return invoke(tool, () => tools[tool](argList[0] as string));
