@@ -20,6 +20,11 @@ export class HttpError extends Error {
     super(message);
   }
 
+  /** `e` as it is when an HttpError, else a 500 server_error with its message. */
+  static from(e: unknown): HttpError {
+    return e instanceof HttpError ? e : new HttpError(500, (e as Error)?.message ?? String(e), 'server_error');
+  }
+
   /** The OpenAI error body. */
   body(): { error: { message: string; type: string; param: string | null; code: string | null } } {
     return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };

@@ -279,7 +279,7 @@ export class OpenAIServer {
       if (lora) return this.adapterRoute(res, url, body);
       await this.complete(res, url === '/v1/chat/completions', body);
     } catch (e) {
-      const he = e instanceof HttpError ? e : new HttpError(500, (e as Error).message ?? String(e), 'server_error');
+      const he = HttpError.from(e);
       if (!(e instanceof HttpError)) this.o.log?.(`serve: ${he.message}`);
       if (!res.headersSent) sendJson(res, he.status, he.body());
     }
@@ -501,7 +501,8 @@ export class OpenAIServer {
           }
           chunk(chat ? { index, delta: { content: piece }, logprobs: lp, finish_reason: null } : { index, text: piece, logprobs: lp, finish_reason: null });
         }
-        if (end && end.finish !== 'cancelled') chunk(chat ? { index, delta: {}, logprobs: null, finish_reason: end.finish } : { index, text: '', logprobs: null, finish_reason: end.finish });
+        // (a cancelled row never calls its listener)
+        if (end) chunk(chat ? { index, delta: {}, logprobs: null, finish_reason: end.finish } : { index, text: '', logprobs: null, finish_reason: end.finish });
       };
     });
     this.enqueue(jobs);
@@ -510,7 +511,7 @@ export class OpenAIServer {
       if (p.includeUsage) send({ id, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: usage() });
     } catch (e) {
       for (const j of jobs) j.abort.abort();
-      const he = e instanceof HttpError ? e : new HttpError(500, (e as Error).message ?? String(e), 'server_error');
+      const he = HttpError.from(e);
       this.o.log?.(`serve: ${he.message}`);
       send(he.body());
     }
