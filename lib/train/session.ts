@@ -29,7 +29,8 @@ import type { SearchTools } from '../retrieval/types.js';
 import { answerMetrics } from '../rewards/metrics.js';
 import { goldAnswers, rewardFromConfig, trainerReward, type ComposedRewardFn, type RewardDeps } from '../rewards/combine.js';
 import { parseJudgeConfig } from '../rewards/config.js';
-import { createSandbox, detectIsolation, type Sandbox } from '../sandbox/index.js';
+import { createSandbox, type Sandbox } from '../sandbox/index.js';
+import { PythonSandboxPool } from '../sandbox/python.js';
 import { checkTools, loadRewardModule, loadToolsModule, type CustomRewardFn, type CustomTools } from '../extensions.js';
 import { groupAdvantageFn } from './advantages.js';
 import { runGrpo, type RolloutFn, type TrainEpisode } from './grpo.js';
@@ -238,7 +239,8 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
       : { kind: 'quickjs', tools, ...(extraTools ? { extraTools } : {}), timeoutMs: sb.timeout_s * 1000, memoryMb: sb.memory_mb },
   );
   let isolation = '';
-  if (sb.kind === 'python') isolation = `, isolation ${(await detectIsolation()).level}`;
+  // the level the pool actually runs at (not a second detection)
+  if (sandbox instanceof PythonSandboxPool) isolation = `, isolation ${sandbox.isolation.level}`;
   return {
     protocol: codeProtocol({ executor: sandbox, maxOutputChars: cfg.protocol.tool_output_chars, language: sb.kind === 'quickjs' ? 'javascript' : 'python', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}), ...(cfg.protocol.final_turn_notice !== null ? { finalTurnNotice: cfg.protocol.final_turn_notice } : {}), searchResults: cfg.retrieval.k, ...(cfg.protocol.question_variable ? { questionVariable: cfg.protocol.question_variable } : {}), finalAnswer: cfg.protocol.final_answer }),
     index,

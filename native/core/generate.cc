@@ -187,7 +187,6 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     const int64_t n_top = top_n > 0 ? top_ids_cpu.size(1) : 0;
     const int64_t Bc = static_cast<int64_t>(rows.size());
     int64_t finished_in_batch = 0;
-    bool cancelled = false;
     std::vector<int64_t> alive_mask(Bc, 1);
     StepEvent ev;
     for (int64_t i = 0; i < Bc; ++i) {
@@ -195,7 +194,6 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
       if (!done[r] && p.cancel && p.cancel[r].load(std::memory_order_relaxed)) {
         done[r] = true;
         out.finish[r] = Finish::Cancelled;
-        cancelled = true;
       }
       if (done[r]) {
         alive_mask[i] = 0;
@@ -251,7 +249,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     if (finished_in_batch == Bc || step + 1 == p.max_new_tokens) break;
     auto next = s.tokens.unsqueeze(1);  // [Bc, 1]
     auto alive = at::tensor(alive_mask, li).to(dev);
-    if (finished_in_batch * 4 >= Bc || cancelled) {
+    if (finished_in_batch * 4 >= Bc) {  // a cancelled row counts as finished: masked until then
       // Compact: keep only the live rows (cost: one copy of the cache; at most log_{4/3}(B) times).
       std::vector<int64_t> keep, new_rows;
       for (int64_t i = 0; i < Bc; ++i)

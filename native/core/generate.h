@@ -2,7 +2,7 @@
 // GenerateParams::share_prefix), then one decode step per token for all rows with a KV cache. Rows stop on a stop token id, on a stop string (checked on the decoded bytes of
 // the row's output, using the vocabulary's byte strings), at their max_new_tokens, or when cancelled
 // from another thread. Finished rows are dropped from the batch (and the cache compacted) once a
-// quarter of the batch has finished, or at once when a row was cancelled. An optional per-step
+// quarter of the batch has finished (a cancelled row counts as finished). An optional per-step
 // callback reports each step's tokens as they are sampled (streaming servers).
 #pragma once
 #include <atomic>
