@@ -16,20 +16,19 @@
  * A random-weight model rarely writes a program, so sandbox and retrieval time is also measured on
  * the scripted expert's programs for the same questions (what a trained policy's turns cost).
  */
-import { Model } from '../lib/engine/model.js';
+import type { Model } from '../lib/engine/model.js';
+import { loadPolicy } from '../lib/engine/policy.js';
 import { native } from '../lib/engine/runtime.js';
 import type { GenerateRequest, GenerateResult, TextGenerator } from '../lib/engine/types.js';
 import { expertProgram } from '../lib/demo/expert.js';
 import { EpisodeRunner, type Episode } from '../lib/episodes/runner.js';
 import { codeProtocol } from '../lib/episodes/protocol.js';
-import { ChatFormatter } from '../lib/model/chat.js';
-import { loadTokenizer } from '../lib/model/tokenizer.js';
 import { Corpus } from '../lib/retrieval/corpus.js';
 import { SearchIndex } from '../lib/retrieval/index.js';
 import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { answerMetrics } from '../lib/rewards/metrics.js';
 import { createPythonPool } from '../lib/sandbox/python.js';
-import { runnerTokenizer } from '../lib/train/session.js';
+import { runnerTokenizer } from '../lib/train/environment.js';
 import { benchModelDir } from './engine.js';
 import { summarize, type Latency } from './sandbox.js';
 import type { BenchOptions, BenchReport } from './types.js';
@@ -59,10 +58,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const log = o.log ?? (() => {});
   const quick = !!o.quick;
   const dir = o.model ?? (await benchModelDir('small', log));
-  const model = await Model.load(dir);
-  const tok = loadTokenizer(dir);
-  if (tok.vocabSize <= model.vocabSize) model.setVocab(tok.tokenBytes());
-  const formatter = ChatFormatter.forModel(dir);
+  const { model, tokenizer: tok, formatter } = await loadPolicy(dir);
   const info = model.info();
   const H = model.config.hidden_size, V = model.config.vocab_size;
   const layerParams = info.numParameters - V * H - H - (model.config.tie_word_embeddings ? 0 : V * H);

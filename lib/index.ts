@@ -48,26 +48,8 @@ export { Corpus, type Page, type Section } from './retrieval/corpus.js';
 export type { SearchTools, PageHit, SectionRef } from './retrieval/types.js';
 
 // From a config to a running stage: environment, episodes, training, evaluation
-export {
-  loadQuestions,
-  splitQuestions,
-  loadAgent,
-  openIndex,
-  openEnvironment,
-  episodeRunner,
-  rewardDeps,
-  trainFromConfig,
-  evalFromConfig,
-  evaluate,
-  evalQuestions,
-  comparisonTable,
-  type Question,
-  type Agent,
-  type Environment,
-  type Extensions,
-  type Log,
-  type StageOptions,
-  type TrainResult,
-  type EvalOptions,
-  type EvalSummary,
-} from './train/session.js';
+export { loadQuestions, splitQuestions, type Question } from './train/data.js';
+export { loadAgent, openIndex, openEnvironment, episodeRunner, rewardDeps, type Agent, type Environment, type Extensions, type Log } from './train/environment.js';
+export { trainFromConfig, type StageOptions } from './train/session.js';
+export type { TrainResult } from './train/stages.js';
+export { evalFromConfig, evaluate, evalQuestions, comparisonTable, type EvalOptions, type EvalSummary } from './train/evaluation.js';

@@ -14,7 +14,7 @@ import { SlmError } from '../lib/errors.js';
 import { parseHubRef, pathHasSplit, selectDataFiles, selectModelFiles } from '../lib/hub/ref.js';
 import { loadConfig, missingFiles } from '../lib/config/load.js';
 import { Corpus } from '../lib/retrieval/corpus.js';
-import { loadQuestions } from '../lib/train/session.js';
+import { loadQuestions } from '../lib/train/data.js';
 import { runCliAsync } from './helpers/cli.js';
 import { FakeHub } from './helpers/hub-server.js';
 import { freePort } from '../lib/distributed/launch.js';

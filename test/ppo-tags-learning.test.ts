@@ -45,7 +45,9 @@ import { initModel } from '../lib/model/init.js';
 import { loadTokenizer } from '../lib/model/tokenizer.js';
 import type { HfTokenizer } from '../lib/model/tokenizer.js';
 import { RunFolder } from '../lib/train/run.js';
-import { episodeRunner, evalFromConfig, loadAgent, openEnvironment, trainFromConfig } from '../lib/train/session.js';
+import { episodeRunner, loadAgent, openEnvironment } from '../lib/train/environment.js';
+import { evalFromConfig } from '../lib/train/evaluation.js';
+import { trainFromConfig } from '../lib/train/session.js';
 import { runSft } from '../lib/train/sft.js';
 import { xorshift32 } from '../lib/util/data.js';
 

@@ -12,7 +12,10 @@ import { tagsProtocol } from '../lib/episodes/index.js';
 import { ChatFormatter } from '../lib/model/chat.js';
 import { packagedQwen3Config, qwen3Tokenizer } from '../lib/model/tokenizer.js';
 import { answerMetrics } from '../lib/rewards/metrics.js';
-import { evaluate, loadQuestions, rolloutFn, type Agent, type Environment } from '../lib/train/session.js';
+import { loadQuestions } from '../lib/train/data.js';
+import type { Agent, Environment } from '../lib/train/environment.js';
+import { evaluate } from '../lib/train/evaluation.js';
+import { rolloutFn } from '../lib/train/stages.js';
 import { writeParquet } from './helpers/parquet.js';
 
 const tmp = t.testdir();

@@ -15,7 +15,7 @@ import { SearchIndex } from '../lib/retrieval/index.js';
 import { Corpus } from '../lib/retrieval/corpus.js';
 import { RetrieverServer } from '../lib/retrieval/server.js';
 import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
-import { openEnvironment } from '../lib/train/session.js';
+import { openEnvironment } from '../lib/train/environment.js';
 import { repoRoot } from './helpers/shared.js';
 
 const { pages, questions } = syntheticCorpus({ pages: 60, seed: 5 });

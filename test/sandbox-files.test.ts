@@ -287,7 +287,7 @@ t.test('slm-train doctor says what a program can read at every level, and warns 
 
 t.test('the library path (openEnvironment, what trainFromConfig opens) enforces sandbox.require_isolation too', async (t) => {
   const { validateConfig } = await import('../lib/config/load.js');
-  const { openEnvironment } = await import('../lib/train/session.js');
+  const { openEnvironment } = await import('../lib/train/environment.js');
   const cfg = (req: string | null) =>
     validateConfig({ stage: 'grpo', model: { path: 'unused' }, data: { questions: questions, corpus }, protocol: { kind: 'code', max_turns: 2 }, sandbox: { workers: 1, require_isolation: req }, retrieval: { kind: 'bm25' } }, 'test');
   const weak = levels.find((l) => l.level !== 'bwrap' && !l.refused);

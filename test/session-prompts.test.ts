@@ -5,7 +5,7 @@ import t from 'tap';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { validateConfig } from '../lib/config/load.js';
-import { openEnvironment } from '../lib/train/session.js';
+import { openEnvironment } from '../lib/train/environment.js';
 import { dataFile } from './helpers/shared.js';
 
 const sftFile = dataFile('seed-sft', 'trajectories.jsonl');

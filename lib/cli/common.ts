@@ -1,9 +1,8 @@
 /** Options and helpers shared by the commands that load a model. */
 import type { Argv } from 'yargs';
-import { Model, type ComputeDtype } from '../engine/model.js';
-import { setThreads } from '../engine/runtime.js';
+import { COMPUTE_DTYPES, type ComputeDtype } from '../engine/types.js';
+import { loadPolicy, type LoadPolicyOptions, type PartialPolicy, type Policy } from '../engine/policy.js';
 import { SlmError } from '../errors.js';
-import { localModelDir } from '../hub/download.js';
 
 export interface ModelArgs {
   model: string;
@@ -17,20 +16,23 @@ export function modelOptions<T>(y: Argv<T>) {
   return y
     .option('model', { type: 'string', demandOption: true, describe: 'Hugging Face model folder (config.json + *.safetensors), or hf:OWNER/NAME from the hub' })
     .option('adapter', { type: 'string', describe: 'PEFT LoRA adapter folder (or hf:OWNER/NAME)' })
-    .option('dtype', { choices: ['float32', 'bfloat16', 'float16'] as const, default: 'float32' as const, describe: 'compute dtype' })
+    .option('dtype', { choices: COMPUTE_DTYPES, default: 'float32' as const, describe: 'compute dtype' })
     .option('device', { type: 'string', default: 'cpu', describe: 'cpu, cuda or cuda:N' })
     .option('threads', { type: 'number', describe: 'CPU threads for the engine (default: all cores)' });
 }
 
 /**
- * Loads --model (with --adapter). `hf:OWNER/NAME` references are downloaded first (lib/hub) and
- * replaced in `a` by their local folders, so the command reads the tokenizer from the same place.
+ * Loads --model (with --adapter) through loadPolicy: by default with its tokenizer and chat template
+ * (`parts` can leave them out). `hf:OWNER/NAME` references are downloaded first (lib/hub) and
+ * replaced in `a` by their local folders.
  */
-export async function loadModelFromArgs(a: ModelArgs): Promise<Model> {
-  if (a.threads !== undefined) setThreads(a.threads);
-  a.model = await localModelDir(a.model);
-  if (a.adapter) a.adapter = await localModelDir(a.adapter);
-  return Model.load(a.model, { dtype: a.dtype, device: a.device, adapter: a.adapter });
+export async function loadPolicyFromArgs(a: ModelArgs): Promise<Policy>;
+export async function loadPolicyFromArgs(a: ModelArgs, parts: Pick<LoadPolicyOptions, 'tokenizer' | 'chat'>): Promise<PartialPolicy>;
+export async function loadPolicyFromArgs(a: ModelArgs, parts: Pick<LoadPolicyOptions, 'tokenizer' | 'chat'> = {}): Promise<PartialPolicy> {
+  const p = await loadPolicy(a.model, { dtype: a.dtype, device: a.device, adapter: a.adapter, threads: a.threads, ...parts });
+  a.model = p.dir;
+  if (p.adapter) a.adapter = p.adapter;
+  return p;
 }
 
 /** "1,2,3" -> [1, 2, 3] with a clear error for anything else. */

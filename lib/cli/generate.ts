@@ -1,9 +1,7 @@
 /** `slm-train generate --model DIR [--adapter DIR] (--prompt TEXT | --ids 1,2,3) [--max-new-tokens N] [--greedy] [--json]` */
 import type { CommandModule } from 'yargs';
 import { SlmError } from '../errors.js';
-import { ChatFormatter } from '../model/chat.js';
-import { loadTokenizer } from '../model/tokenizer.js';
-import { loadModelFromArgs, modelOptions, parseIds, print, type ModelArgs } from './common.js';
+import { loadPolicyFromArgs, modelOptions, parseIds, print, type ModelArgs } from './common.js';
 
 interface Args extends ModelArgs {
   prompt?: string;
@@ -40,19 +38,18 @@ export const generateCommand: CommandModule<object, Args> = {
         return true;
       }) as never,
   handler: async (a) => {
-    const m = await loadModelFromArgs(a);
+    // Token ids need no tokenizer; text does (the folder's, or the packaged Qwen3 one), and a
+    // chat-rendered prompt its chat template.
+    const needTokenizer = a.prompt !== undefined || !a.json;
+    const { model: m, tokenizer: tok, formatter: chat } = await loadPolicyFromArgs(a, { tokenizer: needTokenizer, chat: a.prompt !== undefined && !a.raw });
     try {
-      // Token ids need no tokenizer; text does (the folder's, or the packaged Qwen3 one).
-      const tok = a.prompt !== undefined || !a.json ? loadTokenizer(a.model) : undefined;
       let prompt: number[];
       if (a.ids !== undefined) prompt = parseIds(a.ids);
       else if (a.raw) prompt = tok!.encode(a.prompt!);
       else {
-        const chat = ChatFormatter.forModel(a.model);
         const messages = [...(a.system ? [{ role: 'system' as const, content: a.system }] : []), { role: 'user' as const, content: a.prompt! }];
-        prompt = tok!.encode(chat.prompt(messages));
+        prompt = tok!.encode(chat!.prompt(messages));
       }
-      if (tok && tok.vocabSize <= m.vocabSize) m.setVocab(tok.tokenBytes());
       const r = await m.generate({
         prompts: [Int32Array.from(prompt)],
         maxNewTokens: a['max-new-tokens'],

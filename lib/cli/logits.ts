@@ -1,6 +1,6 @@
 /** `slm-train logits --model DIR [--adapter DIR] --ids 1,2,3 --json` */
 import type { CommandModule } from 'yargs';
-import { loadModelFromArgs, modelOptions, parseIds, print, type ModelArgs } from './common.js';
+import { loadPolicyFromArgs, modelOptions, parseIds, print, type ModelArgs } from './common.js';
 
 interface Args extends ModelArgs {
   ids: string;
@@ -18,7 +18,7 @@ export const logitsCommand: CommandModule<object, Args> = {
       .option('top', { type: 'number', default: 5, describe: 'without --json: the top tokens to show per position' }) as never,
   handler: async (a) => {
     const ids = parseIds(a.ids);
-    const m = await loadModelFromArgs(a);
+    const { model: m } = await loadPolicyFromArgs(a, { tokenizer: false });
     try {
       const r = await m.logits([ids]);
       const rows: Float32Array[] = [];

@@ -1,11 +1,9 @@
 /** `slm-train serve --model DIR [--adapter DIR] --port N`: an OpenAI-compatible server (lib/serve). */
 import { basename } from 'node:path';
 import type { CommandModule } from 'yargs';
-import { ChatFormatter } from '../model/chat.js';
-import { loadTokenizer } from '../model/tokenizer.js';
 import { OpenAIServer } from '../serve/server.js';
 import { hubRepoName } from '../hub/download.js';
-import { loadModelFromArgs, modelOptions, print, untilSignal, type ModelArgs } from './common.js';
+import { loadPolicyFromArgs, modelOptions, print, untilSignal, type ModelArgs } from './common.js';
 import { progressLog } from '../util/progress.js';
 
 interface Args extends ModelArgs {
@@ -26,10 +24,8 @@ export const serveCommand: CommandModule<object, Args> = {
       .option('max-batch', { type: 'number', default: 32, describe: 'rows per batched generate call (also the largest n)' }) as never,
   handler: async (a) => {
     a.name ??= hubRepoName(a.model) ?? basename(a.model);
-    const model = await loadModelFromArgs(a);
-    const tokenizer = loadTokenizer(a.model);
-    if (tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
-    const server = new OpenAIServer({ model, tokenizer, formatter: ChatFormatter.forModel(a.model), name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
+    const { model, tokenizer, formatter } = await loadPolicyFromArgs(a);
+    const server = new OpenAIServer({ model, tokenizer, formatter, name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
     const port = await server.listen();
     print(`serving ${a.name}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models)`);
     await untilSignal();

@@ -23,11 +23,13 @@ import { loadConfig } from '../config/load.js';
 import { initModel } from '../model/init.js';
 import { loadTokenizer } from '../model/tokenizer.js';
 import { syntheticCorpus, type SyntheticQuestion, type SyntheticQuestionKind } from '../retrieval/synthetic.js';
-import { evalFromConfig, openEnvironment, trainFromConfig, type EvalSummary, type Log } from '../train/session.js';
+import { openEnvironment, type Log } from '../train/environment.js';
+import { evalFromConfig, type EvalSummary } from '../train/evaluation.js';
+import { trainFromConfig } from '../train/session.js';
 import { trainByteLevelBpe } from './bpe.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
 import { DEMO_SYSTEM_PROMPT, expertProgram, expertTrajectories } from './expert.js';
-import { hashUniform } from '../train/grpo.js';
+import { hashUniform } from '../util/hash.js';
 import { permutation } from '../train/run.js';
 
 export interface DemoOptions {

@@ -9,10 +9,10 @@ import { ADAPTER_WEIGHTS, VALUE_HEAD, checkAdapterFits, checkLoraSpec, readAdapt
 import { SlmError, describe } from '../errors.js';
 import { nativeConfig, readModelConfig, type ModelConfig } from '../model/config.js';
 import { resolveWeightFiles } from '../model/weights.js';
-import type { GenerateRequest, GenerateResult, StreamGenerateRequest, StreamGenerateResult, TextGenerator, TokenEvent } from './types.js';
+import { COMPUTE_DTYPES, type ComputeDtype, type GenerateRequest, type GenerateResult, type StreamGenerateRequest, type StreamGenerateResult, type TextGenerator, type TokenEvent } from './types.js';
 import { native } from './runtime.js';
 
-export type ComputeDtype = 'float32' | 'bfloat16' | 'float16';
+export type { ComputeDtype } from './types.js';
 
 export interface LoadModelOptions {
   dtype?: ComputeDtype;
@@ -53,7 +53,7 @@ export class Model implements TextGenerator {
     const config = readModelConfig(dir);
     const files = resolveWeightFiles(dir);
     const dtype = opts.dtype ?? 'float32';
-    if (!['float32', 'bfloat16', 'float16'].includes(dtype))
+    if (!(COMPUTE_DTYPES as readonly string[]).includes(dtype))
       throw new SlmError('ARGUMENT_INVALID', `dtype must be float32, bfloat16 or float16, found ${describe(dtype)}.`);
     const handle = await native().loadModel({ files, config: nativeConfig(config), dtype, device: opts.device ?? 'cpu' });
     const m = new Model(dir, config, handle);
@@ -225,7 +225,7 @@ export class Model implements TextGenerator {
    * Merges the adapter into the base weights and writes a Hugging Face model folder (config.json,
    * model.safetensors, and the tokenizer / chat template / generation config files of the base).
    */
-  async exportMerged(out: string, dtype: 'float32' | 'bfloat16' | 'float16' = 'float32'): Promise<void> {
+  async exportMerged(out: string, dtype: ComputeDtype = 'float32'): Promise<void> {
     mkdirSync(out, { recursive: true });
     await this.h.saveMerged({ file: join(out, 'model.safetensors'), dtype });
     const torchDtype = dtype;

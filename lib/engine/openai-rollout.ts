@@ -12,7 +12,7 @@
  *   POST /v1/load_lora_adapter {lora_name, lora_path}, the previous one unloaded with POST
  *   /v1/unload_lora_adapter {lora_name}); requests then name it as their `model`.
  * - The log-probs the loss needs are not the server's: the trainer recomputes them with its own
- *   engine (lib/train/session.ts), so a server's kernels or sampling never bias the update.
+ *   engine (lib/train/stages.ts), so a server's kernels or sampling never bias the update.
  */
 import { mkdirSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';

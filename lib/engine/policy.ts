@@ -1,31 +1,55 @@
 /**
- * A model with everything needed to run episodes: the native model (with its adapter), its
- * tokenizer (whose token bytes the engine gets once, for stop strings) and its chat template.
+ * The one bootstrap of a policy: the native model (with its adapter), its tokenizer (whose token
+ * bytes the engine gets once, for stop strings) and its chat template, from a model folder or an
+ * `hf:OWNER/NAME` reference (downloaded once into the hub cache). Training, evaluation, the judge
+ * on the native engine, `slm-train serve`, `generate`, `logits` and the rollout benchmark all load
+ * through here.
  */
 import { ChatFormatter } from '../model/chat.js';
 import { loadTokenizer, type HfTokenizer } from '../model/tokenizer.js';
-import { SlmError } from '../errors.js';
+import { localModelDir } from '../hub/download.js';
 import { Model, type LoadModelOptions } from './model.js';
+import { setThreads } from './runtime.js';
+
+export interface LoadPolicyOptions extends Omit<LoadModelOptions, 'adapter'> {
+  /** A PEFT LoRA adapter folder (or hf:OWNER/NAME) loaded on top of the base weights; null/undefined = none. */
+  adapter?: string | null;
+  /** CPU threads for libtorch, set before loading (undefined = leave as it is). */
+  threads?: number;
+  /** Load the folder's tokenizer and give the engine its token bytes (default true). */
+  tokenizer?: boolean;
+  /** Load the folder's chat template (default: as `tokenizer`). */
+  chat?: boolean;
+}
 
 export interface Policy {
   model: Model;
   tokenizer: HfTokenizer;
-  chat: ChatFormatter;
-  dispose(): void;
+  formatter: ChatFormatter;
+  /** The local model folder (a hub reference resolved). */
+  dir: string;
+  /** The local adapter folder, when one was loaded. */
+  adapter?: string;
 }
 
-export async function loadPolicy(dir: string, opts: LoadModelOptions = {}): Promise<Policy> {
-  const model = await Model.load(dir, opts);
+/** What loadPolicy gives when the tokenizer or the chat template was not asked for. */
+export type PartialPolicy = Omit<Policy, 'tokenizer' | 'formatter'> & { tokenizer?: HfTokenizer; formatter?: ChatFormatter };
+
+export async function loadPolicy(path: string, o?: LoadPolicyOptions & { tokenizer?: true; chat?: true }): Promise<Policy>;
+export async function loadPolicy(path: string, o: LoadPolicyOptions): Promise<PartialPolicy>;
+export async function loadPolicy(path: string, o: LoadPolicyOptions = {}): Promise<PartialPolicy> {
+  if (o.threads !== undefined) setThreads(o.threads);
+  const dir = await localModelDir(path);
+  const adapter = o.adapter ? await localModelDir(o.adapter) : undefined;
+  const model = await Model.load(dir, { dtype: o.dtype, device: o.device, adapter });
   try {
-    const tokenizer = loadTokenizer(dir);
-    if (tokenizer.vocabSize > model.vocabSize)
-      throw new SlmError(
-        'TOKENIZER_MISSING',
-        `the tokenizer of ${dir} has ${tokenizer.vocabSize} ids but the model only ${model.vocabSize} embedding rows: give the folder its own tokenizer.json that matches config.json's vocab_size.`,
-      );
-    model.setVocab(tokenizer.tokenBytes());
-    const chat = ChatFormatter.forModel(dir);
-    return { model, tokenizer, chat, dispose: () => model.dispose() };
+    const withTokenizer = o.tokenizer ?? true;
+    const tokenizer = withTokenizer ? loadTokenizer(dir) : undefined;
+    // Checkpoints with more embedding rows than tokens (Qwen3) get the tokenizer's bytes; a
+    // tokenizer larger than the model's vocabulary is left out of the engine (stop strings off).
+    if (tokenizer && tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
+    const formatter = (o.chat ?? withTokenizer) ? ChatFormatter.forModel(dir) : undefined;
+    return { model, dir, ...(adapter ? { adapter } : {}), ...(tokenizer ? { tokenizer } : {}), ...(formatter ? { formatter } : {}) };
   } catch (e) {
     model.dispose();
     throw e;

@@ -2,6 +2,10 @@
  * What the episode runner needs from a text generator. The native engine implements it; tests use
  * scripted generators. One call generates a whole batch (one native call per turn, never per token).
  */
+/** The compute dtypes the engine runs in (model.dtype in the config, --dtype on the command line). */
+export const COMPUTE_DTYPES = ['float32', 'bfloat16', 'float16'] as const;
+export type ComputeDtype = (typeof COMPUTE_DTYPES)[number];
+
 export interface GenerateRequest {
   /** Prompt token ids, one array per row (rows may differ in length; the engine left-pads). */
   prompts: Int32Array[];

@@ -1,0 +1,161 @@
+/**
+ * The training stages: SFT on the conversations of data.sft, GRPO and PPO on episodes of the
+ * questions. Each turns the config into its trainer's options and calls runSft, runGrpo or runPpo
+ * (lib/train/sft.ts, grpo.ts, ppo.ts).
+ */
+import { basename, join } from 'node:path';
+import type { ResolvedConfig } from '../config/types.js';
+import { groupAdvantageOptions, ppoAdvantageOptions, scheduleSpec } from '../config/algorithm.js';
+import type { Distributed } from '../distributed/run.js';
+import type { LoraSpec } from '../engine/adapter.js';
+import { OpenAIRollout, recomputeLogprobs } from '../engine/openai-rollout.js';
+import { SlmError } from '../errors.js';
+import type { Episode } from '../episodes/runner.js';
+import { rewardFromConfig, trainerReward, type RewardDeps } from '../rewards/combine.js';
+import type { ProgressTo } from '../util/progress.js';
+import { groupAdvantageFn } from './advantages.js';
+import { loadSftRows, type Question } from './data.js';
+import { episodeRunner, type Agent, type Environment, type Log } from './environment.js';
+import { runGrpo, type RolloutFn, type TrainEpisode } from './grpo.js';
+import { runPpo } from './ppo.js';
+import type { RunFolder } from './run.js';
+import { runSft } from './sft.js';
+import { fitContext, tokenizeConversation } from './sft-data.js';
+
+export interface TrainResult {
+  stage: string;
+  dir: string;
+  steps: number;
+  /** The trained adapter (PEFT folder). */
+  adapter: string;
+  /** Mean reward per step (RL) or the last loss (SFT). */
+  meanReward?: number[];
+  lastLoss?: number;
+}
+
+function loraSpec(cfg: ResolvedConfig): LoraSpec {
+  const l = cfg.lora;
+  return { r: l.r, alpha: l.alpha, dropout: l.dropout, rslora: l.rslora, targets: l.targets, ...(l.layers ? { layers: l.layers } : {}) } as LoraSpec;
+}
+
+/** What every trainer takes: the adapter, the optimizer, the seed, checkpoints and resume, the rank's shard. */
+export function trainerOptions(cfg: ResolvedConfig, o: { resume?: boolean; stopAfter?: number; progress?: ProgressTo }, dist: Distributed | null) {
+  return {
+    lora: loraSpec(cfg),
+    weightDecay: cfg.optim.weight_decay,
+    maxGradNorm: cfg.optim.max_grad_norm,
+    adam: { beta1: cfg.optim.betas[0], beta2: cfg.optim.betas[1], eps: cfg.optim.eps },
+    microBatch: cfg.optim.micro_batch || undefined,
+    gradientCheckpointing: cfg.optim.gradient_checkpointing,
+    seed: cfg.train.seed,
+    checkpointEvery: cfg.train.checkpoint_every,
+    resume: o.resume,
+    stopAfter: o.stopAfter,
+    shard: dist?.shard,
+    progress: o.progress,
+  };
+}
+
+/** A stage as the session sets it up: the config, the policy, the run folder and the per-step callback. */
+export interface StageRun {
+  cfg: ResolvedConfig;
+  agent: Agent;
+  run: RunFolder;
+  dir: string;
+  log: Log;
+  common: ReturnType<typeof trainerOptions>;
+  onStep: (row: Record<string, unknown>) => Promise<void>;
+}
+
+/** SFT on the conversations of data.sft (leaking rows left out, conversations cut to protocol.max_context). */
+export async function sftStage(s: StageRun): Promise<TrainResult> {
+  const { cfg, agent, log } = s;
+  if (!cfg.data.sft) throw new SlmError('CONFIG_INVALID', 'stage: sft needs data.sft (chat-format JSONL {messages: [...]}).', { path: 'data.sft' });
+  const { rows, dropped } = await loadSftRows(cfg.data.sft, cfg.data.exclude_leaking);
+  if (dropped) log(`sft: dropped ${dropped} of ${rows.length + dropped} rows marked in_test_split (data.exclude_leaking)`);
+  const examples = rows.map((r, i) => tokenizeConversation(r.messages, agent.formatter, agent.tokenizer, i));
+  // Longer than the context: cut to what fits (loss on the assistant tokens within it), as the
+  // reference's tokenizer truncation does, rather than dropped whole.
+  const fit = fitContext(examples, cfg.protocol.max_context);
+  if (fit.truncated || fit.dropped)
+    log(`sft: ${fit.truncated} of ${examples.length} conversations longer than protocol.max_context (${cfg.protocol.max_context} tokens) truncated to it (loss on what fits)${fit.dropped ? `; ${fit.dropped} dropped (no assistant token within the limit)` : ''}`);
+  const r = await runSft(agent.model, fit.examples, s.run, { ...s.common, epochs: cfg.train.epochs, maxSteps: cfg.train.steps ?? undefined, batchSize: cfg.train.batch_size, schedule: scheduleSpec(cfg), onStep: s.onStep });
+  return { stage: cfg.stage, dir: s.dir, steps: r.steps, adapter: join(s.dir, 'adapter'), lastLoss: r.lastLoss };
+}
+
+function trainEpisode(e: Episode): TrainEpisode {
+  return { ids: e.ids, lossMask: e.lossMask, logprobs: e.logprobs, temperature: e.temperature, answer: e.answer, turns: e.turns, record: { ...e.record } };
+}
+
+/**
+ * The trainers' rollout function: one EpisodeRunner batch per call, seeded by the request. With
+ * `remote` (rollout.engine openai) the servers generate with the adapter as it is now (written and
+ * loaded before the batch) and the trainer's engine recomputes the log-probs.
+ */
+export function rolloutFn(cfg: ResolvedConfig, agent: Agent, env: Environment, remote?: OpenAIRollout): RolloutFn<Question> {
+  return async (reqs, onProgress) => {
+    if (!reqs.length) return [];
+    if (remote) await remote.syncAdapter(agent.model);
+    const runner = episodeRunner(cfg, agent, env, { seed: reqs[0].seed, onTurn: onProgress && ((t) => onProgress(t.finished, reqs.length)), generator: remote });
+    const r = await runner.run(reqs.map((q) => ({ question: q.question.question, prompt: q.question.prompt, temperature: q.temperature, ...(q.topP !== undefined ? { topP: q.topP } : {}), seed: q.seed })));
+    const eps = r.episodes.map((e) => trainEpisode(e));
+    return remote ? recomputeLogprobs(agent.model, eps) : eps;
+  };
+}
+
+/**
+ * GRPO or PPO (the config's stage) on the train questions: episodes in `env`, scored by the
+ * config's reward, generated by the trainer's engine or (rollout.engine openai) remote servers.
+ */
+export async function rlStage(s: StageRun, train: Question[], env: Environment, deps: RewardDeps, o: { keepAdapter: boolean; dist: Distributed | null }): Promise<TrainResult> {
+  const { cfg, agent, log, dir } = s;
+  const stage = cfg.stage;
+  const reward = trainerReward(rewardFromConfig(cfg.reward as never, deps), (q: Question) => ({ question: q.question, golds: q.golds, id: q.id }));
+  const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
+  const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
+  const rl = { ...s.common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, topP: cfg.rollout.top_p, keepAdapter: o.keepAdapter, klReference: cfg.algorithm.kl_reference, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, entropyCoef: cfg.algorithm.entropy_coef, onStep: s.onStep };
+  const o8 = cfg.rollout.openai;
+  const remote =
+    cfg.rollout.engine === 'openai'
+      ? new OpenAIRollout({ urls: o8.urls, model: o8.model, timeoutS: o8.timeout_s, retries: o8.retries, concurrency: o8.concurrency, stopTokenIds: agent.tokenizer.stopTokenIds, adapterDir: o8.adapter_dir ?? join(dir, 'rollout-adapters'), name: `${basename(dir)}${o.dist ? `-rank${o.dist.shard.rank}` : ''}` })
+      : undefined;
+  if (remote) log(`rollouts: OpenAI-compatible servers ${o8.urls.join(', ')} (adapter reloaded after every step; log-probs recomputed here)`);
+  const rollout = rolloutFn(cfg, agent, env, remote);
+  let r: { steps: number; meanReward: number[] };
+  if (stage === 'grpo') {
+    const g = groupAdvantageOptions(cfg);
+    const fn = groupAdvantageFn(g);
+    const est = cfg.algorithm.kl_estimator;
+    if (cfg.algorithm.kl_coef > 0 && est === 'k2') throw new SlmError('CONFIG_INVALID', 'algorithm.kl_estimator: GRPO puts the KL in the loss, which supports k1 and k3; found k2.', { path: 'algorithm.kl_estimator' });
+    r = await runGrpo(agent.model, train, s.run, { rollout, reward, advantages: (rw, correct) => fn(rw, g.useCorrectness ? correct : undefined) }, {
+      ...rl,
+      k: cfg.rollout.k,
+      innerEpochs: cfg.algorithm.inner_epochs,
+      klCoef: cfg.algorithm.kl_coef,
+      klEstimator: est === 'k2' ? 'k3' : est,
+      lossNorm: cfg.algorithm.loss_norm,
+      turnDiscount: cfg.algorithm.turn_discount,
+      schedule: scheduleSpec(cfg),
+    });
+  } else {
+    const a = ppoAdvantageOptions(cfg);
+    r = await runPpo(agent.model, train, s.run, { rollout, reward }, {
+      ...rl,
+      n: cfg.rollout.k,
+      ppoEpochs: cfg.algorithm.inner_epochs,
+      miniBatch: cfg.algorithm.mini_batch || undefined,
+      gamma: a.gamma,
+      lam: a.lam,
+      whiten: a.whiten,
+      klCoef: cfg.algorithm.kl_coef,
+      klIn: cfg.algorithm.kl_in,
+      klEstimator: cfg.algorithm.kl_estimator,
+      tokenLevel: cfg.algorithm.loss_norm === 'token',
+      vfCoef: cfg.algorithm.vf_coef,
+      valueClip: cfg.algorithm.value_clip,
+      schedule: scheduleSpec(cfg),
+      criticLr: cfg.optim.critic_lr,
+    });
+  }
+  return { stage, dir, steps: r.steps, adapter: join(dir, 'adapter'), meanReward: r.meanReward };
+}
