@@ -8,11 +8,11 @@
 // sandbox.require_isolation / --require-isolation refuse a run below a chosen level.
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
-import { bwrapView, checkRequiredIsolation, detectIsolation, detectIsolationWithCaps, SANDBOX_RUNNER, BWRAP_WORKDIR } from '../lib/sandbox/isolation.js';
+import { bwrapView, checkRequiredIsolation, detectIsolation, detectIsolationWithCaps, runnerPackagePath, SANDBOX_PACKAGE, SANDBOX_RUNNER, BWRAP_WORKDIR } from '../lib/sandbox/isolation.js';
 import { createPythonPool, type PythonSandboxPool } from '../lib/sandbox/python.js';
 import type { IsolationLevel, IsolationReport, SearchTools } from '../lib/sandbox/types.js';
 import { runCliAsync } from './helpers/cli.js';
@@ -159,7 +159,12 @@ t.test('every isolation level: the report says what a program can read, and it i
           // Every file the program can see outside the bound library folders, /proc and /dev: exactly the allow-listed ones.
           const w = await pool.run(walkProgram(['/proc', '/dev', '/sys', ...view.dirs]), { maxOutputChars: 100_000, timeoutMs: 30_000 });
           t.equal(w.error, null, w.error ?? '');
-          const expected = [...view.files, SANDBOX_RUNNER].sort();
+          // The runner's modules: every file of python/slm_sandbox/ on the host, at SANDBOX_PACKAGE.
+          const modules = readdirSync(runnerPackagePath(), { recursive: true, withFileTypes: true })
+            .filter((e) => e.isFile())
+            .map((e) => join(SANDBOX_PACKAGE, join(e.parentPath ?? e.path, e.name).slice(runnerPackagePath().length + 1)));
+          t.ok(modules.includes(join(SANDBOX_PACKAGE, 'runner.py')), "the runner's modules are bound next to it");
+          const expected = [...view.files, SANDBOX_RUNNER, ...modules].sort();
           t.same(JSON.parse(w.stdout), { count: expected.length, first: expected }, 'the only files outside the library folders are the allow-listed ones');
           t.match(pool.isolation.readable, /^only what the interpreter needs, read-only: .*Nothing else of this machine/);
         } else {

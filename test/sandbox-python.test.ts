@@ -1,10 +1,11 @@
 // The Python sandbox pool: what a program sees, what comes back, how the pool manages its workers.
 // (Hostile programs: sandbox-hostile.test.ts; the real model-written programs: sandbox-code-blocks.test.ts.)
+import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import t from 'tap';
 import { SlmError } from '../lib/errors.js';
 import { createSandbox } from '../lib/sandbox/index.js';
-import { detectIsolation } from '../lib/sandbox/isolation.js';
+import { detectIsolation, runnerPackagePath } from '../lib/sandbox/isolation.js';
 import { createPythonPool, type PythonSandboxPool } from '../lib/sandbox/python.js';
 import type { SearchTools } from '../lib/sandbox/types.js';
 import { truncationMarker } from '../lib/sandbox/types.js';
@@ -182,6 +183,22 @@ t.test('each program starts in a fresh namespace and an empty working directory'
   t.equal(second.error, null);
   t.equal(second.stdout, 'False [] 1 kate_box\n');
   t.equal(second.calls.length, 1, 'the real search_pages answered');
+});
+
+t.test("every one of the runner's modules is loaded before a program runs, and sys.path is the interpreter's own", async (t) => {
+  // The child drops its uid and installs seccomp before the program: a module of python/slm_sandbox
+  // imported lazily there would be read after the lock-down (and may be unreadable by then).
+  const r = await pool.run('import sys, json\nprint(json.dumps({"mods": sorted(m for m in sys.modules if m.split(".")[0] == "slm_sandbox"), "path": sys.path}))');
+  t.equal(r.error, null, r.error ?? '');
+  const seen = JSON.parse(r.stdout) as { mods: string[]; path: string[] };
+  const files = readdirSync(runnerPackagePath()).filter((f) => f.endsWith('.py'));
+  t.ok(files.length >= 5, `the runner's package holds its modules: ${files.join(' ')}`);
+  const expected = files.map((f) => (f === '__init__.py' ? 'slm_sandbox' : `slm_sandbox.${f.slice(0, -3)}`)).sort();
+  t.same(seen.mods, expected, 'every module file of python/slm_sandbox is already imported');
+  // The runner puts its own folder on sys.path only to import its modules (-I leaves it off).
+  const own = spawnSync(pool.isolation.python, ['-I', '-S', '-B', '-c', 'import sys, json; print(json.dumps(sys.path))'], { encoding: 'utf8' });
+  t.equal(own.status, 0, own.stderr);
+  t.same(seen.path, JSON.parse(own.stdout), "the program's sys.path is the interpreter's, without the runner's folder");
 });
 
 t.test('globals are bound for one program only, checked before it is queued', async (t) => {

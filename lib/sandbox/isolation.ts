@@ -7,8 +7,8 @@
  *   an empty read-only root into which only what the interpreter needs is bound, read-only (its
  *   executable, standard library and the files it maps, as the runner itself reports them with
  *   `--probe`; the system libraries /usr/lib, /usr/lib64, /lib, /lib64; /etc/ld.so.cache; the runner
- *   at SANDBOX_RUNNER), plus its own /proc and /dev and a private size-limited tmpfs as the working
- *   directory. Nothing else of the host is readable or listable: not the folder slm-train runs from,
+ *   at SANDBOX_RUNNER and its modules at SANDBOX_PACKAGE), plus its own /proc and /dev and a
+ *   private size-limited tmpfs as the working directory. Nothing else of the host is readable or listable: not the folder slm-train runs from,
  *   the run folder, the corpus or questions files, the project, /home, /root, /srv, /opt, /mnt, /etc.
  *   Dies with its parent.
  * - `unshare` (util-linux): own network, PID (with its own /proc), IPC, UTS and mount namespaces; the
@@ -16,8 +16,8 @@
  *   program reads what its uid can (`IsolationReport.readable` says which).
  * - `rlimits-only`: no wrapper; the worker runs in its own process group; the filesystem as above.
  * `sandbox.require_isolation` / `requireIsolation` makes a run refuse to start below a chosen level.
- * Inside every level the runner adds its own layer (python/sandbox_runner.py): resource limits, an
- * unprivileged uid when it starts as root and the standard library is readable by that uid, and a
+ * Inside every level the runner adds its own layer (python/sandbox_runner.py and its modules in
+ * python/slm_sandbox/): resource limits, an unprivileged uid when it starts as root and the standard library is readable by that uid, and a
  * seccomp filter where ctypes is available. `network` is true when either a network namespace or
  * the seccomp filter (which denies socket()) is in force.
  */
@@ -33,6 +33,8 @@ import type { IsolationLevel, IsolationReport } from './types.js';
 export const BWRAP_WORKDIR = '/tmp/work';
 /** Where the runner is bound inside bubblewrap (nothing of the slm-train package's location shows). */
 export const SANDBOX_RUNNER = '/slm-train/sandbox_runner.py';
+/** Where the runner's modules (python/slm_sandbox/) are bound inside bubblewrap: next to the runner, which imports them from its own folder. */
+export const SANDBOX_PACKAGE = '/slm-train/slm_sandbox';
 /** Shared-library directories bound read-only inside bubblewrap (a symlink is recreated as one). */
 const SYSTEM_LIB_DIRS = ['/usr/lib', '/usr/lib64', '/lib', '/lib64'];
 /** Host files the dynamic loader reads, bound read-only where they exist. */
@@ -88,6 +90,11 @@ export function pythonFile(name: string, code = 'SANDBOX_UNAVAILABLE'): string {
 /** Absolute path of python/sandbox_runner.py. */
 export function runnerPath(): string {
   return pythonFile('sandbox_runner.py');
+}
+
+/** Absolute path of python/slm_sandbox, the runner's modules (it imports them from its own folder). */
+export function runnerPackagePath(): string {
+  return pythonFile('slm_sandbox');
 }
 
 function run(cmd: string, args: string[], timeoutMs = 15_000, env: NodeJS.ProcessEnv = WORKER_ENV): Promise<{ code: number | null; stdout: string; stderr: string }> {
@@ -180,7 +187,7 @@ export function bwrapView(python: string, paths: InterpreterPaths): BwrapView {
 }
 
 /** bubblewrap's arguments (everything before the Python command line): see bwrapView() and the file comment. */
-export function bwrapArgs(python: string, paths: InterpreterPaths, runner: string, workdirMb: number): string[] {
+export function bwrapArgs(python: string, paths: InterpreterPaths, runner: string, runnerPackage: string, workdirMb: number): string[] {
   const v = bwrapView(python, paths);
   const a: string[] = [];
   // bubblewrap creates the folders leading to a mount point with mode 0700: make them 0755 first, so
@@ -194,6 +201,7 @@ export function bwrapArgs(python: string, paths: InterpreterPaths, runner: strin
   for (const [target, path] of v.symlinks) a.push('--symlink', target, path);
   for (const f of v.files) a.push('--ro-bind', f, f);
   a.push('--ro-bind', runner, SANDBOX_RUNNER);
+  a.push('--ro-bind', runnerPackage, SANDBOX_PACKAGE);
   a.push('--dev', '/dev', '--proc', '/proc');
   for (const h of v.hidden) a.push('--tmpfs', h);
   a.push('--size', String(Math.max(1, workdirMb) * 1024 * 1024), '--tmpfs', BWRAP_WORKDIR);
@@ -215,7 +223,7 @@ export function wrapperCommand(level: IsolationLevel, python: string, caps: Pick
   const py = [python, '-I', '-S', '-B', runner, ...runnerArgs];
   if (level === 'bwrap') {
     if (!caps.paths) throw new SlmError('SANDBOX_UNAVAILABLE', "Expected the interpreter's paths (from the runner's --probe) to start bubblewrap but found none.");
-    return { file: 'bwrap', args: [...bwrapArgs(python, caps.paths, runner, workdirMb), python, '-I', '-S', '-B', SANDBOX_RUNNER, ...runnerArgs] };
+    return { file: 'bwrap', args: [...bwrapArgs(python, caps.paths, runner, runnerPackagePath(), workdirMb), python, '-I', '-S', '-B', SANDBOX_RUNNER, ...runnerArgs] };
   }
   if (level === 'unshare') return { file: 'unshare', args: [...unshareArgs(), ...py] };
   return { file: python, args: py.slice(1) };
