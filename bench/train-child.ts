@@ -4,6 +4,7 @@
  * argv: modelDir checkpoint(0|1) seqLen reps
  */
 import { readFileSync } from 'node:fs';
+import { LORA_TARGETS } from '../lib/engine/adapter.js';
 import { Model } from '../lib/engine/model.js';
 
 const [dir, ckpt, seqLen, repsArg] = process.argv.slice(2);
@@ -11,7 +12,7 @@ const T = Number(seqLen);
 const checkpoint = ckpt === '1';
 const kib = (k: string) => Number(new RegExp(`${k}:\\s+(\\d+) kB`).exec(readFileSync('/proc/self/status', 'utf8'))?.[1] ?? NaN) / 1024;
 const m = await Model.load(dir);
-m.attachLora({ r: 16, alpha: 32, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] }, 0);
+m.attachLora({ r: 16, alpha: 32, dropout: 0, rslora: false, targets: [...LORA_TARGETS] }, 0);
 const seq = Array.from({ length: T }, (_, i) => ((i * 7919) % 100000) + 100);
 const mask = seq.map((_, i) => (i >= T / 4 ? 1 : 0));
 const batch = { sequences: [seq], masks: [mask] };

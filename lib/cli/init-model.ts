@@ -1,6 +1,6 @@
 /** `slm-train init-model --preset tiny|small [--model-type qwen3|qwen2|llama] --out DIR` */
 import type { CommandModule } from 'yargs';
-import { PRESETS, initModel } from '../model/init.js';
+import { PRESETS, STORAGE_DTYPES, initModel } from '../model/init.js';
 import { SUPPORTED_MODEL_TYPES } from '../model/config.js';
 import { print } from './common.js';
 
@@ -9,7 +9,7 @@ interface Args {
   modelType: string;
   out: string;
   seed: number;
-  dtype: 'float32' | 'bfloat16';
+  dtype: (typeof STORAGE_DTYPES)[number];
 }
 
 export const initModelCommand: CommandModule<object, Args> = {
@@ -21,7 +21,7 @@ export const initModelCommand: CommandModule<object, Args> = {
       .option('model-type', { choices: SUPPORTED_MODEL_TYPES, default: 'qwen3', describe: 'the architecture (config.json model_type)' })
       .option('out', { type: 'string', demandOption: true, describe: 'output folder' })
       .option('seed', { type: 'number', default: 0 })
-      .option('dtype', { choices: ['float32', 'bfloat16'] as const, default: 'float32' as const, describe: 'storage dtype of the weights' }) as never,
+      .option('dtype', { choices: STORAGE_DTYPES, default: 'float32' as const, describe: 'storage dtype of the weights' }) as never,
   handler: async (a) => {
     const r = initModel({ preset: a.preset, modelType: a.modelType, out: a.out, seed: a.seed, dtype: a.dtype });
     print(`wrote ${a.preset} ${a.modelType} model (${(r.parameters / 1e6).toFixed(1)}M parameters) to ${r.dir}`);

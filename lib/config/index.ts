@@ -1,5 +1,5 @@
 /** The training config: schema, loading with overrides, and the options it gives the trainers. */
-export { CONFIG_SCHEMA, ALIASES, PATH_KEYS, STAGES, LORA_TARGET_NAMES } from './schema.js';
+export { CONFIG_SCHEMA, ALIASES, PATH_KEYS, STAGES } from './schema.js';
 export type * from './types.js';
 export {
   applyOverrides,

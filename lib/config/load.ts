@@ -445,7 +445,7 @@ export function loadConfig(file: string, overrides: readonly string[] = [], opts
   const cliKeys = new Set(ov.map((o) => o.path.join('.')));
   resolvePathKeys(merged, cwd, (k) => cliKeys.has(k));
   const cfg = validateConfig(merged, file, { name: basename(abs, extname(abs)), fromCli: ov.map((o) => dotted(o.path)) });
-  cfg.run.dir = resolve(cwd, expandHome(cfg.run.dir ?? 'runs'));
+  cfg.run.dir = resolve(cwd, expandHome(cfg.run.dir));
   return cfg;
 }
 
@@ -466,7 +466,7 @@ export function configFromObject(obj: unknown, opts: { baseDir?: string; name?: 
   }
   if (isObj(raw)) resolvePathKeys(raw, base);
   const cfg = validateConfig(raw, 'config object', { name: opts.name });
-  cfg.run.dir = resolve(base, expandHome(cfg.run.dir ?? 'runs'));
+  cfg.run.dir = resolve(base, expandHome(cfg.run.dir));
   return cfg;
 }
 

@@ -7,6 +7,8 @@
  * (= clip_low), protocol.max_turns_eval (= max_turns), run.name (= the config file's name).
  */
 
+import { ATTENTION_TARGETS, LORA_TARGETS } from '../engine/adapter.js';
+import { COMPUTE_DTYPES } from '../engine/types.js';
 import { SEARCH_R1_INSTRUCTION } from '../episodes/prompts.js';
 
 type Schema = Record<string, unknown>;
@@ -29,7 +31,6 @@ const section = (properties: Record<string, Schema>, required: string[] = []): S
 });
 
 export const STAGES = ['sft', 'grpo', 'ppo', 'eval'] as const;
-export const LORA_TARGET_NAMES = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
 /** Config keys that hold file or folder paths: resolved against the config file's folder. */
 export const PATH_KEYS = ['model.path', 'model.adapter', 'data.questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
 
@@ -43,7 +44,7 @@ export const CONFIG_SCHEMA: Schema = {
       {
         path: { type: 'string', minLength: 1, description: 'a Hugging Face model folder (config.json, safetensors, tokenizer), or hf:OWNER/NAME from the hub' },
         adapter: str(null, 'a PEFT adapter folder (or hf:OWNER/NAME) to start from (e.g. the SFT result before GRPO)'),
-        dtype: oneOf(['float32', 'bfloat16', 'float16'], 'float32'),
+        dtype: oneOf(COMPUTE_DTYPES, 'float32'),
         device: { type: 'string', pattern: '^(cpu|cuda(:[0-9]+)?)$', default: 'cpu', description: 'cpu, cuda or cuda:N' },
         threads: int(0, { minimum: 0 }, 'CPU threads for libtorch; 0 = all cores'),
       },
@@ -54,7 +55,7 @@ export const CONFIG_SCHEMA: Schema = {
       alpha: num(32, { exclusiveMinimum: 0 }),
       dropout: num(0.05, { minimum: 0, exclusiveMaximum: 1 }),
       rslora: bool(false, 'scale by alpha / sqrt(r) instead of alpha / r'),
-      targets: { type: 'array', items: { type: 'string', enum: LORA_TARGET_NAMES }, minItems: 1, uniqueItems: true, default: ['q_proj', 'k_proj', 'v_proj', 'o_proj'] },
+      targets: { type: 'array', items: { type: 'string', enum: LORA_TARGETS }, minItems: 1, uniqueItems: true, default: ATTENTION_TARGETS },
       layers: { type: ['array', 'null'], items: { type: 'integer', minimum: 0 }, uniqueItems: true, default: null, description: 'layers with adapters; null = all' },
     }),
     data: section({

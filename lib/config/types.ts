@@ -1,16 +1,19 @@
 /**
  * The shape of a resolved config: every key present (defaults filled, derived defaults resolved,
- * paths absolute). Mirrors lib/config/schema.ts by hand; test/config.test.ts checks that both name the
- * same keys.
+ * paths absolute). Mirrors lib/config/schema.ts by hand; test/config-types.test.ts checks that both
+ * agree (keys, value types, enum values; every default a value of its key).
  */
 
-export type Stage = 'sft' | 'grpo' | 'ppo' | 'eval';
-export type LoraTargetName = 'q_proj' | 'k_proj' | 'v_proj' | 'o_proj' | 'gate_proj' | 'up_proj' | 'down_proj';
+import type { LoraTarget } from '../engine/adapter.js';
+import type { ComputeDtype } from '../engine/types.js';
+import type { STAGES } from './schema.js';
+
+export type Stage = (typeof STAGES)[number];
 
 export interface ModelConfig {
   path: string;
   adapter: string | null;
-  dtype: 'float32' | 'bfloat16' | 'float16';
+  dtype: ComputeDtype;
   device: string;
   threads: number;
 }
@@ -20,7 +23,7 @@ export interface LoraConfig {
   alpha: number;
   dropout: number;
   rslora: boolean;
-  targets: LoraTargetName[];
+  targets: LoraTarget[];
   layers: number[] | null;
 }
 

@@ -20,6 +20,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import YAML from 'yaml';
 import { loadConfig } from '../config/load.js';
+import { LORA_TARGETS } from '../engine/adapter.js';
 import { initModel } from '../model/init.js';
 import { loadTokenizer } from '../model/tokenizer.js';
 import { syntheticCorpus, type SyntheticQuestion, type SyntheticQuestionKind } from '../retrieval/synthetic.js';
@@ -119,7 +120,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   // 3. configs (the same files `slm-train train --config` takes)
   const base = {
     model: { path: paths.model, dtype: 'float32', device: 'cpu' },
-    lora: { r: 32, alpha: 64, dropout: 0, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] },
+    lora: { r: 32, alpha: 64, dropout: 0, targets: [...LORA_TARGETS] },
     data: { questions: questionsFile, corpus: corpusFile, index: join(dir, 'index'), split: { train_fraction: 0.8 } },
     protocol: { kind: 'code', max_turns: 2, max_new_tokens: 96, max_context: 1024, system_prompt: DEMO_SYSTEM_PROMPT, question_variable: 'question', final_answer: true },
     sandbox: { kind: 'python', workers: 2, timeout_s: 5 },

@@ -11,7 +11,12 @@ import { SlmError, closest, describe } from '../errors.js';
 import { readSafetensorsHeader } from '../model/safetensors.js';
 import type { NativeModelConfig } from '../binding/types.js';
 
-export const LORA_TARGETS = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
+/** The attention projections of a decoder layer (the default lora.targets). */
+export const ATTENTION_TARGETS = ['q_proj', 'k_proj', 'v_proj', 'o_proj'] as const;
+/** The MLP projections of a decoder layer. */
+export const MLP_TARGETS = ['gate_proj', 'up_proj', 'down_proj'] as const;
+/** Every projection a LoRA adapter can target (lora.targets, PEFT target_modules). */
+export const LORA_TARGETS = [...ATTENTION_TARGETS, ...MLP_TARGETS] as const;
 export type LoraTarget = (typeof LORA_TARGETS)[number];
 
 export interface LoraSpec {
@@ -29,7 +34,7 @@ export const ADAPTER_CONFIG = 'adapter_config.json';
 export const VALUE_HEAD = 'value_head.safetensors';
 
 function moduleName(layer: number, t: LoraTarget): string {
-  return `model.layers.${layer}.${t.endsWith('_proj') && ['gate_proj', 'up_proj', 'down_proj'].includes(t) ? 'mlp' : 'self_attn'}.${t}`;
+  return `model.layers.${layer}.${(MLP_TARGETS as readonly string[]).includes(t) ? 'mlp' : 'self_attn'}.${t}`;
 }
 
 export function checkLoraSpec(s: LoraSpec, numLayers?: number): LoraSpec {

@@ -154,13 +154,16 @@ function constFiller(dtype: StDtype, value: 0 | 1): (out: Uint8Array) => void {
   };
 }
 
+/** The dtypes `init-model` writes weights in. */
+export const STORAGE_DTYPES = ['float32', 'bfloat16'] as const;
+
 export interface InitOptions {
   preset: string;
   out: string;
   /** The architecture (config.json's model_type); default qwen3. */
   modelType?: string;
   seed?: number;
-  dtype?: 'float32' | 'bfloat16';
+  dtype?: (typeof STORAGE_DTYPES)[number];
   /** Overrides of config fields (e.g. a smaller vocab_size for a model with its own tokenizer, or rope_scaling). */
   overrides?: Record<string, unknown>;
   /**

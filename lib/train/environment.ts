@@ -115,7 +115,7 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
   const kind = cfg.protocol.kind;
   if (kind === 'direct') return { protocol: directProtocol(), describe: 'protocol direct (no search)', close: async () => {} };
   const tags = (search: TagsProtocolOptions['search']) =>
-    tagsProtocol({ search, topK: cfg.protocol.top_k, instruction: cfg.protocol.instruction, usePrompt: cfg.protocol.use_data_prompt, turnsCount: cfg.protocol.turns_count ?? 'searches', ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) });
+    tagsProtocol({ search, topK: cfg.protocol.top_k, instruction: cfg.protocol.instruction, usePrompt: cfg.protocol.use_data_prompt, ...(cfg.protocol.turns_count !== null ? { turnsCount: cfg.protocol.turns_count } : {}), ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) });
   // retrieval.kind http goes with the tags protocol and names its url (config cross-checks).
   if (cfg.retrieval.kind === 'http') {
     const remote = new HttpRetriever({ url: cfg.retrieval.url ?? '', timeoutS: cfg.retrieval.timeout_s, retries: cfg.retrieval.retries });
@@ -168,7 +168,7 @@ export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environmen
     tokenizer: runnerTokenizer(agent.tokenizer),
     formatter: agent.formatter,
     protocol: env.protocol,
-    maxTurns: o.eval ? (p.max_turns_eval ?? p.max_turns) : p.max_turns,
+    maxTurns: o.eval ? p.max_turns_eval : p.max_turns,
     maxNewTokens: p.max_new_tokens,
     maxTotalTokens: p.max_context,
     temperature: o.temperature,
@@ -193,7 +193,7 @@ export async function rewardDeps(cfg: ResolvedConfig, log: Log, ext: Pick<Extens
   const custom = ext.reward ? { customReward: { fn: ext.reward, file: '<reward function>' } } : file ? { customReward: { fn: await loadRewardModule(file), file } } : {};
   if (file && !ext.reward) log(`reward: module ${file}`);
   const usesJudge = (cfg.reward.parts as Array<{ kind?: unknown }>).some((p) => typeof p.kind === 'string' && p.kind.startsWith('judge'));
-  const j = parseJudgeConfig(cfg.reward.judge ?? {});
+  const j = parseJudgeConfig(cfg.reward.judge);
   if (!usesJudge || j.backend !== 'engine' || !j.model_path) return { deps: { onError, ...custom }, close: () => {} };
   const judge = await loadPolicy(j.model_path, { dtype: cfg.model.dtype, device: cfg.model.device });
   log(`judge: ${j.model_path} on the native engine`);

@@ -164,7 +164,7 @@ export async function evaluate(
     avg_turns: num('turns'),
     answered: mean(rows.map((x) => (x.answer !== null ? 1 : 0))),
     ...bySource(rows),
-    max_turns: cfg.protocol.max_turns_eval ?? cfg.protocol.max_turns,
+    max_turns: cfg.protocol.max_turns_eval,
     temperature: cfg.eval.temperature,
     top_p: cfg.eval.top_p ?? midpoint(cfg.rollout.top_p),
     top_k: cfg.protocol.top_k,
