@@ -1,20 +1,7 @@
 /** The training config: schema, loading with overrides, and the options it gives the trainers. */
 export { CONFIG_SCHEMA, ALIASES, PATH_KEYS, STAGES } from './schema.js';
 export type * from './types.js';
-export {
-  applyOverrides,
-  configFromObject,
-  configToYaml,
-  expectedOf,
-  loadConfig,
-  missingFiles,
-  parseOverrides,
-  readConfigFile,
-  runDir,
-  suggestKey,
-  validateConfig,
-  writeResolvedConfig,
-  type LoadOptions,
-  type Override,
-} from './load.js';
+export { configFromObject, configToYaml, loadConfig, missingFiles, readConfigFile, runDir, validateConfig, writeResolvedConfig, type LoadOptions } from './load.js';
+export { applyOverrides, parseOverrides, type Override } from './overrides.js';
+export { expectedOf, suggestKey } from './problems.js';
 export { groupAdvantageOptions, ppoAdvantageOptions, scheduleSpec } from './algorithm.js';
