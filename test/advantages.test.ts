@@ -1,8 +1,6 @@
 // Advantages against numbers computed by hand (worked out in the comments).
 import t, { type Test } from 'tap';
 import {
-  broadcastAdvantage,
-  broadcastAdvantages,
   episodeTokenAdvantages,
   turnCounts,
   gae,
@@ -131,14 +129,34 @@ t.test('a batch of groups: per-episode scalars and which groups were skipped', a
   t.same(fn([0.5, 0.5], [false, false]), { advantages: [0, 0] }, 'flat at 0.5 with std none: r - 0.5');
 });
 
-t.test('token-level broadcasting over the loss mask', async (t) => {
+t.test('token-level broadcasting over the loss mask (episodeTokenAdvantages, no discount)', async (t) => {
   const m = Uint8Array.from([0, 0, 1, 1, 0, 1]);
-  t.same(Array.from(broadcastAdvantage(-0.5, m)), [0, 0, -0.5, -0.5, 0, -0.5]);
-  const b = broadcastAdvantages([2, null], [m, Uint8Array.from([1, 0])]);
-  t.same(Array.from(b[0]!), [0, 0, 2, 2, 0, 2]);
-  t.equal(b[1], null);
+  const b = episodeTokenAdvantages([-0.5, 2], [m, Uint8Array.from([0, 1])]);
+  t.same(Array.from(b[0]), [0, 0, -0.5, -0.5, 0, -0.5]);
+  t.same(Array.from(b[1]), [0, 2]);
   t.type(b[0], Float32Array);
-  t.throws(() => broadcastAdvantages([1], []), { code: 'ARGUMENT_INVALID' });
+  // Per-sequence loss (loss_norm sequence) spreads the same values: the weights are the native loss's.
+  t.same(Array.from(episodeTokenAdvantages([-0.5], [m], { norm: 'sequence' })[0]), [0, 0, -0.5, -0.5, 0, -0.5]);
+});
+
+t.test('a batch of groups with a per-group rule, partial correctness flags and excluded members', async (t) => {
+  const seen: Array<[number[], boolean[] | undefined]> = [];
+  const rule = (r: number[], s?: boolean[]) => {
+    seen.push([r, s]);
+    return r.length < 2 ? { advantages: null } : { advantages: r.map((x) => x * 10) };
+  };
+  // Groups of 3: [1, 2, 3] with member 1 excluded; [4, 5, 6] all excluded; [7, 8, 9] none.
+  const b = grpoAdvantages([1, 2, 3, 4, 5, 6, 7, 8, 9], 3, rule, [true, undefined, undefined, undefined, undefined, undefined, undefined, undefined, undefined], [false, true, false, true, true, true, false, false, false]);
+  close(t, b.advantages, [10, null, 30, null, null, null, 70, 80, 90], 'advantages');
+  // Group 0 has one flag (member 0): the other member counts as not successful. Group 2 has none: no flags.
+  t.same(seen, [
+    [[1, 3], [true, false]],
+    [[7, 8, 9], undefined],
+  ]);
+  t.same(b.skipped, [{ group: 1, reason: 'all_excluded' }]);
+  // A rule giving no advantages without a reason: skipped, reason 'skipped'.
+  t.same(grpoAdvantages([1, 2, 3, 4], 2, rule, undefined, [true, false, false, false]).skipped, [{ group: 0, reason: 'skipped' }]);
+  t.throws(() => grpoAdvantages([1, 2], 2, rule, undefined, [true]), { code: 'ARGUMENT_INVALID', message: /exclusion flags/ });
 });
 
 t.test('KL estimators', async (t) => {

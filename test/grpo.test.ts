@@ -7,7 +7,8 @@ import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
 import { RunFolder } from '../lib/train/run.js';
-import { runGrpo, type GrpoOptions, type RolloutRequest, type TrainEpisode } from '../lib/train/grpo.js';
+import { runGrpo, type GrpoOptions } from '../lib/train/grpo.js';
+import type { RolloutRequest, TrainEpisode } from '../lib/train/types.js';
 
 type Q = { id: number; prompt: number[] };
 const questions: Q[] = Array.from({ length: 4 }, (_, i) => ({ id: i, prompt: Array.from({ length: 6 }, (_, k) => ((i * 13 + k * 7) % 50) + 10) }));

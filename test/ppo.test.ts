@@ -11,7 +11,7 @@ import { Model, type TrainBatch, type TrainOptions } from '../lib/engine/model.j
 import type { LoraSpec } from '../lib/engine/adapter.js';
 import { initModel } from '../lib/model/init.js';
 import { RunFolder } from '../lib/train/run.js';
-import type { RolloutRequest, TrainEpisode } from '../lib/train/grpo.js';
+import type { RolloutRequest, TrainEpisode } from '../lib/train/types.js';
 import { ppoPrepare, ppoUpdate, runPpo, type PpoBatch, type PpoOptions, type PpoStepInfo, type PpoUpdateOptions } from '../lib/train/ppo.js';
 
 type Q = { id: number; prompt: number[] };

@@ -30,7 +30,7 @@ const section = (properties: Record<string, Schema>, required: string[] = []): S
   ...(required.length ? { required } : {}),
 });
 
-export const STAGES = ['sft', 'grpo', 'ppo', 'eval'] as const;
+export const STAGES = ['sft', 'grpo', 'ppo', 'rloo', 'eval'] as const;
 /** Config keys that hold file or folder paths: resolved against the config file's folder. */
 export const PATH_KEYS = ['model.path', 'model.adapter', 'data.questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
 
@@ -168,7 +168,7 @@ export const CONFIG_SCHEMA: Schema = {
       module: str(null, 'a JavaScript module (.js/.mjs, relative to the config file) exporting `reward` (or a default function) (ctx: {id, question, golds, answer, episode}) => number | {score, parts?, correct?} (or a promise of one); it is the part named `module` (weight 1) added to reward.parts unless the parts list a {kind: module} themselves. A non-number stops the run with REWARD_MODULE_INVALID. null = none'),
     }),
     algorithm: section({
-      kind: oneOf(['grpo', 'ppo', 'sft'], null, 'null = the stage'),
+      kind: oneOf(['grpo', 'ppo', 'rloo', 'sft'], null, 'null = the stage'),
       clip_low: num(0.2, { minimum: 0 }),
       clip_high: num(null, { minimum: 0 }, 'null = clip_low; DAPO uses 0.28'),
       kl_coef: num(0, { minimum: 0 }),

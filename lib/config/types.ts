@@ -125,7 +125,7 @@ export interface GroupFallbackConfig {
 }
 
 export interface AlgorithmConfig {
-  kind: 'grpo' | 'ppo' | 'sft';
+  kind: 'grpo' | 'ppo' | 'rloo' | 'sft';
   clip_low: number;
   clip_high: number;
   kl_coef: number;

@@ -30,7 +30,7 @@ import { trainFromConfig } from '../train/session.js';
 import { trainByteLevelBpe } from './bpe.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
 import { DEMO_SYSTEM_PROMPT, expertProgram, expertTrajectories } from './expert.js';
-import { hashUniform } from '../train/grpo.js';
+import { hashUniform } from '../util/hash.js';
 import { permutation } from '../train/run.js';
 
 export interface DemoOptions {

@@ -27,7 +27,7 @@
 import { SlmError, describe, isSlmError } from '../errors.js';
 import { customReward, type CustomRewardFn } from '../extensions.js';
 import type { RewardConfig } from '../config/types.js';
-import type { RewardResult, TrainEpisode } from '../train/grpo.js';
+import type { RewardResult, TrainEpisode } from '../train/types.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
 import { formatReward, matchReward } from './basic.js';
 import { parseJudgeConfig, parsePart, type JudgeConfig, type PartConfig } from './config.js';

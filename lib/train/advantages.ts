@@ -24,7 +24,7 @@
  *   its spread (a success: the correctness flag when given, else reward > `failAtOrBelow`).
  *
  * Token level: an episode's scalar advantage is spread over its trained tokens
- * (`broadcastAdvantage`). DAPO's token-level normalisation is not done here: it is the native loss's
+ * (`episodeTokenAdvantages`, with the turn discount and loss_norm 'turn' weights). DAPO's token-level normalisation is not done here: it is the native loss's
  * `tokenLevel` flag (native/core/train.cc): with it every trained token of the batch weighs
  * 1 / (trained tokens in the batch); without it each sequence's tokens weigh
  * 1 / (sequences x its own trained tokens) (GRPO's per-sequence mean).
@@ -42,6 +42,7 @@
  *     unbiased variance, (x - mean) / sqrt(var + 1e-8)); returns are computed before whitening.
  */
 import { SlmError, describe } from '../errors.js';
+import type { GroupAdvantageFn } from './types.js';
 
 // ---------------------------------------------------------------------------------------------
 // GRPO
@@ -136,37 +137,57 @@ export function groupAdvantage(rewards: ArrayLike<number>, opts?: Partial<GroupA
 }
 
 export interface GroupAdvantages {
-  /** One per episode, in input order; null = dropped (its group was skipped). */
+  /** One per episode, in input order; null = dropped (its group was skipped, or the episode excluded). */
   advantages: Array<number | null>;
-  groups: Array<Omit<GroupAdvantage, 'advantages'> & { group: number; start: number; size: number }>;
-  skipped: Array<{ group: number; reason: SkipReason }>;
+  /** Per group: where it starts, its size, and what the rule said of it (groupAdvantage's details with options). */
+  groups: Array<{ group: number; start: number; size: number; reason?: string } & Partial<Omit<GroupAdvantage, 'advantages' | 'reason'>>>;
+  /** The groups without advantages, and why. */
+  skipped: Array<{ group: number; reason: string }>;
 }
 
 /**
  * Advantages of a batch laid out group after group: episodes [g*K, (g+1)*K) are group g's K rollouts.
+ * `rule`: GRPO's groupAdvantage with these options, or any per-group function (RLOO's, a test's).
+ * `success` (e.g. the rewards' correctness flags): a group gets flags when any of its members has
+ * one, a member without one counting as not successful. `excluded` members (reward.on_failure:
+ * exclude) are left out of their group's statistics and get no advantage; a group with none left is
+ * skipped ('all_excluded'). A group is skipped when the rule gives no advantages (its reason, else
+ * 'skipped').
  */
-export function grpoAdvantages(rewards: ArrayLike<number>, groupSize: number, opts?: Partial<GroupAdvantageOptions>, success?: ArrayLike<boolean>): GroupAdvantages {
+export function grpoAdvantages(
+  rewards: ArrayLike<number>,
+  groupSize: number,
+  rule: Partial<GroupAdvantageOptions> | GroupAdvantageFn = {},
+  success?: ArrayLike<boolean | undefined>,
+  excluded?: ArrayLike<boolean>,
+): GroupAdvantages {
   if (!Number.isInteger(groupSize) || groupSize < 1) throw new SlmError('ARGUMENT_INVALID', `groupSize must be a positive integer, found ${describe(groupSize)}.`);
   if (rewards.length % groupSize !== 0)
     throw new SlmError('ARGUMENT_INVALID', `${rewards.length} rewards do not split into groups of ${groupSize}: expected a multiple of ${groupSize}.`);
-  if (success && success.length !== rewards.length) throw new SlmError('ARGUMENT_INVALID', `success flags must match the rewards: ${rewards.length} rewards, ${success.length} flags.`);
-  const r = Array.from(rewards);
-  const s = success ? Array.from(success) : undefined;
+  for (const [name, xs] of [['success flags', success], ['exclusion flags', excluded]] as const)
+    if (xs && xs.length !== rewards.length) throw new SlmError('ARGUMENT_INVALID', `${name} must match the rewards: ${rewards.length} rewards, ${xs.length} flags.`);
+  let perGroup: (r: number[], s?: boolean[]) => { advantages: number[] | null; reason?: string };
+  if (typeof rule === 'function') perGroup = rule;
+  else {
+    const o = options(rule);
+    perGroup = (r, s) => groupAdvantage(r, o, s);
+  }
   const out: GroupAdvantages = { advantages: [], groups: [], skipped: [] };
-  for (let g = 0, start = 0; start < r.length; g++, start += groupSize) {
-    const { advantages, ...info } = groupAdvantage(r.slice(start, start + groupSize), opts, s?.slice(start, start + groupSize));
-    for (let j = 0; j < groupSize; j++) out.advantages.push(advantages ? advantages[j] : null);
-    out.groups.push({ group: g, start, size: groupSize, ...info });
-    if (info.reason) out.skipped.push({ group: g, reason: info.reason });
+  for (let g = 0, start = 0; start < rewards.length; g++, start += groupSize) {
+    const members = Array.from({ length: groupSize }, (_, j) => start + j).filter((i) => excluded?.[i] !== true);
+    const flags = success && members.some((i) => typeof success[i] === 'boolean') ? members.map((i) => success[i] === true) : undefined;
+    const { advantages, ...info } = members.length ? perGroup(members.map((i) => rewards[i]), flags) : { advantages: null, reason: 'all_excluded' };
+    const byMember = new Map(members.map((i, n) => [i, advantages ? advantages[n] : null]));
+    for (let i = start; i < start + groupSize; i++) out.advantages.push(byMember.get(i) ?? null);
+    const reason = advantages ? info.reason : (info.reason ?? 'skipped');
+    out.groups.push({ group: g, start, size: groupSize, ...info, ...(reason !== undefined ? { reason } : {}) });
+    if (!advantages) out.skipped.push({ group: g, reason: reason! });
   }
   return out;
 }
 
-/**
- * The per-group function the GRPO trainer takes (lib/train/grpo.ts `GroupAdvantages`), bound to
- * options.
- */
-export function groupAdvantageFn(opts?: Partial<GroupAdvantageOptions>): (rewards: number[], success?: boolean[]) => { advantages: number[] | null; reason?: string } {
+/** The per-group function GRPO takes (a `GroupAdvantageFn`), bound to options. */
+export function groupAdvantageFn(opts?: Partial<GroupAdvantageOptions>): GroupAdvantageFn {
   const o = options(opts);
   return (rewards, success) => {
     const g = groupAdvantage(rewards, o, success);
@@ -176,22 +197,6 @@ export function groupAdvantageFn(opts?: Partial<GroupAdvantageOptions>): (reward
 
 // ---------------------------------------------------------------------------------------------
 // Token level
-
-/** An episode's scalar advantage on each trained token (mask 1), 0 elsewhere; aligned with the ids. */
-export function broadcastAdvantage(advantage: number, mask: Uint8Array): Float32Array {
-  const out = new Float32Array(mask.length);
-  for (let t = 0; t < mask.length; t++) if (mask[t]) out[t] = advantage;
-  return out;
-}
-
-/** broadcastAdvantage per episode; a null advantage (skipped group) gives null. */
-export function broadcastAdvantages(advantages: ArrayLike<number | null>, masks: Uint8Array[]): Array<Float32Array | null> {
-  if (advantages.length !== masks.length) throw new SlmError('ARGUMENT_INVALID', `${advantages.length} advantages for ${masks.length} loss masks: expected one per episode.`);
-  return masks.map((m, i) => {
-    const a = advantages[i];
-    return a === null ? null : broadcastAdvantage(a, m);
-  });
-}
 
 /** An episode's assistant turns: the maximal runs of trained tokens (mask 1), as [start, end) spans. */
 export function turnSpans(mask: ArrayLike<number>): Array<[number, number]> {

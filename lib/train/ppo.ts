@@ -1,5 +1,6 @@
 /**
- * PPO over real episodes, as Search-R1 runs it on verl. One step:
+ * PPO over real episodes, as Search-R1 runs it on verl, as an algorithm of the RL loop
+ * (lib/train/rl-loop.ts: steps 1, 2 and 6 are the loop's). One step:
  *   1. take the next questions (seeded order, resumable), `n` rollouts each (1 by default: PPO needs
  *      no group), every rollout with its own temperature drawn from the configured range;
  *   2. score every episode (each reward part kept for the logs);
@@ -29,64 +30,49 @@
  */
 import type { Model } from '../engine/model.js';
 import { native } from '../engine/runtime.js';
-import type { LoraSpec } from '../engine/adapter.js';
 import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
 import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './advantages.js';
-import { Progress, type ProgressTo } from '../util/progress.js';
-import { beginStage, endStep, rolloutRequests, type AdamOptions, type RewardResult, type RolloutFn, type TrainEpisode } from './grpo.js';
-import { learningRate, type ScheduleSpec } from './schedule.js';
-import { permutation, type RunFolder, type TrainState } from './run.js';
-import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
-import { shardRange } from '../distributed/data-parallel.js';
-import { gatherRollouts } from '../distributed/gather.js';
+import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
+import { permutation, type RunFolder } from './run.js';
+import { mean } from './rollout-metrics.js';
+import { schemaDefault } from './defaults.js';
 import type { Shard } from '../distributed/run.js';
+import type { AdamOptions, RlDeps, TrainEpisode } from './types.js';
 
-export interface PpoDeps<Q> {
-  rollout: RolloutFn<Q>;
-  reward(ep: TrainEpisode, q: Q): Promise<RewardResult>;
-}
-
-type Schedule = Omit<ScheduleSpec, 'totalSteps'> & { totalSteps?: number };
-
-export interface PpoOptions {
-  lora: LoraSpec;
-  /** Rollouts per question (default 1). */
-  n?: number;
-  questionsPerStep: number;
-  steps: number;
-  temperature: number | [number, number];
-  /** rollout.top_p: a range is drawn per rollout (rolloutTopP); one value is the runner's. */
-  topP?: number | [number, number];
-  /** Passes over a step's episodes (verl ppo_epochs; default 1). */
+export interface PpoOptions extends RlLoopOptions {
+  /** Rollouts per question (rollout.k; PPO needs no group: 1 is enough). */
+  n: number;
+  /** Passes over a step's episodes (verl ppo_epochs; algorithm.inner_epochs). */
   ppoEpochs?: number;
   /** Episodes per optimizer step (verl ppo_mini_batch_size); default: all of the step's episodes. */
   miniBatch?: number;
   clipLow?: number;
+  /** Default: clipLow. */
   clipHigh?: number;
   /** GAE discount and lambda (Search-R1: 1 and 1). */
   gamma?: number;
   lam?: number;
-  /** Whiten the advantages over the batch's trained tokens (default true, as verl). */
+  /** Whiten the advantages over the batch's trained tokens (verl does). */
   whiten?: boolean;
-  /** KL to the reference (see klReference); default 0.001 (Search-R1). */
+  /** KL to the reference (see klReference); Search-R1 uses 0.001. */
   klCoef?: number;
   /** 'reward' (default, verl's kl_ctrl in the token rewards) or 'loss' (a KL term in the native loss). */
   klIn?: 'reward' | 'loss';
   /** k1 by default; the loss supports k1 and k3, the reward k1, k2 and k3. */
   klEstimator?: KlEstimator;
-  /** Value-loss coefficient (default 0.5) and clip range around the old values (default 0.5). */
+  /** Value-loss coefficient and clip range around the old values. */
   vfCoef?: number;
   valueClip?: number;
   entropyCoef?: number;
-  /** Token-mean over the mini-batch (default true, verl's token-mean); false: per-sequence means. */
+  /** Token-mean over the mini-batch (verl's token-mean); false: per-sequence means. */
   tokenLevel?: boolean;
   /** The actor's (LoRA) learning-rate schedule. */
-  schedule: Schedule;
+  schedule: StageSchedule;
   /** The critic's (value head) schedule; default: the actor's with `criticLr` (or the actor's lr). */
-  criticSchedule?: Schedule;
+  criticSchedule?: StageSchedule;
   criticLr?: number;
-  /** First steps that train only the critic (verl trainer.critic_warmup; default 0). */
+  /** First steps that train only the critic (verl trainer.critic_warmup; default none). */
   criticWarmup?: number;
   /** Old log-probs from a forward pass before the update instead of the sampling log-probs. */
   recomputeOldLogprobs?: boolean;
@@ -95,16 +81,6 @@ export interface PpoOptions {
   adam?: AdamOptions;
   microBatch?: number;
   gradientCheckpointing?: boolean;
-  seed: number;
-  checkpointEvery?: number;
-  resume?: boolean;
-  /** Keep the adapter already on the model (e.g. from SFT) instead of attaching a fresh one. */
-  keepAdapter?: boolean;
-  /** The KL reference: the adapter the stage starts from, frozen ('start', default), or the base model. */
-  klReference?: 'start' | 'base';
-  stopAfter?: number;
-  /** Called after each step's metrics row (awaited: e.g. an evaluation every N steps). */
-  onStep?: (row: Record<string, unknown>) => void | Promise<void>;
   /**
    * Data-parallel rank (lib/distributed): this process rolls out its share of each step's questions
    * and computes their values and log-probs; the prepared episodes are gathered so that every rank
@@ -114,8 +90,6 @@ export interface PpoOptions {
   shard?: Shard;
   /** Sees every step's prepared batch before the update (tests, debugging). */
   onBatch?: (info: PpoStepInfo) => void | Promise<void>;
-  /** Where the steps' progress bar goes (default: none). */
-  progress?: ProgressTo;
 }
 
 /** What one optimizer pass trains on: per-token arrays aligned with the ids (0 where the mask is 0). */
@@ -330,117 +304,103 @@ function maskedStats(xs: Float32Array[], masks: Uint8Array[]): { mean: number; v
   return { mean: m, var: n ? ss / n : NaN, n };
 }
 
-export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: PpoDeps<Q>, o: PpoOptions): Promise<{ steps: number; meanReward: number[] }> {
-  const n = o.n ?? 1;
-  const klCoef = o.klCoef ?? 0.001;
+/** What PPO's advantages phase hands to its update and its metrics row. */
+interface PpoStep {
+  prep: { kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] };
+  /** Whether this step trains only the critic (criticWarmup). */
+  warm: boolean;
+}
+
+/** PPO as an algorithm of the RL loop; throws CONFIG_INVALID for options that cannot work together. */
+function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
+  const d = (key: string) => schemaDefault('algorithm', key);
+  const n = o.n;
+  const klCoef = o.klCoef ?? (d('kl_coef') as number);
+  // PPO puts the KL in the reward by default (Search-R1; lib/config/load.ts derive), estimated by k1.
   const klIn = o.klIn ?? 'reward';
   const klEstimator = o.klEstimator ?? 'k1';
   if (klIn === 'loss' && klCoef > 0 && klEstimator === 'k2') throw new SlmError('CONFIG_INVALID', 'the KL term in the loss supports k1 and k3, found k2; use k2 with klIn "reward".');
   if (!Number.isInteger(n) || n < 1) throw new SlmError('CONFIG_INVALID', `n (rollouts per question) must be a positive integer, found ${n}.`);
-  const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
-  const actor: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? o.steps };
   const criticBase = o.criticSchedule ?? (o.criticLr !== undefined ? { ...o.schedule, lr: o.criticLr } : undefined);
-  const critic: ScheduleSpec | undefined = criticBase && { ...criticBase, totalSteps: criticBase.totalSteps ?? o.steps };
-  const checkpoint = o.gradientCheckpointing ?? true;
-  const begun = await beginStage(model, run, o);
-  let state: TrainState = begun.state;
-  if (o.resume) {
-    if (!model.hasValueHead()) throw new SlmError('CHECKPOINT_INVALID', `--resume: the latest checkpoint in ${run.dir} has no value head (value_head.safetensors); it is not a PPO checkpoint.`);
-  } else if (begun.fresh || !model.hasValueHead()) model.attachValueHead(o.seed + 1);
-  const rewardsByStep: number[] = [];
-  let ranHere = 0;
-  const bar = new Progress('ppo', o.steps, 'steps', o.progress, state.step);
-  try {
-    while (state.step < o.steps) {
-      if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
-      const order = permutation(questions.length, o.seed, state.epoch);
-      const stepQs = order.slice(state.batchInEpoch * o.questionsPerStep, (state.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
-      // This rank's share (all of it in one process); temperatures and seeds by the global index.
-      const [q0, q1] = o.shard ? shardRange(stepQs.length, o.shard.rank, o.shard.world) : [0, stepQs.length];
-      const qs = stepQs.slice(q0, q1);
-      const offset = q0 * n; // the global index of this rank's first episode
-      // 1. rollouts
-      const t0 = performance.now();
-      const reqs = rolloutRequests(qs, q0, n, state.step, o);
-      bar.set({ detail: `rollouts 0/${reqs.length}` });
-      const episodes = await deps.rollout(reqs, (done, total) => bar.set({ detail: `rollouts ${done}/${total}` }));
-      if (episodes.length !== reqs.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${episodes.length} episodes for ${reqs.length} requests.`);
-      const tRollout = (performance.now() - t0) / 1e3;
-      // 2. rewards
-      bar.set({ detail: 'reward' });
-      const t1 = performance.now();
-      const rewards = await Promise.all(episodes.map((ep, i) => deps.reward(ep, reqs[i].question)));
-      const tReward = (performance.now() - t1) / 1e3;
-      // 3-4. values, reference, advantages
-      bar.set({ detail: 'values and advantages' });
-      const t2 = performance.now();
-      native().manualSeed(o.seed * 1000003 + state.step * 31 + 17);
-      const scores = rewards.map((r) => r.total);
-      const prepOpts: PpoPrepareOptions = {
-        gamma: o.gamma ?? 1,
-        lam: o.lam ?? 1,
-        whiten: o.whiten ?? true,
-        klCoef,
-        klIn,
-        klEstimator,
-        recomputeOldLogprobs: o.recomputeOldLogprobs ?? false,
-        checkpoint,
-      };
+  const checkpoint = o.gradientCheckpointing ?? (schemaDefault('optim', 'gradient_checkpointing') as boolean);
+  const clipLow = o.clipLow ?? (d('clip_low') as number);
+  const prepOpts: PpoPrepareOptions = {
+    gamma: o.gamma ?? (d('gamma') as number),
+    lam: o.lam ?? (d('lam') as number),
+    whiten: o.whiten ?? (d('whiten') as boolean),
+    klCoef,
+    klIn,
+    klEstimator,
+    recomputeOldLogprobs: o.recomputeOldLogprobs ?? false,
+    checkpoint,
+  };
+  const lrs = (step: number) => {
+    const lr = stageLearningRate(o.schedule, o.steps, step);
+    return { lr, valueLr: criticBase ? stageLearningRate(criticBase, o.steps, step) : lr, warm: step < (o.criticWarmup ?? 0) };
+  };
+  return {
+    name: 'ppo',
+    groupSize: n,
+    prepareTimer: 'time_prepare_s',
+    begin(model, b) {
+      if (b.resume) {
+        if (!model.hasValueHead()) throw new SlmError('CHECKPOINT_INVALID', `--resume: the latest checkpoint has no value head (value_head.safetensors); it is not a PPO checkpoint.`);
+      } else if (b.fresh || !model.hasValueHead()) model.attachValueHead(o.seed + 1);
+    },
+    // Steps 3-4: values, reference, advantages.
+    async advantages(s) {
+      native().manualSeed(o.seed * 1000003 + s.step * 31 + 17);
+      const scores = s.rewards.map((r) => r.total);
       // Each rank's forward passes cover its own episodes; the advantages (whitened over the whole
       // batch) are computed from every rank's, identically on every rank.
       // reward.on_failure: exclude — an episode whose reward failed trains nothing (no trained token).
-      const trained = episodes.map((e, i) => (rewards[i].excluded === true ? { ...e, lossMask: new Uint8Array(e.lossMask.length) } : e));
-      const fwd = await ppoForward(model, trained, prepOpts);
-      const global = o.shard ? await gatherForward(o.shard, fwd, offset, scores) : { forward: fwd, scores };
-      const allScores = global.scores;
-      const prep = ppoAdvantagesFor(global.forward, allScores, prepOpts);
-      const tPrepare = (performance.now() - t2) / 1e3;
-      await o.onBatch?.({ step: state.step + 1, episodes, kept: prep.kept, scores, refLogprobs: prep.refLogprobs, adv: prep.adv, batch: prep.batch });
-      // 5. update
-      bar.set({ detail: `train (${prep.kept.length} episodes)` });
-      const t3 = performance.now();
-      const lr = learningRate(actor, state.step);
-      const valueLr = critic ? learningRate(critic, state.step) : lr;
-      const warm = state.step < (o.criticWarmup ?? 0);
-      let stats: NativeTrainStats[] = [];
-      if (prep.kept.length) {
-        const b = warm ? { ...prep.batch, advantages: prep.batch.advantages.map((a) => new Float32Array(a.length)) } : prep.batch;
-        stats = await ppoUpdate(model, b, {
-          epochs: o.ppoEpochs ?? 1,
-          miniBatch: o.miniBatch,
-          seed: o.seed * 31 + state.step,
-          lr: warm ? 0 : lr,
-          valueLr,
-          clipLow: o.clipLow ?? 0.2,
-          clipHigh: o.clipHigh ?? o.clipLow ?? 0.2,
-          klCoef: klIn === 'loss' && !warm ? klCoef : 0,
-          klEstimator: klEstimator === 'k3' ? 'k3' : 'k1',
-          entropyCoef: warm ? 0 : (o.entropyCoef ?? 0),
-          vfCoef: o.vfCoef ?? 0.5,
-          valueClip: o.valueClip ?? 0.5,
-          tokenLevel: o.tokenLevel ?? true,
-          weightDecay: o.weightDecay ?? 0,
-          maxGradNorm: o.maxGradNorm ?? 1,
-          adam: o.adam,
-          microBatch: o.microBatch,
-          checkpoint,
-          mine: o.shard ? (i) => prep.kept[i] >= offset && prep.kept[i] < offset + episodes.length : undefined,
-        });
-      }
-      const tTrain = (performance.now() - t3) / 1e3;
-      // 6. logs
-      const totals = allScores;
-      const pos = new Map(prep.kept.map((g, j) => [g, j]));
-      const firstTrained = (m: Uint8Array) => m.findIndex((x) => x === 1);
-      const { masks, oldValues } = prep.batch;
-      const lines = episodes.map((e, i) => {
-        const j = pos.get(offset + i);
-        const f = j === undefined ? -1 : firstTrained(masks[j]);
-        return trajectoryLine(state.step + 1, reqs[i].question, e, rewards[i], { value: f >= 0 ? oldValues[j!][f] : null, return: f >= 0 ? prep.adv.returns[j!][f] : null });
+      const trained = s.episodes.map((e, i) => (s.rewards[i].excluded === true ? { ...e, lossMask: new Uint8Array(e.lossMask.length) } : e));
+      const fwd = await ppoForward(s.model, trained, prepOpts);
+      const global = s.shard ? await gatherForward(s.shard, fwd, s.offset, scores) : { forward: fwd, scores };
+      const prep = ppoAdvantagesFor(global.forward, global.scores, prepOpts);
+      await o.onBatch?.({ step: s.step + 1, episodes: s.episodes, kept: prep.kept, scores, refLogprobs: prep.refLogprobs, adv: prep.adv, batch: prep.batch });
+      return { prep, warm: lrs(s.step).warm };
+    },
+    trained: (a) => a.prep.kept.length,
+    // Step 5: the update (the critic alone during its warm-up).
+    async update(s, { prep, warm }) {
+      if (!prep.kept.length) return [];
+      const { lr, valueLr } = lrs(s.step);
+      const b = warm ? { ...prep.batch, advantages: prep.batch.advantages.map((a) => new Float32Array(a.length)) } : prep.batch;
+      return ppoUpdate(s.model, b, {
+        epochs: o.ppoEpochs ?? (d('inner_epochs') as number),
+        miniBatch: o.miniBatch,
+        seed: o.seed * 31 + s.step,
+        lr: warm ? 0 : lr,
+        valueLr,
+        clipLow,
+        clipHigh: o.clipHigh ?? clipLow,
+        klCoef: klIn === 'loss' && !warm ? klCoef : 0,
+        klEstimator: klEstimator === 'k3' ? 'k3' : 'k1',
+        entropyCoef: warm ? 0 : (o.entropyCoef ?? (d('entropy_coef') as number)),
+        vfCoef: o.vfCoef ?? (d('vf_coef') as number),
+        valueClip: o.valueClip ?? (d('value_clip') as number),
+        tokenLevel: o.tokenLevel ?? d('loss_norm') === 'token',
+        weightDecay: o.weightDecay ?? (schemaDefault('optim', 'weight_decay') as number),
+        maxGradNorm: o.maxGradNorm ?? (schemaDefault('optim', 'max_grad_norm') as number),
+        adam: o.adam,
+        microBatch: o.microBatch,
+        checkpoint,
+        mine: s.shard ? (i) => prep.kept[i] >= s.offset && prep.kept[i] < s.offset + s.episodes.length : undefined,
       });
-      const all = o.shard ? await gatherRollouts(o.shard, episodes, rewards, [], [], lines) : { episodes, rewards, lines };
-      const done = stats.filter((s) => !s.skipped);
-      const sm = (k: keyof NativeTrainStats) => (done.length ? mean(done.map((s) => s[k] as number)) : undefined);
+    },
+    // The value and return at the episode's first trained token.
+    trajectory(s, { prep }, i) {
+      const j = prep.kept.indexOf(s.offset + i);
+      const f = j < 0 ? -1 : prep.batch.masks[j].findIndex((x) => x === 1);
+      return { value: f >= 0 ? prep.batch.oldValues[j][f] : null, return: f >= 0 ? prep.adv.returns[j][f] : null };
+    },
+    share: () => null,
+    row(s, { prep, warm }, stats, all) {
+      const { lr, valueLr } = lrs(s.step);
+      const done = stats.filter((x) => !x.skipped);
+      const sm = (k: keyof NativeTrainStats) => (done.length ? mean(done.map((x) => x[k] as number)) : undefined);
+      const { masks, oldValues } = prep.batch;
       const v = maskedStats(oldValues, masks);
       const ret = maskedStats(prep.adv.returns, masks);
       const resid = maskedStats(
@@ -448,45 +408,35 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
         masks,
       );
       const advStats = maskedStats(prep.adv.advantages, masks);
-      const row: Record<string, unknown> = {
-        stage: 'ppo',
-        step: state.step + 1,
-        lr: warm ? 0 : lr,
-        critic_lr: valueLr,
-        critic_warmup: warm || undefined,
-        ...rolloutMetrics(all.episodes, all.rewards),
-        episodes_trained: prep.kept.length,
-        episodes_excluded: all.rewards.filter((r) => r.excluded === true).length || undefined,
-        episodes_empty: all.episodes.length - prep.kept.length - all.rewards.filter((r) => r.excluded === true).length || undefined,
-        kl: klIn === 'reward' ? prep.adv.klMean : sm('kl'),
-        kl_coef: klCoef,
-        values_mean: v.mean,
-        returns_mean: ret.mean,
-        advantages_mean: advStats.mean,
-        advantages_std: Math.sqrt(advStats.var),
-        explained_var: ret.n ? 1 - resid.var / (ret.var + 1e-5) : undefined,
-        loss: sm('loss'),
-        pg_loss: sm('pgLoss'),
-        vf_loss: sm('valueLoss'),
-        entropy: sm('entropy'),
-        pg_clipfrac: sm('clipFrac'),
-        ratio_mean: sm('ratio'),
-        grad_norm: sm('gradNorm'),
-        optimizer_steps: done.length,
-        updates_skipped: stats.length - done.length || undefined,
-        time_rollout_s: tRollout,
-        time_reward_s: tReward,
-        time_prepare_s: tPrepare,
-        time_train_s: tTrain,
-        time_step_s: (performance.now() - t0) / 1e3,
+      const excluded = all.rewards.filter((r) => r.excluded === true).length;
+      return {
+        head: { lr: warm ? 0 : lr, critic_lr: valueLr, critic_warmup: warm || undefined },
+        body: {
+          episodes_trained: prep.kept.length,
+          episodes_excluded: excluded || undefined,
+          episodes_empty: all.episodes.length - prep.kept.length - excluded || undefined,
+          kl: klIn === 'reward' ? prep.adv.klMean : sm('kl'),
+          kl_coef: klCoef,
+          values_mean: v.mean,
+          returns_mean: ret.mean,
+          advantages_mean: advStats.mean,
+          advantages_std: Math.sqrt(advStats.var),
+          explained_var: ret.n ? 1 - resid.var / (ret.var + 1e-5) : undefined,
+          loss: sm('loss'),
+          pg_loss: sm('pgLoss'),
+          vf_loss: sm('valueLoss'),
+          entropy: sm('entropy'),
+          pg_clipfrac: sm('clipFrac'),
+          ratio_mean: sm('ratio'),
+          grad_norm: sm('gradNorm'),
+          optimizer_steps: done.length,
+          updates_skipped: stats.length - done.length || undefined,
+        },
       };
-      rewardsByStep.push(mean(totals));
-      state = await endStep({ model, run, bar, row, lines: all.lines, state, perEpoch, shard: o.shard, onStep: o.onStep, checkpointEvery: o.checkpointEvery });
-      ranHere++;
-    }
-  } finally {
-    bar.stop();
-  }
-  if (state.step >= o.steps) await run.saveCheckpoint(model, state);
-  return { steps: state.step, meanReward: rewardsByStep };
+    },
+  };
+}
+
+export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, o: PpoOptions): Promise<{ steps: number; meanReward: number[] }> {
+  return runRl(model, questions, run, deps, ppo<Q>(o), o);
 }

@@ -10,7 +10,7 @@ import { Progress, type ProgressTo } from '../util/progress.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { batchByLength, type SftExample } from './sft-data.js';
-import type { AdamOptions } from './grpo.js';
+import type { AdamOptions } from './types.js';
 import { shardRange } from '../distributed/data-parallel.js';
 import type { Shard } from '../distributed/run.js';
 
