@@ -68,7 +68,7 @@ export interface GroupAdvantageOptions {
   allFailed: 'skip' | 'normalize';
 }
 
-export const GROUP_ADVANTAGE_DEFAULTS: GroupAdvantageOptions = {
+const GROUP_ADVANTAGE_DEFAULTS: GroupAdvantageOptions = {
   std: 'group',
   stdEstimator: 'sample',
   eps: 1e-4,
@@ -390,7 +390,7 @@ export interface PpoAdvantageOptions {
   whiten: boolean;
 }
 
-export const PPO_ADVANTAGE_DEFAULTS: PpoAdvantageOptions = { gamma: 1, lam: 1, klCoef: 0.001, klEstimator: 'k1', whiten: true };
+const PPO_ADVANTAGE_DEFAULTS: PpoAdvantageOptions = { gamma: 1, lam: 1, klCoef: 0.001, klEstimator: 'k1', whiten: true };
 
 export interface PpoAdvantages {
   advantages: Float32Array[];

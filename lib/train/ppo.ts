@@ -151,7 +151,7 @@ export async function ppoPrepare(model: Model, episodes: TrainEpisode[], scores:
 }
 
 /** The model's part of step 3 for the episodes with a trained token (`kept`): per-token arrays, 0 off the mask. */
-export interface PpoForward {
+interface PpoForward {
   kept: number[];
   sequences: Int32Array[];
   masks: Uint8Array[];
@@ -162,7 +162,7 @@ export interface PpoForward {
 }
 
 /** Step 4 (token rewards, GAE, whitening over every kept episode) for prepared episodes; `scores` by episode index. */
-export function ppoAdvantagesFor(f: PpoForward, scores: number[], o: Pick<PpoPrepareOptions, 'gamma' | 'lam' | 'whiten' | 'klCoef' | 'klIn' | 'klEstimator'>): { kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] } {
+function ppoAdvantagesFor(f: PpoForward, scores: number[], o: Pick<PpoPrepareOptions, 'gamma' | 'lam' | 'whiten' | 'klCoef' | 'klIn' | 'klEstimator'>): { kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] } {
   const { kept, sequences, masks, temperature, oldLogprobs, oldValues, refLogprobs } = f;
   const adv = ppoAdvantages(
     kept.map((i, j) => ({ mask: masks[j], score: scores[i], logprobs: oldLogprobs[j], refLogprobs: refLogprobs?.[j], values: oldValues[j] })),

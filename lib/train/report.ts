@@ -68,7 +68,7 @@ const clip = (s: unknown, n: number): string => {
 const num = (x: unknown): number | null => (typeof x === 'number' && Number.isFinite(x) ? x : null);
 
 /** A trajectories.jsonl row (training or evaluation) in the report's shape. */
-export function toReportTrajectory(row: Record<string, unknown>, source: string, maxChars: number): ReportTrajectory {
+function toReportTrajectory(row: Record<string, unknown>, source: string, maxChars: number): ReportTrajectory {
   const q = row.question as unknown;
   const qObj = q && typeof q === 'object' ? (q as Record<string, unknown>) : undefined;
   const golds = (row.golds ?? qObj?.golds ?? []) as unknown;
@@ -172,7 +172,7 @@ export async function collectReport(dir: string, o: ReportOptions = {}): Promise
   };
 }
 
-export function escapeHtml(s: string): string {
+function escapeHtml(s: string): string {
   return s.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]!);
 }
 
@@ -213,7 +213,7 @@ td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}th{background:#f4f4
  * with which series, the EMA smoothing and the number format. The page runs this text; the tests
  * run the same text in a VM (see `reportHelpers`).
  */
-export const HELPERS = `
+const HELPERS = `
 var GROUPS=[{id:'reward',title:'Reward and accuracy'},{id:'loss',title:'Losses'},{id:'kl',title:'KL, entropy, clipping'},{id:'length',title:'Lengths and turns'},{id:'timing',title:'Timing'},{id:'other',title:'Other'}];
 var PALETTE=['#1f6feb','#2f9e44','#ae3ec9','#0c8599','#c2255c','#5f3dc4'];
 var EVAL_COLOR='#e8590c';
@@ -417,7 +417,7 @@ export function reportHelpers(): Record<string, (...a: any[]) => any> { // eslin
   return runInNewContext(`${HELPERS};({groupOf:groupOf,planPlots:planPlots,ema:ema,fmtNum:fmtNum,GROUPS:GROUPS})`);
 }
 
-export function renderReport(d: ReportData): string {
+function renderReport(d: ReportData): string {
   const uplot = uplotAssets();
   const hashes = [uplot.js, SCRIPT].map((x) => `'sha256-${createHash('sha256').update(x, 'utf8').digest('base64')}'`).join(' ');
   const last = [...d.metrics].reverse().find((r) => r.kind !== 'eval');

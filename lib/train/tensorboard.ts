@@ -94,7 +94,7 @@ export function encodeEvent(e: TbEvent): Buffer {
 }
 
 /** One TFRecord around `data`. */
-export function tfRecord(data: Uint8Array): Buffer {
+function tfRecord(data: Uint8Array): Buffer {
   const len = Buffer.alloc(8);
   len.writeBigUInt64LE(BigInt(data.length));
   const head = Buffer.alloc(4);
