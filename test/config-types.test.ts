@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import ts from 'typescript';
 import { validateConfig } from '../lib/config/load.js';
-import { CONFIG_SCHEMA } from '../lib/config/schema.js';
+import { CONFIG_SCHEMA, sectionDefaults } from '../lib/config/schema.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 
@@ -175,6 +175,22 @@ t.test('the derived keys are null by default in the schema and filled by the loa
     t.not(c[sec][k], null, `${key}: filled by the loader`);
     t.notOk(typeView.props![sec].props![k].kinds.has('null'), `${key}: never null in the type`);
   }
+});
+
+t.test('sectionDefaults: what validation fills in a section left out', async (t) => {
+  const given = { stage: 'grpo', model: { path: 'unused' }, data: { questions: 'q.jsonl', corpus: 'c.jsonl' } };
+  const c = validateConfig(given, 'test') as unknown as Record<string, Record<string, unknown>>;
+  for (const sec of Object.keys(CONFIG_SCHEMA.properties as object).filter((k) => k !== 'stage')) {
+    const d = sectionDefaults(sec as never) as Record<string, unknown>;
+    t.same(Object.keys(d), Object.keys(c[sec]), `${sec}: every key`);
+    for (const [k, v] of Object.entries(d)) {
+      if (DERIVED.includes(`${sec}.${k}`) || (given as unknown as Record<string, Record<string, unknown>>)[sec]?.[k] !== undefined) continue;
+      t.same(v, c[sec][k], `${sec}.${k}`);
+    }
+  }
+  const a = sectionDefaults('reward');
+  a.parts.push({ kind: 'f1' });
+  t.same(sectionDefaults('reward').parts, [{ kind: 'em', weight: 1 }], 'a copy: changing it leaves the schema as it is');
 });
 
 t.test('the comparison finds a key, a type or an enum value on one side only', async (t) => {

@@ -10,6 +10,7 @@
 import { ATTENTION_TARGETS, LORA_TARGETS } from '../engine/adapter.js';
 import { COMPUTE_DTYPES } from '../engine/types.js';
 import { SEARCH_R1_INSTRUCTION } from '../episodes/prompts.js';
+import type { ResolvedConfig } from './types.js';
 
 type Schema = Record<string, unknown>;
 
@@ -232,6 +233,20 @@ export const CONFIG_SCHEMA: Schema = {
     }),
   },
 };
+
+/**
+ * The schema's defaults of one section, for code that takes a partial section (missing keys take
+ * these). The keys lib/config/load.ts derives from others are null here.
+ */
+export function sectionDefaults<S extends Exclude<keyof ResolvedConfig, 'stage'>>(section: S): ResolvedConfig[S] {
+  return defaultsOf((CONFIG_SCHEMA.properties as Record<string, Schema>)[section]) as ResolvedConfig[S];
+}
+
+/** A key's default: for a section, the defaults of its keys (as validation fills them). */
+function defaultsOf(s: Schema): unknown {
+  if (!s.properties) return structuredClone(s.default);
+  return Object.fromEntries(Object.entries(s.properties as Record<string, Schema>).map(([k, sub]) => [k, defaultsOf(sub)]));
+}
 
 /**
  * Names people carry over from other trainers (TRL, verl, PEFT), for "did you mean": alias -> key.

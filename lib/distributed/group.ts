@@ -54,8 +54,8 @@ export interface GroupOptions {
   backend: 'gloo' | 'nccl';
   /** Seconds for the rendezvous and for every collective. */
   timeoutS: number;
-  /** The python with torch.distributed (default /usr/bin/python3, Debian's python3-torch). */
-  python?: string;
+  /** The python with torch.distributed (distributed.python). */
+  python: string;
   /** cpu, or cuda:N for NCCL. */
   device?: string;
   log?: (line: string) => void;
@@ -103,7 +103,7 @@ export class ProcessGroup {
 
   /** Starts the sidecar and waits until every rank has joined (or the timeout passes). */
   static async join(env: DistEnv, o: GroupOptions): Promise<ProcessGroup> {
-    const python = o.python ?? '/usr/bin/python3';
+    const python = o.python;
     if (!existsSync(python))
       throw new SlmError('DISTRIBUTED_UNAVAILABLE', `distributed training needs a python with torch.distributed; ${python} does not exist. Install Debian's python3-torch (apt-get install python3-torch) or set distributed.python.`);
     const script = pythonFile('dist_sidecar.py', 'DISTRIBUTED_UNAVAILABLE');

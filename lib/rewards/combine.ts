@@ -26,6 +26,7 @@
  */
 import { SlmError, describe, isSlmError } from '../errors.js';
 import { customReward, type CustomRewardFn } from '../extensions.js';
+import { sectionDefaults } from '../config/schema.js';
 import type { RewardConfig } from '../config/types.js';
 import type { RewardResult, TrainEpisode } from '../train/types.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
@@ -294,19 +295,20 @@ function termOf(p: PartConfig, judge: () => RewardFn, custom: () => RewardFn): R
  * failed component does to the episode (see the module comment).
  */
 export function rewardFromConfig(cfg: Partial<RewardConfig> = {}, deps: RewardDeps = {}): ComposedRewardFn {
-  const combine = cfg.combine ?? 'weighted';
+  const defaults = sectionDefaults('reward');
+  const combine = cfg.combine ?? defaults.combine;
   if (combine !== 'weighted' && combine !== 'sign_magnitude') throw new SlmError('CONFIG_INVALID', `reward.combine: expected weighted or sign_magnitude, but found ${describe(combine)}.`, { path: 'reward.combine' });
-  const onFailure = cfg.on_failure ?? 'penalty';
+  const onFailure = cfg.on_failure ?? defaults.on_failure;
   if (!FAILURE_POLICIES.includes(onFailure)) throw new SlmError('CONFIG_INVALID', `reward.on_failure: expected ${FAILURE_POLICIES.join(' or ')}, but found ${describe(onFailure)}.`, { path: 'reward.on_failure' });
-  const failureValue = cfg.failure_value ?? null;
+  const failureValue = cfg.failure_value ?? defaults.failure_value;
   if (failureValue !== null && (typeof failureValue !== 'number' || !Number.isFinite(failureValue))) {
     throw new SlmError('CONFIG_INVALID', `reward.failure_value: expected a number or null (null: -1 with sign_magnitude, 0 with weighted), but found ${describe(failureValue)}.`, { path: 'reward.failure_value' });
   }
-  const raw = cfg.parts ?? [{ kind: 'em', weight: 1 }];
+  const raw = cfg.parts ?? defaults.parts;
   if (!Array.isArray(raw) || raw.length === 0) throw new SlmError('CONFIG_INVALID', `reward.parts: expected a non-empty list of parts, but found ${describe(raw)}.`, { path: 'reward.parts' });
   const parts = raw.map((p, i) => parsePart(p, `reward.parts[${i}]`));
   // reward.module: its function is the part `module` (weight 1) unless the parts place it themselves.
-  const moduleFile = cfg.module ?? null;
+  const moduleFile = cfg.module ?? defaults.module;
   if ((moduleFile || deps.customReward) && !parts.some((p) => p.kind === 'module')) parts.push({ kind: 'module', weight: 1, name: 'module' });
   const custom = (name: string) => () => {
     const c = deps.customReward;
@@ -320,7 +322,7 @@ export function rewardFromConfig(cfg: Partial<RewardConfig> = {}, deps: RewardDe
       );
     return customReward(c.fn, name, c.file);
   };
-  const parsed = parseJudgeConfig(cfg.judge ?? {});
+  const parsed = parseJudgeConfig(cfg.judge ?? defaults.judge);
   // judge.combine (the logged `judge` part) follows reward.combine unless set, so that the part
   // shows what the total counts
   const j: JudgeConfig = cfg.judge && 'combine' in cfg.judge ? parsed : { ...parsed, combine };
