@@ -11,10 +11,14 @@ import { Model, type TrainBatch, type TrainOptions } from '../lib/engine/model.j
 import type { LoraSpec } from '../lib/engine/adapter.js';
 import { initModel } from '../lib/model/init.js';
 import { RunFolder } from '../lib/train/run.js';
+import { CONFIG_SCHEMA } from '../lib/config/schema.js';
 import type { RolloutRequest, TrainEpisode } from '../lib/train/types.js';
 import { ppoPrepare, ppoUpdate, runPpo, type PpoBatch, type PpoOptions, type PpoStepInfo, type PpoUpdateOptions } from '../lib/train/ppo.js';
 
 type Q = { id: number; prompt: number[] };
+type Props = Record<string, { default?: unknown; properties?: Props }>;
+const SCHEMA_ALGORITHM = (CONFIG_SCHEMA.properties as Props).algorithm.properties!;
+const SCHEMA_OPTIM = (CONFIG_SCHEMA.properties as Props).optim.properties!;
 const questions: Q[] = Array.from({ length: 8 }, (_, i) => ({ id: i, prompt: Array.from({ length: 6 }, (_, k) => ((i * 13 + k * 7) % 50) + 10) }));
 const ENV = [60, 61, 62];
 
@@ -313,8 +317,10 @@ t.test('a step trains on the hand-computed values, returns and advantages', asyn
     const seen = new Array(b.sequences.length).fill(0);
     for (const c of mine) {
       t.equal(c.opts.loss, 'pg');
-      t.equal(c.opts.vfCoef, 0.5);
-      t.equal(c.opts.valueClip, 0.5);
+      // Left out of the options: the config schema's defaults (the one place they live).
+      t.equal(c.opts.vfCoef, SCHEMA_ALGORITHM.vf_coef.default);
+      t.equal(c.opts.valueClip, SCHEMA_ALGORITHM.value_clip.default);
+      t.equal(c.opts.maxGradNorm, SCHEMA_OPTIM.max_grad_norm.default);
       t.equal(c.opts.valueLr, 5e-2, 'the critic learning rate');
       t.equal(c.opts.lr, si === 0 ? 0 : 2e-2, 'actor lr 0 during the critic warm-up');
       c.batch.sequences.forEach((s, j) => {

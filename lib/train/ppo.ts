@@ -341,10 +341,10 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
   return {
     name: 'ppo',
     groupSize: n,
-    prepareTimer: 'time_prepare_s',
+    prepare: { timer: 'time_prepare_s', detail: 'values and advantages' },
     begin(model, b) {
       if (b.resume) {
-        if (!model.hasValueHead()) throw new SlmError('CHECKPOINT_INVALID', `--resume: the latest checkpoint has no value head (value_head.safetensors); it is not a PPO checkpoint.`);
+        if (!model.hasValueHead()) throw new SlmError('CHECKPOINT_INVALID', `--resume: the latest checkpoint in ${b.dir} has no value head (value_head.safetensors); it is not a PPO checkpoint.`);
       } else if (b.fresh || !model.hasValueHead()) model.attachValueHead(o.seed + 1);
     },
     // Steps 3-4: values, reference, advantages.

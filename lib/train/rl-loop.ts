@@ -4,8 +4,9 @@
  *      rollouts each, temperature and top-p drawn per rollout, seeds from the question's index in the
  *      whole step — timed as time_rollout_s;
  *   2. score: every episode's reward (each part kept for the logs) — time_reward_s;
- *   3. advantages: the algorithm's (group-relative, leave-one-out, GAE with a critic...) — timed as
- *      the algorithm's `prepareTimer` when it names one (PPO: time_prepare_s, its forward passes);
+ *   3. advantages: the algorithm's (group-relative, leave-one-out, GAE with a critic...) — timed
+ *      under the algorithm's `prepare.timer` when it names one (PPO: time_prepare_s, its forward
+ *      passes);
  *   4. update: the algorithm's optimizer steps — time_train_s;
  *   5. log and checkpoint: one metrics row (rollout metrics over every rank, then the algorithm's),
  *      the trajectories JSONL, the data position advanced, a checkpoint every `checkpointEvery`.
@@ -18,6 +19,7 @@ import type { LoraSpec } from '../engine/adapter.js';
 import { SlmError } from '../errors.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
 import { hashUniform } from '../util/hash.js';
+import { schemaDefault } from './defaults.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
@@ -94,10 +96,10 @@ export interface RlAlgorithm<Q, A, U, S = null> {
   name: string;
   /** Rollouts per question. */
   groupSize: number;
-  /** The metrics key that times the advantages phase, when it is reported on its own. */
-  prepareTimer?: string;
-  /** After the stage's adapter is in place (fresh: a new adapter was attached). */
-  begin?(model: Model, o: { fresh: boolean; resume: boolean }): void;
+  /** When the advantages phase is reported on its own: its metrics key and its progress line. */
+  prepare?: { timer: string; detail: string };
+  /** After the stage's adapter is in place (fresh: a new adapter was attached; dir: the run folder). */
+  begin?(model: Model, o: { fresh: boolean; resume: boolean; dir: string }): void;
   advantages(s: RlStep<Q>): Promise<A>;
   /** Episodes the update trains on (for the progress line). */
   trained(a: A): number;
@@ -144,7 +146,7 @@ function rolloutRequests<Q>(qs: Q[], q0: number, k: number, step: number, o: RlL
  */
 async function beginStage(model: Model, run: RunFolder, o: RlLoopOptions): Promise<{ state: TrainState; fresh: boolean }> {
   const start = o.keepAdapter === true && model.lora !== undefined;
-  if (start && (o.klReference ?? 'start') === 'start') model.setReferenceAdapter();
+  if (start && (o.klReference ?? schemaDefault('algorithm', 'kl_reference')) === 'start') model.setReferenceAdapter();
   else model.clearReferenceAdapter();
   if (o.resume) return { state: await run.restore(model), fresh: false };
   if (!start) model.attachLora(o.lora, o.seed);
@@ -174,7 +176,7 @@ export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFo
   const k = algo.groupSize;
   const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
   const begun = await beginStage(model, run, o);
-  algo.begin?.(model, { fresh: begun.fresh, resume: o.resume === true });
+  algo.begin?.(model, { fresh: begun.fresh, resume: o.resume === true, dir: run.dir });
   let state = begun.state;
   const rewardsByStep: number[] = [];
   let ranHere = 0;
@@ -201,7 +203,7 @@ export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFo
       const tReward = since(t1);
       const s: RlStep<Q> = { model, step: state.step, requests, episodes, rewards, offset: q0 * k, shard: o.shard };
       // 3. advantages
-      if (algo.prepareTimer) bar.set({ detail: 'values and advantages' });
+      if (algo.prepare) bar.set({ detail: algo.prepare.detail });
       const t2 = performance.now();
       const adv = await algo.advantages(s);
       const tPrepare = since(t2);
@@ -223,7 +225,7 @@ export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFo
         ...body,
         time_rollout_s: tRollout,
         time_reward_s: tReward,
-        ...(algo.prepareTimer ? { [algo.prepareTimer]: tPrepare } : {}),
+        ...(algo.prepare ? { [algo.prepare.timer]: tPrepare } : {}),
         time_train_s: tTrain,
         time_step_s: since(t0),
       };

@@ -11,6 +11,7 @@ import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { batchByLength, type SftExample } from './sft-data.js';
 import type { AdamOptions } from './types.js';
+import { schemaDefault } from './defaults.js';
 import { shardRange } from '../distributed/data-parallel.js';
 import type { Shard } from '../distributed/run.js';
 
@@ -65,7 +66,7 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
         const mine = o.shard ? batch.slice(...shardRange(batch.length, o.shard.rank, o.shard.world)) : batch;
         const s = await model.trainStep(
           { sequences: mine.map((e) => e.ids), masks: mine.map((e) => e.mask) },
-          { loss: 'sft', lr, weightDecay: o.weightDecay ?? 0, maxGradNorm: o.maxGradNorm ?? 1, ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? true },
+          { loss: 'sft', lr, weightDecay: o.weightDecay ?? (schemaDefault('optim', 'weight_decay') as number), maxGradNorm: o.maxGradNorm ?? (schemaDefault('optim', 'max_grad_norm') as number), ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? (schemaDefault('optim', 'gradient_checkpointing') as boolean) },
         );
         lastLoss = s.loss;
         state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };
