@@ -15,7 +15,7 @@ import { native } from '../engine/runtime.js';
 import { mean } from './rollout-metrics.js';
 import { episodeTokenAdvantages, grpoAdvantages, turnCounts, type LossNorm, type TurnCounts } from './advantages.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
-import { schemaDefault } from './defaults.js';
+import { sectionDefaults } from '../config/schema.js';
 import type { RunFolder } from './run.js';
 import type { AdamOptions, GroupAdvantageFn, RlDeps } from './types.js';
 
@@ -66,21 +66,22 @@ type Stats = Awaited<ReturnType<Model['trainStep']>>;
 
 /** The options with every default filled in from the config schema (lib/config/schema.ts). */
 function resolved(o: PgOptions) {
-  const d = (key: string) => schemaDefault('algorithm', key);
-  const clipLow = o.clipLow ?? (d('clip_low') as number);
+  const a = sectionDefaults('algorithm');
+  const opt = sectionDefaults('optim');
+  const clipLow = o.clipLow ?? a.clip_low;
   return {
-    innerEpochs: o.innerEpochs ?? (d('inner_epochs') as number),
+    innerEpochs: o.innerEpochs ?? a.inner_epochs,
     clipLow,
     clipHigh: o.clipHigh ?? clipLow,
-    klCoef: o.klCoef ?? (d('kl_coef') as number),
+    klCoef: o.klCoef ?? a.kl_coef,
     // The KL goes into the loss, whose estimator defaults to k3 (lib/config/load.ts derive).
     klEstimator: o.klEstimator ?? 'k3',
-    lossNorm: o.lossNorm ?? (d('loss_norm') as LossNorm),
-    turnDiscount: o.turnDiscount ?? (d('turn_discount') as number),
-    entropyCoef: o.entropyCoef ?? (d('entropy_coef') as number),
-    weightDecay: o.weightDecay ?? (schemaDefault('optim', 'weight_decay') as number),
-    maxGradNorm: o.maxGradNorm ?? (schemaDefault('optim', 'max_grad_norm') as number),
-    checkpoint: o.gradientCheckpointing ?? (schemaDefault('optim', 'gradient_checkpointing') as boolean),
+    lossNorm: o.lossNorm ?? a.loss_norm,
+    turnDiscount: o.turnDiscount ?? a.turn_discount,
+    entropyCoef: o.entropyCoef ?? a.entropy_coef,
+    weightDecay: o.weightDecay ?? opt.weight_decay,
+    maxGradNorm: o.maxGradNorm ?? opt.max_grad_norm,
+    checkpoint: o.gradientCheckpointing ?? opt.gradient_checkpointing,
   };
 }
 

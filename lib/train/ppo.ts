@@ -36,7 +36,7 @@ import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './advantage
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
 import { permutation, type RunFolder } from './run.js';
 import { mean } from './rollout-metrics.js';
-import { schemaDefault } from './defaults.js';
+import { sectionDefaults } from '../config/schema.js';
 import type { Shard } from '../distributed/run.js';
 import type { AdamOptions, RlDeps, TrainEpisode } from './types.js';
 
@@ -313,21 +313,22 @@ interface PpoStep {
 
 /** PPO as an algorithm of the RL loop; throws CONFIG_INVALID for options that cannot work together. */
 function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
-  const d = (key: string) => schemaDefault('algorithm', key);
+  const d = sectionDefaults('algorithm');
+  const opt = sectionDefaults('optim');
   const n = o.n;
-  const klCoef = o.klCoef ?? (d('kl_coef') as number);
+  const klCoef = o.klCoef ?? d.kl_coef;
   // PPO puts the KL in the reward by default (Search-R1; lib/config/load.ts derive), estimated by k1.
   const klIn = o.klIn ?? 'reward';
   const klEstimator = o.klEstimator ?? 'k1';
   if (klIn === 'loss' && klCoef > 0 && klEstimator === 'k2') throw new SlmError('CONFIG_INVALID', 'the KL term in the loss supports k1 and k3, found k2; use k2 with klIn "reward".');
   if (!Number.isInteger(n) || n < 1) throw new SlmError('CONFIG_INVALID', `n (rollouts per question) must be a positive integer, found ${n}.`);
   const criticBase = o.criticSchedule ?? (o.criticLr !== undefined ? { ...o.schedule, lr: o.criticLr } : undefined);
-  const checkpoint = o.gradientCheckpointing ?? (schemaDefault('optim', 'gradient_checkpointing') as boolean);
-  const clipLow = o.clipLow ?? (d('clip_low') as number);
+  const checkpoint = o.gradientCheckpointing ?? opt.gradient_checkpointing;
+  const clipLow = o.clipLow ?? d.clip_low;
   const prepOpts: PpoPrepareOptions = {
-    gamma: o.gamma ?? (d('gamma') as number),
-    lam: o.lam ?? (d('lam') as number),
-    whiten: o.whiten ?? (d('whiten') as boolean),
+    gamma: o.gamma ?? d.gamma,
+    lam: o.lam ?? d.lam,
+    whiten: o.whiten ?? d.whiten,
     klCoef,
     klIn,
     klEstimator,
@@ -368,7 +369,7 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
       const { lr, valueLr } = lrs(s.step);
       const b = warm ? { ...prep.batch, advantages: prep.batch.advantages.map((a) => new Float32Array(a.length)) } : prep.batch;
       return ppoUpdate(s.model, b, {
-        epochs: o.ppoEpochs ?? (d('inner_epochs') as number),
+        epochs: o.ppoEpochs ?? d.inner_epochs,
         miniBatch: o.miniBatch,
         seed: o.seed * 31 + s.step,
         lr: warm ? 0 : lr,
@@ -377,12 +378,12 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
         clipHigh: o.clipHigh ?? clipLow,
         klCoef: klIn === 'loss' && !warm ? klCoef : 0,
         klEstimator: klEstimator === 'k3' ? 'k3' : 'k1',
-        entropyCoef: warm ? 0 : (o.entropyCoef ?? (d('entropy_coef') as number)),
-        vfCoef: o.vfCoef ?? (d('vf_coef') as number),
-        valueClip: o.valueClip ?? (d('value_clip') as number),
-        tokenLevel: o.tokenLevel ?? d('loss_norm') === 'token',
-        weightDecay: o.weightDecay ?? (schemaDefault('optim', 'weight_decay') as number),
-        maxGradNorm: o.maxGradNorm ?? (schemaDefault('optim', 'max_grad_norm') as number),
+        entropyCoef: warm ? 0 : (o.entropyCoef ?? d.entropy_coef),
+        vfCoef: o.vfCoef ?? d.vf_coef,
+        valueClip: o.valueClip ?? d.value_clip,
+        tokenLevel: o.tokenLevel ?? d.loss_norm === 'token',
+        weightDecay: o.weightDecay ?? opt.weight_decay,
+        maxGradNorm: o.maxGradNorm ?? opt.max_grad_norm,
         adam: o.adam,
         microBatch: o.microBatch,
         checkpoint,

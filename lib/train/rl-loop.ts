@@ -19,7 +19,7 @@ import type { LoraSpec } from '../engine/adapter.js';
 import { SlmError } from '../errors.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
 import { hashUniform } from '../util/hash.js';
-import { schemaDefault } from './defaults.js';
+import { sectionDefaults } from '../config/schema.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
@@ -146,7 +146,7 @@ function rolloutRequests<Q>(qs: Q[], q0: number, k: number, step: number, o: RlL
  */
 async function beginStage(model: Model, run: RunFolder, o: RlLoopOptions): Promise<{ state: TrainState; fresh: boolean }> {
   const start = o.keepAdapter === true && model.lora !== undefined;
-  if (start && (o.klReference ?? schemaDefault('algorithm', 'kl_reference')) === 'start') model.setReferenceAdapter();
+  if (start && (o.klReference ?? sectionDefaults('algorithm').kl_reference) === 'start') model.setReferenceAdapter();
   else model.clearReferenceAdapter();
   if (o.resume) return { state: await run.restore(model), fresh: false };
   if (!start) model.attachLora(o.lora, o.seed);

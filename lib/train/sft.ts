@@ -11,7 +11,7 @@ import { learningRate, type ScheduleSpec } from './schedule.js';
 import { permutation, type RunFolder, type TrainState } from './run.js';
 import { batchByLength, type SftExample } from './sft-data.js';
 import type { AdamOptions } from './types.js';
-import { schemaDefault } from './defaults.js';
+import { sectionDefaults } from '../config/schema.js';
 import { shardRange } from '../distributed/data-parallel.js';
 import type { Shard } from '../distributed/run.js';
 
@@ -47,6 +47,7 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
   const batches = batchByLength(examples, o.batchSize, o.maxBatchTokens);
   const total = Math.min(batches.length * o.epochs, o.maxSteps ?? Infinity);
   const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? total };
+  const optim = sectionDefaults('optim');
   let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed };
   if (o.resume) state = await run.restore(model);
   else model.attachLora(o.lora, o.seed);
@@ -66,7 +67,7 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
         const mine = o.shard ? batch.slice(...shardRange(batch.length, o.shard.rank, o.shard.world)) : batch;
         const s = await model.trainStep(
           { sequences: mine.map((e) => e.ids), masks: mine.map((e) => e.mask) },
-          { loss: 'sft', lr, weightDecay: o.weightDecay ?? (schemaDefault('optim', 'weight_decay') as number), maxGradNorm: o.maxGradNorm ?? (schemaDefault('optim', 'max_grad_norm') as number), ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? (schemaDefault('optim', 'gradient_checkpointing') as boolean) },
+          { loss: 'sft', lr, weightDecay: o.weightDecay ?? optim.weight_decay, maxGradNorm: o.maxGradNorm ?? optim.max_grad_norm, ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? optim.gradient_checkpointing },
         );
         lastLoss = s.loss;
         state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };
