@@ -1,18 +1,8 @@
-// Advantages against numbers computed by hand (worked out in the comments).
+// Advantages (lib/train/advantages.ts: group and token level; lib/train/gae.ts: PPO) against numbers
+// computed by hand (worked out in the comments).
 import t, { type Test } from 'tap';
-import {
-  episodeTokenAdvantages,
-  turnCounts,
-  gae,
-  groupAdvantage,
-  groupAdvantageFn,
-  grpoAdvantages,
-  klEstimate,
-  maskedWhiten,
-  ppoAdvantages,
-  tokenRewards,
-  turnSpans,
-} from '../lib/train/advantages.js';
+import { episodeTokenAdvantages, turnCounts, groupAdvantage, groupAdvantageFn, grpoAdvantages, turnSpans } from '../lib/train/advantages.js';
+import { gae, klEstimate, maskedWhiten, ppoAdvantages, tokenRewards } from '../lib/train/gae.js';
 
 const close = (t: Test, got: ArrayLike<number | null>, want: Array<number | null>, msg: string, tol = 1e-5) => {
   t.equal(got.length, want.length, `${msg}: length`);

@@ -32,7 +32,7 @@ import type { Model } from '../engine/model.js';
 import { native } from '../engine/runtime.js';
 import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
-import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './advantages.js';
+import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './gae.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
 import { permutation, type RunFolder } from './run.js';
 import { mean } from './rollout-metrics.js';

@@ -44,7 +44,7 @@ export function readSftRows(file: string): SftRow[] {
     if (!Array.isArray(msgs) || !msgs.length)
       throw new SlmError(
         'DATA_INVALID',
-        `${file}: row ${i + 1} has no "messages" list; expected {"messages": [{"role": "user", "content": "..."}, ...]}.${typeof (r as { question?: unknown })?.question === 'string' ? ' This row is a question ({question, answer}): rows {question, answer} belong in data.questions of a grpo, ppo or eval config.' : ''}`,
+        `${file}: row ${i + 1} has no "messages" list; expected {"messages": [{"role": "user", "content": "..."}, ...]}.${typeof (r as { question?: unknown })?.question === 'string' ? ' This row is a question ({question, answer}): rows {question, answer} belong in data.questions of a grpo, rloo, ppo or eval config.' : ''}`,
       );
     msgs.forEach((m, j) => {
       if (!m || !ROLES.has(m.role) || typeof m.content !== 'string')
