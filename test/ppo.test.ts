@@ -13,7 +13,8 @@ import { initModel } from '../lib/model/init.js';
 import { RunFolder } from '../lib/train/run.js';
 import { CONFIG_SCHEMA } from '../lib/config/schema.js';
 import type { RolloutRequest, TrainEpisode } from '../lib/train/types.js';
-import { ppoPrepare, ppoUpdate, runPpo, type PpoBatch, type PpoOptions, type PpoStepInfo, type PpoUpdateOptions } from '../lib/train/ppo.js';
+import { runPpo, type PpoOptions } from '../lib/train/ppo.js';
+import { ppoPrepare, ppoUpdate, type PpoBatch, type PpoStepInfo, type PpoUpdateOptions } from '../lib/train/ppo-batch.js';
 
 type Q = { id: number; prompt: number[] };
 type Props = Record<string, { default?: unknown; properties?: Props }>;

@@ -16,6 +16,9 @@ import { mean } from './rollout-metrics.js';
 import { episodeTokenAdvantages, grpoAdvantages, turnCounts, type LossNorm, type TurnCounts } from './advantages.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
 import { sectionDefaults } from '../config/schema.js';
+import { scheduleSpec } from '../config/algorithm.js';
+import type { ResolvedConfig } from '../config/types.js';
+import { SlmError } from '../errors.js';
 import type { RunFolder } from './run.js';
 import type { AdamOptions, GroupAdvantageFn, RlDeps } from './types.js';
 
@@ -52,6 +55,27 @@ export interface PgOptions extends RlLoopOptions {
 }
 
 export type GrpoOptions = PgOptions;
+
+/**
+ * The group-baseline options (GRPO, RLOO) of a resolved config's algorithm, rollout and optim
+ * sections; the loop's own options (questions per step, steps, seed...) come from the caller.
+ */
+export function pgOptionsFrom(c: ResolvedConfig): Pick<PgOptions, 'k' | 'innerEpochs' | 'clipLow' | 'clipHigh' | 'klCoef' | 'klEstimator' | 'entropyCoef' | 'lossNorm' | 'turnDiscount' | 'schedule'> {
+  const a = c.algorithm;
+  if (a.kl_coef > 0 && a.kl_estimator === 'k2') throw new SlmError('CONFIG_INVALID', `algorithm.kl_estimator: ${c.stage.toUpperCase()} puts the KL in the loss, which supports k1 and k3; found k2.`, { path: 'algorithm.kl_estimator' });
+  return {
+    k: c.rollout.k,
+    innerEpochs: a.inner_epochs,
+    clipLow: a.clip_low,
+    clipHigh: a.clip_high,
+    klCoef: a.kl_coef,
+    klEstimator: a.kl_estimator === 'k2' ? 'k3' : a.kl_estimator,
+    entropyCoef: a.entropy_coef,
+    lossNorm: a.loss_norm,
+    turnDiscount: a.turn_discount,
+    schedule: scheduleSpec(c),
+  };
+}
 
 interface GroupStep {
   /** One per episode: null = no advantage (skipped group, excluded episode). */

@@ -5,7 +5,7 @@
  */
 import { basename, join } from 'node:path';
 import type { ResolvedConfig } from '../config/types.js';
-import { groupAdvantageOptions, ppoAdvantageOptions, scheduleSpec } from '../config/algorithm.js';
+import { groupAdvantageOptions, scheduleSpec } from '../config/algorithm.js';
 import type { Distributed } from '../distributed/run.js';
 import type { LoraSpec } from '../engine/adapter.js';
 import { OpenAIRollout, recomputeLogprobs } from '../engine/openai-rollout.js';
@@ -16,9 +16,9 @@ import type { ProgressTo } from '../util/progress.js';
 import { groupAdvantageFn } from './advantages.js';
 import { loadSftRows, type Question } from './data.js';
 import { episodeRunner, type Agent, type Environment, type Log } from './environment.js';
-import { runGrpo } from './grpo.js';
+import { pgOptionsFrom, runGrpo } from './grpo.js';
 import type { RolloutFn, TrainEpisode } from './types.js';
-import { runPpo } from './ppo.js';
+import { ppoOptionsFrom, runPpo } from './ppo.js';
 import { runRloo } from './rloo.js';
 import type { RunFolder } from './run.js';
 import { runSft } from './sft.js';
@@ -115,7 +115,7 @@ export async function rlStage(s: StageRun, train: Question[], env: Environment, 
   const reward = trainerReward(rewardFromConfig(cfg.reward as never, deps), (q: Question) => ({ question: q.question, golds: q.golds, id: q.id }));
   const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
   const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
-  const rl = { ...s.common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, topP: cfg.rollout.top_p, keepAdapter: o.keepAdapter, klReference: cfg.algorithm.kl_reference, clipLow: cfg.algorithm.clip_low, clipHigh: cfg.algorithm.clip_high, entropyCoef: cfg.algorithm.entropy_coef, onStep: s.onStep };
+  const rl = { ...s.common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, topP: cfg.rollout.top_p, keepAdapter: o.keepAdapter, klReference: cfg.algorithm.kl_reference, onStep: s.onStep };
   const o8 = cfg.rollout.openai;
   const remote =
     cfg.rollout.engine === 'openai'
@@ -125,43 +125,13 @@ export async function rlStage(s: StageRun, train: Question[], env: Environment, 
   const rollout = rolloutFn(cfg, agent, env, remote);
   let r: { steps: number; meanReward: number[] };
   if (stage === 'grpo' || stage === 'rloo') {
-    const est = cfg.algorithm.kl_estimator;
-    if (cfg.algorithm.kl_coef > 0 && est === 'k2') throw new SlmError('CONFIG_INVALID', `algorithm.kl_estimator: ${stage.toUpperCase()} puts the KL in the loss, which supports k1 and k3; found k2.`, { path: 'algorithm.kl_estimator' });
-    const pg = {
-      ...rl,
-      k: cfg.rollout.k,
-      innerEpochs: cfg.algorithm.inner_epochs,
-      klCoef: cfg.algorithm.kl_coef,
-      klEstimator: est === 'k2' ? 'k3' : est,
-      lossNorm: cfg.algorithm.loss_norm,
-      turnDiscount: cfg.algorithm.turn_discount,
-      schedule: scheduleSpec(cfg),
-    };
+    const pg = { ...rl, ...pgOptionsFrom(cfg) };
     if (stage === 'rloo') r = await runRloo(agent.model, train, s.run, { rollout, reward }, pg);
     else {
       const g = groupAdvantageOptions(cfg);
       const fn = groupAdvantageFn(g);
       r = await runGrpo(agent.model, train, s.run, { rollout, reward, advantages: (rw, correct) => fn(rw, g.useCorrectness ? correct : undefined) }, pg);
     }
-  } else {
-    const a = ppoAdvantageOptions(cfg);
-    r = await runPpo(agent.model, train, s.run, { rollout, reward }, {
-      ...rl,
-      n: cfg.rollout.k,
-      ppoEpochs: cfg.algorithm.inner_epochs,
-      miniBatch: cfg.algorithm.mini_batch || undefined,
-      gamma: a.gamma,
-      lam: a.lam,
-      whiten: a.whiten,
-      klCoef: cfg.algorithm.kl_coef,
-      klIn: cfg.algorithm.kl_in,
-      klEstimator: cfg.algorithm.kl_estimator,
-      tokenLevel: cfg.algorithm.loss_norm === 'token',
-      vfCoef: cfg.algorithm.vf_coef,
-      valueClip: cfg.algorithm.value_clip,
-      schedule: scheduleSpec(cfg),
-      criticLr: cfg.optim.critic_lr,
-    });
-  }
+  } else r = await runPpo(agent.model, train, s.run, { rollout, reward }, { ...rl, ...ppoOptionsFrom(cfg) });
   return { stage, dir, steps: r.steps, adapter: join(dir, 'adapter'), meanReward: r.meanReward };
 }
