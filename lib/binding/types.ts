@@ -221,6 +221,8 @@ export interface NativeVersion {
   /** at::show_config(): BLAS, oneDNN, CPU capability. */
   config: string;
   parallel: string;
+  /** The CPU kernels for linear layers over a few rows (decode): "avx512 (float32, bfloat16)", "avx2 (float32)", "none", ... */
+  smallLinear: string;
   napi: number;
 }
 
@@ -228,6 +230,17 @@ export interface NativeAddon {
   setErrorClass(cls: new (code: string, message: string) => Error): void;
   setThreads(n: number): void;
   version(): NativeVersion;
+  /** Allows (true, the default) or forbids the CPU kernels (small-row linear layers, fused sampler): false = ATen's generic path; for benchmarks and tests. */
+  setCpuKernels(on: boolean): void;
+  /** y [m, n] = x [m, k] · w [n, k]ᵀ through the engine's linear layer, in float32 or bfloat16 (inputs rounded to it); for tests and benchmarks. */
+  /** One sampling step over logits [rows, vocab] (the fused CPU sampler, or ATen's path with the CPU kernels off); for tests and benchmarks. */
+  sample(req: { logits: Float32Array; rows: number; vocab: number; temperature: number[]; u: number[]; topK?: number; topP?: number[]; topN?: number }): {
+    tokens: number[];
+    logprobs: number[];
+    topIds?: number[];
+    topLogprobs?: number[];
+  };
+  linear(req: { x: Float32Array; w: Float32Array; m: number; n: number; k: number; dtype?: 'float32' | 'bfloat16' }): Float32Array;
   /** Seeds libtorch's default generators (LoRA dropout). */
   manualSeed(seed: number): void;
   /** GFLOP/s of n×n matmuls, or GB/s (read + write) of copying n bytes. */
