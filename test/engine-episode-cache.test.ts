@@ -8,6 +8,7 @@
 import t, { type Test } from 'tap';
 import { Model } from '../lib/engine/model.js';
 import type { GenerateRequest } from '../lib/engine/types.js';
+import { configFromObject } from '../lib/config/load.js';
 import { fixture } from './helpers/shared.js';
 
 const dir = fixture('qwen3', 'tiny-qwen3-f32');
@@ -54,10 +55,10 @@ async function conversation(t: Test, m: Model, req: Req, tag: string, expectReus
   let prompts = firsts.map(I);
   let prev: { prompts: Int32Array[]; tokens: Int32Array[] } | null = null;
   for (let turn = 1; turn <= 3; turn++) {
-    const { cached } = await both(t, m, prompts, keys, req, `${tag} turn ${turn}`);
+    const { cached }: { cached: Awaited<ReturnType<Model['generate']>> } = await both(t, m, prompts, keys, req, `${tag} turn ${turn}`);
     if (prev && expectReuse) {
-      const p = prev;
-      const want = keys.map((k, i) => {
+      const p: { prompts: Int32Array[]; tokens: Int32Array[] } = prev;
+      const want: number[] = keys.map((k, i): number => {
         if (k === null) return 0;
         const out = p.tokens[i];
         const kept = i === 1 ? Math.max(0, out.length - 3) : out.length;
@@ -111,14 +112,20 @@ t.test('a LoRA adapter on; weights changed between calls drop the caches', async
   const again = prompts.map((p, i) => I([...next[i], ...cached.tokens[i], ...reply(i, 2)]));
   const r2 = await both(t, m, again, keys, { maxNewTokens: 6, greedy: true }, 'after the re-prefill');
   t.equal(r2.cached.cacheHits, keys.length, 'the re-stored caches are reused');
+  // An optimizer step (trainStep) updates the adapter in place: stale again.
+  const seq = Array.from(again[0]);
+  await m.trainStep({ sequences: [seq], masks: [seq.map((_, i) => (i > 3 ? 1 : 0))] }, { loss: 'sft', lr: 1e-2 });
+  const after = prompts.map((p, i) => I([...again[i], ...r2.cached.tokens[i], ...reply(i, 3)]));
+  const r5 = await both(t, m, after, keys, { maxNewTokens: 6, greedy: true }, 'after trainStep');
+  t.equal(r5.cached.cacheStale, keys.length, 'trainStep: every cache stale');
   // A new adapter (attachLora) and no adapter (detachLora) also invalidate them.
   m.attachLora({ r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'v_proj'] } as never, 9);
-  const r3 = await both(t, m, again, keys, { maxNewTokens: 6, greedy: true }, 'after attachLora');
+  const r3 = await both(t, m, after, keys, { maxNewTokens: 6, greedy: true }, 'after attachLora');
   t.equal(r3.cached.cacheStale, keys.length, 'attachLora: every cache stale');
   m.detachLora();
-  const r4 = await both(t, m, again, keys, { maxNewTokens: 6, greedy: true }, 'after detachLora');
+  const r4 = await both(t, m, after, keys, { maxNewTokens: 6, greedy: true }, 'after detachLora');
   t.equal(r4.cached.cacheStale, keys.length, 'detachLora: every cache stale');
-  t.equal(m.cacheStats().stale, 3 * keys.length);
+  t.equal(m.cacheStats().stale, 4 * keys.length);
 });
 
 t.test('a byte limit evicts the oldest caches: those rows re-prefill, one log line', async (t) => {
@@ -179,4 +186,24 @@ t.test('releaseCaches / clearCaches free the caches; bad keys are refused', asyn
   await t.rejects(m.generate({ prompts: [I([1, 2]), I([3, 4])], maxNewTokens: 2, greedy: true, cacheKeys: ['a'] }), { code: 'ARGUMENT_INVALID' }, 'one key for two rows');
   await t.rejects(m.generate({ prompts: [I([1, 2])], maxNewTokens: 2, greedy: true, cacheKeys: [''] }), { code: 'ARGUMENT_INVALID' }, 'empty key');
   t.throws(() => m.releaseCaches([3 as never]), { code: 'ARGUMENT_INVALID' });
+});
+
+t.test('config: rollout.kv_cache_reuse / kv_cache_mb default on / 2048 MiB; bad values are CONFIG_INVALID', async (t) => {
+  const base = { stage: 'grpo', model: { path: 'm' }, data: { questions: 'q.jsonl', corpus: 'c.jsonl' } };
+  const c = configFromObject(base);
+  t.equal(c.rollout.kv_cache_reuse, true);
+  t.equal(c.rollout.kv_cache_mb, 2048);
+  t.equal(configFromObject({ ...base, rollout: { kv_cache_reuse: false, kv_cache_mb: 0 } }).rollout.kv_cache_mb, 0);
+  for (const bad of [{ kv_cache_mb: -1 }, { kv_cache_mb: 1.5 }, { kv_cache_mb: 'lots' }, { kv_cache_reuse: 'yes' }]) {
+    const e = (() => {
+      try {
+        configFromObject({ ...base, rollout: bad });
+      } catch (err) {
+        return err as { code?: string; message: string };
+      }
+      return null;
+    })();
+    t.equal(e?.code, 'CONFIG_INVALID', `${JSON.stringify(bad)}: CONFIG_INVALID`);
+    t.match(e?.message ?? '', /rollout\.kv_cache_(mb|reuse)/, 'the message names the key');
+  }
 });
