@@ -207,3 +207,35 @@ t.test('config: rollout.kv_cache_reuse / kv_cache_mb default on / 2048 MiB; bad 
     t.match(e?.message ?? '', /rollout\.kv_cache_(mb|reuse)/, 'the message names the key');
   }
 });
+
+t.test('the streaming path keeps and reuses caches too, a cancelled row included', async (t) => {
+  const m = await Model.load(dir);
+  t.teardown(() => m.dispose());
+  const prompts = firsts.map(I);
+  const keys = firsts.map((_, i) => `s-${i}`);
+  const ac = new AbortController();
+  const seen: number[] = [];
+  const a = await m.generateStream({
+    prompts,
+    maxNewTokens: 8,
+    greedy: true,
+    cacheKeys: keys,
+    signals: prompts.map((_, i) => (i === 2 ? ac.signal : undefined)),
+    onToken: (e) => {
+      if (e.row !== 2) return;
+      seen.push(e.token);
+      if (seen.length === 3) ac.abort();
+    },
+  });
+  t.equal(a.finishReasons[2], 'cancelled');
+  const next = prompts.map((p, i) => I([...p, ...a.tokens[i], ...reply(i, 1)]));
+  const s = await m.generateStream({ prompts: next, maxNewTokens: 8, greedy: true, cacheKeys: keys });
+  const f = await m.generate({ prompts: next, maxNewTokens: 8, greedy: true, sharePrefix: false });
+  t.same(s.tokens.map((x) => Array.from(x)), f.tokens.map((x) => Array.from(x)), 'streamed with caches = generate without');
+  t.ok(maxDiff(s.logprobs, f.logprobs) <= 1e-5, 'log-probs within 1e-5');
+  // Every generated token of the cancelled row was fed back before it stopped: all of them are kept;
+  // the other rows keep all but their last token.
+  const want = prompts.reduce((sum, p, i) => sum + p.length + a.tokens[i].length - (i === 2 ? 0 : 1), 0);
+  t.equal(s.cacheReusedTokens, want, `reused ${s.cacheReusedTokens} tokens`);
+  t.equal(s.prefillTokens + s.cacheReusedTokens, s.prefillTokensRequested);
+});

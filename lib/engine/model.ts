@@ -440,7 +440,7 @@ export class Model implements TextGenerator {
    */
   async generateStream(req: StreamGenerateRequest): Promise<StreamGenerateResult> {
     const B = req.prompts.length;
-    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillTokens: 0, prefillTokensRequested: 0 };
+    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0 };
     const base = this.#generateRequest(req);
     const topN = req.topLogprobs ?? 0;
     if (!Number.isInteger(topN) || topN < 0 || topN > this.vocabSize) throw new SlmError('ARGUMENT_INVALID', `topLogprobs must be an integer from 0 to the vocabulary size, found ${describe(req.topLogprobs)}.`);
@@ -521,7 +521,7 @@ export class Model implements TextGenerator {
         });
     }
     if (failure !== undefined) throw failure;
-    return { tokens, logprobs, ...(topLogprobs ? { topLogprobs } : {}), finishReasons, steps: r.steps, prefillTokens: r.prefillTokens, prefillTokensRequested: r.prefillTokensRequested };
+    return { tokens, logprobs, ...(topLogprobs ? { topLogprobs } : {}), finishReasons, steps: r.steps, prefillTokens: r.prefillTokens, prefillTokensRequested: r.prefillTokensRequested, cacheReusedTokens: r.cacheReusedTokens };
   }
 
   /** A GenerateRequest checked and flattened into the native request. */

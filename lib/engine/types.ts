@@ -87,4 +87,6 @@ export interface StreamGenerateResult {
   /** Prompt tokens the prefill ran through the model (padding excluded) and the sum of the prompts' lengths. */
   prefillTokens: number;
   prefillTokensRequested: number;
+  /** Prompt tokens taken from episode caches (cacheKeys) instead of computed. */
+  cacheReusedTokens: number;
 }
