@@ -194,7 +194,7 @@ t.test('config: rollout.kv_cache_reuse / kv_cache_mb default on / 2048 MiB; bad 
   t.equal(c.rollout.kv_cache_reuse, true);
   t.equal(c.rollout.kv_cache_mb, 2048);
   t.equal(configFromObject({ ...base, rollout: { kv_cache_reuse: false, kv_cache_mb: 0 } }).rollout.kv_cache_mb, 0);
-  for (const bad of [{ kv_cache_mb: -1 }, { kv_cache_mb: 1.5 }, { kv_cache_mb: 'lots' }, { kv_cache_reuse: 'yes' }]) {
+  for (const bad of [{ kv_cache_mb: -1 }, { kv_cache_mb: 2 ** 40 }, { kv_cache_mb: 1.5 }, { kv_cache_mb: 'lots' }, { kv_cache_reuse: 'yes' }]) {
     const e = (() => {
       try {
         configFromObject({ ...base, rollout: bad });
