@@ -60,6 +60,11 @@ export interface NativeGenerateRequest {
   topN?: number;
   /** Prefill repeated prompts and the prefix common to all prompts once (default true). */
   sharePrefix?: boolean;
+  /**
+   * Episode KV caches: one key (or null: none) per row. A keyed row reuses the longest prefix its
+   * stored cache shares with its prompt and stores its KV (prompt + output) back under the key.
+   */
+  cacheKeys?: Array<string | null>;
 }
 
 export interface NativeGenerateResult {
@@ -77,6 +82,24 @@ export interface NativeGenerateResult {
   /** Prompt tokens run through the model in the prefill (padding excluded) / the sum of the prompts' lengths. */
   prefillTokens: number;
   prefillTokensRequested: number;
+  /** Prompt tokens taken from episode caches (not computed), and the rows that reused one. */
+  cacheReusedTokens: number;
+  cacheHits: number;
+  /** Episode caches evicted by the store's byte limit during the call. */
+  cacheEvicted: number;
+  /** Keyed rows whose cache was dropped because the weights changed since it was stored. */
+  cacheStale: number;
+}
+
+/** The episode KV-cache store of a model handle. */
+export interface NativeCacheStats {
+  entries: number;
+  tokens: number;
+  bytes: number;
+  limitBytes: number;
+  /** Entries evicted by the limit / dropped as stale since the model was loaded. */
+  evicted: number;
+  stale: number;
 }
 
 /** One decode step of generateStream: the rows that sampled a token in it. */
@@ -114,6 +137,12 @@ export interface NativeModel {
   /** Final hidden state (after the last norm) of each sequence's last token, [rows x hidden] flattened. */
   lastHidden(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   dispose(): void;
+  /** Frees the episode caches of these keys (unknown keys: nothing). */
+  releaseCaches(keys: string[]): void;
+  clearCaches(): void;
+  /** The episode cache store's byte limit: beyond it the least recently used caches are evicted. */
+  setCacheLimit(bytes: number): void;
+  cacheStats(): NativeCacheStats;
 
   // LoRA training core
   attachLora(spec: NativeLoraSpec & { seed?: number }): void;

@@ -129,7 +129,7 @@ export interface Agent {
   formatter: ChatFormatter;
 }
 
-export async function loadAgent(cfg: ResolvedConfig, adapter: string | null = cfg.model.adapter): Promise<Agent> {
+export async function loadAgent(cfg: ResolvedConfig, adapter: string | null = cfg.model.adapter, log: Log = () => {}): Promise<Agent> {
   if (cfg.model.threads > 0) setThreads(cfg.model.threads);
   // hf:OWNER/NAME model and adapter references are downloaded (once) into the hub cache.
   const path = await localModelDir(cfg.model.path);
@@ -137,6 +137,8 @@ export async function loadAgent(cfg: ResolvedConfig, adapter: string | null = cf
   try {
     const tokenizer = loadTokenizer(path);
     if (tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
+    // Episode KV caches kept between turns (rollout.kv_cache_reuse): their memory bound.
+    model.setCacheLimit(cfg.rollout.kv_cache_mb * 2 ** 20, { log });
     return { model, tokenizer, formatter: ChatFormatter.forModel(path) };
   } catch (e) {
     model.dispose();
@@ -278,6 +280,7 @@ export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environmen
     topP: o.eval ? (cfg.eval.top_p ?? midpoint(cfg.rollout.top_p)) : typeof cfg.rollout.top_p === 'number' ? cfg.rollout.top_p : undefined,
     topK: cfg.rollout.top_k || undefined,
     seed: o.seed,
+    cacheReuse: cfg.rollout.kv_cache_reuse,
     onTurn: o.onTurn,
   });
 }
@@ -391,7 +394,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
   const run = lead ? new RunFolder(dir) : new RankRunFolder(dir, dist!.shard.rank);
   run.log = log;
   if (lead) writeResolvedConfig(cfg, dir, { file: o.configFile, overrides: o.overrides });
-  const agent = await loadAgent(cfg);
+  const agent = await loadAgent(cfg, cfg.model.adapter, log);
   if (dist) makeDataParallel(agent.model, dist);
   const keepAdapter = cfg.model.adapter !== null;
   const common = {
@@ -708,7 +711,7 @@ export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): 
   if (!/^[\w.@+-]+$/.test(label)) throw new SlmError('ARGUMENT_INVALID', `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-", "+" or "@" (it names a folder).`);
   const qs = await evalQuestions(cfg);
   const dir = join(cfg.run.dir, 'evals', label);
-  const agent = await loadAgent(cfg, adapter);
+  const agent = await loadAgent(cfg, adapter, log);
   let env: Environment | undefined;
   let judge: { deps: RewardDeps; close(): void } | undefined;
   try {
