@@ -69,7 +69,7 @@ T512 inline void tile_sums(const __m512 (&acc)[MR][NR], float out[16]) {
 
 // ---- float32, AVX-512: 16 lanes; tiles of MR input rows x NR weight rows, 16 accumulators at most.
 template <int MR, int NR>
-T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* y, int64_t ldy, const float* pf) {
+T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* y, int64_t ldy, const float* pf, int pf_rows) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m)
@@ -80,9 +80,7 @@ T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* 
     __m512 wv[NR];
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_ps(w + n * K + k);
-    if (pf)
-#pragma GCC unroll 4
-      for (int n = 0; n < NR; ++n) _mm_prefetch(reinterpret_cast<const char*>(pf + n * K + k), _MM_HINT_T0);
+    for (int r = 0; r < pf_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * K + k), _MM_HINT_T0);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
       const __m512 xv = _mm512_loadu_ps(x + m * K + k);
@@ -111,7 +109,7 @@ T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* 
 // ---- bfloat16, AVX512_BF16: 32 values per register, pairs multiplied and summed into 16 float32
 // lanes (vdpbf16ps); the sums are rounded to bfloat16 once, at the end, as oneDNN's bf16 gemm does.
 template <int MR, int NR>
-T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K, uint16_t* y, int64_t ldy, const uint16_t* pf) {
+T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K, uint16_t* y, int64_t ldy, const uint16_t* pf, int pf_rows) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m)
@@ -122,9 +120,7 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
     __m512bh wv[NR];
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wv[n] = (__m512bh)_mm512_loadu_si512(w + n * K + k);
-    if (pf)
-#pragma GCC unroll 4
-      for (int n = 0; n < NR; ++n) _mm_prefetch(reinterpret_cast<const char*>(pf + n * K + k), _MM_HINT_T0);
+    for (int r = 0; r < pf_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * K + k), _MM_HINT_T0);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * K + k);
@@ -162,8 +158,8 @@ T256 inline float hsum256(__m256 v) {
 }
 
 template <int MR, int NR>
-T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* y, int64_t ldy, const float* pf) {
-  (void)pf;
+T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* y, int64_t ldy, const float* pf, int pf_rows) {
+  (void)pf, (void)pf_rows;
   __m256 acc[MR][NR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m)
@@ -192,31 +188,36 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
 }
 
 // One thread's share: weight rows [n0, n1) against every input row. Each weight tile is multiplied
-// with all input rows before the next is loaded, so weights come from memory once; while the first
-// input rows go through a tile, the next tile is prefetched line by line (the hardware prefetcher
-// alone left the vocabulary projection waiting on memory at a third of the arithmetic rate).
+// with all input rows before the next is loaded, so weights come from memory once. Meanwhile the
+// next tile is prefetched, one cache line per step, spread over the passes of the input rows (a
+// burst would overflow the core's outstanding-miss slots; the hardware prefetcher alone left the
+// vocabulary projection waiting on memory at half the arithmetic rate).
 #define SLM_DEFINE_RANGE(NAME, TARGET, TILE, TX, TY, NRMAX)                                                     \
   TARGET void NAME(const TX* x, int64_t M, const TX* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1) { \
+    const int64_t passes = (M + 3) / 4;                                                                        \
+    const int per_pass = static_cast<int>((NRMAX + passes - 1) / passes);                                      \
     for (int64_t n = n0; n < n1; n += NRMAX) {                                                                 \
       const int64_t nr = std::min<int64_t>(NRMAX, n1 - n);                                                     \
-      const TX* next = n + 2 * NRMAX <= n1 ? w + (n + NRMAX) * K : nullptr;                                      \
+      const bool prefetch = n + 2 * NRMAX <= n1;                                                               \
       for (int64_t m = 0; m < M; m += 4) {                                                                     \
         const int64_t mr = std::min<int64_t>(4, M - m);                                                        \
         const TX* xm = x + m * K;                                                                              \
         const TX* wn = w + n * K;                                                                              \
         TY* ym = y + m * N + n;                                                                                \
-        const TX* pf = m == 0 ? next : nullptr;                                                                \
+        const int64_t first = (m / 4) * per_pass;                                                              \
+        const int pf_rows = prefetch ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(per_pass, NRMAX - first))) : 0; \
+        const TX* pf = w + (n + NRMAX + (pf_rows ? first : 0)) * K;                                            \
         switch (mr * 8 + nr) {                                                                                 \
-          case 4 * 8 + NRMAX: TILE<4, NRMAX>(xm, wn, K, ym, N, pf); break;                                     \
-          case 3 * 8 + NRMAX: TILE<3, NRMAX>(xm, wn, K, ym, N, pf); break;                                     \
-          case 2 * 8 + NRMAX: TILE<2, NRMAX>(xm, wn, K, ym, N, pf); break;                                     \
-          case 1 * 8 + NRMAX: TILE<1, NRMAX>(xm, wn, K, ym, N, pf); break;                                     \
+          case 4 * 8 + NRMAX: TILE<4, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
+          case 3 * 8 + NRMAX: TILE<3, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
+          case 2 * 8 + NRMAX: TILE<2, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
+          case 1 * 8 + NRMAX: TILE<1, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
           default:                                                                                             \
             for (int64_t i = 0; i < nr; ++i) switch (mr) {                                                     \
-                case 4: TILE<4, 1>(xm, wn + i * K, K, ym + i, N, nullptr); break;                              \
-                case 3: TILE<3, 1>(xm, wn + i * K, K, ym + i, N, nullptr); break;                              \
-                case 2: TILE<2, 1>(xm, wn + i * K, K, ym + i, N, nullptr); break;                              \
-                default: TILE<1, 1>(xm, wn + i * K, K, ym + i, N, nullptr); break;                             \
+                case 4: TILE<4, 1>(xm, wn + i * K, K, ym + i, N, nullptr, 0); break;                           \
+                case 3: TILE<3, 1>(xm, wn + i * K, K, ym + i, N, nullptr, 0); break;                           \
+                case 2: TILE<2, 1>(xm, wn + i * K, K, ym + i, N, nullptr, 0); break;                           \
+                default: TILE<1, 1>(xm, wn + i * K, K, ym + i, N, nullptr, 0); break;                          \
               }                                                                                                \
         }                                                                                                      \
       }                                                                                                        \
