@@ -59,16 +59,20 @@ export interface EagerDecode {
 /**
  * Runs bench/eager_decode.py (plain eager PyTorch decode of `dir`, temperature-1 sampling) and returns
  * its figures, or why it was skipped: no such python, no torch in it, no script, or the script failed
- * (e.g. a --model it does not implement).
+ * (e.g. a --model it does not implement). `python`: default /usr/bin/python3 (tests pass others).
  */
-export function runEagerDecode(dir: string, o: { batch: number; steps: number; threads: number; dtype?: string; timeoutS: number }): EagerDecode | { skipped: string } {
+export function runEagerDecode(
+  dir: string,
+  o: { batch: number; steps: number; threads: number; dtype?: string; timeoutS: number; python?: string },
+): EagerDecode | { skipped: string } {
+  const python = o.python ?? EAGER_PYTHON;
   const script = eagerScript();
   if (!script) return { skipped: 'bench/eager_decode.py not found (run from a checkout of the repository)' };
-  const probe = spawnSync(EAGER_PYTHON, ['-c', 'import torch'], { encoding: 'utf8', timeout: 60_000 });
-  if (probe.error || probe.status !== 0)
-    return { skipped: `${EAGER_PYTHON} has no torch (apt-get install python3-torch)` };
+  const probe = spawnSync(python, ['-c', 'import torch'], { encoding: 'utf8', timeout: 60_000 });
+  if ((probe.error as NodeJS.ErrnoException | undefined)?.code === 'ENOENT') return { skipped: `${python} not found (apt-get install python3-torch)` };
+  if (probe.error || probe.status !== 0) return { skipped: `${python} has no torch (apt-get install python3-torch)` };
   const r = spawnSync(
-    EAGER_PYTHON,
+    python,
     [script, '--model', dir, '--batch', String(o.batch), '--steps', String(o.steps), '--threads', String(o.threads), '--dtype', o.dtype ?? 'float32'],
     { encoding: 'utf8', timeout: o.timeoutS * 1000, maxBuffer: 16 << 20 },
   );
@@ -79,6 +83,18 @@ export function runEagerDecode(dir: string, o: { batch: number; steps: number; t
   } catch {
     return { skipped: `eager PyTorch decode printed no JSON: ${r.stdout.slice(-200)}` };
   }
+}
+
+interface DecodeRow {
+  dtype: 'float32' | 'bfloat16';
+  batch: number;
+  step_ms: number;
+  tokens_per_s: number;
+  roofline_step_ms: number;
+  memory_bound_step_ms: number;
+  compute_bound_step_ms: number;
+  roofline_tokens_per_s: number;
+  fraction_of_roofline: number;
 }
 
 function median(xs: number[]): number {
@@ -122,7 +138,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     fraction_of_roofline: +((prefillFlops / (matmulGflops * 1e9)) / prefillS).toFixed(3),
   };
 
-  const decode: Record<string, unknown>[] = [];
+  const decode: DecodeRow[] = [];
   const steps = quick ? 16 : 48;
   const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
   const bf16Gflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'bfloat16', seconds: quick ? 0.3 : 1 });
@@ -134,7 +150,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     const computeBound = (2 * (layerParams + V * H) * B) / (mmRate * 1e9);
     return { memBound, computeBound, bound: Math.max(memBound, computeBound) };
   };
-  const measureDecode = async (dtype: 'float32' | 'bfloat16', mm: Model, B: number, bytesPerP: number, mmRate: number) => {
+  const measureDecode = async (dtype: 'float32' | 'bfloat16', mm: Model, B: number, bytesPerP: number, mmRate: number): Promise<DecodeRow> => {
     const prompts = decodePrompts(B);
     const times: number[] = [];
     // --quick: bfloat16 decode is slow on CPUs without native bf16 matmul (seconds per step at batch
@@ -169,7 +185,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   // the engine did before them, and the path other devices take), in the same run.
   log('engine: decode at batch 16 (float32), CPU kernels off (ATen path)');
   a.setCpuKernels(false);
-  let decodeAten: Awaited<ReturnType<typeof measureDecode>>;
+  let decodeAten: DecodeRow;
   try {
     decodeAten = await measureDecode('float32', m, 16, bytesPerParam, matmulGflops);
   } finally {

@@ -3,6 +3,7 @@
 // the same way: causal prefill, q/k norms, RoPE, grouped-query attention over a growing KV cache), its
 // sampling mode reports its timings, and bad input fails with exit code 2 saying what was expected.
 import { spawnSync } from 'node:child_process';
+import { chmodSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { Model } from '../lib/engine/model.js';
@@ -77,4 +78,23 @@ t.test('bad input exits 2 saying what was expected', { skip }, async (t) => {
   r = eager(['--model', dir, '--steps', '0']);
   t.equal(r.status, 2);
   t.match(r.stderr, /must be >= 1/);
+});
+
+t.test('bench engine runs the baseline through runEagerDecode, or says why it skipped it', async (t) => {
+  const { runEagerDecode } = await import('../bench/engine.js');
+  const dir = t.testdir({ 'no-torch': '#!/bin/sh\nexit 1\n' });
+  chmodSync(join(dir, 'no-torch'), 0o755);
+  const model = join(dir, 'tiny');
+  initModel({ preset: 'tiny', out: model, seed: 0 });
+  const o = { batch: 2, steps: 2, threads: 1, timeoutS: 300 };
+  t.same(runEagerDecode(model, { ...o, python: join(dir, 'no-python3') }), { skipped: `${join(dir, 'no-python3')} not found (apt-get install python3-torch)` });
+  t.same(runEagerDecode(model, { ...o, python: join(dir, 'no-torch') }), { skipped: `${join(dir, 'no-torch')} has no torch (apt-get install python3-torch)` });
+  if (skip) return;
+  const r = runEagerDecode(model, o);
+  t.notOk('skipped' in r, JSON.stringify(r));
+  t.match(r, { batch: 2, steps: 2, threads: 1, dtype: 'float32', step_ms: Number, prefill_ms: Number });
+  const qwen2 = join(dir, 'qwen2');
+  initModel({ preset: 'tiny', out: qwen2, seed: 0, modelType: 'qwen2' });
+  const bad = runEagerDecode(qwen2, o);
+  t.match(bad, { skipped: /^eager PyTorch decode failed \(exit 2\): eager_decode: .*expected model_type qwen3 in config.json, found 'qwen2'/ });
 });
