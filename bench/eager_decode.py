@@ -62,7 +62,8 @@ def read_safetensors(path):
         size = torch.tensor([], dtype=dt).element_size()
         count = (b - a) // size
         t = torch.frombuffer(raw, dtype=dt, count=count, offset=base + a) if count else torch.zeros(0, dtype=dt)
-        out[name] = t.reshape(e["shape"])
+        # A copy in its own (aligned) allocation, as the parameters of a Hugging Face model are.
+        out[name] = t.reshape(e["shape"]).clone()
     return out
 
 
