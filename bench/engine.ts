@@ -6,11 +6,18 @@
  *  - prefill: 2 x (matmul parameters) x tokens / measured matmul FLOP/s, where matmul parameters are
  *    the decoder layers' projections (the embedding lookup is no matmul; the vocab projection runs
  *    once per sequence, for the last position only, and is added as such);
- *  - the per-call overhead of crossing into native code (a sync call and an async worker round trip).
+ *  - the per-call overhead of crossing into native code (a sync call and an async worker round trip);
+ *  - beside the decode rows, in the same run: float32 batch 16 with the engine's CPU kernels off
+ *    (ATen's generic path, the one other devices take), and a plain eager PyTorch decode of the same
+ *    model (bench/eager_decode.py: Hugging Face's eager Qwen3 written out in torch, under
+ *    /usr/bin/python3 with Debian's python3-torch, same thread count) at batch 1 and 16, with the
+ *    ratio slm-train / eager; skipped, saying why, where that python has no torch.
  */
+import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Model } from '../lib/engine/model.js';
 import { native } from '../lib/engine/runtime.js';
 import { initModel } from '../lib/model/init.js';
@@ -24,6 +31,70 @@ export async function benchModelDir(preset: 'small' | 'tiny', log?: (s: string) 
     initModel({ preset, out: dir, seed: 0 });
   }
   return dir;
+}
+
+/** The eager baseline's python: Debian's, which python3-torch installs torch into. */
+export const EAGER_PYTHON = '/usr/bin/python3';
+
+/** bench/eager_decode.py beside this file (run from source) or in the checkout above dist/bench/. */
+function eagerScript(): string | undefined {
+  for (const rel of ['./eager_decode.py', '../../bench/eager_decode.py']) {
+    const p = fileURLToPath(new URL(rel, import.meta.url));
+    if (existsSync(p)) return p;
+  }
+  return undefined;
+}
+
+export interface EagerDecode {
+  torch: string;
+  threads: number;
+  batch: number;
+  steps: number;
+  dtype: string;
+  prefill_ms: number;
+  step_ms: number;
+  tokens_per_s: number;
+}
+
+/**
+ * Runs bench/eager_decode.py (plain eager PyTorch decode of `dir`, temperature-1 sampling) and returns
+ * its figures, or why it was skipped: no such python, no torch in it, no script, or the script failed
+ * (e.g. a --model it does not implement). `python`: default /usr/bin/python3 (tests pass others).
+ */
+export function runEagerDecode(
+  dir: string,
+  o: { batch: number; steps: number; threads: number; dtype?: string; timeoutS: number; python?: string },
+): EagerDecode | { skipped: string } {
+  const python = o.python ?? EAGER_PYTHON;
+  const script = eagerScript();
+  if (!script) return { skipped: 'bench/eager_decode.py not found (run from a checkout of the repository)' };
+  const probe = spawnSync(python, ['-c', 'import torch'], { encoding: 'utf8', timeout: 60_000 });
+  if ((probe.error as NodeJS.ErrnoException | undefined)?.code === 'ENOENT') return { skipped: `${python} not found (apt-get install python3-torch)` };
+  if (probe.error || probe.status !== 0) return { skipped: `${python} has no torch (apt-get install python3-torch)` };
+  const r = spawnSync(
+    python,
+    [script, '--model', dir, '--batch', String(o.batch), '--steps', String(o.steps), '--threads', String(o.threads), '--dtype', o.dtype ?? 'float32'],
+    { encoding: 'utf8', timeout: o.timeoutS * 1000, maxBuffer: 16 << 20 },
+  );
+  if (r.error) return { skipped: `eager PyTorch decode did not finish: ${r.error.message}` };
+  if (r.status !== 0) return { skipped: `eager PyTorch decode failed (exit ${r.status}): ${(r.stderr || '').trim().split('\n').slice(-1)[0]}` };
+  try {
+    return JSON.parse(r.stdout.trim().split('\n').slice(-1)[0]) as EagerDecode;
+  } catch {
+    return { skipped: `eager PyTorch decode printed no JSON: ${r.stdout.slice(-200)}` };
+  }
+}
+
+interface DecodeRow {
+  dtype: 'float32' | 'bfloat16';
+  batch: number;
+  step_ms: number;
+  tokens_per_s: number;
+  roofline_step_ms: number;
+  memory_bound_step_ms: number;
+  compute_bound_step_ms: number;
+  roofline_tokens_per_s: number;
+  fraction_of_roofline: number;
 }
 
 function median(xs: number[]): number {
@@ -67,14 +138,20 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     fraction_of_roofline: +((prefillFlops / (matmulGflops * 1e9)) / prefillS).toFixed(3),
   };
 
-  const decode: Record<string, unknown>[] = [];
+  const decode: DecodeRow[] = [];
   const steps = quick ? 16 : 48;
   const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
   const bf16Gflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'bfloat16', seconds: quick ? 0.3 : 1 });
-  for (const [dtype, mm, bytesPerP, mmRate] of [['float32', m, bytesPerParam, matmulGflops], ['bfloat16', bf16, 2, bf16Gflops]] as const)
-  for (const B of [1, 16]) {
-    log(`engine: decode at batch ${B} (${dtype})`);
-    const prompts = Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => ((b * 131 + i) * 7919) % 100000 + 100));
+  const decodePrompts = (B: number) =>
+    Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => ((b * 131 + i) * 7919) % 100000 + 100));
+  // The roofline of one decode step at batch B: the larger of the memory and the compute bound.
+  const bounds = (B: number, bytesPerP: number, mmRate: number) => {
+    const memBound = ((layerParams + V * H) * bytesPerP) / (copyGBps * 1e9);
+    const computeBound = (2 * (layerParams + V * H) * B) / (mmRate * 1e9);
+    return { memBound, computeBound, bound: Math.max(memBound, computeBound) };
+  };
+  const measureDecode = async (dtype: 'float32' | 'bfloat16', mm: Model, B: number, bytesPerP: number, mmRate: number): Promise<DecodeRow> => {
+    const prompts = decodePrompts(B);
     const times: number[] = [];
     // --quick: bfloat16 decode is slow on CPUs without native bf16 matmul (seconds per step at batch
     // 16 here), so it gets 4 steps and one repetition (its step time: the mean of 3 decode steps).
@@ -85,10 +162,8 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       times.push(g.decodeSeconds / Math.max(1, g.steps - 1));
     }
     const stepS = median(times);
-    const memBound = ((layerParams + V * H) * bytesPerP) / (copyGBps * 1e9);
-    const computeBound = (2 * (layerParams + V * H) * B) / (mmRate * 1e9);
-    const bound = Math.max(memBound, computeBound);
-    decode.push({
+    const { memBound, computeBound, bound } = bounds(B, bytesPerP, mmRate);
+    return {
       dtype,
       batch: B,
       step_ms: +(stepS * 1e3).toFixed(2),
@@ -98,6 +173,51 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       compute_bound_step_ms: +(computeBound * 1e3).toFixed(2),
       roofline_tokens_per_s: +(B / bound).toFixed(1),
       fraction_of_roofline: +(bound / stepS).toFixed(3),
+    };
+  };
+  for (const [dtype, mm, bytesPerP, mmRate] of [['float32', m, bytesPerParam, matmulGflops], ['bfloat16', bf16, 2, bf16Gflops]] as const)
+  for (const B of [1, 16]) {
+    log(`engine: decode at batch ${B} (${dtype})`);
+    decode.push(await measureDecode(dtype, mm, B, bytesPerP, mmRate));
+  }
+
+  // The same float32 batch-16 decode through ATen's generic path (the engine's CPU kernels off: what
+  // the engine did before them, and the path other devices take), in the same run.
+  log('engine: decode at batch 16 (float32), CPU kernels off (ATen path)');
+  a.setCpuKernels(false);
+  let decodeAten: DecodeRow;
+  try {
+    decodeAten = await measureDecode('float32', m, 16, bytesPerParam, matmulGflops);
+  } finally {
+    a.setCpuKernels(true);
+  }
+
+  // Plain eager PyTorch (Hugging Face's eager Qwen3, written out) decoding the same model with the
+  // same prompts, sampling and thread count, in the same run; float32 at batch 1 and 16.
+  const threads = a.version().threads;
+  const eager: Record<string, unknown>[] = [];
+  for (const B of [1, 16]) {
+    log(`engine: eager PyTorch decode at batch ${B} (float32, ${EAGER_PYTHON})`);
+    const e = runEagerDecode(dir, { batch: B, steps: steps - 1, threads, timeoutS: quick ? 240 : 600 });
+    if ('skipped' in e) {
+      eager.push({ dtype: 'float32', batch: B, skipped: e.skipped });
+      log(`engine: eager PyTorch decode skipped: ${e.skipped}`);
+      continue;
+    }
+    const { bound } = bounds(B, bytesPerParam, matmulGflops);
+    const ours = decode.find((d) => d.dtype === 'float32' && d.batch === B)!;
+    eager.push({
+      dtype: 'float32',
+      batch: B,
+      torch: e.torch,
+      threads: e.threads,
+      steps: e.steps,
+      step_ms: +e.step_ms.toFixed(2),
+      prefill_ms: +e.prefill_ms.toFixed(1),
+      tokens_per_s: +(B / (e.step_ms / 1e3)).toFixed(1),
+      roofline_tokens_per_s: +(B / bound).toFixed(1),
+      fraction_of_roofline: +(bound / (e.step_ms / 1e3)).toFixed(3),
+      slm_train_speedup: +(e.step_ms / ours.step_ms).toFixed(2),
     });
   }
 
@@ -119,6 +239,8 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     decode_bytes_per_step: decodeBytes,
     prefill,
     decode,
+    decode_aten_path: decodeAten,
+    eager_pytorch: eager,
     native_call_overhead_us: { sync: +syncUs.toFixed(2), async_worker: +asyncUs.toFixed(1) },
   };
   const rows = [
@@ -126,6 +248,15 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     '|---|---|---|---|',
     `| prefill ${prefillTokens} tokens, batch 1 | ${prefill.tokens_per_s} tok/s | ${prefill.roofline_tokens_per_s} tok/s | ${prefill.fraction_of_roofline} |`,
     ...decode.map((d) => `| decode ${d.dtype} batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step) | ${d.fraction_of_roofline} |`),
+    `| decode float32 batch 16, ATen path (CPU kernels off) | ${decodeAten.tokens_per_s} tok/s (${decodeAten.step_ms} ms/step) | ${decodeAten.roofline_tokens_per_s} tok/s (${decodeAten.roofline_step_ms} ms/step) | ${decodeAten.fraction_of_roofline} |`,
+    ...eager.flatMap((e) =>
+      'skipped' in e
+        ? [`| eager PyTorch decode ${e.dtype} batch ${e.batch} | skipped: ${e.skipped} | | |`]
+        : [
+            `| eager PyTorch decode ${e.dtype} batch ${e.batch} (torch ${e.torch}, ${e.threads} threads) | ${e.tokens_per_s} tok/s (${e.step_ms} ms/step) | ${e.roofline_tokens_per_s} tok/s | ${e.fraction_of_roofline} |`,
+            `| slm-train / eager PyTorch, decode ${e.dtype} batch ${e.batch} | ${e.slm_train_speedup}x | | |`,
+          ],
+    ),
     `| native call overhead | sync ${results.native_call_overhead_us.sync} µs, async ${results.native_call_overhead_us.async_worker} µs | | |`,
     `| machine | copy ${results.machine.copy_GBps} GB/s, matmul f32 ${results.machine.matmul_f32_GFLOPs} / bf16 ${results.machine.matmul_bf16_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,
   ];

@@ -10,8 +10,10 @@
  * bandwidth, 2 x params x rows / matmul rate)). Comparison: the same K = 8 batch (--quick: 4) generated
  * one episode at a time (unbatched). Every run reports the prefill tokens the engine computed against
  * those its prompts hold (shared prefixes: the K samples of a question and the system prompt are
- * prefilled once); with --compare-unshared each K is also run on the old path (sharePrefix false:
- * every row prefills its whole prompt) right after it, in the same run.
+ * prefilled once; multi-turn cache reuse: a turn continues its episode's KV cache, so only the tokens
+ * appended since the last turn are computed; the tokens reused from those caches are reported);
+ * with --compare-unshared each K is also run on the old path (sharePrefix false and no cache reuse:
+ * every row prefills its whole conversation) right after it, in the same run.
  *
  * A random-weight model rarely writes a program, so sandbox and retrieval time is also measured on
  * the scripted expert's programs for the same questions (what a trained policy's turns cost).
@@ -37,19 +39,27 @@ interface CallRecord {
   rows: number;
   promptTokens: number;
   prefillTokens: number;
+  reusedTokens: number;
   prefillSeconds: number;
   steps: number;
   seconds: number;
 }
 
-/** The engine, recording every generate call (rows, prompt tokens, decode steps, wall time). */
+/**
+ * The engine, recording every generate call (rows, prompt tokens, decode steps, wall time). `shared`:
+ * shared prefixes and multi-turn cache reuse (the runner sends cache keys to a generator that can
+ * release them); false: the old path, every row prefilling its whole conversation.
+ */
 class RecordingGenerator implements TextGenerator {
   calls: CallRecord[] = [];
-  constructor(private m: Model, private sharePrefix = true) {}
+  releaseCaches?: (keys: string[]) => void;
+  constructor(private m: Model, private shared = true) {
+    if (shared) this.releaseCaches = (keys) => m.releaseCaches(keys);
+  }
   async generate(req: GenerateRequest): Promise<GenerateResult> {
     const t0 = performance.now();
-    const r = await this.m.generate({ ...req, sharePrefix: this.sharePrefix });
-    this.calls.push({ rows: req.prompts.length, promptTokens: r.prefillTokensRequested, prefillTokens: r.prefillTokens, prefillSeconds: r.prefillSeconds, steps: r.steps, seconds: (performance.now() - t0) / 1e3 });
+    const r = await this.m.generate({ ...req, sharePrefix: this.shared, ...(this.shared ? {} : { cacheKeys: undefined }) });
+    this.calls.push({ rows: req.prompts.length, promptTokens: r.prefillTokensRequested, prefillTokens: r.prefillTokens, reusedTokens: r.cacheReusedTokens, prefillSeconds: r.prefillSeconds, steps: r.steps, seconds: (performance.now() - t0) / 1e3 });
     return r;
   }
 }
@@ -80,7 +90,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     const g = new RecordingGenerator(model, shared);
     const qs = gen.questions.slice(0, Q);
     const reqs = qs.flatMap((q) => Array.from({ length: k }, () => ({ question: q.question, temperature: 1 })));
-    const runner = new EpisodeRunner({ generator: g, tokenizer: runnerTokenizer(tok), formatter, protocol, maxTurns: 2, maxNewTokens, maxTotalTokens: 4096, seed: 1 });
+    const runner = new EpisodeRunner({ generator: g, tokenizer: runnerTokenizer(tok), formatter, protocol, maxTurns: 2, maxNewTokens, maxTotalTokens: 4096, seed: 1, cacheReuse: shared });
     const t0 = performance.now();
     const episodes: Episode[] = [];
     let generateMs = 0;
@@ -111,6 +121,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       shared_prefix: shared,
       prefill_tokens: g.calls.reduce((s, c) => s + c.prefillTokens, 0),
       prefill_tokens_requested: g.calls.reduce((s, c) => s + c.promptTokens, 0),
+      reused_tokens: g.calls.reduce((s, c) => s + c.reusedTokens, 0),
       wall_s: +wall.toFixed(3),
       per_rollout_s: +(wall / n).toFixed(4),
       rollouts_per_s: +(n / wall).toFixed(2),
@@ -139,7 +150,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       log(`rollout: ${Q} questions x K ${k}`);
       results.push(await run(k));
       if (o.compareUnshared) {
-        log(`rollout: ${Q} questions x K ${k}, old path (no shared prefixes)`);
+        log(`rollout: ${Q} questions x K ${k}, old path (no shared prefixes, no cache reuse)`);
         results.push(await run(k, false, false));
       }
     }
@@ -158,14 +169,14 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     }
     const expert = { programs: progs.length, program_ms: summarize(ms), retrieval_ms: summarize(searchMs) };
     const machine = { copy_GBps: +copyGBps.toFixed(1), matmul_f32_GFLOPs: +matmulGflops.toFixed(1), params: info.numParameters, max_new_tokens: maxNewTokens, turns: 2 };
-    type Row = { k: number; rollouts: number; unbatched: boolean; shared_prefix: boolean; prefill_tokens: number; prefill_tokens_requested: number; per_rollout_s: number; rollouts_per_s: number; generated_tokens_per_s: number; generate_calls: number; split_s: Record<string, number> };
+    type Row = { k: number; rollouts: number; unbatched: boolean; shared_prefix: boolean; prefill_tokens: number; prefill_tokens_requested: number; reused_tokens: number; per_rollout_s: number; rollouts_per_s: number; generated_tokens_per_s: number; generate_calls: number; split_s: Record<string, number> };
     const rows = results as unknown as Row[];
     const table = [
       `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; copy ${machine.copy_GBps} GB/s, matmul ${machine.matmul_f32_GFLOPs} GFLOP/s)`,
       '',
-      '| K | rollouts | prefill tokens computed / requested (prefill s) | per rollout s | rollouts/s | gen tok/s | generation s (roofline s) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
-      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
-      ...rows.map((r) => `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`),
+      '| K | rollouts | prefill tokens computed / requested (prefill s) | reused from episode caches | per rollout s | rollouts/s | gen tok/s | generation s (roofline s) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
+      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+      ...rows.map((r) => `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes, no cache reuse)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.reused_tokens} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`),
       '',
       `Expert programs (search + read + regex) in the same sandbox: p50 ${expert.program_ms.p50_ms} ms, p99 ${expert.program_ms.p99_ms} ms per program, of which retrieval p50 ${expert.retrieval_ms.p50_ms} ms.`,
     ].join('\n');

@@ -6,7 +6,7 @@ export interface BenchOptions {
   model?: string;
   /**
    * rollout: also measure, in the same run and beside each K, the old generate path (sharePrefix
-   * false: every row prefills its whole prompt).
+   * false and no multi-turn cache reuse: every row prefills its whole conversation every turn).
    */
   compareUnshared?: boolean;
   /** Print progress lines to stderr. */

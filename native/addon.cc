@@ -9,6 +9,11 @@
 
 #include "addon/errors.h"
 #include "addon/model.h"
+#include "core/cpu_gemm.h"
+#include "core/qwen3.h"
+#include "core/sampler.h"
+
+#include <cstring>
 
 namespace slm_addon {
 Napi::Value Measure(const Napi::CallbackInfo& info);
@@ -37,6 +42,88 @@ Napi::Value ManualSeed(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// Turns the CPU kernels (small-row linear layers, core/cpu_gemm.h; the fused sampler,
+// core/sampler_cpu.h) off (false) or on (true): benchmarks measure both paths in one run, tests compare them.
+Napi::Value SetCpuKernels(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  if (!info[0].IsBoolean()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "setCpuKernels expects true or false.");
+  slm::set_cpu_kernels_enabled(info[0].As<Napi::Boolean>().Value());
+  return env.Undefined();
+}
+
+// y [M, N] = x [M, K] · w [N, K]ᵀ through the model's linear layer (the small-row kernel when it
+// applies and is allowed, else at::linear), in float32 or bfloat16 (inputs rounded to it, output
+// returned as float32). For tests and benchmarks of the kernels.
+Napi::Value Linear(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  if (!info[0].IsObject()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "linear expects { x, w, m, n, k, dtype }.");
+  auto o = info[0].As<Napi::Object>();
+  const int64_t M = o.Get("m").As<Napi::Number>().Int64Value(), N = o.Get("n").As<Napi::Number>().Int64Value(),
+                K = o.Get("k").As<Napi::Number>().Int64Value();
+  auto xs = o.Get("x").As<Napi::Float32Array>(), ws = o.Get("w").As<Napi::Float32Array>();
+  if (M < 1 || N < 1 || K < 1 || static_cast<int64_t>(xs.ElementLength()) != M * K || static_cast<int64_t>(ws.ElementLength()) != N * K)
+    slm_addon::throw_error(env, "ARGUMENT_INVALID", "linear: x must hold m*k and w n*k floats, with m, n, k >= 1.");
+  const std::string dt = o.Has("dtype") ? o.Get("dtype").As<Napi::String>().Utf8Value() : "float32";
+  const auto st = dt == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  at::NoGradGuard ng;
+  auto x = at::from_blob(xs.Data(), {M, K}, at::kFloat).to(st);
+  auto w = at::from_blob(ws.Data(), {N, K}, at::kFloat).to(st);
+  slm::Linear lin{w, at::Tensor(), nullptr, nullptr};
+  auto y = lin.forward(x).to(at::kFloat).contiguous();
+  auto out = Napi::Float32Array::New(env, static_cast<size_t>(M * N));
+  std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * M * N);
+  return out;
+}
+
+// One sampling step over given logits [rows, vocab] (core/sampler.h): the fused CPU path, or ATen's
+// tensor path when the CPU kernels are off. For tests and benchmarks.
+Napi::Value Sample(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  if (!info[0].IsObject()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "sample expects { logits, rows, vocab, temperature, u, topK?, topP?, topN? }.");
+  auto o = info[0].As<Napi::Object>();
+  auto lg = o.Get("logits").As<Napi::Float32Array>();
+  const int64_t B = o.Get("rows").As<Napi::Number>().Int64Value(), V = o.Get("vocab").As<Napi::Number>().Int64Value();
+  auto nums = [&](const char* key) {
+    std::vector<float> v;
+    if (!o.Has(key) || !o.Get(key).IsArray()) return v;
+    auto a = o.Get(key).As<Napi::Array>();
+    for (uint32_t i = 0; i < a.Length(); ++i) v.push_back(a.Get(i).As<Napi::Number>().FloatValue());
+    return v;
+  };
+  auto temps = nums("temperature"), us = nums("u"), tops = nums("topP");
+  if (B < 1 || V < 1 || static_cast<int64_t>(lg.ElementLength()) != B * V || static_cast<int64_t>(temps.size()) != B || static_cast<int64_t>(us.size()) != B ||
+      !(tops.empty() || static_cast<int64_t>(tops.size()) == B))
+    slm_addon::throw_error(env, "ARGUMENT_INVALID", "sample: logits must hold rows*vocab floats, temperature and u one number per row, topP none or one per row.");
+  if (tops.empty()) tops.assign(B, 1.f);
+  const int64_t top_k = o.Has("topK") ? o.Get("topK").As<Napi::Number>().Int64Value() : 0;
+  const int64_t top_n = o.Has("topN") ? o.Get("topN").As<Napi::Number>().Int64Value() : 0;
+  at::NoGradGuard ng;
+  auto logits = at::from_blob(lg.Data(), {B, V}, at::kFloat);
+  auto s = slm::sample(logits, temps, top_k, tops, at::tensor(us, at::kFloat), top_n);
+  auto tok = s.tokens.to(at::kLong).contiguous();
+  auto lp = s.logprobs.to(at::kFloat).contiguous();
+  auto r = Napi::Object::New(env);
+  auto ta = Napi::Array::New(env, B), la = Napi::Array::New(env, B);
+  for (int64_t b = 0; b < B; ++b) {
+    ta.Set(static_cast<uint32_t>(b), Napi::Number::New(env, static_cast<double>(tok.data_ptr<int64_t>()[b])));
+    la.Set(static_cast<uint32_t>(b), Napi::Number::New(env, lp.data_ptr<float>()[b]));
+  }
+  r.Set("tokens", ta);
+  r.Set("logprobs", la);
+  if (top_n > 0) {
+    auto ti = s.top_ids.to(at::kLong).contiguous();
+    auto tl = s.top_logprobs.to(at::kFloat).contiguous();
+    auto ia = Napi::Array::New(env, ti.numel()), lpa = Napi::Array::New(env, tl.numel());
+    for (int64_t i = 0; i < ti.numel(); ++i) {
+      ia.Set(static_cast<uint32_t>(i), Napi::Number::New(env, static_cast<double>(ti.data_ptr<int64_t>()[i])));
+      lpa.Set(static_cast<uint32_t>(i), Napi::Number::New(env, tl.data_ptr<float>()[i]));
+    }
+    r.Set("topIds", ia);
+    r.Set("topLogprobs", lpa);
+  }
+  return r;
+}
+
 Napi::Value Version(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto o = Napi::Object::New(env);
@@ -45,6 +132,7 @@ Napi::Value Version(const Napi::CallbackInfo& info) {
   o.Set("threads", Napi::Number::New(env, at::get_num_threads()));
   o.Set("config", Napi::String::New(env, at::show_config()));
   o.Set("parallel", Napi::String::New(env, at::get_parallel_info()));
+  o.Set("smallLinear", Napi::String::New(env, slm::cpu_small_linear_isa()));
   o.Set("napi", Napi::Number::New(env, NAPI_VERSION));
   return o;
 }
@@ -53,6 +141,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("setErrorClass", Napi::Function::New(env, SetErrorClass));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("version", Napi::Function::New(env, Version));
+  exports.Set("setCpuKernels", Napi::Function::New(env, SetCpuKernels));
+  exports.Set("linear", Napi::Function::New(env, Linear));
+  exports.Set("sample", Napi::Function::New(env, Sample));
   exports.Set("manualSeed", Napi::Function::New(env, ManualSeed));
   exports.Set("measure", Napi::Function::New(env, slm_addon::Measure));
   exports.Set("loadModel", Napi::Function::New(env, slm_addon::ModelWrap::Load));

@@ -88,7 +88,9 @@ t.test('tokens arrive while the call runs; cancelled rows leave it', async (t) =
     },
   });
   t.same(c.finishReasons, ['length', 'cancelled', 'length']);
-  t.ok(c.tokens[1].length >= 5 && c.tokens[1].length < 60, `the cancelled row stopped after ${c.tokens[1].length} tokens`);
+  // The abort is seen on the JavaScript thread while the native loop goes on: "soon" is a bound loose
+  // enough for a busy machine and a fast decode, yet far below the row's 300-token budget.
+  t.ok(c.tokens[1].length >= 5 && c.tokens[1].length < N / 2, `the cancelled row stopped after ${c.tokens[1].length} tokens`);
   t.same(Array.from(c.tokens[1]), Array.from(plain.tokens[1].slice(0, c.tokens[1].length)));
   for (const i of [0, 2]) t.same(Array.from(c.tokens[i]), Array.from(plain.tokens[i]), `row ${i} unchanged by the cancellation`);
 

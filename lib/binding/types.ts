@@ -60,6 +60,11 @@ export interface NativeGenerateRequest {
   topN?: number;
   /** Prefill repeated prompts and the prefix common to all prompts once (default true). */
   sharePrefix?: boolean;
+  /**
+   * Episode KV caches: one key (or null: none) per row. A keyed row reuses the longest prefix its
+   * stored cache shares with its prompt and stores its KV (prompt + output) back under the key.
+   */
+  cacheKeys?: Array<string | null>;
 }
 
 export interface NativeGenerateResult {
@@ -77,6 +82,24 @@ export interface NativeGenerateResult {
   /** Prompt tokens run through the model in the prefill (padding excluded) / the sum of the prompts' lengths. */
   prefillTokens: number;
   prefillTokensRequested: number;
+  /** Prompt tokens taken from episode caches (not computed), and the rows that reused one. */
+  cacheReusedTokens: number;
+  cacheHits: number;
+  /** Episode caches evicted by the store's byte limit during the call. */
+  cacheEvicted: number;
+  /** Keyed rows whose cache was dropped because the weights changed since it was stored. */
+  cacheStale: number;
+}
+
+/** The episode KV-cache store of a model handle. */
+export interface NativeCacheStats {
+  entries: number;
+  tokens: number;
+  bytes: number;
+  limitBytes: number;
+  /** Entries evicted by the limit / dropped as stale since the model was loaded. */
+  evicted: number;
+  stale: number;
 }
 
 /** One decode step of generateStream: the rows that sampled a token in it. */
@@ -114,6 +137,12 @@ export interface NativeModel {
   /** Final hidden state (after the last norm) of each sequence's last token, [rows x hidden] flattened. */
   lastHidden(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   dispose(): void;
+  /** Frees the episode caches of these keys (unknown keys: nothing). */
+  releaseCaches(keys: string[]): void;
+  clearCaches(): void;
+  /** The episode cache store's byte limit: beyond it the least recently used caches are evicted. */
+  setCacheLimit(bytes: number): void;
+  cacheStats(): NativeCacheStats;
 
   // LoRA training core
   attachLora(spec: NativeLoraSpec & { seed?: number }): void;
@@ -221,6 +250,8 @@ export interface NativeVersion {
   /** at::show_config(): BLAS, oneDNN, CPU capability. */
   config: string;
   parallel: string;
+  /** The CPU kernels for linear layers over a few rows (decode): "avx512 (float32, bfloat16)", "avx2 (float32)", "none", ... */
+  smallLinear: string;
   napi: number;
 }
 
@@ -228,6 +259,17 @@ export interface NativeAddon {
   setErrorClass(cls: new (code: string, message: string) => Error): void;
   setThreads(n: number): void;
   version(): NativeVersion;
+  /** Allows (true, the default) or forbids the CPU kernels (small-row linear layers, fused sampler): false = ATen's generic path; for benchmarks and tests. */
+  setCpuKernels(on: boolean): void;
+  /** y [m, n] = x [m, k] · w [n, k]ᵀ through the engine's linear layer, in float32 or bfloat16 (inputs rounded to it); for tests and benchmarks. */
+  /** One sampling step over logits [rows, vocab] (the fused CPU sampler, or ATen's path with the CPU kernels off); for tests and benchmarks. */
+  sample(req: { logits: Float32Array; rows: number; vocab: number; temperature: number[]; u: number[]; topK?: number; topP?: number[]; topN?: number }): {
+    tokens: number[];
+    logprobs: number[];
+    topIds?: number[];
+    topLogprobs?: number[];
+  };
+  linear(req: { x: Float32Array; w: Float32Array; m: number; n: number; k: number; dtype?: 'float32' | 'bfloat16' }): Float32Array;
   /** Seeds libtorch's default generators (LoRA dropout). */
   manualSeed(seed: number): void;
   /** GFLOP/s of n×n matmuls, or GB/s (read + write) of copying n bytes. */

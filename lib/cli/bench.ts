@@ -74,7 +74,7 @@ export const benchCommand: CommandModule<object, Args> = {
       .option('out', { type: 'string', describe: 'also write the JSON report here (and the table to FILE.md)' })
       .option('readme', { type: 'string', describe: 'replace the tables between <!-- bench --> and <!-- /bench --> in this markdown file (README.md)' })
       .option('model', { type: 'string', describe: 'a model folder instead of the generated small preset' })
-      .option('compare-unshared', { type: 'boolean', describe: 'rollout: also measure the old generate path (no shared prefixes) beside each K in the same run' }) as never,
+      .option('compare-unshared', { type: 'boolean', describe: 'rollout: also measure the old generate path (no shared prefixes, no multi-turn cache reuse) beside each K in the same run' }) as never,
   handler: async (a) => {
     if (a.readme) readmeBlock(a.readme); // a bad file fails now, not after the benchmarks
     const kinds = a.kind ? [a.kind] : Object.keys(KINDS);

@@ -135,6 +135,8 @@ export const CONFIG_SCHEMA: Schema = {
         description: 'a number, or [lo, hi]: each rollout draws its own from the range (the reference code-search system draws from [0.85, 0.99])',
       },
       top_k: int(0, { minimum: 0 }, '0 = off'),
+      kv_cache_reuse: bool(true, "engine native: an episode's KV cache survives between its turns, so a turn computes only the tokens appended since the last (the tool output, the template's text) instead of re-prefilling the conversation; the episodes are the same either way. false = re-prefill every turn"),
+      kv_cache_mb: int(2048, { minimum: 0, maximum: 2 ** 32 }, 'engine native: memory the kept episode KV caches may hold (MiB, on the model\'s device); beyond it the least recently used are evicted and those episodes re-prefill (one log line says so). 0 = keep none'),
       engine: oneOf(['native', 'openai'], 'native', "native: the trainer's own engine generates; openai: OpenAI-compatible servers (vLLM, slm-train serve) generate with the adapter loaded at run time"),
       openai: section({
         urls: { type: 'array', items: { type: 'string', pattern: '^https?://' }, default: [], description: 'engine openai: server base URLs (e.g. http://10.0.0.5:8000), requests spread over them' },

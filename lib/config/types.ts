@@ -84,6 +84,8 @@ export interface RolloutConfig {
   temperature: number | [number, number];
   top_p: number | [number, number];
   top_k: number;
+  kv_cache_reuse: boolean;
+  kv_cache_mb: number;
   engine: 'native' | 'openai';
   openai: { urls: string[]; model: string | null; timeout_s: number; retries: number; concurrency: number; adapter_dir: string | null };
 }

@@ -4,7 +4,7 @@
  */
 import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { NativeApplyResult, NativeGenerateRequest, NativeGenerateResult, NativeModel, NativeModelInfo, NativeOptimOptions, NativeTrainRequest, NativeTrainStats } from '../binding/types.js';
+import type { NativeApplyResult, NativeCacheStats, NativeGenerateRequest, NativeGenerateResult, NativeModel, NativeModelInfo, NativeOptimOptions, NativeTrainRequest, NativeTrainStats } from '../binding/types.js';
 import { ADAPTER_WEIGHTS, VALUE_HEAD, checkAdapterFits, checkLoraSpec, readAdapterConfig, writeAdapterConfig, type LoraSpec } from './adapter.js';
 import { SlmError, describe } from '../errors.js';
 import { nativeConfig, readModelConfig, type ModelConfig } from '../model/config.js';
@@ -22,6 +22,22 @@ export interface LoadModelOptions {
 }
 
 const FINISH = ['length', 'stop_token', 'stop_string', 'cancelled'] as const;
+
+/** What Model.generate reports beside the tokens. */
+export interface GenerateStats {
+  steps: number;
+  prefillSeconds: number;
+  decodeSeconds: number;
+  /** Prompt tokens the prefill computed (padding excluded) / the sum of the prompts' lengths. */
+  prefillTokens: number;
+  prefillTokensRequested: number;
+  /** Prompt tokens taken from episode caches (cacheKeys) instead of computed, and rows that reused one. */
+  cacheReusedTokens: number;
+  cacheHits: number;
+  /** Episode caches evicted by the byte limit during the call; keyed rows whose cache was stale (weights changed). */
+  cacheEvicted: number;
+  cacheStale: number;
+}
 
 export interface TrainBatch {
   sequences: ArrayLike<number>[];
@@ -363,10 +379,11 @@ export class Model implements TextGenerator {
     return { data, batch: rows.length, seqLen: T, vocab: this.config.vocab_size };
   }
 
-  async generate(req: GenerateRequest): Promise<GenerateResult & { steps: number; prefillSeconds: number; decodeSeconds: number; prefillTokens: number; prefillTokensRequested: number }> {
+  async generate(req: GenerateRequest): Promise<GenerateResult & GenerateStats> {
     const B = req.prompts.length;
-    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, prefillTokensRequested: 0 };
+    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0, cacheHits: 0, cacheEvicted: 0, cacheStale: 0 };
     const r = await this.h.generate(this.#generateRequest(req));
+    this.#noteEvictions(r);
     const { tokens, logprobs } = this.#rows(r, B);
     return {
       tokens,
@@ -377,7 +394,41 @@ export class Model implements TextGenerator {
       decodeSeconds: r.decodeSeconds,
       prefillTokens: r.prefillTokens,
       prefillTokensRequested: r.prefillTokensRequested,
+      cacheReusedTokens: r.cacheReusedTokens,
+      cacheHits: r.cacheHits,
+      cacheEvicted: r.cacheEvicted,
+      cacheStale: r.cacheStale,
     };
+  }
+
+  /** Frees the episode KV caches kept under these keys (GenerateRequest.cacheKeys). */
+  releaseCaches(keys: string[]): void {
+    if (!Array.isArray(keys) || !keys.every((k) => typeof k === 'string')) throw new SlmError('ARGUMENT_INVALID', `releaseCaches expects an array of cache keys (strings), found ${describe(keys)}.`);
+    if (keys.length) this.h.releaseCaches(keys);
+  }
+  /** Frees every episode KV cache of this model. */
+  clearCaches(): void {
+    this.h.clearCaches();
+  }
+  /**
+   * The byte limit of the episode KV caches (default 2 GiB): beyond it the least recently used are
+   * evicted and their episodes re-prefill. `log` gets one line the first time that happens.
+   */
+  setCacheLimit(bytes: number, opts: { log?: (line: string) => void } = {}): void {
+    if (!Number.isSafeInteger(bytes) || bytes < 0) throw new SlmError('ARGUMENT_INVALID', `the episode cache limit must be a non-negative integer number of bytes, found ${describe(bytes)}.`);
+    this.h.setCacheLimit(bytes);
+    if (opts.log) this.#cacheLog = opts.log;
+  }
+  cacheStats(): NativeCacheStats {
+    return this.h.cacheStats();
+  }
+  #cacheLog?: (line: string) => void;
+  #evictionLogged = false;
+  #noteEvictions(r: NativeGenerateResult): void {
+    if (!r.cacheEvicted || this.#evictionLogged || !this.#cacheLog) return;
+    this.#evictionLogged = true;
+    const s = this.h.cacheStats();
+    this.#cacheLog(`engine: the episode KV caches reached their limit (${(s.limitBytes / 2 ** 20).toFixed(0)} MiB): the least recently used are evicted and those episodes re-prefill their conversation (said once; raise rollout.kv_cache_mb to keep more)`);
   }
 
   /**
@@ -389,7 +440,7 @@ export class Model implements TextGenerator {
    */
   async generateStream(req: StreamGenerateRequest): Promise<StreamGenerateResult> {
     const B = req.prompts.length;
-    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillTokens: 0, prefillTokensRequested: 0 };
+    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0 };
     const base = this.#generateRequest(req);
     const topN = req.topLogprobs ?? 0;
     if (!Number.isInteger(topN) || topN < 0 || topN > this.vocabSize) throw new SlmError('ARGUMENT_INVALID', `topLogprobs must be an integer from 0 to the vocabulary size, found ${describe(req.topLogprobs)}.`);
@@ -444,6 +495,7 @@ export class Model implements TextGenerator {
       closed = true;
       for (const u of unlisten) u();
     }
+    this.#noteEvictions(r);
     const { tokens, logprobs } = this.#rows(r, B);
     const finishReasons = Array.from(r.finish, (f) => FINISH[f]);
     let topLogprobs: StreamGenerateResult['topLogprobs'];
@@ -469,7 +521,7 @@ export class Model implements TextGenerator {
         });
     }
     if (failure !== undefined) throw failure;
-    return { tokens, logprobs, ...(topLogprobs ? { topLogprobs } : {}), finishReasons, steps: r.steps, prefillTokens: r.prefillTokens, prefillTokensRequested: r.prefillTokensRequested };
+    return { tokens, logprobs, ...(topLogprobs ? { topLogprobs } : {}), finishReasons, steps: r.steps, prefillTokens: r.prefillTokens, prefillTokensRequested: r.prefillTokensRequested, cacheReusedTokens: r.cacheReusedTokens };
   }
 
   /** A GenerateRequest checked and flattened into the native request. */
@@ -502,6 +554,14 @@ export class Model implements TextGenerator {
     const topP = topPs ? 1 : (req.topP as number | undefined) ?? 1;
     const topK = req.topK ?? 0;
     if (!Number.isInteger(topK) || topK < 0) throw new SlmError('ARGUMENT_INVALID', `topK must be a non-negative integer, found ${describe(req.topK)}.`);
+    let cacheKeys: Array<string | null> | undefined;
+    if (req.cacheKeys !== undefined) {
+      if (!Array.isArray(req.cacheKeys) || req.cacheKeys.length !== B || !req.cacheKeys.every((k) => k == null || (typeof k === 'string' && k.length > 0)))
+        throw new SlmError('ARGUMENT_INVALID', `cacheKeys must hold one non-empty string (or null: none) per row (${B}), found ${describe(req.cacheKeys)}.`);
+      const keys = req.cacheKeys.filter((k): k is string => typeof k === 'string');
+      if (new Set(keys).size !== keys.length) throw new SlmError('ARGUMENT_INVALID', `cacheKeys must be distinct within a call (one per episode), found a repeated key in ${describe(req.cacheKeys)}.`);
+      if (keys.length) cacheKeys = req.cacheKeys.map((k) => k ?? null);
+    }
     return {
       ids,
       lengths,
@@ -515,6 +575,7 @@ export class Model implements TextGenerator {
       stopTokenIds: Int32Array.from(req.stopTokenIds ?? []),
       stopStrings: req.stopStrings ?? [],
       ...(req.sharePrefix !== undefined ? { sharePrefix: !!req.sharePrefix } : {}),
+      ...(cacheKeys ? { cacheKeys } : {}),
     };
   }
 

@@ -34,6 +34,14 @@ export interface GenerateRequest {
    * whole prompt (the old path, for comparison).
    */
   sharePrefix?: boolean;
+  /**
+   * Multi-turn KV-cache reuse: one key (or null: none) per row, e.g. one per episode. A keyed row
+   * reuses the longest prefix of its prompt that the key's cache holds (its previous turn's prompt
+   * and output) and computes only the rest; its KV is kept under the key for the next call, until
+   * the generator's releaseCaches. Keys must be distinct within a call. Outputs equal the uncached
+   * path's (same greedy tokens, log-probs within float rounding). Generators may ignore it.
+   */
+  cacheKeys?: Array<string | null | undefined>;
 }
 export interface GenerateResult {
   /** Generated ids per row (not including the prompt). */
@@ -45,6 +53,8 @@ export interface GenerateResult {
 }
 export interface TextGenerator {
   generate(req: GenerateRequest): Promise<GenerateResult>;
+  /** Frees the KV caches kept under these keys (GenerateRequest.cacheKeys); present when the generator keeps any. */
+  releaseCaches?(keys: string[]): void;
 }
 
 /** A token as generateStream reports it, the moment it is sampled. */
@@ -81,4 +91,6 @@ export interface StreamGenerateResult {
   /** Prompt tokens the prefill ran through the model (padding excluded) and the sum of the prompts' lengths. */
   prefillTokens: number;
   prefillTokensRequested: number;
+  /** Prompt tokens taken from episode caches (cacheKeys) instead of computed. */
+  cacheReusedTokens: number;
 }

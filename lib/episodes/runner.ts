@@ -67,6 +67,13 @@ export interface EpisodeRunnerOptions {
    * template's text after the turn is appended, even where the template would re-render history.
    */
   strictTemplate?: boolean;
+  /**
+   * Multi-turn KV-cache reuse (default true, where the generator keeps caches: releaseCaches): each
+   * episode's rows carry a cache key, so a turn computes only the tokens appended since the last
+   * (the reply, template text) instead of re-prefilling the conversation; an episode's cache is
+   * released when it ends, and every one when the batch ends. Episodes are the same either way.
+   */
+  cacheReuse?: boolean;
   /** Called after each turn with the number of episodes still active. */
   onTurn?: (info: { turn: number; active: number; finished: number }) => void;
 }
@@ -158,6 +165,8 @@ export interface BatchStats {
   generateCalls: number;
   /** Rows sent per generate call, in order (shows only active episodes were sent). */
   rowsPerCall: number[];
+  /** Prompt tokens the generator took from episode caches instead of computing (0 without reuse). */
+  cacheReusedTokens: number;
 }
 
 export interface BatchResult {
@@ -168,6 +177,8 @@ export interface BatchResult {
 /** State of one episode while the batch runs. */
 interface Live {
   index: number;
+  /** The key of its KV cache in the generator (cache reuse), until released. */
+  cacheKey?: string;
   seed?: number;
   question: string;
   temperature: number;
@@ -195,6 +206,9 @@ interface Live {
   resumes: number;
 }
 
+/** Runs started in this process: part of each episode's cache key, so that batches never share one. */
+let runs = 0;
+
 export class EpisodeRunner {
   readonly options: Readonly<EpisodeRunnerOptions>;
   readonly #stopTexts: string[];
@@ -212,19 +226,38 @@ export class EpisodeRunner {
   async run(requests: readonly EpisodeRequest[]): Promise<BatchResult> {
     const o = this.options;
     const t0 = performance.now();
-    const stats: BatchStats = { generateMs: 0, toolMs: 0, totalMs: 0, generateCalls: 0, rowsPerCall: [] };
+    const stats: BatchStats = { generateMs: 0, toolMs: 0, totalMs: 0, generateCalls: 0, rowsPerCall: [], cacheReusedTokens: 0 };
     const live = requests.map((r, i) => this.#start(r, i));
-    for (let turn = 1; turn <= this.#generations; turn++) {
-      const active = live.filter((s) => !s.finish);
-      if (!active.length) break;
-      await this.#generateTurn(active, turn, stats);
-      const pending: Array<{ s: Live; action: ToolAction }> = [];
-      for (const s of active) {
-        const action = this.#commitTurn(s, turn);
-        if (action) pending.push({ s, action });
+    const gen = o.generator;
+    if (o.cacheReuse !== false && typeof gen.releaseCaches === 'function') {
+      const run = `ep${process.pid}.${++runs}`;
+      for (const s of live) s.cacheKey = `${run}.${s.index}`;
+    }
+    /** Frees the caches of the episodes that ended (all of them with `all`). */
+    const release = (all: boolean) => {
+      const done = live.filter((s) => s.cacheKey !== undefined && (all || s.finish));
+      if (!done.length) return;
+      const keys = done.map((s) => s.cacheKey as string);
+      for (const s of done) s.cacheKey = undefined;
+      gen.releaseCaches?.(keys);
+    };
+    try {
+      for (let turn = 1; turn <= this.#generations; turn++) {
+        const active = live.filter((s) => !s.finish);
+        if (!active.length) break;
+        await this.#generateTurn(active, turn, stats);
+        const pending: Array<{ s: Live; action: ToolAction }> = [];
+        for (const s of active) {
+          const action = this.#commitTurn(s, turn);
+          if (action) pending.push({ s, action });
+        }
+        release(false);
+        await this.#respond(pending, turn, stats);
+        release(false);
+        o.onTurn?.({ turn, active: live.filter((s) => !s.finish).length, finished: live.filter((s) => s.finish).length });
       }
-      await this.#respond(pending, turn, stats);
-      o.onTurn?.({ turn, active: live.filter((s) => !s.finish).length, finished: live.filter((s) => s.finish).length });
+    } finally {
+      release(true);
     }
     for (const s of live) s.finish ??= 'max_turns';
     stats.totalMs = performance.now() - t0;
@@ -305,12 +338,14 @@ export class EpisodeRunner {
         ...(rows.every((s) => s.seed !== undefined) ? { rowSeeds: rows.map((s) => callSeed(s.seed as number)) } : {}),
         stopTokenIds: o.tokenizer.stopTokenIds,
         stopStrings: [...o.protocol.stopStrings],
+        ...(rows.some((s) => s.cacheKey !== undefined) ? { cacheKeys: rows.map((s) => s.cacheKey ?? null) } : {}),
       });
       const ms = performance.now() - t0;
       stats.generateMs += ms;
       stats.generateCalls++;
       stats.rowsPerCall.push(rows.length);
       checkResult(res, rows.length);
+      stats.cacheReusedTokens += (res as { cacheReusedTokens?: number }).cacheReusedTokens ?? 0;
       const again: Live[] = [];
       rows.forEach((s, i) => {
         s.generateMs += ms;

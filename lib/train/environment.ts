@@ -37,8 +37,10 @@ export interface Agent {
 }
 
 /** The config's policy (model.path with `adapter`, default model.adapter) through loadPolicy. */
-export async function loadAgent(cfg: ResolvedConfig, adapter: string | null = cfg.model.adapter): Promise<Agent> {
+export async function loadAgent(cfg: ResolvedConfig, adapter: string | null = cfg.model.adapter, log: Log = () => {}): Promise<Agent> {
   const { model, tokenizer, formatter } = await loadPolicy(cfg.model.path, { dtype: cfg.model.dtype, device: cfg.model.device, adapter, threads: cfg.model.threads > 0 ? cfg.model.threads : undefined });
+  // Episode KV caches kept between turns (rollout.kv_cache_reuse): their memory bound.
+  model.setCacheLimit(cfg.rollout.kv_cache_mb * 2 ** 20, { log });
   return { model, tokenizer, formatter };
 }
 
@@ -175,6 +177,7 @@ export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environmen
     topP: o.eval ? (cfg.eval.top_p ?? midpoint(cfg.rollout.top_p)) : typeof cfg.rollout.top_p === 'number' ? cfg.rollout.top_p : undefined,
     topK: cfg.rollout.top_k || undefined,
     seed: o.seed,
+    cacheReuse: cfg.rollout.kv_cache_reuse,
     onTurn: o.onTurn,
   });
 }

@@ -183,7 +183,7 @@ export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): 
   if (!/^[\w.@+-]+$/.test(label)) throw new SlmError('ARGUMENT_INVALID', `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-", "+" or "@" (it names a folder).`);
   const qs = await evalQuestions(cfg);
   const dir = join(cfg.run.dir, 'evals', label);
-  const agent = await loadAgent(cfg, adapter);
+  const agent = await loadAgent(cfg, adapter, log);
   let env: Environment | undefined;
   let judge: { deps: RewardDeps; close(): void } | undefined;
   try {

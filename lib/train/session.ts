@@ -61,7 +61,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
   const run = lead ? new RunFolder(dir) : new RankRunFolder(dir, dist!.shard.rank);
   run.log = log;
   if (lead) writeResolvedConfig(cfg, dir, { file: o.configFile, overrides: o.overrides });
-  const agent = await loadAgent(cfg);
+  const agent = await loadAgent(cfg, cfg.model.adapter, log);
   if (dist) makeDataParallel(agent.model, dist);
   let env: Environment | undefined;
   let judge: { deps: RewardDeps; close(): void } | undefined;

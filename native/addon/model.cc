@@ -100,8 +100,11 @@ struct CancelFlags {
 
 class GenerateWorker : public PromiseWorker {
  public:
-  GenerateWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::shared_ptr<slm::Vocab> vocab, slm::GenerateParams p)
-      : PromiseWorker(env, "slm:generate", owner), m_(std::move(m)), vocab_(std::move(vocab)), p_(std::move(p)) {}
+  GenerateWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::shared_ptr<slm::Vocab> vocab, slm::GenerateParams p,
+                 std::shared_ptr<slm::EpisodeCacheStore> caches)
+      : PromiseWorker(env, "slm:generate", owner), m_(std::move(m)), vocab_(std::move(vocab)), p_(std::move(p)), caches_(std::move(caches)) {
+    if (!p_.cache_keys.empty()) p_.episode_cache = caches_.get();
+  }
   // Streaming: every decode step's tokens go to `on_step` (a JS function, called on the main thread
   // in order, without blocking generation); `cancel` stops rows.
   void Stream(Napi::Env env, Napi::Function on_step, std::shared_ptr<CancelFlags> cancel) {
@@ -156,6 +159,10 @@ class GenerateWorker : public PromiseWorker {
     o.Set("decodeSeconds", Napi::Number::New(env, out_.decode_seconds));
     o.Set("prefillTokens", Napi::Number::New(env, static_cast<double>(out_.prefill_tokens)));
     o.Set("prefillTokensRequested", Napi::Number::New(env, static_cast<double>(out_.prefill_tokens_requested)));
+    o.Set("cacheReusedTokens", Napi::Number::New(env, static_cast<double>(out_.cache_reused_tokens)));
+    o.Set("cacheHits", Napi::Number::New(env, static_cast<double>(out_.cache_hits)));
+    o.Set("cacheEvicted", Napi::Number::New(env, static_cast<double>(out_.cache_evicted)));
+    o.Set("cacheStale", Napi::Number::New(env, static_cast<double>(out_.cache_stale)));
     return o;
   }
 
@@ -182,6 +189,7 @@ class GenerateWorker : public PromiseWorker {
   std::shared_ptr<slm::Vocab> vocab_;
   slm::GenerateParams p_;
   slm::GenerateOutput out_;
+  std::shared_ptr<slm::EpisodeCacheStore> caches_;  // kept alive while the call may use it
   Napi::ThreadSafeFunction tsfn_;
   bool streaming_ = false;
   std::shared_ptr<CancelFlags> cancel_;
@@ -265,7 +273,9 @@ Napi::Function ModelWrap::Define(Napi::Env env) {
                           InstanceMethod<&ModelWrap::LoadOptimizer>("loadOptimizer"), InstanceMethod<&ModelWrap::SaveMerged>("saveMerged"),
                           InstanceMethod<&ModelWrap::Trainable>("trainable"), InstanceMethod<&ModelWrap::SetTrainable>("setTrainable"),
                           InstanceMethod<&ModelWrap::Gradients>("gradients"), InstanceMethod<&ModelWrap::ApplyGradients>("applyGradients"),
-                          InstanceMethod<&ModelWrap::BaseDigest>("baseDigest")});
+                          InstanceMethod<&ModelWrap::BaseDigest>("baseDigest"),
+                          InstanceMethod<&ModelWrap::ReleaseCaches>("releaseCaches"), InstanceMethod<&ModelWrap::ClearCaches>("clearCaches"),
+                          InstanceMethod<&ModelWrap::SetCacheLimit>("setCacheLimit"), InstanceMethod<&ModelWrap::CacheStats>("cacheStats")});
   data(env)->model_class = Napi::Persistent(cls);
   return cls;
 }
@@ -282,6 +292,7 @@ ModelWrap::ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWra
   model_ = *info[0].As<Napi::External<std::shared_ptr<slm::Qwen3Model>>>().Data();
   vocab_ = std::make_shared<slm::Vocab>();
   optimizer_ = std::make_shared<slm::AdamW>();
+  caches_ = std::make_shared<slm::EpisodeCacheStore>();
 }
 
 std::shared_ptr<slm::Qwen3Model> ModelWrap::live(Napi::Env env) const {
@@ -414,6 +425,20 @@ slm::GenerateParams generate_params(Napi::Env env, const Napi::Object& o) {
     if (!sp.IsBoolean()) throw_error(env, "ARGUMENT_INVALID", "generate: sharePrefix must be a boolean.");
     p.share_prefix = sp.As<Napi::Boolean>().Value();
   }
+  auto ck = o.Get("cacheKeys");
+  if (!ck.IsUndefined() && !ck.IsNull()) {
+    if (!ck.IsArray()) throw_error(env, "ARGUMENT_INVALID", "generate: cacheKeys must be an array with one string (or null: none) per row.");
+    auto a = ck.As<Napi::Array>();
+    for (uint32_t i = 0; i < a.Length(); ++i) {
+      auto v = a.Get(i);
+      if (v.IsUndefined() || v.IsNull()) p.cache_keys.emplace_back();
+      else if (v.IsString()) p.cache_keys.push_back(v.As<Napi::String>().Utf8Value());
+      else throw_error(env, "ARGUMENT_INVALID", "generate: cacheKeys[" + std::to_string(i) + "] must be a string or null.");
+    }
+    bool any = false;
+    for (const auto& k : p.cache_keys) any = any || !k.empty();
+    if (!any) p.cache_keys.clear();
+  }
   if (!o.Get("stopTokenIds").IsUndefined()) p.stop_token_ids = int32s(env, o.Get("stopTokenIds"), "stopTokenIds");
   auto ss = o.Get("stopStrings");
   if (ss.IsArray()) {
@@ -428,7 +453,7 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "generate expects a request object.");
-  auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, generate_params(env, info[0].As<Napi::Object>()));
+  auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, generate_params(env, info[0].As<Napi::Object>()), caches_);
   auto pr = w->Promise();
   w->Queue();
   return pr;
@@ -442,7 +467,7 @@ Napi::Value ModelWrap::GenerateStream(const Napi::CallbackInfo& info) {
   if (!info[0].IsObject() || !info[1].IsFunction()) throw_error(env, "ARGUMENT_INVALID", "generateStream expects a request object and a step function.");
   auto p = generate_params(env, info[0].As<Napi::Object>());
   auto flags = std::make_shared<CancelFlags>(p.prompts.size());
-  auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, std::move(p));
+  auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, std::move(p), caches_);
   w->Stream(env, info[1].As<Napi::Function>(), flags);
   auto o = Napi::Object::New(env);
   o.Set("done", w->Promise());
@@ -475,7 +500,56 @@ Napi::Value ModelWrap::LastHidden(const Napi::CallbackInfo& info) {
 Napi::Value ModelWrap::Dispose(const Napi::CallbackInfo& info) {
   model_.reset();  // running workers hold their own reference; memory goes when they finish
   vocab_.reset();
+  if (caches_) caches_->clear();
   return info.Env().Undefined();
+}
+
+// releaseCaches(keys: string[]): the episode caches of these keys are freed (unknown keys: nothing);
+// clearCaches(): all of them; setCacheLimit(bytes): the store's byte limit (least recently used
+// caches evicted beyond it); cacheStats() -> {entries, tokens, bytes, limitBytes, evicted, stale}.
+Napi::Value ModelWrap::ReleaseCaches(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  live(env);
+  if (!info[0].IsArray()) throw_error(env, "ARGUMENT_INVALID", "releaseCaches expects an array of cache keys (strings).");
+  auto a = info[0].As<Napi::Array>();
+  std::vector<std::string> keys;
+  for (uint32_t i = 0; i < a.Length(); ++i) {
+    auto v = a.Get(i);
+    if (!v.IsString()) throw_error(env, "ARGUMENT_INVALID", "releaseCaches: keys[" + std::to_string(i) + "] must be a string.");
+    keys.push_back(v.As<Napi::String>().Utf8Value());
+  }
+  caches_->release(keys);
+  return env.Undefined();
+}
+
+Napi::Value ModelWrap::ClearCaches(const Napi::CallbackInfo& info) {
+  live(info.Env());
+  caches_->clear();
+  return info.Env().Undefined();
+}
+
+Napi::Value ModelWrap::SetCacheLimit(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  live(env);
+  const double d = info[0].IsNumber() ? info[0].As<Napi::Number>().DoubleValue() : -1;
+  if (!(d >= 0) || d > 9007199254740991.0 || d != static_cast<double>(static_cast<int64_t>(d)))
+    throw_error(env, "ARGUMENT_INVALID", "setCacheLimit expects a byte count: a non-negative integer.");
+  caches_->set_limit(static_cast<int64_t>(d));
+  return env.Undefined();
+}
+
+Napi::Value ModelWrap::CacheStats(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  live(env);
+  const auto s = caches_->stats();
+  auto o = Napi::Object::New(env);
+  o.Set("entries", Napi::Number::New(env, static_cast<double>(s.entries)));
+  o.Set("tokens", Napi::Number::New(env, static_cast<double>(s.tokens)));
+  o.Set("bytes", Napi::Number::New(env, static_cast<double>(s.bytes)));
+  o.Set("limitBytes", Napi::Number::New(env, static_cast<double>(s.limit_bytes)));
+  o.Set("evicted", Napi::Number::New(env, static_cast<double>(s.evicted)));
+  o.Set("stale", Napi::Number::New(env, static_cast<double>(s.stale)));
+  return o;
 }
 
 }  // namespace slm_addon

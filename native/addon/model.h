@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "core/episode_cache.h"
 #include "core/generate.h"
 #include "core/qwen3.h"
 #include "core/train.h"
@@ -31,6 +32,11 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   Napi::Value SequenceValues(const Napi::CallbackInfo& info);
   Napi::Value LastHidden(const Napi::CallbackInfo& info);
   Napi::Value Dispose(const Napi::CallbackInfo& info);
+  // Episode KV caches (core/episode_cache.h), used by generate requests with cacheKeys.
+  Napi::Value ReleaseCaches(const Napi::CallbackInfo& info);
+  Napi::Value ClearCaches(const Napi::CallbackInfo& info);
+  Napi::Value SetCacheLimit(const Napi::CallbackInfo& info);
+  Napi::Value CacheStats(const Napi::CallbackInfo& info);
   // LoRA training core (model_train.cc)
   Napi::Value AttachLora(const Napi::CallbackInfo& info);
   Napi::Value LoadLora(const Napi::CallbackInfo& info);
@@ -54,6 +60,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   std::shared_ptr<slm::Qwen3Model> model_;
   std::shared_ptr<slm::Vocab> vocab_;
   std::shared_ptr<slm::AdamW> optimizer_;
+  std::shared_ptr<slm::EpisodeCacheStore> caches_;
 };
 
 }  // namespace slm_addon

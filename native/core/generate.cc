@@ -80,63 +80,6 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     L = std::max<int64_t>(L, static_cast<int64_t>(pr.size()));
     out.prefill_tokens_requested += static_cast<int64_t>(pr.size());
   }
-  // Shared prefixes (p.share_prefix): the distinct prompts are prefilled once each (uniq[u]: the
-  // first row holding prompt u; of[b]: the distinct prompt of row b), and the P tokens common to all
-  // of them once at batch 1 before that. P leaves every prompt at least one token of its own, whose
-  // hidden state gives the first logits. Without sharing: U = B, of = identity, P = 0.
-  std::vector<int64_t> uniq, of(B);
-  if (p.share_prefix) {
-    std::map<std::vector<int32_t>, int64_t> seen;
-    for (int64_t b = 0; b < B; ++b) {
-      auto ins = seen.emplace(p.prompts[b], static_cast<int64_t>(uniq.size()));
-      if (ins.second) uniq.push_back(b);
-      of[b] = ins.first->second;
-    }
-  } else {
-    for (int64_t b = 0; b < B; ++b) {
-      uniq.push_back(b);
-      of[b] = b;
-    }
-  }
-  const int64_t U = static_cast<int64_t>(uniq.size());
-  int64_t P = 0;
-  if (p.share_prefix && U > 1) {
-    const auto& first = p.prompts[uniq[0]];
-    P = static_cast<int64_t>(first.size()) - 1;
-    for (int64_t u = 1; u < U && P > 0; ++u) {
-      const auto& pr = p.prompts[uniq[u]];
-      const int64_t n = std::min<int64_t>(P, static_cast<int64_t>(pr.size()) - 1);
-      int64_t i = 0;
-      while (i < n && pr[i] == first[i]) ++i;
-      P = i;
-    }
-  }
-  const auto dev = model.device();
-  const auto li = at::TensorOptions().dtype(at::kLong);
-  // Per distinct prompt, [U, L]: the shared prefix at [0, P), then padding, then the rest of the
-  // prompt right-aligned at the end (P = 0: plain left padding). mask 1 = real; positions =
-  // cumsum(mask) - 1, so every real token keeps its position in its prompt (pads -> 1, as HF).
-  auto ids = at::full({U, L}, p.pad_id, li);
-  auto mask = at::zeros({U, L}, li);
-  auto ids_a = ids.accessor<int64_t, 2>();
-  auto mask_a = mask.accessor<int64_t, 2>();
-  for (int64_t u = 0; u < U; ++u) {
-    const auto& pr = p.prompts[uniq[u]];
-    const int64_t n = static_cast<int64_t>(pr.size());
-    out.prefill_tokens += n - P;
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t at_ = t < P ? t : L - n + t;
-      ids_a[u][at_] = pr[t];
-      mask_a[u][at_] = 1;
-    }
-  }
-  out.prefill_tokens += P;
-  auto positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1);
-  ids = ids.to(dev);
-  mask = mask.to(dev);
-  positions = positions.to(dev);
-  model.check_ids(ids);
-
   std::unordered_set<int32_t> stop_ids(p.stop_token_ids.begin(), p.stop_token_ids.end());
   size_t max_stop = 0;
   for (const auto& s : p.stop_strings) max_stop = std::max(max_stop, s.size());
@@ -152,24 +95,180 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   if (tops.size() != temps.size()) fail("ARGUMENT_INVALID", "row_top_p must have one value per prompt.");
   std::vector<bool> done(B, false);
 
-  auto cache = model.new_cache(P > 0 ? 1 : U, L + p.max_new_tokens);
-  double t0 = now();
-  if (P > 0) {  // the common prefix once, then its cache row copied to every distinct prompt
-    model.hidden(ids.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), positions.narrow(0, 0, 1).narrow(1, 0, P).contiguous(),
-                 mask.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), &cache);
-    cache.keep_rows(at::zeros({U}, li.device(dev)));
+  // Episode caches (p.episode_cache): each keyed row takes its entry out of the store and reuses the
+  // longest prefix it shares with the prompt (past[b] tokens; at least one prompt token is left to
+  // compute). C: the longest reused past. A stale entry (other weights) is dropped by the store.
+  const bool keyed = p.episode_cache != nullptr && !p.cache_keys.empty();
+  WeightsFingerprint weights;
+  std::vector<int64_t> past(B, 0);
+  std::vector<EpisodeCacheEntry> reused(B);
+  int64_t C = 0;
+  if (keyed) {
+    if (static_cast<int64_t>(p.cache_keys.size()) != B)
+      fail("ARGUMENT_INVALID", "generate: cacheKeys has " + std::to_string(p.cache_keys.size()) + " keys for " + std::to_string(B) + " rows; give one per row (an empty key: none) or none.");
+    std::unordered_set<std::string> keys_seen;
+    for (const auto& k : p.cache_keys)
+      if (!k.empty() && !keys_seen.insert(k).second)
+        fail("ARGUMENT_INVALID", "generate: cacheKeys must be distinct within a call; '" + k + "' is given to two rows.");
+    weights = weights_fingerprint(model);
+    for (int64_t b = 0; b < B; ++b) {
+      if (p.cache_keys[b].empty()) continue;
+      bool stale = false;
+      auto e = p.episode_cache->take(p.cache_keys[b], weights, &stale);
+      if (stale) ++out.cache_stale;
+      if (!e) continue;
+      const auto& pr = p.prompts[b];
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(e->tokens.size()), static_cast<int64_t>(pr.size()) - 1);
+      int64_t i = 0;
+      while (i < n && e->tokens[i] == pr[i]) ++i;
+      if (i == 0) continue;
+      past[b] = i;
+      reused[b] = std::move(*e);
+      C = std::max(C, i);
+    }
   }
-  auto h = model.hidden(ids.narrow(1, P, L - P).contiguous(), positions.narrow(1, P, L - P).contiguous(), mask, &cache);  // [U, L - P, hidden]
-  auto logits = model.logits(h.narrow(1, L - P - 1, 1)).squeeze(1);  // [U, V]
-  auto last_pos = positions.narrow(1, L - 1, 1).squeeze(1);           // [U]
-  if (U < B) {  // every row of a repeated prompt gets a copy of its cache rows and logits
-    auto of_t = at::tensor(of, li).to(dev);
-    cache.keep_rows(of_t);
-    logits = logits.index_select(0, of_t);
-    last_pos = last_pos.index_select(0, of_t);
-    mask = mask.index_select(0, of_t);
+  const auto dev = model.device();
+  const auto li = at::TensorOptions().dtype(at::kLong);
+  KVCache cache;
+  at::Tensor mask, h, logits, last_pos;
+  double t0 = 0;
+  if (C == 0) {
+    // Shared prefixes (p.share_prefix): the distinct prompts are prefilled once each (uniq[u]: the
+    // first row holding prompt u; of[b]: the distinct prompt of row b), and the P tokens common to all
+    // of them once at batch 1 before that. P leaves every prompt at least one token of its own, whose
+    // hidden state gives the first logits. Without sharing: U = B, of = identity, P = 0.
+    std::vector<int64_t> uniq, of(B);
+    if (p.share_prefix) {
+      std::map<std::vector<int32_t>, int64_t> seen;
+      for (int64_t b = 0; b < B; ++b) {
+        auto ins = seen.emplace(p.prompts[b], static_cast<int64_t>(uniq.size()));
+        if (ins.second) uniq.push_back(b);
+        of[b] = ins.first->second;
+      }
+    } else {
+      for (int64_t b = 0; b < B; ++b) {
+        uniq.push_back(b);
+        of[b] = b;
+      }
+    }
+    const int64_t U = static_cast<int64_t>(uniq.size());
+    int64_t P = 0;
+    if (p.share_prefix && U > 1) {
+      const auto& first = p.prompts[uniq[0]];
+      P = static_cast<int64_t>(first.size()) - 1;
+      for (int64_t u = 1; u < U && P > 0; ++u) {
+        const auto& pr = p.prompts[uniq[u]];
+        const int64_t n = std::min<int64_t>(P, static_cast<int64_t>(pr.size()) - 1);
+        int64_t i = 0;
+        while (i < n && pr[i] == first[i]) ++i;
+        P = i;
+      }
+    }
+    // Per distinct prompt, [U, L]: the shared prefix at [0, P), then padding, then the rest of the
+    // prompt right-aligned at the end (P = 0: plain left padding). mask 1 = real; positions =
+    // cumsum(mask) - 1, so every real token keeps its position in its prompt (pads -> 1, as HF).
+    auto ids = at::full({U, L}, p.pad_id, li);
+    mask = at::zeros({U, L}, li);
+    auto ids_a = ids.accessor<int64_t, 2>();
+    auto mask_a = mask.accessor<int64_t, 2>();
+    for (int64_t u = 0; u < U; ++u) {
+      const auto& pr = p.prompts[uniq[u]];
+      const int64_t n = static_cast<int64_t>(pr.size());
+      out.prefill_tokens += n - P;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t at_ = t < P ? t : L - n + t;
+        ids_a[u][at_] = pr[t];
+        mask_a[u][at_] = 1;
+      }
+    }
+    out.prefill_tokens += P;
+    auto positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1);
+    ids = ids.to(dev);
+    mask = mask.to(dev);
+    positions = positions.to(dev);
+    model.check_ids(ids);
+
+    cache = model.new_cache(P > 0 ? 1 : U, L + p.max_new_tokens);
+    t0 = now();
+    if (P > 0) {  // the common prefix once, then its cache row copied to every distinct prompt
+      model.hidden(ids.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), positions.narrow(0, 0, 1).narrow(1, 0, P).contiguous(),
+                   mask.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), &cache);
+      cache.keep_rows(at::zeros({U}, li.device(dev)));
+    }
+    h = model.hidden(ids.narrow(1, P, L - P).contiguous(), positions.narrow(1, P, L - P).contiguous(), mask, &cache);  // [U, L - P, hidden]
+    logits = model.logits(h.narrow(1, L - P - 1, 1)).squeeze(1);  // [U, V]
+    last_pos = positions.narrow(1, L - 1, 1).squeeze(1);           // [U]
+    if (U < B) {  // every row of a repeated prompt gets a copy of its cache rows and logits
+      auto of_t = at::tensor(of, li).to(dev);
+      cache.keep_rows(of_t);
+      logits = logits.index_select(0, of_t);
+      last_pos = last_pos.index_select(0, of_t);
+      mask = mask.index_select(0, of_t);
+    }
+  } else {
+    // Rows continuing an episode: [B, C + R] keys, each row's reused past right-aligned in [0, C)
+    // (copied from its entry), the rest of its prompt right-aligned in [C, C + R) and prefilled;
+    // positions = cumsum(mask) - 1 as in the shared path, so every token keeps its position.
+    int64_t R = 0;
+    for (int64_t b = 0; b < B; ++b) R = std::max<int64_t>(R, static_cast<int64_t>(p.prompts[b].size()) - past[b]);
+    auto ids = at::full({B, R}, p.pad_id, li);
+    mask = at::zeros({B, C + R}, li);
+    auto ids_a = ids.accessor<int64_t, 2>();
+    auto mask_a = mask.accessor<int64_t, 2>();
+    for (int64_t b = 0; b < B; ++b) {
+      const auto& pr = p.prompts[b];
+      const int64_t c = past[b], r = static_cast<int64_t>(pr.size()) - c;
+      for (int64_t t = 0; t < c; ++t) mask_a[b][C - c + t] = 1;
+      for (int64_t t = 0; t < r; ++t) {
+        ids_a[b][R - r + t] = pr[c + t];
+        mask_a[b][C + R - r + t] = 1;
+      }
+      out.prefill_tokens += r;
+      out.cache_reused_tokens += c;
+      if (c > 0) ++out.cache_hits;
+    }
+    auto positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1).narrow(1, C, R).contiguous().to(dev);
+    ids = ids.to(dev);
+    mask = mask.to(dev);
+    model.check_ids(ids);
+    t0 = now();
+    cache = model.new_cache(B, C + R + p.max_new_tokens);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t c = past[b];
+      if (c == 0) continue;
+      for (size_t l = 0; l < cache.k.size(); ++l) {
+        cache.k[l][b].narrow(1, C - c, c).copy_(reused[b].k[l].narrow(1, 0, c));
+        cache.v[l][b].narrow(1, C - c, c).copy_(reused[b].v[l].narrow(1, 0, c));
+      }
+      reused[b] = EpisodeCacheEntry();
+    }
+    cache.length = C;
+    h = model.hidden(ids, positions, mask, &cache);                    // [B, R, hidden]
+    logits = model.logits(h.narrow(1, R - 1, 1)).squeeze(1);           // [B, V]
+    last_pos = positions.narrow(1, R - 1, 1).squeeze(1);               // [B]
   }
   out.prefill_seconds = now() - t0;
+
+  // A keyed row's KV goes back to the store when it leaves the batch (compaction) or at the end:
+  // its real positions (mask 1: prompt and every generated token fed back so far), in order.
+  auto save = [&](int64_t slot) {
+    const int64_t r = rows[slot];
+    if (!keyed || p.cache_keys[r].empty()) return;
+    auto idx = at::nonzero(mask[slot]).squeeze(1);
+    const int64_t n = idx.size(0);
+    std::vector<int32_t> toks = p.prompts[r];
+    toks.insert(toks.end(), out.tokens[r].begin(), out.tokens[r].end());
+    if (n == 0 || n > static_cast<int64_t>(toks.size())) return;
+    toks.resize(n);
+    EpisodeCacheEntry e;
+    e.tokens = std::move(toks);
+    e.weights = weights;
+    for (size_t l = 0; l < cache.k.size(); ++l) {
+      e.k.push_back(cache.k[l][slot].index_select(1, idx));
+      e.v.push_back(cache.v[l][slot].index_select(1, idx));
+    }
+    out.cache_evicted += p.episode_cache->put(p.cache_keys[r], std::move(e));
+  };
   t0 = now();
 
   for (int64_t step = 0; step < p.max_new_tokens; ++step) {
@@ -246,12 +345,18 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     }
     if (p.on_step && !ev.rows.empty()) p.on_step(std::move(ev));
     out.steps = step + 1;
-    if (finished_in_batch == Bc || step + 1 == p.max_new_tokens) break;
+    if (finished_in_batch == Bc || step + 1 == p.max_new_tokens) {
+      if (keyed)
+        for (int64_t i = 0; i < Bc; ++i) save(i);
+      break;
+    }
     auto next = s.tokens.unsqueeze(1);  // [Bc, 1]
     auto alive = at::tensor(alive_mask, li).to(dev);
     if (finished_in_batch * 4 >= Bc) {  // a cancelled row counts as finished: masked until then
       // Compact: keep only the live rows (cost: one copy of the cache; at most log_{4/3}(B) times).
       std::vector<int64_t> keep, new_rows;
+      for (int64_t i = 0; i < Bc; ++i)
+        if (!alive_mask[i] && keyed) save(i);
       for (int64_t i = 0; i < Bc; ++i)
         if (alive_mask[i]) {
           keep.push_back(i);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/episode_cache.h"
 #include "core/qwen3.h"
 
 namespace slm {
@@ -61,6 +62,13 @@ struct GenerateParams {
   // the system prompt) is prefilled once at batch 1 before the rest of each prompt. Each row still
   // samples with its own random stream. false: every row prefills its whole prompt (the old path).
   bool share_prefix = true;
+  // Multi-turn KV-cache reuse (core/episode_cache.h): with a store, a row with a key (non-empty
+  // cache_keys[b]; empty vector: no row has one) reuses the longest prefix its stored cache shares
+  // with its prompt (at least one prompt token is always computed: it gives the first logits), and
+  // its KV (prompt + generated tokens) is put back under the key when the row is done. Keys must be
+  // distinct within a call. Rows that reuse a cache are not deduplicated or prefix-shared.
+  EpisodeCacheStore* episode_cache = nullptr;
+  std::vector<std::string> cache_keys;
 };
 
 struct GenerateOutput {
@@ -75,6 +83,10 @@ struct GenerateOutput {
   double decode_seconds = 0;   // time of all decode steps
   int64_t prefill_tokens = 0;            // prompt tokens run through the model (padding excluded)
   int64_t prefill_tokens_requested = 0;  // the sum of the prompts' lengths
+  int64_t cache_reused_tokens = 0;       // prompt tokens taken from episode caches (not computed)
+  int64_t cache_hits = 0;                // rows that reused an episode cache
+  int64_t cache_evicted = 0;             // episode caches evicted by the store's limit during the call
+  int64_t cache_stale = 0;               // keyed rows whose cache was dropped (the weights changed)
 };
 
 GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const Vocab* vocab);

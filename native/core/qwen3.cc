@@ -1,5 +1,7 @@
 #include "core/qwen3.h"
 
+#include "core/cpu_gemm.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -62,10 +64,21 @@ at::ScalarType parse_compute_dtype(const std::string& s) {
   fail("ARGUMENT_INVALID", "compute dtype must be float32, bfloat16 or float16, found '" + s + "'.");
 }
 
+namespace {
+// The adapter's two small products: the CPU kernel when it applies (decode, no autograd), else ATen.
+at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w) {
+  at::Tensor y = x.size(-1) > 0 && x.numel() / x.size(-1) <= kSmallLinearMaxRows ? cpu_small_linear(x, w) : at::Tensor();
+  return y.defined() ? y : at::linear(x, w);
+}
+}  // namespace
+
 at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
-  at::Tensor y;
-  if (x.numel() == x.size(-1) && !x.requires_grad() && weight.scalar_type() == at::kFloat) {
-    // One row (decode at batch 1): a matrix-vector product streams the weights once; BLAS gemm
+  // A few rows (decode) on the CPU: a kernel that reads each weight once (core/cpu_gemm.h); else ATen.
+  at::Tensor y = x.size(-1) > 0 && x.numel() / x.size(-1) <= kSmallLinearMaxRows ? cpu_small_linear(x, weight) : at::Tensor();
+  if (y.defined()) {
+    if (bias.defined()) y = y + bias;
+  } else if (x.numel() == x.size(-1) && !x.requires_grad() && weight.scalar_type() == at::kFloat) {
+    // One row without the kernel: a matrix-vector product streams the weights once; BLAS gemm
     // would first pack the whole weight matrix (measured 2.2x slower for the vocab projection).
     // float32 only: bfloat16 goes to oneDNN through linear, which is faster than its mv.
     auto sizes = x.sizes().vec();
@@ -79,7 +92,7 @@ at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
   if (l) {
     auto xl = x.to(at::kFloat);
     if (o.train && !o.reference && l->dropout > 0) xl = at::dropout(xl, l->dropout, /*train=*/true);
-    auto d = at::linear(at::linear(xl, l->A), l->B) * l->scale;  // [.., r] -> [.., out]
+    auto d = lora_linear(lora_linear(xl, l->A), l->B) * l->scale;  // [.., r] -> [.., out]
     y = y + d.to(y.scalar_type());
   }
   return y;

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include "core/cpu_gemm.h"
+#include "core/sampler_cpu.h"
+
 namespace slm {
 
 RowRng::RowRng(uint64_t seed, int64_t rows) {
@@ -30,6 +33,7 @@ std::vector<float> RowRng::next(const std::vector<int64_t>& rows) {
 }
 
 Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p, const at::Tensor& u, int64_t top_n) {
+  if (logits.is_cpu() && cpu_kernels_enabled()) return sample_cpu(logits, temperature, top_k, top_p, u, top_n);
   const int64_t V = logits.size(-1), B = logits.size(0);
   bool any_greedy = false, all_greedy = true, all_one = true;
   std::vector<float> t_eff(temperature.size());

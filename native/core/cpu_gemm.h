@@ -1,0 +1,38 @@
+// Linear layers for a few rows on the CPU: y = x · wᵀ with w [out, in] as the checkpoint stores it.
+//
+// Decoding runs every projection (and the vocabulary head) on a handful of rows — one per sequence of
+// the batch. BLAS gemm is built for large products: for each call it first packs the whole weight
+// matrix into its panel layout and then multiplies, so a decode step reads every weight twice and
+// writes it once (profiled: sgemm's packing took as long as its arithmetic), and its threads meet at
+// barriers several times per call. Here each weight row is read once, straight from where it lies, and
+// multiplied with every input row while it is in L1 (register tiles of 4 input rows x 4 weight rows),
+// the output columns split between the threads in one parallel region per call. Every output element
+// is reduced in the same order whatever the batch size, so a row's result does not depend on the
+// other rows of the batch.
+//
+// Chosen at run time from what the CPU offers: AVX-512 (float32; bfloat16 too with AVX512_BF16) or
+// AVX2 + FMA (float32). Anything else — another device, a dtype or instruction set without a kernel,
+// more rows than kMaxRows, or an autograd graph to record — returns an undefined tensor and the
+// caller uses at::linear. The model code stays one path for every device: this is a dispatch in the
+// linear layer, as ATen itself dispatches per device.
+#pragma once
+#include <ATen/ATen.h>
+
+namespace slm {
+
+// Up to this many rows the kernel measured at least as fast as BLAS here (float32, one thread, AMD
+// EPYC: 1.6x at 16 rows, 1.7x for the vocabulary head, equal at 256); above, BLAS (long prefills).
+constexpr int64_t kSmallLinearMaxRows = 256;
+
+// y [.., out] = x [.., in] · wᵀ, or an undefined tensor when no kernel applies (see above).
+at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w);
+
+// The kernels this CPU gets: "avx512 (float32, bfloat16)", "avx512 (float32)", "avx2 (float32)" or "none".
+const char* cpu_small_linear_isa();
+
+// For tests and benchmarks: the CPU kernels (these and the fused sampler, core/sampler_cpu.h) allowed
+// (true, the default) or not (false: ATen's generic operations, the path every other device takes).
+void set_cpu_kernels_enabled(bool on);
+bool cpu_kernels_enabled();
+
+}  // namespace slm

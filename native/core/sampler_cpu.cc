@@ -1,0 +1,278 @@
+// The CPU path of `sample` (sampler.h): one fused pass per row instead of a chain of whole-batch
+// tensor operations. ATen's version of the same arithmetic — logsumexp, exp, a cumulative sum over
+// 151,936 ids, a full sort for top-p — makes a dozen passes over [B, V] temporaries that do not fit
+// in cache, mostly on one thread; here each row's logits (600 KB for Qwen3's vocabulary) stay in L2
+// while they are read, rows are split between the threads, and top-p sorts only the tokens that can
+// be inside the nucleus (a histogram of the log-probabilities finds them) instead of the vocabulary.
+//
+// Same rules as the tensor path, row by row: log-probs of softmax(logits / T) before top-k/top-p;
+// greedy rows take the first index of the maximum; top-k keeps the k best, then top-p (if any) is
+// applied to their renormalised probabilities (HF's warpers); top-p keeps the best tokens while the
+// mass before them is at most p; the token is the first whose cumulative probability reaches
+// u x (the kept mass). Ties between equal logits may be ordered differently than ATen's unstable
+// sort does; that changes which of two equally likely tokens a given u picks, never a probability.
+#include "core/sampler_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+namespace slm {
+
+namespace {
+
+// ---- The two passes over a row that dominate: its maximum, and exp(s - shift) with its sum.
+// AVX-512 where the CPU has it (exp from a degree-6 polynomial on [-ln2/2, ln2/2] and a scale by
+// 2^n, within 2 ulp of expf), scalar otherwise.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SLM_SAMPLER_X86 1
+__attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-103.f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+__attribute__((target("avx512f"))) float row_max_512(const float* s, int64_t V) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 16 <= V; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + i));
+  float r = _mm512_reduce_max_ps(m);
+  for (; i < V; ++i) r = std::max(r, s[i]);
+  return r;
+}
+
+__attribute__((target("avx512f"))) double row_exp_512(const float* s, int64_t V, float shift, float* out) {
+  const __m512 sh = _mm512_set1_ps(shift);
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 16 <= V; i += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i), sh));
+    if (out) _mm512_storeu_ps(out + i, e);
+    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  if (i < V) {
+    const __mmask16 mk = static_cast<__mmask16>((1u << (V - i)) - 1u);
+    const __m512 e = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + i), sh)));
+    if (out) _mm512_mask_storeu_ps(out + i, mk, e);
+    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+}
+
+bool has_avx512() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return yes;
+}
+#endif
+
+float row_max(const float* s, int64_t V) {
+#ifdef SLM_SAMPLER_X86
+  if (has_avx512()) return row_max_512(s, V);
+#endif
+  float r = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < V; ++i) r = std::max(r, s[i]);
+  return r;
+}
+
+// out[i] = exp(s[i] - shift) (when out is not null); returns the sum, accumulated in double.
+double row_exp(const float* s, int64_t V, float shift, float* out) {
+#ifdef SLM_SAMPLER_X86
+  if (has_avx512()) return row_exp_512(s, V, shift, out);
+#endif
+  double z = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    const float e = std::exp(s[i] - shift);
+    if (out) out[i] = e;
+    z += e;
+  }
+  return z;
+}
+
+struct RowOut {
+  int64_t token = 0;
+  float logprob = 0;
+};
+
+// Descending by logit, then ascending by id (a strict weak order, so sorting is deterministic).
+struct ByLogitDesc {
+  const float* s;
+  bool operator()(int32_t a, int32_t b) const { return s[a] > s[b] || (s[a] == s[b] && a < b); }
+};
+
+// The first index whose cumulative sum of p[0..n) reaches u x total (clamped to the last), with the
+// sum accumulated in double and compared in float, as cumsum + searchsorted do. `total`: the sum of
+// p when the caller has it (< 0: computed here).
+int64_t pick_from(const float* p, int64_t n, float u, double total = -1) {
+  double acc = 0;
+  if (total < 0) {
+    for (int64_t i = 0; i < n; ++i) acc += p[i];
+    total = acc;
+  }
+  const float target = u * static_cast<float>(total);
+  acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    acc += p[i];
+    if (static_cast<float>(acc) >= target) return i;
+  }
+  return n - 1;
+}
+
+struct Scratch {
+  std::vector<float> s, p, q;
+  std::vector<int32_t> idx;
+  std::vector<double> hist;
+};
+
+RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k, float top_p, float u, int64_t top_n, int32_t* top_ids,
+                  float* top_lps, Scratch& w) {
+  const float* s = x;
+  if (t != 1.f) {
+    w.s.resize(V);
+    for (int64_t i = 0; i < V; ++i) w.s[i] = x[i] / t;
+    s = w.s.data();
+  }
+  const float m = row_max(s, V);
+  const float lse = m + static_cast<float>(std::log(row_exp(s, V, m, nullptr)));
+  RowOut out;
+  if (top_n > 0) {
+    const int64_t n = std::min(top_n, V);
+    w.idx.resize(V);
+    std::iota(w.idx.begin(), w.idx.end(), 0);
+    std::partial_sort(w.idx.begin(), w.idx.begin() + n, w.idx.end(), ByLogitDesc{s});
+    for (int64_t j = 0; j < n; ++j) top_ids[j] = w.idx[j], top_lps[j] = s[w.idx[j]] - lse;
+  }
+  if (greedy) {
+    int64_t arg = 0;
+    while (arg < V - 1 && !(s[arg] == m)) ++arg;  // the first index of the maximum
+    out.token = arg;
+  } else if (top_k > 0 && top_k < V) {
+    w.idx.resize(V);
+    std::iota(w.idx.begin(), w.idx.end(), 0);
+    std::partial_sort(w.idx.begin(), w.idx.begin() + top_k, w.idx.end(), ByLogitDesc{s});
+    w.p.resize(top_k);
+    float* p = w.p.data();
+    for (int64_t j = 0; j < top_k; ++j) p[j] = std::exp(s[w.idx[j]] - lse);
+    if (top_p < 1.f) {
+      double sum = 0;
+      for (int64_t j = 0; j < top_k; ++j) sum += p[j];
+      const float fsum = static_cast<float>(sum);
+      double cum = 0;
+      for (int64_t j = 0; j < top_k; ++j) {
+        const float q = p[j] / fsum;
+        cum += q;
+        p[j] = static_cast<float>(cum) - q > top_p ? 0.f : q;
+      }
+    }
+    out.token = w.idx[pick_from(p, top_k, u)];
+  } else if (top_p < 1.f) {
+    // Only tokens in the histogram bins that hold the first top_p of the mass (plus a margin for
+    // rounding) can be in the nucleus; every other token has a smaller logit than all of them.
+    constexpr int kBins = 256;
+    constexpr float kBinsPerNat = 4.f;
+    w.hist.assign(kBins, 0.0);
+    w.p.resize(V);
+    float* p = w.p.data();
+    row_exp(s, V, lse, p);
+    for (int64_t i = 0; i < V; ++i) {
+      const float d = (m - s[i]) * kBinsPerNat;
+      w.hist[d < kBins - 1 ? static_cast<int>(d) : kBins - 1] += p[i];
+    }
+    int last_bin = kBins - 1;
+    double mass = 0;
+    for (int b = 0; b < kBins; ++b) {
+      mass += w.hist[b];
+      if (mass >= static_cast<double>(top_p) + 1e-3) {
+        last_bin = b;
+        break;
+      }
+    }
+    w.idx.clear();
+    for (int64_t i = 0; i < V; ++i) {
+      const float d = (m - s[i]) * kBinsPerNat;
+      if ((d < kBins - 1 ? static_cast<int>(d) : kBins - 1) <= last_bin) w.idx.push_back(static_cast<int32_t>(i));
+    }
+    std::sort(w.idx.begin(), w.idx.end(), ByLogitDesc{s});
+    const int64_t n = static_cast<int64_t>(w.idx.size());
+    w.q.resize(n);
+    float* q = w.q.data();
+    double cum = 0;
+    int64_t n_kept = n;
+    for (int64_t j = 0; j < n; ++j) {
+      const float pj = p[w.idx[j]];
+      cum += pj;
+      if (static_cast<float>(cum) - pj > top_p) {
+        n_kept = j;
+        break;
+      }
+      q[j] = pj;
+    }
+    out.token = w.idx[pick_from(q, n_kept, u)];
+  } else {
+    w.p.resize(V);
+    float* p = w.p.data();
+    const double total = row_exp(s, V, lse, p);
+    out.token = pick_from(p, V, u, total);
+  }
+  out.logprob = s[out.token] - lse;
+  return out;
+}
+
+}  // namespace
+
+Sampled sample_cpu(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p, const at::Tensor& u,
+                   int64_t top_n) {
+  const auto lg = logits.to(at::kFloat).contiguous();
+  const int64_t B = lg.size(0), V = lg.size(1);
+  const auto uc = u.to(at::kFloat).contiguous();
+  auto tokens = at::empty({B}, at::TensorOptions().dtype(at::kLong));
+  auto logprobs = at::empty({B}, at::TensorOptions().dtype(at::kFloat));
+  const int64_t n_top = top_n > 0 ? std::min(top_n, V) : 0;
+  at::Tensor top_ids = n_top ? at::empty({B, n_top}, at::TensorOptions().dtype(at::kInt)) : at::Tensor();
+  at::Tensor top_lps = n_top ? at::empty({B, n_top}, at::TensorOptions().dtype(at::kFloat)) : at::Tensor();
+  const float* x = lg.data_ptr<float>();
+  const float* uu = uc.data_ptr<float>();
+  int64_t* tok = tokens.data_ptr<int64_t>();
+  float* lp = logprobs.data_ptr<float>();
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    thread_local Scratch scratch;
+    for (int64_t b = b0; b < b1; ++b) {
+      const bool greedy = !(temperature[b] > 0);
+      const float t = greedy ? 1.f : temperature[b];
+      const float p = top_p.empty() ? 1.f : top_p[top_p.size() == 1 ? 0 : b];
+      auto r = sample_row(x + b * V, V, t, greedy, top_k, p, uu[b], n_top, n_top ? top_ids.data_ptr<int32_t>() + b * n_top : nullptr,
+                          n_top ? top_lps.data_ptr<float>() + b * n_top : nullptr, scratch);
+      tok[b] = r.token;
+      lp[b] = r.logprob;
+    }
+  });
+  Sampled out{tokens, logprobs, at::Tensor(), at::Tensor()};
+  if (n_top) {
+    out.top_ids = top_ids.to(at::kLong);
+    out.top_logprobs = top_lps;
+  }
+  return out;
+}
+
+}  // namespace slm

@@ -1,0 +1,127 @@
+// The CPU kernels for linear layers over a few rows (native/core/cpu_gemm.cc), checked against dot
+// products computed here in float64: every row count from 1 to 32 and a few up to 256 (tiles of 4 and the 1-3 row
+// remainders), output sizes that are and are not multiples of the 4-row weight tile, and input sizes
+// with and without a remainder after the 16-float (32 for bfloat16) steps. The same product through
+// at::linear (kernels forbidden) must agree too, and a row's result must not depend on the other rows.
+import t from 'tap';
+import { existsSync, readFileSync } from 'node:fs';
+import { native } from '../lib/engine/runtime.js';
+
+const a = native();
+
+function rand(n: number, seed: number): Float32Array {
+  let s = seed >>> 0 || 1;
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) {
+    s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
+    out[i] = (s / 4294967296 - 0.5) * 2;
+  }
+  return out;
+}
+
+/** float32 -> the nearest bfloat16 (ties to even), as a float32 value. */
+function toBf16(v: Float32Array): Float32Array {
+  const u = new Uint32Array(v.buffer.slice(0));
+  for (let i = 0; i < u.length; i++) {
+    const x = u[i];
+    u[i] = ((x + 0x7fff + ((x >>> 16) & 1)) >>> 0) & 0xffff0000;
+  }
+  return new Float32Array(u.buffer);
+}
+
+function reference(x: Float32Array, w: Float32Array, m: number, n: number, k: number): { y: Float64Array; mag: Float64Array } {
+  const y = new Float64Array(m * n), mag = new Float64Array(m * n);
+  for (let i = 0; i < m; i++)
+    for (let j = 0; j < n; j++) {
+      let s = 0, g = 0;
+      for (let q = 0; q < k; q++) {
+        s += x[i * k + q] * w[j * k + q];
+        g += Math.abs(x[i * k + q] * w[j * k + q]);
+      }
+      y[i * n + j] = s;
+      mag[i * n + j] = g;
+    }
+  return { y, mag };
+}
+
+/** Largest |got - want| / (sum of |products|), the scale-free error of a dot product. */
+function worst(got: Float32Array, want: Float64Array, mag: Float64Array): number {
+  let e = 0;
+  for (let i = 0; i < got.length; i++) e = Math.max(e, Math.abs(got[i] - want[i]) / Math.max(mag[i], 1e-30));
+  return e;
+}
+
+const isa = a.version().smallLinear;
+t.comment(`small-row linear kernels on this CPU: ${isa}`);
+
+t.test('a CPU with AVX2 gets a kernel (the tests below would otherwise only check at::linear)', async (t) => {
+  const flags = existsSync('/proc/cpuinfo') ? readFileSync('/proc/cpuinfo', 'utf8') : '';
+  if (process.arch !== 'x64' || !/\bavx2\b/.test(flags)) {
+    t.comment('not an x86-64 CPU with AVX2: no kernel expected');
+    return;
+  }
+  t.not(isa, 'none');
+  if (/\bavx512f\b/.test(flags)) t.match(isa, /^avx512/);
+  if (/\bavx512_bf16\b/.test(flags)) t.match(isa, /bfloat16/);
+});
+
+t.test('float32: every row count 1..32 and ragged sizes agree with float64 dot products', async (t) => {
+  t.teardown(() => a.setCpuKernels(true));
+  for (const [n, k] of [[37, 53], [64, 48], [6, 16], [5, 100], [130, 512]] as const) {
+    const w = rand(n * k, 7 + n + k);
+    for (const m of [...Array.from({ length: 32 }, (_, i) => i + 1), 47, 130, 256]) {
+      const x = rand(m * k, 1000 + m * 31 + k);
+      const ref = reference(x, w, m, n, k);
+      a.setCpuKernels(true);
+      const y = a.linear({ x, w, m, n, k });
+      a.setCpuKernels(false);
+      const yBlas = a.linear({ x, w, m, n, k });
+      const e = worst(y, ref.y, ref.mag), eBlas = worst(yBlas, ref.y, ref.mag);
+      if (!(e < 1e-6) || !(eBlas < 1e-6)) {
+        t.fail(`m ${m} n ${n} k ${k}: kernel error ${e}, at::linear error ${eBlas}`);
+        return;
+      }
+    }
+  }
+  t.pass('float32 within 1e-6 of float64 (relative to the sum of |products|) for 175 shapes, kernel and at::linear');
+});
+
+t.test("a row's result does not depend on the rest of the batch", async (t) => {
+  const n = 29, k = 75;
+  const w = rand(n * k, 3);
+  const x = rand(32 * k, 4);
+  const full = a.linear({ x, w, m: 32, n, k });
+  for (const r of [0, 5, 31]) {
+    const one = a.linear({ x: x.subarray(r * k, (r + 1) * k).slice(), w, m: 1, n, k });
+    t.same(Array.from(one), Array.from(full.subarray(r * n, (r + 1) * n)), `row ${r} alone equals row ${r} of 32, bit for bit`);
+  }
+});
+
+t.test('bfloat16: products of the rounded inputs, rounded once', async (t) => {
+  t.teardown(() => a.setCpuKernels(true));
+  for (const [n, k] of [[37, 77], [64, 64], [9, 31], [130, 512]] as const) {
+    const w = rand(n * k, 11 + k);
+    for (const m of [1, 3, 4, 16, 17, 32]) {
+      const x = rand(m * k, 5 + m);
+      const ref = reference(toBf16(x), toBf16(w), m, n, k);
+      a.setCpuKernels(true);
+      const y = a.linear({ x, w, m, n, k, dtype: 'bfloat16' });
+      a.setCpuKernels(false);
+      const yRef = a.linear({ x, w, m, n, k, dtype: 'bfloat16' });
+      // One bfloat16 rounding of the result: half an ulp is 2^-9 of its magnitude (plus float32 sums).
+      for (let i = 0; i < y.length; i++) {
+        const tol = Math.abs(ref.y[i]) * 2 ** -8 + ref.mag[i] * 1e-6;
+        if (!(Math.abs(y[i] - ref.y[i]) <= tol) || !(Math.abs(yRef[i] - ref.y[i]) <= tol)) {
+          t.fail(`m ${m} n ${n} k ${k} [${i}]: kernel ${y[i]}, at::linear ${yRef[i]}, float64 ${ref.y[i]}`);
+          return;
+        }
+      }
+    }
+  }
+  t.pass('bfloat16 within one rounding of the float64 product of the rounded inputs, kernel and at::linear');
+});
+
+t.test('a wrong request is a coded error', async (t) => {
+  t.throws(() => a.linear({ x: new Float32Array(3), w: new Float32Array(4), m: 1, n: 2, k: 2 }), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => a.setCpuKernels(1 as unknown as boolean), { code: 'ARGUMENT_INVALID' });
+});
