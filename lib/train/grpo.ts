@@ -15,7 +15,6 @@
 import { appendFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Model } from '../engine/model.js';
-import { native } from '../engine/runtime.js';
 import type { LoraSpec } from '../engine/adapter.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
@@ -306,9 +305,9 @@ export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, d
           temperature: keep.map((i) => episodes[i].temperature),
         };
         for (let e = 0; e < (o.innerEpochs ?? 1); e++) {
-          native().manualSeed(o.seed * 1000003 + state.step * 31 + e);
           stats = await model.trainStep(batch, {
             loss: 'pg',
+            seed: o.seed * 1000003 + state.step * 31 + e,
             lr,
             clipLow: o.clipLow ?? 0.2,
             clipHigh: o.clipHigh ?? o.clipLow ?? 0.2,

@@ -28,7 +28,6 @@
  * skip the step.
  */
 import type { Model } from '../engine/model.js';
-import { native } from '../engine/runtime.js';
 import type { LoraSpec } from '../engine/adapter.js';
 import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
@@ -282,7 +281,6 @@ export async function ppoUpdate(model: Model, b: PpoBatch, o: PpoUpdateOptions):
     for (let s = 0, k = 0; s < N; s += mb, k++) {
       const idx = order.slice(s, s + mb).filter((i) => !o.mine || o.mine(i));
       const pick = <T>(xs: T[]) => idx.map((i) => xs[i]);
-      native().manualSeed(o.seed * 1000003 + e * 7919 + k);
       stats.push(
         await model.trainStep(
           {
@@ -296,6 +294,7 @@ export async function ppoUpdate(model: Model, b: PpoBatch, o: PpoUpdateOptions):
           },
           {
             loss: 'pg',
+            seed: o.seed * 1000003 + e * 7919 + k,
             lr: o.lr,
             valueLr: o.valueLr,
             clipLow: o.clipLow,
@@ -374,7 +373,6 @@ export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, de
       // 3-4. values, reference, advantages
       bar.set({ detail: 'values and advantages' });
       const t2 = performance.now();
-      native().manualSeed(o.seed * 1000003 + state.step * 31 + 17);
       const scores = rewards.map((r) => r.total);
       const prepOpts: PpoPrepareOptions = {
         gamma: o.gamma ?? 1,

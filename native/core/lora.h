@@ -46,8 +46,4 @@ std::vector<std::pair<std::string, at::Tensor>> trainable(const Qwen3Model& m);
 // Base weights with the adapter merged (W + scale * B @ A), by Hugging Face name, in `dtype`.
 std::map<std::string, at::Tensor> merged_weights(const Qwen3Model& m, at::ScalarType dtype);
 
-// PPO's value head: v = w . h + b on the final hidden states (w ~ N(0, 1/hidden), b = 0).
-void attach_value_head(Qwen3Model& m, uint64_t seed);
-void load_value_head(Qwen3Model& m, TensorMap&& tensors);
-
 }  // namespace slm
