@@ -15,28 +15,6 @@ namespace slm_addon {
 
 namespace {
 
-
-class LogitsWorker : public PromiseWorker {
- public:
-  LogitsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, at::Tensor ids, at::Tensor mask, at::Tensor pos)
-      : PromiseWorker(env, "slm:logits", owner), m_(std::move(m)), ids_(ids), mask_(mask), pos_(pos) {}
-
- protected:
-  void Run() override {
-    c10::InferenceMode guard;
-    out_ = slm::full_logits(*m_, ids_, mask_, pos_);
-  }
-  Napi::Value Result(Napi::Env env) override {
-    auto a = Napi::Float32Array::New(env, out_.numel());
-    std::memcpy(a.Data(), out_.data_ptr<float>(), out_.numel() * sizeof(float));
-    return a;
-  }
-
- private:
-  std::shared_ptr<slm::Qwen3Model> m_;
-  at::Tensor ids_, mask_, pos_, out_;
-};
-
 // Cancel flags of a streamed generate call: one per row, set by the JS `cancel(row)` function on the
 // main thread and read by the generating thread.
 struct CancelFlags {
@@ -136,34 +114,6 @@ class GenerateWorker : public PromiseWorker {
   std::shared_ptr<CancelFlags> cancel_;
 };
 
-class LogprobsWorker : public PromiseWorker {
- public:
-  // What a teacher-forced pass returns: log-probs, the PPO critic's values, or last-token hidden states.
-  enum class Mode { Logprobs, Values, LastHidden };
-  LogprobsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::vector<std::vector<int32_t>> seqs, double temp, Mode mode, bool reference)
-      : PromiseWorker(env, mode == Mode::Values ? "slm:values" : mode == Mode::LastHidden ? "slm:hidden" : "slm:logprobs", owner),
-        m_(std::move(m)), seqs_(std::move(seqs)), temp_(temp), mode_(mode), reference_(reference) {}
-
- protected:
-  void Run() override {
-    c10::InferenceMode guard;
-    out_ = mode_ == Mode::Values ? slm::sequence_values(*m_, seqs_) : mode_ == Mode::LastHidden ? slm::last_hidden(*m_, seqs_) : slm::sequence_logprobs(*m_, seqs_, temp_, reference_);
-  }
-  Napi::Value Result(Napi::Env env) override {
-    std::vector<float> flat;
-    for (const auto& r : out_) flat.insert(flat.end(), r.begin(), r.end());
-    return to_typed(env, flat);
-  }
-
- private:
-  std::shared_ptr<slm::Qwen3Model> m_;
-  std::vector<std::vector<int32_t>> seqs_;
-  double temp_;
-  Mode mode_;
-  bool reference_;
-  std::vector<std::vector<float>> out_;
-};
-
 // Splits a flat Int32Array into rows by lengths (checking that they add up).
 std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<int32_t>& flat, const std::vector<int32_t>& lengths) {
   std::vector<std::vector<int32_t>> rows;
@@ -178,20 +128,32 @@ std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<in
   return rows;
 }
 
+// What a teacher-forced pass returns: log-probs, the PPO critic's values, or last-token hidden states.
+enum class Rows { Logprobs, Values, LastHidden };
+
 // sequenceLogprobs / sequenceValues / lastHidden: {ids, lengths[, temperature, reference]} -> a worker's Promise.
-Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen3Model> m, Lease lease, const char* name, LogprobsWorker::Mode mode) {
+Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen3Model> m, Lease lease, const char* name, Rows mode) {
   auto env = info.Env();
-  const bool lp = mode == LogprobsWorker::Mode::Logprobs;
+  const bool lp = mode == Rows::Logprobs;
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", std::string(name) + (lp ? " expects {ids, lengths, temperature}." : " expects {ids, lengths}."));
   auto o = info[0].As<Napi::Object>();
   auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
   auto ref = o.Get("reference");
   const bool reference = lp && ref.IsBoolean() && ref.As<Napi::Boolean>().Value();
-  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), std::move(m), std::move(rows), lp ? num_field(env, o, "temperature", 1.0) : 1.0, mode, reference);
-  w->Hold(std::move(lease));
-  auto p = w->Promise();
-  w->Queue();
-  return p;
+  const double temp = lp ? num_field(env, o, "temperature", 1.0) : 1.0;
+  auto out = std::make_shared<std::vector<std::vector<float>>>();
+  return LambdaWorker::Start(
+      env, mode == Rows::Values ? "slm:values" : mode == Rows::LastHidden ? "slm:hidden" : "slm:logprobs", info.This().As<Napi::Object>(),
+      [m, rows = std::move(rows), temp, mode, reference, out] {
+        c10::InferenceMode guard;
+        *out = mode == Rows::Values ? slm::sequence_values(*m, rows) : mode == Rows::LastHidden ? slm::last_hidden(*m, rows) : slm::sequence_logprobs(*m, rows, temp, reference);
+      },
+      [out](Napi::Env e) {
+        std::vector<float> flat;
+        for (const auto& r : *out) flat.insert(flat.end(), r.begin(), r.end());
+        return to_typed(e, flat);
+      },
+      std::move(lease));
 }
 
 }  // namespace
@@ -221,11 +183,19 @@ Napi::Value ModelWrap::Logits(const Napi::CallbackInfo& info) {
   } else {
     pos = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1);
   }
-  auto* w = new LogitsWorker(env, info.This().As<Napi::Object>(), m, idt, mask, pos);
-  w->Hold(lease(env, "logits", false));
-  auto p = w->Promise();
-  w->Queue();
-  return p;
+  auto out = std::make_shared<at::Tensor>();
+  return LambdaWorker::Start(
+      env, "slm:logits", info.This().As<Napi::Object>(),
+      [m, idt, mask, pos, out] {
+        c10::InferenceMode guard;
+        *out = slm::full_logits(*m, idt, mask, pos);
+      },
+      [out](Napi::Env e) {
+        auto a = Napi::Float32Array::New(e, out->numel());
+        std::memcpy(a.Data(), out->data_ptr<float>(), out->numel() * sizeof(float));
+        return a;
+      },
+      lease(env, "logits", false));
 }
 
 namespace {
@@ -317,17 +287,17 @@ Napi::Value ModelWrap::GenerateStream(const Napi::CallbackInfo& info) {
 }
 
 Napi::Value ModelWrap::SequenceLogprobs(const Napi::CallbackInfo& info) {
-  return queue_rows(info, live(info.Env()), lease(info.Env(), "sequenceLogprobs", false), "sequenceLogprobs", LogprobsWorker::Mode::Logprobs);
+  return queue_rows(info, live(info.Env()), lease(info.Env(), "sequenceLogprobs", false), "sequenceLogprobs", Rows::Logprobs);
 }
 
 Napi::Value ModelWrap::SequenceValues(const Napi::CallbackInfo& info) {
   auto m = live(info.Env());
   if (!m->value_head.defined()) throw_error(info.Env(), "NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
-  return queue_rows(info, m, lease(info.Env(), "sequenceValues", false), "sequenceValues", LogprobsWorker::Mode::Values);
+  return queue_rows(info, m, lease(info.Env(), "sequenceValues", false), "sequenceValues", Rows::Values);
 }
 
 Napi::Value ModelWrap::LastHidden(const Napi::CallbackInfo& info) {
-  return queue_rows(info, live(info.Env()), lease(info.Env(), "lastHidden", false), "lastHidden", LogprobsWorker::Mode::LastHidden);
+  return queue_rows(info, live(info.Env()), lease(info.Env(), "lastHidden", false), "lastHidden", Rows::LastHidden);
 }
 
 

@@ -44,27 +44,6 @@ slm::Qwen3Config read_config(Napi::Env env, const Napi::Object& c) {
   return cfg;
 }
 
-class LoadWorker : public PromiseWorker {
- public:
-  LoadWorker(Napi::Env env, std::vector<std::string> files, slm::Qwen3Config cfg, slm::LoadOptions opts)
-      : PromiseWorker(env, "slm:load"), files_(std::move(files)), cfg_(cfg), opts_(std::move(opts)) {}
-
- protected:
-  void Run() override {
-    // Not InferenceMode: weights made there could never take part in a training graph.
-    at::NoGradGuard guard;
-    auto weights = slm::read_safetensors_files(files_);
-    model_ = std::make_shared<slm::Qwen3Model>(cfg_, std::move(weights), opts_);
-  }
-  Napi::Value Result(Napi::Env env) override { return ModelWrap::NewInstance(env, model_); }
-
- private:
-  std::vector<std::string> files_;
-  slm::Qwen3Config cfg_;
-  slm::LoadOptions opts_;
-  std::shared_ptr<slm::Qwen3Model> model_;
-};
-
 // Bytes of every LoRA and reference-adapter tensor and the value head.
 int64_t adapter_bytes(const slm::Qwen3Model& m) {
   int64_t n = 0;
@@ -142,10 +121,16 @@ Napi::Value ModelWrap::Load(const Napi::CallbackInfo& info) {
   lo.device = str_field(env, o, "device", "cpu");
   if (!capture([&] { (void)at::Device(lo.device); }, err))
     throw_error(env, "ARGUMENT_INVALID", "device must look like 'cpu', 'cuda' or 'cuda:N', found '" + lo.device + "'.");
-  auto* w = new LoadWorker(env, std::move(files), cfg, lo);
-  auto p = w->Promise();
-  w->Queue();
-  return p;
+  auto model = std::make_shared<std::shared_ptr<slm::Qwen3Model>>();
+  return LambdaWorker::Start(
+      env, "slm:load", Napi::Object(),
+      [files = std::move(files), cfg, lo, model] {
+        // Not InferenceMode: weights made there could never take part in a training graph.
+        at::NoGradGuard guard;
+        auto weights = slm::read_safetensors_files(files);
+        *model = std::make_shared<slm::Qwen3Model>(cfg, std::move(weights), lo);
+      },
+      [model](Napi::Env e) { return ModelWrap::NewInstance(e, *model); });
 }
 
 Napi::Value ModelWrap::Info(const Napi::CallbackInfo& info) {

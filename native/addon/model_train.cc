@@ -17,9 +17,12 @@ namespace slm_addon {
 namespace {
 
 slm::LoraConfig read_lora(Napi::Env env, const Napi::Object& o) {
+  // r, alpha and dropout are the caller's (lib/engine/adapter.ts LoraSpec; the config schema has the defaults).
   slm::LoraConfig c;
-  c.r = int_field(env, o, "r", 8);
-  c.alpha = num_field(env, o, "alpha", 16);
+  c.r = int_field(env, o, "r", 0, true);
+  for (const char* k : {"alpha", "dropout"})
+    if (!o.Get(k).IsNumber()) throw_error(env, "ARGUMENT_INVALID", std::string("LoRA config: '") + k + "' must be a number; pass the adapter's value.");
+  c.alpha = num_field(env, o, "alpha", 0);
   c.dropout = num_field(env, o, "dropout", 0);
   auto rs = o.Get("rslora");
   c.rslora = rs.IsBoolean() && rs.As<Napi::Boolean>().Value();

@@ -89,7 +89,9 @@ class PromiseWorker : public Napi::AsyncWorker {
   Lease lease_;
 };
 
-// A worker from two lambdas: `run` on the worker thread (no N-API), `result` on the main thread.
+// The worker idiom of the addon: two lambdas, `run` on the worker thread (no N-API), `result` on the
+// main thread, and the Lease that marks the model in use. (Only generation subclasses PromiseWorker
+// itself, for its streaming thread-safe function.)
 class LambdaWorker : public PromiseWorker {
  public:
   LambdaWorker(Napi::Env env, const char* name, Napi::Object owner, std::function<void()> run, std::function<Napi::Value(Napi::Env)> result)

@@ -14,8 +14,8 @@
 namespace slm {
 
 struct LoraConfig {
-  int64_t r = 8;
-  double alpha = 16;
+  int64_t r = 0;       // r, alpha, dropout: always the caller's (the addon requires them)
+  double alpha = 0;
   double dropout = 0.0;
   bool rslora = false;
   std::vector<std::string> targets;  // q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
