@@ -203,7 +203,7 @@ t.test('train step requests: no native defaults for clipLow / valueClip / klEsti
     raw.trainStep({ ids: Int32Array.from(ids), lengths: Int32Array.of(ids.length), mask: Uint8Array.from(mask), advantages: f32(ids.map(() => 1)), oldLogprobs: f32(zeros), loss: 'pg', clipLow: 0.2, klCoef: 0.1, update: false }),
     { code: 'ARGUMENT_INVALID', message: /klEstimator/ },
   );
-  await t.rejects(m.trainStep(pg, { loss: 'pg', clipLow: 0.2, lr: 0, update: false, seed: -1 }), { code: 'ARGUMENT_INVALID', message: /seed/ });
+  await t.rejects(m.trainStep(pg, { loss: 'pg', clipLow: 0.2, lr: 0, update: false, seed: 'x' as never }), { code: 'ARGUMENT_INVALID', message: /seed/ });
   // The adapter's numbers have no native defaults either (lib/engine/adapter.ts LoraSpec carries them).
   const rawLora = (m as unknown as { handle: { attachLora(r: unknown): void } }).handle;
   t.throws(() => rawLora.attachLora({ r: 2, dropout: 0, targets: ['q_proj'] }), { code: 'ARGUMENT_INVALID', message: /alpha/ });

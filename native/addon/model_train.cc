@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "addon/convert.h"
@@ -249,10 +250,9 @@ Napi::Value ModelWrap::TrainStep(const Napi::CallbackInfo& info) {
   to.norm_sequences = int_field(env, o, "normSequences", 0);
   auto seed = o.Get("seed");
   if (!seed.IsUndefined()) {
-    const double d = seed.IsNumber() ? seed.As<Napi::Number>().DoubleValue() : -1;
-    if (!(d >= 0) || d > 9007199254740991.0 || d != static_cast<double>(static_cast<int64_t>(d)))
-      throw_error(env, "ARGUMENT_INVALID", "trainStep: seed must be a non-negative integer below 2^53 (it seeds LoRA dropout for this step), or absent.");
-    to.seed = static_cast<int64_t>(d);
+    if (!seed.IsNumber() || !std::isfinite(seed.As<Napi::Number>().DoubleValue()))
+      throw_error(env, "ARGUMENT_INVALID", "trainStep: seed must be an integer (it seeds LoRA dropout for this step), or absent.");
+    to.seed = static_cast<uint64_t>(seed.As<Napi::Number>().Int64Value());  // as torch.manual_seed: negative seeds wrap
   }
   auto l = lease(env, "trainStep", true);
   auto opt = optimizer_;

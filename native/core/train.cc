@@ -160,7 +160,7 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   const int64_t w_seqs = to.norm_sequences > 0 ? to.norm_sequences : seqs_with_tokens;
   if (to.norm_tokens > 0 && (to.norm_tokens < total || to.norm_sequences < seqs_with_tokens))
     fail("ARGUMENT_INVALID", "normTokens/normSequences (" + std::to_string(to.norm_tokens) + "/" + std::to_string(to.norm_sequences) + ") are the global batch's counts and cannot be smaller than this batch's (" + std::to_string(total) + "/" + std::to_string(seqs_with_tokens) + ").");
-  if (to.seed >= 0) at::manual_seed(static_cast<uint64_t>(to.seed));
+  if (to.seed) at::manual_seed(*to.seed);
   clear_grads(params);
   if (total == 0) {
     st.skipped = true;

@@ -18,6 +18,7 @@
 //   token-level averaging: every trained token of the batch weighs the same (DAPO, Dr.GRPO);
 //   sequence-level: mean over a sequence's tokens, then mean over sequences (the original GRPO).
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,8 +58,8 @@ struct TrainOptions {
   // that each rank's loss weights are those of the whole batch and the SUM of the ranks' gradients
   // is the single-process gradient. 0 = this batch's own counts.
   int64_t norm_tokens = 0, norm_sequences = 0;
-  // Seeds libtorch's default generators (LoRA dropout) at the start of the step; < 0 = left as is.
-  int64_t seed = -1;
+  // Seeds libtorch's default generators (LoRA dropout) at the start of the step; unset = left as is.
+  std::optional<uint64_t> seed;
 };
 
 struct TrainStats {
