@@ -30,6 +30,7 @@ export type ErrorCode =
   | 'NATIVE_BINARY_MISSING'
   | 'NATIVE_ERROR'
   | 'HANDLE_DISPOSED'
+  | 'MODEL_BUSY'
   | 'NOT_SUPPORTED'
   | 'CORPUS_INVALID'
   | 'INDEX_INVALID'

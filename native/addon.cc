@@ -17,6 +17,7 @@
 
 namespace slm_addon {
 Napi::Value Measure(const Napi::CallbackInfo& info);
+Napi::Object Losses(Napi::Env env);
 }
 
 namespace {
@@ -34,12 +35,9 @@ Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-// Seeds libtorch's default generators (LoRA dropout draws from them), for reproducible training.
-Napi::Value ManualSeed(const Napi::CallbackInfo& info) {
-  auto env = info.Env();
-  if (!info[0].IsNumber()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "manualSeed expects a number.");
-  at::manual_seed(static_cast<uint64_t>(info[0].As<Napi::Number>().Int64Value()));
-  return env.Undefined();
+// The external memory V8 counts (Node-API's adjusted total; the model handles add theirs to it).
+Napi::Value ExternalMemory(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), static_cast<double>(Napi::MemoryManagement::AdjustExternalMemory(info.Env(), 0)));
 }
 
 // Turns the CPU kernels (small-row linear layers, core/cpu_gemm.h; the fused sampler,
@@ -144,7 +142,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("setCpuKernels", Napi::Function::New(env, SetCpuKernels));
   exports.Set("linear", Napi::Function::New(env, Linear));
   exports.Set("sample", Napi::Function::New(env, Sample));
-  exports.Set("manualSeed", Napi::Function::New(env, ManualSeed));
+  exports.Set("losses", slm_addon::Losses(env));
+  exports.Set("externalMemory", Napi::Function::New(env, ExternalMemory));
   exports.Set("measure", Napi::Function::New(env, slm_addon::Measure));
   exports.Set("loadModel", Napi::Function::New(env, slm_addon::ModelWrap::Load));
   exports.Set("NativeModel", slm_addon::ModelWrap::Define(env));

@@ -36,7 +36,7 @@ const advantages = masks.map((m, s) => m.map((x) => (x ? [1.2, -0.7, 0.4, -1.1, 
 const steps = [
   { batch: { sequences, masks }, opts: { loss: 'sft', lr: 0.01, maxGradNorm: 0.5, weightDecay: 0.01, checkpoint: false } },
   // sequence-level averaging: each rank must weigh by the global number of sequences
-  { batch: { sequences, masks, advantages, oldLogprobs: masks.map((m) => m.map((x) => (x ? -5 : 0))) }, opts: { loss: 'pg', tokenLevel: false, klCoef: 0.05, lr: 0.01, maxGradNorm: 1, checkpoint: true } },
+  { batch: { sequences, masks, advantages, oldLogprobs: masks.map((m) => m.map((x) => (x ? -5 : 0))) }, opts: { loss: 'pg', clipLow: 0.2, tokenLevel: false, klCoef: 0.05, lr: 0.01, maxGradNorm: 1, checkpoint: true } },
 ];
 
 t.test('shardRange covers every item once, in order', async (t) => {

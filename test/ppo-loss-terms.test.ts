@@ -92,7 +92,7 @@ t.test('entropy bonus: loss = -coef x token-mean entropy, and its gradient match
   const [lp] = await model.sequenceLogprobs([ids], T);
   const coef = 0.3;
   const batch = { sequences: [ids], masks: [mask], advantages: [ids.map(() => 0)], oldLogprobs: [Array.from(lp)], temperature: [T] };
-  const opts = { loss: 'pg' as const, entropyCoef: coef, klCoef: 0, tokenLevel: true, maxGradNorm: 0, checkpoint: false, update: false };
+  const opts = { loss: 'pg' as const, clipLow: 0.2, entropyCoef: coef, klCoef: 0, tokenLevel: true, maxGradNorm: 0, checkpoint: false, update: false };
   const st = await model.trainStepLocal(batch, opts);
   t.ok(close(st.entropy, H, 1e-4), `reported entropy ${st.entropy} = hand ${H}`);
   t.ok(close(st.loss, -coef * H, 1e-4), `loss ${st.loss} = -coef x entropy ${-coef * H} (advantages 0: no policy-gradient part)`);

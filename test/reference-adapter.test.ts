@@ -64,7 +64,7 @@ t.test('the KL term of the loss is measured against the frozen reference', async
   const mask = rows.map((r) => r.map((_, i) => (i >= 2 ? 1 : 0)));
   const lp = await m.sequenceLogprobs(rows);
   const batch = { sequences: rows, masks: mask, advantages: rows.map((r) => r.map(() => 0)), oldLogprobs: lp };
-  const step = () => m.trainStep(batch, { loss: 'pg', lr: 0, klCoef: 1, klEstimator: 'k1', maxGradNorm: 0, update: false, checkpoint: false });
+  const step = () => m.trainStep(batch, { loss: 'pg', clipLow: 0.2, lr: 0, klCoef: 1, klEstimator: 'k1', maxGradNorm: 0, update: false, checkpoint: false });
   const againstBase = await step();
   // k1 KL against the base = mean over trained tokens of (logp - logp_base): computed here from
   // log-probs, independently of the loss.
@@ -79,7 +79,7 @@ t.test('the KL term of the loss is measured against the frozen reference', async
   t.ok(Math.abs(againstStart.kl) < 1e-7, `policy = frozen reference: KL ${againstStart.kl}`);
   setB(m, 0.1);
   const lp2 = await m.sequenceLogprobs(rows);
-  const moved = await m.trainStep({ ...batch, oldLogprobs: lp2 }, { loss: 'pg', lr: 0, klCoef: 1, klEstimator: 'k1', maxGradNorm: 0, update: false, checkpoint: false });
+  const moved = await m.trainStep({ ...batch, oldLogprobs: lp2 }, { loss: 'pg', clipLow: 0.2, lr: 0, klCoef: 1, klEstimator: 'k1', maxGradNorm: 0, update: false, checkpoint: false });
   let sum2 = 0;
   lp2.forEach((r, i) => r.forEach((x, j) => mask[i][j] && (sum2 += x - lp[i][j])));
   t.ok(Math.abs(moved.kl - sum2 / n) < 1e-5, `after the adapter moved: KL ${moved.kl} vs log-probs against the frozen start ${sum2 / n}`);

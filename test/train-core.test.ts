@@ -80,15 +80,13 @@ t.test('checkpointing on and off give the same gradients (relative difference <=
 });
 
 t.test('with LoRA dropout, checkpointing replays the same dropout masks', async (t) => {
-  const { native } = await import('../lib/engine/runtime.js');
   const m = await Model.load(base);
   t.teardown(() => m.dispose());
   m.attachLora({ r: 2, alpha: 4, dropout: 0.3, rslora: false, targets: ['q_proj', 'up_proj'] }, 1);
   for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => 0.05 * Math.cos(i)));
   const batch = { sequences: [seq], masks: [mask] };
   const run = async (seed: number, checkpoint: boolean) => {
-    native().manualSeed(seed);
-    await sft(m, batch, { checkpoint });
+    await sft(m, batch, { checkpoint, seed });
     return m.trainable({ grad: true });
   };
   const a = await run(5, false);
@@ -144,10 +142,10 @@ t.test('the loss mask removes tokens from the gradient', async (t) => {
   // A masked token's advantage and old log-prob do not matter either.
   const lp = (await m.sequenceLogprobs([seq]))[0];
   const adv = seq.map(() => 1);
-  const pgA = await m.trainStep({ sequences: [seq], masks: [m1], advantages: [adv], oldLogprobs: [Array.from(lp)] }, { loss: 'pg', lr: 0, maxGradNorm: 0, update: false });
+  const pgA = await m.trainStep({ sequences: [seq], masks: [m1], advantages: [adv], oldLogprobs: [Array.from(lp)] }, { loss: 'pg', clipLow: 0.2, lr: 0, maxGradNorm: 0, update: false });
   const gpa = m.trainable({ grad: true });
   const adv2 = adv.map((x, i) => (m1[i] ? x : -50));
-  const pgB = await m.trainStep({ sequences: [seq], masks: [m1], advantages: [adv2], oldLogprobs: [Array.from(lp, (x, i) => (m1[i] ? x : x - 3))] }, { loss: 'pg', lr: 0, maxGradNorm: 0, update: false });
+  const pgB = await m.trainStep({ sequences: [seq], masks: [m1], advantages: [adv2], oldLogprobs: [Array.from(lp, (x, i) => (m1[i] ? x : x - 3))] }, { loss: 'pg', clipLow: 0.2, lr: 0, maxGradNorm: 0, update: false });
   t.equal(pgA.loss, pgB.loss);
   const gpb = m.trainable({ grad: true });
   for (const k of Object.keys(gpa)) t.same(Array.from(gpa[k]), Array.from(gpb[k]));
@@ -221,7 +219,7 @@ t.test('a NaN loss skips the update and says so', async (t) => {
   const before = m.trainable();
   const lp = (await m.sequenceLogprobs([seq]))[0];
   const adv = seq.map((_, i) => (i === 7 ? NaN : 1));
-  const st = await m.trainStep({ sequences: [seq], masks: [mask], advantages: [adv], oldLogprobs: [Array.from(lp)] }, { loss: 'pg', lr: 1e-2 });
+  const st = await m.trainStep({ sequences: [seq], masks: [mask], advantages: [adv], oldLogprobs: [Array.from(lp)] }, { loss: 'pg', clipLow: 0.2, lr: 1e-2 });
   t.ok(st.skipped);
   t.match(st.skipReason, /not finite.*skipped/);
   const after = m.trainable();
@@ -263,9 +261,9 @@ t.test('PPO value head: trains on returns, saved and loaded with the adapter', a
   const lp = (await m.sequenceLogprobs([seq]))[0];
   const returns = seq.map((_, i) => (i >= 5 ? 1 : 0));
   const batch = { sequences: [seq], masks: [mask], advantages: [seq.map(() => 0)], oldLogprobs: [Array.from(lp)], returns: [returns], oldValues: [seq.map(() => 0)] };
-  const first = await m.trainStep(batch, { loss: 'pg', vfCoef: 1, valueClip: 100, lr: 1e-2, valueLr: 5e-2 });
+  const first = await m.trainStep(batch, { loss: 'pg', clipLow: 0.2, vfCoef: 1, valueClip: 100, lr: 1e-2, valueLr: 5e-2 });
   let last = first;
-  for (let i = 0; i < 40; i++) last = await m.trainStep(batch, { loss: 'pg', vfCoef: 1, valueClip: 100, lr: 1e-2, valueLr: 5e-2 });
+  for (let i = 0; i < 40; i++) last = await m.trainStep(batch, { loss: 'pg', clipLow: 0.2, vfCoef: 1, valueClip: 100, lr: 1e-2, valueLr: 5e-2 });
   t.ok(last.valueLoss < first.valueLoss * 0.5, `value loss ${first.valueLoss.toFixed(4)} -> ${last.valueLoss.toFixed(4)}`);
   const dir = join(t.testdir(), 'ppo');
   await m.saveAdapter(dir);

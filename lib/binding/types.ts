@@ -35,6 +35,8 @@ export interface NativeModelInfo {
   vocabSize: number;
   numLayers: number;
   hiddenSize: number;
+  /** Native bytes this handle holds (weights, adapter, reference adapter, value head, optimizer state), as V8 was told. */
+  nativeBytes: number;
 }
 
 export interface NativeGenerateRequest {
@@ -193,13 +195,17 @@ export interface NativeTrainRequest {
   /** Per sequence sampling temperature (log-probs under softmax(logits / T)). */
   temperature?: Float32Array;
   loss: 'sft' | 'pg';
+  /** Required for loss 'pg' (no native default; lib/config/schema.ts has the configured one). */
   clipLow?: number;
+  /** Default: clipLow (symmetric clipping). */
   clipHigh?: number;
   tokenLevel?: boolean;
   klCoef?: number;
+  /** Required when klCoef > 0 with loss 'pg'. */
   klEstimator?: 1 | 3;
   entropyCoef?: number;
   vfCoef?: number;
+  /** Required when vfCoef > 0. */
   valueClip?: number;
   lr?: number;
   valueLr?: number;
@@ -215,6 +221,8 @@ export interface NativeTrainRequest {
   /** Trained tokens / sequences of the global batch (data-parallel ranks); default: this batch's. */
   normTokens?: number;
   normSequences?: number;
+  /** Seeds the native random generators at the start of this step (LoRA dropout); absent: not reseeded. */
+  seed?: number;
 }
 
 export type NativeOptimOptions = Pick<NativeTrainRequest, 'lr' | 'valueLr' | 'beta1' | 'beta2' | 'eps' | 'weightDecay' | 'maxGradNorm'>;
@@ -270,9 +278,40 @@ export interface NativeAddon {
     topLogprobs?: number[];
   };
   linear(req: { x: Float32Array; w: Float32Array; m: number; n: number; k: number; dtype?: 'float32' | 'bfloat16' }): Float32Array;
-  /** Seeds libtorch's default generators (LoRA dropout). */
-  manualSeed(seed: number): void;
+  /** V8's count of external memory (bytes) as Node-API reports it; each model handle adds what it holds natively. */
+  externalMemory(): number;
+  /** The training losses of native/core/losses.h on small arrays (tests). */
+  losses: NativeLosses;
   /** GFLOP/s of n×n matmuls, or GB/s (read + write) of copying n bytes. */
   measure(req: { kind: 'matmul' | 'copy'; n?: number; dtype?: string; device?: string; seconds?: number }): Promise<number>;
   loadModel(req: { files: string[]; config: NativeModelConfig; dtype: string; device: string }): Promise<NativeModel>;
+}
+
+/** A loss and its gradient with respect to the call's first per-token input. */
+export interface NativeLossResult {
+  loss: number;
+  grad: Float32Array;
+}
+
+/**
+ * The training losses as train steps compute them (native/core/losses.h), on one row of n
+ * target-aligned values each (entry t: the token predicted at position t). Every loss is a weighted
+ * sum with the per-token weights of `weights`.
+ */
+export interface NativeLosses {
+  /**
+   * Per-token loss weights aligned with `mask` (entry 0 of each row is 0): 1 / tokens ('token') or
+   * 1 / (sequences x the row's trained tokens) ('sequence'); tokens / sequences default to the mask's.
+   */
+  weights(req: { mask: Uint8Array; lengths: Int32Array; norm: 'token' | 'sequence'; tokens?: number; sequences?: number }): Float32Array;
+  /** -sum(w lp). */
+  sft(req: { logprobs: Float32Array; weights: Float32Array }): NativeLossResult;
+  /** sum(w * -min(r A, clip(r, 1 - clipLow, 1 + clipHigh) A)), r = exp(lp - old); clipped = sum(w [clipped < unclipped]), ratio = sum(w r). */
+  policy(req: { logprobs: Float32Array; oldLogprobs: Float32Array; advantages: Float32Array; weights: Float32Array; clipLow: number; clipHigh: number }): NativeLossResult & { clipped: number; ratio: number };
+  /** sum(w kl), d = ref - lp: k1 = -d, k3 = exp(d) - d - 1. */
+  kl(req: { logprobs: Float32Array; refLogprobs: Float32Array; weights: Float32Array; estimator: 1 | 3 }): NativeLossResult;
+  /** loss: the entropy bonus term sum(w sum_v p log p) (grad: with respect to the logits); entropy: sum(w H); logprobs: log_softmax(logits / temperature). */
+  entropy(req: { logits: Float32Array; vocab: number; weights: Float32Array; temperature?: number }): NativeLossResult & { entropy: number; logprobs: Float32Array };
+  /** sum(w * 0.5 max((v - R)^2, (old + clip(v - old, -valueClip, valueClip) - R)^2)). */
+  value(req: { values: Float32Array; oldValues: Float32Array; returns: Float32Array; weights: Float32Array; valueClip: number }): NativeLossResult;
 }

@@ -11,7 +11,6 @@
  * Other group baselines reuse this file's update with their own advantage rule (lib/train/rloo.ts).
  */
 import type { Model } from '../engine/model.js';
-import { native } from '../engine/runtime.js';
 import { mean } from './rollout-metrics.js';
 import { episodeTokenAdvantages, grpoAdvantages, turnCounts, type LossNorm, type TurnCounts } from './advantages.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
@@ -156,9 +155,9 @@ export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, o: 
         temperature: a.keep.map((i) => s.episodes[i].temperature),
       };
       for (let e = 0; e < p.innerEpochs; e++) {
-        native().manualSeed(o.seed * 1000003 + s.step * 31 + e);
         stats = await s.model.trainStep(batch, {
           loss: 'pg',
+          seed: o.seed * 1000003 + s.step * 31 + e,
           lr,
           clipLow: p.clipLow,
           clipHigh: p.clipHigh,

@@ -5,7 +5,6 @@
  * tokens by 0 rather than dropping them: the per-token arrays hold 0 there.
  */
 import type { Model } from '../engine/model.js';
-import { native } from '../engine/runtime.js';
 import type { NativeTrainStats } from '../binding/types.js';
 import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './gae.js';
 import { permutation } from './run.js';
@@ -176,7 +175,6 @@ export async function ppoUpdate(model: Model, b: PpoBatch, o: PpoUpdateOptions):
     for (let s = 0, k = 0; s < N; s += mb, k++) {
       const idx = order.slice(s, s + mb).filter((i) => !o.mine || o.mine(i));
       const pick = <T>(xs: T[]) => idx.map((i) => xs[i]);
-      native().manualSeed(o.seed * 1000003 + e * 7919 + k);
       stats.push(
         await model.trainStep(
           {
@@ -190,6 +188,7 @@ export async function ppoUpdate(model: Model, b: PpoBatch, o: PpoUpdateOptions):
           },
           {
             loss: 'pg',
+            seed: o.seed * 1000003 + e * 7919 + k,
             lr: o.lr,
             valueLr: o.valueLr,
             clipLow: o.clipLow,

@@ -30,7 +30,6 @@
  * skip the step.
  */
 import type { Model } from '../engine/model.js';
-import { native } from '../engine/runtime.js';
 import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
 import type { KlEstimator, PpoAdvantages } from './gae.js';
@@ -181,7 +180,6 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
     },
     // Steps 3-4: values, reference, advantages.
     async advantages(s) {
-      native().manualSeed(o.seed * 1000003 + s.step * 31 + 17);
       const scores = s.rewards.map((r) => r.total);
       // Each rank's forward passes cover its own episodes; the advantages (whitened over the whole
       // batch) are computed from every rank's, identically on every rank.

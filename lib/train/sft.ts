@@ -3,7 +3,6 @@
  * one native call per optimizer step, metrics every step, atomic checkpoints, exact resume.
  */
 import type { Model } from '../engine/model.js';
-import { native } from '../engine/runtime.js';
 import { SlmError } from '../errors.js';
 import type { LoraSpec } from '../engine/adapter.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
@@ -62,12 +61,11 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
         if (state.step >= total) break outer;
         const batch = batches[order[b]];
         const lr = learningRate(schedule, state.step);
-        native().manualSeed(o.seed * 1000003 + state.step); // LoRA dropout: reproducible per step
         const t0 = performance.now();
         const mine = o.shard ? batch.slice(...shardRange(batch.length, o.shard.rank, o.shard.world)) : batch;
         const s = await model.trainStep(
           { sequences: mine.map((e) => e.ids), masks: mine.map((e) => e.mask) },
-          { loss: 'sft', lr, weightDecay: o.weightDecay ?? optim.weight_decay, maxGradNorm: o.maxGradNorm ?? optim.max_grad_norm, ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? optim.gradient_checkpointing },
+          { loss: 'sft', lr, weightDecay: o.weightDecay ?? optim.weight_decay, maxGradNorm: o.maxGradNorm ?? optim.max_grad_norm, ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? optim.gradient_checkpointing, seed: o.seed * 1000003 + state.step /* LoRA dropout: reproducible per step */ },
         );
         lastLoss = s.loss;
         state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };

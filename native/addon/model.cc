@@ -15,79 +15,6 @@ namespace slm_addon {
 
 namespace {
 
-slm::Qwen3Config read_config(Napi::Env env, const Napi::Object& c) {
-  slm::Qwen3Config cfg;
-  cfg.vocab_size = int_field(env, c, "vocab_size", 0, true);
-  cfg.hidden_size = int_field(env, c, "hidden_size", 0, true);
-  cfg.intermediate_size = int_field(env, c, "intermediate_size", 0, true);
-  cfg.num_hidden_layers = int_field(env, c, "num_hidden_layers", 0, true);
-  cfg.num_attention_heads = int_field(env, c, "num_attention_heads", 0, true);
-  cfg.num_key_value_heads = int_field(env, c, "num_key_value_heads", cfg.num_attention_heads);
-  cfg.head_dim = int_field(env, c, "head_dim", cfg.hidden_size / std::max<int64_t>(cfg.num_attention_heads, 1));
-  cfg.rope_theta = num_field(env, c, "rope_theta", 1e6);
-  cfg.rms_norm_eps = num_field(env, c, "rms_norm_eps", 1e-6);
-  auto tie = c.Get("tie_word_embeddings");
-  cfg.tie_word_embeddings = tie.IsBoolean() && tie.As<Napi::Boolean>().Value();
-  // The architecture's switches and RoPE scaling, as lib/model/config.ts derives them from config.json.
-  auto flag = [&](const char* k, bool dflt) {
-    auto v = c.Get(k);
-    return v.IsBoolean() ? v.As<Napi::Boolean>().Value() : dflt;
-  };
-  cfg.arch.model_type = str_field(env, c, "model_type", "qwen3");
-  cfg.arch.qk_norm = flag("qk_norm", true);
-  cfg.arch.qkv_bias = flag("qkv_bias", false);
-  cfg.arch.o_bias = flag("o_bias", false);
-  cfg.arch.mlp_bias = flag("mlp_bias", false);
-  cfg.rope_scaling.type = str_field(env, c, "rope_type", "default");
-  cfg.rope_scaling.factor = num_field(env, c, "rope_factor", 1.0);
-  cfg.rope_scaling.low_freq_factor = num_field(env, c, "rope_low_freq_factor", 1.0);
-  cfg.rope_scaling.high_freq_factor = num_field(env, c, "rope_high_freq_factor", 4.0);
-  cfg.rope_scaling.original_max_position_embeddings = num_field(env, c, "rope_original_max_position_embeddings", 8192);
-  return cfg;
-}
-
-class LoadWorker : public PromiseWorker {
- public:
-  LoadWorker(Napi::Env env, std::vector<std::string> files, slm::Qwen3Config cfg, slm::LoadOptions opts)
-      : PromiseWorker(env, "slm:load"), files_(std::move(files)), cfg_(cfg), opts_(std::move(opts)) {}
-
- protected:
-  void Run() override {
-    // Not InferenceMode: weights made there could never take part in a training graph.
-    at::NoGradGuard guard;
-    auto weights = slm::read_safetensors_files(files_);
-    model_ = std::make_shared<slm::Qwen3Model>(cfg_, std::move(weights), opts_);
-  }
-  Napi::Value Result(Napi::Env env) override { return ModelWrap::NewInstance(env, model_); }
-
- private:
-  std::vector<std::string> files_;
-  slm::Qwen3Config cfg_;
-  slm::LoadOptions opts_;
-  std::shared_ptr<slm::Qwen3Model> model_;
-};
-
-class LogitsWorker : public PromiseWorker {
- public:
-  LogitsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, at::Tensor ids, at::Tensor mask, at::Tensor pos)
-      : PromiseWorker(env, "slm:logits", owner), m_(std::move(m)), ids_(ids), mask_(mask), pos_(pos) {}
-
- protected:
-  void Run() override {
-    c10::InferenceMode guard;
-    out_ = slm::full_logits(*m_, ids_, mask_, pos_);
-  }
-  Napi::Value Result(Napi::Env env) override {
-    auto a = Napi::Float32Array::New(env, out_.numel());
-    std::memcpy(a.Data(), out_.data_ptr<float>(), out_.numel() * sizeof(float));
-    return a;
-  }
-
- private:
-  std::shared_ptr<slm::Qwen3Model> m_;
-  at::Tensor ids_, mask_, pos_, out_;
-};
-
 // Cancel flags of a streamed generate call: one per row, set by the JS `cancel(row)` function on the
 // main thread and read by the generating thread.
 struct CancelFlags {
@@ -195,34 +122,6 @@ class GenerateWorker : public PromiseWorker {
   std::shared_ptr<CancelFlags> cancel_;
 };
 
-class LogprobsWorker : public PromiseWorker {
- public:
-  // What a teacher-forced pass returns: log-probs, the PPO critic's values, or last-token hidden states.
-  enum class Mode { Logprobs, Values, LastHidden };
-  LogprobsWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::vector<std::vector<int32_t>> seqs, double temp, Mode mode, bool reference)
-      : PromiseWorker(env, mode == Mode::Values ? "slm:values" : mode == Mode::LastHidden ? "slm:hidden" : "slm:logprobs", owner),
-        m_(std::move(m)), seqs_(std::move(seqs)), temp_(temp), mode_(mode), reference_(reference) {}
-
- protected:
-  void Run() override {
-    c10::InferenceMode guard;
-    out_ = mode_ == Mode::Values ? slm::sequence_values(*m_, seqs_) : mode_ == Mode::LastHidden ? slm::last_hidden(*m_, seqs_) : slm::sequence_logprobs(*m_, seqs_, temp_, reference_);
-  }
-  Napi::Value Result(Napi::Env env) override {
-    std::vector<float> flat;
-    for (const auto& r : out_) flat.insert(flat.end(), r.begin(), r.end());
-    return to_typed(env, flat);
-  }
-
- private:
-  std::shared_ptr<slm::Qwen3Model> m_;
-  std::vector<std::vector<int32_t>> seqs_;
-  double temp_;
-  Mode mode_;
-  bool reference_;
-  std::vector<std::vector<float>> out_;
-};
-
 // Splits a flat Int32Array into rows by lengths (checking that they add up).
 std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<int32_t>& flat, const std::vector<int32_t>& lengths) {
   std::vector<std::vector<int32_t>> rows;
@@ -237,123 +136,36 @@ std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<in
   return rows;
 }
 
+// What a teacher-forced pass returns: log-probs, the PPO critic's values, or last-token hidden states.
+enum class Rows { Logprobs, Values, LastHidden };
+
 // sequenceLogprobs / sequenceValues / lastHidden: {ids, lengths[, temperature, reference]} -> a worker's Promise.
-Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen3Model> m, const char* name, LogprobsWorker::Mode mode) {
+Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen3Model> m, Lease lease, const char* name, Rows mode) {
   auto env = info.Env();
-  const bool lp = mode == LogprobsWorker::Mode::Logprobs;
+  const bool lp = mode == Rows::Logprobs;
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", std::string(name) + (lp ? " expects {ids, lengths, temperature}." : " expects {ids, lengths}."));
   auto o = info[0].As<Napi::Object>();
   auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
   auto ref = o.Get("reference");
   const bool reference = lp && ref.IsBoolean() && ref.As<Napi::Boolean>().Value();
-  auto* w = new LogprobsWorker(env, info.This().As<Napi::Object>(), std::move(m), std::move(rows), lp ? num_field(env, o, "temperature", 1.0) : 1.0, mode, reference);
-  auto p = w->Promise();
-  w->Queue();
-  return p;
+  const double temp = lp ? num_field(env, o, "temperature", 1.0) : 1.0;
+  auto out = std::make_shared<std::vector<std::vector<float>>>();
+  return LambdaWorker::Start(
+      env, mode == Rows::Values ? "slm:values" : mode == Rows::LastHidden ? "slm:hidden" : "slm:logprobs", info.This().As<Napi::Object>(),
+      [m, rows = std::move(rows), temp, mode, reference, out] {
+        c10::InferenceMode guard;
+        *out = mode == Rows::Values ? slm::sequence_values(*m, rows) : mode == Rows::LastHidden ? slm::last_hidden(*m, rows) : slm::sequence_logprobs(*m, rows, temp, reference);
+      },
+      [out](Napi::Env e) {
+        std::vector<float> flat;
+        for (const auto& r : *out) flat.insert(flat.end(), r.begin(), r.end());
+        return to_typed(e, flat);
+      },
+      std::move(lease));
 }
 
 }  // namespace
 
-Napi::Function ModelWrap::Define(Napi::Env env) {
-  auto cls = DefineClass(env, "NativeModel",
-                         {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
-                          InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
-                          InstanceMethod<&ModelWrap::GenerateStream>("generateStream"),
-                          InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"),
-                          InstanceMethod<&ModelWrap::SequenceValues>("sequenceValues"),
-                          InstanceMethod<&ModelWrap::LastHidden>("lastHidden"), InstanceMethod<&ModelWrap::Dispose>("dispose"),
-                          InstanceMethod<&ModelWrap::AttachLora>("attachLora"), InstanceMethod<&ModelWrap::LoadLora>("loadLora"),
-                          InstanceMethod<&ModelWrap::DetachLora>("detachLora"), InstanceMethod<&ModelWrap::SaveLora>("saveLora"),
-                          InstanceMethod<&ModelWrap::SetReferenceAdapter>("setReferenceAdapter"),
-                          InstanceMethod<&ModelWrap::ClearReferenceAdapter>("clearReferenceAdapter"),
-                          InstanceMethod<&ModelWrap::HasReferenceAdapter>("hasReferenceAdapter"),
-                          InstanceMethod<&ModelWrap::AttachValueHead>("attachValueHead"),
-                          InstanceMethod<&ModelWrap::LoadValueHead>("loadValueHead"), InstanceMethod<&ModelWrap::TrainStep>("trainStep"),
-                          InstanceMethod<&ModelWrap::SaveOptimizer>("saveOptimizer"),
-                          InstanceMethod<&ModelWrap::LoadOptimizer>("loadOptimizer"), InstanceMethod<&ModelWrap::SaveMerged>("saveMerged"),
-                          InstanceMethod<&ModelWrap::Trainable>("trainable"), InstanceMethod<&ModelWrap::SetTrainable>("setTrainable"),
-                          InstanceMethod<&ModelWrap::Gradients>("gradients"), InstanceMethod<&ModelWrap::ApplyGradients>("applyGradients"),
-                          InstanceMethod<&ModelWrap::BaseDigest>("baseDigest"),
-                          InstanceMethod<&ModelWrap::ReleaseCaches>("releaseCaches"), InstanceMethod<&ModelWrap::ClearCaches>("clearCaches"),
-                          InstanceMethod<&ModelWrap::SetCacheLimit>("setCacheLimit"), InstanceMethod<&ModelWrap::CacheStats>("cacheStats")});
-  data(env)->model_class = Napi::Persistent(cls);
-  return cls;
-}
-
-Napi::Object ModelWrap::NewInstance(Napi::Env env, std::shared_ptr<slm::Qwen3Model> model) {
-  auto* holder = new std::shared_ptr<slm::Qwen3Model>(std::move(model));
-  auto ext = Napi::External<std::shared_ptr<slm::Qwen3Model>>::New(env, holder, [](Napi::Env, std::shared_ptr<slm::Qwen3Model>* p) { delete p; });
-  return data(env)->model_class.New({ext});
-}
-
-ModelWrap::ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWrap>(info) {
-  if (info.Length() < 1 || !info[0].IsExternal())
-    throw_error(info.Env(), "ARGUMENT_INVALID", "NativeModel cannot be constructed directly: use loadModel().");
-  model_ = *info[0].As<Napi::External<std::shared_ptr<slm::Qwen3Model>>>().Data();
-  vocab_ = std::make_shared<slm::Vocab>();
-  optimizer_ = std::make_shared<slm::AdamW>();
-  caches_ = std::make_shared<slm::EpisodeCacheStore>();
-}
-
-std::shared_ptr<slm::Qwen3Model> ModelWrap::live(Napi::Env env) const {
-  if (!model_) throw_error(env, "HANDLE_DISPOSED", "this model was disposed; load it again to use it.");
-  return model_;
-}
-
-Napi::Value ModelWrap::Load(const Napi::CallbackInfo& info) {
-  auto env = info.Env();
-  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "loadModel expects {files, config, dtype, device}.");
-  auto o = info[0].As<Napi::Object>();
-  auto files_v = o.Get("files");
-  if (!files_v.IsArray()) throw_error(env, "ARGUMENT_INVALID", "loadModel: 'files' must be an array of safetensors paths.");
-  std::vector<std::string> files;
-  auto arr = files_v.As<Napi::Array>();
-  for (uint32_t i = 0; i < arr.Length(); ++i) files.push_back(arr.Get(i).As<Napi::String>().Utf8Value());
-  if (!o.Get("config").IsObject()) throw_error(env, "ARGUMENT_INVALID", "loadModel: 'config' must be the parsed config.json.");
-  auto cfg = read_config(env, o.Get("config").As<Napi::Object>());
-  slm::LoadOptions lo;
-  ErrorInfo err;
-  std::string dtype = str_field(env, o, "dtype", "float32");
-  if (!capture([&] { lo.dtype = slm::parse_compute_dtype(dtype); }, err)) throw_error(env, err.code, err.message);
-  lo.device = str_field(env, o, "device", "cpu");
-  if (!capture([&] { (void)at::Device(lo.device); }, err))
-    throw_error(env, "ARGUMENT_INVALID", "device must look like 'cpu', 'cuda' or 'cuda:N', found '" + lo.device + "'.");
-  auto* w = new LoadWorker(env, std::move(files), cfg, lo);
-  auto p = w->Promise();
-  w->Queue();
-  return p;
-}
-
-Napi::Value ModelWrap::Info(const Napi::CallbackInfo& info) {
-  auto env = info.Env();
-  auto m = live(env);
-  const auto& c = m->config();
-  auto o = Napi::Object::New(env);
-  o.Set("numParameters", Napi::Number::New(env, static_cast<double>(m->num_parameters())));
-  o.Set("parameterBytes", Napi::Number::New(env, static_cast<double>(m->parameter_bytes())));
-  o.Set("dtype", Napi::String::New(env, c10::toString(m->dtype())));
-  o.Set("device", Napi::String::New(env, m->device().str()));
-  o.Set("vocabSize", Napi::Number::New(env, static_cast<double>(c.vocab_size)));
-  o.Set("numLayers", Napi::Number::New(env, static_cast<double>(c.num_hidden_layers)));
-  o.Set("hiddenSize", Napi::Number::New(env, static_cast<double>(c.hidden_size)));
-  return o;
-}
-
-Napi::Value ModelWrap::SetVocab(const Napi::CallbackInfo& info) {
-  auto env = info.Env();
-  live(env);
-  if (!info[0].IsTypedArray() || !info[1].IsTypedArray()) throw_error(env, "ARGUMENT_INVALID", "setVocab(bytes: Uint8Array, offsets: Int32Array).");
-  auto bytes = info[0].As<Napi::Uint8Array>();
-  auto offs = int32s(env, info[1], "offsets");
-  auto v = std::make_shared<slm::Vocab>();
-  for (size_t i = 0; i + 1 < offs.size(); ++i) {
-    if (offs[i] < 0 || offs[i] > offs[i + 1] || static_cast<size_t>(offs[i + 1]) > bytes.ElementLength())
-      throw_error(env, "ARGUMENT_INVALID", "setVocab: offsets must be non-decreasing and within the byte buffer.");
-    v->bytes.emplace_back(reinterpret_cast<const char*>(bytes.Data()) + offs[i], offs[i + 1] - offs[i]);
-  }
-  vocab_ = v;  // running generations keep the vocabulary they started with
-  return env.Undefined();
-}
 
 Napi::Value ModelWrap::Logits(const Napi::CallbackInfo& info) {
   auto env = info.Env();
@@ -379,10 +191,19 @@ Napi::Value ModelWrap::Logits(const Napi::CallbackInfo& info) {
   } else {
     pos = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1);
   }
-  auto* w = new LogitsWorker(env, info.This().As<Napi::Object>(), m, idt, mask, pos);
-  auto p = w->Promise();
-  w->Queue();
-  return p;
+  auto out = std::make_shared<at::Tensor>();
+  return LambdaWorker::Start(
+      env, "slm:logits", info.This().As<Napi::Object>(),
+      [m, idt, mask, pos, out] {
+        c10::InferenceMode guard;
+        *out = slm::full_logits(*m, idt, mask, pos);
+      },
+      [out](Napi::Env e) {
+        auto a = Napi::Float32Array::New(e, out->numel());
+        std::memcpy(a.Data(), out->data_ptr<float>(), out->numel() * sizeof(float));
+        return a;
+      },
+      lease(env, "logits", false));
 }
 
 namespace {
@@ -453,7 +274,9 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "generate expects a request object.");
+  auto l = lease(env, "generate", false);
   auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, generate_params(env, info[0].As<Napi::Object>()), caches_);
+  w->Hold(std::move(l));
   auto pr = w->Promise();
   w->Queue();
   return pr;
@@ -467,7 +290,9 @@ Napi::Value ModelWrap::GenerateStream(const Napi::CallbackInfo& info) {
   if (!info[0].IsObject() || !info[1].IsFunction()) throw_error(env, "ARGUMENT_INVALID", "generateStream expects a request object and a step function.");
   auto p = generate_params(env, info[0].As<Napi::Object>());
   auto flags = std::make_shared<CancelFlags>(p.prompts.size());
+  auto l = lease(env, "generateStream", false);
   auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, std::move(p), caches_);
+  w->Hold(std::move(l));
   w->Stream(env, info[1].As<Napi::Function>(), flags);
   auto o = Napi::Object::New(env);
   o.Set("done", w->Promise());
@@ -484,25 +309,19 @@ Napi::Value ModelWrap::GenerateStream(const Napi::CallbackInfo& info) {
 }
 
 Napi::Value ModelWrap::SequenceLogprobs(const Napi::CallbackInfo& info) {
-  return queue_rows(info, live(info.Env()), "sequenceLogprobs", LogprobsWorker::Mode::Logprobs);
+  return queue_rows(info, live(info.Env()), lease(info.Env(), "sequenceLogprobs", false), "sequenceLogprobs", Rows::Logprobs);
 }
 
 Napi::Value ModelWrap::SequenceValues(const Napi::CallbackInfo& info) {
   auto m = live(info.Env());
-  if (!m->value_w.defined()) throw_error(info.Env(), "NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
-  return queue_rows(info, m, "sequenceValues", LogprobsWorker::Mode::Values);
+  if (!m->value_head.defined()) throw_error(info.Env(), "NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
+  return queue_rows(info, m, lease(info.Env(), "sequenceValues", false), "sequenceValues", Rows::Values);
 }
 
 Napi::Value ModelWrap::LastHidden(const Napi::CallbackInfo& info) {
-  return queue_rows(info, live(info.Env()), "lastHidden", LogprobsWorker::Mode::LastHidden);
+  return queue_rows(info, live(info.Env()), lease(info.Env(), "lastHidden", false), "lastHidden", Rows::LastHidden);
 }
 
-Napi::Value ModelWrap::Dispose(const Napi::CallbackInfo& info) {
-  model_.reset();  // running workers hold their own reference; memory goes when they finish
-  vocab_.reset();
-  if (caches_) caches_->clear();
-  return info.Env().Undefined();
-}
 
 // releaseCaches(keys: string[]): the episode caches of these keys are freed (unknown keys: nothing);
 // clearCaches(): all of them; setCacheLimit(bytes): the store's byte limit (least recently used

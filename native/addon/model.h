@@ -1,5 +1,13 @@
-// The JS `NativeModel` class: a handle on a loaded Qwen3 model (weights on their device) and the
+// The JS `NativeModel` class: a handle on a loaded Qwen3 model (weights on their device, with its
+// adapter, reference adapter and value head), the optimizer state of its training, and the
 // vocabulary's byte strings (for stop strings). Every method that computes returns a Promise.
+// Files: model_load.cc (loading, info, vocab), model.cc (forward passes, generation, dispose),
+// model_train.cc (adapters, value head, train steps, optimizer).
+//
+// Concurrency: an async call holds a Lease on the model until it ends (readers share, a writer is
+// alone); a call that would change what a running call reads is refused with MODEL_BUSY.
+// Memory: V8 is told the native bytes the handle holds (AdjustExternalMemory), and Dispose gives
+// everything back (running workers keep their own reference until they end).
 #pragma once
 #include <napi.h>
 
@@ -8,7 +16,8 @@
 #include "core/episode_cache.h"
 #include "core/generate.h"
 #include "core/qwen3.h"
-#include "core/train.h"
+#include "addon/workers.h"
+#include "core/optimizer.h"
 
 namespace slm_addon {
 
@@ -23,6 +32,14 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
 
  private:
   std::shared_ptr<slm::Qwen3Model> live(Napi::Env env) const;
+  // A lease for an async call (MODEL_BUSY when a writer runs, or any call runs and `writer`).
+  Lease lease(Napi::Env env, const char* what, bool writer) const;
+  // MODEL_BUSY unless no async call is running (synchronous changes: attachLora, setTrainable, ...).
+  void idle(Napi::Env env, const char* what) const;
+  // MODEL_BUSY while a writer runs (synchronous reads of the trainable tensors).
+  void not_writing(Napi::Env env, const char* what) const;
+  // Tells V8 the native bytes this handle holds now (the difference from the last report).
+  void account(Napi::Env env);
   Napi::Value Info(const Napi::CallbackInfo& info);
   Napi::Value SetVocab(const Napi::CallbackInfo& info);
   Napi::Value Logits(const Napi::CallbackInfo& info);
@@ -61,6 +78,11 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   std::shared_ptr<slm::Vocab> vocab_;
   std::shared_ptr<slm::AdamW> optimizer_;
   std::shared_ptr<slm::EpisodeCacheStore> caches_;
+  std::shared_ptr<Usage> usage_ = std::make_shared<Usage>();
+  int64_t external_bytes_ = 0;  // what V8 was last told
+
+ public:
+  ~ModelWrap() override;
 };
 
 }  // namespace slm_addon

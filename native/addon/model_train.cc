@@ -3,12 +3,14 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "addon/convert.h"
 #include "addon/model.h"
 #include "addon/workers.h"
 #include "core/lora.h"
+#include "core/train.h"
 #include "core/safetensors.h"
 
 namespace slm_addon {
@@ -16,9 +18,12 @@ namespace slm_addon {
 namespace {
 
 slm::LoraConfig read_lora(Napi::Env env, const Napi::Object& o) {
+  // r, alpha and dropout are the caller's (lib/engine/adapter.ts LoraSpec; the config schema has the defaults).
   slm::LoraConfig c;
-  c.r = int_field(env, o, "r", 8);
-  c.alpha = num_field(env, o, "alpha", 16);
+  c.r = int_field(env, o, "r", 0, true);
+  for (const char* k : {"alpha", "dropout"})
+    if (!o.Get(k).IsNumber()) throw_error(env, "ARGUMENT_INVALID", std::string("LoRA config: '") + k + "' must be a number; pass the adapter's value.");
+  c.alpha = num_field(env, o, "alpha", 0);
   c.dropout = num_field(env, o, "dropout", 0);
   auto rs = o.Get("rslora");
   c.rslora = rs.IsBoolean() && rs.As<Napi::Boolean>().Value();
@@ -55,6 +60,8 @@ bool bool_field(const Napi::Object& o, const char* k, bool dflt) {
   return v.IsBoolean() ? v.As<Napi::Boolean>().Value() : dflt;
 }
 
+// The optimizer's numbers. Their defaults are torch.optim.AdamW's and equal lib/config/schema.ts's
+// (test/native-losses.test.ts asserts it); the trainers pass every one.
 slm::OptimConfig read_optim(Napi::Env env, const Napi::Object& o) {
   slm::OptimConfig oc;
   oc.lr = num_field(env, o, "lr", 1e-4);
@@ -85,16 +92,26 @@ Napi::Object stats_to_js(Napi::Env env, const slm::TrainStats& s) {
   return o;
 }
 
+// A number the caller must pass (no native default: lib/config/schema.ts holds it).
+double required_num(Napi::Env env, const Napi::Object& o, const char* k, const char* why) {
+  auto v = o.Get(k);
+  if (!v.IsNumber())
+    throw_error(env, "ARGUMENT_INVALID", std::string("trainStep: '") + k + "' is required " + why + ", found " + (v.IsUndefined() ? "nothing" : "a non-number") + "; pass the configured value (lib/config/schema.ts has the defaults).");
+  return v.As<Napi::Number>().DoubleValue();
+}
+
 }  // namespace
 
 Napi::Value ModelWrap::AttachLora(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
+  idle(env, "attachLora");
   auto c = read_lora(env, info[0].As<Napi::Object>());
   const auto seed = static_cast<uint64_t>(num_field(env, info[0].As<Napi::Object>(), "seed", 0));
   ErrorInfo err;
   if (!capture([&] { slm::attach_lora(*m, c, seed); }, err)) throw_error(env, err.code, err.message);
   optimizer_ = std::make_shared<slm::AdamW>();
+  account(env);
   return env.Undefined();
 }
 
@@ -104,10 +121,15 @@ Napi::Value ModelWrap::LoadLora(const Napi::CallbackInfo& info) {
   auto o = info[0].As<Napi::Object>();
   auto c = read_lora(env, o);
   auto file = str_field(env, o, "file", "");
+  auto l = lease(env, "loadLora", true);
   optimizer_ = std::make_shared<slm::AdamW>();
   return LambdaWorker::Start(
       env, "slm:loadLora", info.This().As<Napi::Object>(), [m, c, file] { slm::load_lora(*m, c, slm::read_safetensors_files({file})); },
-      [](Napi::Env e) { return e.Undefined(); });
+      [this](Napi::Env e) {
+        account(e);
+        return e.Undefined();
+      },
+      std::move(l));
 }
 
 // setReferenceAdapter(): freeze the adapter attached now as the KL reference policy;
@@ -115,13 +137,17 @@ Napi::Value ModelWrap::LoadLora(const Napi::CallbackInfo& info) {
 Napi::Value ModelWrap::SetReferenceAdapter(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
+  idle(env, "setReferenceAdapter");
   ErrorInfo err;
   if (!capture([&] { slm::set_reference_adapter(*m); }, err)) throw_error(env, err.code, err.message);
+  account(env);
   return env.Undefined();
 }
 
 Napi::Value ModelWrap::ClearReferenceAdapter(const Napi::CallbackInfo& info) {
+  idle(info.Env(), "clearReferenceAdapter");
   slm::clear_reference_adapter(*live(info.Env()));
+  account(info.Env());
   return info.Env().Undefined();
 }
 
@@ -131,10 +157,11 @@ Napi::Value ModelWrap::HasReferenceAdapter(const Napi::CallbackInfo& info) {
 
 Napi::Value ModelWrap::DetachLora(const Napi::CallbackInfo& info) {
   auto m = live(info.Env());
+  idle(info.Env(), "detachLora");
   slm::detach_lora(*m);
-  m->value_w = at::Tensor();
-  m->value_b = at::Tensor();
+  m->value_head = slm::ValueHead();
   optimizer_ = std::make_shared<slm::AdamW>();
+  account(info.Env());
   return info.Env().Undefined();
 }
 
@@ -148,25 +175,29 @@ Napi::Value ModelWrap::SaveLora(const Napi::CallbackInfo& info) {
       env, "slm:saveLora", info.This().As<Napi::Object>(),
       [m, file, value_file] {
         slm::write_safetensors(file, slm::lora_tensors(*m), {{"format", "pt"}});
-        if (!value_file.empty() && m->value_w.defined())
-          slm::write_safetensors(value_file, {{"value_head.weight", m->value_w.detach()}, {"value_head.bias", m->value_b.detach()}}, {{"format", "pt"}});
+        if (!value_file.empty() && m->value_head.defined()) slm::write_safetensors(value_file, m->value_head.tensors(), {{"format", "pt"}});
       },
-      [](Napi::Env e) { return e.Undefined(); });
+      [](Napi::Env e) { return e.Undefined(); }, lease(env, "saveLora", false));
 }
 
 Napi::Value ModelWrap::AttachValueHead(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
-  slm::attach_value_head(*m, static_cast<uint64_t>(info[0].IsNumber() ? info[0].As<Napi::Number>().Int64Value() : 0));
+  idle(env, "attachValueHead");
+  m->value_head = slm::ValueHead::fresh(m->config().hidden_size, m->device(), static_cast<uint64_t>(info[0].IsNumber() ? info[0].As<Napi::Number>().Int64Value() : 0));
+  account(env);
   return env.Undefined();
 }
 
 Napi::Value ModelWrap::LoadValueHead(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
+  idle(env, "loadValueHead");
   auto file = info[0].As<Napi::String>().Utf8Value();
   ErrorInfo err;
-  if (!capture([&] { slm::load_value_head(*m, slm::read_safetensors_files({file})); }, err)) throw_error(env, err.code, err.message);
+  if (!capture([&] { m->value_head = slm::ValueHead::load(slm::read_safetensors_files({file}), m->config().hidden_size, m->device()); }, err))
+    throw_error(env, err.code, err.message);
+  account(env);
   return env.Undefined();
 }
 
@@ -197,15 +228,19 @@ Napi::Value ModelWrap::TrainStep(const Napi::CallbackInfo& info) {
   auto kind = str_field(env, o, "loss", "sft");
   if (kind != "sft" && kind != "pg") throw_error(env, "ARGUMENT_INVALID", "loss must be 'sft' or 'pg', found '" + kind + "'.");
   lc.kind = kind == "pg" ? slm::LossKind::PG : slm::LossKind::SFT;
-  lc.clip_low = num_field(env, o, "clipLow", 0.2);
-  lc.clip_high = num_field(env, o, "clipHigh", lc.clip_low);
+  if (lc.kind == slm::LossKind::PG) {
+    lc.clip_low = required_num(env, o, "clipLow", "for the policy loss (loss 'pg')");
+    lc.clip_high = num_field(env, o, "clipHigh", lc.clip_low);  // absent: symmetric clipping
+  }
   lc.token_level = bool_field(o, "tokenLevel", true);
   lc.kl_coef = num_field(env, o, "klCoef", 0);
-  lc.kl_estimator = static_cast<int>(int_field(env, o, "klEstimator", 3));
-  if (lc.kl_estimator != 1 && lc.kl_estimator != 3) throw_error(env, "ARGUMENT_INVALID", "klEstimator must be 1 or 3.");
+  if (lc.kind == slm::LossKind::PG && lc.kl_coef > 0) {
+    lc.kl_estimator = static_cast<int>(required_num(env, o, "klEstimator", "when klCoef > 0"));
+    if (lc.kl_estimator != 1 && lc.kl_estimator != 3) throw_error(env, "ARGUMENT_INVALID", "klEstimator must be 1 (k1) or 3 (k3), found " + std::to_string(lc.kl_estimator) + ".");
+  }
   lc.entropy_coef = num_field(env, o, "entropyCoef", 0);
   lc.vf_coef = num_field(env, o, "vfCoef", 0);
-  lc.value_clip = num_field(env, o, "valueClip", 0.2);
+  if (lc.vf_coef > 0) lc.value_clip = required_num(env, o, "valueClip", "when vfCoef > 0 (the value loss is on)");
   auto oc = read_optim(env, o);
   slm::TrainOptions to;
   to.micro_batch = int_field(env, o, "microBatch", 0);
@@ -213,15 +248,24 @@ Napi::Value ModelWrap::TrainStep(const Napi::CallbackInfo& info) {
   to.update = bool_field(o, "update", true);
   to.norm_tokens = int_field(env, o, "normTokens", 0);
   to.norm_sequences = int_field(env, o, "normSequences", 0);
+  auto seed = o.Get("seed");
+  if (!seed.IsUndefined()) {
+    if (!seed.IsNumber() || !std::isfinite(seed.As<Napi::Number>().DoubleValue()))
+      throw_error(env, "ARGUMENT_INVALID", "trainStep: seed must be an integer (it seeds LoRA dropout for this step), or absent.");
+    to.seed = static_cast<uint64_t>(seed.As<Napi::Number>().Int64Value());  // as torch.manual_seed: negative seeds wrap
+  }
+  auto l = lease(env, "trainStep", true);
   auto opt = optimizer_;
   auto stats = std::make_shared<slm::TrainStats>();
   return LambdaWorker::Start(
       env, "slm:trainStep", info.This().As<Napi::Object>(), [m, opt, b, lc, oc, to, stats] { *stats = slm::train_step(*m, *opt, b, lc, oc, to); },
-      [stats, opt](Napi::Env e) {
+      [this, stats, opt](Napi::Env e) {
+        account(e);
         auto r = stats_to_js(e, *stats);
         r.Set("step", static_cast<double>(opt->step));
         return r;
-      });
+      },
+      std::move(l));
 }
 
 Napi::Value ModelWrap::SaveOptimizer(const Napi::CallbackInfo& info) {
@@ -230,13 +274,14 @@ Napi::Value ModelWrap::SaveOptimizer(const Napi::CallbackInfo& info) {
   auto file = info[0].As<Napi::String>().Utf8Value();
   auto opt = optimizer_;
   return LambdaWorker::Start(env, "slm:saveOptimizer", info.This().As<Napi::Object>(), [opt, file] { slm::write_safetensors(file, opt->state()); },
-                             [](Napi::Env e) { return e.Undefined(); });
+                             [](Napi::Env e) { return e.Undefined(); }, lease(env, "saveOptimizer", false));
 }
 
 Napi::Value ModelWrap::LoadOptimizer(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
   auto file = info[0].As<Napi::String>().Utf8Value();
+  auto l = lease(env, "loadOptimizer", true);
   auto opt = optimizer_;
   return LambdaWorker::Start(
       env, "slm:loadOptimizer", info.This().As<Napi::Object>(),
@@ -244,7 +289,11 @@ Napi::Value ModelWrap::LoadOptimizer(const Napi::CallbackInfo& info) {
         auto t = slm::read_safetensors_files({file});
         opt->load(t.tensors, m->device());
       },
-      [](Napi::Env e) { return e.Undefined(); });
+      [this](Napi::Env e) {
+        account(e);
+        return e.Undefined();
+      },
+      std::move(l));
 }
 
 Napi::Value ModelWrap::SaveMerged(const Napi::CallbackInfo& info) {
@@ -258,13 +307,14 @@ Napi::Value ModelWrap::SaveMerged(const Napi::CallbackInfo& info) {
   if (!capture([&] { dtype = slm::parse_compute_dtype(dtype_s); }, err)) throw_error(env, err.code, err.message);
   return LambdaWorker::Start(
       env, "slm:saveMerged", info.This().As<Napi::Object>(), [m, file, dtype] { slm::write_safetensors(file, slm::merged_weights(*m, dtype), {{"format", "pt"}}); },
-      [](Napi::Env e) { return e.Undefined(); });
+      [](Napi::Env e) { return e.Undefined(); }, lease(env, "saveMerged", false));
 }
 
 // trainable({grad}) -> {name: Float32Array} copies of the trainable tensors (or their gradients).
 Napi::Value ModelWrap::Trainable(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
+  not_writing(env, "trainable");
   const bool grad = info[0].IsObject() && bool_field(info[0].As<Napi::Object>(), "grad", false);
   auto out = Napi::Object::New(env);
   for (const auto& [name, p] : slm::trainable(*m)) {
@@ -282,6 +332,7 @@ Napi::Value ModelWrap::Trainable(const Napi::CallbackInfo& info) {
 Napi::Value ModelWrap::SetTrainable(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
+  idle(env, "setTrainable");
   auto name = info[0].As<Napi::String>().Utf8Value();
   auto vals = float32s(env, info[1], "values");
   for (const auto& [n, p] : slm::trainable(*m)) {
@@ -299,6 +350,7 @@ Napi::Value ModelWrap::SetTrainable(const Napi::CallbackInfo& info) {
 Napi::Value ModelWrap::Gradients(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
+  not_writing(env, "gradients");
   at::Tensor g;
   ErrorInfo err;
   if (!capture([&] { g = slm::flat_gradients(*m).to(at::kCPU).contiguous(); }, err)) throw_error(env, err.code, err.message);
@@ -320,6 +372,7 @@ Napi::Value ModelWrap::ApplyGradients(const Napi::CallbackInfo& info) {
   std::vector<float> flat;
   const bool given = info.Length() > 1 && !info[1].IsUndefined();
   if (given) flat = float32s(env, info[1], "grads");
+  auto l = lease(env, "applyGradients", true);
   auto opt = optimizer_;
   auto stats = std::make_shared<slm::TrainStats>();
   return LambdaWorker::Start(
@@ -329,20 +382,23 @@ Napi::Value ModelWrap::ApplyGradients(const Napi::CallbackInfo& info) {
         stats->loss = loss;
         slm::apply_gradients(*m, *opt, oc, *stats);
       },
-      [stats, opt](Napi::Env e) {
+      [this, stats, opt](Napi::Env e) {
+        account(e);
         auto r = Napi::Object::New(e);
         r.Set("gradNorm", stats->grad_norm);
         r.Set("skipped", stats->skipped);
         r.Set("skipReason", stats->skip_reason);
         r.Set("step", static_cast<double>(opt->step));
         return r;
-      });
+      },
+      std::move(l));
 }
 
 // A digest of every base weight's bytes (FNV-1a), to prove that training leaves them untouched.
 Napi::Value ModelWrap::BaseDigest(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = live(env);
+  not_writing(env, "baseDigest");
   uint64_t h = 1469598103934665603ull;
   for (const auto& [name, t] : m->named_weights()) {
     (void)name;

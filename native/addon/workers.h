@@ -4,7 +4,9 @@
 #pragma once
 #include <napi.h>
 
+#include <atomic>
 #include <functional>
+#include <memory>
 
 #include "addon/errors.h"
 
@@ -19,6 +21,38 @@ namespace slm_addon {
 // this trims when resident memory has grown by a slack (min(4 GiB, RAM / 4)) since the last trim.
 void release_free_memory();
 
+// Which async calls are using a model right now: readers (generate, forward passes, saves) share it;
+// a writer (train step, adapter or optimizer load, applyGradients) has it alone. Counted on the main
+// thread when a call starts (ModelWrap::lease) and released when its worker is destroyed (main
+// thread, after the promise settles), so a JS caller that awaited a call never sees it as running.
+struct Usage {
+  std::atomic<int> readers{0}, writers{0};
+};
+
+class Lease {
+ public:
+  Lease() = default;
+  Lease(std::shared_ptr<Usage> u, bool writer) : u_(std::move(u)), writer_(writer) { (writer_ ? u_->writers : u_->readers)++; }
+  Lease(Lease&& o) noexcept : u_(std::move(o.u_)), writer_(o.writer_) {}
+  Lease& operator=(Lease&& o) noexcept {
+    release();
+    u_ = std::move(o.u_);
+    writer_ = o.writer_;
+    return *this;
+  }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease() { release(); }
+
+ private:
+  void release() {
+    if (u_) (writer_ ? u_->writers : u_->readers)--;
+    u_.reset();
+  }
+  std::shared_ptr<Usage> u_;
+  bool writer_ = false;
+};
+
 class PromiseWorker : public Napi::AsyncWorker {
  public:
   PromiseWorker(Napi::Env env, const char* name, Napi::Object owner = Napi::Object())
@@ -26,6 +60,8 @@ class PromiseWorker : public Napi::AsyncWorker {
     if (!owner.IsEmpty()) owner_ = Napi::Persistent(owner);
   }
   Napi::Promise Promise() { return deferred_.Promise(); }
+  // Keeps the model marked as in use until this worker is destroyed.
+  void Hold(Lease lease) { lease_ = std::move(lease); }
 
  protected:
   virtual void Run() = 0;                        // worker thread: no N-API here
@@ -50,16 +86,20 @@ class PromiseWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
   Napi::ObjectReference owner_;
   ErrorInfo err_;
+  Lease lease_;
 };
 
-// A worker from two lambdas: `run` on the worker thread (no N-API), `result` on the main thread.
+// The worker idiom of the addon: two lambdas, `run` on the worker thread (no N-API), `result` on the
+// main thread, and the Lease that marks the model in use. (Only generation subclasses PromiseWorker
+// itself, for its streaming thread-safe function.)
 class LambdaWorker : public PromiseWorker {
  public:
   LambdaWorker(Napi::Env env, const char* name, Napi::Object owner, std::function<void()> run, std::function<Napi::Value(Napi::Env)> result)
       : PromiseWorker(env, name, owner), run_(std::move(run)), result_(std::move(result)) {}
   static Napi::Promise Start(Napi::Env env, const char* name, Napi::Object owner, std::function<void()> run,
-                             std::function<Napi::Value(Napi::Env)> result) {
+                             std::function<Napi::Value(Napi::Env)> result, Lease lease = Lease()) {
     auto* w = new LambdaWorker(env, name, owner, std::move(run), std::move(result));
+    w->Hold(std::move(lease));
     auto p = w->Promise();
     w->Queue();
     return p;

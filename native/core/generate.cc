@@ -405,11 +405,11 @@ std::vector<std::vector<float>> last_hidden(const Qwen3Model& model, const std::
 std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs) {
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);
-  if (!model.value_w.defined()) fail("NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
+  if (!model.value_head.defined()) fail("NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
   auto p = right_padded(model, seqs);
   if (B == 0 || p.T == 0) return out;
   auto h = model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false});  // [B, T, hidden]
-  auto v = (at::matmul(h.to(at::kFloat), model.value_w.detach()) + model.value_b.detach()).to(at::kCPU).contiguous();  // [B, T]
+  auto v = model.value_head.forward(h).to(at::kCPU).contiguous();  // [B, T]
   auto va = v.accessor<float, 2>();
   for (int64_t b = 0; b < B; ++b) {
     out[b].resize(seqs[b].size());

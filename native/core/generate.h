@@ -96,7 +96,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
 // `reference`, the KL reference policy computes them (ForwardOptions::reference).
 std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, double temperature, bool reference = false);
 
-// PPO critic: for each sequence, out[t] = value_w . h[t - 1] + value_b for t >= 1 (the value of the
+// PPO critic: for each sequence, out[t] = value_head.forward(h[t - 1]) for t >= 1 (the value of the
 // state from which token t was generated, as the training loss reads it) and out[0] = 0; the
 // adapter on, no dropout, no gradient. One forward for the whole (right-padded) batch. Needs a value head.
 std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs);

@@ -170,9 +170,9 @@ std::vector<std::pair<std::string, at::Tensor>> trainable(const Qwen3Model& m) {
       out.emplace_back(base + ".lora_A.weight", lin->lora->A);
       out.emplace_back(base + ".lora_B.weight", lin->lora->B);
     }
-  if (m.value_w.defined()) {
-    out.emplace_back("value_head.weight", m.value_w);
-    out.emplace_back("value_head.bias", m.value_b);
+  if (m.value_head.defined()) {
+    out.emplace_back("value_head.weight", m.value_head.w);
+    out.emplace_back("value_head.bias", m.value_head.b);
   }
   return out;
 }
@@ -189,22 +189,6 @@ std::map<std::string, at::Tensor> merged_weights(const Qwen3Model& m, at::Scalar
       out[peft_module(i, name) + ".weight"] = w.to(dtype);
     }
   return out;
-}
-
-void attach_value_head(Qwen3Model& m, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const int64_t H = m.config().hidden_size;
-  m.value_w = (at::randn({H}, gen, at::kFloat) / std::sqrt(static_cast<double>(H))).to(m.device()).requires_grad_(true);
-  m.value_b = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(m.device())).requires_grad_(true);
-}
-
-void load_value_head(Qwen3Model& m, TensorMap&& t) {
-  const int64_t H = m.config().hidden_size;
-  auto w = t.tensors.find("value_head.weight"), b = t.tensors.find("value_head.bias");
-  if (w == t.tensors.end() || b == t.tensors.end() || w->second.numel() != H || b->second.numel() != 1)
-    fail("ADAPTER_MISMATCH", "value_head.safetensors must hold value_head.weight [" + std::to_string(H) + "] and value_head.bias [1] for this model.");
-  m.value_w = w->second.reshape({H}).to(m.device(), at::kFloat).clone().requires_grad_(true);
-  m.value_b = b->second.reshape({1}).to(m.device(), at::kFloat).clone().requires_grad_(true);
 }
 
 }  // namespace slm

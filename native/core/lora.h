@@ -14,8 +14,8 @@
 namespace slm {
 
 struct LoraConfig {
-  int64_t r = 8;
-  double alpha = 16;
+  int64_t r = 0;       // r, alpha, dropout: always the caller's (the addon requires them)
+  double alpha = 0;
   double dropout = 0.0;
   bool rslora = false;
   std::vector<std::string> targets;  // q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
@@ -45,9 +45,5 @@ std::map<std::string, at::Tensor> lora_tensors(const Qwen3Model& m);
 std::vector<std::pair<std::string, at::Tensor>> trainable(const Qwen3Model& m);
 // Base weights with the adapter merged (W + scale * B @ A), by Hugging Face name, in `dtype`.
 std::map<std::string, at::Tensor> merged_weights(const Qwen3Model& m, at::ScalarType dtype);
-
-// PPO's value head: v = w . h + b on the final hidden states (w ~ N(0, 1/hidden), b = 0).
-void attach_value_head(Qwen3Model& m, uint64_t seed);
-void load_value_head(Qwen3Model& m, TensorMap&& tensors);
 
 }  // namespace slm

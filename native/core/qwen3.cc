@@ -65,16 +65,24 @@ at::ScalarType parse_compute_dtype(const std::string& s) {
 }
 
 namespace {
-// The adapter's two small products: the CPU kernel when it applies (decode, no autograd), else ATen.
-at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w) {
-  at::Tensor y = x.size(-1) > 0 && x.numel() / x.size(-1) <= kSmallLinearMaxRows ? cpu_small_linear(x, w) : at::Tensor();
+// The small-row CPU kernel for x · wᵀ when it applies, else an undefined tensor. Never in a training
+// forward: a checkpointed layer is run twice (without and with autograd) and both runs must compute
+// the same values, so training keeps to ATen throughout.
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const ForwardOptions& o) {
+  if (o.train || x.size(-1) == 0 || x.numel() / x.size(-1) > kSmallLinearMaxRows) return {};
+  return cpu_small_linear(x, w);
+}
+
+// The adapter's two small products.
+at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w, const ForwardOptions& o) {
+  at::Tensor y = small_linear(x, w, o);
   return y.defined() ? y : at::linear(x, w);
 }
 }  // namespace
 
 at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
   // A few rows (decode) on the CPU: a kernel that reads each weight once (core/cpu_gemm.h); else ATen.
-  at::Tensor y = x.size(-1) > 0 && x.numel() / x.size(-1) <= kSmallLinearMaxRows ? cpu_small_linear(x, weight) : at::Tensor();
+  at::Tensor y = small_linear(x, weight, o);
   if (y.defined()) {
     if (bias.defined()) y = y + bias;
   } else if (x.numel() == x.size(-1) && !x.requires_grad() && weight.scalar_type() == at::kFloat) {
@@ -92,7 +100,7 @@ at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
   if (l) {
     auto xl = x.to(at::kFloat);
     if (o.train && !o.reference && l->dropout > 0) xl = at::dropout(xl, l->dropout, /*train=*/true);
-    auto d = lora_linear(lora_linear(xl, l->A), l->B) * l->scale;  // [.., r] -> [.., out]
+    auto d = lora_linear(lora_linear(xl, l->A, o), l->B, o) * l->scale;  // [.., r] -> [.., out]
     y = y + d.to(y.scalar_type());
   }
   return y;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "core/value_head.h"
 
 namespace slm {
 
@@ -159,8 +160,8 @@ class Qwen3Model {
   // Every base weight by its Hugging Face name (for merged export).
   std::vector<std::pair<std::string, at::Tensor>> named_weights() const;
 
-  // PPO value head on the final hidden states: v = w . h + b (float32, trainable); empty when absent.
-  at::Tensor value_w, value_b;  // [hidden], [1]
+  // PPO value head on the final hidden states (core/value_head.h); undefined when absent.
+  ValueHead value_head;
 
  private:
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const;

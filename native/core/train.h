@@ -6,8 +6,8 @@
 // but never trained on). Per-token data (advantages, old log-probs, returns, old values) is indexed
 // like the tokens; index 0 is ignored.
 //
-// Losses (sums of per-token terms with weights fixed for the whole batch, so micro-batching does not
-// change the result):
+// Losses (core/losses.h: sums of per-token terms with weights fixed for the whole batch, so
+// micro-batching does not change the result):
 //   sft:  -log p(token)                                         (mean over trained tokens)
 //   pg:   -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A),  r = exp(logp - old_logp)
 //         + kl_coef * KL(policy || reference)   (reference = the frozen reference adapter when one is
@@ -18,10 +18,12 @@
 //   token-level averaging: every trained token of the batch weighs the same (DAPO, Dr.GRPO);
 //   sequence-level: mean over a sequence's tokens, then mean over sequences (the original GRPO).
 #pragma once
-#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/losses.h"
+#include "core/optimizer.h"
 #include "core/qwen3.h"
 
 namespace slm {
@@ -35,23 +37,17 @@ struct TrainBatch {
 
 enum class LossKind { SFT, PG };
 
+// No defaults for the numbers the trainers choose (lib/config/schema.ts holds them): the addon
+// requires clip_low for the policy loss and value_clip for the value loss.
 struct LossConfig {
   LossKind kind = LossKind::SFT;
-  double clip_low = 0.2, clip_high = 0.2;
-  bool token_level = true;
+  double clip_low = 0, clip_high = 0;
+  bool token_level = true;  // LossNorm::Token, else LossNorm::Sequence (the policy loss only; SFT is per token)
   double kl_coef = 0.0;
   int kl_estimator = 3;  // 1 or 3
   double entropy_coef = 0.0;
   double vf_coef = 0.0;  // > 0 trains the value head (PPO)
-  double value_clip = 0.2;
-};
-
-struct OptimConfig {
-  double lr = 1e-4;
-  double value_lr = -1;  // < 0: same as lr
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double weight_decay = 0.0;
-  double max_grad_norm = 1.0;  // <= 0: no clipping
+  double value_clip = 0;
 };
 
 struct TrainOptions {
@@ -62,6 +58,8 @@ struct TrainOptions {
   // that each rank's loss weights are those of the whole batch and the SUM of the ranks' gradients
   // is the single-process gradient. 0 = this batch's own counts.
   int64_t norm_tokens = 0, norm_sequences = 0;
+  // Seeds libtorch's default generators (LoRA dropout) at the start of the step; unset = left as is.
+  std::optional<uint64_t> seed;
 };
 
 struct TrainStats {
@@ -72,22 +70,10 @@ struct TrainStats {
   std::string skip_reason;
 };
 
-// AdamW with decoupled weight decay, as torch.optim.AdamW computes it (p *= 1 - lr*wd; then Adam).
-class AdamW {
- public:
-  int64_t step = 0;
-  void update(const std::vector<std::pair<std::string, at::Tensor>>& params, const OptimConfig& c);
-  std::map<std::string, at::Tensor> state() const;  // name.exp_avg, name.exp_avg_sq, "step"
-  void load(const std::map<std::string, at::Tensor>& s, const at::Device& device);
-
- private:
-  std::map<std::string, at::Tensor> m_, v_;
-};
-
 TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const LossConfig& lc, const OptimConfig& oc, const TrainOptions& to);
 
-// The second half of a step: gradient norm (into st.grad_norm), skip on NaN/inf (st.skipped), clipping
-// to max_grad_norm, AdamW, gradients cleared. train_step calls it when to.update is true.
+// The second half of a step on the model's trainable tensors (core/optimizer.h apply_update):
+// st.grad_norm, st.skipped / skip_reason from it. train_step calls it when to.update is true.
 void apply_gradients(Qwen3Model& m, AdamW& opt, const OptimConfig& oc, TrainStats& st);
 
 // Every trainable tensor's gradient, flattened in trainable() order (zeros where none), float32 on the

@@ -1,0 +1,54 @@
+// The training losses as pure functions: tensors in, a scalar loss tensor out (with its graph when an
+// input requires grad). train_step (core/train.cc) calls them per micro-batch and time chunk; the
+// addon exposes them to JS (`losses`, test/native-losses.test.ts checks them against hand values).
+//
+// Per-token tensors are target-aligned: [B, c], entry t holds the data of the token predicted at
+// position t. `w` [B, c] holds the per-token loss weights of loss_weights (0 = not trained); every
+// loss is a weighted SUM, and the weights sum to 1 over the (global) batch, so the loss of a batch is
+// the sum of its micro-batches' and chunks' losses.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace slm {
+
+// How the loss averages over the batch: Token = every trained token weighs the same (DAPO, Dr.GRPO;
+// also SFT); Sequence = mean over a sequence's tokens, then over sequences (the original GRPO).
+enum class LossNorm { Token, Sequence };
+
+// Weights [s1 - s0, max(T - 1, 1)] float32 (CPU) for rows [s0, s1) of `mask` (mask[i][t] = 1 trains
+// token t >= 1; entry t - 1 <-> token t): 1 / tokens per trained token (Token), or 1 / (sequences *
+// the row's trained tokens) (Sequence). `tokens` / `sequences` are the batch's (or, data-parallel,
+// the global batch's) trained tokens and sequences with trained tokens.
+at::Tensor loss_weights(const std::vector<std::vector<uint8_t>>& mask, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t tokens, int64_t sequences);
+
+// log_softmax(logits / temp) over the vocabulary: logits [B, c, V], temp broadcastable ([B, 1, 1]).
+at::Tensor token_logprobs(const at::Tensor& logits, const at::Tensor& temp);
+
+// SFT: -sum(w * lp), lp [B, c] the targets' log-probs.
+at::Tensor sft_loss(const at::Tensor& lp, const at::Tensor& w);
+
+// The clipped policy-gradient surrogate (PPO, GRPO): r = exp(lp - old_lp),
+// loss = sum(w * -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)). Diagnostics without gradient:
+// clipped = sum(w * [clipped term < unclipped]), ratio = sum(w * r).
+struct PolicyLoss {
+  at::Tensor loss, clipped, ratio;
+};
+PolicyLoss policy_loss(const at::Tensor& lp, const at::Tensor& old_lp, const at::Tensor& adv, const at::Tensor& w, double clip_low, double clip_high);
+
+// KL(policy || reference) per token, d = ref_lp - lp: k1 = -d, k3 = exp(d) - d - 1; sum(w * kl).
+at::Tensor kl_penalty(const at::Tensor& lp, const at::Tensor& ref_lp, const at::Tensor& w, int estimator);
+
+// Entropy per position, -sum_v p log p, from logp [B, c, V] -> [B, c] (a diagnostic).
+at::Tensor entropy(const at::Tensor& logp);
+// The entropy bonus term added to the loss (times entropy_coef): sum(w * sum_v p log p) (= minus the
+// weighted entropy, so minimising it raises entropy).
+at::Tensor entropy_bonus(const at::Tensor& logp, const at::Tensor& w);
+
+// The clipped value loss (PPO, verl): vc = old_v + clip(v - old_v, -value_clip, value_clip),
+// sum(w * 0.5 * max((v - R)^2, (vc - R)^2)).
+at::Tensor value_loss(const at::Tensor& v, const at::Tensor& old_v, const at::Tensor& ret, const at::Tensor& w, double value_clip);
+
+}  // namespace slm

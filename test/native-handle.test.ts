@@ -1,0 +1,81 @@
+// The native model handle's lifecycle: a change of the model while an async call uses it is refused
+// with MODEL_BUSY (instead of racing it), concurrent readers are fine, V8 is told about the native
+// memory the handle holds (V8's external memory) and Dispose gives all of it back.
+import t from 'tap';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Model } from '../lib/engine/model.js';
+import { native } from '../lib/engine/runtime.js';
+import { initModel } from '../lib/model/init.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'slm-handle-'));
+t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+initModel({ preset: 'tiny', out: dir, seed: 5 });
+const lora = { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] } as const;
+const ids = [5, 17, 42, 9, 88, 3, 61, 27];
+const mask = ids.map((_, i) => (i >= 2 ? 1 : 0));
+const gen = (m: Model) => m.generate({ prompts: [Int32Array.from(ids)], maxNewTokens: 8, temperature: 1, seed: 1 });
+
+t.test('MODEL_BUSY: no adapter change or train step while a generate runs; readers share', async (t) => {
+  const m = await Model.load(dir);
+  t.teardown(() => m.dispose());
+  m.attachLora({ ...lora, targets: [...lora.targets] }, 1);
+  const adapterDir = mkdtempSync(join(tmpdir(), 'slm-handle-adapter-'));
+  t.teardown(() => rmSync(adapterDir, { recursive: true, force: true }));
+  await m.saveAdapter(adapterDir);
+
+  const running = gen(m);
+  t.throws(() => m.attachLora({ ...lora, targets: [...lora.targets] }, 2), { code: 'MODEL_BUSY' }, 'attachLora');
+  t.throws(() => m.detachLora(), { code: 'MODEL_BUSY' }, 'detachLora');
+  t.throws(() => m.attachValueHead(1), { code: 'MODEL_BUSY' }, 'attachValueHead');
+  t.throws(() => m.setReferenceAdapter(), { code: 'MODEL_BUSY' }, 'setReferenceAdapter');
+  await t.rejects(m.loadAdapter(adapterDir), { code: 'MODEL_BUSY' }, 'loading an adapter');
+  await t.rejects(m.trainStep({ sequences: [ids], masks: [mask] }, { loss: 'sft', lr: 1e-3 }), { code: 'MODEL_BUSY' }, 'a train step');
+  // Readers run side by side.
+  const [a, b, lp] = await Promise.all([running, gen(m), m.sequenceLogprobs([ids])]);
+  t.same(Array.from(b.tokens[0]), Array.from(a.tokens[0]), 'two generates at once (same seed, same tokens)');
+  t.equal(lp[0].length, ids.length);
+  // Once they have finished, changes are allowed again.
+  m.attachLora({ ...lora, targets: [...lora.targets] }, 2);
+  await m.loadAdapter(adapterDir);
+
+  // A train step running: no reader, no other writer.
+  const before = m.trainable();
+  const name = Object.keys(before)[0];
+  const step = m.trainStep({ sequences: [ids], masks: [mask] }, { loss: 'sft', lr: 1e-3 });
+  await t.rejects(gen(m), { code: 'MODEL_BUSY' }, 'generate during a train step');
+  await t.rejects(m.sequenceLogprobs([ids]), { code: 'MODEL_BUSY' }, 'a forward pass during a train step');
+  t.throws(() => m.trainable(), { code: 'MODEL_BUSY' }, 'reading the trainable tensors during a train step');
+  t.throws(() => m.setTrainable(name, before[name]), { code: 'MODEL_BUSY' }, 'setTrainable');
+  await t.rejects(m.trainStep({ sequences: [ids], masks: [mask] }, { loss: 'sft', lr: 1e-3 }), { code: 'MODEL_BUSY' }, 'a second train step');
+  const st = await step;
+  t.ok(Number.isFinite(st.loss), 'the running step finished');
+  await gen(m);
+});
+
+t.test('V8 is told about the native memory; dispose gives back the model, adapter, reference, value head and optimizer state', async (t) => {
+  const ext = () => native().externalMemory(); // V8's count (ArrayBuffers move it too: 1 MB of slack)
+  const slack = 1 << 20;
+  const e0 = ext();
+  const m = await Model.load(dir);
+  const params = m.info().parameterBytes;
+  t.equal(m.info().nativeBytes, params, 'loaded: the weights');
+  t.ok(Math.abs(ext() - e0 - params) < slack, `V8 was told (${ext() - e0} vs ${params})`);
+  m.attachLora({ ...lora, targets: [...lora.targets] }, 1);
+  const lb = Object.values(m.trainable()).reduce((a, v) => a + v.byteLength, 0);
+  t.equal(m.info().nativeBytes, params + lb, 'attached: + the adapter');
+  m.setReferenceAdapter();
+  m.attachValueHead(1);
+  const vh = (m.config.hidden_size + 1) * 4;
+  t.equal(m.info().nativeBytes, params + 2 * lb + vh, 'reference adapter and value head: + both');
+  await m.trainStep({ sequences: [ids], masks: [mask] }, { loss: 'sft', lr: 1e-3 });
+  const held = m.info().nativeBytes;
+  t.equal(held, params + 2 * lb + vh + 2 * lb, 'after a step: + AdamW moments of every tensor with a gradient (the LoRA ones in SFT)');
+  const before = ext();
+  t.ok(before - e0 > held - slack, `V8 counts it all (${before - e0} vs ${held})`);
+  m.dispose();
+  t.ok(Math.abs(before - ext() - held) < slack, `dispose subtracts everything (${before - ext()} vs ${held})`);
+  t.ok(Math.abs(ext() - e0) < slack, `back where it started (${ext() - e0})`);
+  t.throws(() => m.info(), { code: 'HANDLE_DISPOSED' });
+});
