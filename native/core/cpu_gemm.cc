@@ -80,7 +80,7 @@ T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* 
     __m512 wv[NR];
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_ps(w + n * K + k);
-    for (int r = 0; r < pf_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * K + k), _MM_HINT_T0);
+    for (int r = 0; r < pf_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * K + k), _MM_HINT_T1);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
       const __m512 xv = _mm512_loadu_ps(x + m * K + k);
@@ -120,7 +120,7 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
     __m512bh wv[NR];
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wv[n] = (__m512bh)_mm512_loadu_si512(w + n * K + k);
-    for (int r = 0; r < pf_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * K + k), _MM_HINT_T0);
+    for (int r = 0; r < pf_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * K + k), _MM_HINT_T1);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * K + k);
@@ -189,16 +189,16 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
 
 // One thread's share: weight rows [n0, n1) against every input row. Each weight tile is multiplied
 // with all input rows before the next is loaded, so weights come from memory once. Meanwhile the
-// next tile is prefetched, one cache line per step, spread over the passes of the input rows (a
-// burst would overflow the core's outstanding-miss slots; the hardware prefetcher alone left the
-// vocabulary projection waiting on memory at half the arithmetic rate).
+// tile four ahead is prefetched into L2, one cache line per step, spread over the passes of the input
+// rows (a burst would overflow the core's outstanding-miss slots; with the hardware prefetcher alone
+// the vocabulary projection waited on memory at half the arithmetic rate: 28 ms -> 23 ms here).
 #define SLM_DEFINE_RANGE(NAME, TARGET, TILE, TX, TY, NRMAX)                                                     \
   TARGET void NAME(const TX* x, int64_t M, const TX* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1) { \
     const int64_t passes = (M + 3) / 4;                                                                        \
     const int per_pass = static_cast<int>((NRMAX + passes - 1) / passes);                                      \
     for (int64_t n = n0; n < n1; n += NRMAX) {                                                                 \
       const int64_t nr = std::min<int64_t>(NRMAX, n1 - n);                                                     \
-      const bool prefetch = n + 2 * NRMAX <= n1;                                                               \
+      const bool prefetch = n + 5 * NRMAX <= n1;                                                               \
       for (int64_t m = 0; m < M; m += 4) {                                                                     \
         const int64_t mr = std::min<int64_t>(4, M - m);                                                        \
         const TX* xm = x + m * K;                                                                              \
@@ -206,7 +206,7 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
         TY* ym = y + m * N + n;                                                                                \
         const int64_t first = (m / 4) * per_pass;                                                              \
         const int pf_rows = prefetch ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(per_pass, NRMAX - first))) : 0; \
-        const TX* pf = w + (n + NRMAX + (pf_rows ? first : 0)) * K;                                            \
+        const TX* pf = w + (n + 4 * NRMAX + (pf_rows ? first : 0)) * K;                                            \
         switch (mr * 8 + nr) {                                                                                 \
           case 4 * 8 + NRMAX: TILE<4, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
           case 3 * 8 + NRMAX: TILE<3, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
