@@ -41,7 +41,7 @@ function readmeBlock(file: string): { text: string; a: number; b: number } {
 }
 
 /** Replaces what lies between `<!-- bench -->` and `<!-- /bench -->` in a markdown file with `md`. */
-export function writeReadmeBlock(file: string, md: string): void {
+function writeReadmeBlock(file: string, md: string): void {
   const { text, a, b } = readmeBlock(file);
   writeFileSync(file, `${text.slice(0, a + BEGIN.length)}\n${md.trim()}\n${text.slice(b)}`);
 }
@@ -57,7 +57,7 @@ function cpuFlags(): string[] {
   }
 }
 
-export function machineLine(): string {
+function machineLine(): string {
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
   const flags = cpuFlags();
   return `${new Date().toISOString().slice(0, 10)}, ${cpu}${flags.length ? ` (${flags.join(', ')})` : ''}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB`;

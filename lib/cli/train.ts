@@ -43,7 +43,7 @@ function load(a: Args, command: 'train' | 'eval'): ResolvedConfig {
  * this machine gives, and refuses to start below sandbox.require_isolation
  * (SANDBOX_ISOLATION_INSUFFICIENT) before anything is loaded.
  */
-export async function sandboxPreflight(cfg: ResolvedConfig, command: 'train' | 'eval', say: (line: string) => void = log): Promise<void> {
+async function sandboxPreflight(cfg: ResolvedConfig, command: 'train' | 'eval', say: (line: string) => void = log): Promise<void> {
   const runsPrograms = cfg.protocol.kind === 'code' && (command === 'eval' || cfg.stage !== 'sft' || cfg.train.eval_every > 0);
   if (!runsPrograms) return;
   const sb = cfg.sandbox;

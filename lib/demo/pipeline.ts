@@ -222,7 +222,7 @@ function deepMerge(base: object, over: Record<string, unknown>): object {
   return out;
 }
 
-export function demoTable(stages: readonly DemoStage[]): string {
+function demoTable(stages: readonly DemoStage[]): string {
   const pct = (x: number) => (100 * x).toFixed(1);
   return [
     '| stage | accuracy % | EM % | F1 % | answered % | avg turns | train time s | eval time s |',

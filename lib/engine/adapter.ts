@@ -14,7 +14,7 @@ import type { NativeModelConfig } from '../binding/types.js';
 /** The attention projections of a decoder layer (the default lora.targets). */
 export const ATTENTION_TARGETS = ['q_proj', 'k_proj', 'v_proj', 'o_proj'] as const;
 /** The MLP projections of a decoder layer. */
-export const MLP_TARGETS = ['gate_proj', 'up_proj', 'down_proj'] as const;
+const MLP_TARGETS = ['gate_proj', 'up_proj', 'down_proj'] as const;
 /** Every projection a LoRA adapter can target (lora.targets, PEFT target_modules). */
 export const LORA_TARGETS = [...ATTENTION_TARGETS, ...MLP_TARGETS] as const;
 export type LoraTarget = (typeof LORA_TARGETS)[number];
@@ -30,7 +30,7 @@ export interface LoraSpec {
 }
 
 export const ADAPTER_WEIGHTS = 'adapter_model.safetensors';
-export const ADAPTER_CONFIG = 'adapter_config.json';
+const ADAPTER_CONFIG = 'adapter_config.json';
 export const VALUE_HEAD = 'value_head.safetensors';
 
 function moduleName(layer: number, t: LoraTarget): string {
@@ -162,7 +162,7 @@ export function checkAdapterFits(dir: string, spec: LoraSpec, raw: Record<string
 }
 
 /** The adapter_config.json PEFT writes for this spec. */
-export function adapterConfigJson(spec: LoraSpec, baseModel: string): Record<string, unknown> {
+function adapterConfigJson(spec: LoraSpec, baseModel: string): Record<string, unknown> {
   return {
     alpha_pattern: {},
     auto_mapping: null,

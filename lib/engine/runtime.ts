@@ -22,7 +22,7 @@ function tuneOpenBlas(): void {
   }
 }
 
-export function defaultThreads(): number {
+function defaultThreads(): number {
   const env = Number(process.env.SLM_TRAIN_THREADS);
   return Number.isInteger(env) && env > 0 ? env : availableParallelism();
 }

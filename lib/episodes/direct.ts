@@ -7,7 +7,7 @@ import type { ChatMessage } from '../model/tokenizer-types.js';
 import { scanBlocks } from './blocks.js';
 import type { EpisodeProtocol } from './protocol.js';
 
-export function directInstruction(question: string): string {
+function directInstruction(question: string): string {
   return `Answer the question below from what you know. Give only the answer, between <answer> and </answer>, for example <answer> Beijing </answer>. Question: ${question}`;
 }
 

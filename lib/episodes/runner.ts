@@ -532,7 +532,7 @@ export function tokensThrough(tokenizer: Pick<Tokenizer, 'decode'>, ids: readonl
 }
 
 /** `text` without one trailing stop-token text (`<|im_end|>`), for the messages of a trajectory. */
-export function stripStopText(text: string, stopTexts: readonly string[]): string {
+function stripStopText(text: string, stopTexts: readonly string[]): string {
   for (const s of stopTexts) if (text.endsWith(s)) return text.slice(0, -s.length);
   return text;
 }

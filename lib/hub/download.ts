@@ -66,7 +66,7 @@ const envNumber = (name: string, dflt: number) => {
   return Number.isFinite(v) && v > 0 ? v : dflt;
 };
 
-export function hubCacheDir(): string {
+function hubCacheDir(): string {
   const env = process.env;
   if (env.HF_HUB_CACHE) return env.HF_HUB_CACHE;
   if (env.HF_HOME) return join(env.HF_HOME, 'hub');

@@ -28,7 +28,7 @@ export interface HubRef {
   text: string;
 }
 
-export const HUB_PREFIX = 'hf:';
+const HUB_PREFIX = 'hf:';
 
 export function isHubRef(s: unknown): s is string {
   return typeof s === 'string' && s.startsWith(HUB_PREFIX);

@@ -51,7 +51,7 @@ export const ARCHITECTURES = {
 export type SupportedModelType = keyof typeof ARCHITECTURES;
 export const SUPPORTED_MODEL_TYPES = Object.keys(ARCHITECTURES) as SupportedModelType[];
 /** rope_scaling types: none / "default", and Llama 3.1's "llama3" frequency-band rescaling. */
-export const SUPPORTED_ROPE_TYPES = ['default', 'llama3'] as const;
+const SUPPORTED_ROPE_TYPES = ['default', 'llama3'] as const;
 
 export interface ModelConfig extends NativeModelConfig {
   model_type: SupportedModelType;
@@ -63,7 +63,7 @@ export interface ModelConfig extends NativeModelConfig {
   raw: Record<string, unknown>;
 }
 
-export function checkModelDir(dir: string): void {
+function checkModelDir(dir: string): void {
   if (!existsSync(dir))
     throw new SlmError('MODEL_NOT_FOUND', `model folder ${dir} does not exist. Expected a Hugging Face model folder (config.json + *.safetensors); create one with \`slm-train init-model --preset tiny --out ${dir}\`.`);
   if (!statSync(dir).isDirectory()) throw new SlmError('MODEL_NOT_FOUND', `${dir} is a file; expected a Hugging Face model folder (config.json + *.safetensors).`);

@@ -11,7 +11,7 @@ import { writeSafetensors, type TensorSpec, type StDtype, f32ToBf16Bits } from '
 import { ARCHITECTURES, SUPPORTED_MODEL_TYPES, parseModelConfig, type SupportedModelType } from './config.js';
 
 /** The Qwen3 tokenizer's size rounded up as the real checkpoints do (151,669 ids -> 151,936 rows). */
-export const QWEN3_VOCAB = 151936;
+const QWEN3_VOCAB = 151936;
 
 export interface Preset {
   description: string;

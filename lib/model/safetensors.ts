@@ -22,7 +22,7 @@ export interface HeaderEntry {
   data_offsets: [number, number];
 }
 
-export function numel(shape: number[]): number {
+function numel(shape: number[]): number {
   return shape.reduce((a, b) => a * b, 1);
 }
 

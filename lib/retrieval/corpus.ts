@@ -31,7 +31,7 @@ export function normalizeId(s: string): string {
     .replace(/^_+|_+$/g, '');
 }
 
-export function splitSections(page: Page): Section[] {
+function splitSections(page: Page): Section[] {
   const lines = page.content.split('\n');
   const out: Section[] = [];
   const seen = new Map<string, number>();
@@ -93,7 +93,7 @@ export async function readRows(file: string): Promise<unknown[]> {
   return parseJsonLines(text, file, 'CORPUS_INVALID');
 }
 
-export function validatePages(rows: unknown[], where: string): Page[] {
+function validatePages(rows: unknown[], where: string): Page[] {
   const ids = new Set<string>();
   return rows.map((r, i) => {
     const o = r as Record<string, unknown>;

@@ -20,8 +20,8 @@ import type { PageHit, SearchTools, SectionRef } from './types.js';
 import { words } from './text.js';
 import { localModelDir } from '../hub/download.js';
 
-export const INDEX_FORMAT = 'slm-train-index';
-export const INDEX_VERSION = 1;
+const INDEX_FORMAT = 'slm-train-index';
+const INDEX_VERSION = 1;
 
 export type IndexKind = 'dense' | 'bm25' | 'hybrid';
 export interface IndexParams {

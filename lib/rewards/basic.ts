@@ -43,7 +43,7 @@ export interface FormatPenaltyOptions {
 }
 
 /** Why an answer is penalised, or null when its format is fine. */
-export function formatProblem(answer: string | null, maxWords: number | null = null): 'no_answer' | 'empty_answer' | 'overlong' | null {
+function formatProblem(answer: string | null, maxWords: number | null = null): 'no_answer' | 'empty_answer' | 'overlong' | null {
   if (answer === null) return 'no_answer';
   if (normalizeAnswer(answer) === '') return 'empty_answer';
   if (maxWords !== null && answer.trim().split(/\s+/u).length > maxWords) return 'overlong';

@@ -58,7 +58,7 @@ export type CombineSpec =
 
 /** What happens to an episode whose reward has a failed component. */
 export type FailurePolicy = 'penalty' | 'exclude';
-export const FAILURE_POLICIES: readonly FailurePolicy[] = ['penalty', 'exclude'];
+const FAILURE_POLICIES: readonly FailurePolicy[] = ['penalty', 'exclude'];
 
 export interface ComposeSpec {
   terms: RewardTerm[];
@@ -203,7 +203,7 @@ export interface RewardDeps {
 }
 
 /** The judge backend reward.judge describes. */
-export function judgeBackendFromConfig(j: JudgeConfig, deps: RewardDeps = {}): JudgeBackend {
+function judgeBackendFromConfig(j: JudgeConfig, deps: RewardDeps = {}): JudgeBackend {
   if (deps.judgeBackend) return deps.judgeBackend;
   if (j.backend === 'openai') {
     if (!j.base_url || !j.model) {
@@ -252,7 +252,7 @@ function judgeFromConfig(j: JudgeConfig, deps: RewardDeps): RewardFn {
 }
 
 /** `fn` computed once per context object (the same episode asked twice gets the first answer). */
-export function oncePerContext(fn: RewardFn): RewardFn {
+function oncePerContext(fn: RewardFn): RewardFn {
   const seen = new WeakMap<RewardContext, Promise<RewardParts>>();
   return (ctx) => {
     let p = seen.get(ctx);

@@ -35,7 +35,7 @@
  */
 import { SlmError, closest, describe } from '../errors.js';
 
-export const PART_KINDS = ['em', 'subem', 'f1', 'rouge_l', 'format', 'judge', 'judge_correctness', 'judge_approach', 'module'] as const;
+const PART_KINDS = ['em', 'subem', 'f1', 'rouge_l', 'format', 'judge', 'judge_correctness', 'judge_approach', 'module'] as const;
 export type PartKind = (typeof PART_KINDS)[number];
 
 export interface PartConfig {

@@ -48,9 +48,9 @@ import type { RewardContext, RewardFn, RewardParts } from './types.js';
 export type JudgeCombine = 'weighted' | 'sign_magnitude';
 /** The reply format the judge is asked for (see the module comment). */
 export type JudgeFormat = 'binary' | 'graded';
-export const JUDGE_FORMATS: readonly JudgeFormat[] = ['binary', 'graded'];
+const JUDGE_FORMATS: readonly JudgeFormat[] = ['binary', 'graded'];
 export type JudgeCategory = 'correct' | 'incorrect' | 'gave_up';
-export const JUDGE_CATEGORIES: readonly JudgeCategory[] = ['correct', 'incorrect', 'gave_up'];
+const JUDGE_CATEGORIES: readonly JudgeCategory[] = ['correct', 'incorrect', 'gave_up'];
 
 export interface JudgeOptions {
   backend: JudgeBackend;
@@ -110,7 +110,7 @@ const RUBRIC_APPROACH_SCORE = `"approach_score": an integer from 0 to 100, the s
 Score the approach on its own: a careful search can end in a wrong answer, and a lucky guess is a poor approach.`;
 
 /** The JSON object a binary-format reply must end with, as the prompt shows it. */
-export function binaryJudgeShape(approach = true): string {
+function binaryJudgeShape(approach = true): string {
   return `{"category": "correct" | "incorrect" | "gave_up"${approach ? ', "approach_score": <0-100>' : ''}}`;
 }
 
@@ -198,7 +198,7 @@ function lastGrade(text: string, label: string): string | undefined {
  * Read the grades of a graded-format reply. Throws JUDGE_FAILED when a grade is missing or outside
  * 0-10 (the message quotes the reply's end, so the log shows what the judge said).
  */
-export function parseGradedReply(reply: string, approach = true): JudgeGrades {
+function parseGradedReply(reply: string, approach = true): JudgeGrades {
   const text = afterThinking(reply);
   const tail = quoteTail(reply);
   const grade = (label: string): number => {

@@ -15,7 +15,7 @@
  */
 
 /** Python's `string.punctuation`. */
-export const PUNCTUATION = '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~';
+const PUNCTUATION = '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~';
 
 const PUNCT_SET = new Set(PUNCTUATION);
 
@@ -26,18 +26,18 @@ const WS_RUN = new RegExp(`[${PY_WHITESPACE}]+`, 'gu');
 /** `\b(a|an|the)\b` with Python's Unicode word characters. */
 const ARTICLES = /(?<![\p{L}\p{N}_])(?:a|an|the)(?![\p{L}\p{N}_])/gu;
 
-export function removePunctuation(s: string): string {
+function removePunctuation(s: string): string {
   let out = '';
   for (const ch of s) if (!PUNCT_SET.has(ch)) out += ch;
   return out;
 }
 
-export function removeArticles(s: string): string {
+function removeArticles(s: string): string {
   return s.replace(ARTICLES, ' ');
 }
 
 /** `" ".join(s.split())`: runs of whitespace become one space, none at either end. */
-export function collapseWhitespace(s: string): string {
+function collapseWhitespace(s: string): string {
   return s.replace(WS_RUN, ' ').replace(/^ | $/g, '');
 }
 

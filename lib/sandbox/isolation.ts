@@ -88,7 +88,7 @@ export function pythonFile(name: string, code = 'SANDBOX_UNAVAILABLE'): string {
 }
 
 /** Absolute path of python/sandbox_runner.py. */
-export function runnerPath(): string {
+function runnerPath(): string {
   return pythonFile('sandbox_runner.py');
 }
 
@@ -187,7 +187,7 @@ export function bwrapView(python: string, paths: InterpreterPaths): BwrapView {
 }
 
 /** bubblewrap's arguments (everything before the Python command line): see bwrapView() and the file comment. */
-export function bwrapArgs(python: string, paths: InterpreterPaths, runner: string, runnerPackage: string, workdirMb: number): string[] {
+function bwrapArgs(python: string, paths: InterpreterPaths, runner: string, runnerPackage: string, workdirMb: number): string[] {
   const v = bwrapView(python, paths);
   const a: string[] = [];
   // bubblewrap creates the folders leading to a mount point with mode 0700: make them 0755 first, so
@@ -213,7 +213,7 @@ export function bwrapArgs(python: string, paths: InterpreterPaths, runner: strin
 }
 
 /** util-linux unshare's arguments (everything before the Python command line). */
-export function unshareArgs(): string[] {
+function unshareArgs(): string[] {
   return ['--net', '--pid', '--ipc', '--uts', '--mount', '--fork', '--kill-child', '--mount-proc', '--'];
 }
 
@@ -323,7 +323,7 @@ async function detect(pythonOpt: string | undefined, maxLevel: IsolationLevel): 
 }
 
 /** Exactly what a program can read at `level` (the words after "a program can read"). */
-export function readableAt(level: IsolationLevel, caps: Pick<RunnerCaps, 'paths' | 'drop_uid' | 'root'>, python: string): string {
+function readableAt(level: IsolationLevel, caps: Pick<RunnerCaps, 'paths' | 'drop_uid' | 'root'>, python: string): string {
   if (level === 'bwrap') {
     const v = bwrapView(python, caps.paths ?? { dirs: [], site: [], files: [] });
     const notes = [...v.symlinks.map(([target, path]) => `${path} -> ${target}`), ...v.hidden.map((h) => `${h} emptied`)];

@@ -43,7 +43,7 @@ export interface QuickJSSandboxOptions extends SandboxLimits {
 }
 
 /** QuickJS heap default in MiB (the interpreter itself needs well under 1 MiB). */
-export const QUICKJS_DEFAULT_MEMORY_MB = 64;
+const QUICKJS_DEFAULT_MEMORY_MB = 64;
 const DEFAULT_STACK_KB = 256;
 const MAX_STACK_KB = 1024;
 /** After the deadline, how long a worker may take to notice it before the host terminates it. */

@@ -68,7 +68,7 @@ export function invokeTool(
 }
 
 /** Checks that a tool result is made of JSON values only (what both sandboxes can hand to a program). */
-export function toJsonLike(v: unknown, what: string, depth = 0): unknown {
+function toJsonLike(v: unknown, what: string, depth = 0): unknown {
   if (depth > 32) throw new Error(`${what} is nested too deeply`);
   if (v === null || typeof v === 'string' || typeof v === 'boolean') return v;
   if (v === undefined) return null;

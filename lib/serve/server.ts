@@ -61,7 +61,7 @@ export interface ServeOptions {
 }
 
 /** The most top log-probs a request may ask for (OpenAI's and vLLM's default limit). */
-export const MAX_TOP_LOGPROBS = 20;
+const MAX_TOP_LOGPROBS = 20;
 
 /** How a request's rows are generated and their text made. */
 interface Sampling {

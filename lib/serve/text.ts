@@ -9,7 +9,7 @@
  */
 
 /** Where the text ends for these stop strings (the earliest match at or after `from`; -1: none). */
-export function stopCut(text: string, stops: readonly string[], keepStop: boolean, from = 0): number {
+function stopCut(text: string, stops: readonly string[], keepStop: boolean, from = 0): number {
   let best = -1;
   let end = -1;
   for (const s of stops) {
@@ -24,7 +24,7 @@ export function stopCut(text: string, stops: readonly string[], keepStop: boolea
 }
 
 /** Length of the longest end of `text` that is the beginning (not the whole) of a stop string. */
-export function stopPrefixLength(text: string, stops: readonly string[]): number {
+function stopPrefixLength(text: string, stops: readonly string[]): number {
   let hold = 0;
   for (const s of stops) {
     for (let n = Math.min(s.length - 1, text.length); n > hold; n--) {

@@ -87,7 +87,7 @@ export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}, progre
  * the conversations of data.sft that SFT trains on (leaking rows left out as SFT leaves them out):
  * the most common of each, logged with how many rows carry it. Otherwise the config as it is.
  */
-export async function withSftPrompts(cfg: ResolvedConfig, log: Log = () => {}): Promise<ResolvedConfig> {
+async function withSftPrompts(cfg: ResolvedConfig, log: Log = () => {}): Promise<ResolvedConfig> {
   if (!cfg.protocol.prompts_from_sft) return cfg;
   const file = required(cfg.data.sft, 'data.sft');
   const { rows } = await loadSftRows(file, cfg.data.exclude_leaking);
