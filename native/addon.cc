@@ -67,7 +67,9 @@ Napi::Value Linear(const Napi::CallbackInfo& info) {
   auto x = at::from_blob(xs.Data(), {M, K}, at::kFloat).to(st);
   auto w = at::from_blob(ws.Data(), {N, K}, at::kFloat).to(st);
   slm::Linear lin{w, at::Tensor(), nullptr, nullptr};
-  auto y = lin.forward(x).to(at::kFloat).contiguous();
+  slm::ForwardOptions fo;
+  fo.kernels = true;  // generation's path: the kernel when it applies and is allowed
+  auto y = lin.forward(x, fo).to(at::kFloat).contiguous();
   auto out = Napi::Float32Array::New(env, static_cast<size_t>(M * N));
   std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * M * N);
   return out;

@@ -196,7 +196,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
       cache.keep_rows(at::zeros({U}, li.device(dev)));
     }
     h = model.hidden(ids.narrow(1, P, L - P).contiguous(), positions.narrow(1, P, L - P).contiguous(), mask, &cache);  // [U, L - P, hidden]
-    logits = model.logits(h.narrow(1, L - P - 1, 1)).squeeze(1);  // [U, V]
+    logits = model.logits(h.narrow(1, L - P - 1, 1), true).squeeze(1);  // [U, V]
     last_pos = positions.narrow(1, L - 1, 1).squeeze(1);           // [U]
     if (U < B) {  // every row of a repeated prompt gets a copy of its cache rows and logits
       auto of_t = at::tensor(of, li).to(dev);
@@ -244,7 +244,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     }
     cache.length = C;
     h = model.hidden(ids, positions, mask, &cache);                    // [B, R, hidden]
-    logits = model.logits(h.narrow(1, R - 1, 1)).squeeze(1);           // [B, V]
+    logits = model.logits(h.narrow(1, R - 1, 1), true).squeeze(1);           // [B, V]
     last_pos = positions.narrow(1, R - 1, 1).squeeze(1);               // [B]
   }
   out.prefill_seconds = now() - t0;
@@ -377,7 +377,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     mask = at::cat({mask, alive.unsqueeze(1)}, 1);
     last_pos = last_pos + 1;
     h = model.hidden(next, last_pos.unsqueeze(1), mask, &cache);
-    logits = model.logits(h).squeeze(1);
+    logits = model.logits(h, true).squeeze(1);
   }
   out.decode_seconds = now() - t0;
   return out;

@@ -69,7 +69,7 @@ namespace {
 // forward: a checkpointed layer is run twice (without and with autograd) and both runs must compute
 // the same values, so training keeps to ATen throughout.
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const ForwardOptions& o) {
-  if (o.train || x.size(-1) == 0 || x.numel() / x.size(-1) > kSmallLinearMaxRows) return {};
+  if (!o.kernels || o.train || x.size(-1) == 0 || x.numel() / x.size(-1) > kSmallLinearMaxRows) return {};
   return cpu_small_linear(x, w);
 }
 
@@ -346,7 +346,10 @@ bool Qwen3Model::has_adapter() const {
 }
 
 at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache) const {
-  return hidden(ids, positions, key_mask, cache, ForwardOptions{});
+  // With a KV cache this is generation, which may use the CPU kernels (ForwardOptions::kernels).
+  ForwardOptions o;
+  o.kernels = cache != nullptr;
+  return hidden(ids, positions, key_mask, cache, o);
 }
 
 at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache,
@@ -381,6 +384,10 @@ at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions
   return rms_norm(h, norm_);
 }
 
-at::Tensor Qwen3Model::logits(const at::Tensor& hidden) const { return Linear{lm_head_, at::Tensor(), nullptr, nullptr}.forward(hidden).to(at::kFloat); }
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden, bool kernels) const {
+  ForwardOptions o;
+  o.kernels = kernels;
+  return Linear{lm_head_, at::Tensor(), nullptr, nullptr}.forward(hidden, o).to(at::kFloat);
+}
 
 }  // namespace slm

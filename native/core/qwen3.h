@@ -78,6 +78,10 @@ struct ForwardOptions {
   bool train = false;
   bool checkpoint = false;
   bool reference = false;
+  // The CPU small-row kernels (core/cpu_gemm.h) may compute the linear layers: generation only.
+  // Teacher-forced passes (log-probs, values, embeddings, logits) and training keep to ATen, so that
+  // a sequence's log-probs and values equal the training forward's bit for bit.
+  bool kernels = false;
 };
 
 // A LoRA adapter on one projection: y += scale * B(A(dropout(x))), A [r, in], B [out, r], kept in
@@ -140,7 +144,7 @@ class Qwen3Model {
   // With a cache, the new keys/values are written at [length, length + T) and length advances.
   at::Tensor hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache) const;
   // hidden [.., hidden] -> logits [.., vocab] in float32.
-  at::Tensor logits(const at::Tensor& hidden) const;
+  at::Tensor logits(const at::Tensor& hidden, bool kernels = false) const;
 
   // Same as hidden() with explicit options (adapter on/off, training, checkpointing).
   at::Tensor hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache,
