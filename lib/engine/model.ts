@@ -23,21 +23,11 @@ export interface LoadModelOptions {
 
 const FINISH = ['length', 'stop_token', 'stop_string', 'cancelled'] as const;
 
-/** What Model.generate reports beside the tokens. */
-export interface GenerateStats {
-  steps: number;
-  prefillSeconds: number;
-  decodeSeconds: number;
-  /** Prompt tokens the prefill computed (padding excluded) / the sum of the prompts' lengths. */
-  prefillTokens: number;
-  prefillTokensRequested: number;
-  /** Prompt tokens taken from episode caches (cacheKeys) instead of computed, and rows that reused one. */
-  cacheReusedTokens: number;
-  cacheHits: number;
-  /** Episode caches evicted by the byte limit during the call; keyed rows whose cache was stale (weights changed). */
-  cacheEvicted: number;
-  cacheStale: number;
-}
+/** What Model.generate reports beside the tokens: the native result's counters, as the addon documents them. */
+export type GenerateStats = Pick<
+  NativeGenerateResult,
+  'steps' | 'prefillSeconds' | 'decodeSeconds' | 'prefillTokens' | 'prefillTokensRequested' | 'cacheReusedTokens' | 'cacheHits' | 'cacheEvicted' | 'cacheStale'
+>;
 
 export interface TrainBatch {
   sequences: ArrayLike<number>[];
