@@ -232,6 +232,8 @@ SLM_DEFINE_RANGE(range_f32_256, T256, tile_f32_256, float, float, 2)
 
 }  // namespace
 
+bool cpu_has_avx512() { return isa() == Isa::Avx512 || isa() == Isa::Avx512Bf16; }
+
 const char* cpu_small_linear_isa() {
   switch (isa()) {
     case Isa::Avx512Bf16: return "avx512 (float32, bfloat16)";

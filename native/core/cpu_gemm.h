@@ -27,6 +27,9 @@ constexpr int64_t kSmallLinearMaxRows = 256;
 // y [.., out] = x [.., in] · wᵀ, or an undefined tensor when no kernel applies (see above).
 at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w);
 
+// Whether this CPU has AVX-512 (F and BW): the fused sampler's vector passes use it too.
+bool cpu_has_avx512();
+
 // The kernels this CPU gets: "avx512 (float32, bfloat16)", "avx512 (float32)", "avx2 (float32)" or "none".
 const char* cpu_small_linear_isa();
 

@@ -13,6 +13,8 @@
 // sort does; that changes which of two equally likely tokens a given u picks, never a probability.
 #include "core/sampler_cpu.h"
 
+#include "core/cpu_gemm.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -78,18 +80,11 @@ __attribute__((target("avx512f"))) double row_exp_512(const float* s, int64_t V,
   return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 }
 
-bool has_avx512() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return yes;
-}
 #endif
 
 float row_max(const float* s, int64_t V) {
 #ifdef SLM_SAMPLER_X86
-  if (has_avx512()) return row_max_512(s, V);
+  if (cpu_has_avx512()) return row_max_512(s, V);
 #endif
   float r = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < V; ++i) r = std::max(r, s[i]);
@@ -99,7 +94,7 @@ float row_max(const float* s, int64_t V) {
 // out[i] = exp(s[i] - shift) (when out is not null); returns the sum, accumulated in double.
 double row_exp(const float* s, int64_t V, float shift, float* out) {
 #ifdef SLM_SAMPLER_X86
-  if (has_avx512()) return row_exp_512(s, V, shift, out);
+  if (cpu_has_avx512()) return row_exp_512(s, V, shift, out);
 #endif
   double z = 0;
   for (int64_t i = 0; i < V; ++i) {
