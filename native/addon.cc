@@ -56,12 +56,15 @@ Napi::Value Linear(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   if (!info[0].IsObject()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "linear expects { x, w, m, n, k, dtype }.");
   auto o = info[0].As<Napi::Object>();
+  if (!o.Get("m").IsNumber() || !o.Get("n").IsNumber() || !o.Get("k").IsNumber() || !o.Get("x").IsTypedArray() || !o.Get("w").IsTypedArray())
+    slm_addon::throw_error(env, "ARGUMENT_INVALID", "linear expects numbers m, n, k and Float32Arrays x, w.");
   const int64_t M = o.Get("m").As<Napi::Number>().Int64Value(), N = o.Get("n").As<Napi::Number>().Int64Value(),
                 K = o.Get("k").As<Napi::Number>().Int64Value();
   auto xs = o.Get("x").As<Napi::Float32Array>(), ws = o.Get("w").As<Napi::Float32Array>();
   if (M < 1 || N < 1 || K < 1 || static_cast<int64_t>(xs.ElementLength()) != M * K || static_cast<int64_t>(ws.ElementLength()) != N * K)
     slm_addon::throw_error(env, "ARGUMENT_INVALID", "linear: x must hold m*k and w n*k floats, with m, n, k >= 1.");
-  const std::string dt = o.Has("dtype") ? o.Get("dtype").As<Napi::String>().Utf8Value() : "float32";
+  const std::string dt = o.Get("dtype").IsString() ? o.Get("dtype").As<Napi::String>().Utf8Value() : "float32";
+  if (dt != "float32" && dt != "bfloat16") slm_addon::throw_error(env, "ARGUMENT_INVALID", "linear: dtype must be float32 or bfloat16, found '" + dt + "'.");
   const auto st = dt == "bfloat16" ? at::kBFloat16 : at::kFloat;
   at::NoGradGuard ng;
   auto x = at::from_blob(xs.Data(), {M, K}, at::kFloat).to(st);
@@ -81,6 +84,8 @@ Napi::Value Sample(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   if (!info[0].IsObject()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "sample expects { logits, rows, vocab, temperature, u, topK?, topP?, topN? }.");
   auto o = info[0].As<Napi::Object>();
+  if (!o.Get("logits").IsTypedArray() || !o.Get("rows").IsNumber() || !o.Get("vocab").IsNumber())
+    slm_addon::throw_error(env, "ARGUMENT_INVALID", "sample expects a Float32Array logits and numbers rows, vocab.");
   auto lg = o.Get("logits").As<Napi::Float32Array>();
   const int64_t B = o.Get("rows").As<Napi::Number>().Int64Value(), V = o.Get("vocab").As<Napi::Number>().Int64Value();
   auto nums = [&](const char* key) {

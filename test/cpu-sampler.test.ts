@@ -121,4 +121,5 @@ for (const c of cases) {
 
 t.test('a wrong request is a coded error', async (t) => {
   t.throws(() => a.sample({ logits: new Float32Array(5), rows: 2, vocab: 3, temperature: [1, 1], u: [0.5, 0.5] }), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => a.sample({ logits: new Float32Array(6), vocab: 3, temperature: [1, 1], u: [0.5, 0.5] } as never), { code: 'ARGUMENT_INVALID' }, 'a missing row count');
 });

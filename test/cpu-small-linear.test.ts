@@ -124,4 +124,6 @@ t.test('bfloat16: products of the rounded inputs, rounded once', async (t) => {
 t.test('a wrong request is a coded error', async (t) => {
   t.throws(() => a.linear({ x: new Float32Array(3), w: new Float32Array(4), m: 1, n: 2, k: 2 }), { code: 'ARGUMENT_INVALID' });
   t.throws(() => a.setCpuKernels(1 as unknown as boolean), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => a.linear({ x: new Float32Array(4), w: new Float32Array(4), n: 2, k: 2 } as never), { code: 'ARGUMENT_INVALID' }, 'a missing size');
+  t.throws(() => a.linear({ x: new Float32Array(4), w: new Float32Array(4), m: 2, n: 2, k: 2, dtype: 'float16' as never }), { code: 'ARGUMENT_INVALID', message: /float16/ }, 'an unsupported dtype is named');
 });
