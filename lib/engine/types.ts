@@ -50,6 +50,8 @@ export interface GenerateResult {
   logprobs: Float32Array[];
   /** Why each row stopped. */
   finishReasons: Array<'stop_token' | 'stop_string' | 'length'>;
+  /** Prompt tokens taken from KV caches kept under GenerateRequest.cacheKeys instead of computed (generators that keep caches). */
+  cacheReusedTokens?: number;
 }
 export interface TextGenerator {
   generate(req: GenerateRequest): Promise<GenerateResult>;

@@ -345,7 +345,7 @@ export class EpisodeRunner {
       stats.generateCalls++;
       stats.rowsPerCall.push(rows.length);
       checkResult(res, rows.length);
-      stats.cacheReusedTokens += (res as { cacheReusedTokens?: number }).cacheReusedTokens ?? 0;
+      stats.cacheReusedTokens += res.cacheReusedTokens ?? 0;
       const again: Live[] = [];
       rows.forEach((s, i) => {
         s.generateMs += ms;
