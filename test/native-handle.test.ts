@@ -54,6 +54,35 @@ t.test('MODEL_BUSY: no adapter change or train step while a generate runs; reade
   await gen(m);
 });
 
+t.test('episode KV caches are in the count: stored by generate, freed by release, a limit and dispose', async (t) => {
+  const ext = () => native().externalMemory();
+  const slack = 1 << 20;
+  const m = await Model.load(dir);
+  const params = m.info().parameterBytes;
+  const e0 = ext();
+  // 16 rows of 150-token prompts: ~2.4 MB of KV cache at 1 KB a token (2 layers x 2 KV heads x 32 x K,V x float32).
+  const keys = Array.from({ length: 16 }, (_, i) => `k${i}`);
+  const prompts = keys.map((_, i) => Int32Array.from({ length: 150 }, (_, j) => (i * 37 + j * 11) % 200));
+  await m.generate({ prompts, maxNewTokens: 8, greedy: true, cacheKeys: keys });
+  const cached = m.cacheStats().bytes;
+  t.ok(cached > 2 * slack, `the caches hold ${cached} bytes (more than the slack, else the test proves nothing)`);
+  t.equal(m.info().nativeBytes, params + cached, 'after generate: the weights + the stored caches');
+  t.ok(Math.abs(ext() - e0 - cached) < slack, `V8 was told (${ext() - e0} vs ${cached})`);
+  m.releaseCaches(keys.slice(0, 8));
+  const left = m.cacheStats().bytes;
+  t.ok(left > 0 && left < cached);
+  t.equal(m.info().nativeBytes, params + left, 'release: one cache less');
+  m.setCacheLimit(0);
+  t.equal(m.cacheStats().bytes, 0);
+  t.equal(m.info().nativeBytes, params, 'a limit of 0 evicts the rest');
+  t.ok(Math.abs(ext() - e0) < slack, `V8 was told (${ext() - e0})`);
+  m.setCacheLimit(64 << 20);
+  await m.generate({ prompts, maxNewTokens: 8, greedy: true, cacheKeys: keys });
+  t.ok(Math.abs(ext() - e0 - m.cacheStats().bytes) < slack, 'stored again');
+  m.dispose();
+  t.ok(Math.abs(ext() - e0 + params) < slack, `dispose gives back the weights and the caches (${ext() - e0 + params})`);
+});
+
 t.test('V8 is told about the native memory; dispose gives back the model, adapter, reference, value head and optimizer state', async (t) => {
   const ext = () => native().externalMemory(); // V8's count (ArrayBuffers move it too: 1 MB of slack)
   const slack = 1 << 20;

@@ -133,7 +133,8 @@ export interface NativeModel {
    * out[t] = log p(ids[t] | ids[<t]) per row (0 at t = 0), concatenated like the input. `reference`:
    * under the KL reference policy (the frozen reference adapter, else the base model).
    */
-  sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number; reference?: boolean }): Promise<Float32Array>;
+  /** temperature: one for every row, or one per row (each > 0); default 1. */
+  sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number | Float32Array; reference?: boolean }): Promise<Float32Array>;
   /** PPO critic values per token (value of the state before it; 0 at t = 0), adapter on, no dropout. */
   sequenceValues(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   /** Final hidden state (after the last norm) of each sequence's last token, [rows x hidden] flattened. */

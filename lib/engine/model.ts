@@ -203,9 +203,9 @@ export class Model implements TextGenerator {
    * setReferenceAdapter() (the SFT adapter an RL stage starts from), else the base model (adapter
    * off). One native forward with the reference option; the trained adapter is not touched.
    */
-  async referenceLogprobs(rows: ArrayLike<number>[], temperature = 1): Promise<Float32Array[]> {
+  async referenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1): Promise<Float32Array[]> {
     const { ids, lengths } = this.#flatten(rows);
-    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature, reference: true }), lengths);
+    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), reference: true }), lengths);
   }
 
   /**
@@ -583,14 +583,23 @@ export class Model implements TextGenerator {
     return { tokens, logprobs };
   }
 
-  /** Teacher forcing: per row, out[t] = log p(ids[t] | ids[<t]) (0 at t = 0). */
-  async sequenceLogprobs(rows: ArrayLike<number>[], temperature = 1): Promise<Float32Array[]> {
+  /**
+   * Teacher forcing: per row, out[t] = log p(ids[t] | ids[<t]) under softmax(logits / temperature)
+   * (0 at t = 0). `temperature`: one for every row or one per row (rows sampled at different
+   * temperatures share one forward).
+   */
+  async sequenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1): Promise<Float32Array[]> {
     const { ids, lengths } = this.#flatten(rows);
-    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature }), lengths);
+    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature) }), lengths);
   }
 
   dispose(): void {
     this.handle?.dispose();
     this.handle = null;
   }
+}
+
+/** The native temperature option: a number as is, per-row values as a Float32Array. */
+function temperatureOption(t: number | ArrayLike<number>): number | Float32Array {
+  return typeof t === 'number' ? t : Float32Array.from(t);
 }

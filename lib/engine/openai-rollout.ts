@@ -185,19 +185,13 @@ export class OpenAIRollout implements TextGenerator {
 
 /**
  * The sampling log-probs of episodes generated elsewhere, recomputed by the trainer's engine (one
- * teacher-forced pass per distinct temperature), 0 where the loss mask is 0.
+ * teacher-forced pass, each row under its own temperature), 0 where the loss mask is 0.
  */
 export async function recomputeLogprobs<E extends { ids: Int32Array; lossMask: Uint8Array; logprobs: Float32Array; temperature: number }>(model: Model, episodes: E[]): Promise<E[]> {
-  const byTemp = new Map<number, number[]>();
-  episodes.forEach((e, i) => {
-    const g = byTemp.get(e.temperature);
-    if (g) g.push(i);
-    else byTemp.set(e.temperature, [i]);
-  });
-  const out = episodes.slice();
-  for (const [temp, idx] of byTemp) {
-    const lps = await model.sequenceLogprobs(idx.map((i) => episodes[i].ids), temp > 0 ? temp : 1);
-    idx.forEach((i, k) => (out[i] = { ...episodes[i], logprobs: lps[k].map((x, t) => (episodes[i].lossMask[t] ? x : 0)) }));
-  }
-  return out;
+  // Greedy rows (temperature 0) are scored at 1.
+  const lps = await model.sequenceLogprobs(
+    episodes.map((e) => e.ids),
+    episodes.map((e) => (e.temperature > 0 ? e.temperature : 1)),
+  );
+  return episodes.map((e, i) => ({ ...e, logprobs: lps[i].map((x, t) => (e.lossMask[t] ? x : 0)) }));
 }

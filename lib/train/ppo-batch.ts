@@ -47,20 +47,6 @@ export interface PpoPrepareOptions {
   checkpoint: boolean;
 }
 
-/** Runs `fn` once per distinct temperature over the rows that share it; results in row order. */
-async function byTemperature(rows: Int32Array[], temps: number[], fn: (rows: Int32Array[], t: number) => Promise<Float32Array[]>): Promise<Float32Array[]> {
-  const out: Float32Array[] = new Array(rows.length);
-  for (const t of [...new Set(temps)]) {
-    const idx = temps.map((x, i) => (x === t ? i : -1)).filter((i) => i >= 0);
-    const r = await fn(
-      idx.map((i) => rows[i]),
-      t,
-    );
-    idx.forEach((i, j) => (out[i] = r[j]));
-  }
-  return out;
-}
-
 /**
  * Steps 3-4 for a batch of scored episodes: values, reference and old log-probs, token rewards, GAE,
  * whitening. Episodes without a trained token (index 0 never is: nothing predicts it) are left out.
@@ -127,10 +113,10 @@ export async function ppoForward(model: Model, episodes: TrainEpisode[], o: PpoP
   const keptMasks = kept.map((i) => masks[i]);
   const temperature = kept.map((i) => episodes[i].temperature);
   const oldLogprobs = o.recomputeOldLogprobs
-    ? (await byTemperature(sequences, temperature, (r, t) => model.sequenceLogprobs(r, t))).map((lp, j) => lp.map((x, t) => (keptMasks[j][t] ? x : 0)))
+    ? (await model.sequenceLogprobs(sequences, temperature)).map((lp, j) => lp.map((x, t) => (keptMasks[j][t] ? x : 0)))
     : kept.map((i, j) => Float32Array.from(episodes[i].logprobs, (x, t) => (keptMasks[j][t] ? x : 0)));
   const oldValues = await model.values(sequences, keptMasks);
-  const refLogprobs = o.klCoef > 0 && o.klIn === 'reward' ? await byTemperature(sequences, temperature, (r, t) => model.referenceLogprobs(r, t)) : undefined;
+  const refLogprobs = o.klCoef > 0 && o.klIn === 'reward' ? await model.referenceLogprobs(sequences, temperature) : undefined;
   return { kept, sequences, masks: keptMasks, temperature, oldLogprobs, oldValues, refLogprobs };
 }
 

@@ -139,7 +139,7 @@ std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<in
 // What a teacher-forced pass returns: log-probs, the PPO critic's values, or last-token hidden states.
 enum class Rows { Logprobs, Values, LastHidden };
 
-// sequenceLogprobs / sequenceValues / lastHidden: {ids, lengths[, temperature, reference]} -> a worker's Promise.
+// sequenceLogprobs / sequenceValues / lastHidden: {ids, lengths[, temperature (number | Float32Array per row), reference]} -> a worker's Promise.
 Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen3Model> m, Lease lease, const char* name, Rows mode) {
   auto env = info.Env();
   const bool lp = mode == Rows::Logprobs;
@@ -148,7 +148,13 @@ Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen
   auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
   auto ref = o.Get("reference");
   const bool reference = lp && ref.IsBoolean() && ref.As<Napi::Boolean>().Value();
-  const double temp = lp ? num_field(env, o, "temperature", 1.0) : 1.0;
+  // temperature: a number for every row or a Float32Array with one per row (checked by the core).
+  std::vector<float> temp{1.f};
+  if (lp) {
+    auto tv = o.Get("temperature");
+    if (tv.IsTypedArray()) temp = float32s(env, tv, "temperature");
+    else temp = {static_cast<float>(num_field(env, o, "temperature", 1.0))};
+  }
   auto out = std::make_shared<std::vector<std::vector<float>>>();
   return LambdaWorker::Start(
       env, mode == Rows::Values ? "slm:values" : mode == Rows::LastHidden ? "slm:hidden" : "slm:logprobs", info.This().As<Napi::Object>(),
@@ -277,6 +283,7 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
   auto l = lease(env, "generate", false);
   auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, generate_params(env, info[0].As<Napi::Object>()), caches_);
   w->Hold(std::move(l));
+  w->Finally([this](Napi::Env e) { account(e); });  // the episode caches it stored or evicted
   auto pr = w->Promise();
   w->Queue();
   return pr;
@@ -293,6 +300,7 @@ Napi::Value ModelWrap::GenerateStream(const Napi::CallbackInfo& info) {
   auto l = lease(env, "generateStream", false);
   auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, vocab_, std::move(p), caches_);
   w->Hold(std::move(l));
+  w->Finally([this](Napi::Env e) { account(e); });
   w->Stream(env, info[1].As<Napi::Function>(), flags);
   auto o = Napi::Object::New(env);
   o.Set("done", w->Promise());
@@ -338,12 +346,14 @@ Napi::Value ModelWrap::ReleaseCaches(const Napi::CallbackInfo& info) {
     keys.push_back(v.As<Napi::String>().Utf8Value());
   }
   caches_->release(keys);
+  account(env);
   return env.Undefined();
 }
 
 Napi::Value ModelWrap::ClearCaches(const Napi::CallbackInfo& info) {
   live(info.Env());
   caches_->clear();
+  account(info.Env());
   return info.Env().Undefined();
 }
 
@@ -354,6 +364,7 @@ Napi::Value ModelWrap::SetCacheLimit(const Napi::CallbackInfo& info) {
   if (!(d >= 0) || d > 9007199254740991.0 || d != static_cast<double>(static_cast<int64_t>(d)))
     throw_error(env, "ARGUMENT_INVALID", "setCacheLimit expects a byte count: a non-negative integer.");
   caches_->set_limit(static_cast<int64_t>(d));
+  account(env);
   return env.Undefined();
 }
 

@@ -6,7 +6,8 @@
 //
 // Concurrency: an async call holds a Lease on the model until it ends (readers share, a writer is
 // alone); a call that would change what a running call reads is refused with MODEL_BUSY.
-// Memory: V8 is told the native bytes the handle holds (AdjustExternalMemory), and Dispose gives
+// Memory: V8 is told the native bytes the handle holds (AdjustExternalMemory: weights, adapters,
+// optimizer state, episode KV caches; updated when a call that changes them ends), and Dispose gives
 // everything back (running workers keep their own reference until they end).
 #pragma once
 #include <napi.h>

@@ -183,8 +183,8 @@ void ModelWrap::idle(Napi::Env env, const char* what) const { (void)lease(env, w
 void ModelWrap::not_writing(Napi::Env env, const char* what) const { (void)lease(env, what, false); }
 
 void ModelWrap::account(Napi::Env env) {
-  int64_t now = 0;
-  if (model_) now = model_->parameter_bytes() + adapter_bytes(*model_) + (optimizer_ ? optimizer_->bytes() : 0);
+  int64_t now = caches_ ? caches_->stats().bytes : 0;  // episode KV caches (outlive a disposed model only until Dispose clears them)
+  if (model_) now += model_->parameter_bytes() + adapter_bytes(*model_) + (optimizer_ ? optimizer_->bytes() : 0);
   if (now != external_bytes_) Napi::MemoryManagement::AdjustExternalMemory(env, now - external_bytes_);
   external_bytes_ = now;
 }

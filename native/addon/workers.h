@@ -62,6 +62,8 @@ class PromiseWorker : public Napi::AsyncWorker {
   Napi::Promise Promise() { return deferred_.Promise(); }
   // Keeps the model marked as in use until this worker is destroyed.
   void Hold(Lease lease) { lease_ = std::move(lease); }
+  // Runs on the main thread when the call has ended, succeeded or failed, before its promise settles.
+  void Finally(std::function<void(Napi::Env)> f) { finally_ = std::move(f); }
 
  protected:
   virtual void Run() = 0;                        // worker thread: no N-API here
@@ -71,6 +73,7 @@ class PromiseWorker : public Napi::AsyncWorker {
     release_free_memory();
   }
   void OnOK() override {
+    if (finally_) finally_(Env());
     Napi::Value v;
     try {
       v = Result(Env());
@@ -80,13 +83,17 @@ class PromiseWorker : public Napi::AsyncWorker {
     }
     deferred_.Resolve(v);
   }
-  void OnError(const Napi::Error&) override { deferred_.Reject(make_error(Env(), err_.code, err_.message)); }
+  void OnError(const Napi::Error&) override {
+    if (finally_) finally_(Env());
+    deferred_.Reject(make_error(Env(), err_.code, err_.message));
+  }
 
  private:
   Napi::Promise::Deferred deferred_;
   Napi::ObjectReference owner_;
   ErrorInfo err_;
   Lease lease_;
+  std::function<void(Napi::Env)> finally_;
 };
 
 // The worker idiom of the addon: two lambdas, `run` on the worker thread (no N-API), `result` on the

@@ -418,15 +418,21 @@ std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const s
   return out;
 }
 
-std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, double temperature, bool reference) {
+std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, const std::vector<float>& temperature, bool reference) {
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);
   if (B == 0) return out;
-  if (!(temperature > 0)) fail("ARGUMENT_INVALID", "temperature for log-probs must be > 0, found " + std::to_string(temperature) + ".");
+  const int64_t nt = static_cast<int64_t>(temperature.size());
+  if (nt != 1 && nt != B)
+    fail("ARGUMENT_INVALID", "temperature for log-probs must hold one value or one per sequence (" + std::to_string(B) + "), found " + std::to_string(nt) + ".");
+  for (int64_t i = 0; i < nt; ++i)
+    if (!(temperature[i] > 0)) fail("ARGUMENT_INVALID", "temperature for log-probs must be > 0, found " + std::to_string(temperature[i]) + (nt > 1 ? " at row " + std::to_string(i) : "") + ".");
   auto p = right_padded(model, seqs);
   const int64_t T = p.T;
   if (T == 0) return out;
   const auto dev = model.device();
+  // [B, 1, 1]: each row's logits divided by its own temperature (elementwise, as a scalar would).
+  auto temp = at::tensor(temperature, at::TensorOptions().dtype(at::kFloat)).view({nt, 1, 1}).to(dev);
   auto h = model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false, reference});  // [B, T, hidden]
   auto targets = p.ids;
   auto result = at::zeros({B, T}, at::TensorOptions().dtype(at::kFloat).device(dev));
@@ -435,7 +441,7 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
   const int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(B * V, 1));
   for (int64_t t0 = 0; t0 + 1 < T; t0 += chunk) {
     const int64_t c = std::min(chunk, T - 1 - t0);
-    auto lp = at::log_softmax(model.logits(h.narrow(1, t0, c)) / temperature, -1);       // [B, c, V]
+    auto lp = at::log_softmax(model.logits(h.narrow(1, t0, c)) / temp, -1);       // [B, c, V]
     auto tgt = targets.narrow(1, t0 + 1, c).unsqueeze(-1);                               // [B, c, 1]
     result.narrow(1, t0 + 1, c).copy_(lp.gather(-1, tgt).squeeze(-1));
   }

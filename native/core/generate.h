@@ -92,9 +92,10 @@ struct GenerateOutput {
 GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const Vocab* vocab);
 
 // Teacher forcing: for each sequence, out[t] = log p(ids[t] | ids[< t]) under softmax(logits /
-// temperature) for t >= 1, and out[0] = 0. One forward for the whole (right-padded) batch. With
-// `reference`, the KL reference policy computes them (ForwardOptions::reference).
-std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, double temperature, bool reference = false);
+// temperature) for t >= 1, and out[0] = 0. `temperature` holds one value for every row or one per
+// row (each > 0), so rows sampled at different temperatures share one forward for the whole
+// (right-padded) batch. With `reference`, the KL reference policy computes them (ForwardOptions::reference).
+std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, const std::vector<float>& temperature, bool reference = false);
 
 // PPO critic: for each sequence, out[t] = value_head.forward(h[t - 1]) for t >= 1 (the value of the
 // state from which token t was generated, as the training loss reads it) and out[0] = 0; the
