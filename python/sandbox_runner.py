@@ -1,4 +1,4 @@
-"""slm-train Python sandbox worker. Standard library only; started by lib/sandbox/python.ts.
+"""slm-train Python sandbox worker. Standard library only; started by lib/sandbox/python-worker.ts.
 
 Shape: this process is a *zygote*. It never runs untrusted code itself. While idle it forks the child
 for the next program; the child does the lock-down that does not depend on the program (descriptors,

@@ -1,6 +1,6 @@
 /**
  * The sandboxes for model-written programs (DESIGN §7):
- * - `python`: a warm pool of isolated Python workers (lib/sandbox/python.ts, python/sandbox_runner.py and python/slm_sandbox/);
+ * - `python`: a warm pool of isolated Python workers (lib/sandbox/python.ts and python-worker.ts, python/sandbox_runner.py and python/slm_sandbox/);
  * - `quickjs`: JavaScript in QuickJS/WebAssembly (lib/sandbox/quickjs.ts).
  * Both return the same SandboxResult and take the same limits.
  */

@@ -8,25 +8,16 @@
  * - a worker that dies for any reason is replaced; its program gets an error result, never a crash
  *   of this process;
  * - `close()` ends every worker and waits until each one has exited.
- * Frames on the worker's stdin/stdout: 4-byte big-endian length + MessagePack (msgpackr, plain maps).
+ * One worker is lib/sandbox/python-worker.ts, the frames it exchanges lib/sandbox/python-wire.ts.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { Packr } from 'msgpackr';
 import { SlmError } from '../errors.js';
-import { BWRAP_WORKDIR, checkRequiredIsolation, detectIsolationWithCaps, type RunnerCaps, WORKER_ENV, wrapperCommand } from './isolation.js';
-import { checkGlobals, invokeTool, type ExtraTools } from './tools.js';
+import { checkRequiredIsolation, detectIsolationWithCaps, type RunnerCaps } from './isolation.js';
+import { type Job, resolveLimits, stripUndefined } from './job.js';
+import { Worker, type WorkerPool } from './python-worker.js';
+import { checkGlobals, type ExtraTools } from './tools.js';
 import { checkTools } from '../extensions.js';
-import type { IsolationLevel, IsolationReport, RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
-import { DEFAULT_LIMITS, truncationMarker } from './types.js';
-
-const packr = new Packr({ moreTypes: true, useRecords: false, encodeUndefinedAsNil: true, int64AsType: 'number' });
-const MAX_FRAME = 64 * 1024 * 1024;
-const BACKSTOP_MS = 2000;
-const STARTUP_TIMEOUT_MS = 20_000;
+import type { IsolationLevel, IsolationReport, RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools } from './types.js';
 
 export interface PythonPoolOptions extends SandboxLimits {
   /** The search primitives programs may call (a program can also get its own through run()). */
@@ -59,229 +50,8 @@ export interface PythonPoolOptions extends SandboxLimits {
   allowWeakIsolation?: boolean;
 }
 
-interface Job {
-  code: string;
-  limits: Required<SandboxLimits>;
-  tools?: SearchTools;
-  globals?: Record<string, unknown>;
-  finalAnswer?: boolean;
-  resolve: (r: SandboxResult) => void;
-  reject: (e: Error) => void;
-}
-
-interface Running extends Job {
-  id: number;
-  calls: ToolCall[];
-  t0: number;
-  backstop: NodeJS.Timeout;
-}
-
-type Msg = Record<string, unknown>;
-
-/** Splits a byte stream into length-prefixed frames. */
-class FrameDecoder {
-  private chunks: Buffer[] = [];
-  private length = 0;
-  constructor(private onFrame: (payload: Buffer) => void) {}
-  push(chunk: Buffer): void {
-    this.chunks.push(chunk);
-    this.length += chunk.length;
-    for (;;) {
-      if (this.length < 4) return;
-      if (this.chunks[0].length < 4) this.chunks = [Buffer.concat(this.chunks)];
-      const n = this.chunks[0].readUInt32BE(0);
-      if (n > MAX_FRAME) throw new Error(`frame of ${n} bytes exceeds the ${MAX_FRAME}-byte limit`);
-      if (this.length < 4 + n) return;
-      const all = this.chunks.length === 1 ? this.chunks[0] : Buffer.concat(this.chunks);
-      this.onFrame(all.subarray(4, 4 + n));
-      const rest = all.subarray(4 + n);
-      this.chunks = rest.length ? [rest] : [];
-      this.length = rest.length;
-    }
-  }
-}
-
-function encodeFrame(msg: Msg): Buffer {
-  const body = packr.pack(msg);
-  const head = Buffer.allocUnsafe(4);
-  head.writeUInt32BE(body.length, 0);
-  return Buffer.concat([head, body]);
-}
-
-let nextWorkerSerial = 0;
-
-class Worker {
-  readonly proc: ChildProcess;
-  readonly serial = ++nextWorkerSerial;
-  state: 'starting' | 'idle' | 'busy' | 'dead' = 'starting';
-  ready: Promise<Msg>;
-  current?: Running;
-  exited: Promise<void>;
-  private stderrTail = '';
-  private nextId = 1;
-  private hostDir?: string;
-
-  constructor(
-    private pool: PythonSandboxPool,
-    level: IsolationLevel,
-    caps: RunnerCaps,
-  ) {
-    const opts = pool.options;
-    let workdir = BWRAP_WORKDIR;
-    if (level !== 'bwrap') workdir = this.hostDir = mkdtempSync(join(tmpdir(), 'slm-sandbox-'));
-    const config = JSON.stringify({ workdir, uid: opts.uid ?? 65534, gid: opts.uid ?? 65534, require_seccomp: pool.isolation.seccomp });
-    const { file, args } = wrapperCommand(level, pool.isolation.python, caps, ['--config', config, '--tag', pool.tag], opts.workdirMb ?? 64);
-    // detached: the worker leads its own process group, so one kill reaches everything it started.
-    this.proc = spawn(file, args, { stdio: ['pipe', 'pipe', 'pipe'], env: WORKER_ENV, detached: true, cwd: '/' });
-    this.exited = new Promise((res) => this.proc.once('close', () => res()));
-    let readyResolve!: (m: Msg) => void;
-    let readyReject!: (e: Error) => void;
-    this.ready = new Promise((res, rej) => {
-      readyResolve = res;
-      readyReject = rej;
-    });
-    this.ready.catch(() => {});
-    const startTimer = setTimeout(() => {
-      readyReject(new SlmError('SANDBOX_UNAVAILABLE', `Expected a sandbox worker to start within ${STARTUP_TIMEOUT_MS / 1000} s but it did not. ${this.diagnostics()}`));
-      this.kill();
-    }, STARTUP_TIMEOUT_MS);
-    const decoder = new FrameDecoder((payload) => {
-      let msg: Msg;
-      try {
-        msg = packr.unpack(payload) as Msg;
-      } catch (e) {
-        this.fail(`undecodable frame from the worker (${(e as Error).message})`);
-        return;
-      }
-      if (msg.t === 'ready') {
-        clearTimeout(startTimer);
-        this.state = 'idle';
-        readyResolve(msg);
-      } else this.onMessage(msg);
-    });
-    this.proc.stdout!.on('data', (chunk: Buffer) => {
-      try {
-        decoder.push(chunk);
-      } catch (e) {
-        this.fail((e as Error).message);
-      }
-    });
-    this.proc.stderr!.on('data', (chunk: Buffer) => {
-      this.stderrTail = (this.stderrTail + chunk.toString('utf8')).slice(-2000);
-    });
-    this.proc.stdin!.on('error', () => {}); // EPIPE when the worker died; 'close' handles it
-    this.proc.once('close', (code, signal) => {
-      clearTimeout(startTimer);
-      const wasStarting = this.state === 'starting';
-      this.state = 'dead';
-      if (wasStarting) readyReject(new SlmError('SANDBOX_UNAVAILABLE', `Expected a sandbox worker to start but it exited (${signal ?? 'code ' + code}). ${this.diagnostics()}`));
-      if (this.hostDir) rmSync(this.hostDir, { recursive: true, force: true });
-      const running = this.current;
-      this.current = undefined;
-      if (running) {
-        clearTimeout(running.backstop);
-        running.resolve(this.result(running, { error: `SandboxError: the sandbox worker died (${signal ?? 'exit code ' + code}) while running the program; it was replaced`, stdout: '', timed_out: false, truncated: false }));
-      }
-      this.pool.workerGone(this);
-    });
-  }
-
-  diagnostics(): string {
-    const tail = this.stderrTail.trim();
-    return tail ? `Worker stderr: ${tail.split('\n').slice(-5).join(' | ')}` : 'The worker wrote nothing to stderr.';
-  }
-
-  send(msg: Msg): void {
-    if (this.state !== 'dead' && this.proc.stdin!.writable) this.proc.stdin!.write(encodeFrame(msg));
-  }
-
-  start(job: Job): void {
-    const id = this.nextId++;
-    const backstop = setTimeout(() => {
-      const running = this.current;
-      if (!running || running.id !== id) return;
-      this.current = undefined;
-      running.resolve(this.result(running, { stdout: '', truncated: false, timed_out: true, error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (the worker did not answer and was replaced)` }));
-      this.kill();
-    }, job.limits.timeoutMs + BACKSTOP_MS);
-    this.current = { ...job, id, calls: [], t0: performance.now(), backstop };
-    this.state = 'busy';
-    this.send({
-      t: 'run',
-      id,
-      code: job.code,
-      timeout_ms: job.limits.timeoutMs,
-      cpu_s: job.limits.cpuSeconds,
-      memory_mb: job.limits.memoryMb,
-      max_output: job.limits.maxOutputChars,
-      ...(job.globals ? { globals: job.globals } : {}),
-      ...(job.finalAnswer ? { final_answer: true } : {}),
-      ...(this.pool.extraToolNames.length ? { extra_tools: this.pool.extraToolNames } : {}),
-    });
-  }
-
-  private onMessage(msg: Msg): void {
-    const running = this.current;
-    if (msg.t === 'call') {
-      if (!running) return this.fail('a tool call arrived while no program was running');
-      const { id } = running;
-      void Promise.resolve(invokeTool(running.tools, msg.name, msg.args, running.calls, running.limits.maxCalls, this.pool.extraTools)).then((reply) => {
-        if (this.current?.id !== id) return; // the program already ended
-        this.send({ t: 'ret', id, seq: msg.seq, ...reply });
-      });
-    } else if (msg.t === 'done') {
-      if (!running || msg.id !== running.id) return; // a late answer for a program the backstop already ended
-      clearTimeout(running.backstop);
-      this.current = undefined;
-      this.state = 'idle';
-      running.resolve(
-        this.result(running, {
-          stdout: typeof msg.stdout === 'string' ? msg.stdout : '',
-          truncated: msg.truncated === true,
-          timed_out: msg.timed_out === true,
-          error: typeof msg.error === 'string' ? msg.error : null,
-          ...(running.finalAnswer && typeof msg.final_answer === 'string' ? { final_answer: msg.final_answer } : {}),
-        }),
-      );
-      this.pool.workerIdle(this);
-    } else this.fail(`unexpected frame ${JSON.stringify(msg.t)} from the worker`);
-  }
-
-  private result(running: Running, r: Pick<SandboxResult, 'stdout' | 'error' | 'timed_out' | 'truncated' | 'final_answer'>): SandboxResult {
-    return {
-      ...(r.final_answer !== undefined ? { final_answer: r.final_answer } : {}),
-      stdout: r.truncated ? r.stdout + truncationMarker(running.limits.maxOutputChars) : r.stdout,
-      error: r.error,
-      timed_out: r.timed_out,
-      calls: running.calls,
-      truncated: r.truncated,
-      duration_ms: performance.now() - running.t0,
-    };
-  }
-
-  /** Protocol trouble: the worker cannot be trusted any more. */
-  private fail(why: string): void {
-    this.stderrTail += `\n[host] ${why}`;
-    this.kill();
-  }
-
-  /** SIGKILL to the worker's whole process group (bubblewrap/unshare take their namespace with them). */
-  kill(): void {
-    if (this.proc.pid === undefined || this.proc.exitCode !== null || this.proc.signalCode !== null) return;
-    try {
-      process.kill(-this.proc.pid, 'SIGKILL');
-    } catch {
-      try {
-        this.proc.kill('SIGKILL');
-      } catch {
-        /* already gone */
-      }
-    }
-  }
-}
-
 /** The warm pool. Create with `createPythonPool()`. */
-export class PythonSandboxPool implements Sandbox {
+export class PythonSandboxPool implements Sandbox, WorkerPool {
   readonly kind = 'python' as const;
   /** Appears on every worker's command line: lets tests and operators find this pool's processes. */
   readonly tag = `slm-sandbox-${randomUUID()}`;
@@ -404,23 +174,6 @@ export class PythonSandboxPool implements Sandbox {
     await Promise.all(all.map((w) => w.exited));
     clearTimeout(timer);
   }
-}
-
-function stripUndefined<T extends object>(o: T): Partial<T> {
-  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
-}
-
-/** Fills in defaults and checks every limit (a wrong value is an error, not silently clamped). */
-export function resolveLimits(l: SandboxLimits): Required<SandboxLimits> {
-  const out = { ...DEFAULT_LIMITS, ...stripUndefined(l) } as Required<SandboxLimits>;
-  // One second above the wall limit: a single-threaded program meets the wall clock first; the CPU
-  // limit stops a program whose threads burn several cores at once.
-  if (out.cpuSeconds === undefined) out.cpuSeconds = Math.ceil(out.timeoutMs / 1000) + 1;
-  for (const k of ['timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'] as const) {
-    const v = out[k];
-    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new SlmError('ARGUMENT_INVALID', `Expected a positive number for ${k} but received ${String(v)} (${typeof v}).`);
-  }
-  return out;
 }
 
 function resolvePythonLimits(l: SandboxLimits): Required<SandboxLimits> {
