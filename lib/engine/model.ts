@@ -4,15 +4,18 @@
  */
 import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { NativeApplyResult, NativeCacheStats, NativeGenerateRequest, NativeGenerateResult, NativeModel, NativeModelInfo, NativeOptimOptions, NativeTrainRequest, NativeTrainStats } from '../binding/types.js';
+import type { NativeApplyResult, NativeCacheStats, NativeGenerateResult, NativeModel, NativeModelInfo, NativeOptimOptions, NativeTrainStats } from '../binding/types.js';
 import { ADAPTER_WEIGHTS, VALUE_HEAD, checkAdapterFits, checkLoraSpec, readAdapterConfig, writeAdapterConfig, type LoraSpec } from './adapter.js';
 import { SlmError, describe } from '../errors.js';
 import { nativeConfig, readModelConfig, type ModelConfig } from '../model/config.js';
 import { resolveWeightFiles } from '../model/weights.js';
-import { COMPUTE_DTYPES, type ComputeDtype, type GenerateRequest, type GenerateResult, type StreamGenerateRequest, type StreamGenerateResult, type TextGenerator, type TokenEvent } from './types.js';
+import { COMPUTE_DTYPES, type ComputeDtype, type GenerateRequest, type GenerateResult, type StreamGenerateRequest, type StreamGenerateResult, type TextGenerator } from './types.js';
 import { native } from './runtime.js';
+import { FINISH, generatedRows, nativeGenerateRequest, streamGenerate } from './generate-call.js';
+import { nativeTrainRequest, type TrainBatch, type TrainOptions } from './train-request.js';
 
 export type { ComputeDtype } from './types.js';
+export type { TrainBatch, TrainOptions } from './train-request.js';
 
 export interface LoadModelOptions {
   dtype?: ComputeDtype;
@@ -21,28 +24,12 @@ export interface LoadModelOptions {
   adapter?: string;
 }
 
-const FINISH = ['length', 'stop_token', 'stop_string', 'cancelled'] as const;
-
 /** What Model.generate reports beside the tokens: the native result's counters, as the addon documents them. */
 export type GenerateStats = Pick<
   NativeGenerateResult,
   'steps' | 'prefillSeconds' | 'decodeSeconds' | 'prefillTokens' | 'prefillTokensRequested' | 'cacheReusedTokens' | 'cacheHits' | 'cacheEvicted' | 'cacheStale'
 >;
 
-export interface TrainBatch {
-  sequences: ArrayLike<number>[];
-  /** Per token: 1 = trained target, 0 = prompt / tool output / retrieved text. */
-  masks: ArrayLike<number>[];
-  advantages?: ArrayLike<number>[];
-  oldLogprobs?: ArrayLike<number>[];
-  returns?: ArrayLike<number>[];
-  oldValues?: ArrayLike<number>[];
-  temperature?: number[];
-}
-
-export interface TrainOptions extends Omit<NativeTrainRequest, 'ids' | 'lengths' | 'mask' | 'advantages' | 'oldLogprobs' | 'returns' | 'oldValues' | 'temperature' | 'klEstimator'> {
-  klEstimator?: 'k1' | 'k3';
-}
 
 export class Model implements TextGenerator {
   private handle: NativeModel | null;
@@ -157,48 +144,6 @@ export class Model implements TextGenerator {
   }
 
   /**
-   * The values exactly as the training loss sees them, read from the training path (a reference for
-   * tests of `values`): one `trainStep` without update per requested token, its mask on that token
-   * alone, returns 0, old values 0 and no value clipping, so the loss is 0.5 * V^2 and the value-head
-   * bias gradient is V itself. One forward + backward per token; leaves gradients on the parameters
-   * and, with LoRA dropout > 0, samples dropout like a training forward.
-   */
-  async valuesFromTrainingPath(rows: ArrayLike<number>[], masks?: ArrayLike<number>[], opts: { checkpoint?: boolean } = {}): Promise<Float32Array[]> {
-    if (masks && masks.length !== rows.length) throw new SlmError('ARGUMENT_INVALID', `values: expected one mask per row (${rows.length}), found ${masks.length}.`);
-    if (!this.hasValueHead()) throw new SlmError('NOT_SUPPORTED', 'values: no value head is attached; call attachValueHead() or load an adapter saved with one.');
-    const out: Float32Array[] = [];
-    for (let i = 0; i < rows.length; i++) {
-      const ids = Int32Array.from(rows[i]);
-      this.checkIds(ids);
-      const n = ids.length;
-      if (masks && masks[i].length !== n) throw new SlmError('ARGUMENT_INVALID', `values: mask ${i} has ${masks[i].length} entries for ${n} tokens.`);
-      const v = new Float32Array(n);
-      const zeros = new Float32Array(n);
-      for (let t = 1; t < n; t++) {
-        if (masks && !masks[i][t]) continue;
-        const mask = new Uint8Array(n);
-        mask[t] = 1;
-        await this.h.trainStep({
-          ids,
-          lengths: Int32Array.of(n),
-          mask,
-          returns: zeros,
-          oldValues: zeros,
-          loss: 'sft',
-          vfCoef: 1,
-          valueClip: Infinity,
-          maxGradNorm: 0,
-          checkpoint: opts.checkpoint ?? false,
-          update: false,
-        });
-        v[t] = this.h.trainable({ grad: true })['value_head.bias'][0];
-      }
-      out.push(v);
-    }
-    return out;
-  }
-
-  /**
    * Teacher-forced log-probs of the KL reference policy, as sequenceLogprobs: the adapter frozen by
    * setReferenceAdapter() (the SFT adapter an RL stage starts from), else the base model (adapter
    * off). One native forward with the reference option; the trained adapter is not touched.
@@ -257,37 +202,7 @@ export class Model implements TextGenerator {
 
   /** trainStep on this process alone (with `update: false` it leaves the gradients for gradients()). */
   async trainStepLocal(batch: TrainBatch, opts: TrainOptions): Promise<NativeTrainStats> {
-    const n = batch.sequences.length;
-    if (batch.masks.length !== n) throw new SlmError('ARGUMENT_INVALID', `expected one loss mask per sequence (${n}), found ${batch.masks.length}.`);
-    const lengths = Int32Array.from(batch.sequences.map((s) => s.length));
-    const total = lengths.reduce((a, b) => a + b, 0);
-    const flat = <T extends Int32Array | Float32Array | Uint8Array>(rows: ArrayLike<number>[] | undefined, Ctor: new (n: number) => T, what: string): T | undefined => {
-      if (!rows) return undefined;
-      if (rows.length !== n) throw new SlmError('ARGUMENT_INVALID', `${what}: expected one row per sequence (${n}), found ${rows.length}.`);
-      const out = new Ctor(total);
-      let o = 0;
-      rows.forEach((r, i) => {
-        if (r.length !== lengths[i]) throw new SlmError('ARGUMENT_INVALID', `${what}[${i}] has ${r.length} values for ${lengths[i]} tokens.`);
-        for (let t = 0; t < r.length; t++) out[o + t] = r[t];
-        o += r.length;
-      });
-      return out;
-    };
-    const ids = flat(batch.sequences, Int32Array, 'sequences')!;
-    this.checkIds(ids);
-    const req: NativeTrainRequest = {
-      ...opts,
-      klEstimator: opts.klEstimator === 'k1' ? 1 : 3,
-      ids,
-      lengths,
-      mask: flat(batch.masks, Uint8Array, 'masks')!,
-      advantages: flat(batch.advantages, Float32Array, 'advantages'),
-      oldLogprobs: flat(batch.oldLogprobs, Float32Array, 'oldLogprobs'),
-      returns: flat(batch.returns, Float32Array, 'returns'),
-      oldValues: flat(batch.oldValues, Float32Array, 'oldValues'),
-      temperature: batch.temperature ? Float32Array.from(batch.temperature) : undefined,
-    };
-    return this.h.trainStep(req);
+    return this.h.trainStep(nativeTrainRequest(batch, opts, (ids) => this.checkIds(ids)));
   }
 
   saveOptimizer(file: string): Promise<void> {
@@ -372,9 +287,9 @@ export class Model implements TextGenerator {
   async generate(req: GenerateRequest): Promise<GenerateResult & GenerateStats> {
     const B = req.prompts.length;
     if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0, cacheHits: 0, cacheEvicted: 0, cacheStale: 0 };
-    const r = await this.h.generate(this.#generateRequest(req));
+    const r = await this.h.generate(nativeGenerateRequest(req, (ids) => this.checkIds(ids)));
     this.#noteEvictions(r);
-    const { tokens, logprobs } = this.#rows(r, B);
+    const { tokens, logprobs } = generatedRows(r, B);
     return {
       tokens,
       logprobs,
@@ -429,158 +344,10 @@ export class Model implements TextGenerator {
    * before the promise resolves; an exception thrown by onToken rejects it once generation ends.
    */
   async generateStream(req: StreamGenerateRequest): Promise<StreamGenerateResult> {
-    const B = req.prompts.length;
-    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0 };
-    const base = this.#generateRequest(req);
-    const topN = req.topLogprobs ?? 0;
-    if (!Number.isInteger(topN) || topN < 0 || topN > this.vocabSize) throw new SlmError('ARGUMENT_INVALID', `topLogprobs must be an integer from 0 to the vocabulary size, found ${describe(req.topLogprobs)}.`);
-    let rowMax: Int32Array | undefined;
-    if (req.rowMaxNewTokens) {
-      if (req.rowMaxNewTokens.length !== B || !req.rowMaxNewTokens.every((n) => Number.isInteger(n) && n >= 1 && n <= req.maxNewTokens))
-        throw new SlmError('ARGUMENT_INVALID', `rowMaxNewTokens must hold one integer from 1 to maxNewTokens (${req.maxNewTokens}) per row (${B}), found ${describe(req.rowMaxNewTokens)}.`);
-      rowMax = Int32Array.from(req.rowMaxNewTokens);
-    }
-    if (req.signals && req.signals.length !== B) throw new SlmError('ARGUMENT_INVALID', `signals must hold one entry (or undefined) per row (${B}), found ${req.signals.length}.`);
-    const seen = new Int32Array(B);
-    let closed = false;
-    let failure: unknown;
-    const deliver = (ev: TokenEvent) => {
-      if (!req.onToken || failure !== undefined) return;
-      try {
-        req.onToken(ev);
-      } catch (e) {
-        failure = e;
-      }
-    };
-    const call = this.h.generateStream({ ...base, topN, ...(rowMax ? { rowMaxNewTokens: rowMax } : {}) }, (s) => {
-      if (closed) return;
-      const n = s.rows.length ? s.topIds.length / s.rows.length : 0;
-      for (let k = 0; k < s.rows.length; k++) {
-        const row = s.rows[k];
-        seen[row]++;
-        const f = s.finish[k];
-        deliver({
-          row,
-          token: s.tokens[k],
-          logprob: s.logprobs[k],
-          ...(n ? { top: { ids: s.topIds.slice(k * n, (k + 1) * n), logprobs: s.topLogprobs.slice(k * n, (k + 1) * n) } } : {}),
-          ...(f !== 255 ? { finish: FINISH[f] as 'length' | 'stop_token' | 'stop_string' } : {}),
-        });
-      }
-    });
-    const unlisten: Array<() => void> = [];
-    req.signals?.forEach((sig, i) => {
-      if (!sig) return;
-      const stop = () => call.cancel(i);
-      if (sig.aborted) stop();
-      else {
-        sig.addEventListener('abort', stop, { once: true });
-        unlisten.push(() => sig.removeEventListener('abort', stop));
-      }
-    });
-    let r: NativeGenerateResult;
-    try {
-      r = await call.done;
-    } finally {
-      closed = true;
-      for (const u of unlisten) u();
-    }
+    if (req.prompts.length === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0 };
+    const { native: r, result } = await streamGenerate(this.h, nativeGenerateRequest(req, (ids) => this.checkIds(ids)), req, this.vocabSize);
     this.#noteEvictions(r);
-    const { tokens, logprobs } = this.#rows(r, B);
-    const finishReasons = Array.from(r.finish, (f) => FINISH[f]);
-    let topLogprobs: StreamGenerateResult['topLogprobs'];
-    if (topN > 0) {
-      topLogprobs = [];
-      let o = 0;
-      for (let i = 0; i < B; i++) {
-        const n = r.lengths[i] * topN;
-        topLogprobs.push({ ids: r.topIds!.slice(o, o + n), logprobs: r.topLogprobs!.slice(o, o + n) });
-        o += n;
-      }
-    }
-    // The last steps' events may still be queued behind the result: report those tokens from it.
-    for (let i = 0; i < B; i++) {
-      const f = finishReasons[i];
-      for (let t = seen[i]; t < tokens[i].length; t++)
-        deliver({
-          row: i,
-          token: tokens[i][t],
-          logprob: logprobs[i][t],
-          ...(topLogprobs ? { top: { ids: topLogprobs[i].ids.slice(t * topN, (t + 1) * topN), logprobs: topLogprobs[i].logprobs.slice(t * topN, (t + 1) * topN) } } : {}),
-          ...(t === tokens[i].length - 1 && f !== 'cancelled' ? { finish: f } : {}),
-        });
-    }
-    if (failure !== undefined) throw failure;
-    return { tokens, logprobs, ...(topLogprobs ? { topLogprobs } : {}), finishReasons, steps: r.steps, prefillTokens: r.prefillTokens, prefillTokensRequested: r.prefillTokensRequested, cacheReusedTokens: r.cacheReusedTokens };
-  }
-
-  /** A GenerateRequest checked and flattened into the native request. */
-  #generateRequest(req: GenerateRequest): NativeGenerateRequest {
-    const B = req.prompts.length;
-    if (!Number.isInteger(req.maxNewTokens) || req.maxNewTokens < 1)
-      throw new SlmError('ARGUMENT_INVALID', `maxNewTokens must be a positive integer, found ${describe(req.maxNewTokens)}.`);
-    const lengths = Int32Array.from(req.prompts.map((p) => p.length));
-    const ids = new Int32Array(lengths.reduce((a, b) => a + b, 0));
-    let off = 0;
-    for (const p of req.prompts) {
-      if (!p.length) throw new SlmError('ARGUMENT_INVALID', 'every prompt needs at least one token; found an empty prompt.');
-      ids.set(p, off);
-      off += p.length;
-    }
-    this.checkIds(ids);
-    const temps = new Float32Array(B);
-    const t = req.temperature ?? 1;
-    for (let i = 0; i < B; i++) {
-      const v = req.greedy ? 0 : typeof t === 'number' ? t : t[i];
-      if (typeof v !== 'number' || !(v >= 0)) throw new SlmError('ARGUMENT_INVALID', `temperature must be >= 0 for every row, found ${describe(v)} at row ${i}.`);
-      temps[i] = v;
-    }
-    if (req.rowSeeds && (req.rowSeeds.length !== B || !req.rowSeeds.every((s) => Number.isSafeInteger(s) && s >= 0)))
-      throw new SlmError('ARGUMENT_INVALID', `rowSeeds must hold one non-negative integer per row (${B}), found ${describe(req.rowSeeds)}.`);
-    const topPs = typeof req.topP === 'object' && req.topP !== null ? Array.from(req.topP) : undefined;
-    if (topPs && topPs.length !== B) throw new SlmError('ARGUMENT_INVALID', `topP: expected one value per row (${B}) or one number, found ${topPs.length}.`);
-    for (const v of topPs ?? [req.topP ?? 1])
-      if (!(typeof v === 'number' && v > 0 && v <= 1)) throw new SlmError('ARGUMENT_INVALID', `topP must be in (0, 1], found ${describe(v)}.`);
-    const topP = topPs ? 1 : (req.topP as number | undefined) ?? 1;
-    const topK = req.topK ?? 0;
-    if (!Number.isInteger(topK) || topK < 0) throw new SlmError('ARGUMENT_INVALID', `topK must be a non-negative integer, found ${describe(req.topK)}.`);
-    let cacheKeys: Array<string | null> | undefined;
-    if (req.cacheKeys !== undefined) {
-      if (!Array.isArray(req.cacheKeys) || req.cacheKeys.length !== B || !req.cacheKeys.every((k) => k == null || (typeof k === 'string' && k.length > 0)))
-        throw new SlmError('ARGUMENT_INVALID', `cacheKeys must hold one non-empty string (or null: none) per row (${B}), found ${describe(req.cacheKeys)}.`);
-      const keys = req.cacheKeys.filter((k): k is string => typeof k === 'string');
-      if (new Set(keys).size !== keys.length) throw new SlmError('ARGUMENT_INVALID', `cacheKeys must be distinct within a call (one per episode), found a repeated key in ${describe(req.cacheKeys)}.`);
-      if (keys.length) cacheKeys = req.cacheKeys.map((k) => k ?? null);
-    }
-    return {
-      ids,
-      lengths,
-      maxNewTokens: req.maxNewTokens,
-      temperature: temps,
-      topK,
-      topP,
-      ...(topPs ? { rowTopP: Float32Array.from(topPs) } : {}),
-      seed: req.seed ?? 0,
-      ...(req.rowSeeds ? { rowSeeds: req.rowSeeds } : {}),
-      stopTokenIds: Int32Array.from(req.stopTokenIds ?? []),
-      stopStrings: req.stopStrings ?? [],
-      ...(req.sharePrefix !== undefined ? { sharePrefix: !!req.sharePrefix } : {}),
-      ...(cacheKeys ? { cacheKeys } : {}),
-    };
-  }
-
-  /** The native result's flat tokens / log-probs split into rows. */
-  #rows(r: NativeGenerateResult, B: number): { tokens: Int32Array[]; logprobs: Float32Array[] } {
-    const tokens: Int32Array[] = [];
-    const logprobs: Float32Array[] = [];
-    let o = 0;
-    for (let i = 0; i < B; i++) {
-      const n = r.lengths[i];
-      tokens.push(r.tokens.slice(o, o + n));
-      logprobs.push(r.logprobs.slice(o, o + n));
-      o += n;
-    }
-    return { tokens, logprobs };
+    return result;
   }
 
   /**
