@@ -1,0 +1,247 @@
+/**
+ * One episode while its batch runs: its state (Live), and the steps that move it along: started
+ * from its request, a generated turn committed (parsed, its tokens appended, maybe ended), an
+ * environment reply appended, and at the end the Episode it becomes.
+ */
+import { SlmError, describe } from '../errors.js';
+import type { ChatMessage, Tokenizer } from '../model/tokenizer-types.js';
+import type { EnvReply, EpisodeCall, FinishReason, ToolAction } from './protocol.js';
+import type { Episode, EpisodeFinish, EpisodeRequest, EpisodeRunnerOptions, Segment, TurnRecord } from './runner-types.js';
+
+/** State of one episode while the batch runs. */
+export interface Live {
+  index: number;
+  /** The key of its KV cache in the generator (cache reuse), until released. */
+  cacheKey?: string;
+  seed?: number;
+  question: string;
+  temperature: number;
+  topP?: number;
+  ids: number[];
+  mask: number[];
+  logprobs: number[];
+  promptTokens: number;
+  messages: ChatMessage[];
+  /** inline protocols: the assistant text so far (all turns and replies). */
+  inlineText: string;
+  segments: Segment[];
+  calls: EpisodeCall[];
+  steps: TurnRecord[];
+  turns: number;
+  answer: string | null;
+  finish?: EpisodeFinish;
+  generateMs: number;
+  toolMs: number;
+  // the turn being generated
+  turnIds: number[];
+  turnLogprobs: number[];
+  turnFinish: FinishReason;
+  budget: number;
+  resumes: number;
+}
+
+/** What an episode's steps read from its runner. */
+export interface EpisodeContext {
+  readonly options: Readonly<EpisodeRunnerOptions>;
+  /** Generations an episode may have, the last one (which gets no reply) included. */
+  readonly generations: number;
+  /** The texts of the stop tokens, taken off the end of the trajectory's messages. */
+  readonly stopTexts: readonly string[];
+}
+
+/** The episode of request `r` at `index`: its prompt encoded (already over the limit: ended with `context`). */
+export function startEpisode(ctx: EpisodeContext, r: EpisodeRequest, index: number): Live {
+  const o = ctx.options;
+  if (!r || typeof r.question !== 'string') throw new SlmError('ARGUMENT_INVALID', `Expected episode request ${index} to have a string "question", but found ${describe(r?.question)}.`);
+  const temperature = r.temperature ?? o.temperature ?? 1;
+  if (!(typeof temperature === 'number' && temperature >= 0)) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected the temperature of episode request ${index} to be a number >= 0, but found ${describe(temperature)}.`);
+  }
+  if (r.topP !== undefined && !(typeof r.topP === 'number' && r.topP > 0 && r.topP <= 1)) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected the topP of episode request ${index} to be a number in (0, 1], but found ${describe(r.topP)}.`);
+  }
+  if (r.prompt !== undefined && !(Array.isArray(r.prompt) && r.prompt.every((m) => m && typeof m.role === 'string' && typeof m.content === 'string'))) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected the prompt of episode request ${index} to be a list of chat messages {role, content}, but found ${describe(r.prompt)}.`);
+  }
+  const messages = r.messages ? r.messages.map((m) => ({ ...m })) : o.protocol.initialMessages(r.question, ctx.generations, r.prompt);
+  const text = o.formatter.prompt(messages);
+  const ids = o.tokenizer.encode(text);
+  const s: Live = {
+    index,
+    seed: r.seed,
+    question: r.question,
+    temperature,
+    ...(r.topP !== undefined ? { topP: r.topP } : {}),
+    ids: [...ids],
+    mask: new Array(ids.length).fill(0),
+    logprobs: new Array(ids.length).fill(0),
+    promptTokens: ids.length,
+    messages,
+    inlineText: '',
+    segments: [{ source: 'prompt', text, tokens: ids.length }],
+    calls: [],
+    steps: [],
+    turns: 0,
+    answer: null,
+    generateMs: 0,
+    toolMs: 0,
+    turnIds: [],
+    turnLogprobs: [],
+    turnFinish: 'length',
+    budget: 0,
+    resumes: 0,
+  };
+  if (ids.length === 0) throw new SlmError('ARGUMENT_INVALID', `Expected the prompt of episode request ${index} to encode to at least one token, but it is empty.`);
+  if (ids.length >= o.maxTotalTokens) s.finish = 'context';
+  return s;
+}
+
+/** Parses the generated turn, appends its tokens; returns the action the environment must answer, if any. */
+export function commitTurn(ctx: EpisodeContext, s: Live, turn: number): ToolAction | undefined {
+  const o = ctx.options;
+  let text = o.tokenizer.decode(s.turnIds);
+  const action = o.protocol.parse(text);
+  let dropped = 0;
+  if (action.kind !== 'none') {
+    const keep = tokensThrough(o.tokenizer, s.turnIds, text, action.end);
+    if (keep < s.turnIds.length) {
+      dropped = s.turnIds.length - keep;
+      s.turnIds.length = keep;
+      s.turnLogprobs.length = keep;
+      text = o.tokenizer.decode(s.turnIds);
+      if (s.turnFinish !== 'stop_string') s.turnFinish = 'stop_string';
+    }
+  }
+  for (let k = 0; k < s.turnIds.length; k++) {
+    s.ids.push(s.turnIds[k]);
+    s.mask.push(1);
+    s.logprobs.push(s.turnLogprobs[k]);
+  }
+  s.turns = turn;
+  s.segments.push({ source: 'model', text, tokens: s.turnIds.length });
+  addAssistantText(ctx, s, text);
+  s.steps.push({
+    turn,
+    action: action.kind,
+    ...(action.kind === 'none' ? { reason: action.reason, ...(action.open ? { open: action.open } : {}) } : {}),
+    finishReason: s.turnFinish,
+    generatedTokens: s.turnIds.length,
+    droppedTokens: dropped,
+    resumes: s.resumes,
+    envTokens: 0,
+  });
+  if (action.kind === 'answer') {
+    s.answer = action.answer;
+    s.finish = 'answer';
+    return undefined;
+  }
+  if (s.ids.length >= o.maxTotalTokens) {
+    s.finish = 'context';
+    return undefined;
+  }
+  if (turn >= ctx.generations) {
+    s.finish = 'max_turns';
+    return undefined;
+  }
+  return action;
+}
+
+/** Appends the environment's reply to the turn just committed (or ends the episode: an answer, or no room). */
+export function appendReply(ctx: EpisodeContext, s: Live, reply: EnvReply): void {
+  const o = ctx.options;
+  const step = s.steps[s.steps.length - 1];
+  s.calls.push(...reply.calls);
+  s.toolMs += reply.toolMs;
+  if (reply.program) step.program = reply.program;
+  if (reply.answer !== undefined) {
+    s.answer = reply.answer;
+    s.finish = 'answer';
+    return;
+  }
+  const next = reply.messages ?? [];
+  let text: string;
+  if (o.protocol.injection === 'inline') {
+    text = reply.text ?? '';
+  } else {
+    if (!next.length) throw new SlmError('PROTOCOL_ERROR', `Expected the ${o.protocol.name} protocol to reply with at least one message after turn ${step.turn}, but it gave none.`);
+    // The turn as decoded (stop-token text included) so that the formatter does not repeat `<|im_end|>`.
+    const generated = s.segments[s.segments.length - 1].text;
+    const history: ChatMessage[] = [...s.messages.slice(0, -1), { role: 'assistant', content: generated }];
+    text = o.formatter.continuation(history, next, { strict: o.strictTemplate ?? false });
+  }
+  const ids = text ? o.tokenizer.encode(text) : [];
+  // The reply must fit with room for at least one generated token after it.
+  if (s.ids.length + ids.length >= o.maxTotalTokens) {
+    s.finish = 'context';
+    return;
+  }
+  for (const id of ids) {
+    s.ids.push(id);
+    s.mask.push(0);
+    s.logprobs.push(0);
+  }
+  step.envTokens = ids.length;
+  s.segments.push({ source: 'env', text, tokens: ids.length });
+  if (o.protocol.injection === 'inline') s.inlineText += text;
+  else s.messages.push(...next);
+}
+
+/** Adds the turn's text to the conversation (inline protocols: to the one assistant message). */
+function addAssistantText(ctx: EpisodeContext, s: Live, text: string): void {
+  if (ctx.options.protocol.injection === 'inline') {
+    s.inlineText += text;
+    const clean = stripStopText(s.inlineText, ctx.stopTexts);
+    const last = s.messages[s.messages.length - 1];
+    if (last?.role === 'assistant') last.content = clean;
+    else s.messages.push({ role: 'assistant', content: clean });
+  } else {
+    s.messages.push({ role: 'assistant', content: stripStopText(text, ctx.stopTexts) });
+  }
+}
+
+/** The Episode the runner returns for this state. */
+export function finishEpisode(s: Live): Episode {
+  const finish = s.finish ?? 'max_turns';
+  return {
+    index: s.index,
+    question: s.question,
+    ids: Int32Array.from(s.ids),
+    lossMask: Uint8Array.from(s.mask),
+    logprobs: Float32Array.from(s.logprobs),
+    promptTokens: s.promptTokens,
+    temperature: s.temperature,
+    answer: s.answer,
+    finish,
+    turns: s.turns,
+    calls: s.calls,
+    messages: s.messages,
+    steps: s.steps,
+    segments: s.segments,
+    timings: { generateMs: s.generateMs, toolMs: s.toolMs },
+    record: { finish, messages: s.messages, calls: s.calls, steps: s.steps },
+  };
+}
+
+/**
+ * How many of `ids` (whose decoding is `text`) are needed to cover `text[0, end)`: the smallest k
+ * whose decoded prefix starts with `text.slice(0, end)`. Binary search over prefixes.
+ */
+export function tokensThrough(tokenizer: Pick<Tokenizer, 'decode'>, ids: readonly number[], text: string, end: number): number {
+  if (end >= text.length) return ids.length;
+  const want = text.slice(0, end);
+  let lo = 0;
+  let hi = ids.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (tokenizer.decode(ids.slice(0, mid)).startsWith(want)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+/** `text` without one trailing stop-token text (`<|im_end|>`), for the messages of a trajectory. */
+function stripStopText(text: string, stopTexts: readonly string[]): string {
+  for (const s of stopTexts) if (text.endsWith(s)) return text.slice(0, -s.length);
+  return text;
+}
+

@@ -1,0 +1,102 @@
+/**
+ * The OpenAI server's batching queue: requests' rows wait here while a generate call runs, and the
+ * next call takes every queued row that agrees with the first one on the per-call settings (top-k,
+ * stops, adapter), up to maxBatch, putting that adapter on the model first. One call at a time.
+ */
+import type { Job } from './job.js';
+import type { ServeOptions } from './options.js';
+
+export class Batcher {
+  private queue: Job[] = [];
+  private busy = false;
+  /** Generate calls made and rows per call (tests and logs). */
+  readonly batches: number[] = [];
+  /** Each finished generate call: its rows, decode steps and how each row ended (tests and logs). */
+  readonly calls: Array<{ rows: number; steps: number; finish: string[] }> = [];
+  /** The adapter on the model now (null: the one it was started with, or none). */
+  private active: string | null = null;
+
+  constructor(
+    private readonly o: ServeOptions,
+    /** The adapters loaded at run time (the server's): name -> PEFT folder. */
+    private readonly adapters: ReadonlyMap<string, string>,
+  ) {}
+
+  /** Queues a request's rows (a cancelled row leaves the queue) and starts a call if none runs. */
+  enqueue(jobs: Job[]): void {
+    for (const j of jobs) {
+      j.abort.signal.addEventListener(
+        'abort',
+        () => {
+          this.queue = this.queue.filter((x) => x !== j);
+          j.end('cancelled');
+        },
+        { once: true },
+      );
+    }
+    this.queue.push(...jobs.filter((j) => !j.ended));
+    void this.pump();
+  }
+
+  /** Puts the job's adapter on the model (the started adapter, or none, for null). */
+  private async useAdapter(name: string | null): Promise<void> {
+    if (name === this.active && (name === null || this.adapters.has(name))) return;
+    const dir = name === null ? this.o.adapter : this.adapters.get(name);
+    if (dir) await this.o.model.loadAdapter(dir);
+    else this.o.model.detachLora();
+    this.active = name;
+  }
+
+  /** Runs queued rows in batched generate calls, one call at a time. */
+  private async pump(): Promise<void> {
+    if (this.busy) return;
+    this.busy = true;
+    try {
+      while (this.queue.length) {
+        // Give requests that arrive together a chance to share the call.
+        await new Promise((r) => setImmediate(r));
+        if (!this.queue.length) break;
+        const first = this.queue[0];
+        // The engine applies top-k / stops / the adapter per call: batch only rows that agree (top-p is per row).
+        const key = (j: Job) => JSON.stringify([j.s.topK, [...j.s.stop].sort(), j.s.stopTokenIds, j.s.adapter]);
+        const firstKey = key(first);
+        const take = this.queue.filter((j) => key(j) === firstKey).slice(0, this.o.maxBatch ?? 32);
+        this.queue = this.queue.filter((j) => !take.includes(j));
+        this.batches.push(take.length);
+        try {
+          await this.useAdapter(first.s.adapter);
+          const r = await this.o.model.generateStream({
+            prompts: take.map((j) => j.prompt),
+            maxNewTokens: Math.max(...take.map((j) => j.s.maxTokens)),
+            rowMaxNewTokens: take.map((j) => j.s.maxTokens),
+            temperature: take.map((j) => j.s.temperature),
+            topP: take.map((j) => j.s.topP),
+            topK: first.s.topK,
+            // Each row's own seed: its samples do not depend on what it was batched with.
+            rowSeeds: take.map((j) => j.seed),
+            stopTokenIds: first.s.stopTokenIds,
+            stopStrings: first.s.stop,
+            topLogprobs: Math.max(...take.map((j) => j.s.topN)),
+            signals: take.map((j) => j.abort.signal),
+            onToken: (ev) => {
+              const j = take[ev.row];
+              try {
+                j.token(ev);
+              } catch (e) {
+                // This row alone fails (its request gets the error); the others go on.
+                j.fail(e as Error);
+                j.abort.abort();
+              }
+            },
+          });
+          this.calls.push({ rows: take.length, steps: r.steps, finish: r.finishReasons });
+          take.forEach((j, i) => j.end(r.finishReasons[i]));
+        } catch (e) {
+          for (const j of take) j.fail(e as Error);
+        }
+      }
+    } finally {
+      this.busy = false;
+    }
+  }
+}

@@ -1,0 +1,22 @@
+/** The OpenAI-compatible server's options: the model it serves, its name and address, its limits. */
+import type { Model } from '../engine/model.js';
+import type { ChatFormatter } from '../model/chat.js';
+import type { HfTokenizer } from '../model/tokenizer.js';
+
+export interface ServeOptions {
+  model: Model;
+  tokenizer: HfTokenizer;
+  formatter: ChatFormatter;
+  /** The name reported by /v1/models and in responses. */
+  name: string;
+  port: number;
+  host?: string;
+  /** Rows per batched generate call (default 32); also the largest `n`. */
+  maxBatch?: number;
+  /** Default and upper bound of max_tokens (default 512 / 4096). */
+  defaultMaxTokens?: number;
+  maxTokensLimit?: number;
+  log?: (line: string) => void;
+  /** The adapter the model was loaded with (requests naming no loaded adapter run with it). */
+  adapter?: string;
+}
