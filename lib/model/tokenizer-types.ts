@@ -1,4 +1,4 @@
-/** The tokenizer surface the rest of slm-train uses (lib/model/tokenizer.ts implements it). */
+/** The tokenizer surface the rest of slm-train uses (lib/model/hf-tokenizer.ts implements it). */
 export interface Tokenizer {
   readonly vocabSize: number;
   /** Ids of special tokens by content, e.g. '<|im_end|>'. */
