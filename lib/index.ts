@@ -15,7 +15,8 @@ export { SlmError, isSlmError, type ErrorCode } from './errors.js';
 
 // Config
 export { loadConfig, configFromObject, validateConfig, runDir, configToYaml, type LoadOptions } from './config/load.js';
-export { CONFIG_SCHEMA, STAGES } from './config/schema.js';
+export { CONFIG_SCHEMA } from './config/schema.js';
+export { STAGES } from './config/types.js';
 export type * from './config/types.js';
 
 // Model, tokenizer, chat template, generation

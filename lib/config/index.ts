@@ -1,5 +1,6 @@
 /** The training config: schema, loading with overrides, and the options it gives the trainers. */
-export { CONFIG_SCHEMA, ALIASES, PATH_KEYS, STAGES } from './schema.js';
+export { CONFIG_SCHEMA, ALIASES, PATH_KEYS } from './schema.js';
+export { STAGES } from './types.js';
 export type * from './types.js';
 export { configFromObject, configToYaml, loadConfig, missingFiles, readConfigFile, runDir, validateConfig, writeResolvedConfig, type LoadOptions } from './load.js';
 export { applyOverrides, parseOverrides, type Override } from './overrides.js';

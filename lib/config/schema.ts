@@ -10,7 +10,7 @@
 import { ATTENTION_TARGETS, LORA_TARGETS } from '../engine/adapter.js';
 import { COMPUTE_DTYPES } from '../engine/types.js';
 import { SEARCH_R1_INSTRUCTION } from '../episodes/prompts.js';
-import type { ResolvedConfig } from './types.js';
+import { STAGES, type ResolvedConfig } from './types.js';
 
 type Schema = Record<string, unknown>;
 
@@ -31,7 +31,6 @@ const section = (properties: Record<string, Schema>, required: string[] = []): S
   ...(required.length ? { required } : {}),
 });
 
-export const STAGES = ['sft', 'grpo', 'ppo', 'rloo', 'eval'] as const;
 /** Config keys that hold file or folder paths: resolved against the config file's folder. */
 export const PATH_KEYS = ['model.path', 'model.adapter', 'data.questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
 

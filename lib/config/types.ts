@@ -6,8 +6,8 @@
 
 import type { LoraTarget } from '../engine/adapter.js';
 import type { ComputeDtype } from '../engine/types.js';
-import type { STAGES } from './schema.js';
-
+/** What `slm-train train` can run (the schema's `stage` enum). */
+export const STAGES = ['sft', 'grpo', 'ppo', 'rloo', 'eval'] as const;
 export type Stage = (typeof STAGES)[number];
 
 export interface ModelConfig {
