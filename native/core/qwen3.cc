@@ -1,6 +1,8 @@
 #include "core/qwen3.h"
 
+#include "core/cpu_attention.h"
 #include "core/cpu_gemm.h"
+#include "core/cpu_norm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -242,6 +244,14 @@ at::Tensor Qwen3Model::rms_norm(const at::Tensor& x, const at::Tensor& w) const 
   return w * (xf * at::rsqrt(var + cfg_.rms_norm_eps)).to(x.scalar_type());
 }
 
+at::Tensor Qwen3Model::norm(const at::Tensor& x, const at::Tensor& w, const ForwardOptions& o) const {
+  if (o.kernels && !o.train && x.dim() == 3 && x.size(1) == 1) {  // a decode step: the CPU kernel when it applies
+    auto y = cpu_rms_norm(x, w, cfg_.rms_norm_eps);
+    if (y.defined()) return y;
+  }
+  return rms_norm(x, w);
+}
+
 namespace {
 at::Tensor rotate_half(const at::Tensor& x) {
   const int64_t h = x.size(-1) / 2;
@@ -249,24 +259,62 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }
 }  // namespace
 
+at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K, const at::Tensor& Vv, const at::Tensor& mask, bool kernels) {
+  const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = K.size(1), R = nq / nkv;
+  const int64_t S = K.size(2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  if (kernels && T == 1) {  // a decode step: the fused CPU kernel when it applies
+    auto o = cpu_decode_attention(q, K, Vv, mask, scale);
+    if (o.defined()) return o;
+  }
+  // Grouped-query attention without repeating K/V: query head h uses kv head h / R, so the R query
+  // heads of one kv head are stacked along the time axis: [B, nq, T, D] -> [B, nkv, R*T, D].
+  auto qg = q.view({B, nkv, R * T, D});
+  auto Kt = K.transpose(-1, -2);  // [B, nkv, D, S]
+  // Chunk the queries so that the float32 score block stays under ~256 MB for long prefills.
+  const int64_t per_query = B * nq * S * 4;
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(256) << 20) / std::max<int64_t>(per_query, 1)));
+  std::vector<at::Tensor> outs;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t c = std::min(chunk, T - t0);
+    auto qc = chunk == T ? qg : q.narrow(2, t0, c).reshape({B, nkv, R * c, D});
+    auto scores = at::matmul(qc, Kt) * scale;                          // [B, nkv, R*c, S]
+    auto sf = scores.to(at::kFloat).view({B, nkv, R, c, S}) + mask.narrow(2, t0, c).unsqueeze(1);  // mask [B,1,1,c,S]
+    auto probs = at::softmax(sf, -1).to(q.scalar_type()).view({B, nkv, R * c, S});
+    outs.push_back(at::matmul(probs, Vv).view({B, nq, c, D}));        // [B, nq, c, D]
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 2);
+}
+
 at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const LayerInputs& in, KVCache* cache, int64_t layer) const {
   const auto& cos = in.cos;
   const auto& sin = in.sin;
   const auto& mask = in.mask;
   const auto& fo = in.opts;
   const int64_t B = x.size(0), T = x.size(1), D = cfg_.head_dim;
-  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, R = nq / nkv;
+  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
   // [B, T, nq*D] -> [B, T, nq, D] -> per-head RMSNorm (Qwen3) -> RoPE (cos/sin [B, T, 1, D]) -> [B, nq, T, D]
   auto q = L.q.forward(x, fo).view({B, T, nq, D});
   auto k = L.k.forward(x, fo).view({B, T, nkv, D});
-  if (cfg_.arch.qk_norm) {
-    q = rms_norm(q, L.q_norm);
-    k = rms_norm(k, L.k_norm);
-  }
   auto v = L.v.forward(x, fo).view({B, T, nkv, D});
-  q = (q * cos + rotate_half(q) * sin).transpose(1, 2).contiguous();  // [B, nq, T, D]
-  k = (k * cos + rotate_half(k) * sin).transpose(1, 2);               // [B, nkv, T, D]
-  v = v.transpose(1, 2);                                              // [B, nkv, T, D]
+  at::Tensor qr, kr;
+  if (T == 1 && fo.kernels && !fo.train) {  // a decode step: norm + RoPE fused on the CPU when it applies
+    const auto none = at::Tensor();
+    qr = cpu_norm_rope(q, cfg_.arch.qk_norm ? L.q_norm : none, cos, sin, cfg_.rms_norm_eps);
+    kr = qr.defined() ? cpu_norm_rope(k, cfg_.arch.qk_norm ? L.k_norm : none, cos, sin, cfg_.rms_norm_eps) : none;
+  }
+  if (qr.defined() && kr.defined()) {
+    q = qr.transpose(1, 2);  // [B, nq, 1, D], contiguous (T = 1)
+    k = kr.transpose(1, 2);
+  } else {
+    if (cfg_.arch.qk_norm) {
+      q = rms_norm(q, L.q_norm);
+      k = rms_norm(k, L.k_norm);
+    }
+    q = (q * cos + rotate_half(q) * sin).transpose(1, 2).contiguous();  // [B, nq, T, D]
+    k = (k * cos + rotate_half(k) * sin).transpose(1, 2);               // [B, nkv, T, D]
+  }
+  v = v.transpose(1, 2);                                                // [B, nkv, T, D]
   at::Tensor K, Vv;
   if (cache) {
     const int64_t start = cache->length;
@@ -278,32 +326,14 @@ at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const
     K = k;
     Vv = v;
   }
-  const int64_t S = K.size(2);
-  // Grouped-query attention without repeating K/V: query head h uses kv head h / R, so the R query
-  // heads of one kv head are stacked along the time axis: [B, nq, T, D] -> [B, nkv, R*T, D].
-  auto qg = q.view({B, nkv, R * T, D});
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  auto Kt = K.transpose(-1, -2);  // [B, nkv, D, S]
-  // Chunk the queries so that the float32 score block stays under ~256 MB for long prefills.
-  const int64_t per_query = B * nq * S * 4;
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(256) << 20) / std::max<int64_t>(per_query, 1)));
-  std::vector<at::Tensor> outs;
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t c = std::min(chunk, T - t0);
-    auto qc = chunk == T ? qg : q.narrow(2, t0, c).reshape({B, nkv, R * c, D});
-    auto scores = at::matmul(qc, Kt) * scale;                          // [B, nkv, R*c, S]
-    auto sf = scores.to(at::kFloat).view({B, nkv, R, c, S}) + mask.narrow(2, t0, c).unsqueeze(1);  // mask [B,1,1,c,S]
-    auto probs = at::softmax(sf, -1).to(dtype_).view({B, nkv, R * c, S});
-    outs.push_back(at::matmul(probs, Vv).view({B, nq, c, D}));        // [B, nq, c, D]
-  }
-  auto o = outs.size() == 1 ? outs[0] : at::cat(outs, 2);
+  auto o = grouped_attention(q, K, Vv, mask, fo.kernels && !fo.train);
   return L.o.forward(o.transpose(1, 2).reshape({B, T, nq * D}), fo);
 }
 
 at::Tensor Qwen3Model::layer_forward(int64_t layer, const at::Tensor& h0, const LayerInputs& in, KVCache* cache) const {
   const auto& L = layers_[layer];
-  auto h = h0 + attention(L, rms_norm(h0, L.input_norm), in, cache, layer);
-  auto x = rms_norm(h, L.post_norm);
+  auto h = h0 + attention(L, norm(h0, L.input_norm, in.opts), in, cache, layer);
+  auto x = norm(h, L.post_norm, in.opts);
   return h + L.down.forward(at::silu(L.gate.forward(x, in.opts)) * L.up.forward(x, in.opts), in.opts);
 }
 
@@ -380,7 +410,7 @@ at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions
       h = layer_forward(static_cast<int64_t>(i), h, in, cache);
   }
   if (cache) cache->length += T;
-  return rms_norm(h, norm_);
+  return norm(h, norm_, opts);
 }
 
 at::Tensor Qwen3Model::logits(const at::Tensor& hidden, bool kernels) const {

@@ -110,6 +110,11 @@ struct Qwen3Layer {
   std::vector<std::pair<std::string, const Linear*>> projections() const;
 };
 
+// Grouped-query attention: q [B, n_q, T, D], k/v [B, n_kv, S, D], mask [B, 1, T, S] additive float32;
+// softmax(q·kᵀ / sqrt(D) + mask)·v as [B, n_q, T, D], query head h reading KV head h / (n_q / n_kv).
+// `kernels`: a decode step (T = 1) may run the fused CPU kernel (core/cpu_attention.h).
+at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool kernels);
+
 // Per-call tensors shared by every layer: rotary tables and the additive attention mask.
 struct LayerInputs {
   at::Tensor cos, sin, mask;
@@ -169,6 +174,8 @@ class Qwen3Model {
 
  private:
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const;
+  // rms_norm, or in a decode step (one position, generation's options) the CPU kernel of core/cpu_norm.h.
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const ForwardOptions& o) const;
   at::Tensor attention(const Qwen3Layer& L, const at::Tensor& x, const LayerInputs& in, KVCache* cache, int64_t layer) const;
 
   Qwen3Config cfg_;

@@ -14,6 +14,7 @@
 #include "core/sampler_cpu.h"
 
 #include "core/cpu_gemm.h"
+#include "core/cpu_vec.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,81 +30,6 @@
 namespace slm {
 
 namespace {
-
-// ---- The two passes over a row that dominate: its maximum, and exp(s - shift) with its sum.
-// AVX-512 where the CPU has it (exp from a degree-6 polynomial on [-ln2/2, ln2/2] and a scale by
-// 2^n, within 2 ulp of expf), scalar otherwise.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SLM_SAMPLER_X86 1
-__attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-103.f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
-
-__attribute__((target("avx512f"))) float row_max_512(const float* s, int64_t V) {
-  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t i = 0;
-  for (; i + 16 <= V; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + i));
-  float r = _mm512_reduce_max_ps(m);
-  for (; i < V; ++i) r = std::max(r, s[i]);
-  return r;
-}
-
-__attribute__((target("avx512f"))) double row_exp_512(const float* s, int64_t V, float shift, float* out) {
-  const __m512 sh = _mm512_set1_ps(shift);
-  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
-  int64_t i = 0;
-  for (; i + 16 <= V; i += 16) {
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i), sh));
-    if (out) _mm512_storeu_ps(out + i, e);
-    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
-  }
-  if (i < V) {
-    const __mmask16 mk = static_cast<__mmask16>((1u << (V - i)) - 1u);
-    const __m512 e = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + i), sh)));
-    if (out) _mm512_mask_storeu_ps(out + i, mk, e);
-    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
-  }
-  return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
-}
-
-#endif
-
-float row_max(const float* s, int64_t V) {
-#ifdef SLM_SAMPLER_X86
-  if (cpu_has_avx512()) return row_max_512(s, V);
-#endif
-  float r = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < V; ++i) r = std::max(r, s[i]);
-  return r;
-}
-
-// out[i] = exp(s[i] - shift) (when out is not null); returns the sum, accumulated in double.
-double row_exp(const float* s, int64_t V, float shift, float* out) {
-#ifdef SLM_SAMPLER_X86
-  if (cpu_has_avx512()) return row_exp_512(s, V, shift, out);
-#endif
-  double z = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    const float e = std::exp(s[i] - shift);
-    if (out) out[i] = e;
-    z += e;
-  }
-  return z;
-}
 
 struct RowOut {
   int64_t token = 0;
@@ -148,8 +74,8 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
     for (int64_t i = 0; i < V; ++i) w.s[i] = x[i] / t;
     s = w.s.data();
   }
-  const float m = row_max(s, V);
-  const float lse = m + static_cast<float>(std::log(row_exp(s, V, m, nullptr)));
+  const float m = cpu_row_max(s, V);
+  const float lse = m + static_cast<float>(std::log(cpu_row_exp(s, V, m, nullptr)));
   RowOut out;
   if (top_n > 0) {
     const int64_t n = std::min(top_n, V);
@@ -189,7 +115,7 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
     w.hist.assign(kBins, 0.0);
     w.p.resize(V);
     float* p = w.p.data();
-    row_exp(s, V, lse, p);
+    cpu_row_exp(s, V, lse, p);
     for (int64_t i = 0; i < V; ++i) {
       const float d = (m - s[i]) * kBinsPerNat;
       w.hist[d < kBins - 1 ? static_cast<int>(d) : kBins - 1] += p[i];
@@ -227,7 +153,7 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
   } else {
     w.p.resize(V);
     float* p = w.p.data();
-    const double total = row_exp(s, V, lse, p);
+    const double total = cpu_row_exp(s, V, lse, p);
     out.token = pick_from(p, V, u, total);
   }
   out.logprob = s[out.token] - lse;

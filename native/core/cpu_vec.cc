@@ -1,0 +1,70 @@
+// Vectorised passes over a row of floats, shared by the fused sampler (sampler_cpu.cc) and the decode
+// attention kernel (cpu_attention.cc).
+#include "core/cpu_vec.h"
+
+#include "core/cpu_gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace slm {
+
+#ifdef SLM_CPU_VEC_X86
+namespace {
+
+__attribute__((target("avx512f"))) float row_max_512(const float* s, int64_t V) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 16 <= V; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + i));
+  float r = _mm512_reduce_max_ps(m);
+  for (; i < V; ++i) r = std::max(r, s[i]);
+  return r;
+}
+
+__attribute__((target("avx512f"))) double row_exp_512(const float* s, int64_t V, float shift, float* out) {
+  const __m512 sh = _mm512_set1_ps(shift);
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 16 <= V; i += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i), sh));
+    if (out) _mm512_storeu_ps(out + i, e);
+    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  if (i < V) {
+    const __mmask16 mk = static_cast<__mmask16>((1u << (V - i)) - 1u);
+    const __m512 e = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + i), sh)));
+    if (out) _mm512_mask_storeu_ps(out + i, mk, e);
+    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+}
+
+}  // namespace
+#endif
+
+float cpu_row_max(const float* s, int64_t V) {
+#ifdef SLM_CPU_VEC_X86
+  if (cpu_has_avx512()) return row_max_512(s, V);
+#endif
+  float r = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < V; ++i) r = std::max(r, s[i]);
+  return r;
+}
+
+double cpu_row_exp(const float* s, int64_t V, float shift, float* out) {
+#ifdef SLM_CPU_VEC_X86
+  if (cpu_has_avx512()) return row_exp_512(s, V, shift, out);
+#endif
+  double z = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    const float e = std::exp(s[i] - shift);
+    if (out) out[i] = e;
+    z += e;
+  }
+  return z;
+}
+
+}  // namespace slm

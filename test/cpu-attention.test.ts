@@ -1,0 +1,170 @@
+// The fused decode attention (native/core/cpu_attention.cc) against attention computed here in
+// float64: grouped-query shapes (1 to 8 query heads per KV head), head sizes 16 to 128, 1 to 300
+// keys read from a larger cache (a view with the cache's strides), padded keys, a fully masked row
+// (uniform over the keys, as ATen gives), bfloat16 inputs; ATen's path (CPU kernels off) must agree
+// too, and a row's result must not depend on the other rows.
+import t from 'tap';
+import { existsSync, readFileSync } from 'node:fs';
+import { native } from '../lib/engine/runtime.js';
+
+const a = native();
+const LOWEST = -3.4028234663852886e38;
+
+function rand(n: number, seed: number, scale = 1): Float32Array {
+  let s = seed >>> 0 || 1;
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) {
+    s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
+    out[i] = (s / 4294967296 - 0.5) * 2 * scale;
+  }
+  return out;
+}
+
+/** float32 -> the nearest bfloat16 (ties to even), as a float32 value. */
+function toBf16(v: Float32Array): Float32Array {
+  const u = new Uint32Array(v.buffer.slice(0));
+  for (let i = 0; i < u.length; i++) u[i] = ((u[i] + 0x7fff + ((u[i] >>> 16) & 1)) >>> 0) & 0xffff0000;
+  return new Float32Array(u.buffer);
+}
+
+interface Case { b: number; nq: number; nkv: number; s: number; d: number; capacity: number }
+
+function reference(c: Case, q: Float32Array, k: Float32Array, v: Float32Array, mask: Float32Array): Float64Array {
+  const { b: B, nq, nkv, s: S, d: D, capacity: C } = c;
+  const R = nq / nkv;
+  const out = new Float64Array(B * nq * D);
+  for (let b = 0; b < B; b++)
+    for (let h = 0; h < nq; h++) {
+      const g = Math.floor(h / R);
+      const sc = new Float64Array(S);
+      for (let j = 0; j < S; j++) {
+        let dot = 0;
+        for (let d = 0; d < D; d++) dot += q[(b * nq + h) * D + d] * k[((b * nkv + g) * C + j) * D + d];
+        sc[j] = mask[b * S + j] === LOWEST ? -Infinity : dot / Math.sqrt(D);
+      }
+      const allMasked = sc.every((x) => x === -Infinity);
+      const m = allMasked ? 0 : Math.max(...sc);
+      const p = Array.from(sc, (x) => (allMasked ? 1 : Math.exp(x - m)));
+      const z = p.reduce((x, y) => x + y, 0);
+      for (let d = 0; d < D; d++) {
+        let acc = 0;
+        for (let j = 0; j < S; j++) acc += p[j] * v[((b * nkv + g) * C + j) * D + d];
+        out[(b * nq + h) * D + d] = acc / z;
+      }
+    }
+  return out;
+}
+
+function inputs(c: Case, seed: number) {
+  const { b: B, nq, nkv, s: S, d: D, capacity: C } = c;
+  const q = rand(B * nq * D, seed, 2), k = rand(B * nkv * C * D, seed + 1), v = rand(B * nkv * C * D, seed + 2);
+  // Row b has its first (b * 3) % S keys padded (left padding), the last row of a multi-row case none.
+  const mask = new Float32Array(B * S);
+  for (let b = 0; b < B; b++) for (let j = 0; j < S; j++) if (b < B - 1 && j < (b * 3) % S) mask[b * S + j] = LOWEST;
+  return { q, k, v, mask };
+}
+
+const cases: Case[] = [
+  { b: 1, nq: 2, nkv: 1, s: 1, d: 64, capacity: 1 },
+  { b: 3, nq: 8, nkv: 4, s: 37, d: 64, capacity: 50 },
+  { b: 2, nq: 4, nkv: 4, s: 200, d: 128, capacity: 256 },
+  { b: 4, nq: 16, nkv: 4, s: 129, d: 64, capacity: 129 },
+  { b: 2, nq: 8, nkv: 1, s: 300, d: 16, capacity: 310 },
+  { b: 5, nq: 6, nkv: 2, s: 17, d: 32, capacity: 20 },
+];
+
+const hasAvx512 = existsSync('/proc/cpuinfo') && /\bavx512f\b/.test(readFileSync('/proc/cpuinfo', 'utf8'));
+
+t.test('an AVX-512 CPU gets the kernel (the tests below would otherwise only check ATen)', async (t) => {
+  const isa = a.version().decodeAttention;
+  if (hasAvx512) t.not(isa, 'none', `decode attention kernel: ${isa}`);
+  else t.equal(isa, 'none', 'no AVX-512: ATen runs decode attention');
+});
+
+t.test('float32: the kernel and ATen agree with float64 attention', async (t) => {
+  t.teardown(() => a.setCpuKernels(true));
+  for (const [i, c] of cases.entries()) {
+    const x = inputs(c, 10 + i);
+    const want = reference(c, x.q, x.k, x.v, x.mask);
+    for (const on of [true, false]) {
+      a.setCpuKernels(on);
+      const got = a.attention({ ...c, ...x });
+      let worst = 0;
+      got.forEach((y, j) => (worst = Math.max(worst, Math.abs(y - want[j]))));
+      t.ok(worst < 2e-6, `${on ? 'kernel' : 'ATen'} b${c.b} nq${c.nq} nkv${c.nkv} s${c.s} d${c.d}: worst error ${worst.toExponential(2)}`);
+    }
+  }
+});
+
+t.test('a fully masked row attends uniformly, as ATen does', async (t) => {
+  const c = { b: 2, nq: 4, nkv: 2, s: 9, d: 16, capacity: 9 };
+  const x = inputs(c, 3);
+  x.mask.fill(LOWEST, 0, c.s); // row 0: every key masked
+  const want = reference(c, x.q, x.k, x.v, x.mask);
+  const got = a.attention({ ...c, ...x });
+  t.ok(got.every((y, j) => Math.abs(y - want[j]) < 2e-6), 'the mean of the values over all keys');
+});
+
+t.test('masked keys are not read by the kernel (the kernel really runs)', { skip: !hasAvx512 && 'no AVX-512' }, async (t) => {
+  t.teardown(() => a.setCpuKernels(true));
+  const c = { b: 2, nq: 4, nkv: 2, s: 12, d: 32, capacity: 12 };
+  const x = inputs(c, 4);
+  for (let j = 0; j < 3; j++) x.mask[j] = LOWEST; // row 0: first 3 keys padding ...
+  for (let g = 0; g < c.nkv; g++)
+    for (let j = 0; j < 3; j++)
+      for (let d = 0; d < c.d; d++) {
+        x.k[((0 * c.nkv + g) * c.capacity + j) * c.d + d] = NaN; // ... holding NaN
+        x.v[((0 * c.nkv + g) * c.capacity + j) * c.d + d] = NaN;
+      }
+  const want = reference(c, x.q, x.k.map((y) => (Number.isNaN(y) ? 0 : y)), x.v.map((y) => (Number.isNaN(y) ? 0 : y)), x.mask);
+  a.setCpuKernels(true);
+  const got = a.attention({ ...c, ...x });
+  t.ok(got.every((y, j) => Math.abs(y - want[j]) < 2e-6), 'kernel: finite and equal to attention without the padded keys');
+  a.setCpuKernels(false);
+  t.ok(a.attention({ ...c, ...x }).slice(0, c.nq * c.d).some(Number.isNaN), 'ATen: the NaN leaks (0 x NaN), so the first result came from the kernel');
+});
+
+t.test("a row's result does not depend on the other rows", async (t) => {
+  const c = { b: 4, nq: 8, nkv: 4, s: 50, d: 64, capacity: 64 };
+  const x = inputs(c, 7);
+  const all = a.attention({ ...c, ...x });
+  const per = c.nq * c.d, kv = c.nkv * c.capacity * c.d;
+  for (const b of [0, 2]) {
+    const one = a.attention({
+      ...c,
+      b: 1,
+      q: x.q.slice(b * per, (b + 1) * per),
+      k: x.k.slice(b * kv, (b + 1) * kv),
+      v: x.v.slice(b * kv, (b + 1) * kv),
+      mask: x.mask.slice(b * c.s, (b + 1) * c.s),
+    });
+    t.same(Array.from(one), Array.from(all.slice(b * per, (b + 1) * per)), `row ${b} alone: bit for bit`);
+  }
+});
+
+t.test('bfloat16: attention of the rounded inputs, rounded once', async (t) => {
+  t.teardown(() => a.setCpuKernels(true));
+  for (const [i, c] of cases.entries()) {
+    const x = inputs(c, 30 + i);
+    const r = { q: toBf16(x.q), k: toBf16(x.k), v: toBf16(x.v), mask: x.mask };
+    const want = reference(c, r.q, r.k, r.v, r.mask);
+    a.setCpuKernels(true);
+    const got = a.attention({ ...c, ...r, dtype: 'bfloat16' });
+    const bad = Array.from(got).findIndex((y, j) => Math.abs(y - want[j]) > Math.abs(want[j]) * 2 ** -8 + 1e-6);
+    t.equal(bad, -1, `kernel b${c.b} nq${c.nq} s${c.s} d${c.d}: within one bfloat16 rounding of float64${bad >= 0 ? ` (at ${bad}: ${got[bad]} vs ${want[bad]})` : ''}`);
+    a.setCpuKernels(false);
+    const aten = a.attention({ ...c, ...r, dtype: 'bfloat16' });
+    let worst = 0;
+    aten.forEach((y, j) => (worst = Math.max(worst, Math.abs(y - want[j]))));
+    t.ok(worst < 0.05, `ATen (scores and probabilities rounded to bfloat16 too): worst error ${worst.toExponential(2)}`);
+  }
+});
+
+t.test('a wrong request is a coded error', async (t) => {
+  const c = { b: 1, nq: 2, nkv: 1, s: 4, d: 16 };
+  const x = inputs({ ...c, capacity: 4 }, 1);
+  t.throws(() => a.attention({ ...c, ...x, nq: 3 }), { code: 'ARGUMENT_INVALID' }, 'nq not a multiple of nkv');
+  t.throws(() => a.attention({ ...c, ...x, q: x.q.slice(1) }), { code: 'ARGUMENT_INVALID', message: /'q' must be a Float32Array of 32 values/ });
+  t.throws(() => a.attention({ ...c, ...x, dtype: 'float16' as never }), { code: 'ARGUMENT_INVALID', message: /dtype/ });
+  t.throws(() => a.attention({ ...c, ...x, s: 0 }), { code: 'ARGUMENT_INVALID', message: /'s' must be a positive integer/ });
+});

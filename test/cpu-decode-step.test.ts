@@ -1,0 +1,56 @@
+// A decode step through the CPU kernels (fused RMSNorm, q/k norm + RoPE and attention; small-row
+// linear layers; the fused sampler) against the same step through ATen's operations (CPU kernels
+// off) and against the teacher-forced forward (always ATen): Qwen3 (q/k norms) and Llama (none,
+// RoPE only), float32 and bfloat16, prompts of different lengths (left padding), norm weights and
+// biases drawn at random so that a mishandled weight shows.
+import t from 'tap';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Model } from '../lib/engine/model.js';
+import { native } from '../lib/engine/runtime.js';
+import { initModel } from '../lib/model/init.js';
+
+const a = native();
+const root = mkdtempSync(join(tmpdir(), 'slm-decode-step-'));
+t.teardown(() => rmSync(root, { recursive: true, force: true }));
+const prompts = [
+  Int32Array.from([204, 125, 373, 399, 458, 17, 33]),
+  Int32Array.from([17, 300]),
+  Int32Array.from([457, 205, 161, 125, 489, 119, 182, 259, 322, 5, 6, 7]),
+];
+
+for (const modelType of ['qwen3', 'llama']) {
+  const dir = join(root, modelType);
+  initModel({ preset: 'tiny', out: dir, modelType, seed: 3, embedStd: 0.5, biasStd: 0.1, normStd: 0.2 });
+  for (const dtype of ['float32', 'bfloat16'] as const) {
+    t.test(`${modelType} ${dtype}: kernels vs ATen vs the teacher-forced forward`, async (t) => {
+      const m = await Model.load(dir, { dtype });
+      t.teardown(() => {
+        a.setCpuKernels(true);
+        m.dispose();
+      });
+      const run = async (on: boolean) => {
+        a.setCpuKernels(on);
+        return m.generate({ prompts, maxNewTokens: 24, greedy: true });
+      };
+      const fused = await run(true);
+      const aten = await run(false);
+      const tol = dtype === 'float32' ? 2e-5 : 0.06;
+      for (let i = 0; i < prompts.length; i++) {
+        // bfloat16: the ATen path rounds scores and probabilities to bfloat16, the kernel does not,
+        // so a near tie may pick another token; compare up to the first difference.
+        let n = 0;
+        while (n < fused.tokens[i].length && fused.tokens[i][n] === aten.tokens[i][n]) n++;
+        if (dtype === 'float32') t.equal(n, fused.tokens[i].length, `row ${i}: the same greedy tokens`);
+        else t.ok(n >= 4, `row ${i}: the same first ${n} greedy tokens`);
+        const worst = Math.max(...Array.from({ length: n }, (_, j) => Math.abs(fused.logprobs[i][j] - aten.logprobs[i][j])));
+        t.ok(worst < tol, `row ${i}: log-probs within ${tol} of ATen's (worst ${worst.toExponential(2)})`);
+        const seq = [...prompts[i], ...fused.tokens[i]];
+        const [tf] = await m.sequenceLogprobs([seq]);
+        const gap = Math.max(...Array.from(fused.logprobs[i], (x, j) => Math.abs(x - tf[prompts[i].length + j])));
+        t.ok(gap < tol, `row ${i}: within ${tol} of the teacher-forced log-probs (worst ${gap.toExponential(2)})`);
+      }
+    });
+  }
+}
