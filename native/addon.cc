@@ -42,7 +42,7 @@ Napi::Value ExternalMemory(const Napi::CallbackInfo& info) {
 }
 
 // Turns the CPU kernels (small-row linear layers, core/cpu_gemm.h; the fused sampler,
-// core/sampler_cpu.h; decode attention, core/cpu_attention.h) off (false) or on (true): benchmarks measure both paths in one run, tests compare them.
+// core/sampler_cpu.h; attention, core/cpu_attention.h) off (false) or on (true): benchmarks measure both paths in one run, tests compare them.
 Napi::Value SetCpuKernels(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   if (!info[0].IsBoolean()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "setCpuKernels expects true or false.");
@@ -130,13 +130,13 @@ Napi::Value Sample(const Napi::CallbackInfo& info) {
   return r;
 }
 
-// One attention step through the model's grouped_attention (core/qwen3.h): q [b, nq, 1, d],
-// k/v [b, nkv, capacity, d] of which the first s positions are used (a KV cache's view), mask [b, s]
-// additive; returns [b, nq, d] as float32. The fused CPU kernel when it applies and is allowed, else
+// Attention through the model's grouped_attention (core/qwen3.h): q [b, nq, t, d], k/v [b, nkv,
+// capacity, d] of which the first s positions are used (a KV cache's view), mask [b, t, s] additive;
+// returns [b, nq, t, d] as float32. The fused CPU kernel when it applies and is allowed, else
 // ATen's operations. For tests and benchmarks of the kernel.
 Napi::Value Attention(const Napi::CallbackInfo& info) {
   auto env = info.Env();
-  if (!info[0].IsObject()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "attention expects { q, k, v, mask, b, nq, nkv, s, d, capacity?, dtype? }.");
+  if (!info[0].IsObject()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "attention expects { q, k, v, mask, b, nq, nkv, s, d, t?, capacity?, dtype? }.");
   auto o = info[0].As<Napi::Object>();
   auto dim = [&](const char* key, int64_t dflt) {
     auto x = o.Get(key);
@@ -144,7 +144,7 @@ Napi::Value Attention(const Napi::CallbackInfo& info) {
     if (!x.IsNumber() || x.As<Napi::Number>().Int64Value() < 1) slm_addon::throw_error(env, "ARGUMENT_INVALID", std::string("attention: '") + key + "' must be a positive integer.");
     return x.As<Napi::Number>().Int64Value();
   };
-  const int64_t B = dim("b", 0), nq = dim("nq", 0), nkv = dim("nkv", 0), S = dim("s", 0), D = dim("d", 0), C = dim("capacity", S);
+  const int64_t B = dim("b", 0), nq = dim("nq", 0), nkv = dim("nkv", 0), S = dim("s", 0), D = dim("d", 0), T = dim("t", 1), C = dim("capacity", S);
   if (nq % nkv != 0 || C < S) slm_addon::throw_error(env, "ARGUMENT_INVALID", "attention: nq must be a multiple of nkv and capacity >= s.");
   auto floats = [&](const char* key, int64_t n) {
     auto x = o.Get(key);
@@ -156,13 +156,13 @@ Napi::Value Attention(const Napi::CallbackInfo& info) {
   if (dt != "float32" && dt != "bfloat16") slm_addon::throw_error(env, "ARGUMENT_INVALID", "attention: dtype must be float32 or bfloat16, found '" + dt + "'.");
   const auto st = dt == "bfloat16" ? at::kBFloat16 : at::kFloat;
   at::NoGradGuard ng;
-  auto q = floats("q", B * nq * D).view({B, nq, 1, D}).to(st);
+  auto q = floats("q", B * nq * T * D).view({B, nq, T, D}).to(st);
   auto k = floats("k", B * nkv * C * D).view({B, nkv, C, D}).to(st).narrow(2, 0, S);
   auto v = floats("v", B * nkv * C * D).view({B, nkv, C, D}).to(st).narrow(2, 0, S);
-  auto mask = floats("mask", B * S).view({B, 1, 1, S});
+  auto mask = floats("mask", B * T * S).view({B, 1, T, S});
   auto y = slm::grouped_attention(q, k, v, mask, true).to(at::kFloat).contiguous();
-  auto out = Napi::Float32Array::New(env, static_cast<size_t>(B * nq * D));
-  std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * B * nq * D);
+  auto out = Napi::Float32Array::New(env, static_cast<size_t>(B * nq * T * D));
+  std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * B * nq * T * D);
   return out;
 }
 
@@ -175,7 +175,7 @@ Napi::Value Version(const Napi::CallbackInfo& info) {
   o.Set("config", Napi::String::New(env, at::show_config()));
   o.Set("parallel", Napi::String::New(env, at::get_parallel_info()));
   o.Set("smallLinear", Napi::String::New(env, slm::cpu_small_linear_isa()));
-  o.Set("decodeAttention", Napi::String::New(env, slm::cpu_decode_attention_isa()));
+  o.Set("attentionKernel", Napi::String::New(env, slm::cpu_attention_isa()));
   o.Set("napi", Napi::Number::New(env, NAPI_VERSION));
   return o;
 }

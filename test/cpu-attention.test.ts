@@ -1,8 +1,9 @@
-// The fused decode attention (native/core/cpu_attention.cc) against attention computed here in
-// float64: grouped-query shapes (1 to 8 query heads per KV head), head sizes 16 to 128, 1 to 300
-// keys read from a larger cache (a view with the cache's strides), padded keys, a fully masked row
-// (uniform over the keys, as ATen gives), bfloat16 inputs; ATen's path (CPU kernels off) must agree
-// too, and a row's result must not depend on the other rows.
+// The fused attention of generation (native/core/cpu_attention.cc) against attention computed here
+// in float64: decode steps (one query position) and prefills (several, causal, after a cached past),
+// grouped-query shapes (1 to 8 query heads per KV head), head sizes 16 to 128, 1 to 300 keys read
+// from a larger cache (a view with the cache's strides), padded keys, a fully masked row (uniform
+// over the keys, as ATen gives), bfloat16 inputs; ATen's path (CPU kernels off) must agree too, and a
+// row's result must not depend on the other rows.
 import t from 'tap';
 import { existsSync, readFileSync } from 'node:fs';
 import { native } from '../lib/engine/runtime.js';
@@ -27,40 +28,47 @@ function toBf16(v: Float32Array): Float32Array {
   return new Float32Array(u.buffer);
 }
 
-interface Case { b: number; nq: number; nkv: number; s: number; d: number; capacity: number }
+interface Case { b: number; nq: number; nkv: number; s: number; d: number; capacity: number; t?: number }
 
 function reference(c: Case, q: Float32Array, k: Float32Array, v: Float32Array, mask: Float32Array): Float64Array {
   const { b: B, nq, nkv, s: S, d: D, capacity: C } = c;
+  const T = c.t ?? 1;
   const R = nq / nkv;
-  const out = new Float64Array(B * nq * D);
+  const out = new Float64Array(B * nq * T * D);
   for (let b = 0; b < B; b++)
-    for (let h = 0; h < nq; h++) {
-      const g = Math.floor(h / R);
-      const sc = new Float64Array(S);
-      for (let j = 0; j < S; j++) {
-        let dot = 0;
-        for (let d = 0; d < D; d++) dot += q[(b * nq + h) * D + d] * k[((b * nkv + g) * C + j) * D + d];
-        sc[j] = mask[b * S + j] === LOWEST ? -Infinity : dot / Math.sqrt(D);
+    for (let h = 0; h < nq; h++)
+      for (let t = 0; t < T; t++) {
+        const g = Math.floor(h / R);
+        const qo = ((b * nq + h) * T + t) * D;
+        const sc = new Float64Array(S);
+        for (let j = 0; j < S; j++) {
+          let dot = 0;
+          for (let d = 0; d < D; d++) dot += q[qo + d] * k[((b * nkv + g) * C + j) * D + d];
+          sc[j] = mask[(b * T + t) * S + j] === LOWEST ? -Infinity : dot / Math.sqrt(D);
+        }
+        const allMasked = sc.every((x) => x === -Infinity);
+        const m = allMasked ? 0 : Math.max(...sc);
+        const p = Array.from(sc, (x) => (allMasked ? 1 : Math.exp(x - m)));
+        const z = p.reduce((x, y) => x + y, 0);
+        for (let d = 0; d < D; d++) {
+          let acc = 0;
+          for (let j = 0; j < S; j++) acc += p[j] * v[((b * nkv + g) * C + j) * D + d];
+          out[qo + d] = acc / z;
+        }
       }
-      const allMasked = sc.every((x) => x === -Infinity);
-      const m = allMasked ? 0 : Math.max(...sc);
-      const p = Array.from(sc, (x) => (allMasked ? 1 : Math.exp(x - m)));
-      const z = p.reduce((x, y) => x + y, 0);
-      for (let d = 0; d < D; d++) {
-        let acc = 0;
-        for (let j = 0; j < S; j++) acc += p[j] * v[((b * nkv + g) * C + j) * D + d];
-        out[(b * nq + h) * D + d] = acc / z;
-      }
-    }
   return out;
 }
 
 function inputs(c: Case, seed: number) {
   const { b: B, nq, nkv, s: S, d: D, capacity: C } = c;
-  const q = rand(B * nq * D, seed, 2), k = rand(B * nkv * C * D, seed + 1), v = rand(B * nkv * C * D, seed + 2);
-  // Row b has its first (b * 3) % S keys padded (left padding), the last row of a multi-row case none.
-  const mask = new Float32Array(B * S);
-  for (let b = 0; b < B; b++) for (let j = 0; j < S; j++) if (b < B - 1 && j < (b * 3) % S) mask[b * S + j] = LOWEST;
+  const T = c.t ?? 1;
+  const q = rand(B * nq * T * D, seed, 2), k = rand(B * nkv * C * D, seed + 1), v = rand(B * nkv * C * D, seed + 2);
+  // Row b has its first (b * 3) % S keys padded (left padding), the last row of a multi-row case none;
+  // with T query positions (the last T keys), position t sees the keys up to S - T + t (causal).
+  const mask = new Float32Array(B * T * S);
+  for (let b = 0; b < B; b++)
+    for (let t = 0; t < T; t++)
+      for (let j = 0; j < S; j++) if ((b < B - 1 && j < (b * 3) % S) || j > S - T + t) mask[(b * T + t) * S + j] = LOWEST;
   return { q, k, v, mask };
 }
 
@@ -71,14 +79,16 @@ const cases: Case[] = [
   { b: 4, nq: 16, nkv: 4, s: 129, d: 64, capacity: 129 },
   { b: 2, nq: 8, nkv: 1, s: 300, d: 16, capacity: 310 },
   { b: 5, nq: 6, nkv: 2, s: 17, d: 32, capacity: 20 },
+  { b: 3, nq: 8, nkv: 4, s: 90, d: 64, capacity: 100, t: 12 },
+  { b: 1, nq: 4, nkv: 2, s: 64, d: 32, capacity: 64, t: 64 },
 ];
 
 const hasAvx512 = existsSync('/proc/cpuinfo') && /\bavx512f\b/.test(readFileSync('/proc/cpuinfo', 'utf8'));
 
 t.test('an AVX-512 CPU gets the kernel (the tests below would otherwise only check ATen)', async (t) => {
-  const isa = a.version().decodeAttention;
-  if (hasAvx512) t.not(isa, 'none', `decode attention kernel: ${isa}`);
-  else t.equal(isa, 'none', 'no AVX-512: ATen runs decode attention');
+  const isa = a.version().attentionKernel;
+  if (hasAvx512) t.not(isa, 'none', `attention kernel: ${isa}`);
+  else t.equal(isa, 'none', 'no AVX-512: ATen runs attention');
 });
 
 t.test('float32: the kernel and ATen agree with float64 attention', async (t) => {
@@ -91,7 +101,7 @@ t.test('float32: the kernel and ATen agree with float64 attention', async (t) =>
       const got = a.attention({ ...c, ...x });
       let worst = 0;
       got.forEach((y, j) => (worst = Math.max(worst, Math.abs(y - want[j]))));
-      t.ok(worst < 2e-6, `${on ? 'kernel' : 'ATen'} b${c.b} nq${c.nq} nkv${c.nkv} s${c.s} d${c.d}: worst error ${worst.toExponential(2)}`);
+      t.ok(worst < 2e-6, `${on ? 'kernel' : 'ATen'} b${c.b} nq${c.nq} nkv${c.nkv} t${c.t ?? 1} s${c.s} d${c.d}: worst error ${worst.toExponential(2)}`);
     }
   }
 });
@@ -151,7 +161,7 @@ t.test('bfloat16: attention of the rounded inputs, rounded once', async (t) => {
     a.setCpuKernels(true);
     const got = a.attention({ ...c, ...r, dtype: 'bfloat16' });
     const bad = Array.from(got).findIndex((y, j) => Math.abs(y - want[j]) > Math.abs(want[j]) * 2 ** -8 + 1e-6);
-    t.equal(bad, -1, `kernel b${c.b} nq${c.nq} s${c.s} d${c.d}: within one bfloat16 rounding of float64${bad >= 0 ? ` (at ${bad}: ${got[bad]} vs ${want[bad]})` : ''}`);
+    t.equal(bad, -1, `kernel b${c.b} nq${c.nq} t${c.t ?? 1} s${c.s} d${c.d}: within one bfloat16 rounding of float64${bad >= 0 ? ` (at ${bad}: ${got[bad]} vs ${want[bad]})` : ''}`);
     a.setCpuKernels(false);
     const aten = a.attention({ ...c, ...r, dtype: 'bfloat16' });
     let worst = 0;
@@ -167,4 +177,5 @@ t.test('a wrong request is a coded error', async (t) => {
   t.throws(() => a.attention({ ...c, ...x, q: x.q.slice(1) }), { code: 'ARGUMENT_INVALID', message: /'q' must be a Float32Array of 32 values/ });
   t.throws(() => a.attention({ ...c, ...x, dtype: 'float16' as never }), { code: 'ARGUMENT_INVALID', message: /dtype/ });
   t.throws(() => a.attention({ ...c, ...x, s: 0 }), { code: 'ARGUMENT_INVALID', message: /'s' must be a positive integer/ });
+  t.throws(() => a.attention({ ...c, ...x, t: 2 }), { code: 'ARGUMENT_INVALID', message: /'q' must be a Float32Array of 64 values/ }, 'two query positions need twice the queries');
 });

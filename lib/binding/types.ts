@@ -261,8 +261,8 @@ export interface NativeVersion {
   parallel: string;
   /** The CPU kernels for linear layers over a few rows (decode): "avx512 (float32, bfloat16)", "avx2 (float32)", "none", ... */
   smallLinear: string;
-  /** The fused decode attention kernel: "avx512 (float32, bfloat16)" or "none" (ATen's operations). */
-  decodeAttention: string;
+  /** The fused attention kernel of generation: "avx512 (float32, bfloat16)" or "none" (ATen's operations). */
+  attentionKernel: string;
   napi: number;
 }
 
@@ -270,7 +270,7 @@ export interface NativeAddon {
   setErrorClass(cls: new (code: string, message: string) => Error): void;
   setThreads(n: number): void;
   version(): NativeVersion;
-  /** Allows (true, the default) or forbids the CPU kernels (small-row linear layers, fused sampler, decode attention): false = ATen's generic path; for benchmarks and tests. */
+  /** Allows (true, the default) or forbids the CPU kernels (small-row linear layers, fused sampler, attention): false = ATen's generic path; for benchmarks and tests. */
   setCpuKernels(on: boolean): void;
   /** y [m, n] = x [m, k] · w [n, k]ᵀ through the engine's linear layer, in float32 or bfloat16 (inputs rounded to it); for tests and benchmarks. */
   /** One sampling step over logits [rows, vocab] (the fused CPU sampler, or ATen's path with the CPU kernels off); for tests and benchmarks. */
@@ -282,10 +282,10 @@ export interface NativeAddon {
   };
   linear(req: { x: Float32Array; w: Float32Array; m: number; n: number; k: number; dtype?: 'float32' | 'bfloat16' }): Float32Array;
   /**
-   * One decode step's attention (the fused CPU kernel, or ATen's path with the CPU kernels off): q [b, nq, d], k/v [b, nkv, capacity, d]
-   * (the first s positions used), mask [b, s] additive; returns [b, nq, d]. For tests and benchmarks.
+   * Generation's attention (the fused CPU kernel, or ATen's path with the CPU kernels off): q [b, nq, t, d], k/v [b, nkv, capacity, d]
+   * (the first s positions used), mask [b, t, s] additive; returns [b, nq, t, d]. t defaults to 1 (a decode step). For tests and benchmarks.
    */
-  attention(req: { q: Float32Array; k: Float32Array; v: Float32Array; mask: Float32Array; b: number; nq: number; nkv: number; s: number; d: number; capacity?: number; dtype?: 'float32' | 'bfloat16' }): Float32Array;
+  attention(req: { q: Float32Array; k: Float32Array; v: Float32Array; mask: Float32Array; b: number; nq: number; nkv: number; s: number; d: number; t?: number; capacity?: number; dtype?: 'float32' | 'bfloat16' }): Float32Array;
   /** V8's count of external memory (bytes) as Node-API reports it; each model handle adds what it holds natively. */
   externalMemory(): number;
   /** The training losses of native/core/losses.h on small arrays (tests). */

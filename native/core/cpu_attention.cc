@@ -1,4 +1,4 @@
-// Fused decode attention on the CPU (see cpu_attention.h).
+// Fused attention of generation on the CPU (see cpu_attention.h).
 #include "core/cpu_attention.h"
 
 #include "core/cpu_gemm.h"
@@ -25,13 +25,13 @@ T512 inline __m512 load16(const c10::BFloat16* p) {  // bfloat16 -> float32: the
 
 struct Geometry {
   int64_t R, S, D;
-  int64_t q_head;         // stride between query heads
-  int64_t k_pos, v_pos;   // stride between positions
+  int64_t q_head, o_head;  // strides between query heads in q and in the output
+  int64_t k_pos, v_pos;    // strides between positions
   float scale;
 };
 
-// The R query heads of one KV head: q (R rows, stride g.q_head), k/v (S rows), mask (S), out
-// (R rows of D, contiguous). `scratch` holds R*S + 2*R*D floats.
+// One query position of the R query heads of one KV head: q (R rows, stride g.q_head), k/v (S
+// rows), mask (S), out (R rows of D, stride g.o_head). `scratch` holds R*S + 2*R*D floats.
 template <class T>
 T512 void attend(const T* q, const T* k, const T* v, const float* mask, T* out, const Geometry& g, float* scratch) {
   const int64_t R = g.R, S = g.S, D = g.D;
@@ -79,25 +79,26 @@ T512 void attend(const T* q, const T* k, const T* v, const float* mask, T* out, 
     }
   }
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t d = 0; d < D; ++d) out[r * D + d] = static_cast<T>(acc[r * D + d] * inv[r]);
+    for (int64_t d = 0; d < D; ++d) out[r * g.o_head + d] = static_cast<T>(acc[r * D + d] * inv[r]);
 }
 
-template <class T>
+template <class E>
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale) {
-  const int64_t B = q.size(0), nq = q.size(1), D = q.size(3), nkv = k.size(1), S = k.size(2);
-  auto out = at::empty({B, nq, 1, D}, q.options());
-  const Geometry g{nq / nkv, S, D, q.stride(1), k.stride(2), v.stride(2), static_cast<float>(scale)};
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
+  const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = k.size(1), S = k.size(2);
+  auto out = at::empty({B, nq, T, D}, q.options());
+  const Geometry g{nq / nkv, S, D, q.stride(1), T * D, k.stride(2), v.stride(2), static_cast<float>(scale)};
+  const E* qp = q.data_ptr<E>();
+  const E* kp = k.data_ptr<E>();
+  const E* vp = v.data_ptr<E>();
   const float* mp = mask.data_ptr<float>();
-  T* op = out.data_ptr<T>();
-  at::parallel_for(0, B * nkv, 1, [&](int64_t t0, int64_t t1) {
+  E* op = out.data_ptr<E>();
+  // One task per (sequence, KV head, query position); a KV head's keys stay in L2 across its positions.
+  at::parallel_for(0, B * nkv * T, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scratch(g.R * S + 2 * g.R * D);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / nkv, h = t % nkv;
-      attend<T>(qp + b * q.stride(0) + h * g.R * q.stride(1), kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1), mp + b * mask.stride(0),
-                op + (b * nq + h * g.R) * D, g, scratch.data());
+    for (int64_t i = t0; i < t1; ++i) {
+      const int64_t b = i / (nkv * T), h = (i / T) % nkv, t = i % T;
+      attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1),
+                mp + b * mask.stride(0) + t * mask.stride(2), op + ((b * nq + h * g.R) * T + t) * D, g, scratch.data());
     }
   });
   return out;
@@ -106,16 +107,16 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 }  // namespace
 #endif
 
-at::Tensor cpu_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale) {
+at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale) {
 #ifdef SLM_CPU_VEC_X86
   if (!cpu_kernels_enabled() || !cpu_has_avx512() || !q.device().is_cpu()) return {};
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || mask.dim() != 4 || q.size(2) != 1) return {};
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || mask.dim() != 4) return {};
   const auto dt = q.scalar_type();
   if ((dt != at::kFloat && dt != at::kBFloat16) || k.scalar_type() != dt || v.scalar_type() != dt || mask.scalar_type() != at::kFloat) return {};
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
   const int64_t B = q.size(0), nq = q.size(1), D = q.size(3), nkv = k.size(1), S = k.size(2);
   if (D % 16 != 0 || nkv == 0 || nq % nkv != 0 || k.size(0) != B || v.size(0) != B || v.size(1) != nkv || v.size(2) != S || k.size(3) != D || v.size(3) != D) return {};
-  if (mask.size(0) != B || mask.size(3) != S || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || mask.stride(3) != 1) return {};
+  if (mask.size(0) != B || mask.size(1) != 1 || mask.size(2) != q.size(2) || mask.size(3) != S || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || mask.stride(3) != 1) return {};
   return dt == at::kFloat ? run<float>(q, k, v, mask, scale) : run<c10::BFloat16>(q, k, v, mask, scale);
 #else
   (void)q, (void)k, (void)v, (void)mask, (void)scale;
@@ -123,7 +124,7 @@ at::Tensor cpu_decode_attention(const at::Tensor& q, const at::Tensor& k, const 
 #endif
 }
 
-const char* cpu_decode_attention_isa() {
+const char* cpu_attention_isa() {
 #ifdef SLM_CPU_VEC_X86
   if (cpu_has_avx512()) return "avx512 (float32, bfloat16)";
 #endif

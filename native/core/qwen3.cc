@@ -263,8 +263,8 @@ at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K, const at:
   const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = K.size(1), R = nq / nkv;
   const int64_t S = K.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  if (kernels && T == 1) {  // a decode step: the fused CPU kernel when it applies
-    auto o = cpu_decode_attention(q, K, Vv, mask, scale);
+  if (kernels) {  // generation: the fused CPU kernel when it applies
+    auto o = cpu_attention(q, K, Vv, mask, scale);
     if (o.defined()) return o;
   }
   // Grouped-query attention without repeating K/V: query head h uses kv head h / R, so the R query

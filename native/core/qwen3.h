@@ -112,7 +112,7 @@ struct Qwen3Layer {
 
 // Grouped-query attention: q [B, n_q, T, D], k/v [B, n_kv, S, D], mask [B, 1, T, S] additive float32;
 // softmax(q·kᵀ / sqrt(D) + mask)·v as [B, n_q, T, D], query head h reading KV head h / (n_q / n_kv).
-// `kernels`: a decode step (T = 1) may run the fused CPU kernel (core/cpu_attention.h).
+// `kernels` (generation): the fused CPU kernel may run it (core/cpu_attention.h).
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool kernels);
 
 // Per-call tensors shared by every layer: rotary tables and the additive attention mask.
