@@ -31,7 +31,7 @@ struct Geometry {
 };
 
 // One query position of the R query heads of one KV head: q (R rows, stride g.q_head), k/v (S
-// rows), mask (S), out (R rows of D, stride g.o_head). `scratch` holds R*S + 2*R*D floats.
+// rows), mask (S), out (R rows of D, stride g.o_head). `scratch` holds R*S + 2*R*D + R floats.
 template <class T>
 T512 void attend(const T* q, const T* k, const T* v, const float* mask, T* out, const Geometry& g, float* scratch) {
   const int64_t R = g.R, S = g.S, D = g.D;
@@ -39,6 +39,7 @@ T512 void attend(const T* q, const T* k, const T* v, const float* mask, T* out, 
   float* sc = scratch;        // [R][S] scores, then probabilities (unnormalised)
   float* qf = sc + R * S;     // [R][D] q in float32
   float* acc = qf + R * D;    // [R][D] sum of p * v
+  float* inv = acc + R * D;   // [R] 1 / sum of p
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(q[r * g.q_head + d]);
   // Scores: q·k * scale + mask, as ATen orders it; a masked key keeps the lowest float (its key is not read).
@@ -58,7 +59,6 @@ T512 void attend(const T* q, const T* k, const T* v, const float* mask, T* out, 
   }
   // Softmax per query head (a fully masked row: every score the lowest float, a uniform
   // distribution, as ATen gives).
-  std::vector<float> inv(R);
   for (int64_t r = 0; r < R; ++r) {
     float* row = sc + r * S;
     const float m = cpu_row_max(row, S);
@@ -94,7 +94,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   E* op = out.data_ptr<E>();
   // One task per (sequence, KV head, query position); a KV head's keys stay in L2 across its positions.
   at::parallel_for(0, B * nkv * T, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scratch(g.R * S + 2 * g.R * D);
+    std::vector<float> scratch(g.R * S + 2 * g.R * D + g.R);
     for (int64_t i = t0; i < t1; ++i) {
       const int64_t b = i / (nkv * T), h = (i / T) % nkv, t = i % T;
       attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1),
