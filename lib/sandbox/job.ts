@@ -1,10 +1,11 @@
 /**
  * What the Python pool and the QuickJS sandbox share about one program: a program as they queue it
- * (Job), and its limits with the defaults filled in and checked (resolveLimits).
+ * (Job), its limits with the defaults filled in and checked (resolveLimits), and its result as the
+ * caller gets it (programResult).
  */
 import { SlmError } from '../errors.js';
-import type { SandboxLimits, SandboxResult, SearchTools } from './types.js';
-import { DEFAULT_LIMITS } from './types.js';
+import type { SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
+import { DEFAULT_LIMITS, truncationMarker } from './types.js';
 
 /** A program waiting for a worker, or handed to one. */
 export interface Job {
@@ -33,4 +34,26 @@ export function resolveLimits(l: SandboxLimits): Required<SandboxLimits> {
     if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new SlmError('ARGUMENT_INVALID', `Expected a positive number for ${k} but received ${String(v)} (${typeof v}).`);
   }
   return out;
+}
+
+/** How a program ended, as an interpreter reports it. */
+export interface ProgramEnd {
+  stdout: string;
+  truncated: boolean;
+  timedOut: boolean;
+  error: string | null;
+  finalAnswer?: string;
+}
+
+/** The result of a program that started at `job.t0` and made `job.calls`: truncated output marked. */
+export function programResult(job: Job & { calls: ToolCall[]; t0: number }, r: ProgramEnd): SandboxResult {
+  return {
+    ...(r.finalAnswer !== undefined ? { final_answer: r.finalAnswer } : {}),
+    stdout: r.truncated ? r.stdout + truncationMarker(job.limits.maxOutputChars) : r.stdout,
+    error: r.error,
+    timed_out: r.timedOut,
+    calls: job.calls,
+    truncated: r.truncated,
+    duration_ms: performance.now() - job.t0,
+  };
 }

@@ -8,11 +8,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SlmError } from '../errors.js';
 import { BWRAP_WORKDIR, type RunnerCaps, WORKER_ENV, wrapperCommand } from './isolation.js';
-import type { Job } from './job.js';
+import { programResult, type Job } from './job.js';
 import { decodeFrame, encodeFrame, FrameDecoder, type Msg } from './python-wire.js';
 import { invokeTool, type ExtraTools } from './tools.js';
-import type { IsolationLevel, IsolationReport, SandboxResult, ToolCall } from './types.js';
-import { truncationMarker } from './types.js';
+import type { IsolationLevel, IsolationReport, ToolCall } from './types.js';
 
 const BACKSTOP_MS = 2000;
 const STARTUP_TIMEOUT_MS = 20_000;
@@ -108,7 +107,7 @@ export class Worker {
       this.current = undefined;
       if (running) {
         clearTimeout(running.backstop);
-        running.resolve(this.result(running, { error: `SandboxError: the sandbox worker died (${signal ?? 'exit code ' + code}) while running the program; it was replaced`, stdout: '', timed_out: false, truncated: false }));
+        running.resolve(programResult(running, { error: `SandboxError: the sandbox worker died (${signal ?? 'exit code ' + code}) while running the program; it was replaced`, stdout: '', timedOut: false, truncated: false }));
       }
       this.pool.workerGone(this);
     });
@@ -129,7 +128,7 @@ export class Worker {
       const running = this.current;
       if (!running || running.id !== id) return;
       this.current = undefined;
-      running.resolve(this.result(running, { stdout: '', truncated: false, timed_out: true, error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (the worker did not answer and was replaced)` }));
+      running.resolve(programResult(running, { stdout: '', truncated: false, timedOut: true, error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (the worker did not answer and was replaced)` }));
       this.kill();
     }, job.limits.timeoutMs + BACKSTOP_MS);
     this.current = { ...job, id, calls: [], t0: performance.now(), backstop };
@@ -163,28 +162,16 @@ export class Worker {
       this.current = undefined;
       this.state = 'idle';
       running.resolve(
-        this.result(running, {
+        programResult(running, {
           stdout: typeof msg.stdout === 'string' ? msg.stdout : '',
           truncated: msg.truncated === true,
-          timed_out: msg.timed_out === true,
+          timedOut: msg.timed_out === true,
           error: typeof msg.error === 'string' ? msg.error : null,
-          ...(running.finalAnswer && typeof msg.final_answer === 'string' ? { final_answer: msg.final_answer } : {}),
+          ...(running.finalAnswer && typeof msg.final_answer === 'string' ? { finalAnswer: msg.final_answer } : {}),
         }),
       );
       this.pool.workerIdle(this);
     } else this.fail(`unexpected frame ${JSON.stringify(msg.t)} from the worker`);
-  }
-
-  private result(running: Running, r: Pick<SandboxResult, 'stdout' | 'error' | 'timed_out' | 'truncated' | 'final_answer'>): SandboxResult {
-    return {
-      ...(r.final_answer !== undefined ? { final_answer: r.final_answer } : {}),
-      stdout: r.truncated ? r.stdout + truncationMarker(running.limits.maxOutputChars) : r.stdout,
-      error: r.error,
-      timed_out: r.timed_out,
-      calls: running.calls,
-      truncated: r.truncated,
-      duration_ms: performance.now() - running.t0,
-    };
   }
 
   /** Protocol trouble: the worker cannot be trusted any more. */

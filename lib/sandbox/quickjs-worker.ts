@@ -6,11 +6,11 @@
 import { createRequire } from 'node:module';
 import { MessageChannel, type MessagePort, Worker } from 'node:worker_threads';
 import { SlmError } from '../errors.js';
-import type { Job } from './job.js';
+import { programResult, type Job } from './job.js';
 import { type CallMsg, type DoneMsg, type JobMsg, PRELUDE, WORKER_SOURCE } from './quickjs-interpreter.js';
 import { invokeTool, type ExtraTools } from './tools.js';
-import type { SandboxResult, ToolCall } from './types.js';
-import { TOOL_NAMES, truncationMarker } from './types.js';
+import type { ToolCall } from './types.js';
+import { TOOL_NAMES } from './types.js';
 
 /** After the deadline, how long a worker may take to notice it before the host terminates it. */
 const GRACE_MS = 1000;
@@ -72,7 +72,7 @@ export class QjsWorker {
       this.current = undefined;
       if (job) {
         clearTimeout(job.timer);
-        job.resolve(this.result(job, { stdout: '', truncated: false, timedOut: false, error: `SandboxError: the QuickJS worker stopped (exit code ${code}) while running the program; it was replaced` }));
+        job.resolve(programResult(job, { stdout: '', truncated: false, timedOut: false, error: `SandboxError: the QuickJS worker stopped (exit code ${code}) while running the program; it was replaced` }));
       }
       this.owner.workerGone(this);
     });
@@ -85,7 +85,7 @@ export class QjsWorker {
       const cur = this.current;
       if (!cur || cur.id !== id) return;
       this.current = undefined;
-      cur.resolve(this.result(cur, { stdout: '', truncated: false, timedOut: true, error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (its interpreter was stopped)` }));
+      cur.resolve(programResult(cur, { stdout: '', truncated: false, timedOut: true, error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (its interpreter was stopped)` }));
       void this.worker.terminate();
     }, job.limits.timeoutMs + GRACE_MS);
     this.current = { ...job, id, calls: [], t0: performance.now(), timer };
@@ -119,22 +119,10 @@ export class QjsWorker {
       clearTimeout(cur.timer);
       this.current = undefined;
       const error = done.hostFailure ? `SandboxError: the interpreter failed (${done.hostFailure.slice(0, 300)}); it was replaced` : done.error;
-      cur.resolve(this.result(cur, { stdout: done.stdout, truncated: done.truncated, timedOut: done.timedOut, error, ...(cur.finalAnswer && typeof done.finalAnswer === 'string' && !done.hostFailure ? { finalAnswer: done.finalAnswer } : {}) }));
+      cur.resolve(programResult(cur, { stdout: done.stdout, truncated: done.truncated, timedOut: done.timedOut, error, ...(cur.finalAnswer && typeof done.finalAnswer === 'string' && !done.hostFailure ? { finalAnswer: done.finalAnswer } : {}) }));
       if (done.hostFailure) void this.worker.terminate();
       else this.owner.workerIdle(this);
     }
-  }
-
-  private result(job: Job & { calls: ToolCall[]; t0: number }, r: { stdout: string; truncated: boolean; timedOut: boolean; error: string | null; finalAnswer?: string }): SandboxResult {
-    return {
-      ...(r.finalAnswer !== undefined ? { final_answer: r.finalAnswer } : {}),
-      stdout: r.truncated ? r.stdout + truncationMarker(job.limits.maxOutputChars) : r.stdout,
-      error: r.error,
-      timed_out: r.timedOut,
-      calls: job.calls,
-      truncated: r.truncated,
-      duration_ms: performance.now() - job.t0,
-    };
   }
 }
 
