@@ -36,14 +36,16 @@ for (const modelType of ['qwen3', 'llama']) {
       };
       const fused = await run(true);
       const aten = await run(false);
-      const tol = dtype === 'float32' ? 2e-5 : 0.06;
+      // bfloat16: the kernels keep scores and probabilities in float32 where ATen rounds them (measured
+      // here: within 1e-5 on this model), so a few thousandths is already a loose bound.
+      const tol = dtype === 'float32' ? 2e-5 : 5e-3;
       for (let i = 0; i < prompts.length; i++) {
         // bfloat16: the ATen path rounds scores and probabilities to bfloat16, the kernel does not,
         // so a near tie may pick another token; compare up to the first difference.
         let n = 0;
         while (n < fused.tokens[i].length && fused.tokens[i][n] === aten.tokens[i][n]) n++;
         if (dtype === 'float32') t.equal(n, fused.tokens[i].length, `row ${i}: the same greedy tokens`);
-        else t.ok(n >= 4, `row ${i}: the same first ${n} greedy tokens`);
+        else t.ok(n >= 16, `row ${i}: the same first ${n} greedy tokens (at least 16 of ${fused.tokens[i].length})`);
         const worst = Math.max(...Array.from({ length: n }, (_, j) => Math.abs(fused.logprobs[i][j] - aten.logprobs[i][j])));
         t.ok(worst < tol, `row ${i}: log-probs within ${tol} of ATen's (worst ${worst.toExponential(2)})`);
         const seq = [...prompts[i], ...fused.tokens[i]];
