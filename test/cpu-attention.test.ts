@@ -7,26 +7,10 @@
 import t from 'tap';
 import { existsSync, readFileSync } from 'node:fs';
 import { native } from '../lib/engine/runtime.js';
+import { toBf16, uniform as rand } from './helpers/numeric.js';
 
 const a = native();
 const LOWEST = -3.4028234663852886e38;
-
-function rand(n: number, seed: number, scale = 1): Float32Array {
-  let s = seed >>> 0 || 1;
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
-    out[i] = (s / 4294967296 - 0.5) * 2 * scale;
-  }
-  return out;
-}
-
-/** float32 -> the nearest bfloat16 (ties to even), as a float32 value. */
-function toBf16(v: Float32Array): Float32Array {
-  const u = new Uint32Array(v.buffer.slice(0));
-  for (let i = 0; i < u.length; i++) u[i] = ((u[i] + 0x7fff + ((u[i] >>> 16) & 1)) >>> 0) & 0xffff0000;
-  return new Float32Array(u.buffer);
-}
 
 interface Case { b: number; nq: number; nkv: number; s: number; d: number; capacity: number; t?: number }
 

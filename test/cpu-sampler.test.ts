@@ -7,16 +7,9 @@
 // and different top-p values.
 import t from 'tap';
 import { native } from '../lib/engine/runtime.js';
+import { rng } from './helpers/numeric.js';
 
 const a = native();
-
-function rng(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
-    return s / 4294967296;
-  };
-}
 
 function logitsRows(rows: number, V: number, scale: number, seed: number): Float32Array {
   const r = rng(seed);

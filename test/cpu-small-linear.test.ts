@@ -6,28 +6,9 @@
 import t from 'tap';
 import { existsSync, readFileSync } from 'node:fs';
 import { native } from '../lib/engine/runtime.js';
+import { toBf16, uniform as rand } from './helpers/numeric.js';
 
 const a = native();
-
-function rand(n: number, seed: number): Float32Array {
-  let s = seed >>> 0 || 1;
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
-    out[i] = (s / 4294967296 - 0.5) * 2;
-  }
-  return out;
-}
-
-/** float32 -> the nearest bfloat16 (ties to even), as a float32 value. */
-function toBf16(v: Float32Array): Float32Array {
-  const u = new Uint32Array(v.buffer.slice(0));
-  for (let i = 0; i < u.length; i++) {
-    const x = u[i];
-    u[i] = ((x + 0x7fff + ((x >>> 16) & 1)) >>> 0) & 0xffff0000;
-  }
-  return new Float32Array(u.buffer);
-}
 
 function reference(x: Float32Array, w: Float32Array, m: number, n: number, k: number): { y: Float64Array; mag: Float64Array } {
   const y = new Float64Array(m * n), mag = new Float64Array(m * n);
