@@ -65,6 +65,13 @@ const cases: Case[] = [
   { b: 5, nq: 6, nkv: 2, s: 17, d: 32, capacity: 20 },
   { b: 3, nq: 8, nkv: 4, s: 90, d: 64, capacity: 100, t: 12 },
   { b: 1, nq: 4, nkv: 2, s: 64, d: 32, capacity: 64, t: 64 },
+  // The blocked prefill path (4 positions or more, 16 per block): a block's boundary, a partial last
+  // block, 8 query heads per KV head with head size 128, head size 48 (three vectors), and 3
+  // positions (still one position at a time).
+  { b: 2, nq: 4, nkv: 2, s: 20, d: 32, capacity: 24, t: 4 },
+  { b: 2, nq: 16, nkv: 2, s: 70, d: 128, capacity: 80, t: 37 },
+  { b: 3, nq: 6, nkv: 2, s: 40, d: 48, capacity: 40, t: 20 },
+  { b: 2, nq: 4, nkv: 2, s: 30, d: 64, capacity: 30, t: 3 },
 ];
 
 const hasAvx512 = existsSync('/proc/cpuinfo') && /\bavx512f\b/.test(readFileSync('/proc/cpuinfo', 'utf8'));
@@ -99,11 +106,23 @@ t.test('a fully masked row attends uniformly, as ATen does', async (t) => {
   t.ok(got.every((y, j) => Math.abs(y - want[j]) < 2e-6), 'the mean of the values over all keys');
 });
 
-t.test('masked keys are not read by the kernel (the kernel really runs)', { skip: !hasAvx512 && 'no AVX-512' }, async (t) => {
+t.test('a fully masked position inside a prefill block attends uniformly too', async (t) => {
+  const c = { b: 2, nq: 4, nkv: 2, s: 24, d: 32, capacity: 24, t: 10 };
+  const x = inputs(c, 5);
+  x.mask.fill(LOWEST, 3 * c.s, 4 * c.s); // row 0, position 3: every key masked
+  const want = reference(c, x.q, x.k, x.v, x.mask);
+  const got = a.attention({ ...c, ...x });
+  let worst = 0;
+  got.forEach((y, j) => (worst = Math.max(worst, Math.abs(y - want[j]))));
+  t.ok(worst < 2e-6, `worst error ${worst.toExponential(2)}`);
+});
+
+for (const T of [1, 8])
+t.test(`masked keys are not read by the kernel (the kernel really runs), ${T} query position(s)`, { skip: !hasAvx512 && 'no AVX-512' }, async (t) => {
   t.teardown(() => a.setCpuKernels(true));
-  const c = { b: 2, nq: 4, nkv: 2, s: 12, d: 32, capacity: 12 };
+  const c = { b: 2, nq: 4, nkv: 2, s: 12, d: 32, capacity: 12, t: T };
   const x = inputs(c, 4);
-  for (let j = 0; j < 3; j++) x.mask[j] = LOWEST; // row 0: first 3 keys padding ...
+  for (let p = 0; p < T; p++) for (let j = 0; j < 3; j++) x.mask[p * c.s + j] = LOWEST; // row 0: first 3 keys padding ...
   for (let g = 0; g < c.nkv; g++)
     for (let j = 0; j < 3; j++)
       for (let d = 0; d < c.d; d++) {
@@ -118,11 +137,12 @@ t.test('masked keys are not read by the kernel (the kernel really runs)', { skip
   t.ok(a.attention({ ...c, ...x }).slice(0, c.nq * c.d).some(Number.isNaN), 'ATen: the NaN leaks (0 x NaN), so the first result came from the kernel');
 });
 
-t.test("a row's result does not depend on the other rows", async (t) => {
-  const c = { b: 4, nq: 8, nkv: 4, s: 50, d: 64, capacity: 64 };
+for (const T of [1, 20])
+t.test(`a row's result does not depend on the other rows, ${T} query position(s)`, async (t) => {
+  const c = { b: 4, nq: 8, nkv: 4, s: 50, d: 64, capacity: 64, t: T };
   const x = inputs(c, 7);
   const all = a.attention({ ...c, ...x });
-  const per = c.nq * c.d, kv = c.nkv * c.capacity * c.d;
+  const per = c.nq * c.d * T, kv = c.nkv * c.capacity * c.d;
   for (const b of [0, 2]) {
     const one = a.attention({
       ...c,
@@ -130,7 +150,7 @@ t.test("a row's result does not depend on the other rows", async (t) => {
       q: x.q.slice(b * per, (b + 1) * per),
       k: x.k.slice(b * kv, (b + 1) * kv),
       v: x.v.slice(b * kv, (b + 1) * kv),
-      mask: x.mask.slice(b * c.s, (b + 1) * c.s),
+      mask: x.mask.slice(b * c.s * T, (b + 1) * c.s * T),
     });
     t.same(Array.from(one), Array.from(all.slice(b * per, (b + 1) * per)), `row ${b} alone: bit for bit`);
   }

@@ -6,6 +6,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -22,6 +23,9 @@ T512 inline __m512 load16(const c10::BFloat16* p) {  // bfloat16 -> float32: the
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+
+// From this many query positions on, a call runs the blocked (prefill) path.
+constexpr int64_t kBlockFrom = 4;
 
 struct Geometry {
   int64_t R, S, D;
@@ -82,6 +86,129 @@ T512 void attend(const T* q, const T* k, const T* v, const float* mask, T* out, 
     for (int64_t d = 0; d < D; ++d) out[r * g.o_head + d] = static_cast<T>(acc[r * D + d] * inv[r]);
 }
 
+// Several query positions at once (a prefill): the R query heads x up to 16 consecutive positions
+// of one KV head. The queries are transposed once, [head][d][position], so a score is a column of a
+// small GEMM: for each key read, 16 positions' scores come out of one accumulator with no horizontal
+// sum, the mask of 16 positions is one vector, and the softmax runs across positions in vector lanes.
+// Keys masked for every position of the block are not read. `lanes` <= 16 positions; `qpos` etc. are
+// the pointers of position 0 of query head 0; returns false (nothing written) when a position has
+// every key masked, which the per-position path handles (uniform, as ATen).
+struct Block {
+  const void* q;  // position 0, query head 0
+  int64_t q_pos;  // stride between positions in q
+  const float* mask;  // position 0's mask row
+  int64_t mask_pos;
+  void* out;      // position 0, query head 0
+  int64_t o_pos;
+  int64_t lanes;
+};
+
+template <int ND, class T>
+T512 inline void weighted_sum(const float* p, int64_t stride, const int32_t* keys, int64_t n, const T* v, int64_t v_pos, int64_t d0, float* acc4, int rows) {
+  // acc4[row][16 * ND] += sum over the listed keys of p[key * stride + row] * v[key][d0 ..]: 4 rows.
+  __m512 a[4][ND];
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < ND; ++c) a[r][c] = _mm512_setzero_ps();
+  for (int64_t jj = 0; jj < n; ++jj) {
+    const T* vj = v + keys[jj] * v_pos + d0;
+    __m512 vv[ND];
+    for (int c = 0; c < ND; ++c) vv[c] = load16(vj + 16 * c);
+    const float* pj = p + jj * stride;
+    for (int r = 0; r < 4; ++r) {
+      const __m512 pr = _mm512_set1_ps(pj[r]);
+      for (int c = 0; c < ND; ++c) a[r][c] = _mm512_fmadd_ps(pr, vv[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < ND; ++c) _mm512_storeu_ps(acc4 + r * 64 + 16 * c, a[r][c]);
+}
+
+// `scratch` holds R*D*16 (queries) + 16*D (8 keys) + R*S*16 (scores) + S*16 (mask) + 16*64 floats and S ints.
+template <class T>
+T512 bool attend_block(const Block& blk, const T* k, const T* v, const Geometry& g, float* scratch) {
+  const int64_t R = g.R, S = g.S, D = g.D, L = blk.lanes;
+  constexpr float kLowest = std::numeric_limits<float>::lowest();
+  const T* q = static_cast<const T*>(blk.q);
+  float* qt = scratch;             // [R][D][16]
+  float* kf = qt + R * D * 16;     // [8][D] keys in float32
+  float* sc = kf + 8 * D;          // [R][n][16] scores, then probabilities
+  float* mt = sc + R * S * 16;     // [n][16] the mask, transposed
+  float* acc = mt + S * 16;        // [4][64]
+  int32_t* keys = reinterpret_cast<int32_t*>(acc + 4 * 64);  // the keys read
+  // Which keys any position sees, and the mask transposed to [key][position] (absent lanes: masked).
+  int64_t n = 0;
+  for (int64_t j = 0; j < S; ++j) {
+    bool any = false;
+    for (int64_t l = 0; l < L; ++l) any |= blk.mask[l * blk.mask_pos + j] != kLowest;
+    if (!any) continue;
+    float* m = mt + n * 16;
+    for (int64_t l = 0; l < 16; ++l) m[l] = l < L ? blk.mask[l * blk.mask_pos + j] : kLowest;
+    keys[n++] = static_cast<int32_t>(j);
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    bool any = false;
+    for (int64_t jj = 0; jj < n && !any; ++jj) any = mt[jj * 16 + l] != kLowest;
+    if (!any) return false;
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t l = 0; l < 16; ++l) qt[(r * D + d) * 16 + l] = l < L ? static_cast<float>(q[l * blk.q_pos + r * g.q_head + d]) : 0.f;
+  // Scores, 8 keys at a time: sc[r][jj] = q·k * scale + mask, the lowest float where masked.
+  const __m512 lowest = _mm512_set1_ps(kLowest), scale = _mm512_set1_ps(g.scale);
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {
+    const int64_t nk = std::min<int64_t>(8, n - j0);
+    for (int64_t x = 0; x < 8; ++x)
+      for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(kf + x * D + d, x < nk ? load16(k + keys[j0 + x] * g.k_pos + d) : _mm512_setzero_ps());
+    for (int64_t r = 0; r < R; ++r) {
+      __m512 s[8];
+      for (int x = 0; x < 8; ++x) s[x] = _mm512_setzero_ps();
+      const float* qr = qt + r * D * 16;
+      for (int64_t d = 0; d < D; ++d) {
+        const __m512 qd = _mm512_loadu_ps(qr + d * 16);
+        for (int x = 0; x < 8; ++x) s[x] = _mm512_fmadd_ps(_mm512_set1_ps(kf[x * D + d]), qd, s[x]);
+      }
+      for (int64_t x = 0; x < nk; ++x) {
+        const __m512 m = _mm512_loadu_ps(mt + (j0 + x) * 16);
+        const __m512 val = _mm512_fmadd_ps(s[x], scale, m);
+        _mm512_storeu_ps(sc + (r * n + j0 + x) * 16, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, lowest, _CMP_EQ_OQ), val, lowest));
+      }
+    }
+  }
+  // Softmax across keys, 16 positions per vector; masked entries get probability 0.
+  const int64_t o_head = g.o_head;
+  T* out = static_cast<T*>(blk.out);
+  for (int64_t r = 0; r < R; ++r) {
+    float* sr = sc + r * n * 16;
+    __m512 mx = lowest;
+    for (int64_t jj = 0; jj < n; ++jj) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + jj * 16));
+    __m512 z = _mm512_setzero_ps();
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const __m512 x = _mm512_loadu_ps(sr + jj * 16);
+      const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lowest, _CMP_NEQ_OQ), exp512(_mm512_sub_ps(x, mx)));
+      _mm512_storeu_ps(sr + jj * 16, p);
+      z = _mm512_add_ps(z, p);
+    }
+    alignas(64) float inv[16];
+    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), z));
+    // out[position] = sum_j p_j v_j / z, 4 positions x 64 values at a time.
+    for (int64_t l0 = 0; l0 < L; l0 += 4) {
+      const int rows = static_cast<int>(std::min<int64_t>(4, L - l0));
+      for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        const int64_t nd = std::min<int64_t>(64, D - d0) / 16;
+        if (nd == 4) weighted_sum<4>(sr + l0, 16, keys, n, v, g.v_pos, d0, acc, rows);
+        else if (nd == 3) weighted_sum<3>(sr + l0, 16, keys, n, v, g.v_pos, d0, acc, rows);
+        else if (nd == 2) weighted_sum<2>(sr + l0, 16, keys, n, v, g.v_pos, d0, acc, rows);
+        else weighted_sum<1>(sr + l0, 16, keys, n, v, g.v_pos, d0, acc, rows);
+        for (int r4 = 0; r4 < rows; ++r4) {
+          T* o = out + (l0 + r4) * blk.o_pos + r * o_head + d0;
+          for (int64_t d = 0; d < nd * 16; ++d) o[d] = static_cast<T>(acc[r4 * 64 + d] * inv[l0 + r4]);
+        }
+      }
+    }
+  }
+  return true;
+}
+
 template <class E>
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale) {
   const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = k.size(1), S = k.size(2);
@@ -92,13 +219,28 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   const E* vp = v.data_ptr<E>();
   const float* mp = mask.data_ptr<float>();
   E* op = out.data_ptr<E>();
-  // One task per (sequence, KV head, query position); a KV head's keys stay in L2 across its positions.
-  at::parallel_for(0, B * nkv * T, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scratch(g.R * S + 2 * g.R * D + g.R);
+  const auto one = [&](int64_t b, int64_t h, int64_t t, float* scratch) {
+    attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1),
+              mp + b * mask.stride(0) + t * mask.stride(2), op + ((b * nq + h * g.R) * T + t) * D, g, scratch);
+  };
+  if (T < kBlockFrom) {
+    // One task per (sequence, KV head, query position); a KV head's keys stay in L2 across its positions.
+    at::parallel_for(0, B * nkv * T, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scratch(g.R * S + 2 * g.R * D + g.R);
+      for (int64_t i = t0; i < t1; ++i) one(i / (nkv * T), (i / T) % nkv, i % T, scratch.data());
+    });
+    return out;
+  }
+  // A prefill: one task per (sequence, KV head, block of 16 positions).
+  const int64_t nb = (T + 15) / 16;
+  at::parallel_for(0, B * nkv * nb, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scratch(std::max(g.R * D * 16 + 16 * D + g.R * S * 16 + S * 16 + 16 * 64 + S, g.R * S + 2 * g.R * D + g.R));
     for (int64_t i = t0; i < t1; ++i) {
-      const int64_t b = i / (nkv * T), h = (i / T) % nkv, t = i % T;
-      attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1),
-                mp + b * mask.stride(0) + t * mask.stride(2), op + ((b * nq + h * g.R) * T + t) * D, g, scratch.data());
+      const int64_t b = i / (nkv * nb), h = (i / nb) % nkv, p0 = (i % nb) * 16, lanes = std::min<int64_t>(16, T - p0);
+      const Block blk{qp + b * q.stride(0) + h * g.R * q.stride(1) + p0 * q.stride(2), q.stride(2), mp + b * mask.stride(0) + p0 * mask.stride(2), mask.stride(2),
+                      op + ((b * nq + h * g.R) * T + p0) * D, D, lanes};
+      if (!attend_block<E>(blk, kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1), g, scratch.data()))
+        for (int64_t t = p0; t < p0 + lanes; ++t) one(b, h, t, scratch.data());
     }
   });
   return out;

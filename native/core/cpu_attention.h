@@ -7,7 +7,11 @@
 // batch-48 step; in a multi-turn prefill (48 rows appending ~80 tokens to ~770 cached ones) the
 // temporaries were ~200 MB per layer, freshly page-faulted each time. Here one parallel region does it
 // all: scores for the unmasked keys (masked keys, the causal future included, are not read), softmax
-// in float32 with a vectorised exp, the weighted sum of V accumulated in float32.
+// in float32 with a vectorised exp, the weighted sum of V accumulated in float32. From 4 query
+// positions on (a prefill), 16 positions of a KV head's R query heads go together: the scores are a
+// small GEMM against the queries transposed once (no horizontal sum per key, one mask vector per key
+// for 16 positions, the softmax across positions in vector lanes), and each value row read serves 4
+// positions; keys masked for all 16 positions are not read.
 //
 // AVX-512 only (float32 or bfloat16 K/V/q, float32 mask); anything else — another device or dtype,
 // head_dim not a multiple of 16, an autograd graph, the CPU kernels switched off (cpu_gemm.h) —
