@@ -146,6 +146,58 @@ t.test('entropy: log_softmax(logits / T), the bonus sum(w sum p log p), its grad
   allClose(t, r.grad, fd, 'grad vs central differences', 1e-3);
 });
 
+t.test("tokenStats (the train step's fused head): target log-probs, entropies and their gradient, against float64 by hand", async (t) => {
+  const V = 37, n = 5, T = 0.7;
+  const logits = Array.from({ length: n * V }, (_, i) => 4 * Math.sin(i * 1.7) + (i % V === 3 ? 9 : 0)); // row peaks at id 3
+  logits.fill(-2, 2 * V, 3 * V); // a uniform row
+  const targets = [3, 0, 11, 36, 3];
+  const gl = [0.5, -1, 0.25, 2, 0], ge = [-0.3, 0.7, 1.1, 0, -2];
+  // objective(x) = sum gl lp + sum ge H, all in float64
+  const stats = (x: number[]) =>
+    targets.map((tg, i) => {
+      const z = x.slice(i * V, (i + 1) * V).map((v) => v / T);
+      const m = Math.max(...z);
+      const lse = m + Math.log(z.reduce((a, v) => a + Math.exp(v - m), 0));
+      return { lp: z[tg] - lse, h: -z.reduce((a, v) => a + Math.exp(v - lse) * (v - lse), 0) };
+    });
+  const objective = (x: number[]) => stats(x).reduce((a, s, i) => a + gl[i] * s.lp + ge[i] * s.h, 0);
+  const want = stats(logits);
+  const r = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradLogprobs: f32(gl), gradEntropy: f32(ge) });
+  allClose(t, r.logprobs, want.map((s) => s.lp), 'log-probs', 2e-6);
+  allClose(t, r.entropy, want.map((s) => s.h), 'entropies', 2e-6);
+  t.ok(close(r.entropy[2], Math.log(V), 2e-6) && close(r.logprobs[2], -Math.log(V), 2e-6), 'the uniform row: H = log V, lp = -log V');
+  const h = 1e-4;
+  const fd = logits.map((_, k) => {
+    const up = logits.slice(), dn = logits.slice();
+    up[k] += h;
+    dn[k] -= h;
+    return (objective(up) - objective(dn)) / (2 * h);
+  });
+  let worst = 0;
+  fd.forEach((w, k) => (worst = Math.max(worst, Math.abs(r.grad[k] - w))));
+  t.ok(worst < 1e-5, `gradient vs central differences of the float64 objective: worst ${worst.toExponential(2)}`);
+  // Log-probs only (an SFT or policy-gradient loss without the entropy bonus): the entropy's part drops out.
+  const lpOnly = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradLogprobs: f32(gl) });
+  const fdLp = logits.map((_, k) => {
+    const up = logits.slice(), dn = logits.slice();
+    up[k] += h;
+    dn[k] -= h;
+    return stats(up).reduce((a, s, i) => a + gl[i] * s.lp, 0) / (2 * h) - stats(dn).reduce((a, s, i) => a + gl[i] * s.lp, 0) / (2 * h);
+  });
+  worst = 0;
+  fdLp.forEach((w, k) => (worst = Math.max(worst, Math.abs(lpOnly.grad[k] - w))));
+  t.ok(worst < 1e-5, `log-probs only: worst ${worst.toExponential(2)}`);
+  // The same as the unfused entropy entry (log_softmax): its bonus gradient is -d(sum w H)/d logits.
+  const w = [0.1, 0.2, 0.3, 0.15, 0.25];
+  const unfused = L().entropy({ logits: f32(logits), vocab: V, weights: f32(w), temperature: T });
+  const fused = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradEntropy: f32(w.map((x) => -x)) });
+  worst = 0;
+  fused.grad.forEach((g, k) => (worst = Math.max(worst, Math.abs(g - unfused.grad[k]))));
+  t.ok(worst < 1e-6, `entropy-bonus gradient equals the log_softmax path's: worst ${worst.toExponential(2)}`);
+  t.throws(() => L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from([3, 0, 11, 37, 3]), temperature: T }), { code: 'ARGUMENT_INVALID', message: /target id 37 is outside the vocabulary/ });
+  t.throws(() => L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from([3]), temperature: T }), { code: 'ARGUMENT_INVALID', message: /one id per position \(5\)/ });
+});
+
 t.test('value: 0.5 max((v - R)^2, (clipped v - R)^2), gradient only through the branch that wins', async (t) => {
   const c = 0.2;
   // v, old, R, w

@@ -2,6 +2,8 @@
 // frozen base, loss masks, SFT convergence, clipped surrogate and KL estimators, NaN handling,
 // exact optimizer restore, value head, learning-rate schedules.
 import t from 'tap';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Model, type TrainBatch } from '../lib/engine/model.js';
 import { learningRate } from '../lib/train/schedule.js';
@@ -52,6 +54,61 @@ t.test('LoRA gradients match central finite differences', async (t) => {
       t.ok(Math.abs(fd - g[i]) <= 2e-2 * Math.abs(g[i]) + 1e-5, `${name.split('.').slice(3).join('.')}[${i}]: analytic ${g[i].toExponential(4)} vs finite difference ${fd.toExponential(4)}`);
     }
   }
+});
+
+t.test('a bfloat16 model trains through the same fused head: loss and gradients close to float32', async (t) => {
+  const grads = async (dtype: 'float32' | 'bfloat16') => {
+    const m = await Model.load(base, { dtype });
+    t.teardown(() => m.dispose());
+    m.attachLora({ r: 2, alpha: 4, dropout: 0, rslora: false, targets: [...ALL] as never }, 1);
+    for (const [name, v] of Object.entries(m.trainable()))
+      if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => 0.05 * Math.cos(i * 1.7 + name.length)));
+    const st = await sft(m, { sequences: [seq], masks: [mask] });
+    return { loss: st.loss, g: Object.values(m.trainable({ grad: true })).flatMap((x) => Array.from(x)) };
+  };
+  const f = await grads('float32'), b = await grads('bfloat16');
+  t.ok(Math.abs(b.loss - f.loss) <= 0.02 * Math.abs(f.loss), `loss ${b.loss} vs float32 ${f.loss}`);
+  let dot = 0, nf = 0, nb = 0;
+  f.g.forEach((x, i) => ((dot += x * b.g[i]), (nf += x * x), (nb += b.g[i] * b.g[i])));
+  const cos = dot / Math.sqrt(nf * nb);
+  t.ok(nb > 0 && cos > 0.98, `gradient cosine ${cos.toFixed(4)} against float32's`);
+});
+
+t.test("longer than one chunk of the fused head (Qwen's 151,936 ids): loss, KL and gradient against the teacher-forced path", async (t) => {
+  // The head runs ~220 positions per chunk at this vocabulary, reusing one logits buffer; 300
+  // tokens take two chunks, in the reference forward (KL) and in the trained one.
+  const dir = mkdtempSync(join(tmpdir(), 'slm-chunks-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  initModel({ preset: 'tiny', out: dir, seed: 5 });
+  const m = await Model.load(dir);
+  t.teardown(() => m.dispose());
+  m.attachLora({ r: 2, alpha: 4, dropout: 0, rslora: false, targets: [...ALL] as never }, 2);
+  for (const [name, v] of Object.entries(m.trainable()))
+    if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => 0.05 * Math.sin(i * 0.9 + name.length)));
+  const ids = Array.from({ length: 300 }, (_, i) => (i * 7919 + 11) % 151000);
+  const msk = ids.map((_, i) => (i >= 10 ? 1 : 0));
+  const n = msk.reduce((a: number, b) => a + b, 0);
+  const [lp] = await m.sequenceLogprobs([ids]);
+  const base0 = await Model.load(dir); // the KL reference: the base model, no adapter
+  t.teardown(() => base0.dispose());
+  const [ref] = await base0.sequenceLogprobs([ids]);
+  let want = 0, kl = 0;
+  for (let i = 0; i < ids.length; i++) if (msk[i]) ((want -= lp[i] / n), (kl += (lp[i] - ref[i]) / n));
+  const batch = { sequences: [ids], masks: [msk], advantages: [ids.map(() => 0)], oldLogprobs: [Array.from(lp)] };
+  const st = await m.trainStep(batch, { loss: 'pg', clipLow: 0.2, clipHigh: 0.2, klCoef: 1, klEstimator: 'k1', tokenLevel: true, lr: 0, maxGradNorm: 0, checkpoint: true, update: false });
+  t.ok(Math.abs(st.kl - kl) <= 1e-5 * Math.max(1, Math.abs(kl)) && Math.abs(kl) > 1e-4, `KL ${st.kl} = teacher-forced ${kl}`);
+  const s2 = await sft(m, { sequences: [ids], masks: [msk] }, { checkpoint: true });
+  t.ok(Math.abs(s2.loss - want) <= 1e-5 * Math.abs(want), `SFT loss ${s2.loss} = teacher-forced ${want}`);
+  const g = m.trainable({ grad: true }), theta = m.trainable();
+  let g2 = 0;
+  for (const k of Object.keys(g)) for (const x of g[k]) g2 += x * x;
+  const eps = 1e-2 / Math.sqrt(g2);
+  const lossAt = async (sgn: number) => {
+    for (const k of Object.keys(g)) m.setTrainable(k, Float32Array.from(theta[k], (x, i) => x + sgn * eps * g[k][i]));
+    return (await sft(m, { sequences: [ids], masks: [msk] })).loss;
+  };
+  const fd = ((await lossAt(1)) - (await lossAt(-1))) / (2 * eps);
+  t.ok(g2 > 0 && Math.abs(fd - g2) <= 0.02 * g2, `finite difference along the gradient ${fd} = |g|^2 ${g2}`);
 });
 
 t.test('checkpointing on and off give the same gradients (relative difference <= 1e-5)', async (t) => {

@@ -320,6 +320,12 @@ export interface NativeLosses {
   kl(req: { logprobs: Float32Array; refLogprobs: Float32Array; weights: Float32Array; estimator: 1 | 3 }): NativeLossResult;
   /** loss: the entropy bonus term sum(w sum_v p log p) (grad: with respect to the logits); entropy: sum(w H); logprobs: log_softmax(logits / temperature). */
   entropy(req: { logits: Float32Array; vocab: number; weights: Float32Array; temperature?: number }): NativeLossResult & { entropy: number; logprobs: Float32Array };
+  /**
+   * The train step's fused vocab head (token_stats): per position, the target's log-prob under
+   * softmax(logits / temperature) and the entropy; grad = d (sum gradLogprobs lp + sum gradEntropy H) /
+   * d logits (empty when neither is given).
+   */
+  tokenStats(req: { logits: Float32Array; vocab: number; targets: Int32Array; temperature?: number; gradLogprobs?: Float32Array; gradEntropy?: Float32Array }): { logprobs: Float32Array; entropy: Float32Array; grad: Float32Array };
   /** sum(w * 0.5 max((v - R)^2, (old + clip(v - old, -valueClip, valueClip) - R)^2)). */
   value(req: { values: Float32Array; oldValues: Float32Array; returns: Float32Array; weights: Float32Array; valueClip: number }): NativeLossResult;
 }

@@ -145,6 +145,36 @@ Napi::Value Entropy(const Napi::CallbackInfo& info) {
   return r;
 }
 
+// tokenStats({logits, vocab, targets, temperature?, gradLogprobs?, gradEntropy?}) -> {logprobs, entropy,
+// grad}: the train step's fused head (token_stats): each position's target log-prob and entropy, and
+// d (sum gradLogprobs * logprobs + sum gradEntropy * entropy) / d logits.
+Napi::Value TokenStatsJs(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  auto o = arg(info, "tokenStats");
+  const int64_t V = int_field(env, o, "vocab", 0, true);
+  at::AutoGradMode on(true);
+  auto flat = row(env, o, "logits", -1);
+  if (V <= 0 || flat.size(1) % V != 0) throw_error(env, "ARGUMENT_INVALID", "losses.tokenStats: logits must hold n x vocab values.");
+  const int64_t n = flat.size(1) / V;
+  auto ids = int32s(env, o.Get("targets"), "targets");
+  if (static_cast<int64_t>(ids.size()) != n) throw_error(env, "ARGUMENT_INVALID", "losses.tokenStats: 'targets' must have one id per position (" + std::to_string(n) + "), found " + std::to_string(ids.size()) + ".");
+  for (auto id : ids)
+    if (id < 0 || id >= V) throw_error(env, "ARGUMENT_INVALID", "losses.tokenStats: target id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ").");
+  auto targets = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).view({1, n, 1});
+  auto logits = flat.view({1, n, V}).clone().requires_grad_(true);
+  auto temp = at::full({1, 1, 1}, num_field(env, o, "temperature", 1.0), at::kFloat);
+  auto st = slm::token_stats(logits, temp, targets);
+  auto loss = at::zeros({}, at::kFloat);
+  if (o.Has("gradLogprobs")) loss = loss + (st.lp * row(env, o, "gradLogprobs", n)).sum();
+  if (o.Has("gradEntropy")) loss = loss + (st.ent * row(env, o, "gradEntropy", n)).sum();
+  auto r = Napi::Object::New(env);
+  r.Set("logprobs", to_js(env, st.lp));
+  r.Set("entropy", to_js(env, st.ent));
+  if (loss.requires_grad()) loss.backward();
+  r.Set("grad", to_js(env, logits.grad()));
+  return r;
+}
+
 // value({values, oldValues, returns, weights, valueClip}) -> {loss, grad}
 Napi::Value ValueLoss(const Napi::CallbackInfo& info) {
   auto env = info.Env();
@@ -165,6 +195,7 @@ Napi::Object Losses(Napi::Env env) {
   o.Set("kl", Napi::Function::New(env, Kl, "kl"));
   o.Set("entropy", Napi::Function::New(env, Entropy, "entropy"));
   o.Set("value", Napi::Function::New(env, ValueLoss, "value"));
+  o.Set("tokenStats", Napi::Function::New(env, TokenStatsJs, "tokenStats"));
   return o;
 }
 

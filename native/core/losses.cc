@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <array>
 
 namespace slm {
 
@@ -20,6 +22,105 @@ at::Tensor loss_weights(const std::vector<std::vector<uint8_t>>& mask, int64_t s
 }
 
 at::Tensor token_logprobs(const at::Tensor& logits, const at::Tensor& temp) { return at::log_softmax(logits / temp, -1); }
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// z = logits / temp, lse = logsumexp(z), lp = z[target] - lse, ent = lse - sum_v p_v z_v; `e` is
+// scratch of the logits' shape. Returns {lp [B, c], ent [B, c], lse [B, c, 1]}.
+std::array<at::Tensor, 3> stats_forward(const at::Tensor& logits, const at::Tensor& temp, const at::Tensor& targets, at::Tensor e) {
+  const auto amax = std::get<0>(logits.max(-1, true));  // [B, c, 1]
+  at::sub_out(e, logits, amax).div_(temp).exp_();       // exp(z - max z)
+  const auto sum = e.sum(-1, true);
+  auto lse = amax.div(temp).add_(sum.log());
+  const auto ez = e.mul_(logits).sum(-1, true).div_(temp).div_(sum);  // sum_v p_v z_v
+  auto lp = logits.gather(-1, targets).div(temp).sub_(lse).squeeze(-1);
+  auto ent = lse.sub(ez).squeeze(-1);
+  return {lp, ent, lse};
+}
+
+// Overwrites `logits` with d (sum g_lp lp + sum g_ent ent) / d logits: d lp / d z_v = [v = target] -
+// p_v, d ent / d z_v = -p_v (log p_v + ent). `scratch` (the logits' shape) is needed when g_ent is.
+void stats_backward(at::Tensor logits, const at::Tensor& temp, const at::Tensor& targets, const at::Tensor& lse, const at::Tensor& ent, const at::Tensor& g_lp,
+                    const at::Tensor& g_ent, at::Tensor scratch) {
+  const auto a = g_lp.defined() ? g_lp.unsqueeze(-1) : at::zeros_like(lse);  // [B, c, 1]
+  auto& g = logits.div_(temp).sub_(lse);                                       // log p
+  if (g_ent.defined()) {
+    at::exp_out(scratch, g);  // p
+    g.add_(ent.unsqueeze(-1)).mul_(g_ent.unsqueeze(-1)).add_(a).mul_(scratch).neg_();  // -p (a + g_ent (log p + ent))
+  } else {
+    g.exp_().mul_(a).neg_();  // -p a
+  }
+  g.scatter_add_(-1, targets, a).div_(temp);  // + onehot a, then d z / d logits
+}
+
+class TokenStatsFn : public torch::autograd::Function<TokenStatsFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, at::Tensor logits, at::Tensor temp, at::Tensor targets) {
+    auto [lp, ent, lse] = stats_forward(logits, temp, targets, at::empty_like(logits));
+    ctx->save_for_backward({logits, temp, targets, lse, ent});
+    return {lp, ent};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto s = ctx->get_saved_variables();
+    if (!g[0].defined() && !g[1].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    auto grad = s[0].clone();
+    stats_backward(grad, s[1], s[2], s[3], s[4], g[0], g[1], g[1].defined() ? at::empty_like(grad) : at::Tensor());
+    return {grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+// The vocab projection fused in: the logits go into `buf` (reused by every chunk of a micro-batch,
+// so its pages are touched once, not per chunk), and its backward overwrites them with their
+// gradient before the one matmul back to the hidden states. The head weight takes no gradient.
+class HeadStatsFn : public torch::autograd::Function<HeadStatsFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, at::Tensor hidden, at::Tensor head, at::Tensor temp, at::Tensor targets, at::Tensor buf, at::Tensor scratch) {
+    const int64_t B = hidden.size(0), c = hidden.size(1), H = hidden.size(2), V = head.size(0);
+    auto logits = buf.narrow(0, 0, B * c * V).view({B, c, V});
+    if (head.scalar_type() == at::kFloat && hidden.scalar_type() == at::kFloat) {
+      auto flat = logits.view({B * c, V});
+      at::mm_out(flat, hidden.reshape({B * c, H}), head.t());
+    }
+    else
+      logits.copy_(at::matmul(hidden, head.t()));
+    auto [lp, ent, lse] = stats_forward(logits, temp, targets, scratch.narrow(0, 0, B * c * V).view({B, c, V}));
+    ctx->save_for_backward({logits, head, temp, targets, lse, ent, scratch});
+    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
+    return {lp, ent};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const variable_list none(6);
+    if (!g[0].defined() && !g[1].defined()) return none;
+    const auto s = ctx->get_saved_variables();
+    auto logits = s[0];
+    const auto& head = s[1];
+    const int64_t B = logits.size(0), c = logits.size(1), V = logits.size(2);
+    stats_backward(logits, s[2], s[3], s[4], s[5], g[0], g[1], g[1].defined() ? s[6].narrow(0, 0, B * c * V).view({B, c, V}) : at::Tensor());
+    auto gh = at::mm(logits.view({B * c, V}).to(head.scalar_type()), head).view({B, c, head.size(1)});
+    variable_list r(6);
+    r[0] = gh.to(static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt()));
+    return r;
+  }
+};
+
+}  // namespace
+
+TokenStats token_stats(const at::Tensor& logits, const at::Tensor& temp, const at::Tensor& targets) {
+  auto r = TokenStatsFn::apply(logits, temp, targets);
+  return {r[0], r[1]};
+}
+
+TokenStats head_token_stats(const at::Tensor& hidden, const at::Tensor& head, const at::Tensor& temp, const at::Tensor& targets, HeadBuffers& bufs) {
+  const int64_t n = hidden.size(0) * hidden.size(1) * head.size(0);
+  const auto f = hidden.options().dtype(at::kFloat);
+  if (!bufs.logits.defined() || bufs.logits.numel() < n) bufs.logits = at::empty({n}, f);
+  if (!bufs.scratch.defined() || bufs.scratch.numel() < n) bufs.scratch = at::empty({n}, f);
+  auto r = HeadStatsFn::apply(hidden, head, temp, targets, bufs.logits, bufs.scratch);
+  return {r[0], r[1]};
+}
 
 at::Tensor sft_loss(const at::Tensor& lp, const at::Tensor& w) { return -(lp * w).sum(); }
 

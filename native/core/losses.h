@@ -27,6 +27,25 @@ at::Tensor loss_weights(const std::vector<std::vector<uint8_t>>& mask, int64_t s
 // log_softmax(logits / temp) over the vocabulary: logits [B, c, V], temp broadcastable ([B, 1, 1]).
 at::Tensor token_logprobs(const at::Tensor& logits, const at::Tensor& temp);
 
+// The targets' log-probs and the entropy per position from the vocabulary logits [B, c, V] float32,
+// temp broadcastable ([B, 1, 1]), targets [B, c, 1] int64: {lp [B, c], ent [B, c]}, differentiable
+// with respect to the logits. Equal to gathering token_logprobs and to entropy(token_logprobs), but
+// without their [B, c, V] temporaries: the forward allocates one, the backward one (two when the
+// entropy has a gradient) instead of ~8 (log-softmax, its exp, the one-hot scatter, each gradient).
+// A training step's vocab head is ~3/4 of a small model's FLOPs and these freshly page-faulted
+// tensors cost more than its matmuls.
+struct TokenStats {
+  at::Tensor lp, ent;
+};
+TokenStats token_stats(const at::Tensor& logits, const at::Tensor& temp, const at::Tensor& targets);
+// The same from hidden states [B, c, H] and the (frozen) vocab head [V, H], the projection fused in:
+// the logits live in bufs (float32, grown on demand and reused by the next call; a call's backward
+// must run before the next call's forward, which autograd's version check enforces).
+struct HeadBuffers {
+  at::Tensor logits, scratch;
+};
+TokenStats head_token_stats(const at::Tensor& hidden, const at::Tensor& head, const at::Tensor& temp, const at::Tensor& targets, HeadBuffers& bufs);
+
 // SFT: -sum(w * lp), lp [B, c] the targets' log-probs.
 at::Tensor sft_loss(const at::Tensor& lp, const at::Tensor& w);
 

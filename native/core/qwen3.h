@@ -150,6 +150,8 @@ class Qwen3Model {
   at::Tensor hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache) const;
   // hidden [.., hidden] -> logits [.., vocab] in float32.
   at::Tensor logits(const at::Tensor& hidden, bool kernels = false) const;
+  // The vocab head's weight [vocab, hidden] (the embedding when tied).
+  const at::Tensor& head_weight() const { return lm_head_; }
 
   // Same as hidden() with explicit options (adapter on/off, training, checkpointing).
   at::Tensor hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache,

@@ -78,14 +78,14 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
   const int64_t V = m.config().vocab_size;
   const int64_t chunk = std::max<int64_t>(1, (int64_t(32) << 20) / std::max<int64_t>(B * V, 1));  // ~128 MB of float32 logits
   at::Tensor ref_lp;
+  HeadBuffers bufs;  // the chunks' logits, reused
   if (pg && lc.kl_coef > 0) {
     at::NoGradGuard ng;  // the reference policy: the frozen reference adapter, else the base weights
     auto hr = m.hidden(mb.ids, mb.positions, mb.keys, nullptr, ForwardOptions{false, false, false, true});
     ref_lp = at::zeros({B, T - 1}, at::TensorOptions().dtype(at::kFloat).device(dev));
     for (int64_t c0 = 0; c0 < T - 1; c0 += chunk) {
       const int64_t c = std::min(chunk, T - 1 - c0);
-      auto lp = token_logprobs(m.logits(hr.narrow(1, c0, c)), mb.temp);
-      ref_lp.narrow(1, c0, c).copy_(lp.gather(-1, tgt.narrow(1, c0, c)).squeeze(-1));
+      ref_lp.narrow(1, c0, c).copy_(head_token_stats(hr.narrow(1, c0, c), m.head_weight(), mb.temp, tgt.narrow(1, c0, c), bufs).lp);
     }
   }
   auto h = m.hidden(mb.ids, mb.positions, mb.keys, nullptr, ForwardOptions{true, true, to.checkpoint});
@@ -96,13 +96,10 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
   for (int64_t c0 = 0; c0 < T - 1; c0 += chunk) {
     const int64_t c = std::min(chunk, T - 1 - c0);
     auto wc = mb.w.narrow(1, c0, c);
-    auto logp = token_logprobs(m.logits(hd.narrow(1, c0, c)), mb.temp);  // [B, c, V]
-    auto lp = logp.gather(-1, tgt.narrow(1, c0, c)).squeeze(-1);         // [B, c]
+    const auto stats = head_token_stats(hd.narrow(1, c0, c), m.head_weight(), mb.temp, tgt.narrow(1, c0, c), bufs);  // [B, c] each
+    const auto& lp = stats.lp;
     at::Tensor loss;
-    {
-      at::NoGradGuard ng;
-      s.ent += (entropy(logp) * wc).sum().item<double>();
-    }
+    s.ent += (stats.ent.detach() * wc).sum().item<double>();
     if (!pg) {
       loss = sft_loss(lp, wc);
       s.sft += loss.item<double>();
@@ -117,7 +114,7 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
         s.kl += kll.item<double>();
         loss = loss + lc.kl_coef * kll;
       }
-      if (lc.entropy_coef > 0) loss = loss + lc.entropy_coef * entropy_bonus(logp, wc);
+      if (lc.entropy_coef > 0) loss = loss - lc.entropy_coef * (stats.ent * wc).sum();  // entropy_bonus: sum(w sum p log p)
     }
     if (value) {
       auto vll = value_loss(m.value_head.forward(hd.narrow(1, c0, c)), mb.old_v.narrow(1, c0, c), mb.ret.narrow(1, c0, c), wc, lc.value_clip);
