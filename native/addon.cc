@@ -136,7 +136,7 @@ Napi::Value Sample(const Napi::CallbackInfo& info) {
 // ATen's operations. For tests and benchmarks of the kernel.
 Napi::Value Attention(const Napi::CallbackInfo& info) {
   auto env = info.Env();
-  if (!info[0].IsObject()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "attention expects { q, k, v, mask, b, nq, nkv, s, d, t?, capacity?, dtype? }.");
+  if (!info[0].IsObject()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "attention expects { q, k, v, mask, b, nq, nkv, s, d, t?, capacity?, dtype?, prefix? }.");
   auto o = info[0].As<Napi::Object>();
   auto dim = [&](const char* key, int64_t dflt) {
     auto x = o.Get(key);
@@ -160,7 +160,14 @@ Napi::Value Attention(const Napi::CallbackInfo& info) {
   auto k = floats("k", B * nkv * C * D).view({B, nkv, C, D}).to(st).narrow(2, 0, S);
   auto v = floats("v", B * nkv * C * D).view({B, nkv, C, D}).to(st).narrow(2, 0, S);
   auto mask = floats("mask", B * T * S).view({B, 1, T, S});
-  auto y = slm::grouped_attention(q, k, v, mask, true).to(at::kFloat).contiguous();
+  // prefix P: keys [0, P) are row 0's, shared by every row (a cascade KV cache); each row's own keys
+  // at those positions are not read.
+  const int64_t P = o.Get("prefix").IsUndefined() ? 0 : dim("prefix", 0);
+  if (P >= S) slm_addon::throw_error(env, "ARGUMENT_INVALID", "attention: 'prefix' must be smaller than s.");
+  auto y = (P > 0 ? slm::grouped_attention(q, k.narrow(2, P, S - P), v.narrow(2, P, S - P), mask, true, k.narrow(0, 0, 1).narrow(2, 0, P), v.narrow(0, 0, 1).narrow(2, 0, P))
+                  : slm::grouped_attention(q, k, v, mask, true))
+               .to(at::kFloat)
+               .contiguous();
   auto out = Napi::Float32Array::New(env, static_cast<size_t>(B * nq * T * D));
   std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * B * nq * T * D);
   return out;

@@ -106,6 +106,39 @@ t.test('a fully masked row attends uniformly, as ATen does', async (t) => {
   t.ok(got.every((y, j) => Math.abs(y - want[j]) < 2e-6), 'the mean of the values over all keys');
 });
 
+for (const c of [
+  { b: 3, nq: 8, nkv: 4, s: 90, d: 64, capacity: 100, t: 1, prefix: 60 },
+  { b: 2, nq: 4, nkv: 2, s: 40, d: 32, capacity: 40, t: 20, prefix: 15 },
+])
+  t.test(`a prefix shared by every row (cascade cache): keys [0, ${c.prefix}) read from row 0 only, ${c.t} query position(s)`, async (t) => {
+    t.teardown(() => a.setCpuKernels(true));
+    const x = inputs(c, 8);
+    // The reference: every row's first `prefix` keys and values are row 0's, and nothing is padded.
+    x.mask.fill(0);
+    for (let b = 0; b < c.b; b++) for (let p = 0; p < c.t; p++) for (let j = c.s - c.t + p + 1; j < c.s; j++) x.mask[(b * c.t + p) * c.s + j] = LOWEST;
+    const kv = c.nkv * c.capacity * c.d;
+    for (let b = 1; b < c.b; b++)
+      for (let g = 0; g < c.nkv; g++)
+        for (let j = 0; j < c.prefix; j++)
+          for (let d = 0; d < c.d; d++) {
+            const o = (g * c.capacity + j) * c.d + d;
+            x.k[b * kv + o] = x.k[o];
+            x.v[b * kv + o] = x.v[o];
+          }
+    const want = reference(c, x.q, x.k, x.v, x.mask);
+    // Rows 1.. hold NaN where the prefix is: the shared rows must be read instead.
+    const k = x.k.slice(), v = x.v.slice();
+    for (let b = 1; b < c.b; b++) for (let g = 0; g < c.nkv; g++) k.fill(NaN, b * kv + g * c.capacity * c.d, b * kv + (g * c.capacity + c.prefix) * c.d), v.fill(NaN, b * kv + g * c.capacity * c.d, b * kv + (g * c.capacity + c.prefix) * c.d);
+    for (const on of [true, false]) {
+      a.setCpuKernels(on);
+      const got = a.attention({ ...c, ...x, k, v });
+      let worst = 0;
+      got.forEach((y, j) => (worst = Math.max(worst, Number.isNaN(y) ? Infinity : Math.abs(y - want[j]))));
+      t.ok(worst < 2e-6, `${on ? 'kernel' : 'ATen'}: worst error ${worst.toExponential(2)}`);
+    }
+    t.throws(() => a.attention({ ...c, ...x, prefix: c.s }), { code: 'ARGUMENT_INVALID', message: /'prefix' must be smaller than s/ });
+  });
+
 t.test('a fully masked position inside a prefill block attends uniformly too', async (t) => {
   const c = { b: 2, nq: 4, nkv: 2, s: 24, d: 32, capacity: 24, t: 10 };
   const x = inputs(c, 5);

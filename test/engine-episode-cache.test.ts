@@ -50,9 +50,9 @@ async function both(t: Test, m: Model, prompts: Int32Array[], keys: Array<string
  * key. `expectReuse` checks the reused count: prompt + output - 1 tokens (the last sampled token was
  * never fed back) per keyed row, less what a row dropped.
  */
-async function conversation(t: Test, m: Model, req: Req, tag: string, expectReuse = true) {
-  const keys = firsts.map((_, i) => (i === 4 ? null : `${tag}-${i}`));
-  let prompts = firsts.map(I);
+async function conversation(t: Test, m: Model, req: Req, tag: string, expectReuse = true, starts = firsts) {
+  const keys = starts.map((_, i) => (i === 4 ? null : `${tag}-${i}`));
+  let prompts = starts.map(I);
   let prev: { prompts: Int32Array[]; tokens: Int32Array[] } | null = null;
   for (let turn = 1; turn <= 3; turn++) {
     const { cached }: { cached: Awaited<ReturnType<Model['generate']>> } = await both(t, m, prompts, keys, req, `${tag} turn ${turn}`);
@@ -86,6 +86,14 @@ t.test('multi-turn: reusing the caches equals re-prefilling the conversation', a
   const free = await m.generate({ prompts: firsts.map(I), maxNewTokens: 9, greedy: true });
   await conversation(t, m, { maxNewTokens: 9, greedy: true, stopTokenIds: [free.tokens[0][3], free.tokens[2][1]] }, 'stop tokens');
   t.equal(m.cacheStats().entries, 0, 'released caches are gone');
+});
+
+t.test('a first turn whose rows all share the system prompt (one prefix in the cache, read by every row) stores each full past', async (t) => {
+  const m = await Model.load(dir);
+  t.teardown(() => m.dispose());
+  const sysFirsts = firsts.map((f) => (f[0] === SYS[0] ? f : [...SYS, ...f]));
+  await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt', true, sysFirsts);
+  await conversation(t, m, { maxNewTokens: 9, temperature: [1, 0.8, 0, 1.2, 1], rowSeeds: [5, 6, 7, 8, 9] }, 'shared system prompt, sampled', true, sysFirsts);
 });
 
 t.test('a LoRA adapter on; weights changed between calls drop the caches', async (t) => {

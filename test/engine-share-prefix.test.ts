@@ -7,6 +7,7 @@
 // compute fewer tokens than the prompts hold when prompts repeat.
 import t, { type Test } from 'tap';
 import { Model } from '../lib/engine/model.js';
+import { native } from '../lib/engine/runtime.js';
 import { fixture } from './helpers/shared.js';
 
 const dir = fixture('qwen3', 'tiny-qwen3-f32');
@@ -72,6 +73,16 @@ t.test('greedy and sampled rows: shared prefill equals the unshared path', async
     t.notSame(Array.from(s.on.tokens[0]), Array.from(s.on.tokens[2]), 'two samples of one prompt differ (own seeds)');
     await compare(t, m, { prompts, maxNewTokens: 12, temperature: 0.9, seed: 5, topK: 20, topP: 0.9 }, `${name}, sampled with (seed, row)`);
   }
+});
+
+t.test("with the CPU kernels off (ATen's path, the one other devices take), the shared prefix is put before every row's keys", async (t) => {
+  const m = await Model.load(dir);
+  t.teardown(() => m.dispose());
+  const a = native();
+  a.setCpuKernels(false);
+  t.teardown(() => a.setCpuKernels(true));
+  await compare(t, m, { prompts: shared, maxNewTokens: 10, greedy: true }, 'kernels off, greedy');
+  await compare(t, m, { prompts: shared, maxNewTokens: 12, temperature: 1.1, rowSeeds: shared.map((_, i) => 100 + i) }, 'kernels off, sampled');
 });
 
 t.test('rows that stop early: stop tokens, stop strings, max tokens', async (t) => {

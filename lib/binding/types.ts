@@ -283,9 +283,10 @@ export interface NativeAddon {
   linear(req: { x: Float32Array; w: Float32Array; m: number; n: number; k: number; dtype?: 'float32' | 'bfloat16' }): Float32Array;
   /**
    * Generation's attention (the fused CPU kernel, or ATen's path with the CPU kernels off): q [b, nq, t, d], k/v [b, nkv, capacity, d]
-   * (the first s positions used), mask [b, t, s] additive; returns [b, nq, t, d]. t defaults to 1 (a decode step). For tests and benchmarks.
+   * (the first s positions used), mask [b, t, s] additive; returns [b, nq, t, d]. t defaults to 1 (a decode step). prefix P: keys
+   * [0, P) are row 0's, shared by every row (the cascade KV cache of shared-prefix generation). For tests and benchmarks.
    */
-  attention(req: { q: Float32Array; k: Float32Array; v: Float32Array; mask: Float32Array; b: number; nq: number; nkv: number; s: number; d: number; t?: number; capacity?: number; dtype?: 'float32' | 'bfloat16' }): Float32Array;
+  attention(req: { q: Float32Array; k: Float32Array; v: Float32Array; mask: Float32Array; b: number; nq: number; nkv: number; s: number; d: number; t?: number; capacity?: number; dtype?: 'float32' | 'bfloat16'; prefix?: number }): Float32Array;
   /** V8's count of external memory (bytes) as Node-API reports it; each model handle adds what it holds natively. */
   externalMemory(): number;
   /** The training losses of native/core/losses.h on small arrays (tests). */

@@ -30,14 +30,26 @@ constexpr int64_t kBlockFrom = 4;
 struct Geometry {
   int64_t R, S, D;
   int64_t q_head, o_head;  // strides between query heads in q and in the output
-  int64_t k_pos, v_pos;    // strides between positions
   float scale;
+};
+
+// One KV head's keys and values of one sequence: positions [0, P) from the prefix shared by every
+// sequence of the batch (cascade: all rows read the same memory, which stays in cache), [P, S) from
+// the sequence's own cache rows.
+template <class T>
+struct Keys {
+  const T *pk, *pv;  // the shared prefix (P rows)
+  int64_t P, pk_pos, pv_pos;
+  const T *k, *v;  // the sequence's own rows
+  int64_t k_pos, v_pos;
+  const T* key(int64_t j) const { return j < P ? pk + j * pk_pos : k + (j - P) * k_pos; }
+  const T* value(int64_t j) const { return j < P ? pv + j * pv_pos : v + (j - P) * v_pos; }
 };
 
 // One query position of the R query heads of one KV head: q (R rows, stride g.q_head), k/v (S
 // rows), mask (S), out (R rows of D, stride g.o_head). `scratch` holds R*S + 2*R*D + R floats.
 template <class T>
-T512 void attend(const T* q, const T* k, const T* v, const float* mask, T* out, const Geometry& g, float* scratch) {
+T512 void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch) {
   const int64_t R = g.R, S = g.S, D = g.D;
   constexpr float kLowest = std::numeric_limits<float>::lowest();
   float* sc = scratch;        // [R][S] scores, then probabilities (unnormalised)
@@ -54,7 +66,7 @@ T512 void attend(const T* q, const T* k, const T* v, const float* mask, T* out, 
       continue;
     }
     ++unmasked;
-    const T* kj = k + j * g.k_pos;
+    const T* kj = kv.key(j);
     for (int64_t r = 0; r < R; ++r) {
       __m512 s = _mm512_setzero_ps();
       for (int64_t d = 0; d < D; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(qf + r * D + d), load16(kj + d), s);
@@ -73,7 +85,7 @@ T512 void attend(const T* q, const T* k, const T* v, const float* mask, T* out, 
   std::memset(acc, 0, sizeof(float) * R * D);
   for (int64_t j = 0; j < S; ++j) {
     if (unmasked > 0 && mask[j] == kLowest) continue;
-    const T* vj = v + j * g.v_pos;
+    const T* vj = kv.value(j);
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 vv = load16(vj + d);
       for (int64_t r = 0; r < R; ++r) {
@@ -104,13 +116,13 @@ struct Block {
 };
 
 template <int ND, class T>
-T512 inline void weighted_sum(const float* p, int64_t stride, const int32_t* keys, int64_t n, const T* v, int64_t v_pos, int64_t d0, float* acc4, int rows) {
+T512 inline void weighted_sum(const float* p, int64_t stride, const int32_t* keys, int64_t n, const Keys<T>& kv, int64_t d0, float* acc4, int rows) {
   // acc4[row][16 * ND] += sum over the listed keys of p[key * stride + row] * v[key][d0 ..]: 4 rows.
   __m512 a[4][ND];
   for (int r = 0; r < 4; ++r)
     for (int c = 0; c < ND; ++c) a[r][c] = _mm512_setzero_ps();
   for (int64_t jj = 0; jj < n; ++jj) {
-    const T* vj = v + keys[jj] * v_pos + d0;
+    const T* vj = kv.value(keys[jj]) + d0;
     __m512 vv[ND];
     for (int c = 0; c < ND; ++c) vv[c] = load16(vj + 16 * c);
     const float* pj = p + jj * stride;
@@ -125,7 +137,7 @@ T512 inline void weighted_sum(const float* p, int64_t stride, const int32_t* key
 
 // `scratch` holds R*D*16 (queries) + 16*D (8 keys) + R*S*16 (scores) + S*16 (mask) + 16*64 floats and S ints.
 template <class T>
-T512 bool attend_block(const Block& blk, const T* k, const T* v, const Geometry& g, float* scratch) {
+T512 bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, float* scratch) {
   const int64_t R = g.R, S = g.S, D = g.D, L = blk.lanes;
   constexpr float kLowest = std::numeric_limits<float>::lowest();
   const T* q = static_cast<const T*>(blk.q);
@@ -158,7 +170,7 @@ T512 bool attend_block(const Block& blk, const T* k, const T* v, const Geometry&
   for (int64_t j0 = 0; j0 < n; j0 += 8) {
     const int64_t nk = std::min<int64_t>(8, n - j0);
     for (int64_t x = 0; x < 8; ++x)
-      for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(kf + x * D + d, x < nk ? load16(k + keys[j0 + x] * g.k_pos + d) : _mm512_setzero_ps());
+      for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(kf + x * D + d, x < nk ? load16(kv.key(keys[j0 + x]) + d) : _mm512_setzero_ps());
     for (int64_t r = 0; r < R; ++r) {
       __m512 s[8];
       for (int x = 0; x < 8; ++x) s[x] = _mm512_setzero_ps();
@@ -195,10 +207,10 @@ T512 bool attend_block(const Block& blk, const T* k, const T* v, const Geometry&
       const int rows = static_cast<int>(std::min<int64_t>(4, L - l0));
       for (int64_t d0 = 0; d0 < D; d0 += 64) {
         const int64_t nd = std::min<int64_t>(64, D - d0) / 16;
-        if (nd == 4) weighted_sum<4>(sr + l0, 16, keys, n, v, g.v_pos, d0, acc, rows);
-        else if (nd == 3) weighted_sum<3>(sr + l0, 16, keys, n, v, g.v_pos, d0, acc, rows);
-        else if (nd == 2) weighted_sum<2>(sr + l0, 16, keys, n, v, g.v_pos, d0, acc, rows);
-        else weighted_sum<1>(sr + l0, 16, keys, n, v, g.v_pos, d0, acc, rows);
+        if (nd == 4) weighted_sum<4>(sr + l0, 16, keys, n, kv, d0, acc, rows);
+        else if (nd == 3) weighted_sum<3>(sr + l0, 16, keys, n, kv, d0, acc, rows);
+        else if (nd == 2) weighted_sum<2>(sr + l0, 16, keys, n, kv, d0, acc, rows);
+        else weighted_sum<1>(sr + l0, 16, keys, n, kv, d0, acc, rows);
         for (int r4 = 0; r4 < rows; ++r4) {
           T* o = out + (l0 + r4) * blk.o_pos + r * o_head + d0;
           for (int64_t d = 0; d < nd * 16; ++d) o[d] = static_cast<T>(acc[r4 * 64 + d] * inv[l0 + r4]);
@@ -210,36 +222,43 @@ T512 bool attend_block(const Block& blk, const T* k, const T* v, const Geometry&
 }
 
 template <class E>
-at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale) {
-  const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = k.size(1), S = k.size(2);
+at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& mask, double scale) {
+  const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = k.size(1);
+  const int64_t P = pk.defined() ? pk.size(2) : 0, S = P + k.size(2);
   auto out = at::empty({B, nq, T, D}, q.options());
-  const Geometry g{nq / nkv, S, D, q.stride(1), T * D, k.stride(2), v.stride(2), static_cast<float>(scale)};
+  const Geometry g{nq / nkv, S, D, q.stride(1), T * D, static_cast<float>(scale)};
   const E* qp = q.data_ptr<E>();
-  const E* kp = k.data_ptr<E>();
-  const E* vp = v.data_ptr<E>();
   const float* mp = mask.data_ptr<float>();
   E* op = out.data_ptr<E>();
-  const auto one = [&](int64_t b, int64_t h, int64_t t, float* scratch) {
-    attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1),
-              mp + b * mask.stride(0) + t * mask.stride(2), op + ((b * nq + h * g.R) * T + t) * D, g, scratch);
+  const auto keys = [&](int64_t b, int64_t h) {
+    Keys<E> kv{nullptr, nullptr, P, 0, 0, k.data_ptr<E>() + b * k.stride(0) + h * k.stride(1), v.data_ptr<E>() + b * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2)};
+    if (P > 0) {
+      kv.pk = pk.data_ptr<E>() + h * pk.stride(1), kv.pv = pv.data_ptr<E>() + h * pv.stride(1);
+      kv.pk_pos = pk.stride(2), kv.pv_pos = pv.stride(2);
+    }
+    return kv;
   };
+  const auto one = [&](int64_t b, int64_t h, int64_t t, float* scratch) {
+    attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), keys(b, h), mp + b * mask.stride(0) + t * mask.stride(2), op + ((b * nq + h * g.R) * T + t) * D, g, scratch);
+  };
+  // Tasks go KV head by KV head, so that consecutive sequences read a shared prefix from cache.
   if (T < kBlockFrom) {
-    // One task per (sequence, KV head, query position); a KV head's keys stay in L2 across its positions.
+    // One task per (KV head, sequence, query position).
     at::parallel_for(0, B * nkv * T, 1, [&](int64_t t0, int64_t t1) {
       std::vector<float> scratch(g.R * S + 2 * g.R * D + g.R);
-      for (int64_t i = t0; i < t1; ++i) one(i / (nkv * T), (i / T) % nkv, i % T, scratch.data());
+      for (int64_t i = t0; i < t1; ++i) one((i / T) % B, i / (B * T), i % T, scratch.data());
     });
     return out;
   }
-  // A prefill: one task per (sequence, KV head, block of 16 positions).
+  // A prefill: one task per (KV head, sequence, block of 16 positions).
   const int64_t nb = (T + 15) / 16;
   at::parallel_for(0, B * nkv * nb, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> scratch(std::max(g.R * D * 16 + 16 * D + g.R * S * 16 + S * 16 + 16 * 64 + S, g.R * S + 2 * g.R * D + g.R));
     for (int64_t i = t0; i < t1; ++i) {
-      const int64_t b = i / (nkv * nb), h = (i / nb) % nkv, p0 = (i % nb) * 16, lanes = std::min<int64_t>(16, T - p0);
+      const int64_t h = i / (B * nb), b = (i / nb) % B, p0 = (i % nb) * 16, lanes = std::min<int64_t>(16, T - p0);
       const Block blk{qp + b * q.stride(0) + h * g.R * q.stride(1) + p0 * q.stride(2), q.stride(2), mp + b * mask.stride(0) + p0 * mask.stride(2), mask.stride(2),
                       op + ((b * nq + h * g.R) * T + p0) * D, D, lanes};
-      if (!attend_block<E>(blk, kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1), g, scratch.data()))
+      if (!attend_block<E>(blk, keys(b, h), g, scratch.data()))
         for (int64_t t = p0; t < p0 + lanes; ++t) one(b, h, t, scratch.data());
     }
   });
@@ -249,7 +268,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 }  // namespace
 #endif
 
-at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale) {
+at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale, const at::Tensor& pk, const at::Tensor& pv) {
 #ifdef SLM_CPU_VEC_X86
   if (!cpu_kernels_enabled() || !cpu_has_avx512() || !q.device().is_cpu()) return {};
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || mask.dim() != 4) return {};
@@ -258,10 +277,15 @@ at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
   const int64_t B = q.size(0), nq = q.size(1), D = q.size(3), nkv = k.size(1), S = k.size(2);
   if (D % 16 != 0 || nkv == 0 || nq % nkv != 0 || k.size(0) != B || v.size(0) != B || v.size(1) != nkv || v.size(2) != S || k.size(3) != D || v.size(3) != D) return {};
-  if (mask.size(0) != B || mask.size(1) != 1 || mask.size(2) != q.size(2) || mask.size(3) != S || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || mask.stride(3) != 1) return {};
-  return dt == at::kFloat ? run<float>(q, k, v, mask, scale) : run<c10::BFloat16>(q, k, v, mask, scale);
+  const int64_t P = pk.defined() ? pk.size(2) : 0;
+  if (pk.defined() != pv.defined()) return {};
+  if (pk.defined() && (pk.dim() != 4 || pv.dim() != 4 || pk.size(0) != 1 || pv.size(0) != 1 || pk.size(1) != nkv || pv.size(1) != nkv || pv.size(2) != P ||
+                       pk.size(3) != D || pv.size(3) != D || pk.scalar_type() != dt || pv.scalar_type() != dt || pk.stride(3) != 1 || pv.stride(3) != 1 || !pk.device().is_cpu()))
+    return {};
+  if (mask.size(0) != B || mask.size(1) != 1 || mask.size(2) != q.size(2) || mask.size(3) != P + S || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || mask.stride(3) != 1) return {};
+  return dt == at::kFloat ? run<float>(q, k, v, pk, pv, mask, scale) : run<c10::BFloat16>(q, k, v, pk, pv, mask, scale);
 #else
-  (void)q, (void)k, (void)v, (void)mask, (void)scale;
+  (void)q, (void)k, (void)v, (void)mask, (void)scale, (void)pk, (void)pv;
   return {};
 #endif
 }

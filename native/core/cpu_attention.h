@@ -24,7 +24,10 @@ namespace slm {
 // q [B, n_q, T, D]; k, v [B, n_kv, S, D] (views of the cache: the last dimension contiguous);
 // mask [B, 1, T, S] float32, additive (0 or the lowest float). Returns softmax(q·kᵀ·scale + mask)·v
 // as [B, n_q, T, D] in q's dtype, query head h reading KV head h / (n_q / n_kv); or undefined.
-at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale);
+// With pk/pv [1, n_kv, P, D] (a prefix every sequence shares, read from one place), keys [0, P) are
+// the prefix's and [P, P + S) the sequence's own rows k/v; the mask is then [B, 1, T, P + S].
+at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale, const at::Tensor& pk = {},
+                         const at::Tensor& pv = {});
 
 // What this CPU gets: "avx512 (float32, bfloat16)" or "none".
 const char* cpu_attention_isa();

@@ -190,10 +190,10 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
 
     cache = model.new_cache(P > 0 ? 1 : U, L + p.max_new_tokens);
     t0 = now();
-    if (P > 0) {  // the common prefix once, then its cache row copied to every distinct prompt
+    if (P > 0) {  // the common prefix once, then shared by every distinct prompt's rows (read from one place)
       model.hidden(ids.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), positions.narrow(0, 0, 1).narrow(1, 0, P).contiguous(),
                    mask.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), &cache);
-      cache.keep_rows(at::zeros({U}, li.device(dev)));
+      cache.share_prefix(U);
     }
     h = model.hidden(ids.narrow(1, P, L - P).contiguous(), positions.narrow(1, P, L - P).contiguous(), mask, &cache);  // [U, L - P, hidden]
     logits = model.logits(h.narrow(1, L - P - 1, 1), true).squeeze(1);  // [U, V]
@@ -264,8 +264,8 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     e.tokens = std::move(toks);
     e.weights = weights;
     for (size_t l = 0; l < cache.k.size(); ++l) {
-      e.k.push_back(cache.k[l][slot].index_select(1, idx));
-      e.v.push_back(cache.v[l][slot].index_select(1, idx));
+      e.k.push_back(cache.row_keys(l, slot).index_select(1, idx));
+      e.v.push_back(cache.row_values(l, slot).index_select(1, idx));
     }
     out.cache_evicted += p.episode_cache->put(p.cache_keys[r], std::move(e));
   };

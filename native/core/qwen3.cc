@@ -119,6 +119,24 @@ void KVCache::keep_rows(const at::Tensor& rows) {
   for (auto& t : v) t = t.index_select(0, rows);
 }
 
+void KVCache::share_prefix(int64_t rows) {
+  if (prefix != 0 || k.empty() || k[0].size(0) != 1) fail("INTERNAL", "share_prefix needs a one-row cache without a shared prefix.");
+  prefix = length;
+  pk.clear(), pv.clear();
+  for (size_t l = 0; l < k.size(); ++l) {
+    pk.push_back(k[l].narrow(2, 0, prefix));
+    pv.push_back(v[l].narrow(2, 0, prefix));
+    auto sizes = k[l].sizes().vec();
+    sizes[0] = rows;
+    sizes[2] = capacity - prefix;
+    k[l] = at::zeros(sizes, k[l].options());
+    v[l] = at::zeros(sizes, v[l].options());
+  }
+}
+
+at::Tensor KVCache::row_keys(size_t layer, int64_t row) const { return prefix ? at::cat({pk[layer][0], k[layer][row]}, 1) : k[layer][row]; }
+at::Tensor KVCache::row_values(size_t layer, int64_t row) const { return prefix ? at::cat({pv[layer][0], v[layer][row]}, 1) : v[layer][row]; }
+
 namespace {
 
 std::string shape_str(at::IntArrayRef s) {
@@ -259,14 +277,18 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }
 }  // namespace
 
-at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K, const at::Tensor& Vv, const at::Tensor& mask, bool kernels) {
-  const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = K.size(1), R = nq / nkv;
-  const int64_t S = K.size(2);
+at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K_rows, const at::Tensor& V_rows, const at::Tensor& mask, bool kernels, const at::Tensor& pk,
+                             const at::Tensor& pv) {
+  const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = K_rows.size(1), R = nq / nkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   if (kernels) {  // generation: the fused CPU kernel when it applies
-    auto o = cpu_attention(q, K, Vv, mask, scale);
+    auto o = cpu_attention(q, K_rows, V_rows, mask, scale, pk, pv);
     if (o.defined()) return o;
   }
+  // ATen: a shared prefix is put in front of every row's keys.
+  const auto K = pk.defined() ? at::cat({pk.expand({B, -1, -1, -1}), K_rows}, 2) : K_rows;
+  const auto Vv = pv.defined() ? at::cat({pv.expand({B, -1, -1, -1}), V_rows}, 2) : V_rows;
+  const int64_t S = K.size(2);
   // Grouped-query attention without repeating K/V: query head h uses kv head h / R, so the R query
   // heads of one kv head are stacked along the time axis: [B, nq, T, D] -> [B, nkv, R*T, D].
   auto qg = q.view({B, nkv, R * T, D});
@@ -315,18 +337,19 @@ at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const
     k = (k * cos + rotate_half(k) * sin).transpose(1, 2);               // [B, nkv, T, D]
   }
   v = v.transpose(1, 2);                                                // [B, nkv, T, D]
-  at::Tensor K, Vv;
+  at::Tensor K, Vv, PK, PV;
   if (cache) {
-    const int64_t start = cache->length;
+    const int64_t start = cache->length - cache->prefix;  // in the rows' own positions
     cache->k[layer].narrow(2, start, T).copy_(k);
     cache->v[layer].narrow(2, start, T).copy_(v);
-    K = cache->k[layer].narrow(2, 0, start + T);  // [B, nkv, S, D]
+    K = cache->k[layer].narrow(2, 0, start + T);  // [B, nkv, S - prefix, D]
     Vv = cache->v[layer].narrow(2, 0, start + T);
+    if (cache->prefix) PK = cache->pk[layer], PV = cache->pv[layer];
   } else {
     K = k;
     Vv = v;
   }
-  auto o = grouped_attention(q, K, Vv, mask, fo.kernels && !fo.train);
+  auto o = grouped_attention(q, K, Vv, mask, fo.kernels && !fo.train, PK, PV);
   return L.o.forward(o.transpose(1, 2).reshape({B, T, nq * D}), fo);
 }
 

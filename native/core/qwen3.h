@@ -112,8 +112,10 @@ struct Qwen3Layer {
 
 // Grouped-query attention: q [B, n_q, T, D], k/v [B, n_kv, S, D], mask [B, 1, T, S] additive float32;
 // softmax(q·kᵀ / sqrt(D) + mask)·v as [B, n_q, T, D], query head h reading KV head h / (n_q / n_kv).
-// `kernels` (generation): the fused CPU kernel may run it (core/cpu_attention.h).
-at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool kernels);
+// `kernels` (generation): the fused CPU kernel may run it (core/cpu_attention.h). With pk/pv
+// [1, n_kv, P, D], a prefix shared by every row comes before k/v's S positions (mask [B, 1, T, P + S]).
+at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool kernels, const at::Tensor& pk = {},
+                             const at::Tensor& pv = {});
 
 // Per-call tensors shared by every layer: rotary tables and the additive attention mask.
 struct LayerInputs {
@@ -123,10 +125,18 @@ struct LayerInputs {
 
 // Per-layer key/value cache for batched decoding: [B, n_kv, capacity, head_dim] each.
 struct KVCache {
-  std::vector<at::Tensor> k, v;
-  int64_t length = 0;    // positions filled
-  int64_t capacity = 0;
+  std::vector<at::Tensor> k, v;    // per layer [B, n_kv, capacity - prefix, D]: each row's own positions
+  std::vector<at::Tensor> pk, pv;  // per layer [1, n_kv, prefix, D]: positions [0, prefix), shared by every row
+  int64_t prefix = 0;
+  int64_t length = 0;    // positions filled, the prefix included
+  int64_t capacity = 0;  // positions, the prefix included
   void keep_rows(const at::Tensor& rows);  // compaction: keep only these batch rows (int64 on device)
+  // A one-row cache whose `length` positions become the prefix shared by `rows` rows (cascade
+  // attention: stored and read once, not copied per row); the rows' own positions start empty.
+  void share_prefix(int64_t rows);
+  // Row `row`'s keys and values of `layer` at all positions, the prefix included: [n_kv, capacity, D].
+  at::Tensor row_keys(size_t layer, int64_t row) const;
+  at::Tensor row_values(size_t layer, int64_t row) const;
 };
 
 class Qwen3Model {
