@@ -106,16 +106,21 @@ t.test('a fully masked row attends uniformly, as ATen does', async (t) => {
   t.ok(got.every((y, j) => Math.abs(y - want[j]) < 2e-6), 'the mean of the values over all keys');
 });
 
+// Decode steps take two phases (the prefix for 16 rows at a time, then each row's own keys); a row
+// that sees no prefix key sends its block of 16 to the one-pass path.
 for (const c of [
   { b: 3, nq: 8, nkv: 4, s: 90, d: 64, capacity: 100, t: 1, prefix: 60 },
+  { b: 20, nq: 4, nkv: 2, s: 50, d: 48, capacity: 50, t: 1, prefix: 30 },
+  { b: 20, nq: 4, nkv: 2, s: 50, d: 32, capacity: 50, t: 1, prefix: 30, hidePrefixFromRow: 17 },
   { b: 2, nq: 4, nkv: 2, s: 40, d: 32, capacity: 40, t: 20, prefix: 15 },
 ])
-  t.test(`a prefix shared by every row (cascade cache): keys [0, ${c.prefix}) read from row 0 only, ${c.t} query position(s)`, async (t) => {
+  t.test(`a prefix shared by every row (cascade cache): keys [0, ${c.prefix}) read from row 0 only, ${c.b} rows, ${c.t} query position(s)${c.hidePrefixFromRow ? `, row ${c.hidePrefixFromRow} sees none of it` : ''}`, async (t) => {
     t.teardown(() => a.setCpuKernels(true));
     const x = inputs(c, 8);
     // The reference: every row's first `prefix` keys and values are row 0's, and nothing is padded.
     x.mask.fill(0);
     for (let b = 0; b < c.b; b++) for (let p = 0; p < c.t; p++) for (let j = c.s - c.t + p + 1; j < c.s; j++) x.mask[(b * c.t + p) * c.s + j] = LOWEST;
+    if (c.hidePrefixFromRow) for (let p = 0; p < c.t; p++) x.mask.fill(LOWEST, (c.hidePrefixFromRow * c.t + p) * c.s, (c.hidePrefixFromRow * c.t + p) * c.s + c.prefix);
     const kv = c.nkv * c.capacity * c.d;
     for (let b = 1; b < c.b; b++)
       for (let g = 0; g < c.nkv; g++)
@@ -136,6 +141,14 @@ for (const c of [
       got.forEach((y, j) => (worst = Math.max(worst, Number.isNaN(y) ? Infinity : Math.abs(y - want[j]))));
       t.ok(worst < 2e-6, `${on ? 'kernel' : 'ATen'}: worst error ${worst.toExponential(2)}`);
     }
+    a.setCpuKernels(true);
+    const r = { q: toBf16(x.q), k: toBf16(x.k), v: toBf16(x.v) };
+    const wantBf = reference(c, r.q, r.k, r.v, x.mask);
+    const kb = r.k.slice(), vb = r.v.slice();
+    for (let i = 0; i < k.length; i++) if (Number.isNaN(k[i])) (kb[i] = NaN), (vb[i] = NaN);
+    const gotBf = a.attention({ ...c, ...x, ...r, k: kb, v: vb, dtype: 'bfloat16' });
+    const bad = Array.from(gotBf).findIndex((y, j) => !(Math.abs(y - wantBf[j]) <= Math.abs(wantBf[j]) * 2 ** -8 + 1e-6));
+    t.equal(bad, -1, 'bfloat16 kernel: within one rounding of float64');
     t.throws(() => a.attention({ ...c, ...x, prefix: c.s }), { code: 'ARGUMENT_INVALID', message: /'prefix' must be smaller than s/ });
   });
 

@@ -46,23 +46,27 @@ struct Keys {
   const T* value(int64_t j) const { return j < P ? pv + j * pv_pos : v + (j - P) * v_pos; }
 };
 
-// One query position of the R query heads of one KV head: q (R rows, stride g.q_head), k/v (S
-// rows), mask (S), out (R rows of D, stride g.o_head). `scratch` holds R*S + 2*R*D + R floats.
+// One query position of the R query heads of one KV head: q (R rows, stride g.q_head), keys and
+// values (S positions), mask (S), out (R rows of D, stride g.o_head). `scratch` holds R*S + 2*R*D + R
+// floats. With `st` (a cascade decode), keys [0, j0) were done already: st[r * st_r] holds their
+// maximum score, + 1 their sum of exp(score - maximum), + 2.. their unnormalised sum of p v; keys
+// [j0, S) are added to that (masked keys are then never read).
 template <class T>
-T512 void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch) {
-  const int64_t R = g.R, S = g.S, D = g.D;
+T512 void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch, int64_t j0 = 0, const float* st = nullptr,
+                 int64_t st_r = 0) {
+  const int64_t R = g.R, S = g.S, D = g.D, n = S - j0;
   constexpr float kLowest = std::numeric_limits<float>::lowest();
-  float* sc = scratch;        // [R][S] scores, then probabilities (unnormalised)
-  float* qf = sc + R * S;     // [R][D] q in float32
+  float* sc = scratch;        // [R][n] scores, then probabilities (unnormalised)
+  float* qf = sc + R * n;     // [R][D] q in float32
   float* acc = qf + R * D;    // [R][D] sum of p * v
   float* inv = acc + R * D;   // [R] 1 / sum of p
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(q[r * g.q_head + d]);
   // Scores: q·k * scale + mask, as ATen orders it; a masked key keeps the lowest float (its key is not read).
   int64_t unmasked = 0;
-  for (int64_t j = 0; j < S; ++j) {
+  for (int64_t j = j0; j < S; ++j) {
     if (mask[j] == kLowest) {
-      for (int64_t r = 0; r < R; ++r) sc[r * S + j] = kLowest;
+      for (int64_t r = 0; r < R; ++r) sc[r * n + j - j0] = kLowest;
       continue;
     }
     ++unmasked;
@@ -70,27 +74,35 @@ T512 void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const
     for (int64_t r = 0; r < R; ++r) {
       __m512 s = _mm512_setzero_ps();
       for (int64_t d = 0; d < D; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(qf + r * D + d), load16(kj + d), s);
-      sc[r * S + j] = _mm512_reduce_add_ps(s) * g.scale + mask[j];
+      sc[r * n + j - j0] = _mm512_reduce_add_ps(s) * g.scale + mask[j];
     }
   }
   // Softmax per query head (a fully masked row: every score the lowest float, a uniform
-  // distribution, as ATen gives).
+  // distribution, as ATen gives). With a prior state, both parts are rescaled to the larger maximum.
+  std::memset(acc, 0, sizeof(float) * R * D);
   for (int64_t r = 0; r < R; ++r) {
-    float* row = sc + r * S;
-    const float m = cpu_row_max(row, S);
-    inv[r] = static_cast<float>(1.0 / cpu_row_exp(row, S, m, row));
+    float* row = sc + r * n;
+    if (!st) {
+      const float m = cpu_row_max(row, n);
+      inv[r] = static_cast<float>(1.0 / cpu_row_exp(row, n, m, row));
+      continue;
+    }
+    const float* s0 = st + r * st_r;
+    const float m = std::max(cpu_row_max(row, n), s0[0]);
+    const float c = std::exp(s0[0] - m);
+    inv[r] = static_cast<float>(1.0 / (cpu_row_exp(row, n, m, row) + static_cast<double>(s0[1]) * c));
+    for (int64_t d = 0; d < D; ++d) acc[r * D + d] = s0[2 + d] * c;
   }
   // out = (sum_j p_j v_j) / sum_j p_j, accumulated in float32. Masked keys are not read (their p is
   // exp(lowest - max): 0, or the vectorised exp's smallest denormal), unless every key is masked.
-  std::memset(acc, 0, sizeof(float) * R * D);
-  for (int64_t j = 0; j < S; ++j) {
-    if (unmasked > 0 && mask[j] == kLowest) continue;
+  for (int64_t j = j0; j < S; ++j) {
+    if ((unmasked > 0 || st) && mask[j] == kLowest) continue;
     const T* vj = kv.value(j);
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 vv = load16(vj + d);
       for (int64_t r = 0; r < R; ++r) {
         float* a = acc + r * D + d;
-        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(sc[r * S + j]), vv, _mm512_loadu_ps(a)));
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(sc[r * n + j - j0]), vv, _mm512_loadu_ps(a)));
       }
     }
   }
@@ -136,8 +148,11 @@ T512 inline void weighted_sum(const float* p, int64_t stride, const int32_t* key
 }
 
 // `scratch` holds R*D*16 (queries) + 16*D (8 keys) + R*S*16 (scores) + S*16 (mask) + 16*64 floats and S ints.
+// With `st` (a cascade decode's first phase: lanes are sequences, the keys a prefix they share), the
+// block's state is written instead of its output: for lane l and query head r, at st + l * st_l +
+// r * st_r, the maximum score, the sum of exp(score - maximum) and the unnormalised sum of p v (D).
 template <class T>
-T512 bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, float* scratch) {
+T512 bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, float* scratch, float* st = nullptr, int64_t st_l = 0, int64_t st_r = 0) {
   const int64_t R = g.R, S = g.S, D = g.D, L = blk.lanes;
   constexpr float kLowest = std::numeric_limits<float>::lowest();
   const T* q = static_cast<const T*>(blk.q);
@@ -202,6 +217,12 @@ T512 bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, f
     }
     alignas(64) float inv[16];
     _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), z));
+    if (st) {  // the state instead of the output: maximum, sum, unnormalised sum of p v
+      alignas(64) float mxs[16], zs[16];
+      _mm512_store_ps(mxs, mx);
+      _mm512_store_ps(zs, z);
+      for (int64_t l = 0; l < L; ++l) st[l * st_l + r * st_r] = mxs[l], st[l * st_l + r * st_r + 1] = zs[l];
+    }
     // out[position] = sum_j p_j v_j / z, 4 positions x 64 values at a time.
     for (int64_t l0 = 0; l0 < L; l0 += 4) {
       const int rows = static_cast<int>(std::min<int64_t>(4, L - l0));
@@ -212,6 +233,10 @@ T512 bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, f
         else if (nd == 2) weighted_sum<2>(sr + l0, 16, keys, n, kv, d0, acc, rows);
         else weighted_sum<1>(sr + l0, 16, keys, n, kv, d0, acc, rows);
         for (int r4 = 0; r4 < rows; ++r4) {
+          if (st) {
+            std::memcpy(st + (l0 + r4) * st_l + r * st_r + 2 + d0, acc + r4 * 64, sizeof(float) * nd * 16);
+            continue;
+          }
           T* o = out + (l0 + r4) * blk.o_pos + r * o_head + d0;
           for (int64_t d = 0; d < nd * 16; ++d) o[d] = static_cast<T>(acc[r4 * 64 + d] * inv[l0 + r4]);
         }
@@ -242,6 +267,38 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), keys(b, h), mp + b * mask.stride(0) + t * mask.stride(2), op + ((b * nq + h * g.R) * T + t) * D, g, scratch);
   };
   // Tasks go KV head by KV head, so that consecutive sequences read a shared prefix from cache.
+  if (T == 1 && P > 0 && B > 1) {
+    // A decode step with a shared prefix (cascade): first the prefix for 16 sequences at a time, as
+    // a small GEMM (the block path with sequences for lanes), keeping each one's softmax state; then
+    // each sequence's own keys, added to it. A block with a sequence that sees no prefix key runs the
+    // one-pass path for its sequences.
+    const int64_t nb = (B + 15) / 16, st_r = D + 2, st_b = g.R * st_r;
+    std::vector<float> state(nkv * B * st_b);
+    std::vector<uint8_t> whole(nkv * nb, 0);
+    Geometry gp = g;
+    gp.S = P;
+    at::parallel_for(0, nkv * nb, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scratch(g.R * D * 16 + 16 * D + g.R * P * 16 + P * 16 + 16 * 64 + P);
+      for (int64_t i = t0; i < t1; ++i) {
+        const int64_t h = i / nb, b0 = (i % nb) * 16, lanes = std::min<int64_t>(16, B - b0);
+        const Block blk{qp + b0 * q.stride(0) + h * g.R * q.stride(1), q.stride(0), mp + b0 * mask.stride(0), mask.stride(0), nullptr, 0, lanes};
+        whole[i] = !attend_block<E>(blk, keys(b0, h), gp, scratch.data(), state.data() + (h * B + b0) * st_b, st_b, st_r);
+      }
+    });
+    at::parallel_for(0, B * nkv, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scratch(g.R * S + 2 * g.R * D + g.R);
+      for (int64_t i = t0; i < t1; ++i) {
+        const int64_t h = i / B, b = i % B;
+        if (whole[h * nb + b / 16]) {
+          one(b, h, 0, scratch.data());
+          continue;
+        }
+        attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1), keys(b, h), mp + b * mask.stride(0), op + (b * nq + h * g.R) * D, g, scratch.data(), P,
+                  state.data() + (h * B + b) * st_b, st_r);
+      }
+    });
+    return out;
+  }
   if (T < kBlockFrom) {
     // One task per (KV head, sequence, query position).
     at::parallel_for(0, B * nkv * T, 1, [&](int64_t t0, int64_t t1) {
