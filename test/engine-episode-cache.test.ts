@@ -6,6 +6,7 @@
 // a key, a LoRA adapter on, weights changed between calls (the cache is dropped), a byte limit that
 // evicts caches (those rows re-prefill, one log line), and released caches freed.
 import t, { type Test } from 'tap';
+import { native } from '../lib/engine/runtime.js';
 import { Model } from '../lib/engine/model.js';
 import type { GenerateRequest } from '../lib/engine/types.js';
 import { configFromObject } from '../lib/config/load.js';
@@ -50,8 +51,8 @@ async function both(t: Test, m: Model, prompts: Int32Array[], keys: Array<string
  * key. `expectReuse` checks the reused count: prompt + output - 1 tokens (the last sampled token was
  * never fed back) per keyed row, less what a row dropped.
  */
-async function conversation(t: Test, m: Model, req: Req, tag: string, expectReuse = true, starts = firsts) {
-  const keys = starts.map((_, i) => (i === 4 ? null : `${tag}-${i}`));
+async function conversation(t: Test, m: Model, req: Req, tag: string, expectReuse = true, starts = firsts, unkeyed = 4) {
+  const keys = starts.map((_, i) => (i === unkeyed ? null : `${tag}-${i}`));
   let prompts = starts.map(I);
   let prev: { prompts: Int32Array[]; tokens: Int32Array[] } | null = null;
   for (let turn = 1; turn <= 3; turn++) {
@@ -88,12 +89,19 @@ t.test('multi-turn: reusing the caches equals re-prefilling the conversation', a
   t.equal(m.cacheStats().entries, 0, 'released caches are gone');
 });
 
-t.test('a first turn whose rows all share the system prompt (one prefix in the cache, read by every row) stores each full past', async (t) => {
+t.test('rows that all share the system prompt: one prefix in the cache, read by every row, in the first turn and (every row keyed) in the next', async (t) => {
   const m = await Model.load(dir);
   t.teardown(() => m.dispose());
   const sysFirsts = firsts.map((f) => (f[0] === SYS[0] ? f : [...SYS, ...f]));
   await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt', true, sysFirsts);
-  await conversation(t, m, { maxNewTokens: 9, temperature: [1, 0.8, 0, 1.2, 1], rowSeeds: [5, 6, 7, 8, 9] }, 'shared system prompt, sampled', true, sysFirsts);
+  await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt, every row keyed', true, sysFirsts, -1);
+  await conversation(t, m, { maxNewTokens: 9, temperature: [1, 0.8, 0, 1.2, 1], rowSeeds: [5, 6, 7, 8, 9] }, 'shared system prompt, every row keyed, sampled', true, sysFirsts, -1);
+  const free = await m.generate({ prompts: sysFirsts.map(I), maxNewTokens: 9, greedy: true });
+  await conversation(t, m, { maxNewTokens: 9, greedy: true, stopTokenIds: [free.tokens[0][3], free.tokens[2][1]] }, 'shared system prompt, every row keyed, stop tokens', true, sysFirsts, -1);
+  const a = native();
+  a.setCpuKernels(false);
+  t.teardown(() => a.setCpuKernels(true));
+  await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt, every row keyed, kernels off', true, sysFirsts, -1);
 });
 
 t.test('a LoRA adapter on; weights changed between calls drop the caches', async (t) => {

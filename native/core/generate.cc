@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <unordered_set>
@@ -209,6 +210,19 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     // Rows continuing an episode: [B, C + R] keys, each row's reused past right-aligned in [0, C)
     // (copied from its entry), the rest of its prompt right-aligned in [C, C + R) and prefilled;
     // positions = cumsum(mask) - 1 as in the shared path, so every token keeps its position.
+    // With sharing on and every row continuing an episode, the tokens that begin every row's past
+    // (a system prompt, a question's K samples) are put once in the cache as a prefix all rows read
+    // (taken from the first row's entry: the same tokens at the same positions), at [0, P); each
+    // row's past beyond it is right-aligned in [P, C).
+    int64_t P = 0;
+    if (p.share_prefix && B > 1 && std::all_of(past.begin(), past.end(), [](int64_t c) { return c > 0; })) {
+      P = *std::min_element(past.begin(), past.end());
+      for (int64_t b = 1; b < B && P > 0; ++b) {
+        int64_t i = 0;
+        while (i < P && reused[b].tokens[i] == reused[0].tokens[i]) ++i;
+        P = i;
+      }
+    }
     int64_t R = 0;
     for (int64_t b = 0; b < B; ++b) R = std::max<int64_t>(R, static_cast<int64_t>(p.prompts[b].size()) - past[b]);
     auto ids = at::full({B, R}, p.pad_id, li);
@@ -218,7 +232,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     for (int64_t b = 0; b < B; ++b) {
       const auto& pr = p.prompts[b];
       const int64_t c = past[b], r = static_cast<int64_t>(pr.size()) - c;
-      for (int64_t t = 0; t < c; ++t) mask_a[b][C - c + t] = 1;
+      for (int64_t t = 0; t < c; ++t) mask_a[b][t < P ? t : C - c + t] = 1;
       for (int64_t t = 0; t < r; ++t) {
         ids_a[b][R - r + t] = pr[c + t];
         mask_a[b][C + R - r + t] = 1;
@@ -232,13 +246,23 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     mask = mask.to(dev);
     model.check_ids(ids);
     t0 = now();
-    cache = model.new_cache(B, C + R + p.max_new_tokens);
+    if (P > 0) {
+      cache = model.new_cache(1, C + R + p.max_new_tokens);
+      for (size_t l = 0; l < cache.k.size(); ++l) {
+        cache.k[l][0].narrow(1, 0, P).copy_(reused[0].k[l].narrow(1, 0, P));
+        cache.v[l][0].narrow(1, 0, P).copy_(reused[0].v[l].narrow(1, 0, P));
+      }
+      cache.length = P;
+      cache.share_prefix(B);
+    } else {
+      cache = model.new_cache(B, C + R + p.max_new_tokens);
+    }
     for (int64_t b = 0; b < B; ++b) {
       const int64_t c = past[b];
       if (c == 0) continue;
       for (size_t l = 0; l < cache.k.size(); ++l) {
-        cache.k[l][b].narrow(1, C - c, c).copy_(reused[b].k[l].narrow(1, 0, c));
-        cache.v[l][b].narrow(1, C - c, c).copy_(reused[b].v[l].narrow(1, 0, c));
+        cache.k[l][b].narrow(1, C - c, c - P).copy_(reused[b].k[l].narrow(1, P, c - P));
+        cache.v[l][b].narrow(1, C - c, c - P).copy_(reused[b].v[l].narrow(1, P, c - P));
       }
       reused[b] = EpisodeCacheEntry();
     }
