@@ -162,38 +162,43 @@ t.test("tokenStats (the train step's fused head): target log-probs, entropies an
     });
   const objective = (x: number[]) => stats(x).reduce((a, s, i) => a + gl[i] * s.lp + ge[i] * s.h, 0);
   const want = stats(logits);
-  const r = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradLogprobs: f32(gl), gradEntropy: f32(ge) });
-  allClose(t, r.logprobs, want.map((s) => s.lp), 'log-probs', 2e-6);
-  allClose(t, r.entropy, want.map((s) => s.h), 'entropies', 2e-6);
-  t.ok(close(r.entropy[2], Math.log(V), 2e-6) && close(r.logprobs[2], -Math.log(V), 2e-6), 'the uniform row: H = log V, lp = -log V');
-  const h = 1e-4;
-  const fd = logits.map((_, k) => {
-    const up = logits.slice(), dn = logits.slice();
-    up[k] += h;
-    dn[k] -= h;
-    return (objective(up) - objective(dn)) / (2 * h);
-  });
-  let worst = 0;
-  fd.forEach((w, k) => (worst = Math.max(worst, Math.abs(r.grad[k] - w))));
-  t.ok(worst < 1e-5, `gradient vs central differences of the float64 objective: worst ${worst.toExponential(2)}`);
-  // Log-probs only (an SFT or policy-gradient loss without the entropy bonus): the entropy's part drops out.
-  const lpOnly = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradLogprobs: f32(gl) });
-  const fdLp = logits.map((_, k) => {
-    const up = logits.slice(), dn = logits.slice();
-    up[k] += h;
-    dn[k] -= h;
-    return stats(up).reduce((a, s, i) => a + gl[i] * s.lp, 0) / (2 * h) - stats(dn).reduce((a, s, i) => a + gl[i] * s.lp, 0) / (2 * h);
-  });
-  worst = 0;
-  fdLp.forEach((w, k) => (worst = Math.max(worst, Math.abs(lpOnly.grad[k] - w))));
-  t.ok(worst < 1e-5, `log-probs only: worst ${worst.toExponential(2)}`);
-  // The same as the unfused entropy entry (log_softmax): its bonus gradient is -d(sum w H)/d logits.
-  const w = [0.1, 0.2, 0.3, 0.15, 0.25];
-  const unfused = L().entropy({ logits: f32(logits), vocab: V, weights: f32(w), temperature: T });
-  const fused = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradEntropy: f32(w.map((x) => -x)) });
-  worst = 0;
-  fused.grad.forEach((g, k) => (worst = Math.max(worst, Math.abs(g - unfused.grad[k]))));
-  t.ok(worst < 1e-6, `entropy-bonus gradient equals the log_softmax path's: worst ${worst.toExponential(2)}`);
+  // The CPU kernel where it applies (AVX-512), then ATen's operations (every other device).
+  for (const kernels of [true, false]) {
+    native().setCpuKernels(kernels);
+    t.teardown(() => native().setCpuKernels(true));
+    const r = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradLogprobs: f32(gl), gradEntropy: f32(ge) });
+    allClose(t, r.logprobs, want.map((s) => s.lp), 'log-probs', 2e-6);
+    allClose(t, r.entropy, want.map((s) => s.h), 'entropies', 2e-6);
+    t.ok(close(r.entropy[2], Math.log(V), 2e-6) && close(r.logprobs[2], -Math.log(V), 2e-6), 'the uniform row: H = log V, lp = -log V');
+    const h = 1e-4;
+    const fd = logits.map((_, k) => {
+      const up = logits.slice(), dn = logits.slice();
+      up[k] += h;
+      dn[k] -= h;
+      return (objective(up) - objective(dn)) / (2 * h);
+    });
+    let worst = 0;
+    fd.forEach((w, k) => (worst = Math.max(worst, Math.abs(r.grad[k] - w))));
+    t.ok(worst < 1e-5, `gradient vs central differences of the float64 objective: worst ${worst.toExponential(2)}`);
+    // Log-probs only (an SFT or policy-gradient loss without the entropy bonus): the entropy's part drops out.
+    const lpOnly = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradLogprobs: f32(gl) });
+    const fdLp = logits.map((_, k) => {
+      const up = logits.slice(), dn = logits.slice();
+      up[k] += h;
+      dn[k] -= h;
+      return stats(up).reduce((a, s, i) => a + gl[i] * s.lp, 0) / (2 * h) - stats(dn).reduce((a, s, i) => a + gl[i] * s.lp, 0) / (2 * h);
+    });
+    worst = 0;
+    fdLp.forEach((w, k) => (worst = Math.max(worst, Math.abs(lpOnly.grad[k] - w))));
+    t.ok(worst < 1e-5, `log-probs only: worst ${worst.toExponential(2)}`);
+    // The same as the unfused entropy entry (log_softmax): its bonus gradient is -d(sum w H)/d logits.
+    const w = [0.1, 0.2, 0.3, 0.15, 0.25];
+    const unfused = L().entropy({ logits: f32(logits), vocab: V, weights: f32(w), temperature: T });
+    const fused = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradEntropy: f32(w.map((x) => -x)) });
+    worst = 0;
+    fused.grad.forEach((g, k) => (worst = Math.max(worst, Math.abs(g - unfused.grad[k]))));
+    t.ok(worst < 1e-6, `entropy-bonus gradient equals the log_softmax path's: worst ${worst.toExponential(2)}`);
+  }
   t.throws(() => L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from([3, 0, 11, 37, 3]), temperature: T }), { code: 'ARGUMENT_INVALID', message: /target id 37 is outside the vocabulary/ });
   t.throws(() => L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from([3]), temperature: T }), { code: 'ARGUMENT_INVALID', message: /one id per position \(5\)/ });
 });

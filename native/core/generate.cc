@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "core/errors.h"
+#include "core/losses.h"
 #include "core/sampler.h"
 
 namespace slm {
@@ -463,11 +464,11 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
   // The vocabulary projection in time chunks bounds the [B, c, V] float32 block to ~256 MB.
   const int64_t V = model.config().vocab_size;
   const int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(B * V, 1));
+  HeadBuffers bufs;  // the same fused head as training (core/losses.h), its logits buffer reused
   for (int64_t t0 = 0; t0 + 1 < T; t0 += chunk) {
     const int64_t c = std::min(chunk, T - 1 - t0);
-    auto lp = at::log_softmax(model.logits(h.narrow(1, t0, c)) / temp, -1);       // [B, c, V]
-    auto tgt = targets.narrow(1, t0 + 1, c).unsqueeze(-1);                               // [B, c, 1]
-    result.narrow(1, t0 + 1, c).copy_(lp.gather(-1, tgt).squeeze(-1));
+    auto tgt = targets.narrow(1, t0 + 1, c).unsqueeze(-1);  // [B, c, 1]
+    result.narrow(1, t0 + 1, c).copy_(head_token_stats(h.narrow(1, t0, c), model.head_weight(), temp, tgt, bufs).lp);
   }
   auto rc = result.to(at::kCPU);
   auto ra = rc.accessor<float, 2>();

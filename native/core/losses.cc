@@ -2,10 +2,16 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include "core/cpu_gemm.h"
+#include "core/cpu_vec.h"
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <vector>
 
 namespace slm {
 
@@ -28,9 +34,82 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The fused head's row passes on the CPU (AVX-512): per row of 151,936 float32 logits (600 KB, in L2
+// after the max) one pass for logsumexp, the target and the entropy, and one for the gradient,
+// instead of ATen's ~12 passes over the [B, c, V] block each way. Same dispatch rule as the other CPU
+// kernels (cpu_gemm.h): anything else runs the ATen operations below.
+#ifdef SLM_CPU_VEC_X86
+#define SLM_T512 __attribute__((target("avx512f,avx512bw")))
+
+SLM_T512 void row_stats(const float* x, int64_t V, float it, int64_t tgt, float* lse, float* lp, float* ent) {
+  const float m = cpu_row_max(x, V);
+  const __m512 vm = _mm512_set1_ps(m), vit = _mm512_set1_ps(it);
+  double s = 0, sx = 0;  // sum of e = exp((x - m) / T), sum of e x
+  for (int64_t v = 0; v < V;) {
+    const int64_t end = std::min(V, v + 1024);
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    for (; v < end; v += 16) {
+      const __mmask16 k = end - v >= 16 ? 0xffff : static_cast<__mmask16>((1u << (end - v)) - 1u);
+      const __m512 xv = _mm512_maskz_loadu_ps(k, x + v);
+      const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_mul_ps(_mm512_sub_ps(xv, vm), vit)));
+      a = _mm512_add_ps(a, e);
+      b = _mm512_fmadd_ps(e, xv, b);
+    }
+    s += _mm512_reduce_add_ps(a);
+    sx += _mm512_reduce_add_ps(b);
+  }
+  *lse = static_cast<float>(m * static_cast<double>(it) + std::log(s));
+  *lp = x[tgt] * it - *lse;
+  *ent = static_cast<float>(*lse - sx / s * it);
+}
+
+// x := d (a lp + b ent) / d x = (onehot a - p (a + b (log p + ent))) / T, log p = x / T - lse.
+SLM_T512 void row_grad(float* x, int64_t V, float it, float lse, float ent, float a, float b, int64_t tgt) {
+  const __m512 vit = _mm512_set1_ps(it), vl = _mm512_set1_ps(lse), vh = _mm512_set1_ps(ent), va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  for (int64_t v = 0; v < V; v += 16) {
+    const __mmask16 k = V - v >= 16 ? 0xffff : static_cast<__mmask16>((1u << (V - v)) - 1u);
+    const __m512 lq = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, x + v), vit, vl);
+    const __m512 w = _mm512_fmadd_ps(vb, _mm512_add_ps(lq, vh), va);
+    _mm512_mask_storeu_ps(x + v, k, _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(exp512(lq), w)), vit));
+  }
+  x[tgt] += a * it;
+}
+#endif
+
+bool cpu_stats_applies(const at::Tensor& logits) {
+#ifdef SLM_CPU_VEC_X86
+  return cpu_kernels_enabled() && cpu_has_avx512() && logits.is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 3 && logits.is_contiguous() &&
+         !(at::GradMode::is_enabled() && logits.requires_grad());
+#else
+  (void)logits;
+  return false;
+#endif
+}
+
+// A [B or 1, c or 1, 1] (or [B, c]) tensor's value for each of the B x c rows.
+std::vector<float> per_row(const at::Tensor& t, int64_t B, int64_t c) {
+  const auto e = (t.dim() == 2 ? t.unsqueeze(-1) : t).to(at::kCPU).to(at::kFloat).expand({B, c, 1}).contiguous();
+  return std::vector<float>(e.data_ptr<float>(), e.data_ptr<float>() + B * c);
+}
+
 // z = logits / temp, lse = logsumexp(z), lp = z[target] - lse, ent = lse - sum_v p_v z_v; `e` is
 // scratch of the logits' shape. Returns {lp [B, c], ent [B, c], lse [B, c, 1]}.
 std::array<at::Tensor, 3> stats_forward(const at::Tensor& logits, const at::Tensor& temp, const at::Tensor& targets, at::Tensor e) {
+#ifdef SLM_CPU_VEC_X86
+  if (cpu_stats_applies(logits)) {
+    const int64_t B = logits.size(0), c = logits.size(1), V = logits.size(2);
+    const auto t = per_row(temp, B, c);
+    const auto tg = targets.contiguous();
+    auto lse = at::empty({B, c, 1}, logits.options()), lp = at::empty({B, c}, logits.options()), ent = at::empty({B, c}, logits.options());
+    const float* x = logits.data_ptr<float>();
+    const int64_t* g = tg.data_ptr<int64_t>();
+    float *pl = lse.data_ptr<float>(), *pp = lp.data_ptr<float>(), *pe = ent.data_ptr<float>();
+    at::parallel_for(0, B * c, 1, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) row_stats(x + n * V, V, 1.f / t[n], g[n], pl + n, pp + n, pe + n);
+    });
+    return {lp, ent, lse};
+  }
+#endif
   const auto amax = std::get<0>(logits.max(-1, true));  // [B, c, 1]
   at::sub_out(e, logits, amax).div_(temp).exp_();       // exp(z - max z)
   const auto sum = e.sum(-1, true);
@@ -45,6 +124,20 @@ std::array<at::Tensor, 3> stats_forward(const at::Tensor& logits, const at::Tens
 // p_v, d ent / d z_v = -p_v (log p_v + ent). `scratch` (the logits' shape) is needed when g_ent is.
 void stats_backward(at::Tensor logits, const at::Tensor& temp, const at::Tensor& targets, const at::Tensor& lse, const at::Tensor& ent, const at::Tensor& g_lp,
                     const at::Tensor& g_ent, at::Tensor scratch) {
+#ifdef SLM_CPU_VEC_X86
+  if (cpu_stats_applies(logits)) {
+    const int64_t B = logits.size(0), c = logits.size(1), V = logits.size(2);
+    const auto t = per_row(temp, B, c), L = per_row(lse, B, c), H = per_row(ent, B, c);
+    const auto A = g_lp.defined() ? per_row(g_lp, B, c) : std::vector<float>(B * c, 0.f), Bg = g_ent.defined() ? per_row(g_ent, B, c) : std::vector<float>(B * c, 0.f);
+    const auto tg = targets.contiguous();
+    float* x = logits.data_ptr<float>();
+    const int64_t* g = tg.data_ptr<int64_t>();
+    at::parallel_for(0, B * c, 1, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) row_grad(x + n * V, V, 1.f / t[n], L[n], H[n], A[n], Bg[n], g[n]);
+    });
+    return;
+  }
+#endif
   const auto a = g_lp.defined() ? g_lp.unsqueeze(-1) : at::zeros_like(lse);  // [B, c, 1]
   auto& g = logits.div_(temp).sub_(lse);                                       // log p
   if (g_ent.defined()) {
