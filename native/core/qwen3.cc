@@ -120,7 +120,7 @@ void KVCache::keep_rows(const at::Tensor& rows) {
 }
 
 void KVCache::share_prefix(int64_t rows) {
-  if (prefix != 0 || k.empty() || k[0].size(0) != 1) fail("INTERNAL", "share_prefix needs a one-row cache without a shared prefix.");
+  if (prefix != 0 || k.empty() || k[0].size(0) != 1) fail("NATIVE_ERROR", "share_prefix needs a one-row cache without a shared prefix (an engine bug: please report it).");
   prefix = length;
   pk.clear(), pv.clear();
   for (size_t l = 0; l < k.size(); ++l) {
