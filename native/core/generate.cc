@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <tuple>
 #include <unordered_set>
 
 #include "core/errors.h"
@@ -288,10 +289,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     EpisodeCacheEntry e;
     e.tokens = std::move(toks);
     e.weights = weights;
-    for (size_t l = 0; l < cache.k.size(); ++l) {
-      e.k.push_back(cache.row_keys(l, slot).index_select(1, idx));
-      e.v.push_back(cache.row_values(l, slot).index_select(1, idx));
-    }
+    std::tie(e.k, e.v) = cache.row_past(slot, idx);
     out.cache_evicted += p.episode_cache->put(p.cache_keys[r], std::move(e));
   };
   t0 = now();

@@ -134,8 +134,21 @@ void KVCache::share_prefix(int64_t rows) {
   }
 }
 
-at::Tensor KVCache::row_keys(size_t layer, int64_t row) const { return prefix ? at::cat({pk[layer][0], k[layer][row]}, 1) : k[layer][row]; }
-at::Tensor KVCache::row_values(size_t layer, int64_t row) const { return prefix ? at::cat({pv[layer][0], v[layer][row]}, 1) : v[layer][row]; }
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> KVCache::row_past(int64_t row, const at::Tensor& idx) const {
+  const int64_t n_pre = prefix ? (idx < prefix).sum().item<int64_t>() : 0;  // positions in the shared prefix
+  const auto pre_idx = idx.narrow(0, 0, n_pre), own_idx = idx.narrow(0, n_pre, idx.size(0) - n_pre) - prefix;
+  const auto pick = [&](const at::Tensor& shared, const at::Tensor& own) {
+    auto o = own[row].index_select(1, own_idx);
+    if (n_pre == 0) return o;
+    return at::cat({n_pre == prefix ? shared[0] : shared[0].index_select(1, pre_idx), o}, 1);
+  };
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> r;
+  for (size_t l = 0; l < k.size(); ++l) {
+    r.first.push_back(pick(prefix ? pk[l] : at::Tensor(), k[l]));
+    r.second.push_back(pick(prefix ? pv[l] : at::Tensor(), v[l]));
+  }
+  return r;
+}
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include <ATen/Tensor.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/safetensors.h"
@@ -134,9 +135,9 @@ struct KVCache {
   // A one-row cache whose `length` positions become the prefix shared by `rows` rows (cascade
   // attention: stored and read once, not copied per row); the rows' own positions start empty.
   void share_prefix(int64_t rows);
-  // Row `row`'s keys and values of `layer` at all positions, the prefix included: [n_kv, capacity, D].
-  at::Tensor row_keys(size_t layer, int64_t row) const;
-  at::Tensor row_values(size_t layer, int64_t row) const;
+  // Row `row`'s keys and values at positions `idx` (int64, ascending, the prefix's included), per
+  // layer [n_kv, idx.size(0), D], in memory of their own.
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> row_past(int64_t row, const at::Tensor& idx) const;
 };
 
 class Qwen3Model {
