@@ -70,7 +70,7 @@ MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, L
 }
 
 // Forward, losses and backward of one micro-batch, the vocab projection and the loss run per time chunk.
-void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const TrainOptions& to, Sums& s) {
+void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const TrainOptions& to, Sums& s, HeadBuffers& bufs) {
   const bool pg = lc.kind == LossKind::PG, value = lc.vf_coef > 0;
   const int64_t B = mb.B, T = mb.T;
   const auto dev = m.device();
@@ -78,7 +78,6 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
   const int64_t V = m.config().vocab_size;
   const int64_t chunk = std::max<int64_t>(1, (int64_t(32) << 20) / std::max<int64_t>(B * V, 1));  // ~128 MB of float32 logits
   at::Tensor ref_lp;
-  HeadBuffers bufs;  // the chunks' logits, reused
   if (pg && lc.kl_coef > 0) {
     at::NoGradGuard ng;  // the reference policy: the frozen reference adapter, else the base weights
     auto hr = m.hidden(mb.ids, mb.positions, mb.keys, nullptr, ForwardOptions{false, false, false, true});
@@ -167,13 +166,14 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   const LossNorm norm = lc.token_level || !pg ? LossNorm::Token : LossNorm::Sequence;
   const int64_t mbs = to.micro_batch > 0 ? to.micro_batch : N;
   Sums s;
+  HeadBuffers bufs;  // the vocab head's logits, reused by every chunk of every micro-batch
   at::AutoGradMode grad_on(true);
   for (int64_t s0 = 0; s0 < N; s0 += mbs) {
     const int64_t s1 = std::min(N, s0 + mbs);
     int64_t T = 0;
     for (int64_t i = s0; i < s1; ++i) T = std::max<int64_t>(T, static_cast<int64_t>(b.seqs[i].size()));
     if (T < 2) continue;
-    micro_step(m, micro_batch(b, s0, s1, T, norm, w_tokens, w_seqs, pg, value, m.device()), lc, to, s);
+    micro_step(m, micro_batch(b, s0, s1, T, norm, w_tokens, w_seqs, pg, value, m.device()), lc, to, s, bufs);
   }
   st.loss = s.loss;
   st.sft_loss = s.sft;
