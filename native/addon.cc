@@ -9,17 +9,12 @@
 
 #include "addon/errors.h"
 #include "addon/model.h"
-#include "addon/workers.h"
 #include "core/cpu_attention.h"
 #include "core/cpu_gemm.h"
 #include "core/qwen3.h"
 #include "core/sampler.h"
 
-#include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <sstream>
-#include <thread>
 
 namespace slm_addon {
 Napi::Value Measure(const Napi::CallbackInfo& info);
@@ -178,23 +173,6 @@ Napi::Value Attention(const Napi::CallbackInfo& info) {
   return out;
 }
 
-// engineThread(ms?) -> Promise<string>: the id of the native thread an async call's work runs on,
-// after sleeping ms milliseconds there. For tests: concurrent calls must all report the engine thread.
-Napi::Value EngineThread(const Napi::CallbackInfo& info) {
-  auto env = info.Env();
-  const int64_t ms = info[0].IsNumber() ? std::max<int64_t>(0, info[0].As<Napi::Number>().Int64Value()) : 0;
-  auto id = std::make_shared<std::string>();
-  return slm_addon::LambdaWorker::Start(
-      env, "slm:engineThread", Napi::Object(),
-      [ms, id] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-        std::ostringstream s;
-        s << std::this_thread::get_id();
-        *id = s.str();
-      },
-      [id](Napi::Env e) { return Napi::String::New(e, *id); });
-}
-
 Napi::Value Version(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto o = Napi::Object::New(env);
@@ -219,7 +197,6 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("attention", Napi::Function::New(env, Attention));
   exports.Set("losses", slm_addon::Losses(env));
   exports.Set("externalMemory", Napi::Function::New(env, ExternalMemory));
-  exports.Set("engineThread", Napi::Function::New(env, EngineThread));
   exports.Set("measure", Napi::Function::New(env, slm_addon::Measure));
   exports.Set("loadModel", Napi::Function::New(env, slm_addon::ModelWrap::Load));
   exports.Set("NativeModel", slm_addon::ModelWrap::Define(env));

@@ -289,8 +289,6 @@ export interface NativeAddon {
   attention(req: { q: Float32Array; k: Float32Array; v: Float32Array; mask: Float32Array; b: number; nq: number; nkv: number; s: number; d: number; t?: number; capacity?: number; dtype?: 'float32' | 'bfloat16'; prefix?: number }): Float32Array;
   /** V8's count of external memory (bytes) as Node-API reports it; each model handle adds what it holds natively. */
   externalMemory(): number;
-  /** The id of the native thread async calls run on, after sleeping `sleepMs` there (tests: every call runs on the one engine thread). */
-  engineThread(sleepMs?: number): Promise<string>;
   /** The training losses of native/core/losses.h on small arrays (tests). */
   losses: NativeLosses;
   /** GFLOP/s of n×n matmuls, or GB/s (read + write) of copying n bytes. */
