@@ -1,14 +1,6 @@
-// The engine thread every async call runs on, memory trimming, and machine measurements as async
-// workers (doctor, benchmarks' rooflines).
+// Machine measurements as async workers (doctor, benchmarks' rooflines).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-
-#include <condition_variable>
-#include <deque>
-#include <future>
-#include <mutex>
-#include <thread>
-#include <utility>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -37,61 +29,6 @@ int64_t resident_bytes() {
 }
 }  // namespace
 #endif
-
-namespace {
-
-// One thread and a queue; created on first use and never destroyed (it outlives every call, and a
-// static thread would have to be joined at exit).
-class EngineThread {
- public:
-  EngineThread() : thread_([this] { loop(); }) { thread_.detach(); }
-  void run(const std::function<void()>& f) {
-    if (on_engine_) {
-      f();
-      return;
-    }
-    std::promise<void> done;
-    auto fut = done.get_future();
-    {
-      std::lock_guard<std::mutex> g(m_);
-      q_.emplace_back(&f, &done);
-    }
-    cv_.notify_one();
-    fut.wait();
-  }
-
- private:
-  void loop() {
-    on_engine_ = true;
-    for (;;) {
-      std::pair<const std::function<void()>*, std::promise<void>*> job;
-      {
-        std::unique_lock<std::mutex> g(m_);
-        cv_.wait(g, [this] { return !q_.empty(); });
-        job = q_.front();
-        q_.pop_front();
-      }
-      try {
-        (*job.first)();
-      } catch (...) {  // callers capture their errors; this only keeps the thread alive
-      }
-      job.second->set_value();
-    }
-  }
-  static thread_local bool on_engine_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::pair<const std::function<void()>*, std::promise<void>*>> q_;
-  std::thread thread_;
-};
-thread_local bool EngineThread::on_engine_ = false;
-
-}  // namespace
-
-void run_on_engine_thread(const std::function<void()>& f) {
-  static EngineThread* engine = new EngineThread();  // intentionally never deleted
-  engine->run(f);
-}
 
 void release_free_memory() {
 #if defined(__GLIBC__)

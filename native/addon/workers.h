@@ -1,4 +1,4 @@
-// Async workers: every long native call runs on the engine thread (a libuv worker waits for it) and resolves a Promise. JS
+// Async workers: every long native call runs on a libuv worker thread and resolves a Promise. JS
 // arguments are copied into plain structs on the main thread; Execute touches no N-API; the JS
 // object whose method started the work is referenced until the worker ends.
 #pragma once
@@ -20,15 +20,6 @@ namespace slm_addon {
 // allocation), and trimming after every call 1.2x slower (the next call re-faults its working set):
 // this trims when resident memory has grown by a slack (min(4 GiB, RAM / 4)) since the last trim.
 void release_free_memory();
-
-// Runs `f` on the addon's one engine thread and waits for it (inline when already there). Every
-// async call's work goes through it, so one native thread opens all of the engine's parallel regions:
-// libgomp gives each thread that does its own team, and once a process has more team threads than
-// cores it stops spinning between regions, so each region had to wake a sleeping thread — with calls
-// spread over libuv's four pool threads, ~120 context switches per decode step and 15-20 % of a
-// batch-16 decode step lost. Calls on one model thus run one after another, as their work would
-// compete for the same cores anyway; `f` must not throw (its errors are captured inside).
-void run_on_engine_thread(const std::function<void()>& f);
 
 // Which async calls are using a model right now: readers (generate, forward passes, saves) share it;
 // a writer (train step, adapter or optimizer load, applyGradients) has it alone. Counted on the main
@@ -78,12 +69,8 @@ class PromiseWorker : public Napi::AsyncWorker {
   virtual void Run() = 0;                        // worker thread: no N-API here
   virtual Napi::Value Result(Napi::Env env) = 0;  // main thread
   void Execute() override {
-    bool ok = true;
-    run_on_engine_thread([&] {
-      ok = capture([this] { Run(); }, err_);
-      release_free_memory();
-    });
-    if (!ok) SetError(err_.message);
+    if (!capture([this] { Run(); }, err_)) SetError(err_.message);
+    release_free_memory();
   }
   void OnOK() override {
     if (finally_) finally_(Env());
