@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cstring>
+#include <utility>
 
 #include "addon/convert.h"
 #include "addon/errors.h"
@@ -120,17 +121,22 @@ Napi::Value Kl(const Napi::CallbackInfo& info) {
   return result(env, slm::kl_penalty(lp, row(env, o, "refLogprobs", n), row(env, o, "weights", n), static_cast<int>(est)), lp);
 }
 
+// {logits (n x vocab values), vocab, temperature?} -> logits [1, n, vocab] (a copy that takes a
+// gradient) and the temperature as [1, 1, 1].
+std::pair<at::Tensor, at::Tensor> vocab_rows(Napi::Env env, const Napi::Object& o, const char* what) {
+  const int64_t V = int_field(env, o, "vocab", 0, true);
+  auto flat = row(env, o, "logits", -1);
+  if (V <= 0 || flat.size(1) % V != 0) throw_error(env, "ARGUMENT_INVALID", std::string("losses.") + what + ": logits must hold n x vocab values.");
+  return {flat.view({1, flat.size(1) / V, V}).clone().requires_grad_(true), at::full({1, 1, 1}, num_field(env, o, "temperature", 1.0), at::kFloat)};
+}
+
 // entropy({logits, vocab, weights, temperature?}) -> {loss (the bonus term), grad (d bonus / d logits), entropy (weighted), logprobs}
 Napi::Value Entropy(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto o = arg(info, "entropy");
-  const int64_t V = int_field(env, o, "vocab", 0, true);
   at::AutoGradMode on(true);
-  auto flat = row(env, o, "logits", -1);
-  if (V <= 0 || flat.size(1) % V != 0) throw_error(env, "ARGUMENT_INVALID", "losses.entropy: logits must hold n x vocab values.");
-  const int64_t n = flat.size(1) / V;
-  auto logits = flat.view({1, n, V}).clone().requires_grad_(true);
-  auto temp = at::full({1, 1, 1}, num_field(env, o, "temperature", 1.0), at::kFloat);
+  auto [logits, temp] = vocab_rows(env, o, "entropy");
+  const int64_t n = logits.size(1);
   auto w = row(env, o, "weights", n);
   auto logp = slm::token_logprobs(logits, temp);
   double ent;
@@ -151,18 +157,14 @@ Napi::Value Entropy(const Napi::CallbackInfo& info) {
 Napi::Value TokenStatsJs(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto o = arg(info, "tokenStats");
-  const int64_t V = int_field(env, o, "vocab", 0, true);
   at::AutoGradMode on(true);
-  auto flat = row(env, o, "logits", -1);
-  if (V <= 0 || flat.size(1) % V != 0) throw_error(env, "ARGUMENT_INVALID", "losses.tokenStats: logits must hold n x vocab values.");
-  const int64_t n = flat.size(1) / V;
+  auto [logits, temp] = vocab_rows(env, o, "tokenStats");
+  const int64_t n = logits.size(1), V = logits.size(2);
   auto ids = int32s(env, o.Get("targets"), "targets");
   if (static_cast<int64_t>(ids.size()) != n) throw_error(env, "ARGUMENT_INVALID", "losses.tokenStats: 'targets' must have one id per position (" + std::to_string(n) + "), found " + std::to_string(ids.size()) + ".");
   for (auto id : ids)
     if (id < 0 || id >= V) throw_error(env, "ARGUMENT_INVALID", "losses.tokenStats: target id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ").");
   auto targets = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).view({1, n, 1});
-  auto logits = flat.view({1, n, V}).clone().requires_grad_(true);
-  auto temp = at::full({1, 1, 1}, num_field(env, o, "temperature", 1.0), at::kFloat);
   auto st = slm::token_stats(logits, temp, targets);
   auto loss = at::zeros({}, at::kFloat);
   if (o.Has("gradLogprobs")) loss = loss + (st.lp * row(env, o, "gradLogprobs", n)).sum();
