@@ -67,11 +67,11 @@ t.test('a bfloat16 model trains through the same fused head: loss and gradients 
     return { loss: st.loss, g: Object.values(m.trainable({ grad: true })).flatMap((x) => Array.from(x)) };
   };
   const f = await grads('float32'), b = await grads('bfloat16');
-  t.ok(Math.abs(b.loss - f.loss) <= 0.02 * Math.abs(f.loss), `loss ${b.loss} vs float32 ${f.loss}`);
+  t.ok(Math.abs(b.loss - f.loss) <= 1e-3 * Math.abs(f.loss), `loss ${b.loss} vs float32 ${f.loss}`);
   let dot = 0, nf = 0, nb = 0;
   f.g.forEach((x, i) => ((dot += x * b.g[i]), (nf += x * x), (nb += b.g[i] * b.g[i])));
   const cos = dot / Math.sqrt(nf * nb);
-  t.ok(nb > 0 && cos > 0.98, `gradient cosine ${cos.toFixed(4)} against float32's`);
+  t.ok(nb > 0 && cos > 0.999, `gradient cosine ${cos.toFixed(5)} against float32's`);
 });
 
 t.test("longer than one chunk of the fused head (Qwen's 151,936 ids): loss, KL and gradient against the teacher-forced path", async (t) => {
