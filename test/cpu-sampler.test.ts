@@ -112,6 +112,37 @@ for (const c of cases) {
   });
 }
 
+// Plain sampling skips whole 64-id chunks whose mass cannot reach the target: the token may be in
+// the first chunk, in the tail after the last whole chunk (3001 = 46 x 64 + 57), on a chunk edge,
+// or the only likely id at either end; u at its extremes.
+t.test('plain sampling at chunk edges and extremes of u', async (t) => {
+  t.teardown(() => a.setCpuKernels(true));
+  const V = 3001;
+  const rows: Array<{ name: string; logits: Float32Array; u: number }> = [];
+  const peak = (at: number[]) => {
+    const x = new Float32Array(V).fill(-30);
+    for (const i of at) x[i] = 0;
+    return x;
+  };
+  rows.push({ name: 'only the last id is likely', logits: peak([V - 1]), u: 0.3 });
+  rows.push({ name: 'only the first id is likely', logits: peak([0]), u: 0.99 });
+  rows.push({ name: 'two ids on a chunk edge (63, 64), u below half', logits: peak([63, 64]), u: 0.49 });
+  rows.push({ name: 'two ids on a chunk edge (63, 64), u above half', logits: peak([63, 64]), u: 0.51 });
+  rows.push({ name: 'mass in the tail (2950, 2990)', logits: peak([2950, 2990]), u: 0.75 });
+  const flat = logitsRows(1, V, 0.5, 5);
+  for (const u of [1e-9, 0.25, 0.999999, 1]) rows.push({ name: `a flat row, u ${u}`, logits: flat, u });
+  for (const row of rows) {
+    const req = { logits: row.logits, rows: 1, vocab: V, temperature: [1], u: [row.u], topK: 0, topN: 0 };
+    a.setCpuKernels(true);
+    const fused = a.sample(req);
+    a.setCpuKernels(false);
+    const aten = a.sample(req);
+    const ref = reference(row.logits, 1, 0, 1, row.u);
+    t.equal(fused.tokens[0], ref.token, `${row.name}: the float64 rules' token`);
+    t.equal(aten.tokens[0], ref.token, `${row.name}: ATen's path agrees`);
+  }
+});
+
 t.test('a wrong request is a coded error', async (t) => {
   t.throws(() => a.sample({ logits: new Float32Array(5), rows: 2, vocab: 3, temperature: [1, 1], u: [0.5, 0.5] }), { code: 'ARGUMENT_INVALID' });
   t.throws(() => a.sample({ logits: new Float32Array(6), vocab: 3, temperature: [1, 1], u: [0.5, 0.5] } as never), { code: 'ARGUMENT_INVALID' }, 'a missing row count');

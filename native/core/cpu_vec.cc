@@ -42,8 +42,41 @@ __attribute__((target("avx512f"))) double row_exp_512(const float* s, int64_t V,
   return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 }
 
+__attribute__((target("avx512f"))) int64_t row_pick_512(const float* p, int64_t n, float target) {
+  double acc = 0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m512d a = _mm512_setzero_pd(), b = _mm512_setzero_pd();
+    for (int j = 0; j < 64; j += 16) {
+      const __m512 v = _mm512_loadu_ps(p + i + j);
+      a = _mm512_add_pd(a, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+      b = _mm512_add_pd(b, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+    }
+    const double c = _mm512_reduce_add_pd(_mm512_add_pd(a, b));
+    if (static_cast<float>(acc + c) >= target) break;  // the chunk may hold it: scan it one by one
+    acc += c;
+  }
+  for (; i < n; ++i) {
+    acc += p[i];
+    if (static_cast<float>(acc) >= target) return i;
+  }
+  return n - 1;
+}
+
 }  // namespace
 #endif
+
+int64_t cpu_row_pick(const float* p, int64_t n, float target) {
+#ifdef SLM_CPU_VEC_X86
+  if (cpu_has_avx512()) return row_pick_512(p, n, target);
+#endif
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    acc += p[i];
+    if (static_cast<float>(acc) >= target) return i;
+  }
+  return n - 1;
+}
 
 float cpu_row_max(const float* s, int64_t V) {
 #ifdef SLM_CPU_VEC_X86

@@ -16,6 +16,10 @@ float cpu_row_max(const float* s, int64_t n);
 // out[i] = exp(s[i] - shift) (when out is not null, which may be s itself); returns the sum,
 // accumulated in double.
 double cpu_row_exp(const float* s, int64_t n, float shift, float* out);
+// The first i whose running sum p[0] + ... + p[i], accumulated in double and rounded to float,
+// reaches target (n - 1 if none does): inverse-CDF sampling over non-negative p. Whole 64-element
+// chunks that cannot hold it are skipped with one vector sum each instead of 64 dependent adds.
+int64_t cpu_row_pick(const float* p, int64_t n, float target);
 
 #ifdef SLM_CPU_VEC_X86
 // exp of 16 floats (inputs clamped to [-103, 88.7]); for AVX-512 code only.

@@ -46,18 +46,11 @@ struct ByLogitDesc {
 // sum accumulated in double and compared in float, as cumsum + searchsorted do. `total`: the sum of
 // p when the caller has it (< 0: computed here).
 int64_t pick_from(const float* p, int64_t n, float u, double total = -1) {
-  double acc = 0;
   if (total < 0) {
-    for (int64_t i = 0; i < n; ++i) acc += p[i];
-    total = acc;
+    total = 0;
+    for (int64_t i = 0; i < n; ++i) total += p[i];
   }
-  const float target = u * static_cast<float>(total);
-  acc = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    acc += p[i];
-    if (static_cast<float>(acc) >= target) return i;
-  }
-  return n - 1;
+  return cpu_row_pick(p, n, u * static_cast<float>(total));
 }
 
 struct Scratch {
@@ -75,7 +68,11 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
     s = w.s.data();
   }
   const float m = cpu_row_max(s, V);
-  const float lse = m + static_cast<float>(std::log(cpu_row_exp(s, V, m, nullptr)));
+  // exp(s - m) is kept for the plain sampling branch, the only one that reads it.
+  const bool keep_exp = !greedy && !(top_k > 0 && top_k < V) && !(top_p < 1.f);
+  if (keep_exp) w.p.resize(V);
+  const double z = cpu_row_exp(s, V, m, keep_exp ? w.p.data() : nullptr);
+  const float lse = m + static_cast<float>(std::log(z));
   RowOut out;
   if (top_n > 0) {
     const int64_t n = std::min(top_n, V);
@@ -151,10 +148,9 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
     }
     out.token = w.idx[pick_from(q, n_kept, u)];
   } else {
-    w.p.resize(V);
-    float* p = w.p.data();
-    const double total = cpu_row_exp(s, V, lse, p);
-    out.token = pick_from(p, V, u, total);
+    // exp(s - lse) would be one more pass over the row: the unnormalised exp(s - m), whose sum z
+    // gave the log-normaliser above, pick the same token (every term and the target scale by e^-lse).
+    out.token = pick_from(w.p.data(), V, u, z);
   }
   out.logprob = s[out.token] - lse;
   return out;
