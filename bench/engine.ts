@@ -36,6 +36,22 @@ export async function benchModelDir(preset: 'small' | 'tiny', log?: (s: string) 
 /** The eager baseline's python: Debian's, which python3-torch installs torch into. */
 export const EAGER_PYTHON = '/usr/bin/python3';
 
+type MeasureRequest = Parameters<ReturnType<typeof native>['measure']>[0];
+
+/**
+ * A machine limit (copy bandwidth, matmul rate): the best of `windows` short measurements, `seconds`
+ * in all. The limit is what the machine can do; one long average on a shared machine folds other
+ * tenants' load into it (a 1 s average here once read 26 GB/s where the machine copies 34, which put
+ * a decode figure at 1.3 of its "limit"). The best window is also the strict choice for the
+ * fractions beside it: a higher limit, a lower fraction.
+ */
+export async function machineLimit(req: Omit<MeasureRequest, 'seconds'>, seconds: number, windows = 5): Promise<number> {
+  const a = native();
+  let best = 0;
+  for (let w = 0; w < windows; w++) best = Math.max(best, await a.measure({ ...req, seconds: seconds / windows }));
+  return best;
+}
+
 /** bench/eager_decode.py beside this file (run from source) or in the checkout above dist/bench/. */
 function eagerScript(): string | undefined {
   for (const rel of ['./eager_decode.py', '../../bench/eager_decode.py']) {
@@ -120,8 +136,8 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   // (bfloat16 rows below read half as many bytes and use the bf16 matmul rate.)
 
   log('engine: measuring the machine (copy bandwidth, matmul rate)');
-  const copyGBps = await a.measure({ kind: 'copy', n: 256 << 20, seconds: quick ? 0.3 : 1 });
-  const matmulGflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds: quick ? 0.3 : 1 });
+  const copyGBps = await machineLimit({ kind: 'copy', n: 256 << 20 }, quick ? 0.3 : 1);
+  const matmulGflops = await machineLimit({ kind: 'matmul', n: 1024, dtype: 'float32' }, quick ? 0.3 : 1);
 
   const reps = quick ? 2 : 3;
   const prefillTokens = quick ? 128 : 512;
@@ -141,7 +157,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const decode: DecodeRow[] = [];
   const steps = quick ? 16 : 48;
   const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
-  const bf16Gflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'bfloat16', seconds: quick ? 0.3 : 1 });
+  const bf16Gflops = await machineLimit({ kind: 'matmul', n: 1024, dtype: 'bfloat16' }, quick ? 0.3 : 1);
   const decodePrompts = (B: number) =>
     Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => ((b * 131 + i) * 7919) % 100000 + 100));
   // The roofline of one decode step at batch B: the larger of the memory and the compute bound.

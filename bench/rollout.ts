@@ -20,7 +20,6 @@
  */
 import type { Model } from '../lib/engine/model.js';
 import { loadPolicy } from '../lib/engine/policy.js';
-import { native } from '../lib/engine/runtime.js';
 import type { GenerateRequest, GenerateResult, TextGenerator } from '../lib/engine/types.js';
 import { expertProgram } from '../lib/demo/expert.js';
 import { EpisodeRunner, type Episode } from '../lib/episodes/runner.js';
@@ -31,7 +30,7 @@ import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { answerMetrics } from '../lib/rewards/metrics.js';
 import { createPythonPool } from '../lib/sandbox/python.js';
 import { runnerTokenizer } from '../lib/train/environment.js';
-import { benchModelDir } from './engine.js';
+import { benchModelDir, machineLimit } from './engine.js';
 import { summarize, type Latency } from './sandbox.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
@@ -73,9 +72,8 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const H = model.config.hidden_size, V = model.config.vocab_size;
   const layerParams = info.numParameters - V * H - H - (model.config.tie_word_embeddings ? 0 : V * H);
   const bytesPerParam = info.parameterBytes / info.numParameters;
-  const a = native();
-  const copyGBps = await a.measure({ kind: 'copy', n: 256 << 20, seconds: quick ? 0.3 : 1 });
-  const matmulGflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds: quick ? 0.3 : 1 });
+  const copyGBps = await machineLimit({ kind: 'copy', n: 256 << 20 }, quick ? 0.3 : 1);
+  const matmulGflops = await machineLimit({ kind: 'matmul', n: 1024, dtype: 'float32' }, quick ? 0.3 : 1);
   const bound = (c: CallRecord) =>
     (2 * layerParams * c.prefillTokens + 2 * V * H * c.rows) / (matmulGflops * 1e9) +
     Math.max(0, c.steps - 1) * Math.max(((layerParams + V * H) * bytesPerParam) / (copyGBps * 1e9), (2 * (layerParams + V * H) * c.rows) / (matmulGflops * 1e9));

@@ -13,14 +13,12 @@ import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { Model } from '../lib/engine/model.js';
 import { SlmError } from '../lib/errors.js';
-import { native } from '../lib/engine/runtime.js';
-import { benchModelDir } from './engine.js';
+import { benchModelDir, machineLimit } from './engine.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const log = opts.log ?? (() => {});
   const quick = !!opts.quick;
-  const a = native();
   const dir = opts.model ?? (await benchModelDir('small', log));
   const m = await Model.load(dir);
   const cfg = m.config;
@@ -29,7 +27,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const matmulParams = info.numParameters - V * H - H + V * H; // layers + the vocab head (tied: the embedding counted once, as the head)
   m.dispose();
   log('train: measuring the matmul rate');
-  const gflops = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds: quick ? 0.3 : 1 });
+  const gflops = await machineLimit({ kind: 'matmul', n: 1024, dtype: 'float32' }, quick ? 0.3 : 1);
   const T = quick ? 256 : 512;
   const child = fileURLToPath(new URL('./train-child.js', import.meta.url));
   const rows: Record<string, unknown>[] = [];
