@@ -15,6 +15,7 @@
 #include "core/sampler.h"
 
 #include <cstring>
+#include <limits>
 
 namespace slm_addon {
 Napi::Value Measure(const Napi::CallbackInfo& info);
@@ -52,7 +53,8 @@ Napi::Value SetCpuKernels(const Napi::CallbackInfo& info) {
 
 // y [M, N] = x [M, K] · w [N, K]ᵀ through the model's linear layer (the small-row kernel when it
 // applies and is allowed, else at::linear), in float32 or bfloat16 (inputs rounded to it, output
-// returned as float32). For tests and benchmarks of the kernels.
+// returned as float32). head: the vocabulary head's call instead (float32 out into a reused buffer).
+// For tests and benchmarks of the kernels.
 Napi::Value Linear(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   if (!info[0].IsObject()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "linear expects { x, w, m, n, k, dtype }.");
@@ -70,10 +72,22 @@ Napi::Value Linear(const Napi::CallbackInfo& info) {
   at::NoGradGuard ng;
   auto x = at::from_blob(xs.Data(), {M, K}, at::kFloat).to(st);
   auto w = at::from_blob(ws.Data(), {N, K}, at::kFloat).to(st);
-  slm::Linear lin{w, at::Tensor(), nullptr, nullptr};
-  slm::ForwardOptions fo;
-  fo.kernels = true;  // generation's path: the kernel when it applies and is allowed
-  auto y = lin.forward(x, fo).to(at::kFloat).contiguous();
+  at::Tensor y;
+  if (o.Get("head").ToBoolean().Value()) {
+    // The vocabulary head's path in a decode loop: float32 out, into a reused buffer (here one two
+    // elements longer than needed and full of NaN), which the result must be a view of.
+    auto buf = at::full({M * N + 2}, std::numeric_limits<float>::quiet_NaN(), at::kFloat);
+    y = slm::cpu_small_linear(x, w, /*float_out=*/true, buf);
+    if (y.defined() && (y.scalar_type() != at::kFloat || y.data_ptr() != buf.data_ptr()))
+      slm_addon::throw_error(env, "NATIVE_ERROR", "linear: the head path did not write float32 into the buffer it was given.");
+    if (!y.defined()) y = at::linear(x, w).to(at::kFloat);
+  } else {
+    slm::Linear lin{w, at::Tensor(), nullptr, nullptr};
+    slm::ForwardOptions fo;
+    fo.kernels = true;  // generation's path: the kernel when it applies and is allowed
+    y = lin.forward(x, fo);
+  }
+  y = y.to(at::kFloat).contiguous();
   auto out = Napi::Float32Array::New(env, static_cast<size_t>(M * N));
   std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * M * N);
   return out;

@@ -280,7 +280,7 @@ export interface NativeAddon {
     topIds?: number[];
     topLogprobs?: number[];
   };
-  linear(req: { x: Float32Array; w: Float32Array; m: number; n: number; k: number; dtype?: 'float32' | 'bfloat16' }): Float32Array;
+  linear(req: { x: Float32Array; w: Float32Array; m: number; n: number; k: number; dtype?: 'float32' | 'bfloat16'; head?: boolean }): Float32Array;
   /**
    * Generation's attention (the fused CPU kernel, or ATen's path with the CPU kernels off): q [b, nq, t, d], k/v [b, nkv, capacity, d]
    * (the first s positions used), mask [b, t, s] additive; returns [b, nq, t, d]. t defaults to 1 (a decode step). prefix P: keys

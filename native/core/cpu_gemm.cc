@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace slm {
 
@@ -108,8 +109,10 @@ T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* 
 
 // ---- bfloat16, AVX512_BF16: 32 values per register, pairs multiplied and summed into 16 float32
 // lanes (vdpbf16ps); the sums are rounded to bfloat16 once, at the end, as oneDNN's bf16 gemm does.
-template <int MR, int NR>
-T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K, uint16_t* y, int64_t ldy, const uint16_t* pf, int pf_rows) {
+// TY uint16_t: bfloat16 out; float: the same bfloat16-rounded value widened (exactly) to float32,
+// for the vocabulary head, whose logits the sampler reads in float32.
+template <int MR, int NR, typename TY>
+T512BF inline void tile_bf16_any(const uint16_t* x, const uint16_t* w, int64_t K, TY* y, int64_t ldy, const uint16_t* pf, int pf_rows) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m)
@@ -145,8 +148,19 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) {
       const c10::BFloat16 b(sums[m * 4 + n]);  // round to nearest even
-      std::memcpy(&y[m * ldy + n], &b, sizeof(uint16_t));
+      if constexpr (std::is_same_v<TY, float>)
+        y[m * ldy + n] = static_cast<float>(b);
+      else
+        std::memcpy(&y[m * ldy + n], &b, sizeof(uint16_t));
     }
+}
+template <int MR, int NR>
+T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K, uint16_t* y, int64_t ldy, const uint16_t* pf, int pf_rows) {
+  tile_bf16_any<MR, NR, uint16_t>(x, w, K, y, ldy, pf, pf_rows);
+}
+template <int MR, int NR>
+T512BF inline void tile_bf16f_512(const uint16_t* x, const uint16_t* w, int64_t K, float* y, int64_t ldy, const uint16_t* pf, int pf_rows) {
+  tile_bf16_any<MR, NR, float>(x, w, K, y, ldy, pf, pf_rows);
 }
 
 // ---- float32, AVX2 + FMA: 8 lanes; tiles of up to 4 input rows x 2 weight rows (8 accumulators).
@@ -226,6 +240,7 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
 
 SLM_DEFINE_RANGE(range_f32_512, T512, tile_f32_512, float, float, 4)
 SLM_DEFINE_RANGE(range_bf16_512, T512BF, tile_bf16_512, uint16_t, uint16_t, 4)
+SLM_DEFINE_RANGE(range_bf16f_512, T512BF, tile_bf16f_512, uint16_t, float, 4)
 SLM_DEFINE_RANGE(range_f32_256, T256, tile_f32_256, float, float, 2)
 #undef SLM_DEFINE_RANGE
 #endif  // x86
@@ -246,7 +261,7 @@ const char* cpu_small_linear_isa() {
 void set_cpu_kernels_enabled(bool on) { g_enabled.store(on); }
 bool cpu_kernels_enabled() { return g_enabled.load(); }
 
-at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float_out, const at::Tensor& out) {
 #ifdef SLM_X86
   if (!g_enabled.load(std::memory_order_relaxed)) return {};
   const Isa i = isa();
@@ -262,7 +277,12 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w) {
   const auto xc = x.contiguous();
   auto sizes = x.sizes().vec();
   sizes.back() = N;
-  auto y = at::empty(sizes, x.options());
+  const auto ydt = float_out ? at::kFloat : dt;
+  at::Tensor y;
+  if (out.defined() && out.is_cpu() && out.scalar_type() == ydt && out.is_contiguous() && out.numel() >= M * N)
+    y = out.view({-1}).narrow(0, 0, M * N).view(sizes);  // the caller's buffer: its pages stay mapped
+  else
+    y = at::empty(sizes, x.options().dtype(ydt));
   // Tiles of weight rows per task: enough work per task (~64k multiply-adds) that a small product
   // stays on one thread instead of paying for a parallel region.
   const int64_t nr = i == Isa::Avx2 ? 2 : 4;
@@ -271,8 +291,12 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w) {
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * nr, n1 = std::min(N, t1 * nr);
     if (dt == at::kBFloat16) {
-      range_bf16_512(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), M, reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>()), K,
-                     reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
+      const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+      const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
+      if (float_out)
+        range_bf16f_512(xb, M, wb, K, y.data_ptr<float>(), N, n0, n1);
+      else
+        range_bf16_512(xb, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
     } else if (i == Isa::Avx2) {
       range_f32_256(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
     } else {
@@ -283,6 +307,8 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w) {
 #else
   (void)x;
   (void)w;
+  (void)float_out;
+  (void)out;
   return {};
 #endif
 }

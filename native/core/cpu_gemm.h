@@ -25,7 +25,11 @@ namespace slm {
 constexpr int64_t kSmallLinearMaxRows = 256;
 
 // y [.., out] = x [.., in] · wᵀ, or an undefined tensor when no kernel applies (see above).
-at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w);
+// float_out: y in float32 whatever x's dtype (bfloat16 products are still rounded to bfloat16 first,
+// so the values equal the bfloat16 output widened). out: a contiguous buffer of y's dtype with at
+// least as many elements, written instead of a fresh tensor (the result is a view of it); any other
+// tensor is ignored.
+at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float_out = false, const at::Tensor& out = at::Tensor());
 
 // Whether this CPU has AVX-512 (F and BW): the fused sampler's vector passes use it too.
 bool cpu_has_avx512();

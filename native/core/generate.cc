@@ -294,6 +294,7 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   };
   t0 = now();
 
+  at::Tensor logits_buf;  // every decode step's logits, on the CPU (see Qwen3Model::logits)
   for (int64_t step = 0; step < p.max_new_tokens; ++step) {
     auto u = at::tensor(rng.next(rows), at::TensorOptions().dtype(at::kFloat)).to(dev);
     auto s = sample(logits, temps, p.top_k, tops, u, top_n);
@@ -400,7 +401,8 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     mask = at::cat({mask, alive.unsqueeze(1)}, 1);
     last_pos = last_pos + 1;
     h = model.hidden(next, last_pos.unsqueeze(1), mask, &cache);
-    logits = model.logits(h, true).squeeze(1);
+    if (!logits_buf.defined() && dev.is_cpu()) logits_buf = at::empty({B, model.config().vocab_size}, at::TensorOptions().dtype(at::kFloat));
+    logits = model.logits(h, true, logits_buf).squeeze(1);  // the sampler is done with the previous step's
   }
   out.decode_seconds = now() - t0;
   return out;

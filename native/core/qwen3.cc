@@ -449,7 +449,11 @@ at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions
   return norm(h, norm_, opts);
 }
 
-at::Tensor Qwen3Model::logits(const at::Tensor& hidden, bool kernels) const {
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden, bool kernels, const at::Tensor& buf) const {
+  if (kernels) {
+    auto y = cpu_small_linear(hidden, lm_head_, /*float_out=*/true, buf);
+    if (y.defined()) return y;
+  }
   ForwardOptions o;
   o.kernels = kernels;
   return Linear{lm_head_, at::Tensor(), nullptr, nullptr}.forward(hidden, o).to(at::kFloat);

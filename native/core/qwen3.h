@@ -159,8 +159,10 @@ class Qwen3Model {
   // cache; 1 = real token, 0 = padding) -> final hidden states [B, T, hidden] (after the last norm).
   // With a cache, the new keys/values are written at [length, length + T) and length advances.
   at::Tensor hidden(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask, KVCache* cache) const;
-  // hidden [.., hidden] -> logits [.., vocab] in float32.
-  at::Tensor logits(const at::Tensor& hidden, bool kernels = false) const;
+  // hidden [.., hidden] -> logits [.., vocab] in float32. Where the CPU kernels apply, written into
+  // `buf` when it is a large enough float32 buffer (a decode loop passes the same one every step, so
+  // its pages are faulted in once) — the result is then a view of it.
+  at::Tensor logits(const at::Tensor& hidden, bool kernels = false, const at::Tensor& buf = at::Tensor()) const;
   // The vocab head's weight [vocab, hidden] (the embedding when tied).
   const at::Tensor& head_weight() const { return lm_head_; }
 
