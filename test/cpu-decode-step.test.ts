@@ -56,3 +56,25 @@ for (const modelType of ['qwen3', 'llama']) {
     });
   }
 }
+
+// 80 rows: enough that a step's RMSNorms (80 x 64 values) and q/k norm + RoPE (320 and 160 head rows)
+// are split between the threads; every row must still equal ATen's path.
+t.test('qwen3 float32, 80 rows: the norms split between threads, kernels vs ATen', async (t) => {
+  const dir = join(root, 'qwen3');
+  const m = await Model.load(dir, { dtype: 'float32' });
+  t.teardown(() => {
+    a.setCpuKernels(true);
+    m.dispose();
+  });
+  const many = Array.from({ length: 80 }, (_, r) => Int32Array.from({ length: 3 + (r % 9) }, (_, i) => ((r * 37 + i * 101) % 490) + 5));
+  a.setCpuKernels(true);
+  const fused = await m.generate({ prompts: many, maxNewTokens: 8, greedy: true });
+  a.setCpuKernels(false);
+  const aten = await m.generate({ prompts: many, maxNewTokens: 8, greedy: true });
+  let worst = 0;
+  for (let i = 0; i < many.length; i++) {
+    t.same(fused.tokens[i], aten.tokens[i], `row ${i}: the same greedy tokens`);
+    for (let j = 0; j < fused.logprobs[i].length; j++) worst = Math.max(worst, Math.abs(fused.logprobs[i][j] - aten.logprobs[i][j]));
+  }
+  t.ok(worst < 2e-5, `log-probs within 2e-5 of ATen's (worst ${worst.toExponential(2)})`);
+});
