@@ -23,7 +23,7 @@ function tuneOpenBlas(): void {
 }
 
 /** The wait settings we give libgomp unless the user set their own; see tuneOpenMP. */
-export const OPENMP_WAIT = { OMP_WAIT_POLICY: 'active', GOMP_SPINCOUNT: '1000' } as const;
+const OPENMP_WAIT = { OMP_WAIT_POLICY: 'active', GOMP_SPINCOUNT: '1000' } as const;
 
 /**
  * How long libgomp's idle threads spin before they sleep. Its default is ~300,000 pauses (7.5 ms on

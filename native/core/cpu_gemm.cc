@@ -109,10 +109,10 @@ T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* 
 
 // ---- bfloat16, AVX512_BF16: 32 values per register, pairs multiplied and summed into 16 float32
 // lanes (vdpbf16ps); the sums are rounded to bfloat16 once, at the end, as oneDNN's bf16 gemm does.
-// TY uint16_t: bfloat16 out; float: the same bfloat16-rounded value widened (exactly) to float32,
-// for the vocabulary head, whose logits the sampler reads in float32.
+// TY (deduced from y) uint16_t: bfloat16 out; float: the same bfloat16-rounded value widened
+// (exactly) to float32, for the vocabulary head, whose logits the sampler reads in float32.
 template <int MR, int NR, typename TY>
-T512BF inline void tile_bf16_any(const uint16_t* x, const uint16_t* w, int64_t K, TY* y, int64_t ldy, const uint16_t* pf, int pf_rows) {
+T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K, TY* y, int64_t ldy, const uint16_t* pf, int pf_rows) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m)
@@ -153,14 +153,6 @@ T512BF inline void tile_bf16_any(const uint16_t* x, const uint16_t* w, int64_t K
       else
         std::memcpy(&y[m * ldy + n], &b, sizeof(uint16_t));
     }
-}
-template <int MR, int NR>
-T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K, uint16_t* y, int64_t ldy, const uint16_t* pf, int pf_rows) {
-  tile_bf16_any<MR, NR, uint16_t>(x, w, K, y, ldy, pf, pf_rows);
-}
-template <int MR, int NR>
-T512BF inline void tile_bf16f_512(const uint16_t* x, const uint16_t* w, int64_t K, float* y, int64_t ldy, const uint16_t* pf, int pf_rows) {
-  tile_bf16_any<MR, NR, float>(x, w, K, y, ldy, pf, pf_rows);
 }
 
 // ---- float32, AVX2 + FMA: 8 lanes; tiles of up to 4 input rows x 2 weight rows (8 accumulators).
@@ -240,7 +232,7 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
 
 SLM_DEFINE_RANGE(range_f32_512, T512, tile_f32_512, float, float, 4)
 SLM_DEFINE_RANGE(range_bf16_512, T512BF, tile_bf16_512, uint16_t, uint16_t, 4)
-SLM_DEFINE_RANGE(range_bf16f_512, T512BF, tile_bf16f_512, uint16_t, float, 4)
+SLM_DEFINE_RANGE(range_bf16f_512, T512BF, tile_bf16_512, uint16_t, float, 4)
 SLM_DEFINE_RANGE(range_f32_256, T256, tile_f32_256, float, float, 2)
 #undef SLM_DEFINE_RANGE
 #endif  // x86

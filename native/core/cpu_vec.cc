@@ -10,6 +10,19 @@
 
 namespace slm {
 
+namespace {
+
+// cpu_row_pick's walk from i, with acc the sum of p[0..i).
+int64_t pick_scan(const float* p, int64_t i, int64_t n, double acc, float target) {
+  for (; i < n; ++i) {
+    acc += p[i];
+    if (static_cast<float>(acc) >= target) return i;
+  }
+  return n - 1;
+}
+
+}  // namespace
+
 #ifdef SLM_CPU_VEC_X86
 namespace {
 
@@ -56,11 +69,7 @@ __attribute__((target("avx512f"))) int64_t row_pick_512(const float* p, int64_t 
     if (static_cast<float>(acc + c) >= target) break;  // the chunk may hold it: scan it one by one
     acc += c;
   }
-  for (; i < n; ++i) {
-    acc += p[i];
-    if (static_cast<float>(acc) >= target) return i;
-  }
-  return n - 1;
+  return pick_scan(p, i, n, acc, target);
 }
 
 }  // namespace
@@ -70,12 +79,7 @@ int64_t cpu_row_pick(const float* p, int64_t n, float target) {
 #ifdef SLM_CPU_VEC_X86
   if (cpu_has_avx512()) return row_pick_512(p, n, target);
 #endif
-  double acc = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    acc += p[i];
-    if (static_cast<float>(acc) >= target) return i;
-  }
-  return n - 1;
+  return pick_scan(p, 0, n, 0.0, target);
 }
 
 float cpu_row_max(const float* s, int64_t V) {

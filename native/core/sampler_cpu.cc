@@ -68,10 +68,11 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
     s = w.s.data();
   }
   const float m = cpu_row_max(s, V);
-  // exp(s - m) is kept for the plain sampling branch, the only one that reads it.
-  const bool keep_exp = !greedy && !(top_k > 0 && top_k < V) && !(top_p < 1.f);
-  if (keep_exp) w.p.resize(V);
-  const double z = cpu_row_exp(s, V, m, keep_exp ? w.p.data() : nullptr);
+  enum class Rule { Greedy, TopK, TopP, Plain };
+  const Rule rule = greedy ? Rule::Greedy : (top_k > 0 && top_k < V) ? Rule::TopK : top_p < 1.f ? Rule::TopP : Rule::Plain;
+  // exp(s - m) is kept for plain sampling, the only rule that reads it.
+  if (rule == Rule::Plain) w.p.resize(V);
+  const double z = cpu_row_exp(s, V, m, rule == Rule::Plain ? w.p.data() : nullptr);
   const float lse = m + static_cast<float>(std::log(z));
   RowOut out;
   if (top_n > 0) {
@@ -81,11 +82,11 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
     std::partial_sort(w.idx.begin(), w.idx.begin() + n, w.idx.end(), ByLogitDesc{s});
     for (int64_t j = 0; j < n; ++j) top_ids[j] = w.idx[j], top_lps[j] = s[w.idx[j]] - lse;
   }
-  if (greedy) {
+  if (rule == Rule::Greedy) {
     int64_t arg = 0;
     while (arg < V - 1 && !(s[arg] == m)) ++arg;  // the first index of the maximum
     out.token = arg;
-  } else if (top_k > 0 && top_k < V) {
+  } else if (rule == Rule::TopK) {
     w.idx.resize(V);
     std::iota(w.idx.begin(), w.idx.end(), 0);
     std::partial_sort(w.idx.begin(), w.idx.begin() + top_k, w.idx.end(), ByLogitDesc{s});
@@ -104,7 +105,7 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
       }
     }
     out.token = w.idx[pick_from(p, top_k, u)];
-  } else if (top_p < 1.f) {
+  } else if (rule == Rule::TopP) {
     // Only tokens in the histogram bins that hold the first top_p of the mass (plus a margin for
     // rounding) can be in the nucleus; every other token has a smaller logit than all of them.
     constexpr int kBins = 256;
