@@ -77,10 +77,9 @@ Napi::Value Linear(const Napi::CallbackInfo& info) {
     // The vocabulary head's path in a decode loop: float32 out, into a reused buffer (here one two
     // elements longer than needed and full of NaN), which the result must be a view of.
     auto buf = at::full({M * N + 2}, std::numeric_limits<float>::quiet_NaN(), at::kFloat);
-    y = slm::cpu_small_linear(x, w, /*float_out=*/true, buf);
-    if (y.defined() && (y.scalar_type() != at::kFloat || y.data_ptr() != buf.data_ptr()))
-      slm_addon::throw_error(env, "NATIVE_ERROR", "linear: the head path did not write float32 into the buffer it was given.");
-    if (!y.defined()) y = at::linear(x, w).to(at::kFloat);
+    y = slm::vocab_logits(x, w, /*kernels=*/true, buf);
+    if (y.data_ptr() != buf.data_ptr() && slm::cpu_small_linear(x, w, /*float_out=*/true).defined())  // a kernel applies
+      slm_addon::throw_error(env, "NATIVE_ERROR", "linear: the head path did not write into the buffer it was given.");
   } else {
     slm::Linear lin{w, at::Tensor(), nullptr, nullptr};
     slm::ForwardOptions fo;

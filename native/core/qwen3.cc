@@ -449,14 +449,15 @@ at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions
   return norm(h, norm_, opts);
 }
 
-at::Tensor Qwen3Model::logits(const at::Tensor& hidden, bool kernels, const at::Tensor& buf) const {
+at::Tensor vocab_logits(const at::Tensor& hidden, const at::Tensor& head, bool kernels, const at::Tensor& buf) {
   if (kernels) {
-    auto y = cpu_small_linear(hidden, lm_head_, /*float_out=*/true, buf);
+    auto y = cpu_small_linear(hidden, head, /*float_out=*/true, buf);
     if (y.defined()) return y;
   }
-  ForwardOptions o;
-  o.kernels = kernels;
-  return Linear{lm_head_, at::Tensor(), nullptr, nullptr}.forward(hidden, o).to(at::kFloat);
+  // No kernel (another device, more rows, or declined): the linear layer's other paths.
+  return Linear{head, at::Tensor(), nullptr, nullptr}.forward(hidden, ForwardOptions{}).to(at::kFloat);
 }
+
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden, bool kernels, const at::Tensor& buf) const { return vocab_logits(hidden, lm_head_, kernels, buf); }
 
 }  // namespace slm

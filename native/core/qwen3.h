@@ -140,6 +140,11 @@ struct KVCache {
   std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> row_past(int64_t row, const at::Tensor& idx) const;
 };
 
+// hidden [.., hidden] -> float32 logits through the vocabulary head `head` [vocab, hidden]: the CPU
+// kernel (written into `buf` when it is a large enough float32 buffer) when `kernels` and it
+// applies, else the linear layer's other paths. Qwen3Model::logits is this with the model's head.
+at::Tensor vocab_logits(const at::Tensor& hidden, const at::Tensor& head, bool kernels, const at::Tensor& buf = at::Tensor());
+
 class Qwen3Model {
  public:
   // Takes the tensors of a checkpoint, checks every name and shape against the config (each tensor
