@@ -106,16 +106,20 @@ t.test('bfloat16: products of the rounded inputs, rounded once', async (t) => {
 // (Qwen3Model::logits): the values must be the layer's own output widened, bit for bit (bfloat16:
 // rounded to bfloat16 first, as training's head rounds them), and the addon checks they landed in
 // the buffer.
+// With the kernels off, the head's fallback (ATen) must equal the plain layer's too.
 t.test('the head path: float32 into a reused buffer, equal to the plain output', async (t) => {
-  for (const dtype of ['float32', 'bfloat16'] as const) {
-    if (dtype === 'bfloat16' && !/bfloat16/.test(isa)) continue;
-    for (const [m, n, k] of [[16, 151, 64], [3, 37, 77], [1, 4, 32]] as const) {
-      const x = rand(m * k, 21 + m), w = rand(n * k, 22 + n);
-      const plain = a.linear({ x, w, m, n, k, dtype });
-      const head = a.linear({ x, w, m, n, k, dtype, head: true });
-      t.same(Array.from(head), Array.from(plain), `${dtype} m ${m} n ${n} k ${k}: bit for bit`);
+  t.teardown(() => a.setCpuKernels(true));
+  for (const kernels of [true, false])
+    for (const dtype of ['float32', 'bfloat16'] as const) {
+      if (kernels && dtype === 'bfloat16' && !/bfloat16/.test(isa)) continue;
+      a.setCpuKernels(kernels);
+      for (const [m, n, k] of [[16, 151, 64], [3, 37, 77], [1, 4, 32]] as const) {
+        const x = rand(m * k, 21 + m), w = rand(n * k, 22 + n);
+        const plain = a.linear({ x, w, m, n, k, dtype });
+        const head = a.linear({ x, w, m, n, k, dtype, head: true });
+        t.same(Array.from(head), Array.from(plain), `kernels ${kernels ? 'on' : 'off'}, ${dtype} m ${m} n ${n} k ${k}: bit for bit`);
+      }
     }
-  }
 });
 
 t.test('a wrong request is a coded error', async (t) => {
