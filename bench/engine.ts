@@ -45,11 +45,38 @@ type MeasureRequest = Parameters<ReturnType<typeof native>['measure']>[0];
  * a decode figure at 1.3 of its "limit"). The best window is also the strict choice for the
  * fractions beside it: a higher limit, a lower fraction.
  */
-export async function machineLimit(req: Omit<MeasureRequest, 'seconds'>, seconds: number, windows = 5): Promise<number> {
+async function machineLimit(req: Omit<MeasureRequest, 'seconds'>, seconds: number, windows = 5): Promise<number> {
   const a = native();
   let best = 0;
   for (let w = 0; w < windows; w++) best = Math.max(best, await a.measure({ ...req, seconds: seconds / windows }));
   return best;
+}
+
+const LIMITS = {
+  copy: { kind: 'copy', n: 256 << 20 }, // GB/s, read + write
+  f32: { kind: 'matmul', n: 1024, dtype: 'float32' }, // GFLOP/s
+  bf16: { kind: 'matmul', n: 1024, dtype: 'bfloat16' },
+} as const;
+
+/**
+ * The limits a benchmark's figures stand beside, measured before its runs (`measure`) and again after
+ * them (`again`), each keeping the better of its measurements: a limit taken in a dip of a shared
+ * machine would flatter every figure computed from it, so figures are computed after `again`.
+ */
+export class MachineLimits<K extends keyof typeof LIMITS> {
+  private constructor(
+    private readonly names: K[],
+    private readonly seconds: number,
+    readonly v: Record<K, number>,
+  ) {}
+  static async measure<K extends keyof typeof LIMITS>(names: K[], seconds: number): Promise<MachineLimits<K>> {
+    const v = {} as Record<K, number>;
+    for (const k of names) v[k] = await machineLimit(LIMITS[k], seconds);
+    return new MachineLimits(names, seconds, v);
+  }
+  async again(): Promise<void> {
+    for (const k of this.names) this.v[k] = Math.max(this.v[k], await machineLimit(LIMITS[k], this.seconds));
+  }
 }
 
 /** bench/eager_decode.py beside this file (run from source) or in the checkout above dist/bench/. */
@@ -139,9 +166,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   // The limits are measured before and again after the runs, and each is the better of the two: on a
   // shared machine another tenant's load comes and goes, and a limit taken in a dip alone would
   // flatter every fraction beside it (a decode once read 1.02 of its memory roofline that way).
-  const limitS = quick ? 0.3 : 1;
-  let copyGBps = await machineLimit({ kind: 'copy', n: 256 << 20 }, limitS);
-  let matmulGflops = await machineLimit({ kind: 'matmul', n: 1024, dtype: 'float32' }, limitS);
+  const lim = await MachineLimits.measure(['copy', 'f32', 'bf16'], quick ? 0.3 : 1);
 
   const reps = quick ? 2 : 3;
   const prefillTokens = quick ? 128 : 512;
@@ -155,12 +180,11 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const decode: DecodeRow[] = [];
   const steps = quick ? 16 : 48;
   const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
-  let bf16Gflops = await machineLimit({ kind: 'matmul', n: 1024, dtype: 'bfloat16' }, limitS);
   const decodePrompts = (B: number) =>
     Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => ((b * 131 + i) * 7919) % 100000 + 100));
   // The roofline of one decode step at batch B: the larger of the memory and the compute bound.
   const bounds = (B: number, bytesPerP: number, mmRate: number) => {
-    const memBound = ((layerParams + V * H) * bytesPerP) / (copyGBps * 1e9);
+    const memBound = ((layerParams + V * H) * bytesPerP) / (lim.v.copy * 1e9);
     const computeBound = (2 * (layerParams + V * H) * B) / (mmRate * 1e9);
     return { memBound, computeBound, bound: Math.max(memBound, computeBound) };
   };
@@ -180,7 +204,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   };
   // A decode row beside its roofline, from the final limits.
   const decodeRow = ({ dtype, batch: B, stepS }: RawDecode): DecodeRow => {
-    const { memBound, computeBound, bound } = dtype === 'bfloat16' ? bounds(B, 2, bf16Gflops) : bounds(B, bytesPerParam, matmulGflops);
+    const { memBound, computeBound, bound } = dtype === 'bfloat16' ? bounds(B, 2, lim.v.bf16) : bounds(B, bytesPerParam, lim.v.f32);
     return {
       dtype,
       batch: B,
@@ -228,19 +252,17 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   }
 
   log('engine: measuring the machine again (each limit: the better of the two measurements)');
-  copyGBps = Math.max(copyGBps, await machineLimit({ kind: 'copy', n: 256 << 20 }, limitS));
-  matmulGflops = Math.max(matmulGflops, await machineLimit({ kind: 'matmul', n: 1024, dtype: 'float32' }, limitS));
-  bf16Gflops = Math.max(bf16Gflops, await machineLimit({ kind: 'matmul', n: 1024, dtype: 'bfloat16' }, limitS));
+  await lim.again();
   const prefill = {
     tokens: prefillTokens,
     tokens_per_s: +(prefillTokens / prefillS).toFixed(1),
-    roofline_tokens_per_s: +(prefillTokens / (prefillFlops / (matmulGflops * 1e9))).toFixed(1),
-    fraction_of_roofline: +((prefillFlops / (matmulGflops * 1e9)) / prefillS).toFixed(3),
+    roofline_tokens_per_s: +(prefillTokens / (prefillFlops / (lim.v.f32 * 1e9))).toFixed(1),
+    fraction_of_roofline: +((prefillFlops / (lim.v.f32 * 1e9)) / prefillS).toFixed(3),
   };
   decode.push(...rawDecode.map(decodeRow));
   const decodeAten = decodeRow(rawAten);
   for (const { B, e } of eagerRaw) {
-    const { bound } = bounds(B, bytesPerParam, matmulGflops);
+    const { bound } = bounds(B, bytesPerParam, lim.v.f32);
     const ours = decode.find((d) => d.dtype === 'float32' && d.batch === B)!;
     eager.push({
       dtype: 'float32',
@@ -271,7 +293,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
 
   const results = {
     model: { dir, parameters: info.numParameters, parameter_bytes: info.parameterBytes, dtype: info.dtype, threads: a.version().threads },
-    machine: { copy_GBps: +copyGBps.toFixed(1), matmul_f32_GFLOPs: +matmulGflops.toFixed(1), matmul_bf16_GFLOPs: +bf16Gflops.toFixed(1) },
+    machine: { copy_GBps: +lim.v.copy.toFixed(1), matmul_f32_GFLOPs: +lim.v.f32.toFixed(1), matmul_bf16_GFLOPs: +lim.v.bf16.toFixed(1) },
     decode_bytes_per_step: decodeBytes,
     prefill,
     decode,

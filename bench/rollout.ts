@@ -30,7 +30,7 @@ import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { answerMetrics } from '../lib/rewards/metrics.js';
 import { createPythonPool } from '../lib/sandbox/python.js';
 import { runnerTokenizer } from '../lib/train/environment.js';
-import { benchModelDir, machineLimit } from './engine.js';
+import { benchModelDir, MachineLimits } from './engine.js';
 import { summarize, type Latency } from './sandbox.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
@@ -72,15 +72,11 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const H = model.config.hidden_size, V = model.config.vocab_size;
   const layerParams = info.numParameters - V * H - H - (model.config.tie_word_embeddings ? 0 : V * H);
   const bytesPerParam = info.parameterBytes / info.numParameters;
-  // Measured before and again after the runs; each limit is the better of the two (see machineLimit),
-  // and every generation roofline is computed from the final limits.
-  const limitS = quick ? 0.3 : 1;
-  let copyGBps = await machineLimit({ kind: 'copy', n: 256 << 20 }, limitS);
-  let matmulGflops = await machineLimit({ kind: 'matmul', n: 1024, dtype: 'float32' }, limitS);
+  const lim = await MachineLimits.measure(['copy', 'f32'], quick ? 0.3 : 1); // generation rooflines use the final limits
   const callsOf = new Map<object, CallRecord[]>();
   const bound = (c: CallRecord) =>
-    (2 * layerParams * c.prefillTokens + 2 * V * H * c.rows) / (matmulGflops * 1e9) +
-    Math.max(0, c.steps - 1) * Math.max(((layerParams + V * H) * bytesPerParam) / (copyGBps * 1e9), (2 * (layerParams + V * H) * c.rows) / (matmulGflops * 1e9));
+    (2 * layerParams * c.prefillTokens + 2 * V * H * c.rows) / (lim.v.f32 * 1e9) +
+    Math.max(0, c.steps - 1) * Math.max(((layerParams + V * H) * bytesPerParam) / (lim.v.copy * 1e9), (2 * (layerParams + V * H) * c.rows) / (lim.v.f32 * 1e9));
 
   const gen = syntheticCorpus({ pages: 200, seed: 3 });
   const index = await SearchIndex.build(new Corpus(gen.pages));
@@ -172,13 +168,12 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     }
     const expert = { programs: progs.length, program_ms: summarize(ms), retrieval_ms: summarize(searchMs) };
     log('rollout: measuring the machine again (each limit: the better of the two measurements)');
-    copyGBps = Math.max(copyGBps, await machineLimit({ kind: 'copy', n: 256 << 20 }, limitS));
-    matmulGflops = Math.max(matmulGflops, await machineLimit({ kind: 'matmul', n: 1024, dtype: 'float32' }, limitS));
+    await lim.again();
     for (const r of results) {
       const split = r.split_s as Record<string, number>;
       split.generation_roofline = +(callsOf.get(r) ?? []).reduce((s, c) => s + bound(c), 0).toFixed(3);
     }
-    const machine = { copy_GBps: +copyGBps.toFixed(1), matmul_f32_GFLOPs: +matmulGflops.toFixed(1), params: info.numParameters, max_new_tokens: maxNewTokens, turns: 2 };
+    const machine = { copy_GBps: +lim.v.copy.toFixed(1), matmul_f32_GFLOPs: +lim.v.f32.toFixed(1), params: info.numParameters, max_new_tokens: maxNewTokens, turns: 2 };
     type Row = { k: number; rollouts: number; unbatched: boolean; shared_prefix: boolean; prefill_tokens: number; prefill_tokens_requested: number; reused_tokens: number; per_rollout_s: number; rollouts_per_s: number; generated_tokens_per_s: number; generate_calls: number; split_s: Record<string, number> };
     const rows = results as unknown as Row[];
     const table = [

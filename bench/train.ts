@@ -13,7 +13,7 @@ import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { Model } from '../lib/engine/model.js';
 import { SlmError } from '../lib/errors.js';
-import { benchModelDir, machineLimit } from './engine.js';
+import { benchModelDir, MachineLimits } from './engine.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
@@ -27,27 +27,30 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const matmulParams = info.numParameters - V * H - H + V * H; // layers + the vocab head (tied: the embedding counted once, as the head)
   m.dispose();
   log('train: measuring the matmul rate');
-  const gflops = await machineLimit({ kind: 'matmul', n: 1024, dtype: 'float32' }, quick ? 0.3 : 1);
+  const lim = await MachineLimits.measure(['f32'], quick ? 0.3 : 1);
   const T = quick ? 256 : 512;
   const child = fileURLToPath(new URL('./train-child.js', import.meta.url));
-  const rows: Record<string, unknown>[] = [];
+  const runs: Array<{ checkpoint: boolean; step_s: number; peak_MiB: number; loaded_MiB: number }> = [];
   for (const checkpoint of [false, true]) {
     log(`train: sequence ${T}, checkpointing ${checkpoint ? 'on' : 'off'} (own process)`);
     const r = spawnSync(process.execPath, [child, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 3)], { encoding: 'utf8', timeout: 600_000 });
     if (r.status !== 0) throw new SlmError('NATIVE_ERROR', `the train benchmark child failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
-    const c = JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; peak_MiB: number; loaded_MiB: number };
-    const flops = 4 * matmulParams * T;
-    rows.push({
-      checkpointing: checkpoint,
-      seq_len: T,
-      step_s: +c.step_s.toFixed(3),
-      tokens_per_s: +(T / c.step_s).toFixed(1),
-      achieved_GFLOPs: +(flops / c.step_s / 1e9).toFixed(1),
-      fraction_of_matmul_rate: +(flops / c.step_s / 1e9 / gflops).toFixed(3),
-      peak_rss_MiB: Math.round(c.peak_MiB),
-      peak_above_loaded_MiB: Math.round(c.peak_MiB - c.loaded_MiB),
-    });
+    runs.push({ checkpoint, ...(JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; peak_MiB: number; loaded_MiB: number }) });
   }
+  log('train: measuring the matmul rate again');
+  await lim.again();
+  const gflops = lim.v.f32;
+  const flops = 4 * matmulParams * T;
+  const rows = runs.map((c) => ({
+    checkpointing: c.checkpoint,
+    seq_len: T,
+    step_s: +c.step_s.toFixed(3),
+    tokens_per_s: +(T / c.step_s).toFixed(1),
+    achieved_GFLOPs: +(flops / c.step_s / 1e9).toFixed(1),
+    fraction_of_matmul_rate: +(flops / c.step_s / 1e9 / gflops).toFixed(3),
+    peak_rss_MiB: Math.round(c.peak_MiB),
+    peak_above_loaded_MiB: Math.round(c.peak_MiB - c.loaded_MiB),
+  }));
   const results = { model: { dir, parameters: info.numParameters, lora: 'r16 on all projections' }, machine: { matmul_f32_GFLOPs: +gflops.toFixed(1) }, steps: rows };
   const table = [
     `| LoRA train step (small preset, seq ${T}) | tokens/s | achieved GFLOP/s (fraction of ${gflops.toFixed(0)} GFLOP/s matmul) | peak RSS (above the loaded model) |`,
