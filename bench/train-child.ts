@@ -18,11 +18,12 @@ const mask = seq.map((_, i) => (i >= T / 4 ? 1 : 0));
 const batch = { sequences: [seq], masks: [mask] };
 const before = kib('VmRSS');
 const times: number[] = [];
+let headRows = 0;
 for (let r = 0; r < Number(repsArg) + 1; r++) {
   const t0 = performance.now();
-  await m.trainStep(batch, { loss: 'sft', lr: 1e-5, checkpoint });
+  headRows = (await m.trainStep(batch, { loss: 'sft', lr: 1e-5, checkpoint })).headRows;
   if (r > 0) times.push((performance.now() - t0) / 1e3); // the first step warms up
 }
 times.sort((a, b) => a - b);
-process.stdout.write(JSON.stringify({ step_s: times[Math.floor(times.length / 2)], peak_MiB: kib('VmHWM'), loaded_MiB: before }) + '\n');
+process.stdout.write(JSON.stringify({ step_s: times[Math.floor(times.length / 2)], head_rows: headRows, peak_MiB: kib('VmHWM'), loaded_MiB: before }) + '\n');
 m.dispose();

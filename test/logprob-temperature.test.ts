@@ -55,6 +55,24 @@ t.test('one temperature per row: each row under its own softmax(logits / T)', as
   );
 });
 
+t.test('with masks, the kept positions are scored as without and the others are 0', async (t) => {
+  const m = await Model.load(base);
+  t.teardown(() => m.dispose());
+  // A prompt, a masked stretch mid-row, a row with nothing kept.
+  const masks = [rows[0].map((_, i) => (i >= 3 && i !== 6 ? 1 : 0)), rows[1].map((_, i) => (i % 2 ? 1 : 0)), rows[2].map(() => 0)];
+  const full = await m.sequenceLogprobs(rows, temps);
+  const part = await m.sequenceLogprobs(rows, temps, masks);
+  const ref = await m.referenceLogprobs(rows, temps, masks);
+  for (let i = 0; i < rows.length; i++) {
+    t.equal(part[i].length, rows[i].length);
+    t.ok(part[i].every((x, j) => (masks[i][j] && j > 0 ? Math.abs(x - full[i][j]) < 1e-6 : x === 0)), `row ${i}: kept positions equal the unmasked scores, the rest 0`);
+    t.ok(ref[i].every((x, j) => (masks[i][j] && j > 0 ? Math.abs(x - full[i][j]) < 1e-6 : x === 0)), `row ${i}: the reference policy takes the masks too`);
+  }
+  t.ok(full[0][1] !== 0 && full[2][4] !== 0, 'the masked-out positions have nonzero log-probs unmasked (else the test proves nothing)');
+  await t.rejects(m.sequenceLogprobs(rows, temps, masks.slice(1)), { code: 'ARGUMENT_INVALID', message: /one per row expected \(3\), found 2/ });
+  await t.rejects(m.sequenceLogprobs(rows, temps, [masks[0], masks[1], [1]]), { code: 'ARGUMENT_INVALID', message: /mask must have one entry per token \(25\), found 17/ });
+});
+
 t.test('bad temperatures are coded errors', async (t) => {
   const m = await Model.load(base);
   t.teardown(() => m.dispose());

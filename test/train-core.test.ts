@@ -208,6 +208,42 @@ t.test('the loss mask removes tokens from the gradient', async (t) => {
   for (const k of Object.keys(gpa)) t.same(Array.from(gpa[k]), Array.from(gpb[k]));
 });
 
+t.test('the vocabulary head projects the trained positions alone, with each row its own temperature', async (t) => {
+  const m = await withLora(3);
+  t.teardown(() => m.dispose());
+  const ref = await Model.load(base); // the KL reference: the base model
+  t.teardown(() => ref.dispose());
+  // Rows of different lengths (padding), a prompt, a masked tool output mid-row, a row trained from
+  // its second token, and a temperature per row.
+  const seqs = [seq, seq.slice(3, 12), seq.slice(1, 8).reverse()];
+  const masks = [mask.map((x, i) => (i >= 8 && i < 11 ? 0 : x)), seqs[1].map((_, i) => (i >= 2 ? 1 : 0)), seqs[2].map((_, i) => (i >= 1 ? 1 : 0))];
+  const temperature = [0.7, 1.3, 1];
+  const trained = masks.reduce((s, mm) => s + mm.slice(1).reduce((a, b) => a + b, 0), 0);
+  const lp = await m.sequenceLogprobs(seqs, temperature);
+  const rl = await ref.sequenceLogprobs(seqs, temperature);
+  let sftWant = 0, klWant = 0;
+  seqs.forEach((r, s) => {
+    for (let i = 1; i < r.length; i++) if (masks[s][i]) ((sftWant -= lp[s][i] / trained), (klWant += (lp[s][i] - rl[s][i]) / trained));
+  });
+  const st = await sft(m, { sequences: seqs, masks, temperature });
+  t.equal(st.headRows, trained, `the head projected the ${trained} trained positions, not all ${seqs.reduce((s, r) => s + r.length - 1, 0)}`);
+  t.ok(Math.abs(st.loss - sftWant) <= 1e-6 * Math.abs(sftWant), `SFT loss ${st.loss} = teacher-forced ${sftWant}`);
+  // Advantages and old log-probs at untrained positions are NaN: they are never read.
+  const adv = seqs.map((r, s) => r.map((_, i) => (masks[s][i] ? 0.5 : NaN)));
+  const old = lp.map((row, s) => Array.from(row, (x, i) => (masks[s][i] ? x : NaN)));
+  const pg = await m.trainStep(
+    { sequences: seqs, masks, temperature, advantages: adv, oldLogprobs: old },
+    { loss: 'pg', clipLow: 0.2, klCoef: 1, klEstimator: 'k1', tokenLevel: true, lr: 0, maxGradNorm: 0, update: false },
+  );
+  t.notOk(pg.skipped, `not skipped (${pg.skipReason})`);
+  t.ok(Math.abs(pg.pgLoss + 0.5) <= 1e-6, `surrogate at ratio 1: -mean advantage, found ${pg.pgLoss}`);
+  t.ok(Math.abs(pg.kl - klWant) <= 1e-6 && Math.abs(klWant) > 1e-5, `KL ${pg.kl} = teacher-forced ${klWant}`);
+  t.equal(pg.headRows, trained);
+  // Every position trained: every position projected.
+  const all = await sft(m, { sequences: seqs, masks: seqs.map((r) => r.map(() => 1)), temperature });
+  t.equal(all.headRows, seqs.reduce((s, r) => s + r.length - 1, 0));
+});
+
 t.test('SFT on one short conversation drives the loss below 0.05', async (t) => {
   // The fixture's embedding (std 0.02, hidden 64) caps its logits near 1.3, so no LoRA can make it
   // confident; a tiny model with a wider embedding can (see initModel's embedStd).

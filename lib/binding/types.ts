@@ -134,7 +134,7 @@ export interface NativeModel {
    * under the KL reference policy (the frozen reference adapter, else the base model).
    */
   /** temperature: one for every row, or one per row (each > 0); default 1. */
-  sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number | Float32Array; reference?: boolean }): Promise<Float32Array>;
+  sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number | Float32Array; reference?: boolean; mask?: Uint8Array }): Promise<Float32Array>;
   /** PPO critic values per token (value of the state before it; 0 at t = 0), adapter on, no dropout. */
   sequenceValues(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   /** Final hidden state (after the last norm) of each sequence's last token, [rows x hidden] flattened. */
@@ -247,6 +247,8 @@ export interface NativeTrainStats {
   gradNorm: number;
   tokens: number;
   sequences: number;
+  /** Positions the vocabulary head projected in this process: the trained ones (a prompt's are skipped). */
+  headRows: number;
   skipped: boolean;
   skipReason: string;
   step: number;

@@ -148,9 +148,9 @@ export class Model implements TextGenerator {
    * setReferenceAdapter() (the SFT adapter an RL stage starts from), else the base model (adapter
    * off). One native forward with the reference option; the trained adapter is not touched.
    */
-  async referenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1): Promise<Float32Array[]> {
+  async referenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1, masks?: ArrayLike<number>[]): Promise<Float32Array[]> {
     const { ids, lengths } = this.#flatten(rows);
-    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), reference: true }), lengths);
+    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), reference: true, mask: maskOption(masks, rows) }), lengths);
   }
 
   /**
@@ -353,11 +353,13 @@ export class Model implements TextGenerator {
   /**
    * Teacher forcing: per row, out[t] = log p(ids[t] | ids[<t]) under softmax(logits / temperature)
    * (0 at t = 0). `temperature`: one for every row or one per row (rows sampled at different
-   * temperatures share one forward).
+   * temperatures share one forward). `masks` (one per row, one entry per token): only positions whose
+   * entry is nonzero are scored, the others are 0 — the vocabulary head, most of a small model's
+   * work, skips them (a prompt, a tool's output).
    */
-  async sequenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1): Promise<Float32Array[]> {
+  async sequenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1, masks?: ArrayLike<number>[]): Promise<Float32Array[]> {
     const { ids, lengths } = this.#flatten(rows);
-    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature) }), lengths);
+    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), mask: maskOption(masks, rows) }), lengths);
   }
 
   dispose(): void {
@@ -369,4 +371,14 @@ export class Model implements TextGenerator {
 /** The native temperature option: a number as is, per-row values as a Float32Array. */
 function temperatureOption(t: number | ArrayLike<number>): number | Float32Array {
   return typeof t === 'number' ? t : Float32Array.from(t);
+}
+
+/** Per-row masks flattened for the native call (which checks one entry per token); undefined: score every position. */
+function maskOption(masks: ArrayLike<number>[] | undefined, rows: ArrayLike<number>[]): Uint8Array | undefined {
+  if (!masks) return undefined;
+  if (masks.length !== rows.length) throw new SlmError('ARGUMENT_INVALID', `log-prob masks: one per row expected (${rows.length}), found ${masks.length}; pass a mask for every sequence or none.`);
+  const out = new Uint8Array(masks.reduce((n, m) => n + m.length, 0));
+  let off = 0;
+  for (const m of masks) for (let i = 0; i < m.length; i++) out[off++] = m[i] ? 1 : 0;
+  return out;
 }

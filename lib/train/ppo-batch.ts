@@ -113,10 +113,10 @@ export async function ppoForward(model: Model, episodes: TrainEpisode[], o: PpoP
   const keptMasks = kept.map((i) => masks[i]);
   const temperature = kept.map((i) => episodes[i].temperature);
   const oldLogprobs = o.recomputeOldLogprobs
-    ? (await model.sequenceLogprobs(sequences, temperature)).map((lp, j) => lp.map((x, t) => (keptMasks[j][t] ? x : 0)))
+    ? await model.sequenceLogprobs(sequences, temperature, keptMasks)
     : kept.map((i, j) => Float32Array.from(episodes[i].logprobs, (x, t) => (keptMasks[j][t] ? x : 0)));
   const oldValues = await model.values(sequences, keptMasks);
-  const refLogprobs = o.klCoef > 0 && o.klIn === 'reward' ? await model.referenceLogprobs(sequences, temperature) : undefined;
+  const refLogprobs = o.klCoef > 0 && o.klIn === 'reward' ? await model.referenceLogprobs(sequences, temperature, keptMasks) : undefined;
   return { kept, sequences, masks: keptMasks, temperature, oldLogprobs, oldValues, refLogprobs };
 }
 

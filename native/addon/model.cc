@@ -139,13 +139,28 @@ std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<in
 // What a teacher-forced pass returns: log-probs, the PPO critic's values, or last-token hidden states.
 enum class Rows { Logprobs, Values, LastHidden };
 
-// sequenceLogprobs / sequenceValues / lastHidden: {ids, lengths[, temperature (number | Float32Array per row), reference]} -> a worker's Promise.
+// sequenceLogprobs / sequenceValues / lastHidden: {ids, lengths[, temperature (number | Float32Array per row), reference, mask (Uint8Array per token)]} -> a worker's Promise.
 Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen3Model> m, Lease lease, const char* name, Rows mode) {
   auto env = info.Env();
   const bool lp = mode == Rows::Logprobs;
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", std::string(name) + (lp ? " expects {ids, lengths, temperature}." : " expects {ids, lengths}."));
   auto o = info[0].As<Napi::Object>();
-  auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), int32s(env, o.Get("lengths"), "lengths"));
+  const auto lengths = int32s(env, o.Get("lengths"), "lengths");
+  auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), lengths);
+  // mask: which positions to score (the others are 0 and skip the vocabulary head).
+  std::vector<std::vector<uint8_t>> masks;
+  if (lp && !o.Get("mask").IsUndefined()) {
+    const auto flat = typed_vector<uint8_t, napi_uint8_array>(env, o.Get("mask"), "mask");
+    size_t total = 0;
+    for (const auto& r : rows) total += r.size();
+    if (flat.size() != total)
+      throw_error(env, "ARGUMENT_INVALID", std::string(name) + ": mask must have one entry per token (" + std::to_string(total) + "), found " + std::to_string(flat.size()) + ".");
+    size_t off = 0;
+    for (const auto& r : rows) {
+      masks.emplace_back(flat.begin() + off, flat.begin() + off + r.size());
+      off += r.size();
+    }
+  }
   auto ref = o.Get("reference");
   const bool reference = lp && ref.IsBoolean() && ref.As<Napi::Boolean>().Value();
   // temperature: a number for every row or a Float32Array with one per row (checked by the core).
@@ -158,9 +173,9 @@ Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen
   auto out = std::make_shared<std::vector<std::vector<float>>>();
   return LambdaWorker::Start(
       env, mode == Rows::Values ? "slm:values" : mode == Rows::LastHidden ? "slm:hidden" : "slm:logprobs", info.This().As<Napi::Object>(),
-      [m, rows = std::move(rows), temp, mode, reference, out] {
+      [m, rows = std::move(rows), masks = std::move(masks), temp, mode, reference, out] {
         c10::InferenceMode guard;
-        *out = mode == Rows::Values ? slm::sequence_values(*m, rows) : mode == Rows::LastHidden ? slm::last_hidden(*m, rows) : slm::sequence_logprobs(*m, rows, temp, reference);
+        *out = mode == Rows::Values ? slm::sequence_values(*m, rows) : mode == Rows::LastHidden ? slm::last_hidden(*m, rows) : slm::sequence_logprobs(*m, rows, temp, reference, masks);
       },
       [out](Napi::Env e) {
         std::vector<float> flat;

@@ -443,7 +443,8 @@ std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const s
   return out;
 }
 
-std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, const std::vector<float>& temperature, bool reference) {
+std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, const std::vector<float>& temperature, bool reference,
+                                                  const std::vector<std::vector<uint8_t>>& masks) {
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);
   if (B == 0) return out;
@@ -452,29 +453,38 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
     fail("ARGUMENT_INVALID", "temperature for log-probs must hold one value or one per sequence (" + std::to_string(B) + "), found " + std::to_string(nt) + ".");
   for (int64_t i = 0; i < nt; ++i)
     if (!(temperature[i] > 0)) fail("ARGUMENT_INVALID", "temperature for log-probs must be > 0, found " + std::to_string(temperature[i]) + (nt > 1 ? " at row " + std::to_string(i) : "") + ".");
+  if (!masks.empty() && static_cast<int64_t>(masks.size()) != B) fail("ARGUMENT_INVALID", "log-prob masks must hold one row per sequence (" + std::to_string(B) + "), found " + std::to_string(masks.size()) + ".");
   auto p = right_padded(model, seqs);
   const int64_t T = p.T;
-  if (T == 0) return out;
-  const auto dev = model.device();
-  // [B, 1, 1]: each row's logits divided by its own temperature (elementwise, as a scalar would).
-  auto temp = at::tensor(temperature, at::TensorOptions().dtype(at::kFloat)).view({nt, 1, 1}).to(dev);
-  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false, reference});  // [B, T, hidden]
-  auto targets = p.ids;
-  auto result = at::zeros({B, T}, at::TensorOptions().dtype(at::kFloat).device(dev));
-  // The vocabulary projection in time chunks bounds the [B, c, V] float32 block to ~256 MB.
-  const int64_t V = model.config().vocab_size;
-  const int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(B * V, 1));
-  HeadBuffers bufs;  // the same fused head as training (core/losses.h), its logits buffer reused
-  for (int64_t t0 = 0; t0 + 1 < T; t0 += chunk) {
-    const int64_t c = std::min(chunk, T - 1 - t0);
-    auto tgt = targets.narrow(1, t0 + 1, c).unsqueeze(-1);  // [B, c, 1]
-    result.narrow(1, t0 + 1, c).copy_(head_token_stats(h.narrow(1, t0, c), model.head_weight(), temp, tgt, bufs).lp);
+  if (T < 2) {
+    for (int64_t b = 0; b < B; ++b) out[b].assign(seqs[b].size(), 0.f);
+    return out;
   }
-  auto rc = result.to(at::kCPU);
+  // The positions scored: every token after the first of each row, or those its mask keeps; the
+  // others (padding, a prompt when masked) never reach the vocabulary head.
+  auto keep = at::zeros({B, T - 1}, at::kFloat);
+  auto ka = keep.accessor<float, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    if (!masks.empty() && masks[b].size() != seqs[b].size())
+      fail("ARGUMENT_INVALID", "log-prob mask " + std::to_string(b) + " must have one entry per token (" + std::to_string(seqs[b].size()) + "), found " + std::to_string(masks[b].size()) + ".");
+    for (size_t t = 1; t < seqs[b].size(); ++t) ka[b][t - 1] = masks.empty() || masks[b][t] ? 1.f : 0.f;
+  }
+  auto temp = at::tensor(temperature, at::TensorOptions().dtype(at::kFloat)).expand({B}).contiguous();  // each row's own temperature
+  const HeadRows rows(keep, p.ids.to(at::kCPU), temp, model.device());
+  auto h = rows.hidden(model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false, reference}));  // [1, n, hidden]
+  auto lp = at::zeros({1, rows.n}, at::TensorOptions().dtype(at::kFloat).device(model.device()));
+  // The vocabulary projection in chunks of rows bounds the float32 logits to ~256 MB.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(model.config().vocab_size, 1));
+  HeadBuffers bufs;  // the same fused head as training (core/losses.h), its logits buffer reused
+  for (int64_t c0 = 0; c0 < rows.n; c0 += chunk) {
+    const int64_t c = std::min(chunk, rows.n - c0);
+    lp.narrow(1, c0, c).copy_(head_token_stats(h.narrow(1, c0, c), model.head_weight(), rows.temp.narrow(1, c0, c), rows.targets.narrow(1, c0, c), bufs).lp);
+  }
+  auto rc = rows.scatter(lp).to(at::kCPU).contiguous();  // [B, T - 1]
   auto ra = rc.accessor<float, 2>();
   for (int64_t b = 0; b < B; ++b) {
     out[b].resize(seqs[b].size());
-    for (size_t t = 0; t < seqs[b].size(); ++t) out[b][t] = t == 0 ? 0.f : ra[b][t];
+    for (size_t t = 0; t < seqs[b].size(); ++t) out[b][t] = t == 0 ? 0.f : ra[b][t - 1];
   }
   return out;
 }

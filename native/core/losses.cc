@@ -215,6 +215,32 @@ TokenStats head_token_stats(const at::Tensor& hidden, const at::Tensor& head, co
   return {r[0], r[1]};
 }
 
+HeadRows::HeadRows(const at::Tensor& keep, const at::Tensor& ids, const at::Tensor& t, at::Device dev) : B(ids.size(0)), T(ids.size(1)) {
+  host_rows = at::nonzero(keep.reshape({-1})).view({-1});
+  n = host_rows.numel();
+  rows = host_rows.to(dev);
+  temp = select(t.view({B, 1}).expand({B, T - 1})).unsqueeze(-1);
+  targets = select(ids.narrow(1, 1, T - 1)).unsqueeze(-1);
+}
+
+at::Tensor HeadRows::select(const at::Tensor& x) const {
+  return x.reshape({-1}).index_select(0, x.is_cpu() ? host_rows : rows.to(x.device())).unsqueeze(0).to(rows.device());
+}
+
+at::Tensor HeadRows::hidden(const at::Tensor& h) const { return h.narrow(1, 0, T - 1).reshape({B * (T - 1), h.size(2)}).index_select(0, rows).unsqueeze(0); }
+
+at::Tensor HeadRows::scatter(const at::Tensor& x) const {
+  auto shape = x.sizes().vec();
+  const auto v = x.squeeze(0);
+  shape.erase(shape.begin());
+  shape[0] = B * (T - 1);
+  auto out = at::zeros(shape, x.options());
+  out.index_copy_(0, rows, v);
+  shape[0] = T - 1;
+  shape.insert(shape.begin(), B);
+  return out.view(shape);
+}
+
 at::Tensor sft_loss(const at::Tensor& lp, const at::Tensor& w) { return -(lp * w).sum(); }
 
 PolicyLoss policy_loss(const at::Tensor& lp, const at::Tensor& old_lp, const at::Tensor& adv, const at::Tensor& w, double clip_low, double clip_high) {

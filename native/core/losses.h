@@ -46,6 +46,21 @@ struct HeadBuffers {
 };
 TokenStats head_token_stats(const at::Tensor& hidden, const at::Tensor& head, const at::Tensor& temp, const at::Tensor& targets, HeadBuffers& bufs);
 
+// The positions a teacher-forced pass sends through the vocabulary head: those of [B, T - 1] (entry
+// t - 1 <-> token t) where `keep` (CPU) is nonzero, in row-major order. A prompt, a tool's output and
+// padding need no logits, and the head is most of a small model's FLOPs (3/4 of the `small`
+// preset's), so training and scoring project only the positions whose log-prob is used.
+struct HeadRows {
+  int64_t B = 0, T = 0, n = 0;
+  at::Tensor rows, host_rows;   // [n] int64 flat indices into [B, T - 1], on the device and on the CPU
+  at::Tensor temp, targets;     // [1, n, 1]: each position's temperature (float) and target id (int64)
+  // keep [B, T - 1]; ids [B, T] int64 (CPU); temp [B] float32 (CPU), one per sequence.
+  HeadRows(const at::Tensor& keep, const at::Tensor& ids, const at::Tensor& temp, at::Device dev);
+  at::Tensor select(const at::Tensor& x) const;   // per-token data [B, T - 1] (CPU) -> [1, n] on the device
+  at::Tensor hidden(const at::Tensor& h) const;   // hidden states [B, T, H] -> [1, n, H]
+  at::Tensor scatter(const at::Tensor& x) const;  // [1, n, ...] -> [B, T - 1, ...], zeros elsewhere
+};
+
 // SFT: -sum(w * lp), lp [B, c] the targets' log-probs.
 at::Tensor sft_loss(const at::Tensor& lp, const at::Tensor& w);
 

@@ -24,78 +24,81 @@ at::Tensor pack(const std::vector<std::vector<float>>& src, int64_t s0, int64_t 
 // Sums of the loss terms over a step's micro-batches and chunks (each already weighted).
 struct Sums {
   double loss = 0, pg = 0, sft = 0, kl = 0, ent = 0, clip = 0, vl = 0, ratio = 0;
+  int64_t head_rows = 0;
 };
 
-// One micro-batch's tensors on the device: ids, positions, key mask, loss weights, temperatures.
+// One micro-batch's tensors on the device: ids, positions, key mask, and the trained positions
+// (head: those with a loss weight; a prompt, a tool's output and padding have none, and every loss
+// term is a weighted sum, so they add nothing) with their per-token data: w, adv, old_lp, ret,
+// old_v [1, n] in head.rows order.
 struct MicroBatch {
   int64_t B = 0, T = 0;
-  at::Tensor ids, keys, positions, w, temp, adv, old_lp, ret, old_v;
+  at::Tensor ids, keys, positions, w, adv, old_lp, ret, old_v;
+  HeadRows head;
 };
 
 MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t w_tokens, int64_t w_seqs, bool pg, bool value,
                        at::Device dev) {
-  const int64_t N = static_cast<int64_t>(b.seqs.size());
-  MicroBatch mb;
-  mb.B = s1 - s0;
-  mb.T = T;
+  const int64_t N = static_cast<int64_t>(b.seqs.size()), B = s1 - s0;
   const auto li = at::TensorOptions().dtype(at::kLong);
-  auto ids = at::zeros({mb.B, T}, li), keys = at::zeros({mb.B, T}, li);
-  auto temp = at::ones({mb.B, 1, 1}, at::kFloat);
+  auto ids = at::zeros({B, T}, li), keys = at::zeros({B, T}, li);
+  auto temp = at::ones({B}, at::kFloat);
   {
     auto ia = ids.accessor<int64_t, 2>();
     auto ka = keys.accessor<int64_t, 2>();
-    auto ta = temp.accessor<float, 3>();
+    auto ta = temp.accessor<float, 1>();
     for (int64_t i = s0; i < s1; ++i) {
       for (size_t t = 0; t < b.seqs[i].size(); ++t) {
         ia[i - s0][t] = b.seqs[i][t];
         ka[i - s0][t] = 1;
       }
-      if (!b.temperature.empty()) ta[i - s0][0][0] = b.temperature[i];
+      if (!b.temperature.empty()) ta[i - s0] = b.temperature[i];
     }
   }
-  mb.positions = at::arange(T, li).unsqueeze(0).expand({mb.B, T}).contiguous().to(dev);
-  mb.ids = ids.to(dev);
-  mb.keys = keys.to(dev);
-  mb.w = loss_weights(b.mask, s0, s1, T, norm, w_tokens, w_seqs).to(dev);
-  mb.temp = temp.to(dev);
+  const auto w = loss_weights(b.mask, s0, s1, T, norm, w_tokens, w_seqs);  // [B, T - 1]
+  MicroBatch mb{B, T, ids.to(dev), keys.to(dev), at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous().to(dev), {}, {}, {}, {}, {}, HeadRows(w, ids, temp, dev)};
+  mb.w = mb.head.select(w);
   if (pg) {
-    mb.adv = pack(b.advantages, s0, s1, T, "advantages", N).to(dev);
-    mb.old_lp = pack(b.old_logprobs, s0, s1, T, "old_logprobs", N).to(dev);
+    mb.adv = mb.head.select(pack(b.advantages, s0, s1, T, "advantages", N));
+    mb.old_lp = mb.head.select(pack(b.old_logprobs, s0, s1, T, "old_logprobs", N));
   }
   if (value) {
-    mb.ret = pack(b.returns, s0, s1, T, "returns", N).to(dev);
-    mb.old_v = pack(b.old_values, s0, s1, T, "old_values", N).to(dev);
+    mb.ret = mb.head.select(pack(b.returns, s0, s1, T, "returns", N));
+    mb.old_v = mb.head.select(pack(b.old_values, s0, s1, T, "old_values", N));
   }
   return mb;
 }
 
-// Forward, losses and backward of one micro-batch, the vocab projection and the loss run per time chunk.
+// Forward, losses and backward of one micro-batch; the vocab projection and the loss run on the
+// trained positions alone, in chunks of rows.
 void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const TrainOptions& to, Sums& s, HeadBuffers& bufs) {
   const bool pg = lc.kind == LossKind::PG, value = lc.vf_coef > 0;
-  const int64_t B = mb.B, T = mb.T;
+  const auto& hr = mb.head;
+  const int64_t n = hr.n;
+  if (n == 0) return;  // nothing trained in this micro-batch: no term of the loss depends on it
   const auto dev = m.device();
-  auto tgt = mb.ids.narrow(1, 1, T - 1).unsqueeze(-1);  // [B, T-1, 1]
   const int64_t V = m.config().vocab_size;
-  const int64_t chunk = std::max<int64_t>(1, (int64_t(32) << 20) / std::max<int64_t>(B * V, 1));  // ~128 MB of float32 logits
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(32) << 20) / std::max<int64_t>(V, 1));  // rows: ~128 MB of float32 logits
   at::Tensor ref_lp;
   if (pg && lc.kl_coef > 0) {
     at::NoGradGuard ng;  // the reference policy: the frozen reference adapter, else the base weights
-    auto hr = m.hidden(mb.ids, mb.positions, mb.keys, nullptr, ForwardOptions{false, false, false, true});
-    ref_lp = at::zeros({B, T - 1}, at::TensorOptions().dtype(at::kFloat).device(dev));
-    for (int64_t c0 = 0; c0 < T - 1; c0 += chunk) {
-      const int64_t c = std::min(chunk, T - 1 - c0);
-      ref_lp.narrow(1, c0, c).copy_(head_token_stats(hr.narrow(1, c0, c), m.head_weight(), mb.temp, tgt.narrow(1, c0, c), bufs).lp);
+    const auto href = hr.hidden(m.hidden(mb.ids, mb.positions, mb.keys, nullptr, ForwardOptions{false, false, false, true}));
+    ref_lp = at::zeros({1, n}, at::TensorOptions().dtype(at::kFloat).device(dev));
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+      const int64_t c = std::min(chunk, n - c0);
+      ref_lp.narrow(1, c0, c).copy_(head_token_stats(href.narrow(1, c0, c), m.head_weight(), hr.temp.narrow(1, c0, c), hr.targets.narrow(1, c0, c), bufs).lp);
     }
   }
   auto h = m.hidden(mb.ids, mb.positions, mb.keys, nullptr, ForwardOptions{true, true, to.checkpoint});
-  // Chunked head: the vocab projection and the loss run per time chunk on a detached copy of the
-  // hidden states, each chunk's graph freed after its backward; the summed gradient then flows
-  // into the decoder in one backward.
-  auto hd = h.narrow(1, 0, T - 1).detach().requires_grad_(true);
-  for (int64_t c0 = 0; c0 < T - 1; c0 += chunk) {
-    const int64_t c = std::min(chunk, T - 1 - c0);
+  // Chunked head: the vocab projection and the loss run per chunk of trained rows on a detached copy
+  // of their hidden states, each chunk's graph freed after its backward; the summed gradient then
+  // flows into the decoder in one backward.
+  auto hs = hr.hidden(h.detach()).requires_grad_(true);  // [1, n, H]
+  s.head_rows += n;
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t c = std::min(chunk, n - c0);
     auto wc = mb.w.narrow(1, c0, c);
-    const auto stats = head_token_stats(hd.narrow(1, c0, c), m.head_weight(), mb.temp, tgt.narrow(1, c0, c), bufs);  // [B, c] each
+    const auto stats = head_token_stats(hs.narrow(1, c0, c), m.head_weight(), hr.temp.narrow(1, c0, c), hr.targets.narrow(1, c0, c), bufs);  // [1, c] each
     const auto& lp = stats.lp;
     at::Tensor loss;
     s.ent += (stats.ent.detach() * wc).sum().item<double>();
@@ -116,14 +119,14 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
       if (lc.entropy_coef > 0) loss = loss - lc.entropy_coef * (stats.ent * wc).sum();  // entropy_bonus: sum(w sum p log p)
     }
     if (value) {
-      auto vll = value_loss(m.value_head.forward(hd.narrow(1, c0, c)), mb.old_v.narrow(1, c0, c), mb.ret.narrow(1, c0, c), wc, lc.value_clip);
+      auto vll = value_loss(m.value_head.forward(hs.narrow(1, c0, c)), mb.old_v.narrow(1, c0, c), mb.ret.narrow(1, c0, c), wc, lc.value_clip);
       s.vl += vll.item<double>();
       loss = loss + lc.vf_coef * vll;
     }
     s.loss += loss.item<double>();
     if (loss.requires_grad()) loss.backward();
   }
-  if (hd.grad().defined() && h.requires_grad()) h.narrow(1, 0, T - 1).backward(hd.grad());
+  if (hs.grad().defined() && h.requires_grad()) h.narrow(1, 0, mb.T - 1).backward(hr.scatter(hs.grad()));
 }
 
 }  // namespace
@@ -184,6 +187,7 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   st.entropy = s.ent;
   st.clip_frac = s.clip;
   st.ratio = s.ratio;
+  st.head_rows = s.head_rows;
   if (to.update)
     apply_gradients(m, opt, oc, st);
   else

@@ -66,6 +66,8 @@ struct TrainStats {
   double loss = 0, pg_loss = 0, sft_loss = 0, kl = 0, entropy = 0, clip_frac = 0, value_loss = 0, ratio = 0;
   double grad_norm = 0;
   int64_t tokens = 0, sequences = 0;
+  // Positions the vocabulary head projected: the trained ones (a loss weight), not the prompt's.
+  int64_t head_rows = 0;
   bool skipped = false;
   std::string skip_reason;
 };
