@@ -9,6 +9,7 @@
 
 #include "addon/errors.h"
 #include "addon/model.h"
+#include "addon/workers.h"
 #include "core/cpu_attention.h"
 #include "core/cpu_gemm.h"
 #include "core/qwen3.h"
@@ -23,6 +24,12 @@ Napi::Object Losses(Napi::Env env);
 }
 
 namespace {
+
+// What tune_malloc did when the addon loaded (version().malloc).
+std::string& malloc_policy() {
+  static std::string s;
+  return s;
+}
 
 Napi::Value SetErrorClass(const Napi::CallbackInfo& info) {
   slm_addon::register_error_class(info);
@@ -197,10 +204,12 @@ Napi::Value Version(const Napi::CallbackInfo& info) {
   o.Set("smallLinear", Napi::String::New(env, slm::cpu_small_linear_isa()));
   o.Set("attentionKernel", Napi::String::New(env, slm::cpu_attention_isa()));
   o.Set("napi", Napi::Number::New(env, NAPI_VERSION));
+  o.Set("malloc", Napi::String::New(env, malloc_policy()));
   return o;
 }
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  malloc_policy() = slm_addon::tune_malloc();
   exports.Set("setErrorClass", Napi::Function::New(env, SetErrorClass));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("version", Napi::Function::New(env, Version));

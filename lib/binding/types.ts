@@ -266,6 +266,8 @@ export interface NativeVersion {
   /** The fused attention kernel of generation: "avx512 (float32, bfloat16)" or "none" (ATen's operations). */
   attentionKernel: string;
   napi: number;
+  /** glibc malloc's thresholds as the addon set them when it loaded (or whose they are). */
+  malloc: string;
 }
 
 export interface NativeAddon {

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #endif
 
 #include "addon/convert.h"
@@ -42,6 +44,18 @@ void release_free_memory() {
   if (rss >= 0 && base >= 0 && rss < base + slack) return;
   malloc_trim(0);
   after_trim.store(resident_bytes());
+#endif
+}
+
+std::string tune_malloc() {
+#if defined(__GLIBC__)
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") || std::getenv("MALLOC_TRIM_THRESHOLD_") || (tunables && std::strstr(tunables, "glibc.malloc.")))
+    return "the user's (MALLOC_*_THRESHOLD_ or GLIBC_TUNABLES)";
+  const bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 256 << 20) == 1;
+  return ok ? "mmap threshold 32 MiB, trim threshold 256 MiB" : "glibc's defaults (mallopt refused)";
+#else
+  return "the C library's defaults (not glibc)";
 #endif
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "addon/errors.h"
 
@@ -20,6 +21,19 @@ namespace slm_addon {
 // allocation), and trimming after every call 1.2x slower (the next call re-faults its working set):
 // this trims when resident memory has grown by a slack (min(4 GiB, RAM / 4)) since the last trim.
 void release_free_memory();
+
+// glibc's thresholds for the tensors of a forward or a training step (1-30 MB each at a few hundred
+// tokens): large blocks below 32 MiB (glibc's maximum) come from malloc's heap instead of fresh
+// mmaps, and up to 256 MiB of freed heap stays mapped, so the next layer, call or step reuses pages
+// instead of faulting in new zeroed ones. With glibc's defaults (a dynamic mmap threshold, a trim
+// threshold of twice it) a 512-token forward of the `small` preset faulted ~84,000 pages (330 MB)
+// per call and took 350 ms; with these ~14,000 while the pool threads' heaps warm up, then few, and
+// 250 ms (2-core EPYC, 2026-11-24). Blocks over 32 MiB are still mmapped, and a thread's heap beyond
+// 64 MiB is still unmapped when freed (glibc's per-thread arenas). Growth through fragmentation stays
+// bounded by release_free_memory. Called once when the addon loads; the user's own
+// MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or glibc.malloc tunables win. Returns what it did,
+// for version().malloc.
+std::string tune_malloc();
 
 // Which async calls are using a model right now: readers (generate, forward passes, saves) share it;
 // a writer (train step, adapter or optimizer load, applyGradients) has it alone. Counted on the main
