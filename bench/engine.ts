@@ -3,9 +3,11 @@
  * larger than the caches), each next to its roofline measured in the same run:
  *  - decode: bytes of weights read per step / measured copy bandwidth (memory bound); at batch 16 the
  *    compute bound 2 x params x batch / matmul rate is given too, and the bound is the larger of both;
- *  - prefill: 2 x (matmul parameters) x tokens / measured matmul FLOP/s, where matmul parameters are
- *    the decoder layers' projections (the embedding lookup is no matmul; the vocab projection runs
- *    once per sequence, for the last position only, and is added as such);
+ *  - prefill: each part of the work at its own limit, the larger of its compute time (FLOPs / measured
+ *    matmul rate) and its memory time (bytes / measured copy bandwidth), summed (prefillRoofline);
+ *    the parts: the decoder layers' projections (2 x their parameters x tokens; the embedding lookup
+ *    is no matmul), causal attention (QK^T and PV), and the vocab projection, which runs once per
+ *    sequence, for the last position only (one row: reading the V x H weights bounds it);
  *  - the per-call overhead of crossing into native code (a sync call and an async worker round trip);
  *  - beside the decode rows, in the same run: float32 batch 16 with the engine's CPU kernels off
  *    (ATen's generic path, the one other devices take), and a plain eager PyTorch decode of the same
@@ -31,6 +33,32 @@ export async function benchModelDir(preset: 'small' | 'tiny', log?: (s: string) 
     initModel({ preset, out: dir, seed: 0 });
   }
   return dir;
+}
+
+/**
+ * Causal attention's FLOPs over T positions (QK^T and PV, 2 x head_dim multiply-adds per query-key
+ * pair per head, T (T + 1) / 2 pairs), all layers. The forward's; its backward to Q, K and V is twice that.
+ */
+export function attentionFlops(cfg: { num_hidden_layers: number; num_attention_heads: number; head_dim: number }, T: number): number {
+  return 2 * 2 * cfg.head_dim * cfg.num_attention_heads * ((T * (T + 1)) / 2) * cfg.num_hidden_layers;
+}
+
+/**
+ * A batch-1 prefill of T tokens at the machine's limits: each part at the larger of its compute and
+ * memory time, summed. The layers' projections (compute bound from a few tokens on), causal attention
+ * (compute), and the vocabulary projection of the last position (one row: memory bound).
+ */
+export function prefillRoofline(
+  cfg: { num_hidden_layers: number; num_attention_heads: number; head_dim: number; hidden_size: number; vocab_size: number },
+  layerParams: number,
+  bytesPerParam: number,
+  T: number,
+  lim: { f32: number; copy: number },
+): { seconds: number; parts: { projections: number; attention: number; head: number } } {
+  const part = (flops: number, bytes: number) => Math.max(flops / (lim.f32 * 1e9), bytes / (lim.copy * 1e9));
+  const VH = cfg.vocab_size * cfg.hidden_size;
+  const parts = { projections: part(2 * layerParams * T, layerParams * bytesPerParam), attention: part(attentionFlops(cfg, T), 0), head: part(2 * VH, VH * bytesPerParam) };
+  return { seconds: parts.projections + parts.attention + parts.head, parts };
 }
 
 /** The eager baseline's python: Debian's, which python3-torch installs torch into. */
@@ -175,7 +203,6 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const pre: number[] = [];
   for (let r = 0; r < reps; r++) pre.push((await m.generate({ prompts: [prompt], maxNewTokens: 1, greedy: true })).prefillSeconds);
   const prefillS = median(pre);
-  const prefillFlops = 2 * layerParams * prefillTokens + 2 * V * H;
 
   const decode: DecodeRow[] = [];
   const steps = quick ? 16 : 48;
@@ -253,11 +280,14 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
 
   log('engine: measuring the machine again (each limit: the better of the two measurements)');
   await lim.again();
+  const pr = prefillRoofline(cfg, layerParams, bytesPerParam, prefillTokens, lim.v);
   const prefill = {
     tokens: prefillTokens,
     tokens_per_s: +(prefillTokens / prefillS).toFixed(1),
-    roofline_tokens_per_s: +(prefillTokens / (prefillFlops / (lim.v.f32 * 1e9))).toFixed(1),
-    fraction_of_roofline: +((prefillFlops / (lim.v.f32 * 1e9)) / prefillS).toFixed(3),
+    roofline_tokens_per_s: +(prefillTokens / pr.seconds).toFixed(1),
+    fraction_of_roofline: +(pr.seconds / prefillS).toFixed(3),
+    roofline_parts_ms: Object.fromEntries(Object.entries(pr.parts).map(([k, v]) => [k, +(v * 1e3).toFixed(2)])),
+    fraction_of_projections_only: +(pr.parts.projections / prefillS).toFixed(3),
   };
   decode.push(...rawDecode.map(decodeRow));
   const decodeAten = decodeRow(rawAten);
@@ -304,7 +334,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const rows = [
     '| engine (small preset) | measured | roofline (same run) | fraction |',
     '|---|---|---|---|',
-    `| prefill ${prefillTokens} tokens, batch 1 | ${prefill.tokens_per_s} tok/s | ${prefill.roofline_tokens_per_s} tok/s | ${prefill.fraction_of_roofline} |`,
+    `| prefill ${prefillTokens} tokens, batch 1 | ${prefill.tokens_per_s} tok/s | ${prefill.roofline_tokens_per_s} tok/s (projections ${prefill.roofline_parts_ms.projections} + attention ${prefill.roofline_parts_ms.attention} + head ${prefill.roofline_parts_ms.head} ms) | ${prefill.fraction_of_roofline} (projections alone: ${prefill.fraction_of_projections_only}) |`,
     ...decode.map((d) => `| decode ${d.dtype} batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step) | ${d.fraction_of_roofline} |`),
     `| decode float32 batch 16, ATen path (CPU kernels off) | ${decodeAten.tokens_per_s} tok/s (${decodeAten.step_ms} ms/step) | ${decodeAten.roofline_tokens_per_s} tok/s (${decodeAten.roofline_step_ms} ms/step) | ${decodeAten.fraction_of_roofline} |`,
     ...eager.flatMap((e) =>

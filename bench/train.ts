@@ -3,12 +3,13 @@
  * backward, AdamW) at sequence 512 with and without per-layer gradient checkpointing, achieved
  * FLOP/s as a fraction of the matmul rate measured in the same run, and peak memory of each.
  *
- * Useful FLOPs per step = 4 x (layer matmul parameters x tokens + vocab head parameters x head rows):
- * the forward (2) and the backward to the activations (2) through every projection, and through the
- * vocabulary head for the positions it projects — the trained ones (the batch trains the last 3/4 of
- * its tokens, a prompt before them; the prompt's positions need no logits and get none). LoRA's own
- * weight gradients are negligible. Checkpointing recomputes the forward (another 2x), counted as
- * overhead, not as work.
+ * Useful FLOPs per step = 4 x (layer matmul parameters x tokens + vocab head parameters x head rows)
+ * + 3 x causal attention's forward FLOPs: the forward (2) and the backward to the activations (2)
+ * through every projection, and through the vocabulary head for the positions it projects — the
+ * trained ones (the batch trains the last 3/4 of its tokens, a prompt before them; the prompt's
+ * positions need no logits and get none); attention's forward (QK^T, PV) and its backward to Q, K
+ * and V (twice the forward). LoRA's own weight gradients are negligible. Checkpointing recomputes
+ * the forward, counted as overhead, not as work.
  * Each configuration runs in a child process (bench/train-child.ts) so that its peak resident memory
  * (VmHWM) is its own; the table gives it and its growth over the loaded model.
  */
@@ -16,7 +17,7 @@ import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { Model } from '../lib/engine/model.js';
 import { SlmError } from '../lib/errors.js';
-import { benchModelDir, MachineLimits } from './engine.js';
+import { attentionFlops, benchModelDir, MachineLimits } from './engine.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
@@ -44,7 +45,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   await lim.again();
   const gflops = lim.v.f32;
   const rows = runs.map((c) => {
-    const flops = 4 * (layerParams * T + V * H * c.head_rows);
+    const flops = 4 * (layerParams * T + V * H * c.head_rows) + 3 * attentionFlops(cfg, T);
     return {
       checkpointing: c.checkpoint,
       seq_len: T,
