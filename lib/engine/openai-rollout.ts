@@ -189,9 +189,11 @@ export class OpenAIRollout implements TextGenerator {
  */
 export async function recomputeLogprobs<E extends { ids: Int32Array; lossMask: Uint8Array; logprobs: Float32Array; temperature: number }>(model: Model, episodes: E[]): Promise<E[]> {
   // Greedy rows (temperature 0) are scored at 1.
+  // The loss mask as the scoring mask: only the trained tokens go through the vocabulary head.
   const lps = await model.sequenceLogprobs(
     episodes.map((e) => e.ids),
     episodes.map((e) => (e.temperature > 0 ? e.temperature : 1)),
+    episodes.map((e) => e.lossMask),
   );
-  return episodes.map((e, i) => ({ ...e, logprobs: lps[i].map((x, t) => (e.lossMask[t] ? x : 0)) }));
+  return episodes.map((e, i) => ({ ...e, logprobs: lps[i] }));
 }
