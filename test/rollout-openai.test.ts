@@ -148,7 +148,7 @@ t.test('slm-train train with rollout.engine openai: GRPO rollouts on a loopback 
   t.same(loaded, ['code-grpo-v1', 'code-grpo-v2'], 'one adapter per step, loaded by the server');
   t.same(log.filter((l) => l.startsWith('serve: unloaded')).length, 1, 'the step-1 adapter was unloaded');
   t.same([...server.adapters.keys()], ['code-grpo-v2']);
-  const rows = server.batches.reduce((a, b) => a + b, 0);
+  const rows = server.batches.since(0).reduce((a, b) => a + b, 0);
   const traj = readFileSync(join(dirRun, 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
   t.equal(traj.length, 8, '2 steps x 2 questions x 2 rollouts');
   const turns = traj.reduce((a, x) => a + x.turns, 0);

@@ -67,7 +67,7 @@ t.test('the openai client against slm-train serve', async (t) => {
     for (let i = 0; i < 600 && !cond(); i++) await new Promise((r) => setTimeout(r, 50));
   };
   // A reply goes out when its row finishes, a moment before its call is recorded: wait for that.
-  const settled = () => until(() => server.calls.length === server.batches.length);
+  const settled = () => until(() => server.calls.count === server.batches.count);
   async function collect<T>(stream: AsyncIterable<T>): Promise<T[]> {
     const out: T[] = [];
     for await (const c of stream) out.push(c);
@@ -117,20 +117,20 @@ t.test('the openai client against slm-train serve', async (t) => {
 
   await t.test('tokens are streamed while the generate call runs', async (t) => {
     await settled();
-    const before = server.calls.length;
+    const before = server.calls.count;
     let during = -1;
     const stream = await client.chat.completions.create(extra({ model: 'tiny', messages: messages('Go on.'), max_tokens: 400, temperature: 0, stream: true as const, ignore_eos: true }));
     let text = '';
     for await (const c of stream) {
       const d = c.choices[0]?.delta.content;
-      if (d && during < 0) during = server.calls.length - before;
+      if (d && during < 0) during = server.calls.count - before;
       text += d ?? '';
     }
     t.equal(during, 0, 'the first content delta arrived before the call ended');
     // The call is recorded when the native call returns, which may come after the stream's last chunk.
     await settled();
-    t.equal(server.calls.length - before, 1);
-    t.equal(server.calls[server.calls.length - 1].steps, 400, 'ignore_eos: all 400 tokens');
+    t.equal(server.calls.count - before, 1);
+    t.equal(server.calls.last?.steps, 400, 'ignore_eos: all 400 tokens');
     t.ok(text.length > 100);
   });
 
@@ -172,9 +172,9 @@ t.test('the openai client against slm-train serve', async (t) => {
 
   await t.test('n > 1: sampled choices of one batched call, seeded per choice', async (t) => {
     const body = extra({ model: 'tiny', messages: messages('Name a fair.'), max_tokens: 16, temperature: 1, seed: 11, n: 3, ignore_eos: true });
-    const calls = server.batches.length;
+    const calls = server.batches.count;
     const three = await client.chat.completions.create(body);
-    t.same(server.batches.slice(calls), [3], 'the three choices were one generate call of three rows');
+    t.same(server.batches.since(calls), [3], 'the three choices were one generate call of three rows');
     t.same(three.choices.map((c) => c.index), [0, 1, 2]);
     const texts = three.choices.map((c) => c.message.content);
     t.equal(new Set(texts).size, 3, 'three different samples');
@@ -260,9 +260,9 @@ t.test('the openai client against slm-train serve', async (t) => {
     const qs = ['Say a', 'Say bb', 'Say ccc ccc'];
     const alone = [];
     for (const q of qs) alone.push((await client.chat.completions.create({ model: 'tiny', messages: messages(q), max_tokens: 12, temperature: 0 })).choices[0].message.content);
-    const calls = server.batches.length;
+    const calls = server.batches.count;
     const together = await Promise.all(qs.map(async (q) => (await collect(await client.chat.completions.create({ model: 'tiny', messages: messages(q), max_tokens: 12, temperature: 0, stream: true }))).map((c) => c.choices[0]?.delta.content ?? '').join('')));
-    t.ok(Math.max(...server.batches.slice(calls)) > 1, `3 streams in calls of ${server.batches.slice(calls).join(', ')} rows`);
+    t.ok(Math.max(...server.batches.since(calls)) > 1, `3 streams in calls of ${server.batches.since(calls).join(', ')} rows`);
     t.same(together, alone, 'each stream = its reply alone');
   });
 
@@ -301,25 +301,26 @@ t.test('the openai client against slm-train serve', async (t) => {
   await t.test('a client that disconnects frees its row', async (t) => {
     const long = extra({ model: 'tiny', messages: messages('Keep going.'), max_tokens: 3000, temperature: 0, ignore_eos: true });
     await settled();
-    const before = server.calls.length;
+    const before = server.calls.count;
     const stream = await client.chat.completions.create({ ...long, stream: true as const });
     let n = 0;
     for await (const c of stream) if (c.choices[0]?.delta.content && ++n === 3) break; // breaking aborts the request
-    await until(() => server.calls.length > before);
-    const call = server.calls[before];
+    await until(() => server.calls.count > before);
+    const call = server.calls.since(before)[0];
     t.same(call?.finish, ['cancelled'], 'the streamed row was cancelled');
     t.ok(call && call.steps < 1500, `the call ended after ${call?.steps} of 3000 steps`);
 
     // Not streaming: the client gives up before the reply.
     const ac = new AbortController();
     await settled();
-    const before2 = server.calls.length;
+    const before2 = server.calls.count;
     const p = client.chat.completions.create(long, { signal: ac.signal });
     setTimeout(() => ac.abort(), 300);
     await t.rejects(p);
-    await until(() => server.calls.length > before2);
-    t.same(server.calls[before2]?.finish, ['cancelled']);
-    t.ok(server.calls[before2].steps < 1500, `the call ended after ${server.calls[before2].steps} of 3000 steps`);
+    await until(() => server.calls.count > before2);
+    const call2 = server.calls.since(before2)[0];
+    t.same(call2?.finish, ['cancelled']);
+    t.ok(call2.steps < 1500, `the call ended after ${call2.steps} of 3000 steps`);
 
     // The server goes on serving.
     const r = await client.chat.completions.create({ model: 'tiny', messages: messages('Still there?'), max_tokens: 4, temperature: 0 });

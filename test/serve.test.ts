@@ -9,6 +9,7 @@ import { ChatFormatter } from '../lib/model/chat.js';
 import { initModel } from '../lib/model/init.js';
 import { loadTokenizer } from '../lib/model/tokenizer.js';
 import { openAIJudgeBackend } from '../lib/rewards/judge-backends.js';
+import { History } from '../lib/serve/history.js';
 import { OpenAIServer } from '../lib/serve/server.js';
 import { runCliAsync } from './helpers/cli.js';
 
@@ -51,9 +52,9 @@ t.test('chat and text completions, batching, the judge backend, errors', async (
 
   // Six at once: they share generate calls and each gets its own greedy reply.
   const qs = ['a', 'bb', 'ccc ccc', 'dddd', 'eeeee eeee', 'f'].map((x) => `Say ${x}`);
-  const calls0 = server.batches.length;
+  const calls0 = server.batches.count;
   const all = await Promise.all(qs.map((q) => post('/chat/completions', { messages: [{ role: 'user', content: q }], max_tokens: 8, temperature: 0 })));
-  const rows = server.batches.slice(calls0);
+  const rows = server.batches.since(calls0);
   t.ok(rows.length < qs.length && Math.max(...rows) > 1, `6 requests in ${rows.length} generate calls (${rows.join(', ')} rows)`);
   for (let i = 0; i < qs.length; i++) t.equal(all[i].body.choices[0].message.content, (await solo(qs[i], 8)).text, `batched reply ${i} = its solo reply`);
 
@@ -61,9 +62,9 @@ t.test('chat and text completions, batching, the judge backend, errors', async (
   // vLLM's per-request seed). top_k 4: over this random model's flat 151k-token distribution, float
   // rounding that differs between a padded batch and a lone row could move a full-vocabulary sample.
   const sampled = (q: string) => ({ messages: [{ role: 'user', content: q }], max_tokens: 8, temperature: 1, top_k: 4, seed: 1000 + q.length });
-  const calls1 = server.batches.length;
+  const calls1 = server.batches.count;
   const together = await Promise.all(qs.map((q) => post('/chat/completions', sampled(q))));
-  t.ok(server.batches.slice(calls1).some((n) => n > 1), 'the sampled requests shared generate calls');
+  t.ok(server.batches.since(calls1).some((n) => n > 1), 'the sampled requests shared generate calls');
   for (let i = 0; i < qs.length; i++) t.equal(together[i].body.choices[0].message.content, (await post("/chat/completions", sampled(qs[i]))).body.choices[0].message.content, `sampled reply ${i} batched = alone`);
 
   const c = await post('/completions', { prompt: [1, 2, 3, 4], max_tokens: 5, temperature: 0 });
@@ -105,4 +106,17 @@ t.test('slm-train serve: a port in use is a clear CLI error', async (t) => {
   const r = await runCliAsync(['serve', '--model', dir, '--port', String(port)], { timeout: 60_000 });
   t.equal(r.code, 2);
   t.match(r.stderr, /error PORT_IN_USE: port \d+ is already in use; pick another with --port N/);
+});
+
+t.test("the server's call history is bounded: the recent entries and the count of all", async (t) => {
+  const h = new History<number>(4);
+  for (let i = 0; i < 1000; i++) h.push(i);
+  t.equal(h.count, 1000, 'every push counted');
+  t.equal(h.last, 999);
+  const kept = h.since(0);
+  t.ok(kept.length >= 4 && kept.length < 8, `at most 2 x keep retained (${kept.length})`);
+  t.same(kept, Array.from({ length: kept.length }, (_, i) => 1000 - kept.length + i), 'the newest, in order');
+  t.same(h.since(997), [997, 998, 999], 'the entries after the first n');
+  t.same(h.since(1000), []);
+  t.throws(() => new History(0), RangeError);
 });

@@ -3,16 +3,24 @@
  * next call takes every queued row that agrees with the first one on the per-call settings (top-k,
  * stops, adapter), up to maxBatch, putting that adapter on the model first. One call at a time.
  */
+import { History } from './history.js';
 import type { Job } from './job.js';
 import type { ServeOptions } from './options.js';
+
+/** A finished generate call of the server. */
+export interface CallRecord {
+  rows: number;
+  steps: number;
+  finish: string[];
+}
 
 export class Batcher {
   private queue: Job[] = [];
   private busy = false;
-  /** Generate calls made and rows per call (tests and logs). */
-  readonly batches: number[] = [];
+  /** Generate calls made and rows per call (tests and logs): the recent ones and their count. */
+  readonly batches = new History<number>();
   /** Each finished generate call: its rows, decode steps and how each row ended (tests and logs). */
-  readonly calls: Array<{ rows: number; steps: number; finish: string[] }> = [];
+  readonly calls = new History<CallRecord>();
   /** The adapter on the model now (null: the one it was started with, or none). */
   private active: string | null = null;
 

@@ -39,7 +39,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { describe } from '../errors.js';
 import { HttpError, closeServer, listen, readBody, sendJson } from './http.js';
 import { readAdapterConfig } from '../engine/adapter.js';
-import { Batcher } from './batcher.js';
+import { Batcher, type CallRecord } from './batcher.js';
+import type { History } from './history.js';
 import { Job, type RowResult } from './job.js';
 import { LogprobFormat } from './logprobs.js';
 import type { ServeOptions } from './options.js';
@@ -61,13 +62,13 @@ export class OpenAIServer {
     this.logprobs = new LogprobFormat(o.tokenizer);
   }
 
-  /** Generate calls made and rows per call (tests and logs). */
-  get batches(): number[] {
+  /** Generate calls made and rows per call (tests and logs): the recent ones and their count. */
+  get batches(): History<number> {
     return this.batcher.batches;
   }
 
   /** Each finished generate call: its rows, decode steps and how each row ended (tests and logs). */
-  get calls(): Array<{ rows: number; steps: number; finish: string[] }> {
+  get calls(): History<CallRecord> {
     return this.batcher.calls;
   }
 
