@@ -242,6 +242,14 @@ t.test('the vocabulary head projects the trained positions alone, with each row 
   // Every position trained: every position projected.
   const all = await sft(m, { sequences: seqs, masks: seqs.map((r) => r.map(() => 1)), temperature });
   t.equal(all.headRows, seqs.reduce((s, r) => s + r.length - 1, 0));
+  // A micro-batch with nothing trained adds nothing: the same loss and gradient as without it.
+  const alone = await sft(m, { sequences: [seqs[0]], masks: [masks[0]] });
+  const ga = m.trainable({ grad: true });
+  const withIdle = await sft(m, { sequences: [seqs[0], seqs[1]], masks: [masks[0], seqs[1].map(() => 0)] }, { microBatch: 1 });
+  const gb = m.trainable({ grad: true });
+  t.equal(withIdle.headRows, alone.headRows);
+  t.ok(Math.abs(withIdle.loss - alone.loss) <= 1e-7 * Math.abs(alone.loss), `loss ${withIdle.loss} = ${alone.loss}`);
+  t.ok(Object.keys(ga).every((k) => ga[k].every((x, i) => Math.abs(x - gb[k][i]) <= 1e-6 * (Math.abs(x) + 1e-6))), 'same gradient');
 });
 
 t.test('SFT on one short conversation drives the loss below 0.05', async (t) => {
