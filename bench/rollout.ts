@@ -176,6 +176,18 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     const machine = { copy_GBps: +lim.v.copy.toFixed(1), matmul_f32_GFLOPs: +lim.v.f32.toFixed(1), params: info.numParameters, max_new_tokens: maxNewTokens, turns: 2 };
     type Row = { k: number; rollouts: number; unbatched: boolean; shared_prefix: boolean; prefill_tokens: number; prefill_tokens_requested: number; reused_tokens: number; per_rollout_s: number; rollouts_per_s: number; generated_tokens_per_s: number; generate_calls: number; split_s: Record<string, number> };
     const rows = results as unknown as Row[];
+    // Per rollout, the largest K against K 1 (both on the default path): measured, and what an engine
+    // at the generation rooflines would measure (compute-bound at a large K, bandwidth-bound at K 1,
+    // so the ratio of the rooflines is the machine's, not the engine's).
+    const main = rows.filter((r) => r.shared_prefix && !r.unbatched);
+    const k1 = main.find((r) => r.k === 1), kMax = main[main.length - 1];
+    const perRoof = (r: Row) => r.split_s.generation_roofline / r.rollouts;
+    const kRatio =
+      k1 && kMax && kMax !== k1
+        ? { k: kMax.k, measured: +(kMax.per_rollout_s / k1.per_rollout_s).toFixed(3), at_rooflines: +(perRoof(kMax) / perRoof(k1)).toFixed(3) }
+        : undefined;
+    // Rows above which a decode step's matmuls take longer than reading the weights.
+    const computeBoundRows = +((bytesPerParam * lim.v.f32) / (2 * lim.v.copy)).toFixed(1);
     const table = [
       `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; copy ${machine.copy_GBps} GB/s, matmul ${machine.matmul_f32_GFLOPs} GFLOP/s)`,
       '',
@@ -183,9 +195,15 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
       ...rows.map((r) => `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes, no cache reuse)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.reused_tokens} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`),
       '',
+      ...(kRatio
+        ? [
+            `Per rollout, K ${kRatio.k} / K 1: measured ${kRatio.measured}; an engine at the generation rooflines of this run would measure ${kRatio.at_rooflines} (a decode step here is compute-bound above ${computeBoundRows} rows: K ${kRatio.k} decodes ${kRatio.k * Q}, K 1 ${Q}).`,
+            '',
+          ]
+        : []),
       `Expert programs (search + read + regex) in the same sandbox: p50 ${expert.program_ms.p50_ms} ms, p99 ${expert.program_ms.p99_ms} ms per program, of which retrieval p50 ${expert.retrieval_ms.p50_ms} ms.`,
     ].join('\n');
-    return { kind: 'rollout', results: { machine, runs: results, expert_programs: expert }, table };
+    return { kind: 'rollout', results: { machine, runs: results, expert_programs: expert, per_rollout_vs_k1: kRatio, compute_bound_above_rows: computeBoundRows }, table };
   } finally {
     await pool.close();
     model.dispose();
