@@ -61,6 +61,15 @@ export function prefillRoofline(
   return { seconds: parts.projections + parts.attention + parts.head, parts };
 }
 
+/**
+ * The decoder layers' parameters (their matrices and norms): all of them but the embedding, the
+ * final norm and an untied vocabulary head.
+ */
+export function layerMatmulParams(numParameters: number, cfg: { hidden_size: number; vocab_size: number; tie_word_embeddings: boolean }): number {
+  const VH = cfg.vocab_size * cfg.hidden_size;
+  return numParameters - VH - cfg.hidden_size - (cfg.tie_word_embeddings ? 0 : VH);
+}
+
 /** The eager baseline's python: Debian's, which python3-torch installs torch into. */
 export const EAGER_PYTHON = '/usr/bin/python3';
 
@@ -183,8 +192,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const info = m.info();
   const cfg = m.config;
   const H = cfg.hidden_size, V = cfg.vocab_size;
-  const embedParams = V * H;
-  const layerParams = info.numParameters - embedParams - H - (cfg.tie_word_embeddings ? 0 : V * H);
+  const layerParams = layerMatmulParams(info.numParameters, cfg);
   const bytesPerParam = info.parameterBytes / info.numParameters;
   // Weights read per decode step: every layer matrix + the vocab projection (+ one embedding row).
   const decodeBytes = (layerParams + V * H) * bytesPerParam;

@@ -30,7 +30,7 @@ import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { answerMetrics } from '../lib/rewards/metrics.js';
 import { createPythonPool } from '../lib/sandbox/python.js';
 import { runnerTokenizer } from '../lib/train/environment.js';
-import { benchModelDir, MachineLimits } from './engine.js';
+import { benchModelDir, layerMatmulParams, MachineLimits } from './engine.js';
 import { summarize, type Latency } from './sandbox.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
@@ -70,7 +70,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const { model, tokenizer: tok, formatter } = await loadPolicy(dir);
   const info = model.info();
   const H = model.config.hidden_size, V = model.config.vocab_size;
-  const layerParams = info.numParameters - V * H - H - (model.config.tie_word_embeddings ? 0 : V * H);
+  const layerParams = layerMatmulParams(info.numParameters, model.config);
   const bytesPerParam = info.parameterBytes / info.numParameters;
   const lim = await MachineLimits.measure(['copy', 'f32'], quick ? 0.3 : 1); // generation rooflines use the final limits
   const callsOf = new Map<object, CallRecord[]>();

@@ -17,7 +17,7 @@ import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { Model } from '../lib/engine/model.js';
 import { SlmError } from '../lib/errors.js';
-import { attentionFlops, benchModelDir, MachineLimits } from './engine.js';
+import { attentionFlops, benchModelDir, layerMatmulParams, MachineLimits } from './engine.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
@@ -28,7 +28,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const cfg = m.config;
   const info = m.info();
   const H = cfg.hidden_size, V = cfg.vocab_size;
-  const layerParams = info.numParameters - V * H - H - (cfg.tie_word_embeddings ? 0 : V * H); // the decoder layers' matrices (and their norms)
+  const layerParams = layerMatmulParams(info.numParameters, cfg);
   m.dispose();
   log('train: measuring the matmul rate');
   const lim = await MachineLimits.measure(['f32'], quick ? 0.3 : 1);

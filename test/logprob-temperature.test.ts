@@ -70,7 +70,7 @@ t.test('with masks, the kept positions are scored as without and the others are 
   }
   t.ok(full[0][1] !== 0 && full[2][4] !== 0, 'the masked-out positions have nonzero log-probs unmasked (else the test proves nothing)');
   await t.rejects(m.sequenceLogprobs(rows, temps, masks.slice(1)), { code: 'ARGUMENT_INVALID', message: /one per row expected \(3\), found 2/ });
-  await t.rejects(m.sequenceLogprobs(rows, temps, [masks[0], masks[1], [1]]), { code: 'ARGUMENT_INVALID', message: /mask must have one entry per token \(25\), found 17/ });
+  await t.rejects(m.sequenceLogprobs(rows, temps, [masks[0], masks[1], [1]]), { code: 'ARGUMENT_INVALID', message: /mask must have one value per token \(25\), found 17/ });
 });
 
 t.test('bad temperatures are coded errors', async (t) => {

@@ -25,6 +25,22 @@ inline std::vector<float> float32s(Napi::Env env, const Napi::Value& v, const ch
   return typed_vector<float, napi_float32_array>(env, v, what);
 }
 
+// Splits a flat typed array into per-sequence rows (lengths as for ids); empty when absent.
+template <class T, napi_typedarray_type K>
+std::vector<std::vector<T>> rows_of(Napi::Env env, const Napi::Object& o, const char* k, const std::vector<int32_t>& lengths, size_t total) {
+  std::vector<std::vector<T>> out;
+  auto v = o.Get(k);
+  if (v.IsUndefined() || v.IsNull()) return out;
+  auto flat = typed_vector<T, K>(env, v, k);
+  if (flat.size() != total) throw_error(env, "ARGUMENT_INVALID", std::string(k) + " must have one value per token (" + std::to_string(total) + "), found " + std::to_string(flat.size()) + ".");
+  size_t off = 0;
+  for (auto n : lengths) {
+    out.emplace_back(flat.begin() + off, flat.begin() + off + n);
+    off += n;
+  }
+  return out;
+}
+
 inline Napi::Value field(const Napi::Object& o, const char* k) { return o.Get(k); }
 
 inline int64_t int_field(Napi::Env env, const Napi::Object& o, const char* k, int64_t dflt, bool required = false) {

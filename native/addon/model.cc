@@ -147,20 +147,10 @@ Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen
   auto o = info[0].As<Napi::Object>();
   const auto lengths = int32s(env, o.Get("lengths"), "lengths");
   auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), lengths);
+  size_t total = 0;
+  for (const auto& r : rows) total += r.size();
   // mask: which positions to score (the others are 0 and skip the vocabulary head).
-  std::vector<std::vector<uint8_t>> masks;
-  if (lp && !o.Get("mask").IsUndefined()) {
-    const auto flat = typed_vector<uint8_t, napi_uint8_array>(env, o.Get("mask"), "mask");
-    size_t total = 0;
-    for (const auto& r : rows) total += r.size();
-    if (flat.size() != total)
-      throw_error(env, "ARGUMENT_INVALID", std::string(name) + ": mask must have one entry per token (" + std::to_string(total) + "), found " + std::to_string(flat.size()) + ".");
-    size_t off = 0;
-    for (const auto& r : rows) {
-      masks.emplace_back(flat.begin() + off, flat.begin() + off + r.size());
-      off += r.size();
-    }
-  }
+  auto masks = lp ? rows_of<uint8_t, napi_uint8_array>(env, o, "mask", lengths, total) : std::vector<std::vector<uint8_t>>();
   auto ref = o.Get("reference");
   const bool reference = lp && ref.IsBoolean() && ref.As<Napi::Boolean>().Value();
   // temperature: a number for every row or a Float32Array with one per row (checked by the core).

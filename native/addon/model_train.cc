@@ -39,22 +39,6 @@ slm::LoraConfig read_lora(Napi::Env env, const Napi::Object& o) {
   return c;
 }
 
-// Splits a flat typed array into per-sequence rows (lengths as for ids); empty when absent.
-template <class T, napi_typedarray_type K>
-std::vector<std::vector<T>> rows_of(Napi::Env env, const Napi::Object& o, const char* k, const std::vector<int32_t>& lengths, size_t total) {
-  std::vector<std::vector<T>> out;
-  auto v = o.Get(k);
-  if (v.IsUndefined() || v.IsNull()) return out;
-  auto flat = typed_vector<T, K>(env, v, k);
-  if (flat.size() != total) throw_error(env, "ARGUMENT_INVALID", std::string(k) + " must have one value per token (" + std::to_string(total) + "), found " + std::to_string(flat.size()) + ".");
-  size_t off = 0;
-  for (auto n : lengths) {
-    out.emplace_back(flat.begin() + off, flat.begin() + off + n);
-    off += n;
-  }
-  return out;
-}
-
 bool bool_field(const Napi::Object& o, const char* k, bool dflt) {
   auto v = o.Get(k);
   return v.IsBoolean() ? v.As<Napi::Boolean>().Value() : dflt;

@@ -230,15 +230,12 @@ at::Tensor HeadRows::select(const at::Tensor& x) const {
 at::Tensor HeadRows::hidden(const at::Tensor& h) const { return h.narrow(1, 0, T - 1).reshape({B * (T - 1), h.size(2)}).index_select(0, rows).unsqueeze(0); }
 
 at::Tensor HeadRows::scatter(const at::Tensor& x) const {
-  auto shape = x.sizes().vec();
-  const auto v = x.squeeze(0);
-  shape.erase(shape.begin());
-  shape[0] = B * (T - 1);
-  auto out = at::zeros(shape, x.options());
-  out.index_copy_(0, rows, v);
+  const auto v = x.squeeze(0);  // [n, ...]
+  auto flat = v.sizes().vec(), shape = v.sizes().vec();
+  flat[0] = B * (T - 1);
   shape[0] = T - 1;
   shape.insert(shape.begin(), B);
-  return out.view(shape);
+  return at::zeros(flat, x.options()).index_copy_(0, rows, v).view(shape);
 }
 
 at::Tensor sft_loss(const at::Tensor& lp, const at::Tensor& w) { return -(lp * w).sum(); }

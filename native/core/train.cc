@@ -32,9 +32,9 @@ struct Sums {
 // term is a weighted sum, so they add nothing) with their per-token data: w, adv, old_lp, ret,
 // old_v [1, n] in head.rows order.
 struct MicroBatch {
+  HeadRows head;
   int64_t B = 0, T = 0;
   at::Tensor ids, keys, positions, w, adv, old_lp, ret, old_v;
-  HeadRows head;
 };
 
 MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t w_tokens, int64_t w_seqs, bool pg, bool value,
@@ -56,7 +56,7 @@ MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, L
     }
   }
   const auto w = loss_weights(b.mask, s0, s1, T, norm, w_tokens, w_seqs);  // [B, T - 1]
-  MicroBatch mb{B, T, ids.to(dev), keys.to(dev), at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous().to(dev), {}, {}, {}, {}, {}, HeadRows(w, ids, temp, dev)};
+  MicroBatch mb{HeadRows(w, ids, temp, dev), B, T, ids.to(dev), keys.to(dev), at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous().to(dev)};
   mb.w = mb.head.select(w);
   if (pg) {
     mb.adv = mb.head.select(pack(b.advantages, s0, s1, T, "advantages", N));
