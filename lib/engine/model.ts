@@ -12,7 +12,7 @@ import { resolveWeightFiles } from '../model/weights.js';
 import { COMPUTE_DTYPES, type ComputeDtype, type GenerateRequest, type GenerateResult, type StreamGenerateRequest, type StreamGenerateResult, type TextGenerator } from './types.js';
 import { native } from './runtime.js';
 import { FINISH, generatedRows, nativeGenerateRequest, streamGenerate } from './generate-call.js';
-import { nativeTrainRequest, type TrainBatch, type TrainOptions } from './train-request.js';
+import { flatRows, nativeTrainRequest, type TrainBatch, type TrainOptions } from './train-request.js';
 
 export type { ComputeDtype } from './types.js';
 export type { TrainBatch, TrainOptions } from './train-request.js';
@@ -150,7 +150,7 @@ export class Model implements TextGenerator {
    */
   async referenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1, masks?: ArrayLike<number>[]): Promise<Float32Array[]> {
     const { ids, lengths } = this.#flatten(rows);
-    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), reference: true, mask: maskOption(masks, rows) }), lengths);
+    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), reference: true, mask: masks && flatRows(masks, lengths, Uint8Array, 'log-prob masks') }), lengths);
   }
 
   /**
@@ -359,7 +359,7 @@ export class Model implements TextGenerator {
    */
   async sequenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1, masks?: ArrayLike<number>[]): Promise<Float32Array[]> {
     const { ids, lengths } = this.#flatten(rows);
-    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), mask: maskOption(masks, rows) }), lengths);
+    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), mask: masks && flatRows(masks, lengths, Uint8Array, 'log-prob masks') }), lengths);
   }
 
   dispose(): void {
@@ -371,14 +371,4 @@ export class Model implements TextGenerator {
 /** The native temperature option: a number as is, per-row values as a Float32Array. */
 function temperatureOption(t: number | ArrayLike<number>): number | Float32Array {
   return typeof t === 'number' ? t : Float32Array.from(t);
-}
-
-/** Per-row masks flattened for the native call (which checks one entry per token); undefined: score every position. */
-function maskOption(masks: ArrayLike<number>[] | undefined, rows: ArrayLike<number>[]): Uint8Array | undefined {
-  if (!masks) return undefined;
-  if (masks.length !== rows.length) throw new SlmError('ARGUMENT_INVALID', `log-prob masks: one per row expected (${rows.length}), found ${masks.length}; pass a mask for every sequence or none.`);
-  const out = new Uint8Array(masks.reduce((n, m) => n + m.length, 0));
-  let off = 0;
-  for (const m of masks) for (let i = 0; i < m.length; i++) out[off++] = m[i] ? 1 : 0;
-  return out;
 }

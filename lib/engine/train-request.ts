@@ -17,24 +17,30 @@ export interface TrainOptions extends Omit<NativeTrainRequest, 'ids' | 'lengths'
   klEstimator?: 'k1' | 'k3';
 }
 
+/**
+ * Per-sequence rows (one value per token) as one typed array for a native call, each row checked
+ * against its sequence's length: a row too long and another too short would otherwise pass a total
+ * count and misalign every value after them.
+ */
+export function flatRows<T extends Int32Array | Float32Array | Uint8Array>(rows: ArrayLike<number>[], lengths: Int32Array, Ctor: new (n: number) => T, what: string): T {
+  if (rows.length !== lengths.length) throw new SlmError('ARGUMENT_INVALID', `${what}: expected one row per sequence (${lengths.length}), found ${rows.length}.`);
+  const out = new Ctor(lengths.reduce((a, b) => a + b, 0));
+  let o = 0;
+  rows.forEach((r, i) => {
+    if (r.length !== lengths[i]) throw new SlmError('ARGUMENT_INVALID', `${what}[${i}] has ${r.length} values for ${lengths[i]} tokens.`);
+    for (let t = 0; t < r.length; t++) out[o + t] = r[t];
+    o += r.length;
+  });
+  return out;
+}
+
 /** A training batch checked (ids against the vocabulary with `checkIds`) and flattened into the native request. */
 export function nativeTrainRequest(batch: TrainBatch, opts: TrainOptions, checkIds: (ids: Int32Array) => void): NativeTrainRequest {
   const n = batch.sequences.length;
   if (batch.masks.length !== n) throw new SlmError('ARGUMENT_INVALID', `expected one loss mask per sequence (${n}), found ${batch.masks.length}.`);
   const lengths = Int32Array.from(batch.sequences.map((s) => s.length));
-  const total = lengths.reduce((a, b) => a + b, 0);
-  const flat = <T extends Int32Array | Float32Array | Uint8Array>(rows: ArrayLike<number>[] | undefined, Ctor: new (n: number) => T, what: string): T | undefined => {
-    if (!rows) return undefined;
-    if (rows.length !== n) throw new SlmError('ARGUMENT_INVALID', `${what}: expected one row per sequence (${n}), found ${rows.length}.`);
-    const out = new Ctor(total);
-    let o = 0;
-    rows.forEach((r, i) => {
-      if (r.length !== lengths[i]) throw new SlmError('ARGUMENT_INVALID', `${what}[${i}] has ${r.length} values for ${lengths[i]} tokens.`);
-      for (let t = 0; t < r.length; t++) out[o + t] = r[t];
-      o += r.length;
-    });
-    return out;
-  };
+  const flat = <T extends Int32Array | Float32Array | Uint8Array>(rows: ArrayLike<number>[] | undefined, Ctor: new (n: number) => T, what: string): T | undefined =>
+    rows && flatRows(rows, lengths, Ctor, what);
   const ids = flat(batch.sequences, Int32Array, 'sequences')!;
   checkIds(ids);
   const req: NativeTrainRequest = {
