@@ -71,7 +71,7 @@ const NEUTRAL: Record<string, [(v: unknown) => boolean, string]> = {
 const param = (name: string, message: string) => new HttpError(400, message, 'invalid_request_error', name);
 
 function number(body: Record<string, unknown>, name: string, d: number, lo: number, hi: number, opts: { integer?: boolean; loOpen?: boolean } = {}): number {
-  const v = body[name];
+  const v = Object.hasOwn(body, name) ? body[name] : undefined;
   if (v === undefined || v === null) return d;
   if (typeof v !== 'number' || !Number.isFinite(v) || v < lo || (opts.loOpen && v === lo) || v > hi || (opts.integer && !Number.isInteger(v)))
     throw param(name, `${name} must be ${opts.integer ? 'an integer' : 'a number'} from ${lo}${opts.loOpen ? ' (excluded)' : ''} to ${hi}, found ${describe(v)}`);
@@ -79,7 +79,7 @@ function number(body: Record<string, unknown>, name: string, d: number, lo: numb
 }
 
 function boolean(body: Record<string, unknown>, name: string, d: boolean): boolean {
-  const v = body[name];
+  const v = Object.hasOwn(body, name) ? body[name] : undefined;
   if (v === undefined || v === null) return d;
   if (typeof v !== 'boolean') throw param(name, `${name} must be true or false, found ${describe(v)}`);
   return v;
@@ -117,7 +117,8 @@ export function parseRequest(server: RequestContext, chat: boolean, body: Record
   const honoured = new Set([...HONOURED_COMMON, ...(chat ? HONOURED_CHAT : HONOURED_COMPLETIONS)]);
   for (const [k, v] of Object.entries(body)) {
     if (honoured.has(k) || v === null || v === undefined) continue;
-    const neutral = NEUTRAL[k];
+    // Own properties only: `toString`, `constructor` or `__proto__` must not find Object.prototype's.
+    const neutral = Object.hasOwn(NEUTRAL, k) ? NEUTRAL[k] : undefined;
     if (!neutral) throw param(k, `Unrecognized request argument supplied: ${k}. This server does not support it; ${chat ? '/v1/chat/completions' : '/v1/completions'} takes ${[...honoured].join(', ')} (and ${Object.keys(NEUTRAL).join(', ')} at their defaults).`);
     if (!neutral[0](v)) throw param(k, `${k} is not supported: this server accepts it only as ${neutral[1]}, found ${JSON.stringify(v)?.slice(0, 80)}.`);
   }
