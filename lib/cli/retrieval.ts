@@ -10,7 +10,7 @@ import type { CommandModule } from 'yargs';
 import { SlmError } from '../errors.js';
 import { Corpus } from '../retrieval/corpus.js';
 import { DEFAULT_PARAMS, SearchIndex, embedderFor, type IndexKind } from '../retrieval/index.js';
-import { createSandbox, filesystemLine, ISOLATION_ORDER, type IsolationLevel, type PythonSandboxPool } from '../sandbox/index.js';
+import { createSandbox, filesystemLine, ISOLATION_ORDER, MAX_TIMEOUT_S, type IsolationLevel, type PythonSandboxPool } from '../sandbox/index.js';
 import { MAX_TOPK, RetrieverServer } from '../retrieval/server.js';
 import { phasedProgress, progressLog } from '../util/progress.js';
 import { print, untilSignal } from './common.js';
@@ -132,7 +132,7 @@ export const execCommand: CommandModule<object, ExecArgs> = {
       .option('tools-module', { type: 'string', describe: 'a JavaScript module exporting extra tools programs can call (as sandbox.tools_module in a config)' })
       .option('json', { type: 'boolean', describe: 'print {"stdout", "error", "timed_out", "calls"}' }) as never,
   handler: async (a) => {
-    if (!(a['timeout-s'] > 0)) throw new SlmError('ARGUMENT_INVALID', `--timeout-s expects a positive number of seconds, found ${a['timeout-s']}.`);
+    if (!(a['timeout-s'] > 0 && a['timeout-s'] <= MAX_TIMEOUT_S)) throw new SlmError('ARGUMENT_INVALID', `--timeout-s expects a positive number of seconds, at most ${MAX_TIMEOUT_S} (24 h), found ${a['timeout-s']}.`);
     if (a.stdin === '') a.stdin = '-'; // yargs hands a lone "-" over as ""
     if (a.stdin !== undefined && a.stdin !== '-') throw new SlmError('ARGUMENT_INVALID', `exec takes the program from --file F or from stdin (-); found the argument ${JSON.stringify(a.stdin)}.`);
     if (a.stdin === '-' && a.file !== undefined) throw new SlmError('ARGUMENT_INVALID', 'give the program either with --file F or on stdin (-), not both.');

@@ -10,6 +10,7 @@
 import { ATTENTION_TARGETS, LORA_TARGETS } from '../engine/adapter.js';
 import { COMPUTE_DTYPES } from '../engine/types.js';
 import { SEARCH_R1_INSTRUCTION } from '../episodes/prompts.js';
+import { MAX_TIMEOUT_S } from '../sandbox/types.js';
 import { STAGES, type ResolvedConfig } from './types.js';
 
 type Schema = Record<string, unknown>;
@@ -95,7 +96,7 @@ export const CONFIG_SCHEMA: Schema = {
     }),
     sandbox: section({
       kind: oneOf(['python', 'quickjs'], 'python'),
-      timeout_s: num(10, { exclusiveMinimum: 0 }),
+      timeout_s: num(10, { exclusiveMinimum: 0, maximum: MAX_TIMEOUT_S }, 'seconds a program may run (at most 86400, 24 h)'),
       memory_mb: int(512, { minimum: 16 }),
       workers: int(4, { minimum: 1 }),
       require_isolation: oneOf(
@@ -111,7 +112,7 @@ export const CONFIG_SCHEMA: Schema = {
       ef: int(256, { minimum: 1 }, 'HNSW search breadth (hnswlib default 10 loses neighbours)'),
       k: int(10, { minimum: 1 }, 'results per search_pages call'),
       url: str(null, 'kind http: the retrieval server, e.g. http://127.0.0.1:8000/retrieve (Search-R1 retrieval_server.py or slm-train serve-retriever)'),
-      timeout_s: num(30, { exclusiveMinimum: 0 }, 'kind http: seconds per request before a retry'),
+      timeout_s: num(30, { exclusiveMinimum: 0, maximum: MAX_TIMEOUT_S }, 'kind http: seconds per request before a retry'),
       retries: int(3, { minimum: 0 }, 'kind http: retries after a failed request (exponential backoff)'),
     }),
     rollout: section({
@@ -140,7 +141,7 @@ export const CONFIG_SCHEMA: Schema = {
       openai: section({
         urls: { type: 'array', items: { type: 'string', pattern: '^https?://' }, default: [], description: 'engine openai: server base URLs (e.g. http://10.0.0.5:8000), requests spread over them' },
         model: str(null, 'engine openai: the base model name the servers serve (null = the first of GET /v1/models)'),
-        timeout_s: num(300, { exclusiveMinimum: 0 }, 'engine openai: seconds per request before a retry'),
+        timeout_s: num(300, { exclusiveMinimum: 0, maximum: MAX_TIMEOUT_S }, 'engine openai: seconds per request before a retry'),
         retries: int(3, { minimum: 0 }, 'engine openai: retries after a failed request (exponential backoff)'),
         concurrency: int(64, { minimum: 1 }, 'engine openai: requests in flight per server'),
         adapter_dir: str(null, 'engine openai: a folder the servers can read where the adapter is written after each step (default: the run folder)'),
@@ -153,7 +154,7 @@ export const CONFIG_SCHEMA: Schema = {
       master_addr: str('127.0.0.1', "rank 0's host (the c10d TCPStore); MASTER_ADDR wins when set"),
       master_port: int(0, { minimum: 0, maximum: 65535 }, '0 = a free port (one node only); MASTER_PORT wins when set'),
       backend: oneOf(['auto', 'gloo', 'nccl'], 'auto', 'auto: nccl when model.device is cuda, else gloo'),
-      timeout_s: num(300, { exclusiveMinimum: 0 }, 'seconds for the rendezvous and every collective; past it the run stops with DISTRIBUTED_FAILED'),
+      timeout_s: num(300, { exclusiveMinimum: 0, maximum: MAX_TIMEOUT_S }, 'seconds for the rendezvous and every collective; past it the run stops with DISTRIBUTED_FAILED'),
       python: str('/usr/bin/python3', 'a python with torch.distributed (Debian: python3-torch)'),
     }),
     reward: section({

@@ -34,6 +34,7 @@
  *                                  # shapes the combined `judge` part; reward.combine the total)
  */
 import { SlmError, closest, describe } from '../errors.js';
+import { MAX_TIMEOUT_S } from '../sandbox/types.js';
 
 const PART_KINDS = ['em', 'subem', 'f1', 'rouge_l', 'format', 'judge', 'judge_correctness', 'judge_approach', 'module'] as const;
 export type PartKind = (typeof PART_KINDS)[number];
@@ -99,7 +100,7 @@ const JUDGE_KEYS: Record<keyof JudgeConfig, KeySpec> = {
   base_url: orNull(str),
   model: orNull(str),
   api_key_env: orNull(str),
-  timeout_s: num(0.001),
+  timeout_s: num(0.001, MAX_TIMEOUT_S),
   retries: int(0),
   backoff_s: num(0),
   max_backoff_s: num(0),

@@ -5,7 +5,7 @@
  */
 import { SlmError } from '../errors.js';
 import type { SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
-import { DEFAULT_LIMITS, truncationMarker } from './types.js';
+import { DEFAULT_LIMITS, MAX_TIMEOUT_S, truncationMarker } from './types.js';
 
 /** A program waiting for a worker, or handed to one. */
 export interface Job {
@@ -33,6 +33,8 @@ export function resolveLimits(l: SandboxLimits): Required<SandboxLimits> {
     const v = out[k];
     if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new SlmError('ARGUMENT_INVALID', `Expected a positive number for ${k} but received ${String(v)} (${typeof v}).`);
   }
+  // Node's timers hold at most 2^31 - 1 ms; a longer one would fire at once.
+  if (out.timeoutMs > MAX_TIMEOUT_S * 1000) throw new SlmError('ARGUMENT_INVALID', `Expected timeoutMs of at most ${MAX_TIMEOUT_S * 1000} (24 h) but received ${out.timeoutMs}.`);
   return out;
 }
 

@@ -64,6 +64,13 @@ export interface RunOptions extends SandboxLimits {
   finalAnswer?: boolean;
 }
 
+/**
+ * The longest timeout slm-train accepts anywhere (24 h, in seconds): a program, a request or a
+ * collective that needs longer is a mistake, and Node's timers hold at most 2^31 - 1 ms (~24.8 days;
+ * past that a timer fires after 1 ms).
+ */
+export const MAX_TIMEOUT_S = 86_400;
+
 export const DEFAULT_LIMITS: Required<Omit<SandboxLimits, 'cpuSeconds'>> = {
   timeoutMs: 10_000,
   memoryMb: 512,

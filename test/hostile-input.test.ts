@@ -1,0 +1,36 @@
+// Hostile and careless input outside the servers (issue 33): each mistake is a coded error that says
+// what was expected, not a silent misbehaviour.
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { loadConfig } from '../lib/config/index.js';
+import { parseJudgeConfig } from '../lib/rewards/config.js';
+import { resolveLimits } from '../lib/sandbox/job.js';
+import { createSandbox } from '../lib/sandbox/index.js';
+import { runCli } from './helpers/cli.js';
+
+const dir = t.testdir();
+const sftConfig = join(dir, 'sft.yaml');
+writeFileSync(sftConfig, `stage: sft\nmodel:\n  path: /m\ndata:\n  sft: /d.jsonl\n`);
+
+t.test('timeouts have an upper bound (24 h): Node timers past 2^31 - 1 ms fire at once', async (t) => {
+  // Row 4: sandbox.timeout_s=3000000 set every program's timer to 1 ms.
+  t.throws(() => loadConfig(sftConfig, ['sandbox.timeout_s=3000000']), { code: 'CONFIG_INVALID', message: /sandbox\.timeout_s: expected a number > 0 and <= 86400, found 3000000/ });
+  for (const key of ['retrieval.timeout_s', 'rollout.openai.timeout_s', 'distributed.timeout_s'])
+    t.throws(() => loadConfig(sftConfig, [`${key}=1e12`]), { code: 'CONFIG_INVALID', message: new RegExp(`${key.replace(/\./g, '\\.')}: expected a number > 0 and <= 86400`) }, key);
+  t.equal(loadConfig(sftConfig, ['sandbox.timeout_s=86400']).sandbox.timeout_s, 86400, '24 h itself is accepted');
+  t.throws(() => parseJudgeConfig({ backend: 'openai', base_url: 'http://x', timeout_s: 3e6 }), { code: 'CONFIG_INVALID', message: /timeout_s/ });
+
+  // The library: a sandbox refuses such a limit instead of timing every program out.
+  t.throws(() => resolveLimits({ timeoutMs: 2_200_000_000 }), { code: 'ARGUMENT_INVALID', message: /timeoutMs of at most 86400000 \(24 h\) but received 2200000000/ });
+  const sb = await createSandbox({ kind: 'quickjs', timeoutMs: 1000 });
+  t.teardown(() => sb.close());
+  await t.rejects(sb.run('1', { timeoutMs: 2_200_000_000 }), { code: 'ARGUMENT_INVALID' });
+
+  // The CLI: `exec --timeout-s 2200000`.
+  writeFileSync(join(dir, 'corpus.jsonl'), JSON.stringify({ id: 'p1', title: 'T', content: 'text' }) + '\n');
+  const r = runCli(['exec', '--corpus', join(dir, 'corpus.jsonl'), '--sandbox', 'quickjs', '--timeout-s', '2200000', '-'], { input: 'print(1)' });
+  t.equal(r.code, 2, r.stderr);
+  t.match(r.stderr, /error ARGUMENT_INVALID: --timeout-s expects a positive number of seconds, at most 86400 \(24 h\), found 2200000/);
+  t.notMatch(r.stderr, /TimeoutOverflowWarning/);
+});
