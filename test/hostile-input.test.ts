@@ -34,3 +34,22 @@ t.test('timeouts have an upper bound (24 h): Node timers past 2^31 - 1 ms fire a
   t.match(r.stderr, /error ARGUMENT_INVALID: --timeout-s expects a positive number of seconds, at most 86400 \(24 h\), found 2200000/);
   t.notMatch(r.stderr, /TimeoutOverflowWarning/);
 });
+
+t.test('YAML aliases are bounded: an alias bomb is CONFIG_INVALID, not an internal error', async (t) => {
+  // Row 11: nine levels of nine aliases, 9^9 copies of "lol" once expanded.
+  const levels = 'abcdefghi'.split('');
+  const bomb = levels.map((n, i) => `${n}: &${n} [${Array(9).fill(i ? `*${levels[i - 1]}` : '"lol"').join(',')}]`).join('\n');
+  writeFileSync(join(dir, 'bomb.yaml'), `stage: sft\nmodel:\n  path: /m\n${bomb}\n`);
+  t.throws(() => loadConfig(join(dir, 'bomb.yaml')), { code: 'CONFIG_INVALID', message: /bomb\.yaml: its aliases \(\*name\) expand to too many copies/ });
+  const r = runCli(['train', '--config', join(dir, 'bomb.yaml')]);
+  t.equal(r.code, 2);
+  t.match(r.stderr, /error CONFIG_INVALID: .*bomb\.yaml: its aliases/);
+  t.notMatch(r.stderr, /internal error/);
+
+  writeFileSync(join(dir, 'unresolved.yaml'), `stage: sft\nmodel:\n  path: *nowhere\n`);
+  t.throws(() => loadConfig(join(dir, 'unresolved.yaml')), { code: 'CONFIG_INVALID', message: /Unresolved alias.*nowhere; define each anchor/ });
+
+  // Ordinary use of anchors still works.
+  writeFileSync(join(dir, 'anchors.yaml'), `stage: sft\nmodel:\n  path: /m\ndata:\n  sft: /d.jsonl\nrollout:\n  top_p: &p 0.9\neval:\n  top_p: *p\n`);
+  t.equal(loadConfig(join(dir, 'anchors.yaml')).eval.top_p, 0.9, 'an alias of an anchor');
+});

@@ -133,6 +133,9 @@ function resolvePathKeys(obj: Obj, base: string, only?: (key: string) => boolean
   }
 }
 
+/** How far a config's aliases may expand (yaml's maxAliasCount, its default): a real config uses a few. */
+const MAX_YAML_ALIAS_COUNT = 100;
+
 /** Reads a YAML config file into a plain object, with line and column on syntax errors. */
 export function readConfigFile(file: string): Obj {
   if (!existsSync(file)) throw new SlmError('FILE_NOT_FOUND', `config file ${file} does not exist.`);
@@ -145,7 +148,21 @@ export function readConfigFile(file: string): Obj {
     });
     throw new SlmError('CONFIG_INVALID', `${file} is not valid YAML:\n  ${lines.join('\n  ')}`);
   }
-  const v = doc.toJS();
+  let v: unknown;
+  try {
+    v = doc.toJS({ maxAliasCount: MAX_YAML_ALIAS_COUNT });
+  } catch (e) {
+    // yaml throws a ReferenceError for an alias without its anchor and for aliases that expand past
+    // maxAliasCount (a "billion laughs" file would otherwise take all memory).
+    if (!(e instanceof ReferenceError)) throw e;
+    const excessive = /excessive alias count/i.test(e.message);
+    throw new SlmError(
+      'CONFIG_INVALID',
+      excessive
+        ? `${file}: its aliases (*name) expand to too many copies of their anchors (&name): more than ${MAX_YAML_ALIAS_COUNT}, which only a file built to exhaust memory needs. Write the values out, or use fewer nested aliases.`
+        : `${file}: ${e.message}; define each anchor (&name) before its aliases (*name).`,
+    );
+  }
   if (!isObj(v)) fail(file, [{ path: [], message: `expected a mapping of sections (stage, model, lora, ...), found ${describeValue(v)}` }]);
   return v;
 }
