@@ -13,6 +13,8 @@ import type { IsolationReport } from './sandbox/types.js';
 export interface DoctorReport {
   binding: { path: string; kind: string } | { error: string };
   libtorch?: { version: string; cuda: boolean; parallel: string; cpuCapability?: string; malloc?: string };
+  /** The engine's own CPU kernels: the instruction set in force (SLM_TRAIN_CPU_ISA caps it), the CPU's, and what each kernel runs. */
+  kernels?: { isa: string; detected: string; linear: string; attention: string };
   blas?: { library: string; openblasCoretype?: string; matmulF32Gflops: number; matmulBf16Gflops: number; copyGBps: number };
   threads?: { engine: number; cores: number };
   memoryGiB: number;
@@ -76,6 +78,7 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
     const v = a.version();
     const cap = /CPU capability usage: (\S+)/.exec(v.config)?.[1];
     report.libtorch = { version: v.torch, cuda: v.cuda, parallel: /ATen parallel backend: (\S+)/.exec(v.parallel)?.[1] ?? 'unknown', cpuCapability: cap, malloc: v.malloc };
+    report.kernels = { isa: v.cpuIsa, detected: v.cpuIsaDetected, linear: v.smallLinear, attention: v.attentionKernel };
     const seconds = opts.seconds ?? 0.4;
     const f32 = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds });
     const bf16 = await a.measure({ kind: 'matmul', n: 1024, dtype: 'bfloat16', seconds });
@@ -132,6 +135,11 @@ export function formatDoctor(r: DoctorReport): string {
   const row = (k: string, v: string) => lines.push(`${k.padEnd(16)} ${v}`);
   row('native addon', 'error' in r.binding ? `MISSING\n${r.binding.error}` : `${r.binding.path} (${r.binding.kind})`);
   if (r.libtorch) row('libtorch', `${r.libtorch.version}, ${r.libtorch.cuda ? 'CUDA available' : 'CPU only (no CUDA)'}, ${r.libtorch.parallel}, kernels ${r.libtorch.cpuCapability ?? '?'}, malloc ${r.libtorch.malloc ?? '?'}`);
+  if (r.kernels)
+    row(
+      'CPU kernels',
+      `${r.kernels.isa}${r.kernels.isa !== r.kernels.detected ? ` (capped by SLM_TRAIN_CPU_ISA; the CPU has ${r.kernels.detected})` : ''}: linear ${r.kernels.linear}, attention ${r.kernels.attention}`,
+    );
   if (r.blas) {
     row('BLAS', `${r.blas.library}${r.blas.openblasCoretype ? `, OPENBLAS_CORETYPE=${r.blas.openblasCoretype}` : ''}`);
     row('matmul', `float32 ${r.blas.matmulF32Gflops} GFLOP/s, bfloat16 ${r.blas.matmulBf16Gflops} GFLOP/s (1024x1024, measured now)`);

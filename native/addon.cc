@@ -12,6 +12,7 @@
 #include "addon/workers.h"
 #include "core/cpu_attention.h"
 #include "core/cpu_gemm.h"
+#include "core/cpu_isa.h"
 #include "core/qwen3.h"
 #include "core/sampler.h"
 
@@ -56,6 +57,17 @@ Napi::Value SetCpuKernels(const Napi::CallbackInfo& info) {
   if (!info[0].IsBoolean()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "setCpuKernels expects true or false.");
   slm::set_cpu_kernels_enabled(info[0].As<Napi::Boolean>().Value());
   return env.Undefined();
+}
+
+// Caps the instruction set of the CPU kernels (core/cpu_isa.h): "avx512-bf16", "avx512", "avx2" or
+// "none"; a level above the CPU's gives the CPU's. Returns the level now in force. For tests and
+// benchmarks (users set SLM_TRAIN_CPU_ISA).
+Napi::Value SetCpuIsa(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  slm::CpuIsa cap;
+  if (!info[0].IsString() || !slm::parse_cpu_isa(info[0].As<Napi::String>().Utf8Value(), &cap))
+    slm_addon::throw_error(env, "ARGUMENT_INVALID", "setCpuIsa expects one of avx512-bf16, avx512, avx2, none.");
+  return Napi::String::New(env, slm::cpu_isa_name(slm::set_cpu_isa_cap(cap)));
 }
 
 // y [M, N] = x [M, K] · w [N, K]ᵀ through the model's linear layer (the small-row kernel when it
@@ -203,6 +215,8 @@ Napi::Value Version(const Napi::CallbackInfo& info) {
   o.Set("parallel", Napi::String::New(env, at::get_parallel_info()));
   o.Set("smallLinear", Napi::String::New(env, slm::cpu_small_linear_isa()));
   o.Set("attentionKernel", Napi::String::New(env, slm::cpu_attention_isa()));
+  o.Set("cpuIsa", Napi::String::New(env, slm::cpu_isa_name(slm::cpu_isa())));
+  o.Set("cpuIsaDetected", Napi::String::New(env, slm::cpu_isa_name(slm::cpu_isa_detected())));
   o.Set("napi", Napi::Number::New(env, NAPI_VERSION));
   o.Set("malloc", Napi::String::New(env, malloc_policy()));
   return o;
@@ -214,6 +228,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("version", Napi::Function::New(env, Version));
   exports.Set("setCpuKernels", Napi::Function::New(env, SetCpuKernels));
+  exports.Set("setCpuIsa", Napi::Function::New(env, SetCpuIsa));
   exports.Set("linear", Napi::Function::New(env, Linear));
   exports.Set("sample", Napi::Function::New(env, Sample));
   exports.Set("attention", Napi::Function::New(env, Attention));

@@ -5,9 +5,9 @@
 // over the keys, as ATen gives), bfloat16 inputs; ATen's path (CPU kernels off) must agree too, and a
 // row's result must not depend on the other rows.
 import t from 'tap';
-import { existsSync, readFileSync } from 'node:fs';
 import { native } from '../lib/engine/runtime.js';
 import { toBf16, uniform as rand } from './helpers/numeric.js';
+import { atEachLevel, cpuLevels } from './helpers/isa.js';
 
 const a = native();
 const LOWEST = -3.4028234663852886e38;
@@ -74,15 +74,20 @@ const cases: Case[] = [
   { b: 2, nq: 4, nkv: 2, s: 30, d: 64, capacity: 30, t: 3 },
 ];
 
-const hasAvx512 = existsSync('/proc/cpuinfo') && /\bavx512f\b/.test(readFileSync('/proc/cpuinfo', 'utf8'));
-
-t.test('an AVX-512 CPU gets the kernel (the tests below would otherwise only check ATen)', async (t) => {
-  const isa = a.version().attentionKernel;
-  if (hasAvx512) t.not(isa, 'none', `attention kernel: ${isa}`);
-  else t.equal(isa, 'none', 'no AVX-512: ATen runs attention');
+t.test('every instruction-set level the CPU has gets its kernel (the tests below would otherwise only check ATen)', async (t) => {
+  t.teardown(() => void a.setCpuIsa('avx512-bf16'));
+  const levels = cpuLevels(a, true);
+  t.comment(`levels on this CPU: ${levels.join(', ')}`);
+  if (process.arch === 'x64') t.ok(levels.includes('avx2'), 'an x86-64 CPU with AVX2 (the CI machines) runs the AVX2 kernel');
+  for (const level of levels) {
+    a.setCpuIsa(level);
+    const isa = a.version().attentionKernel;
+    if (level === 'none') t.equal(isa, 'none', 'none: ATen runs attention');
+    else t.match(isa, new RegExp(`^${level.replace('-bf16', '')} `), `${level}: attention kernel ${isa}`);
+  }
 });
 
-t.test('float32: the kernel and ATen agree with float64 attention', async (t) => {
+atEachLevel(t, a, 'float32: the kernel and ATen agree with float64 attention', async (t) => {
   t.teardown(() => a.setCpuKernels(true));
   for (const [i, c] of cases.entries()) {
     const x = inputs(c, 10 + i);
@@ -97,7 +102,7 @@ t.test('float32: the kernel and ATen agree with float64 attention', async (t) =>
   }
 });
 
-t.test('a fully masked row attends uniformly, as ATen does', async (t) => {
+atEachLevel(t, a, 'a fully masked row attends uniformly, as ATen does', async (t) => {
   const c = { b: 2, nq: 4, nkv: 2, s: 9, d: 16, capacity: 9 };
   const x = inputs(c, 3);
   x.mask.fill(LOWEST, 0, c.s); // row 0: every key masked
@@ -114,7 +119,7 @@ for (const c of [
   { b: 20, nq: 4, nkv: 2, s: 50, d: 32, capacity: 50, t: 1, prefix: 30, hidePrefixFromRow: 17 },
   { b: 2, nq: 4, nkv: 2, s: 40, d: 32, capacity: 40, t: 20, prefix: 15 },
 ])
-  t.test(`a prefix shared by every row (cascade cache): keys [0, ${c.prefix}) read from row 0 only, ${c.b} rows, ${c.t} query position(s)${c.hidePrefixFromRow ? `, row ${c.hidePrefixFromRow} sees none of it` : ''}`, async (t) => {
+  atEachLevel(t, a, `a prefix shared by every row (cascade cache): keys [0, ${c.prefix}) read from row 0 only, ${c.b} rows, ${c.t} query position(s)${c.hidePrefixFromRow ? `, row ${c.hidePrefixFromRow} sees none of it` : ''}`, async (t) => {
     t.teardown(() => a.setCpuKernels(true));
     const x = inputs(c, 8);
     // The reference: every row's first `prefix` keys and values are row 0's, and nothing is padded.
@@ -152,7 +157,7 @@ for (const c of [
     t.throws(() => a.attention({ ...c, ...x, prefix: c.s }), { code: 'ARGUMENT_INVALID', message: /'prefix' must be smaller than s/ });
   });
 
-t.test('a fully masked position inside a prefill block attends uniformly too', async (t) => {
+atEachLevel(t, a, 'a fully masked position inside a prefill block attends uniformly too', async (t) => {
   const c = { b: 2, nq: 4, nkv: 2, s: 24, d: 32, capacity: 24, t: 10 };
   const x = inputs(c, 5);
   x.mask.fill(LOWEST, 3 * c.s, 4 * c.s); // row 0, position 3: every key masked
@@ -164,7 +169,7 @@ t.test('a fully masked position inside a prefill block attends uniformly too', a
 });
 
 for (const T of [1, 8])
-t.test(`masked keys are not read by the kernel (the kernel really runs), ${T} query position(s)`, { skip: !hasAvx512 && 'no AVX-512' }, async (t) => {
+atEachLevel(t, a, `masked keys are not read by the kernel (the kernel really runs), ${T} query position(s)`, async (t) => {
   t.teardown(() => a.setCpuKernels(true));
   const c = { b: 2, nq: 4, nkv: 2, s: 12, d: 32, capacity: 12, t: T };
   const x = inputs(c, 4);
@@ -184,7 +189,7 @@ t.test(`masked keys are not read by the kernel (the kernel really runs), ${T} qu
 });
 
 for (const T of [1, 20])
-t.test(`a row's result does not depend on the other rows, ${T} query position(s)`, async (t) => {
+atEachLevel(t, a, `a row's result does not depend on the other rows, ${T} query position(s)`, async (t) => {
   const c = { b: 4, nq: 8, nkv: 4, s: 50, d: 64, capacity: 64, t: T };
   const x = inputs(c, 7);
   const all = a.attention({ ...c, ...x });
@@ -202,7 +207,7 @@ t.test(`a row's result does not depend on the other rows, ${T} query position(s)
   }
 });
 
-t.test('bfloat16: attention of the rounded inputs, rounded once', async (t) => {
+atEachLevel(t, a, 'bfloat16: attention of the rounded inputs, rounded once', async (t) => {
   t.teardown(() => a.setCpuKernels(true));
   for (const [i, c] of cases.entries()) {
     const x = inputs(c, 30 + i);

@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { native } from '../lib/engine/runtime.js';
 import { initModel } from '../lib/model/init.js';
+import { atEachLevel } from './helpers/isa.js';
 
 const a = native();
 const root = mkdtempSync(join(tmpdir(), 'slm-decode-step-'));
@@ -24,7 +25,7 @@ for (const modelType of ['qwen3', 'llama']) {
   const dir = join(root, modelType);
   initModel({ preset: 'tiny', out: dir, modelType, seed: 3, embedStd: 0.5, biasStd: 0.1, normStd: 0.2 });
   for (const dtype of ['float32', 'bfloat16'] as const) {
-    t.test(`${modelType} ${dtype}: kernels vs ATen vs the teacher-forced forward`, async (t) => {
+    atEachLevel(t, a, `${modelType} ${dtype}: kernels vs ATen vs the teacher-forced forward`, async (t) => {
       const m = await Model.load(dir, { dtype });
       t.teardown(() => {
         a.setCpuKernels(true);
@@ -59,7 +60,7 @@ for (const modelType of ['qwen3', 'llama']) {
 
 // 80 rows: enough that a step's RMSNorms (80 x 64 values) and q/k norm + RoPE (320 and 160 head rows)
 // are split between the threads; every row must still equal ATen's path.
-t.test('qwen3 float32, 80 rows: the norms split between threads, kernels vs ATen', async (t) => {
+atEachLevel(t, a, 'qwen3 float32, 80 rows: the norms split between threads, kernels vs ATen', async (t) => {
   const dir = join(root, 'qwen3');
   const m = await Model.load(dir, { dtype: 'float32' });
   t.teardown(() => {

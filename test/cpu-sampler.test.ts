@@ -6,6 +6,7 @@
 // mass (ids in order for plain sampling, best first with top-k or top-p). Peaked and flat rows, the full Qwen3 vocabulary, and batches mixing greedy and sampled rows
 // and different top-p values.
 import t from 'tap';
+import { atEachLevel } from './helpers/isa.js';
 import { native } from '../lib/engine/runtime.js';
 import { rng } from './helpers/numeric.js';
 
@@ -81,7 +82,7 @@ const cases: Case[] = [
 ];
 
 for (const c of cases) {
-  t.test(c.name, async (t) => {
+  atEachLevel(t, a, c.name, async (t) => {
     t.teardown(() => a.setCpuKernels(true));
     const B = c.temperature.length;
     const draws = c.V > 10000 ? 3 : 40;
@@ -109,13 +110,13 @@ for (const c of cases) {
       }
     }
     t.pass(`${checked} draws: the fused sampler, ATen's path and the float64 rules pick the same token (log-probs within 1e-5)`);
-  });
+  }, { withNone: true });
 }
 
 // Plain sampling skips whole 64-id chunks whose mass cannot reach the target: the token may be in
 // the first chunk, in the tail after the last whole chunk (3001 = 46 x 64 + 57), on a chunk edge,
 // or the only likely id at either end; u at its extremes.
-t.test('plain sampling at chunk edges and extremes of u', async (t) => {
+atEachLevel(t, a, 'plain sampling at chunk edges and extremes of u', async (t) => {
   t.teardown(() => a.setCpuKernels(true));
   const V = 3001;
   const rows: Array<{ name: string; logits: Float32Array; u: number }> = [];
@@ -141,7 +142,7 @@ t.test('plain sampling at chunk edges and extremes of u', async (t) => {
     t.equal(fused.tokens[0], ref.token, `${row.name}: the float64 rules' token`);
     t.equal(aten.tokens[0], ref.token, `${row.name}: ATen's path agrees`);
   }
-});
+}, { withNone: true });
 
 t.test('a wrong request is a coded error', async (t) => {
   t.throws(() => a.sample({ logits: new Float32Array(5), rows: 2, vocab: 3, temperature: [1, 1], u: [0.5, 0.5] }), { code: 'ARGUMENT_INVALID' });

@@ -7,6 +7,7 @@ import t from 'tap';
 import { existsSync, readFileSync } from 'node:fs';
 import { native } from '../lib/engine/runtime.js';
 import { toBf16, uniform as rand } from './helpers/numeric.js';
+import { atEachLevel, cpuLevels } from './helpers/isa.js';
 
 const a = native();
 
@@ -35,7 +36,8 @@ function worst(got: Float32Array, want: Float64Array, mag: Float64Array): number
 const isa = a.version().smallLinear;
 t.comment(`small-row linear kernels on this CPU: ${isa}`);
 
-t.test('a CPU with AVX2 gets a kernel (the tests below would otherwise only check at::linear)', async (t) => {
+t.test('a CPU with AVX2 gets a kernel at each level it has (the tests below would otherwise only check at::linear)', async (t) => {
+  t.teardown(() => void a.setCpuIsa('avx512-bf16'));
   const flags = existsSync('/proc/cpuinfo') ? readFileSync('/proc/cpuinfo', 'utf8') : '';
   if (process.arch !== 'x64' || !/\bavx2\b/.test(flags)) {
     t.comment('not an x86-64 CPU with AVX2: no kernel expected');
@@ -43,10 +45,16 @@ t.test('a CPU with AVX2 gets a kernel (the tests below would otherwise only chec
   }
   t.not(isa, 'none');
   if (/\bavx512f\b/.test(flags)) t.match(isa, /^avx512/);
-  if (/\bavx512_bf16\b/.test(flags)) t.match(isa, /bfloat16/);
+  if (/\bavx512_bf16\b/.test(flags)) t.match(isa, /^avx512-bf16 .*bfloat16 dot products/);
+  for (const level of cpuLevels(a, true)) {
+    a.setCpuIsa(level);
+    const k = a.version().smallLinear;
+    if (level === 'none') t.equal(k, 'none', 'none: at::linear');
+    else t.match(k, new RegExp(`^${level} \\(float32; bfloat16`), `${level}: ${k}`);
+  }
 });
 
-t.test('float32: every row count 1..32 and ragged sizes agree with float64 dot products', async (t) => {
+atEachLevel(t, a, 'float32: every row count 1..32 and ragged sizes agree with float64 dot products', async (t) => {
   t.teardown(() => a.setCpuKernels(true));
   for (const [n, k] of [[37, 53], [64, 48], [6, 16], [5, 100], [130, 512]] as const) {
     const w = rand(n * k, 7 + n + k);
@@ -67,18 +75,20 @@ t.test('float32: every row count 1..32 and ragged sizes agree with float64 dot p
   t.pass('float32 within 1e-6 of float64 (relative to the sum of |products|) for 175 shapes, kernel and at::linear');
 });
 
-t.test("a row's result does not depend on the rest of the batch", async (t) => {
+atEachLevel(t, a, "a row's result does not depend on the rest of the batch", async (t) => {
   const n = 29, k = 75;
   const w = rand(n * k, 3);
   const x = rand(32 * k, 4);
-  const full = a.linear({ x, w, m: 32, n, k });
-  for (const r of [0, 5, 31]) {
-    const one = a.linear({ x: x.subarray(r * k, (r + 1) * k).slice(), w, m: 1, n, k });
-    t.same(Array.from(one), Array.from(full.subarray(r * n, (r + 1) * n)), `row ${r} alone equals row ${r} of 32, bit for bit`);
+  for (const dtype of ['float32', 'bfloat16'] as const) {
+    const full = a.linear({ x, w, m: 32, n, k, dtype });
+    for (const r of [0, 5, 31]) {
+      const one = a.linear({ x: x.subarray(r * k, (r + 1) * k).slice(), w, m: 1, n, k, dtype });
+      t.same(Array.from(one), Array.from(full.subarray(r * n, (r + 1) * n)), `${dtype}: row ${r} alone equals row ${r} of 32, bit for bit`);
+    }
   }
 });
 
-t.test('bfloat16: products of the rounded inputs, rounded once', async (t) => {
+atEachLevel(t, a, 'bfloat16: products of the rounded inputs, rounded once', async (t) => {
   t.teardown(() => a.setCpuKernels(true));
   for (const [n, k] of [[37, 77], [64, 64], [9, 31], [130, 512]] as const) {
     const w = rand(n * k, 11 + k);
@@ -107,11 +117,10 @@ t.test('bfloat16: products of the rounded inputs, rounded once', async (t) => {
 // rounded to bfloat16 first, as training's head rounds them), and the addon checks they landed in
 // the buffer.
 // With the kernels off, the head's fallback (ATen) must equal the plain layer's too.
-t.test('the head path: float32 into a reused buffer, equal to the plain output', async (t) => {
+atEachLevel(t, a, 'the head path: float32 into a reused buffer, equal to the plain output', async (t) => {
   t.teardown(() => a.setCpuKernels(true));
   for (const kernels of [true, false])
     for (const dtype of ['float32', 'bfloat16'] as const) {
-      if (kernels && dtype === 'bfloat16' && !/bfloat16/.test(isa)) continue;
       a.setCpuKernels(kernels);
       for (const [m, n, k] of [[16, 151, 64], [3, 37, 77], [1, 4, 32]] as const) {
         const x = rand(m * k, 21 + m), w = rand(n * k, 22 + n);

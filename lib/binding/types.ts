@@ -254,6 +254,10 @@ export interface NativeTrainStats {
   step: number;
 }
 
+/** Instruction-set levels of the CPU kernels, from the most to the least (SLM_TRAIN_CPU_ISA). */
+export const CPU_ISA_LEVELS = ['avx512-bf16', 'avx512', 'avx2', 'none'] as const;
+export type CpuIsaLevel = (typeof CPU_ISA_LEVELS)[number];
+
 export interface NativeVersion {
   torch: string;
   cuda: boolean;
@@ -261,10 +265,14 @@ export interface NativeVersion {
   /** at::show_config(): BLAS, oneDNN, CPU capability. */
   config: string;
   parallel: string;
-  /** The CPU kernels for linear layers over a few rows (decode): "avx512 (float32, bfloat16)", "avx2 (float32)", "none", ... */
+  /** The CPU kernels for linear layers over a few rows (decode): "avx512-bf16 (float32; bfloat16 dot products)", "avx2 (float32; bfloat16 stored, float32 arithmetic)", "none", ... */
   smallLinear: string;
-  /** The fused attention kernel of generation: "avx512 (float32, bfloat16)" or "none" (ATen's operations). */
+  /** The fused attention kernel of generation: "avx512 (float32, bfloat16)", "avx2 (float32, bfloat16)" or "none" (ATen's operations). */
   attentionKernel: string;
+  /** The instruction set the CPU kernels use now: the CPU's, capped by SLM_TRAIN_CPU_ISA or setCpuIsa. */
+  cpuIsa: CpuIsaLevel;
+  /** What this CPU supports. */
+  cpuIsaDetected: CpuIsaLevel;
   napi: number;
   /** glibc malloc's thresholds as the addon set them when it loaded (or whose they are). */
   malloc: string;
@@ -276,6 +284,8 @@ export interface NativeAddon {
   version(): NativeVersion;
   /** Allows (true, the default) or forbids the CPU kernels (small-row linear layers, fused sampler, attention): false = ATen's generic path; for benchmarks and tests. */
   setCpuKernels(on: boolean): void;
+  /** Caps the CPU kernels' instruction set (a level above the CPU's gives the CPU's); returns the level in force. For tests and benchmarks. */
+  setCpuIsa(level: CpuIsaLevel): CpuIsaLevel;
   /** y [m, n] = x [m, k] · w [n, k]ᵀ through the engine's linear layer, in float32 or bfloat16 (inputs rounded to it); for tests and benchmarks. */
   /** One sampling step over logits [rows, vocab] (the fused CPU sampler, or ATen's path with the CPU kernels off); for tests and benchmarks. */
   sample(req: { logits: Float32Array; rows: number; vocab: number; temperature: number[]; u: number[]; topK?: number; topP?: number[]; topN?: number }): {

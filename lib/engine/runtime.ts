@@ -2,7 +2,7 @@
 import { availableParallelism } from 'node:os';
 import { readFileSync } from 'node:fs';
 import { addon as loadAddon } from '../binding/index.js';
-import type { NativeAddon } from '../binding/types.js';
+import { CPU_ISA_LEVELS, type NativeAddon } from '../binding/types.js';
 import { SlmError } from '../errors.js';
 
 let configured = false;
@@ -49,9 +49,23 @@ function defaultThreads(): number {
   return Number.isInteger(env) && env > 0 ? env : availableParallelism();
 }
 
+/**
+ * SLM_TRAIN_CPU_ISA caps the instruction set of the CPU kernels (the addon reads it when it loads);
+ * a value it does not know would cap nothing, so it is refused here.
+ */
+function checkIsaCap(): void {
+  const v = process.env.SLM_TRAIN_CPU_ISA;
+  if (v === undefined || v === '' || (CPU_ISA_LEVELS as readonly string[]).includes(v)) return;
+  throw new SlmError(
+    'ARGUMENT_INVALID',
+    `SLM_TRAIN_CPU_ISA must be one of ${CPU_ISA_LEVELS.join(', ')}, found '${v}'. Unset it to use everything the CPU offers (\`slm-train doctor\` shows the level).`,
+  );
+}
+
 /** The addon, with threads set (libtorch starts with 1 thread here otherwise). */
 export function native(): NativeAddon {
   if (configured) return loadAddon();
+  checkIsaCap();
   tuneOpenBlas();
   const ours = tuneOpenMP();
   let a: NativeAddon;

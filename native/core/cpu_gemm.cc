@@ -1,5 +1,8 @@
 #include "core/cpu_gemm.h"
 
+#include "core/cpu_isa.h"
+#include "core/simd.h"
+
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
@@ -15,24 +18,6 @@ namespace slm {
 namespace {
 
 std::atomic<bool> g_enabled{true};
-
-enum class Isa { None, Avx2, Avx512, Avx512Bf16 };
-
-Isa detect() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
-    return __builtin_cpu_supports("avx512bf16") ? Isa::Avx512Bf16 : Isa::Avx512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
-#endif
-  return Isa::None;
-}
-
-Isa isa() {
-  static const Isa i = detect();
-  return i;
-}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SLM_X86 1
@@ -68,9 +53,27 @@ T512 inline void tile_sums(const __m512 (&acc)[MR][NR], float out[16]) {
   _mm512_storeu_ps(out, reduce16(v));
 }
 
-// ---- float32, AVX-512: 16 lanes; tiles of MR input rows x NR weight rows, 16 accumulators at most.
-template <int MR, int NR>
-T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* y, int64_t ldy, const float* pf, int pf_rows) {
+// A tile's float32 sum as y's type. Weights in bfloat16 (TW uint16_t): the sum rounded to bfloat16
+// (nearest even) once, stored as bfloat16 bits or widened (exactly) to float32 for the vocabulary
+// head; float32 weights: the sum as it is.
+template <typename TW>
+inline void put(float* y, float v) {
+  *y = std::is_same_v<TW, uint16_t> ? static_cast<float>(c10::BFloat16(v)) : v;
+}
+template <typename TW>
+inline void put(uint16_t* y, float v) {
+  const c10::BFloat16 b(v);
+  std::memcpy(y, &b, sizeof(uint16_t));
+}
+inline float widen(float w) { return w; }
+inline float widen(uint16_t w) { return static_cast<float>(c10::BFloat16(w, c10::BFloat16::from_bits())); }
+
+// ---- float32 arithmetic, AVX-512: 16 lanes; tiles of MR input rows x NR weight rows, 16
+// accumulators at most. Weights TW: float32, or bfloat16 (raw bits) widened in registers, for CPUs
+// without bfloat16 dot products (the sums rounded to bfloat16 once when y is bfloat16).
+template <int MR, int NR, typename TW, typename TY>
+T512 inline void tile_512(const float* x, const TW* w, int64_t K, TY* y, int64_t ldy, const TW* pf, int pf_rows) {
+  using V = simd::V16;
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m)
@@ -80,7 +83,7 @@ T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* 
   for (; k + 16 <= K; k += 16) {
     __m512 wv[NR];
 #pragma GCC unroll 4
-    for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_ps(w + n * K + k);
+    for (int n = 0; n < NR; ++n) wv[n] = V::load(w + n * K + k);
     for (int r = 0; r < pf_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * K + k), _MM_HINT_T1);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
@@ -90,13 +93,13 @@ T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* 
     }
   }
   if (k < K) {
-    const __mmask16 mk = static_cast<__mmask16>((1u << (K - k)) - 1u);
+    const int rest = static_cast<int>(K - k);
     __m512 wv[NR];
 #pragma GCC unroll 4
-    for (int n = 0; n < NR; ++n) wv[n] = _mm512_maskz_loadu_ps(mk, w + n * K + k);
+    for (int n = 0; n < NR; ++n) wv[n] = V::load_n(w + n * K + k, rest);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mk, x + m * K + k);
+      const __m512 xv = V::load_n(x + m * K + k, rest);
 #pragma GCC unroll 4
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
     }
@@ -104,7 +107,7 @@ T512 inline void tile_f32_512(const float* x, const float* w, int64_t K, float* 
   float sums[16];
   tile_sums<MR, NR>(acc, sums);
   for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NR; ++n) y[m * ldy + n] = sums[m * 4 + n];
+    for (int n = 0; n < NR; ++n) put<TW>(&y[m * ldy + n], sums[m * 4 + n]);
 }
 
 // ---- bfloat16, AVX512_BF16: 32 values per register, pairs multiplied and summed into 16 float32
@@ -155,16 +158,11 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
     }
 }
 
-// ---- float32, AVX2 + FMA: 8 lanes; tiles of up to 4 input rows x 2 weight rows (8 accumulators).
-T256 inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-template <int MR, int NR>
-T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* y, int64_t ldy, const float* pf, int pf_rows) {
+// ---- float32 arithmetic, AVX2 + FMA: 8 lanes; tiles of up to 4 input rows x 2 weight rows (8
+// accumulators); weights float32 or bfloat16 as tile_512.
+template <int MR, int NR, typename TW, typename TY>
+T256 inline void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t ldy, const TW* pf, int pf_rows) {
+  using V = simd::V8;
   (void)pf, (void)pf_rows;
   __m256 acc[MR][NR];
 #pragma GCC unroll 4
@@ -175,7 +173,7 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
   for (; k + 8 <= K; k += 8) {
     __m256 wv[NR];
 #pragma GCC unroll 4
-    for (int n = 0; n < NR; ++n) wv[n] = _mm256_loadu_ps(w + n * K + k);
+    for (int n = 0; n < NR; ++n) wv[n] = V::load(w + n * K + k);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
       const __m256 xv = _mm256_loadu_ps(x + m * K + k);
@@ -186,11 +184,11 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
   float tail[MR][NR] = {};
   for (; k < K; ++k)
     for (int m = 0; m < MR; ++m)
-      for (int n = 0; n < NR; ++n) tail[m][n] += x[m * K + k] * w[n * K + k];
+      for (int n = 0; n < NR; ++n) tail[m][n] += x[m * K + k] * widen(w[n * K + k]);
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
-    for (int n = 0; n < NR; ++n) y[m * ldy + n] = hsum256(acc[m][n]) + tail[m][n];
+    for (int n = 0; n < NR; ++n) put<TW>(&y[m * ldy + n], V::reduce_add(acc[m][n]) + tail[m][n]);
 }
 
 // One thread's share: weight rows [n0, n1) against every input row. Each weight tile is multiplied
@@ -198,8 +196,8 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
 // tile four ahead is prefetched into L2, one cache line per step, spread over the passes of the input
 // rows (a burst would overflow the core's outstanding-miss slots; with the hardware prefetcher alone
 // the vocabulary projection waited on memory at half the arithmetic rate: 28 ms -> 23 ms here).
-#define SLM_DEFINE_RANGE(NAME, TARGET, TILE, TX, TY, NRMAX)                                                     \
-  TARGET void NAME(const TX* x, int64_t M, const TX* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1) { \
+#define SLM_DEFINE_RANGE(NAME, TARGET, TILE, TX, TW, TY, NRMAX)                                                 \
+  TARGET void NAME(const TX* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1) { \
     const int64_t passes = (M + 3) / 4;                                                                        \
     const int per_pass = static_cast<int>((NRMAX + passes - 1) / passes);                                      \
     for (int64_t n = n0; n < n1; n += NRMAX) {                                                                 \
@@ -208,11 +206,11 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
       for (int64_t m = 0; m < M; m += 4) {                                                                     \
         const int64_t mr = std::min<int64_t>(4, M - m);                                                        \
         const TX* xm = x + m * K;                                                                              \
-        const TX* wn = w + n * K;                                                                              \
+        const TW* wn = w + n * K;                                                                              \
         TY* ym = y + m * N + n;                                                                                \
         const int64_t first = (m / 4) * per_pass;                                                              \
         const int pf_rows = prefetch ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(per_pass, NRMAX - first))) : 0; \
-        const TX* pf = w + (n + 4 * NRMAX + (pf_rows ? first : 0)) * K;                                            \
+        const TW* pf = w + (n + 4 * NRMAX + (pf_rows ? first : 0)) * K;                                            \
         switch (mr * 8 + nr) {                                                                                 \
           case 4 * 8 + NRMAX: TILE<4, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
           case 3 * 8 + NRMAX: TILE<3, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
@@ -220,32 +218,36 @@ T256 inline void tile_f32_256(const float* x, const float* w, int64_t K, float* 
           case 1 * 8 + NRMAX: TILE<1, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
           default:                                                                                             \
             for (int64_t i = 0; i < nr; ++i) switch (mr) {                                                     \
-                case 4: TILE<4, 1>(xm, wn + i * K, K, ym + i, N, nullptr, 0); break;                           \
-                case 3: TILE<3, 1>(xm, wn + i * K, K, ym + i, N, nullptr, 0); break;                           \
-                case 2: TILE<2, 1>(xm, wn + i * K, K, ym + i, N, nullptr, 0); break;                           \
-                default: TILE<1, 1>(xm, wn + i * K, K, ym + i, N, nullptr, 0); break;                          \
+                case 4: TILE<4, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0); break;                         \
+                case 3: TILE<3, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0); break;                         \
+                case 2: TILE<2, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0); break;                         \
+                default: TILE<1, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0); break;                        \
               }                                                                                                \
         }                                                                                                      \
       }                                                                                                        \
     }                                                                                                          \
   }
 
-SLM_DEFINE_RANGE(range_f32_512, T512, tile_f32_512, float, float, 4)
-SLM_DEFINE_RANGE(range_bf16_512, T512BF, tile_bf16_512, uint16_t, uint16_t, 4)
-SLM_DEFINE_RANGE(range_bf16f_512, T512BF, tile_bf16_512, uint16_t, float, 4)
-SLM_DEFINE_RANGE(range_f32_256, T256, tile_f32_256, float, float, 2)
+SLM_DEFINE_RANGE(range_f32_512, T512, tile_512, float, float, float, 4)
+SLM_DEFINE_RANGE(range_bf16_512, T512BF, tile_bf16_512, uint16_t, uint16_t, uint16_t, 4)
+SLM_DEFINE_RANGE(range_bf16f_512, T512BF, tile_bf16_512, uint16_t, uint16_t, float, 4)
+SLM_DEFINE_RANGE(range_wbf16_512, T512, tile_512, float, uint16_t, uint16_t, 4)
+SLM_DEFINE_RANGE(range_wbf16f_512, T512, tile_512, float, uint16_t, float, 4)
+SLM_DEFINE_RANGE(range_f32_256, T256, tile_256, float, float, float, 2)
+SLM_DEFINE_RANGE(range_wbf16_256, T256, tile_256, float, uint16_t, uint16_t, 2)
+SLM_DEFINE_RANGE(range_wbf16f_256, T256, tile_256, float, uint16_t, float, 2)
 #undef SLM_DEFINE_RANGE
 #endif  // x86
 
 }  // namespace
 
-bool cpu_has_avx512() { return isa() == Isa::Avx512 || isa() == Isa::Avx512Bf16; }
+bool cpu_has_avx512() { return cpu_isa() >= CpuIsa::Avx512; }
 
 const char* cpu_small_linear_isa() {
-  switch (isa()) {
-    case Isa::Avx512Bf16: return "avx512 (float32, bfloat16)";
-    case Isa::Avx512: return "avx512 (float32)";
-    case Isa::Avx2: return "avx2 (float32)";
+  switch (cpu_isa()) {
+    case CpuIsa::Avx512Bf16: return "avx512-bf16 (float32; bfloat16 dot products)";
+    case CpuIsa::Avx512: return "avx512 (float32; bfloat16 stored, float32 arithmetic)";
+    case CpuIsa::Avx2: return "avx2 (float32; bfloat16 stored, float32 arithmetic)";
     default: return "none";
   }
 }
@@ -256,17 +258,20 @@ bool cpu_kernels_enabled() { return g_enabled.load(); }
 at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float_out, const at::Tensor& out) {
 #ifdef SLM_X86
   if (!g_enabled.load(std::memory_order_relaxed)) return {};
-  const Isa i = isa();
-  if (i == Isa::None || !x.is_cpu() || !w.is_cpu() || x.scalar_type() != w.scalar_type() || w.dim() != 2) return {};
+  const CpuIsa i = cpu_isa();
+  if (i == CpuIsa::None || !x.is_cpu() || !w.is_cpu() || x.scalar_type() != w.scalar_type() || w.dim() != 2) return {};
   const auto dt = x.scalar_type();
-  if (!(dt == at::kFloat || (dt == at::kBFloat16 && i == Isa::Avx512Bf16))) return {};
+  if (dt != at::kFloat && dt != at::kBFloat16) return {};
   if (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad())) return {};
   const int64_t K = w.size(1), N = w.size(0);
   if (x.dim() < 1 || x.size(-1) != K || K == 0 || N == 0) return {};
   const int64_t M = x.numel() / K;
   if (M < 1 || M > kSmallLinearMaxRows) return {};
   const auto wc = w.is_contiguous() ? w : w.contiguous();
-  const auto xc = x.contiguous();
+  // bfloat16 without bfloat16 dot products: the input rows widened to float32 once (M x K values),
+  // the weights widened in registers as they are read.
+  const bool dot_bf16 = dt == at::kBFloat16 && i == CpuIsa::Avx512Bf16;
+  const auto xc = dt == at::kBFloat16 && !dot_bf16 ? x.to(at::kFloat).contiguous() : x.contiguous();
   auto sizes = x.sizes().vec();
   sizes.back() = N;
   const auto ydt = float_out ? at::kFloat : dt;
@@ -277,19 +282,27 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
     y = at::empty(sizes, x.options().dtype(ydt));
   // Tiles of weight rows per task: enough work per task (~64k multiply-adds) that a small product
   // stays on one thread instead of paying for a parallel region.
-  const int64_t nr = i == Isa::Avx2 ? 2 : 4;
+  const int64_t nr = i == CpuIsa::Avx2 ? 2 : 4;
   const int64_t tiles = (N + nr - 1) / nr;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, nr * M * K));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * nr, n1 = std::min(N, t1 * nr);
-    if (dt == at::kBFloat16) {
+    if (dt == at::kBFloat16 && !dot_bf16) {
+      const float* xf = xc.data_ptr<float>();
+      const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
+      const bool wide = i != CpuIsa::Avx2;
+      if (float_out)
+        (wide ? range_wbf16f_512 : range_wbf16f_256)(xf, M, wb, K, y.data_ptr<float>(), N, n0, n1);
+      else
+        (wide ? range_wbf16_512 : range_wbf16_256)(xf, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
+    } else if (dt == at::kBFloat16) {
       const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
       if (float_out)
         range_bf16f_512(xb, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
         range_bf16_512(xb, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
-    } else if (i == Isa::Avx2) {
+    } else if (i == CpuIsa::Avx2) {
       range_f32_256(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
     } else {
       range_f32_512(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
