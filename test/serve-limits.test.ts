@@ -1,13 +1,17 @@
-// `slm-train serve` against hostile requests (issue 33): parameter names that Object.prototype
-// also has are unknown parameters like any other (a 400, not a 500). The model is a stand-in: every
+// `slm-train serve` and `serve-retriever` against hostile requests (issue 33): parameter names that
+// Object.prototype also has are unknown parameters like any other (a 400, not a 500); a body over
+// the size limit is a 413 with an error body, not a reset connection. The model is a stand-in: every
 // request here is refused before anything is generated, so no native engine is needed.
+import { request } from 'node:http';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import type { Model } from '../lib/engine/model.js';
 import { ChatFormatter } from '../lib/model/chat.js';
 import { initModel } from '../lib/model/init.js';
 import { loadTokenizer } from '../lib/model/tokenizer.js';
+import { RetrieverServer } from '../lib/retrieval/server.js';
 import { OpenAIServer, type ServeOptions } from '../lib/serve/server.js';
+import { runCli } from './helpers/cli.js';
 
 const dir = join(t.testdir(), 'model');
 initModel({ preset: 'tiny', out: dir, seed: 6 });
@@ -35,4 +39,58 @@ t.test('parameters named like Object.prototype members are unknown parameters (4
       t.match(body.error, { param: name, message: new RegExp(`^Unrecognized request argument supplied: ${name}\\.`) });
     }
   }
+});
+
+/** POSTs `size` bytes in 64 KiB chunks without a Content-Length (chunked), as a stream would. */
+function postChunked(url: string, size: number): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = request(url, { method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
+      let body = '';
+      res.on('data', (c) => (body += c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.on('error', reject);
+    const chunk = Buffer.alloc(64 << 10, 0x20);
+    let sent = 0;
+    const more = () => {
+      while (sent < size) {
+        sent += chunk.length;
+        if (!req.write(chunk)) return void req.once('drain', more);
+      }
+      req.end();
+    };
+    more();
+  });
+}
+
+t.test('a body over the limit is a 413 with an error body, on both servers', async (t) => {
+  const search = { searchPassages: async () => [] };
+  const retriever = new RetrieverServer({ index: search, port: 0 });
+  const rport = await retriever.listen();
+  t.teardown(() => retriever.close());
+  const servers = [
+    { name: 'serve', url: `${await start(t)}/chat/completions`, health: (await start(t)).replace(/\/v1$/, '/health') },
+    { name: 'serve-retriever', url: `http://127.0.0.1:${rport}/retrieve`, health: `http://127.0.0.1:${rport}/health` },
+  ];
+  const big = Buffer.alloc(50 << 20, 0x20); // 50 MB of spaces: valid JSON padding, were it read
+  for (const s of servers) {
+    const r = await fetch(s.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: big });
+    t.equal(r.status, 413, `${s.name}: 50 MB with a Content-Length`);
+    t.match(await r.json(), { error: { message: /the request body is over this server's limit of 33554432 bytes \(32\.0 MiB\): Content-Length is 52428800/, type: 'invalid_request_error' } });
+    const c = await postChunked(s.url, 50 << 20);
+    t.equal(c.status, 413, `${s.name}: 50 MB chunked`);
+    t.match(JSON.parse(c.body), { error: { message: /over this server's limit of 33554432 bytes \(32\.0 MiB\): \d+ bytes received so far/ } });
+    t.equal((await fetch(s.health)).status, 200, `${s.name} still answers`);
+  }
+
+  // The limit is an option.
+  const small = await start(t, { maxBodyBytes: 1000 });
+  const pad = (n: number) => JSON.stringify({ messages: [{ role: 'user', content: 'x'.repeat(n) }], nope: 1 });
+  const over = await fetch(`${small}/chat/completions`, { method: 'POST', body: pad(2000) });
+  t.match({ status: over.status, body: await over.json() }, { status: 413, body: { error: { code: 'request_too_large', message: /limit of 1000 bytes/ } } });
+  const under = await fetch(`${small}/chat/completions`, { method: 'POST', body: pad(500) });
+  t.match({ status: under.status, body: await under.json() }, { status: 400, body: { error: { message: /Unrecognized request argument supplied: nope/ } } }, 'a body under it is read');
+  const cli = runCli(['serve-retriever', '--corpus', join(dir, 'none.jsonl'), '--max-body-mb', '0']);
+  t.equal(cli.code, 2);
+  t.match(cli.stderr, /error ARGUMENT_INVALID: --max-body-mb expects a number of MiB above 0 and at most 4096, found 0 \(number\)/);
 });

@@ -12,6 +12,7 @@ import { Corpus } from '../retrieval/corpus.js';
 import { DEFAULT_PARAMS, SearchIndex, embedderFor, type IndexKind } from '../retrieval/index.js';
 import { createSandbox, filesystemLine, ISOLATION_ORDER, MAX_TIMEOUT_S, type IsolationLevel, type PythonSandboxPool } from '../sandbox/index.js';
 import { MAX_TOPK, RetrieverServer } from '../retrieval/server.js';
+import { maxBodyBytes } from '../serve/http.js';
 import { phasedProgress, progressLog } from '../util/progress.js';
 import { print, untilSignal } from './common.js';
 
@@ -170,6 +171,7 @@ interface ServeRetrieverArgs extends Source {
   port: number;
   host: string;
   topk: number;
+  'max-body-mb': number;
 }
 
 export const serveRetrieverCommand: CommandModule<object, ServeRetrieverArgs> = {
@@ -181,11 +183,13 @@ export const serveRetrieverCommand: CommandModule<object, ServeRetrieverArgs> = 
       .option('corpus', { type: 'string', describe: 'a corpus file (indexed in memory at start)' })
       .option('port', { type: 'number', default: 8000, describe: 'port (0 = any free port)' })
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on (0.0.0.0 for other machines)' })
-      .option('topk', { type: 'number', default: 3, describe: 'passages per query when a request gives no topk' }) as never,
+      .option('topk', { type: 'number', default: 3, describe: 'passages per query when a request gives no topk' })
+      .option('max-body-mb', { type: 'number', default: 32, describe: 'the largest request body in MiB; a larger one is a 413' }) as never,
   handler: async (a) => {
     if (!Number.isInteger(a.topk) || a.topk < 1 || a.topk > MAX_TOPK) throw new SlmError('ARGUMENT_INVALID', `--topk expects an integer from 1 to ${MAX_TOPK}, found ${a.topk}.`);
+    const bodyLimit = maxBodyBytes(a['max-body-mb']);
     const index = await openSource(a);
-    const server = new RetrieverServer({ index, port: a.port, host: a.host, topK: a.topk, log });
+    const server = new RetrieverServer({ index, port: a.port, host: a.host, topK: a.topk, maxBodyBytes: bodyLimit, log });
     const port = await server.listen();
     print(`serving ${a.index ?? a.corpus} (${index.corpus.pages.length} pages, ${index.chunks.length} chunks, ${index.params.kind}) on http://${a.host}:${port}/retrieve`);
     await untilSignal();

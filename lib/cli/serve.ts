@@ -1,6 +1,7 @@
 /** `slm-train serve --model DIR [--adapter DIR] --port N`: an OpenAI-compatible server (lib/serve). */
 import { basename } from 'node:path';
 import type { CommandModule } from 'yargs';
+import { maxBodyBytes } from '../serve/http.js';
 import { OpenAIServer } from '../serve/server.js';
 import { hubRepoName } from '../hub/download.js';
 import { loadPolicyFromArgs, modelOptions, print, untilSignal, type ModelArgs } from './common.js';
@@ -11,6 +12,7 @@ interface Args extends ModelArgs {
   host: string;
   name?: string;
   'max-batch': number;
+  'max-body-mb': number;
 }
 
 export const serveCommand: CommandModule<object, Args> = {
@@ -21,11 +23,13 @@ export const serveCommand: CommandModule<object, Args> = {
       .option('port', { type: 'number', default: 8000, describe: 'port (0 = any free port)' })
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on' })
       .option('name', { type: 'string', describe: 'model name in responses (default: the folder name)' })
-      .option('max-batch', { type: 'number', default: 32, describe: 'rows per batched generate call (also the largest n)' }) as never,
+      .option('max-batch', { type: 'number', default: 32, describe: 'rows per batched generate call (also the largest n)' })
+      .option('max-body-mb', { type: 'number', default: 32, describe: 'the largest request body in MiB; a larger one is a 413' }) as never,
   handler: async (a) => {
     a.name ??= hubRepoName(a.model) ?? basename(a.model);
+    const bodyLimit = maxBodyBytes(a['max-body-mb']);
     const { model, tokenizer, formatter } = await loadPolicyFromArgs(a);
-    const server = new OpenAIServer({ model, tokenizer, formatter, name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
+    const server = new OpenAIServer({ model, tokenizer, formatter, name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], maxBodyBytes: bodyLimit, adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
     const port = await server.listen();
     print(`serving ${a.name}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models)`);
     await untilSignal();

@@ -36,6 +36,8 @@ export interface RetrieverServerOptions {
   /** Largest topk and most queries a request may ask (defaults 100 and 4096). */
   maxTopK?: number;
   maxQueries?: number;
+  /** The largest request body read (default 32 MiB); a larger one is a 413. */
+  maxBodyBytes?: number;
   log?: (line: string) => void;
 }
 
@@ -64,7 +66,7 @@ export class RetrieverServer {
         return sendJson(res, 200, { status: 'ok', pages: ix.corpus?.pages.length ?? null, chunks: ix.chunks?.length ?? null, kind: ix.params?.kind ?? null });
       }
       if (req.method !== 'POST' || url !== '/retrieve') throw new HttpError(404, `no route ${req.method} ${url}; POST /retrieve with {queries, topk, return_scores}`, 'not_found');
-      const body = (await readBody(req)) as Record<string, unknown> | null;
+      const body = (await readBody(req, this.o.maxBodyBytes)) as Record<string, unknown> | null;
       if (!body || typeof body !== 'object' || Array.isArray(body)) throw new HttpError(422, 'the body must be a JSON object {queries, topk, return_scores}');
       const { queries } = body;
       const maxQ = this.o.maxQueries ?? 4096;

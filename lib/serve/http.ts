@@ -5,7 +5,7 @@
  */
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { SlmError } from '../errors.js';
+import { SlmError, describe } from '../errors.js';
 
 /** An error answered as `status` with an OpenAI-style `{error: {message, type, param, code}}` body. */
 export class HttpError extends Error {
@@ -31,19 +31,39 @@ export class HttpError extends Error {
   }
 }
 
-/** The request body parsed as JSON (413 past `limit` bytes, 400 when it is not JSON). */
-export function readBody(req: IncomingMessage, limit = 16 << 20): Promise<unknown> {
+/** The largest request body the servers read by default (32 MiB; their `maxBodyBytes` option). */
+export const DEFAULT_MAX_BODY_BYTES = 32 << 20;
+
+/** `--max-body-mb` of serve and serve-retriever, checked, in bytes (at most 4 GiB: Buffer's limit). */
+export function maxBodyBytes(mb: number): number {
+  if (typeof mb !== 'number' || !(mb > 0 && mb <= 4096)) throw new SlmError('ARGUMENT_INVALID', `--max-body-mb expects a number of MiB above 0 and at most 4096, found ${describe(mb)}.`);
+  return Math.floor(mb * 2 ** 20);
+}
+
+/**
+ * The request body parsed as JSON (400 when it is not JSON). A body over `limit` bytes is a 413
+ * (`code: request_too_large`) as soon as its Content-Length says so or its bytes pass the limit:
+ * nothing past the limit is kept, and sendJson closes the connection after the 413 is sent.
+ */
+export function readBody(req: IncomingMessage, limit = DEFAULT_MAX_BODY_BYTES): Promise<unknown> {
   return new Promise((resolve, reject) => {
+    const tooLarge = (found: string) =>
+      new HttpError(413, `the request body is over this server's limit of ${limit} bytes (${(limit / 2 ** 20).toFixed(1)} MiB): ${found}. Send less per request (split a batch), or start the server with a larger --max-body-mb.`, 'invalid_request_error', null, 'request_too_large');
+    const declared = Number(req.headers['content-length']);
+    if (declared > limit) return reject(tooLarge(`Content-Length is ${declared}`));
     let size = 0;
     const parts: Buffer[] = [];
-    req.on('data', (c: Buffer) => {
+    const onData = (c: Buffer) => {
       size += c.length;
-      if (size > limit) {
-        reject(new HttpError(413, `request body over ${limit} bytes`));
-        req.destroy();
-      } else parts.push(c);
-    });
+      if (size <= limit) return void parts.push(c);
+      req.off('data', onData);
+      req.pause();
+      parts.length = 0;
+      reject(tooLarge(`${size} bytes received so far`));
+    };
+    req.on('data', onData);
     req.on('end', () => {
+      if (size > limit) return;
       try {
         resolve(JSON.parse(Buffer.concat(parts).toString('utf8') || 'null'));
       } catch (e) {
@@ -54,8 +74,9 @@ export function readBody(req: IncomingMessage, limit = 16 << 20): Promise<unknow
   });
 }
 
+/** A JSON reply; after a 413 the connection is closed (the rest of the refused body is not read). */
 export function sendJson(res: ServerResponse, status: number, body: unknown): void {
-  res.writeHead(status, { 'content-type': 'application/json' });
+  res.writeHead(status, { 'content-type': 'application/json', ...(status === 413 ? { connection: 'close' } : {}) });
   res.end(JSON.stringify(body));
 }
 

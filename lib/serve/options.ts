@@ -16,6 +16,8 @@ export interface ServeOptions {
   /** Default and upper bound of max_tokens (default 512 / 4096). */
   defaultMaxTokens?: number;
   maxTokensLimit?: number;
+  /** The largest request body read (default 32 MiB); a larger one is a 413. */
+  maxBodyBytes?: number;
   log?: (line: string) => void;
   /** The adapter the model was loaded with (requests naming no loaded adapter run with it). */
   adapter?: string;

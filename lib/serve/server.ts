@@ -99,7 +99,7 @@ export class OpenAIServer {
       }
       const lora = url === '/v1/load_lora_adapter' || url === '/v1/unload_lora_adapter';
       if (req.method !== 'POST' || (url !== '/v1/chat/completions' && url !== '/v1/completions' && !lora)) throw new HttpError(404, `no route ${req.method} ${url}; POST /v1/chat/completions, /v1/completions, /v1/load_lora_adapter or /v1/unload_lora_adapter`, 'not_found');
-      const body = (await readBody(req)) as Record<string, unknown> | null;
+      const body = (await readBody(req, this.o.maxBodyBytes)) as Record<string, unknown> | null;
       if (!isObj(body)) throw new HttpError(400, 'the body must be a JSON object');
       if (lora) return this.adapterRoute(res, url, body);
       await this.complete(res, url === '/v1/chat/completions', body);
