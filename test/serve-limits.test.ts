@@ -94,3 +94,27 @@ t.test('a body over the limit is a 413 with an error body, on both servers', asy
   t.equal(cli.code, 2);
   t.match(cli.stderr, /error ARGUMENT_INVALID: --max-body-mb expects a number of MiB above 0 and at most 4096, found 0 \(number\)/);
 });
+
+t.test('serve-retriever: a query over the length limit is refused before any search', async (t) => {
+  const searched: string[] = [];
+  const search = { searchPassages: async (q: string) => (searched.push(q), []) };
+  const server = new RetrieverServer({ index: search, port: 0 });
+  const url = `http://127.0.0.1:${await server.listen()}/retrieve`;
+  t.teardown(() => server.close());
+  const post = async (body: unknown) => {
+    const r = await fetch(url, { method: 'POST', body: JSON.stringify(body) });
+    return { status: r.status, body: (await r.json()) as Record<string, any> };
+  };
+  // Row 9: one 12 MB query held the server for 6.7 s.
+  const r = await post({ queries: ['fine', 'x'.repeat(12e6)] });
+  t.match(r, { status: 422, body: { error: { code: 'query_too_long', message: /^queries\[1\] has 12000000 characters, over this server's limit of 8192; send a shorter query/ } } });
+  t.same(searched, [], 'nothing was searched, not even the short query');
+  t.equal((await post({ queries: ['y'.repeat(8192)] })).status, 200, 'a query at the limit is searched');
+  t.equal(searched.length, 1);
+
+  const strict = new RetrieverServer({ index: search, port: 0, maxQueryChars: 10 });
+  const surl = `http://127.0.0.1:${await strict.listen()}/retrieve`;
+  t.teardown(() => strict.close());
+  const s = await fetch(surl, { method: 'POST', body: JSON.stringify({ queries: ['eleven char'] }) });
+  t.match({ status: s.status, body: await s.json() }, { status: 422, body: { error: { code: 'query_too_long', message: /limit of 10;/ } } });
+});

@@ -19,6 +19,9 @@ import type { Passage } from './index.js';
 /** The most passages one query may ask for (the server's default maxTopK, and the CLI's --topk bound). */
 export const MAX_TOPK = 100;
 
+/** The longest query searched by default, in characters (a search query is a line, not a document). */
+export const MAX_QUERY_CHARS = 8192;
+
 /** What the server needs from an index (a SearchIndex has it). */
 export interface PassageSearch {
   searchPassages(query: string, k: number): Promise<Passage[]>;
@@ -36,6 +39,8 @@ export interface RetrieverServerOptions {
   /** Largest topk and most queries a request may ask (defaults 100 and 4096). */
   maxTopK?: number;
   maxQueries?: number;
+  /** The longest query, in characters (default MAX_QUERY_CHARS); a longer one is refused before any search. */
+  maxQueryChars?: number;
   /** The largest request body read (default 32 MiB); a larger one is a 413. */
   maxBodyBytes?: number;
   log?: (line: string) => void;
@@ -72,6 +77,9 @@ export class RetrieverServer {
       const maxQ = this.o.maxQueries ?? 4096;
       if (!Array.isArray(queries) || queries.some((q) => typeof q !== 'string')) throw new HttpError(422, `queries must be a list of strings, found ${describe(queries)}`);
       if (queries.length > maxQ) throw new HttpError(422, `at most ${maxQ} queries per request, found ${queries.length}; split the batch`);
+      const maxChars = this.o.maxQueryChars ?? MAX_QUERY_CHARS;
+      const long = (queries as string[]).findIndex((q) => q.length > maxChars);
+      if (long >= 0) throw new HttpError(422, `queries[${long}] has ${queries[long].length} characters, over this server's limit of ${maxChars}; send a shorter query (a question or a few key words)`, 'invalid_request_error', 'queries', 'query_too_long');
       const maxK = this.o.maxTopK ?? MAX_TOPK;
       const topk = body.topk ?? this.o.topK ?? 3;
       if (typeof topk !== 'number' || !Number.isInteger(topk) || topk < 1 || topk > maxK) throw new HttpError(422, `topk must be an integer from 1 to ${maxK}, found ${describe(body.topk)}`);
@@ -86,7 +94,7 @@ export class RetrieverServer {
     } catch (e) {
       const status = e instanceof HttpError ? e.status : 500;
       if (status === 500) this.o.log?.(`retrieve failed: ${(e as Error).message}`);
-      sendJson(res, status, { error: { message: (e as Error).message, type: e instanceof HttpError ? e.type : 'server_error' }, detail: (e as Error).message });
+      sendJson(res, status, { error: { message: (e as Error).message, type: e instanceof HttpError ? e.type : 'server_error', ...(e instanceof HttpError && e.code ? { code: e.code } : {}) }, detail: (e as Error).message });
     }
   }
 }
