@@ -43,6 +43,7 @@ const tok = {
   },
   decode: (ids: ArrayLike<number>) => Array.from(ids, (id) => pieces[id] ?? '').join(''),
   stopTokenIds: [firstId.get(IM_END)!],
+  specialTokens: [IM_END, '<|im_start|>'],
 };
 
 class EchoExecutor implements CodeExecutor {

@@ -65,7 +65,7 @@ export function startEpisode(ctx: EpisodeContext, r: EpisodeRequest, index: numb
   }
   const messages = r.messages ? r.messages.map((m) => ({ ...m })) : o.protocol.initialMessages(r.question, ctx.generations, r.prompt);
   const text = o.formatter.prompt(messages);
-  const ids = o.tokenizer.encode(text);
+  const ids = encodeRendered(o.tokenizer, text, messages, (ms) => o.formatter.prompt(ms));
   const s: Live = {
     index,
     seed: r.seed,
@@ -160,16 +160,20 @@ export function appendReply(ctx: EpisodeContext, s: Live, reply: EnvReply): void
   }
   const next = reply.messages ?? [];
   let text: string;
+  let ids: number[];
   if (o.protocol.injection === 'inline') {
+    // All of it is the environment's: special tokens in it are plain text.
     text = reply.text ?? '';
+    ids = o.tokenizer.encode(text, { splitSpecialTokens: true });
   } else {
     if (!next.length) throw new SlmError('PROTOCOL_ERROR', `Expected the ${o.protocol.name} protocol to reply with at least one message after turn ${step.turn}, but it gave none.`);
     // The turn as decoded (stop-token text included) so that the formatter does not repeat `<|im_end|>`.
     const generated = s.segments[s.segments.length - 1].text;
     const history: ChatMessage[] = [...s.messages.slice(0, -1), { role: 'assistant', content: generated }];
-    text = o.formatter.continuation(history, next, { strict: o.strictTemplate ?? false });
+    const continuation = (ms: ChatMessage[]) => o.formatter.continuation(history, ms, { strict: o.strictTemplate ?? false });
+    text = continuation(next);
+    ids = encodeRendered(o.tokenizer, text, next, continuation);
   }
-  const ids = text ? o.tokenizer.encode(text) : [];
   // The reply must fit with room for at least one generated token after it.
   if (s.ids.length + ids.length >= o.maxTotalTokens) {
     s.finish = 'context';
@@ -184,6 +188,30 @@ export function appendReply(ctx: EpisodeContext, s: Live, reply: EnvReply): void
   s.segments.push({ source: 'env', text, tokens: ids.length });
   if (o.protocol.injection === 'inline') s.inlineText += text;
   else s.messages.push(...next);
+}
+
+/** Marks a message's content in a render: `MARK` index `MARK`. */
+const MARK = 'slm-train:content:7d41b0:';
+const MARKS = new RegExp(`${MARK}(\\d+)${MARK}`);
+
+/**
+ * The ids of `text`, which `render` made from `messages` with the chat template. The template's own
+ * special tokens are special; a special token written in a message's content (a tool's output, a
+ * question: nothing the template or the model wrote) is plain text, so an observation cannot forge
+ * a turn boundary. Contents without special-token text: `text` encoded whole, as it always was.
+ * Otherwise the messages are rendered again with a mark for each content, and the template's text
+ * between the contents is encoded with its special tokens, each content without; a template that
+ * changes a content on its way into the text (the marks do not give `text` back) gets the whole text
+ * encoded as plain text: its own special tokens are then lost too, but nothing is forged.
+ */
+export function encodeRendered(tokenizer: Pick<Tokenizer, 'encode' | 'specialTokens'>, text: string, messages: readonly ChatMessage[], render: (messages: ChatMessage[]) => string): number[] {
+  const risky = (c: string) => tokenizer.specialTokens.some((s) => c.includes(s));
+  if (!messages.some((m) => risky(m.content))) return text ? tokenizer.encode(text) : [];
+  const pieces = render(messages.map((m, i) => ({ ...m, content: `${MARK}${i}${MARK}` }))).split(MARKS);
+  // pieces: template text, content index, template text, ...
+  const rebuilt = pieces.map((p, k) => (k % 2 ? messages[Number(p)].content : p)).join('');
+  if (rebuilt !== text) return tokenizer.encode(text, { splitSpecialTokens: true });
+  return pieces.flatMap((p, k) => (k % 2 ? tokenizer.encode(messages[Number(p)].content, { splitSpecialTokens: true }) : p ? tokenizer.encode(p) : []));
 }
 
 /** Adds the turn's text to the conversation (inline protocols: to the one assistant message). */

@@ -18,7 +18,7 @@ export interface PromptFormatter {
   continuation(history: readonly ChatMessage[], next: readonly ChatMessage[], opts?: { strict?: boolean }): string;
 }
 
-export type RunnerTokenizer = Pick<Tokenizer, 'encode' | 'decode' | 'stopTokenIds'>;
+export type RunnerTokenizer = Pick<Tokenizer, 'encode' | 'decode' | 'stopTokenIds' | 'specialTokens'>;
 
 export interface EpisodeRunnerOptions {
   generator: TextGenerator;

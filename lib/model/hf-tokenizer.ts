@@ -34,6 +34,12 @@ export interface EncodeOptions {
    * is what `apply_chat_template(tokenize=True)` does. (The Qwen3 tokenizer adds none either way.)
    */
   addSpecialTokens?: boolean;
+  /**
+   * Encode special tokens written in the text (`<|im_end|>`) as plain text, as Hugging Face's
+   * `split_special_tokens=True`: for text nobody vouches for (tool output, a question), which must
+   * not forge a turn boundary. Added tokens that are not special (`<think>`) are still matched.
+   */
+  splitSpecialTokens?: boolean;
 }
 
 /** A tokenizer loaded from a `tokenizer.json` (+ `tokenizer_config.json`). */
@@ -49,8 +55,13 @@ export class HfTokenizer implements Tokenizer {
   /** Content of the BOS / EOS tokens named by the config ('' when there is none), for chat templates. */
   readonly bosToken: string;
   readonly eosToken: string;
+  /** The contents of the special tokens (`<|im_start|>`, `<|im_end|>`, ...). */
+  readonly specialTokens: readonly string[];
 
   readonly #tok: LenmlTokenizer;
+  /** The same tokenizer without its special tokens as added tokens (splitSpecialTokens), made when first needed. */
+  #plain?: LenmlTokenizer;
+  readonly #makePlain: () => LenmlTokenizer;
   readonly #plan: BytesPlan;
   #packed?: { bytes: Uint8Array; offsets: Uint32Array };
   #views?: Uint8Array[];
@@ -74,6 +85,10 @@ export class HfTokenizer implements Tokenizer {
         { source: opts.source },
       );
     }
+    // (the lenml tokenizer keeps the json's vocabulary and merges, so holding the json costs nothing)
+    const special = (json.added_tokens ?? []).filter((a) => a.special);
+    this.#makePlain = () => new Cls({ ...json, added_tokens: json.added_tokens!.filter((a) => !a.special) }, config);
+    this.specialTokens = special.map((a) => a.content);
     this.vocabSize = this.#tok.model.vocab.length; // max id + 1, added tokens included
     this.bosToken = tokenContent(config.bos_token);
     this.eosToken = tokenContent(config.eos_token);
@@ -94,11 +109,13 @@ export class HfTokenizer implements Tokenizer {
     return this.#tok.added_tokens_map.get(content)?.id ?? this.#tok.model.tokens_to_ids.get(content);
   }
 
-  /** Text to ids. Special tokens written in the text (`<|im_start|>`) become their ids. */
+  /** Text to ids. Special tokens written in the text (`<|im_start|>`) become their ids, unless splitSpecialTokens. */
   encode(text: string, opts: EncodeOptions = {}): number[] {
     if (typeof text !== 'string') throw new SlmError('ARGUMENT_INVALID', `Expected a string to encode but received ${describe(text)}.`);
     if (text.length === 0) return [];
-    return this.#tok.encode(text, { add_special_tokens: opts.addSpecialTokens ?? false });
+    const plain = opts.splitSpecialTokens && this.specialTokens.some((s) => text.includes(s));
+    const tok = plain ? (this.#plain ??= this.#makePlain()) : this.#tok;
+    return tok.encode(text, { add_special_tokens: opts.addSpecialTokens ?? false });
   }
 
   /** Ids to text. Ids outside the vocabulary are an error (TOKEN_OUT_OF_RANGE), not silently dropped. */

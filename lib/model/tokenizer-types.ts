@@ -3,7 +3,10 @@ export interface Tokenizer {
   readonly vocabSize: number;
   /** Ids of special tokens by content, e.g. '<|im_end|>'. */
   tokenId(content: string): number | undefined;
-  encode(text: string): number[];
+  /** splitSpecialTokens: special tokens written in the text are encoded as plain text (Hugging Face's split_special_tokens). */
+  encode(text: string, opts?: { splitSpecialTokens?: boolean }): number[];
+  /** The contents of the special tokens (`<|im_end|>`): text that must not come from an observation as such. */
+  readonly specialTokens: readonly string[];
   decode(ids: ArrayLike<number>, opts?: { skipSpecialTokens?: boolean }): string;
   /** Ids that end an assistant turn (eos, <|im_end|>). */
   readonly stopTokenIds: number[];

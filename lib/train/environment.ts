@@ -157,9 +157,10 @@ export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, 
 export function runnerTokenizer(tok: HfTokenizer): RunnerTokenizer {
   const n = tok.vocabSize;
   return {
-    encode: (text) => tok.encode(text),
+    encode: (text, opts) => tok.encode(text, opts),
     decode: (ids, opts) => tok.decode(Array.from(ids).filter((id) => id < n), opts),
     stopTokenIds: tok.stopTokenIds,
+    specialTokens: tok.specialTokens,
   };
 }
 
