@@ -1,12 +1,15 @@
 // Hostile and careless input outside the servers (issue 33): each mistake is a coded error that says
 // what was expected, not a silent misbehaviour.
-import { writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { loadConfig } from '../lib/config/index.js';
+import { configFromObject, loadConfig } from '../lib/config/index.js';
+import { Corpus } from '../lib/retrieval/corpus.js';
+import { SearchIndex } from '../lib/retrieval/index.js';
 import { parseJudgeConfig } from '../lib/rewards/config.js';
 import { resolveLimits } from '../lib/sandbox/job.js';
 import { createSandbox } from '../lib/sandbox/index.js';
+import { openIndex } from '../lib/train/environment.js';
 import { runCli } from './helpers/cli.js';
 
 const dir = t.testdir();
@@ -52,4 +55,46 @@ t.test('YAML aliases are bounded: an alias bomb is CONFIG_INVALID, not an intern
   // Ordinary use of anchors still works.
   writeFileSync(join(dir, 'anchors.yaml'), `stage: sft\nmodel:\n  path: /m\ndata:\n  sft: /d.jsonl\nrollout:\n  top_p: &p 0.9\neval:\n  top_p: *p\n`);
   t.equal(loadConfig(join(dir, 'anchors.yaml')).eval.top_p, 0.9, 'an alias of an anchor');
+});
+
+t.test('outputs stay in their folder and overwrite nothing slm-train did not write', async (t) => {
+  // Row 13: run.name=../../../../tmp/x wrote the run outside run.dir.
+  for (const name of ['../../../../tmp/x', 'a/b', '..', '.', 'a\\b'])
+    t.throws(() => loadConfig(sftConfig, [`run.name=${name}`]), { code: 'CONFIG_INVALID', message: /run\.name: expected a plain folder name \(no \/, \\ or NUL, not \. or \.\.\): the run is written to run\.dir\/run\.name/ }, name);
+  t.equal(loadConfig(sftConfig, ['run.name=my-run.2']).run.name, 'my-run.2', 'a plain name is fine');
+
+  // Row 13: data.index= a folder of someone else's files had its pages.json and vectors.f32 overwritten.
+  const corpus = join(dir, 'index-corpus.jsonl');
+  writeFileSync(corpus, JSON.stringify({ id: 'p1', title: 'Hamlet', content: 'A play by Shakespeare.' }) + '\n');
+  const theirs = join(dir, 'theirs');
+  mkdirSync(theirs);
+  writeFileSync(join(theirs, 'pages.json'), 'their pages');
+  writeFileSync(join(theirs, 'vectors.f32'), 'their vectors');
+  const untouched = () => t.same([readFileSync(join(theirs, 'pages.json'), 'utf8'), readFileSync(join(theirs, 'vectors.f32'), 'utf8'), readdirSync(theirs).sort()], ['their pages', 'their vectors', ['pages.json', 'vectors.f32']], 'their files are as they were');
+  const refused = { code: 'INDEX_INVALID', message: /theirs holds files but no index written by slm-train \(no manifest\.json of format slm-train-index\); writing the index there would overwrite its files/ };
+  const cfg = configFromObject({ stage: 'eval', model: { path: '/m' }, data: { questions: '/q.jsonl', corpus, index: theirs }, retrieval: { kind: 'bm25' } });
+  await t.rejects(openIndex(cfg), refused, 'training with data.index');
+  untouched();
+  const idx = await SearchIndex.build(await Corpus.load(corpus), { kind: 'bm25' });
+  t.throws(() => idx.save(theirs), refused, 'SearchIndex.save');
+  const r = runCli(['index', '--corpus', corpus, '--out', theirs, '--kind', 'bm25']);
+  t.equal(r.code, 2);
+  t.match(r.stderr, /error INDEX_INVALID: .*theirs holds files but no index written by slm-train/);
+  untouched();
+
+  // A new folder, an empty one and an index of ours are written.
+  const ours = join(dir, 'ours');
+  idx.save(ours);
+  idx.save(ours);
+  mkdirSync(join(dir, 'empty'));
+  idx.save(join(dir, 'empty'));
+  t.equal((await SearchIndex.load(ours)).corpus.pages.length, 1);
+  t.notOk(readdirSync(ours).includes('.slm-train-index-writing'), 'the in-progress mark is gone once saved');
+  // A folder another rank is saving the same index into (its in-progress mark, no manifest yet).
+  const saving = join(dir, 'saving');
+  mkdirSync(saving);
+  writeFileSync(join(saving, '.slm-train-index-writing'), '');
+  writeFileSync(join(saving, 'vectors.f32'), '');
+  idx.save(saving);
+  t.equal((await SearchIndex.load(saving)).corpus.pages.length, 1);
 });

@@ -9,7 +9,7 @@ import { loadToolsModule } from '../extensions.js';
 import type { CommandModule } from 'yargs';
 import { SlmError } from '../errors.js';
 import { Corpus } from '../retrieval/corpus.js';
-import { DEFAULT_PARAMS, SearchIndex, embedderFor, type IndexKind } from '../retrieval/index.js';
+import { DEFAULT_PARAMS, SearchIndex, checkIndexFolder, embedderFor, type IndexKind } from '../retrieval/index.js';
 import { createSandbox, filesystemLine, ISOLATION_ORDER, MAX_TIMEOUT_S, type IsolationLevel, type PythonSandboxPool } from '../sandbox/index.js';
 import { MAX_TOPK, RetrieverServer } from '../retrieval/server.js';
 import { maxBodyBytes } from '../serve/http.js';
@@ -60,6 +60,7 @@ export const indexCommand: CommandModule<object, IndexArgs> = {
   handler: async (a) => {
     for (const [k, v] of [['M', a.M], ['ef-construction', a['ef-construction']], ['ef', a.ef]] as const)
       if (!Number.isInteger(v) || v < 1) throw new SlmError('ARGUMENT_INVALID', `--${k} expects a positive integer, found ${v}.`);
+    checkIndexFolder(a.out); // before building: the index is saved there
     const t0 = performance.now();
     const embedder = await embedderFor(a.embedder);
     const corpus = await Corpus.load(a.corpus);

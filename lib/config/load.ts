@@ -37,6 +37,10 @@ function compiled(): ValidateFunction {
 
 function crossChecks(c: ResolvedConfig): Problem[] {
   const p: Problem[] = [];
+  // The run folder is run.dir/run.name: a name with a separator or '..' would put it elsewhere.
+  const rn = c.run.name;
+  if (rn !== null && (rn === '' || rn === '.' || rn === '..' || /[/\\\0]/.test(rn)))
+    p.push({ path: ['run', 'name'], message: `expected a plain folder name (no /, \\ or NUL, not . or ..): the run is written to run.dir/run.name, found ${describeValue(rn)}; put the folder's parent in run.dir` });
   const a = c.algorithm as Omit<ResolvedConfig['algorithm'], 'kind' | 'kl_in' | 'kl_estimator'> & { kind: string | null; kl_in: string | null; kl_estimator: string | null };
   if (a.kind !== null && c.stage !== 'eval' && a.kind !== c.stage)
     p.push({ path: ['algorithm', 'kind'], message: `${JSON.stringify(a.kind)} does not match stage ${JSON.stringify(c.stage)}; leave algorithm.kind out (it follows the stage) or make them equal` });

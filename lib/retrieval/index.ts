@@ -9,7 +9,7 @@
  * vectors.f32 (chunk vectors, little-endian float32), hnsw.bin. BM25 is rebuilt from the chunks
  * at load (deterministic, well under a second for tens of thousands of chunks).
  */
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createRequire } from 'node:module';
 import { SlmError } from '../errors.js';
@@ -21,6 +21,8 @@ import { words } from './text.js';
 import { localModelDir } from '../hub/download.js';
 
 const INDEX_FORMAT = 'slm-train-index';
+/** A file in an index folder while SearchIndex.save writes it (removed once the manifest is written). */
+const WRITING = '.slm-train-index-writing';
 const INDEX_VERSION = 1;
 
 export type IndexKind = 'dense' | 'bm25' | 'hybrid';
@@ -84,6 +86,25 @@ export function chunkPages(corpus: Corpus, chunkWords: number): Chunk[] {
     if (!any) chunks.push({ page: i, text: p.title });
   });
   return chunks;
+}
+
+/**
+ * Where an index may be written: a folder that does not exist, an empty one, or an index slm-train
+ * wrote (its manifest.json names this format, or it is being written: WRITING), which is replaced. Any other folder is refused
+ * (INDEX_INVALID) before a file is written: its pages.json or vectors.f32 are not ours to overwrite.
+ */
+export function checkIndexFolder(dir: string): void {
+  if (!existsSync(dir)) return;
+  if (!statSync(dir).isDirectory()) throw new SlmError('INDEX_INVALID', `${dir} is a file; an index is written into a folder. Choose a new or empty folder.`);
+  if (readdirSync(dir).length === 0 || existsSync(join(dir, WRITING))) return;
+  let format: unknown;
+  try {
+    format = JSON.parse(readFileSync(join(dir, 'manifest.json'), 'utf8'))?.format;
+  } catch {
+    format = undefined;
+  }
+  if (format !== INDEX_FORMAT)
+    throw new SlmError('INDEX_INVALID', `${dir} holds files but no index written by slm-train (no manifest.json of format ${INDEX_FORMAT}); writing the index there would overwrite its files (pages.json, vectors.f32, hnsw.bin). Choose a new or empty folder, or empty this one yourself.`);
 }
 
 /** The embedder a manifest names: `hashing-D`, or `qwen3:/abs/model/dir` (loaded on the native engine). */
@@ -217,7 +238,9 @@ export class SearchIndex implements SearchTools {
   }
 
   save(dir: string): void {
+    checkIndexFolder(dir);
     mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, WRITING), ''); // until the manifest is written (another rank may save the same index meanwhile)
     const buf = new Float32Array(this.vectors.length * this.embedder.dim);
     this.vectors.forEach((v, i) => buf.set(v, i * this.embedder.dim));
     writeFileSync(join(dir, 'vectors.f32'), new Uint8Array(buf.buffer));
@@ -227,6 +250,7 @@ export class SearchIndex implements SearchTools {
       join(dir, 'manifest.json'),
       JSON.stringify({ format: INDEX_FORMAT, version: INDEX_VERSION, embedder: { name: this.embedder.name, dim: this.embedder.dim }, params: this.params, chunks: this.chunks.length, pages: this.corpus.pages.length, hnsw: !!this.hnsw, created: new Date().toISOString() }, null, 2) + '\n',
     );
+    rmSync(join(dir, WRITING), { force: true });
   }
 
   static async load(dir: string, opts: { embedder?: Embedder } = {}): Promise<SearchIndex> {

@@ -18,7 +18,7 @@ import type { ChatFormatter } from '../model/chat.js';
 import type { HfTokenizer } from '../model/tokenizer.js';
 import { Corpus } from '../retrieval/corpus.js';
 import { HttpRetriever } from '../retrieval/http.js';
-import { SearchIndex, embedderFor } from '../retrieval/index.js';
+import { SearchIndex, checkIndexFolder, embedderFor } from '../retrieval/index.js';
 import type { SearchTools } from '../retrieval/types.js';
 import type { RewardDeps } from '../rewards/combine.js';
 import { parseJudgeConfig } from '../rewards/config.js';
@@ -63,6 +63,7 @@ export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}, progre
     return idx;
   }
   if (!cfg.data.corpus) throw new SlmError('CONFIG_INVALID', `data.index ${cfg.data.index} holds no index and data.corpus is not set; build one with \`slm-train index\` or set data.corpus.`, { path: 'data.index' });
+  if (cfg.data.index) checkIndexFolder(cfg.data.index); // before building: the index is saved there
   const t0 = performance.now();
   const kind = cfg.retrieval.kind;
   if (kind === 'http') throw new SlmError('CONFIG_INVALID', `retrieval.kind: http searches a remote server; building a local index from ${cfg.data.corpus} needs retrieval.kind dense, bm25 or hybrid.`, { path: 'retrieval.kind' });
