@@ -13,9 +13,11 @@
 // for 16 positions, the softmax across positions in vector lanes), and each value row read serves 4
 // positions; keys masked for all 16 positions are not read.
 //
-// AVX-512 only (float32 or bfloat16 K/V/q, float32 mask); anything else — another device or dtype,
-// head_dim not a multiple of 16, an autograd graph, the CPU kernels switched off (cpu_gemm.h) —
-// returns an undefined tensor and the caller runs ATen's operations, the path every device takes.
+// AVX-512 (16 lanes) or AVX2 + FMA (8 lanes), as cpu_isa() allows: one source, cpu_attention_impl.h,
+// compiled for each (core/simd.h). float32 or bfloat16 K/V/q (bfloat16 widened in registers),
+// float32 mask; anything else — another device or dtype, head_dim not a multiple of 16, an autograd
+// graph, the CPU kernels switched off (cpu_gemm.h) or capped to none — returns an undefined tensor
+// and the caller runs ATen's operations, the path every device takes.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -29,7 +31,7 @@ namespace slm {
 at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale, const at::Tensor& pk = {},
                          const at::Tensor& pv = {});
 
-// What this CPU gets: "avx512 (float32, bfloat16)" or "none".
+// What this CPU gets: "avx512 (float32, bfloat16)", "avx2 (float32, bfloat16)" or "none".
 const char* cpu_attention_isa();
 
 }  // namespace slm

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace slm {
 
@@ -250,6 +251,22 @@ const char* cpu_small_linear_isa() {
     case CpuIsa::Avx2: return "avx2 (float32; bfloat16 stored, float32 arithmetic)";
     default: return "none";
   }
+}
+
+at::Tensor cpu_linear_widened(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  const CpuIsa i = cpu_isa();
+  if (!g_enabled.load(std::memory_order_relaxed) || (i != CpuIsa::Avx2 && i != CpuIsa::Avx512)) return {};
+  if (!x.is_cpu() || !w.is_cpu() || x.scalar_type() != at::kBFloat16 || w.scalar_type() != at::kBFloat16 || w.dim() != 2 || w.size(1) == 0) return {};
+  if (bias.defined() && (bias.scalar_type() != at::kBFloat16 || !bias.is_cpu())) return {};
+  const int64_t N = w.size(0), block = std::max<int64_t>(1, (int64_t(16) << 20) / (4 * w.size(1)));
+  const auto xf = x.to(at::kFloat);
+  std::vector<at::Tensor> parts;
+  for (int64_t n0 = 0; n0 < N; n0 += block) {
+    const int64_t n = std::min(block, N - n0);
+    const auto wf = w.narrow(0, n0, n).to(at::kFloat);
+    parts.push_back(bias.defined() ? at::linear(xf, wf, bias.narrow(0, n0, n).to(at::kFloat)) : at::linear(xf, wf));
+  }
+  return (parts.size() == 1 ? parts[0] : at::cat(parts, -1)).to(at::kBFloat16);
 }
 
 void set_cpu_kernels_enabled(bool on) { g_enabled.store(on); }

@@ -10,8 +10,9 @@
 // is reduced in the same order whatever the batch size, so a row's result does not depend on the
 // other rows of the batch.
 //
-// Chosen at run time from what the CPU offers: AVX-512 (float32; bfloat16 too with AVX512_BF16) or
-// AVX2 + FMA (float32). Anything else — another device, a dtype or instruction set without a kernel,
+// Chosen at run time from what the CPU offers, capped by SLM_TRAIN_CPU_ISA (core/cpu_isa.h): AVX-512
+// with AVX512_BF16 (float32; bfloat16 with vdpbf16ps), AVX-512 or AVX2 + FMA (float32; bfloat16
+// weights widened to float32 in registers, the sums rounded to bfloat16 once). Anything else — another device, a dtype or instruction set without a kernel,
 // more rows than kMaxRows, or an autograd graph to record — returns an undefined tensor and the
 // caller uses at::linear. The model code stays one path for every device: this is a dispatch in the
 // linear layer, as ATen itself dispatches per device.
@@ -31,10 +32,19 @@ constexpr int64_t kSmallLinearMaxRows = 256;
 // tensor is ignored.
 at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float_out = false, const at::Tensor& out = at::Tensor());
 
+// x · wᵀ (+ bias) for bfloat16 x and w on a CPU without bfloat16 dot products (cpu_isa() avx2 or
+// avx512), where ATen's bfloat16 gemm runs a slow generic loop (~5 GFLOP/s against ~120 in float32
+// on a 2-core EPYC): the weights widened to float32 a block of output rows at a time (~16 MiB),
+// multiplied by BLAS in float32, the result rounded to bfloat16 once, as a bfloat16 gemm rounds it.
+// Works under autograd (the blocks are ATen operations). Undefined when it does not apply (another
+// dtype or device, a CPU with bfloat16 dot products, the CPU kernels off or capped to none).
+at::Tensor cpu_linear_widened(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = at::Tensor());
+
 // Whether this CPU has AVX-512 (F and BW): the fused sampler's vector passes use it too.
 bool cpu_has_avx512();
 
-// The kernels this CPU gets: "avx512 (float32, bfloat16)", "avx512 (float32)", "avx2 (float32)" or "none".
+// The kernels in force: "avx512-bf16 (float32; bfloat16 dot products)", "avx512 (float32; bfloat16
+// stored, float32 arithmetic)", "avx2 (...)" or "none".
 const char* cpu_small_linear_isa();
 
 // For tests and benchmarks: the CPU kernels (these and the fused sampler, core/sampler_cpu.h) allowed

@@ -177,8 +177,10 @@ class HeadStatsFn : public torch::autograd::Function<HeadStatsFn> {
       auto flat = logits.view({B * c, V});
       at::mm_out(flat, hidden.reshape({B * c, H}), head.t());
     }
-    else
-      logits.copy_(at::matmul(hidden, head.t()));
+    else {  // bfloat16: widened to float32 where the CPU has no bfloat16 dot products (cpu_gemm.h)
+      const auto y = cpu_linear_widened(hidden, head);
+      logits.copy_(y.defined() ? y : at::matmul(hidden, head.t()));
+    }
     auto [lp, ent, lse] = stats_forward(logits, temp, targets, scratch.narrow(0, 0, B * c * V).view({B, c, V}));
     ctx->save_for_backward({logits, head, temp, targets, lse, ent, scratch});
     ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
@@ -192,7 +194,9 @@ class HeadStatsFn : public torch::autograd::Function<HeadStatsFn> {
     const auto& head = s[1];
     const int64_t B = logits.size(0), c = logits.size(1), V = logits.size(2);
     stats_backward(logits, s[2], s[3], s[4], s[5], g[0], g[1], g[1].defined() ? s[6].narrow(0, 0, B * c * V).view({B, c, V}) : at::Tensor());
-    auto gh = at::mm(logits.view({B * c, V}).to(head.scalar_type()), head).view({B, c, head.size(1)});
+    const auto gl = logits.view({B * c, V}).to(head.scalar_type());
+    auto gh = cpu_linear_widened(gl, head.t());
+    gh = (gh.defined() ? gh : at::mm(gl, head)).view({B, c, head.size(1)});
     variable_list r(6);
     r[0] = gh.to(static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt()));
     return r;

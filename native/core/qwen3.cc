@@ -94,7 +94,7 @@ at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
     sizes.back() = weight.size(0);
     y = at::mv(weight, x.reshape({-1})).view(sizes);
     if (bias.defined()) y = y + bias;
-  } else {
+  } else if (!(y = cpu_linear_widened(x, weight, bias)).defined()) {
     y = bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
   }
   const LoraWeights* l = o.reference ? reference.get() : o.adapter ? lora.get() : nullptr;
