@@ -159,12 +159,14 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
     }
 }
 
-// ---- float32 arithmetic, AVX2 + FMA: 8 lanes; tiles of up to 4 input rows x 2 weight rows (8
-// accumulators); weights float32 or bfloat16 as tile_512.
+// ---- float32 arithmetic, AVX2 + FMA: 8 lanes; tiles of up to 4 input rows x 3 weight rows (12
+// accumulators of the 16 registers), or x 4 weight rows for one or two input rows (a decode at batch
+// 1: enough independent sums to cover the multiply-add latency); weights float32 or bfloat16 as
+// tile_512, the tile four ahead prefetched as there.
 template <int MR, int NR, typename TW, typename TY>
 T256 inline void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t ldy, const TW* pf, int pf_rows) {
   using V = simd::V8;
-  (void)pf, (void)pf_rows;
+  constexpr int64_t kLine = 64 / sizeof(TW);  // values of w per cache line
   __m256 acc[MR][NR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m)
@@ -175,6 +177,8 @@ T256 inline void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t
     __m256 wv[NR];
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wv[n] = V::load(w + n * K + k);
+    if (k % kLine == 0)
+      for (int r = 0; r < pf_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * K + k), _MM_HINT_T1);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
       const __m256 xv = _mm256_loadu_ps(x + m * K + k);
@@ -234,9 +238,12 @@ SLM_DEFINE_RANGE(range_bf16_512, T512BF, tile_bf16_512, uint16_t, uint16_t, uint
 SLM_DEFINE_RANGE(range_bf16f_512, T512BF, tile_bf16_512, uint16_t, uint16_t, float, 4)
 SLM_DEFINE_RANGE(range_wbf16_512, T512, tile_512, float, uint16_t, uint16_t, 4)
 SLM_DEFINE_RANGE(range_wbf16f_512, T512, tile_512, float, uint16_t, float, 4)
-SLM_DEFINE_RANGE(range_f32_256, T256, tile_256, float, float, float, 2)
-SLM_DEFINE_RANGE(range_wbf16_256, T256, tile_256, float, uint16_t, uint16_t, 2)
-SLM_DEFINE_RANGE(range_wbf16f_256, T256, tile_256, float, uint16_t, float, 2)
+SLM_DEFINE_RANGE(range_f32_256, T256, tile_256, float, float, float, 3)
+SLM_DEFINE_RANGE(range_wbf16_256, T256, tile_256, float, uint16_t, uint16_t, 3)
+SLM_DEFINE_RANGE(range_wbf16f_256, T256, tile_256, float, uint16_t, float, 3)
+SLM_DEFINE_RANGE(range_f32_256w, T256, tile_256, float, float, float, 4)
+SLM_DEFINE_RANGE(range_wbf16_256w, T256, tile_256, float, uint16_t, uint16_t, 4)
+SLM_DEFINE_RANGE(range_wbf16f_256w, T256, tile_256, float, uint16_t, float, 4)
 #undef SLM_DEFINE_RANGE
 #endif  // x86
 
@@ -299,7 +306,8 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
     y = at::empty(sizes, x.options().dtype(ydt));
   // Tiles of weight rows per task: enough work per task (~64k multiply-adds) that a small product
   // stays on one thread instead of paying for a parallel region.
-  const int64_t nr = i == CpuIsa::Avx2 ? 2 : 4;
+  const bool avx2 = i == CpuIsa::Avx2, few = M <= 2;  // AVX2: 3 weight rows per tile, 4 for one or two input rows
+  const int64_t nr = avx2 && !few ? 3 : 4;
   const int64_t tiles = (N + nr - 1) / nr;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, nr * M * K));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
@@ -307,11 +315,11 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
     if (dt == at::kBFloat16 && !dot_bf16) {
       const float* xf = xc.data_ptr<float>();
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
-      const bool wide = i != CpuIsa::Avx2;
+      const bool wide = !avx2;
       if (float_out)
-        (wide ? range_wbf16f_512 : range_wbf16f_256)(xf, M, wb, K, y.data_ptr<float>(), N, n0, n1);
+        (wide ? range_wbf16f_512 : few ? range_wbf16f_256w : range_wbf16f_256)(xf, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
-        (wide ? range_wbf16_512 : range_wbf16_256)(xf, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
+        (wide ? range_wbf16_512 : few ? range_wbf16_256w : range_wbf16_256)(xf, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
     } else if (dt == at::kBFloat16) {
       const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
@@ -319,8 +327,8 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
         range_bf16f_512(xb, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
         range_bf16_512(xb, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
-    } else if (i == CpuIsa::Avx2) {
-      range_f32_256(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
+    } else if (avx2) {
+      (few ? range_f32_256w : range_f32_256)(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
     } else {
       range_f32_512(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
     }
