@@ -4,6 +4,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { runCliAsync } from './helpers/cli.js';
+import { native } from '../lib/engine/runtime.js';
 
 t.test('bench retrieval --quick --out: JSON with the serve-retriever load test beside the in-process rate, and the table', async (t) => {
   const dir = t.testdir();
@@ -32,7 +33,21 @@ t.test('bench --readme on a file without the markers fails at once with a code, 
   const dir = t.testdir({ 'README.md': '# no markers\n' });
   const r = await runCliAsync(['bench', 'rollout', '--quick', '--readme', join(dir, 'README.md')], { timeout: 60_000 });
   t.equal(r.code, 2);
-  t.match(r.stderr, /ARGUMENT_INVALID.*<!-- bench -->.*<!-- \/bench -->.*found no <!-- bench -->/);
+  t.match(r.stderr, /ARGUMENT_INVALID.*<!-- bench:[a-z0-9-]+ -->.*<!-- \/bench:[a-z0-9-]+ -->.*<!-- bench -->.*<!-- \/bench -->.*found no <!-- bench:[a-z0-9-]+ -->/);
   t.notMatch(r.stderr, /\[bench\]/, 'no benchmark ran');
   t.equal(readFileSync(join(dir, 'README.md'), 'utf8'), '# no markers\n', 'the file is untouched');
+});
+
+// A README keeps one block per kind of CPU: a run writes the block of its kernels' level
+// (doctor's 'CPU kernels'), and leaves the other kinds' blocks and the plain one alone.
+t.test('bench --readme writes the block of this CPU kind when the file has one', async (t) => {
+  const level = native().version().cpuIsa;
+  const other = level === 'avx2' ? 'avx512-bf16' : 'avx2';
+  const dir = t.testdir();
+  const readme = join(dir, 'README.md');
+  const text = `# x\n<!-- bench -->\nplain\n<!-- /bench -->\n<!-- bench:${other} -->\nother kind\n<!-- /bench:${other} -->\n<!-- bench:${level} -->\nold\n<!-- /bench:${level} -->\n`;
+  writeFileSync(readme, text);
+  const r = await runCliAsync(['bench', 'retrieval', '--quick', '--readme', readme], { timeout: 300_000 });
+  t.equal(r.code, 0, r.stderr.slice(-2000));
+  t.equal(readFileSync(readme, 'utf8'), text.replace('\nold\n', `\n${r.stdout.trim()}\n`), `only the ${level} block changed`);
 });

@@ -5,6 +5,7 @@ import type { CommandModule } from 'yargs';
 import type { BenchOptions, BenchReport } from '../../bench/types.js';
 import { SlmError } from '../errors.js';
 import { print } from './common.js';
+import { native } from '../engine/runtime.js';
 
 type Runner = (o: BenchOptions) => Promise<BenchReport>;
 /** Benchmarks by kind; a kind whose subsystem has not landed yet is listed with null. */
@@ -26,24 +27,39 @@ interface Args {
   compareUnshared?: boolean;
 }
 
-const BEGIN = '<!-- bench -->';
-const END = '<!-- /bench -->';
-
-/** Where the benchmark block of a markdown file begins and ends (checked before any benchmark runs). */
-function readmeBlock(file: string): { text: string; a: number; b: number } {
-  if (!existsSync(file)) throw new SlmError('FILE_NOT_FOUND', `--readme ${file}: no such file; expected a markdown file holding ${BEGIN} ... ${END}.`);
-  const text = readFileSync(file, 'utf8');
-  const a = text.indexOf(BEGIN);
-  const b = text.indexOf(END, a + BEGIN.length);
-  if (a < 0 || b < 0)
-    throw new SlmError('ARGUMENT_INVALID', `--readme ${file}: expected the markers ${BEGIN} and ${END} (in that order) around the benchmark tables, found ${a < 0 ? `no ${BEGIN}` : `no ${END} after it`}. Add them where the tables belong.`);
-  return { text, a, b };
+/**
+ * The markers of the benchmark block a run writes: `<!-- bench:LEVEL -->` ... `<!-- /bench:LEVEL -->`
+ * for the CPU kernels' instruction-set level in force (avx512-bf16, avx512, avx2, none), so that a
+ * README keeps one block per kind of CPU; a file without them gets the plain `<!-- bench -->` block.
+ */
+function markers(text: string | null): { begin: string; end: string; level: string } {
+  const level = native().version().cpuIsa;
+  const own = { begin: `<!-- bench:${level} -->`, end: `<!-- /bench:${level} -->`, level };
+  return text === null || text.includes(own.begin) || !text.includes('<!-- bench -->') ? own : { begin: '<!-- bench -->', end: '<!-- /bench -->', level };
 }
 
-/** Replaces what lies between `<!-- bench -->` and `<!-- /bench -->` in a markdown file with `md`. */
+/** Where the benchmark block of a markdown file begins and ends (checked before any benchmark runs). */
+function readmeBlock(file: string): { text: string; a: number; b: number; begin: string } {
+  if (!existsSync(file)) {
+    const m = markers(null);
+    throw new SlmError('FILE_NOT_FOUND', `--readme ${file}: no such file; expected a markdown file holding ${m.begin} ... ${m.end}.`);
+  }
+  const text = readFileSync(file, 'utf8');
+  const { begin, end, level } = markers(text);
+  const a = text.indexOf(begin);
+  const b = text.indexOf(end, a + begin.length);
+  if (a < 0 || b < 0)
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `--readme ${file}: expected the markers ${begin} and ${end} (in that order; this CPU's kernels run at ${level}; or <!-- bench --> and <!-- /bench -->) around the benchmark tables, found ${a < 0 ? `no ${begin}` : `no ${end} after it`}. Add them where the tables belong.`,
+    );
+  return { text, a, b, begin };
+}
+
+/** Replaces what lies between the block's markers in a markdown file with `md`. */
 function writeReadmeBlock(file: string, md: string): void {
-  const { text, a, b } = readmeBlock(file);
-  writeFileSync(file, `${text.slice(0, a + BEGIN.length)}\n${md.trim()}\n${text.slice(b)}`);
+  const { text, a, b, begin } = readmeBlock(file);
+  writeFileSync(file, `${text.slice(0, a + begin.length)}\n${md.trim()}\n${text.slice(b)}`);
 }
 
 /** The CPU's vector extensions that decide matmul speed (Linux /proc/cpuinfo); empty elsewhere. */
@@ -72,7 +88,7 @@ export const benchCommand: CommandModule<object, Args> = {
       .option('json', { type: 'boolean', describe: 'print JSON only' })
       .option('quick', { type: 'boolean', describe: 'smaller sizes (all benchmarks in ~2 minutes on 2 cores)' })
       .option('out', { type: 'string', describe: 'also write the JSON report here (and the table to FILE.md)' })
-      .option('readme', { type: 'string', describe: 'replace the tables between <!-- bench --> and <!-- /bench --> in this markdown file (README.md)' })
+      .option('readme', { type: 'string', describe: 'replace the tables between <!-- bench:LEVEL --> and <!-- /bench:LEVEL --> (LEVEL: the CPU kernels\' instruction set, as doctor shows it), or <!-- bench --> and <!-- /bench -->, in this markdown file (README.md)' })
       .option('model', { type: 'string', describe: 'a model folder instead of the generated small preset' })
       .option('compare-unshared', { type: 'boolean', describe: 'rollout: also measure the old generate path (no shared prefixes, no multi-turn cache reuse) beside each K in the same run' }) as never,
   handler: async (a) => {
