@@ -58,7 +58,9 @@ export class RankRunFolder extends RunFolder {
   }
   override writeJson(): void {}
   override writeText(): void {}
-  override logMetrics(): void {}
+  override logMetrics(row: Record<string, unknown>): void {
+    this.stopIfDiverged(row);
+  }
   override async saveCheckpoint(_model: Model, state: TrainState): Promise<string> {
     return join(this.shared.dir, 'checkpoints', `step-${state.step}`);
   }

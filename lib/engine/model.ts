@@ -71,6 +71,16 @@ export class Model implements TextGenerator {
     await this.h.loadLora({ ...spec, file: weights });
     if (valueHead) this.h.loadValueHead(valueHead);
     this.lora = spec;
+    const bad = nonFinite(this.h.trainable());
+    if (bad) {
+      this.detachLora();
+      throw new SlmError('ADAPTER_INVALID', `${weights}${valueHead ? ` (or ${valueHead})` : ''} holds ${bad.count} non-finite values (NaN or inf) in ${bad.tensors.length} tensor(s), first ${bad.tensors[0]}; expected finite weights. The file is damaged or comes from a run that diverged: use an earlier checkpoint or train again.`, { file: weights, nonFinite: bad.count });
+    }
+  }
+
+  /** The trainable values (adapter and value head) that are NaN or inf, or undefined when all are finite. */
+  nonFinite(): { count: number; tensors: string[] } | undefined {
+    return nonFinite(this.h.trainable());
   }
 
   detachLora(): void {
@@ -371,4 +381,17 @@ export class Model implements TextGenerator {
 /** The native temperature option: a number as is, per-row values as a Float32Array. */
 function temperatureOption(t: number | ArrayLike<number>): number | Float32Array {
   return typeof t === 'number' ? t : Float32Array.from(t);
+}
+
+/** The values of `params` that are NaN or inf: their count and the tensors holding them; undefined when all are finite. */
+export function nonFinite(params: Record<string, Float32Array>): { count: number; tensors: string[] } | undefined {
+  let count = 0;
+  const tensors: string[] = [];
+  for (const [name, v] of Object.entries(params)) {
+    let n = 0;
+    for (let i = 0; i < v.length; i++) if (!Number.isFinite(v[i])) n++;
+    if (n) tensors.push(name);
+    count += n;
+  }
+  return count ? { count, tensors } : undefined;
 }

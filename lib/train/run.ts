@@ -73,11 +73,31 @@ export class RunFolder {
     renameSync(tmp, join(this.dir, name));
   }
 
-  /** Appends one metrics row (a JSON line) to metrics.jsonl, and its numbers to the TensorBoard events. */
+  /**
+   * Appends one metrics row (a JSON line) to metrics.jsonl, and its numbers to the TensorBoard events.
+   * A step whose loss is NaN or inf is logged, then stops the run (TRAINING_DIVERGED): nothing of it
+   * is saved, so the newest checkpoint stays the last good one.
+   */
   logMetrics(row: Record<string, unknown>): void {
     const now = Date.now();
     appendFileSync(join(this.dir, 'metrics.jsonl'), JSON.stringify({ time: new Date(now).toISOString(), ...row }) + '\n');
     if (typeof row.step === 'number') this.tensorboard().scalars(row.step, tbScalars(row), now / 1000);
+    this.stopIfDiverged(row);
+  }
+
+  /** Throws TRAINING_DIVERGED when the metrics row of a step has a loss that is NaN or inf. */
+  stopIfDiverged(row: Record<string, unknown>): void {
+    if (typeof row.loss === 'number' && !Number.isFinite(row.loss)) throw this.diverged(row.step, `the loss is ${row.loss}`);
+  }
+
+  /** The error that stops a run whose training turned non-finite at `step` (`what`: the loss, the adapter). */
+  diverged(step: unknown, what: string): SlmError {
+    const last = this.latestCheckpoint();
+    return new SlmError(
+      'TRAINING_DIVERGED',
+      `training diverged at step ${step}: ${what}, expected finite values. Training stopped without saving that step; ${last ? `the last good checkpoint is ${last.dir} (step ${last.state.step}): continue from it with --resume after lowering optim.lr` : 'no checkpoint was written before it: start again with a lower optim.lr'}.`,
+      { step, checkpoint: last?.dir },
+    );
   }
 
   /** This process's TensorBoard event file (created on first use). */
@@ -102,6 +122,8 @@ export class RunFolder {
   }
 
   async saveCheckpoint(model: Model, state: TrainState): Promise<string> {
+    const bad = model.nonFinite();
+    if (bad) throw this.diverged(state.step, `the adapter holds ${bad.count} non-finite values (NaN or inf; first in ${bad.tensors[0]})`);
     const name = `step-${state.step}`;
     const final = join(this.dir, 'checkpoints', name);
     const tmp = join(this.dir, 'checkpoints', `.${name}.partial-${process.pid}`);
