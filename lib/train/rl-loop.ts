@@ -124,9 +124,9 @@ export function rolloutTopP(topP: number | [number, number] | undefined, seed: n
 /**
  * A step's rollout requests, k per question: temperature (and top-p, for a range) drawn per rollout
  * and seeds from the question's index in the whole step (q0 = this rank's first), so that ranks and
- * resumed runs draw the same.
+ * resumed runs draw the same. RFT (lib/train/rft.ts) draws its rounds' episodes the same way.
  */
-function rolloutRequests<Q>(qs: Q[], q0: number, k: number, step: number, o: RlLoopOptions): RolloutRequest<Q>[] {
+export function rolloutRequests<Q>(qs: Q[], q0: number, k: number, step: number, o: Pick<RlLoopOptions, 'temperature' | 'topP' | 'seed'>): RolloutRequest<Q>[] {
   const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
   return qs.flatMap((question, qi) =>
     Array.from({ length: k }, (_, j) => ({

@@ -41,12 +41,48 @@ export interface SftOptions {
   shard?: Shard;
 }
 
+/** What one SFT optimizer step takes of the trainer's options. */
+export type SftStepOptions = Pick<SftOptions, 'weightDecay' | 'maxGradNorm' | 'adam' | 'microBatch' | 'gradientCheckpointing' | 'seed' | 'shard'>;
+
+/**
+ * One optimizer step of the SFT loss (next-token NLL on the masked tokens) on `batch` (this rank's
+ * share of it), and its metrics row: `stage`, `step` (the step after it: at.step + 1), loss, tokens.
+ * SFT runs it over the conversations of data.sft, RFT (lib/train/rft.ts) over its kept episodes.
+ */
+export async function sftStep(model: Model, batch: SftExample[], at: { stage: string; step: number; epoch: number; lr: number }, o: SftStepOptions): Promise<{ loss: number; row: Record<string, unknown> }> {
+  const optim = sectionDefaults('optim');
+  const t0 = performance.now();
+  const mine = o.shard ? batch.slice(...shardRange(batch.length, o.shard.rank, o.shard.world)) : batch;
+  const s = await model.trainStep(
+    { sequences: mine.map((e) => e.ids), masks: mine.map((e) => e.mask) },
+    { loss: 'sft', lr: at.lr, weightDecay: o.weightDecay ?? optim.weight_decay, maxGradNorm: o.maxGradNorm ?? optim.max_grad_norm, ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? optim.gradient_checkpointing, seed: o.seed * 1000003 + at.step /* LoRA dropout: reproducible per step */ },
+  );
+  const masked = batch.reduce((a, e) => a + e.mask.length, 0);
+  const tTrain = (performance.now() - t0) / 1e3;
+  const row = {
+    stage: at.stage,
+    step: at.step + 1,
+    epoch: at.epoch,
+    lr: at.lr,
+    loss: s.loss,
+    grad_norm: s.gradNorm,
+    sequences: batch.length,
+    sequence_tokens_mean: masked / batch.length,
+    tokens_trained: s.tokens,
+    mask_coverage: s.tokens / masked,
+    tokens_per_s: masked / tTrain,
+    skipped: s.skipped || undefined,
+    skip_reason: s.skipReason || undefined,
+    time_train_s: tTrain,
+  };
+  return { loss: s.loss, row };
+}
+
 export async function runSft(model: Model, examples: SftExample[], run: RunFolder, o: SftOptions): Promise<{ steps: number; lastLoss: number }> {
   if (!examples.length) throw new SlmError('DATA_INVALID', 'SFT has no examples to train on.');
   const batches = batchByLength(examples, o.batchSize, o.maxBatchTokens);
   const total = Math.min(batches.length * o.epochs, o.maxSteps ?? Infinity);
   const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? total };
-  const optim = sectionDefaults('optim');
   let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed };
   if (o.resume) state = await run.restore(model);
   else model.attachLora(o.lora, o.seed);
@@ -61,35 +97,12 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
         if (state.step >= total) break outer;
         const batch = batches[order[b]];
         const lr = learningRate(schedule, state.step);
-        const t0 = performance.now();
-        const mine = o.shard ? batch.slice(...shardRange(batch.length, o.shard.rank, o.shard.world)) : batch;
-        const s = await model.trainStep(
-          { sequences: mine.map((e) => e.ids), masks: mine.map((e) => e.mask) },
-          { loss: 'sft', lr, weightDecay: o.weightDecay ?? optim.weight_decay, maxGradNorm: o.maxGradNorm ?? optim.max_grad_norm, ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? optim.gradient_checkpointing, seed: o.seed * 1000003 + state.step /* LoRA dropout: reproducible per step */ },
-        );
-        lastLoss = s.loss;
+        const { loss, row } = await sftStep(model, batch, { stage: 'sft', step: state.step, epoch, lr }, o);
+        lastLoss = loss;
         state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };
         ranHere++;
-        const masked = batch.reduce((a, e) => a + e.mask.length, 0);
-        const tTrain = (performance.now() - t0) / 1e3;
-        const row = {
-          stage: 'sft',
-          step: state.step,
-          epoch,
-          lr,
-          loss: s.loss,
-          grad_norm: s.gradNorm,
-          sequences: batch.length,
-          sequence_tokens_mean: masked / batch.length,
-          tokens_trained: s.tokens,
-          mask_coverage: s.tokens / masked,
-          tokens_per_s: masked / tTrain,
-          skipped: s.skipped || undefined,
-          skip_reason: s.skipReason || undefined,
-          time_train_s: tTrain,
-        };
         run.logMetrics(row);
-        bar.update(state.step, { detail: `loss ${s.loss.toFixed(4)}` });
+        bar.update(state.step, { detail: `loss ${loss.toFixed(4)}` });
         await o.onStep?.(row);
         if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
       }
