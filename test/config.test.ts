@@ -147,10 +147,10 @@ t.test('wrong types and values: expected and found, with the path; every problem
   t.match(e.message, '  - lora.targets[1]: expected one of "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", found "qproj" (string); did you mean "q_proj"?');
   t.match(e.message, '  - lora.dropout: expected a number >= 0 and < 1, found true (boolean)');
   t.match(e.message, '  - rollout.temperature: expected a number >= 0 or a list of 2 numbers >= 0, found "hot" (string)');
-  t.match(e.message, '  - algorithm.kind: expected one of "grpo", "ppo", "rloo", "sft" or null, found "dpo" (string)');
+  t.match(e.message, '  - algorithm.kind: expected one of "grpo", "ppo", "rloo", "rft", "sft" or null, found "dpo" (string)');
   t.match(errorOf(() => validateConfig({ stage: 'sft', data: { sft: '/d' } }, 'c.yaml')).message, 'c.yaml: model.path: missing; expected a string');
   t.match(errorOf(() => validateConfig({ stage: 'sft', model: {} }, 'c.yaml')).message, 'model.path: missing; expected a string (a Hugging Face model folder');
-  t.match(errorOf(() => validateConfig({ stage: 'train', model: { path: '/m' } }, 'c.yaml')).message, 'stage: expected one of "sft", "grpo", "ppo", "rloo", "eval", found "train" (string)');
+  t.match(errorOf(() => validateConfig({ stage: 'train', model: { path: '/m' } }, 'c.yaml')).message, 'stage: expected one of "sft", "grpo", "ppo", "rloo", "rft", "eval", found "train" (string)');
   t.match(errorOf(() => validateConfig({ ...minimal, model: { path: '/m', device: 'gpu' } }, 'c.yaml')).message, 'model.device: expected a string matching');
   t.match(errorOf(() => validateConfig({ ...minimal, lora: { targets: ['q_proj', 'q_proj'] } }, 'c.yaml')).message, 'lora.targets: expected a list of names');
   t.match(errorOf(() => validateConfig([1], 'c.yaml')).message, 'expected a mapping of sections');
@@ -283,6 +283,7 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
       kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_reference: true, kl_in: true, kl_estimator: true, loss_norm: true, turn_discount: true, inner_epochs: true, entropy_coef: true,
       std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true, mini_batch: true,
     },
+    rft: { rounds: true, min_reward: true, epochs: true, max_per_question: true, unique: true, questions_per_round: true },
     optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, schedule: true, warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },
     train: { epochs: true, steps: true, batch_size: true, seed: true, checkpoint_every: true, eval_every: true },
     eval: { split: true, max_questions: true, temperature: true, top_p: true, table: true },

@@ -58,7 +58,7 @@ async function sandboxPreflight(cfg: ResolvedConfig, command: 'train' | 'eval', 
 
 export const trainCommand: CommandModule<object, Args> = {
   command: 'train [overrides..]',
-  describe: 'run the stage named in the config (sft, grpo, ppo); key=value overrides with dotted paths',
+  describe: 'run the stage named in the config (sft, grpo, rloo, ppo, rft); key=value overrides with dotted paths',
   builder: (y) =>
     y
       .positional('overrides', { type: 'string', array: true, describe: 'key=value overrides, e.g. optim.lr=5e-5 rollout.k=8' })

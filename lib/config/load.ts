@@ -66,6 +66,11 @@ function crossChecks(c: ResolvedConfig): Problem[] {
     for (const k of ['system_prompt', 'final_turn_notice'] as const)
       if (c.protocol[k] !== null) p.push({ path: ['protocol', k], message: `set, but protocol.prompts_from_sft takes it from data.sft; set one or the other` });
   }
+  if (c.stage === 'rft') {
+    if (c.train.steps !== null) p.push({ path: ['train', 'steps'], message: `the rft stage runs rft.rounds rounds of rft.epochs passes over each round's kept episodes; leave train.steps out (null), found ${c.train.steps}` });
+    if (c.distributed.nproc > 1 || c.distributed.nnodes > 1) p.push({ path: ['distributed', 'nproc'], message: 'the rft stage runs in one process; set distributed.nproc and distributed.nnodes to 1' });
+    if (c.rft.min_reward !== null && !Number.isFinite(c.rft.min_reward)) p.push({ path: ['rft', 'min_reward'], message: `expected a finite number or null, found ${describeValue(c.rft.min_reward)}` });
+  }
   if (c.stage === 'grpo' && c.rollout.k < 2) p.push({ path: ['rollout', 'k'], message: `GRPO compares the rollouts of a group: expected an integer >= 2, found ${c.rollout.k}` });
   const klIn = a.kl_in ?? (c.stage === 'ppo' || a.kind === 'ppo' ? 'reward' : 'loss');
   if (klIn === 'loss' && a.kl_estimator === 'k2') p.push({ path: ['algorithm', 'kl_estimator'], message: 'the KL term in the loss supports k1 and k3, found "k2"; use k2 with kl_in: reward' });

@@ -171,7 +171,7 @@ export const CONFIG_SCHEMA: Schema = {
       module: str(null, 'a JavaScript module (.js/.mjs, relative to the config file) exporting `reward` (or a default function) (ctx: {id, question, golds, answer, episode}) => number | {score, parts?, correct?} (or a promise of one); it is the part named `module` (weight 1) added to reward.parts unless the parts list a {kind: module} themselves. A non-number stops the run with REWARD_MODULE_INVALID. null = none'),
     }),
     algorithm: section({
-      kind: oneOf(['grpo', 'ppo', 'rloo', 'sft'], null, 'null = the stage'),
+      kind: oneOf(['grpo', 'ppo', 'rloo', 'rft', 'sft'], null, 'null = the stage'),
       clip_low: num(0.2, { minimum: 0 }),
       clip_high: num(null, { minimum: 0 }, 'null = clip_low; DAPO uses 0.28'),
       kl_coef: num(0, { minimum: 0 }),
@@ -200,6 +200,14 @@ export const CONFIG_SCHEMA: Schema = {
       value_clip: num(0.5, { exclusiveMinimum: 0 }),
       whiten: bool(true, 'whiten PPO advantages over the batch (verl)'),
       mini_batch: int(0, { minimum: 0 }, "PPO: episodes per optimizer step (verl ppo_mini_batch_size; Search-R1: half the batch); 0 = all of the step's episodes"),
+    }),
+    rft: section({
+      rounds: int(1, { minimum: 1 }, 'rft: rounds of sample (rollout.k episodes per question from the current adapter) -> keep the correct ones -> fine-tune on them'),
+      min_reward: num(null, {}, "rft: null = keep the episodes the reward marks correct (the correctness verdict of em, subem, the judge or a module's `correct`); a number = keep those whose reward is >= it"),
+      epochs: int(1, { minimum: 1 }, "rft: passes of the SFT loss over each round's kept episodes"),
+      max_per_question: int(0, { minimum: 0 }, 'rft: at most this many kept episodes per question and round (the highest rewards first); 0 = no cap'),
+      unique: bool(true, "rft: a question's kept episodes with the same tokens count once"),
+      questions_per_round: int(null, { minimum: 1 }, 'rft: train questions sampled per round, the next of a seeded order (as epochs); null = every train question'),
     }),
     optim: section({
       lr: num(1e-4, { exclusiveMinimum: 0 }),

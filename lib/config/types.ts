@@ -7,7 +7,7 @@
 import type { LoraTarget } from '../engine/adapter.js';
 import type { ComputeDtype } from '../engine/types.js';
 /** What `slm-train train` can run (the schema's `stage` enum). */
-export const STAGES = ['sft', 'grpo', 'ppo', 'rloo', 'eval'] as const;
+export const STAGES = ['sft', 'grpo', 'ppo', 'rloo', 'rft', 'eval'] as const;
 export type Stage = (typeof STAGES)[number];
 
 export interface ModelConfig {
@@ -127,7 +127,7 @@ export interface GroupFallbackConfig {
 }
 
 export interface AlgorithmConfig {
-  kind: 'grpo' | 'ppo' | 'rloo' | 'sft';
+  kind: 'grpo' | 'ppo' | 'rloo' | 'rft' | 'sft';
   clip_low: number;
   clip_high: number;
   kl_coef: number;
@@ -148,6 +148,19 @@ export interface AlgorithmConfig {
   value_clip: number;
   whiten: boolean;
   mini_batch: number;
+}
+
+/** Rejection-sampling fine-tuning (stage rft, lib/train/rft.ts). */
+export interface RftConfig {
+  rounds: number;
+  /** null: keep the episodes the reward marks correct; a number: those whose reward is >= it. */
+  min_reward: number | null;
+  epochs: number;
+  /** Kept episodes per question and round; 0 = no cap. */
+  max_per_question: number;
+  unique: boolean;
+  /** Questions sampled per round; null = every train question. */
+  questions_per_round: number | null;
 }
 
 export interface OptimConfig {
@@ -198,6 +211,7 @@ export interface ResolvedConfig {
   distributed: DistributedConfig;
   reward: RewardConfig;
   algorithm: AlgorithmConfig;
+  rft: RftConfig;
   optim: OptimConfig;
   train: TrainConfig;
   eval: EvalConfig;

@@ -1,6 +1,6 @@
 /**
  * From a resolved config to a running stage: the run folder, the policy, the stage (lib/train/
- * stages.ts: SFT, GRPO or PPO) with its data (data.ts) and environment (environment.ts), evaluation
+ * stages.ts: SFT, GRPO, RLOO, PPO or RFT) with its data (data.ts) and environment (environment.ts), evaluation
  * during training (evaluation.ts), the adapter and the report. The CLI's `train` command is a thin
  * wrapper over `trainFromConfig` (and `eval` over evaluation.ts `evalFromConfig`).
  */
@@ -18,7 +18,7 @@ import { loadAgent, openEnvironment, required, rewardDeps, type Environment, typ
 import { evalQuestions, evaluate } from './evaluation.js';
 import { writeReport } from './report.js';
 import { RunFolder } from './run.js';
-import { rlStage, sftStage, trainerOptions, type StageRun, type TrainResult } from './stages.js';
+import { rftStage, rlStage, sftStage, trainerOptions, type StageRun, type TrainResult } from './stages.js';
 
 export interface StageOptions {
   resume?: boolean;
@@ -94,7 +94,8 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       env = await openEnvironment(cfg, log, o.progress, o);
       log(`environment: ${env.describe}`);
       judge ??= await rewardDeps(cfg, log, o);
-      result = await rlStage(stageRun, train, env, judge.deps, { keepAdapter: cfg.model.adapter !== null, dist });
+      const stageOpts = { keepAdapter: cfg.model.adapter !== null, dist };
+      result = stage === 'rft' ? await rftStage(stageRun, train, env, judge.deps, stageOpts) : await rlStage(stageRun, train, env, judge.deps, stageOpts);
     }
     if (lead && (o.stopAfter === undefined || result.steps >= (run.latestCheckpoint()?.state.step ?? 0))) {
       await agent.model.saveAdapter(result.adapter);
