@@ -159,6 +159,7 @@ t.test('stage: rft end to end through `slm-train train`: one round, trained on t
   t.equal(sum(steps.map((m) => m.tokens_trained)), 2 * sum(kept.map((x) => x.response_tokens)), 'the loss on their generated tokens only');
   const state = JSON.parse(readFileSync(join(dir, 'checkpoints', `step-${steps.length}`, 'state.json'), 'utf8'));
   t.match(state, { step: steps.length, round: 1 }, 'a checkpoint at the end of the round');
+  t.ok(existsSync(join(dir, 'report.html')), 'the run report is written');
 });
 
 t.test('stage: rft resumes after its last complete round exactly as an uninterrupted run', async (t) => {
