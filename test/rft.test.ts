@@ -1,16 +1,18 @@
 // RFT, rejection-sampling fine-tuning (lib/train/rft.ts): the filter keeps exactly the episodes the
 // reward marks correct (or that reach rft.min_reward), once per distinct episode and at most
 // rft.max_per_question per question, and the fine-tuning data holds exactly their tokens with the
-// loss on the model's own tokens; the config refuses bad rft values with coded errors and fills the
-// defaults; and `slm-train train` with `stage: rft` runs its rounds end to end on the tiny model,
-// training on the kept episodes and no other.
+// loss on the model's own tokens; the trainer hands the optimizer exactly those episodes, round
+// after round (a stand-in model records what it is trained on); the config refuses bad rft values
+// with coded errors and fills the defaults; `slm-train train` with `stage: rft` runs a round end to
+// end on the tiny model, training on the kept episodes and no other; and --resume continues it.
 import t from 'tap';
-import { appendFileSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { initModel } from '../lib/model/init.js';
 import { loadConfig, validateConfig } from '../lib/config/load.js';
 import { trainFromConfig } from '../lib/train/session.js';
-import { rftExamples, rftOptionsFrom, rftSelect, roundQuestions, type RftKeepOptions } from '../lib/train/rft.js';
+import { rftExamples, rftOptionsFrom, rftSelect, roundQuestions, runRft, type RftKeepOptions } from '../lib/train/rft.js';
+import { RunFolder } from '../lib/train/run.js';
 import type { RewardResult, TrainEpisode } from '../lib/train/types.js';
 import { runCliAsync } from './helpers/cli.js';
 
@@ -71,6 +73,81 @@ t.test('round questions: all of them, or the next N of a seeded order across rou
   const r2 = roundQuestions(5, 2, 7, 2);
   t.equal(new Set([...r0, ...r1, r2[0]]).size, 5, 'the first five positions are one pass over the questions');
   t.same(roundQuestions(5, 2, 7, 1), r1, 'deterministic');
+});
+
+t.test('runRft hands the optimizer exactly the kept episodes of each round, with their loss masks', async (t) => {
+  // A stand-in model that records what it is trained on, and rollouts and a reward that are known:
+  // question q's sample j is correct when (q + j + round) is even; in round 1 sample 0 of question 0
+  // (correct) is excluded by its reward.
+  const trained: Array<{ ids: number[]; mask: number[]; lr: number }> = [];
+  const model = {
+    lora: undefined as unknown,
+    attachLora(spec: unknown) {
+      this.lora = spec;
+    },
+    async trainStep(batch: { sequences: number[][]; masks: number[][] }, o: { loss: string; lr: number }) {
+      t.equal(o.loss, 'sft', 'the SFT loss');
+      batch.sequences.forEach((ids, i) => trained.push({ ids, mask: batch.masks[i], lr: o.lr }));
+      return { loss: 0.5, gradNorm: 1, tokens: batch.masks.flat().reduce((a, b) => a + b, 0), skipped: false, skipReason: '' };
+    },
+    nonFinite: () => null,
+    async saveAdapter(dir: string) {
+      mkdirSync(dir, { recursive: true });
+      writeFileSync(join(dir, 'adapter_model.safetensors'), '');
+    },
+    async saveOptimizer(file: string) {
+      writeFileSync(file, '');
+    },
+  };
+  const qs = ['q0', 'q1', 'q2'];
+  let round = 0;
+  const sampled: Array<{ q: string; seed: number; ep: TrainEpisode; r: RewardResult }> = [];
+  const deps = {
+    rollout: async (reqs: Array<{ question: string; seed: number; temperature: number }>) => {
+      const out = reqs.map((rq, i) => {
+        const j = i % 2;
+        const q = qs.indexOf(rq.question);
+        const ep = episode(100 * round + 10 * q + j, 3, 2 + j + q);
+        const r = reward(1, (q + j + round) % 2 === 0, round === 0 && q === 0 && j === 0);
+        sampled.push({ q: rq.question, seed: rq.seed, ep, r });
+        return ep;
+      });
+      return out;
+    },
+    reward: async (ep: TrainEpisode) => sampled.find((x) => x.ep === ep)!.r,
+  };
+  const run = new RunFolder(join(t.testdir(), 'run'));
+  const r = await runRft(model as never, qs, run, { rollout: deps.rollout as never, reward: deps.reward }, {
+    lora: { r: 2, alpha: 4, dropout: 0, rslora: false, targets: ['q_proj'] },
+    k: 2,
+    rounds: 2,
+    epochs: 2,
+    keep: ALL,
+    questionsPerRound: null,
+    questionsPerBatch: 2,
+    batchSize: 2,
+    temperature: 1,
+    seed: 5,
+    schedule: { kind: 'constant', lr: 0.01 },
+    log: (line) => {
+      if (/^rft round \d+: sampled/.test(line)) round++;
+    },
+  });
+  t.ok(model.lora, 'a fresh adapter was attached');
+  t.equal(sampled.length, 2 * 3 * 2, '2 rounds x 3 questions x 2 samples');
+  const kept = sampled.filter((x) => x.r.correct && !x.r.excluded);
+  t.equal(kept.length, 5, 'round 1: q1 j1, q2 j0 (q0 j0 excluded); round 2: q0 j1, q1 j0, q2 j1');
+  const key = (ids: ArrayLike<number>, mask: ArrayLike<number>) => `${Array.from(ids).join(',')}|${Array.from(mask).join('')}`;
+  const want = kept.flatMap((x) => [key(x.ep.ids, x.ep.lossMask), key(x.ep.ids, x.ep.lossMask)]).sort();
+  t.same(trained.map((x) => key(x.ids, x.mask)).sort(), want, 'every kept episode twice (2 epochs), with its loss mask, and nothing else');
+  t.equal(r.steps, 1 * 2 + 2 * 2, 'ceil(2 / 2) x 2 epochs + ceil(3 / 2) x 2 epochs');
+  t.same(r.rounds, 2);
+  t.equal(new Set(sampled.map((x) => x.seed)).size, sampled.length, 'every sample its own seed');
+  const rows = run.readMetrics();
+  t.same(rows.filter((m) => m.kind === 'rft_sample').map((m) => [m.round, m.step, m.episodes_sampled, m.episodes_kept, m.episodes_excluded]), [
+    [1, 0, 6, 2, 1],
+    [2, 2, 6, 3, 0],
+  ]);
 });
 
 const base = { stage: 'rft', model: { path: '/m' }, data: { questions: '/q.jsonl', corpus: '/c.jsonl' } };
