@@ -10,6 +10,8 @@ import { parseJudgeConfig } from '../lib/rewards/config.js';
 import { resolveLimits } from '../lib/sandbox/job.js';
 import { createSandbox } from '../lib/sandbox/index.js';
 import { openIndex } from '../lib/train/environment.js';
+import { ChatTemplate } from '../lib/model/chat.js';
+import { initModel } from '../lib/model/init.js';
 import { runCli } from './helpers/cli.js';
 
 const dir = t.testdir();
@@ -97,4 +99,39 @@ t.test('outputs stay in their folder and overwrite nothing slm-train did not wri
   writeFileSync(join(saving, 'vectors.f32'), '');
   idx.save(saving);
   t.equal((await SearchIndex.load(saving)).corpus.pages.length, 1);
+});
+
+t.test('chat templates render within a time and size budget: a huge loop is CHAT_TEMPLATE_ERROR, not a hang', async (t) => {
+  // Row 10: a 1e8 x 1e8 loop made `generate` hang and grow to 3.3 GB in 7 s.
+  const bomb = '{% for i in range(100000000) %}{% for j in range(100000000) %}x{% endfor %}{% endfor %}';
+  const msgs = [{ role: 'user', content: 'hi' }];
+  const stopped = (why: RegExp) => ({ code: 'CHAT_TEMPLATE_ERROR', message: new RegExp(`The chat template from bomb was stopped while rendering 1 message\\(s\\): ${why.source}.*Expected a template that renders a conversation in well under`) });
+  let t0 = performance.now();
+  t.throws(() => new ChatTemplate(bomb, 'bomb').render(msgs), stopped(/range\(\) of 100000000 items is past its budget of 1048576/));
+  t.ok(performance.now() - t0 < 2000, 'refused at once, before building the list');
+  // Nested loops of allowed lengths: the time budget.
+  t0 = performance.now();
+  const slow = '{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}';
+  t.throws(() => new ChatTemplate(slow, 'bomb').render(msgs, { budget: { timeMs: 300 } }), stopped(/it ran past its time budget of 300 ms/));
+  t.ok(performance.now() - t0 < 3000, `stopped after ${(performance.now() - t0).toFixed(0)} ms`);
+  // A string doubled in a loop, and text piled up by a loop: the size budgets.
+  const doubling = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}";
+  t.throws(() => new ChatTemplate(doubling, 'bomb').render(msgs), stopped(/it made a string of \d+ characters, past its budget of 16777216/));
+  const pile = '{% for i in range(1000000) %}{{ messages[0].content ~ i }}{% endfor %}';
+  t.throws(() => new ChatTemplate(pile, 'bomb').render([{ role: 'user', content: 'y'.repeat(4096) }]), stopped(/it made more than 134217728 characters of text in all/));
+  const lists = "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}";
+  t.throws(() => new ChatTemplate(lists, 'bomb').render(msgs), stopped(/it made a list of 2097152 items, past its budget of 1048576/));
+  // Ordinary templates are unchanged: globals (range, raise_exception, strftime_now, none) work as before.
+  t.equal(new ChatTemplate("{% for i in range(3) %}{{ i }}{% endfor %}|{{ range(1, 7, 2) | join(',') }}|{{ range(3, 0, -1) | join(',') }}|{{ none is none }}|{{ strftime_now('%Y') }}").render(msgs), `012|1,3,5|3,2,1|true|${new Date().getFullYear()}`);
+  t.throws(() => new ChatTemplate("{{ raise_exception('no tools') }}").render(msgs), { code: 'CHAT_TEMPLATE_ERROR', message: /failed while rendering 1 message\(s\): no tools/ });
+
+  // The CLI: `generate` with such a template in the model folder ends with the coded error.
+  const model = join(dir, 'bomb-model');
+  initModel({ preset: 'tiny', out: model, seed: 1 });
+  writeFileSync(join(model, 'chat_template.jinja'), bomb);
+  t0 = performance.now();
+  const r = runCli(['generate', '--model', model, '--prompt', 'hi', '--max-new-tokens', '2'], { timeout: 60_000 });
+  t.equal(r.code, 2, r.stderr);
+  t.match(r.stderr, /error CHAT_TEMPLATE_ERROR: The chat template from .*chat_template\.jinja was stopped while rendering 1 message\(s\): range\(\) of 100000000 items/);
+  t.ok(performance.now() - t0 < 30_000);
 });
