@@ -179,3 +179,30 @@ t.test('config.json: rope_parameters (transformers 5) is read as rope_theta and 
   t.match(l3, { rope_type: 'llama3', rope_factor: 32 }, 'llama3 scaling from rope_parameters');
   t.throws(() => parseModelConfig({ ...base, rope_parameters: { rope_theta: -1 } }), { code: 'MODEL_CONFIG_INVALID', message: /rope_parameters\.rope_theta/ });
 });
+
+// It serves to the official openai client: a chat completion, streamed and not, answers the question,
+// and the streamed text equals the non-streamed one.
+t.test('slm-train serve serves it to the openai client', { skip: missing || false, timeout: 300_000 }, async (t) => {
+  const dir = modelDir();
+  const { default: OpenAI } = await import('openai');
+  const { OpenAIServer } = await import('../lib/serve/server.js');
+  const { ChatFormatter } = await import('../lib/model/chat.js');
+  const model = await Model.load(dir);
+  const tok = loadTokenizer(dir);
+  model.setVocab(tok.tokenBytes());
+  const server = new OpenAIServer({ model, tokenizer: tok, formatter: ChatFormatter.forModel(dir), name: 'smollm2', port: 0, maxBatch: 4 });
+  const port = await server.listen();
+  t.teardown(async () => {
+    await server.close();
+    model.dispose();
+  });
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'x' });
+  t.same((await client.models.list()).data.map((m) => m.id), ['smollm2']);
+  const messages = [{ role: 'user' as const, content: 'What is the capital of France? Answer in one sentence.' }];
+  const r = await client.chat.completions.create({ model: 'smollm2', messages, temperature: 0, max_tokens: 40 });
+  t.match(r.choices[0].message.content, /Paris/, `the reply: ${JSON.stringify(r.choices[0].message.content)}`);
+  t.equal(r.choices[0].finish_reason, 'stop', 'it ends its turn by itself');
+  let streamed = '';
+  for await (const chunk of await client.chat.completions.create({ model: 'smollm2', messages, temperature: 0, max_tokens: 40, stream: true })) streamed += chunk.choices[0]?.delta?.content ?? '';
+  t.equal(streamed, r.choices[0].message.content, 'streamed = not streamed');
+});
