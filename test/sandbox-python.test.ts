@@ -313,3 +313,53 @@ t.test('the lower isolation levels run programs too', async (t) => {
     t.equal(tagged(p.tag), 0);
   }
 });
+
+t.test("nothing of an earlier program is reachable from the next one: frames, their globals and locals, the heap", async (t) => {
+  // Issue 33 row 5: walking sys._getframe() up reached the zygote's frame holding the previous
+  // program's message (its code and its globals: the question).
+  const one = await createPythonPool({ tools, size: 1 });
+  t.teardown(() => one.close());
+  const a = await one.run(
+    "def alpha_fn_marker():\n    local_secret = ''.join(['TOP', 'SECRET-', str(12345 * 7)])\n    return local_secret\nsecret = alpha_fn_marker()\nprint(secret, question)",
+    { globals: { question: 'TOPSECRET-86415 in the question' } },
+  );
+  t.equal(a.stdout, 'TOPSECRET-86415 TOPSECRET-86415 in the question\n');
+  const b = await one.run(
+    [
+      'import sys, gc, types',
+      "KEY = ''.join(['TOP', 'SECRET-', str(12345 * 7)])",
+      "MARK = ''.join(['alpha_fn', '_marker'])",
+      'def scan(v, seen, path, out, depth=0):',
+      '    if depth > 8 or id(v) in seen: return',
+      '    seen.add(id(v))',
+      '    if isinstance(v, (bytes, bytearray)): v = bytes(v).decode("utf-8", "replace")',
+      '    if isinstance(v, str):',
+      '        if v is not KEY and v is not MARK and (KEY in v or MARK in v): out.append(path)',
+      '    elif isinstance(v, dict):',
+      '        for k, x in list(v.items()): scan(k, seen, path, out, depth + 1); scan(x, seen, path + "." + str(k)[:30], out, depth + 1)',
+      '    elif isinstance(v, (list, tuple, set, frozenset)):',
+      '        for x in list(v): scan(x, seen, path, out, depth + 1)',
+      '    elif isinstance(v, types.CodeType):',
+      '        scan(v.co_name, seen, path, out, depth + 1); scan(v.co_consts, seen, path, out, depth + 1)',
+      '    elif isinstance(v, types.FunctionType):',
+      '        scan(v.__code__, seen, path, out, depth + 1)',
+      '    elif hasattr(v, "__dict__") and not isinstance(v, type):',
+      '        scan(vars(v), seen, path + "." + type(v).__name__, out, depth + 1)',
+      'def main():',
+      '    out, seen, frames = [], {id(globals()), id(KEY), id(MARK)}, []',
+      '    f = sys._getframe()',
+      '    while f is not None:',
+      '        frames.append(f.f_code.co_name)',
+      '        for where, d in (("locals", f.f_locals), ("globals", f.f_globals)):',
+      '            scan(d, seen, f.f_code.co_name + ":" + where, out)',
+      '        scan(f.f_code, seen, f.f_code.co_name + ":code", out)',
+      '        f = f.f_back',
+      '    for o in gc.get_objects():',
+      '        scan(o, seen, "heap:" + type(o).__name__, out)',
+      '    print(len(frames) > 1, sorted(set(out)))',
+      'main()',
+    ].join('\n'),
+  );
+  t.equal(b.error, null, b.error ?? '');
+  t.equal(b.stdout, 'True []\n', 'no frame, global, local or heap object holds the earlier program\'s secret, question or code');
+});

@@ -39,7 +39,6 @@ class Zygote:
         write_all(self.host_out, frame(pack(obj)))
 
     def serve(self):
-        self.prepare(DEFAULT_CAP)
         try:
             self._serve()
         finally:
@@ -47,16 +46,26 @@ class Zygote:
 
     def _serve(self):
         while True:
-            payload = self.reader.read_blocking()
-            if payload is None:
-                return  # host went away
-            msg = unpack(payload)
-            t = msg.get('t')
-            if t == 'run':
-                self.run(msg)
-            elif t == 'exit':
+            if self.prepared is None:
+                # Forked from this frame, which holds nothing of any program: a program walking
+                # sys._getframe() up (or the heap) finds no earlier program's code, globals or output.
+                self.prepare(DEFAULT_CAP)
+            if not self.handle_next():
                 return
-            # anything else here is a late answer to a finished program: drop it
+
+    def handle_next(self):
+        """Reads and handles one message from the host; False when the zygote should end."""
+        payload = self.reader.read_blocking()
+        if payload is None:
+            return False  # host went away
+        msg = unpack(payload)
+        t = msg.get('t')
+        if t == 'run':
+            self.run(msg)
+        elif t == 'exit':
+            return False
+        # anything else here is a late answer to a finished program: drop it
+        return True
 
     def prepare(self, cap):
         """Forks the child for the next program; it locks itself down as far as it can and waits."""
@@ -128,7 +137,6 @@ class Zygote:
                     pass
             shm.close()
         self.after_program()
-        self.prepare(DEFAULT_CAP)
 
     def supervise(self, pid, msg, c2z_r, z2c_w, deadline, result):
         """Relays calls until the child reports `done`, dies, or runs out of time; fills `result`.
