@@ -14,6 +14,9 @@
  * (VmHWM) is its own; the table gives it and its growth over the loaded model.
  */
 import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Model } from '../lib/engine/model.js';
 import { SlmError } from '../lib/errors.js';
@@ -41,6 +44,19 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     if (r.status !== 0) throw new SlmError('NATIVE_ERROR', `the train benchmark child failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
     runs.push({ checkpoint, ...(JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; head_rows: number; peak_MiB: number; loaded_MiB: number }) });
   }
+  // The peer: the same step in PyTorch 2 + transformers + PEFT, where a python with them is at hand
+  // (SLM_TRAIN_HF_PYTHON, or .venv/bin/python from scripts/setup-venv.sh), each configuration in its own process.
+  const py = peftPython();
+  const peers: Array<{ checkpoint: boolean; step_s: number; peak_MiB: number; loaded_MiB: number; torch: string }> = [];
+  if (py) {
+    const script = fileURLToPath(new URL('../../bench/peft_step.py', import.meta.url));
+    for (const checkpoint of [false, true]) {
+      log(`train: PyTorch 2 + PEFT, sequence ${T}, checkpointing ${checkpoint ? 'on' : 'off'} (own process)`);
+      const r = spawnSync(py, [script, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 3), String(availableParallelism())], { encoding: 'utf8', timeout: 900_000 });
+      if (r.status !== 0) throw new SlmError('NATIVE_ERROR', `the PEFT peer of the train benchmark failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
+      peers.push({ checkpoint, ...(JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; peak_MiB: number; loaded_MiB: number; torch: string }) });
+    }
+  } else log('train: no python with torch 2, transformers and peft (bash scripts/setup-venv.sh): the PEFT rows are left out');
   log('train: measuring the matmul rate again');
   await lim.again();
   const gflops = lim.v.f32;
@@ -58,11 +74,37 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       peak_above_loaded_MiB: Math.round(c.peak_MiB - c.loaded_MiB),
     };
   });
-  const results = { model: { dir, parameters: info.numParameters, lora: 'r16 on all projections' }, machine: { matmul_f32_GFLOPs: +gflops.toFixed(1) }, steps: rows };
+  const peerRows = peers.map((p) => {
+    const own = rows.find((r) => r.checkpointing === p.checkpoint)!;
+    const flops = 4 * (layerParams * T + V * H * (T - 1)) + 3 * attentionFlops(cfg, T); // transformers projects every position
+    return {
+      checkpointing: p.checkpoint,
+      torch: p.torch,
+      step_s: +p.step_s.toFixed(3),
+      tokens_per_s: +(T / p.step_s).toFixed(1),
+      achieved_GFLOPs: +(flops / p.step_s / 1e9).toFixed(1),
+      peak_rss_MiB: Math.round(p.peak_MiB),
+      peak_above_loaded_MiB: Math.round(p.peak_MiB - p.loaded_MiB),
+      slm_train_speedup: +(p.step_s / own.step_s).toFixed(2),
+    };
+  });
+  const results = { model: { dir, parameters: info.numParameters, lora: 'r16 on all projections' }, machine: { matmul_f32_GFLOPs: +gflops.toFixed(1) }, steps: rows, peft: peerRows };
   const table = [
     `| LoRA train step (small preset, seq ${T}, the last 3/4 trained) | tokens/s | vocab head rows | achieved GFLOP/s (fraction of ${gflops.toFixed(0)} GFLOP/s matmul) | peak RSS (above the loaded model) |`,
     '|---|---|---|---|---|',
     ...rows.map((r) => `| checkpointing ${r.checkpointing ? 'on' : 'off'} | ${r.tokens_per_s} | ${r.head_rows} of ${T - 1} | ${r.achieved_GFLOPs} (${r.fraction_of_matmul_rate}) | ${r.peak_rss_MiB} MiB (+${r.peak_above_loaded_MiB} MiB) |`),
+    ...peerRows.map(
+      (r) =>
+        `| PyTorch ${r.torch} + PEFT, checkpointing ${r.checkpointing ? 'on' : 'off'} (slm-train ${r.slm_train_speedup}x as fast) | ${r.tokens_per_s} | ${T - 1} of ${T - 1} | ${r.achieved_GFLOPs} (${(r.achieved_GFLOPs / gflops).toFixed(3)}) | ${r.peak_rss_MiB} MiB (+${r.peak_above_loaded_MiB} MiB) |`,
+    ),
   ].join('\n');
   return { kind: 'train', results, table };
+}
+
+/** A python with torch 2, transformers and peft: $SLM_TRAIN_HF_PYTHON, or the checkout's .venv (scripts/setup-venv.sh). */
+export function peftPython(): string | undefined {
+  const venv = fileURLToPath(new URL('../../.venv/bin/python', import.meta.url));
+  for (const p of [process.env.SLM_TRAIN_HF_PYTHON, venv, join(process.cwd(), '.venv', 'bin', 'python')])
+    if (p && existsSync(p) && spawnSync(p, ['-c', 'import torch, transformers, peft'], { encoding: 'utf8' }).status === 0) return p;
+  return undefined;
 }
