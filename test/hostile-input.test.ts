@@ -135,3 +135,33 @@ t.test('chat templates render within a time and size budget: a huge loop is CHAT
   t.match(r.stderr, /error CHAT_TEMPLATE_ERROR: The chat template from .*chat_template\.jinja was stopped while rendering 1 message\(s\): range\(\) of 100000000 items/);
   t.ok(performance.now() - t0 < 30_000);
 });
+
+t.test('tool calls are capped: 64 KiB of arguments per call, refused ones not kept; calls past the limit not recorded', async (t) => {
+  // Row 2: 16 MB arguments 1,000 times were all kept in `calls` (host RSS 2.1-2.5 GB, then 'Invalid string length').
+  const seen: number[] = [];
+  const tools = { search_pages: (q: string) => (seen.push(q.length), []), view_sections: () => [], read_section: () => '' };
+  for (const kind of ['quickjs', 'python'] as const) {
+    const sb = await createSandbox({ kind, tools, size: 1, timeoutMs: 20_000, memoryMb: 256 });
+    t.teardown(() => sb.close());
+    seen.length = 0;
+    // 16 MiB and 100,000 characters, 20 times each, then one call at the limit.
+    const code =
+      kind === 'quickjs'
+        ? "let err = ''; for (const n of [16 << 20, 100000]) { const big = 'Z'.repeat(n); for (let i = 0; i < 20; i++) { try { search_pages(big) } catch (e) { err += String(e) + '|' } } } search_pages('Z'.repeat(65536)); print(new Set(err.split('|')).size, err.split('|')[0])"
+        : "err = ''\nfor n in (16 << 20, 100000):\n    big = 'Z' * n\n    for i in range(20):\n        try:\n            search_pages(big)\n        except ValueError as e:\n            err += 'ValueError: ' + str(e) + '|'\nsearch_pages('Z' * 65536)\nparts = err.split('|')\nprint(len(set(parts)), parts[0])";
+    const r = await sb.run(code);
+    t.equal(r.error, null, `${kind}: ${r.error}`);
+    t.match(r.stdout, /^2 (ValueError|Error): the arguments of search_pages\(\) are too large: at most 65536 characters per call, found more than 65536; pass a shorter query or id\n$/, `${kind}: every oversized call was refused with the same error`);
+    t.same(seen, [65536], `${kind}: only the call within the limit reached the tool`);
+    // The host records each refusal it saw without its arguments (Python refuses 16 MiB in the program's process, unsent).
+    const refused = kind === 'quickjs' ? 40 : 20;
+    t.equal(r.calls.length, refused + 1);
+    t.same(r.calls.slice(0, refused).map((c) => [c.ok, c.args.length]), Array.from({ length: refused }, () => [false, 0]), `${kind}: refused arguments are not kept`);
+    t.same([r.calls[refused].ok, (r.calls[refused].args[0] as string).length], [true, 65536]);
+    // Calls past the limit are refused; the first refusal is recorded, none after it.
+    const loop = kind === 'quickjs' ? "for (let i = 0; i < 5000; i++) { try { search_pages('x') } catch (e) {} } print('done')" : "for i in range(5000):\n    try:\n        search_pages('x')\n    except RuntimeError:\n        pass\nprint('done')";
+    const l = await sb.run(loop, { maxCalls: 5 });
+    t.equal(l.stdout, 'done\n', l.error ?? '');
+    t.same(l.calls.map((c) => c.ok), [true, true, true, true, true, false], `${kind}: at most maxCalls + 1 records`);
+  }
+});

@@ -1,7 +1,7 @@
 /**
  * Answering a program's call to a search primitive, shared by the Python and QuickJS sandboxes:
- * check the name and arguments, enforce the per-program call limit, run the tool, record the call,
- * and turn any failure into a message the program sees as an exception.
+ * enforce the per-program call limit and the arguments' size, check the name and arguments, run the
+ * tool, record the call, and turn any failure into a message the program sees as an exception.
  */
 import { isSlmError, SlmError } from '../errors.js';
 import type { SearchTools, ToolCall, ToolName } from './types.js';
@@ -11,6 +11,24 @@ const PARAM: Record<ToolName, string> = { search_pages: 'query', view_sections: 
 
 /** Extra functions programs may call (sandbox.tools_module): JSON arguments, a JSON result. */
 export type ExtraTools = Record<string, (...args: any[]) => unknown>;
+
+/**
+ * The most one tool call may pass, in characters (strings' lengths, 8 for any other value): a
+ * longer call is refused with a ValueError the program sees and recorded without its arguments.
+ */
+export const MAX_TOOL_ARGS_CHARS = 64 * 1024;
+
+/** The size of `v` as MAX_TOOL_ARGS_CHARS counts it, counted no further than past `limit`. */
+function argsChars(v: unknown, limit: number, depth = 0): number {
+  if (typeof v === 'string') return v.length;
+  if (v === null || typeof v !== 'object' || depth > 32) return 8;
+  let n = depth ? 2 : 0; // brackets, but not around the argument list
+  for (const [k, x] of Array.isArray(v) ? v.entries() : Object.entries(v)) {
+    n += (typeof k === 'string' ? k.length : 0) + argsChars(x, limit - n, depth + 1);
+    if (n > limit) break;
+  }
+  return n;
+}
 
 export type ToolReply = { ok: true; value: unknown } | { ok: false; error: string; etype: 'ValueError' | 'TypeError' | 'RuntimeError' };
 
@@ -29,7 +47,9 @@ export function invokeTool(
 ): ToolReply | Promise<ToolReply> {
   const t0 = performance.now();
   const argList = Array.isArray(args) ? args : [args];
-  const record = (ok: boolean) => calls.push({ name: String(name), args: argList, ok, ms: performance.now() - t0 });
+  const shownName = typeof name === 'string' && name.length <= 100 ? name : String(name).slice(0, 100);
+  let kept = argList;
+  const record = (ok: boolean) => calls.push({ name: shownName, args: kept, ok, ms: performance.now() - t0 });
   const fail = (etype: 'ValueError' | 'TypeError' | 'RuntimeError', error: string): ToolReply => {
     record(false);
     return { ok: false, etype, error };
@@ -54,11 +74,21 @@ export function invokeTool(
       return failure(e);
     }
   };
+  // Past the limit: refused, and recorded once (calls holds at most maxCalls + 1 records).
+  if (calls.length >= maxCalls) {
+    kept = [];
+    const error = `call limit reached: a program may make at most ${maxCalls} tool calls`;
+    return calls.length === maxCalls ? fail('RuntimeError', error) : { ok: false, etype: 'RuntimeError', error };
+  }
+  const size = argsChars(argList, MAX_TOOL_ARGS_CHARS);
+  if (size > MAX_TOOL_ARGS_CHARS) {
+    kept = []; // refused arguments are not kept
+    return fail('ValueError', `the arguments of ${shownName}() are too large: at most ${MAX_TOOL_ARGS_CHARS} characters per call, found more than ${MAX_TOOL_ARGS_CHARS}; pass a shorter query or id`);
+  }
   const builtin = typeof name === 'string' && (TOOL_NAMES as readonly string[]).includes(name);
   // A tool of sandbox.tools_module (checkTools keeps their names apart from the built-in ones).
   const custom = typeof name === 'string' && !builtin && extra && Object.hasOwn(extra, name);
-  if (!builtin && !custom) return fail('ValueError', `unknown tool ${JSON.stringify(name)}; the tools are ${[...TOOL_NAMES, ...Object.keys(extra ?? {})].join(', ')}`);
-  if (calls.length >= maxCalls) return fail('RuntimeError', `call limit reached: a program may make at most ${maxCalls} tool calls`);
+  if (!builtin && !custom) return fail('ValueError', `unknown tool ${JSON.stringify(shownName)}; the tools are ${[...TOOL_NAMES, ...Object.keys(extra ?? {})].join(', ')}`);
   // Custom tools: any JSON arguments, a JSON result.
   if (custom) return invoke(name as string, () => extra![name as string](...argList));
   const tool = name as ToolName;

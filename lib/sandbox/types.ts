@@ -11,7 +11,7 @@ export type ToolName = (typeof TOOL_NAMES)[number];
 export interface ToolCall {
   name: string;
   args: unknown[];
-  /** false when the tool threw, the arguments were wrong, or the call limit was reached. */
+  /** false when the tool threw, the arguments were wrong or too large (MAX_TOOL_ARGS_CHARS: recorded without them), or the call limit was reached. */
   ok: boolean;
   /** Host-side time spent answering, in milliseconds. */
   ms: number;
@@ -44,7 +44,7 @@ export interface SandboxLimits {
   memoryMb?: number;
   /** Output cap in characters; the rest is dropped and a marker appended. */
   maxOutputChars?: number;
-  /** Tool calls allowed per program; later calls fail with an error the program sees. */
+  /** Tool calls allowed per program; later calls fail with an error the program sees (the first of them recorded, the rest not). */
   maxCalls?: number;
 }
 

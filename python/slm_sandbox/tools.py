@@ -7,6 +7,8 @@ import _thread
 
 from .protocol import frame, pack, unpack, write_all
 
+MAX_TOOL_ARGS_CHARS = 64 * 1024  # lib/sandbox/tools.ts MAX_TOOL_ARGS_CHARS
+
 
 def host_tools(msg, c2z_w, reader):
     """(the search primitives, the program's extra tools): name -> function, in the order the
@@ -23,7 +25,13 @@ def host_tools(msg, c2z_w, reader):
         with lock:
             counter[0] += 1
             seq = counter[0]
-            write_all(c2z_w, frame(pack({'t': 'call', 'seq': seq, 'name': name, 'args': args})))
+            body = pack({'t': 'call', 'seq': seq, 'name': name, 'args': args})
+            # The host refuses more than MAX_TOOL_ARGS_CHARS per call (and records the refusal); a call
+            # too large even for that (a character is at most 4 bytes) is refused here, unsent.
+            if len(body) > 4 * MAX_TOOL_ARGS_CHARS + 4096:
+                raise ValueError('the arguments of %s() are too large: at most %d characters per call, found more '
+                                 'than %d; pass a shorter query or id' % (name, MAX_TOOL_ARGS_CHARS, MAX_TOOL_ARGS_CHARS))
+            write_all(c2z_w, frame(body))
             while True:
                 payload = reader.read_blocking()
                 if payload is None:
