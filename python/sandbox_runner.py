@@ -38,8 +38,9 @@ What a program is held to, in the child (each item says what it does NOT cover):
   re-exposes it so that the drop always happens there).
 - seccomp (installed through ctypes where available): no fork/vfork/non-thread clone, no exec, no
   socket(), kill/tkill/tgkill only towards the child's own pid, no ptrace or process_vm_*, no
-  setrlimit/prlimit with a new limit, no mount/namespace/module/reboot/bpf/keyring/io_uring calls.
-  Threads stay allowed (clone with CLONE_THREAD). x86_64 and aarch64 only.
+  setrlimit/prlimit with a new limit, no mount/namespace/module/reboot/bpf/keyring/io_uring calls,
+  no memfd_create/memfd_secret/shmget (memory held by a file descriptor or a SysV segment is outside
+  RLIMIT_AS: 120 memfds of 16 MiB held 1,920 MiB past memory_mb). Threads stay allowed (clone with CLONE_THREAD). x86_64 and aarch64 only.
 - fresh namespace per program with re, json, string, math, itertools, collections, Counter,
   defaultdict and the three search primitives; stdin is /dev/null; the environment is scrubbed.
 - the working directory (empty, private to this worker) is emptied after every program.

@@ -88,6 +88,31 @@ function eachLevel(name: string, body: (t: Test, l: Level) => Promise<void>) {
   });
 }
 
+eachLevel('memory held through file descriptors or SysV segments (memfd_create, shmget) is refused where seccomp is in force', async (t, { pool }) => {
+  // Issue 33 row 3: 120 memfds of 16 MiB held 1,920 MiB past memory_mb (outside RLIMIT_AS).
+  const r = await pool.run(
+    [
+      'import os, ctypes',
+      'held = 0',
+      'try:',
+      '    for i in range(8):',
+      "        fd = os.memfd_create('m%d' % i)",
+      "        os.write(fd, b'y' * (16 << 20))",
+      '        held += 16',
+      '    print("memfd held", held, "MiB")',
+      'except OSError as e:',
+      '    print("memfd", type(e).__name__, e.errno, "after", held, "MiB")',
+      'libc = ctypes.CDLL(None, use_errno=True)',
+      'shm = libc.shmget(0, 16 << 20, 0o1600)',
+      'print("shmget", shm, ctypes.get_errno() if shm < 0 else 0)',
+    ].join('\n'),
+    { memoryMb: 64 },
+  );
+  t.equal(r.error, null, r.error ?? '');
+  if (pool.isolation.seccomp) t.equal(r.stdout, 'memfd PermissionError 1 after 0 MiB\nshmget -1 1\n', 'both refused with EPERM: nothing held past memory_mb');
+  else t.match(r.stdout, /^memfd held 128 MiB\n/, 'without seccomp (the isolation report says so) memfds are not bounded by memory_mb');
+});
+
 eachLevel('an infinite loop is stopped at the time limit', async (t, { pool }) => {
   const r = await pool.run('print("started")\nwhile True:\n    pass', { timeoutMs: 1000 });
   t.equal(r.timed_out, true);

@@ -389,7 +389,7 @@ function describeLevel(level: IsolationLevel, caps: RunnerCaps, python: string, 
   if (level === 'bwrap') parts.push('bubblewrap: own network/PID/IPC/UTS namespaces, filesystem an allow-list (the interpreter and system libraries read-only, a private tmpfs work dir)');
   else if (level === 'unshare') parts.push('unshare: own network/PID/IPC/UTS/mount namespaces; filesystem writable and visible');
   else parts.push('no namespaces: resource limits and process groups only; filesystem writable and visible');
-  parts.push(caps.seccomp ? 'seccomp: no fork/exec/sockets, signals only to itself' : `no seccomp (${caps.seccomp_error ?? 'unavailable'})`);
+  parts.push(caps.seccomp ? 'seccomp: no fork/exec/sockets, no memfd or SysV shared memory (memory outside memory_mb), signals only to itself' : `no seccomp (${caps.seccomp_error ?? 'unavailable'})`);
   parts.push(caps.drop_uid ? 'programs run as uid 65534' : caps.root ? 'programs run as root (the standard library is not readable by an unprivileged uid here)' : 'programs run as the current user');
   parts.push(`python ${caps.version} at ${python}`);
   if (notes.length) parts.push(notes.join('; '));

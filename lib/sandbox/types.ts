@@ -111,7 +111,7 @@ export interface IsolationReport {
    * `slm-train exec` and `slm-train doctor` print it).
    */
   readable: string;
-  /** The seccomp filter is in force (no fork/exec/sockets, signals only to the program itself). */
+  /** The seccomp filter is in force (no fork/exec/sockets, no memfd or SysV shared memory, signals only to the program itself). */
   seccomp: boolean;
   /** Programs run under an unprivileged uid (only possible when the worker starts as root). */
   uidDrop: boolean;

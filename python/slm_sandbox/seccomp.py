@@ -17,7 +17,8 @@ ARCHES = {
         mount=165, umount2=166, unshare=272, setns=308, chroot=161, pivot_root=155, reboot=169,
         kexec_load=246, init_module=175, finit_module=313, delete_module=176, bpf=321,
         perf_event_open=298, userfaultfd=323, keyctl=250, add_key=248, request_key=249,
-        io_uring_setup=425, io_uring_enter=426, io_uring_register=427, swapon=167, swapoff=168)),
+        io_uring_setup=425, io_uring_enter=426, io_uring_register=427, swapon=167, swapoff=168,
+        memfd_create=319, memfd_secret=447, shmget=29)),
     'aarch64': (0xC00000B7, False, dict(
         socket=198, clone=220, clone3=435, execve=221, execveat=281, kill=129, tkill=130,
         tgkill=131, ptrace=117, process_vm_readv=270, process_vm_writev=271,
@@ -25,7 +26,8 @@ ARCHES = {
         mount=40, umount2=39, unshare=97, setns=268, chroot=51, pivot_root=41, reboot=142,
         kexec_load=104, init_module=105, finit_module=273, delete_module=106, bpf=280,
         perf_event_open=241, userfaultfd=282, keyctl=219, add_key=217, request_key=218,
-        io_uring_setup=425, io_uring_enter=426, io_uring_register=427, swapon=224, swapoff=225)),
+        io_uring_setup=425, io_uring_enter=426, io_uring_register=427, swapon=224, swapoff=225,
+        memfd_create=279, memfd_secret=447, shmget=194)),
 }
 SPECIAL = ('clone', 'clone3', 'kill', 'tkill', 'tgkill', 'prlimit64')
 CLONE_THREAD = 0x00010000
