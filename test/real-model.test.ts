@@ -14,7 +14,7 @@ import { Model } from '../lib/engine/model.js';
 import { chatTemplateFor } from '../lib/model/chat.js';
 import { loadTokenizer } from '../lib/model/tokenizer.js';
 import { parseModelConfig, readModelConfig } from '../lib/model/config.js';
-import { repoRoot } from './helpers/shared.js';
+import { fixture, repoRoot } from './helpers/shared.js';
 import { runCliAsync } from './helpers/cli.js';
 
 const python = [process.env.SLM_TRAIN_HF_PYTHON, join(repoRoot, '.venv', 'bin', 'python')].find(
@@ -160,6 +160,61 @@ t.test('a LoRA step on SmolLM2 equals PEFT + torch: loss, adapter gradients, one
   }
   t.ok(compared > 0.5 * total, `${compared} of ${total} parameters have a settled step direction`);
   t.ok(off < 0.02 * opt.lr, `those are within 2 % of lr of torch's after one AdamW step (max |diff| ${off.toExponential(2)}, lr ${opt.lr}, weight decay ${opt.weightDecay})`);
+});
+
+// The same checks on a Qwen3 checkpoint (the fixtures' tiny-qwen3-f32: q/k norms, tied head) against
+// transformers' own Qwen3 and PEFT: logits, greedy decoding, a LoRA step and one AdamW step.
+t.test('a Qwen3 checkpoint (the fixture) against transformers and PEFT', { skip: missing || peftMissing || false, timeout: 300_000 }, async (t) => {
+  const dir = fixture('qwen3', 'tiny-qwen3-f32');
+  const rows = [
+    [204, 125, 373, 399, 458, 17, 300, 457, 205, 161],
+    [12, 99, 300, 7, 45, 210, 3, 77],
+  ];
+  const ref = hf({ model_dir: dir, rows, greedy: rows.map((p) => ({ prompt: p, steps: 32 })) });
+  const m = await Model.load(dir, { dtype: 'float32' });
+  t.teardown(() => m.dispose());
+  for (const [i, row] of rows.entries()) {
+    const r = await m.logits([row]);
+    const want = floats(ref.logits[i]);
+    let diff = 0;
+    want.forEach((x, j) => (diff = Math.max(diff, Math.abs(r.data[j] - x))));
+    t.ok(diff < 1e-4, `row ${i}: float32 logits within 1e-4 of transformers' Qwen3 (max |diff| ${diff.toExponential(2)})`);
+  }
+  const g = await m.generate({ prompts: rows.map((p) => Int32Array.from(p)), maxNewTokens: 32, greedy: true });
+  // transformers stops a row at eos_token_id (2): compare up to there.
+  for (let i = 0; i < rows.length; i++) t.same(Array.from(g.tokens[i]).slice(0, ref.greedy[i].length), ref.greedy[i], `row ${i}: greedy tokens equal transformers' (${ref.greedy[i].length})`);
+  m.attachLora({ r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as never }, 3);
+  for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => Math.sin(i + name.length) * 0.05));
+  const start = t.testdir();
+  await m.saveAdapter(start);
+  const ids = rows[0], mask = ids.map((_, i) => (i >= 4 ? 1 : 0));
+  const opt = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01 };
+  const r = spawnSync(python!, [join(repoRoot, 'test', 'reference', 'peft_step.py')], {
+    input: JSON.stringify({ model_dir: dir, adapter_dir: start, ids, mask, lr: opt.lr, betas: [opt.beta1, opt.beta2], eps: opt.eps, weight_decay: opt.weightDecay }),
+    encoding: 'utf8',
+    maxBuffer: 1 << 28,
+  });
+  t.equal(r.status, 0, r.status === 0 ? 'PEFT ran the step' : r.stderr.slice(-3000));
+  const p = JSON.parse(r.stdout) as { loss: number; grads: Record<string, string>; after: Record<string, string> };
+  const st = await m.trainStep({ sequences: [ids], masks: [mask] }, { loss: 'sft', lr: 0, maxGradNorm: 0, update: false });
+  t.ok(Math.abs(st.loss - p.loss) < 1e-5, `SFT loss ${st.loss.toFixed(6)} vs PEFT ${p.loss.toFixed(6)}`);
+  const grads = m.trainable({ grad: true });
+  t.same(Object.keys(grads).sort(), Object.keys(p.grads).sort(), 'the same adapter tensors');
+  let worst = 0, scale = 0;
+  for (const [k, b64] of Object.entries(p.grads)) floats(b64).forEach((x, i) => ((worst = Math.max(worst, Math.abs(grads[k][i] - x))), (scale = Math.max(scale, Math.abs(x)))));
+  t.ok(scale > 1e-4 && worst < 1e-4 * scale, `adapter gradients within 1e-4 of max |g| (max |diff| ${worst.toExponential(2)}, max |g| ${scale.toExponential(2)})`);
+  await m.applyGradients({ ...opt, maxGradNorm: 0 });
+  const after = m.trainable();
+  let off = 0, compared = 0;
+  for (const [k, b64] of Object.entries(p.after)) {
+    const gr = floats(p.grads[k]);
+    floats(b64).forEach((x, i) => {
+      if (Math.abs(gr[i]) <= 10 * worst) return; // a near-zero gradient's sign is rounding (see the SmolLM2 step)
+      compared++;
+      off = Math.max(off, Math.abs(after[k][i] - x));
+    });
+  }
+  t.ok(compared > 0 && off < 0.02 * opt.lr, `after one AdamW step, ${compared} parameters within 2 % of lr of torch's (max |diff| ${off.toExponential(2)})`);
 });
 
 t.test('slm-train generate answers a question with the chat template', { skip: missing || false, timeout: 300_000 }, async (t) => {
