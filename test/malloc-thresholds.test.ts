@@ -48,7 +48,7 @@ t.test('by default the addon sets the thresholds, and repeated forwards stop fau
 t.test("the user's MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ wins", { skip }, async (t) => {
   // The user's small thresholds stay in force: repeated forwards keep faulting in pages, which the
   // addon's thresholds would have stopped (the first test).
-  for (const env of [{ MALLOC_TRIM_THRESHOLD_: '131072' }, { MALLOC_MMAP_THRESHOLD_: '131072' }]) {
+  for (const env of [{ MALLOC_TRIM_THRESHOLD_: '131072' }, { MALLOC_MMAP_THRESHOLD_: '131072' }] as Array<Record<string, string>>) {
     const r = faults(env);
     t.match(r.malloc, /the user's/, `${Object.keys(env)[0]}: reported as the user's`);
     const f = median(r.faults.slice(2));
