@@ -10,7 +10,7 @@ import { parseJudgeConfig } from '../lib/rewards/config.js';
 import { resolveLimits } from '../lib/sandbox/job.js';
 import { createSandbox } from '../lib/sandbox/index.js';
 import { openIndex } from '../lib/train/environment.js';
-import { ChatTemplate } from '../lib/model/chat.js';
+import { ChatTemplate, type ChatMessage } from '../lib/model/chat.js';
 import { initModel } from '../lib/model/init.js';
 import { runCli } from './helpers/cli.js';
 
@@ -104,7 +104,7 @@ t.test('outputs stay in their folder and overwrite nothing slm-train did not wri
 t.test('chat templates render within a time and size budget: a huge loop is CHAT_TEMPLATE_ERROR, not a hang', async (t) => {
   // Row 10: a 1e8 x 1e8 loop made `generate` hang and grow to 3.3 GB in 7 s.
   const bomb = '{% for i in range(100000000) %}{% for j in range(100000000) %}x{% endfor %}{% endfor %}';
-  const msgs = [{ role: 'user', content: 'hi' }];
+  const msgs: ChatMessage[] = [{ role: 'user', content: 'hi' }];
   const stopped = (why: RegExp) => ({ code: 'CHAT_TEMPLATE_ERROR', message: new RegExp(`The chat template from bomb was stopped while rendering 1 message\\(s\\): ${why.source}.*Expected a template that renders a conversation in well under`) });
   let t0 = performance.now();
   t.throws(() => new ChatTemplate(bomb, 'bomb').render(msgs), stopped(/range\(\) of 100000000 items is past its budget of 1048576/));
@@ -118,7 +118,7 @@ t.test('chat templates render within a time and size budget: a huge loop is CHAT
   const doubling = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}";
   t.throws(() => new ChatTemplate(doubling, 'bomb').render(msgs), stopped(/it made a string of \d+ characters, past its budget of 16777216/));
   const pile = '{% for i in range(1000000) %}{{ messages[0].content ~ i }}{% endfor %}';
-  t.throws(() => new ChatTemplate(pile, 'bomb').render([{ role: 'user', content: 'y'.repeat(4096) }]), stopped(/it made more than 134217728 characters of text in all/));
+  t.throws(() => new ChatTemplate(pile, 'bomb').render([{ role: 'user', content: 'y'.repeat(4096) }] as ChatMessage[]), stopped(/it made more than 134217728 characters of text in all/));
   const lists = "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}";
   t.throws(() => new ChatTemplate(lists, 'bomb').render(msgs), stopped(/it made a list of 2097152 items, past its budget of 1048576/));
   // Ordinary templates are unchanged: globals (range, raise_exception, strftime_now, none) work as before.
