@@ -18,7 +18,7 @@ initModel({ preset: 'tiny', out: dir, seed: 6 });
 const tokenizer = loadTokenizer(dir);
 const formatter = ChatFormatter.forModel(dir);
 /** The little of a Model that request checks read; generating would fail, and no test here does. */
-const model = { vocabSize: tokenizer.vocabSize, config: { num_hidden_layers: 2 } } as unknown as Model;
+const model = { vocabSize: tokenizer.vocabSize, config: { num_hidden_layers: 2, max_position_embeddings: 40960 } } as unknown as Model;
 
 async function start(t: Test, extra: Partial<ServeOptions> = {}): Promise<string> {
   const server = new OpenAIServer({ model, tokenizer, formatter, name: 'tiny', port: 0, ...extra });
@@ -117,4 +117,37 @@ t.test('serve-retriever: a query over the length limit is refused before any sea
   t.teardown(() => strict.close());
   const s = await fetch(surl, { method: 'POST', body: JSON.stringify({ queries: ['eleven char'] }) });
   t.match({ status: s.status, body: await s.json() }, { status: 422, body: { error: { code: 'query_too_long', message: /limit of 10;/ } } });
+});
+
+// Issue 33 row 1: a 100,000-token prompt to the tiny model (context 40,960) was accepted and grew the
+// server until the kernel killed it. Prompt + max_tokens over the context is a 400 with vLLM's words,
+// before the batcher allocates anything (the stand-in model would fail if a request got that far).
+t.test('a prompt and completion longer than the context are a 400 before anything is allocated', async (t) => {
+  const base = await start(t);
+  const post = async (path: string, body: unknown) => {
+    const r = await fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    return { status: r.status, body: (await r.json()) as { error: { message: string; param: string } } };
+  };
+  const ids = Array.from({ length: 100_000 }, (_, i) => 100 + (i % 1000));
+  const long = await post('/completions', { prompt: ids, max_tokens: 16 });
+  t.equal(long.status, 400, '100,000 prompt tokens: 400');
+  t.match(long.body.error, { param: 'prompt', message: /^This model's maximum context length is 40960 tokens\. However, you requested 100016 tokens \(100000 in the prompt, 16 in the completion\)/ });
+  const edge = await post('/completions', { prompt: ids.slice(0, 40_950), max_tokens: 11 });
+  t.equal(edge.status, 400, 'one token over (40,950 + 11): 400');
+  const chat = await post('/chat/completions', { messages: [{ role: 'user', content: 'word '.repeat(50_000) }], max_tokens: 8 });
+  t.equal(chat.status, 400, 'a 50,000-word chat message: 400');
+  t.match(chat.body.error, { param: 'messages', message: /in the messages/ });
+
+  const small = await start(t, { maxModelLen: 64 });
+  const over = await fetch(`${small}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: ids.slice(0, 60), max_tokens: 5 }) });
+  t.equal(over.status, 400, 'maxModelLen 64: 60 + 5 is a 400');
+  t.match(((await over.json()) as { error: { message: string } }).error.message, /maximum context length is 64 tokens/);
+});
+
+t.test('serve --max-model-len is checked against the model', async (t) => {
+  for (const v of ['1', '50000', '2.5']) {
+    const r = runCli(['serve', '--model', dir, '--port', '0', '--max-model-len', v]);
+    t.equal(r.code, 2, `--max-model-len ${v}: exit 2`);
+    t.match(r.stderr, /ARGUMENT_INVALID.*--max-model-len must be an integer from 2 to the model's max_position_embeddings \(40960\)/);
+  }
 });

@@ -6,12 +6,14 @@ import { OpenAIServer } from '../serve/server.js';
 import { hubRepoName } from '../hub/download.js';
 import { loadPolicyFromArgs, modelOptions, print, untilSignal, type ModelArgs } from './common.js';
 import { progressLog } from '../util/progress.js';
+import { SlmError } from '../errors.js';
 
 interface Args extends ModelArgs {
   port: number;
   host: string;
   name?: string;
   'max-batch': number;
+  'max-model-len'?: number;
   'max-body-mb': number;
 }
 
@@ -24,12 +26,16 @@ export const serveCommand: CommandModule<object, Args> = {
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on' })
       .option('name', { type: 'string', describe: 'model name in responses (default: the folder name)' })
       .option('max-batch', { type: 'number', default: 32, describe: 'rows per batched generate call (also the largest n)' })
-      .option('max-body-mb', { type: 'number', default: 32, describe: 'the largest request body in MiB; a larger one is a 413' }) as never,
+      .option('max-body-mb', { type: 'number', default: 32, describe: 'the largest request body in MiB; a larger one is a 413' })
+      .option('max-model-len', { type: 'number', describe: "the longest prompt + max_tokens a request may ask for (default: the model's max_position_embeddings); longer is a 400" }) as never,
   handler: async (a) => {
     a.name ??= hubRepoName(a.model) ?? basename(a.model);
     const bodyLimit = maxBodyBytes(a['max-body-mb']);
     const { model, tokenizer, formatter } = await loadPolicyFromArgs(a);
-    const server = new OpenAIServer({ model, tokenizer, formatter, name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], maxBodyBytes: bodyLimit, adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
+    const maxLen = a['max-model-len'];
+    if (maxLen !== undefined && !(Number.isInteger(maxLen) && maxLen >= 2 && maxLen <= model.config.max_position_embeddings))
+      throw new SlmError('ARGUMENT_INVALID', `--max-model-len must be an integer from 2 to the model's max_position_embeddings (${model.config.max_position_embeddings}), found ${maxLen}.`);
+    const server = new OpenAIServer({ model, tokenizer, formatter, name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], maxBodyBytes: bodyLimit, maxModelLen: maxLen, adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
     const port = await server.listen();
     print(`serving ${a.name}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models)`);
     await untilSignal();

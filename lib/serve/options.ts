@@ -16,6 +16,11 @@ export interface ServeOptions {
   /** Default and upper bound of max_tokens (default 512 / 4096). */
   defaultMaxTokens?: number;
   maxTokensLimit?: number;
+  /**
+   * The longest sequence a request may ask for, prompt plus max_tokens (vLLM's --max-model-len;
+   * default the model's max_position_embeddings): a longer one is a 400 before anything is allocated.
+   */
+  maxModelLen?: number;
   /** The largest request body read (default 32 MiB); a larger one is a 413. */
   maxBodyBytes?: number;
   log?: (line: string) => void;

@@ -172,6 +172,16 @@ export function parseRequest(server: RequestContext, chat: boolean, body: Record
   const limit = o.maxTokensLimit ?? 4096;
   const maxName = body.max_tokens === undefined || body.max_tokens === null ? 'max_completion_tokens' : 'max_tokens';
   const maxTokens = number(body, chat ? maxName : 'max_tokens', o.defaultMaxTokens ?? 512, 1, limit, { integer: true });
+  // vLLM's rule and words: the prompt and the completion must fit the model's context, checked here
+  // before the batcher allocates a KV cache for them (a 100,000-token prompt used to be accepted and
+  // grew the server until the kernel killed it).
+  const maxLen = o.maxModelLen ?? o.model.config.max_position_embeddings;
+  for (const pr of prompts)
+    if (pr.length + maxTokens > maxLen)
+      throw param(
+        chat ? 'messages' : 'prompt',
+        `This model's maximum context length is ${maxLen} tokens. However, you requested ${pr.length + maxTokens} tokens (${pr.length} in the ${chat ? 'messages' : 'prompt'}, ${maxTokens} in the completion). Please reduce the length of the ${chat ? 'messages' : 'prompt'} or completion.`,
+      );
   const maxBatch = o.maxBatch ?? 32;
   const n = number(body, 'n', 1, 1, maxBatch, { integer: true });
   if (n * prompts.length > maxBatch) throw param('n', `n x prompts = ${n * prompts.length} rows, over this server's --max-batch ${maxBatch}`);
