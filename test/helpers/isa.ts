@@ -10,7 +10,7 @@ export function cpuLevels(a: NativeAddon, withNone = false): CpuIsaLevel[] {
   return CPU_ISA_LEVELS.slice(CPU_ISA_LEVELS.indexOf(top)).filter((l) => withNone || l !== 'none');
 }
 
-/** t.test once per level, the level in force while it runs (then the CPU's own again). */
+/** t.test once per level, the level in force while it runs (then the one in force before). */
 export function atEachLevel(
   t: Test,
   a: NativeAddon,
@@ -20,8 +20,9 @@ export function atEachLevel(
 ): void {
   for (const level of cpuLevels(a, o.withNone))
     t.test(`${name} [${level}]`, { skip: o.skip }, async (tt) => {
+      const before = a.version().cpuIsa; // the level in force (SLM_TRAIN_CPU_ISA may cap it), restored after
       tt.equal(a.setCpuIsa(level), level, `the kernels run at ${level}`);
-      tt.teardown(() => void a.setCpuIsa('avx512-bf16'));
+      tt.teardown(() => void a.setCpuIsa(before));
       await fn(tt, level);
     });
 }
