@@ -1,7 +1,7 @@
 // Non-finite training state (issue 33 row 12): an adapter holding NaN or inf is refused when loaded
 // or resumed, and a run whose loss turns NaN/inf stops with TRAINING_DIVERGED, keeping its last good
 // checkpoint, instead of training on NaN for the rest of the run and exiting 0.
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { closeSync, openSync, readFileSync, readdirSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
@@ -33,12 +33,7 @@ function poison(file: string): void {
 }
 
 t.test('an adapter with non-finite values is refused; --resume falls back to a good checkpoint or refuses', async (t) => {
-  const root = t.testdir();
-  const modelDir = join(root, 'model');
-  initModel({ preset: 'tiny', out: modelDir, seed: 2, overrides: { vocab_size: 512 } });
-  const m = await Model.load(modelDir);
-  t.teardown(() => m.dispose());
-  const run = new RunFolder(join(root, 'run'));
+  const { root, m, run } = await tinyRun(t);
   await runSft(m, examples, run, { ...opts, stopAfter: 2 });
   t.same(readdirSync(join(root, 'run', 'checkpoints')).sort(), ['step-1', 'step-2']);
   const newest = join(root, 'run', 'checkpoints', 'step-2', 'adapter', 'adapter_model.safetensors');
@@ -77,13 +72,18 @@ async function trainPoisonedAfter(m: Model, run: RunFolder, at: number) {
   );
 }
 
-t.test('a loss that turns NaN/inf stops training with TRAINING_DIVERGED and keeps the last good checkpoint', async (t) => {
+/** A tiny model (loaded, disposed with the test) and an empty run folder in the test's own folder. */
+async function tinyRun(t: Test) {
   const root = t.testdir();
   const modelDir = join(root, 'model');
   initModel({ preset: 'tiny', out: modelDir, seed: 2, overrides: { vocab_size: 512 } });
   const m = await Model.load(modelDir);
   t.teardown(() => m.dispose());
-  const run = new RunFolder(join(root, 'run'));
+  return { root, modelDir, m, run: new RunFolder(join(root, 'run')) };
+}
+
+t.test('a loss that turns NaN/inf stops training with TRAINING_DIVERGED and keeps the last good checkpoint', async (t) => {
+  const { root, modelDir, m, run } = await tinyRun(t);
   const err = await trainPoisonedAfter(m, run, 3);
   t.equal(err?.code, 'TRAINING_DIVERGED', String(err?.message));
   t.match(err?.message, /training diverged at step 4: the loss is NaN, expected finite values\. Training stopped without saving that step; the last good checkpoint is .*step-2 \(step 2\): continue from it with --resume/);
@@ -99,12 +99,7 @@ t.test('a loss that turns NaN/inf stops training with TRAINING_DIVERGED and keep
 });
 
 t.test('a checkpoint is never written from an adapter holding NaN or inf', async (t) => {
-  const root = t.testdir();
-  const modelDir = join(root, 'model');
-  initModel({ preset: 'tiny', out: modelDir, seed: 2, overrides: { vocab_size: 512 } });
-  const m = await Model.load(modelDir);
-  t.teardown(() => m.dispose());
-  const run = new RunFolder(join(root, 'run'));
+  const { root, m, run } = await tinyRun(t);
   const err = await trainPoisonedAfter(m, run, 2);
   t.equal(err?.code, 'TRAINING_DIVERGED', String(err?.message));
   t.match(err?.message, /training diverged at step 2: the adapter holds \d+ non-finite values \(NaN or inf; first in .*lora_B.*\).*no checkpoint was written before it/);
