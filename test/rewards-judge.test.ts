@@ -200,7 +200,11 @@ t.test('no answer: -1 under sign_magnitude, judge_skipped 1, and no request', as
   t.equal(r.correct, false);
   const asked = await judgeReward({ backend, combine: 'sign_magnitude', skipWithoutAnswer: false })({ ...ctx, answer: null });
   t.equal(backend.calls, 1, 'skipWithoutAnswer: false sends it');
-  t.equal(asked.parts.judge, 1);
+  // A "correct" verdict on no answer does not count (the reference: `result.correct and final_answer
+  // is not None`): correctness 0, so -(1 - 1) = 0.
+  t.equal(asked.parts.judge, 0);
+  t.equal(asked.parts.judge_correctness, 0);
+  t.equal(asked.correct, false);
   t.match(backend.seen[0][1], /Final answer: \(none: the assistant ended without an answer\)/);
 });
 

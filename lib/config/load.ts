@@ -74,6 +74,11 @@ function crossChecks(c: ResolvedConfig): Problem[] {
   if (c.stage === 'grpo' && c.rollout.k < 2) p.push({ path: ['rollout', 'k'], message: `GRPO compares the rollouts of a group: expected an integer >= 2, found ${c.rollout.k}` });
   const klIn = a.kl_in ?? (c.stage === 'ppo' || a.kind === 'ppo' ? 'reward' : 'loss');
   if (klIn === 'loss' && a.kl_estimator === 'k2') p.push({ path: ['algorithm', 'kl_estimator'], message: 'the KL term in the loss supports k1 and k3, found "k2"; use k2 with kl_in: reward' });
+  // Turn 1 sampled at another temperature than the episode's: the sampler's log-probs of its tokens are not the training forward's.
+  if (c.rollout.first_turn_temperature !== null && c.algorithm.old_logprobs !== 'recompute')
+    p.push({ path: ['rollout', 'first_turn_temperature'], message: `turn 1 then samples at ${c.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute` });
+  if (c.rollout.first_turn_top_p !== null && c.rollout.first_turn_temperature === null)
+    p.push({ path: ['rollout', 'first_turn_top_p'], message: 'set, but rollout.first_turn_temperature is null (turn 1 then samples at the rollout\'s own draws); set both or neither' });
   if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.warmup_steps >= c.train.steps)
     p.push({ path: ['optim', 'warmup_steps'], message: `expected fewer warm-up steps than train.steps (${c.train.steps}) for a ${c.optim.schedule} schedule, found ${c.optim.warmup_steps}` });
   return p;

@@ -93,6 +93,9 @@ export const CONFIG_SCHEMA: Schema = {
       prompts_from_sft: bool(false, 'take the system prompt (and, for code, the final-turn notice) from the conversations of data.sft, the most common of each, so that SFT, RL and evaluation see one prompt; system_prompt and final_turn_notice must then be null'),
       question_variable: { ...str(null, 'code: bind the question to this variable in every program (e.g. question), as smolagents passes task inputs; null = none'), pattern: '^[A-Za-z_][A-Za-z0-9_]*$' },
       final_answer: bool(false, 'code: programs may end the episode with final_answer(answer), as in smolagents; <answer> tags still work'),
+      prefill_first: str(null, "training rollouts: text the first assistant turn starts with, the model going on after it (the reference code-search system: <python>, so that every episode searches); null = none. Evaluation never prefills (nor does the reference's)"),
+      prefill_final: str(null, 'training rollouts: text the last assistant turn starts with when it is not the first (the reference code-search system: <answer>, so that every episode answers); null = none'),
+      prefill_trained: bool(false, "whether the loss covers the prefilled tokens (the reference's: true, its trained response text starts with them); their old log-probs are then computed by the trainer's forward (the sampler has none)"),
     }),
     sandbox: section({
       kind: oneOf(['python', 'quickjs'], 'python'),
@@ -135,6 +138,8 @@ export const CONFIG_SCHEMA: Schema = {
         description: 'a number, or [lo, hi]: each rollout draws its own from the range (the reference code-search system draws from [0.85, 0.99])',
       },
       top_k: int(0, { minimum: 0 }, '0 = off'),
+      first_turn_temperature: num(null, { minimum: 0 }, 'training rollouts: turn 1 of every rollout samples at this temperature, later turns at the rollout\'s own draw (the reference code-search system: 0.925, the middle of [0.7, 1.15]); null = the rollout\'s own on every turn. Needs algorithm.old_logprobs: recompute (the training forward scores a sequence at one temperature)'),
+      first_turn_top_p: num(null, { exclusiveMinimum: 0, maximum: 1 }, 'with first_turn_temperature: the top-p of turn 1 (the reference: 0.92, the middle of [0.85, 0.99]); null = 1'),
       kv_cache_reuse: bool(true, "engine native: an episode's KV cache survives between its turns, so a turn computes only the tokens appended since the last (the tool output, the template's text) instead of re-prefilling the conversation; the episodes are the same either way. false = re-prefill every turn"),
       kv_cache_mb: int(2048, { minimum: 0, maximum: 2 ** 32 }, 'engine native: memory the kept episode KV caches may hold (MiB, on the model\'s device); beyond it the least recently used are evicted and those episodes re-prefill (one log line says so). 0 = keep none'),
       engine: oneOf(['native', 'openai'], 'native', "native: the trainer's own engine generates; openai: OpenAI-compatible servers (vLLM, slm-train serve) generate with the adapter loaded at run time"),
@@ -199,6 +204,7 @@ export const CONFIG_SCHEMA: Schema = {
       vf_coef: num(0.5, { minimum: 0 }),
       value_clip: num(0.5, { exclusiveMinimum: 0 }),
       whiten: bool(true, 'whiten PPO advantages over the batch (verl)'),
+      old_logprobs: oneOf(['sampler', 'recompute'], 'sampler', "the old policy's log-probs in the clipped ratio: sampler = those the generator reported while sampling; recompute = a teacher-forced forward of the trained policy over each episode before the update, at the temperature the training forward uses (LoRA dropout off: the ratio is exactly 1 only with lora.dropout 0). The reference code-search system has no ratio (plain -A log p); recompute is the closest"),
       mini_batch: int(0, { minimum: 0 }, "PPO: episodes per optimizer step (verl ppo_mini_batch_size; Search-R1: half the batch); 0 = all of the step's episodes"),
     }),
     rft: section({
@@ -235,6 +241,7 @@ export const CONFIG_SCHEMA: Schema = {
       max_questions: int(null, { minimum: 1 }),
       temperature: num(0, { minimum: 0 }, '0 = greedy'),
       top_p: num(null, { exclusiveMinimum: 0, maximum: 1 }, 'null = rollout.top_p'),
+      max_new_tokens: int(null, { minimum: 1 }, 'tokens per turn in evaluation (the reference code-search system evaluates with 512); null = protocol.max_new_tokens'),
       table: oneOf(['full', 'em_rouge_l'], 'full', "the comparison table: every metric, or the SFT+PPO report's (configuration, EM, ROUGE-L)"),
     }),
     run: section({

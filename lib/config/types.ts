@@ -55,6 +55,10 @@ export interface ProtocolConfig {
   prompts_from_sft: boolean;
   question_variable: string | null;
   final_answer: boolean;
+  /** Training rollouts: the text turn 1 / the last turn starts with; whether the loss covers it. */
+  prefill_first: string | null;
+  prefill_final: string | null;
+  prefill_trained: boolean;
 }
 
 export interface SandboxConfig {
@@ -84,6 +88,9 @@ export interface RolloutConfig {
   temperature: number | [number, number];
   top_p: number | [number, number];
   top_k: number;
+  /** Training rollouts: turn 1's fixed sampling (null = the rollout's own draw). */
+  first_turn_temperature: number | null;
+  first_turn_top_p: number | null;
   kv_cache_reuse: boolean;
   kv_cache_mb: number;
   engine: 'native' | 'openai';
@@ -147,6 +154,8 @@ export interface AlgorithmConfig {
   vf_coef: number;
   value_clip: number;
   whiten: boolean;
+  /** The clipped ratio's old log-probs: the sampler's, or recomputed by the trained policy before the update. */
+  old_logprobs: 'sampler' | 'recompute';
   mini_batch: number;
 }
 
@@ -191,6 +200,8 @@ export interface EvalConfig {
   max_questions: number | null;
   temperature: number;
   top_p: number | null;
+  /** Tokens per turn in evaluation (null = protocol.max_new_tokens). */
+  max_new_tokens: number | null;
   table: 'full' | 'em_rouge_l';
 }
 

@@ -20,6 +20,8 @@ export interface Live {
   ids: number[];
   mask: number[];
   logprobs: number[];
+  /** 1 on prefilled tokens (EpisodeRunnerOptions.prefill). */
+  forced: number[];
   promptTokens: number;
   messages: ChatMessage[];
   /** inline protocols: the assistant text so far (all turns and replies). */
@@ -35,6 +37,10 @@ export interface Live {
   // the turn being generated
   turnIds: number[];
   turnLogprobs: number[];
+  /** How many of turnIds (their start) the runner prefilled. */
+  turnForced: number;
+  /** The last committed turn's text, prefill included (what the chat template continues from). */
+  turnText: string;
   turnFinish: FinishReason;
   budget: number;
   resumes: number;
@@ -75,6 +81,7 @@ export function startEpisode(ctx: EpisodeContext, r: EpisodeRequest, index: numb
     ids: [...ids],
     mask: new Array(ids.length).fill(0),
     logprobs: new Array(ids.length).fill(0),
+    forced: new Array(ids.length).fill(0),
     promptTokens: ids.length,
     messages,
     inlineText: '',
@@ -87,6 +94,8 @@ export function startEpisode(ctx: EpisodeContext, r: EpisodeRequest, index: numb
     toolMs: 0,
     turnIds: [],
     turnLogprobs: [],
+    turnForced: 0,
+    turnText: '',
     turnFinish: 'length',
     budget: 0,
     resumes: 0,
@@ -103,7 +112,7 @@ export function commitTurn(ctx: EpisodeContext, s: Live, turn: number): ToolActi
   const action = o.protocol.parse(text);
   let dropped = 0;
   if (action.kind !== 'none') {
-    const keep = tokensThrough(o.tokenizer, s.turnIds, text, action.end);
+    const keep = Math.max(s.turnForced, tokensThrough(o.tokenizer, s.turnIds, text, action.end));
     if (keep < s.turnIds.length) {
       dropped = s.turnIds.length - keep;
       s.turnIds.length = keep;
@@ -112,20 +121,27 @@ export function commitTurn(ctx: EpisodeContext, s: Live, turn: number): ToolActi
       if (s.turnFinish !== 'stop_string') s.turnFinish = 'stop_string';
     }
   }
+  // Prefilled tokens: trained or not as the options say; the sampler gave them no log-prob.
+  const forced = s.turnForced;
+  const trainForced = o.prefill?.trained === true ? 1 : 0;
   for (let k = 0; k < s.turnIds.length; k++) {
     s.ids.push(s.turnIds[k]);
-    s.mask.push(1);
-    s.logprobs.push(s.turnLogprobs[k]);
+    s.mask.push(k < forced ? trainForced : 1);
+    s.logprobs.push(k < forced ? 0 : s.turnLogprobs[k]);
+    s.forced.push(k < forced ? 1 : 0);
   }
   s.turns = turn;
-  s.segments.push({ source: 'model', text, tokens: s.turnIds.length });
+  if (forced > 0) s.segments.push({ source: 'prefill', text: o.tokenizer.decode(s.turnIds.slice(0, forced)), tokens: forced });
+  s.segments.push({ source: 'model', text: forced > 0 ? o.tokenizer.decode(s.turnIds.slice(forced)) : text, tokens: s.turnIds.length - forced });
+  s.turnText = text;
   addAssistantText(ctx, s, text);
   s.steps.push({
     turn,
     action: action.kind,
     ...(action.kind === 'none' ? { reason: action.reason, ...(action.open ? { open: action.open } : {}) } : {}),
     finishReason: s.turnFinish,
-    generatedTokens: s.turnIds.length,
+    generatedTokens: s.turnIds.length - forced,
+    ...(forced > 0 ? { prefillTokens: forced } : {}),
     droppedTokens: dropped,
     resumes: s.resumes,
     envTokens: 0,
@@ -168,7 +184,7 @@ export function appendReply(ctx: EpisodeContext, s: Live, reply: EnvReply): void
   } else {
     if (!next.length) throw new SlmError('PROTOCOL_ERROR', `Expected the ${o.protocol.name} protocol to reply with at least one message after turn ${step.turn}, but it gave none.`);
     // The turn as decoded (stop-token text included) so that the formatter does not repeat `<|im_end|>`.
-    const generated = s.segments[s.segments.length - 1].text;
+    const generated = s.turnText;
     const history: ChatMessage[] = [...s.messages.slice(0, -1), { role: 'assistant', content: generated }];
     const continuation = (ms: ChatMessage[]) => o.formatter.continuation(history, ms, { strict: o.strictTemplate ?? false });
     text = continuation(next);
@@ -183,6 +199,7 @@ export function appendReply(ctx: EpisodeContext, s: Live, reply: EnvReply): void
     s.ids.push(id);
     s.mask.push(0);
     s.logprobs.push(0);
+    s.forced.push(0);
   }
   step.envTokens = ids.length;
   s.segments.push({ source: 'env', text, tokens: ids.length });
@@ -236,6 +253,7 @@ export function finishEpisode(s: Live): Episode {
     ids: Int32Array.from(s.ids),
     lossMask: Uint8Array.from(s.mask),
     logprobs: Float32Array.from(s.logprobs),
+    ...(s.forced.some((x) => x === 1) ? { forced: Uint8Array.from(s.forced) } : {}),
     promptTokens: s.promptTokens,
     temperature: s.temperature,
     answer: s.answer,

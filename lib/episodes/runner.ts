@@ -15,6 +15,9 @@
  *      environment replies (programs run concurrently) and only the reply's text is tokenized and
  *      appended (mask 0), chat-template glue included. A reply may carry the answer itself (a
  *      program's final_answer()): the episode then ends with it, nothing appended.
+ * With `prefill`, a turn starts with the runner's text (its tokens appended before the generate call,
+ * mask 1 or 0 as `prefill.trained` says, log-prob 0, marked in Episode.forced); with `firstTurn`,
+ * turn 1 samples every episode at one fixed temperature and top-p (the reference code-search system).
  * How many generations `maxTurns` allows is the protocol's (EpisodeProtocol.turnsCount): `maxTurns`
  * for `generations` (code), `maxTurns + 1` for `searches` (tags: Search-R1's max_turns rounds of
  * generation and reply, then a last generation that gets no reply).
@@ -78,6 +81,7 @@ export class EpisodeRunner {
         await this.#generateTurn(active, turn, stats);
         const pending: Array<{ s: Live; action: ToolAction }> = [];
         for (const s of active) {
+          if (s.finish) continue; // ended before generating (a prefill that did not fit)
           const action = commitTurn(this.#ctx, s, turn);
           if (action) pending.push({ s, action });
         }
@@ -97,14 +101,28 @@ export class EpisodeRunner {
   /** Generation of one turn for every active episode, with resumes (see the module comment). */
   async #generateTurn(active: Live[], turn: number, stats: BatchStats): Promise<void> {
     const o = this.options;
+    // The turn's prefill (options.prefill): its tokens start the turn, the model goes on after them.
+    const prefill = turn === 1 ? o.prefill?.first : turn === this.#ctx.generations ? o.prefill?.final : undefined;
+    const forced = prefill ? o.tokenizer.encode(prefill) : [];
     for (const s of active) {
-      s.turnIds = [];
-      s.turnLogprobs = [];
+      s.turnIds = [...forced];
+      s.turnLogprobs = forced.map(() => 0);
+      s.turnForced = forced.length;
       s.turnFinish = 'length';
       s.budget = o.maxNewTokens;
       s.resumes = 0;
     }
-    let rows = active;
+    // An episode whose prefill leaves no room to generate ends here, as one whose reply would not fit.
+    let rows = active.filter((s) => {
+      if (s.ids.length + forced.length < o.maxTotalTokens) return true;
+      s.turnIds = [];
+      s.turnLogprobs = [];
+      s.turnForced = 0;
+      s.finish = 'context';
+      return false;
+    });
+    // Turn 1 at the options' fixed sampling (options.firstTurn), later turns at the episode's own.
+    const first = turn === 1 ? o.firstTurn : undefined;
     for (let round = 0; rows.length; round++) {
       const limits = rows.map((s) => Math.min(s.budget, o.maxTotalTokens - s.ids.length - s.turnIds.length));
       const maxNewTokens = Math.max(...limits);
@@ -114,9 +132,9 @@ export class EpisodeRunner {
       const res = await o.generator.generate({
         prompts: rows.map((s) => Int32Array.from(s.turnIds.length ? s.ids.concat(s.turnIds) : s.ids)),
         maxNewTokens,
-        temperature: rows.map((s) => s.temperature),
+        temperature: rows.map((s) => first?.temperature ?? s.temperature),
         // per episode where an episode sets its own (GRPO draws it per rollout), else the runner's
-        topP: rows.some((s) => s.topP !== undefined) ? rows.map((s) => s.topP ?? o.topP ?? 1) : o.topP,
+        topP: first ? first.topP : rows.some((s) => s.topP !== undefined) ? rows.map((s) => s.topP ?? o.topP ?? 1) : o.topP,
         topK: o.topK,
         seed: callSeed(o.seed ?? 0),
         ...(rows.every((s) => s.seed !== undefined) ? { rowSeeds: rows.map((s) => callSeed(s.seed as number)) } : {}),
@@ -187,6 +205,18 @@ function checkOptions(o: EpisodeRunnerOptions): void {
   }
   for (const k of ['maxTurns', 'maxNewTokens', 'maxTotalTokens'] as const) {
     if (!Number.isInteger(o[k]) || o[k] < 1) throw new SlmError('ARGUMENT_INVALID', `Expected option "${k}" of EpisodeRunner to be a positive integer, but found ${describe(o[k])}.`);
+  }
+  if (o.prefill !== undefined) {
+    const p = o.prefill;
+    if (!p || typeof p !== 'object') throw new SlmError('ARGUMENT_INVALID', `Expected option "prefill" of EpisodeRunner to be { first?, final?, trained? }, but found ${describe(p)}.`);
+    for (const k of ['first', 'final'] as const)
+      if (p[k] !== undefined && !(typeof p[k] === 'string' && p[k] !== '')) throw new SlmError('ARGUMENT_INVALID', `Expected prefill.${k} of EpisodeRunner to be a non-empty string, but found ${describe(p[k])}.`);
+    if (p.trained !== undefined && typeof p.trained !== 'boolean') throw new SlmError('ARGUMENT_INVALID', `Expected prefill.trained of EpisodeRunner to be a boolean, but found ${describe(p.trained)}.`);
+  }
+  if (o.firstTurn !== undefined) {
+    const f = o.firstTurn;
+    if (!f || typeof f.temperature !== 'number' || !(f.temperature >= 0) || typeof f.topP !== 'number' || !(f.topP > 0 && f.topP <= 1))
+      throw new SlmError('ARGUMENT_INVALID', `Expected option "firstTurn" of EpisodeRunner to be { temperature >= 0, topP in (0, 1] }, but found ${describe(f)}.`);
   }
 }
 

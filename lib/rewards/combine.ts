@@ -247,6 +247,7 @@ function judgeFromConfig(j: JudgeConfig, deps: RewardDeps): RewardFn {
     correctThreshold: j.correct_threshold,
     maxTrajectoryChars: j.max_trajectory_chars,
     skipWithoutAnswer: j.skip_without_answer,
+    missingApproach: j.missing_approach,
     ...(j.system_prompt === null ? {} : { systemPrompt: j.system_prompt }),
   });
 }

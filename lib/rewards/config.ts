@@ -28,7 +28,11 @@
  *       match_shortcut: true       # an answer equal to or containing a gold (lowercased, trimmed)
  *                                  # is correct with approach 1, without a request (the reference)
  *       skip_without_answer: true  # no answer: correctness 0, approach 0, no request
- *                                  # (sign_magnitude: -1, the reference's score)
+ *                                  # (sign_magnitude: -1); false: the judge is asked about
+ *                                  # "(no answer)" and its correctness is 0 whatever it says
+ *                                  # (sign_magnitude: -(1 - approach), the reference's training)
+ *       missing_approach: error    # binary: a verdict without approach_score is a failed call
+ *                                  # (error: the reference's recipe, -1) or approach 0 (zero)
  *       approach, combine (default: reward.combine), correctness_weight, approach_weight, correct_threshold,
  *       max_trajectory_chars, system_prompt                       # judging (judge.combine only
  *                                  # shapes the combined `judge` part; reward.combine the total)
@@ -78,6 +82,7 @@ export interface JudgeConfig {
   correct_threshold: number;
   max_trajectory_chars: number;
   skip_without_answer: boolean;
+  missing_approach: 'error' | 'zero';
   system_prompt: string | null;
 }
 
@@ -122,6 +127,7 @@ const JUDGE_KEYS: Record<keyof JudgeConfig, KeySpec> = {
   correct_threshold: num(0, 1),
   max_trajectory_chars: int(100),
   skip_without_answer: bool,
+  missing_approach: oneOf('error', 'zero'),
   system_prompt: orNull(str),
 };
 
@@ -151,6 +157,7 @@ const JUDGE_DEFAULTS: Omit<JudgeConfig, 'backend'> = {
   correct_threshold: 0.7,
   max_trajectory_chars: 12000,
   skip_without_answer: true,
+  missing_approach: 'error',
   system_prompt: null,
 };
 

@@ -125,8 +125,10 @@ function verdictFromText(text: string): RawVerdict | undefined {
  * `<think>` block, in or out of markdown fences. Throws JUDGE_FAILED, quoting the reply's end, when
  * there is no category, the category is not one of the three, or the approach score is missing or
  * not a number (when asked for). An approach score outside 0-100 is clamped (the reference does).
+ * `missingApproach` 'zero': an object without approach_score counts approach 0 instead (the
+ * reference's parse_judge_response where its schema does not require the key: batched judging).
  */
-export function parseBinaryReply(reply: string, approach = true): JudgeGrades {
+export function parseBinaryReply(reply: string, approach = true, missingApproach: 'error' | 'zero' = 'error'): JudgeGrades {
   const text = afterThinking(reply);
   const tail = quoteTail(reply);
   const v = verdictFromJson(text) ?? verdictFromText(text);
@@ -136,7 +138,8 @@ export function parseBinaryReply(reply: string, approach = true): JudgeGrades {
   const category = categoryOf(v.category);
   if (!category) throw new SlmError('JUDGE_FAILED', `Expected the judge's category to be one of ${JUDGE_CATEGORIES.join(', ')}, but found ${describe(v.category)} in ${tail}.`);
   let a: number | null = null;
-  if (approach) {
+  if (approach && v.approach === undefined && missingApproach === 'zero') a = 0;
+  else if (approach) {
     const n = typeof v.approach === 'string' && v.approach.trim() !== '' ? Number(v.approach) : v.approach;
     if (typeof n !== 'number' || !Number.isFinite(n)) {
       throw new SlmError('JUDGE_FAILED', `Expected the judge's approach_score to be a number from 0 to 100 beside the category, but found ${describe(v.approach)} in ${tail}.`);
@@ -147,6 +150,6 @@ export function parseBinaryReply(reply: string, approach = true): JudgeGrades {
 }
 
 /** Read a judge reply of either format (default 'binary'). Throws JUDGE_FAILED when it cannot. */
-export function parseJudgeReply(reply: string, approach = true, format: JudgeFormat = 'binary'): JudgeGrades {
-  return format === 'graded' ? parseGradedReply(reply, approach) : parseBinaryReply(reply, approach);
+export function parseJudgeReply(reply: string, approach = true, format: JudgeFormat = 'binary', missingApproach: 'error' | 'zero' = 'error'): JudgeGrades {
+  return format === 'graded' ? parseGradedReply(reply, approach) : parseBinaryReply(reply, approach, missingApproach);
 }

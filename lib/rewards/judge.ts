@@ -77,8 +77,19 @@ export interface JudgeOptions {
   matchShortcut?: boolean;
   /** The trajectory shown to the judge is cut in the middle beyond this many characters (default 12000). */
   maxTrajectoryChars?: number;
-  /** Episodes without an answer score correctness 0, approach 0 without a request (default true). */
+  /**
+   * Episodes without an answer score correctness 0, approach 0 without a request (default true).
+   * false: the judge is asked about them too (the reference code-search system's training judges
+   * "(no answer)" with the trajectory), and their correctness is 0 whatever it says: with
+   * 'sign_magnitude' they score -(1 - approach).
+   */
   skipWithoutAnswer?: boolean;
+  /**
+   * Binary format: a verdict without approach_score is a failed judge call ('error', default: the
+   * reference's recipe, whose schema requires the key, scores it -1) or approach 0 ('zero': the
+   * reference's batched judging).
+   */
+  missingApproach?: 'error' | 'zero';
   /** Replaces the default system prompt (it must ask for the format's JSON object or lines). */
   systemPrompt?: string;
   /** Prefix of the part names (default 'judge'). */
@@ -143,6 +154,8 @@ export function judgeReward(opts: JudgeOptions): RewardFn {
   const gaveUp = opts.gaveUpReward ?? null;
   const system = opts.systemPrompt ?? judgeSystemPrompt(approach, format);
   const maxChars = opts.maxTrajectoryChars ?? 12000;
+  if (opts.missingApproach !== undefined && opts.missingApproach !== 'error' && opts.missingApproach !== 'zero')
+    throw new SlmError('ARGUMENT_INVALID', `Expected the judge option missingApproach to be 'error' or 'zero', but found ${describe(opts.missingApproach)}.`);
 
   const partsOf = (g: JudgeGrades | null, flags: { error: number; skipped: number; matched: number }): Record<string, number | null> => ({
     [`${name}_correctness`]: g ? g.correctness : null,
@@ -171,11 +184,13 @@ export function judgeReward(opts: JudgeOptions): RewardFn {
       const reply = await opts.backend.complete(messages);
       let grades: JudgeGrades;
       try {
-        grades = parseJudgeReply(reply.text, approach, format);
+        grades = parseJudgeReply(reply.text, approach, format, opts.missingApproach ?? 'error');
       } catch (e) {
         if (reply.truncated) (e as Error).message += ` The reply was cut at the token limit: raise max_tokens / max_new_tokens.`;
         throw e;
       }
+      // No answer is never correct, whatever the judge says (the reference: `result.correct and final_answer is not None`).
+      if (ctx.answer === null) grades = { ...grades, correctness: 0, ...(grades.category === 'correct' ? { category: 'incorrect' as const } : {}) };
       return { parts: partsOf(grades, { error: 0, skipped: 0, matched: 0 }), correct: grades.correctness >= threshold };
     } catch (e) {
       return { parts: partsOf(null, { error: 1, skipped: 0, matched: 0 }), errors: { [name]: `${opts.backend.description}: ${(e as Error).message}` } };

@@ -173,7 +173,7 @@ export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environmen
     formatter: agent.formatter,
     protocol: env.protocol,
     maxTurns: o.eval ? p.max_turns_eval : p.max_turns,
-    maxNewTokens: p.max_new_tokens,
+    maxNewTokens: o.eval ? (cfg.eval.max_new_tokens ?? p.max_new_tokens) : p.max_new_tokens,
     maxTotalTokens: p.max_context,
     temperature: o.temperature,
     topP: o.eval ? (cfg.eval.top_p ?? midpoint(cfg.rollout.top_p)) : typeof cfg.rollout.top_p === 'number' ? cfg.rollout.top_p : undefined,
@@ -181,7 +181,23 @@ export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environmen
     seed: o.seed,
     cacheReuse: cfg.rollout.kv_cache_reuse,
     onTurn: o.onTurn,
+    ...(o.eval ? {} : trainingTurns(cfg)),
   });
+}
+
+/**
+ * What training rollouts add to the runner (evaluation has none of it, as the reference code-search
+ * system's evaluation): protocol.prefill_* and rollout.first_turn_*.
+ */
+export function trainingTurns(cfg: ResolvedConfig): Pick<EpisodeRunnerOptions, 'prefill' | 'firstTurn'> {
+  const p = cfg.protocol;
+  const r = cfg.rollout;
+  return {
+    ...(p.prefill_first !== null || p.prefill_final !== null
+      ? { prefill: { ...(p.prefill_first !== null ? { first: p.prefill_first } : {}), ...(p.prefill_final !== null ? { final: p.prefill_final } : {}), trained: p.prefill_trained } }
+      : {}),
+    ...(r.first_turn_temperature !== null ? { firstTurn: { temperature: r.first_turn_temperature, topP: r.first_turn_top_p ?? 1 } } : {}),
+  };
 }
 
 /** A range's middle (evaluation without eval.top_p, where a training range draws per rollout). */

@@ -25,6 +25,7 @@ import { runRloo } from './rloo.js';
 import type { RunFolder } from './run.js';
 import { runSft } from './sft.js';
 import { fitContext, tokenizeConversation } from './sft-data.js';
+import { withOldLogprobs } from './old-logprobs.js';
 
 export interface TrainResult {
   stage: string;
@@ -88,7 +89,7 @@ export async function sftStage(s: StageRun): Promise<TrainResult> {
 }
 
 function trainEpisode(e: Episode): TrainEpisode {
-  return { ids: e.ids, lossMask: e.lossMask, logprobs: e.logprobs, temperature: e.temperature, answer: e.answer, turns: e.turns, record: { ...e.record } };
+  return { ids: e.ids, lossMask: e.lossMask, logprobs: e.logprobs, ...(e.forced ? { forced: e.forced } : {}), temperature: e.temperature, answer: e.answer, turns: e.turns, record: { ...e.record } };
 }
 
 /**
@@ -103,7 +104,9 @@ export function rolloutFn(cfg: ResolvedConfig, agent: Agent, env: Environment, r
     const runner = episodeRunner(cfg, agent, env, { seed: reqs[0].seed, onTurn: onProgress && ((t) => onProgress(t.finished, reqs.length)), generator: remote });
     const r = await runner.run(reqs.map((q) => ({ question: q.question.question, prompt: q.question.prompt, temperature: q.temperature, ...(q.topP !== undefined ? { topP: q.topP } : {}), seed: q.seed })));
     const eps = r.episodes.map((e) => trainEpisode(e));
-    return remote ? recomputeLogprobs(agent.model, eps) : eps;
+    if (remote) return recomputeLogprobs(agent.model, eps);
+    // algorithm.old_logprobs (RFT trains with the SFT loss: no old log-probs).
+    return cfg.stage === 'rft' ? eps : withOldLogprobs(agent.model, eps, cfg.algorithm.old_logprobs);
   };
 }
 

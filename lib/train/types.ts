@@ -9,8 +9,10 @@ export interface TrainEpisode {
   ids: Int32Array;
   /** 1 on model-generated tokens only. */
   lossMask: Uint8Array;
-  /** Sampling log-probs aligned with ids (0 where the mask is 0). */
+  /** Sampling log-probs aligned with ids (0 where the mask is 0, and on prefilled tokens). */
   logprobs: Float32Array;
+  /** 1 on tokens the runner prefilled (protocol.prefill_*), which the sampler gave no log-prob; absent when none. */
+  forced?: Uint8Array;
   temperature: number;
   answer: string | null;
   turns: number;
