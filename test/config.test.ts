@@ -57,7 +57,7 @@ t.test('the ready configs hold the reference settings', async (t) => {
   t.same([g.lora.r, g.lora.alpha, g.lora.dropout, g.lora.targets], [16, 32, 0.1, ['q_proj', 'k_proj', 'v_proj', 'o_proj']]);
   t.same([g.reward.combine, g.reward.on_failure, g.reward.parts.map((p) => p.kind)], ['sign_magnitude', 'penalty', ['judge_correctness', 'judge_approach']]);
   t.same([g.algorithm.std_estimator, g.algorithm.adv_eps, g.algorithm.kl_coef, g.algorithm.entropy_coef, g.algorithm.loss_norm, g.algorithm.turn_discount], ['population', 1e-8, 0, 0.05, 'turn', 0.99]);
-  t.same([g.algorithm.fallbacks.flat_std, g.algorithm.fallbacks.flat_skip_below, g.algorithm.fallbacks.all_failed, g.algorithm.fallbacks.zero_variance, g.algorithm.fallbacks.center], [0.01, 0.1, 'normalize', 'center', 0.5]);
+  t.same([g.algorithm.fallbacks.flat_std, g.algorithm.fallbacks.flat_skip_below, g.algorithm.fallbacks.all_failed, g.algorithm.fallbacks.zero_variance, g.algorithm.fallbacks.center], [0.01, -2, 'normalize', 'center', 0.5]);
   t.equal(g.protocol.prompts_from_sft, true, 'RL and eval under the SFT trajectories\' prompt');
   t.equal(g.data.sft, join(root, 'data/seed-sft/trajectories.jsonl'));
   t.same([sft.lora.dropout, sft.optim.lr, sft.optim.schedule, sft.optim.weight_decay, sft.train.batch_size, sft.protocol.max_context], [0.1, 1e-5, 'linear', 0.01, 4, 3000]);
@@ -256,7 +256,7 @@ t.test('the resolved config written into a run folder loads back identically', a
 
 t.test('what the config hands to the advantage functions and the schedule', async (t) => {
   const g: ResolvedConfig = loadConfig(join(configs, 'code-grpo.yaml'), ['algorithm.std=none', 'algorithm.std_estimator=population']);
-  t.same(groupAdvantageOptions(g), { std: 'none', stdEstimator: 'population', eps: 1e-8, flatStd: 0.01, flatSkipBelow: 0.1, failAtOrBelow: 0, allFailed: 'normalize', zeroVariance: 'center', center: 0.5, useCorrectness: false });
+  t.same(groupAdvantageOptions(g), { std: 'none', stdEstimator: 'population', eps: 1e-8, flatStd: 0.01, flatSkipBelow: -2, failAtOrBelow: 0, allFailed: 'normalize', zeroVariance: 'center', center: 0.5, useCorrectness: false });
   const p = loadConfig(join(configs, 'search-r1-ppo.yaml'));
   t.same(ppoAdvantageOptions(p), { gamma: 1, lam: 1, klCoef: 0.001, klEstimator: 'k1', whiten: true });
   t.equal(ppoAdvantageOptions(loadConfig(join(configs, 'search-r1-ppo.yaml'), ['algorithm.kl_in=loss', 'algorithm.kl_estimator=k3'])).klCoef, 0, 'KL in the loss: none in the reward');

@@ -277,7 +277,7 @@ t.test('slm-train train --nproc 2: PPO (tags, critic, whitening over the global 
   const runs = join(dir, 'ppo-runs');
   const args = (name: string) => [
     'train', '--config', join(repoRoot, 'configs', 'search-r1-ppo.yaml'), `model.path=${model}`, 'model.dtype=float32', 'model.device=cpu', 'model.threads=1',
-    `data.questions=${join(dir, 'ppo-questions.jsonl')}`, `data.corpus=${join(dir, 'ppo-corpus.jsonl')}`, `data.index=${join(dir, 'ppo-index')}`, `run.dir=${runs}`, `run.name=${name}`,
+    `data.questions=${join(dir, 'ppo-questions.jsonl')}`, `data.eval_questions=${join(dir, 'ppo-questions.jsonl')}`, `data.corpus=${join(dir, 'ppo-corpus.jsonl')}`, `data.index=${join(dir, 'ppo-index')}`, `run.dir=${runs}`, `run.name=${name}`,
     // 3 questions x 2 rollouts: rank 0 rolls out 2 questions, rank 1 one (unequal shares).
     'lora.r=4', 'lora.alpha=8', 'lora.dropout=0', 'rollout.k=2', 'rollout.batch_questions=3', 'rollout.top_k=8', 'protocol.max_new_tokens=10', 'train.steps=2',
     // Mini-batches of 4 of the 6 episodes (then 2): a rank may own none of a mini-batch and still takes part.

@@ -128,7 +128,8 @@ t.test('GRPO (configs/code-grpo.yaml): Python sandbox, judge on a loopback endpo
 
 t.test('PPO (configs/search-r1-ppo.yaml): tags protocol, index saved and reused', async (t) => {
   const index = join(root, 'index');
-  const args = ['train', '--config', cfg('search-r1-ppo.yaml'), ...common(), `data.index=${index}`, 'rollout.batch_questions=2', 'protocol.max_new_tokens=24', 'train.steps=2', 'train.eval_every=2', 'eval.max_questions=2', '--json'];
+  // The config validates on Search-R1's test file (data.eval_questions): here the same small questions file.
+  const args = ['train', '--config', cfg('search-r1-ppo.yaml'), ...common(), `data.eval_questions=${join(root, 'questions.jsonl')}`, `data.index=${index}`, 'rollout.batch_questions=2', 'protocol.max_new_tokens=24', 'train.steps=2', 'train.eval_every=2', 'eval.max_questions=2', '--json'];
   const r = await cli(t, args);
   t.match(JSON.parse(r.stdout), { stage: 'ppo', steps: 2 }, 'stdout holds only the JSON result');
   // Progress on stderr, as plain lines (stderr is a pipe here): counts, rate, ETA, live reward.
@@ -149,7 +150,7 @@ t.test('PPO (configs/search-r1-ppo.yaml): tags protocol, index saved and reused'
   const evals = all.filter((m) => m.kind === 'eval');
   t.same(evals.map((m) => m.step), [2]);
   t.ok(Number.isFinite(evals[0].eval_f1) && Number.isFinite(evals[0].eval_avg_turns));
-  t.match(JSON.parse(readFileSync(join(dir, 'evals', 'step-2', 'summary.json'), 'utf8')), { label: 'search-r1-ppo@step-2', questions: 2, max_turns: 5 });
+  t.match(JSON.parse(readFileSync(join(dir, 'evals', 'step-2', 'summary.json'), 'utf8')), { label: 'search-r1-ppo@step-2', questions: 2, max_turns: 2 });
   t.match(r.stderr, /eval at step 2: accuracy/);
   t.ok(existsSync(join(dir, 'adapter', 'value_head.safetensors')), 'the value head is saved beside the adapter');
   t.ok(metrics.every((m) => ['reward_mean', 'answered', 'response_tokens_max', 'tool_turns_mean', 'time_step_s'].every((k) => k in m)), 'rollout metrics in every row');
@@ -159,9 +160,9 @@ t.test('PPO (configs/search-r1-ppo.yaml): tags protocol, index saved and reused'
   const traj = jsonl(join(dir, 'trajectories.jsonl'));
   t.equal(traj.length, 4);
   t.ok(traj.every((x) => x.messages[0].role === 'user' && /<search>/.test(x.messages[0].content)), 'Search-R1 instruction');
-  const ev = await cli(t, ['eval', '--config', cfg('search-r1-ppo.yaml'), ...common(), `data.index=${index}`, 'eval.max_questions=2', 'protocol.max_new_tokens=16', '--adapter', join(dir, 'adapter'), '--json']);
+  const ev = await cli(t, ['eval', '--config', cfg('search-r1-ppo.yaml'), ...common(), `data.eval_questions=${join(root, 'questions.jsonl')}`, `data.index=${index}`, 'eval.max_questions=2', 'protocol.max_new_tokens=16', '--adapter', join(dir, 'adapter'), '--json']);
   t.match(ev.stderr, /index: .*\/index \(40 pages/, 'eval loads the saved index');
-  t.match(JSON.parse(ev.stdout), { label: 'search-r1-ppo', max_turns: 5, questions: 2 });
+  t.match(JSON.parse(ev.stdout), { label: 'search-r1-ppo', max_turns: 2, questions: 2 });
 });
 
 t.test('eval with the judge on the native engine (reward.judge.model_path): a failed grade is recorded, never a silent zero', async (t) => {
@@ -216,14 +217,14 @@ t.test("the SFT+PPO report's evaluation (configs/search-r1-eval.yaml) against sl
 
 t.test('the no-search baseline: the same PPO config trains and evaluates with protocol.kind=direct, no corpus needed', async (t) => {
   const dir = join(root, 'direct-runs');
-  const over = ['protocol.kind=direct', 'data.corpus=null', 'data.index=null', `run.dir=${dir}`, 'rollout.batch_questions=2', 'protocol.max_new_tokens=16'];
+  const over = ['protocol.kind=direct', 'data.corpus=null', 'data.index=null', `data.eval_questions=${join(root, 'questions.jsonl')}`, `run.dir=${dir}`, 'rollout.batch_questions=2', 'protocol.max_new_tokens=16'];
   const common0 = common().filter((a) => !a.startsWith('data.corpus=') && !a.startsWith('run.dir='));
   const r = await cli(t, ['train', '--config', cfg('search-r1-ppo.yaml'), ...common0, ...over, 'train.steps=1', 'train.eval_every=0', '--json']);
   t.match(JSON.parse(r.stdout), { stage: 'ppo', steps: 1 });
   t.match(r.stderr, /protocol direct \(no search\)/);
   const traj = jsonl(join(dir, 'search-r1-ppo', 'trajectories.jsonl'));
   t.equal(traj.length, 2);
-  t.ok(traj.every((x) => /from what you know/.test(x.messages[0].content) && !/<search>/.test(x.messages[0].content)), 'the closed-book instruction, no search tags');
+  t.ok(traj.every((x) => /^Answer the given question\. You should first have a reasoning process in mind/.test(x.messages[0].content) && !/<search>/.test(x.messages[0].content)), "Search-R1's no-search instruction (nq.py), no search tags");
   t.ok(traj.every((x) => !x.messages.some((m: { content: string }) => /<information>/.test(m.content))), 'no passages in any episode');
   const ev = await cli(t, ['eval', '--config', cfg('search-r1-ppo.yaml'), ...common0, ...over, 'eval.max_questions=2', '--adapter', join(dir, 'search-r1-ppo', 'adapter'), '--json']);
   t.match(JSON.parse(ev.stdout), { questions: 2 });

@@ -19,6 +19,7 @@ import { CONFIG_SCHEMA, PATH_KEYS } from './schema.js';
 import { applyOverrides, parseOverrides } from './overrides.js';
 import { describeValue, dotted, fail, isObj, problemsFromAjv, props, type Obj, type Problem, type Schema } from './problems.js';
 import { isHubRef } from '../hub/ref.js';
+import { K1_LOSS_MESSAGE } from '../train/gae.js';
 import type { ResolvedConfig } from './types.js';
 
 export interface LoadOptions {
@@ -73,7 +74,18 @@ function crossChecks(c: ResolvedConfig): Problem[] {
   }
   if (c.stage === 'grpo' && c.rollout.k < 2) p.push({ path: ['rollout', 'k'], message: `GRPO compares the rollouts of a group: expected an integer >= 2, found ${c.rollout.k}` });
   const klIn = a.kl_in ?? (c.stage === 'ppo' || a.kind === 'ppo' ? 'reward' : 'loss');
-  if (klIn === 'loss' && a.kl_estimator === 'k2') p.push({ path: ['algorithm', 'kl_estimator'], message: 'the KL term in the loss supports k1 and k3, found "k2"; use k2 with kl_in: reward' });
+  if (klIn === 'loss' && a.kl_estimator === 'k2') p.push({ path: ['algorithm', 'kl_estimator'], message: 'the KL term in the loss supports k3, found "k2"; use k2 with kl_in: reward' });
+  if (klIn === 'loss' && a.kl_estimator === 'k1' && a.kl_coef > 0) p.push({ path: ['algorithm', 'kl_estimator'], message: K1_LOSS_MESSAGE });
+  const stageKind = a.kind ?? c.stage;
+  if (c.rollout.dynamic_sampling.enabled) {
+    if (stageKind !== 'grpo' && stageKind !== 'rloo' && c.stage !== 'eval')
+      p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: `dynamic sampling keeps groups whose rewards differ: GRPO and RLOO only, found stage ${c.stage}` });
+    if (c.distributed.nproc > 1 || c.distributed.nnodes > 1) p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: 'dynamic sampling runs in one process for now; set distributed.nproc and distributed.nnodes to 1, or enabled to false' });
+  }
+  if (c.data.eval_questions !== null && c.eval.split === 'all')
+    p.push({ path: ['eval', 'split'], message: 'with data.eval_questions a split names one file: eval (data.eval_questions) or train (data.questions), found "all"' });
+  if (c.algorithm.overlong.buffer >= c.protocol.max_new_tokens)
+    p.push({ path: ['algorithm', 'overlong', 'buffer'], message: `the over-length buffer is the last tokens before protocol.max_new_tokens (${c.protocol.max_new_tokens}): expected fewer, found ${c.algorithm.overlong.buffer}` });
   // Turn 1 sampled at another temperature than the episode's: the sampler's log-probs of its tokens are not the training forward's.
   if (c.rollout.first_turn_temperature !== null && c.algorithm.old_logprobs !== 'recompute')
     p.push({ path: ['rollout', 'first_turn_temperature'], message: `turn 1 then samples at ${c.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute` });

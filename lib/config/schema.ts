@@ -33,7 +33,7 @@ const section = (properties: Record<string, Schema>, required: string[] = []): S
 });
 
 /** Config keys that hold file or folder paths: resolved against the config file's folder. */
-export const PATH_KEYS = ['model.path', 'model.adapter', 'data.questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
+export const PATH_KEYS = ['model.path', 'model.adapter', 'data.questions', 'data.eval_questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
 
 export const CONFIG_SCHEMA: Schema = {
   type: 'object',
@@ -61,6 +61,10 @@ export const CONFIG_SCHEMA: Schema = {
     }),
     data: section({
       questions: str(null, 'JSONL/JSON/Parquet rows {question, answer} (optional id, split), or a hub dataset hf:OWNER/NAME[:split]'),
+      eval_questions: str(
+        null,
+        "a second questions file to evaluate on (Search-R1: train on train.parquet, validate on test.parquet): then every row of data.questions is a train question, eval.split eval is every row of this file, train every row of data.questions, and data.split is not used. null = both splits from data.questions by data.split",
+      ),
       corpus: str(null, 'JSONL/JSON/Parquet rows {id, title, content}, or a hub dataset hf:OWNER/NAME[:split]'),
       index: str(null, 'a folder written by `slm-train index`; built from the corpus when null'),
       sft: str(null, 'chat-format JSONL {messages: [...]} for the SFT stage (or hf:OWNER/NAME[:split])'),
@@ -90,6 +94,10 @@ export const CONFIG_SCHEMA: Schema = {
       },
       use_data_prompt: bool(true, "tags: a question row that carries its own chat prompt (Search-R1's processed files: prompt, a list of {role, content}) starts from exactly those messages, as Search-R1; false = the row's question in instruction"),
       final_turn_notice: str(null, "code: the message sent before the last turn; null = the protocol's own"),
+      direct_instruction: {
+        ...str(null, "direct: the user message of the no-search baseline, {question} replaced by the question; null = slm-train's own (\"Answer the question below from what you know...\"). configs/search-r1-*.yaml set Search-R1's no-search template (scripts/data_process/nq.py make_prefix, which asks for <think> reasoning)"),
+        pattern: '\\{question\\}',
+      },
       prompts_from_sft: bool(false, 'take the system prompt (and, for code, the final-turn notice) from the conversations of data.sft, the most common of each, so that SFT, RL and evaluation see one prompt; system_prompt and final_turn_notice must then be null'),
       question_variable: { ...str(null, 'code: bind the question to this variable in every program (e.g. question), as smolagents passes task inputs; null = none'), pattern: '^[A-Za-z_][A-Za-z0-9_]*$' },
       final_answer: bool(false, 'code: programs may end the episode with final_answer(answer), as in smolagents; <answer> tags still work'),
@@ -140,6 +148,10 @@ export const CONFIG_SCHEMA: Schema = {
       top_k: int(0, { minimum: 0 }, '0 = off'),
       first_turn_temperature: num(null, { minimum: 0 }, 'training rollouts: turn 1 of every rollout samples at this temperature, later turns at the rollout\'s own draw (the reference code-search system: 0.925, the middle of [0.7, 1.15]); null = the rollout\'s own on every turn. Needs algorithm.old_logprobs: recompute (the training forward scores a sequence at one temperature)'),
       first_turn_top_p: num(null, { exclusiveMinimum: 0, maximum: 1 }, 'with first_turn_temperature: the top-p of turn 1 (the reference: 0.92, the middle of [0.85, 0.99]); null = 1'),
+      dynamic_sampling: section({
+        enabled: bool(false, "GRPO and RLOO: DAPO's dynamic sampling: a group whose rewards are all equal (no spread, no gradient) is dropped and the next batch of questions is drawn, until the step has rollout.batch_questions groups with a spread (the surplus of the last draw left out) or max_draws batches were drawn (the step then trains on the groups it has). Every draw moves the data position on, as verl's DAPO takes its next generation batch"),
+        max_draws: int(4, { minimum: 1 }, 'batches of rollout.batch_questions questions one step may draw, the first included (verl: max_num_gen_batches, there 0 = no bound)'),
+      }),
       kv_cache_reuse: bool(true, "engine native: an episode's KV cache survives between its turns, so a turn computes only the tokens appended since the last (the tool output, the template's text) instead of re-prefilling the conversation; the episodes are the same either way. false = re-prefill every turn"),
       kv_cache_mb: int(2048, { minimum: 0, maximum: 2 ** 32 }, 'engine native: memory the kept episode KV caches may hold (MiB, on the model\'s device); beyond it the least recently used are evicted and those episodes re-prefill (one log line says so). 0 = keep none'),
       engine: oneOf(['native', 'openai'], 'native', "native: the trainer's own engine generates; openai: OpenAI-compatible servers (vLLM, slm-train serve) generate with the adapter loaded at run time"),
@@ -205,6 +217,11 @@ export const CONFIG_SCHEMA: Schema = {
       value_clip: num(0.5, { exclusiveMinimum: 0 }),
       whiten: bool(true, 'whiten PPO advantages over the batch (verl)'),
       old_logprobs: oneOf(['sampler', 'recompute'], 'sampler', "the old policy's log-probs in the clipped ratio: sampler = those the generator reported while sampling; recompute = a teacher-forced forward of the trained policy over each episode before the update, at the temperature the training forward uses (LoRA dropout off: the ratio is exactly 1 only with lora.dropout 0). The reference code-search system has no ratio (plain -A log p); recompute is the closest"),
+      overlong: section({
+        filter: bool(false, "leave truncated episodes out of the loss (DAPO's overlong filtering): one whose turn stopped at protocol.max_new_tokens or whose conversation reached protocol.max_context. They are marked excluded (as reward.on_failure: exclude: out of the loss and of their group's statistics) and counted (episodes_truncated)"),
+        buffer: int(0, { minimum: 0 }, "DAPO's soft over-length penalty: the last `buffer` tokens before protocol.max_new_tokens are a buffer; a turn that runs into it by x tokens adds -penalty_factor * x / buffer to the episode's reward (the longest turn counts; -penalty_factor at the limit). 0 = off; must be below protocol.max_new_tokens"),
+        penalty_factor: num(1, { minimum: 0 }, 'the soft penalty at the limit (verl: overlong_buffer.penalty_factor)'),
+      }),
       mini_batch: int(0, { minimum: 0 }, "PPO: episodes per optimizer step (verl ppo_mini_batch_size; Search-R1: half the batch); 0 = all of the step's episodes"),
     }),
     rft: section({

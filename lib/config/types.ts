@@ -29,6 +29,8 @@ export interface LoraConfig {
 
 export interface DataConfig {
   questions: string | null;
+  /** Evaluate on this file (every row of data.questions then trains); null = data.split of data.questions. */
+  eval_questions: string | null;
   corpus: string | null;
   index: string | null;
   sft: string | null;
@@ -52,6 +54,8 @@ export interface ProtocolConfig {
   /** tags: start from a question row's own chat prompt when it has one. */
   use_data_prompt: boolean;
   final_turn_notice: string | null;
+  /** direct: the user message template, with {question}; null = the protocol's own. */
+  direct_instruction: string | null;
   prompts_from_sft: boolean;
   question_variable: string | null;
   final_answer: boolean;
@@ -91,6 +95,8 @@ export interface RolloutConfig {
   /** Training rollouts: turn 1's fixed sampling (null = the rollout's own draw). */
   first_turn_temperature: number | null;
   first_turn_top_p: number | null;
+  /** DAPO's dynamic sampling (GRPO, RLOO). */
+  dynamic_sampling: { enabled: boolean; max_draws: number };
   kv_cache_reuse: boolean;
   kv_cache_mb: number;
   engine: 'native' | 'openai';
@@ -156,6 +162,8 @@ export interface AlgorithmConfig {
   whiten: boolean;
   /** The clipped ratio's old log-probs: the sampler's, or recomputed by the trained policy before the update. */
   old_logprobs: 'sampler' | 'recompute';
+  /** Truncated episodes: DAPO's overlong filtering and soft over-length penalty. */
+  overlong: { filter: boolean; buffer: number; penalty_factor: number };
   mini_batch: number;
 }
 

@@ -168,6 +168,18 @@ export const SEARCH_R1_INSTRUCTION =
   'If you find no further external knowledge needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. ' +
   'For example, <answer> Beijing </answer>. Question: {question}\n';
 
+/**
+ * Search-R1's no-search template (`make_prefix`, template_type "base", of its
+ * scripts/data_process/nq.py, lines 32-35), word for word: reasoning in <think>, the answer in
+ * <answer>, no search. configs/search-r1-*.yaml set it as protocol.direct_instruction, so that
+ * protocol.kind=direct runs Search-R1's own closed-book baseline prompt.
+ */
+export const SEARCH_R1_DIRECT_INSTRUCTION =
+  'Answer the given question. ' +
+  'You should first have a reasoning process in mind and then provides the answer. ' +
+  'Show your reasoning in <think> </think> tags and return the final answer in <answer> </answer> tags, for example <answer> Beijing </answer>. ' +
+  'Question: {question}\n';
+
 /** `template` with every `{question}` replaced by `question` (taken literally: no `$` patterns). */
 export function fillInstruction(template: string, question: string): string {
   return template.split(QUESTION_PLACEHOLDER).join(question);

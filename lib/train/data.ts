@@ -7,6 +7,7 @@ import { SlmError, describe } from '../errors.js';
 import { localDataFiles } from '../hub/download.js';
 import { isHubRef } from '../hub/ref.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
+import type { ResolvedConfig } from '../config/types.js';
 import { readRows } from '../retrieval/corpus.js';
 import { goldAnswers } from '../rewards/combine.js';
 import { permutation } from './run.js';
@@ -81,6 +82,33 @@ export function splitQuestions<T>(rows: readonly T[], split: { train_fraction: n
   const order = split.seed === null ? rows.map((_, i) => i) : permutation(rows.length, split.seed, 0);
   const cut = Math.round(rows.length * split.train_fraction);
   return { train: order.slice(0, cut).map((i) => rows[i]), eval: order.slice(cut).map((i) => rows[i]) };
+}
+
+/**
+ * The train and eval questions of a config. With data.eval_questions (Search-R1 trains on its
+ * train.parquet and validates on its test.parquet: verl/trainer/config/ppo_trainer.yaml
+ * data.train_files / data.val_files, set by train_ppo.sh) every row of data.questions is a train
+ * question and every row of data.eval_questions an eval question; without it, data.split cuts
+ * data.questions.
+ */
+export async function questionSplits(data: Pick<ResolvedConfig['data'], 'questions' | 'eval_questions' | 'split'>): Promise<{ train: Question[]; eval: Question[] }> {
+  if (!data.questions) throw new SlmError('CONFIG_INVALID', 'data.questions is not set: expected question rows {question, answer}.', { path: 'data.questions' });
+  const rows = await loadQuestions(data.questions);
+  if (!data.eval_questions) return splitQuestions(rows, data.split);
+  return { train: rows, eval: await loadQuestions(data.eval_questions) };
+}
+
+/**
+ * The config as evaluation.ts `evalQuestions` must read it when data.eval_questions is set: the file
+ * that eval.split names (eval: data.eval_questions; train: data.questions) as the whole of
+ * data.questions, with eval.split all. Unchanged without data.eval_questions (the config refuses
+ * eval.split all with it: a split then names one file).
+ */
+export function evalView(cfg: ResolvedConfig): ResolvedConfig {
+  const file = cfg.data.eval_questions;
+  if (!file || cfg.eval.split === 'all') return cfg;
+  const questions = cfg.eval.split === 'eval' ? file : cfg.data.questions;
+  return { ...cfg, data: { ...cfg.data, questions, eval_questions: null }, eval: { ...cfg.eval, split: 'all' } };
 }
 
 /**

@@ -13,6 +13,7 @@ import { SlmError } from '../errors.js';
 import { EpisodeRunner, type EpisodeRunnerOptions, type RunnerTokenizer } from '../episodes/runner.js';
 import { codeProtocol, tagsProtocol, type EpisodeProtocol, type TagsProtocolOptions } from '../episodes/protocol.js';
 import { directProtocol } from '../episodes/direct.js';
+import { fillInstruction } from '../episodes/prompts.js';
 import { checkTools, loadRewardModule, loadToolsModule, type CustomRewardFn, type CustomTools } from '../extensions.js';
 import type { ChatFormatter } from '../model/chat.js';
 import type { HfTokenizer } from '../model/tokenizer.js';
@@ -116,7 +117,7 @@ export interface Extensions {
 export async function openEnvironment(cfg: ResolvedConfig, log: Log = () => {}, progress?: ProgressTo, ext: Pick<Extensions, 'tools'> = {}): Promise<Environment> {
   cfg = await withSftPrompts(cfg, log);
   const kind = cfg.protocol.kind;
-  if (kind === 'direct') return { protocol: directProtocol(), describe: 'protocol direct (no search)', close: async () => {} };
+  if (kind === 'direct') return { protocol: directProtocol(cfg.protocol.direct_instruction !== null ? { instruction: (q) => fillInstruction(cfg.protocol.direct_instruction as string, q) } : {}), describe: 'protocol direct (no search)', close: async () => {} };
   const tags = (search: TagsProtocolOptions['search']) =>
     tagsProtocol({ search, topK: cfg.protocol.top_k, instruction: cfg.protocol.instruction, usePrompt: cfg.protocol.use_data_prompt, ...(cfg.protocol.turns_count !== null ? { turnsCount: cfg.protocol.turns_count } : {}), ...(cfg.protocol.system_prompt ? { systemPrompt: cfg.protocol.system_prompt } : {}) });
   // retrieval.kind http goes with the tags protocol and names its url (config cross-checks).

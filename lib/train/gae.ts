@@ -32,6 +32,15 @@ export function klEstimate(logp: number, refLogp: number, estimator: KlEstimator
   throw new SlmError('ARGUMENT_INVALID', `kl estimator must be k1, k2 or k3, found ${describe(estimator)}.`);
 }
 
+/**
+ * Why k1 is refused as a loss term: on tokens sampled from the policy, k1 = log p - log p_ref has the
+ * gradient of log p, whose expectation under the policy is 0 (sum_y p(y) grad log p(y) = grad sum_y
+ * p(y) = 0): it pulls nothing toward the reference, only adds noise. verl's KL loss uses k3
+ * (low_var_kl); k1 belongs in the reward, where PPO's advantages carry it (Search-R1).
+ */
+export const K1_LOSS_MESSAGE =
+  'k1 as a loss term has zero expected gradient (on tokens sampled from the policy its gradient is that of log p, whose mean under the policy is 0), so it would not pull toward the reference; use k3 in the loss (verl low_var_kl), or k1 in the reward (kl_in: reward, as Search-R1)';
+
 export interface TokenRewardInput {
   /** 1 on trained (model-generated) tokens. */
   mask: Uint8Array;

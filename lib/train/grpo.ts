@@ -18,6 +18,7 @@ import { sectionDefaults } from '../config/schema.js';
 import { scheduleSpec } from '../config/algorithm.js';
 import type { ResolvedConfig } from '../config/types.js';
 import { SlmError } from '../errors.js';
+import { K1_LOSS_MESSAGE } from './gae.js';
 import type { RunFolder } from './run.js';
 import type { AdamOptions, GroupAdvantageFn, RlDeps } from './types.js';
 
@@ -61,14 +62,14 @@ export type GrpoOptions = PgOptions;
  */
 export function pgOptionsFrom(c: ResolvedConfig): Pick<PgOptions, 'k' | 'innerEpochs' | 'clipLow' | 'clipHigh' | 'klCoef' | 'klEstimator' | 'entropyCoef' | 'lossNorm' | 'turnDiscount' | 'schedule'> {
   const a = c.algorithm;
-  if (a.kl_coef > 0 && a.kl_estimator === 'k2') throw new SlmError('CONFIG_INVALID', `algorithm.kl_estimator: ${c.stage.toUpperCase()} puts the KL in the loss, which supports k1 and k3; found k2.`, { path: 'algorithm.kl_estimator' });
+  if (a.kl_coef > 0 && a.kl_estimator !== 'k3') throw new SlmError('CONFIG_INVALID', `algorithm.kl_estimator: ${c.stage.toUpperCase()} puts the KL in the loss, which takes k3; found ${a.kl_estimator}.${a.kl_estimator === 'k1' ? ` ${K1_LOSS_MESSAGE}.` : ''}`, { path: 'algorithm.kl_estimator' });
   return {
     k: c.rollout.k,
     innerEpochs: a.inner_epochs,
     clipLow: a.clip_low,
     clipHigh: a.clip_high,
     klCoef: a.kl_coef,
-    klEstimator: a.kl_estimator === 'k2' ? 'k3' : a.kl_estimator,
+    klEstimator: 'k3',
     entropyCoef: a.entropy_coef,
     lossNorm: a.loss_norm,
     turnDiscount: a.turn_discount,
@@ -92,6 +93,7 @@ function resolved(o: PgOptions) {
   const a = sectionDefaults('algorithm');
   const opt = sectionDefaults('optim');
   const clipLow = o.clipLow ?? a.clip_low;
+  if ((o.klCoef ?? a.kl_coef) > 0 && o.klEstimator === 'k1') throw new SlmError('CONFIG_INVALID', `klEstimator k1 in the loss: ${K1_LOSS_MESSAGE}.`, { path: 'algorithm.kl_estimator' });
   return {
     innerEpochs: o.innerEpochs ?? a.inner_epochs,
     clipLow,

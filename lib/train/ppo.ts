@@ -32,7 +32,7 @@
 import type { Model } from '../engine/model.js';
 import type { NativeTrainStats } from '../binding/types.js';
 import { SlmError } from '../errors.js';
-import type { KlEstimator, PpoAdvantages } from './gae.js';
+import { K1_LOSS_MESSAGE, type KlEstimator, type PpoAdvantages } from './gae.js';
 import { gatherForward, ppoAdvantagesFor, ppoForward, ppoUpdate, type PpoBatch, type PpoPrepareOptions, type PpoStepInfo } from './ppo-batch.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
 import type { RunFolder } from './run.js';
@@ -62,7 +62,7 @@ export interface PpoOptions extends RlLoopOptions {
   klCoef?: number;
   /** 'reward' (default, verl's kl_ctrl in the token rewards) or 'loss' (a KL term in the native loss). */
   klIn?: 'reward' | 'loss';
-  /** k1 by default; the loss supports k1 and k3, the reward k1, k2 and k3. */
+  /** k1 by default; the loss takes k3 (k1 there is refused: its expected gradient is 0), the reward k1, k2 and k3. */
   klEstimator?: KlEstimator;
   /** Value-loss coefficient and clip range around the old values. */
   vfCoef?: number;
@@ -150,7 +150,8 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
   // PPO puts the KL in the reward by default (Search-R1; lib/config/load.ts derive), estimated by k1.
   const klIn = o.klIn ?? 'reward';
   const klEstimator = o.klEstimator ?? 'k1';
-  if (klIn === 'loss' && klCoef > 0 && klEstimator === 'k2') throw new SlmError('CONFIG_INVALID', 'the KL term in the loss supports k1 and k3, found k2; use k2 with klIn "reward".');
+  if (klIn === 'loss' && klCoef > 0 && klEstimator === 'k2') throw new SlmError('CONFIG_INVALID', 'the KL term in the loss supports k3, found k2; use k2 with klIn "reward".', { path: 'algorithm.kl_estimator' });
+  if (klIn === 'loss' && klCoef > 0 && klEstimator === 'k1') throw new SlmError('CONFIG_INVALID', `klEstimator k1 with klIn "loss": ${K1_LOSS_MESSAGE}.`, { path: 'algorithm.kl_estimator' });
   if (!Number.isInteger(n) || n < 1) throw new SlmError('CONFIG_INVALID', `n (rollouts per question) must be a positive integer, found ${n}.`);
   const criticBase = o.criticSchedule ?? (o.criticLr !== undefined ? { ...o.schedule, lr: o.criticLr } : undefined);
   const checkpoint = o.gradientCheckpointing ?? opt.gradient_checkpointing;

@@ -3,7 +3,10 @@
  *   1. rollouts: the next questions (seeded order, resumable; this rank's share of them), `groupSize`
  *      rollouts each, temperature and top-p drawn per rollout, seeds from the question's index in the
  *      whole step — timed as time_rollout_s;
- *   2. score: every episode's reward (each part kept for the logs) — time_reward_s;
+ *   2. score: every episode's reward (each part kept for the logs) — time_reward_s; with
+ *      algorithm.overlong, DAPO's soft over-length penalty added and truncated episodes excluded;
+ *      with rollout.dynamic_sampling, groups without a spread of rewards dropped and steps 1-2
+ *      repeated on the next questions, a bounded number of times (lib/train/dapo.ts, drawStep);
  *   3. advantages: the algorithm's (group-relative, leave-one-out, GAE with a critic...) — timed
  *      under the algorithm's `prepare.timer` when it names one (PPO: time_prepare_s, its forward
  *      passes);
@@ -27,6 +30,7 @@ import { shardRange } from '../distributed/data-parallel.js';
 import { gatherRollouts } from '../distributed/gather.js';
 import type { Shard } from '../distributed/run.js';
 import type { RewardResult, RlDeps, RolloutRequest, TrainEpisode } from './types.js';
+import { groupsWithSpread, shapeOverlong, type DynamicSamplingOptions, type OverlongOptions } from './dapo.js';
 
 /** A learning-rate schedule whose length defaults to the stage's steps. */
 export type StageSchedule = Omit<ScheduleSpec, 'totalSteps'> & { totalSteps?: number };
@@ -65,6 +69,17 @@ export interface RlLoopOptions {
    * questions (the model's trainStep all-reduces the gradients); metrics cover every rank.
    */
   shard?: Shard;
+  /**
+   * Over-long episodes (lib/train/dapo.ts, algorithm.overlong): the soft penalty added to their
+   * reward, truncated ones left out of the loss with `filter`. Absent: rewards as scored.
+   */
+  overlong?: OverlongOptions;
+  /**
+   * DAPO's dynamic sampling (rollout.dynamic_sampling; group algorithms): groups whose rewards are all
+   * equal are dropped and the next batch of questions drawn, until questionsPerStep groups have a
+   * spread or maxDraws batches were drawn. Every draw moves the data position on. One process only.
+   */
+  dynamicSampling?: DynamicSamplingOptions;
 }
 
 /** One step's data as the algorithm sees it. */
@@ -158,18 +173,111 @@ async function beginStage(model: Model, run: RunFolder, o: RlLoopOptions): Promi
  * records every rank's, in the global batch's order), the data position advanced, and a checkpoint
  * every `checkpointEvery` steps. Returns the new state.
  */
-async function endStep(model: Model, run: RunFolder, bar: Progress, row: Record<string, unknown>, lines: string[], state: TrainState, perEpoch: number, o: RlLoopOptions): Promise<TrainState> {
+async function endStep(model: Model, run: RunFolder, bar: Progress, row: Record<string, unknown>, lines: string[], state: TrainState, position: Position, o: RlLoopOptions): Promise<TrainState> {
   run.logMetrics(row);
   bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
   await o.onStep?.(row);
-  if (!o.shard || o.shard.rank === 0) appendFileSync(join(run.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
-  const next = state.batchInEpoch + 1;
-  const after = { ...state, step: state.step + 1, epoch: next >= perEpoch ? state.epoch + 1 : state.epoch, batchInEpoch: next >= perEpoch ? 0 : next };
+  // A step without episodes (dynamic sampling that found no group with a spread) adds no line.
+  if ((!o.shard || o.shard.rank === 0) && lines.length) appendFileSync(join(run.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
+  const after = { ...state, step: state.step + 1, ...position };
   if (o.checkpointEvery && after.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, after);
   return after;
 }
 
 const since = (t: number) => (performance.now() - t) / 1e3;
+
+/** The data position: the batch of the seeded order that comes next. */
+type Position = Pick<TrainState, 'epoch' | 'batchInEpoch'>;
+
+/** The position after one batch of `perEpoch` per epoch. */
+function nextPosition(p: Position, perEpoch: number): Position {
+  const next = p.batchInEpoch + 1;
+  return next >= perEpoch ? { epoch: p.epoch + 1, batchInEpoch: 0 } : { epoch: p.epoch, batchInEpoch: next };
+}
+
+/** What one step drew: the groups it trains on (requests, episodes, rewards in order) and its counts. */
+interface Drawn<Q> {
+  requests: RolloutRequest<Q>[];
+  episodes: TrainEpisode[];
+  rewards: RewardResult[];
+  /** This rank's first question's index in the step. */
+  q0: number;
+  position: Position;
+  /** Metrics of the over-long rules and of dynamic sampling (absent when off). */
+  metrics: Record<string, unknown>;
+  /** Seconds spent rolling out and scoring, over every draw. */
+  rolloutS: number;
+  rewardS: number;
+}
+
+/**
+ * Step 1 and 2 of the loop: the next batch of questions rolled out and scored (over-long rules
+ * applied); with dynamic sampling, more batches until the step has questionsPerStep groups with a
+ * spread of rewards (the surplus of the last batch left out) or maxDraws batches were drawn.
+ */
+async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: number, start: Position, perEpoch: number, bar: Progress, o: RlLoopOptions): Promise<Drawn<Q>> {
+  const ds = o.dynamicSampling;
+  if (ds && o.shard) throw new SlmError('CONFIG_INVALID', 'rollout.dynamic_sampling runs in one process for now; set distributed.nproc and distributed.nnodes to 1.', { path: 'rollout.dynamic_sampling.enabled' });
+  if (ds && k < 2) throw new SlmError('CONFIG_INVALID', `dynamic sampling keeps groups whose rewards differ, which takes at least 2 rollouts per question; found ${k}.`, { path: 'rollout.dynamic_sampling.enabled' });
+  const maxDraws = ds ? ds.maxDraws : 1;
+  if (!Number.isInteger(maxDraws) || maxDraws < 1) throw new SlmError('CONFIG_INVALID', `dynamic sampling's maxDraws must be a positive integer, found ${maxDraws}.`, { path: 'rollout.dynamic_sampling.max_draws' });
+  const out: Drawn<Q> = { requests: [], episodes: [], rewards: [], q0: 0, position: start, metrics: {}, rolloutS: 0, rewardS: 0 };
+  let truncated = 0;
+  let filtered = 0;
+  let penalized = 0;
+  let drawnGroups = 0;
+  let spreadGroups = 0;
+  const drawnRewards: number[] = [];
+  let draws = 0;
+  while (draws < maxDraws) {
+    const p = out.position;
+    const order = permutation(questions.length, o.seed, p.epoch);
+    const stepQs = order.slice(p.batchInEpoch * o.questionsPerStep, (p.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
+    // This rank's share (all of it in one process); temperatures and seeds by the global index,
+    // later draws of a step numbered after the earlier ones'.
+    const [q0, q1] = o.shard ? shardRange(stepQs.length, o.shard.rank, o.shard.world) : [0, stepQs.length];
+    if (draws === 0) out.q0 = q0;
+    const qs = stepQs.slice(q0, q1);
+    const requests = rolloutRequests(qs, draws * o.questionsPerStep + q0, k, step, o);
+    const tag = draws ? ` (draw ${draws + 1})` : '';
+    bar.set({ detail: `rollouts 0/${requests.length}${tag}` });
+    const t0 = performance.now();
+    const episodes = await deps.rollout(requests, (done, total) => bar.set({ detail: `rollouts ${done}/${total}${tag}` }));
+    if (episodes.length !== requests.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${episodes.length} episodes for ${requests.length} requests.`);
+    out.rolloutS += since(t0);
+    bar.set({ detail: 'reward' });
+    const t1 = performance.now();
+    let rewards = await Promise.all(episodes.map((ep, i) => deps.reward(ep, requests[i].question)));
+    out.rewardS += since(t1);
+    if (o.overlong) {
+      const shaped = shapeOverlong(episodes, rewards, o.overlong);
+      rewards = shaped.rewards;
+      truncated += shaped.truncated;
+      filtered += shaped.filtered;
+      penalized += shaped.penalized;
+    }
+    out.position = nextPosition(p, perEpoch);
+    draws++;
+    if (!ds) {
+      Object.assign(out, { requests, episodes, rewards });
+      break;
+    }
+    drawnRewards.push(...rewards.map((r) => r.total));
+    const spread = groupsWithSpread(rewards, k);
+    drawnGroups += spread.length;
+    spreadGroups += spread.filter(Boolean).length;
+    for (let g = 0; g < spread.length && out.requests.length < o.questionsPerStep * k; g++) {
+      if (!spread[g]) continue;
+      out.requests.push(...requests.slice(g * k, (g + 1) * k));
+      out.episodes.push(...episodes.slice(g * k, (g + 1) * k));
+      out.rewards.push(...rewards.slice(g * k, (g + 1) * k));
+    }
+    if (out.requests.length >= o.questionsPerStep * k) break;
+  }
+  if (o.overlong) Object.assign(out.metrics, { episodes_truncated: truncated, episodes_overlong_filtered: o.overlong.filter ? filtered : undefined, episodes_overlong_penalized: o.overlong.buffer > 0 ? penalized : undefined });
+  if (ds) Object.assign(out.metrics, { dynamic_draws: draws, groups_drawn: drawnGroups, groups_with_spread: spreadGroups, groups_trained_on: out.requests.length / k, reward_mean_drawn: mean(drawnRewards) });
+  return out;
+}
 
 /** Runs `algo` for `o.steps` steps (or `o.stopAfter` of them); the mean reward of every step run here. */
 export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, algo: RlAlgorithm<Q, A, U, S>, o: RlLoopOptions): Promise<{ steps: number; meanReward: number[] }> {
@@ -184,23 +292,10 @@ export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFo
   try {
     while (state.step < o.steps) {
       if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
-      const order = permutation(questions.length, o.seed, state.epoch);
-      const stepQs = order.slice(state.batchInEpoch * o.questionsPerStep, (state.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
-      // This rank's share (all of it in one process); temperatures and seeds by the global index.
-      const [q0, q1] = o.shard ? shardRange(stepQs.length, o.shard.rank, o.shard.world) : [0, stepQs.length];
-      const qs = stepQs.slice(q0, q1);
-      // 1. rollouts
+      // 1. rollouts and 2. rewards (with dynamic sampling, as many draws as it takes)
       const t0 = performance.now();
-      const requests = rolloutRequests(qs, q0, k, state.step, o);
-      bar.set({ detail: `rollouts 0/${requests.length}` });
-      const episodes = await deps.rollout(requests, (done, total) => bar.set({ detail: `rollouts ${done}/${total}` }));
-      if (episodes.length !== requests.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${episodes.length} episodes for ${requests.length} requests.`);
-      const tRollout = since(t0);
-      // 2. rewards
-      bar.set({ detail: 'reward' });
-      const t1 = performance.now();
-      const rewards = await Promise.all(episodes.map((ep, i) => deps.reward(ep, requests[i].question)));
-      const tReward = since(t1);
+      const drawn = await drawStep(questions, deps, k, state.step, state, perEpoch, bar, o);
+      const { requests, episodes, rewards, q0 } = drawn;
       const s: RlStep<Q> = { model, step: state.step, requests, episodes, rewards, offset: q0 * k, shard: o.shard };
       // 3. advantages
       if (algo.prepare) bar.set({ detail: algo.prepare.detail });
@@ -222,15 +317,16 @@ export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFo
         step: state.step + 1,
         ...head,
         ...rolloutMetrics(all.episodes, all.rewards),
+        ...drawn.metrics,
         ...body,
-        time_rollout_s: tRollout,
-        time_reward_s: tReward,
+        time_rollout_s: drawn.rolloutS,
+        time_reward_s: drawn.rewardS,
         ...(algo.prepare ? { [algo.prepare.timer]: tPrepare } : {}),
         time_train_s: tTrain,
         time_step_s: since(t0),
       };
       rewardsByStep.push(mean(all.rewards.map((r) => r.total)));
-      state = await endStep(model, run, bar, row, all.lines, state, perEpoch, o);
+      state = await endStep(model, run, bar, row, all.lines, state, drawn.position, o);
       ranHere++;
     }
   } finally {

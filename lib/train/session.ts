@@ -13,7 +13,7 @@ import { SlmError } from '../errors.js';
 import type { CustomRewardFn, CustomTools } from '../extensions.js';
 import type { RewardDeps } from '../rewards/combine.js';
 import type { ProgressTo } from '../util/progress.js';
-import { loadQuestions, splitQuestions, type Question } from './data.js';
+import { evalView, questionSplits, type Question } from './data.js';
 import { loadAgent, openEnvironment, required, rewardDeps, type Environment, type Log } from './environment.js';
 import { evalQuestions, evaluate } from './evaluation.js';
 import { writeReport } from './report.js';
@@ -74,7 +74,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
     const every = cfg.train.eval_every;
     if (!every || typeof row.step !== 'number' || row.step % every !== 0 || row.kind === 'eval') return;
     if (!cfg.data.questions) return log('train.eval_every: data.questions is not set; no evaluation during training');
-    evalQs ??= await evalQuestions(cfg);
+    evalQs ??= await evalQuestions(evalView(cfg));
     const e = env ?? (evalEnv ??= await openEnvironment(cfg, log, o.progress, o));
     judge ??= await rewardDeps(cfg, log, o);
     const label = `${cfg.run.name ?? stage}@step-${row.step}`;
@@ -88,9 +88,10 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
     let result: TrainResult;
     if (stage === 'sft') result = await sftStage(stageRun);
     else {
-      const all = await loadQuestions(required(cfg.data.questions, 'data.questions'));
-      const { train } = splitQuestions(all, cfg.data.split);
-      if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty (train_fraction ${cfg.data.split.train_fraction} of ${all.length} rows).`);
+      required(cfg.data.questions, 'data.questions');
+      const { train, eval: held } = await questionSplits(cfg.data);
+      if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty${cfg.data.eval_questions ? '' : ` (train_fraction ${cfg.data.split.train_fraction} of ${train.length + held.length} rows)`}.`);
+      log(`questions: ${train.length} to train on (${cfg.data.eval_questions ? `every row of ${cfg.data.questions}` : `data.split of ${cfg.data.questions}`}), ${held.length} to evaluate on (${cfg.data.eval_questions ?? 'the rest'})`);
       env = await openEnvironment(cfg, log, o.progress, o);
       log(`environment: ${env.describe}`);
       judge ??= await rewardDeps(cfg, log, o);

@@ -15,6 +15,7 @@ import type { Episode } from '../episodes/runner.js';
 import { rewardFromConfig, trainerReward, type RewardDeps } from '../rewards/combine.js';
 import type { ProgressTo } from '../util/progress.js';
 import { groupAdvantageFn } from './advantages.js';
+import { dapoOptionsFrom } from './dapo.js';
 import { loadSftRows, type Question } from './data.js';
 import { episodeRunner, type Agent, type Environment, type Log } from './environment.js';
 import { pgOptionsFrom, runGrpo } from './grpo.js';
@@ -141,7 +142,7 @@ export async function rlStage(s: StageRun, train: Question[], env: Environment, 
   const reward = stageReward(cfg, deps);
   const perEpoch = Math.max(1, Math.floor(train.length / cfg.rollout.batch_questions));
   const steps = cfg.train.steps ?? cfg.train.epochs * perEpoch;
-  const rl = { ...s.common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, topP: cfg.rollout.top_p, keepAdapter: o.keepAdapter, klReference: cfg.algorithm.kl_reference, onStep: s.onStep };
+  const rl = { ...s.common, questionsPerStep: cfg.rollout.batch_questions, steps, temperature: cfg.rollout.temperature, topP: cfg.rollout.top_p, keepAdapter: o.keepAdapter, klReference: cfg.algorithm.kl_reference, onStep: s.onStep, ...dapoOptionsFrom(cfg) };
   const remote = remoteRollout(s, o.dist);
   const rollout = rolloutFn(cfg, agent, env, remote);
   let r: { steps: number; meanReward: number[] };
