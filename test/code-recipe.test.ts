@@ -110,10 +110,15 @@ t.test('the code recipe configs hold the reference values', async (t) => {
   t.equal(j.skip_without_answer, false, 'core.py 841: "(no answer)" is judged');
   t.equal(j.missing_approach, 'error', 'judge.py 22: approach_score is required, so a reply without it fails (-1)');
   t.equal(g.algorithm.old_logprobs, 'recompute');
+  // episode.py 341-343: a flat group (std < 0.01) trains on r - 0.5 whatever its mean: no reward is below flat_skip_below.
+  t.equal(g.algorithm.fallbacks.flat_std, 0.01);
+  t.ok(g.algorithm.fallbacks.flat_skip_below < -1.5, 'no flat group skipped');
+  t.equal(g.algorithm.fallbacks.center, 0.5);
   for (const c of [g, loadConfig(join(root, 'configs', 'code-sft.yaml')), loadConfig(join(root, 'configs', 'code-eval.yaml'))]) {
     t.equal(c.eval.temperature, EVAL.temperature, `${c.run.name}: eval temperature`);
     t.equal(c.eval.top_p, EVAL.top_p, `${c.run.name}: eval top-p`);
     t.equal(c.eval.max_new_tokens, EVAL.max_new_tokens, `${c.run.name}: eval tokens per turn`);
+    t.equal(c.retrieval.k, 5, `${c.run.name}: search_pages returns 5 pages (docker/server.py 63)`);
   }
   const e = loadConfig(join(root, 'configs', 'code-eval.yaml'));
   t.equal(e.stage, 'eval');
