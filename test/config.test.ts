@@ -70,7 +70,7 @@ t.test('the ready configs hold the reference settings', async (t) => {
   t.same([r.stage, r.rollout.batch_questions, r.algorithm.mini_batch, r.train.steps, r.optim.lr, r.optim.critic_lr, r.algorithm.kl_coef, r.protocol.max_turns, r.protocol.max_new_tokens], ['ppo', 32, 32, 600, 1e-5, 1e-4, 0.001, 2, 500]);
   t.same([loadConfig(join(configs, 'search-r1-sft.yaml')).stage, loadConfig(join(configs, 'search-r1-sft.yaml')).protocol.kind], ['sft', 'tags']);
   t.same([p.algorithm.kl_in, p.algorithm.kl_estimator, p.algorithm.gamma, p.algorithm.lam], ['reward', 'k1', 1, 1]);
-  t.same([p.protocol.kind, p.protocol.max_turns, p.protocol.max_turns_eval, p.protocol.top_k, p.protocol.max_new_tokens], ['tags', 2, 5, 3, 500]);
+  t.same([p.protocol.kind, p.protocol.max_turns, p.protocol.max_turns_eval, p.protocol.top_k, p.protocol.max_new_tokens], ['tags', 2, 2, 3, 500], 'train_ppo.sh validates with its max_turns');
   t.same(p.reward.parts, [{ kind: 'em', weight: 1 }]);
 });
 
@@ -165,7 +165,7 @@ t.test('cross-key checks', async (t) => {
   t.match(errorOf(() => validateConfig({ stage: 'sft', model: { path: '/m' } }, 'x')).message, 'data.sft: missing; the sft stage needs');
   t.match(errorOf(() => validateConfig({ stage: 'eval', model: { path: '/m' }, data: { questions: '/q' } }, 'x')).message, 'data.corpus: missing; the code protocol searches a corpus');
   t.doesNotThrow(() => validateConfig({ stage: 'eval', model: { path: '/m' }, data: { questions: '/q' }, protocol: { kind: 'direct' } }, 'x'));
-  t.match(errorOf(() => validateConfig({ ...base, algorithm: { kl_estimator: 'k2' } }, 'x')).message, 'algorithm.kl_estimator: the KL term in the loss supports k1 and k3');
+  t.match(errorOf(() => validateConfig({ ...base, algorithm: { kl_estimator: 'k2' } }, 'x')).message, 'algorithm.kl_estimator: the KL term in the loss supports k3, found "k2"');
   t.match(errorOf(() => validateConfig({ ...base, optim: { schedule: 'cosine', warmup_steps: 10 }, train: { steps: 10 } }, 'x')).message, 'optim.warmup_steps: expected fewer warm-up steps');
 });
 
@@ -272,16 +272,16 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     stage: true,
     model: { path: true, adapter: true, dtype: true, device: true, threads: true },
     lora: { r: true, alpha: true, dropout: true, rslora: true, targets: true, layers: true },
-    data: { questions: true, corpus: true, index: true, sft: true, split: true, exclude_leaking: true },
-    protocol: { kind: true, max_turns: true, max_turns_eval: true, turns_count: true, instruction: true, use_data_prompt: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, system_prompt: true, final_turn_notice: true, prompts_from_sft: true, question_variable: true, final_answer: true, prefill_first: true, prefill_final: true, prefill_trained: true },
+    data: { questions: true, eval_questions: true, corpus: true, index: true, sft: true, split: true, exclude_leaking: true },
+    protocol: { kind: true, max_turns: true, max_turns_eval: true, turns_count: true, instruction: true, use_data_prompt: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, system_prompt: true, final_turn_notice: true, direct_instruction: true, prompts_from_sft: true, question_variable: true, final_answer: true, prefill_first: true, prefill_final: true, prefill_trained: true },
     sandbox: { kind: true, timeout_s: true, memory_mb: true, workers: true, require_isolation: true, tools_module: true },
     retrieval: { kind: true, embedder: true, ef: true, k: true, url: true, timeout_s: true, retries: true },
-    rollout: { k: true, batch_questions: true, temperature: true, top_p: true, top_k: true, first_turn_temperature: true, first_turn_top_p: true, kv_cache_reuse: true, kv_cache_mb: true, engine: true, openai: true },
+    rollout: { k: true, batch_questions: true, temperature: true, top_p: true, top_k: true, first_turn_temperature: true, first_turn_top_p: true, dynamic_sampling: true, kv_cache_reuse: true, kv_cache_mb: true, engine: true, openai: true },
     distributed: { nproc: true, nnodes: true, node_rank: true, master_addr: true, master_port: true, backend: true, timeout_s: true, python: true },
     reward: { combine: true, on_failure: true, failure_value: true, parts: true, judge: true, module: true },
     algorithm: {
       kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_reference: true, kl_in: true, kl_estimator: true, loss_norm: true, turn_discount: true, inner_epochs: true, entropy_coef: true,
-      std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true, old_logprobs: true, mini_batch: true,
+      std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true, old_logprobs: true, overlong: true, mini_batch: true,
     },
     rft: { rounds: true, min_reward: true, epochs: true, max_per_question: true, unique: true, questions_per_round: true },
     optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, schedule: true, warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },
@@ -292,6 +292,8 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
   const nested: Record<string, string[]> = {
     'data.split': Object.keys({ train_fraction: true, seed: true } satisfies Keys<ResolvedConfig['data']['split']>),
     'rollout.openai': Object.keys({ urls: true, model: true, timeout_s: true, retries: true, concurrency: true, adapter_dir: true } satisfies Keys<ResolvedConfig['rollout']['openai']>),
+    'rollout.dynamic_sampling': Object.keys({ enabled: true, max_draws: true } satisfies Keys<ResolvedConfig['rollout']['dynamic_sampling']>),
+    'algorithm.overlong': Object.keys({ filter: true, buffer: true, penalty_factor: true } satisfies Keys<ResolvedConfig['algorithm']['overlong']>),
     'algorithm.fallbacks': Object.keys({ flat_std: true, flat_skip_below: true, fail_at_or_below: true, fail_by: true, all_failed: true, zero_variance: true, center: true } satisfies Keys<ResolvedConfig['algorithm']['fallbacks']>),
   };
   const props = (s: unknown) => Object.keys(((s as { properties?: object }).properties ?? {}) as object);
