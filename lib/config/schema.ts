@@ -94,6 +94,12 @@ export const CONFIG_SCHEMA: Schema = {
       },
       use_data_prompt: bool(true, "tags: a question row that carries its own chat prompt (Search-R1's processed files: prompt, a list of {role, content}) starts from exactly those messages, as Search-R1; false = the row's question in instruction"),
       final_turn_notice: str(null, "code: the message sent before the last turn; null = the protocol's own"),
+      enable_thinking: {
+        type: ['boolean', 'null'],
+        default: null,
+        description:
+          "the chat template's enable_thinking for rollouts, evaluation and SFT rendering (Qwen3's hybrid templates: false pre-fills an empty <think></think> block in every generation prompt; true or null: the model may think). null = not passed (the template's default). Earlier turns' <think> blocks stay in the sequence as generated, and SFT renders a conversation the same way, turn by turn, so that the tokens trained are the tokens each turn was sampled on",
+      },
       direct_instruction: {
         ...str(null, "direct: the user message of the no-search baseline, {question} replaced by the question; null = slm-train's own (\"Answer the question below from what you know...\"). configs/search-r1-*.yaml set Search-R1's no-search template (scripts/data_process/nq.py make_prefix, which asks for <think> reasoning)"),
         pattern: '\\{question\\}',

@@ -54,6 +54,8 @@ export interface ProtocolConfig {
   /** tags: start from a question row's own chat prompt when it has one. */
   use_data_prompt: boolean;
   final_turn_notice: string | null;
+  /** The chat template's enable_thinking for rollouts, evaluation and SFT; null = not passed. */
+  enable_thinking: boolean | null;
   /** direct: the user message template, with {question}; null = the protocol's own. */
   direct_instruction: string | null;
   prompts_from_sft: boolean;

@@ -70,8 +70,9 @@ export function startEpisode(ctx: EpisodeContext, r: EpisodeRequest, index: numb
     throw new SlmError('ARGUMENT_INVALID', `Expected the prompt of episode request ${index} to be a list of chat messages {role, content}, but found ${describe(r.prompt)}.`);
   }
   const messages = r.messages ? r.messages.map((m) => ({ ...m })) : o.protocol.initialMessages(r.question, ctx.generations, r.prompt);
-  const text = o.formatter.prompt(messages);
-  const ids = encodeRendered(o.tokenizer, text, messages, (ms) => o.formatter.prompt(ms));
+  const thinking = o.enableThinking !== undefined ? { enableThinking: o.enableThinking } : {};
+  const text = o.formatter.prompt(messages, thinking);
+  const ids = encodeRendered(o.tokenizer, text, messages, (ms) => o.formatter.prompt(ms, thinking));
   const s: Live = {
     index,
     seed: r.seed,
@@ -186,7 +187,7 @@ export function appendReply(ctx: EpisodeContext, s: Live, reply: EnvReply): void
     // The turn as decoded (stop-token text included) so that the formatter does not repeat `<|im_end|>`.
     const generated = s.turnText;
     const history: ChatMessage[] = [...s.messages.slice(0, -1), { role: 'assistant', content: generated }];
-    const continuation = (ms: ChatMessage[]) => o.formatter.continuation(history, ms, { strict: o.strictTemplate ?? false });
+    const continuation = (ms: ChatMessage[]) => o.formatter.continuation(history, ms, { strict: o.strictTemplate ?? false, ...(o.enableThinking !== undefined ? { enableThinking: o.enableThinking } : {}) });
     text = continuation(next);
     ids = encodeRendered(o.tokenizer, text, next, continuation);
   }

@@ -10,12 +10,12 @@ import type { EpisodeCall, EpisodeProtocol, FinishReason, ProgramSummary, TurnAc
 /** What the runner needs to build prompts (lib/model/chat.ts's ChatFormatter has it). */
 export interface PromptFormatter {
   /** The prompt for the first assistant turn (generation prompt included). */
-  prompt(messages: readonly ChatMessage[]): string;
+  prompt(messages: readonly ChatMessage[], opts?: { enableThinking?: boolean }): string;
   /**
    * The exact text to append after the assistant's generated text (`history` ends with it, as
    * decoded, stop token text included) so that the sequence becomes the prompt for the next turn.
    */
-  continuation(history: readonly ChatMessage[], next: readonly ChatMessage[], opts?: { strict?: boolean }): string;
+  continuation(history: readonly ChatMessage[], next: readonly ChatMessage[], opts?: { strict?: boolean; enableThinking?: boolean }): string;
 }
 
 export type RunnerTokenizer = Pick<Tokenizer, 'encode' | 'decode' | 'stopTokenIds' | 'specialTokens'>;
@@ -47,6 +47,14 @@ export interface EpisodeRunnerOptions {
    * template's text after the turn is appended, even where the template would re-render history.
    */
   strictTemplate?: boolean;
+  /**
+   * The chat template's `enable_thinking` (Qwen3's hybrid templates: false pre-fills an empty
+   * `<think></think>` block in every generation prompt, the first and each one after a reply); absent:
+   * not passed, the template's default. Earlier turns' `<think>` blocks stay in the sequence as
+   * generated (the template would drop them before the last user message): the tokens trained are
+   * the tokens each turn was sampled on (SFT renders a conversation the same way: lib/train/sft-data.ts).
+   */
+  enableThinking?: boolean;
   /**
    * Multi-turn KV-cache reuse (default true, where the generator keeps caches: releaseCaches): each
    * episode's rows carry a cache key, so a turn computes only the tokens appended since the last

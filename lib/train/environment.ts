@@ -182,6 +182,8 @@ export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environmen
     seed: o.seed,
     cacheReuse: cfg.rollout.kv_cache_reuse,
     onTurn: o.onTurn,
+    // Rollouts and evaluation alike (SFT renders with the same: stages.ts sftStage).
+    ...(p.enable_thinking !== null ? { enableThinking: p.enable_thinking } : {}),
     ...(o.eval ? {} : trainingTurns(cfg)),
   });
 }

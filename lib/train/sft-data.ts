@@ -8,12 +8,19 @@
  * (the text the model sees before it speaks) and with it (the text after it has spoken): the
  * difference is what the model must produce. Pieces are tokenized separately at these boundaries,
  * which is also where generation starts and stops at run time.
+ *
+ * Where the template renders earlier turns differently once later messages follow (Qwen3's hybrid
+ * template drops the `<think>` blocks of turns before the last user message), or with an explicit
+ * `enableThinking` (protocol.enable_thinking), a conversation is built as the episode runner builds an
+ * episode instead (`rolloutTokens`): the prompt, each assistant turn as written, and the template's
+ * continuation after it, so that SFT trains on the token sequence a rollout samples on.
  */
 import { readFileSync } from 'node:fs';
 import { parseJsonLines } from '../util/data.js';
 import { SlmError, describe } from '../errors.js';
 import type { ChatFormatter } from '../model/chat.js';
 import type { ChatMessage, Tokenizer } from '../model/tokenizer-types.js';
+import { encodeRendered } from '../episodes/episode-state.js';
 
 export interface SftRow {
   messages: ChatMessage[];
@@ -75,24 +82,90 @@ function splitObservations(text: string): Array<{ text: string; trained: boolean
   return out;
 }
 
+/** How a conversation is rendered for SFT (protocol.enable_thinking). */
+export interface ConversationOptions {
+  /** The chat template's enable_thinking; set, the conversation is built as a rollout (rolloutTokens). */
+  enableThinking?: boolean;
+}
+
 /**
  * Token ids and loss mask of one conversation: 1 on the assistant turns (their content and
- * end-of-turn token) except environment text inside them (splitObservations), 0 elsewhere.
+ * end-of-turn token) except environment text inside them (splitObservations), 0 elsewhere. Rendered
+ * by the template whole when it renders every turn as an extension of the one before and no
+ * `enableThinking` is given; otherwise built as a rollout (rolloutTokens).
  */
-export function tokenizeConversation(messages: readonly ChatMessage[], fmt: ChatFormatter, tok: Tokenizer, row = 0): SftExample {
+export function tokenizeConversation(messages: readonly ChatMessage[], fmt: ChatFormatter, tok: Tokenizer, row = 0, opts: ConversationOptions = {}): SftExample {
+  if (opts.enableThinking !== undefined) return rolloutTokens(messages, fmt, tok, row, opts);
+  return templateTokens(messages, fmt, tok, row) ?? rolloutTokens(messages, fmt, tok, row, opts);
+}
+
+/** The template's text that closes an assistant turn (`<|im_end|>`) when it is one of the stop texts; '' otherwise. */
+function turnStop(fmt: ChatFormatter, prior: readonly ChatMessage[], thinking: { enableThinking?: boolean }): string {
+  const mark = 'slm-train:sft-turn:3e8a1c';
+  const text = fmt.render([...prior, { role: 'assistant', content: mark }], thinking);
+  const after = text.slice(text.lastIndexOf(mark) + mark.length);
+  return fmt.stopTexts.find((s) => s && after.startsWith(s)) ?? '';
+}
+
+/**
+ * A conversation as the episode runner builds an episode from it (lib/episodes/episode-state.ts):
+ * the prompt of the messages before the first assistant turn (generation prompt included); each
+ * assistant turn's content as written, then the template's end-of-turn text (trained: what the model
+ * generates, stop token included); between turns the template's continuation (the end of the turn,
+ * the environment's messages, the next generation prompt), rendered with the history as generated.
+ * With `enableThinking: false` a leading empty `<think></think>` block of a turn is the prompt's
+ * (the template writes it there), not the turn's. Messages after the last assistant turn are left out
+ * (a rollout ends with its last generation). Earlier turns' `<think>` blocks stay as written, as they
+ * stay in a rollout's sequence.
+ */
+export function rolloutTokens(messages: readonly ChatMessage[], fmt: ChatFormatter, tok: Tokenizer, row = 0, opts: ConversationOptions = {}): SftExample {
+  const thinking = opts.enableThinking !== undefined ? { enableThinking: opts.enableThinking } : {};
+  const first = messages.findIndex((m) => m.role === 'assistant');
+  let last = messages.length - 1;
+  while (last >= 0 && messages[last].role !== 'assistant') last--;
+  if (first < 0) throw new SlmError('DATA_INVALID', `conversation ${row + 1} has no assistant message to train on.`);
+  const ids: number[] = [];
+  const mask: number[] = [];
+  const push = (e: readonly number[], trained: boolean) => {
+    ids.push(...e);
+    for (let k = 0; k < e.length; k++) mask.push(trained ? 1 : 0);
+  };
+  const prompt = messages.slice(0, first);
+  push(encodeRendered(tok, fmt.prompt(prompt, thinking), prompt, (ms) => fmt.prompt(ms, thinking)), false);
+  for (let i = first; i <= last; ) {
+    let content = messages[i].content;
+    if (opts.enableThinking === false) content = content.replace(/^\s*<think>\s*<\/think>\s*/, '');
+    const generated = content + turnStop(fmt, messages.slice(0, i), thinking);
+    for (const p of splitObservations(generated)) if (p.text) push(tok.encode(p.text), p.trained);
+    let j = i + 1;
+    while (j <= last && messages[j].role !== 'assistant') j++;
+    if (j > last) break;
+    const next = messages.slice(i + 1, j);
+    if (!next.length)
+      throw new SlmError('DATA_INVALID', `conversation ${row + 1}: assistant messages ${i + 1} and ${j + 1} follow each other; a rollout puts an environment message between two turns (or writes them as one assistant message).`);
+    const history: ChatMessage[] = [...messages.slice(0, i), { role: 'assistant', content: generated }];
+    const continuation = (ms: ChatMessage[]) => fmt.continuation(history, ms, { strict: false, ...thinking });
+    push(encodeRendered(tok, continuation(next), next, continuation), false);
+    i = j;
+  }
+  return { ids, mask, row };
+}
+
+/**
+ * The conversation rendered by the template whole (see the file comment); null when the template
+ * does not render an assistant turn as an extension of the prompt before it (it rewrites earlier
+ * turns), so that the turn's tokens cannot be located in the whole.
+ */
+function templateTokens(messages: readonly ChatMessage[], fmt: ChatFormatter, tok: Tokenizer, row: number): SftExample | null {
   const full = fmt.render(messages);
   const pieces: Array<{ text: string; trained: boolean }> = [];
   let cursor = 0;
-  messages.forEach((m, i) => {
-    if (m.role !== 'assistant') return;
+  for (let i = 0; i < messages.length; i++) {
+    if (messages[i].role !== 'assistant') continue;
     const before = fmt.render(messages.slice(0, i), { addGenerationPrompt: true });
     const after = fmt.render(messages.slice(0, i + 1));
-    if (!after.startsWith(before) || !full.startsWith(after) || before.length < cursor)
-      throw new SlmError(
-        'CHAT_TEMPLATE_ERROR',
-        `conversation ${row + 1}: the chat template (${fmt.template.origin}) does not render assistant turn ${i + 1} as an extension of the prompt before it, so its tokens cannot be located. Use a template that renders earlier turns verbatim (e.g. Qwen3-2507's).`,
-      );
-    let turn = after.slice(before.length);
+    if (!after.startsWith(before) || !full.startsWith(after) || before.length < cursor) return null;
+    const turn = after.slice(before.length);
     // Train on the content and the end-of-turn token; what the template adds after it (a newline)
     // is context, like the prompt.
     const stop = fmt.stopTexts.map((s) => ({ s, at: turn.indexOf(s) })).filter((x) => x.at >= 0).sort((a, b) => a.at - b.at)[0];
@@ -100,8 +173,7 @@ export function tokenizeConversation(messages: readonly ChatMessage[], fmt: Chat
     pieces.push({ text: full.slice(cursor, before.length), trained: false });
     pieces.push(...splitObservations(trainedText));
     cursor = before.length + trainedText.length;
-    turn = '';
-  });
+  }
   pieces.push({ text: full.slice(cursor), trained: false });
   const ids: number[] = [];
   const mask: number[] = [];

@@ -79,7 +79,9 @@ export async function sftStage(s: StageRun): Promise<TrainResult> {
   if (!cfg.data.sft) throw new SlmError('CONFIG_INVALID', 'stage: sft needs data.sft (chat-format JSONL {messages: [...]}).', { path: 'data.sft' });
   const { rows, dropped } = await loadSftRows(cfg.data.sft, cfg.data.exclude_leaking);
   if (dropped) log(`sft: dropped ${dropped} of ${rows.length + dropped} rows marked in_test_split (data.exclude_leaking)`);
-  const examples = rows.map((r, i) => tokenizeConversation(r.messages, agent.formatter, agent.tokenizer, i));
+  // protocol.enable_thinking: rendered as rollouts render (lib/train/environment.ts episodeRunner).
+  const thinking = cfg.protocol.enable_thinking !== null ? { enableThinking: cfg.protocol.enable_thinking } : {};
+  const examples = rows.map((r, i) => tokenizeConversation(r.messages, agent.formatter, agent.tokenizer, i, thinking));
   // Longer than the context: cut to what fits (loss on the assistant tokens within it), as the
   // reference's tokenizer truncation does, rather than dropped whole.
   const fit = fitContext(examples, cfg.protocol.max_context);
