@@ -38,6 +38,14 @@ t.test("configs/search-r1-ppo.yaml and search-r1-sft-ppo.yaml: Search-R1's top-p
     t.same([c.algorithm.kl_in, c.algorithm.kl_estimator, c.algorithm.kl_coef], ['reward', 'k1', 0.001], `${f}: k1 in the reward (kl_ctrl.kl_coef 0.001, kl_penalty kl)`);
   }
   t.equal(loadConfig(join(configs, 'search-r1-ppo.yaml')).protocol.max_turns_eval, 2, 'train_ppo.sh validates with its max_turns (2)');
+  // train_ppo.sh: actor lr_warmup_steps_ratio 0.285, critic 0.015; verl: int(ratio * total_steps).
+  for (const [f, steps] of [['search-r1-ppo.yaml', 1005], ['search-r1-sft-ppo.yaml', 600]] as const) {
+    const c = loadConfig(join(configs, f));
+    // Math.floor of the float product, as Python's int(): int(0.285 * 600) is 170.
+    t.same([c.train.steps, c.optim.warmup_steps, c.optim.critic_warmup_steps], [steps, Math.floor(0.285 * steps), Math.floor(0.015 * steps)], `${f}: warm-ups`);
+    const o = ppoOptionsFrom(c);
+    t.same([o.schedule.warmupSteps, o.criticSchedule?.warmupSteps, o.criticSchedule?.lr, o.criticSchedule?.kind], [Math.floor(0.285 * steps), Math.floor(0.015 * steps), 1e-4, 'constant'], `${f}: the critic's own schedule reaches PPO`);
+  }
   t.match(SEARCH_R1_DIRECT_INSTRUCTION, /^Answer the given question\. You should first have a reasoning process in mind and then provides the answer\. Show your reasoning in <think> <\/think> tags/);
   t.equal(loadConfig(join(configs, 'search-r1-sft.yaml')).eval.split, 'all', 'the SFT config evaluates on every row of the test file');
 });

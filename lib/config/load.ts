@@ -91,6 +91,8 @@ function crossChecks(c: ResolvedConfig): Problem[] {
     p.push({ path: ['rollout', 'first_turn_temperature'], message: `turn 1 then samples at ${c.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute` });
   if (c.rollout.first_turn_top_p !== null && c.rollout.first_turn_temperature === null)
     p.push({ path: ['rollout', 'first_turn_top_p'], message: 'set, but rollout.first_turn_temperature is null (turn 1 then samples at the rollout\'s own draws); set both or neither' });
+  if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.critic_warmup_steps !== null && c.optim.critic_warmup_steps >= c.train.steps)
+    p.push({ path: ['optim', 'critic_warmup_steps'], message: `expected fewer warm-up steps than train.steps (${c.train.steps}) for a ${c.optim.schedule} schedule, found ${c.optim.critic_warmup_steps}` });
   if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.warmup_steps >= c.train.steps)
     p.push({ path: ['optim', 'warmup_steps'], message: `expected fewer warm-up steps than train.steps (${c.train.steps}) for a ${c.optim.schedule} schedule, found ${c.optim.warmup_steps}` });
   return p;

@@ -247,6 +247,7 @@ export const CONFIG_SCHEMA: Schema = {
       max_grad_norm: num(1, { minimum: 0 }, '0 = no clipping'),
       schedule: oneOf(['constant', 'linear', 'cosine'], 'constant'),
       warmup_steps: int(0, { minimum: 0 }),
+      critic_warmup_steps: int(null, { minimum: 0 }, "PPO: warm-up steps of the value head's learning rate (critic_lr); null = warmup_steps. Search-R1 warms its critic up over 0.015 of the steps, its actor over 0.285"),
       min_lr_ratio: num(0, { minimum: 0, maximum: 1 }),
       micro_batch: int(0, { minimum: 0 }, 'sequences per forward/backward; 0 = the whole batch'),
       gradient_checkpointing: bool(true),

@@ -191,6 +191,8 @@ export interface OptimConfig {
   max_grad_norm: number;
   schedule: 'constant' | 'linear' | 'cosine';
   warmup_steps: number;
+  /** PPO: the value head's warm-up steps; null = warmup_steps. */
+  critic_warmup_steps: number | null;
   min_lr_ratio: number;
   micro_batch: number;
   gradient_checkpointing: boolean;

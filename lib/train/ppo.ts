@@ -120,6 +120,8 @@ export function ppoOptionsFrom(c: ResolvedConfig): Omit<PpoOptions, keyof RlLoop
     valueClip: a.value_clip,
     schedule: scheduleSpec(c),
     criticLr: c.optim.critic_lr,
+    // optim.critic_warmup_steps: the critic's own warm-up (Search-R1: 0.015 of the steps, the actor 0.285).
+    ...(c.optim.critic_warmup_steps !== null ? { criticSchedule: { ...scheduleSpec(c, c.optim.critic_lr), warmupSteps: c.optim.critic_warmup_steps } } : {}),
   };
 }
 
