@@ -110,6 +110,7 @@ t.test('the code recipe configs hold the reference values', async (t) => {
   t.equal(j.skip_without_answer, false, 'core.py 841: "(no answer)" is judged');
   t.equal(j.missing_approach, 'error', 'judge.py 22: approach_score is required, so a reply without it fails (-1)');
   t.equal(g.algorithm.old_logprobs, 'recompute');
+  t.equal(g.algorithm.loss_temperature, 1, 'episode.py 510: the NLL of the plain logits');
   // episode.py 341-343: a flat group (std < 0.01) trains on r - 0.5 whatever its mean: no reward is below flat_skip_below.
   t.equal(g.algorithm.fallbacks.flat_std, 0.01);
   t.ok(g.algorithm.fallbacks.flat_skip_below < -1.5, 'no flat group skipped');
@@ -144,6 +145,8 @@ t.test('bad values of the new keys are coded config errors', async (t) => {
   bad({ rollout: { first_turn_temperature: -1 } }, 'rollout.first_turn_temperature');
   bad({ rollout: { first_turn_temperature: 0.9, first_turn_top_p: 1.5 }, algorithm: { old_logprobs: 'recompute' } }, 'rollout.first_turn_top_p');
   bad({ algorithm: { old_logprobs: 'fresh' } }, 'algorithm.old_logprobs');
+  bad({ algorithm: { loss_temperature: 0, old_logprobs: 'recompute' } }, 'algorithm.loss_temperature');
+  t.match(bad({ algorithm: { loss_temperature: 1 } }, 'algorithm.loss_temperature'), 'algorithm.old_logprobs: recompute');
   bad({ eval: { max_new_tokens: 0 } }, 'eval.max_new_tokens');
   t.match(bad({ rollout: { first_turn_temperature: 0.925 } }, 'rollout.first_turn_temperature'), 'algorithm.old_logprobs: recompute');
   bad({ rollout: { first_turn_top_p: 0.92 }, algorithm: { old_logprobs: 'recompute' } }, 'rollout.first_turn_top_p');
@@ -342,7 +345,9 @@ t.test('the trainers\' rollouts carry the recomputed old log-probs (code-grpo.ya
   const roll = rolloutFn(cfg, agentOf(model), envOf(new Exec()));
   const [e] = await roll([{ question: { id: '1', index: 0, question: 'Q three', golds: ['C'] } as never, temperature: 1.05, topP: 0.9, seed: 7 }]);
   t.equal(m.calls.length, 1, 'one scoring forward');
-  t.same(m.calls[0].temps, [1.05]);
+  t.same(m.calls[0].temps, [1], 'at algorithm.loss_temperature (1), not the sampling temperature');
+  t.equal(e.temperature, 1.05, 'the episode keeps its sampling temperature');
+  t.equal(e.lossTemperature, 1);
   let checked = 0;
   e.lossMask.forEach((x, k) => {
     if (!x) return;
@@ -397,4 +402,22 @@ t.test('native: recomputed old log-probs make the first ratio 1 (lora.dropout 0)
   const [re2] = await withOldLogprobs(m, [ep], 'recompute');
   const sDo = await step(re2);
   t.ok(sDo.ratio !== 1 && Math.abs(sDo.ratio - 1) < 0.2, `dropout 0.1: ratio ${sDo.ratio}, near 1 but not 1`);
+});
+
+t.test('algorithm.loss_temperature reaches the training step (GRPO) and the PPO forward', async (t) => {
+  const { groupPolicyGradient, pgOptionsFrom } = await import('../lib/train/grpo.js');
+  const { ppoForward } = await import('../lib/train/ppo-batch.js');
+  const cfg = grpo();
+  const seen: Array<{ temperature?: number[] }> = [];
+  const stats = { loss: 0, pgLoss: 0, sftLoss: 0, kl: 0, entropy: 0, clipFrac: 0, ratio: 1, valueLoss: 0, gradNorm: 1, tokens: 2, sequences: 1, headRows: 2, skipped: false, skipReason: '', step: 1 };
+  const model = { trainStep: async (b: { temperature?: number[] }) => (seen.push(b), stats) } as unknown as Model;
+  const algo = groupPolicyGradient('grpo', () => ({ advantages: [1, -1] }), { ...pgOptionsFrom(cfg), lora: { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj'] }, questionsPerStep: 1, steps: 1, temperature: 1, seed: 1 });
+  const ep = (temperature: number, lossTemperature?: number) => ({ ids: Int32Array.from([1, 2, 3]), lossMask: Uint8Array.from([0, 1, 1]), logprobs: Float32Array.from([0, -1, -1]), temperature, ...(lossTemperature ? { lossTemperature } : {}), answer: null, turns: 1, record: {} });
+  await algo.update({ model, step: 0, requests: [], episodes: [ep(0.8, 1), ep(1.1)] as never, rewards: [{ total: 1 }, { total: 0 }] as never, offset: 0 }, { adv: [1, -1], keep: [0, 1], skipped: [] });
+  t.same(seen[0].temperature, [1, 1.1], 'GRPO: lossTemperature where set, else the sampling temperature');
+  const temps: number[][] = [];
+  const pm = { sequenceLogprobs: async (rows: ArrayLike<number>[], tt: number[]) => (temps.push(Array.from(tt)), rows.map((r) => new Float32Array(r.length))), values: async (rows: ArrayLike<number>[]) => rows.map((r) => new Float32Array(r.length)) } as unknown as Model;
+  const f = await ppoForward(pm, [ep(0.8, 1) as never, ep(1.1) as never], { recomputeOldLogprobs: true, klCoef: 0, klIn: 'reward' } as never);
+  t.same(f.temperature, [1, 1.1], 'PPO: its batch temperature');
+  t.same(temps[0], [1, 1.1], 'PPO: its own recomputation too');
 });

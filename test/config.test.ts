@@ -281,7 +281,7 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     reward: { combine: true, on_failure: true, failure_value: true, parts: true, judge: true, module: true },
     algorithm: {
       kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_reference: true, kl_in: true, kl_estimator: true, loss_norm: true, turn_discount: true, inner_epochs: true, entropy_coef: true,
-      std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true, old_logprobs: true, overlong: true, mini_batch: true,
+      std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true, loss_temperature: true, old_logprobs: true, overlong: true, mini_batch: true,
     },
     rft: { rounds: true, min_reward: true, epochs: true, max_per_question: true, unique: true, questions_per_round: true },
     optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, schedule: true, warmup_steps: true, critic_warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },

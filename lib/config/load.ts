@@ -89,6 +89,8 @@ function crossChecks(c: ResolvedConfig): Problem[] {
   // Turn 1 sampled at another temperature than the episode's: the sampler's log-probs of its tokens are not the training forward's.
   if (c.rollout.first_turn_temperature !== null && c.algorithm.old_logprobs !== 'recompute')
     p.push({ path: ['rollout', 'first_turn_temperature'], message: `turn 1 then samples at ${c.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute` });
+  if (c.algorithm.loss_temperature !== null && c.algorithm.old_logprobs !== 'recompute')
+    p.push({ path: ['algorithm', 'loss_temperature'], message: `the loss then scores tokens at temperature ${c.algorithm.loss_temperature}, but the sampler's log-probs are at each episode's sampling temperature; set algorithm.old_logprobs: recompute` });
   if (c.rollout.first_turn_top_p !== null && c.rollout.first_turn_temperature === null)
     p.push({ path: ['rollout', 'first_turn_top_p'], message: 'set, but rollout.first_turn_temperature is null (turn 1 then samples at the rollout\'s own draws); set both or neither' });
   if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.critic_warmup_steps !== null && c.optim.critic_warmup_steps >= c.train.steps)

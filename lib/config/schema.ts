@@ -222,6 +222,7 @@ export const CONFIG_SCHEMA: Schema = {
       vf_coef: num(0.5, { minimum: 0 }),
       value_clip: num(0.5, { exclusiveMinimum: 0 }),
       whiten: bool(true, 'whiten PPO advantages over the batch (verl)'),
+      loss_temperature: num(null, { exclusiveMinimum: 0 }, "the temperature the loss scores tokens at (logits / T, the old log-probs recomputed at it too): null = each episode's sampling temperature; 1 = the plain logits, as the reference code-search system's NLL. Set, it needs old_logprobs: recompute"),
       old_logprobs: oneOf(['sampler', 'recompute'], 'sampler', "the old policy's log-probs in the clipped ratio: sampler = those the generator reported while sampling; recompute = a teacher-forced forward of the trained policy over each episode before the update, at the temperature the training forward uses (LoRA dropout off: the ratio is exactly 1 only with lora.dropout 0). The reference code-search system has no ratio (plain -A log p); recompute is the closest"),
       overlong: section({
         filter: bool(false, "leave truncated episodes out of the loss (DAPO's overlong filtering): one whose turn stopped at protocol.max_new_tokens or whose conversation reached protocol.max_context. They are marked excluded (as reward.on_failure: exclude: out of the loss and of their group's statistics) and counted (episodes_truncated)"),

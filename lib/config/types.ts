@@ -162,6 +162,8 @@ export interface AlgorithmConfig {
   vf_coef: number;
   value_clip: number;
   whiten: boolean;
+  /** The temperature the loss scores tokens at (null = each episode's sampling temperature). */
+  loss_temperature: number | null;
   /** The clipped ratio's old log-probs: the sampler's, or recomputed by the trained policy before the update. */
   old_logprobs: 'sampler' | 'recompute';
   /** Truncated episodes: DAPO's overlong filtering and soft over-length penalty. */

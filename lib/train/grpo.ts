@@ -154,7 +154,7 @@ export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, o: 
           { turnDiscount: p.turnDiscount, norm: p.lossNorm, totals },
         ),
         oldLogprobs: a.keep.map((i) => s.episodes[i].logprobs),
-        temperature: a.keep.map((i) => s.episodes[i].temperature),
+        temperature: a.keep.map((i) => s.episodes[i].lossTemperature ?? s.episodes[i].temperature),
       };
       for (let e = 0; e < p.innerEpochs; e++) {
         stats = await s.model.trainStep(batch, {

@@ -6,13 +6,12 @@
  *   none: those alone are computed as `recompute` computes them.
  * - `recompute`: every trained token's log-prob from one teacher-forced forward of the policy as it
  *   is now (the adapter that sampled, before the update), at the temperature the training forward
- *   scores the episode with (its own; greedy rows at 1). That forward and the training forward are
+ *   scores the episode with (`lossTemperature` when set, else its own; greedy rows at 1). That forward and the training forward are
  *   the same ATen computation, so with lora.dropout 0 the first inner epoch's ratio is exactly 1 (the
  *   reference code-search system's loss has no ratio at all); with dropout the training forward
  *   drops LoRA inputs that this forward keeps, and the ratio is 1 only on average.
  */
 import type { Model } from '../engine/model.js';
-import { recomputeLogprobs } from '../engine/openai-rollout.js';
 import type { TrainEpisode } from './types.js';
 
 export type OldLogprobsMode = 'sampler' | 'recompute';
@@ -20,14 +19,21 @@ export type OldLogprobsMode = 'sampler' | 'recompute';
 /** The episodes with their old log-probs as `mode` says (the same objects where nothing changes). */
 export async function withOldLogprobs<E extends TrainEpisode>(model: Model, episodes: E[], mode: OldLogprobsMode): Promise<E[]> {
   if (!episodes.length) return episodes;
-  if (mode === 'recompute') return recomputeLogprobs(model, episodes);
+  if (mode === 'recompute') {
+    const lps = await model.sequenceLogprobs(
+      episodes.map((e) => e.ids),
+      episodes.map(scoringTemperature),
+      episodes.map((e) => e.lossMask),
+    );
+    return episodes.map((e, i) => ({ ...e, logprobs: lps[i] }));
+  }
   // The trained prefilled tokens: the only ones the sampler has no log-prob for.
   const need = episodes.map((e, i) => i).filter((i) => episodes[i].forced?.some((f, t) => f === 1 && episodes[i].lossMask[t] === 1));
   if (!need.length) return episodes;
   const masks = need.map((i) => Uint8Array.from(episodes[i].forced!, (f, t) => (f === 1 && episodes[i].lossMask[t] === 1 ? 1 : 0)));
   const lps = await model.sequenceLogprobs(
     need.map((i) => episodes[i].ids),
-    need.map((i) => (episodes[i].temperature > 0 ? episodes[i].temperature : 1)),
+    need.map((i) => scoringTemperature(episodes[i])),
     masks,
   );
   const out = episodes.slice();
@@ -39,4 +45,10 @@ export async function withOldLogprobs<E extends TrainEpisode>(model: Model, epis
     out[i] = { ...episodes[i], logprobs: lp };
   });
   return out;
+}
+
+/** The temperature the training forward scores an episode at: lossTemperature, else its own (greedy rows at 1). */
+export function scoringTemperature(e: Pick<TrainEpisode, 'temperature' | 'lossTemperature'>): number {
+  const t = e.lossTemperature ?? e.temperature;
+  return t > 0 ? t : 1;
 }

@@ -111,7 +111,7 @@ export async function ppoForward(model: Model, episodes: TrainEpisode[], o: PpoP
   const kept = episodes.map((_, i) => i).filter((i) => masks[i].some((x) => x));
   const sequences = kept.map((i) => episodes[i].ids);
   const keptMasks = kept.map((i) => masks[i]);
-  const temperature = kept.map((i) => episodes[i].temperature);
+  const temperature = kept.map((i) => episodes[i].lossTemperature ?? episodes[i].temperature);
   const oldLogprobs = o.recomputeOldLogprobs
     ? await model.sequenceLogprobs(sequences, temperature, keptMasks)
     : kept.map((i, j) => Float32Array.from(episodes[i].logprobs, (x, t) => (keptMasks[j][t] ? x : 0)));

@@ -9,7 +9,7 @@ import type { ResolvedConfig } from '../config/types.js';
 import { groupAdvantageOptions, scheduleSpec } from '../config/algorithm.js';
 import type { Distributed } from '../distributed/run.js';
 import type { LoraSpec } from '../engine/adapter.js';
-import { OpenAIRollout, recomputeLogprobs } from '../engine/openai-rollout.js';
+import { OpenAIRollout } from '../engine/openai-rollout.js';
 import { SlmError } from '../errors.js';
 import type { Episode } from '../episodes/runner.js';
 import { rewardFromConfig, trainerReward, type RewardDeps } from '../rewards/combine.js';
@@ -106,8 +106,11 @@ export function rolloutFn(cfg: ResolvedConfig, agent: Agent, env: Environment, r
     if (remote) await remote.syncAdapter(agent.model);
     const runner = episodeRunner(cfg, agent, env, { seed: reqs[0].seed, onTurn: onProgress && ((t) => onProgress(t.finished, reqs.length)), generator: remote });
     const r = await runner.run(reqs.map((q) => ({ question: q.question.question, prompt: q.question.prompt, temperature: q.temperature, ...(q.topP !== undefined ? { topP: q.topP } : {}), seed: q.seed })));
-    const eps = r.episodes.map((e) => trainEpisode(e));
-    if (remote) return recomputeLogprobs(agent.model, eps);
+    // algorithm.loss_temperature: the loss (and the recomputed old log-probs) score at it.
+    const lt = cfg.algorithm.loss_temperature;
+    const eps = r.episodes.map((e) => ({ ...trainEpisode(e), ...(lt !== null ? { lossTemperature: lt } : {}) }));
+    // Remote servers' log-probs are not this engine's: recomputed here (at the loss temperature).
+    if (remote) return withOldLogprobs(agent.model, eps, 'recompute');
     // algorithm.old_logprobs (RFT trains with the SFT loss: no old log-probs).
     return cfg.stage === 'rft' ? eps : withOldLogprobs(agent.model, eps, cfg.algorithm.old_logprobs);
   };

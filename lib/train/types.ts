@@ -14,6 +14,8 @@ export interface TrainEpisode {
   /** 1 on tokens the runner prefilled (protocol.prefill_*), which the sampler gave no log-prob; absent when none. */
   forced?: Uint8Array;
   temperature: number;
+  /** The temperature the loss scores this episode at when it is not `temperature` (algorithm.loss_temperature). */
+  lossTemperature?: number;
   answer: string | null;
   turns: number;
   /** Anything worth saving in the trajectories file (messages, calls, finish reason...). */
