@@ -18,6 +18,12 @@ import { ppoOptionsFrom, runPpo } from '../lib/train/ppo.js';
 import { trainFromConfig } from '../lib/train/session.js';
 import { trainerOptions } from '../lib/train/stages.js';
 import { repoRoot } from './helpers/shared.js';
+import type { GenerateRequest, GenerateResult } from '../lib/engine/types.js';
+import { EpisodeRunner } from '../lib/episodes/runner.js';
+import { formatInformation, tagsProtocol } from '../lib/episodes/index.js';
+import { ChatFormatter } from '../lib/model/chat.js';
+import { packagedQwen3Config, qwen3Tokenizer } from '../lib/model/tokenizer.js';
+import { episodeRunner, type Agent, type Environment } from '../lib/train/environment.js';
 
 const configs = join(repoRoot, 'configs');
 const base = { model: { path: '/m' }, data: { questions: '/q', corpus: '/c' } };
@@ -48,6 +54,47 @@ t.test("configs/search-r1-ppo.yaml and search-r1-sft-ppo.yaml: Search-R1's top-p
   }
   t.match(SEARCH_R1_DIRECT_INSTRUCTION, /^Answer the given question\. You should first have a reasoning process in mind and then provides the answer\. Show your reasoning in <think> <\/think> tags/);
   t.equal(loadConfig(join(configs, 'search-r1-sft.yaml')).eval.split, 'all', 'the SFT config evaluates on every row of the test file');
+});
+
+t.test("protocol.max_observation_tokens: an <information> block keeps its first N tokens, as Search-R1's max_obs_length cuts it", async (t) => {
+  const tok = qwen3Tokenizer();
+  const formatter = new ChatFormatter(packagedQwen3Config().chat_template as string, { eosToken: '<|im_end|>' });
+  const passages = [1, 2, 3].map((i) => ({ title: `Page ${i}`, text: `Passage ${i} says ${'many words here '.repeat(20)}` }));
+  const search = { searchPassages: () => passages };
+  const turns = ['<search> capital of France </search>', '<answer> Paris </answer>'];
+  const run = async (maxObservationTokens?: number) => {
+    let turn = 0;
+    const generator = {
+      async generate(req: GenerateRequest): Promise<GenerateResult> {
+        const ids = tok.encode(turns[turn++]);
+        return { tokens: req.prompts.map(() => Int32Array.from(ids)), logprobs: req.prompts.map(() => Float32Array.from(ids, () => -0.5)), finishReasons: req.prompts.map(() => 'stop_string' as const) };
+      },
+    };
+    const runner = new EpisodeRunner({ generator, tokenizer: tok, formatter, protocol: tagsProtocol({ search, topK: 3 }), maxTurns: 2, maxNewTokens: 64, maxTotalTokens: 4096, ...(maxObservationTokens ? { maxObservationTokens } : {}) });
+    return (await runner.run([{ question: 'What is the capital of France?', temperature: 1 }])).episodes[0];
+  };
+  // Search-R1 (generation.py _process_next_obs): tokenizer(f'\n\n<information>{results}</information>\n\n')[:, :max_obs_length].
+  const block = tok.encode(formatInformation(passages), { splitSpecialTokens: true });
+  t.ok(block.length > 60, `the block is ${block.length} tokens`);
+  const whole = await run();
+  const cut = await run(40);
+  const env = (e: Awaited<ReturnType<typeof run>>) => e.segments.filter((s) => s.source === 'env');
+  t.equal(env(whole)[0].tokens, block.length, 'no cut: the whole block');
+  t.equal(env(cut)[0].tokens, 40, 'cut: 40 tokens');
+  t.equal(env(cut)[0].text, tok.decode(block.slice(0, 40)), 'its first 40 tokens, closing tag gone as in Search-R1');
+  t.equal(cut.ids.length, whole.ids.length - (block.length - 40), 'the sequence is shorter by the cut tokens');
+  t.equal(cut.lossMask.reduce((a, b) => a + b, 0), whole.lossMask.reduce((a, b) => a + b, 0), 'the trained tokens are the same');
+  t.equal(cut.answer, 'Paris');
+  // Plumbing: the config key reaches the runner; the code protocol refuses it; direct ignores it.
+  const base = { stage: 'ppo', model: { path: '/m' }, data: { questions: '/q', corpus: '/c' } };
+  const cfg = configFromObject({ ...base, protocol: { kind: 'tags', max_observation_tokens: 40 } });
+  const agent = { model: {} as never, tokenizer: tok, formatter } as unknown as Agent;
+  const envObj = { protocol: tagsProtocol({ search }), describe: '', close: async () => {} } as unknown as Environment;
+  t.equal(episodeRunner(cfg, agent, envObj, { seed: 0 }).options.maxObservationTokens, 40, 'training rollouts');
+  t.equal(episodeRunner(cfg, agent, envObj, { seed: 0, eval: true }).options.maxObservationTokens, 40, 'evaluation');
+  t.throws(() => configFromObject({ ...base, protocol: { kind: 'code', max_observation_tokens: 40 } }), { code: 'CONFIG_INVALID', message: /tool_output_chars/ });
+  t.equal(configFromObject({ ...base, protocol: { kind: 'direct', max_observation_tokens: 40 } }).protocol.max_observation_tokens, 40, 'direct: accepted (the search-r1 configs run it with protocol.kind=direct)');
+  for (const f of ['search-r1-ppo.yaml', 'search-r1-sft-ppo.yaml']) t.equal(loadConfig(join(configs, f)).protocol.max_observation_tokens, 500, `${f}: train_ppo.sh max_obs_length 500`);
 });
 
 t.test('data.eval_questions: every row of data.questions trains, the eval file evaluates; eval.split all refused with it', async (t) => {

@@ -82,6 +82,8 @@ function crossChecks(c: ResolvedConfig): Problem[] {
       p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: `dynamic sampling keeps groups whose rewards differ: GRPO and RLOO only, found stage ${c.stage}` });
     if (c.distributed.nproc > 1 || c.distributed.nnodes > 1) p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: 'dynamic sampling runs in one process for now; set distributed.nproc and distributed.nnodes to 1, or enabled to false' });
   }
+  if (c.protocol.max_observation_tokens !== null && c.protocol.kind === 'code')
+    p.push({ path: ['protocol', 'max_observation_tokens'], message: "cuts the tags protocol's inline <information> replies (Search-R1's max_obs_length); the code protocol cuts program output with tool_output_chars; set it to null" });
   if (c.data.eval_questions !== null && c.eval.split === 'all')
     p.push({ path: ['eval', 'split'], message: 'with data.eval_questions a split names one file: eval (data.eval_questions) or train (data.questions), found "all"' });
   if (c.algorithm.overlong.buffer >= c.protocol.max_new_tokens)

@@ -87,6 +87,7 @@ export const CONFIG_SCHEMA: Schema = {
       max_context: int(3000, { minimum: 16 }, 'tokens of prompt + turns + observations'),
       tool_output_chars: int(6000, { minimum: 0 }, 'observations are cut to this many characters (the reference: 6,000; the first and last 40 % are kept)'),
       top_k: int(3, { minimum: 1 }, 'passages per <search> (tags)'),
+      max_observation_tokens: int(null, { minimum: 1 }, "tags: an environment reply (the <information> block, or the note after an invalid action) longer than this many tokens keeps its first ones, closing tag included, as Search-R1's max_obs_length cuts it (500 in train_ppo.sh); null = no cut. direct has no observation to cut (its notes are left whole), so protocol.kind=direct runs a tags config as it is; code refuses it (tool_output_chars cuts program output)"),
       system_prompt: str(null, "null = the protocol's own (code: the reference's; tags: none, as Search-R1)"),
       instruction: {
         ...str(SEARCH_R1_INSTRUCTION, "tags: the user message an episode starts from, {question} replaced by the question (default: Search-R1's make_prefix template, word for word)"),

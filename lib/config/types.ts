@@ -48,6 +48,8 @@ export interface ProtocolConfig {
   max_context: number;
   tool_output_chars: number;
   top_k: number;
+  /** tags: an environment reply keeps its first N tokens (Search-R1's max_obs_length); null = no cut. */
+  max_observation_tokens: number | null;
   system_prompt: string | null;
   /** tags: the user message template, with {question}. */
   instruction: string;

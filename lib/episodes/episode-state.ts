@@ -182,6 +182,11 @@ export function appendReply(ctx: EpisodeContext, s: Live, reply: EnvReply): void
     // All of it is the environment's: special tokens in it are plain text.
     text = reply.text ?? '';
     ids = o.tokenizer.encode(text, { splitSpecialTokens: true });
+    // protocol.max_observation_tokens: the reply's first tokens, as Search-R1 cuts max_obs_length.
+    if (o.maxObservationTokens !== undefined && ids.length > o.maxObservationTokens) {
+      ids = ids.slice(0, o.maxObservationTokens);
+      text = o.tokenizer.decode(ids);
+    }
   } else {
     if (!next.length) throw new SlmError('PROTOCOL_ERROR', `Expected the ${o.protocol.name} protocol to reply with at least one message after turn ${step.turn}, but it gave none.`);
     // The turn as decoded (stop-token text included) so that the formatter does not repeat `<|im_end|>`.

@@ -56,6 +56,12 @@ export interface EpisodeRunnerOptions {
    */
   enableThinking?: boolean;
   /**
+   * Inline protocols (tags): an environment reply longer than this many tokens keeps its first ones
+   * (Search-R1's max_obs_length, search_r1/llm_agent/generation.py `_process_next_obs`, cuts the
+   * tokenized `<information>` block the same way, closing tag included). Absent: no cut.
+   */
+  maxObservationTokens?: number;
+  /**
    * Multi-turn KV-cache reuse (default true, where the generator keeps caches: releaseCaches): each
    * episode's rows carry a cache key, so a turn computes only the tokens appended since the last
    * (the reply, template text) instead of re-prefilling the conversation; an episode's cache is

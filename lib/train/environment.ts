@@ -184,6 +184,7 @@ export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environmen
     onTurn: o.onTurn,
     // Rollouts and evaluation alike (SFT renders with the same: stages.ts sftStage).
     ...(p.enable_thinking !== null ? { enableThinking: p.enable_thinking } : {}),
+    ...(p.max_observation_tokens !== null ? { maxObservationTokens: p.max_observation_tokens } : {}),
     ...(o.eval ? {} : trainingTurns(cfg)),
   });
 }
