@@ -421,3 +421,40 @@ t.test('algorithm.loss_temperature reaches the training step (GRPO) and the PPO 
   t.same(f.temperature, [1, 1.1], 'PPO: its batch temperature');
   t.same(temps[0], [1, 1.1], 'PPO: its own recomputation too');
 });
+
+// The reference's JUDGE_PROMPT_TEMPLATE (src/prompts/judge.py 65-95), copied here as its file has it,
+// and its JUDGE_SCHEMA as Python's json.dumps(indent=2) prints it.
+const REF_TEMPLATE = "Evaluate the agent's answer AND search approach.\n\nQuestion: {question}\nGround truth answer: {answer}\nAgent's final answer: {response}\n\nAgent's full trajectory:\n{trajectory}\n\nSCORING:\n\n1. \"category\" (one of: \"correct\", \"incorrect\", \"gave_up\"):\n   - \"correct\": Answer is semantically equivalent to \"{answer}\" (same meaning, different wording OK)\n     Examples: \"42 years old\" matches \"42\", \"NYC\" matches \"New York City\"\n   - \"incorrect\": Agent provided a WRONG answer (tried but got it wrong)\n   - \"gave_up\": Agent gave up without providing a real answer\n     Examples: \"Unknown\", \"Not found\", \"N/A\", \"Unable to determine\", \"I don't know\"\n\n   IMPORTANT: \"gave_up\" is WORSE than \"incorrect\" - always penalize giving up!\n\n2. \"approach_score\" (0-100):\n   - 0-25: Relevant search queries (targeted vs generic)\n   - 0-25: Efficiency (minimal wasted turns, no repeated failures)\n   - 0-25: Found and read appropriate sources\n   - 0-25: Clear reasoning, answer derived from evidence\n\nThink briefly, then output JSON.\n\n{schema}\n\nJSON:";
+const REF_SCHEMA = "{\n  \"type\": \"object\",\n  \"properties\": {\n    \"category\": {\n      \"type\": \"string\",\n      \"enum\": [\n        \"correct\",\n        \"incorrect\",\n        \"gave_up\"\n      ],\n      \"description\": \"Classification of the response\"\n    },\n    \"approach_score\": {\n      \"type\": \"integer\",\n      \"minimum\": 0,\n      \"maximum\": 100,\n      \"description\": \"Quality of the search approach (0-100)\"\n    }\n  },\n  \"required\": [\n    \"category\",\n    \"approach_score\"\n  ]\n}";
+/** Python's str.format of the template (no escaped braces in it). */
+const pyFormat = (tpl: string, v: Record<string, string>) => tpl.split(/(\{\w+\})/).map((p) => (/^\{\w+\}$/.test(p) ? v[p.slice(1, -1)] : p)).join('');
+
+t.test("judge.prompt: reference sends the reference's prompt, filled as build_judge_prompt fills it", async (t) => {
+  const { REFERENCE_JUDGE_TEMPLATE, referenceJudgeMessage } = await import('../lib/rewards/index.js');
+  t.equal(REFERENCE_JUDGE_TEMPLATE, REF_TEMPLATE, 'the template word for word');
+  const g = grpo();
+  t.equal((g.reward.judge as Record<string, unknown>).prompt, 'reference', 'code-grpo.yaml');
+  t.equal((loadConfig(join(root, 'configs', 'code-eval.yaml')).reward.judge as Record<string, unknown>).prompt, 'reference', 'code-eval.yaml');
+  const messages: ChatMessage[] = [
+    { role: 'system', content: SYSTEM },
+    { role: 'user', content: 'Question: What is the capital of France?' },
+    { role: 'assistant', content: '<python>\nprint(search_pages("France"))\n</python>' },
+    { role: 'user', content: '<python_output>\nfound: Paris\n</python_output>' },
+    { role: 'user', content: NOTICE },
+    { role: 'assistant', content: '<answer>Lyon</answer>' },
+  ];
+  // episode.py format_for_judge: the system prompt and the "Question:" message left out.
+  const trajectory = '[TURN 1 - AGENT]:\n<python>\nprint(search_pages("France"))\n</python>\n\n[EXECUTION RESULT]:\n<python_output>\nfound: Paris\n</python_output>\n\n[SYSTEM REMINDER]:\n[FINAL TURN] Answer now.\n\n[TURN 2 - AGENT]:\n<answer>Lyon</answer>';
+  const c = (answer: string | null): RewardContext => ({ question: 'What is the capital of France?', golds: ['Paris'], answer, episode: { turns: 2, messages } });
+  t.equal(referenceJudgeMessage(c('Lyon')), pyFormat(REF_TEMPLATE, { question: 'What is the capital of France?', answer: 'Paris', response: 'Lyon', trajectory, schema: REF_SCHEMA }));
+  t.match(referenceJudgeMessage(c(null)), "Agent's final answer: (no answer)\n", 'core.py 841');
+  const b = backend('{"category": "incorrect", "approach_score": 40}');
+  const seen: unknown[] = [];
+  const spy: JudgeBackend = { description: 'spy', complete: async (ms) => (seen.push(ms), b.complete(ms)) };
+  const r = await rewardFromConfig({ combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }], judge: { prompt: 'reference' } } as never, { judgeBackend: spy })(c('Lyon'));
+  t.same(seen, [[{ role: 'user', content: referenceJudgeMessage(c('Lyon')) }]], 'one user message, no system prompt');
+  t.equal(r.total, refReward(false, true, 40));
+  for (const judge of [{ prompt: 'theirs' }, { prompt: 'reference', format: 'graded' }, { prompt: 'reference', system_prompt: 'x' }, { prompt: 'reference', approach: false, combine: 'weighted' }])
+    t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge_correctness' }], judge } as never), { code: 'CONFIG_INVALID' }, JSON.stringify(judge));
+  t.throws(() => judgeReward({ backend: b, prompt: 'reference', format: 'graded' }), { code: 'ARGUMENT_INVALID' });
+});

@@ -248,6 +248,7 @@ function judgeFromConfig(j: JudgeConfig, deps: RewardDeps): RewardFn {
     maxTrajectoryChars: j.max_trajectory_chars,
     skipWithoutAnswer: j.skip_without_answer,
     missingApproach: j.missing_approach,
+    prompt: j.prompt,
     ...(j.system_prompt === null ? {} : { systemPrompt: j.system_prompt }),
   });
 }

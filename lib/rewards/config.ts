@@ -33,6 +33,8 @@
  *                                  # (sign_magnitude: -(1 - approach), the reference's training)
  *       missing_approach: error    # binary: a verdict without approach_score is a failed call
  *                                  # (error: the reference's recipe, -1) or approach 0 (zero)
+ *       prompt: slm-train          # or reference: the reference code-search system's own prompt
+ *                                  # (binary, approach on, no system_prompt)
  *       approach, combine (default: reward.combine), correctness_weight, approach_weight, correct_threshold,
  *       max_trajectory_chars, system_prompt                       # judging (judge.combine only
  *                                  # shapes the combined `judge` part; reward.combine the total)
@@ -83,6 +85,7 @@ export interface JudgeConfig {
   max_trajectory_chars: number;
   skip_without_answer: boolean;
   missing_approach: 'error' | 'zero';
+  prompt: 'slm-train' | 'reference';
   system_prompt: string | null;
 }
 
@@ -128,6 +131,7 @@ const JUDGE_KEYS: Record<keyof JudgeConfig, KeySpec> = {
   max_trajectory_chars: int(100),
   skip_without_answer: bool,
   missing_approach: oneOf('error', 'zero'),
+  prompt: oneOf('slm-train', 'reference'),
   system_prompt: orNull(str),
 };
 
@@ -158,6 +162,7 @@ const JUDGE_DEFAULTS: Omit<JudgeConfig, 'backend'> = {
   max_trajectory_chars: 12000,
   skip_without_answer: true,
   missing_approach: 'error',
+  prompt: 'slm-train',
   system_prompt: null,
 };
 
@@ -199,6 +204,9 @@ export function parseJudgeConfig(v: unknown, path = 'reward.judge'): JudgeConfig
   const c = { ...JUDGE_DEFAULTS, ...(o as Partial<JudgeConfig>) };
   if (c.gave_up_reward !== null && c.format !== 'binary') {
     throw new SlmError('CONFIG_INVALID', `${path}.gave_up_reward: only the binary format has a "gave_up" verdict, but format is ${c.format}. Set format: binary, or gave_up_reward: null.`, { path: `${path}.gave_up_reward` });
+  }
+  if (c.prompt === 'reference' && (c.format !== 'binary' || !c.approach || c.system_prompt !== null)) {
+    throw new SlmError('CONFIG_INVALID', `${path}.prompt: reference is the reference code-search system's own prompt, which asks for the binary verdict with an approach score and has no system prompt; it needs format: binary, approach: true and system_prompt: null (found ${c.format}, ${c.approach}, ${c.system_prompt === null ? 'null' : 'a system prompt'}).`, { path: `${path}.prompt` });
   }
   return { backend: c.base_url ? 'openai' : 'engine', ...c } as JudgeConfig;
 }

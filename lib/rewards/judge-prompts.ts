@@ -86,3 +86,84 @@ export function judgeUserMessage(ctx: RewardContext, approach = true, maxTraject
   if (approach) parts.push(`Trajectory:\n<trajectory>\n${renderTrajectory(ctx.episode?.messages, maxTrajectoryChars)}\n</trajectory>`);
   return parts.join('\n\n');
 }
+
+// ---------------------------------------------------------------------------------------------
+// The reference code-search system's own prompt (judge.prompt: reference)
+
+/**
+ * The reference code-search system's judge prompt (its src/prompts/judge.py JUDGE_PROMPT_TEMPLATE,
+ * lines 65-95, word for word), sent as the only (user) message; `{schema}` is its JUDGE_SCHEMA as
+ * Python's json.dumps(indent=2) writes it.
+ */
+export const REFERENCE_JUDGE_TEMPLATE = `Evaluate the agent's answer AND search approach.
+
+Question: {question}
+Ground truth answer: {answer}
+Agent's final answer: {response}
+
+Agent's full trajectory:
+{trajectory}
+
+SCORING:
+
+1. "category" (one of: "correct", "incorrect", "gave_up"):
+   - "correct": Answer is semantically equivalent to "{answer}" (same meaning, different wording OK)
+     Examples: "42 years old" matches "42", "NYC" matches "New York City"
+   - "incorrect": Agent provided a WRONG answer (tried but got it wrong)
+   - "gave_up": Agent gave up without providing a real answer
+     Examples: "Unknown", "Not found", "N/A", "Unable to determine", "I don't know"
+
+   IMPORTANT: "gave_up" is WORSE than "incorrect" - always penalize giving up!
+
+2. "approach_score" (0-100):
+   - 0-25: Relevant search queries (targeted vs generic)
+   - 0-25: Efficiency (minimal wasted turns, no repeated failures)
+   - 0-25: Found and read appropriate sources
+   - 0-25: Clear reasoning, answer derived from evidence
+
+Think briefly, then output JSON.
+
+{schema}
+
+JSON:`;
+
+const REFERENCE_JUDGE_SCHEMA = {
+  type: 'object',
+  properties: {
+    category: { type: 'string', enum: ['correct', 'incorrect', 'gave_up'], description: 'Classification of the response' },
+    approach_score: { type: 'integer', minimum: 0, maximum: 100, description: 'Quality of the search approach (0-100)' },
+  },
+  required: ['category', 'approach_score'],
+};
+
+/**
+ * The trajectory as the reference's EpisodeResult.format_for_judge writes it (src/agent/episode.py
+ * 79-108): the system prompt and the question left out, each assistant turn as `[TURN n - AGENT]:`,
+ * each environment message as `[EXECUTION RESULT]:` (`[SYSTEM REMINDER]:` for the final-turn notice),
+ * joined by blank lines. Environment messages are the user (or tool) messages after the question.
+ */
+export function referenceTrajectory(messages: readonly ChatMessage[] | undefined): string {
+  const parts: string[] = [];
+  let turn = 0;
+  let question = false;
+  for (const m of messages ?? []) {
+    if (m.role === 'system') continue;
+    if (m.role === 'assistant') parts.push(`[TURN ${++turn} - AGENT]:\n${m.content}`);
+    else if (m.role === 'user' && !question) question = true;
+    else parts.push(`${m.content.startsWith('[FINAL TURN]') ? '[SYSTEM REMINDER]' : '[EXECUTION RESULT]'}:\n${m.content}`);
+  }
+  return parts.join('\n\n');
+}
+
+/** The reference's judge message for an episode: its template filled as its build_judge_prompt fills it. */
+export function referenceJudgeMessage(ctx: RewardContext): string {
+  const values: Record<string, string> = {
+    question: ctx.question,
+    // Its questions have one gold answer; several are listed as alternatives.
+    answer: ctx.golds.join(' or '),
+    response: ctx.answer ?? '(no answer)',
+    trajectory: referenceTrajectory(ctx.episode?.messages) || '(no trajectory provided)',
+    schema: JSON.stringify(REFERENCE_JUDGE_SCHEMA, null, 2),
+  };
+  return REFERENCE_JUDGE_TEMPLATE.replace(/\{(question|answer|response|trajectory|schema)\}/g, (_, k: string) => values[k]);
+}

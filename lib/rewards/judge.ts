@@ -46,10 +46,10 @@ import { SlmError, describe } from '../errors.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
 import type { JudgeBackend } from './judge-backends.js';
 import { parseJudgeReply, type JudgeGrades } from './judge-parse.js';
-import { judgeSystemPrompt, judgeUserMessage, type JudgeFormat } from './judge-prompts.js';
+import { judgeSystemPrompt, judgeUserMessage, referenceJudgeMessage, type JudgeFormat } from './judge-prompts.js';
 import type { RewardContext, RewardFn, RewardParts } from './types.js';
 
-export { judgeSystemPrompt, judgeUserMessage, renderTrajectory, type JudgeFormat } from './judge-prompts.js';
+export { judgeSystemPrompt, judgeUserMessage, referenceJudgeMessage, referenceTrajectory, REFERENCE_JUDGE_TEMPLATE, renderTrajectory, type JudgeFormat } from './judge-prompts.js';
 export { parseBinaryReply, parseJudgeReply, type JudgeCategory, type JudgeGrades } from './judge-parse.js';
 
 export type JudgeCombine = 'weighted' | 'sign_magnitude';
@@ -92,6 +92,13 @@ export interface JudgeOptions {
   missingApproach?: 'error' | 'zero';
   /** Replaces the default system prompt (it must ask for the format's JSON object or lines). */
   systemPrompt?: string;
+  /**
+   * 'slm-train' (default): a system prompt with the rubric and a user message with the episode.
+   * 'reference': the reference code-search system's own prompt as its only (user) message, the
+   * trajectory written as its format_for_judge writes it, not cut (judge-prompts.ts
+   * referenceJudgeMessage); binary format with approach only, no systemPrompt.
+   */
+  prompt?: 'slm-train' | 'reference';
   /** Prefix of the part names (default 'judge'). */
   name?: string;
 }
@@ -154,6 +161,10 @@ export function judgeReward(opts: JudgeOptions): RewardFn {
   const gaveUp = opts.gaveUpReward ?? null;
   const system = opts.systemPrompt ?? judgeSystemPrompt(approach, format);
   const maxChars = opts.maxTrajectoryChars ?? 12000;
+  const promptKind = opts.prompt ?? 'slm-train';
+  if (promptKind !== 'slm-train' && promptKind !== 'reference') throw new SlmError('ARGUMENT_INVALID', `Expected the judge option prompt to be 'slm-train' or 'reference', but found ${describe(opts.prompt)}.`);
+  if (promptKind === 'reference' && (format !== 'binary' || !approach || opts.systemPrompt !== undefined))
+    throw new SlmError('ARGUMENT_INVALID', `The judge's 'reference' prompt asks for the binary verdict with an approach score and has no system prompt: it needs format 'binary', approach on and no systemPrompt (found format ${format}, approach ${approach}, systemPrompt ${opts.systemPrompt === undefined ? 'unset' : 'set'}).`);
   if (opts.missingApproach !== undefined && opts.missingApproach !== 'error' && opts.missingApproach !== 'zero')
     throw new SlmError('ARGUMENT_INVALID', `Expected the judge option missingApproach to be 'error' or 'zero', but found ${describe(opts.missingApproach)}.`);
 
@@ -176,10 +187,13 @@ export function judgeReward(opts: JudgeOptions): RewardFn {
       const g: JudgeGrades = { correctness: 1, approach: approach ? 1 : null, ...(format === 'binary' ? { category: 'correct' as const } : {}) };
       return { parts: partsOf(g, { error: 0, skipped: 0, matched: 1 }), correct: true };
     }
-    const messages: ChatMessage[] = [
-      { role: 'system', content: system },
-      { role: 'user', content: judgeUserMessage(ctx, approach, maxChars) },
-    ];
+    const messages: ChatMessage[] =
+      promptKind === 'reference'
+        ? [{ role: 'user', content: referenceJudgeMessage(ctx) }]
+        : [
+            { role: 'system', content: system },
+            { role: 'user', content: judgeUserMessage(ctx, approach, maxChars) },
+          ];
     try {
       const reply = await opts.backend.complete(messages);
       let grades: JudgeGrades;
