@@ -111,6 +111,7 @@ t.test('the code recipe configs hold the reference values', async (t) => {
   t.equal(j.missing_approach, 'error', 'judge.py 22: approach_score is required, so a reply without it fails (-1)');
   t.equal(g.algorithm.old_logprobs, 'recompute');
   t.equal(g.algorithm.loss_temperature, 1, 'episode.py 510: the NLL of the plain logits');
+  t.equal(g.data.train_questions, 300, 'rl.yaml 11: num_samples 300');
   // episode.py 341-343: a flat group (std < 0.01) trains on r - 0.5 whatever its mean: no reward is below flat_skip_below.
   t.equal(g.algorithm.fallbacks.flat_std, 0.01);
   t.ok(g.algorithm.fallbacks.flat_skip_below < -1.5, 'no flat group skipped');
@@ -457,4 +458,33 @@ t.test("judge.prompt: reference sends the reference's prompt, filled as build_ju
   for (const judge of [{ prompt: 'theirs' }, { prompt: 'reference', format: 'graded' }, { prompt: 'reference', system_prompt: 'x' }, { prompt: 'reference', approach: false, combine: 'weighted' }])
     t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge_correctness' }], judge } as never), { code: 'CONFIG_INVALID' }, JSON.stringify(judge));
   t.throws(() => judgeReward({ backend: b, prompt: 'reference', format: 'graded' }), { code: 'ARGUMENT_INVALID' });
+});
+
+t.test('data.train_questions: 300 of the 382 train questions, the same draw every time; eval untouched', async (t) => {
+  const { writeFileSync } = await import('node:fs');
+  const { questionSplits, trainSubset } = await import('../lib/train/data.js');
+  const dir = t.testdir();
+  const file = join(dir, 'q.jsonl');
+  // 478 questions as wiki-trivia-questions-v4: the first 80 % (382) train, the last 96 evaluated (N:31-36).
+  writeFileSync(file, Array.from({ length: 478 }, (_, i) => JSON.stringify({ id: `q${i}`, question: `Question ${i}?`, answer: `a${i}` })).join('\n') + '\n');
+  const all = await questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: null });
+  t.same([all.train.length, all.eval.length], [Math.round(478 * 0.8), 478 - Math.round(478 * 0.8)]);
+  const s = await questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: 300 });
+  t.equal(s.train.length, 300);
+  t.same(s.eval.map((q) => q.id), all.eval.map((q) => q.id), 'the evaluation questions are the same');
+  const ids = s.train.map((q) => q.index);
+  t.equal(new Set(ids).size, 300, 'distinct');
+  t.ok(ids.every((i) => i < 382), 'all from the train split');
+  t.same(ids, [...ids].sort((x, y) => x - y), 'in file order');
+  const again = await questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: 300 });
+  t.same(again.train.map((q) => q.index), ids, 'the same draw');
+  t.notSame(trainSubset(all.train, 300, 1).map((q) => q.index), ids, 'another data.split.seed, another draw');
+  await t.rejects(questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: 383 }), { code: 'DATA_INVALID' });
+  let err: unknown;
+  try {
+    validateConfig({ stage: 'grpo', model: { path: '/m' }, data: { questions: '/q', corpus: '/c', train_questions: 0 } }, 'x');
+  } catch (e) {
+    err = e;
+  }
+  t.equal((err as { code?: string })?.code, 'CONFIG_INVALID');
 });

@@ -36,6 +36,8 @@ export interface DataConfig {
   sft: string | null;
   split: { train_fraction: number; seed: number | null };
   exclude_leaking: boolean;
+  /** RL: this many of the train questions, drawn with data.split.seed (null = all). */
+  train_questions: number | null;
 }
 
 export interface ProtocolConfig {

@@ -91,11 +91,24 @@ export function splitQuestions<T>(rows: readonly T[], split: { train_fraction: n
  * question and every row of data.eval_questions an eval question; without it, data.split cuts
  * data.questions.
  */
-export async function questionSplits(data: Pick<ResolvedConfig['data'], 'questions' | 'eval_questions' | 'split'>): Promise<{ train: Question[]; eval: Question[] }> {
+export async function questionSplits(data: Pick<ResolvedConfig['data'], 'questions' | 'eval_questions' | 'split'> & Partial<Pick<ResolvedConfig['data'], 'train_questions'>>): Promise<{ train: Question[]; eval: Question[] }> {
   if (!data.questions) throw new SlmError('CONFIG_INVALID', 'data.questions is not set: expected question rows {question, answer}.', { path: 'data.questions' });
   const rows = await loadQuestions(data.questions);
-  if (!data.eval_questions) return splitQuestions(rows, data.split);
-  return { train: rows, eval: await loadQuestions(data.eval_questions) };
+  const s = data.eval_questions ? { train: rows, eval: await loadQuestions(data.eval_questions) } : splitQuestions(rows, data.split);
+  const n = data.train_questions ?? null;
+  if (n === null) return s;
+  if (n > s.train.length) throw new SlmError('DATA_INVALID', `data.train_questions is ${n}, but the train split of ${data.questions} has ${s.train.length} questions.`, { path: 'data.train_questions' });
+  return { train: trainSubset(s.train, n, data.split.seed ?? 0), eval: s.eval };
+}
+
+/**
+ * data.train_questions: `n` of the train questions, drawn with `seed` and kept in their order (the
+ * reference code-search system trains on 300 of its 382, drawn once: configs/rl.yaml num_samples,
+ * src/trainer/core.py 1113-1128). The same draw every epoch; the epochs' orders are the RL loop's.
+ */
+export function trainSubset<T>(train: readonly T[], n: number, seed: number): T[] {
+  const keep = permutation(train.length, seed, 0x51ed).slice(0, n).sort((a, b) => a - b);
+  return keep.map((i) => train[i]);
 }
 
 /**

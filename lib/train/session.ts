@@ -91,7 +91,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       required(cfg.data.questions, 'data.questions');
       const { train, eval: held } = await questionSplits(cfg.data);
       if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty${cfg.data.eval_questions ? '' : ` (train_fraction ${cfg.data.split.train_fraction} of ${train.length + held.length} rows)`}.`);
-      log(`questions: ${train.length} to train on (${cfg.data.eval_questions ? `every row of ${cfg.data.questions}` : `data.split of ${cfg.data.questions}`}), ${held.length} to evaluate on (${cfg.data.eval_questions ?? 'the rest'})`);
+      log(`questions: ${train.length} to train on (${cfg.data.eval_questions ? `every row of ${cfg.data.questions}` : `data.split of ${cfg.data.questions}`}${cfg.data.train_questions !== null ? `, data.train_questions drawn` : ''}), ${held.length} to evaluate on (${cfg.data.eval_questions ?? 'the rest'})`);
       env = await openEnvironment(cfg, log, o.progress, o);
       log(`environment: ${env.describe}`);
       judge ??= await rewardDeps(cfg, log, o);
