@@ -6,18 +6,37 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
+import yargs, { type Argv } from 'yargs';
+import { demoCommand, demoOptions, type Args } from '../lib/cli/demo.js';
 import { loadConfig } from '../lib/config/load.js';
 import { trainByteLevelBpe } from '../lib/demo/bpe.js';
 import { DEMO_SYSTEM_PROMPT, expertProgram, expertTrajectories } from '../lib/demo/expert.js';
-import { PRINTING_KINDS, runDemo } from '../lib/demo/pipeline.js';
+import { DEMONSTRATED_PHRASINGS, runDemo } from '../lib/demo/pipeline.js';
 import { codeProtocol } from '../lib/episodes/protocol.js';
 import { loadTokenizer } from '../lib/model/tokenizer.js';
 import { Corpus } from '../lib/retrieval/corpus.js';
 import { SearchIndex } from '../lib/retrieval/index.js';
-import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
+import { PHRASINGS, syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { createPythonPool } from '../lib/sandbox/python.js';
 
-const gen = syntheticCorpus({ pages: 12, seed: 5 });
+const gen = syntheticCorpus({ pages: 12, seed: 5, phrasings: true });
+
+t.test('phrasings change how a question is asked, never the pages or the answers', async (t) => {
+  const plain = syntheticCorpus({ pages: 40, seed: 5 });
+  const varied = syntheticCorpus({ pages: 40, seed: 5, phrasings: true });
+  t.same(varied.pages, plain.pages, 'the same pages');
+  t.same(varied.questions.map((q) => [q.id, q.answer, q.kind, q.page_id]), plain.questions.map((q) => [q.id, q.answer, q.kind, q.page_id]), 'the same facts asked');
+  t.ok(plain.questions.every((q) => q.phrasing === 0), 'without the option, phrasing 0');
+  for (const q of varied.questions) {
+    const page = varied.pages.find((p) => p.id === q.page_id)!;
+    t.equal(q.question, PHRASINGS[q.kind][q.phrasing](page.title, /known in old chronicles as (the [^.]+)\./.exec(page.content)![1]));
+    if (q.by_alias) t.notOk(q.question.includes(page.title), 'an alias question does not name the town');
+  }
+  for (const kind of Object.keys(PHRASINGS) as Array<keyof typeof PHRASINGS>) {
+    const used = new Set(varied.questions.filter((q) => q.kind === kind).map((q) => q.phrasing));
+    t.equal(used.size, PHRASINGS[kind].length, `${kind}: every phrasing occurs in 40 pages`);
+  }
+});
 
 t.test('the learned BPE tokenizer round-trips text and is read by the Hugging Face loader', async (t) => {
   const dir = join(t.testdir(), 'tok');
@@ -49,7 +68,7 @@ t.test('the scripted expert answers with the gold answer through the real sandbo
   const index = await SearchIndex.build(new Corpus(gen.pages));
   const pool = await createPythonPool({ tools: index, size: 2, timeoutMs: 5000 });
   t.teardown(() => pool.close());
-  t.match(expertProgram(gen.questions[0]), /^hits = search_pages\(question\)\ntext = read_section\(hits\[0\]\["page_id"\] \+ ":history"\)\nfinal_answer\(re\.search/);
+  t.match(expertProgram(gen.questions[0]), /^hits = search_pages\(question\)\ntext = read_section\(hits\[0\]\["page_id"\] \+ ":full"\)\nfinal_answer\(re\.search/);
   // As the demo runs it: the question in a variable, the program answers with final_answer().
   const protocol = codeProtocol({ executor: pool, systemPrompt: DEMO_SYSTEM_PROMPT, questionVariable: 'question', finalAnswer: true });
   const { rows, rejected } = await expertTrajectories(gen.questions, protocol);
@@ -77,6 +96,7 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
   const lines: string[] = [];
   const r = await runDemo({ out, pages: 10, sftEpochs: 1, grpoSteps: 1, log: (s) => lines.push(s) });
   t.same(r.stages.map((s) => s.stage), ['baseline', 'sft', 'grpo']);
+  t.same(r.stages.map((s) => s.sampled_episodes), [0, 0, 8 * 8], 'GRPO: 1 step of 8 questions x 8 episodes');
   for (const s of r.stages) {
     t.equal(s.summary.questions, 10, `${s.stage}: the 10 held-out questions`);
     // the summary is the mean over its episodes, recomputed here from the trajectories
@@ -87,12 +107,11 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
   }
   t.ok(r.expert.accepted > 20, `${r.expert.accepted} expert trajectories`);
   t.equal(r.expert.rejected, 0, 'with BM25 over made-up names every expert program finds its page and fact');
-  t.ok(r.expert.printing > 0 && r.expert.printing < r.expert.accepted, `${r.expert.printing} of them in the two-turn style`);
   const tok = loadTokenizer(join(out, 'model'));
   // Learned from the texts as the model sees them (the system prompt once per question), the prompt
   // is mostly whole words; learned once, it took 197 tokens at the full size.
   t.ok(tok.encode(DEMO_SYSTEM_PROMPT).length < 150, `the system prompt is ${tok.encode(DEMO_SYSTEM_PROMPT).length} tokens`);
-  t.match(r.table, /\| stage \| accuracy % \|[\s\S]*\| baseline \|[\s\S]*\| sft \|[\s\S]*\| grpo \|/);
+  t.match(r.table, /\| stage \| accuracy % \(10\) \| demonstrated phrasings % \(\d+\) \| undemonstrated phrasings % \(\d+\) \|[\s\S]*\| baseline \|[\s\S]*\| sft \|[\s\S]*\| grpo \|/);
   t.match(readFileSync(join(out, 'report.md'), 'utf8'), /\| grpo \|/);
   for (const f of ['model/tokenizer.json', 'model/chat_template.jinja', 'data/expert.jsonl', 'index/manifest.json', 'runs/sft/adapter/adapter_config.json', 'runs/grpo/adapter/adapter_config.json', 'runs/evals/comparison.md'])
     t.ok(existsSync(join(out, f)), f);
@@ -102,13 +121,55 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
   t.equal(grpo.protocol.final_answer, true, 'programs answer with final_answer()');
   t.equal(grpo.retrieval.kind, 'bm25');
   const expert = readFileSync(join(out, 'data', 'expert.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
-  // The expert's habit: questions about founders and fairs mostly in two turns (print, then
-  // <answer>), every other question in one turn whose program answers with final_answer().
-  const kinds = new Map(readFileSync(join(out, 'data', 'questions.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).map((q) => [q.question, q.kind]));
-  const two = expert.filter((r) => r.messages.length === 6);
-  t.equal(two.length, r.expert.printing);
-  t.ok(two.every((r) => PRINTING_KINDS.includes(kinds.get(r.question)) && /print\(/.test(r.messages[2].content) && r.messages[5].content === `<answer>${r.answer}</answer>`), 'two-turn rows: founders and fairs, printed then answered');
-  t.ok(expert.filter((r) => r.messages.length !== 6).every((r) => r.messages.length === 3 && /final_answer\(/.test(r.messages[2].content)), 'the others are one-turn programs that answer');
+  // A consistent expert: one turn whose program answers with final_answer(), and only questions
+  // asked in the demonstrated phrasings (the others reach the model only through RL and evaluation).
+  const qs = new Map(readFileSync(join(out, 'data', 'questions.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).map((q) => [q.question, q]));
+  t.ok(expert.every((r) => r.messages.length === 3 && /final_answer\(/.test(r.messages[2].content) && !/print\(/.test(r.messages[2].content)), 'every row: one turn, answered in the program');
+  t.ok(expert.every((r) => DEMONSTRATED_PHRASINGS.includes(qs.get(r.question).phrasing) && qs.get(r.question).demonstrated === true), 'every row in a demonstrated phrasing');
+  t.ok([...qs.values()].some((q) => q.demonstrated === false), 'the questions include undemonstrated phrasings');
   t.ok(expert.length <= 40, 'SFT sees at most the sampled share of the 40 training questions');
+  for (const s of r.stages) {
+    const sc = s.scores;
+    t.equal(sc.demonstrated.questions + sc.undemonstrated.questions, 10, `${s.stage}: the groups split the held-out questions`);
+    t.ok(Math.abs(sc.all.accuracy - s.summary.accuracy) < 1e-9, `${s.stage}: the groups' overall accuracy is the evaluation's`);
+    t.equal(sc.all.pass_at_k, undefined, 'no pass@k without compare or passK');
+  }
   t.match(lines.join('\n'), /expert: \d+ trajectories/);
+});
+
+t.test('--compare adds SFT trained longer and RFT with as many sampled episodes as GRPO, and pass@k', async (t) => {
+  const out = join(t.testdir(), 'demo');
+  const r = await runDemo({ out, pages: 10, sftEpochs: 1, grpoSteps: 2, compare: true, passK: 2, overrides: { grpo: { rollout: { k: 2 } }, rft: { rollout: { k: 2 } } } });
+  t.same(r.stages.map((s) => s.stage), ['baseline', 'sft', 'grpo', 'sft-long', 'rft']);
+  const by = Object.fromEntries(r.stages.map((s) => [s.stage, s]));
+  t.equal(by.grpo.sampled_episodes, 2 * 8 * 2, 'GRPO: 2 steps x 8 questions x k 2');
+  t.equal(by.rft.sampled_episodes, by.grpo.sampled_episodes, 'RFT samples as many episodes as GRPO');
+  const rft = loadConfig(join(out, 'configs', 'rft.yaml'));
+  t.equal(rft.stage, 'rft');
+  t.equal(rft.model.adapter, join(out, 'runs', 'sft', 'adapter'), 'RFT starts from the SFT adapter');
+  t.same([rft.rollout.temperature, rft.rollout.top_p], [loadConfig(join(out, 'configs', 'grpo.yaml')).rollout.temperature, 0.9], "GRPO's rollout settings");
+  // The sampled episodes RFT recorded: as many as the table says, and it trained on the kept ones only.
+  const eps = readFileSync(join(out, 'runs', 'rft', 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  t.equal(eps.length, by.rft.sampled_episodes);
+  t.ok(eps.every((e) => e.kept === false || e.reward === 1), 'only correct episodes kept');
+  const long = loadConfig(join(out, 'configs', 'sft-long.yaml'));
+  t.ok(long.train.epochs! > 1, `SFT trained longer: ${long.train.epochs} epochs`);
+  t.equal(long.data.sft, loadConfig(join(out, 'configs', 'sft.yaml')).data.sft, 'on the same trajectories');
+  for (const s of r.stages) {
+    t.equal(s.summary.pass_k?.k, 2, `${s.stage}: pass@2 measured`);
+    const rows = readFileSync(join(out, 'runs', 'evals', s.stage, 'pass_k.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    t.equal(rows.length, 10);
+    t.ok(Math.abs(s.scores.all.pass_at_k! - rows.filter((x) => x.correct > 0).length / 10) < 1e-9, `${s.stage}: pass@2 = questions with a correct sample / 10`);
+  }
+  t.match(r.table, /pass@2 % \|/);
+  const res = JSON.parse(readFileSync(join(out, 'results.json'), 'utf8'));
+  t.same(res.stages.map((s: { stage: string }) => s.stage), ['baseline', 'sft', 'grpo', 'sft-long', 'rft']);
+});
+
+t.test("the demo's command line reaches runDemo", async (t) => {
+  const y = (demoCommand.builder as (y: Argv) => Argv)(yargs([]).strict());
+  const a = (await y.parse(['--compare', '--pass-k', '4', '--sft-examples', '50', '--seed', '2', '--grpo-steps', '3', '--sft-epochs', '5', '--pages', '20'])) as Args;
+  t.same(demoOptions(a, '/o'), { out: '/o', pages: 20, sftExamples: 50, sftEpochs: 5, grpoSteps: 3, seed: 2, compare: true, passK: 4 });
+  const none = (await (demoCommand.builder as (y: Argv) => Argv)(yargs([])).parse([])) as Args;
+  t.same(JSON.parse(JSON.stringify(demoOptions(none, '/o'))), { out: '/o' }, "without flags, runDemo's defaults");
 });

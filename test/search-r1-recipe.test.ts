@@ -11,7 +11,7 @@ import { loadConfig } from '../lib/config/load.js';
 import { SEARCH_R1_DIRECT_INSTRUCTION, fillInstruction } from '../lib/episodes/prompts.js';
 import { initModel } from '../lib/model/init.js';
 import { evalView, questionSplits } from '../lib/train/data.js';
-import { evalFromConfig } from '../lib/train/evaluation.js';
+import { evalFromConfig, evalQuestions } from '../lib/train/evaluation.js';
 import { klEstimate, tokenRewards } from '../lib/train/gae.js';
 import { groupPolicyGradient, pgOptionsFrom } from '../lib/train/grpo.js';
 import { ppoOptionsFrom, runPpo } from '../lib/train/ppo.js';
@@ -113,6 +113,8 @@ t.test('data.eval_questions: every row of data.questions trains, the eval file e
   t.same([evalView(onTrain).data.questions, evalView(onTrain).eval.split], [join(dir, 'train.jsonl'), 'all'], 'eval.split train reads the train file whole');
   const plain = configFromObject({ ...base, stage: 'grpo' });
   t.equal(evalView(plain), plain, 'no eval file: the config as it is');
+  t.same(ids(await evalQuestions(cfg)), ['x', 'y'], 'evalFromConfig (the library, the demo) evaluates on the eval file');
+  t.same(ids(await evalQuestions(onTrain)), ['a', 'b', 'c', 'd', 'e'], 'eval.split train: every row of data.questions');
   t.throws(() => configFromObject({ ...base, stage: 'grpo', data: { questions: '/q', eval_questions: '/t', corpus: '/c' }, eval: { split: 'all' } }), { code: 'CONFIG_INVALID', message: /eval\.split: with data\.eval_questions a split names one file/ });
 });
 

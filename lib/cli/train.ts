@@ -8,7 +8,6 @@ import type { ResolvedConfig } from '../config/types.js';
 import { SlmError } from '../errors.js';
 import { checkRequiredIsolation, detectIsolation, filesystemLine } from '../sandbox/isolation.js';
 import { evalFromConfig } from '../train/evaluation.js';
-import { evalView } from '../train/data.js';
 import { trainFromConfig } from '../train/session.js';
 import { progressLog } from '../util/progress.js';
 import { print } from './common.js';
@@ -90,7 +89,7 @@ export const evalCommand: CommandModule<object, Args> = {
   handler: async (a) => {
     const cfg = load(a, 'eval');
     await sandboxPreflight(cfg, 'eval');
-    const r = await evalFromConfig(evalView(cfg), { adapter: a.adapter, label: a.label, log, progress });
+    const r = await evalFromConfig(cfg, { adapter: a.adapter, label: a.label, log, progress });
     if (a.json) print(JSON.stringify(r.summary));
     else print(`${r.table}\n\nsaved: ${r.dir}/summary.json, ${r.dir}/trajectories.jsonl`);
   },

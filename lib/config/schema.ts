@@ -270,6 +270,7 @@ export const CONFIG_SCHEMA: Schema = {
       top_p: num(null, { exclusiveMinimum: 0, maximum: 1 }, 'null = rollout.top_p'),
       max_new_tokens: int(null, { minimum: 1 }, 'tokens per turn in evaluation (the reference code-search system evaluates with 512); null = protocol.max_new_tokens'),
       table: oneOf(['full', 'em_rouge_l'], 'full', "the comparison table: every metric, or the SFT+PPO report's (configuration, EM, ROUGE-L)"),
+      pass_k: int(0, { minimum: 0 }, 'pass@k: after the greedy pass, k episodes per question at the rollout settings (rollout.temperature and rollout.top_p, drawn per episode); a question passes when one is correct. 0 = off'),
     }),
     run: section({
       dir: str('runs', 'parent folder of run folders (relative to the working directory)'),

@@ -221,6 +221,8 @@ export interface EvalConfig {
   /** Tokens per turn in evaluation (null = protocol.max_new_tokens). */
   max_new_tokens: number | null;
   table: 'full' | 'em_rouge_l';
+  /** pass@k after the greedy pass (0 = off). */
+  pass_k: number;
 }
 
 export interface RunConfig {

@@ -19,26 +19,31 @@ export const DEMO_SYSTEM_PROMPT = [
   'Put code in <python></python>; its output comes back in <python_output>. Give the answer with final_answer(answer) in the code, or in <answer></answer>.',
 ].join('\n');
 
-// Patterns without a shared lead-in: with "founded in (\d+)" and "on the (\w+ River)" the tiny
-// model picked the lead-in without regard to the question (GRPO then traded the river questions
-// for the founding years); the first match of "(\d+)" in the history section is the year.
-const PLAN: Record<SyntheticQuestionKind, { section: string; pattern: string }> = {
-  founded: { section: 'history', pattern: '(\\d+)' },
-  founder: { section: 'history', pattern: 'by ([A-Z]\\w+ [A-Z]\\w+)' },
-  river: { section: 'geography', pattern: '(\\w+ River)' },
-  economy: { section: 'economy', pattern: 'rests on (\\w+)' },
-  fair: { section: 'economy', pattern: '(\\w+ Fair)' },
+/**
+ * The pattern that finds each kind of fact in a page: each one's first match in the whole page is
+ * the fact (the history section, which holds the founding year and the founder, comes before the
+ * population figure). Patterns without a shared lead-in: with "founded in (\d+)" and "on the (\w+
+ * River)" the tiny model picked the lead-in without regard to the question.
+ */
+const PATTERN: Record<SyntheticQuestionKind, string> = {
+  founded: '(\\d+)',
+  founder: 'by (\\w+ \\w+)',
+  river: '(\\w+ River)',
+  economy: 'rests on (\\w+)',
+  fair: '(\\w+ Fair)',
 };
 
 /**
- * The program for a question: search with the question, read the section that holds the fact, and
- * give it to final_answer() (or print it: `answer: 'print'`). The demo binds the question to the
- * variable `question` and lets programs answer, so nothing has to be copied: its 4-layer model
- * learned neither to copy a town's name into a search string nor a printed fact into <answer>.
+ * The program for a question: search with the question, read the top hit's page and give the fact
+ * to final_answer() (or print it: `answer: 'print'`). One decision depends on the question, the
+ * pattern. The demo binds the question to the variable `question` and lets programs answer, so
+ * nothing has to be copied: its 4-layer model learned neither to copy a town's name into a search
+ * string nor a printed fact into <answer>. (An earlier expert read the one section that holds the
+ * fact: two decisions per question, which the SFT model made independently of each other on
+ * phrasings it had not seen, mixing one kind's section with another's pattern.)
  */
 export function expertProgram(q: Pick<SyntheticQuestion, 'kind'>, answer: 'final_answer' | 'print' = 'final_answer'): string {
-  const p = PLAN[q.kind];
-  return [`hits = search_pages(question)`, `text = read_section(hits[0]["page_id"] + ":${p.section}")`, `${answer === 'print' ? 'print' : 'final_answer'}(re.search(r"${p.pattern}", text).group(1))`].join('\n');
+  return [`hits = search_pages(question)`, `text = read_section(hits[0]["page_id"] + ":full")`, `${answer === 'print' ? 'print' : 'final_answer'}(re.search(r"${PATTERN[q.kind]}", text).group(1))`].join('\n');
 }
 
 export interface ExpertRow {
@@ -51,13 +56,12 @@ export interface ExpertRow {
  * Expert conversations for `questions`, run through `protocol` (a code protocol over the demo's
  * sandbox, binding the question to `question`): one turn whose program calls final_answer(), or,
  * with `answer: 'print'`, two turns (the program, then `<answer>` with what it printed). Returns the
- * accepted rows and how many were rejected because the answer was not the gold one. `answer` may
- * be a function of the question: the expert then mixes the two styles.
+ * accepted rows and how many were rejected because the answer was not the gold one.
  */
 export async function expertTrajectories(
   questions: readonly SyntheticQuestion[],
   protocol: EpisodeProtocol,
-  opts: { maxTurns?: number; answer?: 'final_answer' | 'print' | ((q: SyntheticQuestion) => 'final_answer' | 'print'); onDone?: () => void } = {},
+  opts: { maxTurns?: number; answer?: 'final_answer' | 'print'; onDone?: () => void } = {},
 ): Promise<{ rows: ExpertRow[]; rejected: number }> {
   const maxTurns = opts.maxTurns ?? 2;
   const rows: ExpertRow[] = [];
@@ -65,8 +69,7 @@ export async function expertTrajectories(
   await Promise.all(
     questions.map(async (q) => {
       const messages = protocol.initialMessages(q.question, maxTurns);
-      const style = typeof opts.answer === 'function' ? opts.answer(q) : opts.answer;
-      const turn1 = `<python>\n${expertProgram(q, style)}\n</python>`;
+      const turn1 = `<python>\n${expertProgram(q, opts.answer)}\n</python>`;
       const action = protocol.parse(turn1);
       if (action.kind !== 'code') throw new Error(`expert program did not parse as code: ${action.kind}`);
       const reply = await protocol.respond(action, { turn: 1, maxTurns, finishReason: 'stop_string', maxNewTokens: 256, question: q.question });

@@ -11,7 +11,8 @@ import type { CustomRewardFn, CustomTools } from '../extensions.js';
 import { answerMetrics } from '../rewards/metrics.js';
 import { rewardFromConfig, type ComposedRewardFn, type RewardDeps } from '../rewards/combine.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
-import { loadQuestions, splitQuestions, type Question } from './data.js';
+import { loadQuestions, questionSplits, type Question } from './data.js';
+import { rolloutRequests } from './rl-loop.js';
 import { episodeRunner, loadAgent, midpoint, openEnvironment, rewardDeps, type Agent, type Environment, type Log } from './environment.js';
 
 export interface EvalSummary {
@@ -38,6 +39,12 @@ export interface EvalSummary {
   /** Passages per search (tags protocol) and the new-token limit per turn. */
   top_k: number;
   max_new_tokens: number;
+  /**
+   * With eval.pass_k = k >= 1: k episodes per question at the rollout settings (pass_k.jsonl). pass@k
+   * is the share of questions with at least one correct episode, sample_accuracy the share of correct
+   * episodes (the policy's accuracy as it samples in training).
+   */
+  pass_k?: { k: number; pass_at_k: number; sample_accuracy: number; temperature: number | [number, number]; top_p: number | [number, number] };
   time_s: number;
   date: string;
 }
@@ -79,9 +86,8 @@ export async function evalQuestions(cfg: ResolvedConfig): Promise<Question[]> {
       `data.questions is not set: evaluation needs question rows {question, answer}${cfg.stage === 'sft' ? `; this config is for stage sft (it trains on the conversations of data.sft)` : ''}. Set data.questions (and data.corpus or data.index for a searching protocol), e.g. data.questions=path/to/questions.jsonl.`,
       { path: 'data.questions' },
     );
-  const all = await loadQuestions(cfg.data.questions);
-  const parts = splitQuestions(all, cfg.data.split);
-  let qs = cfg.eval.split === 'all' ? all : parts[cfg.eval.split];
+  // With data.eval_questions the eval split is that file and the train split all of data.questions.
+  let qs = cfg.eval.split === 'all' ? await loadQuestions(cfg.data.questions) : (await questionSplits(cfg.data))[cfg.eval.split];
   if (cfg.eval.max_questions !== null) qs = qs.slice(0, cfg.eval.max_questions);
   if (!qs.length) throw new SlmError('DATA_INVALID', `the ${cfg.eval.split} split of ${cfg.data.questions} is empty; nothing to evaluate.`);
   return qs;
@@ -147,6 +153,7 @@ export async function evaluate(
     bar.stop();
   }
   writeFileSync(join(o.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
+  const passK = cfg.eval.pass_k > 0 ? await passAtK(cfg, agent, env, qs, { ...o, batch, correct: (e, q, rw) => (byJudge ? (rw.correct ?? false) : answerMetrics(e.answer, q.golds).em === 1), rewardFn }) : undefined;
   const num = (k: string) => mean(rows.map((x) => x[k] as number));
   const summary: EvalSummary = {
     label: o.label,
@@ -169,11 +176,52 @@ export async function evaluate(
     top_p: cfg.eval.top_p ?? midpoint(cfg.rollout.top_p),
     top_k: cfg.protocol.top_k,
     max_new_tokens: cfg.protocol.max_new_tokens,
+    ...(passK ? { pass_k: passK } : {}),
     time_s: (performance.now() - t0) / 1e3,
     date: new Date().toISOString(),
   };
   writeFileSync(join(o.dir, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
   return summary;
+}
+
+/**
+ * pass@k (eval.pass_k = k): k episodes per question, drawn as an RL stage's rollouts draw them
+ * (lib/train/rl-loop.ts rolloutRequests: temperature and top-p per episode from rollout.temperature
+ * and rollout.top_p, a seed per episode); per question the number correct goes to pass_k.jsonl.
+ */
+async function passAtK(
+  cfg: ResolvedConfig,
+  agent: Agent,
+  env: Environment,
+  qs: readonly Question[],
+  o: { label: string; dir: string; log: Log; batch: number; progress?: ProgressTo; rewardFn: ComposedRewardFn; correct: (e: { answer: string | null }, q: Question, rw: { correct?: boolean }) => boolean },
+): Promise<NonNullable<EvalSummary['pass_k']>> {
+  const k = cfg.eval.pass_k;
+  const perChunk = Math.max(1, Math.floor(o.batch / k));
+  const seed = cfg.train.seed * 7919 + 104729;
+  const counts: number[] = [];
+  const bar = new Progress(`pass@${k} ${o.label}`, qs.length, 'questions', o.progress);
+  try {
+    for (let s = 0; s < qs.length; s += perChunk) {
+      const chunk = qs.slice(s, s + perChunk);
+      const reqs = rolloutRequests(chunk, s, k, 0, { temperature: cfg.rollout.temperature, topP: cfg.rollout.top_p, seed });
+      const runner = episodeRunner(cfg, agent, env, { eval: true, seed, onTurn: (t) => bar.update(s + Math.floor(t.finished / k)) });
+      const r = await runner.run(reqs.map((q) => ({ question: q.question.question, prompt: q.question.prompt, temperature: q.temperature, topP: q.topP, seed: q.seed })));
+      const rewards = await Promise.all(r.episodes.map((e, i) => o.rewardFn({ answer: e.answer, golds: reqs[i].question.golds, question: reqs[i].question.question, id: reqs[i].question.id, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
+      for (let qi = 0; qi < chunk.length; qi++) {
+        let c = 0;
+        for (let j = qi * k; j < (qi + 1) * k; j++) if (o.correct(r.episodes[j], chunk[qi], rewards[j])) c++;
+        counts.push(c);
+      }
+      bar.update(s + chunk.length, { detail: `pass@${k} ${mean(counts.map((c) => (c > 0 ? 1 : 0))).toFixed(3)}` });
+    }
+  } finally {
+    bar.stop();
+  }
+  writeFileSync(join(o.dir, 'pass_k.jsonl'), qs.map((q, i) => JSON.stringify({ id: q.id, question: q.question, k, correct: counts[i] })).join('\n') + '\n');
+  const out = { k, pass_at_k: mean(counts.map((c) => (c > 0 ? 1 : 0))), sample_accuracy: mean(counts) / k, temperature: cfg.rollout.temperature, top_p: cfg.rollout.top_p };
+  o.log(`eval ${o.label}: pass@${k} ${out.pass_at_k.toFixed(3)}, sampled accuracy ${out.sample_accuracy.toFixed(3)}`);
+  return out;
 }
 
 export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): Promise<{ summary: EvalSummary; dir: string; table: string }> {
