@@ -162,6 +162,11 @@ t.test('cross-key checks', async (t) => {
   t.match(errorOf(() => validateConfig({ ...base, algorithm: { kind: 'ppo' } }, 'x')).message, 'algorithm.kind: "ppo" does not match stage "grpo"');
   t.match(errorOf(() => validateConfig({ ...base, rollout: { temperature: [1.2, 0.7] } }, 'x')).message, 'rollout.temperature: expected [lo, hi] with lo <= hi, found [1.2, 0.7]');
   t.match(errorOf(() => validateConfig({ ...base, rollout: { k: 1 } }, 'x')).message, 'rollout.k: GRPO compares the rollouts of a group');
+  // RLOO's leave-one-out baseline needs a second rollout: refused here, before any model loads (issue 37).
+  const rloo = errorOf(() => validateConfig({ ...base, stage: 'rloo', rollout: { k: 1 } }, 'x'));
+  t.equal(rloo.code, 'CONFIG_INVALID');
+  t.match(rloo.message, "rollout.k: RLOO's baseline for a rollout is the mean reward of its group's other rollouts: expected an integer >= 2, found 1; set rollout.k to 2 or more");
+  t.doesNotThrow(() => validateConfig({ ...base, stage: 'rloo', rollout: { k: 2 } }, 'x'));
   t.match(errorOf(() => validateConfig({ stage: 'sft', model: { path: '/m' } }, 'x')).message, 'data.sft: missing; the sft stage needs');
   t.match(errorOf(() => validateConfig({ stage: 'eval', model: { path: '/m' }, data: { questions: '/q' } }, 'x')).message, 'data.corpus: missing; the code protocol searches a corpus');
   t.doesNotThrow(() => validateConfig({ stage: 'eval', model: { path: '/m' }, data: { questions: '/q' }, protocol: { kind: 'direct' } }, 'x'));

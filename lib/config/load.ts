@@ -73,6 +73,8 @@ function crossChecks(c: ResolvedConfig): Problem[] {
     if (c.rft.min_reward !== null && !Number.isFinite(c.rft.min_reward)) p.push({ path: ['rft', 'min_reward'], message: `expected a finite number or null, found ${describeValue(c.rft.min_reward)}` });
   }
   if (c.stage === 'grpo' && c.rollout.k < 2) p.push({ path: ['rollout', 'k'], message: `GRPO compares the rollouts of a group: expected an integer >= 2, found ${c.rollout.k}` });
+  if (c.stage === 'rloo' && c.rollout.k < 2)
+    p.push({ path: ['rollout', 'k'], message: `RLOO's baseline for a rollout is the mean reward of its group's other rollouts: expected an integer >= 2, found ${c.rollout.k}; set rollout.k to 2 or more (or use stage: sft or rft, which need no group)` });
   const klIn = a.kl_in ?? (c.stage === 'ppo' || a.kind === 'ppo' ? 'reward' : 'loss');
   if (klIn === 'loss' && a.kl_estimator === 'k2') p.push({ path: ['algorithm', 'kl_estimator'], message: 'the KL term in the loss supports k3, found "k2"; use k2 with kl_in: reward' });
   if (klIn === 'loss' && a.kl_estimator === 'k1' && a.kl_coef > 0) p.push({ path: ['algorithm', 'kl_estimator'], message: K1_LOSS_MESSAGE });
