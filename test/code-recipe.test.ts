@@ -460,7 +460,7 @@ t.test("judge.prompt: reference sends the reference's prompt, filled as build_ju
   t.throws(() => judgeReward({ backend: b, prompt: 'reference', format: 'graded' }), { code: 'ARGUMENT_INVALID' });
 });
 
-t.test('data.train_questions: 300 of the 382 train questions, the same draw every time; eval untouched', async (t) => {
+t.test('data.train_questions: 300 of the 382 train questions, the same draw every time, at most all; eval untouched', async (t) => {
   const { writeFileSync } = await import('node:fs');
   const { questionSplits, trainSubset } = await import('../lib/train/data.js');
   const dir = t.testdir();
@@ -479,7 +479,8 @@ t.test('data.train_questions: 300 of the 382 train questions, the same draw ever
   const again = await questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: 300 });
   t.same(again.train.map((q) => q.index), ids, 'the same draw');
   t.notSame(trainSubset(all.train, 300, 1).map((q) => q.index), ids, 'another data.split.seed, another draw');
-  await t.rejects(questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: 383 }), { code: 'DATA_INVALID' });
+  const more = await questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: 1000 });
+  t.same(more.train.map((q) => q.index), all.train.map((q) => q.index), 'more than there are: all of them (core.py 1116: min(num_samples, len))');
   let err: unknown;
   try {
     validateConfig({ stage: 'grpo', model: { path: '/m' }, data: { questions: '/q', corpus: '/c', train_questions: 0 } }, 'x');

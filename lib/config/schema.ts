@@ -73,7 +73,7 @@ export const CONFIG_SCHEMA: Schema = {
         seed: int(null, {}, 'null: split by index (first train_fraction train, the rest eval); an integer shuffles first'),
       }),
       exclude_leaking: bool(true, 'drop SFT rows marked in_test_split: true (they hold eval questions)'),
-      train_questions: int(null, { minimum: 1 }, 'RL: train on this many of the train questions, drawn with data.split.seed (0 when null) and the same every epoch (the reference code-search system: 300 of its 382); null = all of them'),
+      train_questions: int(null, { minimum: 1 }, 'RL: train on at most this many of the train questions, drawn with data.split.seed (0 when null) and the same every epoch (the reference code-search system: 300 of its 382, min(num_samples, len)); null = all of them'),
     }),
     protocol: section({
       kind: oneOf(['code', 'tags', 'direct'], 'code', 'code: <python> programs; tags: Search-R1 <search>; direct: answer only'),

@@ -96,13 +96,13 @@ export async function questionSplits(data: Pick<ResolvedConfig['data'], 'questio
   const rows = await loadQuestions(data.questions);
   const s = data.eval_questions ? { train: rows, eval: await loadQuestions(data.eval_questions) } : splitQuestions(rows, data.split);
   const n = data.train_questions ?? null;
-  if (n === null) return s;
-  if (n > s.train.length) throw new SlmError('DATA_INVALID', `data.train_questions is ${n}, but the train split of ${data.questions} has ${s.train.length} questions.`, { path: 'data.train_questions' });
+  // At most all of them, as the reference's min(num_samples, len(dataset)) (src/trainer/core.py 1116).
+  if (n === null || n >= s.train.length) return s;
   return { train: trainSubset(s.train, n, data.split.seed ?? 0), eval: s.eval };
 }
 
 /**
- * data.train_questions: `n` of the train questions, drawn with `seed` and kept in their order (the
+ * data.train_questions: `n` of the train questions (all when there are no more), drawn with `seed` and kept in their order (the
  * reference code-search system trains on 300 of its 382, drawn once: configs/rl.yaml num_samples,
  * src/trainer/core.py 1113-1128). The same draw every epoch; the epochs' orders are the RL loop's.
  */
