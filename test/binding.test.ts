@@ -43,6 +43,7 @@ t.test('when nothing loads, one error lists every attempt and the commands that 
     t.match(err.message, /missing\.node: not found/);
     t.match(err.message, /broken\.node: .+/);
     t.match(err.message, /apt-get install -y .*libtorch-dev/);
+    t.match(err.message, 'sudo apt-get install -y libtorch1.13 libopenblas0-openmp', 'the runtime-only fix for a prebuilt binary');
     t.match(err.message, /npm run build:native/);
   }
 });

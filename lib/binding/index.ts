@@ -84,10 +84,12 @@ export function loadFrom(cands: Array<{ path: string; kind: LoadedBinding['kind'
     [
       'the native engine (slm_train.node) could not be loaded. Tried:',
       ...tried.map((t) => `  - ${t}`),
-      'To fix it, install the system packages and build the addon:',
+      'A "cannot open shared object file" above means libtorch is not installed or not on the loader path.',
+      "A prebuilt binary (prebuilds/) needs only the runtime it was built against, Debian 12's libtorch 1.13 (no compiler):",
+      '  sudo apt-get install -y libtorch1.13 libopenblas0-openmp',
+      'Otherwise (another libtorch, or no prebuilt binary for this machine) install the system packages and build the addon:',
       '  sudo apt-get install -y cmake g++ libtorch-dev nlohmann-json3-dev libopenblas0-openmp',
       `  cd ${packageRoot()} && npm run build:native`,
-      'A "cannot open shared object file" above means libtorch is not installed (libtorch-dev) or not on the loader path.',
     ].join('\n'),
   );
 }
