@@ -6,6 +6,7 @@
 #include "core/cpu_vec.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>

@@ -4,6 +4,7 @@
 #include "core/simd.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 

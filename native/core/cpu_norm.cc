@@ -4,6 +4,7 @@
 #include "core/cpu_gemm.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>

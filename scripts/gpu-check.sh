@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The GPU check (issue 35, item 1), one command, no Node.js: builds slm_core and native/check/gpu_check.cc
+# (the CMake project native/check/, not the addon) against the libtorch of an installed PyTorch or a
+# libtorch folder, then runs the forward parity checks on the device named.
+#
+#   scripts/gpu-check.sh [--device cpu|cuda[:N]] [--libtorch DIR] [--build DIR] [--fixtures DIR] [--json FILE]
+#                        [--no-transformers] [--stage]
+#
+#   --device      where the model runs (default cpu)
+#   --libtorch    a libtorch folder (holding share/cmake/Torch); default: the PyTorch of $PYTHON (python3)
+#   --build       the build folder (default .gpu-check/build-<hash of the libtorch path>; never build/)
+#   --fixtures    the folder holding qwen3/golden.json (default .gpu-check/carry/fixtures when staged,
+#                 else $SLM_SHARED_DIR/fixtures, else ../shared/fixtures)
+#   --json        also write the results as JSON there
+#   --no-transformers  skip the comparison with transformers' forward
+#   --stage       copy what a machine without network lacks into .gpu-check/carry (the fixtures and the
+#                 nlohmann-json headers, about 3 MB) and stop: carry that folder (device tool: carry
+#                 [".gpu-check/carry"]) and run this script there.
+# Environment: PYTHON (default python3), JOBS (parallel compile jobs, default nproc), CMAKE_GENERATOR.
+# Exit status: 0 all checks passed, 1 a check failed, 2 a setup / build error.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+device=cpu libtorch= build= fixtures= json= use_hf=1 stage=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) device=$2; shift 2 ;;
+    --libtorch) libtorch=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --fixtures) fixtures=$2; shift 2 ;;
+    --json) json=$2; shift 2 ;;
+    --no-transformers) use_hf=0; shift ;;
+    --stage) stage=1; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+say() { echo "gpu-check: $*" >&2; }
+carry=$repo/.gpu-check/carry
+shared_fixtures=${SLM_SHARED_DIR:-$repo/../shared}/fixtures
+
+if [ $stage = 1 ]; then
+  [ -f "$shared_fixtures/qwen3/golden.json" ] || { say "no fixtures at $shared_fixtures"; exit 2; }
+  hdr=
+  for d in /usr/include /usr/local/include; do [ -f $d/nlohmann/json.hpp ] && hdr=$d/nlohmann && break; done
+  [ -n "$hdr" ] || { say "no nlohmann/json.hpp in /usr/include or /usr/local/include (apt-get install nlohmann-json3-dev)"; exit 2; }
+  rm -rf "$carry" && mkdir -p "$carry/fixtures" "$carry/include"
+  cp -r "$shared_fixtures/qwen3" "$carry/fixtures/" && cp -r "$hdr" "$carry/include/"
+  say "staged $(du -sh "$carry" | cut -f1) in $carry (carry .gpu-check/carry; .gpu-check/ is git-ignored)"
+  exit 0
+fi
+
+# libtorch: a folder, or the installed PyTorch's. find_library searches the system before TorchConfig's
+# hint, so the torch folder itself goes on CMAKE_PREFIX_PATH too (else Debian's /usr/lib/libtorch.so
+# is linked against pip's headers).
+if [ -n "$libtorch" ]; then
+  prefix="$(cd "$libtorch" && pwd)"
+  torch_desc="libtorch folder $prefix"
+else
+  info=$("$PYTHON" -c 'import os, torch; print(torch.utils.cmake_prefix_path); print(os.path.dirname(torch.__file__)); print(torch.__version__)' 2>/dev/null) || {
+    say "$PYTHON cannot import torch: install PyTorch, set PYTHON=/path/to/python, or pass --libtorch DIR"; exit 2; }
+  prefix="$(sed -n 1p <<<"$info");$(sed -n 2p <<<"$info")"
+  torch_desc="PyTorch $(sed -n 3p <<<"$info") of $PYTHON"
+fi
+if [ -z "$build" ]; then
+  build=$repo/.gpu-check/build-$(printf %s "$prefix" | cksum | cut -d' ' -f1)
+fi
+case "$(cd "$(dirname "$build")" 2>/dev/null && pwd)/$(basename "$build")" in
+  "$repo/build"|"$repo/build/"*) say "refusing --build $build: build/ holds the addon build"; exit 2 ;;
+esac
+if [ -z "$fixtures" ]; then
+  if [ -f "$carry/fixtures/qwen3/golden.json" ]; then fixtures=$carry/fixtures; else fixtures=$shared_fixtures; fi
+fi
+[ -f "$fixtures/qwen3/golden.json" ] || { say "no qwen3/golden.json under $fixtures (pass --fixtures DIR, or run --stage where ../shared exists)"; exit 2; }
+
+cmake_args=(-S "$repo/native/check" -B "$build" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix")
+if [ -f "$carry/include/nlohmann/json.hpp" ] && ! [ -f /usr/include/nlohmann/json.hpp ]; then
+  cmake_args+=("-DSLM_JSON_INCLUDE=$carry/include")
+fi
+if [ -z "${CMAKE_GENERATOR:-}" ] && [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then cmake_args+=(-G Ninja); fi
+say "building against $torch_desc in $build"
+mkdir -p "$build"
+cmake "${cmake_args[@]}" >"$build/configure.log" 2>&1 || { cat "$build/configure.log" >&2; say "configure failed"; exit 2; }
+cmake --build "$build" --target gpu_check -j "${JOBS:-$(nproc)}" >"$build/build.log" 2>&1 || { tail -n 60 "$build/build.log" >&2; say "build failed (log: $build/build.log)"; exit 2; }
+
+# transformers' forward on the fixture checkpoints (float32), through test/reference/hf_forward.py.
+args=(--device "$device" --fixtures "$fixtures")
+if [ $use_hf = 0 ]; then
+  args+=(--unchecked "transformers' forward (--no-transformers)")
+elif ! hf_version=$("$PYTHON" -c 'import torch, transformers; print(transformers.__version__)' 2>/dev/null); then
+  args+=(--unchecked "transformers' forward ($PYTHON cannot import transformers)")
+else
+  mkdir -p "$build/hf"
+  for m in tiny-qwen3-f32 tiny-qwen3-bf16-sharded; do
+    [ -d "$fixtures/qwen3/$m" ] || continue
+    out=$build/hf/$m.json
+    # the golden cases of one row whose positions are 0..T-1, plus a 40-token row
+    "$PYTHON" - "$fixtures/qwen3" "$m" >"$out.request.json" <<'EOF'
+import json, sys
+g = json.load(open(sys.argv[1] + "/golden.json"))
+rows = []
+for c in g["models"][sys.argv[2]]["cases"]:
+    if len(c["input_ids"]) == 1 and c["position_ids"][0] == list(range(len(c["input_ids"][0]))):
+        rows.append(c["input_ids"][0])
+rows.append([(7 * i + 3) % 500 + 3 for i in range(40)])
+json.dump({"model_dir": sys.argv[1] + "/" + sys.argv[2], "dtype": "float32", "rows": rows}, sys.stdout)
+EOF
+    if "$PYTHON" "$repo/test/reference/hf_forward.py" <"$out.request.json" >"$out.tmp" 2>"$build/hf/$m.log"; then
+      "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["transformers"]=sys.argv[2]; json.dump(d, open(sys.argv[3],"w"))' "$out.tmp" "$hf_version" "$out"
+      args+=(--hf "$m=$out")
+    else
+      tail -n 5 "$build/hf/$m.log" >&2
+      args+=(--unchecked "transformers' forward on $m (hf_forward.py failed: $build/hf/$m.log)")
+    fi
+  done
+fi
+[ -n "$json" ] && args+=(--json "$json")
+exec "$build/gpu_check" "${args[@]}"

@@ -1,0 +1,62 @@
+// The GPU check (issue 35, item 1) on CPU: scripts/gpu-check.sh builds slm_core and native/check/gpu_check.cc
+// against the .venv's pip PyTorch (libtorch 2.x; the addon in build/ uses Debian's 1.13), with no
+// Node.js in the check itself, and runs the forward parity checks on device cpu: the fixtures' golden
+// logits in float32 and bfloat16, and transformers' forward on the same checkpoints. The build folder
+// is cached in os.tmpdir() (SLM_TRAIN_CACHE), so only the first run on a machine compiles everything.
+import t from 'tap';
+import { spawnSync } from 'node:child_process';
+import { existsSync, readFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fixture, haveShared, needs, repoRoot } from './helpers/shared.js';
+
+const python = [process.env.SLM_TRAIN_HF_PYTHON, join(repoRoot, '.venv', 'bin', 'python')].find(
+  (p) => p && existsSync(p) && spawnSync(p, ['-c', 'import torch; torch.utils.cmake_prefix_path'], { encoding: 'utf8' }).status === 0,
+);
+const cmake = spawnSync('cmake', ['--version'], { encoding: 'utf8' }).status === 0;
+const missing = !python
+  ? 'no python with a pip PyTorch (.venv/bin/python: bash scripts/setup-venv.sh, or set SLM_TRAIN_HF_PYTHON)'
+  : !cmake
+    ? 'no cmake'
+    : !haveShared
+      ? 'no ../shared/fixtures'
+      : false;
+
+interface CheckRow { check: string; model: string; dtype: string; case: string; positions: number; max_abs: number; tol: number; pass: boolean; note: string }
+interface Report { torch: string; device: string; failed: number; checks: CheckRow[]; not_checked: string[] }
+
+// Outside CI a missing dependency skips, saying why; under CI=true it fails (helpers/shared.ts needs()).
+const skip = needs(missing, t);
+
+t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || false, timeout: 3_600_000 }, (t) => {
+  const build = join(process.env.SLM_TRAIN_CACHE ?? join(tmpdir(), 'slm-train-cache'), 'gpu-check-build');
+  const out = mkdtempSync(join(tmpdir(), 'gpu-check-'));
+  t.teardown(() => rmSync(out, { recursive: true, force: true }));
+  const json = join(out, 'report.json');
+  const r = spawnSync('bash', [join(repoRoot, 'scripts', 'gpu-check.sh'), '--device', 'cpu', '--build', build, '--fixtures', fixture(), '--json', json], {
+    encoding: 'utf8',
+    env: { ...process.env, PYTHON: python, JOBS: process.env.JOBS ?? '2' },
+    maxBuffer: 1 << 26,
+  });
+  t.equal(r.status, 0, `gpu-check exits 0\n${r.stdout.slice(-6000)}\n${r.stderr.slice(-6000)}`);
+  t.match(r.stdout, /checks, 0 failed/, 'the summary line says no check failed');
+  t.ok(existsSync(json), 'the JSON report was written');
+  if (!existsSync(json)) {
+    t.end();
+    return;
+  }
+  const rep = JSON.parse(readFileSync(json, 'utf8')) as Report;
+  t.match(rep.torch, /^2\./, 'built against libtorch 2.x (the .venv PyTorch), not Debian 1.13');
+  t.equal(rep.failed, 0);
+  const golden = rep.checks.filter((c) => c.check === 'golden');
+  for (const model of ['tiny-qwen3-f32', 'tiny-qwen3-bf16-sharded', 'tiny-qwen3-f32+tiny-lora'])
+    for (const dtype of ['float32', 'bfloat16'])
+      t.equal(golden.filter((c) => c.model === model && c.dtype === dtype && c.pass && c.positions > 0).length, 4, `${model} ${dtype}: the 4 golden cases pass`);
+  t.ok(golden.filter((c) => c.dtype === 'float32').every((c) => c.max_abs <= 1e-4), 'float32 within 1e-4 of the float64 reference');
+  const hasHf = spawnSync(python!, ['-c', 'import transformers'], { encoding: 'utf8' }).status === 0;
+  const hf = rep.checks.filter((c) => c.check === 'transformers');
+  if (hasHf) t.ok(hf.length >= 6 && hf.every((c) => c.pass), "transformers' forward compared and equal within tolerance");
+  else t.ok(rep.not_checked.some((s) => /transformers/.test(s)), 'the report says transformers was not compared');
+  t.ok(rep.not_checked.some((s) => /PEFT/.test(s)), 'the report lists what it does not check yet');
+  t.end();
+});
