@@ -39,7 +39,23 @@ export const serveCommand: CommandModule<object, Args> = {
     const port = await server.listen();
     print(`serving ${a.name}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models)`);
     await untilSignal();
+    // Closing the connections cancels every request's rows: queued rows leave the queue and a running
+    // call ends at its next decode step. A prefill in progress is one native step that nothing
+    // interrupts (up to --max-model-len tokens: minutes on a CPU), so after a bounded wait the
+    // process exits without it rather than stay resident until it ends.
     await server.close();
+    const grace = SHUTDOWN_GRACE_MS;
+    const idle = await Promise.race([server.idle().then(() => true), new Promise<boolean>((r) => setTimeout(r, grace, false).unref())]);
     model.dispose();
+    if (!idle) {
+      process.stderr.write(`[slm-train] serve: a generate call (a prefill, which cannot be interrupted) was still running ${grace / 1000} s after the signal; exiting without waiting for it\n`);
+      // process.exit would wait on the native call (its static destructors join the engine's
+      // threads): end by the signal's default action instead, as a process killed by SIGTERM.
+      process.removeAllListeners('SIGTERM');
+      process.kill(process.pid, 'SIGTERM');
+    }
   },
 };
+
+/** How long `serve` waits for a running generate call after SIGINT/SIGTERM before it exits anyway. */
+export const SHUTDOWN_GRACE_MS = 5000;

@@ -23,6 +23,8 @@ export class Batcher {
   readonly calls = new History<CallRecord>();
   /** The adapter on the model now (null: the one it was started with, or none). */
   private active: string | null = null;
+  /** Resolves the promises idle() gave out, when the queue is empty and no call runs. */
+  private waiting: Array<() => void> = [];
 
   constructor(
     private readonly o: ServeOptions,
@@ -70,41 +72,63 @@ export class Batcher {
         const firstKey = key(first);
         const take = this.queue.filter((j) => key(j) === firstKey).slice(0, this.o.maxBatch ?? 32);
         this.queue = this.queue.filter((j) => !take.includes(j));
-        this.batches.push(take.length);
         try {
           await this.useAdapter(first.s.adapter);
-          const r = await this.o.model.generateStream({
-            prompts: take.map((j) => j.prompt),
-            maxNewTokens: Math.max(...take.map((j) => j.s.maxTokens)),
-            rowMaxNewTokens: take.map((j) => j.s.maxTokens),
-            temperature: take.map((j) => j.s.temperature),
-            topP: take.map((j) => j.s.topP),
-            topK: first.s.topK,
-            // Each row's own seed: its samples do not depend on what it was batched with.
-            rowSeeds: take.map((j) => j.seed),
-            stopTokenIds: first.s.stopTokenIds,
-            stopStrings: first.s.stop,
-            topLogprobs: Math.max(...take.map((j) => j.s.topN)),
-            signals: take.map((j) => j.abort.signal),
-            onToken: (ev) => {
-              const j = take[ev.row];
-              try {
-                j.token(ev);
-              } catch (e) {
-                // This row alone fails (its request gets the error); the others go on.
-                j.fail(e as Error);
-                j.abort.abort();
-              }
-            },
-          });
-          this.calls.push({ rows: take.length, steps: r.steps, finish: r.finishReasons });
-          take.forEach((j, i) => j.end(r.finishReasons[i]));
         } catch (e) {
           for (const j of take) j.fail(e as Error);
+          continue;
         }
+        // A row cancelled while the call was being set up (its client left) is not prefilled: a
+        // prefill is one native step that a cancel does not interrupt (only decode steps check it).
+        const live = take.filter((j) => !j.ended);
+        if (!live.length) continue;
+        await this.run(live);
       }
     } finally {
       this.busy = false;
+      if (!this.queue.length) for (const w of this.waiting.splice(0)) w();
+    }
+  }
+
+  /** Resolves when no row is queued and no generate call runs (now, or once the running call ends). */
+  idle(): Promise<void> {
+    if (!this.busy && !this.queue.length) return Promise.resolve();
+    return new Promise((r) => this.waiting.push(r));
+  }
+
+  /** One batched generate call of `take` (rows that agree on the per-call settings). */
+  private async run(take: Job[]): Promise<void> {
+    const first = take[0];
+    this.batches.push(take.length);
+    try {
+      const r = await this.o.model.generateStream({
+        prompts: take.map((j) => j.prompt),
+        maxNewTokens: Math.max(...take.map((j) => j.s.maxTokens)),
+        rowMaxNewTokens: take.map((j) => j.s.maxTokens),
+        temperature: take.map((j) => j.s.temperature),
+        topP: take.map((j) => j.s.topP),
+        topK: first.s.topK,
+        // Each row's own seed: its samples do not depend on what it was batched with.
+        rowSeeds: take.map((j) => j.seed),
+        stopTokenIds: first.s.stopTokenIds,
+        stopStrings: first.s.stop,
+        topLogprobs: Math.max(...take.map((j) => j.s.topN)),
+        signals: take.map((j) => j.abort.signal),
+        onToken: (ev) => {
+          const j = take[ev.row];
+          try {
+            j.token(ev);
+          } catch (e) {
+            // This row alone fails (its request gets the error); the others go on.
+            j.fail(e as Error);
+            j.abort.abort();
+          }
+        },
+      });
+      this.calls.push({ rows: take.length, steps: r.steps, finish: r.finishReasons });
+      take.forEach((j, i) => j.end(r.finishReasons[i]));
+    } catch (e) {
+      for (const j of take) j.fail(e as Error);
     }
   }
 }

@@ -76,8 +76,18 @@ export class OpenAIServer {
     return listen(this.server, this.o.port, this.o.host);
   }
 
+  /** Stops listening and closes every connection: each request's rows are cancelled (see complete). */
   close(): Promise<void> {
     return closeServer(this.server);
+  }
+
+  /**
+   * Resolves when no row is queued and no generate call runs. After close() a running call ends at
+   * its next decode step (every row cancelled), but a prefill in progress runs to its end first: it
+   * is one native step that a cancel does not interrupt.
+   */
+  idle(): Promise<void> {
+    return this.batcher.idle();
   }
 
   /** The model ids this server answers to: its name, then the loaded adapters. */

@@ -1,0 +1,148 @@
+// `slm-train serve` while a long request runs (issue 33 row 1): /health and /v1/models answer while
+// its prefill and decoding run (the native call runs on a worker thread, not the event loop); a
+// client that disconnects stops its running row at the next decode step, and a queued request whose
+// client left is never prefilled; SIGTERM ends the process within a bound: at once while it decodes,
+// after the 5 s grace by SIGTERM's default action while a prefill (which nothing interrupts) runs.
+// The tiny preset, real engine; the SIGTERM cases run the CLI (dist/, built by `npm test`'s pretest).
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
+import t from 'tap';
+import { Model } from '../lib/engine/model.js';
+import { ChatFormatter } from '../lib/model/chat.js';
+import { initModel } from '../lib/model/init.js';
+import { loadTokenizer } from '../lib/model/tokenizer.js';
+import { OpenAIServer } from '../lib/serve/server.js';
+import { repoRoot } from './helpers/shared.js';
+
+const dir = join(t.testdir(), 'model');
+initModel({ preset: 'tiny', out: dir, seed: 6 });
+/** A prompt of `n` token ids (completions takes token ids), long enough that its prefill takes a while. */
+const ids = (n: number, k = 0) => Array.from({ length: n }, (_, i) => 10 + ((i * 7 + k) % 200));
+/** A request that would run for minutes: a long prompt, 4,096 new tokens (the most a request may ask), no stop token. */
+const long = (k = 0) => ({ model: 'tiny', prompt: ids(4000, k), max_tokens: 4096, ignore_eos: true, temperature: 1, seed: 1, stream: true });
+
+const until = async (ok: () => boolean, what: string, ms = 120_000) => {
+  const end = Date.now() + ms;
+  while (!ok()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+};
+
+t.test('health and models answer during a long generation; a client that leaves cancels its rows', async (t) => {
+  const model = await Model.load(dir);
+  const tok = loadTokenizer(dir);
+  model.setVocab(tok.tokenBytes());
+  const server = new OpenAIServer({ model, tokenizer: tok, formatter: ChatFormatter.forModel(dir), name: 'tiny', port: 0 });
+  const port = await server.listen();
+  t.teardown(async () => {
+    await server.close();
+    await server.idle();
+    model.dispose();
+  });
+  const base = `http://127.0.0.1:${port}`;
+
+  // A: the long request, streamed. Its first chunk comes after its prefill.
+  const a = new AbortController();
+  let chunks = 0;
+  let aDone = false;
+  const aRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()), signal: a.signal }).then(async (r) => {
+    t.equal(r.status, 200, 'the long request is accepted');
+    try {
+      for await (const _ of r.body!) chunks++;
+    } catch {
+      // aborted by the client below
+    }
+    aDone = true;
+  });
+  await until(() => server.batches.count === 1, 'the long call to start');
+  // During its prefill (no chunk yet: 4,000 tokens take seconds here, a /health round trip milliseconds).
+  const h = await fetch(`${base}/health`);
+  t.equal(h.status, 200, '/health answers while the long call runs');
+  t.same(await h.json(), { status: 'ok' });
+  const m = await fetch(`${base}/v1/models`);
+  t.equal(m.status, 200, '/v1/models answers too');
+  t.match(await m.json(), { data: [{ id: 'tiny' }] });
+  t.equal(chunks, 0, 'both answered during the prefill: no token streamed yet');
+  t.notOk(aDone, 'and before the generation finished');
+
+  // B: queued behind A (A's call is running); its client leaves before A's call ends.
+  const b = new AbortController();
+  const bRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(1), stream: false }), signal: b.signal }).catch((e: Error) => e);
+  await new Promise((r) => setTimeout(r, 200));
+  b.abort();
+  t.match(await bRes, { name: 'AbortError' }, "B's client gave up");
+
+  // A keeps decoding; /health still answers between its decode steps.
+  await until(() => chunks >= 5, "A's first tokens");
+  t.equal((await fetch(`${base}/health`)).status, 200, '/health answers during decoding');
+  t.notOk(aDone, 'A is still running');
+  a.abort();
+  await aRes;
+  const t0 = Date.now();
+  await server.idle();
+  t.ok(Date.now() - t0 < 30_000, `the server is idle ${Date.now() - t0} ms after A's client left`);
+  const calls = server.calls.since(0);
+  t.equal(server.batches.count, 1, "one generate call: B's rows were dropped before any prefill");
+  t.equal(calls.length, 1);
+  t.same(calls[0].finish, ['cancelled'], "A's row ended as cancelled");
+  t.ok(calls[0].steps < 4096, `A stopped after ${calls[0].steps} of its 4,096 decode steps`);
+});
+
+t.test('SIGTERM during a long generation ends the server within a bound', async (t) => {
+  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--model', dir, '--name', 'tiny', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  p.stdout.on('data', (d) => (out += d));
+  p.stderr.on('data', (d) => (err += d));
+  const exited = new Promise<{ code: number | null; signal: string | null }>((r) => p.on('exit', (code, signal) => r({ code, signal })));
+  t.teardown(() => {
+    if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+  });
+  await until(() => /on http:\/\/127\.0\.0\.1:(\d+)\/v1/.test(out), 'the server to listen', 60_000);
+  const port = /on http:\/\/127\.0\.0\.1:(\d+)\/v1/.exec(out)![1];
+  // A streamed request whose client stays connected; SIGTERM once it streams.
+  let chunks = 0;
+  void fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()) })
+    .then(async (r) => {
+      for await (const _ of r.body!) chunks++;
+    })
+    .catch(() => {});
+  await until(() => chunks >= 3, 'tokens to stream', 60_000);
+  const t0 = Date.now();
+  p.kill('SIGTERM');
+  const end = await Promise.race([exited, new Promise<null>((r) => setTimeout(r, 30_000, null))]);
+  t.ok(end, `the server exited ${Date.now() - t0} ms after SIGTERM (a running generation stops at its next decode step)`);
+  t.same(end, { code: 0, signal: null }, `exit 0; stderr: ${err.slice(-500)}`);
+});
+
+t.test('SIGTERM during a long prefill ends the server after the grace period', async (t) => {
+  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--model', dir, '--name', 'tiny', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  p.stdout.on('data', (d) => (out += d));
+  p.stderr.on('data', (d) => (err += d));
+  const exited = new Promise<{ code: number | null; signal: string | null }>((r) => p.on('exit', (code, signal) => r({ code, signal })));
+  t.teardown(() => {
+    if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+  });
+  await until(() => /on http:\/\/127\.0\.0\.1:(\d+)\/v1/.test(out), 'the server to listen', 60_000);
+  const port = /on http:\/\/127\.0\.0\.1:(\d+)\/v1/.exec(out)![1];
+  // 30,000 prompt tokens: a prefill of minutes on a CPU, which no cancel interrupts.
+  let chunks = 0;
+  void fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(), prompt: ids(30000) }) })
+    .then(async (r) => {
+      for await (const _ of r.body!) chunks++;
+    })
+    .catch(() => {});
+  // Let the request reach the engine (its body parsed, the call started).
+  await new Promise((r) => setTimeout(r, 1500));
+  t.equal(chunks, 0, 'still in its prefill');
+  const t0 = Date.now();
+  p.kill('SIGTERM');
+  const end = await Promise.race([exited, new Promise<null>((r) => setTimeout(r, 30_000, null))]);
+  const ms = Date.now() - t0;
+  t.ok(end, `the server exited ${ms} ms after SIGTERM, its prefill unfinished`);
+  t.same(end, { code: null, signal: 'SIGTERM' }, "ended by SIGTERM's default action (process.exit would wait for the native call)");
+  t.match(err, /a generate call \(a prefill, which cannot be interrupted\) was still running 5 s after the signal; exiting without waiting for it/);
+});
