@@ -8,8 +8,8 @@
 // sandbox.require_isolation / --require-isolation refuse a run below a chosen level.
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import t from 'tap';
 import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { bwrapView, checkRequiredIsolation, detectIsolation, detectIsolationWithCaps, runnerPackagePath, SANDBOX_PACKAGE, SANDBOX_RUNNER, BWRAP_WORKDIR } from '../lib/sandbox/isolation.js';
@@ -178,7 +178,13 @@ t.test('every isolation level: the report says what a program can read, and it i
           } else {
             // An unprivileged uid: world-readable files only (this test folder's path decides which).
             t.match(pool.isolation.readable, /any user may read/);
-            for (const p of planted) t.ok(out.read[p] === 'ERR PermissionError' || !out.read[p].startsWith('ERR '), `${p}: ${out.read[p].slice(0, 40)}`);
+            // Which ones follows from the modes: the file readable by others and every folder above
+            // it searchable by others. A readable one must be read in full, any other refused.
+            for (const p of planted) {
+              const open = (statSync(p).mode & 0o004) !== 0 && ancestors(p).every((d) => (statSync(d).mode & 0o001) !== 0);
+              if (open) t.equal(out.read[p], readFileSync(p, 'utf8').slice(0, 200), `${p} is world-readable: the program reads it`);
+              else t.equal(out.read[p], 'ERR PermissionError', `${p} is not world-readable: the program is refused`);
+            }
           }
         }
       } finally {
@@ -307,3 +313,12 @@ t.test('the library path (openEnvironment, what trainFromConfig opens) enforces 
     await env.close();
   }
 });
+
+/** The folders above a path, from its parent up to /. */
+function ancestors(p: string): string[] {
+  const out: string[] = [];
+  for (let d = dirname(p); ; d = dirname(d)) {
+    out.push(d);
+    if (d === dirname(d)) return out;
+  }
+}

@@ -1,7 +1,9 @@
 // The Python sandbox pool: what a program sees, what comes back, how the pool manages its workers.
 // (Hostile programs: sandbox-hostile.test.ts; the real model-written programs: sandbox-code-blocks.test.ts.)
 import { spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { createServer, type AddressInfo } from 'node:net';
+import { join } from 'node:path';
 import t from 'tap';
 import { SlmError } from '../lib/errors.js';
 import { createSandbox } from '../lib/sandbox/index.js';
@@ -289,9 +291,30 @@ t.test('the isolation report describes this machine consistently', async (t) => 
   const iso = await detectIsolation();
   t.ok(['bwrap', 'unshare', 'rlimits-only'].includes(iso.level));
   t.ok(existsSync(iso.python), 'the real interpreter, not a shim');
-  t.equal(iso.readonlyFs, iso.level === 'bwrap');
-  t.equal(iso.network, iso.level !== 'rlimits-only' || iso.seccomp);
   t.same(pool.isolation.level, iso.level);
+  // What the report says against what a program can do (not the report's own formula again): it
+  // connects to a loopback listener and writes a file in /tmp.
+  const listener = createServer((s) => s.destroy());
+  await new Promise<void>((r) => listener.listen(0, '127.0.0.1', r));
+  const port = (listener.address() as AddressInfo).port;
+  const name = join('/tmp', `slm-iso-report-${process.pid}`);
+  try {
+    const r = await pool.run(
+      'import socket\n' +
+        `try:\n    socket.create_connection(("127.0.0.1", ${port}), timeout=2).close()\n    print("connected")\nexcept OSError:\n    print("no network")\n` +
+        `try:\n    open(${JSON.stringify(name)}, "w").write("x")\n    print("wrote")\nexcept OSError:\n    print("read-only")\n`,
+    );
+    t.equal(r.error, null);
+    const connected = /connected/.test(r.stdout);
+    const wrote = /wrote/.test(r.stdout);
+    t.equal(pool.isolation.network, !connected, `the report's network isolation (${pool.isolation.network}) is what the program saw: ${r.stdout.trim()}`);
+    t.equal(pool.isolation.readonlyFs, !wrote, `the report's read-only filesystem (${pool.isolation.readonlyFs}) is what the program saw`);
+    if (pool.isolation.level !== 'rlimits-only') t.ok(pool.isolation.network, `${pool.isolation.level} runs programs in their own network namespace`);
+    if (pool.isolation.level === 'bwrap') t.ok(pool.isolation.readonlyFs, 'bwrap mounts / read-only');
+  } finally {
+    listener.close();
+    rmSync(name, { force: true });
+  }
   t.comment(`isolation: ${iso.level}; ${iso.details}`);
   for (const level of ['unshare', 'rlimits-only'] as const) {
     const lower = await detectIsolation({ maxLevel: level });
