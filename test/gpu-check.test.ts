@@ -2,9 +2,11 @@
 // against the .venv's pip PyTorch (libtorch 2.x; the addon in build/ uses Debian's 1.13), with no
 // Node.js in the check itself, and runs the forward parity checks on device cpu: the fixtures' golden
 // logits in float32 and bfloat16, and transformers' forward on the same checkpoints. The build folder
-// is cached in os.tmpdir() (SLM_TRAIN_CACHE), so only the first run on a machine compiles everything.
+// is cached in os.tmpdir() (SLM_TRAIN_CACHE), one per checkout and python, so only the first run of a
+// checkout compiles everything.
 import t from 'tap';
 import { spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -29,7 +31,10 @@ interface Report { torch: string; device: string; failed: number; checks: CheckR
 const skip = needs(missing, t);
 
 t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || false, timeout: 3_600_000 }, (t) => {
-  const build = join(process.env.SLM_TRAIN_CACHE ?? join(tmpdir(), 'slm-train-cache'), 'gpu-check-build');
+  // One cached build per checkout and python: CMake refuses a build folder configured from another
+  // source folder (two checkouts on one machine shared it, and the second one's check failed).
+  const key = createHash('sha1').update(`${repoRoot}\0${python}`).digest('hex').slice(0, 12);
+  const build = join(process.env.SLM_TRAIN_CACHE ?? join(tmpdir(), 'slm-train-cache'), `gpu-check-build-${key}`);
   const out = mkdtempSync(join(tmpdir(), 'gpu-check-'));
   t.teardown(() => rmSync(out, { recursive: true, force: true }));
   const json = join(out, 'report.json');
