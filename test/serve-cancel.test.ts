@@ -89,7 +89,8 @@ t.test('health and models answer during a long generation; a client that leaves 
   t.ok(calls[0].steps < 4096, `A stopped after ${calls[0].steps} of its 4,096 decode steps`);
 });
 
-t.test('SIGTERM during a long generation ends the server within a bound', async (t) => {
+/** `slm-train serve` on the tiny model in a child process, listening; killed at the end of the test if still alive. */
+async function serveProcess(t: { teardown(f: () => unknown): void }) {
   const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--model', dir, '--name', 'tiny', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
@@ -99,8 +100,13 @@ t.test('SIGTERM during a long generation ends the server within a bound', async 
   t.teardown(() => {
     if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
   });
-  await until(() => /on http:\/\/127\.0\.0\.1:(\d+)\/v1/.test(out), 'the server to listen', 60_000);
-  const port = /on http:\/\/127\.0\.0\.1:(\d+)\/v1/.exec(out)![1];
+  const listening = /on http:\/\/127\.0\.0\.1:(\d+)\/v1/;
+  await until(() => listening.test(out), 'the server to listen', 60_000);
+  return { p, port: listening.exec(out)![1], exited, stderr: () => err };
+}
+
+t.test('SIGTERM during a long generation ends the server within a bound', async (t) => {
+  const { p, port, exited, stderr } = await serveProcess(t);
   // A streamed request whose client stays connected; SIGTERM once it streams.
   let chunks = 0;
   void fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()) })
@@ -113,21 +119,11 @@ t.test('SIGTERM during a long generation ends the server within a bound', async 
   p.kill('SIGTERM');
   const end = await Promise.race([exited, new Promise<null>((r) => setTimeout(r, 30_000, null))]);
   t.ok(end, `the server exited ${Date.now() - t0} ms after SIGTERM (a running generation stops at its next decode step)`);
-  t.same(end, { code: 0, signal: null }, `exit 0; stderr: ${err.slice(-500)}`);
+  t.same(end, { code: 0, signal: null }, `exit 0; stderr: ${stderr().slice(-500)}`);
 });
 
 t.test('SIGTERM during a long prefill ends the server after the grace period', async (t) => {
-  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--model', dir, '--name', 'tiny', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  let err = '';
-  p.stdout.on('data', (d) => (out += d));
-  p.stderr.on('data', (d) => (err += d));
-  const exited = new Promise<{ code: number | null; signal: string | null }>((r) => p.on('exit', (code, signal) => r({ code, signal })));
-  t.teardown(() => {
-    if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
-  });
-  await until(() => /on http:\/\/127\.0\.0\.1:(\d+)\/v1/.test(out), 'the server to listen', 60_000);
-  const port = /on http:\/\/127\.0\.0\.1:(\d+)\/v1/.exec(out)![1];
+  const { p, port, exited, stderr } = await serveProcess(t);
   // 30,000 prompt tokens: a prefill of minutes on a CPU, which no cancel interrupts.
   let chunks = 0;
   void fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(), prompt: ids(30000) }) })
@@ -144,5 +140,5 @@ t.test('SIGTERM during a long prefill ends the server after the grace period', a
   const ms = Date.now() - t0;
   t.ok(end, `the server exited ${ms} ms after SIGTERM, its prefill unfinished`);
   t.same(end, { code: null, signal: 'SIGTERM' }, "ended by SIGTERM's default action (process.exit would wait for the native call)");
-  t.match(err, /a generate call \(a prefill, which cannot be interrupted\) was still running 5 s after the signal; exiting without waiting for it/);
+  t.match(stderr(), /a generate call \(a prefill, which cannot be interrupted\) was still running 5 s after the signal; exiting without waiting for it/);
 });
