@@ -7,9 +7,10 @@
 // addon), so the checkout's own dist/ and prebuilds/ are not touched. test/package.test.ts goes on to
 // `npm install` the tarball and train with it.
 import t from 'tap';
+import { recordingCompilers } from './helpers/fake-compilers.js';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { repoRoot } from './helpers/shared.js';
 
@@ -59,13 +60,7 @@ t.test('npm pack puts the prebuilt addon in the tarball; installing it compiles 
 
   // 3. Its install step with every compiler a recorder that fails, and no cmake-js (no node_modules):
   //    it reports the prebuilt binary and builds nothing.
-  const bin = join(work, 'fake-bin');
-  mkdirSync(bin);
-  const log = join(work, 'compiler.log');
-  for (const c of ['cc', 'gcc', 'g++', 'c++', 'clang', 'clang++', 'cmake', 'make', 'ninja']) {
-    writeFileSync(join(bin, c), `#!/bin/sh\necho "${c} $PWD" >> ${log}\nexit 1\n`);
-    chmodSync(join(bin, c), 0o755);
-  }
+  const { bin, log } = recordingCompilers(work);
   const env: NodeJS.ProcessEnv = { ...process.env, PATH: `${bin}:${process.env.PATH}`, CC: join(bin, 'cc'), CXX: join(bin, 'c++') };
   delete env.SLM_TRAIN_SKIP_NATIVE;
   delete env.SLM_TRAIN_NATIVE;

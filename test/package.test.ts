@@ -2,8 +2,9 @@
 // then `npx slm-train doctor` and a tiny `generate` there — using the prebuilt binary, with no
 // compiler invoked for slm-train (every compiler on PATH is a recorder that fails) and no build folder.
 import t from 'tap';
+import { recordingCompilers } from './helpers/fake-compilers.js';
 import { execFileSync, spawnSync } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fixture, repoRoot } from './helpers/shared.js';
 
@@ -19,13 +20,7 @@ t.test('npm pack -> install -> doctor and generate without compiling', { timeout
   const pre = (packed.files as Array<{ path: string }>).map((f) => f.path).filter((p) => p.startsWith(`prebuilds/${process.platform}-${process.arch}/`));
   t.ok(pre.some((f) => /\/slm_train\.torch-[\d.]+\.(cpu|cuda)\.napi\d+\.node$/.test(f)), `tagged prebuilt in the tarball: ${pre.join(', ')}`);
   // 3. compilers that record their use and fail
-  const bin = join(work, 'fake-bin');
-  mkdirSync(bin);
-  const log = join(work, 'compiler.log');
-  for (const c of ['cc', 'gcc', 'g++', 'c++', 'clang', 'clang++', 'cmake', 'make', 'ninja']) {
-    writeFileSync(join(bin, c), `#!/bin/sh\necho "${c} $PWD" >> ${log}\nexit 1\n`);
-    chmodSync(join(bin, c), 0o755);
-  }
+  const { bin, log } = recordingCompilers(work);
   const app = join(work, 'app');
   mkdirSync(app);
   writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'app', version: '1.0.0', private: true }));
