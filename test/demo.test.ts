@@ -147,7 +147,12 @@ t.test('--compare adds SFT trained longer and RFT with as many sampled episodes 
   const rft = loadConfig(join(out, 'configs', 'rft.yaml'));
   t.equal(rft.stage, 'rft');
   t.equal(rft.model.adapter, join(out, 'runs', 'sft', 'adapter'), 'RFT starts from the SFT adapter');
-  t.same([rft.rollout.temperature, rft.rollout.top_p], [loadConfig(join(out, 'configs', 'grpo.yaml')).rollout.temperature, 0.9], "GRPO's rollout settings");
+  const grpo = loadConfig(join(out, 'configs', 'grpo.yaml'));
+  const sampling = (c: typeof rft) => [c.rollout.k, c.rollout.batch_questions, c.rollout.temperature, c.rollout.top_p];
+  t.same(sampling(rft), sampling(grpo), "GRPO's rollout settings (k, questions per batch, temperature, top-p)");
+  // Both counts from what the stages recorded, not from the table's formula.
+  const recorded = (stage: string) => readFileSync(join(out, 'runs', stage, 'trajectories.jsonl'), 'utf8').trim().split('\n').length;
+  t.equal(recorded('grpo'), by.grpo.sampled_episodes, 'GRPO recorded as many episodes as the table says');
   // The sampled episodes RFT recorded: as many as the table says, and it trained on the kept ones only.
   const eps = readFileSync(join(out, 'runs', 'rft', 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
   t.equal(eps.length, by.rft.sampled_episodes);
