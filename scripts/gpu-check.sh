@@ -4,7 +4,7 @@
 # libtorch folder, then runs the forward parity checks on the device named.
 #
 #   scripts/gpu-check.sh [--device cpu|cuda[:N]] [--libtorch DIR] [--build DIR] [--fixtures DIR] [--json FILE]
-#                        [--no-transformers] [--stage]
+#                        [--no-transformers] [--no-peft] [--bench 4b|tiny [--no-peer]] [--stage]
 #
 #   --device      where the model runs (default cpu)
 #   --libtorch    a libtorch folder (holding share/cmake/Torch); default: the PyTorch of $PYTHON (python3)
@@ -13,6 +13,11 @@
 #                 else $SLM_SHARED_DIR/fixtures, else ../shared/fixtures)
 #   --json        also write the results as JSON there
 #   --no-transformers  skip the comparison with transformers' forward
+#   --no-peft     skip the LoRA step against PEFT + torch (test/reference/peft_step.py, on the CPU)
+#   --bench       also benchmark a random bfloat16 model: 4b = Qwen3-4B's shape (36 layers; ~8 GiB of
+#                 weights: a GPU), tiny = a small one (the CPU test); beside the device's copy rate and
+#                 bf16 matmul rate, and beside transformers' own generate / forward / PEFT step on the
+#                 same shape and device (bench/hf_peer.py) unless --no-peer or transformers is missing
 #   --stage       copy what a machine without network lacks into .gpu-check/carry (the fixtures and the
 #                 nlohmann-json headers, about 3 MB) and stop: carry that folder (device tool: carry
 #                 [".gpu-check/carry"]) and run this script there.
@@ -21,7 +26,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-device=cpu libtorch= build= fixtures= json= use_hf=1 stage=0
+device=cpu libtorch= build= fixtures= json= use_hf=1 stage=0 use_peft=1 bench= use_peer=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device=$2; shift 2 ;;
@@ -30,8 +35,11 @@ while [ $# -gt 0 ]; do
     --fixtures) fixtures=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --no-transformers) use_hf=0; shift ;;
+    --no-peft) use_peft=0; shift ;;
+    --bench) bench=$2; shift 2 ;;
+    --no-peer) use_peer=0; shift ;;
     --stage) stage=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -77,6 +85,25 @@ cmake_args=(-S "$repo/native/check" -B "$build" -DCMAKE_BUILD_TYPE=Release "-DCM
 if [ -f "$carry/include/nlohmann/json.hpp" ] && ! [ -f /usr/include/nlohmann/json.hpp ]; then
   cmake_args+=("-DSLM_JSON_INCLUDE=$carry/include")
 fi
+# A CUDA PyTorch: its CMake files look for the CUDA toolkit through the nvcc on PATH, which fails when
+# that nvcc is a wrapper outside the toolkit (/usr/local/bin/nvcc -> /usr/local/cuda-13.0/bin/nvcc);
+# point them at the toolkit (CUDA_TOOLKIT_ROOT_DIR, else CUDA_HOME, else /usr/local/cuda).
+if [ -z "$libtorch" ] && [ "$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)" != "" ]; then
+  cuda_root=${CUDA_TOOLKIT_ROOT_DIR:-${CUDA_HOME:-/usr/local/cuda}}
+  if [ -f "$cuda_root/include/cuda_runtime_api.h" ]; then
+    cmake_args+=("-DCUDA_TOOLKIT_ROOT_DIR=$cuda_root" "-DCUDAToolkit_ROOT=$cuda_root")
+    [ -x "$cuda_root/bin/nvcc" ] && cmake_args+=("-DCMAKE_CUDA_COMPILER=$cuda_root/bin/nvcc")
+    # libnvrtc: the toolkit's, else the one pip installed beside PyTorch (nvidia/*/lib).
+    if ! ls "$cuda_root"/lib64/libnvrtc.so* "$cuda_root"/lib/libnvrtc.so* >/dev/null 2>&1; then
+      nvrtc=$("$PYTHON" -c 'import glob, os, nvidia; print(next(iter(sorted(f for p in nvidia.__path__ for f in glob.glob(os.path.join(p, "*", "lib", "libnvrtc.so*")) if "builtins" not in f)), ""))' 2>/dev/null || true)
+      [ -n "$nvrtc" ] && cmake_args+=("-DCUDA_nvrtc_LIBRARY=$nvrtc")
+    fi
+  else
+    say "a CUDA PyTorch, but no CUDA toolkit at $cuda_root (set CUDA_TOOLKIT_ROOT_DIR): CMake may not find it"
+  fi
+fi
+# Extra CMake arguments from the environment (SLM_CHECK_CMAKE_ARGS, split on spaces).
+[ -n "${SLM_CHECK_CMAKE_ARGS:-}" ] && read -r -a extra <<<"$SLM_CHECK_CMAKE_ARGS" && cmake_args+=("${extra[@]}")
 if [ -z "${CMAKE_GENERATOR:-}" ] && [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then cmake_args+=(-G Ninja); fi
 say "building against $torch_desc in $build"
 mkdir -p "$build"
@@ -113,6 +140,43 @@ EOF
       args+=(--unchecked "transformers' forward on $m (hf_forward.py failed: $build/hf/$m.log)")
     fi
   done
+fi
+# A LoRA step in PEFT + torch on the fixture (float32, CPU): gpu_check repeats it on the device.
+if [ $use_peft = 0 ]; then
+  args+=(--unchecked "the LoRA step against PEFT (--no-peft)")
+elif ! peft_version=$("$PYTHON" -c 'import torch, transformers, peft; print(peft.__version__ + " " + torch.__version__)' 2>/dev/null); then
+  args+=(--unchecked "the LoRA step against PEFT ($PYTHON cannot import peft and transformers)")
+else
+  mkdir -p "$build/peft"
+  out=$build/peft/step.json
+  "$PYTHON" - "$fixtures/qwen3" >"$out.request.json" <<'EOF'
+import json, sys
+ids = [204, 125, 373, 399, 458, 17, 300, 457, 205, 161, 12, 99, 300, 7, 45, 210, 3, 77, 41, 5, 6, 90, 91, 92]
+json.dump({"model_dir": sys.argv[1] + "/tiny-qwen3-f32", "adapter_dir": sys.argv[1] + "/tiny-lora", "ids": ids,
+           "mask": [1 if i >= 8 else 0 for i in range(len(ids))], "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}, sys.stdout)
+EOF
+  if "$PYTHON" "$repo/test/reference/peft_step.py" <"$out.request.json" >"$out.tmp" 2>"$build/peft/step.log"; then
+    "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["peft"], d["torch"] = sys.argv[2].split(); json.dump(d, open(sys.argv[3],"w"))' "$out.tmp" "$peft_version" "$out"
+    args+=(--peft "$out")
+  else
+    tail -n 5 "$build/peft/step.log" >&2
+    args+=(--unchecked "the LoRA step against PEFT (peft_step.py failed: $build/peft/step.log)")
+  fi
+fi
+# The benchmark and its peer (transformers on the same shape and device), the peer first.
+if [ -n "$bench" ]; then
+  args+=(--bench "$bench")
+  if [ $use_peer = 1 ] && "$PYTHON" -c 'import transformers' 2>/dev/null; then
+    say "transformers' peer benchmark ($bench on $device)"
+    if "$PYTHON" "$repo/bench/hf_peer.py" "$bench" "$device" >"$build/peer.json" 2>"$build/peer.log"; then
+      args+=(--peer "$build/peer.json")
+    else
+      tail -n 5 "$build/peer.log" >&2
+      args+=(--unchecked "transformers' peer benchmark (bench/hf_peer.py failed: $build/peer.log)")
+    fi
+  else
+    args+=(--unchecked "transformers' peer benchmark (--no-peer, or $PYTHON cannot import transformers)")
+  fi
 fi
 [ -n "$json" ] && args+=(--json "$json")
 exec "$build/gpu_check" "${args[@]}"

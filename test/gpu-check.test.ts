@@ -25,7 +25,9 @@ const missing = !python
       : false;
 
 interface CheckRow { check: string; model: string; dtype: string; case: string; positions: number; max_abs: number; tol: number; pass: boolean; note: string }
-interface Report { torch: string; device: string; failed: number; checks: CheckRow[]; not_checked: string[] }
+interface BenchRow { step_ms: number; generated: number; batch: number; new_tokens: number; ms: number; tokens: number; loss: number }
+interface Bench { shape: string; layers: number; copy_gb_s: number; matmul_tflops: number; decode_b1: BenchRow; decode_batch: BenchRow; prefill_long: BenchRow; lora_step: BenchRow }
+interface Report { torch: string; device: string; failed: number; checks: CheckRow[]; not_checked: string[]; bench?: Bench; peer?: { decode_b1: BenchRow; decode_batch: BenchRow; lora_step?: BenchRow } }
 
 // Outside CI a missing dependency skips, saying why; under CI=true it fails (helpers/shared.ts needs()).
 const skip = needs(missing, t);
@@ -38,7 +40,7 @@ t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || f
   const out = mkdtempSync(join(tmpdir(), 'gpu-check-'));
   t.teardown(() => rmSync(out, { recursive: true, force: true }));
   const json = join(out, 'report.json');
-  const r = spawnSync('bash', [join(repoRoot, 'scripts', 'gpu-check.sh'), '--device', 'cpu', '--build', build, '--fixtures', fixture(), '--json', json], {
+  const r = spawnSync('bash', [join(repoRoot, 'scripts', 'gpu-check.sh'), '--device', 'cpu', '--build', build, '--fixtures', fixture(), '--bench', 'tiny', '--json', json], {
     encoding: 'utf8',
     env: { ...process.env, PYTHON: python, JOBS: process.env.JOBS ?? '2' },
     maxBuffer: 1 << 26,
@@ -62,6 +64,31 @@ t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || f
   const hf = rep.checks.filter((c) => c.check === 'transformers');
   if (hasHf) t.ok(hf.length >= 6 && hf.every((c) => c.pass), "transformers' forward compared and equal within tolerance");
   else t.ok(rep.not_checked.some((s) => /transformers/.test(s)), 'the report says transformers was not compared');
-  t.ok(rep.not_checked.some((s) => /PEFT/.test(s)), 'the report lists what it does not check yet');
+  // The LoRA step against PEFT + torch (peft_step.py on the fixture and its adapter).
+  const hasPeft = spawnSync(python!, ['-c', 'import peft'], { encoding: 'utf8' }).status === 0;
+  const step = rep.checks.filter((c) => c.check === 'lora-step');
+  if (hasPeft) {
+    t.same(step.map((c) => c.case), ['SFT loss', 'adapter gradients', 'after one AdamW step'], 'the LoRA step: loss, gradients, one AdamW step');
+    t.ok(step.every((c) => c.pass && c.positions > 0), 'each within its tolerance of PEFT + torch');
+    t.ok(step[1].max_abs <= step[1].tol && step[1].tol > 0, `adapter gradients within ${step[1].tol.toExponential(1)} (max |diff| ${step[1].max_abs.toExponential(2)})`);
+  } else t.ok(rep.not_checked.some((s) => /PEFT/.test(s)), 'the report says the PEFT step was not compared');
+  // Greedy generation: on cpu, batched rows against the same rows generated alone.
+  const gen = rep.checks.filter((c) => c.check === 'generate');
+  t.ok(gen.length === 1 && gen[0].pass && gen[0].positions >= 60, `greedy generation: batched rows equal solo rows (${gen[0]?.positions} tokens)`);
+  // The benchmark (--bench tiny reaches the program: the tiny shape's 4 layers) and its peer.
+  const b = rep.bench;
+  t.ok(b, 'the benchmark ran');
+  if (b) {
+    t.equal(b.shape, 'tiny', 'the shape asked for');
+    t.equal(b.layers, 4, "the tiny shape's 4 layers");
+    for (const k of ['decode_b1', 'decode_batch'] as const) t.ok(b[k].step_ms > 0 && b[k].generated === b[k].batch * b[k].new_tokens, `${k}: every row generated new_tokens tokens (${b[k].generated})`);
+    t.equal(b.decode_batch.batch, 8, 'the decode batch is K x questions = 4 x 2');
+    t.ok(b.prefill_long.ms > 0 && b.prefill_long.tokens === 256, 'prefill timed at the long length');
+    t.ok(Number.isFinite(b.lora_step.loss) && b.lora_step.loss > 0 && b.lora_step.ms > 0, `the LoRA step ran (loss ${b.lora_step.loss})`);
+    t.ok(b.copy_gb_s > 0 && b.matmul_tflops > 0, 'the limits were measured in the same run');
+  }
+  const peer = rep.peer;
+  if (hasHf) t.ok(peer && peer.decode_b1.step_ms > 0 && peer.decode_batch.batch === 8 && (!hasPeft || (peer.lora_step?.ms ?? 0) > 0), "transformers' peer ran on the same shape");
+  t.match(r.stdout, /benchmark: tiny model/, 'the benchmark table is printed');
   t.end();
 });
