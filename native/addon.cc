@@ -3,6 +3,7 @@
 #include <napi.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <torch/csrc/api/include/torch/version.h>

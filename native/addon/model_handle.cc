@@ -1,6 +1,7 @@
 // The NativeModel handle itself: loading, info, vocabulary, the leases that keep async calls from
 // racing a change of the model (MODEL_BUSY), the native memory V8 is told about, and Dispose.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <memory>
 

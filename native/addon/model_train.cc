@@ -1,6 +1,7 @@
 // The LoRA training surface of NativeModel: adapters (attach, PEFT load/save, merge), the value head,
 // one-call training steps and optimizer state. Long calls run on worker threads.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 
 #include <cmath>
