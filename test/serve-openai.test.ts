@@ -272,7 +272,7 @@ t.test('the openai client against slm-train serve', async (t) => {
       [{ presence_penalty: 0.5 }, 'presence_penalty', /presence_penalty is not supported: this server accepts it only as 0/],
       [{ frequency_penalty: 1 }, 'frequency_penalty', /frequency_penalty/],
       [{ logit_bias: { '5': 10 } }, 'logit_bias', /logit_bias/],
-      [{ tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 'tools', /tools is not supported/],
+      [{ tools: [{ type: 'function', function: { name: 'f', parameters: {} } }], tool_choice: 'required' }, 'tool_choice', /tool_choice "required" is not supported/],
       [{ response_format: { type: 'json_object' } }, 'response_format', /response_format/],
       [{ foo: 1 }, 'foo', /Unrecognized request argument supplied: foo/],
       [{ top_logprobs: 2 }, 'top_logprobs', /top_logprobs needs logprobs: true/],

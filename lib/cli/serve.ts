@@ -2,6 +2,7 @@
 import { basename } from 'node:path';
 import type { CommandModule } from 'yargs';
 import { maxBodyBytes } from '../serve/http.js';
+import { DEFAULT_MAX_TOKENS, DEFAULT_MAX_TOKENS_LIMIT } from '../serve/request.js';
 import { OpenAIServer } from '../serve/server.js';
 import { hubRepoName } from '../hub/download.js';
 import { loadPolicyFromArgs, modelOptions, print, untilSignal, type ModelArgs } from './common.js';
@@ -15,29 +16,38 @@ interface Args extends ModelArgs {
   'max-batch': number;
   'max-model-len'?: number;
   'max-body-mb': number;
+  'max-tokens-default': number;
+  'max-tokens-limit': number;
 }
 
 export const serveCommand: CommandModule<object, Args> = {
   command: 'serve',
-  describe: 'serve the model (with an adapter) as OpenAI-compatible /v1/chat/completions and /v1/completions (streaming, n, logprobs), batching concurrent requests',
+  describe: 'serve the model (with an adapter) as OpenAI-compatible /v1/chat/completions and /v1/completions (streaming, n, logprobs, tools), batching concurrent requests; Prometheus /metrics',
   builder: (y) =>
     modelOptions(y)
       .option('port', { type: 'number', default: 8000, describe: 'port (0 = any free port)' })
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on' })
       .option('name', { type: 'string', describe: 'model name in responses (default: the folder name)' })
       .option('max-batch', { type: 'number', default: 32, describe: 'rows per batched generate call (also the largest n)' })
+      .option('max-tokens-default', { type: 'number', default: DEFAULT_MAX_TOKENS, describe: 'max_tokens of a request that names none' })
+      .option('max-tokens-limit', { type: 'number', default: DEFAULT_MAX_TOKENS_LIMIT, describe: 'the largest max_tokens a request may ask; larger is a 400 (code max_tokens_over_limit)' })
       .option('max-body-mb', { type: 'number', default: 32, describe: 'the largest request body in MiB; a larger one is a 413' })
       .option('max-model-len', { type: 'number', describe: "the longest prompt + max_tokens a request may ask for (default: the model's max_position_embeddings); longer is a 400" }) as never,
   handler: async (a) => {
     a.name ??= hubRepoName(a.model) ?? basename(a.model);
     const bodyLimit = maxBodyBytes(a['max-body-mb']);
+    const defaultMaxTokens = a['max-tokens-default'];
+    const maxTokensLimit = a['max-tokens-limit'];
+    if (!(Number.isInteger(maxTokensLimit) && maxTokensLimit >= 1)) throw new SlmError('ARGUMENT_INVALID', `--max-tokens-limit must be a whole number of tokens, at least 1, found ${maxTokensLimit}.`);
+    if (!(Number.isInteger(defaultMaxTokens) && defaultMaxTokens >= 1 && defaultMaxTokens <= maxTokensLimit))
+      throw new SlmError('ARGUMENT_INVALID', `--max-tokens-default must be a whole number of tokens from 1 to --max-tokens-limit (${maxTokensLimit}), found ${defaultMaxTokens}.`);
     const { model, tokenizer, formatter } = await loadPolicyFromArgs(a);
     const maxLen = a['max-model-len'];
     if (maxLen !== undefined && !(Number.isInteger(maxLen) && maxLen >= 2 && maxLen <= model.config.max_position_embeddings))
       throw new SlmError('ARGUMENT_INVALID', `--max-model-len must be an integer from 2 to the model's max_position_embeddings (${model.config.max_position_embeddings}), found ${maxLen}.`);
-    const server = new OpenAIServer({ model, tokenizer, formatter, name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], maxBodyBytes: bodyLimit, maxModelLen: maxLen, adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
+    const server = new OpenAIServer({ model, tokenizer, formatter, name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], maxBodyBytes: bodyLimit, maxModelLen: maxLen, defaultMaxTokens, maxTokensLimit, adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
     const port = await server.listen();
-    print(`serving ${a.name}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models)`);
+    print(`serving ${a.name}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models; /metrics)`);
     await untilSignal();
     // Closing the connections cancels every request's rows: queued rows leave the queue and a running
     // call ends at its next decode step. A prefill in progress is one native step that nothing

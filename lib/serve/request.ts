@@ -7,6 +7,7 @@ import { describe } from '../errors.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
 import { HttpError } from './http.js';
 import type { ServeOptions } from './options.js';
+import { parseTools, templateToolCalls, type ToolRequest } from './tools.js';
 
 /** The most top log-probs a request may ask for (OpenAI's and vLLM's default limit). */
 const MAX_TOP_LOGPROBS = 20;
@@ -35,7 +36,7 @@ const HONOURED_COMMON = [
   'model', 'max_tokens', 'temperature', 'top_p', 'top_k', 'seed', 'stop', 'stop_token_ids', 'ignore_eos', 'n', 'stream', 'stream_options', 'logprobs',
   'include_stop_str_in_output', 'skip_special_tokens', 'return_tokens_as_token_ids', 'add_special_tokens', 'request_id', 'user',
 ];
-const HONOURED_CHAT = ['messages', 'max_completion_tokens', 'top_logprobs', 'chat_template_kwargs', 'add_generation_prompt'];
+const HONOURED_CHAT = ['messages', 'max_completion_tokens', 'top_logprobs', 'chat_template_kwargs', 'add_generation_prompt', 'tools', 'tool_choice', 'parallel_tool_calls', 'response_format'];
 const HONOURED_COMPLETIONS = ['prompt', 'best_of'];
 
 /**
@@ -56,12 +57,8 @@ const NEUTRAL: Record<string, [(v: unknown) => boolean, string]> = {
   store: [(v) => v === false, 'false'],
   metadata: [(v) => isObj(v), 'an object (it only labels stored completions, and none are stored)'],
   service_tier: [(v) => v === 'auto' || v === 'default', "'auto' or 'default'"],
-  tools: [(v) => Array.isArray(v) && v.length === 0, '[] (tool calls are not supported)'],
-  functions: [(v) => Array.isArray(v) && v.length === 0, '[] (function calls are not supported)'],
-  tool_choice: [(v) => v === 'none' || v === 'auto', "'none' or 'auto' (there are no tools)"],
-  function_call: [(v) => v === 'none' || v === 'auto', "'none' or 'auto' (there are no functions)"],
-  parallel_tool_calls: [(v) => typeof v === 'boolean', 'true or false (there are no tools)'],
-  response_format: [(v) => isObj(v) && v.type === 'text' && Object.keys(v).length === 1, "{type: 'text'}"],
+  functions: [(v) => Array.isArray(v) && v.length === 0, '[] (the legacy functions are not supported; use tools)'],
+  function_call: [(v) => v === 'none' || v === 'auto', "'none' or 'auto' (the legacy functions are not supported; use tools and tool_choice)"],
   modalities: [(v) => Array.isArray(v) && v.length === 1 && v[0] === 'text', "['text']"],
   spaces_between_special_tokens: [(v) => v === true, 'true'],
   continue_final_message: [(v) => v === false, 'false'],
@@ -93,6 +90,8 @@ export const rowSeed = (seed: number, choice: number): number => {
 
 export interface Parsed {
   prompts: number[][];
+  /** Chat with tools: what the request asked (active: the reply is parsed for <tool_call> blocks). */
+  tools: ToolRequest | null;
   n: number;
   s: Sampling;
   seed: number | null;
@@ -133,7 +132,10 @@ export function parseRequest(server: RequestContext, chat: boolean, body: Record
 
   const prompts: number[][] = [];
   const addSpecial = boolean(body, 'add_special_tokens', false);
+  let tools: ToolRequest | null = null;
   if (chat) {
+    tools = parseTools(body);
+    responseFormat(body.response_format);
     const msgs = body.messages;
     if (!Array.isArray(msgs) || !msgs.length) throw param('messages', 'messages must be a non-empty list of {role, content} with string content');
     const messages = msgs.map((m, i) => message(m, i));
@@ -145,6 +147,8 @@ export function parseRequest(server: RequestContext, chat: boolean, body: Record
       addGenerationPrompt: boolean(body, 'add_generation_prompt', true),
       ...(enable_thinking === undefined ? {} : { enableThinking: enable_thinking }),
       ...(Object.keys(variables).length ? { variables } : {}),
+      // tool_choice 'none': the tools are not rendered (and the reply is not parsed for calls).
+      ...(tools.active ? { tools: tools.tools } : {}),
     });
     prompts.push(o.tokenizer.encode(text, { addSpecialTokens: addSpecial }));
   } else {
@@ -169,9 +173,13 @@ export function parseRequest(server: RequestContext, chat: boolean, body: Record
     throw param('stop_token_ids', `stop_token_ids must be a list of token ids in [0, ${o.model.vocabSize}), found ${describe(extraStops)}`);
   const stopTokenIds = [...new Set([...(boolean(body, 'ignore_eos', false) ? [] : o.tokenizer.stopTokenIds), ...(extraStops as number[])])].sort((a, b) => a - b);
 
-  const limit = o.maxTokensLimit ?? 4096;
+  const limit = o.maxTokensLimit ?? DEFAULT_MAX_TOKENS_LIMIT;
   const maxName = body.max_tokens === undefined || body.max_tokens === null ? 'max_completion_tokens' : 'max_tokens';
-  const maxTokens = number(body, chat ? maxName : 'max_tokens', o.defaultMaxTokens ?? 512, 1, limit, { integer: true });
+  const asked = body[chat ? maxName : 'max_tokens'];
+  // Over the server's limit is a 400 (as vLLM refuses a max_tokens past the context), never clamped.
+  if (typeof asked === 'number' && Number.isInteger(asked) && asked > limit)
+    throw new HttpError(400, `${chat ? maxName : 'max_tokens'} is ${asked}, over this server's limit of ${limit} (its --max-tokens-limit)`, 'invalid_request_error', chat ? maxName : 'max_tokens', 'max_tokens_over_limit');
+  const maxTokens = number(body, chat ? maxName : 'max_tokens', o.defaultMaxTokens ?? DEFAULT_MAX_TOKENS, 1, limit, { integer: true });
   // vLLM's rule and words: the prompt and the completion must fit the model's context, checked here
   // before the batcher allocates a KV cache for them (a 100,000-token prompt used to be accepted and
   // grew the server until the kernel killed it).
@@ -226,6 +234,7 @@ export function parseRequest(server: RequestContext, chat: boolean, body: Record
 
   return {
     prompts,
+    tools,
     n,
     seed,
     stream,
@@ -249,16 +258,54 @@ export function parseRequest(server: RequestContext, chat: boolean, body: Record
   };
 }
 
-/** A chat message: role and content (a string, or text parts joined by newlines, as vLLM does). */
+/**
+ * A chat message: role and content (a string, or text parts joined by newlines, as vLLM does); an
+ * assistant message may carry tool_calls (its content then may be null), a tool message its
+ * tool_call_id.
+ */
 function message(m: unknown, i: number): ChatMessage {
   const where = `messages[${i}]`;
   if (!isObj(m) || typeof m.role !== 'string') throw param('messages', `${where} must be an object with a string role, found ${describe(m)}`);
-  for (const k of Object.keys(m)) if (k !== 'role' && k !== 'content' && m[k] !== null && m[k] !== undefined) throw param('messages', `${where}.${k} is not supported (messages take role and content)`);
+  const extra = m.role === 'assistant' ? ['tool_calls'] : m.role === 'tool' ? ['tool_call_id'] : [];
+  for (const k of Object.keys(m))
+    if (k !== 'role' && k !== 'content' && !extra.includes(k) && m[k] !== null && m[k] !== undefined)
+      throw param('messages', `${where}.${k} is not supported (messages take role and content; assistant messages tool_calls, tool messages tool_call_id)`);
+  if (m.role === 'tool' && m.tool_call_id !== undefined && m.tool_call_id !== null && typeof m.tool_call_id !== 'string') throw param('messages', `${where}.tool_call_id must be a string, found ${describe(m.tool_call_id)}`);
+  if (m.role === 'assistant' && m.tool_calls !== undefined && m.tool_calls !== null) {
+    const toolCalls = templateToolCalls(m.tool_calls, where);
+    const c = m.content ?? '';
+    if (typeof c !== 'string') throw param('messages', `${where}.content must be a string or null beside tool_calls, found ${describe(c)}`);
+    return { role: 'assistant', content: c, tool_calls: toolCalls } as ChatMessage;
+  }
   let content = m.content;
   if (Array.isArray(content)) {
     if (!content.every((p) => isObj(p) && p.type === 'text' && typeof p.text === 'string')) throw param('messages', `${where}.content: only text parts ({type: 'text', text}) are supported`);
     content = content.map((p) => (p as { text: string }).text).join('\n');
   }
   if (typeof content !== 'string') throw param('messages', `${where}.content must be a string or a list of text parts, found ${describe(content)}`);
+  if (m.role === 'tool' && typeof m.tool_call_id === 'string') return { role: 'tool', content, tool_call_id: m.tool_call_id } as ChatMessage;
   return { role: m.role as ChatMessage['role'], content };
 }
+
+/**
+ * response_format: only {type: 'text'}. JSON output (json_object, json_schema) needs constrained
+ * decoding, which this server does not do: a coded 400 rather than a reply that may not parse.
+ */
+function responseFormat(v: unknown): void {
+  if (v === undefined || v === null) return;
+  if (isObj(v) && v.type === 'text' && Object.keys(v).length === 1) return;
+  const type = isObj(v) && typeof v.type === 'string' ? v.type : null;
+  throw new HttpError(
+    400,
+    type === 'json_object' || type === 'json_schema'
+      ? `response_format ${type} is not supported: this server does not constrain generation to JSON. Ask for JSON in the messages and parse the reply, or use tools.`
+      : `response_format must be {type: 'text'} (json_object and json_schema are not supported), found ${JSON.stringify(v)?.slice(0, 80)}`,
+    'invalid_request_error',
+    'response_format',
+    'unsupported_response_format',
+  );
+}
+
+/** max_tokens of a request that names none, and the most one may ask (serve's --max-tokens-default / --max-tokens-limit). */
+export const DEFAULT_MAX_TOKENS = 512;
+export const DEFAULT_MAX_TOKENS_LIMIT = 4096;

@@ -22,6 +22,11 @@
  *   log softmax(logits / temperature) (temperature 1 for greedy rows) of the sampled token and of the
  *   N most likely ones, before top-k / top-p.
  * - An unknown `model` is a 404 that lists the served ids (the model's name and the loaded adapters).
+ * - Tools (chat): `tools` are rendered by the chat template (Qwen's <tools> block); with
+ *   tool_choice 'auto' the reply's `<tool_call>` blocks become `tool_calls` (finish_reason
+ *   'tool_calls'), streamed as `delta.tool_calls` (lib/serve/tools.ts). 'required', a named choice
+ *   and response_format json_object / json_schema need constrained decoding: coded 400s.
+ * - `GET /metrics`: Prometheus text (lib/serve/metrics.ts).
  *
  * LoRA adapters at run time, as vLLM serves them (`--enable-lora`): POST /v1/load_lora_adapter
  * {lora_name, lora_path} (a PEFT folder) and POST /v1/unload_lora_adapter {lora_name}; a request
@@ -32,7 +37,7 @@
  *
  * This file holds the HTTP routes and the completion endpoints; the request checks are in
  * lib/serve/request.ts, a request's rows in job.ts, the batching queue in batcher.ts, the log-prob
- * objects in logprobs.ts, the options in options.ts.
+ * objects in logprobs.ts, the options in options.ts, tool calls in tools.ts, /metrics in metrics.ts.
  */
 import { randomUUID } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -44,7 +49,9 @@ import type { History } from './history.js';
 import { Job, type RowResult } from './job.js';
 import { LogprobFormat } from './logprobs.js';
 import type { ServeOptions } from './options.js';
+import { ServeMetrics } from './metrics.js';
 import { isObj, parseRequest, rowSeed, type Sampling } from './request.js';
+import { ToolCallParser, type ToolCall } from './tools.js';
 
 export type { ServeOptions } from './options.js';
 
@@ -55,6 +62,8 @@ export class OpenAIServer {
   readonly adapters = new Map<string, string>();
   private readonly batcher: Batcher;
   private readonly logprobs: LogprobFormat;
+  /** What GET /metrics reports. */
+  readonly metrics = new ServeMetrics();
 
   constructor(readonly o: ServeOptions) {
     this.server = createServer((req, res) => void this.handle(req, res));
@@ -107,12 +116,29 @@ export class OpenAIServer {
         ];
         return sendJson(res, 200, { object: 'list', data });
       }
+      if (req.method === 'GET' && url === '/metrics') {
+        res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' });
+        res.end(this.metrics.render(this.o.name));
+        return;
+      }
       const lora = url === '/v1/load_lora_adapter' || url === '/v1/unload_lora_adapter';
-      if (req.method !== 'POST' || (url !== '/v1/chat/completions' && url !== '/v1/completions' && !lora)) throw new HttpError(404, `no route ${req.method} ${url}; POST /v1/chat/completions, /v1/completions, /v1/load_lora_adapter or /v1/unload_lora_adapter`, 'not_found');
+      if (req.method !== 'POST' || (url !== '/v1/chat/completions' && url !== '/v1/completions' && !lora)) throw new HttpError(404, `no route ${req.method} ${url}; POST /v1/chat/completions, /v1/completions, /v1/load_lora_adapter or /v1/unload_lora_adapter; GET /v1/models, /health or /metrics`, 'not_found');
       const body = (await readBody(req, this.o.maxBodyBytes)) as Record<string, unknown> | null;
       if (!isObj(body)) throw new HttpError(400, 'the body must be a JSON object');
       if (lora) return this.adapterRoute(res, url, body);
-      await this.complete(res, url === '/v1/chat/completions', body);
+      const t0 = performance.now();
+      this.metrics.start();
+      let status = 500;
+      try {
+        await this.complete(res, url === '/v1/chat/completions', body);
+        status = res.statusCode;
+      } catch (e) {
+        status = HttpError.from(e).status;
+        throw e;
+      } finally {
+        // A client that left before its reply: 499, as nginx counts it.
+        this.metrics.finish(url, res.destroyed && !res.writableFinished ? 499 : status, (performance.now() - t0) / 1000);
+      }
     } catch (e) {
       const he = HttpError.from(e);
       if (!(e instanceof HttpError)) this.o.log?.(`serve: ${he.message}`);
@@ -144,6 +170,22 @@ export class OpenAIServer {
     res.on('close', () => {
       if (!res.writableFinished) for (const j of jobs) j.abort.abort();
     });
+    try {
+      await this.run(res, chat, p, jobs, { id, created, model, usage });
+    } finally {
+      this.metrics.tokens(promptTokens, jobs.reduce((a, j) => a + j.ids.length, 0));
+    }
+  }
+
+  /** The reply (or the stream) of a checked request's rows. */
+  private async run(
+    res: ServerResponse,
+    chat: boolean,
+    p: ReturnType<typeof parseRequest>,
+    jobs: Job[],
+    { id, created, model, usage }: { id: string; created: number; model: string; usage: () => { prompt_tokens: number; completion_tokens: number; total_tokens: number } },
+  ): Promise<void> {
+    const tools = chat && p.tools?.active ? p.tools : null;
 
     if (!p.stream) {
       this.batcher.enqueue(jobs);
@@ -158,6 +200,14 @@ export class OpenAIServer {
       const choices = jobs.map((j, index) => {
         const r = results[index];
         const lp = p.s.logprobs ? (chat ? this.logprobs.chat(j, 0, j.ids.length, p) : this.logprobs.text(j, 0, j.ids.length, 0, p).logprobs) : null;
+        if (chat && tools && r.finish !== 'cancelled') {
+          // The reply parsed for <tool_call> blocks (the same parser as the stream's).
+          const parser = new ToolCallParser(tools.parallel);
+          parser.push(r.text);
+          parser.end();
+          const calls = parser.calls;
+          return { index, message: { role: 'assistant', content: parser.content, ...(calls.length ? { tool_calls: calls } : {}) }, logprobs: lp, finish_reason: calls.length ? 'tool_calls' : r.finish };
+        }
         return chat ? { index, message: { role: 'assistant', content: r.text }, logprobs: lp, finish_reason: r.finish } : { index, text: r.text, logprobs: lp, finish_reason: r.finish };
       });
       sendJson(res, 200, { id, object: chat ? 'chat.completion' : 'text_completion', created, model, choices, usage: usage() });
@@ -178,11 +228,27 @@ export class OpenAIServer {
         ...(p.continuousUsage ? { usage: usage() } : p.includeUsage ? { usage: null } : {}),
       });
     if (chat) jobs.forEach((_, index) => chunk({ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }));
+    /** A tool call as streamed: its id, type and name, then its arguments (as vLLM's hermes parser ends a call). */
+    const callChunks = (index: number, calls: ToolCall[], first: number) =>
+      calls.forEach((c, k) => {
+        chunk({ index, delta: { tool_calls: [{ index: first + k, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } }] }, logprobs: null, finish_reason: null });
+        chunk({ index, delta: { tool_calls: [{ index: first + k, function: { arguments: c.function.arguments } }] }, logprobs: null, finish_reason: null });
+      });
     jobs.forEach((j, index) => {
       let reported = 0; // tokens whose log-probs went out
       let offset = 0; // completions' text_offset of the next token
-      j.listener = (piece, end) => {
+      const parser = tools ? new ToolCallParser(tools.parallel) : null;
+      j.listener = (raw, end) => {
         const upto = j.ids.length;
+        let piece = raw;
+        let calls: ToolCall[] = [];
+        const before = parser?.calls.length ?? 0;
+        if (parser) {
+          const d = parser.push(raw);
+          const e = end ? parser.end() : { content: '', calls: [] };
+          piece = d.content + e.content;
+          calls = [...d.calls, ...e.calls];
+        }
         if (piece || (end && p.s.logprobs && upto > reported)) {
           let lp = null;
           if (p.s.logprobs) {
@@ -196,8 +262,12 @@ export class OpenAIServer {
           }
           chunk(chat ? { index, delta: { content: piece }, logprobs: lp, finish_reason: null } : { index, text: piece, logprobs: lp, finish_reason: null });
         }
+        if (calls.length) callChunks(index, calls, before);
         // (a cancelled row never calls its listener)
-        if (end) chunk(chat ? { index, delta: {}, logprobs: null, finish_reason: end.finish } : { index, text: '', logprobs: null, finish_reason: end.finish });
+        if (end) {
+          const finish = parser?.calls.length ? 'tool_calls' : end.finish;
+          chunk(chat ? { index, delta: {}, logprobs: null, finish_reason: finish } : { index, text: '', logprobs: null, finish_reason: finish });
+        }
       };
     });
     this.batcher.enqueue(jobs);
