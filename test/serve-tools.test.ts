@@ -334,14 +334,17 @@ t.test('/metrics in Prometheus text format', async (t) => {
   const { client, script, base, hold } = await start(t);
   const scrape = async () => {
     const r = await fetch(`${base}/metrics`);
-    t.equal(r.status, 200);
-    t.match(r.headers.get('content-type'), /^text\/plain; version=0\.0\.4/);
+    if (r.status !== 200) throw new Error(`/metrics answered ${r.status}`);
     const text = await r.text();
     const samples = parseProm(text);
     const types = Object.fromEntries([...text.matchAll(/^# TYPE (\S+) (\S+)$/gm)].map((m) => [m[1], m[2]]));
     const get = (name: string, labels: Record<string, string> = {}) => samples.filter((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v)).reduce((a, s) => a + s.value, 0);
     return { samples, types, get };
   };
+  const head = await fetch(`${base}/metrics`);
+  t.equal(head.status, 200);
+  t.match(head.headers.get('content-type'), /^text\/plain; version=0\.0\.4/, "Prometheus' text format");
+  await head.text();
   const before = await scrape();
   t.same(before.types, {
     slm_train_requests_total: 'counter',
