@@ -43,6 +43,8 @@ async function failure(p: Promise<unknown>): Promise<any> {
 
 const weather = { type: 'function' as const, function: { name: 'get_weather', description: 'The weather in a city now.', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } };
 const clock = { type: 'function' as const, function: { name: 'get_time', description: 'The time in a time zone.', parameters: { type: 'object', properties: { tz: { type: 'string' } } } } };
+/** An object nested `n` levels deep: {"a": {"a": ... 1}}. */
+const deep = (n: number): unknown => JSON.parse(`${'{"a":'.repeat(n)}1${'}'.repeat(n)}`);
 const CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
 const CALL2 = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>';
 
@@ -110,6 +112,7 @@ t.test('parseTools refuses malformed tools and unsupported choices with coded 40
     [{ tools: [weather, weather] }, 'tools', 'invalid_tools', /'get_weather' is defined twice/],
     [{ tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) }, 'tools', 'invalid_tools', /at most 128/],
     [{ tools: [{ type: 'function', function: { name: 'f', description: 'x'.repeat(300_000) } }] }, 'tools', 'invalid_tools', /at most 262144/],
+    [{ tools: [{ type: 'function', function: { name: 'f', parameters: deep(64) } }] }, 'tools', 'invalid_tools', /tools nests objects and lists more than 64 levels deep/],
     [{ tools: [weather], tool_choice: 'required' }, 'tool_choice', 'unsupported_tool_choice', /tool_choice "required" is not supported/],
     [{ tools: [weather], tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 'tool_choice', 'unsupported_tool_choice', /"name":"get_weather".*is not supported/],
     [{ tools: [weather], tool_choice: 'sometimes' }, 'tool_choice', 'unsupported_tool_choice', /must be 'auto' or 'none'/],
@@ -132,6 +135,7 @@ t.test('parseTools refuses malformed tools and unsupported choices with coded 40
   t.same(parseTools({ tools: [weather], tool_choice: 'none' }), { tools: [weather], active: false, parallel: true }, "'none': kept, inactive");
   t.same(parseTools({}), { tools: [], active: false, parallel: true });
   t.same(parseTools({ tools: [], tool_choice: 'none' }).active, false);
+  t.equal(parseTools({ tools: [{ type: 'function', function: { name: 'f', parameters: deep(61) } }] }).tools.length, 1, 'a schema nested 61 levels (64 with the tool list) is accepted');
 });
 
 /** A scripted stand-in for the engine: each row emits the tokens of the next scripted text, then <|im_end|>. */
@@ -294,6 +298,7 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
       [{ tools: [{ type: 'function', function: {} }] }, 'tools', 'invalid_tools'],
       [{ tools: [{ type: 'function', function: { name: 'f', description: 'x'.repeat(1 << 20) } }] }, 'tools', 'invalid_tools'],
       [{ tools: Array.from({ length: 5000 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) }, 'tools', 'invalid_tools'],
+      [{ tools: [{ type: 'function', function: { name: 'f', parameters: deep(3000) } }] }, 'tools', 'invalid_tools'],
       [{ tools: [weather], tool_choice: 'required' }, 'tool_choice', 'unsupported_tool_choice'],
       [{ tools: [weather], tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 'tool_choice', 'unsupported_tool_choice'],
       [{ response_format: { type: 'json_object' } }, 'response_format', 'unsupported_response_format'],
@@ -309,6 +314,10 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
     t.match(e.message, /response_format json_object is not supported: this server does not constrain generation to JSON/);
     const ec = await failure(client.completions.create({ model: 'tiny', prompt: 'x', tools: [weather] } as never));
     t.match(ec, { status: 400, param: 'tools' }, 'completions take no tools');
+    // Earlier calls' arguments nested deep enough to overflow the template's stack: a 400, not a 500.
+    const args = `${'{"a":'.repeat(10_000)}1${'}'.repeat(10_000)}`;
+    const et = await failure(client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'x' }, { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: args } }] }, { role: 'tool', tool_call_id: 'c', content: 'r' }] }));
+    t.match(et, { status: 400, param: 'messages', code: 'chat_template_error', message: /Maximum call stack size exceeded/ }, 'a template that fails on the messages: 400 chat_template_error');
     t.equal(requests.length, calls, 'nothing refused reached the model');
     script.push('still here');
     const ok = await client.chat.completions.create({ model: 'tiny', messages: ask('x'), tools: [weather], response_format: { type: 'text' }, max_tokens: 20 });

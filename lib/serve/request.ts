@@ -3,7 +3,7 @@
  * accepted only at their neutral value, and the checks that turn a request body into prompts and
  * the Sampling of its rows (or a 400 naming the parameter at fault).
  */
-import { describe } from '../errors.js';
+import { SlmError, describe } from '../errors.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
 import { HttpError } from './http.js';
 import type { ServeOptions } from './options.js';
@@ -143,7 +143,7 @@ export function parseRequest(server: RequestContext, chat: boolean, body: Record
     if (!isObj(kw)) throw param('chat_template_kwargs', `chat_template_kwargs must be an object, found ${describe(kw)}`);
     const { enable_thinking, ...variables } = kw;
     if (enable_thinking !== undefined && typeof enable_thinking !== 'boolean') throw param('chat_template_kwargs', `chat_template_kwargs.enable_thinking must be true or false, found ${describe(enable_thinking)}`);
-    const text = o.formatter.render(messages, {
+    const text = renderChat(o, messages, {
       addGenerationPrompt: boolean(body, 'add_generation_prompt', true),
       ...(enable_thinking === undefined ? {} : { enableThinking: enable_thinking }),
       ...(Object.keys(variables).length ? { variables } : {}),
@@ -285,6 +285,20 @@ function message(m: unknown, i: number): ChatMessage {
   if (typeof content !== 'string') throw param('messages', `${where}.content must be a string or a list of text parts, found ${describe(content)}`);
   if (m.role === 'tool' && typeof m.tool_call_id === 'string') return { role: 'tool', content, tool_call_id: m.tool_call_id } as ChatMessage;
   return { role: m.role as ChatMessage['role'], content };
+}
+
+/**
+ * The chat prompt; a template that fails on the request's messages or tools (Qwen's raises for a
+ * conversation without a user message; a hostile value can overflow its stack) is a 400, as vLLM
+ * answers, not a 500.
+ */
+function renderChat(o: ServeOptions, messages: ChatMessage[], opts: Parameters<ServeOptions['formatter']['render']>[1]): string {
+  try {
+    return o.formatter.render(messages, opts);
+  } catch (e) {
+    if (e instanceof SlmError && e.code === 'CHAT_TEMPLATE_ERROR') throw new HttpError(400, e.message, 'invalid_request_error', 'messages', 'chat_template_error');
+    throw e;
+  }
 }
 
 /**

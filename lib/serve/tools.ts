@@ -16,6 +16,20 @@ export const TOOL_CALL_END = '</tool_call>';
 /** The most tools a request may define, and the most bytes of their JSON. */
 export const MAX_TOOLS = 128;
 export const MAX_TOOLS_JSON = 256 << 10;
+/** The deepest nesting of objects and lists in `tools` (JSON schemas nest a few levels; thousands overflow the template's stack). */
+export const MAX_TOOLS_DEPTH = 64;
+
+/** Whether `v` nests objects / lists deeper than `max` (iterative: a hostile value cannot overflow the stack here). */
+function deeper(v: unknown, max: number): boolean {
+  const stack: Array<[unknown, number]> = [[v, 0]];
+  while (stack.length) {
+    const [x, d] = stack.pop()!;
+    if (!x || typeof x !== 'object') continue;
+    if (d >= max) return true;
+    for (const y of Object.values(x)) stack.push([y, d + 1]);
+  }
+  return false;
+}
 
 /** A tool as the chat template receives it (OpenAI's shape). */
 export interface ToolDef {
@@ -53,6 +67,7 @@ export function parseTools(body: Record<string, unknown>): ToolRequest {
   if (raw !== undefined && raw !== null) {
     if (!Array.isArray(raw)) throw bad('tools', `tools must be a list of {type: 'function', function: {name, description, parameters}}, found ${describe(raw)}`);
     if (raw.length > MAX_TOOLS) throw bad('tools', `tools has ${raw.length} entries; this server takes at most ${MAX_TOOLS}`);
+    if (deeper(raw, MAX_TOOLS_DEPTH)) throw bad('tools', `tools nests objects and lists more than ${MAX_TOOLS_DEPTH} levels deep`);
     let size: number;
     try {
       size = JSON.stringify(raw).length;
