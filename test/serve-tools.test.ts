@@ -9,7 +9,8 @@
 //   earlier tool calls and tool results rendered). Non-streaming replies carry message.tool_calls
 //   and finish_reason 'tool_calls'; the stream carries delta.tool_calls that the client's own
 //   stream helper (chat.completions.stream) accumulates into the same calls.
-// - Hostile tools and unsupported choices are coded 400s, and the server answers afterwards.
+// - Hostile tools and unsupported choices are coded 400s, and the server answers afterwards; a chat
+//   template that fails on the messages (a raise, a stack overflow) is a 400 chat_template_error.
 // - /metrics is scraped and parsed; its counters equal the requests' usage.
 // - The CLI's --max-tokens-default / --max-tokens-limit reach the server (real engine, tiny preset).
 import { spawn } from 'node:child_process';
@@ -323,6 +324,17 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
     const ok = await client.chat.completions.create({ model: 'tiny', messages: ask('x'), tools: [weather], response_format: { type: 'text' }, max_tokens: 20 });
     t.equal(ok.choices[0].message.content, 'still here', 'the server answers afterwards');
   });
+});
+
+t.test('a chat template that raises on the messages is a 400 chat_template_error', async (t) => {
+  const strict = new ChatFormatter("{% if messages[0].role != 'user' %}{{ raise_exception('Conversation roles must start with user') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}");
+  const { client, script, requests } = await start(t, { formatter: strict });
+  const e = await failure(client.chat.completions.create({ model: 'tiny', messages: [{ role: 'system', content: 'be brief' }], max_tokens: 5 }));
+  t.match(e, { status: 400, param: 'messages', code: 'chat_template_error', message: /Conversation roles must start with user/ });
+  t.equal(requests.length, 0, 'nothing reached the model');
+  script.push('ok');
+  const r = await client.chat.completions.create({ model: 'tiny', messages: ask('hi'), max_tokens: 5 });
+  t.equal(r.choices[0].message.content, 'ok', 'a conversation the template takes is answered');
 });
 
 /** Prometheus' text format: `name{labels} value` lines (comments skipped) as [name, labels, value]. */
