@@ -419,6 +419,13 @@ t.test('/metrics in Prometheus text format', async (t) => {
   t.equal(end.get('slm_train_requests_total', { endpoint: '/v1/chat/completions', status: '499' }), 1, 'the request whose client left: status 499');
   t.equal(end.get('slm_train_requests_in_flight'), 0);
   release2();
+
+  // A body that is not JSON is answered before it is counted.
+  const notJson = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"model": ' });
+  t.equal(notJson.status, 400);
+  await notJson.text();
+  const last = await scrape();
+  t.equal(last.get('slm_train_requests_total'), end.get('slm_train_requests_total'), 'a body that is not JSON is not counted');
 });
 
 t.test('max_tokens: the default and the limit of the server', async (t) => {
