@@ -288,9 +288,9 @@ function message(m: unknown, i: number): ChatMessage {
 }
 
 /**
- * The chat prompt; a template that fails on the request's messages or tools (Qwen's raises for a
- * conversation without a user message; a hostile value can overflow its stack) is a 400, as vLLM
- * answers, not a 500.
+ * The chat prompt; a template that fails on the request's messages or tools (its raise_exception
+ * on a conversation it refuses; a hostile value nested deep enough to overflow its stack) is a 400,
+ * as vLLM answers, not a 500.
  */
 function renderChat(o: ServeOptions, messages: ChatMessage[], opts: Parameters<ServeOptions['formatter']['render']>[1]): string {
   try {
