@@ -20,7 +20,8 @@
 #       the device, rollout.k (default 24), train.steps (default 2) and a judge-free reward (subem: a
 #       random model's answers need no judge). Writes into --out (default DIR/out-<shape>-<device>):
 #       gpu-trainer.json (the per-step timings, per-rollout latency, versions, GPU), gpu-trainer.log
-#       (everything this script printed), doctor.txt, and the run folder (metrics.jsonl, trajectories).
+#       (everything this script printed), doctor.txt, and the run's config.yaml, metrics.jsonl,
+#       trajectories.jsonl and report.html (the run folder itself, with the adapter, is DIR/runs/NAME).
 #       --train-timeout S stops the training command after S seconds and still summarises the steps it
 #       logged (exit 1), for a machine lent for a fixed time.
 #
@@ -78,7 +79,7 @@ if [ "$mode" = stage ]; then
   done
   # What a --run here left in DIR (unpacked files, build folders, models, outputs) would be carried too:
   # the carried folder is to hold only what --stage writes.
-  for left in "$dir"/run "$dir"/build-* "$dir"/models "$dir"/out-*; do
+  for left in "$dir"/run "$dir"/runs "$dir"/build-* "$dir"/models "$dir"/out-*; do
     [ -e "$left" ] && say "removing $left (left by a --run here; not to be carried)" && rm -rf "$left"
   done
   rm -rf "$work" && mkdir -p "$work/app" "$work/data" "$work/nlohmann/include" "$work/nlohmann/share/cmake"
@@ -246,14 +247,17 @@ say "model: $model_info"
 
 step "GRPO: slm-train train --config configs/code-grpo.yaml (device $device, K $k, $steps steps)"
 name=grpo-$shape-${device//:/}
-rm -rf "${out:?}/$name"
+# The run folder stays in DIR/runs (a 4B run's adapter, checkpoint and optimizer state are ~200 MB);
+# its small files are copied into --out afterwards.
+runs=$dir/runs
+rm -rf "${runs:?}/$name" "${out:?}/$name"
 overrides=(
   "model.path=$model" "model.device=$device" "model.dtype=$dtype" "model.adapter=null"
   "data.questions=$run/data/questions.jsonl" "data.corpus=$run/data/corpus.jsonl" "data.sft=$run/data/trajectories.jsonl"
   # A random model's answers: exact substring match instead of the LLM judge (no judge offline).
   "reward.combine=weighted" "reward.parts=[{kind: subem}]" "reward.judge={}"
   "rollout.k=$k" "train.steps=$steps" "train.checkpoint_every=0" "train.eval_every=0"
-  "run.dir=$out" "run.name=$name"
+  "run.dir=$runs" "run.name=$name"
 )
 [ -n "$max_new" ] && overrides+=("protocol.max_new_tokens=$max_new")
 printf '  %s\n' "${overrides[@]}"
@@ -268,10 +272,14 @@ fi
 train_s=$(($(date +%s) - t0))
 cat "$out/train-result.json"
 if [ $train_rc != 0 ]; then
-  [ -s "$out/$name/metrics.jsonl" ] || die "slm-train train failed (exit $train_rc; log above; run folder $out/$name) before logging a step"
+  [ -s "$runs/$name/metrics.jsonl" ] || die "slm-train train failed (exit $train_rc; log above; run folder $runs/$name) before logging a step"
   if [ $train_rc = 124 ] || [ $train_rc = 137 ]; then say "slm-train train stopped by --train-timeout $train_timeout s: summarising the steps it logged"
   else say "slm-train train failed (exit $train_rc): summarising the steps it logged"; fi
 fi
+
+mkdir -p "$out/$name"
+for f in config.yaml metrics.jsonl trajectories.jsonl report.html; do if [ -f "$runs/$name/$f" ]; then cp "$runs/$name/$f" "$out/$name/"; fi; done
+say "the run folder: $runs/$name (its config.yaml, metrics.jsonl, trajectories.jsonl and report.html copied into $out/$name)"
 
 step "summarise $out/$name/metrics.jsonl into $out/gpu-trainer.json"
 "$PYTHON" - "$out/$name/metrics.jsonl" "$out/gpu-trainer.json" <<EOF
