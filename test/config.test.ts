@@ -290,7 +290,7 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     },
     rft: { rounds: true, min_reward: true, epochs: true, max_per_question: true, unique: true, questions_per_round: true },
     optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, schedule: true, warmup_steps: true, critic_warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },
-    train: { epochs: true, steps: true, batch_size: true, seed: true, checkpoint_every: true, eval_every: true },
+    train: { epochs: true, steps: true, batch_size: true, seed: true, checkpoint_every: true, eval_every: true, save_total_limit: true },
     eval: { split: true, max_questions: true, temperature: true, top_p: true, max_new_tokens: true, table: true, pass_k: true },
     run: { dir: true, name: true },
   };

@@ -7,6 +7,7 @@ import yargs, { type Argv, type CommandModule } from 'yargs';
 import { hideBin } from 'yargs/helpers';
 import { SlmError, isSlmError } from '../errors.js';
 import { commands } from './commands.js';
+import { packageVersion } from './version.js';
 
 export async function main(argv: string[] = hideBin(process.argv)): Promise<void> {
   const verbose = argv.includes('--verbose');
@@ -18,7 +19,7 @@ export async function main(argv: string[] = hideBin(process.argv)): Promise<void
       .strict()
       .recommendCommands()
       .help()
-      .version(false)
+      .version(packageVersion())
       .fail((msg, err) => {
         if (err) throw err;
         throw new SlmError('ARGUMENT_INVALID', `${msg}. Run \`slm-train --help\` for the commands and options.`);

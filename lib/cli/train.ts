@@ -17,6 +17,7 @@ interface Args {
   config: string;
   overrides?: string[];
   resume?: boolean;
+  allowScheduleChange?: boolean;
   adapter?: string;
   label?: string;
   nproc?: number;
@@ -64,13 +65,14 @@ export const trainCommand: CommandModule<object, Args> = {
       .positional('overrides', { type: 'string', array: true, describe: 'key=value overrides, e.g. optim.lr=5e-5 rollout.k=8' })
       .option('config', { type: 'string', demandOption: true, describe: 'YAML config (see configs/)' })
       .option('resume', { type: 'boolean', describe: 'continue the run from its newest complete checkpoint' })
+      .option('allow-schedule-change', { type: 'boolean', describe: "with --resume: continue even though the learning-rate schedule (step total, optim.lr, schedule, warm-up) differs from the checkpoint's" })
       .option('nproc', { type: 'number', describe: 'worker processes on this node, one per device (data-parallel; see README "Scaling")' })
       .option('json', { type: 'boolean', describe: 'print the result as JSON' }) as never,
   handler: async (a) => {
     const cfg = load(a, 'train');
     await sandboxPreflight(cfg, 'train');
     if (await launchWorkers(cfg.distributed, { nproc: a.nproc, log })) return;
-    const r = await trainFromConfig(cfg, { resume: a.resume, log, progress, overrides: a.overrides, configFile: a.config });
+    const r = await trainFromConfig(cfg, { resume: a.resume, allowScheduleChange: a.allowScheduleChange, log, progress, overrides: a.overrides, configFile: a.config });
     if (a.json) print(JSON.stringify(r));
     else print(`${r.stage}: ${r.steps} steps; run ${r.dir}; adapter ${r.adapter}`);
   },

@@ -261,6 +261,7 @@ export const CONFIG_SCHEMA: Schema = {
       batch_size: int(8, { minimum: 1 }, 'SFT sequences per optimizer step'),
       seed: int(0),
       checkpoint_every: int(50, { minimum: 0 }, '0 = only at the end'),
+      save_total_limit: int(null, { minimum: 1 }, "keep only the newest N checkpoints (TRL's save_total_limit; the one a resume loads always stays); null = keep all"),
       eval_every: int(0, { minimum: 0 }, '0 = never during training'),
     }),
     eval: section({
@@ -338,7 +339,7 @@ export const ALIASES: Record<string, Record<string, string>> = {
     warmup: 'warmup_steps',
     micro_batch_size: 'micro_batch',
   },
-  train: { num_epochs: 'epochs', num_train_epochs: 'epochs', max_steps: 'steps', total_steps: 'steps', save_steps: 'checkpoint_every', save_every: 'checkpoint_every', eval_steps: 'eval_every' },
+  train: { num_epochs: 'epochs', num_train_epochs: 'epochs', max_steps: 'steps', total_steps: 'steps', save_steps: 'checkpoint_every', save_every: 'checkpoint_every', eval_steps: 'eval_every', keep_checkpoints: 'save_total_limit' },
   eval: { limit: 'max_questions', n: 'max_questions' },
   run: { output_dir: 'dir', out: 'dir', run_name: 'name' },
 };

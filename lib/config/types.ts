@@ -211,6 +211,8 @@ export interface TrainConfig {
   seed: number;
   checkpoint_every: number;
   eval_every: number;
+  /** Keep only the newest N checkpoints; null = all. */
+  save_total_limit: number | null;
 }
 
 export interface EvalConfig {

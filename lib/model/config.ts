@@ -67,8 +67,29 @@ function checkModelDir(dir: string): void {
   if (!existsSync(dir))
     throw new SlmError('MODEL_NOT_FOUND', `model folder ${dir} does not exist. Expected a Hugging Face model folder (config.json + *.safetensors); create one with \`slm-train init-model --preset tiny --out ${dir}\`.`);
   if (!statSync(dir).isDirectory()) throw new SlmError('MODEL_NOT_FOUND', `${dir} is a file; expected a Hugging Face model folder (config.json + *.safetensors).`);
-  if (!existsSync(join(dir, 'config.json')))
+  if (!existsSync(join(dir, 'config.json'))) {
+    // A PEFT adapter folder given where the base model goes (`--model runs/x/adapter`).
+    const adapter = adapterBase(dir);
+    if (adapter !== undefined)
+      throw new SlmError(
+        'MODEL_CONFIG_INVALID',
+        `${dir} has no config.json: it is a PEFT adapter folder (adapter_config.json), not a model. Pass it with --adapter (model.adapter in a config) and the base model${adapter ? ` (${adapter}, its base_model_name_or_path)` : ''} with --model (model.path).`,
+        { adapter: dir, base: adapter || undefined },
+      );
     throw new SlmError('MODEL_CONFIG_INVALID', `${dir} has no config.json. Expected a Hugging Face model folder (config.json + model.safetensors or shards).`);
+  }
+}
+
+/** The base model an adapter folder names ('' when it names none), or undefined when `dir` holds no adapter_config.json. */
+function adapterBase(dir: string): string | undefined {
+  const file = join(dir, 'adapter_config.json');
+  if (!existsSync(file)) return undefined;
+  try {
+    const base = (JSON.parse(readFileSync(file, 'utf8')) as { base_model_name_or_path?: unknown }).base_model_name_or_path;
+    return typeof base === 'string' ? base : '';
+  } catch {
+    return '';
+  }
 }
 
 export function readModelConfig(dir: string): ModelConfig {

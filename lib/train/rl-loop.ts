@@ -283,6 +283,9 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
 export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, algo: RlAlgorithm<Q, A, U, S>, o: RlLoopOptions): Promise<{ steps: number; meanReward: number[] }> {
   const k = algo.groupSize;
   const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
+  // The schedule recorded in checkpoints, checked on resume (GRPO, RLOO and PPO options carry it).
+  const schedule = (o as RlLoopOptions & { schedule?: StageSchedule }).schedule;
+  if (schedule) run.schedule = { ...schedule, totalSteps: schedule.totalSteps ?? o.steps };
   const begun = await beginStage(model, run, o);
   algo.begin?.(model, { fresh: begun.fresh, resume: o.resume === true, dir: run.dir });
   let state = begun.state;

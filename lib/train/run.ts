@@ -12,6 +12,8 @@ import { SlmError } from '../errors.js';
 import type { Model } from '../engine/model.js';
 import { xorshift32 } from '../util/data.js';
 import { EventWriter } from './tensorboard.js';
+import { learningRate, type ScheduleSpec } from './schedule.js';
+import { sectionDefaults } from '../config/schema.js';
 
 /**
  * The TensorBoard scalars of a metrics row: every finite number but `step`; the keys of an
@@ -131,14 +133,42 @@ export class RunFolder {
     mkdirSync(tmp, { recursive: true });
     await model.saveAdapter(join(tmp, 'adapter'));
     await model.saveOptimizer(join(tmp, 'optimizer.safetensors'));
-    writeFileSync(join(tmp, 'state.json'), JSON.stringify(state, null, 2) + '\n'); // written last
+    const recorded = this.schedule ? { ...state, schedule: resolvedSchedule(this.schedule) } : state;
+    writeFileSync(join(tmp, 'state.json'), JSON.stringify(recorded, null, 2) + '\n'); // written last
     rmSync(final, { recursive: true, force: true });
     renameSync(tmp, final);
+    if (this.saveTotalLimit !== null) this.pruneCheckpoints(this.saveTotalLimit, final);
     return final;
+  }
+
+  /**
+   * train.save_total_limit: removes the complete checkpoints past the newest `limit` (by step). The
+   * one just written (`keep`) always stays, so a resume always has the checkpoint it loads; folders
+   * that are not complete checkpoints (a damaged step-N) are neither counted nor removed.
+   */
+  pruneCheckpoints(limit: number, keep?: string): string[] {
+    const removed: string[] = [];
+    for (const ck of this.checkpoints().slice(Math.max(1, limit))) {
+      if (ck.dir === keep) continue;
+      rmSync(ck.dir, { recursive: true, force: true });
+      removed.push(ck.dir);
+    }
+    if (removed.length) this.log(`checkpoints: removed ${removed.map((d) => d.slice(d.lastIndexOf('step-'))).join(', ')} (train.save_total_limit ${limit})`);
+    return removed;
   }
 
   /** Where resume messages go (the session sets its log). */
   log: (line: string) => void = () => {};
+
+  /** train.save_total_limit: keep the newest N complete checkpoints (null: all). */
+  saveTotalLimit: number | null = null;
+  /**
+   * The stage's learning-rate schedule (its length resolved), recorded in each checkpoint's
+   * state.json; `restore` refuses a resume whose schedule differs (RESUME_SCHEDULE_CHANGED) unless
+   * `allowScheduleChange`. Undefined: neither recorded nor checked.
+   */
+  schedule: ScheduleSpec | undefined;
+  allowScheduleChange = false;
 
   /** The complete checkpoints (state.json, adapter and optimizer present), newest first. */
   checkpoints(): Array<{ dir: string; state: TrainState }> {
@@ -168,11 +198,60 @@ export class RunFolder {
 
   async restore(model: Model): Promise<TrainState> {
     const ck = await loadNewestGood(model, this.checkpoints(), this.log, `${this.dir} has no complete checkpoint under checkpoints/step-N. Start the run without --resume.`);
+    checkSchedule(this, ck);
     this.truncateMetrics(ck.state.step);
     // TensorBoard drops the earlier files' points from this step on (logged past the checkpoint).
     this.tensorboard().write({ wallTime: Date.now() / 1000, step: ck.state.step + 1, sessionStart: true });
     return ck.state;
   }
+}
+
+/** A schedule with its defaults filled in (warm-up, final ratio), as learningRate reads it. */
+function resolvedSchedule(s: ScheduleSpec): Required<ScheduleSpec> {
+  const d = sectionDefaults('optim');
+  return { kind: s.kind, lr: s.lr, warmupSteps: s.warmupSteps ?? d.warmup_steps, totalSteps: s.totalSteps ?? 0, minRatio: s.minRatio ?? d.min_lr_ratio };
+}
+
+const SCHEDULE_FIELDS: Array<[keyof ScheduleSpec, string]> = [
+  ['totalSteps', 'total steps (train.steps, or train.epochs x the batches of an epoch)'],
+  ['kind', 'optim.schedule'],
+  ['lr', 'optim.lr'],
+  ['warmupSteps', 'optim.warmup_steps'],
+  ['minRatio', 'optim.min_lr_ratio'],
+];
+
+/**
+ * A resume on a schedule other than the checkpoint's reshapes the learning rate from the next step
+ * on (a linear decay over 20 steps instead of 10 jumps back up): refused with RESUME_SCHEDULE_CHANGED
+ * naming what changed, unless run.allowScheduleChange (then logged); a constant schedule's step total
+ * is free to change. Checkpoints written before the schedule was recorded are not checked.
+ */
+function checkSchedule(run: RunFolder, ck: { dir: string; state: TrainState }): void {
+  const before = ck.state.schedule as Required<ScheduleSpec> | undefined;
+  if (!run.schedule || !before || typeof before !== 'object') return;
+  const now = resolvedSchedule(run.schedule);
+  // A constant schedule's learning rate does not depend on the step total (nor the final ratio).
+  const constant = before.kind === 'constant' && now.kind === 'constant';
+  const changed = SCHEDULE_FIELDS.filter(([k]) => before[k] !== now[k] && !(constant && (k === 'totalSteps' || k === 'minRatio'))).map(([k, what]) => `${what}: ${before[k]} -> ${now[k]}`);
+  if (!changed.length) return;
+  const step = ck.state.step;
+  const lr = (s: ScheduleSpec) => {
+    try {
+      return String(Number(learningRate(s, step).toPrecision(3)));
+    } catch {
+      return 'undefined';
+    }
+  };
+  const effect = `the learning rate of step ${step + 1} would be ${lr(now)} instead of ${lr(before)}`;
+  if (run.allowScheduleChange) {
+    run.log(`resume: the learning-rate schedule changed since ${ck.dir} (${changed.join('; ')}): ${effect}; continuing on the new schedule (--allow-schedule-change)`);
+    return;
+  }
+  throw new SlmError(
+    'RESUME_SCHEDULE_CHANGED',
+    `--resume: the learning-rate schedule differs from the one ${ck.dir} was trained on (${changed.join('; ')}), so ${effect}. Resume with the settings the run started with, or pass --allow-schedule-change (allowScheduleChange in code) to continue on the new schedule.`,
+    { checkpoint: ck.dir, before, now },
+  );
 }
 
 /**

@@ -28,6 +28,8 @@ export interface StageOptions {
   configFile?: string;
   /** Stop after this many optimizer steps in this process (tests of resume). */
   stopAfter?: number;
+  /** --resume onto a learning-rate schedule other than the checkpoint's (else RESUME_SCHEDULE_CHANGED). */
+  allowScheduleChange?: boolean;
   /** Progress bars of indexing, training steps and evaluations (the CLI: stderr); default none. */
   progress?: ProgressTo;
   /** A reward function (the part `module`) in place of reward.module's. */
@@ -84,6 +86,8 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
   };
   try {
     log(`run: ${dir} (stage ${stage}, model ${cfg.model.path}${cfg.model.adapter ? `, adapter ${cfg.model.adapter}` : ''})`);
+    run.saveTotalLimit = cfg.train.save_total_limit;
+    run.allowScheduleChange = o.allowScheduleChange === true;
     const stageRun: StageRun = { cfg, agent, run, dir, log, common: trainerOptions(cfg, o, dist), onStep };
     let result: TrainResult;
     if (stage === 'sft') result = await sftStage(stageRun);
@@ -125,5 +129,28 @@ function fmt(v: unknown): string {
 /** One progress line per step: the step and its headline metrics. */
 function stepLine(row: Record<string, unknown>): string {
   const keys = ['loss', 'reward_mean', 'reward', 'accuracy', 'kl', 'clip_frac', 'grad_norm', 'lr', 'mask_coverage', 'time_rollout_s', 'time_train_s'];
-  return `step ${row.step}: ` + keys.filter((k) => row[k] !== undefined && row[k] !== null).map((k) => `${k} ${fmt(row[k])}`).join(', ');
+  return `step ${row.step}: ` + keys.filter((k) => row[k] !== undefined && row[k] !== null).map((k) => `${k} ${fmt(row[k])}`).join(', ') + nothingTrained(row);
+}
+
+/** What the skip reasons of a group (lib/train/advantages.ts) mean. */
+const SKIP_REASONS: Record<string, string> = {
+  zero_variance: 'its rollouts all got the same reward, so no advantage (algorithm.fallbacks.zero_variance: skip)',
+  all_failed: 'every rollout failed (rewards all alike below algorithm.fallbacks.flat_skip_below, or none succeeded with all_failed: skip)',
+  non_finite_reward: 'a reward was NaN or inf',
+  all_excluded: 'every rollout was excluded',
+  single_rollout: 'fewer than two rollouts remained',
+};
+
+/** Why a training step changed nothing (every group skipped, or the update skipped), for its console line; '' otherwise. */
+export function nothingTrained(row: Record<string, unknown>): string {
+  if (row.kind === 'eval') return '';
+  const reasons = Array.isArray(row.skip_reasons) ? (row.skip_reasons as unknown[]).map(String) : [];
+  const why = reasons.map((r) => `${r}: ${SKIP_REASONS[r] ?? 'skipped'}`).join('; ');
+  if (row.episodes_trained === 0) {
+    const groups = typeof row.groups_skipped === 'number' && row.groups_skipped > 0 ? `all ${row.groups_skipped} group(s) skipped` : 'no episode had a non-zero advantage and a trained token';
+    return ` -- trained nothing: ${groups}${why ? ` (${why})` : ''}`;
+  }
+  const skipped = row.update_skipped === true || row.skipped === true || (typeof row.updates_skipped === 'number' && row.updates_skipped > 0);
+  if (skipped) return ` -- update skipped${typeof row.skip_reason === 'string' ? `: ${row.skip_reason}` : ''} (the adapter is unchanged by this step)`;
+  return '';
 }

@@ -84,6 +84,7 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
   const total = Math.min(batches.length * o.epochs, o.maxSteps ?? Infinity);
   const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? total };
   let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed };
+  run.schedule = schedule;
   if (o.resume) state = await run.restore(model);
   else model.attachLora(o.lora, o.seed);
   let lastLoss = NaN;
