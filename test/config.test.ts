@@ -275,7 +275,7 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
   type Keys<T> = Record<keyof T, true>;
   const shape: { [S in keyof ResolvedConfig]: ResolvedConfig[S] extends object ? Keys<ResolvedConfig[S]> : true } = {
     stage: true,
-    model: { path: true, adapter: true, dtype: true, device: true, threads: true },
+    model: { path: true, adapter: true, dtype: true, device: true, threads: true, chat_template: true },
     lora: { r: true, alpha: true, dropout: true, rslora: true, targets: true, layers: true },
     data: { questions: true, eval_questions: true, corpus: true, index: true, sft: true, split: true, exclude_leaking: true, train_questions: true },
     protocol: { kind: true, max_turns: true, max_turns_eval: true, turns_count: true, instruction: true, use_data_prompt: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, max_observation_tokens: true, system_prompt: true, final_turn_notice: true, enable_thinking: true, direct_instruction: true, prompts_from_sft: true, question_variable: true, final_answer: true, prefill_first: true, prefill_final: true, prefill_trained: true },

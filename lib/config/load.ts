@@ -19,6 +19,7 @@ import { CONFIG_SCHEMA, PATH_KEYS } from './schema.js';
 import { applyOverrides, parseOverrides } from './overrides.js';
 import { describeValue, dotted, fail, isObj, problemsFromAjv, props, type Obj, type Problem, type Schema } from './problems.js';
 import { isHubRef } from '../hub/ref.js';
+import { isChatTemplateName } from '../model/chat-templates.js';
 import { K1_LOSS_MESSAGE } from '../train/gae.js';
 import type { ResolvedConfig } from './types.js';
 
@@ -154,7 +155,7 @@ function expandHome(p: string): string {
 
 /** A local path (hf:OWNER/NAME hub references are neither made absolute nor checked for existence). */
 function isPathValue(key: string, v: unknown): v is string {
-  return typeof v === 'string' && v !== '' && !isHubRef(v) && !(key === 'retrieval.embedder' && v === 'hashing');
+  return typeof v === 'string' && v !== '' && !isHubRef(v) && !(key === 'retrieval.embedder' && v === 'hashing') && !(key === 'model.chat_template' && isChatTemplateName(v));
 }
 
 /** Makes the path keys of a raw config absolute against `base` (in place; non-strings untouched). */

@@ -33,7 +33,7 @@ const section = (properties: Record<string, Schema>, required: string[] = []): S
 });
 
 /** Config keys that hold file or folder paths: resolved against the config file's folder. */
-export const PATH_KEYS = ['model.path', 'model.adapter', 'data.questions', 'data.eval_questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
+export const PATH_KEYS = ['model.path', 'model.adapter', 'model.chat_template', 'data.questions', 'data.eval_questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
 
 export const CONFIG_SCHEMA: Schema = {
   type: 'object',
@@ -48,6 +48,7 @@ export const CONFIG_SCHEMA: Schema = {
         dtype: oneOf(COMPUTE_DTYPES, 'float32'),
         device: { type: 'string', pattern: '^(cpu|cuda(:[0-9]+)?)$', default: 'cpu', description: 'cpu, cuda or cuda:N' },
         threads: int(0, { minimum: 0 }, 'CPU threads for libtorch; 0 = all cores'),
+        chat_template: str(null, "the chat template instead of the model folder's: a .jinja file (or a tokenizer_config.json holding one), or a template shipped with slm-train: chatml, qwen3 (the hybrid-thinking Qwen3 one), qwen3-instruct (Qwen3-2507 Instruct's, earlier turns rendered verbatim); null = the folder's chat_template.jinja or tokenizer_config.json"),
       },
       ['path'],
     ),

@@ -16,6 +16,8 @@ export interface ModelConfig {
   dtype: ComputeDtype;
   device: string;
   threads: number;
+  /** A chat template file, or a shipped template's name (chatml, qwen3, qwen3-instruct); null = the model folder's own. */
+  chat_template: string | null;
 }
 
 export interface LoraConfig {

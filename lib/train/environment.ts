@@ -39,7 +39,7 @@ export interface Agent {
 
 /** The config's policy (model.path with `adapter`, default model.adapter) through loadPolicy. */
 export async function loadAgent(cfg: ResolvedConfig, adapter: string | null = cfg.model.adapter, log: Log = () => {}): Promise<Agent> {
-  const { model, tokenizer, formatter } = await loadPolicy(cfg.model.path, { dtype: cfg.model.dtype, device: cfg.model.device, adapter, threads: cfg.model.threads > 0 ? cfg.model.threads : undefined });
+  const { model, tokenizer, formatter } = await loadPolicy(cfg.model.path, { dtype: cfg.model.dtype, device: cfg.model.device, adapter, threads: cfg.model.threads > 0 ? cfg.model.threads : undefined, chatTemplate: cfg.model.chat_template });
   // Episode KV caches kept between turns (rollout.kv_cache_reuse): their memory bound.
   model.setCacheLimit(cfg.rollout.kv_cache_mb * 2 ** 20, { log });
   return { model, tokenizer, formatter };

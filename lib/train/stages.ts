@@ -81,6 +81,7 @@ export async function sftStage(s: StageRun): Promise<TrainResult> {
   if (dropped) log(`sft: dropped ${dropped} of ${rows.length + dropped} rows marked in_test_split (data.exclude_leaking)`);
   // protocol.enable_thinking: rendered as rollouts render (lib/train/environment.ts episodeRunner).
   const thinking = cfg.protocol.enable_thinking !== null ? { enableThinking: cfg.protocol.enable_thinking } : {};
+  log(`sft: conversations rendered with the chat template from ${agent.formatter.template.origin}${cfg.model.chat_template === null ? ' (set model.chat_template to use another)' : ' (model.chat_template)'}`);
   const examples = rows.map((r, i) => tokenizeConversation(r.messages, agent.formatter, agent.tokenizer, i, thinking));
   // Longer than the context: cut to what fits (loss on the assistant tokens within it), as the
   // reference's tokenizer truncation does, rather than dropped whole.
