@@ -10,6 +10,8 @@ import { reportCommand } from './report.js';
 import { execCommand, indexCommand, searchCommand, serveRetrieverCommand } from './retrieval.js';
 import { serveCommand } from './serve.js';
 import { evalCommand, trainCommand } from './train.js';
+import { exportCommand } from './export.js';
+import { pushCommand } from './push.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, reportCommand, indexCommand, searchCommand, execCommand, logitsCommand, generateCommand, serveCommand, serveRetrieverCommand, initModelCommand, doctorCommand, benchCommand];
+export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, reportCommand, indexCommand, searchCommand, execCommand, logitsCommand, generateCommand, serveCommand, serveRetrieverCommand, initModelCommand, doctorCommand, benchCommand, exportCommand, pushCommand];
