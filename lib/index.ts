@@ -1,3 +1,4 @@
+/// <reference types="node" preserve="true" />
 /**
  * slm-train as a library: `import { ... } from 'slm-train'`.
  *
