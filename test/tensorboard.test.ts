@@ -2,7 +2,7 @@
 // independent decoder in Python (struct, its own CRC-32C, protobuf wire format parsed by hand), which
 // checks every record's framing and both masked CRCs and returns the events.
 import { spawnSync } from 'node:child_process';
-import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { RunFolder, tbScalars } from '../lib/train/run.js';
@@ -136,11 +136,12 @@ t.test('metrics rows become TensorBoard scalars that an independent reader decod
   t.ok(ev.every((e) => Math.abs(e.wall_time - t0) < 60), 'wall times are unix seconds');
   const vals = (e: (typeof ev)[0]) => Object.fromEntries(e.values.map((v) => [v.tag, v.simple_value]));
   t.equal(ev[1].step, 1);
-  t.same(vals(ev[1]), { reward_mean: 0.25, 'reward/f1': 0.5, loss: -0.125, time_train_s: 2 }, 'finite numbers only, NaN and non-numbers left out');
+  t.same(vals(ev[1]), { 'train/reward_mean': 0.25, 'train/reward/f1': 0.5, 'train/loss': -0.125, 'train/time_train_s': 2 }, 'finite numbers only, NaN and non-numbers left out; a step\'s under train/');
   t.equal(ev[2].step, 2);
-  t.same(vals(ev[2]), { reward_mean: 0.75, 'reward/f1': 1, loss: 0.0625, time_train_s: 3 });
+  t.same(vals(ev[2]), { 'train/reward_mean': 0.75, 'train/reward/f1': 1, 'train/loss': 0.0625, 'train/time_train_s': 3 });
   t.same(vals(ev[3]), { 'eval/accuracy': 0.5, 'eval/f1': 0.625 }, 'evaluation rows under eval/');
   t.match(ev[4], { step: 2, session_status: 1, values: [] }, 'SessionLog START (what a resumed run writes)');
+  t.match(run.readMetrics()[0], { step: 1, reward_mean: 0.25, 'reward/f1': 0.5, loss: -0.125 }, 'metrics.jsonl keeps the plain keys (the report and older tools read them)');
 
   // The reader does check: a flipped bit in a value breaks the data CRC.
   const bytes = readFileSync(join(dir, 'tb', files[0]));
@@ -166,4 +167,22 @@ t.test('a second writer in the same second gets its own file; large steps encode
   t.equal(ev[1].step, 2 ** 40 + 3);
   t.same(ev[1].values, [{ tag: 'x', simple_value: 1.5 }]);
   t.same(tbScalars({ step: 3, kind: 'eval', eval_em: 0.5, label: 'x' }), { 'eval/em': 0.5 });
+  t.same(tbScalars({ step: 3, loss: 1.5, lr: 1e-4, epoch: 0 }), { 'train/loss': 1.5, 'train/lr': 1e-4, 'train/epoch': 0 }, 'TRL\'s grouping: train/ and eval/');
+});
+
+t.test('log.report_to without tensorboard: no event file; the other trackers get the same grouped scalars', async (t) => {
+  const dir = t.testdir();
+  const run = new RunFolder(dir);
+  run.tensorboardEnabled = false;
+  const got: Array<[number, Record<string, number>]> = [];
+  let status = '';
+  run.trackers = [{ name: 'probe', log: (step, scalars) => void got.push([step, scalars]), finish: async (s) => void (status = s) }];
+  run.logMetrics({ step: 1, loss: 2.5, kind: 'train' });
+  run.logMetrics({ step: 1, kind: 'eval', eval_accuracy: 0.25 });
+  await run.finishTracking('FINISHED');
+  run.close();
+  t.notOk(existsSync(join(dir, 'tb')), 'no tb/ folder');
+  t.same(got, [[1, { 'train/loss': 2.5 }], [1, { 'eval/accuracy': 0.25 }]]);
+  t.equal(status, 'FINISHED');
+  t.same(run.trackers, [], 'finished trackers are dropped');
 });

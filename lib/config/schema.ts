@@ -11,7 +11,7 @@ import { ATTENTION_TARGETS, LORA_TARGETS } from '../engine/adapter.js';
 import { COMPUTE_DTYPES } from '../engine/types.js';
 import { SEARCH_R1_INSTRUCTION } from '../episodes/prompts.js';
 import { MAX_TIMEOUT_S } from '../sandbox/types.js';
-import { STAGES, type ResolvedConfig } from './types.js';
+import { REPORT_TO, STAGES, type ResolvedConfig } from './types.js';
 
 type Schema = Record<string, unknown>;
 
@@ -278,6 +278,17 @@ export const CONFIG_SCHEMA: Schema = {
       dir: str('runs', 'parent folder of run folders (relative to the working directory)'),
       name: str(null, 'null = the config file name'),
     }),
+    log: section({
+      report_to: {
+        type: 'array',
+        items: { type: 'string', enum: REPORT_TO },
+        uniqueItems: true,
+        default: ['tensorboard'],
+        description: "where the metrics of each step go besides metrics.jsonl (TRL's report_to): tensorboard (RUN/tb event files, tags train/..., eval/...), mlflow (a tracking server's REST API: the run's params, then a metric history per key). [] = metrics.jsonl only",
+      },
+      mlflow_tracking_uri: str(null, 'the MLflow tracking server (http://HOST:PORT); null = $MLFLOW_TRACKING_URI. $MLFLOW_TRACKING_TOKEN (bearer) or $MLFLOW_TRACKING_USERNAME/$MLFLOW_TRACKING_PASSWORD authenticate'),
+      mlflow_experiment: str(null, "the MLflow experiment (created when missing); null = $MLFLOW_EXPERIMENT_NAME, else MLflow's Default experiment"),
+    }),
   },
 };
 
@@ -300,7 +311,7 @@ function defaultsOf(s: Schema): unknown {
  * Section aliases are at the top level, key aliases per section.
  */
 export const ALIASES: Record<string, Record<string, string>> = {
-  '': { optimizer: 'optim', optimization: 'optim', training: 'train', rollouts: 'rollout', rewards: 'reward', algo: 'algorithm', peft: 'lora', dataset: 'data', search: 'retrieval' },
+  '': { optimizer: 'optim', optimization: 'optim', training: 'train', rollouts: 'rollout', rewards: 'reward', algo: 'algorithm', peft: 'lora', dataset: 'data', search: 'retrieval', logging: 'log', tracking: 'log' },
   model: { name: 'path', model_path: 'path', dir: 'path', torch_dtype: 'dtype', num_threads: 'threads', adapter_path: 'adapter' },
   lora: { rank: 'r', lora_r: 'r', lora_alpha: 'alpha', lora_dropout: 'dropout', use_rslora: 'rslora', target_modules: 'targets', layers_to_transform: 'layers' },
   data: { trajectories: 'sft', sft_data: 'sft', questions_file: 'questions', corpus_file: 'corpus', index_dir: 'index' },
@@ -343,4 +354,5 @@ export const ALIASES: Record<string, Record<string, string>> = {
   train: { num_epochs: 'epochs', num_train_epochs: 'epochs', max_steps: 'steps', total_steps: 'steps', save_steps: 'checkpoint_every', save_every: 'checkpoint_every', eval_steps: 'eval_every', keep_checkpoints: 'save_total_limit' },
   eval: { limit: 'max_questions', n: 'max_questions' },
   run: { output_dir: 'dir', out: 'dir', run_name: 'name' },
+  log: { report: 'report_to', tracking_uri: 'mlflow_tracking_uri', experiment_name: 'mlflow_experiment', mlflow_experiment_name: 'mlflow_experiment' },
 };

@@ -234,6 +234,19 @@ export interface RunConfig {
   name: string | null;
 }
 
+/** The trackers `log.report_to` can name. */
+export const REPORT_TO = ['tensorboard', 'mlflow'] as const;
+export type ReportTo = (typeof REPORT_TO)[number];
+
+export interface LogConfig {
+  /** Where step metrics go besides metrics.jsonl. */
+  report_to: ReportTo[];
+  /** null = $MLFLOW_TRACKING_URI. */
+  mlflow_tracking_uri: string | null;
+  /** null = $MLFLOW_EXPERIMENT_NAME, else the Default experiment. */
+  mlflow_experiment: string | null;
+}
+
 export interface ResolvedConfig {
   stage: Stage;
   model: ModelConfig;
@@ -251,4 +264,5 @@ export interface ResolvedConfig {
   train: TrainConfig;
   eval: EvalConfig;
   run: RunConfig;
+  log: LogConfig;
 }

@@ -12,20 +12,23 @@ import { SlmError } from '../errors.js';
 import type { Model } from '../engine/model.js';
 import { xorshift32 } from '../util/data.js';
 import { EventWriter } from './tensorboard.js';
+import type { Tracker } from './tracking.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { sectionDefaults } from '../config/schema.js';
 
 /**
- * The TensorBoard scalars of a metrics row: every finite number but `step`; the keys of an
- * evaluation row (kind: eval, keys eval_*) under `eval/`, the others as they are (`reward/f1` groups
- * under reward).
+ * The tracked scalars of a metrics row (TensorBoard tags, MLflow metric keys): every finite number
+ * but `step`, grouped as TRL names them: an evaluation row's keys (kind: eval, keys eval_*) under
+ * `eval/` (eval_accuracy -> eval/accuracy), a training step's under `train/` (loss -> train/loss,
+ * reward/f1 -> train/reward/f1). metrics.jsonl keeps the plain keys. Runs written before the
+ * grouping have flat tags (loss, eval/accuracy) in their older event files; TensorBoard shows both.
  */
 export function tbScalars(row: Record<string, unknown>): Record<string, number> {
   const evalRow = row.kind === 'eval';
   const out: Record<string, number> = {};
   for (const [k, v] of Object.entries(row)) {
     if (k === 'step' || typeof v !== 'number' || !Number.isFinite(v)) continue;
-    out[evalRow ? `eval/${k.replace(/^eval_/, '')}` : k] = v;
+    out[evalRow ? `eval/${k.replace(/^eval_/, '')}` : `train/${k}`] = v;
   }
   return out;
 }
@@ -58,6 +61,10 @@ export function readRows(file: string): Record<string, unknown>[] {
 export class RunFolder {
   readonly dir: string;
   #tb: EventWriter | undefined;
+  /** Whether steps go to TensorBoard event files (log.report_to has tensorboard; the default). */
+  tensorboardEnabled = true;
+  /** The other trackers of log.report_to (MLflow), opened by the session. */
+  trackers: Tracker[] = [];
   constructor(dir: string) {
     this.dir = dir;
     mkdirSync(join(dir, 'checkpoints'), { recursive: true });
@@ -83,7 +90,11 @@ export class RunFolder {
   logMetrics(row: Record<string, unknown>): void {
     const now = Date.now();
     appendFileSync(join(this.dir, 'metrics.jsonl'), JSON.stringify({ time: new Date(now).toISOString(), ...row }) + '\n');
-    if (typeof row.step === 'number') this.tensorboard().scalars(row.step, tbScalars(row), now / 1000);
+    if (typeof row.step === 'number' && (this.tensorboardEnabled || this.trackers.length)) {
+      const scalars = tbScalars(row);
+      if (this.tensorboardEnabled) this.tensorboard().scalars(row.step, scalars, now / 1000);
+      for (const t of this.trackers) t.log(row.step, scalars, now);
+    }
     this.stopIfDiverged(row);
   }
 
@@ -111,6 +122,13 @@ export class RunFolder {
   close(): void {
     this.#tb?.close();
     this.#tb = undefined;
+  }
+
+  /** Sends what the trackers still hold and closes their runs (MLflow: FINISHED, or FAILED after an error). */
+  async finishTracking(status: 'FINISHED' | 'FAILED' | 'KILLED'): Promise<void> {
+    const ts = this.trackers;
+    this.trackers = [];
+    for (const t of ts) await t.finish(status);
   }
 
   readMetrics(): Record<string, unknown>[] {
@@ -201,7 +219,7 @@ export class RunFolder {
     checkSchedule(this, ck);
     this.truncateMetrics(ck.state.step);
     // TensorBoard drops the earlier files' points from this step on (logged past the checkpoint).
-    this.tensorboard().write({ wallTime: Date.now() / 1000, step: ck.state.step + 1, sessionStart: true });
+    if (this.tensorboardEnabled) this.tensorboard().write({ wallTime: Date.now() / 1000, step: ck.state.step + 1, sessionStart: true });
     return ck.state;
   }
 }

@@ -5,7 +5,7 @@
  * wrapper over `trainFromConfig` (and `eval` over evaluation.ts `evalFromConfig`).
  */
 import { existsSync, readdirSync } from 'node:fs';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import type { ResolvedConfig } from '../config/types.js';
 import { runDir, writeResolvedConfig } from '../config/load.js';
 import { RankRunFolder, joinFromConfig, makeDataParallel, type Distributed } from '../distributed/run.js';
@@ -18,6 +18,7 @@ import { loadAgent, openEnvironment, required, rewardDeps, type Environment, typ
 import { evalQuestions, evaluate } from './evaluation.js';
 import { writeReport } from './report.js';
 import { RunFolder } from './run.js';
+import { openTrackers } from './tracking.js';
 import { rftStage, rlStage, sftStage, trainerOptions, type StageRun, type TrainResult } from './stages.js';
 
 export interface StageOptions {
@@ -63,7 +64,14 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
   const run = lead ? new RunFolder(dir) : new RankRunFolder(dir, dist!.shard.rank);
   run.log = log;
   if (lead) writeResolvedConfig(cfg, dir, { file: o.configFile, overrides: o.overrides });
-  const agent = await loadAgent(cfg, cfg.model.adapter, log);
+  // log.report_to: TensorBoard event files (RunFolder), MLflow's run opened before anything loads.
+  run.tensorboardEnabled = cfg.log.report_to.includes('tensorboard');
+  if (lead) run.trackers = await openTrackers(cfg, dir, { resume: o.resume, log, runName: basename(dir) });
+  let finished = false;
+  const agent = await loadAgent(cfg, cfg.model.adapter, log).catch(async (e) => {
+    await run.finishTracking('FAILED');
+    throw e;
+  });
   if (dist) makeDataParallel(agent.model, dist);
   let env: Environment | undefined;
   let judge: { deps: RewardDeps; close(): void } | undefined;
@@ -112,9 +120,11 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       } catch (e) {
         log(`report: not written (${(e as Error).message}); run \`slm-train report ${dir}\` to try again`);
       }
+    finished = true;
     return result;
   } finally {
     run.close();
+    await run.finishTracking(finished ? 'FINISHED' : 'FAILED');
     await env?.close();
     await evalEnv?.close();
     judge?.close();
