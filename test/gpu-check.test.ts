@@ -92,3 +92,35 @@ t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || f
   t.match(r.stdout, /benchmark: tiny model/, 'the benchmark table is printed');
   t.end();
 });
+
+// Item 2 of issue 35: the same program compiles against Debian's libtorch 1.13 (C++17; the addon's
+// libtorch) as well as against pip's 2.x (above), and its checks pass there: golden parity, the LoRA
+// step against PEFT (references from the .venv's python), generation, the tiny benchmark (no peer).
+const debianTorch = existsSync('/usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake');
+t.test("scripts/gpu-check.sh on cpu against Debian's libtorch 1.13", { skip: skip || (!debianTorch && "no Debian libtorch (/usr/lib/x86_64-linux-gnu/cmake/Torch)") || false, timeout: 3_600_000 }, (t) => {
+  const key = createHash('sha1').update(`${repoRoot}\0debian`).digest('hex').slice(0, 12);
+  const build = join(process.env.SLM_TRAIN_CACHE ?? join(tmpdir(), 'slm-train-cache'), `gpu-check-build-${key}`);
+  const out = mkdtempSync(join(tmpdir(), 'gpu-check-deb-'));
+  t.teardown(() => rmSync(out, { recursive: true, force: true }));
+  const json = join(out, 'report.json');
+  const args = ['--libtorch', '/usr', '--device', 'cpu', '--build', build, '--fixtures', fixture(), '--no-transformers', '--bench', 'tiny', '--no-peer', '--json', json];
+  const r = spawnSync('bash', [join(repoRoot, 'scripts', 'gpu-check.sh'), ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, PYTHON: python, JOBS: process.env.JOBS ?? '2' },
+    maxBuffer: 1 << 26,
+  });
+  t.equal(r.status, 0, `gpu-check exits 0\n${r.stdout.slice(-6000)}\n${r.stderr.slice(-6000)}`);
+  if (!existsSync(json)) {
+    t.fail('no JSON report');
+    t.end();
+    return;
+  }
+  const rep = JSON.parse(readFileSync(json, 'utf8')) as Report;
+  t.match(rep.torch, /^1\.13\./, "built against Debian's libtorch 1.13");
+  t.equal(rep.failed, 0, 'no check failed');
+  t.equal(rep.checks.filter((c) => c.check === 'golden' && c.pass).length, 24, 'the 24 golden cases pass (3 checkpoints x 2 dtypes x 4)');
+  const hasPeft = spawnSync(python!, ['-c', 'import peft'], { encoding: 'utf8' }).status === 0;
+  if (hasPeft) t.equal(rep.checks.filter((c) => c.check === 'lora-step' && c.pass).length, 3, 'the LoRA step against PEFT passes');
+  t.ok(rep.bench && rep.bench.lora_step.ms > 0 && rep.bench.decode_batch.generated === 8 * 32, 'the tiny benchmark ran');
+  t.end();
+});
