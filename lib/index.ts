@@ -53,6 +53,6 @@ export type { SearchTools, PageHit, SectionRef } from './retrieval/types.js';
 // From a config to a running stage: environment, episodes, training, evaluation
 export { loadQuestions, splitQuestions, type Question } from './train/data.js';
 export { loadAgent, openIndex, openEnvironment, episodeRunner, rewardDeps, type Agent, type Environment, type Extensions, type Log } from './train/environment.js';
-export { trainFromConfig, type StageOptions } from './train/session.js';
+export { trainFromConfig, type StageOptions, type StepMetrics } from './train/session.js';
 export type { TrainResult } from './train/stages.js';
 export { evalFromConfig, evaluate, evalQuestions, comparisonTable, type EvalOptions, type EvalSummary } from './train/evaluation.js';

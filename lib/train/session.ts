@@ -31,6 +31,14 @@ export interface StageOptions {
   stopAfter?: number;
   /** --resume onto a learning-rate schedule other than the checkpoint's (else RESUME_SCHEDULE_CHANGED). */
   allowScheduleChange?: boolean;
+  /**
+   * Stops training at the end of the step during which it is aborted (before that step's checkpoint):
+   * the call rejects with the signal's reason (an AbortError unless given one). The newest checkpoint
+   * stays, so `resume: true` continues from it.
+   */
+  signal?: AbortSignal;
+  /** Each training step's metrics row (the row metrics.jsonl gets, without its time), as it is logged; awaited. */
+  onStep?: (row: StepMetrics) => void | Promise<void>;
   /** Progress bars of indexing, training steps and evaluations (the CLI: stderr); default none. */
   progress?: ProgressTo;
   /** A reward function (the part `module`) in place of reward.module's. */
@@ -39,11 +47,15 @@ export interface StageOptions {
   tools?: CustomTools;
 }
 
+/** A training step's metrics row: `step`, `stage` and the stage's own metrics (loss, lr, reward_mean, ...). */
+export type StepMetrics = { step: number; stage?: string } & Record<string, unknown>;
+
 /**
  * Runs the stage of the config; as one rank of a data-parallel job when WORLD_SIZE > 1 (set by
  * `slm-train train --nproc N` or torchrun; lib/distributed): rank 0 writes the run folder.
  */
 export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {}): Promise<TrainResult> {
+  o.signal?.throwIfAborted();
   const dist = await joinFromConfig(cfg, o.log ?? (() => {}));
   if (!dist) return trainStage(cfg, o, null);
   try {
@@ -79,8 +91,10 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
   let evalEnv: Environment | undefined;
   let evalQs: Question[] | undefined;
   const onStep = async (row: Record<string, unknown>) => {
-    if (!lead) return;
+    if (!lead) return o.signal?.throwIfAborted();
     log(stepLine(row));
+    await o.onStep?.(row as StepMetrics);
+    o.signal?.throwIfAborted();
     const every = cfg.train.eval_every;
     if (!every || typeof row.step !== 'number' || row.step % every !== 0 || row.kind === 'eval') return;
     if (!cfg.data.questions) return log('train.eval_every: data.questions is not set; no evaluation during training');

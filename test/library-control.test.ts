@@ -1,0 +1,50 @@
+// Training controlled from code (issue 36, item 6, in part): trainFromConfig's `onStep` gets each
+// step's metrics row as it is logged, and its `signal` stops the run at the end of the step during
+// which it is aborted, rejecting with the signal's reason; `resume: true` then continues.
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { configFromObject, initModel, trainFromConfig, type StepMetrics } from '../lib/index.js';
+
+const dir = t.testdir();
+
+t.before(() => {
+  initModel({ preset: 'tiny', out: join(dir, 'model'), seed: 1 });
+  const rows = Array.from({ length: 4 }, (_, i) => ({ messages: [{ role: 'user', content: `Q${i}?` }, { role: 'assistant', content: `A${i}.` }] }));
+  writeFileSync(join(dir, 'sft.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+});
+
+const cfg = () =>
+  configFromObject(
+    { stage: 'sft', model: { path: 'model' }, data: { sft: 'sft.jsonl' }, lora: { r: 2, alpha: 4 }, train: { steps: 4, batch_size: 1, checkpoint_every: 1 }, run: { dir: 'runs', name: 'ctl' } },
+    { baseDir: dir },
+  );
+
+t.test('onStep events and an AbortSignal on trainFromConfig', async (t) => {
+  const ac = new AbortController();
+  const seen: StepMetrics[] = [];
+  await t.rejects(
+    trainFromConfig(cfg(), {
+      signal: ac.signal,
+      onStep: (row) => {
+        seen.push(row);
+        if (row.step === 2) ac.abort();
+      },
+    }),
+    { name: 'AbortError' },
+    'aborted during step 2: rejects with the AbortError',
+  );
+  t.same(seen.map((r) => r.step), [1, 2], 'one event per step, stopped after step 2');
+  t.ok(seen.every((r) => r.stage === 'sft' && typeof r.loss === 'number' && typeof r.lr === 'number'), 'the metrics row (stage, loss, lr, ...)');
+  const logged = readFileSync(join(dir, 'runs', 'ctl', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  t.same(logged.map(({ time: _t, ...r }) => r), seen.map((r) => JSON.parse(JSON.stringify(r))), 'the events are the rows of metrics.jsonl');
+
+  const rest: number[] = [];
+  const r = await trainFromConfig(cfg(), { resume: true, onStep: (row) => void rest.push(row.step) });
+  t.equal(r.steps, 4);
+  t.same(rest, [2, 3, 4], 'resumed from step 1 (step 2 was aborted before its checkpoint)');
+
+  const pre = new AbortController();
+  pre.abort(new Error('not now'));
+  await t.rejects(trainFromConfig(cfg(), { signal: pre.signal }), { message: 'not now' }, 'an aborted signal stops it before anything loads');
+});
