@@ -190,6 +190,11 @@ t.test('push: an adapter folder alone gets a card without run details; --dry-run
   t.ok(dry.stdout.includes(modelCard({ adapter: lora }, 'me/dry')), 'and the dry run prints it');
   t.equal(hub.requests.length, n, 'a dry run makes no request');
 
+  const priv = await runCliAsync(['push', lora, '--repo', 'me/private-lora', '--private'], { env: hubEnv() });
+  t.equal(priv.code, 0, priv.stderr);
+  t.same(hub.created.at(-1), { name: 'me/private-lora', visibility: 'private' }, '--private creates the repository private');
+  t.ok(hub.files('model', 'me/private-lora')?.['adapter_model.safetensors'], 'and the files arrive');
+
   const missing = await runCliAsync(['push', join(root, 'nope'), '--repo', 'me/x'], { env: hubEnv() });
   t.match(missing.stderr, /error FILE_NOT_FOUND: push: .*nope does not exist/);
   const notAdapter = await runCliAsync(['push', root, '--repo', 'me/x'], { env: hubEnv() });

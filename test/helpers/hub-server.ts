@@ -46,6 +46,8 @@ export class FakeHub {
   writeToken?: string;
   /** Every commit made through the upload endpoints. */
   readonly commits: Array<{ repo: string; title: string; files: string[] }> = [];
+  /** Every repository created through repos/create, with the visibility asked for (undefined: the hub's default). */
+  readonly created: Array<{ name: string; visibility?: string }> = [];
   private lfs = new Map<string, Buffer>();
   private server?: Server;
   private repos = new Map<string, { repo: HubRepo; sha: string }>();
@@ -99,11 +101,12 @@ export class FakeHub {
     if (!presigned && this.writeToken !== undefined && req.headers.authorization !== `Bearer ${this.writeToken}`)
       return this.json(res, req.headers.authorization ? 403 : 401, { error: req.headers.authorization ? 'You do not have write access to this repository.' : 'Invalid credentials in Authorization header' });
     if (path === '/api/repos/create') {
-      const b = JSON.parse(body.toString('utf8')) as { name: string; organization?: string; type?: string };
+      const b = JSON.parse(body.toString('utf8')) as { name: string; organization?: string; type?: string; visibility?: string };
       const name = `${b.organization}/${b.name}`;
       const kind = b.type === 'dataset' ? 'dataset' : 'model';
       if (this.repos.has(`${kind}:${name}`)) return this.json(res, 409, { error: 'You already created this model repo', url: `${this.url}/${name}` });
       this.add({ kind, name, files: {} });
+      this.created.push({ name, ...(b.visibility ? { visibility: b.visibility } : {}) });
       return this.json(res, 200, { url: `${this.url}/${name}`, name });
     }
     let m = /^\/api\/(models|datasets)\/([^/]+\/[^/]+)\/(preupload|commit)\/([^/]+)$/.exec(path);
