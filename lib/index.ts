@@ -28,6 +28,7 @@ export type { ProgressTo } from './util/progress.js';
 export { loadTokenizer, qwen3Tokenizer, HfTokenizer, type Tokenizer } from './model/tokenizer.js';
 export { ChatFormatter, renderChat, type ChatMessage } from './model/chat.js';
 export { CHAT_TEMPLATE_NAMES, type ChatTemplateName } from './model/chat-templates.js';
+export { chat, chatStream, type ChatPolicy, type ChatCallOptions, type ChatReply } from './engine/chat-call.js';
 export { initModel, PRESETS, type InitOptions, type Preset } from './model/init.js';
 export type { LoraSpec } from './engine/adapter.js';
 

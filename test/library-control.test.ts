@@ -4,7 +4,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { configFromObject, initModel, trainFromConfig, type StepMetrics } from '../lib/index.js';
+import { chat, chatStream, configFromObject, initModel, loadAgent, trainFromConfig, type StepMetrics } from '../lib/index.js';
 
 const dir = t.testdir();
 
@@ -47,4 +47,49 @@ t.test('onStep events and an AbortSignal on trainFromConfig', async (t) => {
   const pre = new AbortController();
   pre.abort(new Error('not now'));
   await t.rejects(trainFromConfig(cfg(), { signal: pre.signal }), { message: 'not now' }, 'an aborted signal stops it before anything loads');
+});
+
+t.test('chat and chatStream: text in, text out; a stream of pieces; an AbortSignal', async (t) => {
+  const agent = await loadAgent(cfg());
+  t.teardown(() => agent.model.dispose());
+  const messages = [{ role: 'user' as const, content: 'Hello?' }];
+  const reply = await chat(agent, messages, { maxNewTokens: 12, greedy: true });
+  t.type(reply.text, 'string');
+  t.ok(reply.tokens.length >= 1 && reply.tokens.length <= 12, `${reply.tokens.length} tokens`);
+  t.equal(reply.text, agent.tokenizer.decode(Array.from(reply.tokens)).replace(/<\|im_end\|>$/, ''), 'the text is the decoded tokens (stop text left out)');
+  const pieces: string[] = [];
+  const it = chatStream(agent, messages, { maxNewTokens: 12, greedy: true });
+  let r = await it.next();
+  while (!r.done) {
+    pieces.push(r.value);
+    r = await it.next();
+  }
+  t.equal(pieces.join(''), reply.text, 'the pieces make the same (greedy) reply');
+  t.same(Array.from(r.value.tokens), Array.from(reply.tokens));
+  t.ok(pieces.length > 1 || reply.tokens.length <= 1, `streamed in ${pieces.length} pieces`);
+
+  const ac = new AbortController();
+  const got: string[] = [];
+  await t.rejects(
+    (async () => {
+      for await (const p of chatStream(agent, messages, { maxNewTokens: 200, temperature: 1, seed: 3, signal: ac.signal })) {
+        got.push(p);
+        ac.abort();
+      }
+    })(),
+    { name: 'AbortError' },
+    'aborting the signal ends the stream with an AbortError',
+  );
+  t.ok(got.length >= 1 && got.length < 200, `stopped early (${got.length} pieces)`);
+  // Breaking out of the loop cancels the row (the native call's result says so).
+  const orig = agent.model.generateStream.bind(agent.model);
+  let res: ReturnType<typeof orig> | undefined;
+  agent.model.generateStream = (req) => (res = orig(req));
+  for await (const _p of chatStream(agent, messages, { maxNewTokens: 200, temperature: 1, seed: 3 })) break;
+  agent.model.generateStream = orig;
+  const out = await res!;
+  t.equal(out.finishReasons[0], 'cancelled', `break cancels generation (${out.tokens[0]!.length} of 200 tokens)`);
+  const pre = new AbortController();
+  pre.abort();
+  await t.rejects(chat(agent, messages, { signal: pre.signal }), { name: 'AbortError' });
 });
