@@ -1,10 +1,11 @@
-// Training controlled from code (issue 36, item 6, in part): trainFromConfig's `onStep` gets each
-// step's metrics row as it is logged, and its `signal` stops the run at the end of the step during
-// which it is aborted, rejecting with the signal's reason; `resume: true` then continues.
-import { readFileSync, writeFileSync } from 'node:fs';
+// Control from code (issue 36, item 6): trainFromConfig's `onStep` gets each step's metrics row as it
+// is logged, and its `signal` stops the run at the end of the step during which it is aborted,
+// rejecting with the signal's reason (`resume: true` then continues); chat / chatStream (text in,
+// text out, an async iterator of pieces) and evalFromConfig take a signal too.
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { chat, chatStream, configFromObject, initModel, loadAgent, trainFromConfig, type StepMetrics } from '../lib/index.js';
+import { chat, chatStream, configFromObject, evalFromConfig, initModel, loadAgent, trainFromConfig, type StepMetrics } from '../lib/index.js';
 
 const dir = t.testdir();
 
@@ -92,4 +93,21 @@ t.test('chat and chatStream: text in, text out; a stream of pieces; an AbortSign
   const pre = new AbortController();
   pre.abort();
   await t.rejects(chat(agent, messages, { signal: pre.signal }), { name: 'AbortError' });
+});
+
+t.test('evalFromConfig takes an AbortSignal', async (t) => {
+  writeFileSync(join(dir, 'questions.jsonl'), ['{"question": "What is 1+1?", "answer": "2"}', '{"question": "What is 2+2?", "answer": "4"}'].join('\n') + '\n');
+  const ev = configFromObject({ stage: 'eval', model: { path: 'model' }, data: { questions: 'questions.jsonl' }, protocol: { kind: 'direct', max_new_tokens: 3 }, eval: { split: 'all' }, run: { dir: 'runs' } }, { baseDir: dir });
+  const ok = await evalFromConfig(ev, { label: 'whole' });
+  t.equal(ok.summary.questions, 2, 'without a signal it evaluates both');
+  const ac = new AbortController();
+  await t.rejects(
+    evalFromConfig(ev, { label: 'stopped', signal: ac.signal, log: (l) => /^eval stopped: /.test(l) && ac.abort() }),
+    { name: 'AbortError' },
+    'aborted as it starts: rejects at the end of the first turn',
+  );
+  t.notOk(existsSync(join(dir, 'runs', 'evals', 'stopped', 'trajectories.jsonl')), 'no trajectories written for the unfinished batch');
+  const pre = new AbortController();
+  pre.abort();
+  await t.rejects(evalFromConfig(ev, { signal: pre.signal }), { name: 'AbortError' }, 'an aborted signal: before anything loads');
 });

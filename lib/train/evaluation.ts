@@ -62,6 +62,8 @@ export interface EvalOptions {
   reward?: CustomRewardFn;
   /** Extra functions programs can call, in place of sandbox.tools_module's. */
   tools?: CustomTools;
+  /** Stops the evaluation at the end of the current turn (of the batch of episodes running): the call rejects with the signal's reason; nothing is written for the unfinished batch. */
+  signal?: AbortSignal;
 }
 
 export function evalLabel(adapter: string | null): string {
@@ -117,7 +119,7 @@ export async function evaluate(
   env: Environment,
   deps: RewardDeps,
   qs: readonly Question[],
-  o: { label: string; adapter: string | null; dir: string; log: Log; batch?: number; progress?: ProgressTo },
+  o: { label: string; adapter: string | null; dir: string; log: Log; batch?: number; progress?: ProgressTo; signal?: AbortSignal },
 ): Promise<EvalSummary> {
   const t0 = performance.now();
   mkdirSync(o.dir, { recursive: true });
@@ -131,7 +133,16 @@ export async function evaluate(
   try {
     for (let s = 0; s < qs.length; s += batch) {
       const chunk = qs.slice(s, s + batch);
-      const runner = episodeRunner(cfg, agent, env, { eval: true, seed: cfg.train.seed * 7919 + s, temperature: cfg.eval.temperature, onTurn: (t) => bar.update(s + t.finished) });
+      o.signal?.throwIfAborted();
+      const runner = episodeRunner(cfg, agent, env, {
+        eval: true,
+        seed: cfg.train.seed * 7919 + s,
+        temperature: cfg.eval.temperature,
+        onTurn: (t) => {
+          bar.update(s + t.finished);
+          o.signal?.throwIfAborted();
+        },
+      });
       const r = await runner.run(chunk.map((q) => ({ question: q.question, prompt: q.prompt, temperature: cfg.eval.temperature })));
       // Every episode of the chunk scored at once (a judge endpoint limits its own concurrency).
       const rewards = await Promise.all(r.episodes.map((e, i) => rewardFn({ answer: e.answer, golds: chunk[i].golds, question: chunk[i].question, id: chunk[i].id, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
@@ -225,6 +236,7 @@ async function passAtK(
 }
 
 export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): Promise<{ summary: EvalSummary; dir: string; table: string }> {
+  o.signal?.throwIfAborted();
   const log = o.log ?? (() => {});
   const adapter = o.adapter === undefined ? cfg.model.adapter : o.adapter;
   const label = o.label ?? evalLabel(adapter);
@@ -237,7 +249,7 @@ export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): 
   try {
     env = await openEnvironment(cfg, log, o.progress, o);
     judge = await rewardDeps(cfg, log, o);
-    const summary = await evaluate(cfg, agent, env, judge.deps, qs, { label, adapter, dir, log, batch: o.batch, progress: o.progress });
+    const summary = await evaluate(cfg, agent, env, judge.deps, qs, { label, adapter, dir, log, batch: o.batch, progress: o.progress, signal: o.signal });
     const table = comparisonTable(join(cfg.run.dir, 'evals'), cfg.eval.table);
     writeFileSync(join(cfg.run.dir, 'evals', 'comparison.md'), table + '\n');
     return { summary, dir, table };
