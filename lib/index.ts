@@ -55,5 +55,6 @@ export type { SearchTools, PageHit, SectionRef } from './retrieval/types.js';
 export { loadQuestions, splitQuestions, type Question } from './train/data.js';
 export { loadAgent, openIndex, openEnvironment, episodeRunner, rewardDeps, type Agent, type Environment, type Extensions, type Log } from './train/environment.js';
 export { trainFromConfig, type StageOptions, type StepMetrics } from './train/session.js';
+export { trainSteps } from './train/steps.js';
 export type { TrainResult } from './train/stages.js';
 export { evalFromConfig, evaluate, evalQuestions, comparisonTable, type EvalOptions, type EvalSummary } from './train/evaluation.js';

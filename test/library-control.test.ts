@@ -5,7 +5,7 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { chat, chatStream, configFromObject, evalFromConfig, initModel, loadAgent, trainFromConfig, type StepMetrics } from '../lib/index.js';
+import { chat, chatStream, configFromObject, evalFromConfig, initModel, loadAgent, trainFromConfig, trainSteps, type StepMetrics } from '../lib/index.js';
 
 const dir = t.testdir();
 
@@ -110,4 +110,25 @@ t.test('evalFromConfig takes an AbortSignal', async (t) => {
   const pre = new AbortController();
   pre.abort();
   await t.rejects(evalFromConfig(ev, { signal: pre.signal }), { name: 'AbortError' }, 'an aborted signal: before anything loads');
+});
+
+t.test('trainSteps: the steps as an async iterator, the result as its return value', async (t) => {
+  const c = configFromObject({ stage: 'sft', model: { path: 'model' }, data: { sft: 'sft.jsonl' }, lora: { r: 2, alpha: 4 }, train: { steps: 3, batch_size: 1 }, run: { dir: 'runs', name: 'iter' } }, { baseDir: dir });
+  const it = trainSteps(c);
+  const steps: number[] = [];
+  let r = await it.next();
+  while (!r.done) {
+    steps.push(r.value.step);
+    t.type(r.value.loss, 'number');
+    r = await it.next();
+  }
+  t.same(steps, [1, 2, 3]);
+  t.match(r.value, { stage: 'sft', steps: 3 });
+  // An error of the run is thrown from the iterator (here: the run folder exists).
+  await t.rejects(
+    (async () => {
+      for await (const _s of trainSteps(c));
+    })(),
+    { code: 'RUN_EXISTS' },
+  );
 });
