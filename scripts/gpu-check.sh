@@ -4,7 +4,7 @@
 # libtorch folder, then runs the forward parity checks on the device named.
 #
 #   scripts/gpu-check.sh [--device cpu|cuda[:N]] [--libtorch DIR] [--build DIR] [--fixtures DIR] [--json FILE]
-#                        [--no-transformers] [--no-peft] [--bench 4b|tiny [--no-peer]] [--stage]
+#                        [--no-transformers] [--no-peft] [--bench 4b|tiny [--no-peer]] [--build-only] [--stage]
 #
 #   --device      where the model runs (default cpu)
 #   --libtorch    a libtorch folder (holding share/cmake/Torch); default: the PyTorch of $PYTHON (python3)
@@ -18,6 +18,7 @@
 #                 weights: a GPU), tiny = a small one (the CPU test); beside the device's copy rate and
 #                 bf16 matmul rate, and beside transformers' own generate / forward / PEFT step on the
 #                 same shape and device (bench/hf_peer.py) unless --no-peer or transformers is missing
+#   --build-only  configure and build, then stop (a later call with the same --build runs the checks)
 #   --stage       copy what a machine without network lacks into .gpu-check/carry (the fixtures and the
 #                 nlohmann-json headers, about 3 MB) and stop: carry that folder (device tool: carry
 #                 [".gpu-check/carry"]) and run this script there.
@@ -26,7 +27,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-device=cpu libtorch= build= fixtures= json= use_hf=1 stage=0 use_peft=1 bench= use_peer=1
+device=cpu libtorch= build= fixtures= json= use_hf=1 stage=0 use_peft=1 bench= use_peer=1 build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device=$2; shift 2 ;;
@@ -38,8 +39,9 @@ while [ $# -gt 0 ]; do
     --no-peft) use_peft=0; shift ;;
     --bench) bench=$2; shift 2 ;;
     --no-peer) use_peer=0; shift ;;
+    --build-only) build_only=1; shift ;;
     --stage) stage=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -109,6 +111,7 @@ say "building against $torch_desc in $build"
 mkdir -p "$build"
 cmake "${cmake_args[@]}" >"$build/configure.log" 2>&1 || { cat "$build/configure.log" >&2; say "configure failed"; exit 2; }
 cmake --build "$build" --target gpu_check -j "${JOBS:-$(nproc)}" >"$build/build.log" 2>&1 || { tail -n 60 "$build/build.log" >&2; say "build failed (log: $build/build.log)"; exit 2; }
+[ $build_only = 1 ] && { say "built $build/gpu_check (--build-only)"; exit 0; }
 
 # transformers' forward on the fixture checkpoints (float32), through test/reference/hf_forward.py.
 args=(--device "$device" --fixtures "$fixtures")
