@@ -60,18 +60,12 @@ if [ $stage = 1 ]; then
   exit 0
 fi
 
-# libtorch: a folder, or the installed PyTorch's. find_library searches the system before TorchConfig's
-# hint, so the torch folder itself goes on CMAKE_PREFIX_PATH too (else Debian's /usr/lib/libtorch.so
-# is linked against pip's headers).
-if [ -n "$libtorch" ]; then
-  prefix="$(cd "$libtorch" && pwd)"
-  torch_desc="libtorch folder $prefix"
-else
-  info=$("$PYTHON" -c 'import os, torch; print(torch.utils.cmake_prefix_path); print(os.path.dirname(torch.__file__)); print(torch.__version__)' 2>/dev/null) || {
-    say "$PYTHON cannot import torch: install PyTorch, set PYTHON=/path/to/python, or pass --libtorch DIR"; exit 2; }
-  prefix="$(sed -n 1p <<<"$info");$(sed -n 2p <<<"$info")"
-  torch_desc="PyTorch $(sed -n 3p <<<"$info") of $PYTHON"
-fi
+# libtorch: a folder, or the installed PyTorch's, with the CUDA toolkit's arguments for a CUDA PyTorch
+# (scripts/lib/torch-cmake.sh, shared with scripts/gpu-trainer.sh).
+. "$repo/scripts/lib/torch-cmake.sh"
+torch_cmake "$PYTHON" "$libtorch" || { say "$TORCH_NOTE"; exit 2; }
+[ -n "$TORCH_NOTE" ] && say "$TORCH_NOTE"
+prefix=$TORCH_PREFIX torch_desc=$TORCH_DESC
 if [ -z "$build" ]; then
   build=$repo/.gpu-check/build-$(printf %s "$prefix" | cksum | cut -d' ' -f1)
 fi
@@ -83,26 +77,9 @@ if [ -z "$fixtures" ]; then
 fi
 [ -f "$fixtures/qwen3/golden.json" ] || { say "no qwen3/golden.json under $fixtures (pass --fixtures DIR, or run --stage where ../shared exists)"; exit 2; }
 
-cmake_args=(-S "$repo/native/check" -B "$build" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix")
+cmake_args=(-S "$repo/native/check" -B "$build" -DCMAKE_BUILD_TYPE=Release "${TORCH_CMAKE_ARGS[@]}")
 if [ -f "$carry/include/nlohmann/json.hpp" ] && ! [ -f /usr/include/nlohmann/json.hpp ]; then
   cmake_args+=("-DSLM_JSON_INCLUDE=$carry/include")
-fi
-# A CUDA PyTorch: its CMake files look for the CUDA toolkit through the nvcc on PATH, which fails when
-# that nvcc is a wrapper outside the toolkit (/usr/local/bin/nvcc -> /usr/local/cuda-13.0/bin/nvcc);
-# point them at the toolkit (CUDA_TOOLKIT_ROOT_DIR, else CUDA_HOME, else /usr/local/cuda).
-if [ -z "$libtorch" ] && [ "$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)" != "" ]; then
-  cuda_root=${CUDA_TOOLKIT_ROOT_DIR:-${CUDA_HOME:-/usr/local/cuda}}
-  if [ -f "$cuda_root/include/cuda_runtime_api.h" ]; then
-    cmake_args+=("-DCUDA_TOOLKIT_ROOT_DIR=$cuda_root" "-DCUDAToolkit_ROOT=$cuda_root")
-    [ -x "$cuda_root/bin/nvcc" ] && cmake_args+=("-DCMAKE_CUDA_COMPILER=$cuda_root/bin/nvcc")
-    # libnvrtc: the toolkit's, else the one pip installed beside PyTorch (nvidia/*/lib).
-    if ! ls "$cuda_root"/lib64/libnvrtc.so* "$cuda_root"/lib/libnvrtc.so* >/dev/null 2>&1; then
-      nvrtc=$("$PYTHON" -c 'import glob, os, nvidia; print(next(iter(sorted(f for p in nvidia.__path__ for f in glob.glob(os.path.join(p, "*", "lib", "libnvrtc.so*")) if "builtins" not in f)), ""))' 2>/dev/null || true)
-      [ -n "$nvrtc" ] && cmake_args+=("-DCUDA_nvrtc_LIBRARY=$nvrtc")
-    fi
-  else
-    say "a CUDA PyTorch, but no CUDA toolkit at $cuda_root (set CUDA_TOOLKIT_ROOT_DIR): CMake may not find it"
-  fi
 fi
 # Extra CMake arguments from the environment (SLM_CHECK_CMAKE_ARGS, split on spaces).
 [ -n "${SLM_CHECK_CMAKE_ARGS:-}" ] && read -r -a extra <<<"$SLM_CHECK_CMAKE_ARGS" && cmake_args+=("${extra[@]}")

@@ -1,5 +1,5 @@
-# Sourced by bash scripts that build against an installed PyTorch's libtorch (scripts/gpu-trainer.sh;
-# the same logic as scripts/gpu-check.sh, which can source it too). Defines one function:
+# Sourced by the bash scripts that build against an installed PyTorch's libtorch (scripts/gpu-check.sh,
+# scripts/gpu-trainer.sh). Defines one function:
 #
 #   torch_cmake PYTHON [LIBTORCH_DIR]
 #
