@@ -120,6 +120,47 @@ EOF
       args+=(--unchecked "transformers' forward on $m (hf_forward.py failed: $build/hf/$m.log)")
     fi
   done
+  # Qwen2 (q/k/v biases, untied head) and Llama (llama3 RoPE scaling, tied head): random float32
+  # checkpoints written by transformers itself (seeded), then its forward on them.
+  mkdir -p "$build/hf-models"
+  if "$PYTHON" - "$build/hf-models" >"$build/hf-models/make.log" 2>&1 <<'EOF'
+import os, sys
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+base = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=4096, rms_norm_eps=1e-6)
+for name, cls, cfg in [
+    ("tiny-qwen2", Qwen2ForCausalLM, Qwen2Config(**base, rope_theta=1e6, tie_word_embeddings=False)),
+    ("tiny-llama", LlamaForCausalLM, LlamaConfig(**base, head_dim=16, rope_theta=5e5, tie_word_embeddings=True,
+                                                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+]:
+    torch.manual_seed(0)
+    m = cls(cfg).to(torch.float32)
+    with torch.no_grad():  # biases and norms away from their 0 / 1 initialisation, so that a dropped one shows
+        for n, p in m.named_parameters():
+            if n.endswith("bias") or "norm" in n:
+                p.add_(torch.randn_like(p) * 0.1)
+    m.save_pretrained(os.path.join(sys.argv[1], name), safe_serialization=True)
+EOF
+  then
+    for m in tiny-qwen2 tiny-llama; do
+      out=$build/hf/$m.json
+      printf '{"model_dir": "%s", "dtype": "float32", "rows": [[5, 17, 300, 42, 7, 99, 123, 250, 3, 77, 401, 12, 9, 311, 64, 128, 2], [%s]]}' \
+        "$build/hf-models/$m" "$(seq -s, 3 7 283)" >"$out.request.json"
+      if "$PYTHON" "$repo/test/reference/hf_forward.py" <"$out.request.json" >"$out.tmp" 2>"$build/hf/$m.log"; then
+        "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["transformers"]=sys.argv[2]; json.dump(d, open(sys.argv[3],"w"))' "$out.tmp" "$hf_version" "$out"
+        args+=(--hf-extra "$out")
+      else
+        tail -n 5 "$build/hf/$m.log" >&2
+        args+=(--unchecked "transformers' forward on $m (hf_forward.py failed: $build/hf/$m.log)")
+      fi
+    done
+  else
+    tail -n 5 "$build/hf-models/make.log" >&2
+    args+=(--unchecked "Qwen2 and Llama against transformers (writing their checkpoints failed: $build/hf-models/make.log)")
+  fi
 fi
 # A LoRA step in PEFT + torch on the fixture (float32, CPU): gpu_check repeats it on the device.
 if [ $use_peft = 0 ]; then

@@ -62,7 +62,17 @@ t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || f
   t.ok(golden.filter((c) => c.dtype === 'float32').every((c) => c.max_abs <= 1e-4), 'float32 within 1e-4 of the float64 reference');
   const hasHf = spawnSync(python!, ['-c', 'import transformers'], { encoding: 'utf8' }).status === 0;
   const hf = rep.checks.filter((c) => c.check === 'transformers');
-  if (hasHf) t.ok(hf.length >= 6 && hf.every((c) => c.pass), "transformers' forward compared and equal within tolerance");
+  if (hasHf) {
+    t.ok(hf.length >= 6 && hf.every((c) => c.pass), "transformers' forward compared and equal within tolerance");
+    // Qwen2 (biases, untied head) and Llama (llama3 RoPE scaling, transformers 5's rope_parameters):
+    // checkpoints transformers wrote, 2 rows x 2 dtypes each.
+    for (const m of ['tiny-qwen2', 'tiny-llama']) {
+      const rows = hf.filter((c) => c.model === m);
+      t.equal(rows.length, 4, `${m}: 2 rows in float32 and bfloat16 against transformers`);
+      t.ok(rows.every((c) => c.pass && c.positions > 0), `${m}: every row within tolerance`);
+      t.ok(rows.filter((c) => c.dtype === 'float32').every((c) => c.max_abs <= 1e-4), `${m}: float32 within 1e-4`);
+    }
+  }
   else t.ok(rep.not_checked.some((s) => /transformers/.test(s)), 'the report says transformers was not compared');
   // The LoRA step against PEFT + torch (peft_step.py on the fixture and its adapter).
   const hasPeft = spawnSync(python!, ['-c', 'import peft'], { encoding: 'utf8' }).status === 0;

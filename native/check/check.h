@@ -78,6 +78,9 @@ double device_total_bytes(const at::Device& d);
 // check_steps.cc: the LoRA step against PEFT + torch, greedy generation device vs CPU and batched vs solo.
 void peft_rows(const std::string& ref_path, const std::string& device, std::vector<Row>& rows);
 void generation_rows(const std::string& model_dir, const std::string& device, std::vector<Row>& rows);
+// transformers' forward (hf_forward.py's output at ref_path) against the model's, one Row per row.
+void hf_rows(const slm::Qwen3Model& model, const std::string& mname, const std::string& dtype, double tol, bool argmax, const std::string& ref_path,
+             std::vector<Row>& rows);
 
 // check_bench.cc: the benchmark (--bench 4b|tiny) and its table.
 struct BenchShape {

@@ -40,8 +40,15 @@ slm::Qwen3Config read_config(const json& c) {
   cfg.arch.qkv_bias = mt == "qwen2" || attention_bias;
   cfg.arch.o_bias = mt != "qwen2" && attention_bias;
   cfg.arch.mlp_bias = c.value("mlp_bias", false);
-  if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) {
-    const json& r = c["rope_scaling"];
+  // transformers 5 writes rope_parameters ({rope_theta, rope_type, factor, ...}) where earlier
+  // checkpoints have rope_theta and rope_scaling; both are read, the older keys first (as
+  // lib/model/config.ts reads them).
+  const json* rp = c.contains("rope_parameters") && c["rope_parameters"].is_object() ? &c["rope_parameters"] : nullptr;
+  if (!(c.contains("rope_theta") && c["rope_theta"].is_number()) && rp && rp->contains("rope_theta") && (*rp)["rope_theta"].is_number())
+    cfg.rope_theta = (*rp)["rope_theta"].get<double>();
+  const json* rs = c.contains("rope_scaling") && c["rope_scaling"].is_object() ? &c["rope_scaling"] : rp;
+  if (rs) {
+    const json& r = *rs;
     cfg.rope_scaling.type = r.value("rope_type", r.value("type", std::string("default")));
     cfg.rope_scaling.factor = r.value("factor", 1.0);
     cfg.rope_scaling.low_freq_factor = r.value("low_freq_factor", 1.0);

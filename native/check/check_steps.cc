@@ -157,4 +157,32 @@ void generation_rows(const std::string& model_dir, const std::string& device, st
   same("batched rows vs solo", "each row generated alone on " + device, batch, solo);
 }
 
+// transformers' forward (test/reference/hf_forward.py's output `ref_path`, its request beside it as
+// ref_path.request.json) against the model's, row by row: unpadded rows, positions 0..T-1.
+void hf_rows(const slm::Qwen3Model& model, const std::string& mname, const std::string& dtype, double tol, bool argmax, const std::string& ref_path,
+             std::vector<Row>& rows) {
+  json ref = read_json(ref_path);
+  const json req = read_json(ref_path + ".request.json");
+  int64_t V = ref["vocab"].get<int64_t>();
+  for (size_t i = 0; i < req["rows"].size(); i++) {
+    Row r{"transformers", mname, dtype, "row" + std::to_string(i) + " (T=" + std::to_string(req["rows"][i].size()) + ")",
+          "transformers " + ref.value("transformers", std::string("?")) + " " + ref.value("dtype", std::string("float32"))};
+    r.tol = tol;
+    r.argmax_required = argmax;
+    try {
+      json one = json::array({req["rows"][i]});
+      int64_t T = req["rows"][i].size();
+      at::Tensor pos = at::arange(T, at::kLong).unsqueeze(0);
+      at::Tensor got = forward(model, ids_tensor(one), pos, at::ones({1, T}, at::kLong));
+      std::vector<float> lf = b64_floats(ref["logits"][i].get<std::string>());
+      if ((int64_t)lf.size() != T * V) throw std::runtime_error("reference logits have the wrong size");
+      compare(got, [&](int64_t, int64_t t, int64_t v) { return (double)lf[t * V + v]; }, [](int64_t, int64_t) { return true; }, r);
+    } catch (const std::exception& e) {
+      r.note = e.what();
+      r.pass = false;
+    }
+    rows.push_back(r);
+  }
+}
+
 }  // namespace slm_check

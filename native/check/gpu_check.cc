@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   std::string device = "cpu", fixtures, json_out, peft, bench_name, peer_path;
   bool gen = true;
   std::map<std::string, std::string> hf;  // model dir name -> hf_forward.py output
+  std::vector<std::string> hf_extra;       // hf_forward.py outputs for checkpoints outside the fixtures
   std::vector<std::string> unchecked;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -48,12 +49,13 @@ int main(int argc, char** argv) {
       if (eq == std::string::npos) { std::cerr << "--hf MODEL=FILE\n"; return 2; }
       hf[v.substr(0, eq)] = v.substr(eq + 1);
     } else if (a == "--unchecked") unchecked.push_back(next());
+    else if (a == "--hf-extra") hf_extra.push_back(next());
     else if (a == "--peft") peft = next();
     else if (a == "--bench") bench_name = next();
     else if (a == "--peer") peer_path = next();
     else if (a == "--no-generate") gen = false;
     else {
-      std::cerr << "usage: gpu_check --device cpu|cuda[:N] --fixtures DIR [--hf MODEL=FILE]... [--peft FILE] [--no-generate] [--bench 4b|tiny [--peer FILE]]\n"
+      std::cerr << "usage: gpu_check --device cpu|cuda[:N] --fixtures DIR [--hf MODEL=FILE]... [--hf-extra FILE]... [--peft FILE] [--no-generate] [--bench 4b|tiny [--peer FILE]]\n"
                    "                 [--unchecked TEXT]... [--json FILE]\n";
       return 2;
     }
@@ -111,28 +113,31 @@ int main(int argc, char** argv) {
       // transformers' forward on the same checkpoint (float32 reference; unpadded rows, positions 0..T-1).
       auto h = hf.find(m["model_dir"].get<std::string>());
       if (h != hf.end() && adir.empty() && model) {
-        json ref = read_json(h->second);
-        const json& req = read_json(h->second + ".request.json");
-        int64_t V = ref["vocab"].get<int64_t>();
-        for (size_t i = 0; i < req["rows"].size(); i++) {
-          Row r{"transformers", mname, dt.name, "row" + std::to_string(i) + " (T=" + std::to_string(req["rows"][i].size()) + ")",
-                "transformers " + ref.value("transformers", std::string("?")) + " " + ref.value("dtype", std::string("float32"))};
-          r.tol = dt.tol;
-          r.argmax_required = dt.argmax;
-          try {
-            json one = json::array({req["rows"][i]});
-            int64_t T = req["rows"][i].size();
-            at::Tensor pos = at::arange(T, at::kLong).unsqueeze(0);
-            at::Tensor got = forward(*model, ids_tensor(one), pos, at::ones({1, T}, at::kLong));
-            std::vector<float> lf = b64_floats(ref["logits"][i].get<std::string>());
-            if ((int64_t)lf.size() != T * V) throw std::runtime_error("reference logits have the wrong size");
-            compare(got, [&](int64_t, int64_t t, int64_t v) { return (double)lf[t * V + v]; }, [](int64_t, int64_t) { return true; }, r);
-          } catch (const std::exception& e) {
-            r.note = e.what();
-            r.pass = false;
-          }
-          rows.push_back(r);
-        }
+        hf_rows(*model, mname, dt.name, dt.tol, dt.argmax, h->second, rows);
+      }
+    }
+  }
+  // Other architectures (Qwen2, Llama with llama3 RoPE scaling): random checkpoints that
+  // scripts/gpu-check.sh wrote with transformers, against transformers' forward on them.
+  for (const std::string& ref_path : hf_extra) {
+    std::string model_dir, mname;
+    try {
+      model_dir = read_json(ref_path + ".request.json")["model_dir"].get<std::string>();
+      mname = model_dir.substr(model_dir.find_last_of('/') + 1);
+    } catch (const std::exception& e) {
+      Row r{"transformers", ref_path, "-", "request", "transformers"};
+      r.note = e.what();
+      rows.push_back(r);
+      continue;
+    }
+    for (const Dt& dt : dtypes) {
+      try {
+        auto model = load_model(model_dir, "", dt.t, device);
+        hf_rows(*model, mname, dt.name, dt.tol, dt.argmax, ref_path, rows);
+      } catch (const std::exception& e) {
+        Row r{"transformers", mname, dt.name, "load", "transformers"};
+        r.note = e.what();
+        rows.push_back(r);
       }
     }
   }
