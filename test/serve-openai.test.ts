@@ -18,6 +18,7 @@ import { ChatFormatter } from '../lib/model/chat.js';
 import { initModel } from '../lib/model/init.js';
 import { loadTokenizer } from '../lib/model/tokenizer.js';
 import { OpenAIServer } from '../lib/serve/server.js';
+import { failure } from './helpers/failure.js';
 
 const root = t.testdir();
 const dir = join(root, 'model');
@@ -26,14 +27,6 @@ const lora = { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'v
 
 // Parameters outside the client's types (vLLM's extras) go in the body as they are.
 const extra = <T>(body: T & Record<string, unknown>) => body as T;
-async function failure(p: Promise<unknown>): Promise<any> {
-  try {
-    await p;
-  } catch (e) {
-    return e;
-  }
-  throw new Error('expected the request to fail');
-}
 
 t.test('the openai client against slm-train serve', async (t) => {
   const model = await Model.load(dir);

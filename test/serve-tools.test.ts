@@ -26,6 +26,7 @@ import { OpenAIServer, type ServeOptions } from '../lib/serve/server.js';
 import { ToolCallParser, parseTools } from '../lib/serve/tools.js';
 import { runCli } from './helpers/cli.js';
 import { repoRoot } from './helpers/shared.js';
+import { failure } from './helpers/failure.js';
 
 const dir = join(t.testdir(), 'model');
 initModel({ preset: 'tiny', out: dir, seed: 6 });
@@ -33,14 +34,6 @@ const tokenizer = loadTokenizer(dir);
 const formatter = ChatFormatter.forModel(dir);
 const IM_END = tokenizer.tokenId('<|im_end|>')!;
 
-async function failure(p: Promise<unknown>): Promise<any> {
-  try {
-    await p;
-  } catch (e) {
-    return e;
-  }
-  throw new Error('expected the request to fail');
-}
 
 const weather = { type: 'function' as const, function: { name: 'get_weather', description: 'The weather in a city now.', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } };
 const clock = { type: 'function' as const, function: { name: 'get_time', description: 'The time in a time zone.', parameters: { type: 'object', properties: { tz: { type: 'string' } } } } };
