@@ -90,6 +90,22 @@ cmake "${cmake_args[@]}" >"$build/configure.log" 2>&1 || { cat "$build/configure
 cmake --build "$build" --target gpu_check -j "${JOBS:-$(nproc)}" >"$build/build.log" 2>&1 || { tail -n 60 "$build/build.log" >&2; say "build failed (log: $build/build.log)"; exit 2; }
 [ $build_only = 1 ] && { say "built $build/gpu_check (--build-only)"; exit 0; }
 
+# reference SCRIPT OUT KEY=VALUE...: test/reference/SCRIPT reads OUT.request.json and writes OUT, with the
+# KEY=VALUE pairs (the library versions) added to its JSON; its stderr goes to OUT.log (tail shown on failure).
+reference() {
+  local script=$1 out=$2
+  shift 2
+  if "$PYTHON" "$repo/test/reference/$script" <"$out.request.json" >"$out.tmp" 2>"$out.log" &&
+    "$PYTHON" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+d.update(kv.split("=", 1) for kv in sys.argv[3:])
+json.dump(d, open(sys.argv[2], "w"))' "$out.tmp" "$out" "$@"; then
+    return 0
+  fi
+  tail -n 5 "$out.log" >&2
+  return 1
+}
+
 # transformers' forward on the fixture checkpoints (float32), through test/reference/hf_forward.py.
 args=(--device "$device" --fixtures "$fixtures")
 if [ $use_hf = 0 ]; then
@@ -112,13 +128,8 @@ for c in g["models"][sys.argv[2]]["cases"]:
 rows.append([(7 * i + 3) % 500 + 3 for i in range(40)])
 json.dump({"model_dir": sys.argv[1] + "/" + sys.argv[2], "dtype": "float32", "rows": rows}, sys.stdout)
 EOF
-    if "$PYTHON" "$repo/test/reference/hf_forward.py" <"$out.request.json" >"$out.tmp" 2>"$build/hf/$m.log"; then
-      "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["transformers"]=sys.argv[2]; json.dump(d, open(sys.argv[3],"w"))' "$out.tmp" "$hf_version" "$out"
-      args+=(--hf "$m=$out")
-    else
-      tail -n 5 "$build/hf/$m.log" >&2
-      args+=(--unchecked "transformers' forward on $m (hf_forward.py failed: $build/hf/$m.log)")
-    fi
+    reference hf_forward.py "$out" "transformers=$hf_version" && args+=(--hf "$m=$out") ||
+      args+=(--unchecked "transformers' forward on $m (hf_forward.py failed: $out.log)")
   done
   # Qwen2 (q/k/v biases, untied head) and Llama (llama3 RoPE scaling, tied head): random float32
   # checkpoints written by transformers itself (seeded), then its forward on them.
@@ -149,13 +160,8 @@ EOF
       out=$build/hf/$m.json
       printf '{"model_dir": "%s", "dtype": "float32", "rows": [[5, 17, 300, 42, 7, 99, 123, 250, 3, 77, 401, 12, 9, 311, 64, 128, 2], [%s]]}' \
         "$build/hf-models/$m" "$(seq -s, 3 7 283)" >"$out.request.json"
-      if "$PYTHON" "$repo/test/reference/hf_forward.py" <"$out.request.json" >"$out.tmp" 2>"$build/hf/$m.log"; then
-        "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["transformers"]=sys.argv[2]; json.dump(d, open(sys.argv[3],"w"))' "$out.tmp" "$hf_version" "$out"
-        args+=(--hf-extra "$out")
-      else
-        tail -n 5 "$build/hf/$m.log" >&2
-        args+=(--unchecked "transformers' forward on $m (hf_forward.py failed: $build/hf/$m.log)")
-      fi
+      reference hf_forward.py "$out" "transformers=$hf_version" && args+=(--hf-extra "$out") ||
+        args+=(--unchecked "transformers' forward on $m (hf_forward.py failed: $out.log)")
     done
   else
     tail -n 5 "$build/hf-models/make.log" >&2
@@ -176,13 +182,8 @@ ids = [204, 125, 373, 399, 458, 17, 300, 457, 205, 161, 12, 99, 300, 7, 45, 210,
 json.dump({"model_dir": sys.argv[1] + "/tiny-qwen3-f32", "adapter_dir": sys.argv[1] + "/tiny-lora", "ids": ids,
            "mask": [1 if i >= 8 else 0 for i in range(len(ids))], "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}, sys.stdout)
 EOF
-  if "$PYTHON" "$repo/test/reference/peft_step.py" <"$out.request.json" >"$out.tmp" 2>"$build/peft/step.log"; then
-    "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["peft"], d["torch"] = sys.argv[2].split(); json.dump(d, open(sys.argv[3],"w"))' "$out.tmp" "$peft_version" "$out"
-    args+=(--peft "$out")
-  else
-    tail -n 5 "$build/peft/step.log" >&2
-    args+=(--unchecked "the LoRA step against PEFT (peft_step.py failed: $build/peft/step.log)")
-  fi
+  reference peft_step.py "$out" "peft=${peft_version% *}" "torch=${peft_version#* }" && args+=(--peft "$out") ||
+    args+=(--unchecked "the LoRA step against PEFT (peft_step.py failed: $out.log)")
 fi
 # The benchmark and its peer (transformers on the same shape and device), the peer first.
 if [ -n "$bench" ]; then
