@@ -116,6 +116,20 @@ t.test('kl: k1 = lp - ref, k3 = exp(d) - d - 1 (d = ref - lp), and their gradien
   t.throws(() => L().kl({ logprobs: f32(lp), refLogprobs: f32(ref), weights: f32(w), estimator: 2 as never }), { code: 'ARGUMENT_INVALID' });
 });
 
+t.test("k3 in the loss is clamped as verl's kl_penalty('low_var_kl'): d to [-20, 20], the estimate to [-10, 10], no gradient where clamped", async (t) => {
+  // d = ref - lp: 0.3 inside, 5 (exp(5) - 6 = 142 > 10), -15 (14 + e^-15 > 10), 120 (exp overflows float32 without the clamp of d).
+  const d = [0.3, 5, -15, 120];
+  const lp = d.map(() => -2);
+  const ref = d.map((di) => -2 + di);
+  const w = [0.25, 0.25, 0.25, 0.25];
+  const k3 = L().kl({ logprobs: f32(lp), refLogprobs: f32(ref), weights: f32(w), estimator: 3 });
+  const verl = (x: number) => { const c = Math.min(20, Math.max(-20, x)); return Math.min(10, Math.max(-10, Math.exp(c) - c - 1)); };
+  t.ok(close(k3.loss, d.reduce((a, di, i) => a + w[i] * verl(di), 0)), `k3 ${k3.loss}`);
+  t.ok(close(k3.loss, 0.25 * (Math.exp(0.3) - 1.3) + 0.75 * 10), 'three tokens at the clamp of 10');
+  t.ok(k3.grad.every(Number.isFinite), 'every gradient finite (no inf * 0)');
+  allClose(t, k3.grad, [0.25 * (1 - Math.exp(0.3)), 0, 0, 0], 'gradient only on the unclamped token');
+});
+
 t.test('entropy: log_softmax(logits / T), the bonus sum(w sum p log p), its gradient', async (t) => {
   const V = 3;
   const logits = [1, 2, 3.5, 0, 0, 0];

@@ -255,10 +255,14 @@ PolicyLoss policy_loss(const at::Tensor& lp, const at::Tensor& old_lp, const at:
   return r;
 }
 
+// k1 = lp - ref; k3 = exp(d) - d - 1 with d = ref - lp, as verl's kl_penalty('low_var_kl'): d clamped
+// to [-20, 20] (so exp cannot overflow into an inf * 0 gradient) and the estimate to [-10, 10]; a
+// clamped token takes no gradient.
 at::Tensor kl_penalty(const at::Tensor& lp, const at::Tensor& ref_lp, const at::Tensor& w, int estimator) {
   auto d = ref_lp - lp;
-  auto kl = estimator == 1 ? -d : at::exp(d) - d - 1;
-  return (kl * w).sum();
+  if (estimator == 1) return (-d * w).sum();
+  d = at::clamp(d, -20, 20);
+  return (at::clamp(at::exp(d) - d - 1, -10, 10) * w).sum();
 }
 
 at::Tensor entropy(const at::Tensor& logp) { return -(logp.exp() * logp).sum(-1); }
