@@ -109,7 +109,7 @@ t.test('the code recipe configs hold the reference values', async (t) => {
   t.equal(j.max_tokens, RL.judge_max_tokens, 'rl.yaml 56');
   t.equal(j.skip_without_answer, false, 'core.py 841: "(no answer)" is judged');
   t.equal(j.missing_approach, 'error', 'judge.py 22: approach_score is required, so a reply without it fails (-1)');
-  t.equal(g.algorithm.old_logprobs, 'recompute');
+  t.equal(g.algorithm.old_logprobs, 'forward', 'episode.py 510-530: no ratio, the NLL of the training forward (LoRA dropout on)');
   t.equal(g.algorithm.loss_temperature, 1, 'episode.py 510: the NLL of the plain logits');
   t.equal(g.data.train_questions, 300, 'rl.yaml 11: num_samples 300');
   // episode.py 341-343: a flat group (std < 0.01) trains on r - 0.5 whatever its mean: no reward is below flat_skip_below.
@@ -338,8 +338,9 @@ t.test('old log-probs: the sampler\'s with the prefilled ones filled in, or all 
   t.same(await withOldLogprobs(m as unknown as Model, [], 'recompute'), []);
 });
 
-t.test('the trainers\' rollouts carry the recomputed old log-probs (code-grpo.yaml, rolloutFn)', async (t) => {
-  const cfg = grpo();
+t.test('the trainers\' rollouts carry the recomputed old log-probs (code-grpo.yaml with old_logprobs: recompute, rolloutFn)', async (t) => {
+  const recipe = grpo();
+  const cfg = { ...recipe, algorithm: { ...recipe.algorithm, old_logprobs: 'recompute' as const } };
   const gen = new Scripted({ 'Q three': ['print(3)\n</python>' + IM_END, 'C</answer>' + IM_END] });
   const m = scorer();
   const model = Object.assign(gen, { sequenceLogprobs: m.sequenceLogprobs });
@@ -357,6 +358,14 @@ t.test('the trainers\' rollouts carry the recomputed old log-probs (code-grpo.ya
   });
   t.ok(checked > 4);
   t.ok(e.forced && e.forced.some((f, k) => f === 1 && e.lossMask[k] === 1), 'its prefilled tokens are trained and carried');
+  // The recipe's own setting (forward): the training forward scores the episode itself, so no scoring forward here.
+  const m2 = scorer();
+  const gen2 = new Scripted({ 'Q three': ['print(3)\n</python>' + IM_END, 'C</answer>' + IM_END] });
+  const [e2] = await rolloutFn(recipe, agentOf(Object.assign(gen2, { sequenceLogprobs: m2.sequenceLogprobs })), envOf(new Exec()))([
+    { question: { id: '1', index: 0, question: 'Q three', golds: ['C'] } as never, temperature: 1.05, topP: 0.9, seed: 7 },
+  ]);
+  t.equal(m2.calls.length, 0, 'old_logprobs: forward runs no scoring forward before the update');
+  t.equal(e2.lossTemperature, 1, 'the training forward still scores at loss_temperature');
 });
 
 t.test('an Episode without prefill has no forced mask', async (t) => {

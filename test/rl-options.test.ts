@@ -8,10 +8,10 @@ import { ppoOptionsFrom } from '../lib/train/ppo.js';
 const base = { model: { path: '/m' }, data: { questions: '/q', corpus: '/c' } };
 
 t.test('GRPO and RLOO options from the algorithm, rollout and optim sections', async (t) => {
-  const algorithm = { clip_low: 0.15, clip_high: 0.3, kl_coef: 0.02, kl_estimator: 'k3', inner_epochs: 3, entropy_coef: 0.01, loss_norm: 'turn', turn_discount: 0.9 };
+  const algorithm = { clip_low: 0.15, clip_high: 0.3, kl_coef: 0.02, kl_estimator: 'k3', inner_epochs: 3, entropy_coef: 0.01, loss_norm: 'turn', turn_discount: 0.9, old_logprobs: 'recompute' };
   for (const stage of ['grpo', 'rloo']) {
     const c = validateConfig({ ...base, stage, rollout: { k: 5 }, algorithm, optim: { lr: 3e-4, schedule: 'cosine', warmup_steps: 2, min_lr_ratio: 0.1 }, train: { steps: 9 } }, 'test');
-    t.same(pgOptionsFrom(c), { k: 5, innerEpochs: 3, clipLow: 0.15, clipHigh: 0.3, klCoef: 0.02, klEstimator: 'k3', entropyCoef: 0.01, lossNorm: 'turn', turnDiscount: 0.9, schedule: { kind: 'cosine', lr: 3e-4, warmupSteps: 2, totalSteps: 9, minRatio: 0.1 } }, stage);
+    t.same(pgOptionsFrom(c), { k: 5, innerEpochs: 3, clipLow: 0.15, clipHigh: 0.3, klCoef: 0.02, klEstimator: 'k3', entropyCoef: 0.01, lossNorm: 'turn', turnDiscount: 0.9, oldLogprobs: 'recompute', schedule: { kind: 'cosine', lr: 3e-4, warmupSteps: 2, totalSteps: 9, minRatio: 0.1 } }, stage);
   }
   // clip_high left out: clip_low's (the config's derived default).
   t.equal(pgOptionsFrom(validateConfig({ ...base, stage: 'grpo', algorithm: { clip_low: 0.1 } }, 'test')).clipHigh, 0.1);

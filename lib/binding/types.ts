@@ -193,6 +193,13 @@ export interface NativeTrainRequest {
   oldLogprobs?: Float32Array;
   returns?: Float32Array;
   oldValues?: Float32Array;
+  /** Per token: a factor on the entropy term's weight (loss_norm 'turn': the per-turn mean); absent = 1. */
+  entropyScale?: Float32Array;
+  /**
+   * The ratio's old log-probs are the training forward's own, detached (algorithm.old_logprobs
+   * 'forward'): r = 1 exactly under the forward's LoRA dropout mask; oldLogprobs is then not read.
+   */
+  oldFromForward?: boolean;
   /** Per sequence sampling temperature (log-probs under softmax(logits / T)). */
   temperature?: Float32Array;
   loss: 'sft' | 'pg';

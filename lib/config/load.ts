@@ -92,10 +92,16 @@ function crossChecks(c: ResolvedConfig): Problem[] {
   if (c.algorithm.overlong.buffer >= c.protocol.max_new_tokens)
     p.push({ path: ['algorithm', 'overlong', 'buffer'], message: `the over-length buffer is the last tokens before protocol.max_new_tokens (${c.protocol.max_new_tokens}): expected fewer, found ${c.algorithm.overlong.buffer}` });
   // Turn 1 sampled at another temperature than the episode's: the sampler's log-probs of its tokens are not the training forward's.
-  if (c.rollout.first_turn_temperature !== null && c.algorithm.old_logprobs !== 'recompute')
-    p.push({ path: ['rollout', 'first_turn_temperature'], message: `turn 1 then samples at ${c.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute` });
-  if (c.algorithm.loss_temperature !== null && c.algorithm.old_logprobs !== 'recompute')
-    p.push({ path: ['algorithm', 'loss_temperature'], message: `the loss then scores tokens at temperature ${c.algorithm.loss_temperature}, but the sampler's log-probs are at each episode's sampling temperature; set algorithm.old_logprobs: recompute` });
+  if (c.rollout.first_turn_temperature !== null && c.algorithm.old_logprobs === 'sampler')
+    p.push({ path: ['rollout', 'first_turn_temperature'], message: `turn 1 then samples at ${c.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute (or forward)` });
+  if (c.algorithm.loss_temperature !== null && c.algorithm.old_logprobs === 'sampler')
+    p.push({ path: ['algorithm', 'loss_temperature'], message: `the loss then scores tokens at temperature ${c.algorithm.loss_temperature}, but the sampler's log-probs are at each episode's sampling temperature; set algorithm.old_logprobs: recompute (or forward)` });
+  // 'forward': the ratio against the training forward's own log-probs is 1 in every pass; a second
+  // pass would train off-policy with no correction.
+  if (c.algorithm.old_logprobs === 'forward' && c.algorithm.inner_epochs !== 1)
+    p.push({ path: ['algorithm', 'old_logprobs'], message: `forward takes the training forward's own log-probs as the old ones, so the ratio is 1 in every pass and a second pass would train off-policy uncorrected: expected inner_epochs 1, found ${c.algorithm.inner_epochs}; use recompute for several passes` });
+  if (c.algorithm.old_logprobs === 'forward' && stageKind !== 'grpo' && stageKind !== 'rloo' && c.stage !== 'eval')
+    p.push({ path: ['algorithm', 'old_logprobs'], message: `forward is the group policy-gradient update's (grpo or rloo), found ${stageKind}; use sampler or recompute` });
   if (c.rollout.first_turn_top_p !== null && c.rollout.first_turn_temperature === null)
     p.push({ path: ['rollout', 'first_turn_top_p'], message: 'set, but rollout.first_turn_temperature is null (turn 1 then samples at the rollout\'s own draws); set both or neither' });
   if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.critic_warmup_steps !== null && c.optim.critic_warmup_steps >= c.train.steps)

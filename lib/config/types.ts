@@ -171,7 +171,7 @@ export interface AlgorithmConfig {
   /** The temperature the loss scores tokens at (null = each episode's sampling temperature). */
   loss_temperature: number | null;
   /** The clipped ratio's old log-probs: the sampler's, or recomputed by the trained policy before the update. */
-  old_logprobs: 'sampler' | 'recompute';
+  old_logprobs: 'sampler' | 'recompute' | 'forward';
   /** Truncated episodes: DAPO's overlong filtering and soft over-length penalty. */
   overlong: { filter: boolean; buffer: number; penalty_factor: number };
   mini_batch: number;

@@ -10,10 +10,12 @@ export interface TrainBatch {
   oldLogprobs?: ArrayLike<number>[];
   returns?: ArrayLike<number>[];
   oldValues?: ArrayLike<number>[];
+  /** Per token: a factor on the entropy term's weight (absent: 1). */
+  entropyScale?: ArrayLike<number>[];
   temperature?: number[];
 }
 
-export interface TrainOptions extends Omit<NativeTrainRequest, 'ids' | 'lengths' | 'mask' | 'advantages' | 'oldLogprobs' | 'returns' | 'oldValues' | 'temperature' | 'klEstimator'> {
+export interface TrainOptions extends Omit<NativeTrainRequest, 'ids' | 'lengths' | 'mask' | 'advantages' | 'oldLogprobs' | 'returns' | 'oldValues' | 'entropyScale' | 'temperature' | 'klEstimator'> {
   klEstimator?: 'k1' | 'k3';
 }
 
@@ -53,6 +55,7 @@ export function nativeTrainRequest(batch: TrainBatch, opts: TrainOptions, checkI
     oldLogprobs: flat(batch.oldLogprobs, Float32Array, 'oldLogprobs'),
     returns: flat(batch.returns, Float32Array, 'returns'),
     oldValues: flat(batch.oldValues, Float32Array, 'oldValues'),
+    entropyScale: flat(batch.entropyScale, Float32Array, 'entropyScale'),
     temperature: batch.temperature ? Float32Array.from(batch.temperature) : undefined,
   };
   return req;

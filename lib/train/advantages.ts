@@ -249,3 +249,20 @@ export function episodeTokenAdvantages(
     return out;
   });
 }
+
+/**
+ * loss_norm 'turn''s factor S * n_i / (P * m_ij) on each token of turn j of episode i (0 off the
+ * turns), which turns the native per-sequence weight 1 / (S * n_i) into 1 / (P * m_ij): the entropy
+ * bonus then averages per turn and over the batch's turns, as the reference code-search system's
+ * (a turn's mean entropy, P:513-530). The policy loss takes the same factor inside its advantages.
+ */
+export function turnScale(masks: readonly Uint8Array[], totals?: TurnCounts): Float32Array[] {
+  const { sequences: S, pairs: P } = totals ?? turnCounts(masks);
+  return masks.map((m) => {
+    const out = new Float32Array(m.length);
+    const turns = maskTurns(m);
+    const n = turns.reduce((a, [b, e]) => a + e - b, 0);
+    for (const [b, e] of turns) out.fill((S * n) / (P * (e - b)), b, e);
+    return out;
+  });
+}

@@ -12,7 +12,7 @@
  */
 import type { Model } from '../engine/model.js';
 import { mean } from './rollout-metrics.js';
-import { episodeTokenAdvantages, grpoAdvantages, turnCounts, type LossNorm, type TurnCounts } from './advantages.js';
+import { episodeTokenAdvantages, grpoAdvantages, turnCounts, turnScale, type LossNorm, type TurnCounts } from './advantages.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
 import { sectionDefaults } from '../config/schema.js';
 import { scheduleSpec } from '../config/algorithm.js';
@@ -48,8 +48,16 @@ export interface PgOptions extends RlLoopOptions {
   maxGradNorm?: number;
   /** AdamW's betas and eps (optim.betas, optim.eps). */
   adam?: AdamOptions;
-  /** Entropy bonus coefficient (the loss subtracts coef x the mean entropy of the trained tokens). */
+  /**
+   * Entropy bonus coefficient (the loss subtracts coef x the mean entropy of the trained tokens,
+   * averaged as lossNorm says: per turn with 'turn').
+   */
   entropyCoef?: number;
+  /**
+   * The ratio's old log-probs (algorithm.old_logprobs): 'forward' = the training forward's own,
+   * detached (r = 1, one pass); otherwise those on the episodes (sampler or recomputed).
+   */
+  oldLogprobs?: 'sampler' | 'recompute' | 'forward';
   microBatch?: number;
   gradientCheckpointing?: boolean;
 }
@@ -60,7 +68,7 @@ export type GrpoOptions = PgOptions;
  * The group-baseline options (GRPO, RLOO) of a resolved config's algorithm, rollout and optim
  * sections; the loop's own options (questions per step, steps, seed...) come from the caller.
  */
-export function pgOptionsFrom(c: ResolvedConfig): Pick<PgOptions, 'k' | 'innerEpochs' | 'clipLow' | 'clipHigh' | 'klCoef' | 'klEstimator' | 'entropyCoef' | 'lossNorm' | 'turnDiscount' | 'schedule'> {
+export function pgOptionsFrom(c: ResolvedConfig): Pick<PgOptions, 'k' | 'innerEpochs' | 'clipLow' | 'clipHigh' | 'klCoef' | 'klEstimator' | 'entropyCoef' | 'lossNorm' | 'turnDiscount' | 'oldLogprobs' | 'schedule'> {
   const a = c.algorithm;
   if (a.kl_coef > 0 && a.kl_estimator !== 'k3') throw new SlmError('CONFIG_INVALID', `algorithm.kl_estimator: ${c.stage.toUpperCase()} puts the KL in the loss, which takes k3; found ${a.kl_estimator}.${a.kl_estimator === 'k1' ? ` ${K1_LOSS_MESSAGE}.` : ''}`, { path: 'algorithm.kl_estimator' });
   return {
@@ -73,6 +81,7 @@ export function pgOptionsFrom(c: ResolvedConfig): Pick<PgOptions, 'k' | 'innerEp
     entropyCoef: a.entropy_coef,
     lossNorm: a.loss_norm,
     turnDiscount: a.turn_discount,
+    oldLogprobs: a.old_logprobs,
     schedule: scheduleSpec(c),
   };
 }
@@ -104,6 +113,7 @@ function resolved(o: PgOptions) {
     lossNorm: o.lossNorm ?? a.loss_norm,
     turnDiscount: o.turnDiscount ?? a.turn_discount,
     entropyCoef: o.entropyCoef ?? a.entropy_coef,
+    oldFromForward: (o.oldLogprobs ?? a.old_logprobs) === 'forward',
     weightDecay: o.weightDecay ?? opt.weight_decay,
     maxGradNorm: o.maxGradNorm ?? opt.max_grad_norm,
     checkpoint: o.gradientCheckpointing ?? opt.gradient_checkpointing,
@@ -154,6 +164,8 @@ export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, o: 
           { turnDiscount: p.turnDiscount, norm: p.lossNorm, totals },
         ),
         oldLogprobs: a.keep.map((i) => s.episodes[i].logprobs),
+        // loss_norm 'turn': the entropy bonus per turn too (its advantages carry the same factor).
+        entropyScale: p.lossNorm === 'turn' && p.entropyCoef > 0 ? turnScale(masks, totals) : undefined,
         temperature: a.keep.map((i) => s.episodes[i].lossTemperature ?? s.episodes[i].temperature),
       };
       for (let e = 0; e < p.innerEpochs; e++) {
@@ -166,6 +178,7 @@ export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, o: 
           klCoef: p.klCoef,
           klEstimator: p.klEstimator,
           entropyCoef: p.entropyCoef,
+          oldFromForward: p.oldFromForward,
           tokenLevel: p.lossNorm === 'token',
           weightDecay: p.weightDecay,
           maxGradNorm: p.maxGradNorm,

@@ -10,15 +10,19 @@
  *   the same ATen computation, so with lora.dropout 0 the first inner epoch's ratio is exactly 1 (the
  *   reference code-search system's loss has no ratio at all); with dropout the training forward
  *   drops LoRA inputs that this forward keeps, and the ratio is 1 only on average.
+ * - `forward`: none here; the native training forward uses its own log-probs, detached, as the old
+ *   ones (oldFromForward): the ratio is exactly 1 under whatever dropout mask it draws, the gradient
+ *   -A grad log p, as the reference code-search system's loss (one pass on fresh samples).
  */
 import type { Model } from '../engine/model.js';
 import type { TrainEpisode } from './types.js';
 
-export type OldLogprobsMode = 'sampler' | 'recompute';
+export type OldLogprobsMode = 'sampler' | 'recompute' | 'forward';
 
 /** The episodes with their old log-probs as `mode` says (the same objects where nothing changes). */
 export async function withOldLogprobs<E extends TrainEpisode>(model: Model, episodes: E[], mode: OldLogprobsMode): Promise<E[]> {
-  if (!episodes.length) return episodes;
+  // 'forward': the training forward takes its own log-probs (detached) as the old ones; nothing to add.
+  if (!episodes.length || mode === 'forward') return episodes;
   if (mode === 'recompute') {
     const lps = await model.sequenceLogprobs(
       episodes.map((e) => e.ids),

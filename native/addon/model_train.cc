@@ -208,6 +208,7 @@ Napi::Value ModelWrap::TrainStep(const Napi::CallbackInfo& info) {
   b.old_logprobs = rows_of<float, napi_float32_array>(env, o, "oldLogprobs", lengths, total);
   b.returns = rows_of<float, napi_float32_array>(env, o, "returns", lengths, total);
   b.old_values = rows_of<float, napi_float32_array>(env, o, "oldValues", lengths, total);
+  b.entropy_scale = rows_of<float, napi_float32_array>(env, o, "entropyScale", lengths, total);
   if (!o.Get("temperature").IsUndefined()) b.temperature = float32s(env, o.Get("temperature"), "temperature");
   if (!b.temperature.empty() && b.temperature.size() != b.seqs.size()) throw_error(env, "ARGUMENT_INVALID", "temperature must have one value per sequence.");
   slm::LossConfig lc;
@@ -225,6 +226,7 @@ Napi::Value ModelWrap::TrainStep(const Napi::CallbackInfo& info) {
     if (lc.kl_estimator != 1 && lc.kl_estimator != 3) throw_error(env, "ARGUMENT_INVALID", "klEstimator must be 1 (k1) or 3 (k3), found " + std::to_string(lc.kl_estimator) + ".");
   }
   lc.entropy_coef = num_field(env, o, "entropyCoef", 0);
+  lc.old_from_forward = bool_field(o, "oldFromForward", false);
   lc.vf_coef = num_field(env, o, "vfCoef", 0);
   if (lc.vf_coef > 0) lc.value_clip = required_num(env, o, "valueClip", "when vfCoef > 0 (the value loss is on)");
   auto oc = read_optim(env, o);

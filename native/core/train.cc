@@ -34,10 +34,10 @@ struct Sums {
 struct MicroBatch {
   HeadRows head;
   int64_t B = 0, T = 0;
-  at::Tensor ids, keys, positions, w, adv, old_lp, ret, old_v;
+  at::Tensor ids, keys, positions, w, adv, old_lp, ret, old_v, ent_w;  // ent_w: the entropy term's weights
 };
 
-MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t w_tokens, int64_t w_seqs, bool pg, bool value,
+MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t w_tokens, int64_t w_seqs, bool pg, bool old_lp, bool value,
                        at::Device dev) {
   const int64_t N = static_cast<int64_t>(b.seqs.size()), B = s1 - s0;
   const auto li = at::TensorOptions().dtype(at::kLong);
@@ -60,8 +60,9 @@ MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, L
   mb.w = mb.head.select(w);
   if (pg) {
     mb.adv = mb.head.select(pack(b.advantages, s0, s1, T, "advantages", N));
-    mb.old_lp = mb.head.select(pack(b.old_logprobs, s0, s1, T, "old_logprobs", N));
+    if (old_lp) mb.old_lp = mb.head.select(pack(b.old_logprobs, s0, s1, T, "old_logprobs", N));
   }
+  mb.ent_w = b.entropy_scale.empty() ? mb.w : mb.w * mb.head.select(pack(b.entropy_scale, s0, s1, T, "entropy_scale", N));
   if (value) {
     mb.ret = mb.head.select(pack(b.returns, s0, s1, T, "returns", N));
     mb.old_v = mb.head.select(pack(b.old_values, s0, s1, T, "old_values", N));
@@ -106,7 +107,7 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
       loss = sft_loss(lp, wc);
       s.sft += loss.item<double>();
     } else {
-      auto p = policy_loss(lp, mb.old_lp.narrow(1, c0, c), mb.adv.narrow(1, c0, c), wc, lc.clip_low, lc.clip_high);
+      auto p = policy_loss(lp, lc.old_from_forward ? lp.detach() : mb.old_lp.narrow(1, c0, c), mb.adv.narrow(1, c0, c), wc, lc.clip_low, lc.clip_high);
       loss = p.loss;
       s.pg += loss.item<double>();
       s.clip += p.clipped.item<double>();
@@ -116,7 +117,7 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
         s.kl += kll.item<double>();
         loss = loss + lc.kl_coef * kll;
       }
-      if (lc.entropy_coef > 0) loss = loss - lc.entropy_coef * (stats.ent * wc).sum();  // entropy_bonus: sum(w sum p log p)
+      if (lc.entropy_coef > 0) loss = loss - lc.entropy_coef * (stats.ent * mb.ent_w.narrow(1, c0, c)).sum();  // entropy_bonus: sum(w sum p log p)
     }
     if (value) {
       auto vll = value_loss(m.value_head.forward(hs.narrow(1, c0, c)), mb.old_v.narrow(1, c0, c), mb.ret.narrow(1, c0, c), wc, lc.value_clip);
@@ -138,8 +139,9 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   const int64_t N = static_cast<int64_t>(b.seqs.size());
   if (static_cast<int64_t>(b.mask.size()) != N) fail("ARGUMENT_INVALID", "the batch needs one loss mask per sequence.");
   const bool pg = lc.kind == LossKind::PG;
-  if (pg && (b.advantages.size() != b.seqs.size() || b.old_logprobs.size() != b.seqs.size()))
-    fail("ARGUMENT_INVALID", "the policy-gradient loss needs per-token advantages and old log-probs for every sequence.");
+  if (pg && (b.advantages.size() != b.seqs.size() || (!lc.old_from_forward && b.old_logprobs.size() != b.seqs.size())))
+    fail("ARGUMENT_INVALID", "the policy-gradient loss needs per-token advantages and old log-probs for every sequence (or oldFromForward).");
+  if (!b.entropy_scale.empty() && b.entropy_scale.size() != b.seqs.size()) fail("ARGUMENT_INVALID", "entropyScale needs one row per sequence, or none.");
   const bool value = lc.vf_coef > 0;
   if (value && (!m.value_head.defined() || b.returns.size() != b.seqs.size() || b.old_values.size() != b.seqs.size()))
     fail("ARGUMENT_INVALID", "the value loss needs a value head and per-token returns and old values for every sequence.");
@@ -176,7 +178,7 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
     int64_t T = 0;
     for (int64_t i = s0; i < s1; ++i) T = std::max<int64_t>(T, static_cast<int64_t>(b.seqs[i].size()));
     if (T < 2) continue;
-    micro_step(m, micro_batch(b, s0, s1, T, norm, w_tokens, w_seqs, pg, value, m.device()), lc, to, s, bufs);
+    micro_step(m, micro_batch(b, s0, s1, T, norm, w_tokens, w_seqs, pg, !lc.old_from_forward, value, m.device()), lc, to, s, bufs);
   }
   st.loss = s.loss;
   st.sft_loss = s.sft;

@@ -13,7 +13,7 @@
 //         + kl_coef * KL(policy || reference)   (reference = the frozen reference adapter when one is
 //           set (set_reference_adapter: the SFT adapter an RL stage starts from), else the base model;
 //           k1 = logp - ref_logp, k3 = exp(ref - logp) - (ref - logp) - 1)
-//         - entropy_coef * entropy
+//         - entropy_coef * entropy   (per token: its loss weight times entropy_scale when given)
 //         + vf_coef * 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -value_clip, value_clip) - R)^2)
 //   token-level averaging: every trained token of the batch weighs the same (DAPO, Dr.GRPO);
 //   sequence-level: mean over a sequence's tokens, then mean over sequences (the original GRPO).
@@ -32,6 +32,9 @@ struct TrainBatch {
   std::vector<std::vector<int32_t>> seqs;
   std::vector<std::vector<uint8_t>> mask;
   std::vector<std::vector<float>> advantages, old_logprobs, returns, old_values;  // empty when unused
+  // Per-token factor on the entropy term's weight (e.g. the reference code-search system's per-turn
+  // mean: the policy loss's turn weights folded into its advantages); empty = 1.
+  std::vector<std::vector<float>> entropy_scale;
   std::vector<float> temperature;                                                 // per sequence; empty = 1
 };
 
@@ -46,6 +49,10 @@ struct LossConfig {
   double kl_coef = 0.0;
   int kl_estimator = 3;  // 1 or 3
   double entropy_coef = 0.0;
+  // The ratio's old log-probs are the training forward's own, detached: r = 1 exactly under whatever
+  // LoRA dropout mask the forward draws, the gradient -A grad log p (one pass on fresh samples; no
+  // old_logprobs needed).
+  bool old_from_forward = false;
   double vf_coef = 0.0;  // > 0 trains the value head (PPO)
   double value_clip = 0;
 };
