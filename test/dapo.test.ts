@@ -8,6 +8,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { configFromObject } from '../lib/config/index.js';
 import type { Model } from '../lib/engine/model.js';
 import { dapoOptionsFrom, episodeLength, groupsWithSpread, overlongPenalty, shapeOverlong } from '../lib/train/dapo.js';
+import type { Shard } from '../lib/distributed/run.js';
 import { runRl, type RlAlgorithm } from '../lib/train/rl-loop.js';
 import { permutation, RunFolder } from '../lib/train/run.js';
 import type { RewardResult, TrainEpisode } from '../lib/train/types.js';
@@ -81,16 +82,16 @@ t.test('dapoOptionsFrom: the config keys reach the loop options (off by default)
   t.throws(() => configFromObject({ ...base, protocol: { max_new_tokens: 50 }, algorithm: { overlong: { buffer: 50 } } }), { code: 'CONFIG_INVALID', message: /algorithm\.overlong\.buffer: .*expected fewer, found 50/ });
   t.throws(() => configFromObject({ ...base, stage: 'ppo', rollout: { dynamic_sampling: { enabled: true } } }), { code: 'CONFIG_INVALID', message: /GRPO and RLOO only, found stage ppo/ });
   t.throws(() => configFromObject({ ...base, rollout: { dynamic_sampling: { enabled: true, max_draws: 0 } } }), { code: 'CONFIG_INVALID', message: /max_draws/ });
-  t.throws(() => configFromObject({ ...base, distributed: { nproc: 2 }, rollout: { dynamic_sampling: { enabled: true } } }), { code: 'CONFIG_INVALID', message: /one process/ });
+  t.same(dapoOptionsFrom(configFromObject({ ...base, distributed: { nproc: 2 }, rollout: { dynamic_sampling: { enabled: true } } })), { dynamicSampling: { maxDraws: 4 } }, 'data-parallel ranks take it too');
 });
 
 /**
  * runRl with a fake model and algorithm: questions are numbers; a question's group has a spread of
  * rewards when `spread(q)`; every step's groups (questions, in order) and metrics row are recorded.
  */
-async function fakeRun(t: Test, o: { questions: number; perStep: number; steps: number; maxDraws?: number; spread: (q: number) => boolean; overlong?: boolean }) {
-  const dir = t.testdir();
-  const run = new RunFolder(join(dir, 'run'));
+async function fakeRun(t: Test, o: { questions: number; perStep: number; steps: number; maxDraws?: number; spread: (q: number) => boolean; overlong?: boolean; shard?: Shard; dir?: string }) {
+  const dir = o.dir ?? t.testdir();
+  const run = new RunFolder(join(dir, `run${o.shard ? `-${o.shard.rank}` : ''}`));
   const k = 2;
   const model = { lora: undefined, clearReferenceAdapter() {}, attachLora() {} } as unknown as Model;
   const seen: number[][] = [];
@@ -119,6 +120,7 @@ async function fakeRun(t: Test, o: { questions: number; perStep: number; steps: 
     onStep: (row) => void rows.push(row),
     ...(o.maxDraws ? { dynamicSampling: { maxDraws: o.maxDraws } } : {}),
     ...(o.overlong ? { overlong: { filter: true, buffer: 100, penaltyFactor: 1, maxNewTokens: 500 } } : {}),
+    ...(o.shard ? { shard: o.shard } : {}),
   });
   const file = join(run.dir, 'trajectories.jsonl');
   const traj = existsSync(file) ? readFileSync(file, 'utf8').trim().split('\n').map((l) => JSON.parse(l)) : [];
@@ -154,6 +156,47 @@ t.test('dynamic sampling: flat groups dropped, more questions drawn until the st
   t.same(r.rows.map((x) => x.groups_trained_on), [2, 2]);
   t.ok(r.rows.every((x) => (x.groups_with_spread as number) >= 2 && (x.groups_drawn as number) === 2 * (x.dynamic_draws as number)));
   t.equal(r.traj.length, 2 * 2 * 2, 'the trajectories hold the episodes trained on');
+});
+
+/** `world` ranks in one process: allGather resolves when every rank has given its value for that call. */
+function memoryShards(world: number): Shard[] {
+  const rounds = new Map<number, { values: unknown[]; given: number; done: Array<(v: unknown[]) => void> }>();
+  const calls = Array.from({ length: world }, () => 0);
+  return Array.from({ length: world }, (_, rank) => ({
+    rank,
+    world,
+    allGather<T>(value: T): Promise<T[]> {
+      const i = calls[rank]++;
+      const r = rounds.get(i) ?? { values: [], given: 0, done: [] };
+      rounds.set(i, r);
+      r.values[rank] = structuredClone(value);
+      r.given++;
+      return new Promise<T[]>((res) => {
+        r.done.push(res as (v: unknown[]) => void);
+        if (r.given === world) r.done.forEach((f) => f(r.values.slice()));
+      });
+    },
+  }));
+}
+
+t.test('dynamic sampling over two data-parallel ranks keeps the groups one process keeps, with the same metrics', async (t) => {
+  // 16 questions, 4 per step: each draw gives each rank 2 questions; a question has a spread when q % 3 === 1.
+  const spread = (q: number) => q % 3 === 1;
+  const o = { questions: 16, perStep: 4, steps: 3, maxDraws: 4, spread };
+  const dir = t.testdir();
+  const one = await fakeRun(t, { ...o, dir: join(dir, 'one') });
+  const [a, b] = memoryShards(2);
+  const [r0, r1] = await Promise.all([fakeRun(t, { ...o, shard: a, dir }), fakeRun(t, { ...o, shard: b, dir })]);
+  // The same groups (the batch is in rank order, one process's in draw order: the update sums over groups).
+  const sorted = (xs: number[]) => xs.slice().sort((x, y) => x - y);
+  const both = r0.seen.map((s, i) => sorted([...s, ...r1.seen[i]]));
+  t.same(both, one.seen.map(sorted), `rank 0's groups and rank 1's = one process's: ${JSON.stringify(one.seen)}`);
+  t.ok(one.seen.some((s) => s.length > 0) && r0.seen.some((s, i) => s.length !== r1.seen[i].length), 'the ranks keep unequal shares in some step (the case a per-rank rule gets wrong)');
+  const keys = ['dynamic_draws', 'groups_drawn', 'groups_with_spread', 'groups_trained_on', 'reward_mean_drawn'] as const;
+  const pick = (rows: Record<string, unknown>[]) => rows.map((r) => keys.map((k) => r[k]));
+  t.same(pick(r0.rows), pick(one.rows), 'rank 0 reports the global metrics');
+  t.same(pick(r1.rows), pick(one.rows), 'and so does rank 1');
+  t.equal(r0.traj.length, one.traj.length, "rank 0's trajectories hold every rank's kept episodes");
 });
 
 t.test('dynamic sampling stops after max_draws and trains on the groups it has', async (t) => {

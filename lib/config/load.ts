@@ -83,7 +83,6 @@ function crossChecks(c: ResolvedConfig): Problem[] {
   if (c.rollout.dynamic_sampling.enabled) {
     if (stageKind !== 'grpo' && stageKind !== 'rloo' && c.stage !== 'eval')
       p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: `dynamic sampling keeps groups whose rewards differ: GRPO and RLOO only, found stage ${c.stage}` });
-    if (c.distributed.nproc > 1 || c.distributed.nnodes > 1) p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: 'dynamic sampling runs in one process for now; set distributed.nproc and distributed.nnodes to 1, or enabled to false' });
   }
   if (c.protocol.max_observation_tokens !== null && c.protocol.kind === 'code')
     p.push({ path: ['protocol', 'max_observation_tokens'], message: "cuts the tags protocol's inline <information> replies (Search-R1's max_obs_length); the code protocol cuts program output with tool_output_chars; set it to null" });

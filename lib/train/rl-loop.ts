@@ -217,7 +217,6 @@ interface Drawn<Q> {
  */
 async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: number, start: Position, perEpoch: number, bar: Progress, o: RlLoopOptions): Promise<Drawn<Q>> {
   const ds = o.dynamicSampling;
-  if (ds && o.shard) throw new SlmError('CONFIG_INVALID', 'rollout.dynamic_sampling runs in one process for now; set distributed.nproc and distributed.nnodes to 1.', { path: 'rollout.dynamic_sampling.enabled' });
   if (ds && k < 2) throw new SlmError('CONFIG_INVALID', `dynamic sampling keeps groups whose rewards differ, which takes at least 2 rollouts per question; found ${k}.`, { path: 'rollout.dynamic_sampling.enabled' });
   const maxDraws = ds ? ds.maxDraws : 1;
   if (!Number.isInteger(maxDraws) || maxDraws < 1) throw new SlmError('CONFIG_INVALID', `dynamic sampling's maxDraws must be a positive integer, found ${maxDraws}.`, { path: 'rollout.dynamic_sampling.max_draws' });
@@ -227,8 +226,12 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
   let penalized = 0;
   let drawnGroups = 0;
   let spreadGroups = 0;
-  const drawnRewards: number[] = [];
+  let rewardSum = 0;
+  let rewardCount = 0;
   let draws = 0;
+  // Data-parallel ranks: the groups kept so far by each rank, the same count on every rank.
+  const keptByRank = Array.from({ length: o.shard?.world ?? 1 }, () => 0);
+  const want = o.questionsPerStep;
   while (draws < maxDraws) {
     const p = out.position;
     const order = permutation(questions.length, o.seed, p.epoch);
@@ -262,20 +265,31 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
       Object.assign(out, { requests, episodes, rewards });
       break;
     }
-    drawnRewards.push(...rewards.map((r) => r.total));
     const spread = groupsWithSpread(rewards, k);
-    drawnGroups += spread.length;
-    spreadGroups += spread.filter(Boolean).length;
-    for (let g = 0; g < spread.length && out.requests.length < o.questionsPerStep * k; g++) {
-      if (!spread[g]) continue;
-      out.requests.push(...requests.slice(g * k, (g + 1) * k));
-      out.episodes.push(...episodes.slice(g * k, (g + 1) * k));
-      out.rewards.push(...rewards.slice(g * k, (g + 1) * k));
-    }
-    if (out.requests.length >= o.questionsPerStep * k) break;
+    // Every rank sees every rank's spreads (rank order = the draw's question order) and keeps the
+    // same global selection: the first groups with a spread, up to questionsPerStep in all.
+    const mine = { spread, sum: rewards.reduce((a, r) => a + r.total, 0), n: rewards.length };
+    const all = o.shard ? await o.shard.allGather(mine) : [mine];
+    all.forEach((r, rank) => {
+      drawnGroups += r.spread.length;
+      spreadGroups += r.spread.filter(Boolean).length;
+      rewardSum += r.sum;
+      rewardCount += r.n;
+      for (let g = 0; g < r.spread.length; g++) {
+        if (!r.spread[g] || keptByRank.reduce((a, b) => a + b, 0) >= want) continue;
+        keptByRank[rank]++;
+        if (rank !== (o.shard?.rank ?? 0)) continue;
+        out.requests.push(...requests.slice(g * k, (g + 1) * k));
+        out.episodes.push(...episodes.slice(g * k, (g + 1) * k));
+        out.rewards.push(...rewards.slice(g * k, (g + 1) * k));
+      }
+    });
+    if (keptByRank.reduce((a, b) => a + b, 0) >= want) break;
   }
+  // This rank's first kept question in the step's kept list (the ranks' kept groups in rank order).
+  if (ds && o.shard) out.q0 = keptByRank.slice(0, o.shard.rank).reduce((a, b) => a + b, 0);
   if (o.overlong) Object.assign(out.metrics, { episodes_truncated: truncated, episodes_overlong_filtered: o.overlong.filter ? filtered : undefined, episodes_overlong_penalized: o.overlong.buffer > 0 ? penalized : undefined });
-  if (ds) Object.assign(out.metrics, { dynamic_draws: draws, groups_drawn: drawnGroups, groups_with_spread: spreadGroups, groups_trained_on: out.requests.length / k, reward_mean_drawn: mean(drawnRewards) });
+  if (ds) Object.assign(out.metrics, { dynamic_draws: draws, groups_drawn: drawnGroups, groups_with_spread: spreadGroups, groups_trained_on: keptByRank.reduce((a, b) => a + b, 0), reward_mean_drawn: rewardCount ? rewardSum / rewardCount : NaN });
   return out;
 }
 
