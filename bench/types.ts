@@ -9,6 +9,8 @@ export interface BenchOptions {
    * false and no multi-turn cache reuse: every row prefills its whole conversation every turn).
    */
   compareUnshared?: boolean;
+  /** recall: the folder holding wiki-excerpts/ and wiki-trivia/ (default $SLM_SHARED_DIR/data, else ../shared/data). */
+  data?: string;
   /** Print progress lines to stderr. */
   log?: (line: string) => void;
 }

@@ -280,7 +280,7 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     data: { questions: true, eval_questions: true, corpus: true, index: true, sft: true, split: true, exclude_leaking: true, train_questions: true },
     protocol: { kind: true, max_turns: true, max_turns_eval: true, turns_count: true, instruction: true, use_data_prompt: true, max_new_tokens: true, max_context: true, tool_output_chars: true, top_k: true, max_observation_tokens: true, system_prompt: true, final_turn_notice: true, enable_thinking: true, direct_instruction: true, prompts_from_sft: true, question_variable: true, final_answer: true, prefill_first: true, prefill_final: true, prefill_trained: true },
     sandbox: { kind: true, timeout_s: true, memory_mb: true, workers: true, require_isolation: true, tools_module: true },
-    retrieval: { kind: true, embedder: true, ef: true, k: true, url: true, timeout_s: true, retries: true },
+    retrieval: { kind: true, embedder: true, text: true, ef: true, k: true, url: true, timeout_s: true, retries: true },
     rollout: { k: true, batch_questions: true, temperature: true, top_p: true, top_k: true, first_turn_temperature: true, first_turn_top_p: true, dynamic_sampling: true, kv_cache_reuse: true, kv_cache_mb: true, engine: true, openai: true },
     distributed: { nproc: true, nnodes: true, node_rank: true, master_addr: true, master_port: true, backend: true, timeout_s: true, python: true },
     reward: { combine: true, on_failure: true, failure_value: true, parts: true, judge: true, module: true },

@@ -1,4 +1,4 @@
-/** `slm-train bench [engine|train|sandbox|retrieval|rollout] [--json] [--quick] [--out FILE] [--readme FILE] [--compare-unshared]` */
+/** `slm-train bench [engine|train|sandbox|retrieval|rollout|recall] [--json] [--quick] [--out FILE] [--readme FILE] [--compare-unshared] [--data DIR]` */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import type { CommandModule } from 'yargs';
@@ -15,7 +15,10 @@ const KINDS: Record<string, (() => Promise<Runner>) | null> = {
   sandbox: async () => (await import('../../bench/sandbox.js')).runBench,
   retrieval: async () => (await import('../../bench/retrieval.js')).runBench,
   rollout: async () => (await import('../../bench/rollout.js')).runBench,
+  recall: async () => (await import('../../bench/recall.js')).runBench,
 };
+/** Kinds run only when named: they need data and a model folder that `slm-train bench` alone has not got. */
+const NAMED_ONLY = new Set(['recall']);
 
 interface Args {
   kind?: string;
@@ -25,6 +28,7 @@ interface Args {
   readme?: string;
   model?: string;
   compareUnshared?: boolean;
+  data?: string;
 }
 
 /**
@@ -89,11 +93,12 @@ export const benchCommand: CommandModule<object, Args> = {
       .option('quick', { type: 'boolean', describe: 'smaller sizes (all benchmarks in ~2 minutes on 2 cores)' })
       .option('out', { type: 'string', describe: 'also write the JSON report here (and the table to FILE.md)' })
       .option('readme', { type: 'string', describe: 'replace the tables between <!-- bench:LEVEL --> and <!-- /bench:LEVEL --> (LEVEL: the CPU kernels\' instruction set, as doctor shows it), or <!-- bench --> and <!-- /bench -->, in this markdown file (README.md)' })
-      .option('model', { type: 'string', describe: 'a model folder instead of the generated small preset' })
+      .option('model', { type: 'string', describe: 'a model folder instead of the generated small preset (recall: the all-MiniLM-L6-v2 folder)' })
+      .option('data', { type: 'string', describe: 'recall: the folder holding wiki-excerpts/page_excerpts.jsonl and wiki-trivia/questions.jsonl (default $SLM_SHARED_DIR/data, else ../shared/data)' })
       .option('compare-unshared', { type: 'boolean', describe: 'rollout: also measure the old generate path (no shared prefixes, no multi-turn cache reuse) beside each K in the same run' }) as never,
   handler: async (a) => {
     if (a.readme) readmeBlock(a.readme); // a bad file fails now, not after the benchmarks
-    const kinds = a.kind ? [a.kind] : Object.keys(KINDS);
+    const kinds = a.kind ? [a.kind] : Object.keys(KINDS).filter((k) => !NAMED_ONLY.has(k));
     const log = (s: string) => process.stderr.write(`[bench] ${s}\n`);
     const reports: BenchReport[] = [];
     const skipped: string[] = [];
@@ -108,7 +113,7 @@ export const benchCommand: CommandModule<object, Args> = {
       }
       const run = await load();
       const t = performance.now();
-      reports.push(await run({ quick: a.quick, model: a.model, compareUnshared: a.compareUnshared, log }));
+      reports.push(await run({ quick: a.quick, model: a.model, compareUnshared: a.compareUnshared, data: a.data, log }));
       seconds[k] = +((performance.now() - t) / 1e3).toFixed(1);
     }
     const total = +((performance.now() - t0) / 1e3).toFixed(1);

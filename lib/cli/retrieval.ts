@@ -9,7 +9,7 @@ import { loadToolsModule } from '../extensions.js';
 import type { CommandModule } from 'yargs';
 import { SlmError } from '../errors.js';
 import { Corpus } from '../retrieval/corpus.js';
-import { DEFAULT_PARAMS, SearchIndex, checkIndexFolder, embedderFor, type IndexKind } from '../retrieval/index.js';
+import { DEFAULT_PARAMS, INDEX_TEXTS, SearchIndex, checkIndexFolder, embedderFor, type IndexKind, type IndexText } from '../retrieval/index.js';
 import { createSandbox, filesystemLine, ISOLATION_ORDER, MAX_TIMEOUT_S, type IsolationLevel, type PythonSandboxPool } from '../sandbox/index.js';
 import { MAX_TOPK, RetrieverServer } from '../retrieval/server.js';
 import { maxBodyBytes } from '../serve/http.js';
@@ -38,6 +38,7 @@ interface IndexArgs {
   out: string;
   embedder: string;
   kind: IndexKind;
+  text: IndexText;
   M: number;
   'ef-construction': number;
   ef: number;
@@ -51,7 +52,8 @@ export const indexCommand: CommandModule<object, IndexArgs> = {
     y
       .option('corpus', { type: 'string', demandOption: true, describe: 'JSONL/JSON/Parquet rows {id, title, content}' })
       .option('out', { type: 'string', demandOption: true, describe: 'the index folder to write' })
-      .option('embedder', { type: 'string', default: 'hashing', describe: 'hashing, or a Qwen3 embedding model folder (last-token pooling on the native engine)' })
+      .option('embedder', { type: 'string', default: 'hashing', describe: 'hashing, a sentence-transformers BERT folder (all-MiniLM-L6-v2: mean pooling), or a Qwen3 embedding model folder (last-token pooling); models run on the native engine' })
+      .option('text', { choices: INDEX_TEXTS, default: DEFAULT_PARAMS.text, describe: 'what pages are searched by: content chunks, or titles alone (one vector per page, as the reference\'s search_pages)' })
       .option('kind', { choices: KINDS, default: DEFAULT_PARAMS.kind, describe: 'what search_pages uses' })
       .option('M', { type: 'number', default: DEFAULT_PARAMS.M, describe: 'HNSW links per node' })
       .option('ef-construction', { type: 'number', default: DEFAULT_PARAMS.efConstruction, describe: 'HNSW build breadth' })
@@ -64,11 +66,11 @@ export const indexCommand: CommandModule<object, IndexArgs> = {
     const t0 = performance.now();
     const embedder = await embedderFor(a.embedder);
     const corpus = await Corpus.load(a.corpus);
-    log(`index: ${corpus.pages.length} pages from ${a.corpus}; building (${a.kind}, ${embedder.name}, M ${a.M}, efConstruction ${a['ef-construction']})`);
+    log(`index: ${corpus.pages.length} pages from ${a.corpus}; building (${a.kind} over ${a.text}, ${embedder.name}, M ${a.M}, efConstruction ${a['ef-construction']})`);
     const bars = phasedProgress('index', 'chunks', { stream: process.stderr });
     let idx: SearchIndex;
     try {
-      idx = await SearchIndex.build(corpus, { kind: a.kind, M: a.M, efConstruction: a['ef-construction'], ef: a.ef, embedder, onProgress: bars.update });
+      idx = await SearchIndex.build(corpus, { kind: a.kind, text: a.text, M: a.M, efConstruction: a['ef-construction'], ef: a.ef, embedder, onProgress: bars.update });
     } finally {
       bars.stop();
     }

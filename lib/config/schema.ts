@@ -128,7 +128,8 @@ export const CONFIG_SCHEMA: Schema = {
     }),
     retrieval: section({
       kind: oneOf(['dense', 'bm25', 'hybrid', 'http'], 'hybrid', 'hybrid: dense + BM25 by reciprocal-rank fusion; http: a Search-R1 retrieval server at retrieval.url (tags protocol)'),
-      embedder: str('hashing', '"hashing" or a Qwen3 embedding model folder'),
+      embedder: str('hashing', '"hashing", a sentence-transformers BERT folder (all-MiniLM-L6-v2, the reference\'s title embedder) or a Qwen3 embedding model folder'),
+      text: oneOf(['chunks', 'titles'], 'chunks', 'what search_pages matches a query against: chunks (~150-word content chunks prefixed with the page title) or titles (each page\'s title alone, one vector per page, as the reference\'s search_pages over all-MiniLM-L6-v2 title embeddings); a saved data.index keeps the text it was built with'),
       ef: int(256, { minimum: 1 }, 'HNSW search breadth (hnswlib default 10 loses neighbours)'),
       k: int(10, { minimum: 1 }, 'results per search_pages call'),
       url: str(null, 'kind http: the retrieval server, e.g. http://127.0.0.1:8000/retrieve (Search-R1 retrieval_server.py or slm-train serve-retriever)'),

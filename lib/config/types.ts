@@ -87,6 +87,7 @@ export interface SandboxConfig {
 export interface RetrievalConfig {
   kind: 'dense' | 'bm25' | 'hybrid' | 'http';
   embedder: string;
+  text: 'chunks' | 'titles';
   ef: number;
   k: number;
   url: string | null;

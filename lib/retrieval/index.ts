@@ -19,6 +19,7 @@ import { HashingEmbedder, dot, type Embedder } from './embedders.js';
 import type { PageHit, SearchTools, SectionRef } from './types.js';
 import { words } from './text.js';
 import { localModelDir } from '../hub/download.js';
+import { SUPPORTED_MODEL_TYPES } from '../model/config.js';
 
 const INDEX_FORMAT = 'slm-train-index';
 /** A file in an index folder while SearchIndex.save writes it (removed once the manifest is written). */
@@ -26,15 +27,19 @@ const WRITING = '.slm-train-index-writing';
 const INDEX_VERSION = 1;
 
 export type IndexKind = 'dense' | 'bm25' | 'hybrid';
+/** What a page is searched by: its content chunks (title-prefixed), or its title alone (one vector per page, as the reference's search_pages). */
+export type IndexText = 'chunks' | 'titles';
+export const INDEX_TEXTS: readonly IndexText[] = ['chunks', 'titles'];
 export interface IndexParams {
   kind: IndexKind;
+  text: IndexText;
   M: number;
   efConstruction: number;
   ef: number;
   chunkWords: number;
 }
 // M 32 / ef 256: recall@10 0.99 against exact search on 20k synthetic chunks (bench retrieval; M 16 stalls near 0.98).
-export const DEFAULT_PARAMS: IndexParams = { kind: 'hybrid', M: 32, efConstruction: 200, ef: 256, chunkWords: 150 };
+export const DEFAULT_PARAMS: IndexParams = { kind: 'hybrid', text: 'chunks', M: 32, efConstruction: 200, ef: 256, chunkWords: 150 };
 
 export interface Chunk {
   page: number;
@@ -71,7 +76,8 @@ function hnswlib(): HnswCtor | undefined {
   }
 }
 
-export function chunkPages(corpus: Corpus, chunkWords: number): Chunk[] {
+export function chunkPages(corpus: Corpus, chunkWords: number, text: IndexText = 'chunks'): Chunk[] {
+  if (text === 'titles') return corpus.pages.map((p, i) => ({ page: i, text: p.title }));
   const chunks: Chunk[] = [];
   corpus.pages.forEach((p, i) => {
     const secs = corpus.sections(p.id);
@@ -107,10 +113,16 @@ export function checkIndexFolder(dir: string): void {
     throw new SlmError('INDEX_INVALID', `${dir} holds files but no index written by slm-train (no manifest.json of format ${INDEX_FORMAT}); writing the index there would overwrite its files (pages.json, vectors.f32, hnsw.bin). Choose a new or empty folder, or empty this one yourself.`);
 }
 
-/** The embedder a manifest names: `hashing-D`, or `qwen3:/abs/model/dir` (loaded on the native engine). */
+/** The embedder a manifest names: `hashing-D`, `qwen3:/abs/model/dir` (loaded on the native engine) or `bert:/abs/model/dir`. */
 async function embedderOf(e: { name: string; dim: number }, dir: string): Promise<Embedder> {
   const h = /^hashing-(\d+)$/.exec(e.name);
   if (h) return new HashingEmbedder(Number(h[1]));
+  if (e.name.startsWith('bert:')) {
+    const model = e.name.slice('bert:'.length);
+    if (!existsSync(join(model, 'config.json')))
+      throw new SlmError('MODEL_NOT_FOUND', `${dir} was built with the sentence embedder ${model}, which is not there any more; put it back or rebuild the index.`);
+    return (await import('./bert-embedder.js')).BertEmbedder.load(model);
+  }
   if (e.name.startsWith('qwen3:')) {
     const model = e.name.slice('qwen3:'.length);
     if (!existsSync(join(model, 'config.json')))
@@ -120,12 +132,25 @@ async function embedderOf(e: { name: string; dim: number }, dir: string): Promis
   throw new SlmError('NOT_SUPPORTED', `${dir} was built with the embedder ${e.name}, which this version cannot load.`);
 }
 
-/** `hashing` or a Qwen3 embedding model folder (what retrieval.embedder and --embedder take). */
+/**
+ * `hashing`, a BERT sentence-embedder folder (config.json model_type bert: all-MiniLM-L6-v2) or a
+ * Qwen3 embedding model folder (what retrieval.embedder and --embedder take).
+ */
 export async function embedderFor(spec: string): Promise<Embedder> {
   if (spec === 'hashing') return new HashingEmbedder();
   spec = await localModelDir(spec); // hf:OWNER/NAME: downloaded once into the hub cache
-  if (!existsSync(join(spec, 'config.json')))
-    throw new SlmError('MODEL_NOT_FOUND', `embedder ${spec}: expected "hashing" or a Qwen3 embedding model folder (config.json, *.safetensors, tokenizer.json), but ${spec} has no config.json.`);
+  const cfgFile = join(spec, 'config.json');
+  if (!existsSync(cfgFile))
+    throw new SlmError('MODEL_NOT_FOUND', `embedder ${spec}: expected "hashing", a sentence-transformers BERT folder (all-MiniLM-L6-v2: config.json, model.safetensors, tokenizer.json) or a Qwen3 embedding model folder, but ${spec} has no config.json.`);
+  let type: unknown;
+  try {
+    type = JSON.parse(readFileSync(cfgFile, 'utf8'))?.model_type;
+  } catch (e) {
+    throw new SlmError('MODEL_CONFIG_INVALID', `embedder ${spec}: ${cfgFile} is not valid JSON (${(e as Error).message}).`);
+  }
+  if (type === 'bert') return (await import('./bert-embedder.js')).BertEmbedder.load(spec);
+  if (!(SUPPORTED_MODEL_TYPES as readonly unknown[]).includes(type))
+    throw new SlmError('MODEL_TYPE_UNSUPPORTED', `embedder ${spec}: config.json model_type ${JSON.stringify(type)} is neither a sentence-transformers BERT ("bert", e.g. all-MiniLM-L6-v2) nor a model the native engine runs as a Qwen3-style embedder (${SUPPORTED_MODEL_TYPES.join(', ')}). Use one of these folders, or "hashing".`);
   return (await import('./qwen-embedder.js')).QwenEmbedder.load(spec);
 }
 
@@ -155,7 +180,7 @@ export class SearchIndex implements SearchTools {
     delete (params as { embedder?: unknown }).embedder;
     delete (params as { onProgress?: unknown }).onProgress;
     const embedder = opts.embedder ?? new HashingEmbedder();
-    const chunks = chunkPages(corpus, params.chunkWords);
+    const chunks = chunkPages(corpus, params.chunkWords, params.text);
     const vectors: Float32Array[] = [];
     for (let i = 0; i < chunks.length; i += 256) {
       vectors.push(...(await embedder.embed(chunks.slice(i, i + 256).map((c) => c.text), 'document')));
@@ -274,7 +299,8 @@ export class SearchIndex implements SearchTools {
       throw new SlmError('INDEX_INVALID', `${dir}/pages.json is missing or damaged; rebuild the index.`);
     }
     const corpus = new Corpus(pages);
-    const chunks = chunkPages(corpus, m.params.chunkWords);
+    m.params.text ??= 'chunks'; // indexes written before `text` existed
+    const chunks = chunkPages(corpus, m.params.chunkWords, m.params.text);
     const raw = existsSync(join(dir, 'vectors.f32')) ? readFileSync(join(dir, 'vectors.f32')) : Buffer.alloc(0);
     if (chunks.length !== m.chunks || raw.length !== chunks.length * embedder.dim * 4)
       throw new SlmError('INDEX_INVALID', `${dir}: expected ${m.chunks} chunk vectors of dimension ${embedder.dim} (${(m.chunks ?? 0) * embedder.dim * 4} bytes), found ${raw.length} bytes; the index is damaged — rebuild it.`);

@@ -60,7 +60,7 @@ export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}, progre
     const idx = await SearchIndex.load(cfg.data.index);
     // ef is a search-time setting: the config's, whatever the index was saved with.
     idx.setEf(cfg.retrieval.ef);
-    log(`index: ${cfg.data.index} (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind}, ef ${cfg.retrieval.ef})`);
+    log(`index: ${cfg.data.index} (${idx.corpus.pages.length} pages, ${idx.chunks.length} ${idx.params.text === 'titles' ? 'titles' : 'chunks'}, ${idx.params.kind}, ${idx.embedder.name}, ef ${cfg.retrieval.ef})`);
     return idx;
   }
   if (!cfg.data.corpus) throw new SlmError('CONFIG_INVALID', `data.index ${cfg.data.index} holds no index and data.corpus is not set; build one with \`slm-train index\` or set data.corpus.`, { path: 'data.index' });
@@ -72,11 +72,11 @@ export async function openIndex(cfg: ResolvedConfig, log: Log = () => {}, progre
   const bars = phasedProgress('index', 'chunks', progress);
   let idx: SearchIndex;
   try {
-    idx = await SearchIndex.build(await Corpus.load(cfg.data.corpus), { kind, ef: cfg.retrieval.ef, embedder, onProgress: bars.update });
+    idx = await SearchIndex.build(await Corpus.load(cfg.data.corpus), { kind, text: cfg.retrieval.text, ef: cfg.retrieval.ef, embedder, onProgress: bars.update });
   } finally {
     bars.stop();
   }
-  log(`index: built from ${cfg.data.corpus} in ${((performance.now() - t0) / 1e3).toFixed(1)} s (${idx.corpus.pages.length} pages, ${idx.chunks.length} chunks, ${idx.params.kind})`);
+  log(`index: built from ${cfg.data.corpus} in ${((performance.now() - t0) / 1e3).toFixed(1)} s (${idx.corpus.pages.length} pages, ${idx.chunks.length} ${idx.params.text === 'titles' ? 'titles' : 'chunks'}, ${idx.params.kind}, ${idx.embedder.name})`);
   if (cfg.data.index) {
     idx.save(cfg.data.index);
     log(`index: saved to ${cfg.data.index}`);
