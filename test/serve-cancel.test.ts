@@ -1,8 +1,10 @@
 // `slm-train serve` while a long request runs (issue 33 row 1): /health and /v1/models answer while
 // its prefill and decoding run (the native call runs on a worker thread, not the event loop); a
-// client that disconnects stops its running row at the next decode step, and a queued request whose
-// client left is never prefilled; SIGTERM ends the process within a bound: at once while it decodes,
-// after the 5 s grace by SIGTERM's default action while a prefill (which nothing interrupts) runs.
+// second request starts at once in a concurrent call (it does not wait for the long one), a client
+// that disconnects during its prefill stops it between two prefill chunks, and during decoding at the
+// next step; a short request is answered while the long one still runs; SIGTERM ends the process
+// within a bound: at once while it decodes or prefills in chunks, and with --prefill-chunk 0 (one
+// forward, which nothing interrupts) after the 5 s grace by SIGTERM's default action.
 // The tiny preset, real engine; the SIGTERM cases run the CLI (dist/, built by `npm test`'s pretest).
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
@@ -66,32 +68,73 @@ t.test('health and models answer during a long generation; a client that leaves 
   t.equal(chunks, 0, 'both answered during the prefill: no token streamed yet');
   t.notOk(aDone, 'and before the generation finished');
 
-  // B: queued behind A (A's call is running); its client leaves before A's call ends.
+  // B: a second long request while A runs: it starts at once in a second call; its client leaves
+  // during B's prefill, which stops between two chunks (A is not affected).
   const b = new AbortController();
   const bRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(1), stream: false }), signal: b.signal }).catch((e: Error) => e);
-  await new Promise((r) => setTimeout(r, 200));
+  await until(() => server.batches.count === 2, "B's call to start beside A's");
+  await new Promise((r) => setTimeout(r, 100));
   b.abort();
   t.match(await bRes, { name: 'AbortError' }, "B's client gave up");
+  await until(() => server.calls.count >= 1, "B's call to end");
+  const bCall = server.calls.since(0)[0];
+  t.same([bCall.rows, bCall.steps, bCall.finish], [1, 0, ['cancelled']], "B's call ended first, cancelled before any token");
+  t.ok(bCall.prefillTokens < 4000, `its prefill stopped after ${bCall.prefillTokens} of its 4,000 prompt tokens`);
+  t.notOk(aDone, 'A still runs');
 
-  // A keeps decoding; /health still answers between its decode steps.
+  // A keeps decoding; /health still answers between its decode steps, and a short request gets its
+  // whole reply while A runs (a call of its own, not queued behind A's).
   await until(() => chunks >= 5, "A's first tokens");
   t.equal((await fetch(`${base}/health`)).status, 200, '/health answers during decoding');
-  t.notOk(aDone, 'A is still running');
+  const short = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', prompt: [5, 6, 7], max_tokens: 4, ignore_eos: true, temperature: 0 }) });
+  t.equal(short.status, 200, 'a short request is answered');
+  t.match(await short.json(), { choices: [{ finish_reason: 'length' }], usage: { completion_tokens: 4 } });
+  t.notOk(aDone, 'while A is still running');
   a.abort();
   await aRes;
   const t0 = Date.now();
   await server.idle();
   t.ok(Date.now() - t0 < 30_000, `the server is idle ${Date.now() - t0} ms after A's client left`);
   const calls = server.calls.since(0);
-  t.equal(server.batches.count, 1, "one generate call: B's rows were dropped before any prefill");
-  t.equal(calls.length, 1);
-  t.same(calls[0].finish, ['cancelled'], "A's row ended as cancelled");
-  t.ok(calls[0].steps < 4096, `A stopped after ${calls[0].steps} of its 4,096 decode steps`);
+  t.equal(server.batches.count, 3, 'three generate calls: A, B and the short one');
+  t.same(calls.map((c) => c.finish[0]), ['cancelled', 'length', 'cancelled'], 'B ended, then the short request, then A');
+  t.ok(calls[2].steps < 4096, `A stopped after ${calls[2].steps} of its 4,096 decode steps`);
+  t.equal(calls[2].prefillTokens, 4000, "A's prefill ran whole (its client stayed through it)");
+});
+
+t.test('a queued request whose client leaves is never prefilled (the concurrent calls all busy)', async (t) => {
+  const model = await Model.load(dir);
+  const tok = loadTokenizer(dir);
+  model.setVocab(tok.tokenBytes());
+  const server = new OpenAIServer({ model, tokenizer: tok, formatter: ChatFormatter.forModel(dir), name: 'tiny', port: 0, maxConcurrentCalls: 1 });
+  const port = await server.listen();
+  t.teardown(async () => {
+    await server.close();
+    await server.idle();
+    model.dispose();
+  });
+  const base = `http://127.0.0.1:${port}`;
+  const a = new AbortController();
+  const aRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()), signal: a.signal })
+    .then(async (r) => {
+      for await (const _ of r.body!);
+    })
+    .catch(() => {}); // aborted below (before or after its first chunk)
+  await until(() => server.batches.count === 1, 'the long call to start');
+  const b = new AbortController();
+  const bRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(1), stream: false }), signal: b.signal }).catch((e: Error) => e);
+  await new Promise((r) => setTimeout(r, 200));
+  b.abort();
+  t.match(await bRes, { name: 'AbortError' });
+  a.abort();
+  await aRes;
+  await server.idle();
+  t.equal(server.batches.count, 1, "one generate call: B's rows, queued behind A's (--max-concurrent-calls 1), were dropped before any prefill");
 });
 
 /** `slm-train serve` on the tiny model in a child process, listening; killed at the end of the test if still alive. */
-async function serveProcess(t: { teardown(f: () => unknown): void }) {
-  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--model', dir, '--name', 'tiny', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+async function serveProcess(t: { teardown(f: () => unknown): void }, extra: string[] = []) {
+  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--model', dir, '--name', 'tiny', '--port', '0', ...extra], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
   p.stdout.on('data', (d) => (out += d));
@@ -122,23 +165,31 @@ t.test('SIGTERM during a long generation ends the server within a bound', async 
   t.same(end, { code: 0, signal: null }, `exit 0; stderr: ${stderr().slice(-500)}`);
 });
 
-t.test('SIGTERM during a long prefill ends the server after the grace period', async (t) => {
-  const { p, port, exited, stderr } = await serveProcess(t);
-  // 30,000 prompt tokens: a prefill of minutes on a CPU, which no cancel interrupts.
-  let chunks = 0;
-  void fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(), prompt: ids(30000) }) })
-    .then(async (r) => {
-      for await (const _ of r.body!) chunks++;
-    })
-    .catch(() => {});
-  // Let the request reach the engine (its body parsed, the call started).
-  await new Promise((r) => setTimeout(r, 1500));
-  t.equal(chunks, 0, 'still in its prefill');
-  const t0 = Date.now();
-  p.kill('SIGTERM');
-  const end = await Promise.race([exited, new Promise<null>((r) => setTimeout(r, 30_000, null))]);
-  const ms = Date.now() - t0;
-  t.ok(end, `the server exited ${ms} ms after SIGTERM, its prefill unfinished`);
-  t.same(end, { code: null, signal: 'SIGTERM' }, "ended by SIGTERM's default action (process.exit would wait for the native call)");
-  t.match(stderr(), /a generate call \(a prefill, which cannot be interrupted\) was still running 5 s after the signal; exiting without waiting for it/);
-});
+for (const chunked of [true, false]) {
+  const what = chunked ? 'SIGTERM during a chunked prefill ends the server at the next chunk, exit 0' : 'SIGTERM during a one-forward prefill (--prefill-chunk 0) ends the server after the grace period';
+  t.test(what, async (t) => {
+    const { p, port, exited, stderr } = await serveProcess(t, chunked ? [] : ['--prefill-chunk', '0']);
+    // 30,000 prompt tokens: a prefill of minutes on a CPU.
+    let chunks = 0;
+    void fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(), prompt: ids(30000) }) })
+      .then(async (r) => {
+        for await (const _ of r.body!) chunks++;
+      })
+      .catch(() => {});
+    // Let the request reach the engine (its body parsed, the call started).
+    await new Promise((r) => setTimeout(r, 1500));
+    t.equal(chunks, 0, 'still in its prefill');
+    const t0 = Date.now();
+    p.kill('SIGTERM');
+    const end = await Promise.race([exited, new Promise<null>((r) => setTimeout(r, 30_000, null))]);
+    const ms = Date.now() - t0;
+    t.ok(end, `the server exited ${ms} ms after SIGTERM, its prefill unfinished`);
+    if (chunked) {
+      t.same(end, { code: 0, signal: null }, `exit 0: the prefill stopped between two chunks; stderr: ${stderr().slice(-500)}`);
+      t.notMatch(stderr(), /was still running/);
+    } else {
+      t.same(end, { code: null, signal: 'SIGTERM' }, "ended by SIGTERM's default action (process.exit would wait for the native call)");
+      t.match(stderr(), /a generate call \(a prefill in one forward, which cannot be interrupted\) was still running 5 s after the signal; exiting without waiting for it/);
+    }
+  });
+}

@@ -62,6 +62,8 @@ export interface NativeGenerateRequest {
   topN?: number;
   /** Prefill repeated prompts and the prefix common to all prompts once (default true). */
   sharePrefix?: boolean;
+  /** Prompt positions per prefill forward (0: one forward); an all-cancelled call stops between chunks. */
+  prefillChunk?: number;
   /**
    * Episode KV caches: one key (or null: none) per row. A keyed row reuses the longest prefix its
    * stored cache shares with its prompt and stores its KV (prompt + output) back under the key.

@@ -14,6 +14,9 @@ interface Args extends ModelArgs {
   host: string;
   name?: string;
   'max-batch': number;
+  'max-concurrent-calls': number;
+  'concurrent-after-ms': number;
+  'prefill-chunk': number;
   'max-model-len'?: number;
   'max-body-mb': number;
   'max-tokens-default': number;
@@ -29,6 +32,9 @@ export const serveCommand: CommandModule<object, Args> = {
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on' })
       .option('name', { type: 'string', describe: 'model name in responses (default: the folder name)' })
       .option('max-batch', { type: 'number', default: 32, describe: 'rows per batched generate call (also the largest n)' })
+      .option('max-concurrent-calls', { type: 'number', default: 2, describe: 'generate calls run at once: a request arriving while one runs starts without waiting for it' })
+      .option('concurrent-after-ms', { type: 'number', default: 200, describe: 'how long a request that arrives while a call runs waits for it before it starts a call beside it' })
+      .option('prefill-chunk', { type: 'number', default: 512, describe: "prompt positions per prefill forward (0: one forward); a call whose clients all left stops between two chunks" })
       .option('max-tokens-default', { type: 'number', default: DEFAULT_MAX_TOKENS, describe: 'max_tokens of a request that names none' })
       .option('max-tokens-limit', { type: 'number', default: DEFAULT_MAX_TOKENS_LIMIT, describe: 'the largest max_tokens a request may ask; larger is a 400 (code max_tokens_over_limit)' })
       .option('max-body-mb', { type: 'number', default: 32, describe: 'the largest request body in MiB; a larger one is a 413' })
@@ -45,20 +51,22 @@ export const serveCommand: CommandModule<object, Args> = {
     const maxLen = a['max-model-len'];
     if (maxLen !== undefined && !(Number.isInteger(maxLen) && maxLen >= 2 && maxLen <= model.config.max_position_embeddings))
       throw new SlmError('ARGUMENT_INVALID', `--max-model-len must be an integer from 2 to the model's max_position_embeddings (${model.config.max_position_embeddings}), found ${maxLen}.`);
-    const server = new OpenAIServer({ model, tokenizer, formatter, name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], maxBodyBytes: bodyLimit, maxModelLen: maxLen, defaultMaxTokens, maxTokensLimit, adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
+    for (const [k, min] of [['max-concurrent-calls', 1], ['prefill-chunk', 0], ['concurrent-after-ms', 0]] as const)
+      if (!(Number.isInteger(a[k]) && a[k] >= min)) throw new SlmError('ARGUMENT_INVALID', `--${k} must be a whole number, at least ${min}, found ${a[k]}.`);
+    const server = new OpenAIServer({ model, tokenizer, formatter, name: a.name, port: a.port, host: a.host, maxBatch: a['max-batch'], maxConcurrentCalls: a['max-concurrent-calls'], concurrentAfterMs: a['concurrent-after-ms'], prefillChunk: a['prefill-chunk'], maxBodyBytes: bodyLimit, maxModelLen: maxLen, defaultMaxTokens, maxTokensLimit, adapter: a.adapter, log: progressLog(process.stderr, '[slm-train] ') });
     const port = await server.listen();
     print(`serving ${a.name}${a.adapter ? ` + ${a.adapter}` : ''} on http://${a.host}:${port}/v1 (chat/completions, completions, models; /metrics)`);
     await untilSignal();
-    // Closing the connections cancels every request's rows: queued rows leave the queue and a running
-    // call ends at its next decode step. A prefill in progress is one native step that nothing
-    // interrupts (up to --max-model-len tokens: minutes on a CPU), so after a bounded wait the
-    // process exits without it rather than stay resident until it ends.
+    // Closing the connections cancels every request's rows: queued rows leave the queue, a running
+    // call ends at its next decode step or prefill chunk. With --prefill-chunk 0 a prefill is one
+    // native step that nothing interrupts (up to --max-model-len tokens: minutes on a CPU), so after a
+    // bounded wait the process exits without it rather than stay resident until it ends.
     await server.close();
     const grace = SHUTDOWN_GRACE_MS;
     const idle = await Promise.race([server.idle().then(() => true), new Promise<boolean>((r) => setTimeout(r, grace, false).unref())]);
     model.dispose();
     if (!idle) {
-      process.stderr.write(`[slm-train] serve: a generate call (a prefill, which cannot be interrupted) was still running ${grace / 1000} s after the signal; exiting without waiting for it\n`);
+      process.stderr.write(`[slm-train] serve: a generate call (a prefill in one forward, which cannot be interrupted) was still running ${grace / 1000} s after the signal; exiting without waiting for it\n`);
       // process.exit would wait on the native call (its static destructors join the engine's
       // threads): end by the signal's default action instead, as a process killed by SIGTERM.
       process.removeAllListeners('SIGTERM');

@@ -61,6 +61,7 @@ export function nativeGenerateRequest(req: GenerateRequest, checkIds: (ids: Int3
     stopTokenIds: Int32Array.from(req.stopTokenIds ?? []),
     stopStrings: req.stopStrings ?? [],
     ...(req.sharePrefix !== undefined ? { sharePrefix: !!req.sharePrefix } : {}),
+    ...(req.prefillChunk ? { prefillChunk: req.prefillChunk } : {}),
     ...(cacheKeys ? { cacheKeys } : {}),
   };
 }

@@ -35,6 +35,11 @@ export interface GenerateRequest {
    */
   sharePrefix?: boolean;
   /**
+   * Chunked prefill: prompts run through the model this many positions at a time (0 or absent: one
+   * forward); a call whose every row was cancelled stops between two chunks.
+   */
+  prefillChunk?: number;
+  /**
    * Multi-turn KV-cache reuse: one key (or null: none) per row, e.g. one per episode. A keyed row
    * reuses the longest prefix of its prompt that the key's cache holds (its previous turn's prompt
    * and output) and computes only the rest; its KV is kept under the key for the next call, until

@@ -1,7 +1,13 @@
 /**
- * The OpenAI server's batching queue: requests' rows wait here while a generate call runs, and the
- * next call takes every queued row that agrees with the first one on the per-call settings (top-k,
- * stops, adapter), up to maxBatch, putting that adapter on the model first. One call at a time.
+ * The OpenAI server's batching queue: a call takes every queued row that agrees with the first one
+ * on the per-call settings (top-k, stops, adapter), up to maxBatch, putting that adapter on the model
+ * first. Up to maxConcurrentCalls calls run at once (default 2, each on its own worker thread over
+ * the same weights): rows that arrive while a call runs wait for it to end, or at most
+ * concurrentAfterMs (default 200) before they start a call of their own beside it, so requests that
+ * arrive close together still share a call and a short request is not stuck behind a long one; a
+ * call with another adapter waits until the running calls end (the adapter is switched only when
+ * none runs). Prompts are prefilled prefillChunk positions at a time (default
+ * 512), and a call whose every row was cancelled (its clients left) stops between two chunks.
  */
 import { History } from './history.js';
 import type { Job } from './job.js';
@@ -12,11 +18,18 @@ export interface CallRecord {
   rows: number;
   steps: number;
   finish: string[];
+  /** Prompt tokens the prefill computed (fewer than the prompts' when every row left during it). */
+  prefillTokens: number;
 }
 
 export class Batcher {
   private queue: Job[] = [];
-  private busy = false;
+  /** Generate calls running now, and whether pump() is choosing the next one. */
+  private running = 0;
+  private starting = false;
+  /** When each queued row was queued (the concurrent-call delay counts from it). */
+  private queuedAt = new WeakMap<Job, number>();
+  private timer: NodeJS.Timeout | null = null;
   /** Generate calls made and rows per call (tests and logs): the recent ones and their count. */
   readonly batches = new History<number>();
   /** Each finished generate call: its rows, decode steps and how each row ended (tests and logs). */
@@ -44,6 +57,8 @@ export class Batcher {
         { once: true },
       );
     }
+    const now = performance.now();
+    for (const j of jobs) this.queuedAt.set(j, now);
     this.queue.push(...jobs.filter((j) => !j.ended));
     void this.pump();
   }
@@ -57,42 +72,62 @@ export class Batcher {
     this.active = name;
   }
 
-  /** Runs queued rows in batched generate calls, one call at a time. */
+  /** Starts batched generate calls for the queued rows, up to maxConcurrentCalls at once. */
   private async pump(): Promise<void> {
-    if (this.busy) return;
-    this.busy = true;
+    if (this.starting) return;
+    this.starting = true;
     try {
-      while (this.queue.length) {
+      while (this.queue.length && this.running < (this.o.maxConcurrentCalls ?? 2)) {
         // Give requests that arrive together a chance to share the call.
         await new Promise((r) => setImmediate(r));
-        if (!this.queue.length) break;
-        const first = this.queue[0];
+        // While calls run, only rows with the adapter on the model can start (it is switched when none
+        // runs), and only once they have waited concurrentAfterMs for the running call to end.
+        const first = this.running ? this.queue.find((j) => j.s.adapter === this.active) : this.queue[0];
+        if (!first) break;
+        if (this.running) {
+          const wait = (this.queuedAt.get(first) ?? 0) + (this.o.concurrentAfterMs ?? 200) - performance.now();
+          if (wait > 0) {
+            this.timer ??= setTimeout(() => ((this.timer = null), void this.pump()), wait).unref();
+            break;
+          }
+        }
         // The engine applies top-k / stops / the adapter per call: batch only rows that agree (top-p is per row).
         const key = (j: Job) => JSON.stringify([j.s.topK, [...j.s.stop].sort(), j.s.stopTokenIds, j.s.adapter]);
         const firstKey = key(first);
         const take = this.queue.filter((j) => key(j) === firstKey).slice(0, this.o.maxBatch ?? 32);
         this.queue = this.queue.filter((j) => !take.includes(j));
-        try {
-          await this.useAdapter(first.s.adapter);
-        } catch (e) {
-          for (const j of take) j.fail(e as Error);
-          continue;
+        if (!this.running) {
+          try {
+            await this.useAdapter(first.s.adapter);
+          } catch (e) {
+            for (const j of take) j.fail(e as Error);
+            continue;
+          }
         }
-        // A row cancelled while the call was being set up (its client left) is not prefilled: a
-        // prefill is one native step that a cancel does not interrupt (only decode steps check it).
+        // A row cancelled while the call was being set up (its client left) is not prefilled.
         const live = take.filter((j) => !j.ended);
         if (!live.length) continue;
-        await this.run(live);
+        this.running++;
+        void this.run(live).finally(() => {
+          this.running--;
+          this.settle();
+          void this.pump();
+        });
       }
     } finally {
-      this.busy = false;
-      if (!this.queue.length) for (const w of this.waiting.splice(0)) w();
+      this.starting = false;
+      this.settle();
     }
   }
 
-  /** Resolves when no row is queued and no generate call runs (now, or once the running call ends). */
+  /** Resolves the idle() promises when no row is queued and no call runs or is being started. */
+  private settle(): void {
+    if (!this.running && !this.starting && !this.queue.length) for (const w of this.waiting.splice(0)) w();
+  }
+
+  /** Resolves when no row is queued and no generate call runs (now, or once the running calls end). */
   idle(): Promise<void> {
-    if (!this.busy && !this.queue.length) return Promise.resolve();
+    if (!this.running && !this.starting && !this.queue.length) return Promise.resolve();
     return new Promise((r) => this.waiting.push(r));
   }
 
@@ -114,6 +149,7 @@ export class Batcher {
         stopStrings: first.s.stop,
         topLogprobs: Math.max(...take.map((j) => j.s.topN)),
         signals: take.map((j) => j.abort.signal),
+        prefillChunk: this.o.prefillChunk ?? 512,
         onToken: (ev) => {
           const j = take[ev.row];
           try {
@@ -125,7 +161,7 @@ export class Batcher {
           }
         },
       });
-      this.calls.push({ rows: take.length, steps: r.steps, finish: r.finishReasons });
+      this.calls.push({ rows: take.length, steps: r.steps, finish: r.finishReasons, prefillTokens: r.prefillTokens });
       take.forEach((j, i) => j.end(r.finishReasons[i]));
     } catch (e) {
       for (const j of take) j.fail(e as Error);

@@ -13,6 +13,12 @@ export interface ServeOptions {
   host?: string;
   /** Rows per batched generate call (default 32); also the largest `n`. */
   maxBatch?: number;
+  /** Generate calls run at once (default 2): a request arriving while one runs does not wait for it to end. */
+  maxConcurrentCalls?: number;
+  /** How long rows queued while a call runs wait for it before they start a call beside it (default 200 ms). */
+  concurrentAfterMs?: number;
+  /** Prompt positions per prefill forward (default 512); a call whose clients all left stops between two. */
+  prefillChunk?: number;
   /** Default and upper bound of max_tokens (default 512 / 4096). */
   defaultMaxTokens?: number;
   maxTokensLimit?: number;

@@ -257,6 +257,8 @@ slm::GenerateParams generate_params(Napi::Env env, const Napi::Object& o) {
     if (!sp.IsBoolean()) throw_error(env, "ARGUMENT_INVALID", "generate: sharePrefix must be a boolean.");
     p.share_prefix = sp.As<Napi::Boolean>().Value();
   }
+  p.prefill_chunk = int_field(env, o, "prefillChunk", 0);
+  if (p.prefill_chunk < 0) throw_error(env, "ARGUMENT_INVALID", "generate: prefillChunk must be 0 (one forward) or a positive number of positions, found " + std::to_string(p.prefill_chunk) + ".");
   auto ck = o.Get("cacheKeys");
   if (!ck.IsUndefined() && !ck.IsNull()) {
     if (!ck.IsArray()) throw_error(env, "ARGUMENT_INVALID", "generate: cacheKeys must be an array with one string (or null: none) per row.");

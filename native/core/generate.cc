@@ -193,13 +193,41 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
 
     cache = model.new_cache(P > 0 ? 1 : U, L + p.max_new_tokens);
     t0 = now();
+    // Columns [s0, s1) of (ids, positions) through the model into `cache`, p.prefill_chunk at a time
+    // (each chunk's keys: the key mask's columns [0, end)); the last chunk's hidden states. false: every
+    // row was cancelled between two chunks (nothing more computed).
+    const auto all_cancelled = [&] {
+      if (!p.cancel) return false;
+      for (int64_t b = 0; b < B; ++b)
+        if (!p.cancel[b].load(std::memory_order_relaxed)) return false;
+      return true;
+    };
+    int64_t cols_done = 0;  // key-mask columns whose tokens are in the cache
+    const auto prefill = [&](const at::Tensor& ids_, const at::Tensor& pos_, const at::Tensor& keys_, int64_t s0, int64_t s1, at::Tensor* last) {
+      const int64_t step = p.prefill_chunk > 0 ? p.prefill_chunk : s1 - s0;
+      for (int64_t s = s0; s < s1; s += step) {
+        if (s > s0 && all_cancelled()) return false;
+        const int64_t e = std::min(s1, s + step);
+        auto hc = model.hidden(ids_.narrow(1, s, e - s).contiguous(), pos_.narrow(1, s, e - s).contiguous(), keys_.narrow(1, 0, e).contiguous(), &cache);
+        cols_done = e;
+        if (e == s1 && last) *last = hc;
+      }
+      return true;
+    };
+    // Stopped between chunks: every row cancelled, prefill_tokens = the prompt tokens actually run.
+    const auto cancelled_out = [&](bool in_prefix) {
+      for (int64_t b = 0; b < B; ++b) out.finish[b] = Finish::Cancelled;
+      const auto real = [](const at::Tensor& m) { return m.numel() ? m.sum().item<int64_t>() : int64_t(0); };
+      out.prefill_tokens = in_prefix ? real(mask.narrow(0, 0, 1).narrow(1, 0, cols_done)) : P + real(mask.narrow(1, P, cols_done - P));
+      out.prefill_seconds = now() - t0;
+      return out;
+    };
     if (P > 0) {  // the common prefix once, then shared by every distinct prompt's rows (read from one place)
-      model.hidden(ids.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), positions.narrow(0, 0, 1).narrow(1, 0, P).contiguous(),
-                   mask.narrow(0, 0, 1).narrow(1, 0, P).contiguous(), &cache);
+      if (!prefill(ids.narrow(0, 0, 1), positions.narrow(0, 0, 1), mask.narrow(0, 0, 1), 0, P, nullptr)) return cancelled_out(true);
       cache.share_prefix(U);
     }
-    h = model.hidden(ids.narrow(1, P, L - P).contiguous(), positions.narrow(1, P, L - P).contiguous(), mask, &cache);  // [U, L - P, hidden]
-    logits = model.logits(h.narrow(1, L - P - 1, 1), true).squeeze(1);  // [U, V]
+    if (!prefill(ids, positions, mask, P, L, &h)) return cancelled_out(false);  // h: the last chunk, [U, c, hidden]
+    logits = model.logits(h.narrow(1, h.size(1) - 1, 1), true).squeeze(1);  // [U, V]
     last_pos = positions.narrow(1, L - 1, 1).squeeze(1);           // [U]
     if (U < B) {  // every row of a repeated prompt gets a copy of its cache rows and logits
       auto of_t = at::tensor(of, li).to(dev);

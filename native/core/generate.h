@@ -62,6 +62,10 @@ struct GenerateParams {
   // the system prompt) is prefilled once at batch 1 before the rest of each prompt. Each row still
   // samples with its own random stream. false: every row prefills its whole prompt (the old path).
   bool share_prefix = true;
+  // Chunked prefill: a new prompt is run through the model `prefill_chunk` positions at a time (0:
+  // in one forward), and between chunks a call whose every row has been cancelled stops (each row
+  // Finish::Cancelled, no token). The episode-cache path (rows continuing a cached past) runs whole.
+  int64_t prefill_chunk = 0;
   // Multi-turn KV-cache reuse (core/episode_cache.h): with a store, a row with a key (non-empty
   // cache_keys[b]; empty vector: no row has one) reuses the longest prefix its stored cache shares
   // with its prompt (at least one prompt token is always computed: it gives the first logits), and
