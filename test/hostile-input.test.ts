@@ -107,20 +107,20 @@ t.test('chat templates render within a time and size budget: a huge loop is CHAT
   const msgs: ChatMessage[] = [{ role: 'user', content: 'hi' }];
   const stopped = (why: RegExp) => ({ code: 'CHAT_TEMPLATE_ERROR', message: new RegExp(`The chat template from bomb was stopped while rendering 1 message\\(s\\): ${why.source}.*Expected a template that renders a conversation in well under`) });
   let t0 = performance.now();
-  t.throws(() => new ChatTemplate(bomb, 'bomb').render(msgs), stopped(/range\(\) of 100000000 items is past its budget of 1048576/));
+  t.throws(() => new ChatTemplate(bomb, 'bomb').render(msgs), stopped(/range\(\) of 100000000 items is past its budget of 65536/));
   t.ok(performance.now() - t0 < 2000, 'refused at once, before building the list');
   // Nested loops of allowed lengths: the time budget.
   t0 = performance.now();
-  const slow = '{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}';
+  const slow = '{% for i in range(60000) %}{% for j in range(60000) %}{% endfor %}{% endfor %}';
   t.throws(() => new ChatTemplate(slow, 'bomb').render(msgs, { budget: { timeMs: 300 } }), stopped(/it ran past its time budget of 300 ms/));
   t.ok(performance.now() - t0 < 3000, `stopped after ${(performance.now() - t0).toFixed(0)} ms`);
   // A string doubled in a loop, and text piled up by a loop: the size budgets.
   const doubling = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}";
   t.throws(() => new ChatTemplate(doubling, 'bomb').render(msgs), stopped(/it made a string of \d+ characters, past its budget of 16777216/));
-  const pile = '{% for i in range(1000000) %}{{ messages[0].content ~ i }}{% endfor %}';
+  const pile = '{% for i in range(60000) %}{{ messages[0].content ~ i }}{% endfor %}';
   t.throws(() => new ChatTemplate(pile, 'bomb').render([{ role: 'user', content: 'y'.repeat(4096) }] as ChatMessage[]), stopped(/it made more than 134217728 characters of text in all/));
   const lists = "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}";
-  t.throws(() => new ChatTemplate(lists, 'bomb').render(msgs), stopped(/it made a list of 2097152 items, past its budget of 1048576/));
+  t.throws(() => new ChatTemplate(lists, 'bomb').render(msgs), stopped(/it made a list of 131072 items, past its budget of 65536/));
   // Ordinary templates are unchanged: globals (range, raise_exception, strftime_now, none) work as before.
   t.equal(new ChatTemplate("{% for i in range(3) %}{{ i }}{% endfor %}|{{ range(1, 7, 2) | join(',') }}|{{ range(3, 0, -1) | join(',') }}|{{ none is none }}|{{ strftime_now('%Y') }}").render(msgs), `012|1,3,5|3,2,1|true|${new Date().getFullYear()}`);
   t.throws(() => new ChatTemplate("{{ raise_exception('no tools') }}").render(msgs), { code: 'CHAT_TEMPLATE_ERROR', message: /failed while rendering 1 message\(s\): no tools/ });
@@ -141,7 +141,7 @@ t.test('tool calls are capped: 64 KiB of arguments per call, refused ones not ke
   const seen: number[] = [];
   const tools = { search_pages: (q: string) => (seen.push(q.length), []), view_sections: () => [], read_section: () => '' };
   for (const kind of ['quickjs', 'python'] as const) {
-    const sb = await createSandbox({ kind, tools, size: 1, timeoutMs: 20_000, memoryMb: 256 });
+    const sb = await createSandbox({ kind, tools, size: 1, timeoutMs: 120_000, memoryMb: 256 });
     t.teardown(() => sb.close());
     seen.length = 0;
     // 16 MiB and 100,000 characters, 20 times each, then one call at the limit.

@@ -43,7 +43,7 @@ function taggedPids(tag: string): number[] {
 }
 const tagged = (tag: string) => taggedPids(tag).length;
 
-async function until(cond: () => boolean, ms = 5000): Promise<boolean> {
+async function until(cond: () => boolean, ms = 20_000): Promise<boolean> {
   const end = Date.now() + ms;
   while (Date.now() < end) {
     if (cond()) return true;
