@@ -16,11 +16,12 @@ half-way through a write cannot desynchronise the host channel. The program's pr
 into a shared memory block, sealed by the child before it reports and read by the zygote, so output
 survives exceptions, `os._exit`, crashes and timeouts.
 
-    host -> zygote: {t:'run', id, code, timeout_ms, cpu_s, memory_mb, max_output[, globals, final_answer]}
+    host -> zygote: {t:'run', id, code, timeout_ms, cpu_s, memory_mb, max_output[, globals, final_answer, ack]}
                     (passed to the child; globals: variables for the program; final_answer: define final_answer())
                     {t:'ret', id, seq, ok, value | error, etype}        (answer to a call)
                     {t:'exit'}
     zygote -> host: {t:'ready', ...capabilities}
+                    {t:'started', id}                                    (with ack: the run frame arrived; sent before the child gets it)
                     {t:'call', seq, name, args}                          (relayed from the child)
                     {t:'done', id, stdout, truncated, error, timed_out[, final_answer]}
 

@@ -14,6 +14,8 @@ export interface Job {
   tools?: SearchTools;
   globals?: Record<string, unknown>;
   finalAnswer?: boolean;
+  /** Handed to a worker that died before it took the program, and queued again (Python pool). */
+  retried?: boolean;
   resolve: (r: SandboxResult) => void;
   reject: (e: Error) => void;
 }

@@ -25,6 +25,8 @@ export interface WorkerPool {
   readonly extraToolNames: string[];
   workerIdle(w: Worker): void;
   workerGone(w: Worker): void;
+  /** Runs a program again on another worker (false: the pool is closed, the program was not queued). */
+  retry(job: Job): boolean;
 }
 
 interface Running extends Job {
@@ -32,6 +34,8 @@ interface Running extends Job {
   calls: ToolCall[];
   t0: number;
   backstop: NodeJS.Timeout;
+  /** The worker acknowledged the program (its `started` frame): from then on it may have run. */
+  started: boolean;
 }
 
 let nextWorkerSerial = 0;
@@ -107,7 +111,12 @@ export class Worker {
       this.current = undefined;
       if (running) {
         clearTimeout(running.backstop);
-        running.resolve(programResult(running, { error: `SandboxError: the sandbox worker died (${signal ?? 'exit code ' + code}) while running the program; it was replaced`, stdout: '', timedOut: false, truncated: false }));
+        // A worker that died before it acknowledged the program (killed or crashed while idle, its
+        // exit not yet seen when the program was handed to it) never ran it: it runs on another
+        // worker, once (a program whose delivery itself kills workers gets the error the next time).
+        const { id: _id, calls: _calls, t0: _t0, backstop: _b, started, ...job } = running;
+        if (started || job.retried || !this.pool.retry({ ...job, retried: true }))
+          running.resolve(programResult(running, { error: `SandboxError: the sandbox worker died (${signal ?? 'exit code ' + code}) while running the program; it was replaced`, stdout: '', timedOut: false, truncated: false }));
       }
       this.pool.workerGone(this);
     });
@@ -131,7 +140,7 @@ export class Worker {
       running.resolve(programResult(running, { stdout: '', truncated: false, timedOut: true, error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (the worker did not answer and was replaced)` }));
       this.kill();
     }, job.limits.timeoutMs + BACKSTOP_MS);
-    this.current = { ...job, id, calls: [], t0: performance.now(), backstop };
+    this.current = { ...job, id, calls: [], t0: performance.now(), backstop, started: false };
     this.state = 'busy';
     this.send({
       t: 'run',
@@ -141,6 +150,7 @@ export class Worker {
       cpu_s: job.limits.cpuSeconds,
       memory_mb: job.limits.memoryMb,
       max_output: job.limits.maxOutputChars,
+      ack: true, // the worker confirms it has the program (a `started` frame) before its child gets it
       ...(job.globals ? { globals: job.globals } : {}),
       ...(job.finalAnswer ? { final_answer: true } : {}),
       ...(this.pool.extraToolNames.length ? { extra_tools: this.pool.extraToolNames } : {}),
@@ -149,7 +159,9 @@ export class Worker {
 
   private onMessage(msg: Msg): void {
     const running = this.current;
-    if (msg.t === 'call') {
+    if (msg.t === 'started') {
+      if (running && msg.id === running.id) running.started = true;
+    } else if (msg.t === 'call') {
       if (!running) return this.fail('a tool call arrived while no program was running');
       const { id } = running;
       void Promise.resolve(invokeTool(running.tools, msg.name, msg.args, running.calls, running.limits.maxCalls, this.pool.extraTools)).then((reply) => {

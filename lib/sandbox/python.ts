@@ -5,8 +5,9 @@
  * here adds what a program cannot influence:
  * - a backstop timer: a worker that has not answered `timeoutMs + 2 s` after a program started is
  *   killed (its whole process group, or namespace) and replaced;
- * - a worker that dies for any reason is replaced; its program gets an error result, never a crash
- *   of this process;
+ * - a worker that dies for any reason is replaced; the program it had taken (acknowledged) gets an
+ *   error result, never a crash of this process; one it had not taken yet (it died while idle, its
+ *   exit not seen yet when the program was handed to it) runs on another worker, once;
  * - `close()` ends every worker and waits until each one has exited.
  * One worker is lib/sandbox/python-worker.ts, the frames it exchanges lib/sandbox/python-wire.ts.
  */
@@ -17,7 +18,7 @@ import { type Job, resolveLimits, stripUndefined } from './job.js';
 import { Worker, type WorkerPool } from './python-worker.js';
 import { checkGlobals, type ExtraTools } from './tools.js';
 import { checkTools } from '../extensions.js';
-import type { IsolationLevel, IsolationReport, RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools } from './types.js';
+import type { IsolationLevel, IsolationReport, RunOptions, Sandbox, SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
 
 export interface PythonPoolOptions extends SandboxLimits {
   /** The search primitives programs may call (a program can also get its own through run()). */
@@ -143,6 +144,14 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
     this.dispatch();
   }
 
+  /** @internal A program whose worker died before taking it: first in the queue again (not when closed). */
+  retry(job: Job): boolean {
+    if (this.closed) return false;
+    this.queue.unshift(job);
+    this.dispatch();
+    return true;
+  }
+
   /** @internal A worker exited (killed, crashed, or closed): replace it unless closing. */
   workerGone(w: Worker): void {
     this.workers.delete(w);
@@ -160,6 +169,14 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
   /** Process ids of the live workers (the wrapper's, where there is one): for diagnostics and tests. */
   workerPids(): number[] {
     return [...this.workers].map((w) => w.proc.pid).filter((p): p is number => p !== undefined);
+  }
+
+  /**
+   * The live workers, for diagnostics and tests: process id (the wrapper's, where there is one), state,
+   * and the program running there (its tool calls so far; whether the worker acknowledged it).
+   */
+  workerStates(): Array<{ pid: number | undefined; state: Worker['state']; program: { calls: readonly ToolCall[]; started: boolean } | null }> {
+    return [...this.workers].map((w) => ({ pid: w.proc.pid, state: w.state, program: w.current ? { calls: w.current.calls, started: w.current.started } : null }));
   }
 
   /** Ends every worker (asks politely, then kills the process group) and waits until all have exited. */

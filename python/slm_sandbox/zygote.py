@@ -96,6 +96,11 @@ class Zygote:
 
     def run(self, msg):
         """Hands one program to the prepared child and sends its result; then cleans up after it."""
+        # First the receipt (when the host asks for one): a worker that dies before the host has it
+        # never ran the program, and the host runs it on another worker instead of reporting a crash
+        # the program did not meet.
+        if msg.get('ack'):
+            self.send({'t': 'started', 'id': msg.get('id')})
         cap = int(msg.get('max_output') or 10000)
         if self.prepared is not None:
             pid = self.prepared[0]
