@@ -286,10 +286,10 @@ t.test('the TypeScript shape and the schema name the same keys', async (t) => {
     reward: { combine: true, on_failure: true, failure_value: true, parts: true, judge: true, module: true },
     algorithm: {
       kind: true, clip_low: true, clip_high: true, kl_coef: true, kl_reference: true, kl_in: true, kl_estimator: true, loss_norm: true, turn_discount: true, inner_epochs: true, entropy_coef: true,
-      std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, value_clip: true, whiten: true, loss_temperature: true, old_logprobs: true, overlong: true, mini_batch: true,
+      std: true, std_estimator: true, adv_eps: true, fallbacks: true, gamma: true, lam: true, vf_coef: true, critic: true, value_clip: true, whiten: true, loss_temperature: true, old_logprobs: true, overlong: true, mini_batch: true,
     },
     rft: { rounds: true, min_reward: true, epochs: true, max_per_question: true, unique: true, questions_per_round: true },
-    optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, schedule: true, warmup_steps: true, critic_warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },
+    optim: { lr: true, critic_lr: true, weight_decay: true, betas: true, eps: true, max_grad_norm: true, critic_max_grad_norm: true, schedule: true, warmup_steps: true, critic_warmup_steps: true, min_lr_ratio: true, micro_batch: true, gradient_checkpointing: true },
     train: { epochs: true, steps: true, batch_size: true, seed: true, checkpoint_every: true, eval_every: true, save_total_limit: true },
     eval: { split: true, max_questions: true, temperature: true, top_p: true, max_new_tokens: true, table: true, pass_k: true },
     run: { dir: true, name: true },

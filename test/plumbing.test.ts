@@ -74,7 +74,7 @@ t.test('clip_low and clip_high reach trainStep as clipLow and clipHigh (GRPO and
 
 t.test("the algorithm section's defaults are pinned (a changed default is a decision, made here too)", async (t) => {
   const fallbacks = { flat_std: 0.01, flat_skip_below: 0.1, zero_variance: 'center', center: 0.5, all_failed: 'normalize', fail_by: 'reward', fail_at_or_below: 0 };
-  const common = { clip_low: 0.2, kl_coef: 0, kl_reference: 'start', loss_norm: 'token', turn_discount: 1, inner_epochs: 1, entropy_coef: 0, std: 'group', std_estimator: 'sample', adv_eps: 1e-4, fallbacks, gamma: 1, lam: 1, vf_coef: 0.5, value_clip: 0.5, whiten: true, loss_temperature: null, old_logprobs: 'sampler', overlong: { filter: false, buffer: 0, penalty_factor: 1 }, mini_batch: 0 };
+  const common = { clip_low: 0.2, kl_coef: 0, kl_reference: 'start', loss_norm: 'token', turn_discount: 1, inner_epochs: 1, entropy_coef: 0, std: 'group', std_estimator: 'sample', adv_eps: 1e-4, fallbacks, gamma: 1, lam: 1, vf_coef: 0.5, critic: 'shared', value_clip: 0.5, whiten: true, loss_temperature: null, old_logprobs: 'sampler', overlong: { filter: false, buffer: 0, penalty_factor: 1 }, mini_batch: 0 };
   t.same(sectionDefaults('algorithm'), { kind: null, clip_high: null, kl_in: null, kl_estimator: null, ...common }, 'the schema');
   // As resolved per stage (kind, clip_high = clip_low, where the KL goes and its estimator).
   for (const [stage, derived] of [

@@ -13,42 +13,14 @@ import type { LoraSpec } from '../lib/engine/adapter.js';
 import { initModel } from '../lib/model/init.js';
 import { RunFolder } from '../lib/train/run.js';
 import { CONFIG_SCHEMA } from '../lib/config/schema.js';
-import type { RolloutRequest, TrainEpisode } from '../lib/train/types.js';
+import type { TrainEpisode } from '../lib/train/types.js';
+import { questions, reward, twoTurn } from './helpers/ppo-toy.js';
 import { runPpo, type PpoOptions } from '../lib/train/ppo.js';
 import { ppoPrepare, ppoUpdate, type PpoBatch, type PpoStepInfo, type PpoUpdateOptions } from '../lib/train/ppo-batch.js';
 
-type Q = { id: number; prompt: number[] };
 type Props = Record<string, { default?: unknown; properties?: Props }>;
 const SCHEMA_ALGORITHM = (CONFIG_SCHEMA.properties as Props).algorithm.properties!;
 const SCHEMA_OPTIM = (CONFIG_SCHEMA.properties as Props).optim.properties!;
-const questions: Q[] = Array.from({ length: 8 }, (_, i) => ({ id: i, prompt: Array.from({ length: 6 }, (_, k) => ((i * 13 + k * 7) % 50) + 10) }));
-const ENV = [60, 61, 62];
-
-/** Two generation turns with environment text between them (no sandbox: the engine directly). */
-function twoTurn(model: Model, g = 3) {
-  return async (reqs: RolloutRequest<Q>[]): Promise<TrainEpisode[]> => {
-    const temperature = reqs.map((r) => r.temperature);
-    const a = await model.generate({ prompts: reqs.map((r) => Int32Array.from(r.question.prompt)), maxNewTokens: g, temperature, seed: reqs[0].seed });
-    const mid = reqs.map((r, i) => [...r.question.prompt, ...a.tokens[i], ...ENV]);
-    const b = await model.generate({ prompts: mid.map((p) => Int32Array.from(p)), maxNewTokens: g, temperature, seed: reqs[0].seed + 1 });
-    return reqs.map((r, i) => {
-      const P = r.question.prompt.length;
-      const ids = Int32Array.from([...mid[i], ...b.tokens[i]]);
-      const lossMask = new Uint8Array(ids.length);
-      const logprobs = new Float32Array(ids.length);
-      lossMask.fill(1, P, P + a.tokens[i].length);
-      logprobs.set(a.logprobs[i], P);
-      lossMask.fill(1, mid[i].length);
-      logprobs.set(b.logprobs[i], mid[i].length);
-      return { ids, lossMask, logprobs, temperature: r.temperature, answer: null, turns: 2, record: { completion: Array.from(ids.slice(P)) } };
-    });
-  };
-}
-const reward = async (ep: TrainEpisode) => {
-  const gen = Array.from(ep.ids).filter((_, k) => ep.lossMask[k]);
-  const share = gen.filter((x) => x < 8).length / Math.max(1, gen.length);
-  return { total: share, parts: { good: share } };
-};
 
 const LORA: LoraSpec = { r: 8, alpha: 16, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] };
 const opts: PpoOptions = {

@@ -158,7 +158,18 @@ export interface NativeModel {
   /** The KL reference is the base model again. */
   clearReferenceAdapter(): void;
   hasReferenceAdapter(): boolean;
-  saveLora(req: { file: string; valueHeadFile?: string }): Promise<void>;
+  saveLora(req: { file: string; valueHeadFile?: string; criticFile?: string }): Promise<void>;
+  /**
+   * PPO's separate critic: a second LoRA adapter on the same frozen base weights, a copy of the
+   * actor's adapter now (attachCritic) or read from critic_adapter.safetensors (loadCritic, after the
+   * actor's adapter). While one is attached, values() read its forward and trainStep trains it on the
+   * value loss alone with its own optimizer (valueLr, criticMaxGradNorm); the actor's adapter gets the
+   * other terms.
+   */
+  attachCritic(): void;
+  loadCritic(file: string): void;
+  detachCritic(): void;
+  hasCritic(): boolean;
   attachValueHead(seed?: number): void;
   loadValueHead(file: string): void;
   trainStep(req: NativeTrainRequest): Promise<NativeTrainStats>;
@@ -172,7 +183,7 @@ export interface NativeModel {
   /** Every trainable tensor's gradient, flattened in trainable() order (zeros where none). */
   gradients(): Float32Array;
   /** Norm, NaN/inf skip, clipping, AdamW on the given flat gradients (or those left by trainStep({update: false})). */
-  applyGradients(opts: NativeOptimOptions & { loss?: number }, grads?: Float32Array): Promise<NativeApplyResult>;
+  applyGradients(opts: NativeOptimOptions & { loss?: number; valueLoss?: number }, grads?: Float32Array): Promise<NativeApplyResult>;
   /** FNV-1a digest of every base weight's bytes. */
   baseDigest(): string;
 }
@@ -224,6 +235,8 @@ export interface NativeTrainRequest {
   eps?: number;
   weightDecay?: number;
   maxGradNorm?: number;
+  /** The separate critic's gradient clip (its own norm); absent: maxGradNorm. */
+  criticMaxGradNorm?: number;
   microBatch?: number;
   checkpoint?: boolean;
   /** false: leave the unclipped gradients in place (gradients(), then applyGradients). */
@@ -235,10 +248,12 @@ export interface NativeTrainRequest {
   seed?: number;
 }
 
-export type NativeOptimOptions = Pick<NativeTrainRequest, 'lr' | 'valueLr' | 'beta1' | 'beta2' | 'eps' | 'weightDecay' | 'maxGradNorm'>;
+export type NativeOptimOptions = Pick<NativeTrainRequest, 'lr' | 'valueLr' | 'beta1' | 'beta2' | 'eps' | 'weightDecay' | 'maxGradNorm' | 'criticMaxGradNorm'>;
 
 export interface NativeApplyResult {
   gradNorm: number;
+  /** The separate critic's gradient norm before clipping (0 without one). */
+  criticGradNorm: number;
   skipped: boolean;
   skipReason: string;
   step: number;
@@ -253,7 +268,10 @@ export interface NativeTrainStats {
   clipFrac: number;
   ratio: number;
   valueLoss: number;
+  /** The actor's gradient norm before clipping (with a shared critic: the adapter and value head together). */
   gradNorm: number;
+  /** The separate critic's (its adapter and value head) before clipping; 0 without one. */
+  criticGradNorm?: number;
   tokens: number;
   sequences: number;
   /** Positions the vocabulary head projected in this process: the trained ones (a prompt's are skipped). */

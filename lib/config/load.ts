@@ -103,6 +103,8 @@ function crossChecks(c: ResolvedConfig): Problem[] {
     p.push({ path: ['algorithm', 'old_logprobs'], message: `forward is the group policy-gradient update's (grpo or rloo), found ${stageKind}; use sampler or recompute` });
   if (c.rollout.first_turn_top_p !== null && c.rollout.first_turn_temperature === null)
     p.push({ path: ['rollout', 'first_turn_top_p'], message: 'set, but rollout.first_turn_temperature is null (turn 1 then samples at the rollout\'s own draws); set both or neither' });
+  if (c.algorithm.critic === 'separate' && c.algorithm.vf_coef === 0 && c.stage === 'ppo')
+    p.push({ path: ['algorithm', 'vf_coef'], message: 'a separate critic trains on the value loss alone, and vf_coef 0 switches the value loss off: its values would never be trained. Set vf_coef > 0 (its size does not matter there) or critic: shared' });
   if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.critic_warmup_steps !== null && c.optim.critic_warmup_steps >= c.train.steps)
     p.push({ path: ['optim', 'critic_warmup_steps'], message: `expected fewer warm-up steps than train.steps (${c.train.steps}) for a ${c.optim.schedule} schedule, found ${c.optim.critic_warmup_steps}` });
   if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.warmup_steps >= c.train.steps)

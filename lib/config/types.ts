@@ -167,6 +167,8 @@ export interface AlgorithmConfig {
   gamma: number;
   lam: number;
   vf_coef: number;
+  /** PPO's critic: a value head on the actor's trunk, or a second adapter + value head on the same frozen base. */
+  critic: 'shared' | 'separate';
   value_clip: number;
   whiten: boolean;
   /** The temperature the loss scores tokens at (null = each episode's sampling temperature). */
@@ -198,6 +200,8 @@ export interface OptimConfig {
   betas: [number, number];
   eps: number;
   max_grad_norm: number;
+  /** The separate critic's own gradient clip; null = max_grad_norm. */
+  critic_max_grad_norm: number | null;
   schedule: 'constant' | 'linear' | 'cosine';
   warmup_steps: number;
   /** PPO: the value head's warm-up steps; null = warmup_steps. */

@@ -76,8 +76,8 @@ export class DataParallel {
     this.lastAllReduceBytes = grads.byteLength;
     const sums = await this.group.allReduceValues(STAT_KEYS.map((k) => (local.tokens ? stats[k] : 0)));
     const global = Object.fromEntries(STAT_KEYS.map((k, i) => [k, sums[i]])) as Pick<NativeTrainStats, (typeof STAT_KEYS)[number]>;
-    const { lr, valueLr, beta1, beta2, eps, weightDecay, maxGradNorm } = opts;
-    const applied = await model.applyGradients({ lr, valueLr, beta1, beta2, eps, weightDecay, maxGradNorm: maxGradNorm ?? 1, loss: global.loss }, grads);
-    return { ...stats, ...global, gradNorm: applied.gradNorm, skipped: applied.skipped, skipReason: applied.skipReason, tokens, sequences };
+    const { lr, valueLr, beta1, beta2, eps, weightDecay, maxGradNorm, criticMaxGradNorm } = opts;
+    const applied = await model.applyGradients({ lr, valueLr, beta1, beta2, eps, weightDecay, maxGradNorm: maxGradNorm ?? 1, criticMaxGradNorm, loss: global.loss, valueLoss: global.valueLoss }, grads);
+    return { ...stats, ...global, gradNorm: applied.gradNorm, criticGradNorm: applied.criticGradNorm, skipped: applied.skipped, skipReason: applied.skipReason, tokens, sequences };
   }
 }

@@ -32,6 +32,8 @@ export interface LoraSpec {
 export const ADAPTER_WEIGHTS = 'adapter_model.safetensors';
 const ADAPTER_CONFIG = 'adapter_config.json';
 export const VALUE_HEAD = 'value_head.safetensors';
+/** PPO's separate critic: its LoRA A and B under the actor adapter's PEFT names (same rank and targets). */
+export const CRITIC_ADAPTER = 'critic_adapter.safetensors';
 
 function moduleName(layer: number, t: LoraTarget): string {
   return `model.layers.${layer}.${(MLP_TARGETS as readonly string[]).includes(t) ? 'mlp' : 'self_attn'}.${t}`;
@@ -54,7 +56,7 @@ export function checkLoraSpec(s: LoraSpec, numLayers?: number): LoraSpec {
 }
 
 /** Reads and validates a PEFT adapter_config.json. */
-export function readAdapterConfig(dir: string, numLayers: number): { spec: LoraSpec; raw: Record<string, unknown>; weights: string; valueHead?: string } {
+export function readAdapterConfig(dir: string, numLayers: number): { spec: LoraSpec; raw: Record<string, unknown>; weights: string; valueHead?: string; critic?: string } {
   const cfgPath = join(dir, ADAPTER_CONFIG);
   if (!existsSync(dir)) throw new SlmError('ADAPTER_NOT_FOUND', `adapter folder ${dir} does not exist. Expected a PEFT folder (adapter_config.json + adapter_model.safetensors).`);
   if (!existsSync(cfgPath)) throw new SlmError('ADAPTER_NOT_FOUND', `${dir} has no adapter_config.json: expected a PEFT LoRA adapter folder.`);
@@ -88,7 +90,8 @@ export function readAdapterConfig(dir: string, numLayers: number): { spec: LoraS
   if (!existsSync(weights))
     throw new SlmError('ADAPTER_NOT_FOUND', `${dir} has adapter_config.json but no ${ADAPTER_WEIGHTS}${existsSync(join(dir, 'adapter_model.bin')) ? ' (adapter_model.bin is a PyTorch pickle: re-save with safe_serialization=True)' : ''}.`);
   const vh = join(dir, VALUE_HEAD);
-  return { spec, raw, weights, valueHead: existsSync(vh) ? vh : undefined };
+  const critic = join(dir, CRITIC_ADAPTER);
+  return { spec, raw, weights, valueHead: existsSync(vh) ? vh : undefined, critic: existsSync(critic) ? critic : undefined };
 }
 
 /** The dimensions of a model that decide its LoRA tensors' shapes (a subset of config.json). */
@@ -190,4 +193,17 @@ function adapterConfigJson(spec: LoraSpec, baseModel: string): Record<string, un
 export function writeAdapterConfig(dir: string, spec: LoraSpec, baseModel: string): void {
   mkdirSync(dir, { recursive: true });
   writeFileSync(join(dir, ADAPTER_CONFIG), JSON.stringify(adapterConfigJson(spec, baseModel), null, 2) + '\n');
+}
+
+/** The values of `params` that are NaN or inf: their count and the tensors holding them; undefined when all are finite. */
+export function nonFinite(params: Record<string, Float32Array>): { count: number; tensors: string[] } | undefined {
+  let count = 0;
+  const tensors: string[] = [];
+  for (const [name, v] of Object.entries(params)) {
+    let n = 0;
+    for (let i = 0; i < v.length; i++) if (!Number.isFinite(v[i])) n++;
+    if (n) tensors.push(name);
+    count += n;
+  }
+  return count ? { count, tensors } : undefined;
 }

@@ -5,7 +5,7 @@
 import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { NativeApplyResult, NativeCacheStats, NativeGenerateResult, NativeModel, NativeModelInfo, NativeOptimOptions, NativeTrainStats } from '../binding/types.js';
-import { ADAPTER_WEIGHTS, VALUE_HEAD, checkAdapterFits, checkLoraSpec, readAdapterConfig, writeAdapterConfig, type LoraSpec } from './adapter.js';
+import { ADAPTER_WEIGHTS, CRITIC_ADAPTER, VALUE_HEAD, checkAdapterFits, nonFinite, checkLoraSpec, readAdapterConfig, writeAdapterConfig, type LoraSpec } from './adapter.js';
 import { SlmError, describe } from '../errors.js';
 import { nativeConfig, readModelConfig, type ModelConfig } from '../model/config.js';
 import { resolveWeightFiles } from '../model/weights.js';
@@ -64,12 +64,13 @@ export class Model implements TextGenerator {
     this.lora = spec;
   }
 
-  /** Loads a PEFT adapter folder (and its value head, if saved with one). */
+  /** Loads a PEFT adapter folder (and its value head and separate critic, if saved with them). */
   async loadAdapter(dir: string): Promise<void> {
-    const { spec, raw, weights, valueHead } = readAdapterConfig(dir, this.config.num_hidden_layers);
+    const { spec, raw, weights, valueHead, critic } = readAdapterConfig(dir, this.config.num_hidden_layers);
     checkAdapterFits(dir, spec, raw, weights, this.config, this.dir);
     await this.h.loadLora({ ...spec, file: weights });
     if (valueHead) this.h.loadValueHead(valueHead);
+    if (critic) this.h.loadCritic(critic); else this.h.detachCritic();
     this.lora = spec;
     const bad = nonFinite(this.h.trainable());
     if (bad) {
@@ -88,16 +89,31 @@ export class Model implements TextGenerator {
     this.lora = undefined;
   }
 
-  /** Writes the adapter in PEFT format (plus value_head.safetensors when a value head exists). */
+  /** Writes the adapter in PEFT format (plus value_head.safetensors and critic_adapter.safetensors when they exist). */
   async saveAdapter(dir: string): Promise<void> {
     if (!this.lora) throw new SlmError('NOT_SUPPORTED', 'there is no adapter to save: attach or load one first.');
     mkdirSync(dir, { recursive: true });
-    await this.h.saveLora({ file: join(dir, ADAPTER_WEIGHTS), valueHeadFile: join(dir, VALUE_HEAD) });
+    await this.h.saveLora({ file: join(dir, ADAPTER_WEIGHTS), valueHeadFile: join(dir, VALUE_HEAD), criticFile: join(dir, CRITIC_ADAPTER) });
     writeAdapterConfig(dir, this.lora, this.dir);
   }
 
   attachValueHead(seed = 0): void {
     this.h.attachValueHead(seed);
+  }
+
+  /**
+   * PPO's separate critic (NativeModel.attachCritic): a second LoRA adapter on the same frozen base,
+   * a copy of the actor's adapter now. detachCritic: the value head reads the actor's adapter again.
+   */
+  attachCritic(): void {
+    if (!this.lora) throw new SlmError('NOT_SUPPORTED', "a separate critic starts as a copy of the actor's adapter: attach or load one first.");
+    this.h.attachCritic();
+  }
+  detachCritic(): void {
+    this.h.detachCritic();
+  }
+  hasCritic(): boolean {
+    return this.h.hasCritic();
   }
 
   /** Whether a PPO value head is attached (or was loaded with the adapter). */
@@ -108,8 +124,8 @@ export class Model implements TextGenerator {
   /**
    * The value head's predictions, aligned with the ids like the log-probs: out[t] = V(state before
    * token t) = w . h[t-1] + b where `masks[i][t]` is 1 (everywhere but t = 0 without masks); 0
-   * elsewhere. One native forward for the batch (adapter on, no dropout, no gradient), as verl's
-   * critic computes values before the update.
+   * elsewhere. One native forward for the batch (the separate critic's adapter when attached, else
+   * the actor's; no dropout, no gradient), as verl's critic computes values before the update.
    */
   async values(rows: ArrayLike<number>[], masks?: ArrayLike<number>[]): Promise<Float32Array[]> {
     if (masks && masks.length !== rows.length) throw new SlmError('ARGUMENT_INVALID', `values: expected one mask per row (${rows.length}), found ${masks.length}.`);
@@ -232,7 +248,7 @@ export class Model implements TextGenerator {
     return this.h.gradients();
   }
   /** The optimizer half of a step (norm, NaN/inf skip, clipping, AdamW) on the given flat gradients. */
-  applyGradients(opts: NativeOptimOptions & { loss?: number }, grads?: Float32Array): Promise<NativeApplyResult> {
+  applyGradients(opts: NativeOptimOptions & { loss?: number; valueLoss?: number }, grads?: Float32Array): Promise<NativeApplyResult> {
     return this.h.applyGradients(opts, grads);
   }
   baseDigest(): string {
@@ -381,17 +397,4 @@ export class Model implements TextGenerator {
 /** The native temperature option: a number as is, per-row values as a Float32Array. */
 function temperatureOption(t: number | ArrayLike<number>): number | Float32Array {
   return typeof t === 'number' ? t : Float32Array.from(t);
-}
-
-/** The values of `params` that are NaN or inf: their count and the tensors holding them; undefined when all are finite. */
-export function nonFinite(params: Record<string, Float32Array>): { count: number; tensors: string[] } | undefined {
-  let count = 0;
-  const tensors: string[] = [];
-  for (const [name, v] of Object.entries(params)) {
-    let n = 0;
-    for (let i = 0; i < v.length; i++) if (!Number.isFinite(v[i])) n++;
-    if (n) tensors.push(name);
-    count += n;
-  }
-  return count ? { count, tensors } : undefined;
 }

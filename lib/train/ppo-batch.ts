@@ -139,6 +139,8 @@ export interface PpoUpdateOptions {
   tokenLevel: boolean;
   weightDecay: number;
   maxGradNorm: number;
+  /** The separate critic's own clip (undefined: maxGradNorm). */
+  criticMaxGradNorm?: number;
   /** AdamW's betas and eps (optim.betas, optim.eps); default 0.9, 0.999, 1e-8. */
   adam?: AdamOptions;
   microBatch?: number;
@@ -187,6 +189,7 @@ export async function ppoUpdate(model: Model, b: PpoBatch, o: PpoUpdateOptions):
             tokenLevel: o.tokenLevel,
             weightDecay: o.weightDecay,
             maxGradNorm: o.maxGradNorm,
+            criticMaxGradNorm: o.criticMaxGradNorm,
             ...o.adam,
             microBatch: o.microBatch,
             checkpoint: o.checkpoint,

@@ -5,21 +5,26 @@
  *   1. take the next questions (seeded order, resumable), `n` rollouts each (PPO needs no group: 1
  *      is enough), every rollout with its own temperature drawn from the configured range;
  *   2. score every episode (each reward part kept for the logs);
- *   3. the critic's values on every trained token (the value head on the policy's hidden states), the
+ *   3. the critic's values on every trained token (the value head on the hidden states of the critic's
+ *      forward: the separate critic's adapter, or with `critic: 'shared'` the policy's own), the
  *      reference log-probs (adapter off) when the KL penalty is on, and the old log-probs (the
  *      sampling log-probs, or a fresh forward with `recomputeOldLogprobs`);
  *   4. token rewards (score on the last trained token, -kl_coef * KL on every trained token when the KL
  *      goes into the reward), GAE over the trained tokens only (masked environment text is skipped),
  *      advantages whitened over the batch (lib/train/advantages.ts `ppoAdvantages`);
- *   5. `ppoEpochs` passes over the episodes in seeded mini-batches, one optimizer step each: clipped
- *      policy loss against the old log-probs + vf_coef * clipped value loss (one native call; the value
- *      head gets its own learning rate), token-mean over the mini-batch's trained tokens;
- *   6. metrics row, trajectories JSONL, checkpoints (adapter, value head, optimizer, data position).
+ *   5. `ppoEpochs` passes over the episodes in seeded mini-batches, one optimizer step each (one native
+ *      call), token-mean over the mini-batch's trained tokens: with a separate critic (Search-R1's) the
+ *      clipped policy loss against the old log-probs trains the actor's adapter, and the clipped value
+ *      loss alone trains the critic's adapter and value head, each clipped and stepped apart (the
+ *      critic at its own rate and clip); with a shared critic, policy loss + vf_coef * value loss
+ *      train the one adapter and the head (the head at its own rate) under one clip;
+ *   6. metrics row, trajectories JSONL, checkpoints (adapter, value head, critic adapter, optimizers,
+ *      data position).
  * How this departs from verl's PPO:
- *   - the critic is a value head on the policy's own LoRA'd trunk, not a separate model: the value
- *     loss's gradient also reaches the LoRA weights, and gradient-norm clipping covers actor and
- *     critic together;
- *   - values are read through Model.values: one native forward, adapter on, dropout off (the
+ *   - the separate critic is a LoRA adapter + value head on the actor's frozen base, not a second
+ *     full model (it starts as a copy of the actor's adapter, as verl's critic starts from the
+ *     actor's model; the head is fresh, as verl's token-classification head is);
+ *   - values are read through Model.values: one native forward (the critic's adapter), dropout off (the
  *     training forward samples LoRA dropout, so with dropout > 0 the loss sees slightly different
  *     values, as verl's critic in train mode does);
  *   - the value clip fraction and the old/new policy KL (verl actor/ppo_kl) are not reported (the
@@ -64,7 +69,14 @@ export interface PpoOptions extends RlLoopOptions {
   klIn?: 'reward' | 'loss';
   /** k1 by default; the loss takes k3 (k1 there is refused: its expected gradient is 0), the reward k1, k2 and k3. */
   klEstimator?: KlEstimator;
-  /** Value-loss coefficient and clip range around the old values. */
+  /**
+   * The critic: 'separate' (Search-R1's: a second adapter + value head on the same frozen base, its own
+   * optimizer, rate and clip) or 'shared' (default: the value head on the actor's adapter, one clip).
+   */
+  critic?: 'shared' | 'separate';
+  /** The separate critic's gradient clip (Search-R1: 1.0); default: maxGradNorm. */
+  criticMaxGradNorm?: number;
+  /** Value-loss coefficient (shared critic; a separate one trains on the value loss alone) and clip range around the old values. */
   vfCoef?: number;
   valueClip?: number;
   entropyCoef?: number;
@@ -118,6 +130,8 @@ export function ppoOptionsFrom(c: ResolvedConfig): Omit<PpoOptions, keyof RlLoop
     tokenLevel: a.loss_norm === 'token',
     vfCoef: a.vf_coef,
     valueClip: a.value_clip,
+    critic: a.critic,
+    ...(c.optim.critic_max_grad_norm !== null ? { criticMaxGradNorm: c.optim.critic_max_grad_norm } : {}),
     schedule: scheduleSpec(c),
     criticLr: c.optim.critic_lr,
     // optim.critic_warmup_steps: the critic's own warm-up (Search-R1: 0.015 of the steps, the actor 0.285).
@@ -155,6 +169,7 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
   if (klIn === 'loss' && klCoef > 0 && klEstimator === 'k2') throw new SlmError('CONFIG_INVALID', 'the KL term in the loss supports k3, found k2; use k2 with klIn "reward".', { path: 'algorithm.kl_estimator' });
   if (klIn === 'loss' && klCoef > 0 && klEstimator === 'k1') throw new SlmError('CONFIG_INVALID', `klEstimator k1 with klIn "loss": ${K1_LOSS_MESSAGE}.`, { path: 'algorithm.kl_estimator' });
   if (!Number.isInteger(n) || n < 1) throw new SlmError('CONFIG_INVALID', `n (rollouts per question) must be a positive integer, found ${n}.`);
+  const separate = (o.critic ?? d.critic) === 'separate';
   const criticBase = o.criticSchedule ?? (o.criticLr !== undefined ? { ...o.schedule, lr: o.criticLr } : undefined);
   const checkpoint = o.gradientCheckpointing ?? opt.gradient_checkpointing;
   const clipLow = o.clipLow ?? d.clip_low;
@@ -179,7 +194,20 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
     begin(model, b) {
       if (b.resume) {
         if (!model.hasValueHead()) throw new SlmError('CHECKPOINT_INVALID', `--resume: the latest checkpoint in ${b.dir} has no value head (value_head.safetensors); it is not a PPO checkpoint.`);
-      } else if (b.fresh || !model.hasValueHead()) model.attachValueHead(o.seed + 1);
+        if (model.hasCritic() !== separate)
+          throw new SlmError(
+            'CONFIG_INVALID',
+            `--resume: the latest checkpoint in ${b.dir} was trained with ${model.hasCritic() ? 'a separate critic (critic_adapter.safetensors)' : 'the critic sharing the actor\'s adapter (no critic_adapter.safetensors)'}, but algorithm.critic is ${separate ? 'separate' : 'shared'}. Resume with the critic the run started with (algorithm.critic: ${model.hasCritic() ? 'separate' : 'shared'}), or start a new run.`,
+            { path: 'algorithm.critic' },
+          );
+        return;
+      }
+      if (b.fresh || !model.hasValueHead()) model.attachValueHead(o.seed + 1);
+      // The separate critic starts from the actor's starting adapter (Search-R1: critic.model.path is
+      // the actor's); one loaded with the starting adapter (a PPO result) is kept, unless this stage
+      // starts fresh.
+      if (separate && (b.fresh || !model.hasCritic())) model.attachCritic();
+      else if (!separate && model.hasCritic()) model.detachCritic();
     },
     // Steps 3-4: values, reference, advantages.
     async advantages(s) {
@@ -216,6 +244,7 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
         tokenLevel: o.tokenLevel ?? d.loss_norm === 'token',
         weightDecay: o.weightDecay ?? opt.weight_decay,
         maxGradNorm: o.maxGradNorm ?? opt.max_grad_norm,
+        criticMaxGradNorm: o.criticMaxGradNorm,
         adam: o.adam,
         microBatch: o.microBatch,
         checkpoint,
@@ -262,6 +291,7 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
           pg_clipfrac: sm('clipFrac'),
           ratio_mean: sm('ratio'),
           grad_norm: sm('gradNorm'),
+          critic_grad_norm: separate ? sm('criticGradNorm') : undefined,
           optimizer_steps: done.length,
           updates_skipped: stats.length - done.length || undefined,
         },

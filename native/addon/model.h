@@ -2,7 +2,7 @@
 // adapter, reference adapter and value head), the optimizer state of its training, and the
 // vocabulary's byte strings (for stop strings). Every method that computes returns a Promise.
 // Files: model_load.cc (loading, info, vocab), model.cc (forward passes, generation, dispose),
-// model_train.cc (adapters, value head, train steps, optimizer).
+// model_train.cc (adapters, value head, train steps, optimizer), model_critic.cc (PPO's separate critic).
 //
 // Concurrency: an async call holds a Lease on the model until it ends (readers share, a writer is
 // alone); a call that would change what a running call reads is refused with MODEL_BUSY.
@@ -12,7 +12,10 @@
 #pragma once
 #include <napi.h>
 
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "core/episode_cache.h"
 #include "core/generate.h"
@@ -21,6 +24,11 @@
 #include "core/optimizer.h"
 
 namespace slm_addon {
+
+// The optimizer file's tensors: the actor's AdamW state, and the separate critic's (when it has
+// stepped) under "critic/" names; and the inverse (no "critic/" entries: a fresh critic optimizer).
+std::map<std::string, at::Tensor> optimizer_state(const slm::AdamW& actor, const slm::AdamW* critic);
+void load_optimizer_state(std::map<std::string, at::Tensor>&& s, slm::AdamW& actor, slm::AdamW& critic, const at::Device& dev);
 
 class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
  public:
@@ -63,6 +71,12 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   Napi::Value SetReferenceAdapter(const Napi::CallbackInfo& info);
   Napi::Value ClearReferenceAdapter(const Napi::CallbackInfo& info);
   Napi::Value HasReferenceAdapter(const Napi::CallbackInfo& info);
+  // PPO's separate critic (model_critic.cc)
+  Napi::Value AttachCritic(const Napi::CallbackInfo& info);
+  Napi::Value LoadCritic(const Napi::CallbackInfo& info);
+  Napi::Value DetachCritic(const Napi::CallbackInfo& info);
+  Napi::Value HasCritic(const Napi::CallbackInfo& info);
+  Napi::Value ChangeCritic(Napi::Env env, const char* what, const std::function<void(slm::Qwen3Model&)>& change);
   Napi::Value AttachValueHead(const Napi::CallbackInfo& info);
   Napi::Value LoadValueHead(const Napi::CallbackInfo& info);
   Napi::Value TrainStep(const Napi::CallbackInfo& info);
@@ -78,6 +92,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   std::shared_ptr<slm::Qwen3Model> model_;
   std::shared_ptr<slm::Vocab> vocab_;
   std::shared_ptr<slm::AdamW> optimizer_;
+  std::shared_ptr<slm::AdamW> critic_optimizer_;  // the separate critic's (model_critic.cc)
   std::shared_ptr<slm::EpisodeCacheStore> caches_;
   std::shared_ptr<Usage> usage_ = std::make_shared<Usage>();
   int64_t external_bytes_ = 0;  // what V8 was last told

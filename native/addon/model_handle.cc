@@ -8,6 +8,7 @@
 #include "addon/convert.h"
 #include "addon/model.h"
 #include "addon/workers.h"
+#include "core/critic.h"
 #include "core/safetensors.h"
 
 namespace slm_addon {
@@ -45,7 +46,7 @@ slm::Qwen3Config read_config(Napi::Env env, const Napi::Object& c) {
   return cfg;
 }
 
-// Bytes of every LoRA and reference-adapter tensor and the value head.
+// Bytes of every LoRA, reference-adapter and critic-adapter tensor and the value head.
 int64_t adapter_bytes(const slm::Qwen3Model& m) {
   int64_t n = 0;
   auto add = [&n](const at::Tensor& t) { n += t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
@@ -55,7 +56,7 @@ int64_t adapter_bytes(const slm::Qwen3Model& m) {
       if (lin->lora) add(lin->lora->A), add(lin->lora->B);
       if (lin->reference) add(lin->reference->A), add(lin->reference->B);
     }
-  return n + m.value_head.bytes();
+  return n + m.value_head.bytes() + slm::critic_bytes(m);
 }
 
 }  // namespace
@@ -74,6 +75,8 @@ Napi::Function ModelWrap::Define(Napi::Env env) {
                           InstanceMethod<&ModelWrap::ClearReferenceAdapter>("clearReferenceAdapter"),
                           InstanceMethod<&ModelWrap::HasReferenceAdapter>("hasReferenceAdapter"),
                           InstanceMethod<&ModelWrap::AttachValueHead>("attachValueHead"),
+                          InstanceMethod<&ModelWrap::AttachCritic>("attachCritic"), InstanceMethod<&ModelWrap::LoadCritic>("loadCritic"),
+                          InstanceMethod<&ModelWrap::DetachCritic>("detachCritic"), InstanceMethod<&ModelWrap::HasCritic>("hasCritic"),
                           InstanceMethod<&ModelWrap::LoadValueHead>("loadValueHead"), InstanceMethod<&ModelWrap::TrainStep>("trainStep"),
                           InstanceMethod<&ModelWrap::SaveOptimizer>("saveOptimizer"),
                           InstanceMethod<&ModelWrap::LoadOptimizer>("loadOptimizer"), InstanceMethod<&ModelWrap::SaveMerged>("saveMerged"),
@@ -98,6 +101,7 @@ ModelWrap::ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWra
   model_ = *info[0].As<Napi::External<std::shared_ptr<slm::Qwen3Model>>>().Data();
   vocab_ = std::make_shared<slm::Vocab>();
   optimizer_ = std::make_shared<slm::AdamW>();
+  critic_optimizer_ = std::make_shared<slm::AdamW>();
   caches_ = std::make_shared<slm::EpisodeCacheStore>();
   account(info.Env());
 }
@@ -185,7 +189,7 @@ void ModelWrap::not_writing(Napi::Env env, const char* what) const { (void)lease
 
 void ModelWrap::account(Napi::Env env) {
   int64_t now = caches_ ? caches_->stats().bytes : 0;  // episode KV caches (outlive a disposed model only until Dispose clears them)
-  if (model_) now += model_->parameter_bytes() + adapter_bytes(*model_) + (optimizer_ ? optimizer_->bytes() : 0);
+  if (model_) now += model_->parameter_bytes() + adapter_bytes(*model_) + (optimizer_ ? optimizer_->bytes() : 0) + (critic_optimizer_ ? critic_optimizer_->bytes() : 0);
   if (now != external_bytes_) Napi::MemoryManagement::AdjustExternalMemory(env, now - external_bytes_);
   external_bytes_ = now;
 }
@@ -200,6 +204,7 @@ Napi::Value ModelWrap::Dispose(const Napi::CallbackInfo& info) {
   // when they finish.
   model_.reset();
   optimizer_.reset();
+  critic_optimizer_.reset();
   vocab_.reset();
   if (caches_) caches_->clear();
   account(info.Env());

@@ -10,6 +10,7 @@
 #include "addon/convert.h"
 #include "addon/model.h"
 #include "addon/workers.h"
+#include "core/critic.h"
 #include "core/lora.h"
 #include "core/train.h"
 #include "core/safetensors.h"
@@ -56,6 +57,7 @@ slm::OptimConfig read_optim(Napi::Env env, const Napi::Object& o) {
   oc.eps = num_field(env, o, "eps", 1e-8);
   oc.weight_decay = num_field(env, o, "weightDecay", 0);
   oc.max_grad_norm = num_field(env, o, "maxGradNorm", 1.0);
+  oc.critic_max_grad_norm = num_field(env, o, "criticMaxGradNorm", -1);  // the separate critic's clip; absent: maxGradNorm
   return oc;
 }
 
@@ -70,6 +72,7 @@ Napi::Object stats_to_js(Napi::Env env, const slm::TrainStats& s) {
   o.Set("ratio", s.ratio);
   o.Set("valueLoss", s.value_loss);
   o.Set("gradNorm", s.grad_norm);
+  o.Set("criticGradNorm", s.critic_grad_norm);
   o.Set("tokens", static_cast<double>(s.tokens));
   o.Set("sequences", static_cast<double>(s.sequences));
   o.Set("headRows", static_cast<double>(s.head_rows));
@@ -145,8 +148,10 @@ Napi::Value ModelWrap::DetachLora(const Napi::CallbackInfo& info) {
   auto m = live(info.Env());
   idle(info.Env(), "detachLora");
   slm::detach_lora(*m);
+  slm::detach_critic(*m);
   m->value_head = slm::ValueHead();
   optimizer_ = std::make_shared<slm::AdamW>();
+  critic_optimizer_ = std::make_shared<slm::AdamW>();
   account(info.Env());
   return info.Env().Undefined();
 }
@@ -157,11 +162,13 @@ Napi::Value ModelWrap::SaveLora(const Napi::CallbackInfo& info) {
   auto o = info[0].As<Napi::Object>();
   auto file = str_field(env, o, "file", "");
   auto value_file = str_field(env, o, "valueHeadFile", "");
+  auto critic_file = str_field(env, o, "criticFile", "");
   return LambdaWorker::Start(
       env, "slm:saveLora", info.This().As<Napi::Object>(),
-      [m, file, value_file] {
+      [m, file, value_file, critic_file] {
         slm::write_safetensors(file, slm::lora_tensors(*m), {{"format", "pt"}});
         if (!value_file.empty() && m->value_head.defined()) slm::write_safetensors(value_file, m->value_head.tensors(), {{"format", "pt"}});
+        if (!critic_file.empty() && m->has_critic()) slm::write_safetensors(critic_file, slm::critic_tensors(*m), {{"format", "pt"}});
       },
       [](Napi::Env e) { return e.Undefined(); }, lease(env, "saveLora", false));
 }
@@ -244,9 +251,10 @@ Napi::Value ModelWrap::TrainStep(const Napi::CallbackInfo& info) {
   }
   auto l = lease(env, "trainStep", true);
   auto opt = optimizer_;
+  auto copt = critic_optimizer_;
   auto stats = std::make_shared<slm::TrainStats>();
   return LambdaWorker::Start(
-      env, "slm:trainStep", info.This().As<Napi::Object>(), [m, opt, b, lc, oc, to, stats] { *stats = slm::train_step(*m, *opt, b, lc, oc, to); },
+      env, "slm:trainStep", info.This().As<Napi::Object>(), [m, opt, copt, b, lc, oc, to, stats] { *stats = slm::train_step(*m, *opt, b, lc, oc, to, copt.get()); },
       [this, stats, opt](Napi::Env e) {
         account(e);
         auto r = stats_to_js(e, *stats);
@@ -261,7 +269,8 @@ Napi::Value ModelWrap::SaveOptimizer(const Napi::CallbackInfo& info) {
   live(env);
   auto file = info[0].As<Napi::String>().Utf8Value();
   auto opt = optimizer_;
-  return LambdaWorker::Start(env, "slm:saveOptimizer", info.This().As<Napi::Object>(), [opt, file] { slm::write_safetensors(file, opt->state()); },
+  auto copt = critic_optimizer_;
+  return LambdaWorker::Start(env, "slm:saveOptimizer", info.This().As<Napi::Object>(), [opt, copt, file] { slm::write_safetensors(file, optimizer_state(*opt, copt.get())); },
                              [](Napi::Env e) { return e.Undefined(); }, lease(env, "saveOptimizer", false));
 }
 
@@ -271,11 +280,12 @@ Napi::Value ModelWrap::LoadOptimizer(const Napi::CallbackInfo& info) {
   auto file = info[0].As<Napi::String>().Utf8Value();
   auto l = lease(env, "loadOptimizer", true);
   auto opt = optimizer_;
+  auto copt = critic_optimizer_;
   return LambdaWorker::Start(
       env, "slm:loadOptimizer", info.This().As<Napi::Object>(),
-      [m, opt, file] {
+      [m, opt, copt, file] {
         auto t = slm::read_safetensors_files({file});
-        opt->load(t.tensors, m->device());
+        load_optimizer_state(std::move(t.tensors), *opt, *copt, m->device());
       },
       [this](Napi::Env e) {
         account(e);
@@ -361,19 +371,23 @@ Napi::Value ModelWrap::ApplyGradients(const Napi::CallbackInfo& info) {
   const bool given = info.Length() > 1 && !info[1].IsUndefined();
   if (given) flat = float32s(env, info[1], "grads");
   auto l = lease(env, "applyGradients", true);
+  const double value_loss = num_field(env, o, "valueLoss", 0);
   auto opt = optimizer_;
+  auto copt = critic_optimizer_;
   auto stats = std::make_shared<slm::TrainStats>();
   return LambdaWorker::Start(
       env, "slm:applyGradients", info.This().As<Napi::Object>(),
-      [m, opt, oc, loss, flat = std::move(flat), given, stats] {
+      [m, opt, copt, oc, loss, value_loss, flat = std::move(flat), given, stats] {
         if (given) slm::set_flat_gradients(*m, at::from_blob(const_cast<float*>(flat.data()), {static_cast<int64_t>(flat.size())}, at::kFloat));
         stats->loss = loss;
-        slm::apply_gradients(*m, *opt, oc, *stats);
+        stats->value_loss = value_loss;
+        slm::apply_gradients(*m, *opt, oc, *stats, copt.get());
       },
       [this, stats, opt](Napi::Env e) {
         account(e);
         auto r = Napi::Object::New(e);
         r.Set("gradNorm", stats->grad_norm);
+        r.Set("criticGradNorm", stats->critic_grad_norm);
         r.Set("skipped", stats->skipped);
         r.Set("skipReason", stats->skip_reason);
         r.Set("step", static_cast<double>(opt->step));

@@ -21,16 +21,19 @@ class CheckpointLayer : public torch::autograd::Function<CheckpointLayer> {
   // params: the layer's LoRA tensors, passed so that autograd routes their gradients through us.
   // cos/sin/mask are saved with the node (they are shared by all layers, so this costs no copy).
   static at::Tensor forward(AutogradContext* ctx, at::Tensor h, at::TensorList params, at::Tensor cos, at::Tensor sin, at::Tensor mask,
-                            int64_t model_ptr, int64_t layer, bool adapter, bool train) {
+                            int64_t model_ptr, int64_t layer, bool adapter, bool train, bool critic) {
     (void)params;
     const auto* model = reinterpret_cast<const Qwen3Model*>(model_ptr);
     ctx->saved_data["model"] = model_ptr;
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["adapter"] = adapter;
     ctx->saved_data["train"] = train;
+    ctx->saved_data["critic"] = critic;
     ctx->saved_data["rng"] = at::globalContext().defaultGenerator(h.device()).get_state();
     ctx->save_for_backward({h, cos, sin, mask});
-    LayerInputs in{cos, sin, mask, ForwardOptions{adapter, train, true}};
+    ForwardOptions fo{adapter, train, true};
+    fo.critic = critic;
+    LayerInputs in{cos, sin, mask, fo};
     return model->layer_forward(layer, h, in, nullptr);  // grad mode is off in a custom forward
   }
 
@@ -39,8 +42,10 @@ class CheckpointLayer : public torch::autograd::Function<CheckpointLayer> {
     const int64_t layer = ctx->saved_data["layer"].toInt();
     auto saved = ctx->get_saved_variables();
     const auto& h = saved[0];
-    LayerInputs in{saved[1], saved[2], saved[3], ForwardOptions{ctx->saved_data["adapter"].toBool(), ctx->saved_data["train"].toBool(), true}};
-    auto params = model->layer_lora_params(layer);
+    ForwardOptions fo{ctx->saved_data["adapter"].toBool(), ctx->saved_data["train"].toBool(), true};
+    fo.critic = ctx->saved_data["critic"].toBool();
+    LayerInputs in{saved[1], saved[2], saved[3], fo};
+    auto params = model->layer_lora_params(layer, fo.critic);
     // Replay the forward's random stream (dropout), then put the current stream back.
     auto gen = at::globalContext().defaultGenerator(h.device());
     auto now = gen.get_state();
@@ -64,7 +69,7 @@ class CheckpointLayer : public torch::autograd::Function<CheckpointLayer> {
     size_t g = 0;
     out.push_back(x.requires_grad() ? grads[g++] : at::Tensor());
     for (size_t i = 0; i < params.size(); ++i) out.push_back(grads[g++]);
-    for (int i = 0; i < 7; ++i) out.push_back(at::Tensor());  // cos, sin, mask, model, layer, adapter, train
+    for (int i = 0; i < 8; ++i) out.push_back(at::Tensor());  // cos, sin, mask, model, layer, adapter, train, critic
     return out;
   }
 };
@@ -72,9 +77,10 @@ class CheckpointLayer : public torch::autograd::Function<CheckpointLayer> {
 }  // namespace
 
 at::Tensor checkpointed_layer(const Qwen3Model& m, int64_t layer, const at::Tensor& h, const LayerInputs& in) {
-  auto params = m.layer_lora_params(layer);
+  // The adapter the forward uses: the separate critic's (ForwardOptions::critic) or the actor's.
+  auto params = m.layer_lora_params(layer, in.opts.critic && !in.opts.reference);
   return CheckpointLayer::apply(h, at::TensorList(params), in.cos, in.sin, in.mask, reinterpret_cast<int64_t>(&m), layer, in.opts.adapter,
-                                in.opts.train);
+                                in.opts.train, in.opts.critic);
 }
 
 }  // namespace slm

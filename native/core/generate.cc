@@ -461,7 +461,7 @@ std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const s
   if (!model.value_head.defined()) fail("NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
   auto p = right_padded(model, seqs);
   if (B == 0 || p.T == 0) return out;
-  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false});  // [B, T, hidden]
+  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false, false, false, model.has_critic()});  // the critic's adapter
   auto v = model.value_head.forward(h).to(at::kCPU).contiguous();  // [B, T]
   auto va = v.accessor<float, 2>();
   for (int64_t b = 0; b < B; ++b) {

@@ -106,7 +106,8 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
 
 // PPO critic: for each sequence, out[t] = value_head.forward(h[t - 1]) for t >= 1 (the value of the
 // state from which token t was generated, as the training loss reads it) and out[0] = 0; the
-// adapter on, no dropout, no gradient. One forward for the whole (right-padded) batch. Needs a value head.
+// adapter on (the separate critic's adapter when one is attached: core/critic.h), no dropout, no
+// gradient. One forward for the whole (right-padded) batch. Needs a value head.
 std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs);
 
 // Embeddings: for each sequence, the final hidden state (after the last norm) of its last token,

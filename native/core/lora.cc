@@ -171,6 +171,13 @@ std::vector<std::pair<std::string, at::Tensor>> trainable(const Qwen3Model& m) {
       out.emplace_back(base + ".lora_A.weight", lin->lora->A);
       out.emplace_back(base + ".lora_B.weight", lin->lora->B);
     }
+  for (int64_t i = 0; i < static_cast<int64_t>(layers.size()); ++i)
+    for (const auto& [name, lin] : layers[i].projections()) {
+      if (!lin->critic) continue;  // PPO's separate critic (core/critic.h)
+      const std::string base = "critic.base_model.model." + peft_module(i, name);
+      out.emplace_back(base + ".lora_A.weight", lin->critic->A);
+      out.emplace_back(base + ".lora_B.weight", lin->critic->B);
+    }
   if (m.value_head.defined()) {
     out.emplace_back("value_head.weight", m.value_head.w);
     out.emplace_back("value_head.bias", m.value_head.b);

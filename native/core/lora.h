@@ -41,7 +41,8 @@ void clear_reference_adapter(Qwen3Model& m);
 bool has_reference_adapter(const Qwen3Model& m);
 // name -> tensor in PEFT naming (float32).
 std::map<std::string, at::Tensor> lora_tensors(const Qwen3Model& m);
-// All trainable tensors by name (LoRA, then the value head as value_head.weight / value_head.bias).
+// All trainable tensors by name: the LoRA adapter, the separate critic's adapter ("critic." + PEFT
+// name; core/critic.h), then the value head as value_head.weight / value_head.bias.
 std::vector<std::pair<std::string, at::Tensor>> trainable(const Qwen3Model& m);
 // Base weights with the adapter merged (W + scale * B @ A), by Hugging Face name, in `dtype`.
 std::map<std::string, at::Tensor> merged_weights(const Qwen3Model& m, at::ScalarType dtype);

@@ -20,6 +20,9 @@ struct OptimConfig {
   double beta1 = 0, beta2 = 0, eps = 0;
   double weight_decay = 0.0;
   double max_grad_norm = 0;  // <= 0: no clipping
+  // PPO's separate critic (core/critic.h) has its own optimizer: lr value_lr (< 0: lr) and this clip
+  // on its own gradient norm (< 0: max_grad_norm; 0: no clipping).
+  double critic_max_grad_norm = -1;
 };
 
 // AdamW with decoupled weight decay, as torch.optim.AdamW computes it (p *= 1 - lr*wd; then Adam).

@@ -99,7 +99,7 @@ at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
   } else if (!(y = cpu_linear_widened(x, weight, bias)).defined()) {
     y = bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
   }
-  const LoraWeights* l = o.reference ? reference.get() : o.adapter ? lora.get() : nullptr;
+  const LoraWeights* l = o.reference ? reference.get() : !o.adapter ? nullptr : o.critic ? critic.get() : lora.get();
   if (l) {
     auto xl = x.to(at::kFloat);
     if (o.train && !o.reference && l->dropout > 0) xl = at::dropout(xl, l->dropout, /*train=*/true);
@@ -394,13 +394,13 @@ at::Tensor Qwen3Model::layer_forward(int64_t layer, const at::Tensor& h0, const 
   return h + L.down.forward(at::silu(L.gate.forward(x, in.opts)) * L.up.forward(x, in.opts), in.opts);
 }
 
-std::vector<at::Tensor> Qwen3Model::layer_lora_params(int64_t layer) const {
+std::vector<at::Tensor> Qwen3Model::layer_lora_params(int64_t layer, bool critic) const {
   std::vector<at::Tensor> out;
   for (const auto& [name, lin] : layers_[layer].projections()) {
     (void)name;
-    if (lin->lora) {
-      out.push_back(lin->lora->A);
-      out.push_back(lin->lora->B);
+    if (const auto& l = critic ? lin->critic : lin->lora) {
+      out.push_back(l->A);
+      out.push_back(l->B);
     }
   }
   return out;

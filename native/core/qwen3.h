@@ -83,6 +83,9 @@ struct ForwardOptions {
   // Teacher-forced passes (log-probs, values, embeddings, logits) and training keep to ATen, so that
   // a sequence's log-probs and values equal the training forward's bit for bit.
   bool kernels = false;
+  // PPO's separate critic (core/critic.h): the critic's adapter (Linear::critic) in place of the
+  // actor's, on the same frozen base weights. Ignored by reference forwards.
+  bool critic = false;
 };
 
 // A LoRA adapter on one projection: y += scale * B(A(dropout(x))), A [r, in], B [out, r], kept in
@@ -100,6 +103,9 @@ struct Linear {
   // A frozen copy of an adapter, used by reference forwards (ForwardOptions::reference); null = the
   // reference is the base weights. Attaching, loading or detaching the trained adapter leaves it.
   std::shared_ptr<const LoraWeights> reference;
+  // PPO's separate critic: a second trainable adapter on the same frozen weight (ForwardOptions::critic);
+  // null when the critic shares the actor's adapter.
+  std::shared_ptr<LoraWeights> critic;
   at::Tensor forward(const at::Tensor& x, const ForwardOptions& o = {}) const;
 };
 
@@ -183,13 +189,17 @@ class Qwen3Model {
 
   std::vector<Qwen3Layer>& layers() { return layers_; }
   const std::vector<Qwen3Layer>& layers() const { return layers_; }
-  // The LoRA tensors of one layer (A then B of each adapted projection), in a fixed order.
-  std::vector<at::Tensor> layer_lora_params(int64_t layer) const;
+  // The LoRA tensors of one layer (A then B of each adapted projection), in a fixed order: the
+  // actor's adapter, or with `critic` the separate critic's.
+  std::vector<at::Tensor> layer_lora_params(int64_t layer, bool critic = false) const;
   bool has_adapter() const;
+  // Whether a separate critic adapter is attached (core/critic.h; defined in critic.cc).
+  bool has_critic() const;
   // Every base weight by its Hugging Face name (for merged export).
   std::vector<std::pair<std::string, at::Tensor>> named_weights() const;
 
-  // PPO value head on the final hidden states (core/value_head.h); undefined when absent.
+  // PPO value head on the final hidden states (core/value_head.h); undefined when absent. With a
+  // separate critic it reads the critic's hidden states (the critic adapter's forward).
   ValueHead value_head;
 
  private:

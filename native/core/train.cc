@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include "core/critic.h"
 #include "core/errors.h"
 #include "core/lora.h"
 
@@ -130,10 +131,24 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
   if (hs.grad().defined() && h.requires_grad()) h.narrow(1, 0, mb.T - 1).backward(hr.scatter(hs.grad()));
 }
 
+// The separate critic's part of a micro-batch: its own forward (the critic adapter on the shared
+// base, training mode), the value head on the trained positions, the value loss alone, backward.
+void critic_micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const TrainOptions& to, Sums& s) {
+  if (mb.head.n == 0) return;
+  ForwardOptions fo{true, true, to.checkpoint};
+  fo.critic = true;
+  const auto h = mb.head.hidden(m.hidden(mb.ids, mb.positions, mb.keys, nullptr, fo));  // [1, n, H]
+  auto vll = value_loss(m.value_head.forward(h), mb.old_v, mb.ret, mb.w, lc.value_clip);
+  s.vl += vll.item<double>();
+  vll.backward();
+}
+
 }  // namespace
 
-TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const LossConfig& lc, const OptimConfig& oc, const TrainOptions& to) {
+TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const LossConfig& lc, const OptimConfig& oc, const TrainOptions& to, AdamW* critic_opt) {
   TrainStats st;
+  const bool separate = m.has_critic();
+  if (separate && !critic_opt) fail("ARGUMENT_INVALID", "the model has a separate critic adapter: the step needs the critic's optimizer.");
   auto params = trainable(m);
   if (params.empty()) fail("NO_TRAINABLE_PARAMETERS", "nothing to train: attach or load a LoRA adapter (and, for PPO, a value head) first.");
   const int64_t N = static_cast<int64_t>(b.seqs.size());
@@ -178,7 +193,12 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
     int64_t T = 0;
     for (int64_t i = s0; i < s1; ++i) T = std::max<int64_t>(T, static_cast<int64_t>(b.seqs[i].size()));
     if (T < 2) continue;
-    micro_step(m, micro_batch(b, s0, s1, T, norm, w_tokens, w_seqs, pg, !lc.old_from_forward, value, m.device()), lc, to, s, bufs);
+    const auto mb = micro_batch(b, s0, s1, T, norm, w_tokens, w_seqs, pg, !lc.old_from_forward, value, m.device());
+    // A separate critic: the actor's loss without the value term, then the critic's own pass.
+    LossConfig actor = lc;
+    if (separate) actor.vf_coef = 0;
+    micro_step(m, mb, actor, to, s, bufs);
+    if (separate && value) critic_micro_step(m, mb, lc, to, s);
   }
   st.loss = s.loss;
   st.sft_loss = s.sft;
@@ -190,18 +210,42 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   st.clip_frac = s.clip;
   st.ratio = s.ratio;
   st.head_rows = s.head_rows;
-  if (to.update)
-    apply_gradients(m, opt, oc, st);
-  else
-    st.grad_norm = grad_norm(params);
+  if (to.update) {
+    apply_gradients(m, opt, oc, st, critic_opt);
+  } else {
+    st.grad_norm = grad_norm(separate ? actor_params(m) : params);
+    st.critic_grad_norm = separate ? grad_norm(critic_params(m)) : 0;
+  }
   return st;
 }
 
-void apply_gradients(Qwen3Model& m, AdamW& opt, const OptimConfig& oc, TrainStats& st) {
-  auto r = apply_update(trainable(m), opt, oc, st.loss);
+void apply_gradients(Qwen3Model& m, AdamW& opt, const OptimConfig& oc, TrainStats& st, AdamW* critic_opt) {
+  if (!m.has_critic()) {
+    auto r = apply_update(trainable(m), opt, oc, st.loss);
+    st.grad_norm = r.grad_norm;
+    st.skipped = r.skipped;
+    st.skip_reason = r.skip_reason;
+    return;
+  }
+  if (!critic_opt) fail("ARGUMENT_INVALID", "the model has a separate critic adapter: the update needs the critic's optimizer.");
+  auto r = apply_update(actor_params(m), opt, oc, st.loss);
   st.grad_norm = r.grad_norm;
   st.skipped = r.skipped;
-  st.skip_reason = r.skip_reason;
+  st.skip_reason = r.skipped ? "actor: " + r.skip_reason : "";
+  const auto cp = critic_params(m);
+  bool any = false;
+  for (const auto& [name, p] : cp) any = any || p.grad().defined();
+  if (!any) return;  // no value loss in this step: the critic and its optimizer stay as they are
+  OptimConfig c = oc;
+  c.lr = oc.value_lr >= 0 ? oc.value_lr : oc.lr;
+  c.value_lr = -1;
+  c.max_grad_norm = oc.critic_max_grad_norm >= 0 ? oc.critic_max_grad_norm : oc.max_grad_norm;
+  auto rc = apply_update(cp, *critic_opt, c, st.value_loss);
+  st.critic_grad_norm = rc.grad_norm;
+  if (rc.skipped) {
+    st.skipped = true;
+    st.skip_reason += (st.skip_reason.empty() ? "" : "; ") + ("critic: " + rc.skip_reason);
+  }
 }
 
 at::Tensor flat_gradients(const Qwen3Model& m) {

@@ -15,6 +15,11 @@
 //           k1 = logp - ref_logp, k3 = exp(ref - logp) - (ref - logp) - 1)
 //         - entropy_coef * entropy   (per token: its loss weight times entropy_scale when given)
 //         + vf_coef * 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -value_clip, value_clip) - R)^2)
+//   With a separate critic (core/critic.h: a second adapter on the same frozen base) the terms above
+//   but the value loss train the actor's adapter, and the critic's adapter and value head train on
+//   the value loss alone (weight 1, not vf_coef: verl's dp_critic.py `loss = vf_loss`), computed on
+//   the critic's own forward; vf_coef > 0 still switches the value loss on. Each side is clipped to
+//   its own norm and stepped by its own AdamW (apply_gradients).
 //   token-level averaging: every trained token of the batch weighs the same (DAPO, Dr.GRPO);
 //   sequence-level: mean over a sequence's tokens, then mean over sequences (the original GRPO).
 #pragma once
@@ -71,7 +76,8 @@ struct TrainOptions {
 
 struct TrainStats {
   double loss = 0, pg_loss = 0, sft_loss = 0, kl = 0, entropy = 0, clip_frac = 0, value_loss = 0, ratio = 0;
-  double grad_norm = 0;
+  double grad_norm = 0;         // the actor's (with a shared critic: actor and value head together)
+  double critic_grad_norm = 0;  // the separate critic's (its adapter and value head), before clipping
   int64_t tokens = 0, sequences = 0;
   // Positions the vocabulary head projected: the trained ones (a loss weight), not the prompt's.
   int64_t head_rows = 0;
@@ -79,11 +85,16 @@ struct TrainStats {
   std::string skip_reason;
 };
 
-TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const LossConfig& lc, const OptimConfig& oc, const TrainOptions& to);
+// `critic_opt`: the separate critic's optimizer, required when the model has a critic adapter.
+TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const LossConfig& lc, const OptimConfig& oc, const TrainOptions& to,
+                      AdamW* critic_opt = nullptr);
 
 // The second half of a step on the model's trainable tensors (core/optimizer.h apply_update):
-// st.grad_norm, st.skipped / skip_reason from it. train_step calls it when to.update is true.
-void apply_gradients(Qwen3Model& m, AdamW& opt, const OptimConfig& oc, TrainStats& st);
+// st.grad_norm, st.skipped / skip_reason from it. train_step calls it when to.update is true. With a
+// separate critic, the actor's tensors (opt, oc.lr, oc.max_grad_norm, loss st.loss) and the critic's
+// (critic_opt, oc.value_lr, oc.critic_max_grad_norm, loss st.value_loss) are updated apart; a critic
+// without any gradient (no value loss in the step) is left as it is.
+void apply_gradients(Qwen3Model& m, AdamW& opt, const OptimConfig& oc, TrainStats& st, AdamW* critic_opt = nullptr);
 
 // Every trainable tensor's gradient, flattened in trainable() order (zeros where none), float32 on the
 // model's device; and the inverse (a flat tensor of the same length becomes the gradients).
