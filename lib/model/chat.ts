@@ -10,11 +10,14 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { Environment, Interpreter, Template } from '@huggingface/jinja';
+import { Template } from '@huggingface/jinja';
 import { SlmError, describe } from '../errors.js';
 import type { ChatMessage } from './tokenizer-types.js';
 import { QWEN3_PACKAGE, packagedQwen3Config, type TokenizerConfig } from './tokenizer.js';
 import { CHAT_TEMPLATE_NAMES, isChatTemplateName, shippedChatTemplate } from './chat-templates.js';
+import { BudgetExceeded, TEMPLATE_BUDGET, renderBudgeted, type TemplateBudget } from './template-budget.js';
+
+export { TEMPLATE_BUDGET, type TemplateBudget } from './template-budget.js';
 
 export type { ChatMessage } from './tokenizer-types.js';
 
@@ -32,106 +35,6 @@ export interface RenderOptions {
   variables?: Record<string, unknown>;
   /** What one render may take (default TEMPLATE_BUDGET): past it, CHAT_TEMPLATE_ERROR. */
   budget?: Partial<TemplateBudget>;
-}
-
-/**
- * What rendering a chat template may take, so that a hostile or broken template (a loop of 1e8 x 1e8
- * iterations, a string doubled in a loop) fails with CHAT_TEMPLATE_ERROR instead of hanging and
- * growing to gigabytes: `timeMs` of rendering, `maxChars` for any one string (the output included;
- * all the strings made while rendering: 8 x maxChars) and `maxItems` for a list (`range()` included).
- */
-export interface TemplateBudget {
-  timeMs: number;
-  maxChars: number;
-  maxItems: number;
-}
-// maxItems 65,536: @huggingface/jinja sets up every iteration of a loop (a scope each) before it runs
-// the first, which the clock cannot interrupt: ~2 us an item on an idle 2-core EPYC, so a list of a
-// million items overran a 5 s budget by seconds (more under load); a conversation is far shorter.
-export const TEMPLATE_BUDGET: TemplateBudget = { timeMs: 5000, maxChars: 16 << 20, maxItems: 1 << 16 };
-
-class BudgetExceeded extends Error {}
-
-/** @huggingface/jinja's interpreter as far as it is used here (its .d.ts imports './runtime' without an extension, which NodeNext cannot resolve). */
-type RuntimeValue = { type: string; value: unknown };
-const JinjaInterpreter = Interpreter as unknown as new (env: Environment) => {
-  evaluate(node: unknown, env: unknown): RuntimeValue;
-  evaluateBlock(statements: unknown, env: unknown): RuntimeValue;
-  run(program: unknown): RuntimeValue;
-};
-
-/**
- * The template interpreter with a budget: the clock is read every 1,024 units of work (a node, a
- * loop iteration's block, even an empty one, an item of a list) and the sizes of what it makes are
- * checked.
- */
-class BudgetedInterpreter extends JinjaInterpreter {
-  readonly #b: TemplateBudget;
-  readonly #deadline: number;
-  /** Nodes evaluated plus the lengths of the lists made, and when to look at the clock next. */
-  #work = 0;
-  #check = 1024;
-  #chars = 0;
-  constructor(env: Environment, b: TemplateBudget) {
-    super(env);
-    this.#b = b;
-    this.#deadline = performance.now() + b.timeMs;
-  }
-  #tick(): void {
-    if (this.#work >= this.#check) {
-      if (performance.now() > this.#deadline) throw new BudgetExceeded(`it ran past its time budget of ${this.#b.timeMs} ms`);
-      this.#check = this.#work + 1024;
-    }
-    this.#work++;
-  }
-  /** A loop runs its body through here once per iteration, whether or not the body has a node. */
-  override evaluateBlock(statements: unknown, env: unknown): RuntimeValue {
-    this.#tick();
-    return super.evaluateBlock(statements, env);
-  }
-  override evaluate(node: unknown, env: unknown): RuntimeValue {
-    this.#tick();
-    const v = super.evaluate(node, env);
-    // A list or mapping costs its length again when a loop walks it (an empty loop body evaluates nothing).
-    if (v.type === 'ArrayValue') this.#work += (v.value as unknown[]).length;
-    else if (v.type === 'ObjectValue') this.#work += (v.value as Map<unknown, unknown>).size;
-    if (v.type === 'StringValue') {
-      const n = (v.value as string).length;
-      if (n > this.#b.maxChars) throw new BudgetExceeded(`it made a string of ${n} characters, past its budget of ${this.#b.maxChars}`);
-      if ((this.#chars += n) > 8 * this.#b.maxChars) throw new BudgetExceeded(`it made more than ${8 * this.#b.maxChars} characters of text in all (8 x its budget of ${this.#b.maxChars})`);
-    } else if (v.type === 'ArrayValue' && (v.value as unknown[]).length > this.#b.maxItems) throw new BudgetExceeded(`it made a list of ${(v.value as unknown[]).length} items, past its budget of ${this.#b.maxItems}`);
-    return v;
-  }
-}
-
-/** `strftime_now` as @huggingface/jinja defines it (its globals are not exported). */
-const STRFTIME = new Template('{{ strftime_now(f) }}');
-
-/** Renders a parsed template as Template.render does (the same globals), within budget `b`. */
-function renderBudgeted(t: Template, vars: Record<string, unknown>, b: TemplateBudget): string {
-  const env = new Environment();
-  const range = (start: number, stop?: number, step = 1) => {
-    const [lo, hi] = stop === undefined ? [0, start] : [start, stop];
-    if (step === 0) throw new Error('range() step must not be zero');
-    const n = Math.max(0, Math.ceil((hi - lo) / step));
-    if (n > b.maxItems) throw new BudgetExceeded(`range() of ${n} items is past its budget of ${b.maxItems}`);
-    return Array.from({ length: n }, (_, i) => lo + i * step);
-  };
-  const globals: Record<string, unknown> = {
-    false: false,
-    true: true,
-    none: null,
-    raise_exception: (args: unknown) => {
-      throw new Error(String(args));
-    },
-    range,
-    strftime_now: (f: string) => STRFTIME.render({ f }),
-    True: true,
-    False: false,
-    None: null,
-  };
-  for (const [k, v] of Object.entries({ ...globals, ...vars })) env.set(k, v);
-  return new BudgetedInterpreter(env, b).run(t.parsed).value as string;
 }
 
 /** A parsed chat template. */

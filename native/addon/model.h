@@ -18,6 +18,7 @@
 #include <string>
 
 #include "core/episode_cache.h"
+#include "core/forward.h"
 #include "core/generate.h"
 #include "core/qwen3.h"
 #include "addon/workers.h"

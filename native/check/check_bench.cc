@@ -2,6 +2,7 @@
 // device's limits measured in the same run.
 #include "check.h"
 
+#include "core/forward.h"
 #include "core/generate.h"
 #include "core/lora.h"
 #include "core/optimizer.h"

@@ -1,6 +1,7 @@
 // The GPU check's LoRA step against PEFT + torch and its generation checks (check.h).
 #include "check.h"
 
+#include "core/forward.h"
 #include "core/generate.h"
 #include "core/lora.h"
 #include "core/optimizer.h"
