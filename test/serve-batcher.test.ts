@@ -1,7 +1,8 @@
 // The server's batching queue with a stand-in model whose generate calls end when the test says:
 // rows that arrive while a call runs wait for it up to concurrentAfterMs, then start a call of their
 // own beside it (at most maxConcurrentCalls); arrivals within the wait share one call; a call with
-// another adapter waits until none runs; the prefill chunk reaches the engine.
+// another adapter waits until none runs; a call pads its prompts to the longest, so a long prompt is
+// not batched with short ones; the prefill chunk reaches the engine.
 import t from 'tap';
 import type { Model } from '../lib/engine/model.js';
 import { Batcher } from '../lib/serve/batcher.js';
@@ -41,7 +42,7 @@ function stand(o: Partial<ServeOptions>) {
   const b = new Batcher({ model, ...o } as ServeOptions, new Map([['other', '/adapters/other']]));
   return { b, calls, adapters, most: () => most };
 }
-const job = (adapter: string | null = null) => new Job(Int32Array.from([1, 2]), { topK: 0, stop: [], stopTokenIds: [], adapter, maxTokens: 4, temperature: 0, topP: 1, topN: 0, keepStop: false } as never, 1, () => '');
+const job = (adapter: string | null = null, promptTokens = 2) => new Job(new Int32Array(promptTokens).fill(1), { topK: 0, stop: [], stopTokenIds: [], adapter, maxTokens: 4, temperature: 0, topP: 1, topN: 0, keepStop: false } as never, 1, () => '');
 const until = async (ok: () => boolean) => {
   for (let i = 0; i < 2000 && !ok(); i++) await new Promise((r) => setTimeout(r, 5));
   if (!ok()) throw new Error('timed out');
@@ -106,4 +107,23 @@ t.test('maxConcurrentCalls 1: one call at a time', async (t) => {
   calls[1].end();
   await b.idle();
   t.equal(most(), 1);
+});
+
+t.test('prompts of very different lengths are not padded into one call', async (t) => {
+  const { b, calls } = stand({ concurrentAfterMs: 0 });
+  // A 2,000-token prompt, then 31 of 30 tokens (all queued in one tick), then one of 1,200.
+  b.enqueue([job(null, 2000), ...Array.from({ length: 31 }, () => job(null, 30)), job(null, 1200)]);
+  await until(() => calls.length === 2);
+  // Admitted while at least half the padded positions are real: 2,000 + one 30 (4,000 padded for 2,030),
+  // not a second 30 (6,000 for 2,060), then the 1,200 (6,000 for 3,230); the other 30 short ones apart.
+  t.same(calls.map((c) => c.rows), [3, 30], 'the long prompt with one short and the 1,200-token one; the 30 other short ones apart');
+  calls[0].end();
+  calls[1].end();
+  await b.idle();
+  const { b: b2, calls: c2 } = stand({});
+  b2.enqueue([job(null, 30), job(null, 40), job(null, 25)]);
+  await until(() => c2.length === 1);
+  t.equal(c2[0].rows, 3, 'similar lengths share a call');
+  c2[0].end();
+  await b2.idle();
 });

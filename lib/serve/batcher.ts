@@ -94,7 +94,7 @@ export class Batcher {
         // The engine applies top-k / stops / the adapter per call: batch only rows that agree (top-p is per row).
         const key = (j: Job) => JSON.stringify([j.s.topK, [...j.s.stop].sort(), j.s.stopTokenIds, j.s.adapter]);
         const firstKey = key(first);
-        const take = this.queue.filter((j) => key(j) === firstKey).slice(0, this.o.maxBatch ?? 32);
+        const take = this.batchOf(first, (j) => key(j) === firstKey);
         this.queue = this.queue.filter((j) => !take.includes(j));
         if (!this.running) {
           try {
@@ -118,6 +118,29 @@ export class Batcher {
       this.starting = false;
       this.settle();
     }
+  }
+
+  /**
+   * The queued rows of one call: `first`, then those that `agrees` admits, in queue order, up to
+   * maxBatch, each only while at least half of the padded prefill stays real tokens (a call pads
+   * every prompt to its longest: a 2,000-token prompt with 31 thirty-token ones would prefill 64,000
+   * positions for 2,900 tokens; the short ones go in a call of their own instead).
+   */
+  private batchOf(first: Job, agrees: (j: Job) => boolean): Job[] {
+    const take = [first];
+    let sum = first.prompt.length;
+    let longest = first.prompt.length;
+    for (const j of this.queue) {
+      if (take.length >= (this.o.maxBatch ?? 32)) break;
+      if (j === first || !agrees(j)) continue;
+      const n = j.prompt.length;
+      const padded = Math.max(longest, n) * (take.length + 1);
+      if (padded > 2 * (sum + n)) continue;
+      take.push(j);
+      sum += n;
+      longest = Math.max(longest, n);
+    }
+    return take;
   }
 
   /** Resolves the idle() promises when no row is queued and no call runs or is being started. */
