@@ -189,6 +189,13 @@ t.test('push: an adapter folder alone gets a card without run details; --dry-run
   t.equal(readFileSync(join(root, 'card.md'), 'utf8'), modelCard({ adapter: lora }, 'me/dry'), '--card writes the card');
   t.ok(dry.stdout.includes(modelCard({ adapter: lora }, 'me/dry')), 'and the dry run prints it');
   t.equal(hub.requests.length, n, 'a dry run makes no request');
+  // A PPO adapter folder: its value head and separate critic are published beside the adapter.
+  const ppo = join(root, 'hub-ppo-lora');
+  mkdirSync(ppo);
+  for (const f of ['adapter_config.json', 'adapter_model.safetensors']) writeFileSync(join(ppo, f), readFileSync(join(lora, f)));
+  for (const f of ['value_head.safetensors', 'critic_adapter.safetensors']) writeFileSync(join(ppo, f), 'x');
+  const dryPpo = await runCliAsync(['push', ppo, '--repo', 'me/ppo', '--dry-run'], { env: hubEnv() });
+  t.match(dryPpo.stdout, /would upload to .*\/me\/ppo: adapter_config\.json, adapter_model\.safetensors, value_head\.safetensors, critic_adapter\.safetensors, README\.md/, 'the value head and the separate critic go too');
 
   const priv = await runCliAsync(['push', lora, '--repo', 'me/private-lora', '--private'], { env: hubEnv() });
   t.equal(priv.code, 0, priv.stderr);

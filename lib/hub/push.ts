@@ -12,13 +12,14 @@ import { basename, join, resolve } from 'node:path';
 import { commit, createRepo, type CommitOperation } from '@huggingface/hub';
 import YAML from 'yaml';
 import { SlmError } from '../errors.js';
+import { CRITIC_ADAPTER, VALUE_HEAD } from '../engine/adapter.js';
 import { readRows } from '../train/run.js';
 import { comparisonTable } from '../train/evaluation.js';
 import { isHubRef, parseHubRef } from './ref.js';
 import { settings, type HubOptions } from './settings.js';
 
-/** The files of a PEFT adapter folder that are published (the value head too when there is one). */
-const ADAPTER_FILES = ['adapter_config.json', 'adapter_model.safetensors', 'value_head.safetensors'];
+/** The files of a PEFT adapter folder that are published (PPO's value head and separate critic too when there are). */
+const ADAPTER_FILES = ['adapter_config.json', 'adapter_model.safetensors', VALUE_HEAD, CRITIC_ADAPTER];
 
 export interface PushOptions extends HubOptions {
   /** OWNER/NAME of the model repository (created when missing). */
