@@ -86,7 +86,7 @@ t.test('bad input: clear errors and exit code 2', async (t) => {
   t.equal(missing.code, 2);
   t.match(missing.stderr, /error INDEX_INVALID: .*no manifest\.json.*slm-train index --corpus FILE/);
   const emb = runCli(['index', '--corpus', corpus, '--out', join(dir, 'x'), '--embedder', '/models/Qwen3-Embedding-0.6B']);
-  t.match(emb.stderr, /error MODEL_NOT_FOUND: embedder \/models\/Qwen3-Embedding-0\.6B: expected "hashing" or a Qwen3 embedding model folder/);
+  t.match(emb.stderr, /error MODEL_NOT_FOUND: embedder \/models\/Qwen3-Embedding-0\.6B: expected "hashing", a sentence-transformers BERT folder \(all-MiniLM-L6-v2: .*\) or a Qwen3 embedding model folder, but \/models\/Qwen3-Embedding-0\.6B has no config\.json/);
   t.notOk(existsSync(join(dir, 'x')), 'nothing written');
   const badCorpus = runCli(['index', '--corpus', join(dir, 'nope.jsonl'), '--out', join(dir, 'y')]);
   t.match(badCorpus.stderr, /error FILE_NOT_FOUND: corpus file .*nope\.jsonl cannot be read/);
