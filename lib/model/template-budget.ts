@@ -79,7 +79,10 @@ class BudgetedInterpreter extends JinjaInterpreter {
 const STRFTIME = new Template('{{ strftime_now(f) }}');
 
 /** Renders a parsed template as Template.render does (the same globals), within budget `b`. */
-export function renderBudgeted(t: Template, vars: Record<string, unknown>, b: TemplateBudget): string {
+// The template is taken as `{ parsed }` (a Template has it), not as @huggingface/jinja's Template type:
+// this module's declarations then import nothing from that package, whose .d.ts does not resolve under
+// NodeNext in a user's project (the library's types are checked that way: test/library-types).
+export function renderBudgeted(t: { parsed: unknown }, vars: Record<string, unknown>, b: TemplateBudget): string {
   const env = new Environment();
   const range = (start: number, stop?: number, step = 1) => {
     const [lo, hi] = stop === undefined ? [0, start] : [start, stop];
