@@ -21,7 +21,7 @@ t.test('GRPO and RLOO options from the algorithm, rollout and optim sections', a
 
 t.test('PPO options from the algorithm, rollout and optim sections', async (t) => {
   const c = validateConfig(
-    { ...base, stage: 'ppo', rollout: { k: 2 }, algorithm: { inner_epochs: 2, mini_batch: 4, gamma: 0.95, lam: 0.9, whiten: false, kl_coef: 0.001, vf_coef: 0.3, value_clip: 0.4, loss_norm: 'sequence', clip_low: 0.25, entropy_coef: 0.002 }, optim: { lr: 1e-5, critic_lr: 2e-5 } },
+    { ...base, stage: 'ppo', rollout: { k: 2 }, algorithm: { inner_epochs: 2, mini_batch: 4, gamma: 0.95, lam: 0.9, whiten: false, kl_coef: 0.001, vf_coef: 0.3, value_clip: 0.4, loss_norm: 'sequence', clip_low: 0.25, entropy_coef: 0.002, critic: 'separate' }, optim: { lr: 1e-5, critic_lr: 2e-5, critic_max_grad_norm: 0.7 } },
     'test',
   );
   t.same(ppoOptionsFrom(c), {
@@ -42,6 +42,8 @@ t.test('PPO options from the algorithm, rollout and optim sections', async (t) =
     valueClip: 0.4,
     schedule: { kind: 'constant', lr: 1e-5, warmupSteps: 0, totalSteps: undefined, minRatio: 0 },
     criticLr: 2e-5,
+    critic: 'separate',
+    criticMaxGradNorm: 0.7,
   });
   t.equal(ppoOptionsFrom(validateConfig({ ...base, stage: 'ppo' }, 'test')).miniBatch, undefined, 'mini_batch 0: every episode of the step');
 });
