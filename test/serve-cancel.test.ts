@@ -6,15 +6,15 @@
 // within a bound: at once while it decodes or prefills in chunks, and with --prefill-chunk 0 (one
 // forward, which nothing interrupts) after the 5 s grace by SIGTERM's default action.
 // The tiny preset, real engine; the SIGTERM cases run the CLI (dist/, built by `npm test`'s pretest).
-import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import t from 'tap';
 import { Model } from '../lib/engine/model.js';
 import { ChatFormatter } from '../lib/model/chat.js';
 import { initModel } from '../lib/model/init.js';
 import { loadTokenizer } from '../lib/model/tokenizer.js';
+import type { ServeOptions } from '../lib/serve/options.js';
 import { OpenAIServer } from '../lib/serve/server.js';
-import { repoRoot } from './helpers/shared.js';
+import { serveProcess as serveProcessOf, until } from './helpers/serve-process.js';
 
 const dir = join(t.testdir(), 'model');
 initModel({ preset: 'tiny', out: dir, seed: 6 });
@@ -23,26 +23,23 @@ const ids = (n: number, k = 0) => Array.from({ length: n }, (_, i) => 10 + ((i *
 /** A request that would run for minutes: a long prompt, 4,096 new tokens (the most a request may ask), no stop token. */
 const long = (k = 0) => ({ model: 'tiny', prompt: ids(4000, k), max_tokens: 4096, ignore_eos: true, temperature: 1, seed: 1, stream: true });
 
-const until = async (ok: () => boolean, what: string, ms = 120_000) => {
-  const end = Date.now() + ms;
-  while (!ok()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-};
-
-t.test('health and models answer during a long generation; a client that leaves cancels its rows', async (t) => {
+/** The server in this process on the tiny model (its options beside the model's), closed at the end of the test. */
+async function inProcess(t: { teardown(f: () => unknown): void }, o: Partial<ServeOptions> = {}) {
   const model = await Model.load(dir);
   const tok = loadTokenizer(dir);
   model.setVocab(tok.tokenBytes());
-  const server = new OpenAIServer({ model, tokenizer: tok, formatter: ChatFormatter.forModel(dir), name: 'tiny', port: 0 });
+  const server = new OpenAIServer({ model, tokenizer: tok, formatter: ChatFormatter.forModel(dir), name: 'tiny', port: 0, ...o });
   const port = await server.listen();
   t.teardown(async () => {
     await server.close();
     await server.idle();
     model.dispose();
   });
-  const base = `http://127.0.0.1:${port}`;
+  return { server, base: `http://127.0.0.1:${port}` };
+}
+
+t.test('health and models answer during a long generation; a client that leaves cancels its rows', async (t) => {
+  const { server, base } = await inProcess(t);
 
   // A: the long request, streamed. Its first chunk comes after its prefill.
   const a = new AbortController();
@@ -103,17 +100,7 @@ t.test('health and models answer during a long generation; a client that leaves 
 });
 
 t.test('a queued request whose client leaves is never prefilled (the concurrent calls all busy)', async (t) => {
-  const model = await Model.load(dir);
-  const tok = loadTokenizer(dir);
-  model.setVocab(tok.tokenBytes());
-  const server = new OpenAIServer({ model, tokenizer: tok, formatter: ChatFormatter.forModel(dir), name: 'tiny', port: 0, maxConcurrentCalls: 1 });
-  const port = await server.listen();
-  t.teardown(async () => {
-    await server.close();
-    await server.idle();
-    model.dispose();
-  });
-  const base = `http://127.0.0.1:${port}`;
+  const { server, base } = await inProcess(t, { maxConcurrentCalls: 1 });
   const a = new AbortController();
   const aRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()), signal: a.signal })
     .then(async (r) => {
@@ -132,21 +119,8 @@ t.test('a queued request whose client leaves is never prefilled (the concurrent 
   t.equal(server.batches.count, 1, "one generate call: B's rows, queued behind A's (--max-concurrent-calls 1), were dropped before any prefill");
 });
 
-/** `slm-train serve` on the tiny model in a child process, listening; killed at the end of the test if still alive. */
-async function serveProcess(t: { teardown(f: () => unknown): void }, extra: string[] = []) {
-  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--model', dir, '--name', 'tiny', '--port', '0', ...extra], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  let err = '';
-  p.stdout.on('data', (d) => (out += d));
-  p.stderr.on('data', (d) => (err += d));
-  const exited = new Promise<{ code: number | null; signal: string | null }>((r) => p.on('exit', (code, signal) => r({ code, signal })));
-  t.teardown(() => {
-    if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
-  });
-  const listening = /on http:\/\/127\.0\.0\.1:(\d+)\/v1/;
-  await until(() => listening.test(out), 'the server to listen', 60_000);
-  return { p, port: listening.exec(out)![1], exited, stderr: () => err };
-}
+/** `slm-train serve` on the tiny model in a child process (test/helpers/serve-process.ts). */
+const serveProcess = (t: { teardown(f: () => unknown): void }, extra: string[] = []) => serveProcessOf(t, ['--model', dir, '--name', 'tiny', ...extra]);
 
 t.test('SIGTERM during a long generation ends the server within a bound', async (t) => {
   const { p, port, exited, stderr } = await serveProcess(t);
