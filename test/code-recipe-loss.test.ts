@@ -32,7 +32,9 @@ t.test('turnScale: the factor that makes a token of turn j weigh 1 / (P * m_ij)'
   const near = (got: Float32Array, want: number[], what: string) => t.ok(want.every((w, k) => Math.abs(got[k] * w0 - w) < 1e-7), `${what}: ${Array.from(got, (x) => (x * w0).toFixed(4))}`);
   near(a, Array.from(mask, (x, k) => (x ? 1 / (4 * (k < 8 ? 4 : 3)) : 0)), 'episode 0: 1/16 on turn 1, 1/12 on turn 2');
   near(b, Array.from(other, (x, k) => (x ? 1 / (4 * (k < 3 ? 2 : 5)) : 0)), 'episode 1: 1/8 on turn 1, 1/20 on turn 2');
-  t.same(turnScale([mask], { sequences: 4, pairs: 8 })[0], turnScale([mask])[0].map((x) => x), 'global counts (ranks) in the same ratio: the same factors');
+  // Global counts (data-parallel ranks) replace the batch's own: S 1, P 4 gives 7 / (4 m) instead of 7 / (2 m).
+  const g = turnScale([mask], { sequences: 1, pairs: 4 })[0];
+  t.ok(Math.abs(g[3] - 7 / 16) < 1e-7 && Math.abs(g[9] - 7 / 12) < 1e-7, `the global counts are used: ${g[3]}, ${g[9]}`);
 });
 
 t.test("old_logprobs forward: the ratio is exactly 1 under LoRA dropout and the gradient is -A grad log p of that same forward", async (t) => {
