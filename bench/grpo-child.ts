@@ -1,7 +1,7 @@
 /**
  * The slm-train side of the train benchmark's GRPO row (its peer: bench/trl_grpo.py, TRL's
  * GRPOTrainer), in a process of its own so that its peak resident memory is its own. One GRPO step
- * through the library as lib/train/grpo.ts takes it: K rollouts of one prompt (temperature 1, exactly
+ * through the library as lib/train/rl/grpo.ts takes it: K rollouts of one prompt (temperature 1, exactly
  * completionLen new tokens each: no stop token), a deterministic reward, group-normalized advantages,
  * one policy-gradient update (clip 0.2, token-level loss as TRL's default, no KL, old log-probs from the
  * forward as with one inner epoch, max grad norm 1, lr 1e-5, r 16 / alpha 32 LoRA on all projections,

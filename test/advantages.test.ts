@@ -1,8 +1,8 @@
-// Advantages (lib/train/advantages.ts: group and token level; lib/train/gae.ts: PPO) against numbers
+// Advantages (lib/train/rl/advantages.ts: group and token level; lib/train/rl/gae.ts: PPO) against numbers
 // computed by hand (worked out in the comments).
 import t, { type Test } from 'tap';
-import { episodeTokenAdvantages, turnCounts, groupAdvantage, groupAdvantageFn, grpoAdvantages, turnSpans } from '../lib/train/advantages.js';
-import { gae, klEstimate, maskedWhiten, ppoAdvantages, tokenRewards } from '../lib/train/gae.js';
+import { episodeTokenAdvantages, turnCounts, groupAdvantage, groupAdvantageFn, grpoAdvantages, turnSpans } from '../lib/train/rl/advantages.js';
+import { gae, klEstimate, maskedWhiten, ppoAdvantages, tokenRewards } from '../lib/train/rl/gae.js';
 
 const close = (t: Test, got: ArrayLike<number | null>, want: Array<number | null>, msg: string, tol = 1e-5) => {
   t.equal(got.length, want.length, `${msg}: length`);

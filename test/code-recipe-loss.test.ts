@@ -6,8 +6,8 @@ import t from 'tap';
 import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
-import { turnScale } from '../lib/train/advantages.js';
-import { groupPolicyGradient } from '../lib/train/grpo.js';
+import { turnScale } from '../lib/train/rl/advantages.js';
+import { groupPolicyGradient } from '../lib/train/rl/grpo.js';
 import { validateConfig } from '../lib/config/load.js';
 
 const targets: Array<'q_proj' | 'k_proj' | 'v_proj' | 'o_proj'> = ['q_proj', 'k_proj', 'v_proj', 'o_proj'];

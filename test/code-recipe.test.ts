@@ -26,7 +26,7 @@ import type { ChatMessage } from '../lib/model/tokenizer-types.js';
 import { judgeReward, type JudgeBackend, type RewardContext } from '../lib/rewards/index.js';
 import { rewardFromConfig } from '../lib/rewards/combine.js';
 import { episodeRunner, trainingTurns, type Agent, type Environment } from '../lib/train/environment.js';
-import { withOldLogprobs } from '../lib/train/old-logprobs.js';
+import { withOldLogprobs } from '../lib/train/rl/old-logprobs.js';
 import { rolloutFn } from '../lib/train/stages.js';
 import type { TrainEpisode } from '../lib/train/types.js';
 import { fixture, haveShared } from './helpers/shared.js';
@@ -415,8 +415,8 @@ t.test('native: recomputed old log-probs make the first ratio 1 (lora.dropout 0)
 });
 
 t.test('algorithm.loss_temperature reaches the training step (GRPO) and the PPO forward', async (t) => {
-  const { groupPolicyGradient, pgOptionsFrom } = await import('../lib/train/grpo.js');
-  const { ppoForward } = await import('../lib/train/ppo-batch.js');
+  const { groupPolicyGradient, pgOptionsFrom } = await import('../lib/train/rl/grpo.js');
+  const { ppoForward } = await import('../lib/train/rl/ppo-batch.js');
   const cfg = grpo();
   const seen: Array<{ temperature?: number[] }> = [];
   const stats = { loss: 0, pgLoss: 0, sftLoss: 0, kl: 0, entropy: 0, clipFrac: 0, ratio: 1, valueLoss: 0, gradNorm: 1, tokens: 2, sequences: 1, headRows: 2, skipped: false, skipReason: '', step: 1 };

@@ -7,9 +7,9 @@ import { join } from 'node:path';
 import { existsSync, readFileSync } from 'node:fs';
 import { configFromObject } from '../lib/config/index.js';
 import type { Model } from '../lib/engine/model.js';
-import { dapoOptionsFrom, episodeLength, groupsWithSpread, overlongPenalty, shapeOverlong } from '../lib/train/dapo.js';
+import { dapoOptionsFrom, episodeLength, groupsWithSpread, overlongPenalty, shapeOverlong } from '../lib/train/rl/dapo.js';
 import type { Shard } from '../lib/distributed/run.js';
-import { runRl, type RlAlgorithm } from '../lib/train/rl-loop.js';
+import { runRl, type RlAlgorithm } from '../lib/train/rl/rl-loop.js';
 import { permutation, RunFolder } from '../lib/train/run.js';
 import type { RewardResult, TrainEpisode } from '../lib/train/types.js';
 

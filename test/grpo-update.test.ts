@@ -7,7 +7,7 @@ import t from 'tap';
 import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
-import { groupAdvantage } from '../lib/train/advantages.js';
+import { groupAdvantage } from '../lib/train/rl/advantages.js';
 
 const prompt = [11, 23, 35, 47, 59, 6];
 // Completions of one prompt: the rewarded one is the shortest; two failures are 3x and 5x longer.

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
 import { RunFolder } from '../lib/train/run.js';
-import { runGrpo, type GrpoOptions } from '../lib/train/grpo.js';
+import { runGrpo, type GrpoOptions } from '../lib/train/rl/grpo.js';
 import type { RolloutRequest, TrainEpisode } from '../lib/train/types.js';
 
 type Q = { id: number; prompt: number[] };

@@ -22,7 +22,7 @@ import type { LoraSpec } from '../lib/engine/adapter.js';
 import { initModel } from '../lib/model/init.js';
 import { readSafetensorsHeader } from '../lib/model/safetensors.js';
 import { RunFolder } from '../lib/train/run.js';
-import { ppoOptionsFrom, runPpo, type PpoOptions } from '../lib/train/ppo.js';
+import { ppoOptionsFrom, runPpo, type PpoOptions } from '../lib/train/rl/ppo.js';
 import { questions, reward, twoTurn } from './helpers/ppo-toy.js';
 import { repoRoot } from './helpers/shared.js';
 

@@ -48,7 +48,7 @@ import { RunFolder } from '../lib/train/run.js';
 import { episodeRunner, loadAgent, openEnvironment } from '../lib/train/environment.js';
 import { evalFromConfig } from '../lib/train/evaluation.js';
 import { trainFromConfig } from '../lib/train/session.js';
-import { runSft } from '../lib/train/sft.js';
+import { runSft } from '../lib/train/sft/sft.js';
 import { xorshift32 } from '../lib/util/data.js';
 
 const SEEDS = (process.env.PPO_TAGS_SEEDS ?? '0,1').split(',').map(Number);

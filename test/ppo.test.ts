@@ -15,8 +15,8 @@ import { RunFolder } from '../lib/train/run.js';
 import { CONFIG_SCHEMA } from '../lib/config/schema.js';
 import type { TrainEpisode } from '../lib/train/types.js';
 import { questions, reward, twoTurn } from './helpers/ppo-toy.js';
-import { runPpo, type PpoOptions } from '../lib/train/ppo.js';
-import { ppoPrepare, ppoUpdate, type PpoBatch, type PpoStepInfo, type PpoUpdateOptions } from '../lib/train/ppo-batch.js';
+import { runPpo, type PpoOptions } from '../lib/train/rl/ppo.js';
+import { ppoPrepare, ppoUpdate, type PpoBatch, type PpoStepInfo, type PpoUpdateOptions } from '../lib/train/rl/ppo-batch.js';
 
 type Props = Record<string, { default?: unknown; properties?: Props }>;
 const SCHEMA_ALGORITHM = (CONFIG_SCHEMA.properties as Props).algorithm.properties!;

@@ -17,7 +17,7 @@ import { initModel } from '../lib/model/init.js';
 import { packagedQwen3Config, qwen3Tokenizer } from '../lib/model/tokenizer.js';
 import { episodeRunner, type Agent, type Environment } from '../lib/train/environment.js';
 import { trainFromConfig } from '../lib/train/session.js';
-import { tokenizeConversation } from '../lib/train/sft-data.js';
+import { tokenizeConversation } from '../lib/train/sft/sft-data.js';
 
 const tok = qwen3Tokenizer();
 const IM_END = '<|im_end|>';

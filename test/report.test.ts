@@ -1,4 +1,4 @@
-// The HTML run report (lib/train/report.ts, `slm-train report RUN_DIR`): built from a run folder
+// The HTML run report (lib/train/report/report.ts, `slm-train report RUN_DIR`): built from a run folder
 // whose trajectories hold hostile model text, checked as text (escaping, two pinned scripts: uPlot
 // inlined and the page's, no network), its plotting plan (groups, evaluation points on their
 // training curve, EMA, number format) in a VM, and in a real headless Chromium: the page opens, the
@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import t, { type Test } from 'tap';
 import { RunFolder } from '../lib/train/run.js';
-import { collectReport, jsonForScript, reportHelpers, writeReport } from '../lib/train/report.js';
+import { collectReport, jsonForScript, reportHelpers, writeReport } from '../lib/train/report/report.js';
 import { findChromium, withPage } from './helpers/browser.js';
 import { decodePng, encodePng, regionStats } from './helpers/png.js';
 import { runCli } from './helpers/cli.js';

@@ -1,4 +1,4 @@
-// RFT, rejection-sampling fine-tuning (lib/train/rft.ts): the filter keeps exactly the episodes the
+// RFT, rejection-sampling fine-tuning (lib/train/rl/rft.ts): the filter keeps exactly the episodes the
 // reward marks correct (or that reach rft.min_reward), once per distinct episode and at most
 // rft.max_per_question per question, and the fine-tuning data holds exactly their tokens with the
 // loss on the model's own tokens; the trainer hands the optimizer exactly those episodes, round
@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { initModel } from '../lib/model/init.js';
 import { loadConfig, validateConfig } from '../lib/config/load.js';
 import { trainFromConfig } from '../lib/train/session.js';
-import { rftExamples, rftOptionsFrom, rftSelect, roundQuestions, runRft, type RftKeepOptions } from '../lib/train/rft.js';
+import { rftExamples, rftOptionsFrom, rftSelect, roundQuestions, runRft, type RftKeepOptions } from '../lib/train/rl/rft.js';
 import { RunFolder } from '../lib/train/run.js';
 import type { RewardResult, TrainEpisode } from '../lib/train/types.js';
 import { runCliAsync } from './helpers/cli.js';

@@ -2,8 +2,8 @@
 // every key is the config's value, none restated; a KL estimator the loss cannot take is a coded error.
 import t from 'tap';
 import { validateConfig } from '../lib/config/load.js';
-import { pgOptionsFrom } from '../lib/train/grpo.js';
-import { ppoOptionsFrom } from '../lib/train/ppo.js';
+import { pgOptionsFrom } from '../lib/train/rl/grpo.js';
+import { ppoOptionsFrom } from '../lib/train/rl/ppo.js';
 
 const base = { model: { path: '/m' }, data: { questions: '/q', corpus: '/c' } };
 

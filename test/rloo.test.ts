@@ -1,4 +1,4 @@
-// RLOO (lib/train/rloo.ts), the algorithm added as one file of the RL loop: its leave-one-out
+// RLOO (lib/train/rl/rloo.ts), the algorithm added as one file of the RL loop: its leave-one-out
 // advantages against hand-computed values, one update on one group raising the best sample (as
 // test/grpo-update.test.ts does for GRPO), and `stage: rloo` end to end through trainFromConfig (the
 // path `slm-train train` takes), checked against the trajectories it wrote.
@@ -8,8 +8,8 @@ import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
 import { loadConfig } from '../lib/config/load.js';
-import { grpoAdvantages } from '../lib/train/advantages.js';
-import { rlooAdvantages, runRloo } from '../lib/train/rloo.js';
+import { grpoAdvantages } from '../lib/train/rl/advantages.js';
+import { rlooAdvantages, runRloo } from '../lib/train/rl/rloo.js';
 import { RunFolder } from '../lib/train/run.js';
 import { trainFromConfig } from '../lib/train/session.js';
 

@@ -1,8 +1,8 @@
-// The rollout part of the GRPO/PPO metrics rows (lib/train/rollout-metrics.ts), on hand-made
+// The rollout part of the GRPO/PPO metrics rows (lib/train/rl/rollout-metrics.ts), on hand-made
 // episodes whose turn records say which tool turns failed.
 import t from 'tap';
 import type { RewardResult, TrainEpisode } from '../lib/train/types.js';
-import { rolloutMetrics, toolTurns } from '../lib/train/rollout-metrics.js';
+import { rolloutMetrics, toolTurns } from '../lib/train/rl/rollout-metrics.js';
 
 const ep = (mask: number[], answer: string | null, turns: number, record?: Record<string, unknown>): TrainEpisode => ({
   ids: Int32Array.from(mask, (_, i) => i),

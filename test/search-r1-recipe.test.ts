@@ -12,9 +12,9 @@ import { SEARCH_R1_DIRECT_INSTRUCTION, fillInstruction } from '../lib/episodes/p
 import { initModel } from '../lib/model/init.js';
 import { evalView, questionSplits } from '../lib/train/data.js';
 import { evalFromConfig, evalQuestions } from '../lib/train/evaluation.js';
-import { klEstimate, tokenRewards } from '../lib/train/gae.js';
-import { groupPolicyGradient, pgOptionsFrom } from '../lib/train/grpo.js';
-import { ppoOptionsFrom, runPpo } from '../lib/train/ppo.js';
+import { klEstimate, tokenRewards } from '../lib/train/rl/gae.js';
+import { groupPolicyGradient, pgOptionsFrom } from '../lib/train/rl/grpo.js';
+import { ppoOptionsFrom, runPpo } from '../lib/train/rl/ppo.js';
 import { trainFromConfig } from '../lib/train/session.js';
 import { trainerOptions } from '../lib/train/stages.js';
 import { repoRoot } from './helpers/shared.js';

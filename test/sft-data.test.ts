@@ -2,7 +2,7 @@ import t from 'tap';
 import { readFileSync } from 'node:fs';
 import { ChatFormatter } from '../lib/model/chat.js';
 import { qwen3Tokenizer } from '../lib/model/tokenizer.js';
-import { batchByLength, fitContext, readSftRows, sftPrompts, tokenizeConversation } from '../lib/train/sft-data.js';
+import { batchByLength, fitContext, readSftRows, sftPrompts, tokenizeConversation } from '../lib/train/sft/sft-data.js';
 import { dataFile, fixture } from './helpers/shared.js';
 
 const fmt = new ChatFormatter(readFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), 'utf8'), { eosToken: '<|im_end|>' });

@@ -6,8 +6,8 @@ import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
 import { RunFolder, permutation } from '../lib/train/run.js';
-import { runSft, type SftOptions } from '../lib/train/sft.js';
-import type { SftExample } from '../lib/train/sft-data.js';
+import { runSft, type SftOptions } from '../lib/train/sft/sft.js';
+import type { SftExample } from '../lib/train/sft/sft-data.js';
 import { fixture } from './helpers/shared.js';
 
 const examples: SftExample[] = Array.from({ length: 6 }, (_, i) => {

@@ -1,4 +1,4 @@
-// TensorBoard event files (lib/train/tensorboard.ts, RunFolder.logMetrics): read back by an
+// TensorBoard event files (lib/train/report/tensorboard.ts, RunFolder.logMetrics): read back by an
 // independent decoder in Python (struct, its own CRC-32C, protobuf wire format parsed by hand), which
 // checks every record's framing and both masked CRCs and returns the events.
 import { spawnSync } from 'node:child_process';
@@ -6,7 +6,7 @@ import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { RunFolder, tbScalars } from '../lib/train/run.js';
-import { crc32c, encodeEvent, EventWriter, maskedCrc32c } from '../lib/train/tensorboard.js';
+import { crc32c, encodeEvent, EventWriter, maskedCrc32c } from '../lib/train/report/tensorboard.js';
 
 const DECODER = String.raw`
 import json, struct, sys

@@ -4,7 +4,7 @@
 import t from 'tap';
 import { Model } from '../lib/engine/model.js';
 import { validateConfig } from '../lib/config/load.js';
-import { rolloutTopP } from '../lib/train/rl-loop.js';
+import { rolloutTopP } from '../lib/train/rl/rl-loop.js';
 import { fixture } from './helpers/shared.js';
 
 const prompts = [Int32Array.from([204, 125, 373, 399, 458]), Int32Array.from([17, 300]), Int32Array.from([457, 205, 161, 125, 489, 119]), Int32Array.from([88, 12, 301])];

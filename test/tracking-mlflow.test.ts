@@ -12,7 +12,7 @@ import t from 'tap';
 import { freePort } from '../lib/distributed/launch.js';
 import { initModel } from '../lib/model/init.js';
 import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
-import { configParams, MlflowTracker } from '../lib/train/tracking.js';
+import { configParams, MlflowTracker } from '../lib/train/report/tracking.js';
 import { loadConfig } from '../lib/config/load.js';
 import { runCliAsync } from './helpers/cli.js';
 import { dataFile, fixture, needs, repoRoot } from './helpers/shared.js';

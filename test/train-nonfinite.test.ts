@@ -7,8 +7,8 @@ import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
 import { RunFolder } from '../lib/train/run.js';
-import { runSft, type SftOptions } from '../lib/train/sft.js';
-import type { SftExample } from '../lib/train/sft-data.js';
+import { runSft, type SftOptions } from '../lib/train/sft/sft.js';
+import type { SftExample } from '../lib/train/sft/sft-data.js';
 
 const examples: SftExample[] = Array.from({ length: 4 }, (_, i) => {
   const ids = Array.from({ length: 10 + i }, (_, k) => ((k * 37 + i * 11) % 500) + 5);

@@ -1,6 +1,6 @@
 /** `slm-train report RUN_DIR [--out FILE]`: (re)writes the run's self-contained HTML report. */
 import type { CommandModule } from 'yargs';
-import { writeReport } from '../train/report.js';
+import { writeReport } from '../train/report/report.js';
 import { print } from './common.js';
 
 interface Args {

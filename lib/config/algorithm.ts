@@ -1,6 +1,6 @@
 /** What a resolved config hands to the pure training functions (advantages, schedules). */
-import type { GroupAdvantageOptions } from '../train/advantages.js';
-import type { PpoAdvantageOptions } from '../train/gae.js';
+import type { GroupAdvantageOptions } from '../train/rl/advantages.js';
+import type { PpoAdvantageOptions } from '../train/rl/gae.js';
 import type { ScheduleSpec } from '../train/schedule.js';
 import type { ResolvedConfig } from './types.js';
 

@@ -20,7 +20,7 @@ import { applyOverrides, parseOverrides } from './overrides.js';
 import { describeValue, dotted, fail, isObj, problemsFromAjv, props, type Obj, type Problem, type Schema } from './problems.js';
 import { isHubRef } from '../hub/ref.js';
 import { isChatTemplateName } from '../model/chat-templates.js';
-import { K1_LOSS_MESSAGE } from '../train/gae.js';
+import { K1_LOSS_MESSAGE } from '../train/rl/gae.js';
 import type { ResolvedConfig } from './types.js';
 
 export interface LoadOptions {

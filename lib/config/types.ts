@@ -180,7 +180,7 @@ export interface AlgorithmConfig {
   mini_batch: number;
 }
 
-/** Rejection-sampling fine-tuning (stage rft, lib/train/rft.ts). */
+/** Rejection-sampling fine-tuning (stage rft, lib/train/rl/rft.ts). */
 export interface RftConfig {
   rounds: number;
   /** null: keep the episodes the reward marks correct; a number: those whose reward is >= it. */

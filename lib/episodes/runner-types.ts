@@ -52,7 +52,7 @@ export interface EpisodeRunnerOptions {
    * `<think></think>` block in every generation prompt, the first and each one after a reply); absent:
    * not passed, the template's default. Earlier turns' `<think>` blocks stay in the sequence as
    * generated (the template would drop them before the last user message): the tokens trained are
-   * the tokens each turn was sampled on (SFT renders a conversation the same way: lib/train/sft-data.ts).
+   * the tokens each turn was sampled on (SFT renders a conversation the same way: lib/train/sft/sft-data.ts).
    */
   enableThinking?: boolean;
   /**

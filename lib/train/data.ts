@@ -11,7 +11,7 @@ import type { ResolvedConfig } from '../config/types.js';
 import { readRows } from '../retrieval/corpus.js';
 import { goldAnswers } from '../rewards/combine.js';
 import { permutation } from './run.js';
-import { readSftRows, type SftRow } from './sft-data.js';
+import { readSftRows, type SftRow } from './sft/sft-data.js';
 
 export interface Question {
   id: string;

@@ -27,7 +27,7 @@ import { createSandbox, type Sandbox } from '../sandbox/index.js';
 import { PythonSandboxPool } from '../sandbox/python.js';
 import { phasedProgress, type ProgressTo } from '../util/progress.js';
 import { loadSftRows } from './data.js';
-import { sftPrompts } from './sft-data.js';
+import { sftPrompts } from './sft/sft-data.js';
 
 export type Log = (line: string) => void;
 

@@ -12,7 +12,7 @@ import { answerMetrics } from '../rewards/metrics.js';
 import { rewardFromConfig, type ComposedRewardFn, type RewardDeps } from '../rewards/combine.js';
 import { Progress, type ProgressTo } from '../util/progress.js';
 import { loadQuestions, questionSplits, type Question } from './data.js';
-import { rolloutRequests } from './rl-loop.js';
+import { rolloutRequests } from './rl/rl-loop.js';
 import { episodeRunner, loadAgent, midpoint, openEnvironment, rewardDeps, type Agent, type Environment, type Log } from './environment.js';
 
 export interface EvalSummary {
@@ -197,7 +197,7 @@ export async function evaluate(
 
 /**
  * pass@k (eval.pass_k = k): k episodes per question, drawn as an RL stage's rollouts draw them
- * (lib/train/rl-loop.ts rolloutRequests: temperature and top-p per episode from rollout.temperature
+ * (lib/train/rl/rl-loop.ts rolloutRequests: temperature and top-p per episode from rollout.temperature
  * and rollout.top_p, a seed per episode); per question the number correct goes to pass_k.jsonl.
  */
 async function passAtK(

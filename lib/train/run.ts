@@ -1,6 +1,6 @@
 /**
  * A run folder: the resolved config, metrics.jsonl (one JSON object per step) mirrored as
- * TensorBoard scalars in `tb/events.out.tfevents.*` (lib/train/tensorboard.ts), and checkpoints
+ * TensorBoard scalars in `tb/events.out.tfevents.*` (lib/train/report/tensorboard.ts), and checkpoints
  * `checkpoints/step-N/` holding the adapter (PEFT), the optimizer state, and `state.json` (step,
  * data position, seeds, metrics so far). A checkpoint is written into a temporary folder and renamed
  * into place, so a process killed mid-save leaves either the previous checkpoints or a complete new
@@ -11,8 +11,8 @@ import { join } from 'node:path';
 import { SlmError } from '../errors.js';
 import type { Model } from '../engine/model.js';
 import { xorshift32 } from '../util/data.js';
-import { EventWriter } from './tensorboard.js';
-import type { Tracker } from './tracking.js';
+import { EventWriter } from './report/tensorboard.js';
+import type { Tracker } from './report/tracking.js';
 import { learningRate, type ScheduleSpec } from './schedule.js';
 import { sectionDefaults } from '../config/schema.js';
 

@@ -16,9 +16,9 @@ import type { ProgressTo } from '../util/progress.js';
 import { evalView, questionSplits, type Question } from './data.js';
 import { loadAgent, openEnvironment, required, rewardDeps, type Environment, type Log } from './environment.js';
 import { evalQuestions, evaluate } from './evaluation.js';
-import { writeReport } from './report.js';
+import { writeReport } from './report/report.js';
 import { RunFolder } from './run.js';
-import { openTrackers } from './tracking.js';
+import { openTrackers } from './report/tracking.js';
 import { rftStage, rlStage, sftStage, trainerOptions, type StageRun, type TrainResult } from './stages.js';
 
 export interface StageOptions {
@@ -156,7 +156,7 @@ function stepLine(row: Record<string, unknown>): string {
   return `step ${row.step}: ` + keys.filter((k) => row[k] !== undefined && row[k] !== null).map((k) => `${k} ${fmt(row[k])}`).join(', ') + nothingTrained(row);
 }
 
-/** What the skip reasons of a group (lib/train/advantages.ts) mean. */
+/** What the skip reasons of a group (lib/train/rl/advantages.ts) mean. */
 const SKIP_REASONS: Record<string, string> = {
   zero_variance: 'its rollouts all got the same reward, so no advantage (algorithm.fallbacks.zero_variance: skip)',
   all_failed: 'every rollout failed (rewards all alike below algorithm.fallbacks.flat_skip_below, or none succeeded with all_failed: skip)',

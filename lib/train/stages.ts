@@ -1,7 +1,7 @@
 /**
  * The training stages: SFT on the conversations of data.sft, GRPO, RLOO and PPO on episodes of the
  * questions, RFT on the correct ones of the policy's own episodes. Each turns the config into its
- * trainer's options and calls runSft, runGrpo, runRloo, runPpo or runRft (lib/train/sft.ts, grpo.ts,
+ * trainer's options and calls runSft, runGrpo, runRloo, runPpo or runRft (lib/train/sft/sft.ts, grpo.ts,
  * rloo.ts, ppo.ts, rft.ts).
  */
 import { basename, join } from 'node:path';
@@ -14,19 +14,19 @@ import { SlmError } from '../errors.js';
 import type { Episode } from '../episodes/runner.js';
 import { rewardFromConfig, trainerReward, type RewardDeps } from '../rewards/combine.js';
 import type { ProgressTo } from '../util/progress.js';
-import { groupAdvantageFn } from './advantages.js';
-import { dapoOptionsFrom } from './dapo.js';
+import { groupAdvantageFn } from './rl/advantages.js';
+import { dapoOptionsFrom } from './rl/dapo.js';
 import { loadSftRows, type Question } from './data.js';
 import { episodeRunner, type Agent, type Environment, type Log } from './environment.js';
-import { pgOptionsFrom, runGrpo } from './grpo.js';
+import { pgOptionsFrom, runGrpo } from './rl/grpo.js';
 import type { GroupAdvantageFn, RolloutFn, TrainEpisode } from './types.js';
-import { ppoOptionsFrom, runPpo } from './ppo.js';
-import { rftOptionsFrom, runRft } from './rft.js';
-import { runRloo } from './rloo.js';
+import { ppoOptionsFrom, runPpo } from './rl/ppo.js';
+import { rftOptionsFrom, runRft } from './rl/rft.js';
+import { runRloo } from './rl/rloo.js';
 import type { RunFolder } from './run.js';
-import { runSft } from './sft.js';
-import { fitContext, tokenizeConversation } from './sft-data.js';
-import { withOldLogprobs } from './old-logprobs.js';
+import { runSft } from './sft/sft.js';
+import { fitContext, tokenizeConversation } from './sft/sft-data.js';
+import { withOldLogprobs } from './rl/old-logprobs.js';
 
 export interface TrainResult {
   stage: string;
@@ -163,7 +163,7 @@ export async function rlStage(s: StageRun, train: Question[], env: Environment, 
 }
 
 /**
- * RFT (lib/train/rft.ts) on the train questions: rounds of rollout.k episodes per question from the
+ * RFT (lib/train/rl/rft.ts) on the train questions: rounds of rollout.k episodes per question from the
  * adapter as it is, scored by the config's reward; the correct ones fine-tuned on with the SFT loss.
  */
 export async function rftStage(s: StageRun, train: Question[], env: Environment, deps: RewardDeps, o: { keepAdapter: boolean; dist: Distributed | null }): Promise<TrainResult> {

@@ -28,10 +28,10 @@
  * with it every trained token of the batch weighs 1 / (trained tokens in the batch); without it each
  * sequence's tokens weigh 1 / (sequences x its own trained tokens) (GRPO's per-sequence mean).
  *
- * PPO's token rewards, GAE and whitening are in lib/train/gae.ts.
+ * PPO's token rewards, GAE and whitening are in lib/train/rl/gae.ts.
  */
-import { SlmError, describe } from '../errors.js';
-import type { GroupAdvantageFn } from './types.js';
+import { SlmError, describe } from '../../errors.js';
+import type { GroupAdvantageFn } from '../types.js';
 
 // ---------------------------------------------------------------------------------------------
 // GRPO

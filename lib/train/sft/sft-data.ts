@@ -16,11 +16,11 @@
  * continuation after it, so that SFT trains on the token sequence a rollout samples on.
  */
 import { readFileSync } from 'node:fs';
-import { parseJsonLines } from '../util/data.js';
-import { SlmError, describe } from '../errors.js';
-import type { ChatFormatter } from '../model/chat.js';
-import type { ChatMessage, Tokenizer } from '../model/tokenizer-types.js';
-import { encodeRendered } from '../episodes/episode-state.js';
+import { parseJsonLines } from '../../util/data.js';
+import { SlmError, describe } from '../../errors.js';
+import type { ChatFormatter } from '../../model/chat.js';
+import type { ChatMessage, Tokenizer } from '../../model/tokenizer-types.js';
+import { encodeRendered } from '../../episodes/episode-state.js';
 
 export interface SftRow {
   messages: ChatMessage[];

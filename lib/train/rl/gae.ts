@@ -1,6 +1,6 @@
 /**
  * PPO advantages, as pure functions over plain arrays (no engine, no I/O), aligned with the episode's
- * token ids like the loss mask and the log-probs (see lib/train/advantages.ts); values[t] is the value
+ * token ids like the loss mask and the log-probs (see lib/train/rl/advantages.ts); values[t] is the value
  * of the state before token t.
  *
  * As Search-R1 runs PPO on verl:
@@ -15,7 +15,7 @@
  *   - optional whitening of the advantages over every trained token of the batch (verl masked_whiten:
  *     unbiased variance, (x - mean) / sqrt(var + 1e-8)); returns are computed before whitening.
  */
-import { SlmError, describe } from '../errors.js';
+import { SlmError, describe } from '../../errors.js';
 
 export type KlEstimator = 'k1' | 'k2' | 'k3';
 

@@ -6,30 +6,30 @@
  *   2. score: every episode's reward (each part kept for the logs) — time_reward_s; with
  *      algorithm.overlong, DAPO's soft over-length penalty added and truncated episodes excluded;
  *      with rollout.dynamic_sampling, groups without a spread of rewards dropped and steps 1-2
- *      repeated on the next questions, a bounded number of times (lib/train/dapo.ts, drawStep);
+ *      repeated on the next questions, a bounded number of times (lib/train/rl/dapo.ts, drawStep);
  *   3. advantages: the algorithm's (group-relative, leave-one-out, GAE with a critic...) — timed
  *      under the algorithm's `prepare.timer` when it names one (PPO: time_prepare_s, its forward
  *      passes);
  *   4. update: the algorithm's optimizer steps — time_train_s;
  *   5. log and checkpoint: one metrics row (rollout metrics over every rank, then the algorithm's),
  *      the trajectories JSONL, the data position advanced, a checkpoint every `checkpointEvery`.
- * An algorithm is an `RlAlgorithm` (lib/train/grpo.ts, ppo.ts, rloo.ts): adding one means one file.
+ * An algorithm is an `RlAlgorithm` (lib/train/rl/grpo.ts, ppo.ts, rloo.ts): adding one means one file.
  */
 import { appendFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Model } from '../engine/model.js';
-import type { LoraSpec } from '../engine/adapter.js';
-import { SlmError } from '../errors.js';
-import { Progress, type ProgressTo } from '../util/progress.js';
-import { hashUniform } from '../util/hash.js';
-import { sectionDefaults } from '../config/schema.js';
-import { learningRate, type ScheduleSpec } from './schedule.js';
-import { permutation, type RunFolder, type TrainState } from './run.js';
+import type { Model } from '../../engine/model.js';
+import type { LoraSpec } from '../../engine/adapter.js';
+import { SlmError } from '../../errors.js';
+import { Progress, type ProgressTo } from '../../util/progress.js';
+import { hashUniform } from '../../util/hash.js';
+import { sectionDefaults } from '../../config/schema.js';
+import { learningRate, type ScheduleSpec } from '../schedule.js';
+import { permutation, type RunFolder, type TrainState } from '../run.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
-import { shardRange } from '../distributed/data-parallel.js';
-import { gatherRollouts } from '../distributed/gather.js';
-import type { Shard } from '../distributed/run.js';
-import type { RewardResult, RlDeps, RolloutRequest, TrainEpisode } from './types.js';
+import { shardRange } from '../../distributed/data-parallel.js';
+import { gatherRollouts } from '../../distributed/gather.js';
+import type { Shard } from '../../distributed/run.js';
+import type { RewardResult, RlDeps, RolloutRequest, TrainEpisode } from '../types.js';
 import { groupsWithSpread, shapeOverlong, type DynamicSamplingOptions, type OverlongOptions } from './dapo.js';
 
 /** A learning-rate schedule whose length defaults to the stage's steps. */
@@ -70,7 +70,7 @@ export interface RlLoopOptions {
    */
   shard?: Shard;
   /**
-   * Over-long episodes (lib/train/dapo.ts, algorithm.overlong): the soft penalty added to their
+   * Over-long episodes (lib/train/rl/dapo.ts, algorithm.overlong): the soft penalty added to their
    * reward, truncated ones left out of the loss with `filter`. Absent: rewards as scored.
    */
   overlong?: OverlongOptions;
@@ -139,7 +139,7 @@ export function rolloutTopP(topP: number | [number, number] | undefined, seed: n
 /**
  * A step's rollout requests, k per question: temperature (and top-p, for a range) drawn per rollout
  * and seeds from the question's index in the whole step (q0 = this rank's first), so that ranks and
- * resumed runs draw the same. RFT (lib/train/rft.ts) draws its rounds' episodes the same way.
+ * resumed runs draw the same. RFT (lib/train/rl/rft.ts) draws its rounds' episodes the same way.
  */
 export function rolloutRequests<Q>(qs: Q[], q0: number, k: number, step: number, o: Pick<RlLoopOptions, 'temperature' | 'topP' | 'seed'>): RolloutRequest<Q>[] {
   const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;

@@ -1,15 +1,15 @@
 /**
- * PPO's batch mechanics (lib/train/ppo.ts is the algorithm): the forward passes of step 3 (values,
+ * PPO's batch mechanics (lib/train/rl/ppo.ts is the algorithm): the forward passes of step 3 (values,
  * reference and old log-probs), step 4's token rewards, GAE and whitening over the batch (gathered
  * across data-parallel ranks), and step 5's seeded mini-batch updates. The native loss weighs masked
  * tokens by 0 rather than dropping them: the per-token arrays hold 0 there.
  */
-import type { Model } from '../engine/model.js';
-import type { NativeTrainStats } from '../binding/types.js';
+import type { Model } from '../../engine/model.js';
+import type { NativeTrainStats } from '../../binding/types.js';
 import { ppoAdvantages, type KlEstimator, type PpoAdvantages } from './gae.js';
-import { permutation } from './run.js';
-import type { Shard } from '../distributed/run.js';
-import type { AdamOptions, TrainEpisode } from './types.js';
+import { permutation } from '../run.js';
+import type { Shard } from '../../distributed/run.js';
+import type { AdamOptions, TrainEpisode } from '../types.js';
 
 /** What one optimizer pass trains on: per-token arrays aligned with the ids (0 where the mask is 0). */
 export interface PpoBatch {

@@ -1,6 +1,6 @@
 /**
  * Two of DAPO's remedies (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at
- * Scale"), as pure functions over a step's episodes and rewards; the RL loop (lib/train/rl-loop.ts)
+ * Scale"), as pure functions over a step's episodes and rewards; the RL loop (lib/train/rl/rl-loop.ts)
  * applies them:
  *   - over-long responses: truncated episodes left out of the loss (overlong filtering), and the soft
  *     over-length penalty: the last `buffer` tokens before the length limit are a buffer, a response
@@ -11,9 +11,9 @@
  * In a multi-turn episode the length limit is per turn (protocol.max_new_tokens), so the penalty
  * measures the episode's longest turn: the sampled tokens of that turn, the ones the limit counts.
  */
-import { SlmError, describe } from '../errors.js';
-import type { ResolvedConfig } from '../config/types.js';
-import type { RewardResult, TrainEpisode } from './types.js';
+import { SlmError, describe } from '../../errors.js';
+import type { ResolvedConfig } from '../../config/types.js';
+import type { RewardResult, TrainEpisode } from '../types.js';
 
 export interface OverlongOptions {
   /** Leave truncated episodes out of the loss (marked excluded). */

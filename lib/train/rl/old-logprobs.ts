@@ -14,8 +14,8 @@
  *   ones (oldFromForward): the ratio is exactly 1 under whatever dropout mask it draws, the gradient
  *   -A grad log p, as the reference code-search system's loss (one pass on fresh samples).
  */
-import type { Model } from '../engine/model.js';
-import type { TrainEpisode } from './types.js';
+import type { Model } from '../../engine/model.js';
+import type { TrainEpisode } from '../types.js';
 
 export type OldLogprobsMode = 'sampler' | 'recompute' | 'forward';
 

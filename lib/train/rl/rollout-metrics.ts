@@ -3,7 +3,7 @@
  * parts, accuracy, answered, turns, response lengths, mask coverage, and the tools' use and errors
  * (from the turn records the EpisodeRunner keeps in each episode's `record`).
  */
-import type { RewardResult, TrainEpisode } from './types.js';
+import type { RewardResult, TrainEpisode } from '../types.js';
 
 /** One trajectories.jsonl row of a training step (GRPO adds the advantage, PPO the value and return). */
 export function trajectoryLine(step: number, question: unknown, e: TrainEpisode, r: RewardResult, extra: Record<string, unknown>): string {

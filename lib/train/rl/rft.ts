@@ -3,7 +3,7 @@
  * 2023): the policy is its own teacher, and only its correct episodes teach. Each round:
  *   1. sample: rollout.k episodes per question of the round (every train question, or
  *      rft.questions_per_round of a seeded order) from the adapter as it is now, with the RL stages'
- *      rollouts (lib/train/rl-loop.ts `rolloutRequests`: temperature and top-p drawn per episode,
+ *      rollouts (lib/train/rl/rl-loop.ts `rolloutRequests`: temperature and top-p drawn per episode,
  *      seeds from the round and the question's index) — timed as time_rollout_s;
  *   2. score every episode with the config's reward — time_reward_s;
  *   3. keep (`rftSelect`): the episodes the reward marks correct (its correctness verdict: em, subem,
@@ -11,7 +11,7 @@
  *      excluded one (reward.on_failure: exclude) or one without a generated token; a question's
  *      identical episodes once (rft.unique); at most rft.max_per_question per question, highest
  *      reward first;
- *   4. fine-tune (`rftExamples`, lib/train/sft.ts `sftStep`): rft.epochs passes of the SFT loss over
+ *   4. fine-tune (`rftExamples`, lib/train/sft/sft.ts `sftStep`): rft.epochs passes of the SFT loss over
  *      the kept episodes in length-sorted batches of train.batch_size, the loss on the model's own
  *      tokens only (the episode's loss mask: never the prompt or the environment's replies), the
  *      learning-rate schedule run over each round's steps;
@@ -23,19 +23,19 @@
  */
 import { appendFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { LoraSpec } from '../engine/adapter.js';
-import type { Model } from '../engine/model.js';
-import { scheduleSpec } from '../config/algorithm.js';
-import type { ResolvedConfig } from '../config/types.js';
-import { SlmError } from '../errors.js';
-import { Progress, type ProgressTo } from '../util/progress.js';
+import type { LoraSpec } from '../../engine/adapter.js';
+import type { Model } from '../../engine/model.js';
+import { scheduleSpec } from '../../config/algorithm.js';
+import type { ResolvedConfig } from '../../config/types.js';
+import { SlmError } from '../../errors.js';
+import { Progress, type ProgressTo } from '../../util/progress.js';
 import { rolloutRequests, type StageSchedule } from './rl-loop.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
-import { permutation, readRows, type RunFolder, type TrainState } from './run.js';
-import { learningRate } from './schedule.js';
-import { batchByLength, type SftExample } from './sft-data.js';
-import { sftStep, type SftStepOptions } from './sft.js';
-import type { RewardResult, RlDeps, RolloutRequest, TrainEpisode } from './types.js';
+import { permutation, readRows, type RunFolder, type TrainState } from '../run.js';
+import { learningRate } from '../schedule.js';
+import { batchByLength, type SftExample } from '../sft/sft-data.js';
+import { sftStep, type SftStepOptions } from '../sft/sft.js';
+import type { RewardResult, RlDeps, RolloutRequest, TrainEpisode } from '../types.js';
 
 /** Which sampled episodes a round trains on (rft.min_reward, rft.max_per_question, rft.unique). */
 export interface RftKeepOptions {

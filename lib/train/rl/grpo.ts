@@ -1,6 +1,6 @@
 /**
- * GRPO as an algorithm of the RL loop (lib/train/rl-loop.ts):
- *   - advantages: per group (one question's K rollouts), lib/train/advantages.ts `grpoAdvantages`
+ * GRPO as an algorithm of the RL loop (lib/train/rl/rl-loop.ts):
+ *   - advantages: per group (one question's K rollouts), lib/train/rl/advantages.ts `grpoAdvantages`
  *     with the configured rule ((r - mean) / std, the reference fallbacks, Dr.GRPO); skipped groups
  *     and excluded episodes contribute no episode;
  *   - update: `innerEpochs` optimizer steps on the kept episodes: clipped policy gradient against the
@@ -8,19 +8,19 @@
  * How this departs from the GRPO paper: old log-probs are the sampling log-probs (no separate
  * old-policy forward), KL is off by default (as Dr.GRPO and the reference project), and one group is
  * one question's K rollouts.
- * Other group baselines reuse this file's update with their own advantage rule (lib/train/rloo.ts).
+ * Other group baselines reuse this file's update with their own advantage rule (lib/train/rl/rloo.ts).
  */
-import type { Model } from '../engine/model.js';
+import type { Model } from '../../engine/model.js';
 import { mean } from './rollout-metrics.js';
 import { episodeTokenAdvantages, grpoAdvantages, turnCounts, turnScale, type LossNorm, type TurnCounts } from './advantages.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
-import { sectionDefaults } from '../config/schema.js';
-import { scheduleSpec } from '../config/algorithm.js';
-import type { ResolvedConfig } from '../config/types.js';
-import { SlmError } from '../errors.js';
+import { sectionDefaults } from '../../config/schema.js';
+import { scheduleSpec } from '../../config/algorithm.js';
+import type { ResolvedConfig } from '../../config/types.js';
+import { SlmError } from '../../errors.js';
 import { K1_LOSS_MESSAGE } from './gae.js';
-import type { RunFolder } from './run.js';
-import type { AdamOptions, GroupAdvantageFn, RlDeps } from './types.js';
+import type { RunFolder } from '../run.js';
+import type { AdamOptions, GroupAdvantageFn, RlDeps } from '../types.js';
 
 export interface GrpoDeps<Q> extends RlDeps<Q> {
   advantages: GroupAdvantageFn;

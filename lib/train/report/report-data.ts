@@ -6,8 +6,8 @@
 import { createReadStream, existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
-import { SlmError } from '../errors.js';
-import { readRows } from './run.js';
+import { SlmError } from '../../errors.js';
+import { readRows } from '../run.js';
 
 /** A trajectory as the report shows it. */
 export interface ReportTrajectory {

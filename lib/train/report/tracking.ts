@@ -1,6 +1,6 @@
 /**
  * Experiment tracking beyond metrics.jsonl (`log.report_to`, as TRL's `report_to`): TensorBoard
- * event files (lib/train/tensorboard.ts, written by RunFolder) and MLflow, through the tracking
+ * event files (lib/train/report/tensorboard.ts, written by RunFolder) and MLflow, through the tracking
  * server's REST API (`/api/2.0/mlflow/...`) with Node's fetch — no Python in the product.
  *
  * MLflow: one MLflow run per slm-train run, in the experiment `log.mlflow_experiment`
@@ -18,8 +18,8 @@
  */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { ResolvedConfig } from '../config/types.js';
-import { SlmError } from '../errors.js';
+import type { ResolvedConfig } from '../../config/types.js';
+import { SlmError } from '../../errors.js';
 
 /** A destination of step metrics. */
 export interface Tracker {

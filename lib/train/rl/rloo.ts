@@ -3,18 +3,18 @@
  * Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs"): per
  * group (one question's K rollouts), each rollout's baseline is the mean reward of the others,
  *   A_i = r_i - (1 / (K - 1)) sum_{j != i} r_j  (= K / (K - 1) (r_i - mean r)),
- * with no std normalisation. The update is GRPO's (lib/train/grpo.ts `groupPolicyGradient`): the
+ * with no std normalisation. The update is GRPO's (lib/train/rl/grpo.ts `groupPolicyGradient`): the
  * clipped policy gradient against the sampling log-probs, which with one inner epoch is REINFORCE's
  * gradient (the ratio is 1), token- or sequence-level as algorithm.loss_norm says.
  * An episode excluded by its reward (reward.on_failure: exclude) leaves its group: the baseline is
  * over the members that remain, and a group with fewer than two is skipped ('single_rollout').
  */
-import type { Model } from '../engine/model.js';
-import { SlmError } from '../errors.js';
+import type { Model } from '../../engine/model.js';
+import { SlmError } from '../../errors.js';
 import { groupPolicyGradient, type PgOptions } from './grpo.js';
 import { runRl } from './rl-loop.js';
-import type { RunFolder } from './run.js';
-import type { RlDeps } from './types.js';
+import type { RunFolder } from '../run.js';
+import type { RlDeps } from '../types.js';
 
 /** One group's leave-one-out advantages, or null (with the reason) when it has no baseline to give. */
 export function rlooAdvantages(rewards: readonly number[]): { advantages: number[] | null; reason?: string } {

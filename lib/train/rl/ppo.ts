@@ -1,7 +1,7 @@
 /**
  * PPO over real episodes, as Search-R1 runs it on verl, as an algorithm of the RL loop
- * (lib/train/rl-loop.ts: steps 1, 2 and 6 are the loop's; the forward passes, GAE assembly and
- * mini-batch updates are in lib/train/ppo-batch.ts). One step:
+ * (lib/train/rl/rl-loop.ts: steps 1, 2 and 6 are the loop's; the forward passes, GAE assembly and
+ * mini-batch updates are in lib/train/rl/ppo-batch.ts). One step:
  *   1. take the next questions (seeded order, resumable), `n` rollouts each (PPO needs no group: 1
  *      is enough), every rollout with its own temperature drawn from the configured range;
  *   2. score every episode (each reward part kept for the logs);
@@ -11,7 +11,7 @@
  *      sampling log-probs, or a fresh forward with `recomputeOldLogprobs`);
  *   4. token rewards (score on the last trained token, -kl_coef * KL on every trained token when the KL
  *      goes into the reward), GAE over the trained tokens only (masked environment text is skipped),
- *      advantages whitened over the batch (lib/train/advantages.ts `ppoAdvantages`);
+ *      advantages whitened over the batch (lib/train/rl/advantages.ts `ppoAdvantages`);
  *   5. `ppoEpochs` passes over the episodes in seeded mini-batches, one optimizer step each (one native
  *      call), token-mean over the mini-batch's trained tokens: with a separate critic (Search-R1's) the
  *      clipped policy loss against the old log-probs trains the actor's adapter, and the clipped value
@@ -34,19 +34,19 @@
  * finite, moderate values there (ppoPrepare writes 0), or an overflow would make the loss NaN and
  * skip the step.
  */
-import type { Model } from '../engine/model.js';
-import type { NativeTrainStats } from '../binding/types.js';
-import { SlmError } from '../errors.js';
+import type { Model } from '../../engine/model.js';
+import type { NativeTrainStats } from '../../binding/types.js';
+import { SlmError } from '../../errors.js';
 import { K1_LOSS_MESSAGE, type KlEstimator, type PpoAdvantages } from './gae.js';
 import { gatherForward, ppoAdvantagesFor, ppoForward, ppoUpdate, type PpoBatch, type PpoPrepareOptions, type PpoStepInfo } from './ppo-batch.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
-import type { RunFolder } from './run.js';
+import type { RunFolder } from '../run.js';
 import { mean } from './rollout-metrics.js';
-import { sectionDefaults } from '../config/schema.js';
-import { ppoAdvantageOptions, scheduleSpec } from '../config/algorithm.js';
-import type { ResolvedConfig } from '../config/types.js';
-import type { Shard } from '../distributed/run.js';
-import type { AdamOptions, RlDeps } from './types.js';
+import { sectionDefaults } from '../../config/schema.js';
+import { ppoAdvantageOptions, scheduleSpec } from '../../config/algorithm.js';
+import type { ResolvedConfig } from '../../config/types.js';
+import type { Shard } from '../../distributed/run.js';
+import type { AdamOptions, RlDeps } from '../types.js';
 
 export interface PpoOptions extends RlLoopOptions {
   /** Rollouts per question (rollout.k; PPO needs no group: 1 is enough). */

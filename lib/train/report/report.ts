@@ -18,7 +18,7 @@ import { createHash } from 'node:crypto';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { createRequire } from 'node:module';
-import { SlmError } from '../errors.js';
+import { SlmError } from '../../errors.js';
 import { collectReport, type ReportData, type ReportOptions } from './report-data.js';
 import { SCRIPT, STYLE } from './report-browser.js';
 

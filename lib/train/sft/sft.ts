@@ -2,17 +2,17 @@
  * SFT: LoRA on assistant tokens only, epochs over length-sorted batches taken in a seeded order,
  * one native call per optimizer step, metrics every step, atomic checkpoints, exact resume.
  */
-import type { Model } from '../engine/model.js';
-import { SlmError } from '../errors.js';
-import type { LoraSpec } from '../engine/adapter.js';
-import { Progress, type ProgressTo } from '../util/progress.js';
-import { learningRate, type ScheduleSpec } from './schedule.js';
-import { permutation, type RunFolder, type TrainState } from './run.js';
+import type { Model } from '../../engine/model.js';
+import { SlmError } from '../../errors.js';
+import type { LoraSpec } from '../../engine/adapter.js';
+import { Progress, type ProgressTo } from '../../util/progress.js';
+import { learningRate, type ScheduleSpec } from '../schedule.js';
+import { permutation, type RunFolder, type TrainState } from '../run.js';
 import { batchByLength, type SftExample } from './sft-data.js';
-import type { AdamOptions } from './types.js';
-import { sectionDefaults } from '../config/schema.js';
-import { shardRange } from '../distributed/data-parallel.js';
-import type { Shard } from '../distributed/run.js';
+import type { AdamOptions } from '../types.js';
+import { sectionDefaults } from '../../config/schema.js';
+import { shardRange } from '../../distributed/data-parallel.js';
+import type { Shard } from '../../distributed/run.js';
 
 export interface SftOptions {
   lora: LoraSpec;
@@ -47,7 +47,7 @@ export type SftStepOptions = Pick<SftOptions, 'weightDecay' | 'maxGradNorm' | 'a
 /**
  * One optimizer step of the SFT loss (next-token NLL on the masked tokens) on `batch` (this rank's
  * share of it), and its metrics row: `stage`, `step` (the step after it: at.step + 1), loss, tokens.
- * SFT runs it over the conversations of data.sft, RFT (lib/train/rft.ts) over its kept episodes.
+ * SFT runs it over the conversations of data.sft, RFT (lib/train/rl/rft.ts) over its kept episodes.
  */
 export async function sftStep(model: Model, batch: SftExample[], at: { stage: string; step: number; epoch: number; lr: number }, o: SftStepOptions): Promise<{ loss: number; row: Record<string, unknown> }> {
   const optim = sectionDefaults('optim');
