@@ -17,7 +17,8 @@ export { SlmError, isSlmError, type ErrorCode } from './errors.js';
 // Config
 export { loadConfig, configFromObject, validateConfig, runDir, configToYaml, type LoadOptions } from './config/load.js';
 export { CONFIG_SCHEMA } from './config/schema.js';
-export { STAGES } from './config/types.js';
+export { STAGES, algorithmOf, algorithms, registerAlgorithm, stageNames } from './train/rl/registry.js';
+export type { AlgorithmDefinition, AlgorithmRun, ConfigProblem } from './train/rl/algorithm.js';
 export type * from './config/types.js';
 
 // Model, tokenizer, chat template, generation

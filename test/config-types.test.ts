@@ -10,6 +10,7 @@ import t from 'tap';
 import ts from 'typescript';
 import { validateConfig } from '../lib/config/load.js';
 import { CONFIG_SCHEMA, sectionDefaults } from '../lib/config/schema.js';
+import { algorithms, stageNames } from '../lib/train/rl/registry.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 
@@ -154,6 +155,16 @@ function badDefaults(s: Schema, type: Desc | undefined, path: string, out: strin
 
 const schemaView = fromSchema(CONFIG_SCHEMA);
 const typeView = compilerView();
+// stage and algorithm.kind take the registry's names (lib/train/rl/registry.ts: an algorithm registered
+// later adds its own), so the type says string; the schema's enums are checked against the registry.
+for (const path of [['stage'], ['algorithm', 'kind']]) delete path.reduce((d: Desc, k) => d.props![k], schemaView).literals;
+
+t.test('stage and algorithm.kind: the schema enums are the registry\'s names', async (t) => {
+  const top = CONFIG_SCHEMA.properties as Record<string, Schema>;
+  t.same(top.stage.enum, stageNames(), 'stage: sft, the algorithms, eval');
+  t.same((top.algorithm.properties as Record<string, Schema>).kind.enum, [...algorithms().map((a) => a.name), 'sft', null], 'algorithm.kind: the algorithms, sft (null: the stage)');
+  t.ok(stageNames().includes('rloo') && stageNames().includes('ppo'), 'the built-in algorithms are registered');
+});
 
 t.test('lib/config/types.ts and the schema agree on every key, value type and enum value', async (t) => {
   t.same(differences('', schemaView, typeView), []);

@@ -5,10 +5,9 @@ import { configFromObject } from '../lib/config/index.js';
 import { sectionDefaults } from '../lib/config/schema.js';
 import type { Model } from '../lib/engine/model.js';
 import { codeProtocol } from '../lib/episodes/protocol.js';
-import { groupPolicyGradient, pgOptionsFrom } from '../lib/train/rl/grpo.js';
 import { ppoOptionsFrom } from '../lib/train/rl/ppo.js';
 import { ppoUpdate } from '../lib/train/rl/ppo-batch.js';
-import { configuredGroupAdvantages } from '../lib/train/stages.js';
+import { configuredGroupAdvantages, groupPolicyGradient, pgOptionsFrom } from '../lib/train/rl/grpo.js';
 
 const base = { model: { path: '/m' }, data: { questions: '/q.jsonl', corpus: '/c.jsonl' } };
 

@@ -15,11 +15,12 @@ import { RunFolder } from '../lib/train/run.js';
 import { CONFIG_SCHEMA } from '../lib/config/schema.js';
 import type { TrainEpisode } from '../lib/train/types.js';
 import { questions, reward, twoTurn } from './helpers/ppo-toy.js';
-import { runPpo, type PpoOptions } from '../lib/train/rl/ppo.js';
+import { ppoDefinition, runPpo, type PpoOptions } from '../lib/train/rl/ppo.js';
 import { ppoPrepare, ppoUpdate, type PpoBatch, type PpoStepInfo, type PpoUpdateOptions } from '../lib/train/rl/ppo-batch.js';
 
 type Props = Record<string, { default?: unknown; properties?: Props }>;
-const SCHEMA_ALGORITHM = (CONFIG_SCHEMA.properties as Props).algorithm.properties!;
+// The algorithm section's keys every algorithm shares, and PPO's own (its definition adds them to the schema).
+const SCHEMA_ALGORITHM = { ...(CONFIG_SCHEMA.properties as Props).algorithm.properties!, ...(ppoDefinition.algorithmKeys as Props) };
 const SCHEMA_OPTIM = (CONFIG_SCHEMA.properties as Props).optim.properties!;
 
 const LORA: LoraSpec = { r: 8, alpha: 16, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] };

@@ -15,8 +15,9 @@ t.test('GRPO and RLOO options from the algorithm, rollout and optim sections', a
   }
   // clip_high left out: clip_low's (the config's derived default).
   t.equal(pgOptionsFrom(validateConfig({ ...base, stage: 'grpo', algorithm: { clip_low: 0.1 } }, 'test')).clipHigh, 0.1);
-  const k2 = validateConfig({ ...base, stage: 'rloo', algorithm: { kl_coef: 0.1, kl_in: 'reward', kl_estimator: 'k2' } }, 'test');
-  t.throws(() => pgOptionsFrom(k2), { code: 'CONFIG_INVALID', message: /RLOO puts the KL in the loss, which takes k3; found k2/ });
+  // The KL of the group baselines goes in the loss: refused at validation, before a model loads.
+  t.throws(() => validateConfig({ ...base, stage: 'rloo', algorithm: { kl_coef: 0.1, kl_in: 'reward', kl_estimator: 'k2' } }, 'test'), { code: 'CONFIG_INVALID', message: /algorithm\.kl_in: RLOO puts the KL in the loss, found kl_in: reward; set kl_in: loss/ });
+  t.throws(() => validateConfig({ ...base, stage: 'grpo', algorithm: { kl_coef: 0.1, kl_estimator: 'k2' } }, 'test'), { code: 'CONFIG_INVALID', message: /algorithm\.kl_estimator: the KL term in the loss supports k3, found "k2" \(GRPO\)/ });
 });
 
 t.test('PPO options from the algorithm, rollout and optim sections', async (t) => {

@@ -70,7 +70,7 @@ t.test('runRloo refuses a group of one (no baseline) with a coded error', async 
   };
   await t.rejects(runRloo(null as never, [1], run, { rollout: never, reward: never }, { lora: { ...LORA, targets: [...LORA.targets] }, k: 1, questionsPerStep: 1, steps: 1, temperature: 1, seed: 0, schedule: { kind: 'constant', lr: 1e-3 } }), {
     code: 'CONFIG_INVALID',
-    message: /rollout\.k must be an integer >= 2, found 1/,
+    message: /RLOO's baseline for a rollout is the mean reward of its group's other rollouts: expected an integer >= 2, found 1/,
   });
 });
 

@@ -15,12 +15,15 @@ import { basename, dirname, extname, join, resolve } from 'node:path';
 import { Ajv, type ValidateFunction } from 'ajv';
 import YAML from 'yaml';
 import { SlmError } from '../errors.js';
-import { CONFIG_SCHEMA, PATH_KEYS } from './schema.js';
+import { CONFIG_SCHEMA, PATH_KEYS, schemaVersion } from './schema.js';
 import { applyOverrides, parseOverrides } from './overrides.js';
 import { describeValue, dotted, fail, isObj, problemsFromAjv, props, type Obj, type Problem, type Schema } from './problems.js';
 import { isHubRef } from '../hub/ref.js';
 import { isChatTemplateName } from '../model/chat-templates.js';
-import { K1_LOSS_MESSAGE } from '../train/rl/gae.js';
+import { groupSizeProblem, klDefaults, klProblem } from '../train/rl/algorithm.js';
+import { algorithmOf, algorithms } from '../train/rl/registry.js';
+
+const groupBaselines = () => algorithms().filter((a) => a.groupBaseline).map((a) => a.name);
 import type { ResolvedConfig } from './types.js';
 
 export interface LoadOptions {
@@ -28,10 +31,11 @@ export interface LoadOptions {
   cwd?: string;
 }
 
-let validator: ValidateFunction | undefined;
+let validator: { fn: ValidateFunction; version: number } | undefined;
 function compiled(): ValidateFunction {
-  validator ??= new Ajv({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true }).compile(CONFIG_SCHEMA);
-  return validator;
+  // Recompiled when an algorithm registered since (lib/train/rl/registry.ts) added keys.
+  if (validator?.version !== schemaVersion()) validator = { fn: new Ajv({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true }).compile(CONFIG_SCHEMA), version: schemaVersion() };
+  return validator.fn;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -61,28 +65,10 @@ function crossChecks(c: ResolvedConfig): Problem[] {
     if (c.protocol.kind === 'code') p.push({ path: ['retrieval', 'kind'], message: 'http serves passages for the tags protocol; the code protocol\'s search_pages/view_sections/read_section need a local index (retrieval.kind hybrid, dense or bm25)' });
   }
   if (isHubRef(c.data.index)) p.push({ path: ['data', 'index'], message: `a local folder (written by \`slm-train index\`), found the hub reference ${JSON.stringify(c.data.index)}; put a hub dataset in data.corpus and the index is built from it` });
-  if (c.algorithm.loss_norm === 'turn' && (c.stage === 'ppo' || a.kind === 'ppo'))
-    p.push({ path: ['algorithm', 'loss_norm'], message: 'turn is the reference code-search system\'s GRPO normalisation; PPO takes token or sequence' });
   if (c.protocol.prompts_from_sft) {
     if (c.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; protocol.prompts_from_sft takes the prompts from the conversations of data.sft' });
     for (const k of ['system_prompt', 'final_turn_notice'] as const)
       if (c.protocol[k] !== null) p.push({ path: ['protocol', k], message: `set, but protocol.prompts_from_sft takes it from data.sft; set one or the other` });
-  }
-  if (c.stage === 'rft') {
-    if (c.train.steps !== null) p.push({ path: ['train', 'steps'], message: `the rft stage runs rft.rounds rounds of rft.epochs passes over each round's kept episodes; leave train.steps out (null), found ${c.train.steps}` });
-    if (c.distributed.nproc > 1 || c.distributed.nnodes > 1) p.push({ path: ['distributed', 'nproc'], message: 'the rft stage runs in one process; set distributed.nproc and distributed.nnodes to 1' });
-    if (c.rft.min_reward !== null && !Number.isFinite(c.rft.min_reward)) p.push({ path: ['rft', 'min_reward'], message: `expected a finite number or null, found ${describeValue(c.rft.min_reward)}` });
-  }
-  if (c.stage === 'grpo' && c.rollout.k < 2) p.push({ path: ['rollout', 'k'], message: `GRPO compares the rollouts of a group: expected an integer >= 2, found ${c.rollout.k}` });
-  if (c.stage === 'rloo' && c.rollout.k < 2)
-    p.push({ path: ['rollout', 'k'], message: `RLOO's baseline for a rollout is the mean reward of its group's other rollouts: expected an integer >= 2, found ${c.rollout.k}; set rollout.k to 2 or more (or use stage: sft or rft, which need no group)` });
-  const klIn = a.kl_in ?? (c.stage === 'ppo' || a.kind === 'ppo' ? 'reward' : 'loss');
-  if (klIn === 'loss' && a.kl_estimator === 'k2') p.push({ path: ['algorithm', 'kl_estimator'], message: 'the KL term in the loss supports k3, found "k2"; use k2 with kl_in: reward' });
-  if (klIn === 'loss' && a.kl_estimator === 'k1' && a.kl_coef > 0) p.push({ path: ['algorithm', 'kl_estimator'], message: K1_LOSS_MESSAGE });
-  const stageKind = a.kind ?? c.stage;
-  if (c.rollout.dynamic_sampling.enabled) {
-    if (stageKind !== 'grpo' && stageKind !== 'rloo' && c.stage !== 'eval')
-      p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: `dynamic sampling keeps groups whose rewards differ: GRPO and RLOO only, found stage ${c.stage}` });
   }
   if (c.protocol.max_observation_tokens !== null && c.protocol.kind === 'code')
     p.push({ path: ['protocol', 'max_observation_tokens'], message: "cuts the tags protocol's inline <information> replies (Search-R1's max_obs_length); the code protocol cuts program output with tool_output_chars; set it to null" });
@@ -99,17 +85,39 @@ function crossChecks(c: ResolvedConfig): Problem[] {
   // pass would train off-policy with no correction.
   if (c.algorithm.old_logprobs === 'forward' && c.algorithm.inner_epochs !== 1)
     p.push({ path: ['algorithm', 'old_logprobs'], message: `forward takes the training forward's own log-probs as the old ones, so the ratio is 1 in every pass and a second pass would train off-policy uncorrected: expected inner_epochs 1, found ${c.algorithm.inner_epochs}; use recompute for several passes` });
-  if (c.algorithm.old_logprobs === 'forward' && stageKind !== 'grpo' && stageKind !== 'rloo' && c.stage !== 'eval')
-    p.push({ path: ['algorithm', 'old_logprobs'], message: `forward is the group policy-gradient update's (grpo or rloo), found ${stageKind}; use sampler or recompute` });
   if (c.rollout.first_turn_top_p !== null && c.rollout.first_turn_temperature === null)
     p.push({ path: ['rollout', 'first_turn_top_p'], message: 'set, but rollout.first_turn_temperature is null (turn 1 then samples at the rollout\'s own draws); set both or neither' });
-  if (c.algorithm.critic === 'separate' && c.algorithm.vf_coef === 0 && c.stage === 'ppo')
-    p.push({ path: ['algorithm', 'vf_coef'], message: 'a separate critic trains on the value loss alone, and vf_coef 0 switches the value loss off: its values would never be trained. Set vf_coef > 0 (its size does not matter there) or critic: shared' });
   if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.critic_warmup_steps !== null && c.optim.critic_warmup_steps >= c.train.steps)
     p.push({ path: ['optim', 'critic_warmup_steps'], message: `expected fewer warm-up steps than train.steps (${c.train.steps}) for a ${c.optim.schedule} schedule, found ${c.optim.critic_warmup_steps}` });
   if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.warmup_steps >= c.train.steps)
     p.push({ path: ['optim', 'warmup_steps'], message: `expected fewer warm-up steps than train.steps (${c.train.steps}) for a ${c.optim.schedule} schedule, found ${c.optim.warmup_steps}` });
-  return p;
+  return [...p, ...algorithmChecks(c)];
+}
+
+/**
+ * The checks the RL algorithms' definitions give (lib/train/rl/algorithm.ts): by algorithm.kind, where
+ * the KL goes and the loss normalisations it has; by the stage, the group size it needs, what only a
+ * group baseline has (dynamic sampling, old_logprobs: forward), and its own checks.
+ */
+function algorithmChecks(c: ResolvedConfig): Problem[] {
+  const p: Problem[] = [];
+  const a = c.algorithm as Omit<ResolvedConfig['algorithm'], 'kl_in' | 'kl_estimator'> & { kl_in: 'loss' | 'reward' | null; kl_estimator: 'k1' | 'k2' | 'k3' | null };
+  const kind = algorithmOf(a.kind ?? (c.stage === 'eval' ? 'grpo' : c.stage));
+  if (kind) {
+    const { klIn, klEstimator } = klDefaults(kind, a);
+    const kl = klProblem(kind, klIn, klEstimator, a.kl_coef);
+    if (kl) p.push(kl);
+    if (!kind.lossNorms.includes(a.loss_norm)) p.push({ path: ['algorithm', 'loss_norm'], message: `${kind.name.toUpperCase()} takes ${kind.lossNorms.join(' or ')}, found ${JSON.stringify(a.loss_norm)} (turn is the reference code-search system's GRPO normalisation)` });
+  }
+  const stage = algorithmOf(c.stage);
+  const group = stage?.groupBaseline ?? c.stage === 'eval';
+  if (c.rollout.dynamic_sampling.enabled && !group)
+    p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: `dynamic sampling keeps groups whose rewards differ: ${groupBaselines().map((n) => n.toUpperCase()).join(' and ')} only, found stage ${c.stage}` });
+  if (c.algorithm.old_logprobs === 'forward' && !group) p.push({ path: ['algorithm', 'old_logprobs'], message: `forward is the group policy-gradient update's (${groupBaselines().join(' or ')}), found ${c.stage}; use sampler or recompute` });
+  if (!stage) return p;
+  const k = groupSizeProblem(stage, c.rollout.k);
+  if (k) p.push(k);
+  return [...p, ...(stage.validate?.(c) ?? [])];
 }
 
 /** A copy with keys in schema order (then any loosely typed extras), so written configs read like the schema. */
@@ -127,8 +135,10 @@ function ordered(v: unknown, s: Schema | undefined): unknown {
 function derive(c: ResolvedConfig, name: string | null): ResolvedConfig {
   const a = c.algorithm as unknown as Record<string, unknown>;
   if (a.kind === null) a.kind = c.stage === 'eval' ? 'grpo' : c.stage;
-  if (a.kl_in === null) a.kl_in = a.kind === 'ppo' ? 'reward' : 'loss';
-  if (a.kl_estimator === null) a.kl_estimator = a.kl_in === 'reward' ? 'k1' : 'k3';
+  // Where the KL goes, and its estimator: the algorithm's defaults (sft: the loss's).
+  const kl = klDefaults(algorithmOf(a.kind as string) ?? { kl: { defaultIn: 'loss' } }, c.algorithm as never);
+  a.kl_in = kl.klIn;
+  a.kl_estimator = kl.klEstimator;
   if (a.clip_high === null) a.clip_high = a.clip_low;
   const pr = c.protocol as unknown as Record<string, unknown>;
   if (pr.max_turns_eval === null) pr.max_turns_eval = c.protocol.max_turns;

@@ -2,35 +2,21 @@
  * The JSON Schema of a training config (`slm-train train --config FILE`), with a default for every
  * key that has a sensible one. Every object forbids unknown keys except the reward part items and
  * `reward.judge`, which lib/rewards owns. A few defaults depend on other keys and are filled after
- * validation (lib/config/load.ts `derive`): algorithm.kind (= stage), algorithm.kl_in (reward for PPO,
- * loss otherwise), algorithm.kl_estimator (k1 in the reward, k3 in the loss), algorithm.clip_high
- * (= clip_low), protocol.max_turns_eval (= max_turns), run.name (= the config file's name).
+ * validation (lib/config/load.ts `derive`): algorithm.kind (= stage), algorithm.kl_in (the algorithm's
+ * place: reward for PPO, loss otherwise), algorithm.kl_estimator (k1 in the reward, k3 in the loss),
+ * algorithm.clip_high (= clip_low), protocol.max_turns_eval (= max_turns), run.name (= the config
+ * file's name). The RL algorithms add their own keys and sections (lib/train/rl/registry.ts calls
+ * extendSchema): GRPO's group rule, PPO's GAE and critic, RFT's `rft` section.
  */
 
 import { ATTENTION_TARGETS, LORA_TARGETS } from '../engine/adapter.js';
 import { COMPUTE_DTYPES } from '../engine/types.js';
 import { SEARCH_R1_INSTRUCTION } from '../episodes/prompts.js';
 import { MAX_TIMEOUT_S } from '../sandbox/types.js';
-import { REPORT_TO, STAGES, type ResolvedConfig } from './types.js';
+import { SlmError } from '../errors.js';
+import { REPORT_TO, type ResolvedConfig } from './types.js';
 
-type Schema = Record<string, unknown>;
-
-const num = (d: number | null, extra: Schema = {}, description?: string): Schema => ({ type: d === null ? ['number', 'null'] : 'number', default: d, ...extra, ...(description ? { description } : {}) });
-const int = (d: number | null, extra: Schema = {}, description?: string): Schema => ({ type: d === null ? ['integer', 'null'] : 'integer', default: d, ...extra, ...(description ? { description } : {}) });
-const bool = (d: boolean, description?: string): Schema => ({ type: 'boolean', default: d, ...(description ? { description } : {}) });
-const str = (d: string | null, description?: string): Schema => ({ type: d === null ? ['string', 'null'] : 'string', default: d, ...(description ? { description } : {}) });
-const oneOf = (values: readonly string[], d: string | null, description?: string): Schema => ({
-  ...(d === null ? { type: ['string', 'null'], enum: [...values, null] } : { type: 'string', enum: values }),
-  default: d,
-  ...(description ? { description } : {}),
-});
-const section = (properties: Record<string, Schema>, required: string[] = []): Schema => ({
-  type: 'object',
-  additionalProperties: false,
-  default: {},
-  properties,
-  ...(required.length ? { required } : {}),
-});
+import { bool, int, num, oneOf, section, str, type Schema } from './schema-kit.js';
 
 /** Config keys that hold file or folder paths: resolved against the config file's folder. */
 export const PATH_KEYS = ['model.path', 'model.adapter', 'model.chat_template', 'data.questions', 'data.eval_questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
@@ -40,7 +26,8 @@ export const CONFIG_SCHEMA: Schema = {
   additionalProperties: false,
   required: ['stage', 'model'],
   properties: {
-    stage: { type: 'string', enum: STAGES, description: 'what `slm-train train` runs' },
+    // The enum: 'sft', the registered RL algorithms (lib/train/rl/registry.ts), 'eval' (extendSchema).
+    stage: { type: 'string', enum: ['sft', 'eval'], description: 'what `slm-train train` runs' },
     model: section(
       {
         path: { type: 'string', minLength: 1, description: 'a Hugging Face model folder (config.json, safetensors, tokenizer), or hf:OWNER/NAME from the hub' },
@@ -198,7 +185,8 @@ export const CONFIG_SCHEMA: Schema = {
       module: str(null, 'a JavaScript module (.js/.mjs, relative to the config file) exporting `reward` (or a default function) (ctx: {id, question, golds, answer, episode}) => number | {score, parts?, correct?} (or a promise of one); it is the part named `module` (weight 1) added to reward.parts unless the parts list a {kind: module} themselves. A non-number stops the run with REWARD_MODULE_INVALID. null = none'),
     }),
     algorithm: section({
-      kind: oneOf(['grpo', 'ppo', 'rloo', 'rft', 'sft'], null, 'null = the stage'),
+      // The enum: the registered RL algorithms and 'sft' (extendSchema).
+      kind: oneOf(['sft'], null, 'null = the stage'),
       clip_low: num(0.2, { minimum: 0 }),
       clip_high: num(null, { minimum: 0 }, 'null = clip_low; DAPO uses 0.28'),
       kl_coef: num(0, { minimum: 0 }),
@@ -209,24 +197,6 @@ export const CONFIG_SCHEMA: Schema = {
       turn_discount: num(1, { minimum: 0, maximum: 1 }, 'GRPO: the advantage of turn j of J is scaled by turn_discount^(J - 1 - j) (the reference: 0.99; 1 = none)'),
       inner_epochs: int(1, { minimum: 1 }),
       entropy_coef: num(0, { minimum: 0 }),
-      std: oneOf(['group', 'none'], 'group', 'none = Dr.GRPO (no std division)'),
-      std_estimator: oneOf(['sample', 'population'], 'sample', 'sample = divide by K - 1 (TRL, verl)'),
-      adv_eps: num(1e-4, { minimum: 0 }),
-      fallbacks: section({
-        flat_std: num(0.01, { minimum: 0 }, 'a group whose reward std is below this is flat (the reference: 0.01)'),
-        flat_skip_below: num(0.1, {}, 'a flat group whose mean reward is below this is skipped (every rollout failed alike; the reference: 0.1)'),
-        zero_variance: oneOf(['center', 'skip', 'zero'], 'center', 'a flat group at or above flat_skip_below: center = r - center (the reference), skip, or zero advantages'),
-        center: num(0.5),
-        all_failed: oneOf(['skip', 'normalize'], 'normalize', 'a group with no success but a spread of rewards: normalize (the reference: it learns from the better wrong answers) or skip'),
-        fail_by: oneOf(['reward', 'correct'], 'reward', 'what a success is for all_failed: skip (reward > fail_at_or_below, or the correctness flag)'),
-        fail_at_or_below: num(0, {}, 'with fail_by: reward, a rollout fails when its reward is <= this'),
-      }),
-      gamma: num(1, { minimum: 0, maximum: 1 }),
-      lam: num(1, { minimum: 0, maximum: 1 }),
-      vf_coef: num(0.5, { minimum: 0 }, "PPO: the value loss's weight in the shared critic's joint loss (critic: shared); a separate critic trains on the value loss alone (verl's dp_critic), so there vf_coef > 0 only switches it on"),
-      critic: oneOf(['shared', 'separate'], 'shared', "PPO's critic: shared = a value head on the actor's own LoRA'd trunk (the value loss also trains the actor's adapter, at the actor's rate, and one gradient clip covers both); separate = a second LoRA adapter + the value head on the same frozen base weights (not a second copy of them), starting as a copy of the actor's adapter, trained on the value loss alone by its own AdamW at optim.critic_lr and clipped to optim.critic_max_grad_norm, as Search-R1's critic is a model apart"),
-      value_clip: num(0.5, { exclusiveMinimum: 0 }),
-      whiten: bool(true, 'whiten PPO advantages over the batch (verl)'),
       loss_temperature: num(null, { exclusiveMinimum: 0 }, "the temperature the loss scores tokens at (logits / T, the old log-probs recomputed at it too): null = each episode's sampling temperature; 1 = the plain logits, as the reference code-search system's NLL. Set, it needs old_logprobs: recompute"),
       old_logprobs: oneOf(['sampler', 'recompute', 'forward'], 'sampler', "the old policy's log-probs in the clipped ratio: sampler = those the generator reported while sampling; recompute = a teacher-forced forward of the trained policy over each episode before the update, at the temperature the training forward uses (LoRA dropout off: the ratio is exactly 1 only with lora.dropout 0); forward = the training forward's own log-probs, detached, under its LoRA dropout mask: the ratio is exactly 1, clipping never acts, the gradient is -A grad log p (the reference code-search system's loss, which has no ratio; inner_epochs must be 1)"),
       overlong: section({
@@ -234,15 +204,6 @@ export const CONFIG_SCHEMA: Schema = {
         buffer: int(0, { minimum: 0 }, "DAPO's soft over-length penalty: the last `buffer` tokens before protocol.max_new_tokens are a buffer; a turn that runs into it by x tokens adds -penalty_factor * x / buffer to the episode's reward (the longest turn counts; -penalty_factor at the limit). 0 = off; must be below protocol.max_new_tokens"),
         penalty_factor: num(1, { minimum: 0 }, 'the soft penalty at the limit (verl: overlong_buffer.penalty_factor)'),
       }),
-      mini_batch: int(0, { minimum: 0 }, "PPO: episodes per optimizer step (verl ppo_mini_batch_size; Search-R1: half the batch); 0 = all of the step's episodes"),
-    }),
-    rft: section({
-      rounds: int(1, { minimum: 1 }, 'rft: rounds of sample (rollout.k episodes per question from the current adapter) -> keep the correct ones -> fine-tune on them'),
-      min_reward: num(null, {}, "rft: null = keep the episodes the reward marks correct (the correctness verdict of em, subem, the judge or a module's `correct`); a number = keep those whose reward is >= it"),
-      epochs: int(1, { minimum: 1 }, "rft: passes of the SFT loss over each round's kept episodes"),
-      max_per_question: int(0, { minimum: 0 }, 'rft: at most this many kept episodes per question and round (the highest rewards first); 0 = no cap'),
-      unique: bool(true, "rft: a question's kept episodes with the same tokens count once"),
-      questions_per_round: int(null, { minimum: 1 }, 'rft: train questions sampled per round, the next of a seeded order (as epochs); null = every train question'),
     }),
     optim: section({
       lr: num(1e-4, { exclusiveMinimum: 0 }),
@@ -295,18 +256,49 @@ export const CONFIG_SCHEMA: Schema = {
   },
 };
 
+let version = 0;
+
+/** Changes whenever extendSchema does (lib/config/load.ts recompiles its validator then). */
+export function schemaVersion(): number {
+  return version;
+}
+
+/**
+ * Adds an RL algorithm to the schema (lib/train/rl/registry.ts calls it for each one it holds): its
+ * name to the `stage` and `algorithm.kind` enums, its keys to the `algorithm` section, its own section
+ * at the top level. A key or section that is already there is refused: two algorithms cannot own one.
+ */
+export function extendSchema(name: string, o: { algorithmKeys?: Record<string, Schema>; section?: Record<string, Schema> }): void {
+  const top = CONFIG_SCHEMA.properties as Record<string, Schema>;
+  const stage = top.stage.enum as string[];
+  if (stage.includes(name)) throw new SlmError('ARGUMENT_INVALID', `extendSchema: stage ${name} is already in the schema.`);
+  stage.splice(stage.length - 1, 0, name); // before 'eval'
+  const algorithm = top.algorithm.properties as Record<string, Schema>;
+  const kinds = algorithm.kind.enum as Array<string | null>;
+  kinds.splice(kinds.length - 2, 0, name); // before 'sft' and null
+  for (const [k, v] of Object.entries(o.algorithmKeys ?? {})) {
+    if (k in algorithm) throw new SlmError('ARGUMENT_INVALID', `extendSchema: algorithm.${k} of ${name} is already in the schema (another algorithm, or the keys every algorithm shares, owns it); name the key after the algorithm.`);
+    algorithm[k] = v;
+  }
+  if (o.section) {
+    if (name in top) throw new SlmError('ARGUMENT_INVALID', `extendSchema: a section ${name} is already in the schema.`);
+    top[name] = section(o.section);
+  }
+  version++;
+}
+
 /**
  * The schema's defaults of one section, for code that takes a partial section (missing keys take
  * these). The keys lib/config/load.ts derives from others are null here.
  */
 export function sectionDefaults<S extends Exclude<keyof ResolvedConfig, 'stage'>>(section: S): ResolvedConfig[S] {
-  return defaultsOf((CONFIG_SCHEMA.properties as Record<string, Schema>)[section]) as ResolvedConfig[S];
+  return schemaDefaults((CONFIG_SCHEMA.properties as Record<string, Schema>)[section]) as ResolvedConfig[S];
 }
 
 /** A key's default: for a section, the defaults of its keys (as validation fills them). */
-function defaultsOf(s: Schema): unknown {
+export function schemaDefaults(s: Schema): unknown {
   if (!s.properties) return structuredClone(s.default);
-  return Object.fromEntries(Object.entries(s.properties as Record<string, Schema>).map(([k, sub]) => [k, defaultsOf(sub)]));
+  return Object.fromEntries(Object.entries(s.properties as Record<string, Schema>).map(([k, sub]) => [k, schemaDefaults(sub)]));
 }
 
 /**

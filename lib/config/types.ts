@@ -6,9 +6,11 @@
 
 import type { LoraTarget } from '../engine/adapter.js';
 import type { ComputeDtype } from '../engine/types.js';
-/** What `slm-train train` can run (the schema's `stage` enum). */
-export const STAGES = ['sft', 'grpo', 'ppo', 'rloo', 'rft', 'eval'] as const;
-export type Stage = (typeof STAGES)[number];
+/**
+ * What `slm-train train` can run: sft, an RL algorithm of lib/train/rl/registry.ts (grpo, ppo, rloo,
+ * rft, or one registered by `registerAlgorithm`), eval. The schema's `stage` enum holds the names.
+ */
+export type Stage = string;
 
 export interface ModelConfig {
   path: string;
@@ -149,7 +151,8 @@ export interface GroupFallbackConfig {
 }
 
 export interface AlgorithmConfig {
-  kind: 'grpo' | 'ppo' | 'rloo' | 'rft' | 'sft';
+  /** The algorithm whose settings these are: a registered one's name (lib/train/rl/registry.ts) or sft. */
+  kind: string;
   clip_low: number;
   clip_high: number;
   kl_coef: number;

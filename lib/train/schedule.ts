@@ -1,6 +1,8 @@
 /** Learning-rate schedules: a pure function of the step (0-based), as transformers' schedulers. */
 import { SlmError } from '../errors.js';
 import { sectionDefaults } from '../config/schema.js';
+import type { OptimConfig, ResolvedConfig } from '../config/types.js';
+import type { AdamOptions } from './types.js';
 
 export interface ScheduleSpec {
   kind: 'constant' | 'linear' | 'cosine';
@@ -21,4 +23,25 @@ export function learningRate(s: ScheduleSpec, step: number): number {
   const min = s.minRatio ?? sectionDefaults('optim').min_lr_ratio;
   const f = s.kind === 'linear' ? 1 - progress : 0.5 * (1 + Math.cos(Math.PI * progress));
   return s.lr * (min + (1 - min) * f);
+}
+
+/** The learning-rate schedule of a config (optim); totalSteps comes from the trainer when train.steps is null. */
+export function scheduleSpec(c: ResolvedConfig, lr = c.optim.lr): ScheduleSpec {
+  return { kind: c.optim.schedule, lr, warmupSteps: c.optim.warmup_steps, totalSteps: c.train.steps ?? undefined, minRatio: c.optim.min_lr_ratio };
+}
+
+/** The optimizer's settings of the optim section, as every trainer takes them. */
+export function optimizerOptions(optim: OptimConfig): { weightDecay: number; maxGradNorm: number; adam: AdamOptions; microBatch: number | undefined; gradientCheckpointing: boolean } {
+  return {
+    weightDecay: optim.weight_decay,
+    maxGradNorm: optim.max_grad_norm,
+    adam: { beta1: optim.betas[0], beta2: optim.betas[1], eps: optim.eps },
+    microBatch: optim.micro_batch || undefined,
+    gradientCheckpointing: optim.gradient_checkpointing,
+  };
+}
+
+/** An options object without its undefined values (so that spreading it over defaults keeps them). */
+export function definedOnly<T extends object>(o: T): Partial<T> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
 }

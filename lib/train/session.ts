@@ -19,7 +19,7 @@ import { evalQuestions, evaluate } from './evaluation.js';
 import { writeReport } from './report/report.js';
 import { RunFolder } from './run.js';
 import { openTrackers } from './report/tracking.js';
-import { rftStage, rlStage, sftStage, trainerOptions, type StageRun, type TrainResult } from './stages.js';
+import { rlStage, sftStage, trainerOptions, type StageRun, type TrainResult } from './stages.js';
 
 export interface StageOptions {
   resume?: boolean;
@@ -122,7 +122,7 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       log(`environment: ${env.describe}`);
       judge ??= await rewardDeps(cfg, log, o);
       const stageOpts = { keepAdapter: cfg.model.adapter !== null, dist };
-      result = stage === 'rft' ? await rftStage(stageRun, train, env, judge.deps, stageOpts) : await rlStage(stageRun, train, env, judge.deps, stageOpts);
+      result = await rlStage(stageRun, train, env, judge.deps, stageOpts);
     }
     if (lead && (o.stopAfter === undefined || result.steps >= (run.latestCheckpoint()?.state.step ?? 0))) {
       await agent.model.saveAdapter(result.adapter);

@@ -217,6 +217,7 @@ sel.addEventListener('change',show);show();
 })();`;
 
 /** The pure plotting helpers of the page, evaluated in a VM (for tests). */
-export function reportHelpers(): Record<string, (...a: any[]) => any> { // eslint-disable-line @typescript-eslint/no-explicit-any
+// biome-ignore lint/suspicious/noExplicitAny: the page's helpers, called from the page's own script with its values.
+export function reportHelpers(): Record<string, (...a: any[]) => any> {
   return runInNewContext(`${HELPERS};({groupOf:groupOf,planPlots:planPlots,ema:ema,fmtNum:fmtNum,GROUPS:GROUPS})`);
 }

@@ -11,16 +11,17 @@
  * Other group baselines reuse this file's update with their own advantage rule (lib/train/rl/rloo.ts).
  */
 import type { Model } from '../../engine/model.js';
-import { mean } from './rollout-metrics.js';
-import { episodeTokenAdvantages, grpoAdvantages, turnCounts, turnScale, type LossNorm, type TurnCounts } from './advantages.js';
-import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
 import { sectionDefaults } from '../../config/schema.js';
-import { scheduleSpec } from '../../config/algorithm.js';
-import type { ResolvedConfig } from '../../config/types.js';
-import { SlmError } from '../../errors.js';
-import { K1_LOSS_MESSAGE } from './gae.js';
+import { num, oneOf, section } from '../../config/schema-kit.js';
+import type { AlgorithmConfig, ResolvedConfig } from '../../config/types.js';
+import { definedOnly, optimizerOptions, scheduleSpec } from '../schedule.js';
 import type { RunFolder } from '../run.js';
 import type { AdamOptions, GroupAdvantageFn, RlDeps } from '../types.js';
+import { episodeTokenAdvantages, groupAdvantageFn, grpoAdvantages, turnCounts, turnScale, type GroupAdvantageOptions, type LossNorm, type TurnCounts } from './advantages.js';
+import { SlmError } from '../../errors.js';
+import { klProblem, type AlgorithmDefinition } from './algorithm.js';
+import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
+import { mean } from './rollout-metrics.js';
 
 export interface GrpoDeps<Q> extends RlDeps<Q> {
   advantages: GroupAdvantageFn;
@@ -64,26 +65,56 @@ export interface PgOptions extends RlLoopOptions {
 
 export type GrpoOptions = PgOptions;
 
+/** The update's settings of an algorithm section (the config's, or the schema's defaults). */
+function pgSettings(a: AlgorithmConfig) {
+  return {
+    innerEpochs: a.inner_epochs,
+    clipLow: a.clip_low,
+    clipHigh: a.clip_high ?? a.clip_low,
+    klCoef: a.kl_coef,
+    // The KL goes into the loss, which takes k3 (validation refuses anything else with a coefficient).
+    klEstimator: 'k3' as const,
+    entropyCoef: a.entropy_coef,
+    lossNorm: a.loss_norm,
+    turnDiscount: a.turn_discount,
+    oldLogprobs: a.old_logprobs,
+  };
+}
+
 /**
  * The group-baseline options (GRPO, RLOO) of a resolved config's algorithm, rollout and optim
  * sections; the loop's own options (questions per step, steps, seed...) come from the caller.
  */
 export function pgOptionsFrom(c: ResolvedConfig): Pick<PgOptions, 'k' | 'innerEpochs' | 'clipLow' | 'clipHigh' | 'klCoef' | 'klEstimator' | 'entropyCoef' | 'lossNorm' | 'turnDiscount' | 'oldLogprobs' | 'schedule'> {
+  return { k: c.rollout.k, ...pgSettings(c.algorithm), schedule: scheduleSpec(c) };
+}
+
+/**
+ * GRPO's group rule as configured (lib/train/rl/advantages.ts). With `fallbacks.fail_by: correct` the
+ * trainer passes each reward's correctness flag as the `success` argument (`useCorrectness`);
+ * otherwise failure is reward <= fail_at_or_below.
+ */
+export function groupAdvantageOptions(c: ResolvedConfig): GroupAdvantageOptions & { useCorrectness: boolean } {
   const a = c.algorithm;
-  if (a.kl_coef > 0 && a.kl_estimator !== 'k3') throw new SlmError('CONFIG_INVALID', `algorithm.kl_estimator: ${c.stage.toUpperCase()} puts the KL in the loss, which takes k3; found ${a.kl_estimator}.${a.kl_estimator === 'k1' ? ` ${K1_LOSS_MESSAGE}.` : ''}`, { path: 'algorithm.kl_estimator' });
   return {
-    k: c.rollout.k,
-    innerEpochs: a.inner_epochs,
-    clipLow: a.clip_low,
-    clipHigh: a.clip_high,
-    klCoef: a.kl_coef,
-    klEstimator: 'k3',
-    entropyCoef: a.entropy_coef,
-    lossNorm: a.loss_norm,
-    turnDiscount: a.turn_discount,
-    oldLogprobs: a.old_logprobs,
-    schedule: scheduleSpec(c),
+    std: a.std,
+    stdEstimator: a.std_estimator,
+    eps: a.adv_eps,
+    flatStd: a.fallbacks.flat_std,
+    flatSkipBelow: a.fallbacks.flat_skip_below,
+    failAtOrBelow: a.fallbacks.fail_at_or_below,
+    allFailed: a.fallbacks.all_failed,
+    zeroVariance: a.fallbacks.zero_variance,
+    center: a.fallbacks.center,
+    useCorrectness: a.fallbacks.fail_by === 'correct',
   };
+}
+
+/** GRPO's group rule as configured: the correctness flags reach it with algorithm.fallbacks.fail_by: correct. */
+export function configuredGroupAdvantages(cfg: ResolvedConfig): GroupAdvantageFn {
+  const g = groupAdvantageOptions(cfg);
+  const fn = groupAdvantageFn(g);
+  return (rw, correct) => fn(rw, g.useCorrectness ? correct : undefined);
 }
 
 interface GroupStep {
@@ -97,27 +128,13 @@ interface GroupStep {
 
 type Stats = Awaited<ReturnType<Model['trainStep']>>;
 
-/** The options with every default filled in from the config schema (lib/config/schema.ts). */
+/**
+ * The options with what the caller left out taken from the schema's defaults, through the same
+ * mapping as a config's (pgSettings, optimizerOptions).
+ */
 function resolved(o: PgOptions) {
-  const a = sectionDefaults('algorithm');
-  const opt = sectionDefaults('optim');
-  const clipLow = o.clipLow ?? a.clip_low;
-  if ((o.klCoef ?? a.kl_coef) > 0 && o.klEstimator === 'k1') throw new SlmError('CONFIG_INVALID', `klEstimator k1 in the loss: ${K1_LOSS_MESSAGE}.`, { path: 'algorithm.kl_estimator' });
-  return {
-    innerEpochs: o.innerEpochs ?? a.inner_epochs,
-    clipLow,
-    clipHigh: o.clipHigh ?? clipLow,
-    klCoef: o.klCoef ?? a.kl_coef,
-    // The KL goes into the loss, whose estimator defaults to k3 (lib/config/load.ts derive).
-    klEstimator: o.klEstimator ?? 'k3',
-    lossNorm: o.lossNorm ?? a.loss_norm,
-    turnDiscount: o.turnDiscount ?? a.turn_discount,
-    entropyCoef: o.entropyCoef ?? a.entropy_coef,
-    oldFromForward: (o.oldLogprobs ?? a.old_logprobs) === 'forward',
-    weightDecay: o.weightDecay ?? opt.weight_decay,
-    maxGradNorm: o.maxGradNorm ?? opt.max_grad_norm,
-    checkpoint: o.gradientCheckpointing ?? opt.gradient_checkpointing,
-  };
+  const p = { ...optimizerOptions(sectionDefaults('optim')), ...pgSettings(sectionDefaults('algorithm')), ...definedOnly(o) };
+  return { ...p, oldFromForward: p.oldLogprobs === 'forward', checkpoint: p.gradientCheckpointing };
 }
 
 /**
@@ -127,6 +144,8 @@ function resolved(o: PgOptions) {
  */
 export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, o: PgOptions): RlAlgorithm<Q, GroupStep, Stats | undefined, { kept: number[]; skipped: string[] }> {
   const p = resolved(o);
+  const kl = klProblem({ name, kl: PG_KL }, 'loss', p.klEstimator, p.klCoef);
+  if (kl) throw new SlmError('CONFIG_INVALID', `${kl.message}.`, { path: kl.path.join('.') });
   return {
     name,
     groupSize: o.k,
@@ -182,8 +201,8 @@ export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, o: 
           tokenLevel: p.lossNorm === 'token',
           weightDecay: p.weightDecay,
           maxGradNorm: p.maxGradNorm,
-          ...o.adam,
-          microBatch: o.microBatch,
+          ...p.adam,
+          microBatch: p.microBatch,
           checkpoint: p.checkpoint,
         });
       }
@@ -217,7 +236,39 @@ export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, o: 
   };
 }
 
+/** The group baselines' KL: in the loss, k3 only. */
+export const PG_KL = { defaultIn: 'loss', loss: ['k3'] } as const;
+
 /** GRPO over real episodes (the group rule: deps.advantages). */
 export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: GrpoDeps<Q>, o: GrpoOptions): Promise<{ steps: number; meanReward: number[] }> {
   return runRl(model, questions, run, deps, groupPolicyGradient<Q>('grpo', deps.advantages, o), o);
 }
+
+/** GRPO in the registry (lib/train/rl/registry.ts): its keys of the algorithm section are the group rule's. */
+export const grpo: AlgorithmDefinition = {
+  name: 'grpo',
+  summary: "GRPO: each rollout's advantage is its reward against its group's (one question's K rollouts) mean and std, with the reference's fallbacks; a clipped policy-gradient update",
+  algorithmKeys: {
+    std: oneOf(['group', 'none'], 'group', 'none = Dr.GRPO (no std division)'),
+    std_estimator: oneOf(['sample', 'population'], 'sample', 'sample = divide by K - 1 (TRL, verl)'),
+    adv_eps: num(1e-4, { minimum: 0 }),
+    fallbacks: section({
+      flat_std: num(0.01, { minimum: 0 }, 'a group whose reward std is below this is flat (the reference: 0.01)'),
+      flat_skip_below: num(0.1, {}, 'a flat group whose mean reward is below this is skipped (every rollout failed alike; the reference: 0.1)'),
+      zero_variance: oneOf(['center', 'skip', 'zero'], 'center', 'a flat group at or above flat_skip_below: center = r - center (the reference), skip, or zero advantages'),
+      center: num(0.5),
+      all_failed: oneOf(['skip', 'normalize'], 'normalize', 'a group with no success but a spread of rewards: normalize (the reference: it learns from the better wrong answers) or skip'),
+      fail_by: oneOf(['reward', 'correct'], 'reward', 'what a success is for all_failed: skip (reward > fail_at_or_below, or the correctness flag)'),
+      fail_at_or_below: num(0, {}, 'with fail_by: reward, a rollout fails when its reward is <= this'),
+    }),
+  },
+  minGroupSize: 2,
+  groupReason: 'GRPO compares the rollouts of a group',
+  groupBaseline: true,
+  lossNorms: ['token', 'sequence', 'turn'],
+  kl: PG_KL,
+  train(r) {
+    const o: GrpoOptions = { ...r.loop, ...pgOptionsFrom(r.cfg) };
+    return runRl(r.model, r.questions, r.run, r.deps, groupPolicyGradient('grpo', configuredGroupAdvantages(r.cfg), o), o);
+  },
+};

@@ -32,7 +32,7 @@ export async function withOldLogprobs<E extends TrainEpisode>(model: Model, epis
     return episodes.map((e, i) => ({ ...e, logprobs: lps[i] }));
   }
   // The trained prefilled tokens: the only ones the sampler has no log-prob for.
-  const need = episodes.map((e, i) => i).filter((i) => episodes[i].forced?.some((f, t) => f === 1 && episodes[i].lossMask[t] === 1));
+  const need = episodes.map((_e, i) => i).filter((i) => episodes[i].forced?.some((f, t) => f === 1 && episodes[i].lossMask[t] === 1));
   if (!need.length) return episodes;
   const masks = need.map((i) => Uint8Array.from(episodes[i].forced!, (f, t) => (f === 1 && episodes[i].lossMask[t] === 1 ? 1 : 0)));
   const lps = await model.sequenceLogprobs(

@@ -37,14 +37,16 @@
 import type { Model } from '../../engine/model.js';
 import type { NativeTrainStats } from '../../binding/types.js';
 import { SlmError } from '../../errors.js';
-import { K1_LOSS_MESSAGE, type KlEstimator, type PpoAdvantages } from './gae.js';
+import type { KlEstimator, PpoAdvantageOptions, PpoAdvantages } from './gae.js';
 import { gatherForward, ppoAdvantagesFor, ppoForward, ppoUpdate, type PpoBatch, type PpoPrepareOptions, type PpoStepInfo } from './ppo-batch.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
 import type { RunFolder } from '../run.js';
 import { mean } from './rollout-metrics.js';
 import { sectionDefaults } from '../../config/schema.js';
-import { ppoAdvantageOptions, scheduleSpec } from '../../config/algorithm.js';
-import type { ResolvedConfig } from '../../config/types.js';
+import { bool, int, num, oneOf } from '../../config/schema-kit.js';
+import type { AlgorithmConfig, ResolvedConfig } from '../../config/types.js';
+import { definedOnly, optimizerOptions, scheduleSpec } from '../schedule.js';
+import { algorithmDefaults, klDefaults, klProblem, type AlgorithmDefinition, type ConfigProblem } from './algorithm.js';
 import type { Shard } from '../../distributed/run.js';
 import type { AdamOptions, RlDeps } from '../types.js';
 
@@ -107,30 +109,45 @@ export interface PpoOptions extends RlLoopOptions {
   onBatch?: (info: PpoStepInfo) => void | Promise<void>;
 }
 
-/**
- * PPO's options from a resolved config's algorithm, rollout and optim sections; the loop's own options
- * (questions per step, steps, seed...) come from the caller.
- */
-export function ppoOptionsFrom(c: ResolvedConfig): Omit<PpoOptions, keyof RlLoopOptions> {
-  const a = c.algorithm;
-  const g = ppoAdvantageOptions(c);
+/** PPO's KL: in the reward by default (Search-R1), any estimator there; k3 in the loss. */
+const ppoDefinitionKl = { kl: { defaultIn: 'reward', reward: ['k1', 'k2', 'k3'], loss: ['k3'] } } as const;
+
+/** PPO's settings of an algorithm section (the config's, or the schema's defaults). */
+function ppoSettings(a: AlgorithmConfig) {
+  const { klIn, klEstimator } = klDefaults(ppoDefinitionKl, a);
   return {
-    n: c.rollout.k,
     ppoEpochs: a.inner_epochs,
     miniBatch: a.mini_batch || undefined,
     clipLow: a.clip_low,
-    clipHigh: a.clip_high,
-    gamma: g.gamma,
-    lam: g.lam,
-    whiten: g.whiten,
+    clipHigh: a.clip_high ?? a.clip_low,
+    gamma: a.gamma,
+    lam: a.lam,
+    whiten: a.whiten,
     klCoef: a.kl_coef,
-    klIn: a.kl_in,
-    klEstimator: a.kl_estimator,
+    klIn,
+    klEstimator,
     entropyCoef: a.entropy_coef,
     tokenLevel: a.loss_norm === 'token',
     vfCoef: a.vf_coef,
     valueClip: a.value_clip,
     critic: a.critic,
+  };
+}
+
+/** PPO token rewards and GAE as configured; the KL penalty goes into the reward only with kl_in: reward. */
+export function ppoAdvantageOptions(c: ResolvedConfig): PpoAdvantageOptions {
+  const a = c.algorithm;
+  return { gamma: a.gamma, lam: a.lam, klCoef: a.kl_in === 'reward' ? a.kl_coef : 0, klEstimator: a.kl_estimator, whiten: a.whiten };
+}
+
+/**
+ * PPO's options from a resolved config's algorithm, rollout and optim sections; the loop's own options
+ * (questions per step, steps, seed...) come from the caller.
+ */
+export function ppoOptionsFrom(c: ResolvedConfig): Omit<PpoOptions, keyof RlLoopOptions> {
+  return {
+    n: c.rollout.k,
+    ...ppoSettings(c.algorithm),
     ...(c.optim.critic_max_grad_norm !== null ? { criticMaxGradNorm: c.optim.critic_max_grad_norm } : {}),
     schedule: scheduleSpec(c),
     criticLr: c.optim.critic_lr,
@@ -143,7 +160,13 @@ export function ppoOptionsFrom(c: ResolvedConfig): Omit<PpoOptions, keyof RlLoop
 function maskedStats(xs: Float32Array[], masks: Uint8Array[]): { mean: number; var: number; n: number } {
   let n = 0;
   let s = 0;
-  xs.forEach((x, i) => x.forEach((v, t) => masks[i][t] && (n++, (s += v))));
+  xs.forEach((x, i) =>
+    x.forEach((v, t) => {
+      if (!masks[i][t]) return;
+      n++;
+      s += v;
+    }),
+  );
   const m = n ? s / n : NaN;
   let ss = 0;
   xs.forEach((x, i) => x.forEach((v, t) => masks[i][t] && (ss += (v - m) ** 2)));
@@ -159,24 +182,20 @@ interface PpoStep {
 
 /** PPO as an algorithm of the RL loop; throws CONFIG_INVALID for options that cannot work together. */
 function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
-  const d = sectionDefaults('algorithm');
-  const opt = sectionDefaults('optim');
+  // What the caller left out: the schema's defaults, through the same mapping as a config's.
+  const p = { ...optimizerOptions(sectionDefaults('optim')), ...ppoSettings(algorithmDefaults(ppoDefinition)), ...definedOnly(o) };
   const n = o.n;
-  const klCoef = o.klCoef ?? d.kl_coef;
-  // PPO puts the KL in the reward by default (Search-R1; lib/config/load.ts derive), estimated by k1.
-  const klIn = o.klIn ?? 'reward';
-  const klEstimator = o.klEstimator ?? 'k1';
-  if (klIn === 'loss' && klCoef > 0 && klEstimator === 'k2') throw new SlmError('CONFIG_INVALID', 'the KL term in the loss supports k3, found k2; use k2 with klIn "reward".', { path: 'algorithm.kl_estimator' });
-  if (klIn === 'loss' && klCoef > 0 && klEstimator === 'k1') throw new SlmError('CONFIG_INVALID', `klEstimator k1 with klIn "loss": ${K1_LOSS_MESSAGE}.`, { path: 'algorithm.kl_estimator' });
+  const kl = klProblem(ppoDefinition, p.klIn, p.klEstimator, p.klCoef);
+  if (kl) throw new SlmError('CONFIG_INVALID', `${kl.message}.`, { path: kl.path.join('.') });
   if (!Number.isInteger(n) || n < 1) throw new SlmError('CONFIG_INVALID', `n (rollouts per question) must be a positive integer, found ${n}.`);
-  const separate = (o.critic ?? d.critic) === 'separate';
+  const separate = p.critic === 'separate';
   const criticBase = o.criticSchedule ?? (o.criticLr !== undefined ? { ...o.schedule, lr: o.criticLr } : undefined);
-  const checkpoint = o.gradientCheckpointing ?? opt.gradient_checkpointing;
-  const clipLow = o.clipLow ?? d.clip_low;
+  const { klCoef, klIn, klEstimator } = p;
+  const checkpoint = p.gradientCheckpointing;
   const prepOpts: PpoPrepareOptions = {
-    gamma: o.gamma ?? d.gamma,
-    lam: o.lam ?? d.lam,
-    whiten: o.whiten ?? d.whiten,
+    gamma: p.gamma,
+    lam: p.lam,
+    whiten: p.whiten,
     klCoef,
     klIn,
     klEstimator,
@@ -229,24 +248,24 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
       const { lr, valueLr } = lrs(s.step);
       const b = warm ? { ...prep.batch, advantages: prep.batch.advantages.map((a) => new Float32Array(a.length)) } : prep.batch;
       return ppoUpdate(s.model, b, {
-        epochs: o.ppoEpochs ?? d.inner_epochs,
-        miniBatch: o.miniBatch,
+        epochs: p.ppoEpochs,
+        miniBatch: p.miniBatch,
         seed: o.seed * 31 + s.step,
         lr: warm ? 0 : lr,
         valueLr,
-        clipLow,
-        clipHigh: o.clipHigh ?? clipLow,
+        clipLow: p.clipLow,
+        clipHigh: p.clipHigh,
         klCoef: klIn === 'loss' && !warm ? klCoef : 0,
         klEstimator: klEstimator === 'k3' ? 'k3' : 'k1',
-        entropyCoef: warm ? 0 : (o.entropyCoef ?? d.entropy_coef),
-        vfCoef: o.vfCoef ?? d.vf_coef,
-        valueClip: o.valueClip ?? d.value_clip,
-        tokenLevel: o.tokenLevel ?? d.loss_norm === 'token',
-        weightDecay: o.weightDecay ?? opt.weight_decay,
-        maxGradNorm: o.maxGradNorm ?? opt.max_grad_norm,
+        entropyCoef: warm ? 0 : p.entropyCoef,
+        vfCoef: p.vfCoef,
+        valueClip: p.valueClip,
+        tokenLevel: p.tokenLevel,
+        weightDecay: p.weightDecay,
+        maxGradNorm: p.maxGradNorm,
         criticMaxGradNorm: o.criticMaxGradNorm,
-        adam: o.adam,
-        microBatch: o.microBatch,
+        adam: p.adam,
+        microBatch: p.microBatch,
         checkpoint,
         mine: s.shard ? (i) => prep.kept[i] >= s.offset && prep.kept[i] < s.offset + s.episodes.length : undefined,
       });
@@ -254,7 +273,7 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
     // The value and return at the episode's first trained token.
     trajectory(s, { prep }, i) {
       const j = prep.kept.indexOf(s.offset + i);
-      const f = j < 0 ? -1 : prep.batch.masks[j].findIndex((x) => x === 1);
+      const f = j < 0 ? -1 : prep.batch.masks[j].indexOf(1);
       return { value: f >= 0 ? prep.batch.oldValues[j][f] : null, return: f >= 0 ? prep.adv.returns[j][f] : null };
     },
     share: () => null,
@@ -303,3 +322,32 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
 export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, o: PpoOptions): Promise<{ steps: number; meanReward: number[] }> {
   return runRl(model, questions, run, deps, ppo<Q>(o), o);
 }
+
+/** PPO in the registry (lib/train/rl/registry.ts): its keys of the algorithm section are GAE's and the critic's. */
+export const ppoDefinition: AlgorithmDefinition = {
+  name: 'ppo',
+  summary: 'PPO as Search-R1 runs it on verl: a critic (value head, shared or a separate adapter), GAE over the trained tokens, clipped policy and value losses in mini-batches',
+  algorithmKeys: {
+    gamma: num(1, { minimum: 0, maximum: 1 }),
+    lam: num(1, { minimum: 0, maximum: 1 }),
+    vf_coef: num(0.5, { minimum: 0 }, "PPO: the value loss's weight in the shared critic's joint loss (critic: shared); a separate critic trains on the value loss alone (verl's dp_critic), so there vf_coef > 0 only switches it on"),
+    critic: oneOf(['shared', 'separate'], 'shared', "PPO's critic: shared = a value head on the actor's own LoRA'd trunk (the value loss also trains the actor's adapter, at the actor's rate, and one gradient clip covers both); separate = a second LoRA adapter + the value head on the same frozen base weights (not a second copy of them), starting as a copy of the actor's adapter, trained on the value loss alone by its own AdamW at optim.critic_lr and clipped to optim.critic_max_grad_norm, as Search-R1's critic is a model apart"),
+    value_clip: num(0.5, { exclusiveMinimum: 0 }),
+    whiten: bool(true, 'whiten PPO advantages over the batch (verl)'),
+    mini_batch: int(0, { minimum: 0 }, "PPO: episodes per optimizer step (verl ppo_mini_batch_size; Search-R1: half the batch); 0 = all of the step's episodes"),
+  },
+  minGroupSize: 1,
+  groupBaseline: false,
+  lossNorms: ['token', 'sequence'],
+  kl: ppoDefinitionKl.kl,
+  validate(c) {
+    const p: ConfigProblem[] = [];
+    if (c.algorithm.critic === 'separate' && c.algorithm.vf_coef === 0)
+      p.push({ path: ['algorithm', 'vf_coef'], message: 'a separate critic trains on the value loss alone, and vf_coef 0 switches the value loss off: its values would never be trained. Set vf_coef > 0 (its size does not matter there) or critic: shared' });
+    return p;
+  },
+  train(r) {
+    const o: PpoOptions = { ...r.loop, ...ppoOptionsFrom(r.cfg) };
+    return runRl(r.model, r.questions, r.run, r.deps, ppo(o), o);
+  },
+};

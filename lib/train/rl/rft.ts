@@ -25,14 +25,15 @@ import { appendFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { LoraSpec } from '../../engine/adapter.js';
 import type { Model } from '../../engine/model.js';
-import { scheduleSpec } from '../../config/algorithm.js';
+import { int, num, bool } from '../../config/schema-kit.js';
 import type { ResolvedConfig } from '../../config/types.js';
 import { SlmError } from '../../errors.js';
 import { Progress, type ProgressTo } from '../../util/progress.js';
 import { rolloutRequests, type StageSchedule } from './rl-loop.js';
 import { mean, rolloutMetrics, trajectoryLine } from './rollout-metrics.js';
 import { permutation, readRows, type RunFolder, type TrainState } from '../run.js';
-import { learningRate } from '../schedule.js';
+import { learningRate, scheduleSpec } from '../schedule.js';
+import type { AlgorithmDefinition, ConfigProblem } from './algorithm.js';
 import { batchByLength, type SftExample } from '../sft/sft-data.js';
 import { sftStep, type SftStepOptions } from '../sft/sft.js';
 import type { RewardResult, RlDeps, RolloutRequest, TrainEpisode } from '../types.js';
@@ -204,7 +205,7 @@ export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, de
       for (let b = 0; b < qi.length; b += o.questionsPerBatch) {
         const reqs = rolloutRequests(qi.slice(b, b + o.questionsPerBatch).map((i) => questions[i]), b, o.k, round, o);
         const t0 = performance.now();
-        const eps = await deps.rollout(reqs, (done, total) => bar.set({ detail: `round ${round + 1}: rollouts ${episodes.length + done}/${qi.length * o.k}` }));
+        const eps = await deps.rollout(reqs, (done, _total) => bar.set({ detail: `round ${round + 1}: rollouts ${episodes.length + done}/${qi.length * o.k}` }));
         if (eps.length !== reqs.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${eps.length} episodes for ${reqs.length} requests.`);
         tRollout += since(t0);
         const t1 = performance.now();
@@ -272,3 +273,33 @@ export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, de
   }
   return { steps: state.step, rounds: state.round as number, meanReward, lastLoss };
 }
+
+/** RFT in the registry (lib/train/rl/registry.ts): its own section `rft`; no KL, no group, one process. */
+export const rft: AlgorithmDefinition = {
+  name: 'rft',
+  summary: 'RFT (rejection-sampling fine-tuning): rounds of sampling from the adapter, keeping the correct episodes and fine-tuning on them with the SFT loss',
+  section: {
+    rounds: int(1, { minimum: 1 }, 'rft: rounds of sample (rollout.k episodes per question from the current adapter) -> keep the correct ones -> fine-tune on them'),
+    min_reward: num(null, {}, "rft: null = keep the episodes the reward marks correct (the correctness verdict of em, subem, the judge or a module's `correct`); a number = keep those whose reward is >= it"),
+    epochs: int(1, { minimum: 1 }, "rft: passes of the SFT loss over each round's kept episodes"),
+    max_per_question: int(0, { minimum: 0 }, 'rft: at most this many kept episodes per question and round (the highest rewards first); 0 = no cap'),
+    unique: bool(true, "rft: a question's kept episodes with the same tokens count once"),
+    questions_per_round: int(null, { minimum: 1 }, 'rft: train questions sampled per round, the next of a seeded order (as epochs); null = every train question'),
+  },
+  minGroupSize: 1,
+  groupBaseline: false,
+  lossNorms: ['token', 'sequence', 'turn'],
+  kl: { defaultIn: 'loss' },
+  validate(c) {
+    const p: ConfigProblem[] = [];
+    if (c.train.steps !== null) p.push({ path: ['train', 'steps'], message: `the rft stage runs rft.rounds rounds of rft.epochs passes over each round's kept episodes; leave train.steps out (null), found ${c.train.steps}` });
+    if (c.distributed.nproc > 1 || c.distributed.nnodes > 1) p.push({ path: ['distributed', 'nproc'], message: 'the rft stage runs in one process; set distributed.nproc and distributed.nnodes to 1' });
+    if (c.rft.min_reward !== null && !Number.isFinite(c.rft.min_reward)) p.push({ path: ['rft', 'min_reward'], message: `expected a finite number or null, found ${String(c.rft.min_reward)}` });
+    return p;
+  },
+  oldLogprobs: false,
+  train(r) {
+    if (r.loop.shard) throw new SlmError('CONFIG_INVALID', 'stage: rft runs in one process; run it without --nproc (distributed.nproc and distributed.nnodes 1).', { path: 'distributed.nproc' });
+    return runRft(r.model, r.questions, r.run, r.deps, { ...(r.loop as unknown as RftOptions), ...rftOptionsFrom(r.cfg), log: r.log });
+  },
+};

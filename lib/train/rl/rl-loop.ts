@@ -13,7 +13,8 @@
  *   4. update: the algorithm's optimizer steps — time_train_s;
  *   5. log and checkpoint: one metrics row (rollout metrics over every rank, then the algorithm's),
  *      the trajectories JSONL, the data position advanced, a checkpoint every `checkpointEvery`.
- * An algorithm is an `RlAlgorithm` (lib/train/rl/grpo.ts, ppo.ts, rloo.ts): adding one means one file.
+ * An algorithm is an `RlAlgorithm` (lib/train/rl/grpo.ts, ppo.ts, rloo.ts) created by its definition
+ * (lib/train/rl/algorithm.ts) in the registry (registry.ts): adding one means one file.
  */
 import { appendFileSync } from 'node:fs';
 import { join } from 'node:path';

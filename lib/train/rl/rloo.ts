@@ -11,7 +11,8 @@
  */
 import type { Model } from '../../engine/model.js';
 import { SlmError } from '../../errors.js';
-import { groupPolicyGradient, type PgOptions } from './grpo.js';
+import { groupSizeProblem, type AlgorithmDefinition } from './algorithm.js';
+import { groupPolicyGradient, pgOptionsFrom, PG_KL, type PgOptions } from './grpo.js';
 import { runRl } from './rl-loop.js';
 import type { RunFolder } from '../run.js';
 import type { RlDeps } from '../types.js';
@@ -26,6 +27,19 @@ export function rlooAdvantages(rewards: readonly number[]): { advantages: number
 }
 
 export async function runRloo<Q>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, o: PgOptions): Promise<{ steps: number; meanReward: number[] }> {
-  if (!Number.isInteger(o.k) || o.k < 2) throw new SlmError('CONFIG_INVALID', `RLOO's baseline is the mean of a group's other rollouts: rollout.k must be an integer >= 2, found ${o.k}.`, { path: 'rollout.k' });
+  const k = groupSizeProblem(rloo, o.k);
+  if (k) throw new SlmError('CONFIG_INVALID', `${k.message}.`, { path: k.path.join('.') });
   return runRl(model, questions, run, deps, groupPolicyGradient<Q>('rloo', rlooAdvantages, o), o);
 }
+
+/** RLOO in the registry (lib/train/rl/registry.ts): no keys of its own (GRPO's update, its own baseline). */
+export const rloo: AlgorithmDefinition = {
+  name: 'rloo',
+  summary: "RLOO: each rollout's baseline is the mean reward of its group's other rollouts (no std); GRPO's clipped policy-gradient update",
+  minGroupSize: 2,
+  groupReason: "RLOO's baseline for a rollout is the mean reward of its group's other rollouts",
+  groupBaseline: true,
+  lossNorms: ['token', 'sequence', 'turn'],
+  kl: PG_KL,
+  train: (r) => runRloo(r.model, r.questions, r.run, r.deps, { ...r.loop, ...pgOptionsFrom(r.cfg) }),
+};
