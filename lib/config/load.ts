@@ -136,7 +136,7 @@ function derive(c: ResolvedConfig, name: string | null): ResolvedConfig {
   const a = c.algorithm as unknown as Record<string, unknown>;
   if (a.kind === null) a.kind = c.stage === 'eval' ? 'grpo' : c.stage;
   // Where the KL goes, and its estimator: the algorithm's defaults (sft: the loss's).
-  const kl = klDefaults(algorithmOf(a.kind as string) ?? { kl: { defaultIn: 'loss' } }, c.algorithm as never);
+  const kl = klDefaults(algorithmOf(a.kind as string) ?? { kl: { defaultIn: 'loss' } }, c.algorithm);
   a.kl_in = kl.klIn;
   a.kl_estimator = kl.klEstimator;
   if (a.clip_high === null) a.clip_high = a.clip_low;

@@ -5,7 +5,8 @@
  * trajectory lines travel too, so that rank 0's trajectories.jsonl holds every episode, and so does
  * the algorithm's own share of the row's statistics (`shared`: JSON), one per rank.
  */
-import type { RewardResult, TrainEpisode } from '../train/types.js';
+import type { TrainEpisode } from '../episodes/runner-types.js';
+import type { RewardResult } from '../rewards/types.js';
 import type { Shard } from './run.js';
 
 interface Lite {

@@ -196,3 +196,21 @@ export interface BatchResult {
   episodes: Episode[];
   stats: BatchStats;
 }
+
+/** What the trainer needs of an episode (the EpisodeRunner returns more). */
+export interface TrainEpisode {
+  ids: Int32Array;
+  /** 1 on model-generated tokens only. */
+  lossMask: Uint8Array;
+  /** Sampling log-probs aligned with ids (0 where the mask is 0, and on prefilled tokens). */
+  logprobs: Float32Array;
+  /** 1 on tokens the runner prefilled (protocol.prefill_*), which the sampler gave no log-prob; absent when none. */
+  forced?: Uint8Array;
+  temperature: number;
+  /** The temperature the loss scores this episode at when it is not `temperature` (algorithm.loss_temperature). */
+  lossTemperature?: number;
+  answer: string | null;
+  turns: number;
+  /** Anything worth saving in the trajectories file (messages, calls, finish reason...). */
+  record?: Record<string, unknown>;
+}

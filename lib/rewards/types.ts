@@ -39,3 +39,23 @@ export interface RewardParts {
 }
 
 export type RewardFn = (ctx: RewardContext) => Promise<RewardParts>;
+
+/** What a reward returns for one episode, as the trainers read it (lib/rewards/combine.ts makes it). */
+export interface RewardResult {
+  total: number;
+  parts: Record<string, number | null>;
+  correct?: boolean;
+  /** Why a part is null (a failed judge call...), by part name. */
+  errors?: Record<string, string>;
+  /**
+   * True when a reward component failed (a judge call that errored or gave an unparseable reply):
+   * `total` then holds the configured penalty (reward.failure_value) and `errors` says why. Absent
+   * when every component worked.
+   */
+  failed?: boolean;
+  /**
+   * reward.on_failure: exclude — the trainers leave this episode out of the loss (and out of its
+   * group's statistics) and count it (episodes_excluded).
+   */
+  excluded?: boolean;
+}

@@ -124,7 +124,7 @@ export async function evaluate(
   const t0 = performance.now();
   mkdirSync(o.dir, { recursive: true });
   o.log(`eval ${o.label}: ${qs.length} questions (${cfg.eval.split} split), ${env.describe}`);
-  const rewardFn: ComposedRewardFn = rewardFromConfig(cfg.reward as never, deps);
+  const rewardFn: ComposedRewardFn = rewardFromConfig(cfg.reward, deps);
   const byJudge = (cfg.reward.parts as Array<{ kind?: string }>).some((p) => p.kind === 'judge' || p.kind === 'judge_correctness');
   const batch = o.batch ?? Math.max(8, cfg.rollout.batch_questions * cfg.rollout.k);
   const rows: Array<Record<string, unknown>> = [];

@@ -120,7 +120,7 @@ function remoteRollout(s: StageRun, dist: Distributed | null): OpenAIRollout | u
 
 /** The trainers' reward: the config's parts, given the question's text, gold answers and id. */
 function stageReward(cfg: ResolvedConfig, deps: RewardDeps) {
-  return trainerReward(rewardFromConfig(cfg.reward as never, deps), (q: Question) => ({ question: q.question, golds: q.golds, id: q.id }));
+  return trainerReward(rewardFromConfig(cfg.reward, deps), (q: Question) => ({ question: q.question, golds: q.golds, id: q.id }));
 }
 
 /**
