@@ -4,16 +4,16 @@
 // through trainFromConfig, the path `slm-train train` takes; and the built-in algorithms' rules are
 // refused at validation, before any model loads (stage: rloo with rollout.k 1).
 import t from 'tap';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { num } from '../lib/config/schema-kit.js';
 import { configFromObject, loadConfig } from '../lib/config/load.js';
-import { initModel } from '../lib/model/init.js';
 import type { AlgorithmDefinition } from '../lib/train/rl/algorithm.js';
 import { groupPolicyGradient, pgOptionsFrom, type PgOptions } from '../lib/train/rl/grpo.js';
 import { runRl } from '../lib/train/rl/rl-loop.js';
 import { algorithmOf, registerAlgorithm, stageNames } from '../lib/train/rl/registry.js';
 import { trainFromConfig } from '../lib/train/session.js';
+import { writeTinyRlStage } from './helpers/rl-stage.js';
 
 /** What the toy algorithm saw of its config, per run (the plumbing under test). */
 const seen: Array<{ scale: number; k: number }> = [];
@@ -75,16 +75,7 @@ t.test('an algorithm registered from outside: a stage, its own key with its defa
 t.test('the toy algorithm trains through trainFromConfig: its key reaches it, its rows and advantages are its own', async (t) => {
   if (!algorithmOf('toy_reinforce')) registerAlgorithm(toy);
   const root = t.testdir();
-  const model = initModel({ preset: 'tiny', out: join(root, 'model') }).dir;
-  mkdirSync(join(root, 'modules'));
-  // A reward that differs between rollouts of a random model: the length of the last reply, mod 5.
-  writeFileSync(join(root, 'modules', 'len.mjs'), `export const reward = (ctx) => (ctx.episode?.messages?.at(-1)?.content ?? '').length % 5;\n`);
-  writeFileSync(join(root, 'questions.jsonl'), ['a', 'b', 'c', 'd'].map((id, i) => JSON.stringify({ id, question: `Question number ${i}?`, answer: 'x' })).join('\n') + '\n');
-  const file = join(root, 'toy.yaml');
-  writeFileSync(
-    file,
-    `stage: toy_reinforce\nmodel: { path: ${model} }\ndata: { questions: questions.jsonl, split: { train_fraction: 1 } }\nprotocol: { kind: direct, max_turns: 1, max_new_tokens: 6 }\nrollout: { k: 3, batch_questions: 2 }\nalgorithm: { toy_scale: 2.5 }\nreward: { module: modules/len.mjs, parts: [{ kind: module }] }\nlora: { r: 4, alpha: 8 }\noptim: { lr: 0.01 }\ntrain: { steps: 2 }\nrun: { dir: ${join(root, 'runs')} }\n`,
-  );
+  const file = writeTinyRlStage(root, 'toy_reinforce', 'algorithm: { toy_scale: 2.5 }\ntrain: { steps: 2 }\n');
   seen.length = 0;
   const r = await trainFromConfig(loadConfig(file));
   t.match(r, { stage: 'toy_reinforce', steps: 2 });

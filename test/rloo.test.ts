@@ -3,7 +3,7 @@
 // test/grpo-update.test.ts does for GRPO), and `stage: rloo` end to end through trainFromConfig (the
 // path `slm-train train` takes), checked against the trajectories it wrote.
 import t from 'tap';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
@@ -12,6 +12,7 @@ import { grpoAdvantages } from '../lib/train/rl/advantages.js';
 import { rlooAdvantages, runRloo } from '../lib/train/rl/rloo.js';
 import { RunFolder } from '../lib/train/run.js';
 import { trainFromConfig } from '../lib/train/session.js';
+import { writeTinyRlStage } from './helpers/rl-stage.js';
 
 const LORA = { r: 8, alpha: 16, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const };
 const near = (a: number | null, b: number) => a !== null && Math.abs(a - b) < 1e-9;
@@ -76,16 +77,7 @@ t.test('runRloo refuses a group of one (no baseline) with a coded error', async 
 
 t.test('stage: rloo end to end through trainFromConfig: rows, trajectories and their leave-one-out advantages', async (t) => {
   const root = t.testdir();
-  const model = initModel({ preset: 'tiny', out: join(root, 'model') }).dir;
-  mkdirSync(join(root, 'modules'));
-  // A reward that differs between rollouts of a random model: the length of the last reply, mod 5.
-  writeFileSync(join(root, 'modules', 'len.mjs'), `export const reward = (ctx) => (ctx.episode?.messages?.at(-1)?.content ?? '').length % 5;\n`);
-  writeFileSync(join(root, 'questions.jsonl'), ['a', 'b', 'c', 'd'].map((id, i) => JSON.stringify({ id, question: `Question number ${i}?`, answer: 'x' })).join('\n') + '\n');
-  const file = join(root, 'rloo.yaml');
-  writeFileSync(
-    file,
-    `stage: rloo\nmodel: { path: ${model} }\ndata: { questions: questions.jsonl, split: { train_fraction: 1 } }\nprotocol: { kind: direct, max_turns: 1, max_new_tokens: 6 }\nrollout: { k: 3, batch_questions: 2 }\nreward: { module: modules/len.mjs, parts: [{ kind: module }] }\nlora: { r: 4, alpha: 8 }\noptim: { lr: 0.01 }\ntrain: { steps: 2, checkpoint_every: 1 }\nrun: { dir: ${join(root, 'runs')} }\n`,
-  );
+  const file = writeTinyRlStage(root, 'rloo', 'train: { steps: 2, checkpoint_every: 1 }\n');
   const cfg = loadConfig(file);
   t.equal(cfg.algorithm.kind, 'rloo', 'algorithm.kind follows the stage');
   const r = await trainFromConfig(cfg);
