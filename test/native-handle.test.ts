@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { Model } from '../lib/engine/model.js';
 import { native } from '../lib/engine/runtime.js';
 import { initModel } from '../lib/model/init.js';
+import type { NativeModel } from '../lib/binding/types.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'slm-handle-'));
 t.teardown(() => rmSync(dir, { recursive: true, force: true }));
@@ -107,4 +108,30 @@ t.test('V8 is told about the native memory; dispose gives back the model, adapte
   t.ok(Math.abs(before - ext() - held) < slack, `dispose subtracts everything (${before - ext()} vs ${held})`);
   t.ok(Math.abs(ext() - e0) < slack, `back where it started (${ext() - e0})`);
   t.throws(() => m.info(), { code: 'HANDLE_DISPOSED' });
+});
+
+t.test('one native class per concept: the model, its adapter set, value head and optimizer share one state', async (t) => {
+  const classes = native() as unknown as Record<string, new (...args: unknown[]) => unknown>;
+  for (const name of ['NativeModel', 'NativeAdapterSet', 'NativeValueHead', 'NativeOptimizer'])
+    t.throws(() => new classes[name](), { code: 'ARGUMENT_INVALID', message: /use loadModel/ }, `${name} is made only by loadModel`);
+  const m = await Model.load(dir);
+  const h = (m as unknown as { handle: NativeModel }).handle;
+  const { adapters, valueHead, optimizer } = h;
+  t.ok(h instanceof classes.NativeModel && adapters instanceof classes.NativeAdapterSet && valueHead instanceof classes.NativeValueHead && optimizer instanceof classes.NativeOptimizer, 'four classes');
+  t.throws(() => ((h as { adapters: unknown }).adapters = null), TypeError, 'the parts are read-only properties');
+  adapters.attach({ ...lora, targets: [...lora.targets], seed: 1 });
+  valueHead.attach(2);
+  t.ok('value_head.bias' in adapters.trainable(), "the adapter set's trainable tensors include the value head's");
+  const lb = Object.values(adapters.trainable()).reduce((a, v) => a + v.byteLength, 0);
+  t.equal(h.info().nativeBytes, m.info().parameterBytes + lb, "the model's count includes what its parts attached");
+  const running = h.generate({ ids: Int32Array.from(ids), lengths: Int32Array.of(ids.length), maxNewTokens: 4, temperature: Float32Array.of(1) });
+  t.throws(() => valueHead.attachCritic(), { code: 'MODEL_BUSY' }, "a part sees the model's running call");
+  t.throws(() => optimizer.trainStep({ ids: Int32Array.from(ids), lengths: Int32Array.of(ids.length), mask: Uint8Array.from(mask), loss: 'sft' }), { code: 'MODEL_BUSY' }, '... and so does the optimizer');
+  await running;
+  const st = await optimizer.trainStep({ ids: Int32Array.from(ids), lengths: Int32Array.of(ids.length), mask: Uint8Array.from(mask), loss: 'sft', lr: 1e-3 });
+  t.equal(st.step, 1, 'the optimizer steps the adapter attached through the adapter set');
+  m.dispose();
+  t.throws(() => adapters.trainable(), { code: 'HANDLE_DISPOSED' }, "disposing the model disposes its adapter set");
+  t.throws(() => valueHead.hasCritic(), { code: 'HANDLE_DISPOSED' }, '... its value head');
+  t.throws(() => optimizer.gradients(), { code: 'HANDLE_DISPOSED' }, '... and its optimizer');
 });

@@ -269,16 +269,16 @@ t.test('train step requests: no native defaults for clipLow / valueClip / klEsti
   await t.rejects(m.trainStep(pg, { loss: 'pg', lr: 0, update: false }), { code: 'ARGUMENT_INVALID', message: /clipLow/ });
   await t.rejects(m.trainStep({ ...pg, returns: [zeros], oldValues: [zeros] }, { loss: 'pg', clipLow: 0.2, vfCoef: 0.5, lr: 0, update: false }), { code: 'ARGUMENT_INVALID', message: /valueClip/ });
   // The native side rejects a missing estimator (lib/engine/model.ts always sends one).
-  const raw = (m as unknown as { handle: { trainStep(r: unknown): Promise<unknown> } }).handle;
+  const raw = (m as unknown as { handle: { optimizer: { trainStep(r: unknown): Promise<unknown> } } }).handle.optimizer;
   t.throws(() =>
     raw.trainStep({ ids: Int32Array.from(ids), lengths: Int32Array.of(ids.length), mask: Uint8Array.from(mask), advantages: f32(ids.map(() => 1)), oldLogprobs: f32(zeros), loss: 'pg', clipLow: 0.2, klCoef: 0.1, update: false }),
     { code: 'ARGUMENT_INVALID', message: /klEstimator/ },
   );
   await t.rejects(m.trainStep(pg, { loss: 'pg', clipLow: 0.2, lr: 0, update: false, seed: 'x' as never }), { code: 'ARGUMENT_INVALID', message: /seed/ });
   // The adapter's numbers have no native defaults either (lib/engine/adapter.ts LoraSpec carries them).
-  const rawLora = (m as unknown as { handle: { attachLora(r: unknown): void } }).handle;
-  t.throws(() => rawLora.attachLora({ r: 2, dropout: 0, targets: ['q_proj'] }), { code: 'ARGUMENT_INVALID', message: /alpha/ });
-  t.throws(() => rawLora.attachLora({ alpha: 4, dropout: 0, targets: ['q_proj'] }), { code: 'ARGUMENT_INVALID', message: /'r'/ });
+  const rawLora = (m as unknown as { handle: { adapters: { attach(r: unknown): void } } }).handle.adapters;
+  t.throws(() => rawLora.attach({ r: 2, dropout: 0, targets: ['q_proj'] }), { code: 'ARGUMENT_INVALID', message: /alpha/ });
+  t.throws(() => rawLora.attach({ alpha: 4, dropout: 0, targets: ['q_proj'] }), { code: 'ARGUMENT_INVALID', message: /'r'/ });
   const ok = await m.trainStep(pg, { loss: 'pg', clipLow: 0.2, lr: 0, update: false });
   t.ok(Number.isFinite(ok.loss), 'with clipLow the step runs');
 

@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { SlmError } from '../errors.js';
 import type { NativeAddon } from './types.js';
 
-export type { NativeAddon, NativeModel, NativeModelConfig, NativeGenerateRequest, NativeGenerateResult, NativeVersion } from './types.js';
+export type { NativeAddon, NativeModel, NativeAdapterSet, NativeValueHead, NativeOptimizer, NativeModelConfig, NativeGenerateRequest, NativeGenerateResult, NativeVersion } from './types.js';
 
 const require = createRequire(import.meta.url);
 

@@ -118,7 +118,16 @@ export interface NativeGenerateStep {
   finish: Uint8Array;
 }
 
+/**
+ * A loaded model crosses as four handles, one per native class (native/addon/model_state.h): the
+ * model (forward passes, generation, caches, export) and, as its properties, its adapter set, value
+ * head and optimizer. They share one state: a call on any of them that would change what a running
+ * call reads is refused with MODEL_BUSY, and dispose() on the model disposes all four.
+ */
 export interface NativeModel {
+  readonly adapters: NativeAdapterSet;
+  readonly valueHead: NativeValueHead;
+  readonly optimizer: NativeOptimizer;
   info(): NativeModelInfo;
   /** The byte string of every token id (offsets has vocab+1 entries), for stop strings. */
   setVocab(bytes: Uint8Array, offsets: Int32Array): void;
@@ -137,55 +146,67 @@ export interface NativeModel {
    */
   /** temperature: one for every row, or one per row (each > 0); default 1. */
   sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number | Float32Array; reference?: boolean; mask?: Uint8Array }): Promise<Float32Array>;
-  /** PPO critic values per token (value of the state before it; 0 at t = 0), adapter on, no dropout. */
-  sequenceValues(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   /** Final hidden state (after the last norm) of each sequence's last token, [rows x hidden] flattened. */
   lastHidden(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
-  dispose(): void;
   /** Frees the episode caches of these keys (unknown keys: nothing). */
   releaseCaches(keys: string[]): void;
   clearCaches(): void;
   /** The episode cache store's byte limit: beyond it the least recently used caches are evicted. */
   setCacheLimit(bytes: number): void;
   cacheStats(): NativeCacheStats;
+  /** Base weights with the adapter merged, in Hugging Face names, to one safetensors file. */
+  saveMerged(req: { file: string; dtype: string }): Promise<void>;
+  /** FNV-1a digest of every base weight's bytes. */
+  baseDigest(): string;
+  dispose(): void;
+}
 
-  // LoRA training core
-  attachLora(spec: NativeLoraSpec & { seed?: number }): void;
-  loadLora(spec: NativeLoraSpec & { file: string }): Promise<void>;
-  detachLora(): void;
+/** model.adapters: the LoRA adapter, the frozen KL reference adapter, the trainable tensors' values. */
+export interface NativeAdapterSet {
+  /** A fresh adapter (B = 0); the optimizer starts afresh. */
+  attach(spec: NativeLoraSpec & { seed?: number }): void;
+  load(spec: NativeLoraSpec & { file: string }): Promise<void>;
+  /** The bare base model: no adapter, separate critic or value head; fresh optimizers. */
+  detach(): void;
+  save(req: { file: string; valueHeadFile?: string; criticFile?: string }): Promise<void>;
   /** Freezes the adapter attached now as the KL reference policy (kept when the adapter is replaced). */
-  setReferenceAdapter(): void;
+  setReference(): void;
   /** The KL reference is the base model again. */
-  clearReferenceAdapter(): void;
-  hasReferenceAdapter(): boolean;
-  saveLora(req: { file: string; valueHeadFile?: string; criticFile?: string }): Promise<void>;
-  /**
-   * PPO's separate critic: a second LoRA adapter on the same frozen base weights, a copy of the
-   * actor's adapter now (attachCritic) or read from critic_adapter.safetensors (loadCritic, after the
-   * actor's adapter). While one is attached, values() read its forward and trainStep trains it on the
-   * value loss alone with its own optimizer (valueLr, criticMaxGradNorm); the actor's adapter gets the
-   * other terms.
-   */
+  clearReference(): void;
+  hasReference(): boolean;
+  /** Copies of the trainable tensors (adapter, separate critic, value head; or their gradients) by PEFT name. */
+  trainable(opts?: { grad?: boolean }): Record<string, Float32Array>;
+  setTrainable(name: string, values: Float32Array): void;
+}
+
+/**
+ * model.valueHead: PPO's critic. The value head, and the separate critic: a second LoRA adapter on
+ * the same frozen base weights, a copy of the actor's adapter now (attachCritic) or read from
+ * critic_adapter.safetensors (loadCritic, after the actor's adapter). While one is attached, values()
+ * read its forward and trainStep trains it on the value loss alone with its own optimizer (valueLr,
+ * criticMaxGradNorm); the actor's adapter gets the other terms.
+ */
+export interface NativeValueHead {
+  attach(seed?: number): void;
+  load(file: string): void;
+  /** Values per token (value of the state before it; 0 at t = 0), adapter on, no dropout. */
+  values(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   attachCritic(): void;
   loadCritic(file: string): void;
   detachCritic(): void;
   hasCritic(): boolean;
-  attachValueHead(seed?: number): void;
-  loadValueHead(file: string): void;
+}
+
+/** model.optimizer: train steps (one native call each), their gradients and AdamW state. */
+export interface NativeOptimizer {
   trainStep(req: NativeTrainRequest): Promise<NativeTrainStats>;
-  saveOptimizer(file: string): Promise<void>;
-  loadOptimizer(file: string): Promise<void>;
-  /** Base weights with the adapter merged, in Hugging Face names, to one safetensors file. */
-  saveMerged(req: { file: string; dtype: string }): Promise<void>;
-  /** Copies of the trainable tensors (or their gradients) by PEFT name. */
-  trainable(opts?: { grad?: boolean }): Record<string, Float32Array>;
-  setTrainable(name: string, values: Float32Array): void;
   /** Every trainable tensor's gradient, flattened in trainable() order (zeros where none). */
   gradients(): Float32Array;
   /** Norm, NaN/inf skip, clipping, AdamW on the given flat gradients (or those left by trainStep({update: false})). */
   applyGradients(opts: NativeOptimOptions & { loss?: number; valueLoss?: number }, grads?: Float32Array): Promise<NativeApplyResult>;
-  /** FNV-1a digest of every base weight's bytes. */
-  baseDigest(): string;
+  /** The actor's and the separate critic's AdamW state, one safetensors file. */
+  save(file: string): Promise<void>;
+  load(file: string): Promise<void>;
 }
 
 export interface NativeLoraSpec {

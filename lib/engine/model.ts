@@ -60,7 +60,7 @@ export class Model implements TextGenerator {
   /** A fresh LoRA adapter (A kaiming-uniform, B = 0: the model starts exactly at the base). */
   attachLora(spec: LoraSpec, seed = 0): void {
     checkLoraSpec(spec, this.config.num_hidden_layers);
-    this.h.attachLora({ ...spec, seed });
+    this.h.adapters.attach({ ...spec, seed });
     this.lora = spec;
   }
 
@@ -68,11 +68,11 @@ export class Model implements TextGenerator {
   async loadAdapter(dir: string): Promise<void> {
     const { spec, raw, weights, valueHead, critic } = readAdapterConfig(dir, this.config.num_hidden_layers);
     checkAdapterFits(dir, spec, raw, weights, this.config, this.dir);
-    await this.h.loadLora({ ...spec, file: weights });
-    if (valueHead) this.h.loadValueHead(valueHead);
-    if (critic) this.h.loadCritic(critic); else this.h.detachCritic();
+    await this.h.adapters.load({ ...spec, file: weights });
+    if (valueHead) this.h.valueHead.load(valueHead);
+    if (critic) this.h.valueHead.loadCritic(critic); else this.h.valueHead.detachCritic();
     this.lora = spec;
-    const bad = nonFinite(this.h.trainable());
+    const bad = nonFinite(this.h.adapters.trainable());
     if (bad) {
       this.detachLora();
       throw new SlmError('ADAPTER_INVALID', `${weights}${valueHead ? ` (or ${valueHead})` : ''} holds ${bad.count} non-finite values (NaN or inf) in ${bad.tensors.length} tensor(s), first ${bad.tensors[0]}; expected finite weights. The file is damaged or comes from a run that diverged: use an earlier checkpoint or train again.`, { file: weights, nonFinite: bad.count });
@@ -81,11 +81,11 @@ export class Model implements TextGenerator {
 
   /** The trainable values (adapter and value head) that are NaN or inf, or undefined when all are finite. */
   nonFinite(): { count: number; tensors: string[] } | undefined {
-    return nonFinite(this.h.trainable());
+    return nonFinite(this.h.adapters.trainable());
   }
 
   detachLora(): void {
-    this.h.detachLora();
+    this.h.adapters.detach();
     this.lora = undefined;
   }
 
@@ -93,32 +93,32 @@ export class Model implements TextGenerator {
   async saveAdapter(dir: string): Promise<void> {
     if (!this.lora) throw new SlmError('NOT_SUPPORTED', 'there is no adapter to save: attach or load one first.');
     mkdirSync(dir, { recursive: true });
-    await this.h.saveLora({ file: join(dir, ADAPTER_WEIGHTS), valueHeadFile: join(dir, VALUE_HEAD), criticFile: join(dir, CRITIC_ADAPTER) });
+    await this.h.adapters.save({ file: join(dir, ADAPTER_WEIGHTS), valueHeadFile: join(dir, VALUE_HEAD), criticFile: join(dir, CRITIC_ADAPTER) });
     writeAdapterConfig(dir, this.lora, this.dir);
   }
 
   attachValueHead(seed = 0): void {
-    this.h.attachValueHead(seed);
+    this.h.valueHead.attach(seed);
   }
 
   /**
-   * PPO's separate critic (NativeModel.attachCritic): a second LoRA adapter on the same frozen base,
+   * PPO's separate critic (NativeValueHead.attachCritic): a second LoRA adapter on the same frozen base,
    * a copy of the actor's adapter now. detachCritic: the value head reads the actor's adapter again.
    */
   attachCritic(): void {
     if (!this.lora) throw new SlmError('NOT_SUPPORTED', "a separate critic starts as a copy of the actor's adapter: attach or load one first.");
-    this.h.attachCritic();
+    this.h.valueHead.attachCritic();
   }
   detachCritic(): void {
-    this.h.detachCritic();
+    this.h.valueHead.detachCritic();
   }
   hasCritic(): boolean {
-    return this.h.hasCritic();
+    return this.h.valueHead.hasCritic();
   }
 
   /** Whether a PPO value head is attached (or was loaded with the adapter). */
   hasValueHead(): boolean {
-    return 'value_head.bias' in this.h.trainable();
+    return 'value_head.bias' in this.h.adapters.trainable();
   }
 
   /**
@@ -134,7 +134,7 @@ export class Model implements TextGenerator {
       if (masks && masks[i].length !== r.length) throw new SlmError('ARGUMENT_INVALID', `values: mask ${i} has ${masks[i].length} entries for ${r.length} tokens.`);
     });
     const { ids, lengths } = this.#flatten(rows);
-    const out = this.#split(await this.h.sequenceValues({ ids, lengths }), lengths);
+    const out = this.#split(await this.h.valueHead.values({ ids, lengths }), lengths);
     if (masks) out.forEach((v, i) => {
       for (let t = 0; t < v.length; t++) if (!masks[i][t]) v[t] = 0;
     });
@@ -185,17 +185,17 @@ export class Model implements TextGenerator {
    */
   setReferenceAdapter(): void {
     if (!this.lora) throw new SlmError('NOT_SUPPORTED', 'there is no adapter to freeze as the KL reference: load or attach one first.');
-    this.h.setReferenceAdapter();
+    this.h.adapters.setReference();
   }
 
   /** The KL reference is the base model again. */
   clearReferenceAdapter(): void {
-    this.h.clearReferenceAdapter();
+    this.h.adapters.clearReference();
   }
 
   /** Whether a frozen reference adapter is set (else the reference is the base model). */
   hasReferenceAdapter(): boolean {
-    return this.h.hasReferenceAdapter();
+    return this.h.adapters.hasReference();
   }
 
   /**
@@ -228,28 +228,28 @@ export class Model implements TextGenerator {
 
   /** trainStep on this process alone (with `update: false` it leaves the gradients for gradients()). */
   async trainStepLocal(batch: TrainBatch, opts: TrainOptions): Promise<NativeTrainStats> {
-    return this.h.trainStep(nativeTrainRequest(batch, opts, (ids) => this.checkIds(ids)));
+    return this.h.optimizer.trainStep(nativeTrainRequest(batch, opts, (ids) => this.checkIds(ids)));
   }
 
   saveOptimizer(file: string): Promise<void> {
-    return this.h.saveOptimizer(file);
+    return this.h.optimizer.save(file);
   }
   loadOptimizer(file: string): Promise<void> {
-    return this.h.loadOptimizer(file);
+    return this.h.optimizer.load(file);
   }
   trainable(opts?: { grad?: boolean }): Record<string, Float32Array> {
-    return this.h.trainable(opts);
+    return this.h.adapters.trainable(opts);
   }
   setTrainable(name: string, values: Float32Array): void {
-    this.h.setTrainable(name, values);
+    this.h.adapters.setTrainable(name, values);
   }
   /** Every trainable tensor's gradient flattened in trainable() order (zeros where none). */
   gradients(): Float32Array {
-    return this.h.gradients();
+    return this.h.optimizer.gradients();
   }
   /** The optimizer half of a step (norm, NaN/inf skip, clipping, AdamW) on the given flat gradients. */
   applyGradients(opts: NativeOptimOptions & { loss?: number; valueLoss?: number }, grads?: Float32Array): Promise<NativeApplyResult> {
-    return this.h.applyGradients(opts, grads);
+    return this.h.optimizer.applyGradients(opts, grads);
   }
   baseDigest(): string {
     return this.h.baseDigest();

@@ -67,6 +67,12 @@ inline std::string str_field(Napi::Env env, const Napi::Object& o, const char* k
   return v.As<Napi::String>().Utf8Value();
 }
 
+// A boolean option: its value when it is a boolean, else `dflt`.
+inline bool bool_field(const Napi::Object& o, const char* k, bool dflt) {
+  auto v = o.Get(k);
+  return v.IsBoolean() ? v.As<Napi::Boolean>().Value() : dflt;
+}
+
 template <class T>
 Napi::TypedArrayOf<T> to_typed(Napi::Env env, const std::vector<T>& v) {
   auto a = Napi::TypedArrayOf<T>::New(env, v.size());

@@ -10,7 +10,8 @@ namespace slm_addon {
 // Per-environment state (one per Node thread that loads the addon).
 struct InstanceData {
   Napi::FunctionReference error_class;
-  Napi::FunctionReference model_class;
+  // The classes of a loaded model's handles (model_state.h).
+  Napi::FunctionReference model_class, adapter_set_class, value_head_class, optimizer_class;
 };
 InstanceData* data(Napi::Env env);
 

@@ -37,8 +37,9 @@ std::string tune_malloc();
 
 // Which async calls are using a model right now: readers (generate, forward passes, saves) share it;
 // a writer (train step, adapter or optimizer load, applyGradients) has it alone. Counted on the main
-// thread when a call starts (ModelWrap::lease) and released when its worker is destroyed (main
-// thread, after the promise settles), so a JS caller that awaited a call never sees it as running.
+// thread when a call starts (ModelState::lease, addon/model_state.h; one Usage for all four handles
+// of a model) and released when its worker is destroyed (main thread, after the promise settles), so
+// a JS caller that awaited a call never sees it as running.
 struct Usage {
   std::atomic<int> readers{0}, writers{0};
 };
