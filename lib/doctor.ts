@@ -55,11 +55,11 @@ export function findPython(): { executable: string; version: string } | { error:
  * bfloat16 on a CPU without a native bf16 matmul path (AVX-512 BF16 / AMX) is emulated and can be an
  * order of magnitude slower than float32; say so, with the setting that avoids it.
  */
-export function bf16Advice(o: { cuda: boolean; f32Gflops: number; bf16Gflops: number }): string | null {
-  if (!(o.bf16Gflops > 0 && o.f32Gflops > 0) || o.bf16Gflops >= 0.5 * o.f32Gflops) return null;
+export function bf16Advice(opts: { cuda: boolean; f32Gflops: number; bf16Gflops: number }): string | null {
+  if (!(opts.bf16Gflops > 0 && opts.f32Gflops > 0) || opts.bf16Gflops >= 0.5 * opts.f32Gflops) return null;
   return (
-    `bfloat16 matmul runs at ${o.bf16Gflops.toFixed(1)} GFLOP/s here, ${(o.f32Gflops / o.bf16Gflops).toFixed(0)}x slower than float32 (${o.f32Gflops.toFixed(1)}): this CPU has no fast bfloat16 path (AVX-512 BF16 or AMX). ` +
-    `On the CPU use model.dtype: float32 (or --dtype float32)${o.cuda ? '; on CUDA devices bfloat16 is unaffected' : ''}.`
+    `bfloat16 matmul runs at ${opts.bf16Gflops.toFixed(1)} GFLOP/s here, ${(opts.f32Gflops / opts.bf16Gflops).toFixed(0)}x slower than float32 (${opts.f32Gflops.toFixed(1)}): this CPU has no fast bfloat16 path (AVX-512 BF16 or AMX). ` +
+    `On the CPU use model.dtype: float32 (or --dtype float32)${opts.cuda ? '; on CUDA devices bfloat16 is unaffected' : ''}.`
   );
 }
 
@@ -117,48 +117,48 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
  * give) needs OpenBLAS; OpenBLAS below its usual rate is misdetecting the CPU — unless other
  * processes are keeping the cores busy, in which case the figure itself is not trustworthy.
  */
-export function blasAdvice(o: { library: string; perThreadGflops: number; loadAverage: number; cores: number }): string | null {
-  const rate = `float32 matmul runs at ${o.perThreadGflops.toFixed(0)} GFLOP/s per thread`;
-  const busy = o.loadAverage > 0.75 * o.cores;
-  const busyNote = `the 1-minute load average is ${o.loadAverage.toFixed(1)} on ${o.cores} cores, so other processes share the CPU and this figure is low; run \`slm-train doctor\` again on an idle machine`;
-  if (/reference BLAS/.test(o.library)) return `${rate} with the reference BLAS (${o.library}), ~40x slower than OpenBLAS. Install it: apt-get install libopenblas0-openmp.`;
-  if (/OpenBLAS/.test(o.library)) {
-    if (o.perThreadGflops >= 40) return null;
+export function blasAdvice(opts: { library: string; perThreadGflops: number; loadAverage: number; cores: number }): string | null {
+  const rate = `float32 matmul runs at ${opts.perThreadGflops.toFixed(0)} GFLOP/s per thread`;
+  const busy = opts.loadAverage > 0.75 * opts.cores;
+  const busyNote = `the 1-minute load average is ${opts.loadAverage.toFixed(1)} on ${opts.cores} cores, so other processes share the CPU and this figure is low; run \`slm-train doctor\` again on an idle machine`;
+  if (/reference BLAS/.test(opts.library)) return `${rate} with the reference BLAS (${opts.library}), ~40x slower than OpenBLAS. Install it: apt-get install libopenblas0-openmp.`;
+  if (/OpenBLAS/.test(opts.library)) {
+    if (opts.perThreadGflops >= 40) return null;
     return busy ? `${rate}: ${busyNote}.` : `${rate}: OpenBLAS may misdetect this CPU; try OPENBLAS_CORETYPE=SKYLAKEX (AVX-512) or HASWELL (AVX2).`;
   }
-  if (o.perThreadGflops < 15) return busy ? `${rate}: ${busyNote}.` : `${rate} (${o.library}): that is reference-BLAS speed. Install OpenBLAS: apt-get install libopenblas0-openmp.`;
+  if (opts.perThreadGflops < 15) return busy ? `${rate}: ${busyNote}.` : `${rate} (${opts.library}): that is reference-BLAS speed. Install OpenBLAS: apt-get install libopenblas0-openmp.`;
   return null;
 }
 
-export function formatDoctor(r: DoctorReport): string {
+export function formatDoctor(report: DoctorReport): string {
   const lines: string[] = [];
   const row = (k: string, v: string) => lines.push(`${k.padEnd(16)} ${v}`);
-  row('native addon', 'error' in r.binding ? `MISSING\n${r.binding.error}` : `${r.binding.path} (${r.binding.kind})`);
-  if (r.libtorch) row('libtorch', `${r.libtorch.version}, ${r.libtorch.cuda ? 'CUDA available' : 'CPU only (no CUDA)'}, ${r.libtorch.parallel}, kernels ${r.libtorch.cpuCapability ?? '?'}, malloc ${r.libtorch.malloc ?? '?'}`);
-  if (r.kernels)
+  row('native addon', 'error' in report.binding ? `MISSING\n${report.binding.error}` : `${report.binding.path} (${report.binding.kind})`);
+  if (report.libtorch) row('libtorch', `${report.libtorch.version}, ${report.libtorch.cuda ? 'CUDA available' : 'CPU only (no CUDA)'}, ${report.libtorch.parallel}, kernels ${report.libtorch.cpuCapability ?? '?'}, malloc ${report.libtorch.malloc ?? '?'}`);
+  if (report.kernels)
     row(
       'CPU kernels',
-      `${r.kernels.isa}${r.kernels.isa !== r.kernels.detected ? ` (capped by SLM_TRAIN_CPU_ISA; the CPU has ${r.kernels.detected})` : ''}: linear ${r.kernels.linear}, attention ${r.kernels.attention}`,
+      `${report.kernels.isa}${report.kernels.isa !== report.kernels.detected ? ` (capped by SLM_TRAIN_CPU_ISA; the CPU has ${report.kernels.detected})` : ''}: linear ${report.kernels.linear}, attention ${report.kernels.attention}`,
     );
-  if (r.blas) {
-    row('BLAS', `${r.blas.library}${r.blas.openblasCoretype ? `, OPENBLAS_CORETYPE=${r.blas.openblasCoretype}` : ''}`);
-    row('matmul', `float32 ${r.blas.matmulF32Gflops} GFLOP/s, bfloat16 ${r.blas.matmulBf16Gflops} GFLOP/s (1024x1024, measured now)`);
-    row('memory copy', `${r.blas.copyGBps} GB/s (read + write, measured now)`);
+  if (report.blas) {
+    row('BLAS', `${report.blas.library}${report.blas.openblasCoretype ? `, OPENBLAS_CORETYPE=${report.blas.openblasCoretype}` : ''}`);
+    row('matmul', `float32 ${report.blas.matmulF32Gflops} GFLOP/s, bfloat16 ${report.blas.matmulBf16Gflops} GFLOP/s (1024x1024, measured now)`);
+    row('memory copy', `${report.blas.copyGBps} GB/s (read + write, measured now)`);
   }
-  if (r.threads) row('threads', `${r.threads.engine} engine threads on ${r.threads.cores} cores`);
-  row('memory', `${r.memoryGiB} GiB`);
-  if (r.python) row('python3', 'error' in r.python ? r.python.error : `${r.python.executable} (${r.python.version})`);
-  if (r.sandbox)
+  if (report.threads) row('threads', `${report.threads.engine} engine threads on ${report.threads.cores} cores`);
+  row('memory', `${report.memoryGiB} GiB`);
+  if (report.python) row('python3', 'error' in report.python ? report.python.error : `${report.python.executable} (${report.python.version})`);
+  if (report.sandbox)
     row(
       'sandbox',
-      'error' in r.sandbox
-        ? `UNAVAILABLE: ${r.sandbox.error}`
-        : `isolation ${r.sandbox.level}: network ${r.sandbox.network ? 'blocked' : 'OPEN'}, filesystem ${r.sandbox.readonlyFs ? 'read-only' : 'WRITABLE'}, host files ${r.sandbox.hostFilesHidden ? 'hidden' : 'READABLE'}, seccomp ${r.sandbox.seccomp ? 'on' : 'off'}, uid drop ${r.sandbox.uidDrop ? 'yes' : 'no'}`,
+      'error' in report.sandbox
+        ? `UNAVAILABLE: ${report.sandbox.error}`
+        : `isolation ${report.sandbox.level}: network ${report.sandbox.network ? 'blocked' : 'OPEN'}, filesystem ${report.sandbox.readonlyFs ? 'read-only' : 'WRITABLE'}, host files ${report.sandbox.hostFilesHidden ? 'hidden' : 'READABLE'}, seccomp ${report.sandbox.seccomp ? 'on' : 'off'}, uid drop ${report.sandbox.uidDrop ? 'yes' : 'no'}`,
     );
-  if (r.sandbox && !('error' in r.sandbox)) row('sandbox files', `a program can read ${r.sandbox.readable}`);
-  if (r.warnings.length) {
+  if (report.sandbox && !('error' in report.sandbox)) row('sandbox files', `a program can read ${report.sandbox.readable}`);
+  if (report.warnings.length) {
     lines.push('', 'warnings:');
-    for (const w of r.warnings) lines.push(`  - ${w}`);
+    for (const w of report.warnings) lines.push(`  - ${w}`);
   } else lines.push('', 'no problems found.');
   return lines.join('\n');
 }

@@ -80,13 +80,13 @@ export function isSlmError(e: unknown): e is SlmError {
 }
 
 /** Describe a value for "expected X but found Y" messages: `-1 (number)`, `"abc" (string)`. */
-export function describe(v: unknown): string {
-  if (v === undefined) return 'nothing';
-  if (v === null) return 'null';
-  if (typeof v === 'string') return `${JSON.stringify(v.length > 60 ? v.slice(0, 57) + '...' : v)} (string)`;
-  if (Array.isArray(v)) return `an array of length ${v.length}`;
-  if (typeof v === 'object') return `an object`;
-  return `${String(v)} (${typeof v})`;
+export function describe(value: unknown): string {
+  if (value === undefined) return 'nothing';
+  if (value === null) return 'null';
+  if (typeof value === 'string') return `${JSON.stringify(value.length > 60 ? value.slice(0, 57) + '...' : value)} (string)`;
+  if (Array.isArray(value)) return `an array of length ${value.length}`;
+  if (typeof value === 'object') return `an object`;
+  return `${String(value)} (${typeof value})`;
 }
 
 /** The closest candidate by edit distance, for "did you mean" hints; undefined when nothing is close. */

@@ -86,8 +86,8 @@ function machineLine(): string {
 export const benchCommand: CommandModule<object, Args> = {
   command: 'bench [kind]',
   describe: 'benchmarks (JSON and a table), each figure next to the limit measured in the same run',
-  builder: (y) =>
-    y
+  builder: (yargs) =>
+    yargs
       .positional('kind', { choices: Object.keys(KINDS), describe: 'one benchmark; all when omitted' })
       .option('json', { type: 'boolean', describe: 'print JSON only' })
       .option('quick', { type: 'boolean', describe: 'smaller sizes (all benchmarks in ~2 minutes on 2 cores)' })
@@ -96,9 +96,9 @@ export const benchCommand: CommandModule<object, Args> = {
       .option('model', { type: 'string', describe: 'a model folder instead of the generated small preset (recall: the all-MiniLM-L6-v2 folder)' })
       .option('data', { type: 'string', describe: 'recall: the folder holding wiki-excerpts/page_excerpts.jsonl and wiki-trivia/questions.jsonl (default $SLM_SHARED_DIR/data, else ../shared/data)' })
       .option('compare-unshared', { type: 'boolean', describe: 'rollout: also measure the old generate path (no shared prefixes, no multi-turn cache reuse) beside each K in the same run' }) as never,
-  handler: async (a) => {
-    if (a.readme) readmeBlock(a.readme); // a bad file fails now, not after the benchmarks
-    const kinds = a.kind ? [a.kind] : Object.keys(KINDS).filter((k) => !NAMED_ONLY.has(k));
+  handler: async (args) => {
+    if (args.readme) readmeBlock(args.readme); // a bad file fails now, not after the benchmarks
+    const kinds = args.kind ? [args.kind] : Object.keys(KINDS).filter((k) => !NAMED_ONLY.has(k));
     const log = (s: string) => process.stderr.write(`[bench] ${s}\n`);
     const reports: BenchReport[] = [];
     const skipped: string[] = [];
@@ -107,24 +107,24 @@ export const benchCommand: CommandModule<object, Args> = {
     for (const k of kinds) {
       const load = KINDS[k];
       if (!load) {
-        if (a.kind) throw new SlmError('NOT_SUPPORTED', `the ${k} benchmark is not available yet (its subsystem has not landed); available: ${Object.keys(KINDS).filter((x) => KINDS[x]).join(', ')}.`);
+        if (args.kind) throw new SlmError('NOT_SUPPORTED', `the ${k} benchmark is not available yet (its subsystem has not landed); available: ${Object.keys(KINDS).filter((x) => KINDS[x]).join(', ')}.`);
         skipped.push(k);
         continue;
       }
       const run = await load();
       const t = performance.now();
-      reports.push(await run({ quick: a.quick, model: a.model, compareUnshared: a.compareUnshared, data: a.data, log }));
+      reports.push(await run({ quick: args.quick, model: args.model, compareUnshared: args.compareUnshared, data: args.data, log }));
       seconds[k] = +((performance.now() - t) / 1e3).toFixed(1);
     }
     const total = +((performance.now() - t0) / 1e3).toFixed(1);
-    const doc = { machine: machineLine(), quick: !!a.quick, seconds: { ...seconds, total }, reports: Object.fromEntries(reports.map((r) => [r.kind, r.results])), not_available: skipped };
+    const doc = { machine: machineLine(), quick: !!args.quick, seconds: { ...seconds, total }, reports: Object.fromEntries(reports.map((r) => [r.kind, r.results])), not_available: skipped };
     const took = `${Object.entries(seconds).map(([k, v]) => `${k} ${v} s`).join(', ')}; total ${total} s`;
-    const md = [`Measured ${doc.machine}${a.quick ? ' (--quick)' : ''}; the benchmarks took ${took}.`, '', ...reports.flatMap((r) => [r.table, ''])].join('\n');
-    if (a.out) {
-      writeFileSync(a.out, JSON.stringify(doc, null, 2) + '\n');
-      writeFileSync(a.out.replace(/\.json$/, '') + '.md', md);
+    const md = [`Measured ${doc.machine}${args.quick ? ' (--quick)' : ''}; the benchmarks took ${took}.`, '', ...reports.flatMap((r) => [r.table, ''])].join('\n');
+    if (args.out) {
+      writeFileSync(args.out, JSON.stringify(doc, null, 2) + '\n');
+      writeFileSync(args.out.replace(/\.json$/, '') + '.md', md);
     }
-    if (a.readme) writeReadmeBlock(a.readme, md);
-    print(a.json ? JSON.stringify(doc, null, 2) : md);
+    if (args.readme) writeReadmeBlock(args.readme, md);
+    print(args.json ? JSON.stringify(doc, null, 2) : md);
   },
 };

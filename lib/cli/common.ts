@@ -12,8 +12,8 @@ export interface ModelArgs {
   threads?: number;
 }
 
-export function modelOptions<T>(y: Argv<T>) {
-  return y
+export function modelOptions<T>(yargs: Argv<T>) {
+  return yargs
     .option('model', { type: 'string', demandOption: true, describe: 'Hugging Face model folder (config.json + *.safetensors), or hf:OWNER/NAME from the hub' })
     .option('adapter', { type: 'string', describe: 'PEFT LoRA adapter folder (or hf:OWNER/NAME)' })
     .option('dtype', { choices: COMPUTE_DTYPES, default: 'float32' as const, describe: 'compute dtype' })
@@ -24,14 +24,14 @@ export function modelOptions<T>(y: Argv<T>) {
 /**
  * Loads --model (with --adapter) through loadPolicy: by default with its tokenizer and chat template
  * (`parts` can leave them out). `hf:OWNER/NAME` references are downloaded first (lib/hub) and
- * replaced in `a` by their local folders.
+ * replaced in `args` by their local folders.
  */
-export async function loadPolicyFromArgs(a: ModelArgs): Promise<Policy>;
-export async function loadPolicyFromArgs(a: ModelArgs, parts: Pick<LoadPolicyOptions, 'tokenizer' | 'chat'>): Promise<PartialPolicy>;
-export async function loadPolicyFromArgs(a: ModelArgs, parts: Pick<LoadPolicyOptions, 'tokenizer' | 'chat'> = {}): Promise<PartialPolicy> {
-  const p = await loadPolicy(a.model, { dtype: a.dtype, device: a.device, adapter: a.adapter, threads: a.threads, ...parts });
-  a.model = p.dir;
-  if (p.adapter) a.adapter = p.adapter;
+export async function loadPolicyFromArgs(args: ModelArgs): Promise<Policy>;
+export async function loadPolicyFromArgs(args: ModelArgs, parts: Pick<LoadPolicyOptions, 'tokenizer' | 'chat'>): Promise<PartialPolicy>;
+export async function loadPolicyFromArgs(args: ModelArgs, parts: Pick<LoadPolicyOptions, 'tokenizer' | 'chat'> = {}): Promise<PartialPolicy> {
+  const p = await loadPolicy(args.model, { dtype: args.dtype, device: args.device, adapter: args.adapter, threads: args.threads, ...parts });
+  args.model = p.dir;
+  if (p.adapter) args.adapter = p.adapter;
   return p;
 }
 

@@ -28,8 +28,8 @@ export function demoOptions(a: Args, out: string): DemoOptions {
 export const demoCommand: CommandModule<object, Args> = {
   command: '$0',
   describe: 'the embedded demo: tiny model, fictional corpus, baseline -> SFT -> GRPO, results table',
-  builder: (y) =>
-    y
+  builder: (yargs) =>
+    yargs
       .option('out', { type: 'string', describe: 'run folder (default: runs/demo-<time>)' })
       .option('pages', { type: 'number', describe: 'pages of the generated corpus (5 questions each; default 150)' })
       .option('sft-examples', { type: 'number', describe: 'expert trajectories SFT trains on, from the training questions in demonstrated phrasings (default 300)' })
@@ -38,11 +38,11 @@ export const demoCommand: CommandModule<object, Args> = {
       .option('seed', { type: 'number', describe: 'seed of the corpus, the model and the training (default 0)' })
       .option('compare', { type: 'boolean', describe: 'also train SFT for longer (SFT + GRPO wall time) and RFT with as many sampled episodes as GRPO, and measure pass@k of every row' })
       .option('pass-k', { type: 'number', describe: 'pass@k of every evaluation, k episodes per question at the rollout settings (default 8 with --compare, else off)' }) as never,
-  handler: async (a) => {
-    const out = resolve(a.out ?? join('runs', `demo-${new Date().toISOString().replace(/[:.]/g, '-')}`));
+  handler: async (args) => {
+    const out = resolve(args.out ?? join('runs', `demo-${new Date().toISOString().replace(/[:.]/g, '-')}`));
     const t0 = performance.now();
     const log = progressLog(process.stderr, () => `[demo ${((performance.now() - t0) / 1e3).toFixed(0).padStart(4)} s] `);
-    const r = await runDemo({ ...demoOptions(a, out), log, progress: { stream: process.stderr } });
+    const r = await runDemo({ ...demoOptions(args, out), log, progress: { stream: process.stderr } });
     print('');
     print(r.table);
     print('');

@@ -21,8 +21,8 @@ interface Args extends ModelArgs {
 export const exportCommand: CommandModule<object, Args> = {
   command: 'export',
   describe: 'write a Hugging Face model folder with the adapter merged into the base weights (--merged)',
-  builder: (y) =>
-    modelOptions(y)
+  builder: (yargs) =>
+    modelOptions(yargs)
       .option('merged', { type: 'boolean', describe: 'merge --adapter into the base weights (the only export there is; required)' })
       .option('out', { type: 'string', demandOption: true, describe: 'the folder to write (config.json, model.safetensors, tokenizer files)' })
       .option('out-dtype', { choices: COMPUTE_DTYPES, default: 'float32' as const, describe: 'dtype of the written weights' })
@@ -33,18 +33,18 @@ export const exportCommand: CommandModule<object, Args> = {
         if (!a.adapter) throw new SlmError('ARGUMENT_INVALID', 'export --merged needs --adapter DIR (a PEFT LoRA folder, or hf:OWNER/NAME) to merge into --model.');
         return true;
       }) as never,
-  handler: async (a) => {
-    const out = String(a.out);
-    if (existsSync(out) && readdirSync(out).length && !a.force)
+  handler: async (args) => {
+    const out = String(args.out);
+    if (existsSync(out) && readdirSync(out).length && !args.force)
       throw new SlmError('ARGUMENT_INVALID', `--out ${out} is not empty; choose an empty or new folder, or pass --force to overwrite the files there.`);
-    const { model: m } = await loadPolicyFromArgs(a, { tokenizer: false, chat: false });
+    const { model: m } = await loadPolicyFromArgs(args, { tokenizer: false, chat: false });
     try {
-      await m.exportMerged(out, a['out-dtype']);
+      await m.exportMerged(out, args['out-dtype']);
     } finally {
       m.dispose();
     }
     const files = readdirSync(out).sort();
-    if (a.json) print(JSON.stringify({ out, files, adapter: a.adapter, dtype: a['out-dtype'] }));
-    else print(`merged ${a.adapter} into ${a.model}: ${out} (${files.join(', ')}; ${a['out-dtype']})`);
+    if (args.json) print(JSON.stringify({ out, files, adapter: args.adapter, dtype: args['out-dtype'] }));
+    else print(`merged ${args.adapter} into ${args.model}: ${out} (${files.join(', ')}; ${args['out-dtype']})`);
   },
 };

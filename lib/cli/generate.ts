@@ -20,8 +20,8 @@ interface Args extends ModelArgs {
 export const generateCommand: CommandModule<object, Args> = {
   command: 'generate',
   describe: 'sample or greedily decode from a model',
-  builder: (y) =>
-    modelOptions(y)
+  builder: (yargs) =>
+    modelOptions(yargs)
       .option('prompt', { type: 'string', describe: "text; rendered as a user turn with the model's chat template unless --raw" })
       .option('ids', { type: 'string', describe: 'comma-separated prompt token ids (instead of --prompt)' })
       .option('raw', { type: 'boolean', describe: 'encode --prompt as is, without the chat template' })
@@ -37,32 +37,32 @@ export const generateCommand: CommandModule<object, Args> = {
         if ((a.prompt === undefined) === (a.ids === undefined)) throw new SlmError('ARGUMENT_INVALID', 'give exactly one of --prompt TEXT or --ids 1,2,3.');
         return true;
       }) as never,
-  handler: async (a) => {
+  handler: async (args) => {
     // Token ids need no tokenizer; text does (the folder's, or the packaged Qwen3 one), and a
     // chat-rendered prompt its chat template.
-    const needTokenizer = a.prompt !== undefined || !a.json;
-    const { model: m, tokenizer: tok, formatter: chat } = await loadPolicyFromArgs(a, { tokenizer: needTokenizer, chat: a.prompt !== undefined && !a.raw });
+    const needTokenizer = args.prompt !== undefined || !args.json;
+    const { model: m, tokenizer: tok, formatter: chat } = await loadPolicyFromArgs(args, { tokenizer: needTokenizer, chat: args.prompt !== undefined && !args.raw });
     try {
       let prompt: number[];
-      if (a.ids !== undefined) prompt = parseIds(a.ids);
-      else if (a.raw) prompt = tok!.encode(a.prompt!);
+      if (args.ids !== undefined) prompt = parseIds(args.ids);
+      else if (args.raw) prompt = tok!.encode(args.prompt!);
       else {
-        const messages = [...(a.system ? [{ role: 'system' as const, content: a.system }] : []), { role: 'user' as const, content: a.prompt! }];
+        const messages = [...(args.system ? [{ role: 'system' as const, content: args.system }] : []), { role: 'user' as const, content: args.prompt! }];
         prompt = tok!.encode(chat!.prompt(messages));
       }
       const r = await m.generate({
         prompts: [Int32Array.from(prompt)],
-        maxNewTokens: a['max-new-tokens'],
-        greedy: a.greedy,
-        temperature: a.temperature,
-        topP: a['top-p'],
-        topK: a['top-k'],
-        seed: a.seed,
+        maxNewTokens: args['max-new-tokens'],
+        greedy: args.greedy,
+        temperature: args.temperature,
+        topP: args['top-p'],
+        topK: args['top-k'],
+        seed: args.seed,
         stopTokenIds: tok?.stopTokenIds ?? [],
       });
       const ids = Array.from(r.tokens[0]);
       const text = tok ? tok.decode(ids, { skipSpecialTokens: true }) : undefined;
-      if (a.json) print(JSON.stringify({ ids, text, logprobs: Array.from(r.logprobs[0]), finish_reason: r.finishReasons[0] }));
+      if (args.json) print(JSON.stringify({ ids, text, logprobs: Array.from(r.logprobs[0]), finish_reason: r.finishReasons[0] }));
       else print(text ?? ids.join(','));
     } finally {
       m.dispose();

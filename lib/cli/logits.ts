@@ -16,14 +16,14 @@ export const logitsCommand: CommandModule<object, Args> = {
       .option('ids', { type: 'string', demandOption: true, describe: 'comma-separated token ids' })
       .option('json', { type: 'boolean', describe: 'print {"logits": [[...], ...]}: one row of vocab-size logits per position' })
       .option('top', { type: 'number', default: 5, describe: 'without --json: the top tokens to show per position' }) as never,
-  handler: async (a) => {
-    const ids = parseIds(a.ids);
-    const { model: m } = await loadPolicyFromArgs(a, { tokenizer: false });
+  handler: async (args) => {
+    const ids = parseIds(args.ids);
+    const { model: m } = await loadPolicyFromArgs(args, { tokenizer: false });
     try {
       const r = await m.logits([ids]);
       const rows: Float32Array[] = [];
       for (let t = 0; t < r.seqLen; t++) rows.push(r.data.subarray(t * r.vocab, (t + 1) * r.vocab));
-      if (a.json) {
+      if (args.json) {
         // JSON.stringify of a number prints the shortest string that reads back as the same double;
         // float32 values widened to double read back exactly.
         print(`{"logits": [${rows.map((row) => `[${Array.from(row).join(', ')}]`).join(', ')}]}`);
@@ -31,7 +31,7 @@ export const logitsCommand: CommandModule<object, Args> = {
         rows.forEach((row, t) => {
           const top = Array.from(row.keys())
             .sort((x, y) => row[y] - row[x])
-            .slice(0, a.top ?? 5)
+            .slice(0, args.top ?? 5)
             .map((i) => `${i}:${row[i].toFixed(4)}`);
           print(`position ${t} (id ${ids[t]}): ${top.join('  ')}`);
         });

@@ -22,8 +22,8 @@ interface Args {
 export const pushCommand: CommandModule<object, Args> = {
   command: 'push <path>',
   describe: 'upload an adapter (a run folder, a checkpoint or an adapter folder) with a generated model card README.md to a Hugging Face hub repository',
-  builder: (y) =>
-    y
+  builder: (yargs) =>
+    yargs
       .positional('path', { type: 'string', describe: 'a run folder written by slm-train train (its adapter/), a checkpoint\'s adapter/, or a PEFT adapter folder' })
       .option('repo', { type: 'string', demandOption: true, describe: 'OWNER/NAME of the model repository (created when missing)' })
       .option('private', { type: 'boolean', describe: 'create the repository private' })
@@ -32,11 +32,11 @@ export const pushCommand: CommandModule<object, Args> = {
       .option('dry-run', { type: 'boolean', describe: 'upload nothing: print the files and the model card' })
       .option('card', { type: 'string', describe: 'also write the model card to this file' })
       .option('json', { type: 'boolean', describe: 'print {"repo", "url", "commit", "files"}' }) as never,
-  handler: async (a) => {
-    const r = await pushAdapter(String(a.path), { repo: a.repo, private: a.private, branch: a.branch, message: a.message, dryRun: a['dry-run'] });
-    if (a.card) writeFileSync(a.card, r.card);
-    if (a.json) print(JSON.stringify({ repo: r.repo, url: r.url, commit: r.commit ?? null, files: r.files, ...(a['dry-run'] ? { card: r.card } : {}) }));
-    else if (a['dry-run']) print(`would upload to ${r.url}: ${r.files.join(', ')}\n\n${r.card}`);
+  handler: async (args) => {
+    const r = await pushAdapter(String(args.path), { repo: args.repo, private: args.private, branch: args.branch, message: args.message, dryRun: args['dry-run'] });
+    if (args.card) writeFileSync(args.card, r.card);
+    if (args.json) print(JSON.stringify({ repo: r.repo, url: r.url, commit: r.commit ?? null, files: r.files, ...(args['dry-run'] ? { card: r.card } : {}) }));
+    else if (args['dry-run']) print(`would upload to ${r.url}: ${r.files.join(', ')}\n\n${r.card}`);
     else print(`pushed to ${r.url} (commit ${r.commit}): ${r.files.join(', ')}`);
   },
 };

@@ -25,11 +25,11 @@ interface Source {
 }
 
 /** The index of `--index DIR`, or one built in memory from `--corpus FILE`; exactly one of them. */
-async function openSource(a: Source, kind?: IndexKind): Promise<SearchIndex> {
-  if ((a.index === undefined) === (a.corpus === undefined))
-    throw new SlmError('ARGUMENT_INVALID', `give exactly one of --index DIR (built by \`slm-train index\`) or --corpus FILE (JSONL/JSON/Parquet rows {id, title, content}); found ${a.index === undefined ? 'neither' : 'both'}.`);
-  if (a.index !== undefined) return SearchIndex.load(a.index);
-  return SearchIndex.build(await Corpus.load(a.corpus!), kind ? { kind } : {});
+async function openSource(source: Source, kind?: IndexKind): Promise<SearchIndex> {
+  if ((source.index === undefined) === (source.corpus === undefined))
+    throw new SlmError('ARGUMENT_INVALID', `give exactly one of --index DIR (built by \`slm-train index\`) or --corpus FILE (JSONL/JSON/Parquet rows {id, title, content}); found ${source.index === undefined ? 'neither' : 'both'}.`);
+  if (source.index !== undefined) return SearchIndex.load(source.index);
+  return SearchIndex.build(await Corpus.load(source.corpus!), kind ? { kind } : {});
 }
 
 
@@ -48,8 +48,8 @@ interface IndexArgs {
 export const indexCommand: CommandModule<object, IndexArgs> = {
   command: 'index',
   describe: 'build the search index of a corpus (HNSW over chunk vectors + BM25) and save it',
-  builder: (y) =>
-    y
+  builder: (yargs) =>
+    yargs
       .option('corpus', { type: 'string', demandOption: true, describe: 'JSONL/JSON/Parquet rows {id, title, content}' })
       .option('out', { type: 'string', demandOption: true, describe: 'the index folder to write' })
       .option('embedder', { type: 'string', default: 'hashing', describe: 'hashing, a sentence-transformers BERT folder (all-MiniLM-L6-v2: mean pooling), or a Qwen3 embedding model folder (last-token pooling); models run on the native engine' })
@@ -59,27 +59,27 @@ export const indexCommand: CommandModule<object, IndexArgs> = {
       .option('ef-construction', { type: 'number', default: DEFAULT_PARAMS.efConstruction, describe: 'HNSW build breadth' })
       .option('ef', { type: 'number', default: DEFAULT_PARAMS.ef, describe: 'HNSW search breadth' })
       .option('json', { type: 'boolean', describe: 'print the manifest as JSON' }) as never,
-  handler: async (a) => {
-    for (const [k, v] of [['M', a.M], ['ef-construction', a['ef-construction']], ['ef', a.ef]] as const)
+  handler: async (args) => {
+    for (const [k, v] of [['M', args.M], ['ef-construction', args['ef-construction']], ['ef', args.ef]] as const)
       if (!Number.isInteger(v) || v < 1) throw new SlmError('ARGUMENT_INVALID', `--${k} expects a positive integer, found ${v}.`);
-    checkIndexFolder(a.out); // before building: the index is saved there
+    checkIndexFolder(args.out); // before building: the index is saved there
     const t0 = performance.now();
-    const embedder = await embedderFor(a.embedder);
-    const corpus = await Corpus.load(a.corpus);
-    log(`index: ${corpus.pages.length} pages from ${a.corpus}; building (${a.kind} over ${a.text}, ${embedder.name}, M ${a.M}, efConstruction ${a['ef-construction']})`);
+    const embedder = await embedderFor(args.embedder);
+    const corpus = await Corpus.load(args.corpus);
+    log(`index: ${corpus.pages.length} pages from ${args.corpus}; building (${args.kind} over ${args.text}, ${embedder.name}, M ${args.M}, efConstruction ${args['ef-construction']})`);
     const bars = phasedProgress('index', 'chunks', { stream: process.stderr });
     let idx: SearchIndex;
     try {
-      idx = await SearchIndex.build(corpus, { kind: a.kind, text: a.text, M: a.M, efConstruction: a['ef-construction'], ef: a.ef, embedder, onProgress: bars.update });
+      idx = await SearchIndex.build(corpus, { kind: args.kind, text: args.text, M: args.M, efConstruction: args['ef-construction'], ef: args.ef, embedder, onProgress: bars.update });
     } finally {
       bars.stop();
     }
-    idx.save(a.out);
+    idx.save(args.out);
     const s = (performance.now() - t0) / 1e3;
-    log(`index: ${corpus.pages.length} pages, ${idx.chunks.length} chunks in ${s.toFixed(2)} s -> ${a.out}`);
-    const summary = { out: a.out, pages: corpus.pages.length, chunks: idx.chunks.length, kind: idx.params.kind, embedder: idx.embedder.name, hnsw: !idx.exact, seconds: +s.toFixed(2) };
-    if (a.json) print(JSON.stringify(summary));
-    else print(`indexed ${summary.pages} pages (${summary.chunks} chunks, ${summary.embedder}, ${summary.kind}${summary.hnsw || summary.kind === 'bm25' ? '' : ', exact search: hnswlib-node is not installed'}) in ${s.toFixed(1)} s -> ${a.out}`);
+    log(`index: ${corpus.pages.length} pages, ${idx.chunks.length} chunks in ${s.toFixed(2)} s -> ${args.out}`);
+    const summary = { out: args.out, pages: corpus.pages.length, chunks: idx.chunks.length, kind: idx.params.kind, embedder: idx.embedder.name, hnsw: !idx.exact, seconds: +s.toFixed(2) };
+    if (args.json) print(JSON.stringify(summary));
+    else print(`indexed ${summary.pages} pages (${summary.chunks} chunks, ${summary.embedder}, ${summary.kind}${summary.hnsw || summary.kind === 'bm25' ? '' : ', exact search: hnswlib-node is not installed'}) in ${s.toFixed(1)} s -> ${args.out}`);
   },
 };
 
@@ -93,18 +93,18 @@ interface SearchArgs extends Source {
 export const searchCommand: CommandModule<object, SearchArgs> = {
   command: 'search <query>',
   describe: 'what search_pages(query) returns for an index or a corpus',
-  builder: (y) =>
-    y
+  builder: (yargs) =>
+    yargs
       .positional('query', { type: 'string', describe: 'free-text query' })
       .option('index', { type: 'string', describe: 'an index folder (slm-train index)' })
       .option('corpus', { type: 'string', describe: 'a corpus file (indexed in memory)' })
       .option('k', { type: 'number', default: 10, describe: 'results' })
       .option('kind', { choices: KINDS, describe: "retrieval (default: the index's)" })
       .option('json', { type: 'boolean', describe: 'print [{page_id, title, similarity}]' }) as never,
-  handler: async (a) => {
-    const idx = await openSource(a, a.kind);
-    const hits = await idx.searchPages(String(a.query), a.k, a.kind);
-    if (a.json) return print(JSON.stringify(hits));
+  handler: async (args) => {
+    const idx = await openSource(args, args.kind);
+    const hits = await idx.searchPages(String(args.query), args.k, args.kind);
+    if (args.json) return print(JSON.stringify(hits));
     print(hits.map((h, i) => `${String(i + 1).padStart(3)}  ${h.similarity.toFixed(4)}  ${h.page_id}  ${h.title}`).join('\n') || '(no results)');
   },
 };
@@ -124,8 +124,8 @@ const LEVELS_BEST_FIRST = [...ISOLATION_ORDER].reverse() as IsolationLevel[];
 export const execCommand: CommandModule<object, ExecArgs> = {
   command: 'exec [stdin]',
   describe: 'run one program in the sandbox with search_pages / view_sections / read_section bound to a corpus',
-  builder: (y) =>
-    y
+  builder: (yargs) =>
+    yargs
       .positional('stdin', { type: 'string', describe: '- : read the program from stdin (the default without --file)' })
       .option('index', { type: 'string', describe: 'an index folder (slm-train index)' })
       .option('corpus', { type: 'string', describe: 'a corpus file (indexed in memory)' })
@@ -135,34 +135,34 @@ export const execCommand: CommandModule<object, ExecArgs> = {
       .option('require-isolation', { choices: LEVELS_BEST_FIRST, describe: 'python: refuse to run below this isolation level (as sandbox.require_isolation in a config)' })
       .option('tools-module', { type: 'string', describe: 'a JavaScript module exporting extra tools programs can call (as sandbox.tools_module in a config)' })
       .option('json', { type: 'boolean', describe: 'print {"stdout", "error", "timed_out", "calls"}' }) as never,
-  handler: async (a) => {
-    if (!(a['timeout-s'] > 0 && a['timeout-s'] <= MAX_TIMEOUT_S)) throw new SlmError('ARGUMENT_INVALID', `--timeout-s expects a positive number of seconds, at most ${MAX_TIMEOUT_S} (24 h), found ${a['timeout-s']}.`);
-    if (a.stdin === '') a.stdin = '-'; // yargs hands a lone "-" over as ""
-    if (a.stdin !== undefined && a.stdin !== '-') throw new SlmError('ARGUMENT_INVALID', `exec takes the program from --file F or from stdin (-); found the argument ${JSON.stringify(a.stdin)}.`);
-    if (a.stdin === '-' && a.file !== undefined) throw new SlmError('ARGUMENT_INVALID', 'give the program either with --file F or on stdin (-), not both.');
-    const fromStdin = a.file === undefined;
+  handler: async (args) => {
+    if (!(args['timeout-s'] > 0 && args['timeout-s'] <= MAX_TIMEOUT_S)) throw new SlmError('ARGUMENT_INVALID', `--timeout-s expects a positive number of seconds, at most ${MAX_TIMEOUT_S} (24 h), found ${args['timeout-s']}.`);
+    if (args.stdin === '') args.stdin = '-'; // yargs hands a lone "-" over as ""
+    if (args.stdin !== undefined && args.stdin !== '-') throw new SlmError('ARGUMENT_INVALID', `exec takes the program from --file F or from stdin (-); found the argument ${JSON.stringify(args.stdin)}.`);
+    if (args.stdin === '-' && args.file !== undefined) throw new SlmError('ARGUMENT_INVALID', 'give the program either with --file F or on stdin (-), not both.');
+    const fromStdin = args.file === undefined;
     if (fromStdin && process.stdin.isTTY) throw new SlmError('ARGUMENT_INVALID', 'no program: give --file F, or pipe the program into stdin (--file -).');
     let code: string;
     try {
-      code = readFileSync(fromStdin ? 0 : a.file!, 'utf8');
+      code = readFileSync(fromStdin ? 0 : args.file!, 'utf8');
     } catch (e) {
-      throw new SlmError('FILE_NOT_FOUND', `cannot read the program ${fromStdin ? 'from stdin' : a.file}: ${(e as Error).message}.`);
+      throw new SlmError('FILE_NOT_FOUND', `cannot read the program ${fromStdin ? 'from stdin' : args.file}: ${(e as Error).message}.`);
     }
-    const extra = a['tools-module'] ? { extraTools: await loadToolsModule(resolve(a['tools-module']), '--tools-module') } : {};
-    const idx = await openSource(a);
+    const extra = args['tools-module'] ? { extraTools: await loadToolsModule(resolve(args['tools-module']), '--tools-module') } : {};
+    const idx = await openSource(args);
     const sb = await createSandbox(
-      a.sandbox === 'python'
-        ? { kind: 'python', tools: idx, ...extra, timeoutMs: a['timeout-s'] * 1000, ...(a['require-isolation'] ? { requireIsolation: a['require-isolation'] } : {}) }
-        : { kind: 'quickjs', tools: idx, ...extra, timeoutMs: a['timeout-s'] * 1000 },
+      args.sandbox === 'python'
+        ? { kind: 'python', tools: idx, ...extra, timeoutMs: args['timeout-s'] * 1000, ...(args['require-isolation'] ? { requireIsolation: args['require-isolation'] } : {}) }
+        : { kind: 'quickjs', tools: idx, ...extra, timeoutMs: args['timeout-s'] * 1000 },
     );
-    log(a.sandbox === 'python' ? `sandbox: isolation ${filesystemLine((sb as PythonSandboxPool).isolation)}` : 'sandbox: quickjs (WebAssembly): a program can read no file at all');
+    log(args.sandbox === 'python' ? `sandbox: isolation ${filesystemLine((sb as PythonSandboxPool).isolation)}` : 'sandbox: quickjs (WebAssembly): a program can read no file at all');
     try {
       const r = await sb.run(code);
-      if (a.json) print(JSON.stringify({ stdout: r.stdout, error: r.error, timed_out: r.timed_out, calls: r.calls }));
+      if (args.json) print(JSON.stringify({ stdout: r.stdout, error: r.error, timed_out: r.timed_out, calls: r.calls }));
       else {
         if (r.stdout) process.stdout.write(r.stdout.endsWith('\n') ? r.stdout : r.stdout + '\n');
         if (r.error) log(`the program raised: ${r.error}`);
-        if (r.timed_out) log(`the program ran past ${a['timeout-s']} s and was stopped`);
+        if (r.timed_out) log(`the program ran past ${args['timeout-s']} s and was stopped`);
       }
     } finally {
       await sb.close();
@@ -180,21 +180,21 @@ interface ServeRetrieverArgs extends Source {
 export const serveRetrieverCommand: CommandModule<object, ServeRetrieverArgs> = {
   command: 'serve-retriever',
   describe: "serve an index with Search-R1's retrieval API (POST /retrieve {queries, topk, return_scores}) for Search-R1, verl or `retrieval.kind: http`",
-  builder: (y) =>
-    y
+  builder: (yargs) =>
+    yargs
       .option('index', { type: 'string', describe: 'an index folder (slm-train index)' })
       .option('corpus', { type: 'string', describe: 'a corpus file (indexed in memory at start)' })
       .option('port', { type: 'number', default: 8000, describe: 'port (0 = any free port)' })
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on (0.0.0.0 for other machines)' })
       .option('topk', { type: 'number', default: 3, describe: 'passages per query when a request gives no topk' })
       .option('max-body-mb', { type: 'number', default: 32, describe: 'the largest request body in MiB; a larger one is a 413' }) as never,
-  handler: async (a) => {
-    if (!Number.isInteger(a.topk) || a.topk < 1 || a.topk > MAX_TOPK) throw new SlmError('ARGUMENT_INVALID', `--topk expects an integer from 1 to ${MAX_TOPK}, found ${a.topk}.`);
-    const bodyLimit = maxBodyBytes(a['max-body-mb']);
-    const index = await openSource(a);
-    const server = new RetrieverServer({ index, port: a.port, host: a.host, topK: a.topk, maxBodyBytes: bodyLimit, log });
+  handler: async (args) => {
+    if (!Number.isInteger(args.topk) || args.topk < 1 || args.topk > MAX_TOPK) throw new SlmError('ARGUMENT_INVALID', `--topk expects an integer from 1 to ${MAX_TOPK}, found ${args.topk}.`);
+    const bodyLimit = maxBodyBytes(args['max-body-mb']);
+    const index = await openSource(args);
+    const server = new RetrieverServer({ index, port: args.port, host: args.host, topK: args.topk, maxBodyBytes: bodyLimit, log });
     const port = await server.listen();
-    print(`serving ${a.index ?? a.corpus} (${index.corpus.pages.length} pages, ${index.chunks.length} chunks, ${index.params.kind}) on http://${a.host}:${port}/retrieve`);
+    print(`serving ${args.index ?? args.corpus} (${index.corpus.pages.length} pages, ${index.chunks.length} chunks, ${index.params.kind}) on http://${args.host}:${port}/retrieve`);
     await untilSignal();
     await server.close();
   },

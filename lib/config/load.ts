@@ -41,57 +41,57 @@ function compiled(): ValidateFunction {
 // ---------------------------------------------------------------------------------------------
 // Validation
 
-function crossChecks(c: ResolvedConfig): Problem[] {
+function crossChecks(cfg: ResolvedConfig): Problem[] {
   const p: Problem[] = [];
   // The run folder is run.dir/run.name: a name with a separator or '..' would put it elsewhere.
-  const rn = c.run.name;
+  const rn = cfg.run.name;
   if (rn !== null && (rn === '' || rn === '.' || rn === '..' || /[/\\\0]/.test(rn)))
     p.push({ path: ['run', 'name'], message: `expected a plain folder name (no /, \\ or NUL, not . or ..): the run is written to run.dir/run.name, found ${describeValue(rn)}; put the folder's parent in run.dir` });
-  const a = c.algorithm as Omit<ResolvedConfig['algorithm'], 'kind' | 'kl_in' | 'kl_estimator'> & { kind: string | null; kl_in: string | null; kl_estimator: string | null };
-  if (a.kind !== null && c.stage !== 'eval' && a.kind !== c.stage)
-    p.push({ path: ['algorithm', 'kind'], message: `${JSON.stringify(a.kind)} does not match stage ${JSON.stringify(c.stage)}; leave algorithm.kind out (it follows the stage) or make them equal` });
-  const temp = c.rollout.temperature;
+  const a = cfg.algorithm as Omit<ResolvedConfig['algorithm'], 'kind' | 'kl_in' | 'kl_estimator'> & { kind: string | null; kl_in: string | null; kl_estimator: string | null };
+  if (a.kind !== null && cfg.stage !== 'eval' && a.kind !== cfg.stage)
+    p.push({ path: ['algorithm', 'kind'], message: `${JSON.stringify(a.kind)} does not match stage ${JSON.stringify(cfg.stage)}; leave algorithm.kind out (it follows the stage) or make them equal` });
+  const temp = cfg.rollout.temperature;
   if (Array.isArray(temp) && temp[0] > temp[1]) p.push({ path: ['rollout', 'temperature'], message: `expected [lo, hi] with lo <= hi, found [${temp.join(', ')}]` });
-  const topP = c.rollout.top_p;
+  const topP = cfg.rollout.top_p;
   if (Array.isArray(topP) && topP[0] > topP[1]) p.push({ path: ['rollout', 'top_p'], message: `expected [lo, hi] with lo <= hi, found [${topP.join(', ')}]` });
-  if (c.stage === 'sft' && c.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; the sft stage needs chat-format JSONL trajectories ({messages: [...]} rows)' });
-  if (c.stage !== 'sft') {
-    if (c.data.questions === null) p.push({ path: ['data', 'questions'], message: `missing; the ${c.stage} stage needs question rows {question, answer}` });
-    if (c.protocol.kind !== 'direct' && c.retrieval.kind !== 'http' && c.data.corpus === null && c.data.index === null)
-      p.push({ path: ['data', 'corpus'], message: `missing; the ${c.protocol.kind} protocol searches a corpus: set data.corpus or data.index (or retrieval.kind: http with retrieval.url)` });
+  if (cfg.stage === 'sft' && cfg.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; the sft stage needs chat-format JSONL trajectories ({messages: [...]} rows)' });
+  if (cfg.stage !== 'sft') {
+    if (cfg.data.questions === null) p.push({ path: ['data', 'questions'], message: `missing; the ${cfg.stage} stage needs question rows {question, answer}` });
+    if (cfg.protocol.kind !== 'direct' && cfg.retrieval.kind !== 'http' && cfg.data.corpus === null && cfg.data.index === null)
+      p.push({ path: ['data', 'corpus'], message: `missing; the ${cfg.protocol.kind} protocol searches a corpus: set data.corpus or data.index (or retrieval.kind: http with retrieval.url)` });
   }
-  if (c.retrieval.kind === 'http') {
-    if (c.retrieval.url === null) p.push({ path: ['retrieval', 'url'], message: 'missing; retrieval.kind: http needs the server, e.g. http://127.0.0.1:8000/retrieve (`slm-train serve-retriever --index DIR --port 8000`)' });
-    if (c.protocol.kind === 'code') p.push({ path: ['retrieval', 'kind'], message: 'http serves passages for the tags protocol; the code protocol\'s search_pages/view_sections/read_section need a local index (retrieval.kind hybrid, dense or bm25)' });
+  if (cfg.retrieval.kind === 'http') {
+    if (cfg.retrieval.url === null) p.push({ path: ['retrieval', 'url'], message: 'missing; retrieval.kind: http needs the server, e.g. http://127.0.0.1:8000/retrieve (`slm-train serve-retriever --index DIR --port 8000`)' });
+    if (cfg.protocol.kind === 'code') p.push({ path: ['retrieval', 'kind'], message: 'http serves passages for the tags protocol; the code protocol\'s search_pages/view_sections/read_section need a local index (retrieval.kind hybrid, dense or bm25)' });
   }
-  if (isHubRef(c.data.index)) p.push({ path: ['data', 'index'], message: `a local folder (written by \`slm-train index\`), found the hub reference ${JSON.stringify(c.data.index)}; put a hub dataset in data.corpus and the index is built from it` });
-  if (c.protocol.prompts_from_sft) {
-    if (c.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; protocol.prompts_from_sft takes the prompts from the conversations of data.sft' });
+  if (isHubRef(cfg.data.index)) p.push({ path: ['data', 'index'], message: `a local folder (written by \`slm-train index\`), found the hub reference ${JSON.stringify(cfg.data.index)}; put a hub dataset in data.corpus and the index is built from it` });
+  if (cfg.protocol.prompts_from_sft) {
+    if (cfg.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; protocol.prompts_from_sft takes the prompts from the conversations of data.sft' });
     for (const k of ['system_prompt', 'final_turn_notice'] as const)
-      if (c.protocol[k] !== null) p.push({ path: ['protocol', k], message: `set, but protocol.prompts_from_sft takes it from data.sft; set one or the other` });
+      if (cfg.protocol[k] !== null) p.push({ path: ['protocol', k], message: `set, but protocol.prompts_from_sft takes it from data.sft; set one or the other` });
   }
-  if (c.protocol.max_observation_tokens !== null && c.protocol.kind === 'code')
+  if (cfg.protocol.max_observation_tokens !== null && cfg.protocol.kind === 'code')
     p.push({ path: ['protocol', 'max_observation_tokens'], message: "cuts the tags protocol's inline <information> replies (Search-R1's max_obs_length); the code protocol cuts program output with tool_output_chars; set it to null" });
-  if (c.data.eval_questions !== null && c.eval.split === 'all')
+  if (cfg.data.eval_questions !== null && cfg.eval.split === 'all')
     p.push({ path: ['eval', 'split'], message: 'with data.eval_questions a split names one file: eval (data.eval_questions) or train (data.questions), found "all"' });
-  if (c.algorithm.overlong.buffer >= c.protocol.max_new_tokens)
-    p.push({ path: ['algorithm', 'overlong', 'buffer'], message: `the over-length buffer is the last tokens before protocol.max_new_tokens (${c.protocol.max_new_tokens}): expected fewer, found ${c.algorithm.overlong.buffer}` });
+  if (cfg.algorithm.overlong.buffer >= cfg.protocol.max_new_tokens)
+    p.push({ path: ['algorithm', 'overlong', 'buffer'], message: `the over-length buffer is the last tokens before protocol.max_new_tokens (${cfg.protocol.max_new_tokens}): expected fewer, found ${cfg.algorithm.overlong.buffer}` });
   // Turn 1 sampled at another temperature than the episode's: the sampler's log-probs of its tokens are not the training forward's.
-  if (c.rollout.first_turn_temperature !== null && c.algorithm.old_logprobs === 'sampler')
-    p.push({ path: ['rollout', 'first_turn_temperature'], message: `turn 1 then samples at ${c.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute (or forward)` });
-  if (c.algorithm.loss_temperature !== null && c.algorithm.old_logprobs === 'sampler')
-    p.push({ path: ['algorithm', 'loss_temperature'], message: `the loss then scores tokens at temperature ${c.algorithm.loss_temperature}, but the sampler's log-probs are at each episode's sampling temperature; set algorithm.old_logprobs: recompute (or forward)` });
+  if (cfg.rollout.first_turn_temperature !== null && cfg.algorithm.old_logprobs === 'sampler')
+    p.push({ path: ['rollout', 'first_turn_temperature'], message: `turn 1 then samples at ${cfg.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute (or forward)` });
+  if (cfg.algorithm.loss_temperature !== null && cfg.algorithm.old_logprobs === 'sampler')
+    p.push({ path: ['algorithm', 'loss_temperature'], message: `the loss then scores tokens at temperature ${cfg.algorithm.loss_temperature}, but the sampler's log-probs are at each episode's sampling temperature; set algorithm.old_logprobs: recompute (or forward)` });
   // 'forward': the ratio against the training forward's own log-probs is 1 in every pass; a second
   // pass would train off-policy with no correction.
-  if (c.algorithm.old_logprobs === 'forward' && c.algorithm.inner_epochs !== 1)
-    p.push({ path: ['algorithm', 'old_logprobs'], message: `forward takes the training forward's own log-probs as the old ones, so the ratio is 1 in every pass and a second pass would train off-policy uncorrected: expected inner_epochs 1, found ${c.algorithm.inner_epochs}; use recompute for several passes` });
-  if (c.rollout.first_turn_top_p !== null && c.rollout.first_turn_temperature === null)
+  if (cfg.algorithm.old_logprobs === 'forward' && cfg.algorithm.inner_epochs !== 1)
+    p.push({ path: ['algorithm', 'old_logprobs'], message: `forward takes the training forward's own log-probs as the old ones, so the ratio is 1 in every pass and a second pass would train off-policy uncorrected: expected inner_epochs 1, found ${cfg.algorithm.inner_epochs}; use recompute for several passes` });
+  if (cfg.rollout.first_turn_top_p !== null && cfg.rollout.first_turn_temperature === null)
     p.push({ path: ['rollout', 'first_turn_top_p'], message: 'set, but rollout.first_turn_temperature is null (turn 1 then samples at the rollout\'s own draws); set both or neither' });
-  if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.critic_warmup_steps !== null && c.optim.critic_warmup_steps >= c.train.steps)
-    p.push({ path: ['optim', 'critic_warmup_steps'], message: `expected fewer warm-up steps than train.steps (${c.train.steps}) for a ${c.optim.schedule} schedule, found ${c.optim.critic_warmup_steps}` });
-  if (c.optim.schedule !== 'constant' && c.train.steps !== null && c.optim.warmup_steps >= c.train.steps)
-    p.push({ path: ['optim', 'warmup_steps'], message: `expected fewer warm-up steps than train.steps (${c.train.steps}) for a ${c.optim.schedule} schedule, found ${c.optim.warmup_steps}` });
-  return [...p, ...algorithmChecks(c)];
+  if (cfg.optim.schedule !== 'constant' && cfg.train.steps !== null && cfg.optim.critic_warmup_steps !== null && cfg.optim.critic_warmup_steps >= cfg.train.steps)
+    p.push({ path: ['optim', 'critic_warmup_steps'], message: `expected fewer warm-up steps than train.steps (${cfg.train.steps}) for a ${cfg.optim.schedule} schedule, found ${cfg.optim.critic_warmup_steps}` });
+  if (cfg.optim.schedule !== 'constant' && cfg.train.steps !== null && cfg.optim.warmup_steps >= cfg.train.steps)
+    p.push({ path: ['optim', 'warmup_steps'], message: `expected fewer warm-up steps than train.steps (${cfg.train.steps}) for a ${cfg.optim.schedule} schedule, found ${cfg.optim.warmup_steps}` });
+  return [...p, ...algorithmChecks(cfg)];
 }
 
 /**
@@ -99,51 +99,51 @@ function crossChecks(c: ResolvedConfig): Problem[] {
  * the KL goes and the loss normalisations it has; by the stage, the group size it needs, what only a
  * group baseline has (dynamic sampling, old_logprobs: forward), and its own checks.
  */
-function algorithmChecks(c: ResolvedConfig): Problem[] {
+function algorithmChecks(cfg: ResolvedConfig): Problem[] {
   const p: Problem[] = [];
-  const a = c.algorithm as Omit<ResolvedConfig['algorithm'], 'kl_in' | 'kl_estimator'> & { kl_in: 'loss' | 'reward' | null; kl_estimator: 'k1' | 'k2' | 'k3' | null };
-  const kind = algorithmOf(a.kind ?? (c.stage === 'eval' ? 'grpo' : c.stage));
+  const a = cfg.algorithm as Omit<ResolvedConfig['algorithm'], 'kl_in' | 'kl_estimator'> & { kl_in: 'loss' | 'reward' | null; kl_estimator: 'k1' | 'k2' | 'k3' | null };
+  const kind = algorithmOf(a.kind ?? (cfg.stage === 'eval' ? 'grpo' : cfg.stage));
   if (kind) {
     const { klIn, klEstimator } = klDefaults(kind, a);
     const kl = klProblem(kind, klIn, klEstimator, a.kl_coef);
     if (kl) p.push(kl);
     if (!kind.lossNorms.includes(a.loss_norm)) p.push({ path: ['algorithm', 'loss_norm'], message: `${kind.name.toUpperCase()} takes ${kind.lossNorms.join(' or ')}, found ${JSON.stringify(a.loss_norm)} (turn is the reference code-search system's GRPO normalisation)` });
   }
-  const stage = algorithmOf(c.stage);
-  const group = stage?.groupBaseline ?? c.stage === 'eval';
-  if (c.rollout.dynamic_sampling.enabled && !group)
-    p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: `dynamic sampling keeps groups whose rewards differ: ${groupBaselines().map((n) => n.toUpperCase()).join(' and ')} only, found stage ${c.stage}` });
-  if (c.algorithm.old_logprobs === 'forward' && !group) p.push({ path: ['algorithm', 'old_logprobs'], message: `forward is the group policy-gradient update's (${groupBaselines().join(' or ')}), found ${c.stage}; use sampler or recompute` });
+  const stage = algorithmOf(cfg.stage);
+  const group = stage?.groupBaseline ?? cfg.stage === 'eval';
+  if (cfg.rollout.dynamic_sampling.enabled && !group)
+    p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: `dynamic sampling keeps groups whose rewards differ: ${groupBaselines().map((n) => n.toUpperCase()).join(' and ')} only, found stage ${cfg.stage}` });
+  if (cfg.algorithm.old_logprobs === 'forward' && !group) p.push({ path: ['algorithm', 'old_logprobs'], message: `forward is the group policy-gradient update's (${groupBaselines().join(' or ')}), found ${cfg.stage}; use sampler or recompute` });
   if (!stage) return p;
-  const k = groupSizeProblem(stage, c.rollout.k);
+  const k = groupSizeProblem(stage, cfg.rollout.k);
   if (k) p.push(k);
-  return [...p, ...(stage.validate?.(c) ?? [])];
+  return [...p, ...(stage.validate?.(cfg) ?? [])];
 }
 
 /** A copy with keys in schema order (then any loosely typed extras), so written configs read like the schema. */
-function ordered(v: unknown, s: Schema | undefined): unknown {
-  if (Array.isArray(v)) return v.map((x) => ordered(x, s?.items as Schema | undefined));
-  if (!isObj(v)) return v;
-  const p = props(s) ?? {};
+function ordered(value: unknown, schema: Schema | undefined): unknown {
+  if (Array.isArray(value)) return value.map((x) => ordered(x, schema?.items as Schema | undefined));
+  if (!isObj(value)) return value;
+  const p = props(schema) ?? {};
   const out: Obj = {};
-  for (const k of Object.keys(p)) if (k in v) out[k] = ordered(v[k], p[k]);
-  for (const k of Object.keys(v)) if (!(k in out)) out[k] = v[k];
+  for (const k of Object.keys(p)) if (k in value) out[k] = ordered(value[k], p[k]);
+  for (const k of Object.keys(value)) if (!(k in out)) out[k] = value[k];
   return out;
 }
 
 /** Fills the defaults that depend on other keys (see lib/config/schema.ts). */
-function derive(c: ResolvedConfig, name: string | null): ResolvedConfig {
-  const a = c.algorithm as unknown as Record<string, unknown>;
-  if (a.kind === null) a.kind = c.stage === 'eval' ? 'grpo' : c.stage;
+function derive(cfg: ResolvedConfig, name: string | null): ResolvedConfig {
+  const a = cfg.algorithm as unknown as Record<string, unknown>;
+  if (a.kind === null) a.kind = cfg.stage === 'eval' ? 'grpo' : cfg.stage;
   // Where the KL goes, and its estimator: the algorithm's defaults (sft: the loss's).
-  const kl = klDefaults(algorithmOf(a.kind as string) ?? { kl: { defaultIn: 'loss' } }, c.algorithm);
+  const kl = klDefaults(algorithmOf(a.kind as string) ?? { kl: { defaultIn: 'loss' } }, cfg.algorithm);
   a.kl_in = kl.klIn;
   a.kl_estimator = kl.klEstimator;
   if (a.clip_high === null) a.clip_high = a.clip_low;
-  const pr = c.protocol as unknown as Record<string, unknown>;
-  if (pr.max_turns_eval === null) pr.max_turns_eval = c.protocol.max_turns;
-  if (c.run.name === null && name) c.run.name = name;
-  return c;
+  const pr = cfg.protocol as unknown as Record<string, unknown>;
+  if (pr.max_turns_eval === null) pr.max_turns_eval = cfg.protocol.max_turns;
+  if (cfg.run.name === null && name) cfg.run.name = name;
+  return cfg;
 }
 
 /**

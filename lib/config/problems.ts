@@ -48,8 +48,8 @@ function aliasesOf(section: string[]): Record<string, string> {
 /** Every object path in the schema with its property names. */
 function allSections(): Array<{ path: string[]; keys: string[] }> {
   const out: Array<{ path: string[]; keys: string[] }> = [];
-  const walk = (s: Schema, path: string[]) => {
-    const p = props(s);
+  const walk = (schema: Schema, path: string[]) => {
+    const p = props(schema);
     if (!p) return;
     out.push({ path, keys: Object.keys(p) });
     for (const [k, sub] of Object.entries(p)) walk(sub, [...path, k]);
@@ -78,12 +78,12 @@ export function suggestKey(section: string[], key: string): string | undefined {
 // ---------------------------------------------------------------------------------------------
 // Messages
 
-function range(s: Schema): string {
+function range(schema: Schema): string {
   const r: string[] = [];
-  if (typeof s.minimum === 'number') r.push(`>= ${s.minimum}`);
-  if (typeof s.exclusiveMinimum === 'number') r.push(`> ${s.exclusiveMinimum}`);
-  if (typeof s.maximum === 'number') r.push(`<= ${s.maximum}`);
-  if (typeof s.exclusiveMaximum === 'number') r.push(`< ${s.exclusiveMaximum}`);
+  if (typeof schema.minimum === 'number') r.push(`>= ${schema.minimum}`);
+  if (typeof schema.exclusiveMinimum === 'number') r.push(`> ${schema.exclusiveMinimum}`);
+  if (typeof schema.maximum === 'number') r.push(`<= ${schema.maximum}`);
+  if (typeof schema.exclusiveMaximum === 'number') r.push(`< ${schema.exclusiveMaximum}`);
   return r.length ? ' ' + r.join(' and ') : '';
 }
 
@@ -93,20 +93,20 @@ function quoteList(xs: unknown[]): string {
 }
 
 /** What a schema accepts, in words: "a number > 0", "one of "a", "b"", "a list of 2 numbers >= 0". */
-export function expectedOf(s: Schema): string {
-  if (Array.isArray(s.enum)) return `one of ${quoteList(s.enum)}`;
-  if (Array.isArray(s.anyOf)) return (s.anyOf as Schema[]).map(expectedOf).join(' or ');
-  const types = Array.isArray(s.type) ? (s.type as string[]) : typeof s.type === 'string' ? [s.type] : [];
+export function expectedOf(schema: Schema): string {
+  if (Array.isArray(schema.enum)) return `one of ${quoteList(schema.enum)}`;
+  if (Array.isArray(schema.anyOf)) return (schema.anyOf as Schema[]).map(expectedOf).join(' or ');
+  const types = Array.isArray(schema.type) ? (schema.type as string[]) : typeof schema.type === 'string' ? [schema.type] : [];
   const words = types.map((t) => {
-    if (t === 'number') return `a number${range(s)}`;
-    if (t === 'integer') return `an integer${range(s)}`;
+    if (t === 'number') return `a number${range(schema)}`;
+    if (t === 'integer') return `an integer${range(schema)}`;
     if (t === 'boolean') return 'true or false';
-    if (t === 'string') return s.pattern ? `a string matching ${s.pattern}` : 'a string';
+    if (t === 'string') return schema.pattern ? `a string matching ${schema.pattern}` : 'a string';
     if (t === 'null') return 'null';
     if (t === 'object') return 'a mapping (key: value)';
     if (t === 'array') {
-      const it = (s.items ?? {}) as Schema;
-      const n = s.minItems !== undefined && s.minItems === s.maxItems ? `${s.minItems} ` : '';
+      const it = (schema.items ?? {}) as Schema;
+      const n = schema.minItems !== undefined && schema.minItems === schema.maxItems ? `${schema.minItems} ` : '';
       if (Array.isArray(it.enum)) return `a list of ${n}names, each one of ${quoteList(it.enum)}`;
       const t2 = it.type === 'number' ? 'numbers' : it.type === 'integer' ? 'integers' : it.type === 'string' ? 'strings' : it.type === 'object' ? 'mappings' : 'values';
       return `a list of ${n}${t2}${range(it)}`;

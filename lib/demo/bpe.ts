@@ -29,10 +29,10 @@ function byteEncoder(): string[] {
 }
 
 /** Learns merges from `texts` and returns the tokenizer.json object. */
-export function trainByteLevelBpe(texts: readonly string[], o: BpeOptions): Record<string, unknown> {
+export function trainByteLevelBpe(texts: readonly string[], opts: BpeOptions): Record<string, unknown> {
   const enc = byteEncoder();
   const utf8 = new TextEncoder();
-  const addedAll = [...o.special, ...(o.added ?? [])];
+  const addedAll = [...opts.special, ...(opts.added ?? [])];
   const splitAdded = addedAll.length ? new RegExp(addedAll.map((s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('|'), 'g') : null;
   // Word -> frequency, each word as its byte symbols.
   const freq = new Map<string, number>();
@@ -48,8 +48,8 @@ export function trainByteLevelBpe(texts: readonly string[], o: BpeOptions): Reco
   const vocab = new Map<string, number>();
   for (let b = 0; b < 256; b++) vocab.set(enc[b], b);
   const merges: string[] = [];
-  const minFreq = o.minFrequency ?? 2;
-  for (let k = 0; k < o.merges; k++) {
+  const minFreq = opts.minFrequency ?? 2;
+  for (let k = 0; k < opts.merges; k++) {
     const pairs = new Map<string, number>();
     for (const w of words) for (let i = 0; i + 1 < w.syms.length; i++) {
       const p = `${w.syms[i]} ${w.syms[i + 1]}`;
@@ -75,7 +75,7 @@ export function trainByteLevelBpe(texts: readonly string[], o: BpeOptions): Reco
       w.syms = out;
     }
   }
-  const added = addedAll.map((content, i) => ({ id: vocab.size + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: i < o.special.length }));
+  const added = addedAll.map((content, i) => ({ id: vocab.size + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: i < opts.special.length }));
   return {
     version: '1.0',
     truncation: null,

@@ -67,22 +67,22 @@ export async function expertTrajectories(
   const rows: ExpertRow[] = [];
   let rejected = 0;
   await Promise.all(
-    questions.map(async (q) => {
-      const messages = protocol.initialMessages(q.question, maxTurns);
-      const turn1 = `<python>\n${expertProgram(q, opts.answer)}\n</python>`;
+    questions.map(async (syntheticQuestion) => {
+      const messages = protocol.initialMessages(syntheticQuestion.question, maxTurns);
+      const turn1 = `<python>\n${expertProgram(syntheticQuestion, opts.answer)}\n</python>`;
       const action = protocol.parse(turn1);
       if (action.kind !== 'code') throw new Error(`expert program did not parse as code: ${action.kind}`);
-      const reply = await protocol.respond(action, { turn: 1, maxTurns, finishReason: 'stop_string', maxNewTokens: 256, question: q.question });
+      const reply = await protocol.respond(action, { turn: 1, maxTurns, finishReason: 'stop_string', maxNewTokens: 256, question: syntheticQuestion.question });
       opts.onDone?.();
       const printed = /<python_output>\n([\s\S]*?)\n<\/python_output>/.exec(reply.messages?.[0]?.content ?? '')?.[1]?.trim() ?? '';
       const answer = reply.answer ?? printed;
-      if (!exactMatch(answer, q.answer) || reply.program?.error) {
+      if (!exactMatch(answer, syntheticQuestion.answer) || reply.program?.error) {
         rejected++;
         return;
       }
       messages.push({ role: 'assistant', content: turn1 });
       if (reply.answer === undefined) messages.push(...(reply.messages ?? []), { role: 'assistant', content: `<answer>${printed}</answer>` });
-      rows.push({ question: q.question, answer: q.answer, messages });
+      rows.push({ question: syntheticQuestion.question, answer: syntheticQuestion.answer, messages });
     }),
   );
   // Promise.all finishes in any order; keep the questions' order.

@@ -112,16 +112,16 @@ const CHAT_TEMPLATE =
   "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}" +
   "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
 
-export async function runDemo(o: DemoOptions): Promise<DemoResult> {
-  const log = o.log ?? (() => {});
-  const dir = resolve(o.out);
-  const seed = o.seed ?? 0;
-  const passK = o.passK ?? (o.compare ? 8 : 0);
+export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
+  const log = opts.log ?? (() => {});
+  const dir = resolve(opts.out);
+  const seed = opts.seed ?? 0;
+  const passK = opts.passK ?? (opts.compare ? 8 : 0);
   const paths = { model: join(dir, 'model'), data: join(dir, 'data'), configs: join(dir, 'configs'), runs: join(dir, 'runs') };
   for (const p of Object.values(paths)) mkdirSync(p, { recursive: true });
 
   // 1. corpus and questions
-  const gen = syntheticCorpus({ pages: o.pages ?? 150, seed: 11 + seed, phrasings: true });
+  const gen = syntheticCorpus({ pages: opts.pages ?? 150, seed: 11 + seed, phrasings: true });
   const corpusFile = join(paths.data, 'corpus.jsonl');
   const questionsFile = join(paths.data, 'questions.jsonl');
   const demonstrated = (q: SyntheticQuestion) => DEMONSTRATED_PHRASINGS.includes(q.phrasing);
@@ -181,7 +181,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
     writeFileSync(f, `# Written by the slm-train demo; run it again with: slm-train train --config ${f}\n` + YAML.stringify(deepMerge(c, over)));
     return loadConfig(f);
   };
-  const sftEpochs = o.sftEpochs ?? 18;
+  const sftEpochs = opts.sftEpochs ?? 18;
   const sftSection = (epochs: number, name: string) => ({
     stage: 'sft',
     ...base,
@@ -190,7 +190,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
     train: { epochs, batch_size: 8, seed, checkpoint_every: 0 },
     run: { ...base.run, name },
   });
-  const sftCfg = write('sft', sftSection(sftEpochs, 'sft'), o.overrides?.sft);
+  const sftCfg = write('sft', sftSection(sftEpochs, 'sft'), opts.overrides?.sft);
   const grpoCfg = write(
     'grpo',
     {
@@ -203,23 +203,23 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
       // Warm-up: Adam's first steps move every weight by about the learning rate whatever the
       // gradient's size (its moment estimates start at the first gradient).
       optim: { lr: 2e-4, warmup_steps: 5, gradient_checkpointing: false },
-      train: { steps: o.grpoSteps ?? 20, seed, checkpoint_every: 0 },
+      train: { steps: opts.grpoSteps ?? 20, seed, checkpoint_every: 0 },
       run: { ...base.run, name: 'grpo' },
     },
-    o.overrides?.grpo,
+    opts.overrides?.grpo,
   );
 
   // 4. expert trajectories through the real sandbox and protocol
   let t = performance.now();
-  const env = await openEnvironment(grpoCfg, log, o.progress);
+  const env = await openEnvironment(grpoCfg, log, opts.progress);
   let expert: { accepted: number; rejected: number };
   // Limited expert data, as the reference's: the expert solves a seeded sample of the training
   // questions asked in a demonstrated phrasing; GRPO later trains on all of them.
   const shown = train.filter(demonstrated);
   const expertQs = permutation(shown.length, seed, 0)
-    .slice(0, Math.min(shown.length, o.sftExamples ?? 300))
+    .slice(0, Math.min(shown.length, opts.sftExamples ?? 300))
     .map((i) => shown[i]);
-  const bar = new Progress('expert', expertQs.length, 'questions', o.progress);
+  const bar = new Progress('expert', expertQs.length, 'questions', opts.progress);
   try {
     const ex = await expertTrajectories(expertQs, env.protocol, { maxTurns: grpoCfg.protocol.max_turns, onDone: () => bar.increment() });
     writeFileSync(sftFile, ex.rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
@@ -233,7 +233,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   // 5. baseline -> SFT -> eval -> GRPO -> eval (-> the comparison rows)
   const stages: DemoStage[] = [];
   const evaluate = async (stage: string, adapter: string | null, trainS: number, sampled: number, what: string) => {
-    const r = await evalFromConfig(grpoCfg, { adapter, label: stage, log, progress: o.progress });
+    const r = await evalFromConfig(grpoCfg, { adapter, label: stage, log, progress: opts.progress });
     const scores = demoScores(held, r.dir, demonstrated);
     stages.push({ stage, summary: r.summary, scores, train_s: trainS, sampled_episodes: sampled, what });
     const pk = (g: GroupScore) => (g.pass_at_k === undefined ? '' : `, pass@${passK} ${pct(g.pass_at_k)} %`);
@@ -242,20 +242,20 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const episodes = (c: ResolvedConfig) => (c.stage === 'rft' ? c.rft.rounds * (c.rft.questions_per_round ?? train.length) : (c.train.steps ?? 0) * c.rollout.batch_questions) * c.rollout.k;
   await evaluate('baseline', null, 0, 0, 'the untrained model');
   t = performance.now();
-  const sft = await trainFromConfig(sftCfg, { log, progress: o.progress, configFile: join(paths.configs, 'sft.yaml') });
+  const sft = await trainFromConfig(sftCfg, { log, progress: opts.progress, configFile: join(paths.configs, 'sft.yaml') });
   const sftS = (performance.now() - t) / 1e3;
   await evaluate('sft', sft.adapter, sftS, 0, `${sftEpochs} epochs over ${expert.accepted} expert trajectories`);
   t = performance.now();
-  const rl = await trainFromConfig(grpoCfg, { log, progress: o.progress, configFile: join(paths.configs, 'grpo.yaml') });
+  const rl = await trainFromConfig(grpoCfg, { log, progress: opts.progress, configFile: join(paths.configs, 'grpo.yaml') });
   const grpoS = (performance.now() - t) / 1e3;
   await evaluate('grpo', rl.adapter, grpoS, episodes(grpoCfg), `from SFT: ${grpoCfg.train.steps} steps of ${grpoCfg.rollout.batch_questions} questions x ${grpoCfg.rollout.k} episodes, exact-match reward`);
 
-  if (o.compare) {
+  if (opts.compare) {
     // SFT trained longer: as many epochs as fit SFT's and GRPO's wall time together.
     const longEpochs = Math.max(sftEpochs + 1, Math.round((sftEpochs * (sftS + grpoS)) / Math.max(sftS, 1e-3)));
-    const longCfg = write('sft-long', sftSection(longEpochs, 'sft-long'), o.overrides?.sft_long);
+    const longCfg = write('sft-long', sftSection(longEpochs, 'sft-long'), opts.overrides?.sft_long);
     t = performance.now();
-    const long = await trainFromConfig(longCfg, { log, progress: o.progress, configFile: join(paths.configs, 'sft-long.yaml') });
+    const long = await trainFromConfig(longCfg, { log, progress: opts.progress, configFile: join(paths.configs, 'sft-long.yaml') });
     await evaluate('sft-long', long.adapter, (performance.now() - t) / 1e3, 0, `${longEpochs} epochs over the same trajectories (SFT's + GRPO's wall time)`);
     // RFT from the SFT adapter with GRPO's rollout settings and number of sampled episodes: two
     // rounds over half of GRPO's questions each.
@@ -271,10 +271,10 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
         train: { batch_size: 8, seed, checkpoint_every: 0 },
         run: { ...base.run, name: 'rft' },
       },
-      o.overrides?.rft,
+      opts.overrides?.rft,
     );
     t = performance.now();
-    const rft = await trainFromConfig(rftCfg, { log, progress: o.progress, configFile: join(paths.configs, 'rft.yaml') });
+    const rft = await trainFromConfig(rftCfg, { log, progress: opts.progress, configFile: join(paths.configs, 'rft.yaml') });
     await evaluate('rft', rft.adapter, (performance.now() - t) / 1e3, episodes(rftCfg), `from SFT: ${rounds} rounds of ${rftCfg.rft.questions_per_round} questions x ${rftCfg.rollout.k} episodes, fine-tuned on the correct ones`);
   }
 

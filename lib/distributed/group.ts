@@ -80,7 +80,7 @@ export class ProcessGroup {
 
   private constructor(
     readonly env: DistEnv,
-    readonly o: GroupOptions,
+    readonly opts: GroupOptions,
     private proc: ChildProcess,
   ) {
     const dir = existsSync('/dev/shm') ? '/dev/shm' : tmpdir();
@@ -102,19 +102,19 @@ export class ProcessGroup {
   }
 
   /** Starts the sidecar and waits until every rank has joined (or the timeout passes). */
-  static async join(env: DistEnv, o: GroupOptions): Promise<ProcessGroup> {
-    const python = o.python;
+  static async join(env: DistEnv, opts: GroupOptions): Promise<ProcessGroup> {
+    const python = opts.python;
     if (!existsSync(python))
       throw new SlmError('DISTRIBUTED_UNAVAILABLE', `distributed training needs a python with torch.distributed; ${python} does not exist. Install Debian's python3-torch (apt-get install python3-torch) or set distributed.python.`);
     const script = pythonFile('dist_sidecar.py', 'DISTRIBUTED_UNAVAILABLE');
-    const proc = spawn(python, [script, '--backend', o.backend, '--timeout', String(o.timeoutS), '--device', o.device ?? 'cpu'], {
+    const proc = spawn(python, [script, '--backend', opts.backend, '--timeout', String(opts.timeoutS), '--device', opts.device ?? 'cpu'], {
       stdio: ['pipe', 'pipe', 'pipe'],
       env: { ...process.env, RANK: String(env.rank), WORLD_SIZE: String(env.world), LOCAL_RANK: String(env.localRank), MASTER_ADDR: env.masterAddr, MASTER_PORT: String(env.masterPort) },
     });
-    const g = new ProcessGroup(env, o, proc);
+    const g = new ProcessGroup(env, opts, proc);
     let first: Reply;
     try {
-      first = await g.read(`joining the process group at ${env.masterAddr}:${env.masterPort}`, o.timeoutS + 60);
+      first = await g.read(`joining the process group at ${env.masterAddr}:${env.masterPort}`, opts.timeoutS + 60);
     } catch (e) {
       g.kill();
       throw e;
@@ -123,7 +123,7 @@ export class ProcessGroup {
       g.kill();
       throw new SlmError(/cannot import/.test(first.error ?? '') ? 'DISTRIBUTED_UNAVAILABLE' : 'DISTRIBUTED_FAILED', `${first.error}${g.stderrTail()}`);
     }
-    o.log?.(`distributed: rank ${env.rank}/${env.world} joined (${o.backend}, ${env.masterAddr}:${env.masterPort}) in ${Number(first.ms ?? 0).toFixed(0)} ms`);
+    opts.log?.(`distributed: rank ${env.rank}/${env.world} joined (${opts.backend}, ${env.masterAddr}:${env.masterPort}) in ${Number(first.ms ?? 0).toFixed(0)} ms`);
     return g;
   }
 
@@ -177,16 +177,16 @@ export class ProcessGroup {
     return t ? `\nsidecar stderr:\n${t}` : '';
   }
 
-  private async withFile(a: Float32Array, op: string, extra: Record<string, unknown>): Promise<number> {
+  private async withFile(values: Float32Array, op: string, extra: Record<string, unknown>): Promise<number> {
     return this.serial(async () => {
       if (this.shmFd === null) this.shmFd = openSync(this.shm, 'w+');
-      if (this.shmBytes !== a.byteLength) {
-        ftruncateSync(this.shmFd, a.byteLength);
-        this.shmBytes = a.byteLength;
+      if (this.shmBytes !== values.byteLength) {
+        ftruncateSync(this.shmFd, values.byteLength);
+        this.shmBytes = values.byteLength;
       }
-      const bytes = new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+      const bytes = new Uint8Array(values.buffer, values.byteOffset, values.byteLength);
       writeSync(this.shmFd, bytes, 0, bytes.length, 0);
-      const r = await this.request({ op, file: this.shm, n: a.length, ...extra }, op);
+      const r = await this.request({ op, file: this.shm, n: values.length, ...extra }, op);
       readSync(this.shmFd, bytes, 0, bytes.length, 0);
       return Number(r.ms ?? 0);
     });
@@ -206,10 +206,10 @@ export class ProcessGroup {
     if (this.dead) throw new SlmError('DISTRIBUTED_FAILED', `rank ${this.rank}: cannot run ${what}: ${this.dead}.${this.stderrTail()}`);
     this.proc.stdin!.write(JSON.stringify(msg) + '\n');
     // The sidecar's own timeout fires first; this one catches a sidecar that hangs outright.
-    const r = await this.read(what, this.o.timeoutS + 30);
+    const r = await this.read(what, this.opts.timeoutS + 30);
     if (!r.ok) {
       this.kill();
-      throw new SlmError('DISTRIBUTED_FAILED', `${r.error} (another rank failed or stopped answering within distributed.timeout_s = ${this.o.timeoutS} s; see its log).${this.stderrTail()}`);
+      throw new SlmError('DISTRIBUTED_FAILED', `${r.error} (another rank failed or stopped answering within distributed.timeout_s = ${this.opts.timeoutS} s; see its log).${this.stderrTail()}`);
     }
     return r;
   }

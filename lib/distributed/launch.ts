@@ -45,22 +45,22 @@ export interface LaunchOptions {
  * Starts this node's workers when the job has more than one process and this process is not a worker
  * already; resolves true once every worker has finished (false: run the stage in this process).
  */
-export async function launchWorkers(d: DistributedConfig, o: LaunchOptions): Promise<boolean> {
+export async function launchWorkers(distributedConfig: DistributedConfig, opts: LaunchOptions): Promise<boolean> {
   if (distEnvFrom(process.env)) return false;
-  const nproc = o.nproc ?? d.nproc;
+  const nproc = opts.nproc ?? distributedConfig.nproc;
   if (!Number.isInteger(nproc) || nproc < 1) throw new SlmError('ARGUMENT_INVALID', `--nproc must be a positive integer, found ${nproc}.`);
-  const world = nproc * d.nnodes;
+  const world = nproc * distributedConfig.nnodes;
   if (world <= 1) return false;
-  if (d.node_rank >= d.nnodes) throw new SlmError('CONFIG_INVALID', `distributed.node_rank ${d.node_rank} must be below distributed.nnodes ${d.nnodes}.`, { path: 'distributed.node_rank' });
-  const addr = process.env.MASTER_ADDR || d.master_addr;
-  let port = Number(process.env.MASTER_PORT || d.master_port);
+  if (distributedConfig.node_rank >= distributedConfig.nnodes) throw new SlmError('CONFIG_INVALID', `distributed.node_rank ${distributedConfig.node_rank} must be below distributed.nnodes ${distributedConfig.nnodes}.`, { path: 'distributed.node_rank' });
+  const addr = process.env.MASTER_ADDR || distributedConfig.master_addr;
+  let port = Number(process.env.MASTER_PORT || distributedConfig.master_port);
   if (!port) {
-    if (d.nnodes > 1) throw new SlmError('CONFIG_INVALID', 'several nodes need a fixed rendezvous port: set MASTER_PORT (or distributed.master_port) to the same value on every node.', { path: 'distributed.master_port' });
+    if (distributedConfig.nnodes > 1) throw new SlmError('CONFIG_INVALID', 'several nodes need a fixed rendezvous port: set MASTER_PORT (or distributed.master_port) to the same value on every node.', { path: 'distributed.master_port' });
     port = await freePort();
   }
-  const argv = o.argv ?? workerArgs(process.argv.slice(1));
-  const first = d.node_rank * nproc;
-  o.log(`distributed: starting ranks ${first}..${first + nproc - 1} of ${world} on this node (rendezvous ${addr}:${port})`);
+  const argv = opts.argv ?? workerArgs(process.argv.slice(1));
+  const first = distributedConfig.node_rank * nproc;
+  opts.log(`distributed: starting ranks ${first}..${first + nproc - 1} of ${world} on this node (rendezvous ${addr}:${port})`);
   const procs: ChildProcess[] = [];
   let failure: string | null = null;
   const stopAll = (except?: ChildProcess) => {

@@ -39,20 +39,20 @@ function moduleName(layer: number, t: LoraTarget): string {
   return `model.layers.${layer}.${(MLP_TARGETS as readonly string[]).includes(t) ? 'mlp' : 'self_attn'}.${t}`;
 }
 
-export function checkLoraSpec(s: LoraSpec, numLayers?: number): LoraSpec {
-  if (!Number.isInteger(s.r) || s.r < 1) throw new SlmError('ADAPTER_INVALID', `LoRA r must be a positive integer, found ${describe(s.r)}.`);
-  if (!(s.alpha > 0)) throw new SlmError('ADAPTER_INVALID', `lora_alpha must be positive, found ${describe(s.alpha)}.`);
-  if (!(s.dropout >= 0 && s.dropout < 1)) throw new SlmError('ADAPTER_INVALID', `lora_dropout must be in [0, 1), found ${describe(s.dropout)}.`);
-  if (!s.targets.length) throw new SlmError('ADAPTER_INVALID', `target_modules is empty; expected some of ${LORA_TARGETS.join(', ')}.`);
-  for (const t of s.targets)
+export function checkLoraSpec(spec: LoraSpec, numLayers?: number): LoraSpec {
+  if (!Number.isInteger(spec.r) || spec.r < 1) throw new SlmError('ADAPTER_INVALID', `LoRA r must be a positive integer, found ${describe(spec.r)}.`);
+  if (!(spec.alpha > 0)) throw new SlmError('ADAPTER_INVALID', `lora_alpha must be positive, found ${describe(spec.alpha)}.`);
+  if (!(spec.dropout >= 0 && spec.dropout < 1)) throw new SlmError('ADAPTER_INVALID', `lora_dropout must be in [0, 1), found ${describe(spec.dropout)}.`);
+  if (!spec.targets.length) throw new SlmError('ADAPTER_INVALID', `target_modules is empty; expected some of ${LORA_TARGETS.join(', ')}.`);
+  for (const t of spec.targets)
     if (!(LORA_TARGETS as readonly string[]).includes(t)) {
       const hint = closest(t, LORA_TARGETS);
       throw new SlmError('ADAPTER_TARGET_UNKNOWN', `target module "${t}" does not exist in Qwen3${hint ? ` (did you mean "${hint}"?)` : ''}; expected some of ${LORA_TARGETS.join(', ')}.`);
     }
-  if (s.layers && numLayers !== undefined)
-    for (const l of s.layers)
+  if (spec.layers && numLayers !== undefined)
+    for (const l of spec.layers)
       if (!Number.isInteger(l) || l < 0 || l >= numLayers) throw new SlmError('ADAPTER_INVALID', `layer ${describe(l)} is not in the model (it has ${numLayers} layers).`);
-  return s;
+  return spec;
 }
 
 /** Reads and validates a PEFT adapter_config.json. */
@@ -98,24 +98,24 @@ export function readAdapterConfig(dir: string, numLayers: number): { spec: LoraS
 export type ProjectionDims = Pick<NativeModelConfig, 'hidden_size' | 'intermediate_size' | 'num_hidden_layers' | 'num_attention_heads' | 'num_key_value_heads' | 'head_dim'>;
 
 /** [out_features, in_features] of a projection, and the config.json keys they come from. */
-function projection(t: LoraTarget, d: ProjectionDims): { out: number; in: number; why: [string, string] } {
-  const q = `num_attention_heads ${d.num_attention_heads} x head_dim ${d.head_dim}`;
-  const kv = `num_key_value_heads ${d.num_key_value_heads} x head_dim ${d.head_dim}`;
-  const h = `hidden_size ${d.hidden_size}`;
-  const i = `intermediate_size ${d.intermediate_size}`;
-  switch (t) {
+function projection(target: LoraTarget, dims: ProjectionDims): { out: number; in: number; why: [string, string] } {
+  const q = `num_attention_heads ${dims.num_attention_heads} x head_dim ${dims.head_dim}`;
+  const kv = `num_key_value_heads ${dims.num_key_value_heads} x head_dim ${dims.head_dim}`;
+  const h = `hidden_size ${dims.hidden_size}`;
+  const i = `intermediate_size ${dims.intermediate_size}`;
+  switch (target) {
     case 'q_proj':
-      return { out: d.num_attention_heads * d.head_dim, in: d.hidden_size, why: [q, h] };
+      return { out: dims.num_attention_heads * dims.head_dim, in: dims.hidden_size, why: [q, h] };
     case 'k_proj':
     case 'v_proj':
-      return { out: d.num_key_value_heads * d.head_dim, in: d.hidden_size, why: [kv, h] };
+      return { out: dims.num_key_value_heads * dims.head_dim, in: dims.hidden_size, why: [kv, h] };
     case 'o_proj':
-      return { out: d.hidden_size, in: d.num_attention_heads * d.head_dim, why: [h, q] };
+      return { out: dims.hidden_size, in: dims.num_attention_heads * dims.head_dim, why: [h, q] };
     case 'gate_proj':
     case 'up_proj':
-      return { out: d.intermediate_size, in: d.hidden_size, why: [i, h] };
+      return { out: dims.intermediate_size, in: dims.hidden_size, why: [i, h] };
     case 'down_proj':
-      return { out: d.hidden_size, in: d.intermediate_size, why: [h, i] };
+      return { out: dims.hidden_size, in: dims.intermediate_size, why: [h, i] };
   }
 }
 

@@ -40,8 +40,8 @@ export interface ChatReply {
 }
 
 /** The assistant's reply to `messages`. */
-export async function chat(policy: ChatPolicy, messages: readonly ChatMessage[], o: ChatCallOptions = {}): Promise<ChatReply> {
-  const it = chatStream(policy, messages, o);
+export async function chat(policy: ChatPolicy, messages: readonly ChatMessage[], opts: ChatCallOptions = {}): Promise<ChatReply> {
+  const it = chatStream(policy, messages, opts);
   for (;;) {
     const r = await it.next();
     if (r.done) return r.value;
@@ -52,14 +52,14 @@ export async function chat(policy: ChatPolicy, messages: readonly ChatMessage[],
  * The reply's text in pieces as it is sampled (a piece never ends inside a UTF-8 character); the
  * iterator's return value is the whole reply. Stopping the loop early (break) stops generation.
  */
-export async function* chatStream(policy: ChatPolicy, messages: readonly ChatMessage[], o: ChatCallOptions = {}): AsyncGenerator<string, ChatReply, undefined> {
-  o.signal?.throwIfAborted();
+export async function* chatStream(policy: ChatPolicy, messages: readonly ChatMessage[], opts: ChatCallOptions = {}): AsyncGenerator<string, ChatReply, undefined> {
+  opts.signal?.throwIfAborted();
   const { model, tokenizer, formatter } = policy;
-  const prompt = formatter.prompt(messages, { ...(o.enableThinking !== undefined ? { enableThinking: o.enableThinking } : {}), ...(o.tools ? { tools: o.tools } : {}) });
+  const prompt = formatter.prompt(messages, { ...(opts.enableThinking !== undefined ? { enableThinking: opts.enableThinking } : {}), ...(opts.tools ? { tools: opts.tools } : {}) });
   const ids = Int32Array.from(tokenizer.encode(prompt));
   const stop = new AbortController();
   const onAbort = () => stop.abort();
-  o.signal?.addEventListener('abort', onAbort, { once: true });
+  opts.signal?.addEventListener('abort', onAbort, { once: true });
   const queue: number[] = [];
   let wake: (() => void) | undefined;
   const tokens: number[] = [];
@@ -67,12 +67,12 @@ export async function* chatStream(policy: ChatPolicy, messages: readonly ChatMes
   const done = model
     .generateStream({
       prompts: [ids],
-      maxNewTokens: o.maxNewTokens ?? 256,
-      temperature: o.temperature ?? 0.7,
-      ...(o.topP !== undefined ? { topP: o.topP } : {}),
-      ...(o.topK !== undefined ? { topK: o.topK } : {}),
-      ...(o.greedy !== undefined ? { greedy: o.greedy } : {}),
-      ...(o.seed !== undefined ? { seed: o.seed } : {}),
+      maxNewTokens: opts.maxNewTokens ?? 256,
+      temperature: opts.temperature ?? 0.7,
+      ...(opts.topP !== undefined ? { topP: opts.topP } : {}),
+      ...(opts.topK !== undefined ? { topK: opts.topK } : {}),
+      ...(opts.greedy !== undefined ? { greedy: opts.greedy } : {}),
+      ...(opts.seed !== undefined ? { seed: opts.seed } : {}),
       stopStrings: formatter.stopTexts,
       signals: [stop.signal],
       onToken: (ev) => {
@@ -110,7 +110,7 @@ export async function* chatStream(policy: ChatPolicy, messages: readonly ChatMes
       wake = undefined;
     }
     const res = await done;
-    o.signal?.throwIfAborted();
+    opts.signal?.throwIfAborted();
     const text = visible();
     if (text.length > sent.length) yield text.slice(sent.length);
     const finish = res.finishReasons[0];
@@ -118,7 +118,7 @@ export async function* chatStream(policy: ChatPolicy, messages: readonly ChatMes
   } finally {
     // break, a throw in the loop body or an abort: stop the row and wait for the native call.
     stop.abort();
-    o.signal?.removeEventListener('abort', onAbort);
+    opts.signal?.removeEventListener('abort', onAbort);
     await done.catch(() => {});
   }
 }

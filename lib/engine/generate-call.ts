@@ -67,14 +67,14 @@ export function nativeGenerateRequest(req: GenerateRequest, checkIds: (ids: Int3
 }
 
 /** The native result's flat tokens / log-probs split into rows. */
-export function generatedRows(r: NativeGenerateResult, B: number): { tokens: Int32Array[]; logprobs: Float32Array[] } {
+export function generatedRows(result: NativeGenerateResult, B: number): { tokens: Int32Array[]; logprobs: Float32Array[] } {
   const tokens: Int32Array[] = [];
   const logprobs: Float32Array[] = [];
   let o = 0;
   for (let i = 0; i < B; i++) {
-    const n = r.lengths[i];
-    tokens.push(r.tokens.slice(o, o + n));
-    logprobs.push(r.logprobs.slice(o, o + n));
+    const n = result.lengths[i];
+    tokens.push(result.tokens.slice(o, o + n));
+    logprobs.push(result.logprobs.slice(o, o + n));
     o += n;
   }
   return { tokens, logprobs };
@@ -85,7 +85,7 @@ export function generatedRows(r: NativeGenerateResult, B: number): { tokens: Int
  * options, every step's tokens delivered to req.onToken, aborted signals cancelling their rows.
  * Returns the native result (for its counters) and the rows.
  */
-export async function streamGenerate(h: NativeModel, base: NativeGenerateRequest, req: StreamGenerateRequest, vocabSize: number): Promise<{ native: NativeGenerateResult; result: StreamGenerateResult }> {
+export async function streamGenerate(model: NativeModel, base: NativeGenerateRequest, req: StreamGenerateRequest, vocabSize: number): Promise<{ native: NativeGenerateResult; result: StreamGenerateResult }> {
   const B = req.prompts.length;
   const topN = req.topLogprobs ?? 0;
   if (!Number.isInteger(topN) || topN < 0 || topN > vocabSize) throw new SlmError('ARGUMENT_INVALID', `topLogprobs must be an integer from 0 to the vocabulary size, found ${describe(req.topLogprobs)}.`);
@@ -107,18 +107,18 @@ export async function streamGenerate(h: NativeModel, base: NativeGenerateRequest
       failure = e;
     }
   };
-  const call = h.generateStream({ ...base, topN, ...(rowMax ? { rowMaxNewTokens: rowMax } : {}) }, (s) => {
+  const call = model.generateStream({ ...base, topN, ...(rowMax ? { rowMaxNewTokens: rowMax } : {}) }, (step) => {
     if (closed) return;
-    const n = s.rows.length ? s.topIds.length / s.rows.length : 0;
-    for (let k = 0; k < s.rows.length; k++) {
-      const row = s.rows[k];
+    const n = step.rows.length ? step.topIds.length / step.rows.length : 0;
+    for (let k = 0; k < step.rows.length; k++) {
+      const row = step.rows[k];
       seen[row]++;
-      const f = s.finish[k];
+      const f = step.finish[k];
       deliver({
         row,
-        token: s.tokens[k],
-        logprob: s.logprobs[k],
-        ...(n ? { top: { ids: s.topIds.slice(k * n, (k + 1) * n), logprobs: s.topLogprobs.slice(k * n, (k + 1) * n) } } : {}),
+        token: step.tokens[k],
+        logprob: step.logprobs[k],
+        ...(n ? { top: { ids: step.topIds.slice(k * n, (k + 1) * n), logprobs: step.topLogprobs.slice(k * n, (k + 1) * n) } } : {}),
         ...(f !== 255 ? { finish: FINISH[f] as 'length' | 'stop_token' | 'stop_string' } : {}),
       });
     }

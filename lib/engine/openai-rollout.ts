@@ -90,10 +90,10 @@ export class OpenAIRollout implements TextGenerator {
     const n = req.prompts.length;
     const temps = req.temperature === undefined ? new Array(n).fill(1) : typeof req.temperature === 'number' ? new Array(n).fill(req.temperature) : Array.from(req.temperature);
     const rows = await Promise.all(
-      req.prompts.map((p, i) =>
+      req.prompts.map((promptTokens, i) =>
         this.complete({
           model,
-          prompt: Array.from(p),
+          prompt: Array.from(promptTokens),
           max_tokens: req.maxNewTokens,
           temperature: req.greedy ? 0 : temps[i],
           top_p: typeof req.topP === 'object' ? req.topP[i] : req.topP ?? 1,
@@ -170,10 +170,10 @@ export class OpenAIRollout implements TextGenerator {
     }
   }
 
-  private async attempt(s: Server, method: string, path: string, body: unknown): Promise<unknown> {
-    this.sent.set(s.url, (this.sent.get(s.url) ?? 0) + 1);
+  private async attempt(server: Server, method: string, path: string, body: unknown): Promise<unknown> {
+    this.sent.set(server.url, (this.sent.get(server.url) ?? 0) + 1);
     const init = { method, headers: { 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) };
-    const { res, text } = await fetchText(s.url + path, init, this.o.timeoutS * 1000);
+    const { res, text } = await fetchText(server.url + path, init, this.o.timeoutS * 1000);
     if (!res.ok) throw new AttemptError(`HTTP ${res.status} on ${path}: ${text.slice(0, 300)}`, retryableStatus(res.status));
     try {
       return JSON.parse(text);

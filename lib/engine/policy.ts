@@ -40,20 +40,20 @@ export interface Policy {
 /** What loadPolicy gives when the tokenizer or the chat template was not asked for. */
 export type PartialPolicy = Omit<Policy, 'tokenizer' | 'formatter'> & { tokenizer?: HfTokenizer; formatter?: ChatFormatter };
 
-export async function loadPolicy(path: string, o?: LoadPolicyOptions & { tokenizer?: true; chat?: true }): Promise<Policy>;
-export async function loadPolicy(path: string, o: LoadPolicyOptions): Promise<PartialPolicy>;
-export async function loadPolicy(path: string, o: LoadPolicyOptions = {}): Promise<PartialPolicy> {
-  if (o.threads !== undefined) setThreads(o.threads);
+export async function loadPolicy(path: string, opts?: LoadPolicyOptions & { tokenizer?: true; chat?: true }): Promise<Policy>;
+export async function loadPolicy(path: string, opts: LoadPolicyOptions): Promise<PartialPolicy>;
+export async function loadPolicy(path: string, opts: LoadPolicyOptions = {}): Promise<PartialPolicy> {
+  if (opts.threads !== undefined) setThreads(opts.threads);
   const dir = await localModelDir(path);
-  const adapter = o.adapter ? await localModelDir(o.adapter) : undefined;
-  const model = await Model.load(dir, { dtype: o.dtype, device: o.device, adapter });
+  const adapter = opts.adapter ? await localModelDir(opts.adapter) : undefined;
+  const model = await Model.load(dir, { dtype: opts.dtype, device: opts.device, adapter });
   try {
-    const withTokenizer = o.tokenizer ?? true;
+    const withTokenizer = opts.tokenizer ?? true;
     const tokenizer = withTokenizer ? loadTokenizer(dir) : undefined;
     // Checkpoints with more embedding rows than tokens (Qwen3) get the tokenizer's bytes; a
     // tokenizer larger than the model's vocabulary is left out of the engine (stop strings off).
     if (tokenizer && tokenizer.vocabSize <= model.vocabSize) model.setVocab(tokenizer.tokenBytes());
-    const formatter = (o.chat ?? withTokenizer) ? ChatFormatter.forModel(dir, { template: o.chatTemplate }) : undefined;
+    const formatter = (opts.chat ?? withTokenizer) ? ChatFormatter.forModel(dir, { template: opts.chatTemplate }) : undefined;
     return { model, dir, ...(adapter ? { adapter } : {}), ...(tokenizer ? { tokenizer } : {}), ...(formatter ? { formatter } : {}) };
   } catch (e) {
     model.dispose();

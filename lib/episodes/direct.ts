@@ -11,14 +11,14 @@ function directInstruction(question: string): string {
   return `Answer the question below from what you know. Give only the answer, between <answer> and </answer>, for example <answer> Beijing </answer>. Question: ${question}`;
 }
 
-export function directProtocol(o: { instruction?: (question: string) => string; envRole?: 'user' | 'tool' } = {}): EpisodeProtocol {
-  const role = o.envRole ?? 'user';
+export function directProtocol(opts: { instruction?: (question: string) => string; envRole?: 'user' | 'tool' } = {}): EpisodeProtocol {
+  const role = opts.envRole ?? 'user';
   return {
     name: 'direct',
     injection: 'chat',
     stopStrings: ['</answer>'],
     initialMessages(question): ChatMessage[] {
-      return [{ role: 'user', content: (o.instruction ?? directInstruction)(question) }];
+      return [{ role: 'user', content: (opts.instruction ?? directInstruction)(question) }];
     },
     parse(text) {
       const r = scanBlocks(text, [{ tag: 'answer' }]);

@@ -56,29 +56,29 @@ export interface EpisodeContext {
 }
 
 /** The episode of request `r` at `index`: its prompt encoded (already over the limit: ended with `context`). */
-export function startEpisode(ctx: EpisodeContext, r: EpisodeRequest, index: number): Live {
+export function startEpisode(ctx: EpisodeContext, episodeRequest: EpisodeRequest, index: number): Live {
   const o = ctx.options;
-  if (!r || typeof r.question !== 'string') throw new SlmError('ARGUMENT_INVALID', `Expected episode request ${index} to have a string "question", but found ${describe(r?.question)}.`);
-  const temperature = r.temperature ?? o.temperature ?? 1;
+  if (!episodeRequest || typeof episodeRequest.question !== 'string') throw new SlmError('ARGUMENT_INVALID', `Expected episode request ${index} to have a string "question", but found ${describe(episodeRequest?.question)}.`);
+  const temperature = episodeRequest.temperature ?? o.temperature ?? 1;
   if (!(typeof temperature === 'number' && temperature >= 0)) {
     throw new SlmError('ARGUMENT_INVALID', `Expected the temperature of episode request ${index} to be a number >= 0, but found ${describe(temperature)}.`);
   }
-  if (r.topP !== undefined && !(typeof r.topP === 'number' && r.topP > 0 && r.topP <= 1)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the topP of episode request ${index} to be a number in (0, 1], but found ${describe(r.topP)}.`);
+  if (episodeRequest.topP !== undefined && !(typeof episodeRequest.topP === 'number' && episodeRequest.topP > 0 && episodeRequest.topP <= 1)) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected the topP of episode request ${index} to be a number in (0, 1], but found ${describe(episodeRequest.topP)}.`);
   }
-  if (r.prompt !== undefined && !(Array.isArray(r.prompt) && r.prompt.every((m) => m && typeof m.role === 'string' && typeof m.content === 'string'))) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the prompt of episode request ${index} to be a list of chat messages {role, content}, but found ${describe(r.prompt)}.`);
+  if (episodeRequest.prompt !== undefined && !(Array.isArray(episodeRequest.prompt) && episodeRequest.prompt.every((m) => m && typeof m.role === 'string' && typeof m.content === 'string'))) {
+    throw new SlmError('ARGUMENT_INVALID', `Expected the prompt of episode request ${index} to be a list of chat messages {role, content}, but found ${describe(episodeRequest.prompt)}.`);
   }
-  const messages = r.messages ? r.messages.map((m) => ({ ...m })) : o.protocol.initialMessages(r.question, ctx.generations, r.prompt);
+  const messages = episodeRequest.messages ? episodeRequest.messages.map((m) => ({ ...m })) : o.protocol.initialMessages(episodeRequest.question, ctx.generations, episodeRequest.prompt);
   const thinking = o.enableThinking !== undefined ? { enableThinking: o.enableThinking } : {};
   const text = o.formatter.prompt(messages, thinking);
   const ids = encodeRendered(o.tokenizer, text, messages, (ms) => o.formatter.prompt(ms, thinking));
   const s: Live = {
     index,
-    seed: r.seed,
-    question: r.question,
+    seed: episodeRequest.seed,
+    question: episodeRequest.question,
     temperature,
-    ...(r.topP !== undefined ? { topP: r.topP } : {}),
+    ...(episodeRequest.topP !== undefined ? { topP: episodeRequest.topP } : {}),
     ids: [...ids],
     mask: new Array(ids.length).fill(0),
     logprobs: new Array(ids.length).fill(0),
@@ -107,72 +107,72 @@ export function startEpisode(ctx: EpisodeContext, r: EpisodeRequest, index: numb
 }
 
 /** Parses the generated turn, appends its tokens; returns the action the environment must answer, if any. */
-export function commitTurn(ctx: EpisodeContext, s: Live, turn: number): ToolAction | undefined {
+export function commitTurn(ctx: EpisodeContext, live: Live, turn: number): ToolAction | undefined {
   const o = ctx.options;
-  let text = o.tokenizer.decode(s.turnIds);
+  let text = o.tokenizer.decode(live.turnIds);
   const action = o.protocol.parse(text);
   let dropped = 0;
   if (action.kind !== 'none') {
-    const keep = Math.max(s.turnForced, tokensThrough(o.tokenizer, s.turnIds, text, action.end));
-    if (keep < s.turnIds.length) {
-      dropped = s.turnIds.length - keep;
-      s.turnIds.length = keep;
-      s.turnLogprobs.length = keep;
-      text = o.tokenizer.decode(s.turnIds);
-      if (s.turnFinish !== 'stop_string') s.turnFinish = 'stop_string';
+    const keep = Math.max(live.turnForced, tokensThrough(o.tokenizer, live.turnIds, text, action.end));
+    if (keep < live.turnIds.length) {
+      dropped = live.turnIds.length - keep;
+      live.turnIds.length = keep;
+      live.turnLogprobs.length = keep;
+      text = o.tokenizer.decode(live.turnIds);
+      if (live.turnFinish !== 'stop_string') live.turnFinish = 'stop_string';
     }
   }
   // Prefilled tokens: trained or not as the options say; the sampler gave them no log-prob.
-  const forced = s.turnForced;
+  const forced = live.turnForced;
   const trainForced = o.prefill?.trained === true ? 1 : 0;
-  for (let k = 0; k < s.turnIds.length; k++) {
-    s.ids.push(s.turnIds[k]);
-    s.mask.push(k < forced ? trainForced : 1);
-    s.logprobs.push(k < forced ? 0 : s.turnLogprobs[k]);
-    s.forced.push(k < forced ? 1 : 0);
+  for (let k = 0; k < live.turnIds.length; k++) {
+    live.ids.push(live.turnIds[k]);
+    live.mask.push(k < forced ? trainForced : 1);
+    live.logprobs.push(k < forced ? 0 : live.turnLogprobs[k]);
+    live.forced.push(k < forced ? 1 : 0);
   }
-  s.turns = turn;
-  if (forced > 0) s.segments.push({ source: 'prefill', text: o.tokenizer.decode(s.turnIds.slice(0, forced)), tokens: forced });
-  s.segments.push({ source: 'model', text: forced > 0 ? o.tokenizer.decode(s.turnIds.slice(forced)) : text, tokens: s.turnIds.length - forced });
-  s.turnText = text;
-  addAssistantText(ctx, s, text);
-  s.steps.push({
+  live.turns = turn;
+  if (forced > 0) live.segments.push({ source: 'prefill', text: o.tokenizer.decode(live.turnIds.slice(0, forced)), tokens: forced });
+  live.segments.push({ source: 'model', text: forced > 0 ? o.tokenizer.decode(live.turnIds.slice(forced)) : text, tokens: live.turnIds.length - forced });
+  live.turnText = text;
+  addAssistantText(ctx, live, text);
+  live.steps.push({
     turn,
     action: action.kind,
     ...(action.kind === 'none' ? { reason: action.reason, ...(action.open ? { open: action.open } : {}) } : {}),
-    finishReason: s.turnFinish,
-    generatedTokens: s.turnIds.length - forced,
+    finishReason: live.turnFinish,
+    generatedTokens: live.turnIds.length - forced,
     ...(forced > 0 ? { prefillTokens: forced } : {}),
     droppedTokens: dropped,
-    resumes: s.resumes,
+    resumes: live.resumes,
     envTokens: 0,
   });
   if (action.kind === 'answer') {
-    s.answer = action.answer;
-    s.finish = 'answer';
+    live.answer = action.answer;
+    live.finish = 'answer';
     return undefined;
   }
-  if (s.ids.length >= o.maxTotalTokens) {
-    s.finish = 'context';
+  if (live.ids.length >= o.maxTotalTokens) {
+    live.finish = 'context';
     return undefined;
   }
   if (turn >= ctx.generations) {
-    s.finish = 'max_turns';
+    live.finish = 'max_turns';
     return undefined;
   }
   return action;
 }
 
 /** Appends the environment's reply to the turn just committed (or ends the episode: an answer, or no room). */
-export function appendReply(ctx: EpisodeContext, s: Live, reply: EnvReply): void {
+export function appendReply(ctx: EpisodeContext, live: Live, reply: EnvReply): void {
   const o = ctx.options;
-  const step = s.steps[s.steps.length - 1];
-  s.calls.push(...reply.calls);
-  s.toolMs += reply.toolMs;
+  const step = live.steps[live.steps.length - 1];
+  live.calls.push(...reply.calls);
+  live.toolMs += reply.toolMs;
   if (reply.program) step.program = reply.program;
   if (reply.answer !== undefined) {
-    s.answer = reply.answer;
-    s.finish = 'answer';
+    live.answer = reply.answer;
+    live.finish = 'answer';
     return;
   }
   const next = reply.messages ?? [];
@@ -190,27 +190,27 @@ export function appendReply(ctx: EpisodeContext, s: Live, reply: EnvReply): void
   } else {
     if (!next.length) throw new SlmError('PROTOCOL_ERROR', `Expected the ${o.protocol.name} protocol to reply with at least one message after turn ${step.turn}, but it gave none.`);
     // The turn as decoded (stop-token text included) so that the formatter does not repeat `<|im_end|>`.
-    const generated = s.turnText;
-    const history: ChatMessage[] = [...s.messages.slice(0, -1), { role: 'assistant', content: generated }];
+    const generated = live.turnText;
+    const history: ChatMessage[] = [...live.messages.slice(0, -1), { role: 'assistant', content: generated }];
     const continuation = (ms: ChatMessage[]) => o.formatter.continuation(history, ms, { strict: o.strictTemplate ?? false, ...(o.enableThinking !== undefined ? { enableThinking: o.enableThinking } : {}) });
     text = continuation(next);
     ids = encodeRendered(o.tokenizer, text, next, continuation);
   }
   // The reply must fit with room for at least one generated token after it.
-  if (s.ids.length + ids.length >= o.maxTotalTokens) {
-    s.finish = 'context';
+  if (live.ids.length + ids.length >= o.maxTotalTokens) {
+    live.finish = 'context';
     return;
   }
   for (const id of ids) {
-    s.ids.push(id);
-    s.mask.push(0);
-    s.logprobs.push(0);
-    s.forced.push(0);
+    live.ids.push(id);
+    live.mask.push(0);
+    live.logprobs.push(0);
+    live.forced.push(0);
   }
   step.envTokens = ids.length;
-  s.segments.push({ source: 'env', text, tokens: ids.length });
-  if (o.protocol.injection === 'inline') s.inlineText += text;
-  else s.messages.push(...next);
+  live.segments.push({ source: 'env', text, tokens: ids.length });
+  if (o.protocol.injection === 'inline') live.inlineText += text;
+  else live.messages.push(...next);
 }
 
 /** Marks a message's content in a render: `MARK` index `MARK`. */
@@ -238,39 +238,39 @@ export function encodeRendered(tokenizer: Pick<Tokenizer, 'encode' | 'specialTok
 }
 
 /** Adds the turn's text to the conversation (inline protocols: to the one assistant message). */
-function addAssistantText(ctx: EpisodeContext, s: Live, text: string): void {
+function addAssistantText(ctx: EpisodeContext, live: Live, text: string): void {
   if (ctx.options.protocol.injection === 'inline') {
-    s.inlineText += text;
-    const clean = stripStopText(s.inlineText, ctx.stopTexts);
-    const last = s.messages[s.messages.length - 1];
+    live.inlineText += text;
+    const clean = stripStopText(live.inlineText, ctx.stopTexts);
+    const last = live.messages[live.messages.length - 1];
     if (last?.role === 'assistant') last.content = clean;
-    else s.messages.push({ role: 'assistant', content: clean });
+    else live.messages.push({ role: 'assistant', content: clean });
   } else {
-    s.messages.push({ role: 'assistant', content: stripStopText(text, ctx.stopTexts) });
+    live.messages.push({ role: 'assistant', content: stripStopText(text, ctx.stopTexts) });
   }
 }
 
 /** The Episode the runner returns for this state. */
-export function finishEpisode(s: Live): Episode {
-  const finish = s.finish ?? 'max_turns';
+export function finishEpisode(live: Live): Episode {
+  const finish = live.finish ?? 'max_turns';
   return {
-    index: s.index,
-    question: s.question,
-    ids: Int32Array.from(s.ids),
-    lossMask: Uint8Array.from(s.mask),
-    logprobs: Float32Array.from(s.logprobs),
-    ...(s.forced.some((x) => x === 1) ? { forced: Uint8Array.from(s.forced) } : {}),
-    promptTokens: s.promptTokens,
-    temperature: s.temperature,
-    answer: s.answer,
+    index: live.index,
+    question: live.question,
+    ids: Int32Array.from(live.ids),
+    lossMask: Uint8Array.from(live.mask),
+    logprobs: Float32Array.from(live.logprobs),
+    ...(live.forced.some((x) => x === 1) ? { forced: Uint8Array.from(live.forced) } : {}),
+    promptTokens: live.promptTokens,
+    temperature: live.temperature,
+    answer: live.answer,
     finish,
-    turns: s.turns,
-    calls: s.calls,
-    messages: s.messages,
-    steps: s.steps,
-    segments: s.segments,
-    timings: { generateMs: s.generateMs, toolMs: s.toolMs },
-    record: { finish, messages: s.messages, calls: s.calls, steps: s.steps },
+    turns: live.turns,
+    calls: live.calls,
+    messages: live.messages,
+    steps: live.steps,
+    segments: live.segments,
+    timings: { generateMs: live.generateMs, toolMs: live.toolMs },
+    record: { finish, messages: live.messages, calls: live.calls, steps: live.steps },
   };
 }
 

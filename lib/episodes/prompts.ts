@@ -24,9 +24,9 @@ export interface CodePromptOptions {
   searchResults?: number;
 }
 
-const PY_EXAMPLE = (t: CodeTags) => `Question: In which city was the architect of the Sydney Opera House born?
+const PY_EXAMPLE = (tags: CodeTags) => `Question: In which city was the architect of the Sydney Opera House born?
 
-<${t.code}>
+<${tags.code}>
 # How many hits to open, and how much text around a match to show
 TOP = 3
 BEFORE, AFTER = 80, 300
@@ -49,20 +49,20 @@ for hit in search_pages("Jorn Utzon Danish architect")[:TOP]:
             print(f"\\n--- '{word}' in {hit['title']} ---")
             print(text[max(0, i - BEFORE):i + AFTER])
             break
-</${t.code}>
-<${t.code}_output>
+</${tags.code}>
+<${tags.code}_output>
 --- Sydney Opera House ---
 ...a multi-venue performing arts centre in Sydney. It was designed by the Danish architect Jørn Utzon and opened in 1973...
 
 --- 'born' in Jørn Utzon ---
 ...Jørn Oberg Utzon was born in Copenhagen, the son of a naval engineer, and grew up in Aalborg...
-</${t.code}_output>
+</${tags.code}_output>
 
-<${t.answer}>Copenhagen</${t.answer}>`;
+<${tags.answer}>Copenhagen</${tags.answer}>`;
 
-const JS_EXAMPLE = (t: CodeTags) => `Question: In which city was the architect of the Sydney Opera House born?
+const JS_EXAMPLE = (tags: CodeTags) => `Question: In which city was the architect of the Sydney Opera House born?
 
-<${t.code}>
+<${tags.code}>
 // How many hits to open, and how much text around a match to show
 const TOP = 3, BEFORE = 80, AFTER = 300;
 
@@ -87,16 +87,16 @@ for (const hit of search_pages("Jorn Utzon Danish architect").slice(0, TOP)) {
     break;
   }
 }
-</${t.code}>
-<${t.code}_output>
+</${tags.code}>
+<${tags.code}_output>
 --- Sydney Opera House ---
 ...a multi-venue performing arts centre in Sydney. It was designed by the Danish architect Jørn Utzon and opened in 1973...
 
 --- born in Jørn Utzon ---
 ...Jørn Oberg Utzon was born in Copenhagen, the son of a naval engineer, and grew up in Aalborg...
-</${t.code}_output>
+</${tags.code}_output>
 
-<${t.answer}>Copenhagen</${t.answer}>`;
+<${tags.answer}>Copenhagen</${tags.answer}>`;
 
 /** The default system prompt of `code` episodes. */
 export function codeSystemPrompt(opts: CodePromptOptions): string {

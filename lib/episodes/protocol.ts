@@ -150,15 +150,15 @@ export interface CodeProtocolOptions {
   searchResults?: number;
 }
 
-export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
-  if (!o || typeof o.executor?.run !== 'function') {
+export function codeProtocol(codeProtocolOptions: CodeProtocolOptions): EpisodeProtocol {
+  if (!codeProtocolOptions || typeof codeProtocolOptions.executor?.run !== 'function') {
     throw new SlmError('ARGUMENT_INVALID', 'Expected codeProtocol({ executor }) with an executor that has run(code), e.g. a sandbox from createSandbox(); found none.');
   }
-  const tags = o.tags ?? CODE_TAGS;
-  const role = o.envRole ?? 'user';
-  const notice = o.finalTurnNotice === undefined ? finalTurnNotice(tags) : o.finalTurnNotice;
-  const maxChars = o.maxOutputChars ?? DEFAULT_OBSERVATION_CHARS;
-  const qVar = o.questionVariable;
+  const tags = codeProtocolOptions.tags ?? CODE_TAGS;
+  const role = codeProtocolOptions.envRole ?? 'user';
+  const notice = codeProtocolOptions.finalTurnNotice === undefined ? finalTurnNotice(tags) : codeProtocolOptions.finalTurnNotice;
+  const maxChars = codeProtocolOptions.maxOutputChars ?? DEFAULT_OBSERVATION_CHARS;
+  const qVar = codeProtocolOptions.questionVariable;
   if (qVar !== undefined && !IDENTIFIER.test(qVar)) {
     throw new SlmError('ARGUMENT_INVALID', `Expected questionVariable to be an identifier such as "question" but received ${JSON.stringify(qVar)}.`);
   }
@@ -167,7 +167,7 @@ export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
     injection: 'chat',
     stopStrings: [`</${tags.code}>`, `</${tags.answer}>`],
     initialMessages(question, maxTurns) {
-      const system = typeof o.systemPrompt === 'function' ? o.systemPrompt(maxTurns) : (o.systemPrompt ?? codeSystemPrompt({ maxTurns, language: o.language, tags, questionVariable: qVar, finalAnswer: o.finalAnswer, searchResults: o.searchResults }));
+      const system = typeof codeProtocolOptions.systemPrompt === 'function' ? codeProtocolOptions.systemPrompt(maxTurns) : (codeProtocolOptions.systemPrompt ?? codeSystemPrompt({ maxTurns, language: codeProtocolOptions.language, tags, questionVariable: qVar, finalAnswer: codeProtocolOptions.finalAnswer, searchResults: codeProtocolOptions.searchResults }));
       return [
         { role: 'system', content: system },
         { role: 'user', content: codeQuestionMessage(question) },
@@ -181,12 +181,12 @@ export function codeProtocol(o: CodeProtocolOptions): EpisodeProtocol {
         if (qVar !== undefined && typeof ctx.question !== 'string') {
           throw new SlmError('PROTOCOL_ERROR', `Expected the turn context to carry the episode's question (the protocol binds it to "${qVar}") but it had none.`);
         }
-        const opts = qVar !== undefined || o.finalAnswer ? { ...(qVar !== undefined ? { globals: { [qVar]: ctx.question } } : {}), finalAnswer: o.finalAnswer === true } : undefined;
-        const r = await o.executor.run(action.code, opts);
+        const opts = qVar !== undefined || codeProtocolOptions.finalAnswer ? { ...(qVar !== undefined ? { globals: { [qVar]: ctx.question } } : {}), finalAnswer: codeProtocolOptions.finalAnswer === true } : undefined;
+        const r = await codeProtocolOptions.executor.run(action.code, opts);
         out.toolMs = performance.now() - t0;
         out.calls = (r.calls ?? []).map((c) => ({ turn: ctx.turn, name: c.name, args: c.args, ok: c.ok, ms: c.ms }));
         out.program = { error: r.error, timed_out: r.timed_out, truncated: r.truncated ?? false, output_chars: r.stdout.length, duration_ms: r.duration_ms ?? out.toolMs };
-        if (o.finalAnswer && typeof r.final_answer === 'string') {
+        if (codeProtocolOptions.finalAnswer && typeof r.final_answer === 'string') {
           out.answer = r.final_answer.trim();
           return out;
         }
@@ -236,18 +236,18 @@ export interface TagsProtocolOptions {
 /** Errors of the search that are about the query (shown to the model) rather than a broken index (thrown). */
 const QUERY_ERRORS = new Set(['ARGUMENT_INVALID', 'NOT_FOUND']);
 
-export function tagsProtocol(o: TagsProtocolOptions): EpisodeProtocol {
-  if (!o || typeof o.search?.searchPassages !== 'function') {
+export function tagsProtocol(opts: TagsProtocolOptions): EpisodeProtocol {
+  if (!opts || typeof opts.search?.searchPassages !== 'function') {
     throw new SlmError('ARGUMENT_INVALID', 'Expected tagsProtocol({ search }) with a search that has searchPassages(query, k), e.g. a SearchIndex; found none.');
   }
-  const topK = o.topK ?? 3;
-  const mode = o.mode ?? 'inline';
-  const role = o.envRole ?? 'user';
-  const turnsCount = o.turnsCount ?? 'searches';
+  const topK = opts.topK ?? 3;
+  const mode = opts.mode ?? 'inline';
+  const role = opts.envRole ?? 'user';
+  const turnsCount = opts.turnsCount ?? 'searches';
   if (turnsCount !== 'searches' && turnsCount !== 'generations') {
     throw new SlmError('ARGUMENT_INVALID', `Expected turnsCount of tagsProtocol to be "searches" or "generations" but received ${JSON.stringify(turnsCount)}.`);
   }
-  const template = o.instruction ?? SEARCH_R1_INSTRUCTION;
+  const template = opts.instruction ?? SEARCH_R1_INSTRUCTION;
   if (typeof template === 'string' && !template.includes(QUESTION_PLACEHOLDER)) {
     throw new SlmError('ARGUMENT_INVALID', `Expected the instruction template of tagsProtocol to contain ${QUESTION_PLACEHOLDER} where the question goes, but it has none: ${JSON.stringify(template.slice(0, 80))}.`);
   }
@@ -260,9 +260,9 @@ export function tagsProtocol(o: TagsProtocolOptions): EpisodeProtocol {
     stopStrings: ['</search>', '</answer>'],
     turnsCount,
     initialMessages(question, _maxTurns, prompt) {
-      if (prompt?.length && o.usePrompt !== false) return prompt.map((m) => ({ role: m.role, content: m.content }));
+      if (prompt?.length && opts.usePrompt !== false) return prompt.map((m) => ({ role: m.role, content: m.content }));
       const user: ChatMessage = { role: 'user', content: instruction(question) };
-      return o.systemPrompt ? [{ role: 'system', content: o.systemPrompt }, user] : [user];
+      return opts.systemPrompt ? [{ role: 'system', content: opts.systemPrompt }, user] : [user];
     },
     parse: parseTagsTurn,
     async respond(action, ctx) {
@@ -272,7 +272,7 @@ export function tagsProtocol(o: TagsProtocolOptions): EpisodeProtocol {
       }
       const t0 = performance.now();
       try {
-        const passages = await o.search.searchPassages(action.query, topK);
+        const passages = await opts.search.searchPassages(action.query, topK);
         const ms = performance.now() - t0;
         return wrap(formatInformation(passages), [{ turn: ctx.turn, name: 'search', args: [action.query], ok: true, ms, results: passages.length }], ms);
       } catch (e) {

@@ -113,12 +113,12 @@ export class EpisodeRunner {
       s.resumes = 0;
     }
     // An episode whose prefill leaves no room to generate ends here, as one whose reply would not fit.
-    let rows = active.filter((s) => {
-      if (s.ids.length + forced.length < o.maxTotalTokens) return true;
-      s.turnIds = [];
-      s.turnLogprobs = [];
-      s.turnForced = 0;
-      s.finish = 'context';
+    let rows = active.filter((live) => {
+      if (live.ids.length + forced.length < o.maxTotalTokens) return true;
+      live.turnIds = [];
+      live.turnLogprobs = [];
+      live.turnForced = 0;
+      live.finish = 'context';
       return false;
     });
     // Turn 1 at the options' fixed sampling (options.firstTurn), later turns at the episode's own.
@@ -149,8 +149,8 @@ export class EpisodeRunner {
       checkResult(res, rows.length);
       stats.cacheReusedTokens += res.cacheReusedTokens ?? 0;
       const again: Live[] = [];
-      rows.forEach((s, i) => {
-        s.generateMs += ms;
+      rows.forEach((live, i) => {
+        live.generateMs += ms;
         let toks = res.tokens[i];
         let lps = res.logprobs[i];
         let finish = res.finishReasons[i];
@@ -161,17 +161,17 @@ export class EpisodeRunner {
           finish = 'length';
         }
         for (let k = 0; k < toks.length; k++) {
-          s.turnIds.push(toks[k]);
-          s.turnLogprobs.push(lps[k]);
+          live.turnIds.push(toks[k]);
+          live.turnLogprobs.push(lps[k]);
         }
-        s.budget -= toks.length;
-        s.turnFinish = finish;
-        const room = o.maxTotalTokens - s.ids.length - s.turnIds.length;
-        if (finish !== 'stop_string' || toks.length === 0 || s.budget <= 0 || room <= 0) return;
-        const action = o.protocol.parse(o.tokenizer.decode(s.turnIds));
+        live.budget -= toks.length;
+        live.turnFinish = finish;
+        const room = o.maxTotalTokens - live.ids.length - live.turnIds.length;
+        if (finish !== 'stop_string' || toks.length === 0 || live.budget <= 0 || room <= 0) return;
+        const action = o.protocol.parse(o.tokenizer.decode(live.turnIds));
         if (action.kind === 'none' && action.reason === 'unclosed') {
-          s.resumes++;
-          again.push(s);
+          live.resumes++;
+          again.push(live);
         }
       });
       rows = again;
@@ -193,28 +193,28 @@ export class EpisodeRunner {
   }
 }
 
-function checkOptions(o: EpisodeRunnerOptions): void {
-  if (!o || typeof o !== 'object') throw new SlmError('ARGUMENT_INVALID', `Expected EpisodeRunner options, but found ${describe(o)}.`);
+function checkOptions(opts: EpisodeRunnerOptions): void {
+  if (!opts || typeof opts !== 'object') throw new SlmError('ARGUMENT_INVALID', `Expected EpisodeRunner options, but found ${describe(opts)}.`);
   for (const [k, what] of [
     ['generator', 'a TextGenerator (generate(req))'],
     ['tokenizer', 'a tokenizer (encode, decode, stopTokenIds)'],
     ['formatter', 'a prompt formatter (prompt, continuation), e.g. ChatFormatter.forModel(dir)'],
     ['protocol', 'a protocol from codeProtocol() or tagsProtocol()'],
   ] as const) {
-    if (!o[k] || typeof o[k] !== 'object') throw new SlmError('ARGUMENT_INVALID', `Expected option "${k}" of EpisodeRunner to be ${what}, but found ${describe(o[k])}.`);
+    if (!opts[k] || typeof opts[k] !== 'object') throw new SlmError('ARGUMENT_INVALID', `Expected option "${k}" of EpisodeRunner to be ${what}, but found ${describe(opts[k])}.`);
   }
   for (const k of ['maxTurns', 'maxNewTokens', 'maxTotalTokens'] as const) {
-    if (!Number.isInteger(o[k]) || o[k] < 1) throw new SlmError('ARGUMENT_INVALID', `Expected option "${k}" of EpisodeRunner to be a positive integer, but found ${describe(o[k])}.`);
+    if (!Number.isInteger(opts[k]) || opts[k] < 1) throw new SlmError('ARGUMENT_INVALID', `Expected option "${k}" of EpisodeRunner to be a positive integer, but found ${describe(opts[k])}.`);
   }
-  if (o.prefill !== undefined) {
-    const p = o.prefill;
+  if (opts.prefill !== undefined) {
+    const p = opts.prefill;
     if (!p || typeof p !== 'object') throw new SlmError('ARGUMENT_INVALID', `Expected option "prefill" of EpisodeRunner to be { first?, final?, trained? }, but found ${describe(p)}.`);
     for (const k of ['first', 'final'] as const)
       if (p[k] !== undefined && !(typeof p[k] === 'string' && p[k] !== '')) throw new SlmError('ARGUMENT_INVALID', `Expected prefill.${k} of EpisodeRunner to be a non-empty string, but found ${describe(p[k])}.`);
     if (p.trained !== undefined && typeof p.trained !== 'boolean') throw new SlmError('ARGUMENT_INVALID', `Expected prefill.trained of EpisodeRunner to be a boolean, but found ${describe(p.trained)}.`);
   }
-  if (o.firstTurn !== undefined) {
-    const f = o.firstTurn;
+  if (opts.firstTurn !== undefined) {
+    const f = opts.firstTurn;
     if (!f || typeof f.temperature !== 'number' || !(f.temperature >= 0) || typeof f.topP !== 'number' || !(f.topP > 0 && f.topP <= 1))
       throw new SlmError('ARGUMENT_INVALID', `Expected option "firstTurn" of EpisodeRunner to be { temperature >= 0, topP in (0, 1] }, but found ${describe(f)}.`);
   }

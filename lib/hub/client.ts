@@ -138,14 +138,14 @@ export class Client {
   }
 
   /** The snapshot path of one file, downloading its blob if the cache lacks it. */
-  async ensure(storage: string, sha: string, f: ListFileEntry): Promise<string> {
-    const pointer = join(storage, 'snapshots', sha, f.path);
+  async ensure(storage: string, sha: string, entry: ListFileEntry): Promise<string> {
+    const pointer = join(storage, 'snapshots', sha, entry.path);
     if (existsSync(pointer)) return pointer;
-    const etag = f.lfs?.oid ?? f.oid;
+    const etag = entry.lfs?.oid ?? entry.oid;
     if (!etag || !/^[0-9a-f]{40,64}$/.test(etag))
-      throw new SlmError('HUB_DOWNLOAD_FAILED', `${this.ref.text}: the listing of ${f.path} carries no content hash (oid), so the download could not be checked.`);
+      throw new SlmError('HUB_DOWNLOAD_FAILED', `${this.ref.text}: the listing of ${entry.path} carries no content hash (oid), so the download could not be checked.`);
     const blob = join(storage, 'blobs', etag);
-    if (!existsSync(blob)) await withLock(`${blob}.lock`, () => existsSync(blob), this.s.log, () => this.download(f, sha, blob, etag));
+    if (!existsSync(blob)) await withLock(`${blob}.lock`, () => existsSync(blob), this.s.log, () => this.download(entry, sha, blob, etag));
     mkdirSync(dirname(pointer), { recursive: true });
     if (lstatSync(pointer, { throwIfNoEntry: false })) unlinkSync(pointer); // a dangling link
     try {
@@ -156,25 +156,25 @@ export class Client {
     return pointer;
   }
 
-  private async download(f: ListFileEntry, sha: string, blob: string, etag: string): Promise<void> {
+  private async download(entry: ListFileEntry, sha: string, blob: string, etag: string): Promise<void> {
     const part = `${blob}.incomplete`;
-    const size = f.lfs?.size ?? f.size;
-    const what = `downloading ${f.path}`;
+    const size = entry.lfs?.size ?? entry.size;
+    const what = `downloading ${entry.path}`;
     let lastError: unknown;
     for (let attempt = 1; attempt <= this.s.attempts; attempt++) {
       const have = statSync(part, { throwIfNoEntry: false })?.size ?? 0;
       if (have > size) unlinkSync(part);
       const offset = have > size ? 0 : have;
-      if (attempt === 1) this.s.log(`hub: ${this.ref.text}: ${f.path} (${bytes(size)}${offset ? `, resuming at ${bytes(offset)}` : ''}) from ${this.s.endpoint}`);
-      else this.s.log(`hub: ${f.path}: try ${attempt} of ${this.s.attempts} at ${bytes(offset)} (${cause(lastError)})`);
+      if (attempt === 1) this.s.log(`hub: ${this.ref.text}: ${entry.path} (${bytes(size)}${offset ? `, resuming at ${bytes(offset)}` : ''}) from ${this.s.endpoint}`);
+      else this.s.log(`hub: ${entry.path}: try ${attempt} of ${this.s.attempts} at ${bytes(offset)} (${cause(lastError)})`);
       try {
-        if (offset < size) await this.fetchInto(f, sha, part, offset);
+        if (offset < size) await this.fetchInto(entry, sha, part, offset);
         const got = statSync(part, { throwIfNoEntry: false })?.size ?? 0;
         if (got !== size) throw new Error(`received ${got} of ${size} bytes`);
         const hash = await fileHash(part, etag.length === 64 ? 'sha256' : 'git', size);
         if (hash !== etag) {
           unlinkSync(part);
-          throw new SlmError('HUB_DOWNLOAD_FAILED', `${this.ref.text}: ${f.path} arrived with hash ${hash}, not the ${etag} the hub lists; the file was discarded. Try again; if it persists, the endpoint (${this.s.endpoint}) serves altered files.`);
+          throw new SlmError('HUB_DOWNLOAD_FAILED', `${this.ref.text}: ${entry.path} arrived with hash ${hash}, not the ${etag} the hub lists; the file was discarded. Try again; if it persists, the endpoint (${this.s.endpoint}) serves altered files.`);
         }
         renameSync(part, blob);
         return;
@@ -189,15 +189,15 @@ export class Client {
     throw new SlmError(
       'HUB_DOWNLOAD_FAILED',
       `${this.ref.text}: ${what} from ${this.s.endpoint} failed ${this.s.attempts} times (last: ${cause(lastError)}). ${kept ? `The ${bytes(kept)} received are kept in ${part}; running again resumes from there.` : 'Run again to retry.'}`,
-      { url: this.where(), file: f.path },
+      { url: this.where(), file: entry.path },
     );
   }
 
   /** Streams the file from `offset` onto the end of `part`, abandoning it when no byte comes for stallMs. */
-  private async fetchInto(f: ListFileEntry, sha: string, part: string, offset: number): Promise<void> {
+  private async fetchInto(entry: ListFileEntry, sha: string, part: string, offset: number): Promise<void> {
     const stall = new AbortController();
-    const blob = await downloadFile({ repo: this.name, path: f.path, revision: sha, ...this.creds, fetch: this.guardedFetch(stall.signal), xet: false });
-    if (!blob) throw new SlmError('HUB_NOT_FOUND', `${this.ref.text}: ${f.path} is listed in ${this.ref.repo}@${sha} but the hub has no such file (404).`);
+    const blob = await downloadFile({ repo: this.name, path: entry.path, revision: sha, ...this.creds, fetch: this.guardedFetch(stall.signal), xet: false });
+    if (!blob) throw new SlmError('HUB_NOT_FOUND', `${this.ref.text}: ${entry.path} is listed in ${this.ref.repo}@${sha} but the hub has no such file (404).`);
     mkdirSync(dirname(part), { recursive: true });
     const out = createWriteStream(part, { flags: 'a' });
     let timer: NodeJS.Timeout | undefined;

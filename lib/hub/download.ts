@@ -23,10 +23,10 @@ export type { HubOptions };
 // Public entry points
 
 /** A model folder: the path itself, or for `hf:OWNER/NAME` the downloaded snapshot folder. */
-export async function localModelDir(pathOrRef: string, o: HubOptions = {}): Promise<string> {
+export async function localModelDir(pathOrRef: string, opts: HubOptions = {}): Promise<string> {
   if (!isHubRef(pathOrRef)) return pathOrRef;
   const ref = parseHubRef(pathOrRef);
-  const { root } = await fetchInCache(ref, 'model', settings(o));
+  const { root } = await fetchInCache(ref, 'model', settings(opts));
   return ref.path ? join(root, ref.path) : root;
 }
 
@@ -38,11 +38,11 @@ export async function localDataFiles(pathOrRef: string, o: HubOptions = {}): Pro
 }
 
 /** fetchSnapshot, with the cache's file-system failures (no permission, no space, ...) said as such. */
-async function fetchInCache(ref: HubRef, kind: RepoKind, s: Settings): Promise<{ root: string; files: string[] }> {
+async function fetchInCache(ref: HubRef, kind: RepoKind, settings: Settings): Promise<{ root: string; files: string[] }> {
   try {
-    return await fetchSnapshot(ref, kind, s);
+    return await fetchSnapshot(ref, kind, settings);
   } catch (e) {
-    throw hubCacheError(e, s.cacheDir, ref.text) ?? e;
+    throw hubCacheError(e, settings.cacheDir, ref.text) ?? e;
   }
 }
 
@@ -78,13 +78,13 @@ export function hubRepoName(s: string): string | undefined {
 // ---------------------------------------------------------------------------------------------
 // Snapshots
 
-async function fetchSnapshot(ref: HubRef, kind: RepoKind, s: Settings): Promise<{ root: string; files: string[] }> {
-  const storage = storageDir(s, kind, ref.repo);
+async function fetchSnapshot(ref: HubRef, kind: RepoKind, settings: Settings): Promise<{ root: string; files: string[] }> {
+  const storage = storageDir(settings, kind, ref.repo);
   const cached = cachedSnapshot(storage, kind, ref);
   if (cached) return cached;
-  if (s.offline)
-    throw new SlmError('HUB_UNREACHABLE', `${ref.text} is not in the cache (${storage}) and HF_HUB_OFFLINE is set, so it cannot be downloaded. Unset HF_HUB_OFFLINE, or download it once on a machine with access to ${s.endpoint}.`);
-  const client = new Client(ref, kind, s);
+  if (settings.offline)
+    throw new SlmError('HUB_UNREACHABLE', `${ref.text} is not in the cache (${storage}) and HF_HUB_OFFLINE is set, so it cannot be downloaded. Unset HF_HUB_OFFLINE, or download it once on a machine with access to ${settings.endpoint}.`);
+  const client = new Client(ref, kind, settings);
   const sha = COMMIT.test(ref.revision) ? ref.revision : await client.commit();
   const listing = await client.list(sha);
   let files: string[];

@@ -136,32 +136,32 @@ export function modelCard(src: PushSource, repo: string): string {
 }
 
 /** Uploads the adapter and its model card to `o.repo` on the hub, creating the repository if needed. */
-export async function pushAdapter(path: string, o: PushOptions): Promise<PushResult> {
-  if (!/^[A-Za-z0-9][\w.-]*\/[A-Za-z0-9][\w.-]*$/.test(o.repo)) throw new SlmError('ARGUMENT_INVALID', `push: --repo must be OWNER/NAME (the repository's address on the hub), found ${JSON.stringify(o.repo)}.`);
+export async function pushAdapter(path: string, opts: PushOptions): Promise<PushResult> {
+  if (!/^[A-Za-z0-9][\w.-]*\/[A-Za-z0-9][\w.-]*$/.test(opts.repo)) throw new SlmError('ARGUMENT_INVALID', `push: --repo must be OWNER/NAME (the repository's address on the hub), found ${JSON.stringify(opts.repo)}.`);
   const src = pushSource(path);
-  const card = modelCard(src, o.repo);
+  const card = modelCard(src, opts.repo);
   const files = ADAPTER_FILES.filter((f) => existsSync(join(src.adapter, f)));
   if (!files.includes('adapter_model.safetensors')) throw new SlmError('ADAPTER_NOT_FOUND', `push: ${src.adapter} has no adapter_model.safetensors.`);
   const extra = src.run ? ['config.yaml', 'metrics.jsonl'].filter((f) => existsSync(join(src.run!, f))) : [];
-  const s = settings(o);
-  const url = `${s.endpoint}/${o.repo}`;
+  const s = settings(opts);
+  const url = `${s.endpoint}/${opts.repo}`;
   const all = [...files, ...extra.map((f) => `training/${f}`), 'README.md'];
-  if (o.dryRun) return { repo: o.repo, url, files: all, card };
+  if (opts.dryRun) return { repo: opts.repo, url, files: all, card };
   if (s.offline) throw new SlmError('HUB_UNREACHABLE', 'push: HF_HUB_OFFLINE is set: uploading needs the network. Unset it (or use --dry-run to only write the card).');
   if (!s.token) throw new SlmError('HUB_AUTH_REQUIRED', `push: uploading to ${s.endpoint} needs an access token with write access: set HF_TOKEN (https://huggingface.co/settings/tokens).`);
   const creds = { hubUrl: s.endpoint, accessToken: s.token };
   const fail = (e: unknown, what: string): SlmError => {
     const status = (e as { statusCode?: number }).statusCode;
-    if (status === 401 || status === 403) return new SlmError('HUB_AUTH_REQUIRED', `push: ${what}: the hub at ${s.endpoint} answered ${status}: the token in HF_TOKEN has no write access to ${o.repo} (create one with the "write" role).`, { status });
+    if (status === 401 || status === 403) return new SlmError('HUB_AUTH_REQUIRED', `push: ${what}: the hub at ${s.endpoint} answered ${status}: the token in HF_TOKEN has no write access to ${opts.repo} (create one with the "write" role).`, { status });
     if (typeof status === 'number') return new SlmError('HUB_UPLOAD_FAILED', `push: ${what}: the hub at ${s.endpoint} answered ${status} (${(e as Error).message}).`, { status });
     const c = (e as { cause?: { code?: string } }).cause;
     return new SlmError('HUB_UNREACHABLE', `push: ${what}: could not reach the hub at ${s.endpoint} (${c?.code ?? (e as Error).message}). Check the network and HF_ENDPOINT.`);
   };
   try {
-    await createRepo({ repo: { type: 'model', name: o.repo }, ...(o.private !== undefined ? { private: o.private } : {}), ...creds });
+    await createRepo({ repo: { type: 'model', name: opts.repo }, ...(opts.private !== undefined ? { private: opts.private } : {}), ...creds });
   } catch (e) {
     // 409: it exists already (a later push of the same repository).
-    if ((e as { statusCode?: number }).statusCode !== 409) throw fail(e, `creating ${o.repo}`);
+    if ((e as { statusCode?: number }).statusCode !== 409) throw fail(e, `creating ${opts.repo}`);
   }
   const blob = (file: string) => new Blob([readFileSync(file)]);
   const operations: CommitOperation[] = [
@@ -170,11 +170,11 @@ export async function pushAdapter(path: string, o: PushOptions): Promise<PushRes
     { operation: 'addOrUpdate' as const, path: 'README.md', content: new Blob([card]) },
   ];
   try {
-    const r = await commit({ repo: { type: 'model', name: o.repo }, operations, title: o.message ?? 'Upload adapter trained with slm-train', ...(o.branch ? { branch: o.branch } : {}), ...creds });
+    const r = await commit({ repo: { type: 'model', name: opts.repo }, operations, title: opts.message ?? 'Upload adapter trained with slm-train', ...(opts.branch ? { branch: opts.branch } : {}), ...creds });
     s.log(`hub: pushed ${all.length} files to ${url}`);
-    return { repo: o.repo, url, commit: r?.commit.oid, files: all, card };
+    return { repo: opts.repo, url, commit: r?.commit.oid, files: all, card };
   } catch (e) {
-    throw fail(e, `uploading to ${o.repo}`);
+    throw fail(e, `uploading to ${opts.repo}`);
   }
 }
 

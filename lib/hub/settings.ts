@@ -51,18 +51,18 @@ function hubCacheDir(): string {
   return join(env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'huggingface', 'hub');
 }
 
-export function settings(o: HubOptions): Settings {
-  const token = o.token ?? (process.env.HF_TOKEN || undefined);
+export function settings(opts: HubOptions): Settings {
+  const token = opts.token ?? (process.env.HF_TOKEN || undefined);
   if (token !== undefined && !token.startsWith('hf_'))
     throw new SlmError('HUB_AUTH_REQUIRED', `HF_TOKEN does not look like a Hugging Face access token (expected "hf_..." , found a value starting ${JSON.stringify(token.slice(0, 3))}). Create one at https://huggingface.co/settings/tokens, or unset HF_TOKEN for public repositories.`);
   return {
-    endpoint: (o.endpoint ?? (process.env.HF_ENDPOINT || 'https://huggingface.co')).replace(/\/+$/, ''),
+    endpoint: (opts.endpoint ?? (process.env.HF_ENDPOINT || 'https://huggingface.co')).replace(/\/+$/, ''),
     token,
-    cacheDir: o.cacheDir ?? hubCacheDir(),
-    offline: o.offline ?? /^(1|true|yes|on)$/i.test(process.env.HF_HUB_OFFLINE ?? ''),
-    timeoutMs: 1000 * (o.timeoutS ?? envNumber('HF_HUB_ETAG_TIMEOUT', 10)),
-    stallMs: 1000 * (o.stallS ?? envNumber('HF_HUB_DOWNLOAD_TIMEOUT', 10)),
-    attempts: Math.max(1, o.attempts ?? 5),
-    log: o.log ?? ((s) => process.stderr.write(`[slm-train] ${s}\n`)),
+    cacheDir: opts.cacheDir ?? hubCacheDir(),
+    offline: opts.offline ?? /^(1|true|yes|on)$/i.test(process.env.HF_HUB_OFFLINE ?? ''),
+    timeoutMs: 1000 * (opts.timeoutS ?? envNumber('HF_HUB_ETAG_TIMEOUT', 10)),
+    stallMs: 1000 * (opts.stallS ?? envNumber('HF_HUB_DOWNLOAD_TIMEOUT', 10)),
+    attempts: Math.max(1, opts.attempts ?? 5),
+    log: opts.log ?? ((s) => process.stderr.write(`[slm-train] ${s}\n`)),
   };
 }

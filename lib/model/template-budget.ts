@@ -82,13 +82,13 @@ const STRFTIME = new Template('{{ strftime_now(f) }}');
 // The template is taken as `{ parsed }` (a Template has it), not as @huggingface/jinja's Template type:
 // this module's declarations then import nothing from that package, whose .d.ts does not resolve under
 // NodeNext in a user's project (the library's types are checked that way: test/library-types).
-export function renderBudgeted(t: { parsed: unknown }, vars: Record<string, unknown>, b: TemplateBudget): string {
+export function renderBudgeted(t: { parsed: unknown }, vars: Record<string, unknown>, templateBudget: TemplateBudget): string {
   const env = new Environment();
   const range = (start: number, stop?: number, step = 1) => {
     const [lo, hi] = stop === undefined ? [0, start] : [start, stop];
     if (step === 0) throw new Error('range() step must not be zero');
     const n = Math.max(0, Math.ceil((hi - lo) / step));
-    if (n > b.maxItems) throw new BudgetExceeded(`range() of ${n} items is past its budget of ${b.maxItems}`);
+    if (n > templateBudget.maxItems) throw new BudgetExceeded(`range() of ${n} items is past its budget of ${templateBudget.maxItems}`);
     return Array.from({ length: n }, (_, i) => lo + i * step);
   };
   const globals: Record<string, unknown> = {
@@ -105,6 +105,6 @@ export function renderBudgeted(t: { parsed: unknown }, vars: Record<string, unkn
     None: null,
   };
   for (const [k, v] of Object.entries({ ...globals, ...vars })) env.set(k, v);
-  return new BudgetedInterpreter(env, b).run(t.parsed).value as string;
+  return new BudgetedInterpreter(env, templateBudget).run(t.parsed).value as string;
 }
 

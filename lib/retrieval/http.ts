@@ -76,12 +76,12 @@ export class HttpRetriever {
   /** Requests sent and queries asked (batching shows as queries > requests). */
   readonly stats = { requests: 0, queries: 0, retries: 0 };
 
-  constructor(o: HttpRetrieverOptions) {
-    this.url = retrieveUrl(o.url);
-    this.timeoutMs = (o.timeoutS ?? 30) * 1000;
-    this.retries = o.retries ?? 3;
-    this.maxBatch = Math.max(1, o.maxBatch ?? 512);
-    this.backoffMs = o.backoffMs ?? 250;
+  constructor(opts: HttpRetrieverOptions) {
+    this.url = retrieveUrl(opts.url);
+    this.timeoutMs = (opts.timeoutS ?? 30) * 1000;
+    this.retries = opts.retries ?? 3;
+    this.maxBatch = Math.max(1, opts.maxBatch ?? 512);
+    this.backoffMs = opts.backoffMs ?? 250;
   }
 
   /** The top-k passages for a query; queries asked together share a request. */

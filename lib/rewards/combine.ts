@@ -204,53 +204,53 @@ export interface RewardDeps {
 }
 
 /** The judge backend reward.judge describes. */
-function judgeBackendFromConfig(j: JudgeConfig, deps: RewardDeps = {}): JudgeBackend {
+function judgeBackendFromConfig(judgeConfig: JudgeConfig, deps: RewardDeps = {}): JudgeBackend {
   if (deps.judgeBackend) return deps.judgeBackend;
-  if (j.backend === 'openai') {
-    if (!j.base_url || !j.model) {
-      throw new SlmError('CONFIG_INVALID', `reward.judge: the openai backend needs base_url and model, but found base_url ${describe(j.base_url)} and model ${describe(j.model)}. Set both (e.g. base_url: http://127.0.0.1:8000/v1).`, { path: 'reward.judge' });
+  if (judgeConfig.backend === 'openai') {
+    if (!judgeConfig.base_url || !judgeConfig.model) {
+      throw new SlmError('CONFIG_INVALID', `reward.judge: the openai backend needs base_url and model, but found base_url ${describe(judgeConfig.base_url)} and model ${describe(judgeConfig.model)}. Set both (e.g. base_url: http://127.0.0.1:8000/v1).`, { path: 'reward.judge' });
     }
     return openAIJudgeBackend({
-      baseUrl: j.base_url,
-      model: j.model,
-      apiKeyEnv: j.api_key_env ?? undefined,
-      timeoutMs: j.timeout_s * 1000,
-      retries: j.retries,
-      backoffMs: j.backoff_s * 1000,
-      maxBackoffMs: j.max_backoff_s * 1000,
-      concurrency: j.concurrency,
-      maxTokens: j.max_tokens,
-      temperature: j.temperature,
-      extraBody: j.extra_body,
+      baseUrl: judgeConfig.base_url,
+      model: judgeConfig.model,
+      apiKeyEnv: judgeConfig.api_key_env ?? undefined,
+      timeoutMs: judgeConfig.timeout_s * 1000,
+      retries: judgeConfig.retries,
+      backoffMs: judgeConfig.backoff_s * 1000,
+      maxBackoffMs: judgeConfig.max_backoff_s * 1000,
+      concurrency: judgeConfig.concurrency,
+      maxTokens: judgeConfig.max_tokens,
+      temperature: judgeConfig.temperature,
+      extraBody: judgeConfig.extra_body,
       env: deps.env,
     });
   }
   if (!deps.judgeEngine) {
     throw new SlmError(
       'CONFIG_INVALID',
-      `reward.judge: the judge runs on the native engine (backend: engine${j.base_url ? '' : ', the default without base_url'}), but no judge model was loaded for it. Set base_url and model for an OpenAI-compatible endpoint, or load judge.model_path and pass it as judgeEngine.`,
+      `reward.judge: the judge runs on the native engine (backend: engine${judgeConfig.base_url ? '' : ', the default without base_url'}), but no judge model was loaded for it. Set base_url and model for an OpenAI-compatible endpoint, or load judge.model_path and pass it as judgeEngine.`,
       { path: 'reward.judge' },
     );
   }
-  return engineJudgeBackend({ ...deps.judgeEngine, maxNewTokens: j.max_new_tokens, batchSize: j.batch_size, ...(j.enable_thinking === null ? {} : { enableThinking: j.enable_thinking }) });
+  return engineJudgeBackend({ ...deps.judgeEngine, maxNewTokens: judgeConfig.max_new_tokens, batchSize: judgeConfig.batch_size, ...(judgeConfig.enable_thinking === null ? {} : { enableThinking: judgeConfig.enable_thinking }) });
 }
 
-function judgeFromConfig(j: JudgeConfig, deps: RewardDeps): RewardFn {
+function judgeFromConfig(judge: JudgeConfig, deps: RewardDeps): RewardFn {
   return judgeReward({
-    backend: judgeBackendFromConfig(j, deps),
-    format: j.format,
-    gaveUpReward: j.gave_up_reward,
-    matchShortcut: j.match_shortcut,
-    approach: j.approach,
-    combine: j.combine,
-    correctnessWeight: j.correctness_weight,
-    approachWeight: j.approach_weight,
-    correctThreshold: j.correct_threshold,
-    maxTrajectoryChars: j.max_trajectory_chars,
-    skipWithoutAnswer: j.skip_without_answer,
-    missingApproach: j.missing_approach,
-    prompt: j.prompt,
-    ...(j.system_prompt === null ? {} : { systemPrompt: j.system_prompt }),
+    backend: judgeBackendFromConfig(judge, deps),
+    format: judge.format,
+    gaveUpReward: judge.gave_up_reward,
+    matchShortcut: judge.match_shortcut,
+    approach: judge.approach,
+    combine: judge.combine,
+    correctnessWeight: judge.correctness_weight,
+    approachWeight: judge.approach_weight,
+    correctThreshold: judge.correct_threshold,
+    maxTrajectoryChars: judge.max_trajectory_chars,
+    skipWithoutAnswer: judge.skip_without_answer,
+    missingApproach: judge.missing_approach,
+    prompt: judge.prompt,
+    ...(judge.system_prompt === null ? {} : { systemPrompt: judge.system_prompt }),
   });
 }
 
@@ -264,26 +264,26 @@ function oncePerContext(fn: RewardFn): RewardFn {
   };
 }
 
-function termOf(p: PartConfig, judge: () => RewardFn, custom: () => RewardFn): RewardTerm {
-  switch (p.kind) {
+function termOf(part: PartConfig, judge: () => RewardFn, custom: () => RewardFn): RewardTerm {
+  switch (part.kind) {
     case 'module':
-      return { name: p.name, weight: p.weight, fn: custom(), component: p.name };
+      return { name: part.name, weight: part.weight, fn: custom(), component: part.name };
     case 'em':
     case 'subem':
     case 'f1':
     case 'rouge_l':
-      return { name: p.name, weight: p.weight, fn: matchReward(p.kind, p.name) };
+      return { name: part.name, weight: part.weight, fn: matchReward(part.kind, part.name) };
     case 'format':
-      return { name: p.name, weight: p.weight, fn: formatReward({ noAnswer: p.no_answer, emptyAnswer: p.empty_answer, maxWords: p.max_words, overlong: p.overlong }, p.name) };
+      return { name: part.name, weight: part.weight, fn: formatReward({ noAnswer: part.no_answer, emptyAnswer: part.empty_answer, maxWords: part.max_words, overlong: part.overlong }, part.name) };
     default: {
       // judge parts read the judge's own names; a custom name is an alias of that value
       const fn = judge();
-      if (p.name === p.kind) return { name: p.name, weight: p.weight, fn, component: 'judge' };
+      if (part.name === part.kind) return { name: part.name, weight: part.weight, fn, component: 'judge' };
       const alias: RewardFn = async (ctx) => {
         const r = await fn(ctx);
-        return { ...r, parts: { ...r.parts, [p.name]: r.parts[p.kind] ?? null } };
+        return { ...r, parts: { ...r.parts, [part.name]: r.parts[part.kind] ?? null } };
       };
-      return { name: p.name, weight: p.weight, fn: alias, component: 'judge' };
+      return { name: part.name, weight: part.weight, fn: alias, component: 'judge' };
     }
   }
 }

@@ -174,8 +174,8 @@ function checkObject(v: unknown, path: string): Record<string, unknown> {
   return v as Record<string, unknown>;
 }
 
-function checkKeys(o: Record<string, unknown>, specs: Record<string, KeySpec>, path: string, what: string): void {
-  for (const [k, v] of Object.entries(o)) {
+function checkKeys(section: Record<string, unknown>, specs: Record<string, KeySpec>, path: string, what: string): void {
+  for (const [k, v] of Object.entries(section)) {
     const spec = specs[k];
     if (!spec) {
       const hint = closest(k, Object.keys(specs));
@@ -186,8 +186,8 @@ function checkKeys(o: Record<string, unknown>, specs: Record<string, KeySpec>, p
 }
 
 /** One `reward.parts[i]` item, checked, with its defaults. */
-export function parsePart(v: unknown, path = 'reward.parts[0]'): PartConfig {
-  const o = checkObject(v, path);
+export function parsePart(value: unknown, path = 'reward.parts[0]'): PartConfig {
+  const o = checkObject(value, path);
   if (o.kind === undefined) throw new SlmError('CONFIG_INVALID', `${path}: expected a "kind" (${PART_KINDS.join(', ')}), but found none.`, { path });
   if (typeof o.kind === 'string' && !(PART_KINDS as readonly string[]).includes(o.kind)) {
     const hint = closest(o.kind, PART_KINDS);
@@ -198,8 +198,8 @@ export function parsePart(v: unknown, path = 'reward.parts[0]'): PartConfig {
 }
 
 /** `reward.judge`, checked, with its defaults. */
-export function parseJudgeConfig(v: unknown, path = 'reward.judge'): JudgeConfig {
-  const o = checkObject(v ?? {}, path);
+export function parseJudgeConfig(value: unknown, path = 'reward.judge'): JudgeConfig {
+  const o = checkObject(value ?? {}, path);
   checkKeys(o, JUDGE_KEYS, path, 'the judge');
   const c = { ...JUDGE_DEFAULTS, ...(o as Partial<JudgeConfig>) };
   if (c.gave_up_reward !== null && c.format !== 'binary') {

@@ -110,14 +110,14 @@ export interface JudgeOptions {
  * The combined judge value of two grades (see the module comment). `gaveUpReward`, when a number,
  * is the 'sign_magnitude' value of a "gave_up" category.
  */
-export function combineGrades(g: JudgeGrades, combine: JudgeCombine = 'weighted', weights: [number, number] = [0.75, 0.25], threshold = 0.7, gaveUpReward: number | null = null): number {
-  if (g.approach === null) return g.correctness;
+export function combineGrades(grades: JudgeGrades, combine: JudgeCombine = 'weighted', weights: [number, number] = [0.75, 0.25], threshold = 0.7, gaveUpReward: number | null = null): number {
+  if (grades.approach === null) return grades.correctness;
   if (combine === 'sign_magnitude') {
-    if (g.category === 'gave_up' && gaveUpReward !== null) return gaveUpReward;
-    const a = Math.min(1, Math.max(0, g.approach));
-    return g.correctness >= threshold ? a : -(1 - a) + 0; // + 0: no -0 in the logs
+    if (grades.category === 'gave_up' && gaveUpReward !== null) return gaveUpReward;
+    const a = Math.min(1, Math.max(0, grades.approach));
+    return grades.correctness >= threshold ? a : -(1 - a) + 0; // + 0: no -0 in the logs
   }
-  return weights[0] * g.correctness + weights[1] * g.approach;
+  return weights[0] * grades.correctness + weights[1] * grades.approach;
 }
 
 /** The reference's deterministic match: a lowercased, trimmed answer equal to or containing a gold. */
@@ -168,14 +168,14 @@ export function judgeReward(opts: JudgeOptions): RewardFn {
   if (opts.missingApproach !== undefined && opts.missingApproach !== 'error' && opts.missingApproach !== 'zero')
     throw new SlmError('ARGUMENT_INVALID', `Expected the judge option missingApproach to be 'error' or 'zero', but found ${describe(opts.missingApproach)}.`);
 
-  const partsOf = (g: JudgeGrades | null, flags: { error: number; skipped: number; matched: number }): Record<string, number | null> => ({
-    [`${name}_correctness`]: g ? g.correctness : null,
-    ...(approach ? { [`${name}_approach`]: g ? g.approach : null } : {}),
-    [name]: g ? combineGrades(g, combine, weights, threshold, gaveUp) : null,
+  const partsOf = (grades: JudgeGrades | null, flags: { error: number; skipped: number; matched: number }): Record<string, number | null> => ({
+    [`${name}_correctness`]: grades ? grades.correctness : null,
+    ...(approach ? { [`${name}_approach`]: grades ? grades.approach : null } : {}),
+    [name]: grades ? combineGrades(grades, combine, weights, threshold, gaveUp) : null,
     [`${name}_error`]: flags.error,
     [`${name}_skipped`]: flags.skipped,
     [`${name}_matched`]: flags.matched,
-    ...(format === 'binary' ? { [`${name}_gave_up`]: g ? (g.category === 'gave_up' ? 1 : 0) : null } : {}),
+    ...(format === 'binary' ? { [`${name}_gave_up`]: grades ? (grades.category === 'gave_up' ? 1 : 0) : null } : {}),
   });
 
   return async (ctx: RewardContext): Promise<RewardParts> => {

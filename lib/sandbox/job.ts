@@ -26,8 +26,8 @@ export function stripUndefined<T extends object>(o: T): Partial<T> {
 }
 
 /** Fills in defaults and checks every limit (a wrong value is an error, not silently clamped). */
-export function resolveLimits(l: SandboxLimits): Required<SandboxLimits> {
-  const out = { ...DEFAULT_LIMITS, ...stripUndefined(l) } as Required<SandboxLimits>;
+export function resolveLimits(limits: SandboxLimits): Required<SandboxLimits> {
+  const out = { ...DEFAULT_LIMITS, ...stripUndefined(limits) } as Required<SandboxLimits>;
   // One second above the wall limit: a single-threaded program meets the wall clock first; the CPU
   // limit stops a program whose threads burn several cores at once.
   if (out.cpuSeconds === undefined) out.cpuSeconds = Math.ceil(out.timeoutMs / 1000) + 1;
@@ -50,14 +50,14 @@ export interface ProgramEnd {
 }
 
 /** The result of a program that started at `job.t0` and made `job.calls`: truncated output marked. */
-export function programResult(job: Job & { calls: ToolCall[]; t0: number }, r: ProgramEnd): SandboxResult {
+export function programResult(job: Job & { calls: ToolCall[]; t0: number }, end: ProgramEnd): SandboxResult {
   return {
-    ...(r.finalAnswer !== undefined ? { final_answer: r.finalAnswer } : {}),
-    stdout: r.truncated ? r.stdout + truncationMarker(job.limits.maxOutputChars) : r.stdout,
-    error: r.error,
-    timed_out: r.timedOut,
+    ...(end.finalAnswer !== undefined ? { final_answer: end.finalAnswer } : {}),
+    stdout: end.truncated ? end.stdout + truncationMarker(job.limits.maxOutputChars) : end.stdout,
+    error: end.error,
+    timed_out: end.timedOut,
     calls: job.calls,
-    truncated: r.truncated,
+    truncated: end.truncated,
     duration_ms: performance.now() - job.t0,
   };
 }

@@ -138,9 +138,9 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
   }
 
   /** @internal */
-  workerIdle(w: Worker): void {
-    if (this.closed) return w.send({ t: 'exit' });
-    this.idle.push(w);
+  workerIdle(worker: Worker): void {
+    if (this.closed) return worker.send({ t: 'exit' });
+    this.idle.push(worker);
     this.dispatch();
   }
 
@@ -153,9 +153,9 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
   }
 
   /** @internal A worker exited (killed, crashed, or closed): replace it unless closing. */
-  workerGone(w: Worker): void {
-    this.workers.delete(w);
-    this.idle = this.idle.filter((x) => x !== w);
+  workerGone(worker: Worker): void {
+    this.workers.delete(worker);
+    this.idle = this.idle.filter((x) => x !== worker);
     if (this.closed) return;
     if (this.startFailures >= 3) {
       const err = new SlmError('SANDBOX_UNAVAILABLE', `Expected sandbox workers to start but the last 3 attempts failed: ${this.lastStartError?.message ?? 'unknown error'}`);

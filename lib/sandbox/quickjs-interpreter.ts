@@ -120,13 +120,13 @@ async function workerMain(): Promise<void> {
       if (v === null) return 'InternalError: out of memory';
       return `Uncaught ${typeof v === 'string' ? JSON.stringify(v) : String(v)}`;
     };
-    const toHandle = (v: unknown): import('quickjs-emscripten').QuickJSHandle => {
-      if (v === null || v === undefined) return vm.null;
-      if (typeof v === 'string') return vm.newString(v);
-      if (typeof v === 'number') return vm.newNumber(v);
-      if (typeof v === 'boolean') return v ? vm.true : vm.false;
-      const container = Array.isArray(v) ? vm.newArray() : vm.newObject();
-      const entries: [string | number, unknown][] = Array.isArray(v) ? v.map((x, i) => [i, x]) : Object.entries(v as object);
+    const toHandle = (value: unknown): import('quickjs-emscripten').QuickJSHandle => {
+      if (value === null || value === undefined) return vm.null;
+      if (typeof value === 'string') return vm.newString(value);
+      if (typeof value === 'number') return vm.newNumber(value);
+      if (typeof value === 'boolean') return value ? vm.true : vm.false;
+      const container = Array.isArray(value) ? vm.newArray() : vm.newObject();
+      const entries: [string | number, unknown][] = Array.isArray(value) ? value.map((x, i) => [i, x]) : Object.entries(value as object);
       for (const [k, x] of entries) {
         const h = toHandle(x);
         vm.setProp(container, k, h);
@@ -156,9 +156,9 @@ async function workerMain(): Promise<void> {
       if (job.finalAnswer) {
         // final_answer(x) records x as text and throws to end the program (a program that catches it
         // still ends with that answer: the first call counts).
-        const fn = vm.newFunction('final_answer', (h) => {
+        const fn = vm.newFunction('final_answer', (handle) => {
           if (finalText === null) {
-            const v = h === undefined ? undefined : vm.dump(h);
+            const v = handle === undefined ? undefined : vm.dump(handle);
             const text = typeof v === 'string' ? v : (JSON.stringify(v) ?? String(v));
             finalText = text.slice(0, job.maxOutputChars);
           }

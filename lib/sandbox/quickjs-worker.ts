@@ -102,10 +102,10 @@ export class QjsWorker {
     } satisfies JobMsg);
   }
 
-  private onMessage(m: CallMsg | DoneMsg | { t: string }): void {
+  private onMessage(msg: CallMsg | DoneMsg | { t: string }): void {
     const cur = this.current;
-    if (m.t === 'call') {
-      const call = m as CallMsg;
+    if (msg.t === 'call') {
+      const call = msg as CallMsg;
       if (!cur || cur.id !== call.id) return;
       void Promise.resolve(invokeTool(cur.tools, call.name, call.args, cur.calls, cur.limits.maxCalls, this.owner.extraTools)).then((reply) => {
         if (this.dead) return;
@@ -113,8 +113,8 @@ export class QjsWorker {
         Atomics.store(this.flag, 0, 1);
         Atomics.notify(this.flag, 0);
       });
-    } else if (m.t === 'done') {
-      const done = m as DoneMsg;
+    } else if (msg.t === 'done') {
+      const done = msg as DoneMsg;
       if (!cur || cur.id !== done.id) return;
       clearTimeout(cur.timer);
       this.current = undefined;

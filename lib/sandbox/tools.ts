@@ -19,11 +19,11 @@ export type ExtraTools = Record<string, (...args: any[]) => unknown>;
 export const MAX_TOOL_ARGS_CHARS = 64 * 1024;
 
 /** The size of `v` as MAX_TOOL_ARGS_CHARS counts it, counted no further than past `limit`. */
-function argsChars(v: unknown, limit: number, depth = 0): number {
-  if (typeof v === 'string') return v.length;
-  if (v === null || typeof v !== 'object' || depth > 32) return 8;
+function argsChars(value: unknown, limit: number, depth = 0): number {
+  if (typeof value === 'string') return value.length;
+  if (value === null || typeof value !== 'object' || depth > 32) return 8;
   let n = depth ? 2 : 0; // brackets, but not around the argument list
-  for (const [k, x] of Array.isArray(v) ? v.entries() : Object.entries(v)) {
+  for (const [k, x] of Array.isArray(value) ? value.entries() : Object.entries(value)) {
     n += (typeof k === 'string' ? k.length : 0) + argsChars(x, limit - n, depth + 1);
     if (n > limit) break;
   }
@@ -98,18 +98,18 @@ export function invokeTool(
 }
 
 /** Checks that a tool result is made of JSON values only (what both sandboxes can hand to a program). */
-function toJsonLike(v: unknown, what: string, depth = 0): unknown {
+function toJsonLike(value: unknown, what: string, depth = 0): unknown {
   if (depth > 32) throw new Error(`${what} is nested too deeply`);
-  if (v === null || typeof v === 'string' || typeof v === 'boolean') return v;
-  if (v === undefined) return null;
-  if (typeof v === 'number') return Number.isFinite(v) ? v : null;
-  if (Array.isArray(v)) return v.map((x) => toJsonLike(x, what, depth + 1));
-  if (typeof v === 'object' && (Object.getPrototypeOf(v) === Object.prototype || Object.getPrototypeOf(v) === null)) {
+  if (value === null || typeof value === 'string' || typeof value === 'boolean') return value;
+  if (value === undefined) return null;
+  if (typeof value === 'number') return Number.isFinite(value) ? value : null;
+  if (Array.isArray(value)) return value.map((x) => toJsonLike(x, what, depth + 1));
+  if (typeof value === 'object' && (Object.getPrototypeOf(value) === Object.prototype || Object.getPrototypeOf(value) === null)) {
     const out: Record<string, unknown> = {};
-    for (const [k, x] of Object.entries(v as Record<string, unknown>)) out[k] = toJsonLike(x, what, depth + 1);
+    for (const [k, x] of Object.entries(value as Record<string, unknown>)) out[k] = toJsonLike(x, what, depth + 1);
     return out;
   }
-  throw new Error(`${what} contains a ${Object.prototype.toString.call(v).slice(8, -1)}; tools must return JSON values`);
+  throw new Error(`${what} contains a ${Object.prototype.toString.call(value).slice(8, -1)}; tools must return JSON values`);
 }
 
 /** A variable name both sandboxes' languages accept (what RunOptions.globals and questionVariable take). */

@@ -53,9 +53,9 @@ export function readBody(req: IncomingMessage, limit = DEFAULT_MAX_BODY_BYTES): 
     if (declared > limit) return reject(tooLarge(`Content-Length is ${declared}`));
     let size = 0;
     const parts: Buffer[] = [];
-    const onData = (c: Buffer) => {
-      size += c.length;
-      if (size <= limit) return void parts.push(c);
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size <= limit) return void parts.push(chunk);
       req.off('data', onData);
       req.pause();
       parts.length = 0;

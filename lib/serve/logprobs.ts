@@ -23,14 +23,14 @@ export class LogprobFormat {
   }
 
   /** Chat log-probs of tokens [from, to): {content: [{token, logprob, bytes, top_logprobs}]}. */
-  chat(j: Job, from: number, to: number, p: Parsed) {
-    const entry = (id: number, lp: number) => ({ token: this.tokenString(id, p.asIds), logprob: Math.max(lp, -9999), bytes: this.tokenBytes(id) });
+  chat(job: Job, from: number, to: number, parsed: Parsed) {
+    const entry = (id: number, lp: number) => ({ token: this.tokenString(id, parsed.asIds), logprob: Math.max(lp, -9999), bytes: this.tokenBytes(id) });
     const content = [];
     for (let t = from; t < to; t++) {
-      const top = j.top[t];
+      const top = job.top[t];
       const alts = [];
-      for (let k = 0; k < p.s.topN && top; k++) alts.push(entry(top.ids[k], top.logprobs[k]));
-      content.push({ ...entry(j.ids[t], j.logprobs[t]), top_logprobs: alts });
+      for (let k = 0; k < parsed.s.topN && top; k++) alts.push(entry(top.ids[k], top.logprobs[k]));
+      content.push({ ...entry(job.ids[t], job.logprobs[t]), top_logprobs: alts });
     }
     return { content };
   }
@@ -39,26 +39,26 @@ export class LogprobFormat {
    * Completions log-probs of tokens [from, to): {tokens, token_logprobs, top_logprobs (the N best
    * and the sampled token, as OpenAI's legacy API), text_offset}, and the text offset of token `to`.
    */
-  text(j: Job, from: number, to: number, offset: number, p: Parsed) {
+  text(job: Job, from: number, to: number, offset: number, parsed: Parsed) {
     const tokens: string[] = [];
     const tokenLogprobs: number[] = [];
     const tops: Array<Record<string, number>> = [];
     const offsets: number[] = [];
     for (let t = from; t < to; t++) {
-      const id = j.ids[t];
-      const s = this.tokenString(id, p.asIds);
+      const id = job.ids[t];
+      const s = this.tokenString(id, parsed.asIds);
       tokens.push(s);
-      tokenLogprobs.push(Math.max(j.logprobs[t], -9999));
+      tokenLogprobs.push(Math.max(job.logprobs[t], -9999));
       const dict: Record<string, number> = {};
-      const top = j.top[t];
-      for (let k = 0; k < p.s.topN && top; k++) {
-        const key = this.tokenString(top.ids[k], p.asIds);
+      const top = job.top[t];
+      for (let k = 0; k < parsed.s.topN && top; k++) {
+        const key = this.tokenString(top.ids[k], parsed.asIds);
         if (!(key in dict)) dict[key] = Math.max(top.logprobs[k], -9999);
       }
-      if (!(s in dict)) dict[s] = Math.max(j.logprobs[t], -9999);
+      if (!(s in dict)) dict[s] = Math.max(job.logprobs[t], -9999);
       tops.push(dict);
       offsets.push(offset);
-      offset += p.asIds ? this.tokenString(id, false).length : s.length;
+      offset += parsed.asIds ? this.tokenString(id, false).length : s.length;
     }
     return { logprobs: { tokens, token_logprobs: tokenLogprobs, top_logprobs: tops, text_offset: offsets }, next: offset };
   }

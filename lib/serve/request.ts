@@ -292,9 +292,9 @@ function message(m: unknown, i: number): ChatMessage {
  * on a conversation it refuses; a hostile value nested deep enough to overflow its stack) is a 400,
  * as vLLM answers, not a 500.
  */
-function renderChat(o: ServeOptions, messages: ChatMessage[], opts: Parameters<ServeOptions['formatter']['render']>[1]): string {
+function renderChat(serveOptions: ServeOptions, messages: ChatMessage[], opts: Parameters<ServeOptions['formatter']['render']>[1]): string {
   try {
-    return o.formatter.render(messages, opts);
+    return serveOptions.formatter.render(messages, opts);
   } catch (e) {
     if (e instanceof SlmError && e.code === 'CHAT_TEMPLATE_ERROR') throw new HttpError(400, e.message, 'invalid_request_error', 'messages', 'chat_template_error');
     throw e;
@@ -305,15 +305,15 @@ function renderChat(o: ServeOptions, messages: ChatMessage[], opts: Parameters<S
  * response_format: only {type: 'text'}. JSON output (json_object, json_schema) needs constrained
  * decoding, which this server does not do: a coded 400 rather than a reply that may not parse.
  */
-function responseFormat(v: unknown): void {
-  if (v === undefined || v === null) return;
-  if (isObj(v) && v.type === 'text' && Object.keys(v).length === 1) return;
-  const type = isObj(v) && typeof v.type === 'string' ? v.type : null;
+function responseFormat(value: unknown): void {
+  if (value === undefined || value === null) return;
+  if (isObj(value) && value.type === 'text' && Object.keys(value).length === 1) return;
+  const type = isObj(value) && typeof value.type === 'string' ? value.type : null;
   throw new HttpError(
     400,
     type === 'json_object' || type === 'json_schema'
       ? `response_format ${type} is not supported: this server does not constrain generation to JSON. Ask for JSON in the messages and parse the reply, or use tools.`
-      : `response_format must be {type: 'text'} (json_object and json_schema are not supported), found ${JSON.stringify(v)?.slice(0, 80)}`,
+      : `response_format must be {type: 'text'} (json_object and json_schema are not supported), found ${JSON.stringify(value)?.slice(0, 80)}`,
     'invalid_request_error',
     'response_format',
     'unsupported_response_format',

@@ -181,13 +181,13 @@ export class OpenAIServer {
   private async run(
     res: ServerResponse,
     chat: boolean,
-    p: ReturnType<typeof parseRequest>,
+    request: ReturnType<typeof parseRequest>,
     jobs: Job[],
     { id, created, model, usage }: { id: string; created: number; model: string; usage: () => { prompt_tokens: number; completion_tokens: number; total_tokens: number } },
   ): Promise<void> {
-    const tools = chat && p.tools?.active ? p.tools : null;
+    const tools = chat && request.tools?.active ? request.tools : null;
 
-    if (!p.stream) {
+    if (!request.stream) {
       this.batcher.enqueue(jobs);
       let results: RowResult[];
       try {
@@ -197,9 +197,9 @@ export class OpenAIServer {
         throw e;
       }
       if (res.destroyed) return;
-      const choices = jobs.map((j, index) => {
+      const choices = jobs.map((job, index) => {
         const r = results[index];
-        const lp = p.s.logprobs ? (chat ? this.logprobs.chat(j, 0, j.ids.length, p) : this.logprobs.text(j, 0, j.ids.length, 0, p).logprobs) : null;
+        const lp = request.s.logprobs ? (chat ? this.logprobs.chat(job, 0, job.ids.length, request) : this.logprobs.text(job, 0, job.ids.length, 0, request).logprobs) : null;
         if (chat && tools && r.finish !== 'cancelled') {
           // The reply parsed for <tool_call> blocks (the same parser as the stream's).
           const parser = new ToolCallParser(tools.parallel);
@@ -225,7 +225,7 @@ export class OpenAIServer {
         created,
         model,
         choices: [choice],
-        ...(p.continuousUsage ? { usage: usage() } : p.includeUsage ? { usage: null } : {}),
+        ...(request.continuousUsage ? { usage: usage() } : request.includeUsage ? { usage: null } : {}),
       });
     if (chat) jobs.forEach((_, index) => chunk({ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }));
     /** A tool call as streamed: its id, type and name, then its arguments (as vLLM's hermes parser ends a call). */
@@ -234,12 +234,12 @@ export class OpenAIServer {
         chunk({ index, delta: { tool_calls: [{ index: first + k, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } }] }, logprobs: null, finish_reason: null });
         chunk({ index, delta: { tool_calls: [{ index: first + k, function: { arguments: c.function.arguments } }] }, logprobs: null, finish_reason: null });
       });
-    jobs.forEach((j, index) => {
+    jobs.forEach((job, index) => {
       let reported = 0; // tokens whose log-probs went out
       let offset = 0; // completions' text_offset of the next token
       const parser = tools ? new ToolCallParser(tools.parallel) : null;
-      j.listener = (raw, end) => {
-        const upto = j.ids.length;
+      job.listener = (raw, end) => {
+        const upto = job.ids.length;
         let piece = raw;
         let calls: ToolCall[] = [];
         const before = parser?.calls.length ?? 0;
@@ -249,12 +249,12 @@ export class OpenAIServer {
           piece = d.content + e.content;
           calls = [...d.calls, ...e.calls];
         }
-        if (piece || (end && p.s.logprobs && upto > reported)) {
+        if (piece || (end && request.s.logprobs && upto > reported)) {
           let lp = null;
-          if (p.s.logprobs) {
-            if (chat) lp = this.logprobs.chat(j, reported, upto, p);
+          if (request.s.logprobs) {
+            if (chat) lp = this.logprobs.chat(job, reported, upto, request);
             else {
-              const t = this.logprobs.text(j, reported, upto, offset, p);
+              const t = this.logprobs.text(job, reported, upto, offset, request);
               offset = t.next;
               lp = t.logprobs;
             }
@@ -273,7 +273,7 @@ export class OpenAIServer {
     this.batcher.enqueue(jobs);
     try {
       await Promise.all(jobs.map((j) => j.result));
-      if (p.includeUsage) send({ id, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: usage() });
+      if (request.includeUsage) send({ id, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: usage() });
     } catch (e) {
       for (const j of jobs) j.abort.abort();
       const he = HttpError.from(e);

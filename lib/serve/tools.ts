@@ -20,8 +20,8 @@ export const MAX_TOOLS_JSON = 256 << 10;
 export const MAX_TOOLS_DEPTH = 64;
 
 /** Whether `v` nests objects / lists deeper than `max` (iterative: a hostile value cannot overflow the stack here). */
-function deeper(v: unknown, max: number): boolean {
-  const stack: Array<[unknown, number]> = [[v, 0]];
+function deeper(value: unknown, max: number): boolean {
+  const stack: Array<[unknown, number]> = [[value, 0]];
   while (stack.length) {
     const [x, d] = stack.pop()!;
     if (!x || typeof x !== 'object') continue;
@@ -112,10 +112,10 @@ export function parseTools(body: Record<string, unknown>): ToolRequest {
  * `{type: 'function', function: {name, arguments}}` with the arguments' JSON string parsed into an
  * object (vLLM does the same: Qwen2.5's template writes `arguments | tojson`).
  */
-export function templateToolCalls(v: unknown, where: string): Array<{ id?: string; type: 'function'; function: { name: string; arguments: unknown } }> {
-  if (!Array.isArray(v)) throw bad('messages', `${where}.tool_calls must be a list, found ${describe(v)}`);
-  if (v.length > MAX_TOOLS) throw bad('messages', `${where}.tool_calls has ${v.length} entries; at most ${MAX_TOOLS}`);
-  return v.map((c, i) => {
+export function templateToolCalls(value: unknown, where: string): Array<{ id?: string; type: 'function'; function: { name: string; arguments: unknown } }> {
+  if (!Array.isArray(value)) throw bad('messages', `${where}.tool_calls must be a list, found ${describe(value)}`);
+  if (value.length > MAX_TOOLS) throw bad('messages', `${where}.tool_calls has ${value.length} entries; at most ${MAX_TOOLS}`);
+  return value.map((c, i) => {
     const at = `${where}.tool_calls[${i}]`;
     if (!isObj(c) || !isObj(c.function) || typeof c.function.name !== 'string' || !c.function.name) throw bad('messages', `${at} must be {id, type: 'function', function: {name, arguments}}, found ${describe(c)}`);
     if (c.type !== undefined && c.type !== null && c.type !== 'function') throw bad('messages', `${at}.type must be 'function', found ${describe(c.type)}`);

@@ -166,26 +166,26 @@ export function runnerTokenizer(tok: HfTokenizer): RunnerTokenizer {
   };
 }
 
-export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environment, o: { eval?: boolean; seed: number; temperature?: number; onTurn?: EpisodeRunnerOptions['onTurn']; generator?: TextGenerator }): EpisodeRunner {
+export function episodeRunner(cfg: ResolvedConfig, agent: Agent, env: Environment, opts: { eval?: boolean; seed: number; temperature?: number; onTurn?: EpisodeRunnerOptions['onTurn']; generator?: TextGenerator }): EpisodeRunner {
   const p = cfg.protocol;
   return new EpisodeRunner({
-    generator: o.generator ?? agent.model,
+    generator: opts.generator ?? agent.model,
     tokenizer: runnerTokenizer(agent.tokenizer),
     formatter: agent.formatter,
     protocol: env.protocol,
-    maxTurns: o.eval ? p.max_turns_eval : p.max_turns,
-    maxNewTokens: o.eval ? (cfg.eval.max_new_tokens ?? p.max_new_tokens) : p.max_new_tokens,
+    maxTurns: opts.eval ? p.max_turns_eval : p.max_turns,
+    maxNewTokens: opts.eval ? (cfg.eval.max_new_tokens ?? p.max_new_tokens) : p.max_new_tokens,
     maxTotalTokens: p.max_context,
-    temperature: o.temperature,
-    topP: o.eval ? (cfg.eval.top_p ?? midpoint(cfg.rollout.top_p)) : typeof cfg.rollout.top_p === 'number' ? cfg.rollout.top_p : undefined,
+    temperature: opts.temperature,
+    topP: opts.eval ? (cfg.eval.top_p ?? midpoint(cfg.rollout.top_p)) : typeof cfg.rollout.top_p === 'number' ? cfg.rollout.top_p : undefined,
     topK: cfg.rollout.top_k || undefined,
-    seed: o.seed,
+    seed: opts.seed,
     cacheReuse: cfg.rollout.kv_cache_reuse,
-    onTurn: o.onTurn,
+    onTurn: opts.onTurn,
     // Rollouts and evaluation alike (SFT renders with the same: stages.ts sftStage).
     ...(p.enable_thinking !== null ? { enableThinking: p.enable_thinking } : {}),
     ...(p.max_observation_tokens !== null ? { maxObservationTokens: p.max_observation_tokens } : {}),
-    ...(o.eval ? {} : trainingTurns(cfg)),
+    ...(opts.eval ? {} : trainingTurns(cfg)),
   });
 }
 

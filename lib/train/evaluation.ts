@@ -119,28 +119,28 @@ export async function evaluate(
   env: Environment,
   deps: RewardDeps,
   qs: readonly Question[],
-  o: { label: string; adapter: string | null; dir: string; log: Log; batch?: number; progress?: ProgressTo; signal?: AbortSignal },
+  opts: { label: string; adapter: string | null; dir: string; log: Log; batch?: number; progress?: ProgressTo; signal?: AbortSignal },
 ): Promise<EvalSummary> {
   const t0 = performance.now();
-  mkdirSync(o.dir, { recursive: true });
-  o.log(`eval ${o.label}: ${qs.length} questions (${cfg.eval.split} split), ${env.describe}`);
+  mkdirSync(opts.dir, { recursive: true });
+  opts.log(`eval ${opts.label}: ${qs.length} questions (${cfg.eval.split} split), ${env.describe}`);
   const rewardFn: ComposedRewardFn = rewardFromConfig(cfg.reward, deps);
   const byJudge = (cfg.reward.parts as Array<{ kind?: string }>).some((p) => p.kind === 'judge' || p.kind === 'judge_correctness');
-  const batch = o.batch ?? Math.max(8, cfg.rollout.batch_questions * cfg.rollout.k);
+  const batch = opts.batch ?? Math.max(8, cfg.rollout.batch_questions * cfg.rollout.k);
   const rows: Array<Record<string, unknown>> = [];
   const lines: string[] = [];
-  const bar = new Progress(`eval ${o.label}`, qs.length, 'questions', o.progress);
+  const bar = new Progress(`eval ${opts.label}`, qs.length, 'questions', opts.progress);
   try {
     for (let s = 0; s < qs.length; s += batch) {
       const chunk = qs.slice(s, s + batch);
-      o.signal?.throwIfAborted();
+      opts.signal?.throwIfAborted();
       const runner = episodeRunner(cfg, agent, env, {
         eval: true,
         seed: cfg.train.seed * 7919 + s,
         temperature: cfg.eval.temperature,
         onTurn: (t) => {
           bar.update(s + t.finished);
-          o.signal?.throwIfAborted();
+          opts.signal?.throwIfAborted();
         },
       });
       const r = await runner.run(chunk.map((q) => ({ question: q.question, prompt: q.prompt, temperature: cfg.eval.temperature })));
@@ -158,18 +158,18 @@ export async function evaluate(
       }
       const accuracy = mean(rows.map((x) => (x.correct ? 1 : 0)));
       bar.update(s + chunk.length, { accuracy, reward: mean(rows.map((x) => x.reward as number)) });
-      if (!o.progress) o.log(`eval ${o.label}: ${Math.min(s + batch, qs.length)}/${qs.length}, accuracy so far ${accuracy.toFixed(3)}`);
+      if (!opts.progress) opts.log(`eval ${opts.label}: ${Math.min(s + batch, qs.length)}/${qs.length}, accuracy so far ${accuracy.toFixed(3)}`);
     }
   } finally {
     bar.stop();
   }
-  writeFileSync(join(o.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
-  const passK = cfg.eval.pass_k > 0 ? await passAtK(cfg, agent, env, qs, { ...o, batch, correct: (e, q, rw) => (byJudge ? (rw.correct ?? false) : answerMetrics(e.answer, q.golds).em === 1), rewardFn }) : undefined;
+  writeFileSync(join(opts.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
+  const passK = cfg.eval.pass_k > 0 ? await passAtK(cfg, agent, env, qs, { ...opts, batch, correct: (e, q, rw) => (byJudge ? (rw.correct ?? false) : answerMetrics(e.answer, q.golds).em === 1), rewardFn }) : undefined;
   const num = (k: string) => mean(rows.map((x) => x[k] as number));
   const summary: EvalSummary = {
-    label: o.label,
+    label: opts.label,
     model: cfg.model.path,
-    adapter: o.adapter,
+    adapter: opts.adapter,
     split: cfg.eval.split,
     questions: rows.length,
     accuracy: mean(rows.map((x) => (x.correct ? 1 : 0))),
@@ -191,7 +191,7 @@ export async function evaluate(
     time_s: (performance.now() - t0) / 1e3,
     date: new Date().toISOString(),
   };
-  writeFileSync(join(o.dir, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
+  writeFileSync(join(opts.dir, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
   return summary;
 }
 
@@ -205,23 +205,23 @@ async function passAtK(
   agent: Agent,
   env: Environment,
   qs: readonly Question[],
-  o: { label: string; dir: string; log: Log; batch: number; progress?: ProgressTo; rewardFn: ComposedRewardFn; correct: (e: { answer: string | null }, q: Question, rw: { correct?: boolean }) => boolean },
+  opts: { label: string; dir: string; log: Log; batch: number; progress?: ProgressTo; rewardFn: ComposedRewardFn; correct: (e: { answer: string | null }, q: Question, rw: { correct?: boolean }) => boolean },
 ): Promise<NonNullable<EvalSummary['pass_k']>> {
   const k = cfg.eval.pass_k;
-  const perChunk = Math.max(1, Math.floor(o.batch / k));
+  const perChunk = Math.max(1, Math.floor(opts.batch / k));
   const seed = cfg.train.seed * 7919 + 104729;
   const counts: number[] = [];
-  const bar = new Progress(`pass@${k} ${o.label}`, qs.length, 'questions', o.progress);
+  const bar = new Progress(`pass@${k} ${opts.label}`, qs.length, 'questions', opts.progress);
   try {
     for (let s = 0; s < qs.length; s += perChunk) {
       const chunk = qs.slice(s, s + perChunk);
       const reqs = rolloutRequests(chunk, s, k, 0, { temperature: cfg.rollout.temperature, topP: cfg.rollout.top_p, seed });
       const runner = episodeRunner(cfg, agent, env, { eval: true, seed, onTurn: (t) => bar.update(s + Math.floor(t.finished / k)) });
       const r = await runner.run(reqs.map((q) => ({ question: q.question.question, prompt: q.question.prompt, temperature: q.temperature, topP: q.topP, seed: q.seed })));
-      const rewards = await Promise.all(r.episodes.map((e, i) => o.rewardFn({ answer: e.answer, golds: reqs[i].question.golds, question: reqs[i].question.question, id: reqs[i].question.id, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
+      const rewards = await Promise.all(r.episodes.map((e, i) => opts.rewardFn({ answer: e.answer, golds: reqs[i].question.golds, question: reqs[i].question.question, id: reqs[i].question.id, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
       for (let qi = 0; qi < chunk.length; qi++) {
         let c = 0;
-        for (let j = qi * k; j < (qi + 1) * k; j++) if (o.correct(r.episodes[j], chunk[qi], rewards[j])) c++;
+        for (let j = qi * k; j < (qi + 1) * k; j++) if (opts.correct(r.episodes[j], chunk[qi], rewards[j])) c++;
         counts.push(c);
       }
       bar.update(s + chunk.length, { detail: `pass@${k} ${mean(counts.map((c) => (c > 0 ? 1 : 0))).toFixed(3)}` });
@@ -229,17 +229,17 @@ async function passAtK(
   } finally {
     bar.stop();
   }
-  writeFileSync(join(o.dir, 'pass_k.jsonl'), qs.map((q, i) => JSON.stringify({ id: q.id, question: q.question, k, correct: counts[i] })).join('\n') + '\n');
+  writeFileSync(join(opts.dir, 'pass_k.jsonl'), qs.map((q, i) => JSON.stringify({ id: q.id, question: q.question, k, correct: counts[i] })).join('\n') + '\n');
   const out = { k, pass_at_k: mean(counts.map((c) => (c > 0 ? 1 : 0))), sample_accuracy: mean(counts) / k, temperature: cfg.rollout.temperature, top_p: cfg.rollout.top_p };
-  o.log(`eval ${o.label}: pass@${k} ${out.pass_at_k.toFixed(3)}, sampled accuracy ${out.sample_accuracy.toFixed(3)}`);
+  opts.log(`eval ${opts.label}: pass@${k} ${out.pass_at_k.toFixed(3)}, sampled accuracy ${out.sample_accuracy.toFixed(3)}`);
   return out;
 }
 
-export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): Promise<{ summary: EvalSummary; dir: string; table: string }> {
-  o.signal?.throwIfAborted();
-  const log = o.log ?? (() => {});
-  const adapter = o.adapter === undefined ? cfg.model.adapter : o.adapter;
-  const label = o.label ?? evalLabel(adapter);
+export async function evalFromConfig(cfg: ResolvedConfig, opts: EvalOptions = {}): Promise<{ summary: EvalSummary; dir: string; table: string }> {
+  opts.signal?.throwIfAborted();
+  const log = opts.log ?? (() => {});
+  const adapter = opts.adapter === undefined ? cfg.model.adapter : opts.adapter;
+  const label = opts.label ?? evalLabel(adapter);
   if (!/^[\w.@+-]+$/.test(label)) throw new SlmError('ARGUMENT_INVALID', `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-", "+" or "@" (it names a folder).`);
   const qs = await evalQuestions(cfg);
   const dir = join(cfg.run.dir, 'evals', label);
@@ -247,9 +247,9 @@ export async function evalFromConfig(cfg: ResolvedConfig, o: EvalOptions = {}): 
   let env: Environment | undefined;
   let judge: { deps: RewardDeps; close(): void } | undefined;
   try {
-    env = await openEnvironment(cfg, log, o.progress, o);
-    judge = await rewardDeps(cfg, log, o);
-    const summary = await evaluate(cfg, agent, env, judge.deps, qs, { label, adapter, dir, log, batch: o.batch, progress: o.progress, signal: o.signal });
+    env = await openEnvironment(cfg, log, opts.progress, opts);
+    judge = await rewardDeps(cfg, log, opts);
+    const summary = await evaluate(cfg, agent, env, judge.deps, qs, { label, adapter, dir, log, batch: opts.batch, progress: opts.progress, signal: opts.signal });
     const table = comparisonTable(join(cfg.run.dir, 'evals'), cfg.eval.table);
     writeFileSync(join(cfg.run.dir, 'evals', 'comparison.md'), table + '\n');
     return { summary, dir, table };

@@ -253,9 +253,9 @@ function checkSchedule(run: RunFolder, ck: { dir: string; state: TrainState }): 
   const changed = SCHEDULE_FIELDS.filter(([k]) => before[k] !== now[k] && !(constant && (k === 'totalSteps' || k === 'minRatio'))).map(([k, what]) => `${what}: ${before[k]} -> ${now[k]}`);
   if (!changed.length) return;
   const step = ck.state.step;
-  const lr = (s: ScheduleSpec) => {
+  const lr = (spec: ScheduleSpec) => {
     try {
-      return String(Number(learningRate(s, step).toPrecision(3)));
+      return String(Number(learningRate(spec, step).toPrecision(3)));
     } catch {
       return 'undefined';
     }

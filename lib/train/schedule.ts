@@ -13,16 +13,16 @@ export interface ScheduleSpec {
   minRatio?: number;
 }
 
-export function learningRate(s: ScheduleSpec, step: number): number {
-  const warm = s.warmupSteps ?? sectionDefaults('optim').warmup_steps;
-  if (step < warm) return (s.lr * (step + 1)) / warm;
-  if (s.kind === 'constant') return s.lr;
-  const total = s.totalSteps;
-  if (!total || total <= warm) throw new SlmError('CONFIG_INVALID', `a ${s.kind} schedule needs totalSteps greater than warmupSteps (${warm}), found ${total}.`);
+export function learningRate(spec: ScheduleSpec, step: number): number {
+  const warm = spec.warmupSteps ?? sectionDefaults('optim').warmup_steps;
+  if (step < warm) return (spec.lr * (step + 1)) / warm;
+  if (spec.kind === 'constant') return spec.lr;
+  const total = spec.totalSteps;
+  if (!total || total <= warm) throw new SlmError('CONFIG_INVALID', `a ${spec.kind} schedule needs totalSteps greater than warmupSteps (${warm}), found ${total}.`);
   const progress = Math.min(1, (step - warm) / (total - warm));
-  const min = s.minRatio ?? sectionDefaults('optim').min_lr_ratio;
-  const f = s.kind === 'linear' ? 1 - progress : 0.5 * (1 + Math.cos(Math.PI * progress));
-  return s.lr * (min + (1 - min) * f);
+  const min = spec.minRatio ?? sectionDefaults('optim').min_lr_ratio;
+  const f = spec.kind === 'linear' ? 1 - progress : 0.5 * (1 + Math.cos(Math.PI * progress));
+  return spec.lr * (min + (1 - min) * f);
 }
 
 /** The learning-rate schedule of a config (optim); totalSteps comes from the trainer when train.steps is null. */

@@ -54,31 +54,31 @@ export type StepMetrics = { step: number; stage?: string } & Record<string, unkn
  * Runs the stage of the config; as one rank of a data-parallel job when WORLD_SIZE > 1 (set by
  * `slm-train train --nproc N` or torchrun; lib/distributed): rank 0 writes the run folder.
  */
-export async function trainFromConfig(cfg: ResolvedConfig, o: StageOptions = {}): Promise<TrainResult> {
-  o.signal?.throwIfAborted();
-  const dist = await joinFromConfig(cfg, o.log ?? (() => {}));
-  if (!dist) return trainStage(cfg, o, null);
+export async function trainFromConfig(cfg: ResolvedConfig, opts: StageOptions = {}): Promise<TrainResult> {
+  opts.signal?.throwIfAborted();
+  const dist = await joinFromConfig(cfg, opts.log ?? (() => {}));
+  if (!dist) return trainStage(cfg, opts, null);
   try {
-    return await trainStage(dist.cfg, o, dist);
+    return await trainStage(dist.cfg, opts, dist);
   } finally {
     await dist.group.close();
   }
 }
 
-async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distributed | null): Promise<TrainResult> {
-  const log = o.log ?? (() => {});
+async function trainStage(cfg: ResolvedConfig, opts: StageOptions, dist: Distributed | null): Promise<TrainResult> {
+  const log = opts.log ?? (() => {});
   const lead = !dist || dist.shard.rank === 0;
   const stage = cfg.stage;
   if (stage === 'eval') throw new SlmError('CONFIG_INVALID', 'stage: eval has nothing to train; run `slm-train eval --config FILE` instead.', { path: 'stage' });
   const dir = runDir(cfg);
-  if (!o.resume && lead && existsSync(join(dir, 'checkpoints')) && readdirSync(join(dir, 'checkpoints')).some((d) => /^step-\d+$/.test(d)))
+  if (!opts.resume && lead && existsSync(join(dir, 'checkpoints')) && readdirSync(join(dir, 'checkpoints')).some((d) => /^step-\d+$/.test(d)))
     throw new SlmError('RUN_EXISTS', `${dir} already holds checkpoints of a run. Continue it with --resume, or choose another run.name (or delete the folder).`);
   const run = lead ? new RunFolder(dir) : new RankRunFolder(dir, dist!.shard.rank);
   run.log = log;
-  if (lead) writeResolvedConfig(cfg, dir, { file: o.configFile, overrides: o.overrides });
+  if (lead) writeResolvedConfig(cfg, dir, { file: opts.configFile, overrides: opts.overrides });
   // log.report_to: TensorBoard event files (RunFolder), MLflow's run opened before anything loads.
   run.tensorboardEnabled = cfg.log.report_to.includes('tensorboard');
-  if (lead) run.trackers = await openTrackers(cfg, dir, { resume: o.resume, log, runName: basename(dir) });
+  if (lead) run.trackers = await openTrackers(cfg, dir, { resume: opts.resume, log, runName: basename(dir) });
   let finished = false;
   const agent = await loadAgent(cfg, cfg.model.adapter, log).catch(async (e) => {
     await run.finishTracking('FAILED');
@@ -91,26 +91,26 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
   let evalEnv: Environment | undefined;
   let evalQs: Question[] | undefined;
   const onStep = async (row: Record<string, unknown>) => {
-    if (!lead) return o.signal?.throwIfAborted();
+    if (!lead) return opts.signal?.throwIfAborted();
     log(stepLine(row));
-    await o.onStep?.(row as StepMetrics);
-    o.signal?.throwIfAborted();
+    await opts.onStep?.(row as StepMetrics);
+    opts.signal?.throwIfAborted();
     const every = cfg.train.eval_every;
     if (!every || typeof row.step !== 'number' || row.step % every !== 0 || row.kind === 'eval') return;
     if (!cfg.data.questions) return log('train.eval_every: data.questions is not set; no evaluation during training');
     evalQs ??= await evalQuestions(evalView(cfg));
-    const e = env ?? (evalEnv ??= await openEnvironment(cfg, log, o.progress, o));
-    judge ??= await rewardDeps(cfg, log, o);
+    const e = env ?? (evalEnv ??= await openEnvironment(cfg, log, opts.progress, opts));
+    judge ??= await rewardDeps(cfg, log, opts);
     const label = `${cfg.run.name ?? stage}@step-${row.step}`;
-    const s = await evaluate(cfg, agent, e, judge.deps, evalQs, { label, adapter: null, dir: join(dir, 'evals', `step-${row.step}`), log, progress: o.progress });
+    const s = await evaluate(cfg, agent, e, judge.deps, evalQs, { label, adapter: null, dir: join(dir, 'evals', `step-${row.step}`), log, progress: opts.progress });
     run.logMetrics({ step: row.step, kind: 'eval', eval_accuracy: s.accuracy, eval_em: s.em, eval_f1: s.f1, eval_answered: s.answered, eval_avg_turns: s.avg_turns, eval_time_s: s.time_s });
     log(`eval at step ${row.step}: accuracy ${(100 * s.accuracy).toFixed(1)} %, F1 ${(100 * s.f1).toFixed(1)} %, answered ${(100 * s.answered).toFixed(1)} %`);
   };
   try {
     log(`run: ${dir} (stage ${stage}, model ${cfg.model.path}${cfg.model.adapter ? `, adapter ${cfg.model.adapter}` : ''})`);
     run.saveTotalLimit = cfg.train.save_total_limit;
-    run.allowScheduleChange = o.allowScheduleChange === true;
-    const stageRun: StageRun = { cfg, agent, run, dir, log, common: trainerOptions(cfg, o, dist), onStep };
+    run.allowScheduleChange = opts.allowScheduleChange === true;
+    const stageRun: StageRun = { cfg, agent, run, dir, log, common: trainerOptions(cfg, opts, dist), onStep };
     let result: TrainResult;
     if (stage === 'sft') result = await sftStage(stageRun);
     else {
@@ -118,13 +118,13 @@ async function trainStage(cfg: ResolvedConfig, o: StageOptions, dist: Distribute
       const { train, eval: held } = await questionSplits(cfg.data);
       if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty${cfg.data.eval_questions ? '' : ` (train_fraction ${cfg.data.split.train_fraction} of ${train.length + held.length} rows)`}.`);
       log(`questions: ${train.length} to train on (${cfg.data.eval_questions ? `every row of ${cfg.data.questions}` : `data.split of ${cfg.data.questions}`}${cfg.data.train_questions !== null ? `, data.train_questions drawn` : ''}), ${held.length} to evaluate on (${cfg.data.eval_questions ?? 'the rest'})`);
-      env = await openEnvironment(cfg, log, o.progress, o);
+      env = await openEnvironment(cfg, log, opts.progress, opts);
       log(`environment: ${env.describe}`);
-      judge ??= await rewardDeps(cfg, log, o);
+      judge ??= await rewardDeps(cfg, log, opts);
       const stageOpts = { keepAdapter: cfg.model.adapter !== null, dist };
       result = await rlStage(stageRun, train, env, judge.deps, stageOpts);
     }
-    if (lead && (o.stopAfter === undefined || result.steps >= (run.latestCheckpoint()?.state.step ?? 0))) {
+    if (lead && (opts.stopAfter === undefined || result.steps >= (run.latestCheckpoint()?.state.step ?? 0))) {
       await agent.model.saveAdapter(result.adapter);
       log(`adapter: ${result.adapter}`);
     }

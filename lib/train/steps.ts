@@ -7,14 +7,14 @@ import type { ResolvedConfig } from '../config/types.js';
 import type { TrainResult } from './stages.js';
 import { trainFromConfig, type StageOptions, type StepMetrics } from './session.js';
 
-export async function* trainSteps(cfg: ResolvedConfig, o: StageOptions = {}): AsyncGenerator<StepMetrics, TrainResult, undefined> {
+export async function* trainSteps(cfg: ResolvedConfig, opts: StageOptions = {}): AsyncGenerator<StepMetrics, TrainResult, undefined> {
   const queue: StepMetrics[] = [];
   let wake: (() => void) | undefined;
   let settled = false;
   const run = trainFromConfig(cfg, {
-    ...o,
+    ...opts,
     onStep: async (row) => {
-      await o.onStep?.(row);
+      await opts.onStep?.(row);
       queue.push(row);
       wake?.();
     },

@@ -89,7 +89,7 @@ export interface RetryOptions {
  * Runs `attempt(i)` (i = 0, 1, ...) until it resolves or throws a final AttemptError, waiting
  * `delayMs` between attempts. Other errors (the caller's own SlmError, a bug) pass through at once.
  */
-export async function withRetries<T>(attempt: (i: number) => Promise<T>, o: RetryOptions): Promise<T> {
+export async function withRetries<T>(attempt: (i: number) => Promise<T>, opts: RetryOptions): Promise<T> {
   const errors: string[] = [];
   for (let i = 0; ; i++) {
     try {
@@ -97,9 +97,9 @@ export async function withRetries<T>(attempt: (i: number) => Promise<T>, o: Retr
     } catch (e) {
       if (!(e instanceof AttemptError)) throw e;
       errors.push(e.message);
-      if (!e.retry || i >= o.retries) throw o.fail(e, errors);
-      o.onRetry?.(i + 1, e);
-      await retryClock.sleep(o.delayMs(i + 1, e));
+      if (!e.retry || i >= opts.retries) throw opts.fail(e, errors);
+      opts.onRetry?.(i + 1, e);
+      await retryClock.sleep(opts.delayMs(i + 1, e));
     }
   }
 }

@@ -82,7 +82,7 @@ function toReportTrajectory(row: Record<string, unknown>, source: string, maxCha
  * A sample of the training trajectories, read as a stream (the file can be large): per step the
  * best and the worst reward and the first others, then `steps` steps evenly spaced.
  */
-async function sampleTraining(file: string, o: Required<Pick<ReportOptions, 'steps' | 'perStep' | 'maxChars'>>): Promise<ReportTrajectory[]> {
+async function sampleTraining(file: string, opts: Required<Pick<ReportOptions, 'steps' | 'perStep' | 'maxChars'>>): Promise<ReportTrajectory[]> {
   if (!existsSync(file)) return [];
   const bySteps = new Map<number, Array<{ r: number; line: string }>>();
   const rl = createInterface({ input: createReadStream(file, 'utf8'), crlfDelay: Infinity });
@@ -98,22 +98,22 @@ async function sampleTraining(file: string, o: Required<Pick<ReportOptions, 'ste
     const r = typeof row.reward === 'number' ? row.reward : -Infinity;
     const kept = bySteps.get(step) ?? [];
     kept.push({ r, line });
-    if (kept.length > o.perStep) {
+    if (kept.length > opts.perStep) {
       // keep the best, the worst and the earliest others
       const best = kept.reduce((a, b) => (b.r > a.r ? b : a));
       const worst = kept.reduce((a, b) => (b.r < a.r ? b : a));
-      const others = kept.filter((x) => x !== best && x !== worst).slice(0, Math.max(0, o.perStep - 2));
-      kept.splice(0, kept.length, ...new Set([best, worst, ...others].slice(0, o.perStep)));
+      const others = kept.filter((x) => x !== best && x !== worst).slice(0, Math.max(0, opts.perStep - 2));
+      kept.splice(0, kept.length, ...new Set([best, worst, ...others].slice(0, opts.perStep)));
     }
     bySteps.set(step, kept);
   }
   const steps = [...bySteps.keys()].sort((a, b) => a - b);
-  const pick = steps.length <= o.steps ? steps : [...new Set(Array.from({ length: o.steps }, (_, i) => steps[Math.round((i * (steps.length - 1)) / (o.steps - 1))]))];
+  const pick = steps.length <= opts.steps ? steps : [...new Set(Array.from({ length: opts.steps }, (_, i) => steps[Math.round((i * (steps.length - 1)) / (opts.steps - 1))]))];
   return pick.flatMap((s) =>
     bySteps
       .get(s)!
       .sort((a, b) => b.r - a.r)
-      .map((x) => toReportTrajectory(JSON.parse(x.line), `train step ${s}`, o.maxChars)),
+      .map((x) => toReportTrajectory(JSON.parse(x.line), `train step ${s}`, opts.maxChars)),
   );
 }
 
@@ -141,13 +141,13 @@ function readEvals(dir: string, perEval: number, maxChars: number): { evals: Rec
   return { evals, trajectories };
 }
 
-export async function collectReport(dir: string, o: ReportOptions = {}): Promise<ReportData> {
+export async function collectReport(dir: string, opts: ReportOptions = {}): Promise<ReportData> {
   const abs = resolve(dir);
   if (!existsSync(abs) || !statSync(abs).isDirectory()) throw new SlmError('FILE_NOT_FOUND', `report: ${dir} is not a folder; give a run folder (run.dir/run.name) written by \`slm-train train\`.`);
   const has = ['metrics.jsonl', 'trajectories.jsonl', 'evals'].filter((f) => existsSync(join(abs, f)));
   if (!has.length) throw new SlmError('FILE_NOT_FOUND', `report: ${dir} holds no metrics.jsonl, trajectories.jsonl or evals/; expected a run folder written by \`slm-train train\`.`);
-  const maxChars = o.maxChars ?? 6000;
-  const ev = readEvals(abs, o.perEval ?? 12, maxChars);
+  const maxChars = opts.maxChars ?? 6000;
+  const ev = readEvals(abs, opts.perEval ?? 12, maxChars);
   const cfgFile = join(abs, 'config.yaml');
   return {
     title: basename(abs),
@@ -155,7 +155,7 @@ export async function collectReport(dir: string, o: ReportOptions = {}): Promise
     generated: new Date().toISOString(),
     metrics: readRows(join(abs, 'metrics.jsonl')),
     evals: ev.evals,
-    trajectories: [...(await sampleTraining(join(abs, 'trajectories.jsonl'), { steps: o.steps ?? 12, perStep: o.perStep ?? 3, maxChars })), ...ev.trajectories],
+    trajectories: [...(await sampleTraining(join(abs, 'trajectories.jsonl'), { steps: opts.steps ?? 12, perStep: opts.perStep ?? 3, maxChars })), ...ev.trajectories],
     config: existsSync(cfgFile) ? readFileSync(cfgFile, 'utf8') : null,
   };
 }

@@ -54,18 +54,18 @@ function uplotAssets(): { js: string; css: string } {
   return uplotCache;
 }
 
-function renderReport(d: ReportData): string {
+function renderReport(reportData: ReportData): string {
   const uplot = uplotAssets();
   const hashes = [uplot.js, SCRIPT].map((x) => `'sha256-${createHash('sha256').update(x, 'utf8').digest('base64')}'`).join(' ');
-  const last = [...d.metrics].reverse().find((r) => r.kind !== 'eval');
-  const stage = String(last?.stage ?? d.metrics.find((r) => r.stage)?.stage ?? '');
-  const steps = d.metrics.filter((r) => r.kind !== 'eval' && typeof r.step === 'number').length;
+  const last = [...reportData.metrics].reverse().find((r) => r.kind !== 'eval');
+  const stage = String(last?.stage ?? reportData.metrics.find((r) => r.stage)?.stage ?? '');
+  const steps = reportData.metrics.filter((r) => r.kind !== 'eval' && typeof r.step === 'number').length;
   const headline = ['reward_mean', 'accuracy', 'loss', 'kl', 'entropy', 'grad_norm', 'response_tokens_mean', 'turns_mean', 'tool_error_rate', 'mask_coverage'].filter((k) => typeof last?.[k] === 'number');
   const f = (v: unknown) => (typeof v === 'number' ? (Number.isInteger(v) ? String(v) : Math.abs(v) < 1e-12 ? '0' : String(+v.toPrecision(4))) : escapeHtml(String(v ?? '')));
   const lastTable = headline.length ? `<table><tr><th>last step</th>${headline.map((k) => `<th>${escapeHtml(k)}</th>`).join('')}</tr><tr><td>${f(last?.step)}</td>${headline.map((k) => `<td>${f(last?.[k])}</td>`).join('')}</tr></table>` : '<p>No training steps logged.</p>';
   const pct = (v: unknown) => (typeof v === 'number' ? (100 * v).toFixed(1) : '');
-  const evalTable = d.evals.length
-    ? `<table><tr><th>evaluation</th><th>n</th><th>accuracy %</th><th>EM %</th><th>F1 %</th><th>ROUGE-L %</th><th>answered %</th><th>avg turns</th><th>reward</th></tr>${d.evals
+  const evalTable = reportData.evals.length
+    ? `<table><tr><th>evaluation</th><th>n</th><th>accuracy %</th><th>EM %</th><th>F1 %</th><th>ROUGE-L %</th><th>answered %</th><th>avg turns</th><th>reward</th></tr>${reportData.evals
         .map((e) => `<tr><td>${escapeHtml(String(e.label ?? ''))}</td><td>${f(e.questions)}</td><td>${pct(e.accuracy)}</td><td>${pct(e.em)}</td><td>${pct(e.f1)}</td><td>${pct(e.rouge_l)}</td><td>${pct(e.answered)}</td><td>${f(e.avg_turns)}</td><td>${f(e.reward)}</td></tr>`)
         .join('')}</table>`
     : '<p>No evaluations in this run folder.</p>';
@@ -73,12 +73,12 @@ function renderReport(d: ReportData): string {
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src ${hashes}">
 <meta name="viewport" content="width=device-width,initial-scale=1">
-<title>slm-train run ${escapeHtml(d.title)}</title>
+<title>slm-train run ${escapeHtml(reportData.title)}</title>
 <style>${uplot.css}
 ${STYLE}</style></head>
 <body>
-<h1>slm-train run ${escapeHtml(d.title)}</h1>
-<p class="meta">${escapeHtml(d.dir)} · ${stage ? `stage ${escapeHtml(stage)} · ` : ''}${steps} steps logged · report written ${escapeHtml(d.generated)}</p>
+<h1>slm-train run ${escapeHtml(reportData.title)}</h1>
+<p class="meta">${escapeHtml(reportData.dir)} · ${stage ? `stage ${escapeHtml(stage)} · ` : ''}${steps} steps logged · report written ${escapeHtml(reportData.generated)}</p>
 <noscript><p>The plots and trajectories are drawn by the page's script; the data is in metrics.jsonl and trajectories.jsonl.</p></noscript>
 <nav><a href="#curves">curves</a><a href="#evaluations">evaluations</a><a href="#trajectories">trajectories</a><a href="#config">config</a></nav>
 ${lastTable}
@@ -91,8 +91,8 @@ ${evalTable}
 <p><label>show <select id="traj-source"><option value="*">all sampled</option></select></label> (a sample: per training step the best and worst episodes, per evaluation correct and wrong ones)</p>
 <div id="traj-list"></div>
 <h2 id="config">Config</h2>
-${d.config !== null ? `<details><summary>config.yaml</summary><pre class="config">${escapeHtml(d.config)}</pre></details>` : '<p>No config.yaml in this run folder.</p>'}
-<script type="application/json" id="report-data">${jsonForScript({ metrics: d.metrics, trajectories: d.trajectories })}</script>
+${reportData.config !== null ? `<details><summary>config.yaml</summary><pre class="config">${escapeHtml(reportData.config)}</pre></details>` : '<p>No config.yaml in this run folder.</p>'}
+<script type="application/json" id="report-data">${jsonForScript({ metrics: reportData.metrics, trajectories: reportData.trajectories })}</script>
 <script>${uplot.js}</script>
 <script>${SCRIPT}</script>
 </body></html>
@@ -100,9 +100,9 @@ ${d.config !== null ? `<details><summary>config.yaml</summary><pre class="config
 }
 
 /** Writes the report of run folder `dir`; returns its path. */
-export async function writeReport(dir: string, o: ReportOptions = {}): Promise<string> {
-  const data = await collectReport(dir, o);
-  const out = o.out ?? join(data.dir, 'report.html');
+export async function writeReport(dir: string, opts: ReportOptions = {}): Promise<string> {
+  const data = await collectReport(dir, opts);
+  const out = opts.out ?? join(data.dir, 'report.html');
   writeFileSync(out, renderReport(data));
   return out;
 }

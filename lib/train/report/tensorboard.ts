@@ -82,14 +82,14 @@ export interface TbEvent {
 }
 
 /** One Event message, serialized. */
-export function encodeEvent(e: TbEvent): Buffer {
-  const out: number[] = [...doubleField(1, e.wallTime), ...key(2, 0), ...varint(Math.trunc(e.step))];
-  if (e.fileVersion !== undefined) out.push(...lenField(3, Buffer.from(e.fileVersion, 'utf8')));
-  if (e.scalars?.length) {
-    const summary = e.scalars.flatMap((s) => lenField(1, [...lenField(1, Buffer.from(s.tag, 'utf8')), ...floatField(2, s.value)]));
+export function encodeEvent(event: TbEvent): Buffer {
+  const out: number[] = [...doubleField(1, event.wallTime), ...key(2, 0), ...varint(Math.trunc(event.step))];
+  if (event.fileVersion !== undefined) out.push(...lenField(3, Buffer.from(event.fileVersion, 'utf8')));
+  if (event.scalars?.length) {
+    const summary = event.scalars.flatMap((s) => lenField(1, [...lenField(1, Buffer.from(s.tag, 'utf8')), ...floatField(2, s.value)]));
     out.push(...lenField(5, summary));
   }
-  if (e.sessionStart) out.push(...lenField(6, [...key(1, 0), ...varint(1)]));
+  if (event.sessionStart) out.push(...lenField(6, [...key(1, 0), ...varint(1)]));
   return Buffer.from(out);
 }
 

@@ -119,30 +119,30 @@ export class MlflowTracker implements Tracker {
   }
 
   /** Finds or creates the experiment, creates (or reopens) the run and logs the params. */
-  static async open(o: MlflowOptions): Promise<MlflowTracker> {
-    const uri = o.uri.replace(/\/+$/, '');
+  static async open(opts: MlflowOptions): Promise<MlflowTracker> {
+    const uri = opts.uri.replace(/\/+$/, '');
     if (!/^https?:\/\/[^/]/.test(uri))
-      throw new SlmError('CONFIG_INVALID', `log.report_to has mlflow, but the tracking URI ${JSON.stringify(o.uri)} is not an http(s) address of an MLflow tracking server (a file store or databricks URI needs MLflow's Python client). Set log.mlflow_tracking_uri or $MLFLOW_TRACKING_URI to http://HOST:PORT.`, { path: 'log.mlflow_tracking_uri' });
-    const call = (m: 'GET' | 'POST', p: string, b?: unknown) => MlflowTracker.call(uri, m, p, b, o.attempts);
-    if (o.runId) {
-      const run = (await call('GET', `runs/get?run_id=${encodeURIComponent(o.runId)}`)) as { run?: { info?: { experiment_id?: string } } };
-      await call('POST', 'runs/update', { run_id: o.runId, status: 'RUNNING' });
-      return new MlflowTracker(uri, o.runId, String(run.run?.info?.experiment_id ?? ''), o);
+      throw new SlmError('CONFIG_INVALID', `log.report_to has mlflow, but the tracking URI ${JSON.stringify(opts.uri)} is not an http(s) address of an MLflow tracking server (a file store or databricks URI needs MLflow's Python client). Set log.mlflow_tracking_uri or $MLFLOW_TRACKING_URI to http://HOST:PORT.`, { path: 'log.mlflow_tracking_uri' });
+    const call = (m: 'GET' | 'POST', p: string, b?: unknown) => MlflowTracker.call(uri, m, p, b, opts.attempts);
+    if (opts.runId) {
+      const run = (await call('GET', `runs/get?run_id=${encodeURIComponent(opts.runId)}`)) as { run?: { info?: { experiment_id?: string } } };
+      await call('POST', 'runs/update', { run_id: opts.runId, status: 'RUNNING' });
+      return new MlflowTracker(uri, opts.runId, String(run.run?.info?.experiment_id ?? ''), opts);
     }
     let experimentId = '0';
-    if (o.experiment) {
+    if (opts.experiment) {
       try {
-        const e = (await call('GET', `experiments/get-by-name?experiment_name=${encodeURIComponent(o.experiment)}`)) as { experiment: { experiment_id: string } };
+        const e = (await call('GET', `experiments/get-by-name?experiment_name=${encodeURIComponent(opts.experiment)}`)) as { experiment: { experiment_id: string } };
         experimentId = e.experiment.experiment_id;
       } catch (e) {
         if (!(e instanceof SlmError) || (e.details as { error_code?: string } | undefined)?.error_code !== 'RESOURCE_DOES_NOT_EXIST') throw e;
-        experimentId = String(((await call('POST', 'experiments/create', { name: o.experiment })) as { experiment_id: string }).experiment_id);
+        experimentId = String(((await call('POST', 'experiments/create', { name: opts.experiment })) as { experiment_id: string }).experiment_id);
       }
     }
-    const tags = Object.entries({ 'mlflow.runName': o.runName, 'mlflow.source.name': 'slm-train', ...o.tags }).map(([key, value]) => ({ key, value }));
-    const created = (await call('POST', 'runs/create', { experiment_id: experimentId, run_name: o.runName, start_time: Date.now(), tags })) as { run: { info: { run_id: string } } };
-    const t = new MlflowTracker(uri, created.run.info.run_id, experimentId, o);
-    const params = Object.entries(o.params).map(([key, value]) => ({ key, value }));
+    const tags = Object.entries({ 'mlflow.runName': opts.runName, 'mlflow.source.name': 'slm-train', ...opts.tags }).map(([key, value]) => ({ key, value }));
+    const created = (await call('POST', 'runs/create', { experiment_id: experimentId, run_name: opts.runName, start_time: Date.now(), tags })) as { run: { info: { run_id: string } } };
+    const t = new MlflowTracker(uri, created.run.info.run_id, experimentId, opts);
+    const params = Object.entries(opts.params).map(([key, value]) => ({ key, value }));
     for (let i = 0; i < params.length; i += 100) await call('POST', 'runs/log-batch', { run_id: t.runId, params: params.slice(i, i + 100) });
     return t;
   }
@@ -186,7 +186,7 @@ interface TrackingState {
  * The trackers of `cfg.log.report_to` other than TensorBoard (RunFolder writes that itself), opened
  * for the run folder `dir`: MLflow's run created (or, on resume, reopened) before training starts.
  */
-export async function openTrackers(cfg: ResolvedConfig, dir: string, o: { resume?: boolean; log: (line: string) => void; runName: string }): Promise<Tracker[]> {
+export async function openTrackers(cfg: ResolvedConfig, dir: string, opts: { resume?: boolean; log: (line: string) => void; runName: string }): Promise<Tracker[]> {
   const out: Tracker[] = [];
   if (!cfg.log.report_to.includes('mlflow')) return out;
   const uri = cfg.log.mlflow_tracking_uri ?? process.env.MLFLOW_TRACKING_URI;
@@ -199,17 +199,17 @@ export async function openTrackers(cfg: ResolvedConfig, dir: string, o: { resume
   } catch {
     state = {};
   }
-  const prior = o.resume && state.mlflow && state.mlflow.tracking_uri === uri.replace(/\/+$/, '') ? state.mlflow.run_id : undefined;
+  const prior = opts.resume && state.mlflow && state.mlflow.tracking_uri === uri.replace(/\/+$/, '') ? state.mlflow.run_id : undefined;
   const t = await MlflowTracker.open({
     uri,
     experiment: cfg.log.mlflow_experiment ?? process.env.MLFLOW_EXPERIMENT_NAME ?? null,
-    runName: o.runName,
+    runName: opts.runName,
     params: configParams(cfg),
     tags: { 'slm-train.stage': cfg.stage, 'slm-train.run_dir': dir },
     runId: prior,
-    log: o.log,
+    log: opts.log,
   });
-  o.log(`mlflow: ${prior ? 'continuing' : 'logging to'} run ${t.runId} at ${t.uri}${t.experimentId ? ` (experiment ${t.experimentId})` : ''}`);
+  opts.log(`mlflow: ${prior ? 'continuing' : 'logging to'} run ${t.runId} at ${t.uri}${t.experimentId ? ` (experiment ${t.experimentId})` : ''}`);
   writeFileSync(file, JSON.stringify({ ...state, mlflow: { tracking_uri: t.uri, experiment_id: t.experimentId, run_id: t.runId } }, null, 2) + '\n');
   out.push(t);
   return out;

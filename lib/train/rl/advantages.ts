@@ -84,8 +84,8 @@ export interface GroupAdvantage {
   successes: number;
 }
 
-function options(o?: Partial<GroupAdvantageOptions>): GroupAdvantageOptions {
-  const opts = { ...GROUP_ADVANTAGE_DEFAULTS, ...o };
+function options(groupAdvantageOptions?: Partial<GroupAdvantageOptions>): GroupAdvantageOptions {
+  const opts = { ...GROUP_ADVANTAGE_DEFAULTS, ...groupAdvantageOptions };
   if (opts.std !== 'group' && opts.std !== 'none') throw new SlmError('ARGUMENT_INVALID', `std must be "group" or "none", found ${describe(opts.std)}.`);
   if (opts.stdEstimator !== 'sample' && opts.stdEstimator !== 'population')
     throw new SlmError('ARGUMENT_INVALID', `stdEstimator must be "sample" or "population", found ${describe(opts.stdEstimator)}.`);
@@ -229,17 +229,17 @@ export type LossNorm = 'token' | 'sequence' | 'turn';
 export function episodeTokenAdvantages(
   advantages: readonly number[],
   masks: readonly Uint8Array[],
-  o: { turnDiscount?: number; norm?: LossNorm; totals?: TurnCounts } = {},
+  opts: { turnDiscount?: number; norm?: LossNorm; totals?: TurnCounts } = {},
 ): Float32Array[] {
   if (advantages.length !== masks.length) throw new SlmError('ARGUMENT_INVALID', `${advantages.length} advantages for ${masks.length} loss masks: expected one per episode.`);
-  const g = o.turnDiscount ?? 1;
-  if (!(g >= 0 && g <= 1)) throw new SlmError('ARGUMENT_INVALID', `turnDiscount must be in [0, 1], found ${describe(o.turnDiscount)}.`);
-  const norm = o.norm ?? 'token';
+  const g = opts.turnDiscount ?? 1;
+  if (!(g >= 0 && g <= 1)) throw new SlmError('ARGUMENT_INVALID', `turnDiscount must be in [0, 1], found ${describe(opts.turnDiscount)}.`);
+  const norm = opts.norm ?? 'token';
   const spans = masks.map(maskTurns);
   // S and P of the whole batch: this process's, or (data-parallel ranks) the sums over every rank's.
-  const { sequences: S, pairs: P } = o.totals ?? turnCounts(masks);
-  return masks.map((m, i) => {
-    const out = new Float32Array(m.length);
+  const { sequences: S, pairs: P } = opts.totals ?? turnCounts(masks);
+  return masks.map((mask, i) => {
+    const out = new Float32Array(mask.length);
     const turns = spans[i];
     const n = turns.reduce((a, [b, e]) => a + e - b, 0);
     turns.forEach(([b, e], j) => {
@@ -258,9 +258,9 @@ export function episodeTokenAdvantages(
  */
 export function turnScale(masks: readonly Uint8Array[], totals?: TurnCounts): Float32Array[] {
   const { sequences: S, pairs: P } = totals ?? turnCounts(masks);
-  return masks.map((m) => {
-    const out = new Float32Array(m.length);
-    const turns = maskTurns(m);
+  return masks.map((mask) => {
+    const out = new Float32Array(mask.length);
+    const turns = maskTurns(mask);
     const n = turns.reduce((a, [b, e]) => a + e - b, 0);
     for (const [b, e] of turns) out.fill((S * n) / (P * (e - b)), b, e);
     return out;

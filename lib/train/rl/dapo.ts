@@ -65,21 +65,21 @@ export function overlongPenalty(length: number, maxLength: number, buffer: numbe
  * as the part `overlong_penalty`), truncated episodes marked excluded with `filter`. Counts what it
  * did. Rewards are copied, never changed in place.
  */
-export function shapeOverlong(episodes: readonly TrainEpisode[], rewards: readonly RewardResult[], o: OverlongOptions): { rewards: RewardResult[]; truncated: number; filtered: number; penalized: number } {
+export function shapeOverlong(episodes: readonly TrainEpisode[], rewards: readonly RewardResult[], opts: OverlongOptions): { rewards: RewardResult[]; truncated: number; filtered: number; penalized: number } {
   if (episodes.length !== rewards.length) throw new SlmError('ARGUMENT_INVALID', `shapeOverlong: ${episodes.length} episodes but ${rewards.length} rewards.`);
   let truncated = 0;
   let filtered = 0;
   let penalized = 0;
-  const out = rewards.map((r, i) => {
+  const out = rewards.map((result, i) => {
     const len = episodeLength(episodes[i]);
     if (len.truncated) truncated++;
-    const p = overlongPenalty(len.longestTurn, o.maxNewTokens, o.buffer, o.penaltyFactor);
-    let next = r;
+    const p = overlongPenalty(len.longestTurn, opts.maxNewTokens, opts.buffer, opts.penaltyFactor);
+    let next = result;
     if (p !== 0) {
       penalized++;
       next = { ...next, total: next.total + p, parts: { ...next.parts, overlong_penalty: p } };
     }
-    if (o.filter && len.truncated) {
+    if (opts.filter && len.truncated) {
       if (next.excluded !== true) filtered++;
       next = { ...next, excluded: true };
     }
@@ -106,11 +106,11 @@ export interface DynamicSamplingOptions {
 }
 
 /** The RL loop's DAPO options of a resolved config (none of them when off). */
-export function dapoOptionsFrom(c: ResolvedConfig): { overlong?: OverlongOptions; dynamicSampling?: DynamicSamplingOptions } {
-  const ol = c.algorithm.overlong;
-  const ds = c.rollout.dynamic_sampling;
+export function dapoOptionsFrom(cfg: ResolvedConfig): { overlong?: OverlongOptions; dynamicSampling?: DynamicSamplingOptions } {
+  const ol = cfg.algorithm.overlong;
+  const ds = cfg.rollout.dynamic_sampling;
   return {
-    ...(ol.filter || ol.buffer > 0 ? { overlong: { filter: ol.filter, buffer: ol.buffer, penaltyFactor: ol.penalty_factor, maxNewTokens: c.protocol.max_new_tokens } } : {}),
+    ...(ol.filter || ol.buffer > 0 ? { overlong: { filter: ol.filter, buffer: ol.buffer, penaltyFactor: ol.penalty_factor, maxNewTokens: cfg.protocol.max_new_tokens } } : {}),
     ...(ds.enabled ? { dynamicSampling: { maxDraws: ds.max_draws } } : {}),
   };
 }

@@ -66,18 +66,18 @@ export interface PgOptions extends RlLoopOptions {
 export type GrpoOptions = PgOptions;
 
 /** The update's settings of an algorithm section (the config's, or the schema's defaults). */
-function pgSettings(a: AlgorithmConfig) {
+function pgSettings(algorithm: AlgorithmConfig) {
   return {
-    innerEpochs: a.inner_epochs,
-    clipLow: a.clip_low,
-    clipHigh: a.clip_high ?? a.clip_low,
-    klCoef: a.kl_coef,
+    innerEpochs: algorithm.inner_epochs,
+    clipLow: algorithm.clip_low,
+    clipHigh: algorithm.clip_high ?? algorithm.clip_low,
+    klCoef: algorithm.kl_coef,
     // The KL goes into the loss, which takes k3 (validation refuses anything else with a coefficient).
     klEstimator: 'k3' as const,
-    entropyCoef: a.entropy_coef,
-    lossNorm: a.loss_norm,
-    turnDiscount: a.turn_discount,
-    oldLogprobs: a.old_logprobs,
+    entropyCoef: algorithm.entropy_coef,
+    lossNorm: algorithm.loss_norm,
+    turnDiscount: algorithm.turn_discount,
+    oldLogprobs: algorithm.old_logprobs,
   };
 }
 
@@ -94,8 +94,8 @@ export function pgOptionsFrom(c: ResolvedConfig): Pick<PgOptions, 'k' | 'innerEp
  * trainer passes each reward's correctness flag as the `success` argument (`useCorrectness`);
  * otherwise failure is reward <= fail_at_or_below.
  */
-export function groupAdvantageOptions(c: ResolvedConfig): GroupAdvantageOptions & { useCorrectness: boolean } {
-  const a = c.algorithm;
+export function groupAdvantageOptions(cfg: ResolvedConfig): GroupAdvantageOptions & { useCorrectness: boolean } {
+  const a = cfg.algorithm;
   return {
     std: a.std,
     stdEstimator: a.std_estimator,
@@ -142,55 +142,55 @@ function resolved(o: PgOptions) {
  * episode), spread over the episode's trained tokens, then `innerEpochs` clipped policy-gradient
  * steps. `name` is the metrics rows' stage.
  */
-export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, o: PgOptions): RlAlgorithm<Q, GroupStep, Stats | undefined, { kept: number[]; skipped: string[] }> {
-  const p = resolved(o);
+export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, opts: PgOptions): RlAlgorithm<Q, GroupStep, Stats | undefined, { kept: number[]; skipped: string[] }> {
+  const p = resolved(opts);
   const kl = klProblem({ name, kl: PG_KL }, 'loss', p.klEstimator, p.klCoef);
   if (kl) throw new SlmError('CONFIG_INVALID', `${kl.message}.`, { path: kl.path.join('.') });
   return {
     name,
-    groupSize: o.k,
-    async advantages(s) {
+    groupSize: opts.k,
+    async advantages(step) {
       const g = grpoAdvantages(
-        s.rewards.map((r) => r.total),
-        o.k,
+        step.rewards.map((r) => r.total),
+        opts.k,
         rule,
-        s.rewards.map((r) => r.correct),
-        s.rewards.map((r) => r.excluded === true),
+        step.rewards.map((r) => r.correct),
+        step.rewards.map((r) => r.excluded === true),
       );
       const adv = g.advantages;
-      const keep = s.episodes.map((_, i) => i).filter((i) => adv[i] !== null && adv[i] !== 0 && s.episodes[i].lossMask.some((x) => x));
+      const keep = step.episodes.map((_, i) => i).filter((i) => adv[i] !== null && adv[i] !== 0 && step.episodes[i].lossMask.some((x) => x));
       return { adv, keep, skipped: g.skipped.map((x) => x.reason) };
     },
     trained: (a) => a.keep.length,
-    async update(s, a) {
+    async update(rlStep, groupStep) {
       // Every rank takes part in every step's collectives, with or without episodes of its own.
-      if (!a.keep.length && !s.shard) return undefined;
-      const lr = stageLearningRate(o.schedule, o.steps, s.step);
+      if (!groupStep.keep.length && !rlStep.shard) return undefined;
+      const lr = stageLearningRate(opts.schedule, opts.steps, rlStep.step);
       let stats: Stats | undefined;
-      const masks = a.keep.map((i) => s.episodes[i].lossMask);
+      const masks = groupStep.keep.map((i) => rlStep.episodes[i].lossMask);
       // loss_norm 'turn' weighs a token by the global batch's counts: ranks add theirs up.
       let totals: TurnCounts | undefined;
-      if (s.shard && p.lossNorm === 'turn') {
-        const all = await s.shard.allGather(turnCounts(masks));
+      if (rlStep.shard && p.lossNorm === 'turn') {
+        const all = await rlStep.shard.allGather(turnCounts(masks));
         totals = { sequences: all.reduce((x, c) => x + c.sequences, 0), pairs: all.reduce((x, c) => x + c.pairs, 0) };
       }
       const batch = {
-        sequences: a.keep.map((i) => s.episodes[i].ids),
+        sequences: groupStep.keep.map((i) => rlStep.episodes[i].ids),
         masks,
         advantages: episodeTokenAdvantages(
-          a.keep.map((i) => a.adv[i] as number),
+          groupStep.keep.map((i) => groupStep.adv[i] as number),
           masks,
           { turnDiscount: p.turnDiscount, norm: p.lossNorm, totals },
         ),
-        oldLogprobs: a.keep.map((i) => s.episodes[i].logprobs),
+        oldLogprobs: groupStep.keep.map((i) => rlStep.episodes[i].logprobs),
         // loss_norm 'turn': the entropy bonus per turn too (its advantages carry the same factor).
         entropyScale: p.lossNorm === 'turn' && p.entropyCoef > 0 ? turnScale(masks, totals) : undefined,
-        temperature: a.keep.map((i) => s.episodes[i].lossTemperature ?? s.episodes[i].temperature),
+        temperature: groupStep.keep.map((i) => rlStep.episodes[i].lossTemperature ?? rlStep.episodes[i].temperature),
       };
       for (let e = 0; e < p.innerEpochs; e++) {
-        stats = await s.model.trainStep(batch, {
+        stats = await rlStep.model.trainStep(batch, {
           loss: 'pg',
-          seed: o.seed * 1000003 + s.step * 31 + e,
+          seed: opts.seed * 1000003 + rlStep.step * 31 + e,
           lr,
           clipLow: p.clipLow,
           clipHigh: p.clipHigh,
@@ -210,11 +210,11 @@ export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, o: 
     },
     trajectory: (_s, a, i) => ({ advantage: a.adv[i] }),
     share: (_s, a) => ({ kept: a.keep.map((i) => a.adv[i] as number), skipped: a.skipped }),
-    row(s, _a, stats, all) {
+    row(rlStep, _a, stats, all) {
       const kept = all.shared.flatMap((x) => x.kept);
       const skipped = all.shared.flatMap((x) => x.skipped);
       return {
-        head: { lr: stageLearningRate(o.schedule, o.steps, s.step) },
+        head: { lr: stageLearningRate(opts.schedule, opts.steps, rlStep.step) },
         body: {
           episodes_trained: kept.length,
           episodes_excluded: all.rewards.filter((r) => r.excluded === true).length || undefined,

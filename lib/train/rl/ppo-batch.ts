@@ -67,27 +67,27 @@ export interface PpoForward {
 }
 
 /** Step 4 (token rewards, GAE, whitening over every kept episode) for prepared episodes; `scores` by episode index. */
-export function ppoAdvantagesFor(f: PpoForward, scores: number[], o: Pick<PpoPrepareOptions, 'gamma' | 'lam' | 'whiten' | 'klCoef' | 'klIn' | 'klEstimator'>): { kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] } {
-  const { kept, sequences, masks, temperature, oldLogprobs, oldValues, refLogprobs } = f;
+export function ppoAdvantagesFor(forward: PpoForward, scores: number[], opts: Pick<PpoPrepareOptions, 'gamma' | 'lam' | 'whiten' | 'klCoef' | 'klIn' | 'klEstimator'>): { kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] } {
+  const { kept, sequences, masks, temperature, oldLogprobs, oldValues, refLogprobs } = forward;
   const adv = ppoAdvantages(
     kept.map((i, j) => ({ mask: masks[j], score: scores[i], logprobs: oldLogprobs[j], refLogprobs: refLogprobs?.[j], values: oldValues[j] })),
-    { gamma: o.gamma, lam: o.lam, whiten: o.whiten, klCoef: o.klIn === 'reward' ? o.klCoef : 0, klEstimator: o.klEstimator },
+    { gamma: opts.gamma, lam: opts.lam, whiten: opts.whiten, klCoef: opts.klIn === 'reward' ? opts.klCoef : 0, klEstimator: opts.klEstimator },
   );
   return { kept, refLogprobs, adv, batch: { sequences, masks, oldLogprobs, temperature, advantages: adv.advantages, returns: adv.returns, oldValues } };
 }
 
 /** Every rank's PpoForward and scores, in rank order (= the global batch's order), with `kept` as global episode indices. */
-export async function gatherForward(shard: Shard, f: PpoForward, offset: number, scores: number[]): Promise<{ forward: PpoForward; scores: number[] }> {
+export async function gatherForward(shard: Shard, ppoForward: PpoForward, offset: number, scores: number[]): Promise<{ forward: PpoForward; scores: number[] }> {
   const rows = (xs: ArrayLike<number>[]) => xs.map((x) => Array.from(x));
   const all = await shard.allGather({
     scores,
-    kept: f.kept.map((i) => i + offset),
-    sequences: rows(f.sequences),
-    masks: rows(f.masks),
-    temperature: f.temperature,
-    oldLogprobs: rows(f.oldLogprobs),
-    oldValues: rows(f.oldValues),
-    refLogprobs: f.refLogprobs ? rows(f.refLogprobs) : null,
+    kept: ppoForward.kept.map((i) => i + offset),
+    sequences: rows(ppoForward.sequences),
+    masks: rows(ppoForward.masks),
+    temperature: ppoForward.temperature,
+    oldLogprobs: rows(ppoForward.oldLogprobs),
+    oldValues: rows(ppoForward.oldValues),
+    refLogprobs: ppoForward.refLogprobs ? rows(ppoForward.refLogprobs) : null,
   });
   const cat = <T>(pick: (r: (typeof all)[number]) => number[][], Ctor: { from(x: number[]): T }) => all.flatMap((r) => pick(r).map((x) => Ctor.from(x)));
   const forward = {
@@ -102,7 +102,7 @@ export async function gatherForward(shard: Shard, f: PpoForward, offset: number,
   return { forward, scores: all.flatMap((r) => r.scores) };
 }
 
-export async function ppoForward(model: Model, episodes: TrainEpisode[], o: PpoPrepareOptions): Promise<PpoForward> {
+export async function ppoForward(model: Model, episodes: TrainEpisode[], opts: PpoPrepareOptions): Promise<PpoForward> {
   const masks = episodes.map((e) => {
     const m = Uint8Array.from(e.lossMask, (x) => (x ? 1 : 0));
     if (m.length) m[0] = 0;
@@ -112,11 +112,11 @@ export async function ppoForward(model: Model, episodes: TrainEpisode[], o: PpoP
   const sequences = kept.map((i) => episodes[i].ids);
   const keptMasks = kept.map((i) => masks[i]);
   const temperature = kept.map((i) => episodes[i].lossTemperature ?? episodes[i].temperature);
-  const oldLogprobs = o.recomputeOldLogprobs
+  const oldLogprobs = opts.recomputeOldLogprobs
     ? await model.sequenceLogprobs(sequences, temperature, keptMasks)
     : kept.map((i, j) => Float32Array.from(episodes[i].logprobs, (x, t) => (keptMasks[j][t] ? x : 0)));
   const oldValues = await model.values(sequences, keptMasks);
-  const refLogprobs = o.klCoef > 0 && o.klIn === 'reward' ? await model.referenceLogprobs(sequences, temperature, keptMasks) : undefined;
+  const refLogprobs = opts.klCoef > 0 && opts.klIn === 'reward' ? await model.referenceLogprobs(sequences, temperature, keptMasks) : undefined;
   return { kept, sequences, masks: keptMasks, temperature, oldLogprobs, oldValues, refLogprobs };
 }
 
@@ -154,45 +154,45 @@ export interface PpoUpdateOptions {
 }
 
 /** Step 5: `epochs` passes of seeded mini-batches, one native train step (policy + value loss) each. */
-export async function ppoUpdate(model: Model, b: PpoBatch, o: PpoUpdateOptions): Promise<NativeTrainStats[]> {
-  const N = b.sequences.length;
-  const mb = o.miniBatch && o.miniBatch > 0 ? Math.min(o.miniBatch, N) : N;
+export async function ppoUpdate(model: Model, batch: PpoBatch, opts: PpoUpdateOptions): Promise<NativeTrainStats[]> {
+  const N = batch.sequences.length;
+  const mb = opts.miniBatch && opts.miniBatch > 0 ? Math.min(opts.miniBatch, N) : N;
   const stats: NativeTrainStats[] = [];
-  for (let e = 0; e < o.epochs; e++) {
-    const order = permutation(N, o.seed, e);
+  for (let e = 0; e < opts.epochs; e++) {
+    const order = permutation(N, opts.seed, e);
     for (let s = 0, k = 0; s < N; s += mb, k++) {
-      const idx = order.slice(s, s + mb).filter((i) => !o.mine || o.mine(i));
+      const idx = order.slice(s, s + mb).filter((i) => !opts.mine || opts.mine(i));
       const pick = <T>(xs: T[]) => idx.map((i) => xs[i]);
       stats.push(
         await model.trainStep(
           {
-            sequences: pick(b.sequences),
-            masks: pick(b.masks),
-            advantages: pick(b.advantages),
-            oldLogprobs: pick(b.oldLogprobs),
-            returns: pick(b.returns),
-            oldValues: pick(b.oldValues),
-            temperature: pick(b.temperature),
+            sequences: pick(batch.sequences),
+            masks: pick(batch.masks),
+            advantages: pick(batch.advantages),
+            oldLogprobs: pick(batch.oldLogprobs),
+            returns: pick(batch.returns),
+            oldValues: pick(batch.oldValues),
+            temperature: pick(batch.temperature),
           },
           {
             loss: 'pg',
-            seed: o.seed * 1000003 + e * 7919 + k,
-            lr: o.lr,
-            valueLr: o.valueLr,
-            clipLow: o.clipLow,
-            clipHigh: o.clipHigh,
-            klCoef: o.klCoef,
-            klEstimator: o.klEstimator,
-            entropyCoef: o.entropyCoef,
-            vfCoef: o.vfCoef,
-            valueClip: o.valueClip,
-            tokenLevel: o.tokenLevel,
-            weightDecay: o.weightDecay,
-            maxGradNorm: o.maxGradNorm,
-            criticMaxGradNorm: o.criticMaxGradNorm,
-            ...o.adam,
-            microBatch: o.microBatch,
-            checkpoint: o.checkpoint,
+            seed: opts.seed * 1000003 + e * 7919 + k,
+            lr: opts.lr,
+            valueLr: opts.valueLr,
+            clipLow: opts.clipLow,
+            clipHigh: opts.clipHigh,
+            klCoef: opts.klCoef,
+            klEstimator: opts.klEstimator,
+            entropyCoef: opts.entropyCoef,
+            vfCoef: opts.vfCoef,
+            valueClip: opts.valueClip,
+            tokenLevel: opts.tokenLevel,
+            weightDecay: opts.weightDecay,
+            maxGradNorm: opts.maxGradNorm,
+            criticMaxGradNorm: opts.criticMaxGradNorm,
+            ...opts.adam,
+            microBatch: opts.microBatch,
+            checkpoint: opts.checkpoint,
           },
         ),
       );

@@ -113,24 +113,24 @@ export interface PpoOptions extends RlLoopOptions {
 const ppoDefinitionKl = { kl: { defaultIn: 'reward', reward: ['k1', 'k2', 'k3'], loss: ['k3'] } } as const;
 
 /** PPO's settings of an algorithm section (the config's, or the schema's defaults). */
-function ppoSettings(a: AlgorithmConfig) {
-  const { klIn, klEstimator } = klDefaults(ppoDefinitionKl, a);
+function ppoSettings(algorithm: AlgorithmConfig) {
+  const { klIn, klEstimator } = klDefaults(ppoDefinitionKl, algorithm);
   return {
-    ppoEpochs: a.inner_epochs,
-    miniBatch: a.mini_batch || undefined,
-    clipLow: a.clip_low,
-    clipHigh: a.clip_high ?? a.clip_low,
-    gamma: a.gamma,
-    lam: a.lam,
-    whiten: a.whiten,
-    klCoef: a.kl_coef,
+    ppoEpochs: algorithm.inner_epochs,
+    miniBatch: algorithm.mini_batch || undefined,
+    clipLow: algorithm.clip_low,
+    clipHigh: algorithm.clip_high ?? algorithm.clip_low,
+    gamma: algorithm.gamma,
+    lam: algorithm.lam,
+    whiten: algorithm.whiten,
+    klCoef: algorithm.kl_coef,
     klIn,
     klEstimator,
-    entropyCoef: a.entropy_coef,
-    tokenLevel: a.loss_norm === 'token',
-    vfCoef: a.vf_coef,
-    valueClip: a.value_clip,
-    critic: a.critic,
+    entropyCoef: algorithm.entropy_coef,
+    tokenLevel: algorithm.loss_norm === 'token',
+    vfCoef: algorithm.vf_coef,
+    valueClip: algorithm.value_clip,
+    critic: algorithm.critic,
   };
 }
 
@@ -144,15 +144,15 @@ export function ppoAdvantageOptions(c: ResolvedConfig): PpoAdvantageOptions {
  * PPO's options from a resolved config's algorithm, rollout and optim sections; the loop's own options
  * (questions per step, steps, seed...) come from the caller.
  */
-export function ppoOptionsFrom(c: ResolvedConfig): Omit<PpoOptions, keyof RlLoopOptions> {
+export function ppoOptionsFrom(cfg: ResolvedConfig): Omit<PpoOptions, keyof RlLoopOptions> {
   return {
-    n: c.rollout.k,
-    ...ppoSettings(c.algorithm),
-    ...(c.optim.critic_max_grad_norm !== null ? { criticMaxGradNorm: c.optim.critic_max_grad_norm } : {}),
-    schedule: scheduleSpec(c),
-    criticLr: c.optim.critic_lr,
+    n: cfg.rollout.k,
+    ...ppoSettings(cfg.algorithm),
+    ...(cfg.optim.critic_max_grad_norm !== null ? { criticMaxGradNorm: cfg.optim.critic_max_grad_norm } : {}),
+    schedule: scheduleSpec(cfg),
+    criticLr: cfg.optim.critic_lr,
     // optim.critic_warmup_steps: the critic's own warm-up (Search-R1: 0.015 of the steps, the actor 0.285).
-    ...(c.optim.critic_warmup_steps !== null ? { criticSchedule: { ...scheduleSpec(c, c.optim.critic_lr), warmupSteps: c.optim.critic_warmup_steps } } : {}),
+    ...(cfg.optim.critic_warmup_steps !== null ? { criticSchedule: { ...scheduleSpec(cfg, cfg.optim.critic_lr), warmupSteps: cfg.optim.critic_warmup_steps } } : {}),
   };
 }
 
@@ -181,15 +181,15 @@ interface PpoStep {
 }
 
 /** PPO as an algorithm of the RL loop; throws CONFIG_INVALID for options that cannot work together. */
-function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
+function ppo<Q>(opts: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
   // What the caller left out: the schema's defaults, through the same mapping as a config's.
-  const p = { ...optimizerOptions(sectionDefaults('optim')), ...ppoSettings(algorithmDefaults(ppoDefinition)), ...definedOnly(o) };
-  const n = o.n;
+  const p = { ...optimizerOptions(sectionDefaults('optim')), ...ppoSettings(algorithmDefaults(ppoDefinition)), ...definedOnly(opts) };
+  const n = opts.n;
   const kl = klProblem(ppoDefinition, p.klIn, p.klEstimator, p.klCoef);
   if (kl) throw new SlmError('CONFIG_INVALID', `${kl.message}.`, { path: kl.path.join('.') });
   if (!Number.isInteger(n) || n < 1) throw new SlmError('CONFIG_INVALID', `n (rollouts per question) must be a positive integer, found ${n}.`);
   const separate = p.critic === 'separate';
-  const criticBase = o.criticSchedule ?? (o.criticLr !== undefined ? { ...o.schedule, lr: o.criticLr } : undefined);
+  const criticBase = opts.criticSchedule ?? (opts.criticLr !== undefined ? { ...opts.schedule, lr: opts.criticLr } : undefined);
   const { klCoef, klIn, klEstimator } = p;
   const checkpoint = p.gradientCheckpointing;
   const prepOpts: PpoPrepareOptions = {
@@ -199,12 +199,12 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
     klCoef,
     klIn,
     klEstimator,
-    recomputeOldLogprobs: o.recomputeOldLogprobs ?? false,
+    recomputeOldLogprobs: opts.recomputeOldLogprobs ?? false,
     checkpoint,
   };
   const lrs = (step: number) => {
-    const lr = stageLearningRate(o.schedule, o.steps, step);
-    return { lr, valueLr: criticBase ? stageLearningRate(criticBase, o.steps, step) : lr, warm: step < (o.criticWarmup ?? 0) };
+    const lr = stageLearningRate(opts.schedule, opts.steps, step);
+    return { lr, valueLr: criticBase ? stageLearningRate(criticBase, opts.steps, step) : lr, warm: step < (opts.criticWarmup ?? 0) };
   };
   return {
     name: 'ppo',
@@ -221,7 +221,7 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
           );
         return;
       }
-      if (b.fresh || !model.hasValueHead()) model.attachValueHead(o.seed + 1);
+      if (b.fresh || !model.hasValueHead()) model.attachValueHead(opts.seed + 1);
       // The separate critic starts from the actor's starting adapter (Search-R1: critic.model.path is
       // the actor's); one loaded with the starting adapter (a PPO result) is kept, unless this stage
       // starts fresh.
@@ -229,28 +229,28 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
       else if (!separate && model.hasCritic()) model.detachCritic();
     },
     // Steps 3-4: values, reference, advantages.
-    async advantages(s) {
-      const scores = s.rewards.map((r) => r.total);
+    async advantages(rlStep) {
+      const scores = rlStep.rewards.map((r) => r.total);
       // Each rank's forward passes cover its own episodes; the advantages (whitened over the whole
       // batch) are computed from every rank's, identically on every rank.
       // reward.on_failure: exclude — an episode whose reward failed trains nothing (no trained token).
-      const trained = s.episodes.map((e, i) => (s.rewards[i].excluded === true ? { ...e, lossMask: new Uint8Array(e.lossMask.length) } : e));
-      const fwd = await ppoForward(s.model, trained, prepOpts);
-      const global = s.shard ? await gatherForward(s.shard, fwd, s.offset, scores) : { forward: fwd, scores };
+      const trained = rlStep.episodes.map((e, i) => (rlStep.rewards[i].excluded === true ? { ...e, lossMask: new Uint8Array(e.lossMask.length) } : e));
+      const fwd = await ppoForward(rlStep.model, trained, prepOpts);
+      const global = rlStep.shard ? await gatherForward(rlStep.shard, fwd, rlStep.offset, scores) : { forward: fwd, scores };
       const prep = ppoAdvantagesFor(global.forward, global.scores, prepOpts);
-      await o.onBatch?.({ step: s.step + 1, episodes: s.episodes, kept: prep.kept, scores, refLogprobs: prep.refLogprobs, adv: prep.adv, batch: prep.batch });
-      return { prep, warm: lrs(s.step).warm };
+      await opts.onBatch?.({ step: rlStep.step + 1, episodes: rlStep.episodes, kept: prep.kept, scores, refLogprobs: prep.refLogprobs, adv: prep.adv, batch: prep.batch });
+      return { prep, warm: lrs(rlStep.step).warm };
     },
     trained: (a) => a.prep.kept.length,
     // Step 5: the update (the critic alone during its warm-up).
-    async update(s, { prep, warm }) {
+    async update(rlStep, { prep, warm }) {
       if (!prep.kept.length) return [];
-      const { lr, valueLr } = lrs(s.step);
+      const { lr, valueLr } = lrs(rlStep.step);
       const b = warm ? { ...prep.batch, advantages: prep.batch.advantages.map((a) => new Float32Array(a.length)) } : prep.batch;
-      return ppoUpdate(s.model, b, {
+      return ppoUpdate(rlStep.model, b, {
         epochs: p.ppoEpochs,
         miniBatch: p.miniBatch,
-        seed: o.seed * 31 + s.step,
+        seed: opts.seed * 31 + rlStep.step,
         lr: warm ? 0 : lr,
         valueLr,
         clipLow: p.clipLow,
@@ -263,11 +263,11 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
         tokenLevel: p.tokenLevel,
         weightDecay: p.weightDecay,
         maxGradNorm: p.maxGradNorm,
-        criticMaxGradNorm: o.criticMaxGradNorm,
+        criticMaxGradNorm: opts.criticMaxGradNorm,
         adam: p.adam,
         microBatch: p.microBatch,
         checkpoint,
-        mine: s.shard ? (i) => prep.kept[i] >= s.offset && prep.kept[i] < s.offset + s.episodes.length : undefined,
+        mine: rlStep.shard ? (i) => prep.kept[i] >= rlStep.offset && prep.kept[i] < rlStep.offset + rlStep.episodes.length : undefined,
       });
     },
     // The value and return at the episode's first trained token.
@@ -277,8 +277,8 @@ function ppo<Q>(o: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
       return { value: f >= 0 ? prep.batch.oldValues[j][f] : null, return: f >= 0 ? prep.adv.returns[j][f] : null };
     },
     share: () => null,
-    row(s, { prep, warm }, stats, all) {
-      const { lr, valueLr } = lrs(s.step);
+    row(rlStep, { prep, warm }, stats, all) {
+      const { lr, valueLr } = lrs(rlStep.step);
       const done = stats.filter((x) => !x.skipped);
       const sm = (k: keyof NativeTrainStats) => (done.length ? mean(done.map((x) => x[k] as number)) : undefined);
       const { masks, oldValues } = prep.batch;
@@ -340,9 +340,9 @@ export const ppoDefinition: AlgorithmDefinition = {
   groupBaseline: false,
   lossNorms: ['token', 'sequence'],
   kl: ppoDefinitionKl.kl,
-  validate(c) {
+  validate(cfg) {
     const p: ConfigProblem[] = [];
-    if (c.algorithm.critic === 'separate' && c.algorithm.vf_coef === 0)
+    if (cfg.algorithm.critic === 'separate' && cfg.algorithm.vf_coef === 0)
       p.push({ path: ['algorithm', 'vf_coef'], message: 'a separate critic trains on the value loss alone, and vf_coef 0 switches the value loss off: its values would never be trained. Set vf_coef > 0 (its size does not matter there) or critic: shared' });
     return p;
   },

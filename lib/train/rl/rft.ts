@@ -56,20 +56,20 @@ export type RftVerdict = 'kept' | 'rejected' | 'excluded' | 'empty' | 'duplicate
  * requested) whether it is trained on and why. With minReward null a reward must give a correctness
  * verdict: a batch of rewards none of which does stops with CONFIG_INVALID (set rft.min_reward).
  */
-export function rftSelect(episodes: readonly TrainEpisode[], rewards: readonly RewardResult[], k: number, o: RftKeepOptions): { keep: boolean[]; verdicts: RftVerdict[] } {
+export function rftSelect(episodes: readonly TrainEpisode[], rewards: readonly RewardResult[], k: number, opts: RftKeepOptions): { keep: boolean[]; verdicts: RftVerdict[] } {
   if (episodes.length !== rewards.length) throw new SlmError('ARGUMENT_INVALID', `rftSelect: ${episodes.length} episodes but ${rewards.length} rewards.`);
   if (!Number.isInteger(k) || k < 1 || episodes.length % k) throw new SlmError('ARGUMENT_INVALID', `rftSelect: expected groups of k = ${k} episodes per question, found ${episodes.length} episodes.`);
-  if (o.minReward === null && rewards.length && rewards.every((r) => r.correct === undefined))
+  if (opts.minReward === null && rewards.length && rewards.every((r) => r.correct === undefined))
     throw new SlmError(
       'CONFIG_INVALID',
       "rft.min_reward is null, which keeps the episodes the reward marks correct, but the reward gives no correctness verdict (none of its parts is em, subem or a judge's, and reward.module returns no `correct`). Add such a part, return {score, correct} from the module, or set rft.min_reward to the reward an episode must reach.",
       { path: 'rft.min_reward' },
     );
-  const verdicts: RftVerdict[] = episodes.map((e, i) => {
+  const verdicts: RftVerdict[] = episodes.map((episode, i) => {
     const r = rewards[i];
     if (r.excluded) return 'excluded';
-    if (!e.lossMask.some((x) => x)) return 'empty';
-    const pass = o.minReward === null ? r.correct === true : Number.isFinite(r.total) && r.total >= o.minReward;
+    if (!episode.lossMask.some((x) => x)) return 'empty';
+    const pass = opts.minReward === null ? r.correct === true : Number.isFinite(r.total) && r.total >= opts.minReward;
     return pass ? 'kept' : 'rejected';
   });
   for (let g = 0; g < episodes.length; g += k) {
@@ -82,8 +82,8 @@ export function rftSelect(episodes: readonly TrainEpisode[], rewards: readonly R
     for (const i of idx) {
       const ids = episodes[i].ids;
       const key = Buffer.from(ids.buffer, ids.byteOffset, ids.byteLength).toString('base64');
-      if (o.unique && seen.has(key)) verdicts[i] = 'duplicate';
-      else if (o.maxPerQuestion > 0 && n >= o.maxPerQuestion) verdicts[i] = 'capped';
+      if (opts.unique && seen.has(key)) verdicts[i] = 'duplicate';
+      else if (opts.maxPerQuestion > 0 && n >= opts.maxPerQuestion) verdicts[i] = 'capped';
       else {
         seen.add(key);
         n++;
@@ -148,19 +148,19 @@ export interface RftOptions extends SftStepOptions {
 }
 
 /** The RFT options of a resolved config (rollout, rft, train and optim sections); the trainer's own come from the caller. */
-export function rftOptionsFrom(c: ResolvedConfig): Pick<RftOptions, 'k' | 'rounds' | 'epochs' | 'keep' | 'questionsPerRound' | 'questionsPerBatch' | 'batchSize' | 'temperature' | 'topP' | 'schedule'> {
-  const r = c.rft;
+export function rftOptionsFrom(cfg: ResolvedConfig): Pick<RftOptions, 'k' | 'rounds' | 'epochs' | 'keep' | 'questionsPerRound' | 'questionsPerBatch' | 'batchSize' | 'temperature' | 'topP' | 'schedule'> {
+  const r = cfg.rft;
   return {
-    k: c.rollout.k,
+    k: cfg.rollout.k,
     rounds: r.rounds,
     epochs: r.epochs,
     keep: { minReward: r.min_reward, maxPerQuestion: r.max_per_question, unique: r.unique },
     questionsPerRound: r.questions_per_round,
-    questionsPerBatch: c.rollout.batch_questions,
-    batchSize: c.train.batch_size,
-    temperature: c.rollout.temperature,
-    topP: c.rollout.top_p,
-    schedule: scheduleSpec(c),
+    questionsPerBatch: cfg.rollout.batch_questions,
+    batchSize: cfg.train.batch_size,
+    temperature: cfg.rollout.temperature,
+    topP: cfg.rollout.top_p,
+    schedule: scheduleSpec(cfg),
   };
 }
 
@@ -176,36 +176,36 @@ function dropUnfinished(run: RunFolder, rounds: number): void {
 const since = (t: number) => (performance.now() - t) / 1e3;
 
 /** Runs `o.rounds` rounds of sample -> keep -> fine-tune (or `o.stopAfter` of them). */
-export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, o: RftOptions): Promise<{ steps: number; rounds: number; meanReward: number[]; lastLoss: number }> {
-  if (!Number.isInteger(o.k) || o.k < 1) throw new SlmError('CONFIG_INVALID', `RFT samples rollout.k episodes per question: expected an integer >= 1, found ${o.k}.`, { path: 'rollout.k' });
+export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, opts: RftOptions): Promise<{ steps: number; rounds: number; meanReward: number[]; lastLoss: number }> {
+  if (!Number.isInteger(opts.k) || opts.k < 1) throw new SlmError('CONFIG_INVALID', `RFT samples rollout.k episodes per question: expected an integer >= 1, found ${opts.k}.`, { path: 'rollout.k' });
   if (!questions.length) throw new SlmError('DATA_INVALID', 'RFT has no train questions to sample.');
   let state: TrainState;
-  if (o.resume) {
+  if (opts.resume) {
     state = await run.restore(model);
     state.round = typeof state.round === 'number' ? state.round : 0;
     dropUnfinished(run, state.round as number);
   } else {
-    if (!(o.keepAdapter && model.lora !== undefined)) model.attachLora(o.lora, o.seed);
-    state = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed, round: 0 };
+    if (!(opts.keepAdapter && model.lora !== undefined)) model.attachLora(opts.lora, opts.seed);
+    state = { step: 0, epoch: 0, batchInEpoch: 0, seed: opts.seed, round: 0 };
   }
   const meanReward: number[] = [];
   let lastLoss = NaN;
   let ranHere = 0;
-  const bar = new Progress('rft', o.rounds, 'rounds', o.progress, state.round as number);
+  const bar = new Progress('rft', opts.rounds, 'rounds', opts.progress, state.round as number);
   try {
-    for (let round = state.round as number; round < o.rounds; round++) {
-      if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
+    for (let round = state.round as number; round < opts.rounds; round++) {
+      if (opts.stopAfter !== undefined && ranHere >= opts.stopAfter) break;
       // 1-2. sample and score, rollout.batch_questions questions at a time
-      const qi = roundQuestions(questions.length, o.questionsPerRound, o.seed, round);
+      const qi = roundQuestions(questions.length, opts.questionsPerRound, opts.seed, round);
       const requests: RolloutRequest<Q>[] = [];
       const episodes: TrainEpisode[] = [];
       const rewards: RewardResult[] = [];
       let tRollout = 0;
       let tReward = 0;
-      for (let b = 0; b < qi.length; b += o.questionsPerBatch) {
-        const reqs = rolloutRequests(qi.slice(b, b + o.questionsPerBatch).map((i) => questions[i]), b, o.k, round, o);
+      for (let b = 0; b < qi.length; b += opts.questionsPerBatch) {
+        const reqs = rolloutRequests(qi.slice(b, b + opts.questionsPerBatch).map((i) => questions[i]), b, opts.k, round, opts);
         const t0 = performance.now();
-        const eps = await deps.rollout(reqs, (done, _total) => bar.set({ detail: `round ${round + 1}: rollouts ${episodes.length + done}/${qi.length * o.k}` }));
+        const eps = await deps.rollout(reqs, (done, _total) => bar.set({ detail: `round ${round + 1}: rollouts ${episodes.length + done}/${qi.length * opts.k}` }));
         if (eps.length !== reqs.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${eps.length} episodes for ${reqs.length} requests.`);
         tRollout += since(t0);
         const t1 = performance.now();
@@ -215,10 +215,10 @@ export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, de
         episodes.push(...eps);
       }
       // 3. keep
-      const sel = rftSelect(episodes, rewards, o.k, o.keep);
+      const sel = rftSelect(episodes, rewards, opts.k, opts.keep);
       const examples = rftExamples(episodes, sel.keep);
       const count = (v: RftVerdict) => sel.verdicts.filter((x) => x === v).length;
-      const perQuestion = qi.map((_, q) => sel.keep.slice(q * o.k, (q + 1) * o.k).filter(Boolean).length);
+      const perQuestion = qi.map((_, q) => sel.keep.slice(q * opts.k, (q + 1) * opts.k).filter(Boolean).length);
       const lines = episodes.map((e, i) =>
         trajectoryLine(state.step + 1, requests[i].question, e, rewards[i], { round: round + 1, correct: rewards[i].correct, kept: sel.keep[i], verdict: sel.verdicts[i], sequence_tokens: e.ids.length, response_tokens: e.lossMask.reduce((a, x) => a + (x ? 1 : 0), 0) }),
       );
@@ -245,23 +245,23 @@ export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, de
       run.logMetrics(sample);
       meanReward.push(mean(rewards.map((r) => r.total)));
       const acc = sample.accuracy as number | undefined;
-      o.log?.(`rft round ${round + 1}: sampled ${episodes.length} episodes of ${qi.length} questions${acc !== undefined ? `, accuracy ${(100 * acc).toFixed(1)} %` : ''}, kept ${examples.length} (${(100 * (sample.questions_with_kept as number)).toFixed(1)} % of the questions have one)`);
+      opts.log?.(`rft round ${round + 1}: sampled ${episodes.length} episodes of ${qi.length} questions${acc !== undefined ? `, accuracy ${(100 * acc).toFixed(1)} %` : ''}, kept ${examples.length} (${(100 * (sample.questions_with_kept as number)).toFixed(1)} % of the questions have one)`);
       // 4. fine-tune on the kept episodes
       if (examples.length) {
-        const batches = batchByLength(examples, o.batchSize);
-        const schedule = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? batches.length * o.epochs };
+        const batches = batchByLength(examples, opts.batchSize);
+        const schedule = { ...opts.schedule, totalSteps: opts.schedule.totalSteps ?? batches.length * opts.epochs };
         let i = 0;
-        for (let epoch = 0; epoch < o.epochs; epoch++)
-          for (const b of permutation(batches.length, o.seed + round, epoch)) {
-            bar.set({ detail: `round ${round + 1}: train ${i + 1}/${batches.length * o.epochs} (${examples.length} episodes)` });
-            const { loss, row } = await sftStep(model, batches[b], { stage: 'rft', step: state.step, epoch, lr: learningRate(schedule, i++) }, o);
+        for (let epoch = 0; epoch < opts.epochs; epoch++)
+          for (const b of permutation(batches.length, opts.seed + round, epoch)) {
+            bar.set({ detail: `round ${round + 1}: train ${i + 1}/${batches.length * opts.epochs} (${examples.length} episodes)` });
+            const { loss, row } = await sftStep(model, batches[b], { stage: 'rft', step: state.step, epoch, lr: learningRate(schedule, i++) }, opts);
             lastLoss = loss;
             state = { ...state, step: state.step + 1 };
             const full = { stage: 'rft', step: state.step, round: round + 1, ...row };
             run.logMetrics(full);
-            await o.onStep?.(full);
+            await opts.onStep?.(full);
           }
-      } else o.log?.(`rft round ${round + 1}: no episode kept; nothing to train on this round`);
+      } else opts.log?.(`rft round ${round + 1}: no episode kept; nothing to train on this round`);
       // 5. checkpoint: the round is complete
       state = { ...state, epoch: round + 1, batchInEpoch: 0, round: round + 1 };
       await run.saveCheckpoint(model, state);
@@ -290,11 +290,11 @@ export const rft: AlgorithmDefinition = {
   groupBaseline: false,
   lossNorms: ['token', 'sequence', 'turn'],
   kl: { defaultIn: 'loss' },
-  validate(c) {
+  validate(cfg) {
     const p: ConfigProblem[] = [];
-    if (c.train.steps !== null) p.push({ path: ['train', 'steps'], message: `the rft stage runs rft.rounds rounds of rft.epochs passes over each round's kept episodes; leave train.steps out (null), found ${c.train.steps}` });
-    if (c.distributed.nproc > 1 || c.distributed.nnodes > 1) p.push({ path: ['distributed', 'nproc'], message: 'the rft stage runs in one process; set distributed.nproc and distributed.nnodes to 1' });
-    if (c.rft.min_reward !== null && !Number.isFinite(c.rft.min_reward)) p.push({ path: ['rft', 'min_reward'], message: `expected a finite number or null, found ${String(c.rft.min_reward)}` });
+    if (cfg.train.steps !== null) p.push({ path: ['train', 'steps'], message: `the rft stage runs rft.rounds rounds of rft.epochs passes over each round's kept episodes; leave train.steps out (null), found ${cfg.train.steps}` });
+    if (cfg.distributed.nproc > 1 || cfg.distributed.nnodes > 1) p.push({ path: ['distributed', 'nproc'], message: 'the rft stage runs in one process; set distributed.nproc and distributed.nnodes to 1' });
+    if (cfg.rft.min_reward !== null && !Number.isFinite(cfg.rft.min_reward)) p.push({ path: ['rft', 'min_reward'], message: `expected a finite number or null, found ${String(cfg.rft.min_reward)}` });
     return p;
   },
   oldLogprobs: false,

@@ -142,14 +142,14 @@ export function rolloutTopP(topP: number | [number, number] | undefined, seed: n
  * and seeds from the question's index in the whole step (q0 = this rank's first), so that ranks and
  * resumed runs draw the same. RFT (lib/train/rl/rft.ts) draws its rounds' episodes the same way.
  */
-export function rolloutRequests<Q>(qs: Q[], q0: number, k: number, step: number, o: Pick<RlLoopOptions, 'temperature' | 'topP' | 'seed'>): RolloutRequest<Q>[] {
-  const [lo, hi] = typeof o.temperature === 'number' ? [o.temperature, o.temperature] : o.temperature;
+export function rolloutRequests<Q>(qs: Q[], q0: number, k: number, step: number, loop: Pick<RlLoopOptions, 'temperature' | 'topP' | 'seed'>): RolloutRequest<Q>[] {
+  const [lo, hi] = typeof loop.temperature === 'number' ? [loop.temperature, loop.temperature] : loop.temperature;
   return qs.flatMap((question, qi) =>
     Array.from({ length: k }, (_, j) => ({
       question,
-      temperature: lo + (hi - lo) * hashUniform(o.seed, step, q0 + qi, j),
-      topP: rolloutTopP(o.topP, o.seed, step, q0 + qi, j),
-      seed: o.seed * 7919 + step * 1009 + (q0 + qi) * k + j,
+      temperature: lo + (hi - lo) * hashUniform(loop.seed, step, q0 + qi, j),
+      topP: rolloutTopP(loop.topP, loop.seed, step, q0 + qi, j),
+      seed: loop.seed * 7919 + step * 1009 + (q0 + qi) * k + j,
     })),
   );
 }
@@ -160,13 +160,13 @@ export function rolloutRequests<Q>(qs: Q[], q0: number, k: number, step: number,
  * adapter: restored from the newest checkpoint with `resume`, the adapter already on the model with
  * keepAdapter, else a fresh one. `fresh`: a new adapter was attached.
  */
-async function beginStage(model: Model, run: RunFolder, o: RlLoopOptions): Promise<{ state: TrainState; fresh: boolean }> {
-  const start = o.keepAdapter === true && model.lora !== undefined;
-  if (start && (o.klReference ?? sectionDefaults('algorithm').kl_reference) === 'start') model.setReferenceAdapter();
+async function beginStage(model: Model, run: RunFolder, loop: RlLoopOptions): Promise<{ state: TrainState; fresh: boolean }> {
+  const start = loop.keepAdapter === true && model.lora !== undefined;
+  if (start && (loop.klReference ?? sectionDefaults('algorithm').kl_reference) === 'start') model.setReferenceAdapter();
   else model.clearReferenceAdapter();
-  if (o.resume) return { state: await run.restore(model), fresh: false };
-  if (!start) model.attachLora(o.lora, o.seed);
-  return { state: { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed }, fresh: !start };
+  if (loop.resume) return { state: await run.restore(model), fresh: false };
+  if (!start) model.attachLora(loop.lora, loop.seed);
+  return { state: { step: 0, epoch: 0, batchInEpoch: 0, seed: loop.seed }, fresh: !start };
 }
 
 /**
@@ -174,14 +174,14 @@ async function beginStage(model: Model, run: RunFolder, o: RlLoopOptions): Promi
  * records every rank's, in the global batch's order), the data position advanced, and a checkpoint
  * every `checkpointEvery` steps. Returns the new state.
  */
-async function endStep(model: Model, run: RunFolder, bar: Progress, row: Record<string, unknown>, lines: string[], state: TrainState, position: Position, o: RlLoopOptions): Promise<TrainState> {
+async function endStep(model: Model, run: RunFolder, bar: Progress, row: Record<string, unknown>, lines: string[], state: TrainState, position: Position, loop: RlLoopOptions): Promise<TrainState> {
   run.logMetrics(row);
   bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
-  await o.onStep?.(row);
+  await loop.onStep?.(row);
   // A step without episodes (dynamic sampling that found no group with a spread) adds no line.
-  if ((!o.shard || o.shard.rank === 0) && lines.length) appendFileSync(join(run.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
+  if ((!loop.shard || loop.shard.rank === 0) && lines.length) appendFileSync(join(run.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
   const after = { ...state, step: state.step + 1, ...position };
-  if (o.checkpointEvery && after.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, after);
+  if (loop.checkpointEvery && after.step % loop.checkpointEvery === 0) await run.saveCheckpoint(model, after);
   return after;
 }
 
@@ -216,8 +216,8 @@ interface Drawn<Q> {
  * applied); with dynamic sampling, more batches until the step has questionsPerStep groups with a
  * spread of rewards (the surplus of the last batch left out) or maxDraws batches were drawn.
  */
-async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: number, start: Position, perEpoch: number, bar: Progress, o: RlLoopOptions): Promise<Drawn<Q>> {
-  const ds = o.dynamicSampling;
+async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: number, start: Position, perEpoch: number, bar: Progress, loop: RlLoopOptions): Promise<Drawn<Q>> {
+  const ds = loop.dynamicSampling;
   if (ds && k < 2) throw new SlmError('CONFIG_INVALID', `dynamic sampling keeps groups whose rewards differ, which takes at least 2 rollouts per question; found ${k}.`, { path: 'rollout.dynamic_sampling.enabled' });
   const maxDraws = ds ? ds.maxDraws : 1;
   if (!Number.isInteger(maxDraws) || maxDraws < 1) throw new SlmError('CONFIG_INVALID', `dynamic sampling's maxDraws must be a positive integer, found ${maxDraws}.`, { path: 'rollout.dynamic_sampling.max_draws' });
@@ -231,18 +231,18 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
   let rewardCount = 0;
   let draws = 0;
   // Data-parallel ranks: the groups kept so far by each rank, the same count on every rank.
-  const keptByRank = Array.from({ length: o.shard?.world ?? 1 }, () => 0);
-  const want = o.questionsPerStep;
+  const keptByRank = Array.from({ length: loop.shard?.world ?? 1 }, () => 0);
+  const want = loop.questionsPerStep;
   while (draws < maxDraws) {
     const p = out.position;
-    const order = permutation(questions.length, o.seed, p.epoch);
-    const stepQs = order.slice(p.batchInEpoch * o.questionsPerStep, (p.batchInEpoch + 1) * o.questionsPerStep).map((i) => questions[i]);
+    const order = permutation(questions.length, loop.seed, p.epoch);
+    const stepQs = order.slice(p.batchInEpoch * loop.questionsPerStep, (p.batchInEpoch + 1) * loop.questionsPerStep).map((i) => questions[i]);
     // This rank's share (all of it in one process); temperatures and seeds by the global index,
     // later draws of a step numbered after the earlier ones'.
-    const [q0, q1] = o.shard ? shardRange(stepQs.length, o.shard.rank, o.shard.world) : [0, stepQs.length];
+    const [q0, q1] = loop.shard ? shardRange(stepQs.length, loop.shard.rank, loop.shard.world) : [0, stepQs.length];
     if (draws === 0) out.q0 = q0;
     const qs = stepQs.slice(q0, q1);
-    const requests = rolloutRequests(qs, draws * o.questionsPerStep + q0, k, step, o);
+    const requests = rolloutRequests(qs, draws * loop.questionsPerStep + q0, k, step, loop);
     const tag = draws ? ` (draw ${draws + 1})` : '';
     bar.set({ detail: `rollouts 0/${requests.length}${tag}` });
     const t0 = performance.now();
@@ -253,8 +253,8 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
     const t1 = performance.now();
     let rewards = await Promise.all(episodes.map((ep, i) => deps.reward(ep, requests[i].question)));
     out.rewardS += since(t1);
-    if (o.overlong) {
-      const shaped = shapeOverlong(episodes, rewards, o.overlong);
+    if (loop.overlong) {
+      const shaped = shapeOverlong(episodes, rewards, loop.overlong);
       rewards = shaped.rewards;
       truncated += shaped.truncated;
       filtered += shaped.filtered;
@@ -270,7 +270,7 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
     // Every rank sees every rank's spreads (rank order = the draw's question order) and keeps the
     // same global selection: the first groups with a spread, up to questionsPerStep in all.
     const mine = { spread, sum: rewards.reduce((a, r) => a + r.total, 0), n: rewards.length };
-    const all = o.shard ? await o.shard.allGather(mine) : [mine];
+    const all = loop.shard ? await loop.shard.allGather(mine) : [mine];
     all.forEach((r, rank) => {
       drawnGroups += r.spread.length;
       spreadGroups += r.spread.filter(Boolean).length;
@@ -279,7 +279,7 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
       for (let g = 0; g < r.spread.length; g++) {
         if (!r.spread[g] || keptByRank.reduce((a, b) => a + b, 0) >= want) continue;
         keptByRank[rank]++;
-        if (rank !== (o.shard?.rank ?? 0)) continue;
+        if (rank !== (loop.shard?.rank ?? 0)) continue;
         out.requests.push(...requests.slice(g * k, (g + 1) * k));
         out.episodes.push(...episodes.slice(g * k, (g + 1) * k));
         out.rewards.push(...rewards.slice(g * k, (g + 1) * k));
@@ -288,33 +288,33 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
     if (keptByRank.reduce((a, b) => a + b, 0) >= want) break;
   }
   // This rank's first kept question in the step's kept list (the ranks' kept groups in rank order).
-  if (ds && o.shard) out.q0 = keptByRank.slice(0, o.shard.rank).reduce((a, b) => a + b, 0);
-  if (o.overlong) Object.assign(out.metrics, { episodes_truncated: truncated, episodes_overlong_filtered: o.overlong.filter ? filtered : undefined, episodes_overlong_penalized: o.overlong.buffer > 0 ? penalized : undefined });
+  if (ds && loop.shard) out.q0 = keptByRank.slice(0, loop.shard.rank).reduce((a, b) => a + b, 0);
+  if (loop.overlong) Object.assign(out.metrics, { episodes_truncated: truncated, episodes_overlong_filtered: loop.overlong.filter ? filtered : undefined, episodes_overlong_penalized: loop.overlong.buffer > 0 ? penalized : undefined });
   if (ds) Object.assign(out.metrics, { dynamic_draws: draws, groups_drawn: drawnGroups, groups_with_spread: spreadGroups, groups_trained_on: keptByRank.reduce((a, b) => a + b, 0), reward_mean_drawn: rewardCount ? rewardSum / rewardCount : NaN });
   return out;
 }
 
 /** Runs `algo` for `o.steps` steps (or `o.stopAfter` of them); the mean reward of every step run here. */
-export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, algo: RlAlgorithm<Q, A, U, S>, o: RlLoopOptions): Promise<{ steps: number; meanReward: number[] }> {
+export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, algo: RlAlgorithm<Q, A, U, S>, loop: RlLoopOptions): Promise<{ steps: number; meanReward: number[] }> {
   const k = algo.groupSize;
-  const perEpoch = Math.max(1, Math.floor(questions.length / o.questionsPerStep));
+  const perEpoch = Math.max(1, Math.floor(questions.length / loop.questionsPerStep));
   // The schedule recorded in checkpoints, checked on resume (GRPO, RLOO and PPO options carry it).
-  const schedule = (o as RlLoopOptions & { schedule?: StageSchedule }).schedule;
-  if (schedule) run.schedule = { ...schedule, totalSteps: schedule.totalSteps ?? o.steps };
-  const begun = await beginStage(model, run, o);
-  algo.begin?.(model, { fresh: begun.fresh, resume: o.resume === true, dir: run.dir });
+  const schedule = (loop as RlLoopOptions & { schedule?: StageSchedule }).schedule;
+  if (schedule) run.schedule = { ...schedule, totalSteps: schedule.totalSteps ?? loop.steps };
+  const begun = await beginStage(model, run, loop);
+  algo.begin?.(model, { fresh: begun.fresh, resume: loop.resume === true, dir: run.dir });
   let state = begun.state;
   const rewardsByStep: number[] = [];
   let ranHere = 0;
-  const bar = new Progress(algo.name, o.steps, 'steps', o.progress, state.step);
+  const bar = new Progress(algo.name, loop.steps, 'steps', loop.progress, state.step);
   try {
-    while (state.step < o.steps) {
-      if (o.stopAfter !== undefined && ranHere >= o.stopAfter) break;
+    while (state.step < loop.steps) {
+      if (loop.stopAfter !== undefined && ranHere >= loop.stopAfter) break;
       // 1. rollouts and 2. rewards (with dynamic sampling, as many draws as it takes)
       const t0 = performance.now();
-      const drawn = await drawStep(questions, deps, k, state.step, state, perEpoch, bar, o);
+      const drawn = await drawStep(questions, deps, k, state.step, state, perEpoch, bar, loop);
       const { requests, episodes, rewards, q0 } = drawn;
-      const s: RlStep<Q> = { model, step: state.step, requests, episodes, rewards, offset: q0 * k, shard: o.shard };
+      const s: RlStep<Q> = { model, step: state.step, requests, episodes, rewards, offset: q0 * k, shard: loop.shard };
       // 3. advantages
       if (algo.prepare) bar.set({ detail: algo.prepare.detail });
       const t2 = performance.now();
@@ -328,7 +328,7 @@ export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFo
       // 5. logs
       const lines = episodes.map((e, i) => trajectoryLine(state.step + 1, requests[i].question, e, rewards[i], algo.trajectory(s, adv, i)));
       const shared = algo.share(s, adv, upd);
-      const all = o.shard ? await gatherRollouts(o.shard, episodes, rewards, lines, shared) : { episodes, rewards, lines, shared: [shared] };
+      const all = loop.shard ? await gatherRollouts(loop.shard, episodes, rewards, lines, shared) : { episodes, rewards, lines, shared: [shared] };
       const { head, body } = algo.row(s, adv, upd, all);
       const row: Record<string, unknown> = {
         stage: algo.name,
@@ -344,12 +344,12 @@ export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFo
         time_step_s: since(t0),
       };
       rewardsByStep.push(mean(all.rewards.map((r) => r.total)));
-      state = await endStep(model, run, bar, row, all.lines, state, drawn.position, o);
+      state = await endStep(model, run, bar, row, all.lines, state, drawn.position, loop);
       ranHere++;
     }
   } finally {
     bar.stop();
   }
-  if (state.step >= o.steps) await run.saveCheckpoint(model, state);
+  if (state.step >= loop.steps) await run.saveCheckpoint(model, state);
   return { steps: state.step, meanReward: rewardsByStep };
 }

@@ -49,13 +49,13 @@ export type SftStepOptions = Pick<SftOptions, 'weightDecay' | 'maxGradNorm' | 'a
  * share of it), and its metrics row: `stage`, `step` (the step after it: at.step + 1), loss, tokens.
  * SFT runs it over the conversations of data.sft, RFT (lib/train/rl/rft.ts) over its kept episodes.
  */
-export async function sftStep(model: Model, batch: SftExample[], at: { stage: string; step: number; epoch: number; lr: number }, o: SftStepOptions): Promise<{ loss: number; row: Record<string, unknown> }> {
+export async function sftStep(model: Model, batch: SftExample[], at: { stage: string; step: number; epoch: number; lr: number }, opts: SftStepOptions): Promise<{ loss: number; row: Record<string, unknown> }> {
   const optim = sectionDefaults('optim');
   const t0 = performance.now();
-  const mine = o.shard ? batch.slice(...shardRange(batch.length, o.shard.rank, o.shard.world)) : batch;
+  const mine = opts.shard ? batch.slice(...shardRange(batch.length, opts.shard.rank, opts.shard.world)) : batch;
   const s = await model.trainStep(
     { sequences: mine.map((e) => e.ids), masks: mine.map((e) => e.mask) },
-    { loss: 'sft', lr: at.lr, weightDecay: o.weightDecay ?? optim.weight_decay, maxGradNorm: o.maxGradNorm ?? optim.max_grad_norm, ...o.adam, microBatch: o.microBatch, checkpoint: o.gradientCheckpointing ?? optim.gradient_checkpointing, seed: o.seed * 1000003 + at.step /* LoRA dropout: reproducible per step */ },
+    { loss: 'sft', lr: at.lr, weightDecay: opts.weightDecay ?? optim.weight_decay, maxGradNorm: opts.maxGradNorm ?? optim.max_grad_norm, ...opts.adam, microBatch: opts.microBatch, checkpoint: opts.gradientCheckpointing ?? optim.gradient_checkpointing, seed: opts.seed * 1000003 + at.step /* LoRA dropout: reproducible per step */ },
   );
   const masked = batch.reduce((a, e) => a + e.mask.length, 0);
   const tTrain = (performance.now() - t0) / 1e3;
@@ -78,34 +78,34 @@ export async function sftStep(model: Model, batch: SftExample[], at: { stage: st
   return { loss: s.loss, row };
 }
 
-export async function runSft(model: Model, examples: SftExample[], run: RunFolder, o: SftOptions): Promise<{ steps: number; lastLoss: number }> {
+export async function runSft(model: Model, examples: SftExample[], run: RunFolder, opts: SftOptions): Promise<{ steps: number; lastLoss: number }> {
   if (!examples.length) throw new SlmError('DATA_INVALID', 'SFT has no examples to train on.');
-  const batches = batchByLength(examples, o.batchSize, o.maxBatchTokens);
-  const total = Math.min(batches.length * o.epochs, o.maxSteps ?? Infinity);
-  const schedule: ScheduleSpec = { ...o.schedule, totalSteps: o.schedule.totalSteps ?? total };
-  let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: o.seed };
+  const batches = batchByLength(examples, opts.batchSize, opts.maxBatchTokens);
+  const total = Math.min(batches.length * opts.epochs, opts.maxSteps ?? Infinity);
+  const schedule: ScheduleSpec = { ...opts.schedule, totalSteps: opts.schedule.totalSteps ?? total };
+  let state: TrainState = { step: 0, epoch: 0, batchInEpoch: 0, seed: opts.seed };
   run.schedule = schedule;
-  if (o.resume) state = await run.restore(model);
-  else model.attachLora(o.lora, o.seed);
+  if (opts.resume) state = await run.restore(model);
+  else model.attachLora(opts.lora, opts.seed);
   let lastLoss = NaN;
   let ranHere = 0;
-  const bar = new Progress('sft', total, 'steps', o.progress, state.step);
+  const bar = new Progress('sft', total, 'steps', opts.progress, state.step);
   try {
-    outer: for (let epoch = state.epoch; epoch < o.epochs; epoch++) {
-      const order = permutation(batches.length, o.seed, epoch);
+    outer: for (let epoch = state.epoch; epoch < opts.epochs; epoch++) {
+      const order = permutation(batches.length, opts.seed, epoch);
       for (let b = epoch === state.epoch ? state.batchInEpoch : 0; b < batches.length; b++) {
-        if (o.stopAfter !== undefined && ranHere >= o.stopAfter) return { steps: state.step, lastLoss };
+        if (opts.stopAfter !== undefined && ranHere >= opts.stopAfter) return { steps: state.step, lastLoss };
         if (state.step >= total) break outer;
         const batch = batches[order[b]];
         const lr = learningRate(schedule, state.step);
-        const { loss, row } = await sftStep(model, batch, { stage: 'sft', step: state.step, epoch, lr }, o);
+        const { loss, row } = await sftStep(model, batch, { stage: 'sft', step: state.step, epoch, lr }, opts);
         lastLoss = loss;
         state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };
         ranHere++;
         run.logMetrics(row);
         bar.update(state.step, { detail: `loss ${loss.toFixed(4)}` });
-        await o.onStep?.(row);
-        if (o.checkpointEvery && state.step % o.checkpointEvery === 0) await run.saveCheckpoint(model, state);
+        await opts.onStep?.(row);
+        if (opts.checkpointEvery && state.step % opts.checkpointEvery === 0) await run.saveCheckpoint(model, state);
       }
     }
   } finally {
