@@ -37,6 +37,7 @@ export type CustomRewardValue = number | { score: number; parts?: Record<string,
 export type CustomRewardFn = (ctx: CustomRewardContext) => CustomRewardValue | Promise<CustomRewardValue>;
 
 /** A user's tool: JSON arguments in, a JSON value (or a promise of one) out. */
+// biome-ignore lint/suspicious/noExplicitAny: a tool takes whatever the program passes it (JSON values); its own signature types them.
 export type CustomTool = (...args: any[]) => unknown;
 export type CustomTools = Record<string, CustomTool>;
 

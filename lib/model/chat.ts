@@ -272,7 +272,7 @@ export class ChatFormatter {
    */
   continuation(history: readonly ChatMessage[], next: ChatMessage | readonly ChatMessage[], opts: ContinuationOptions = {}): string {
     const last = history.at(-1);
-    if (!last || last.role !== 'assistant') {
+    if (last?.role !== 'assistant') {
       throw new SlmError('ARGUMENT_INVALID', `Expected the conversation to end with the assistant message just generated, but it ends with ${last ? `a ${describe(last.role)} message` : 'nothing (it is empty)'}.`);
     }
     const nextMsgs: readonly ChatMessage[] = Array.isArray(next) ? next : [next as ChatMessage];

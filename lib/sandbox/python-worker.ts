@@ -162,7 +162,10 @@ export class Worker {
     if (msg.t === 'started') {
       if (running && msg.id === running.id) running.started = true;
     } else if (msg.t === 'call') {
-      if (!running) return this.fail('a tool call arrived while no program was running');
+      if (!running) {
+        this.fail('a tool call arrived while no program was running');
+        return;
+      }
       const { id } = running;
       void Promise.resolve(invokeTool(running.tools, msg.name, msg.args, running.calls, running.limits.maxCalls, this.pool.extraTools)).then((reply) => {
         if (this.current?.id !== id) return; // the program already ended

@@ -139,7 +139,10 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
 
   /** @internal */
   workerIdle(worker: Worker): void {
-    if (this.closed) return worker.send({ t: 'exit' });
+    if (this.closed) {
+      worker.send({ t: 'exit' });
+      return;
+    }
     this.idle.push(worker);
     this.dispatch();
   }

@@ -92,7 +92,7 @@ async function workerMain(): Promise<void> {
         Atomics.store(flag, 0, 0);
         // Re-check after clearing the flag, so that a reply posted just before cannot be missed.
         const again = receiveMessageOnPort(replyPort);
-        if (again && again.message && again.message.seq === my) return again.message;
+        if (again?.message && again.message.seq === my) return again.message;
         Atomics.wait(flag, 0, 0, left);
       }
     };

@@ -10,6 +10,7 @@ import { TOOL_NAMES } from './types.js';
 const PARAM: Record<ToolName, string> = { search_pages: 'query', view_sections: 'page_id', read_section: 'section_id' };
 
 /** Extra functions programs may call (sandbox.tools_module): JSON arguments, a JSON result. */
+// biome-ignore lint/suspicious/noExplicitAny: a tool takes whatever the program passes it (JSON values); its own signature types them.
 export type ExtraTools = Record<string, (...args: any[]) => unknown>;
 
 /**

@@ -87,7 +87,10 @@ export class Batcher {
         if (this.running) {
           const wait = (this.queuedAt.get(first) ?? 0) + (this.o.concurrentAfterMs ?? 200) - performance.now();
           if (wait > 0) {
-            this.timer ??= setTimeout(() => ((this.timer = null), void this.pump()), wait).unref();
+            this.timer ??= setTimeout(() => {
+              this.timer = null;
+              void this.pump();
+            }, wait).unref();
             break;
           }
         }

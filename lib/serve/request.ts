@@ -246,7 +246,7 @@ export function parseRequest(server: RequestContext, chat: boolean, body: Record
       maxTokens,
       temperature: number(body, 'temperature', 1, 0, 2),
       topP: number(body, 'top_p', 1, 0, 1, { loOpen: true }),
-      topK: topK < 0 ? 0 : topK,
+      topK: Math.max(topK , 0),
       stop,
       stopTokenIds,
       keepStop: boolean(body, 'include_stop_str_in_output', false),

@@ -81,7 +81,7 @@ export class Progress {
     this.unit = unit;
     this.stream = to ? to.stream : null;
     this.tty = to ? (to.tty ?? to.stream.isTTY === true) : false;
-    this.now = to && to.now ? to.now : () => performance.now();
+    this.now = (to ? to.now : undefined) ?? (() => performance.now());
     this.intervalMs = to && to.intervalMs !== undefined ? to.intervalMs : 10_000;
     this.t0 = this.now();
     this.lastLineAt = this.t0;
@@ -102,7 +102,10 @@ export class Progress {
     this.value = Math.max(0, Math.min(value, this.total));
     Object.assign(this.fields, fields);
     if (!this.stream) return;
-    if (this.tty) return this.bar?.update(this.value);
+    if (this.tty) {
+      this.bar?.update(this.value);
+      return;
+    }
     const d = this.decile();
     if (d > this.lastDecile || this.now() - this.lastLineAt >= this.intervalMs) {
       this.lastDecile = d;
