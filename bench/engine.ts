@@ -13,7 +13,10 @@
  *    (ATen's generic path, the one other devices take), and a plain eager PyTorch decode of the same
  *    model (bench/eager_decode.py: Hugging Face's eager Qwen3 written out in torch, under
  *    /usr/bin/python3 with Debian's python3-torch, same thread count) at batch 1 and 16, with the
- *    ratio slm-train / eager; skipped, saying why, where that python has no torch.
+ *    ratio slm-train / eager; skipped, saying why, where that python has no torch;
+ *  - llama.cpp on the same model (bench/llama-cpp.ts: written as an F32 GGUF by llama.cpp's own writer,
+ *    run by node-llama-cpp's prebuilt build, same thread count and prompts): prefill, decode at batch 1
+ *    and 16, each beside slm-train's float32 figure; skipped, saying why, without node-llama-cpp or gguf.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
@@ -23,6 +26,7 @@ import { fileURLToPath } from 'node:url';
 import { Model } from '../lib/engine/model.js';
 import { native } from '../lib/engine/runtime.js';
 import { initModel } from '../lib/model/init.js';
+import { llamaCppRows, runLlamaCpp } from './llama-cpp.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function benchModelDir(preset: 'small' | 'tiny', log?: (s: string) => void): Promise<string> {
@@ -286,6 +290,10 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     eagerRaw.push({ B, e });
   }
 
+  // llama.cpp on the same model, the same prompts and thread count (bench/llama-cpp.ts), in the same run.
+  const llamaCpp = runLlamaCpp(dir, { threads, prefill: prefillTokens, steps, reps, batches: [1, 16], timeoutS: quick ? 300 : 900, log });
+  if ('skipped' in llamaCpp) log(`engine: llama.cpp skipped: ${llamaCpp.skipped}`);
+
   log('engine: measuring the machine again (each limit: the better of the two measurements)');
   await lim.again();
   const pr = prefillRoofline(cfg, layerParams, bytesPerParam, prefillTokens, lim.v);
@@ -337,6 +345,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     decode,
     decode_aten_path: decodeAten,
     eager_pytorch: eager,
+    llama_cpp: llamaCpp,
     native_call_overhead_us: { sync: +syncUs.toFixed(2), async_worker: +asyncUs.toFixed(1) },
   };
   const rows = [
@@ -353,6 +362,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
             `| slm-train / eager PyTorch, decode ${e.dtype} batch ${e.batch} | ${e.slm_train_speedup}x | | |`,
           ],
     ),
+    ...llamaCppRows(llamaCpp, { prefill: prefill.tokens_per_s, decode: (B) => decode.find((d) => d.dtype === 'float32' && d.batch === B)?.tokens_per_s }),
     `| native call overhead | sync ${results.native_call_overhead_us.sync} µs, async ${results.native_call_overhead_us.async_worker} µs | | |`,
     `| machine | copy ${results.machine.copy_GBps} GB/s, matmul f32 ${results.machine.matmul_f32_GFLOPs} / bf16 ${results.machine.matmul_bf16_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,
   ];
