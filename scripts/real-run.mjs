@@ -3,7 +3,7 @@
 // model, on the real wiki-trivia questions and a corpus built from the shared wiki excerpts, with the
 // code protocol: baseline evaluation -> SFT -> evaluation -> GRPO -> evaluation -> RFT (the comparison,
 // from the same SFT adapter, as many sampled episodes as GRPO) -> evaluation. Each evaluation is greedy
-// on the first 48 of the 96 held-out questions (eval.max_questions), then pass@k at the rollout settings.
+// on the first 32 of the 96 held-out questions (eval.max_questions), then pass@k at the rollout settings.
 //
 //   node scripts/real-run.mjs [--out DIR] [--seed N] [--model DIR] [--shared DIR] [--no-rft]
 //                             [--set [STAGE:]KEY=VALUE ...]

@@ -36,10 +36,18 @@ t.test('the three configs load as the stages they name, with one protocol', asyn
     t.match(c.protocol, { kind: 'code', question_variable: 'question', max_turns: 2, tool_output_chars: 1000 });
     t.equal(c.protocol.system_prompt, cfgs[0].protocol.system_prompt, `${c.stage}: the same system prompt as SFT`);
     t.same(c.reward.parts, cfgs[0].reward.parts, `${c.stage}: the same reward`);
-    t.equal(c.eval.pass_k, 4);
+    t.match(c.eval, { pass_k: 2, max_questions: 32 }, `${c.stage}: every evaluation asks 32 held-out questions, pass@2`);
   }
   t.equal(cfgs[1].model.adapter, join(repoRoot, 'runs', 'real-smollm2', 'runs', 'real-smollm2-sft', 'adapter'), 'GRPO starts from the SFT adapter (where real-smollm2-sft.yaml, run alone, writes it)');
   t.equal(cfgs[2].model.adapter, cfgs[1].model.adapter, 'RFT starts from the same adapter');
+  t.match(cfgs[0], { optim: { lr: 1e-3 }, train: { epochs: 1, batch_size: 4 } }, 'SFT: 1 epoch, 4 conversations a step, lr 1e-3');
+  const [grpo, rft] = [cfgs[1], cfgs[2]];
+  const sampled = [
+    grpo.train.steps! * grpo.rollout.batch_questions * grpo.rollout.k,
+    rft.rft.rounds * rft.rft.questions_per_round! * rft.rollout.k,
+  ];
+  t.same(sampled, [64, 64], 'GRPO and RFT sample as many episodes (64)');
+  t.equal(cfgs[1].optim.lr, cfgs[2].optim.lr, 'GRPO and RFT at the same rate');
 });
 
 const skip = needs(!haveShared && 'the shared data (../shared/data)', t);
@@ -85,8 +93,8 @@ t.test('the whole chain at toy scale on a tiny random model', { skip, timeout: 9
   const [sft, grpo, rft] = ['sft', 'grpo', 'rft'].map(resolved);
   t.match(sft, { stage: 'sft', train: { steps: 2, seed: 3 }, model: { path: model }, data: { sft: join(out, 'data', 'expert.jsonl') } });
   t.match(grpo, { stage: 'grpo', train: { steps: 1, seed: 3 }, optim: { lr: 3e-5 }, model: { adapter: join(out, 'runs', 'sft', 'adapter') } });
-  t.match(rft, { stage: 'rft', rft: { questions_per_round: 2 }, optim: { lr: 1e-4 }, model: { adapter: join(out, 'runs', 'sft', 'adapter') } });
-  t.equal(sft.optim.lr, 2e-4, "grpo:optim.lr reached GRPO only");
+  t.match(rft, { stage: 'rft', rft: { questions_per_round: 2 }, optim: { lr: 3e-4 }, model: { adapter: join(out, 'runs', 'sft', 'adapter') } });
+  t.equal(sft.optim.lr, 1e-3, "grpo:optim.lr reached GRPO only");
   for (const c of [sft, grpo, rft]) t.match(c, { lora: { r: 4 }, protocol: { max_new_tokens: 8 }, rollout: { k: 2 } });
   const evalSummary = JSON.parse(readFileSync(join(out, 'runs', 'evals', 'grpo', 'summary.json'), 'utf8'));
   t.match(evalSummary, { label: 'grpo', adapter: join(out, 'runs', 'grpo', 'adapter'), questions: 3, max_new_tokens: 8 });
