@@ -1,6 +1,7 @@
-// The shape of the code a newcomer meets: one concept per file (no TypeScript file in lib/ over 400
-// lines, no native or Python source over 500) and no import cycles in lib/ (type-only imports
-// included: madge follows them).
+// The shape of the code a newcomer meets: one concept per file (no TypeScript file in lib/, native or
+// Python source over 500 lines, as the formatters lay them out: Biome and clang-format at 140 columns,
+// black; lib/'s cap was 400 lines before the tree was formatted, which made lib/ 18 % longer in lines
+// and native/ 4 %) and no import cycles in lib/ (type-only imports included: madge follows them).
 import t from 'tap';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
@@ -19,7 +20,7 @@ function files(dir: string, ext: RegExp): string[] {
 const lines = (p: string) => readFileSync(p, 'utf8').split('\n').length - 1;
 
 for (const [dir, ext, limit] of [
-  ['lib', /\.ts$/, 400],
+  ['lib', /\.ts$/, 500],
   ['native', /\.(cc|h)$/, 500],
   ['python', /\.py$/, 500],
 ] as const) {

@@ -15,7 +15,8 @@ import { basename, dirname, extname, join, resolve } from 'node:path';
 import { Ajv, type ValidateFunction } from 'ajv';
 import YAML from 'yaml';
 import { SlmError } from '../errors.js';
-import { CONFIG_SCHEMA, PATH_KEYS, schemaVersion } from './schema.js';
+import { CONFIG_SCHEMA, PATH_KEYS } from './schema.js';
+import { schemaVersion } from './schema-extend.js';
 import { applyOverrides, parseOverrides } from './overrides.js';
 import { describeValue, dotted, fail, isObj, problemsFromAjv, props, type Obj, type Problem, type Schema } from './problems.js';
 import { isHubRef } from '../hub/ref.js';
@@ -23,7 +24,10 @@ import { isChatTemplateName } from '../model/chat-templates.js';
 import { groupSizeProblem, klDefaults, klProblem } from '../train/rl/algorithm.js';
 import { algorithmOf, algorithms } from '../train/rl/registry.js';
 
-const groupBaselines = () => algorithms().filter((a) => a.groupBaseline).map((a) => a.name);
+const groupBaselines = () =>
+  algorithms()
+    .filter((a) => a.groupBaseline)
+    .map((a) => a.name);
 import type { ResolvedConfig } from './types.js';
 
 export interface LoadOptions {
@@ -34,7 +38,11 @@ export interface LoadOptions {
 let validator: { fn: ValidateFunction; version: number } | undefined;
 function compiled(): ValidateFunction {
   // Recompiled when an algorithm registered since (lib/train/rl/registry.ts) added keys.
-  if (validator?.version !== schemaVersion()) validator = { fn: new Ajv({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true }).compile(CONFIG_SCHEMA), version: schemaVersion() };
+  if (validator?.version !== schemaVersion())
+    validator = {
+      fn: new Ajv({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true }).compile(CONFIG_SCHEMA),
+      version: schemaVersion(),
+    };
   return validator.fn;
 }
 
@@ -46,51 +54,117 @@ function crossChecks(cfg: ResolvedConfig): Problem[] {
   // The run folder is run.dir/run.name: a name with a separator or '..' would put it elsewhere.
   const rn = cfg.run.name;
   if (rn !== null && (rn === '' || rn === '.' || rn === '..' || /[/\\\0]/.test(rn)))
-    p.push({ path: ['run', 'name'], message: `expected a plain folder name (no /, \\ or NUL, not . or ..): the run is written to run.dir/run.name, found ${describeValue(rn)}; put the folder's parent in run.dir` });
-  const a = cfg.algorithm as Omit<ResolvedConfig['algorithm'], 'kind' | 'kl_in' | 'kl_estimator'> & { kind: string | null; kl_in: string | null; kl_estimator: string | null };
+    p.push({
+      path: ['run', 'name'],
+      message: `expected a plain folder name (no /, \\ or NUL, not . or ..): the run is written to run.dir/run.name, found ${describeValue(rn)}; put the folder's parent in run.dir`,
+    });
+  const a = cfg.algorithm as Omit<ResolvedConfig['algorithm'], 'kind' | 'kl_in' | 'kl_estimator'> & {
+    kind: string | null;
+    kl_in: string | null;
+    kl_estimator: string | null;
+  };
   if (a.kind !== null && cfg.stage !== 'eval' && a.kind !== cfg.stage)
-    p.push({ path: ['algorithm', 'kind'], message: `${JSON.stringify(a.kind)} does not match stage ${JSON.stringify(cfg.stage)}; leave algorithm.kind out (it follows the stage) or make them equal` });
+    p.push({
+      path: ['algorithm', 'kind'],
+      message: `${JSON.stringify(a.kind)} does not match stage ${JSON.stringify(cfg.stage)}; leave algorithm.kind out (it follows the stage) or make them equal`,
+    });
   const temp = cfg.rollout.temperature;
-  if (Array.isArray(temp) && temp[0] > temp[1]) p.push({ path: ['rollout', 'temperature'], message: `expected [lo, hi] with lo <= hi, found [${temp.join(', ')}]` });
+  if (Array.isArray(temp) && temp[0] > temp[1])
+    p.push({ path: ['rollout', 'temperature'], message: `expected [lo, hi] with lo <= hi, found [${temp.join(', ')}]` });
   const topP = cfg.rollout.top_p;
-  if (Array.isArray(topP) && topP[0] > topP[1]) p.push({ path: ['rollout', 'top_p'], message: `expected [lo, hi] with lo <= hi, found [${topP.join(', ')}]` });
-  if (cfg.stage === 'sft' && cfg.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; the sft stage needs chat-format JSONL trajectories ({messages: [...]} rows)' });
+  if (Array.isArray(topP) && topP[0] > topP[1])
+    p.push({ path: ['rollout', 'top_p'], message: `expected [lo, hi] with lo <= hi, found [${topP.join(', ')}]` });
+  if (cfg.stage === 'sft' && cfg.data.sft === null)
+    p.push({ path: ['data', 'sft'], message: 'missing; the sft stage needs chat-format JSONL trajectories ({messages: [...]} rows)' });
   if (cfg.stage !== 'sft') {
-    if (cfg.data.questions === null) p.push({ path: ['data', 'questions'], message: `missing; the ${cfg.stage} stage needs question rows {question, answer}` });
+    if (cfg.data.questions === null)
+      p.push({ path: ['data', 'questions'], message: `missing; the ${cfg.stage} stage needs question rows {question, answer}` });
     if (cfg.protocol.kind !== 'direct' && cfg.retrieval.kind !== 'http' && cfg.data.corpus === null && cfg.data.index === null)
-      p.push({ path: ['data', 'corpus'], message: `missing; the ${cfg.protocol.kind} protocol searches a corpus: set data.corpus or data.index (or retrieval.kind: http with retrieval.url)` });
+      p.push({
+        path: ['data', 'corpus'],
+        message: `missing; the ${cfg.protocol.kind} protocol searches a corpus: set data.corpus or data.index (or retrieval.kind: http with retrieval.url)`,
+      });
   }
   if (cfg.retrieval.kind === 'http') {
-    if (cfg.retrieval.url === null) p.push({ path: ['retrieval', 'url'], message: 'missing; retrieval.kind: http needs the server, e.g. http://127.0.0.1:8000/retrieve (`slm-train serve-retriever --index DIR --port 8000`)' });
-    if (cfg.protocol.kind === 'code') p.push({ path: ['retrieval', 'kind'], message: 'http serves passages for the tags protocol; the code protocol\'s search_pages/view_sections/read_section need a local index (retrieval.kind hybrid, dense or bm25)' });
+    if (cfg.retrieval.url === null)
+      p.push({
+        path: ['retrieval', 'url'],
+        message:
+          'missing; retrieval.kind: http needs the server, e.g. http://127.0.0.1:8000/retrieve (`slm-train serve-retriever --index DIR --port 8000`)',
+      });
+    if (cfg.protocol.kind === 'code')
+      p.push({
+        path: ['retrieval', 'kind'],
+        message:
+          "http serves passages for the tags protocol; the code protocol's search_pages/view_sections/read_section need a local index (retrieval.kind hybrid, dense or bm25)",
+      });
   }
-  if (isHubRef(cfg.data.index)) p.push({ path: ['data', 'index'], message: `a local folder (written by \`slm-train index\`), found the hub reference ${JSON.stringify(cfg.data.index)}; put a hub dataset in data.corpus and the index is built from it` });
+  if (isHubRef(cfg.data.index))
+    p.push({
+      path: ['data', 'index'],
+      message: `a local folder (written by \`slm-train index\`), found the hub reference ${JSON.stringify(cfg.data.index)}; put a hub dataset in data.corpus and the index is built from it`,
+    });
   if (cfg.protocol.prompts_from_sft) {
-    if (cfg.data.sft === null) p.push({ path: ['data', 'sft'], message: 'missing; protocol.prompts_from_sft takes the prompts from the conversations of data.sft' });
+    if (cfg.data.sft === null)
+      p.push({ path: ['data', 'sft'], message: 'missing; protocol.prompts_from_sft takes the prompts from the conversations of data.sft' });
     for (const k of ['system_prompt', 'final_turn_notice'] as const)
-      if (cfg.protocol[k] !== null) p.push({ path: ['protocol', k], message: `set, but protocol.prompts_from_sft takes it from data.sft; set one or the other` });
+      if (cfg.protocol[k] !== null)
+        p.push({ path: ['protocol', k], message: `set, but protocol.prompts_from_sft takes it from data.sft; set one or the other` });
   }
   if (cfg.protocol.max_observation_tokens !== null && cfg.protocol.kind === 'code')
-    p.push({ path: ['protocol', 'max_observation_tokens'], message: "cuts the tags protocol's inline <information> replies (Search-R1's max_obs_length); the code protocol cuts program output with tool_output_chars; set it to null" });
+    p.push({
+      path: ['protocol', 'max_observation_tokens'],
+      message:
+        "cuts the tags protocol's inline <information> replies (Search-R1's max_obs_length); the code protocol cuts program output with tool_output_chars; set it to null",
+    });
   if (cfg.data.eval_questions !== null && cfg.eval.split === 'all')
-    p.push({ path: ['eval', 'split'], message: 'with data.eval_questions a split names one file: eval (data.eval_questions) or train (data.questions), found "all"' });
+    p.push({
+      path: ['eval', 'split'],
+      message: 'with data.eval_questions a split names one file: eval (data.eval_questions) or train (data.questions), found "all"',
+    });
   if (cfg.algorithm.overlong.buffer >= cfg.protocol.max_new_tokens)
-    p.push({ path: ['algorithm', 'overlong', 'buffer'], message: `the over-length buffer is the last tokens before protocol.max_new_tokens (${cfg.protocol.max_new_tokens}): expected fewer, found ${cfg.algorithm.overlong.buffer}` });
+    p.push({
+      path: ['algorithm', 'overlong', 'buffer'],
+      message: `the over-length buffer is the last tokens before protocol.max_new_tokens (${cfg.protocol.max_new_tokens}): expected fewer, found ${cfg.algorithm.overlong.buffer}`,
+    });
   // Turn 1 sampled at another temperature than the episode's: the sampler's log-probs of its tokens are not the training forward's.
   if (cfg.rollout.first_turn_temperature !== null && cfg.algorithm.old_logprobs === 'sampler')
-    p.push({ path: ['rollout', 'first_turn_temperature'], message: `turn 1 then samples at ${cfg.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute (or forward)` });
+    p.push({
+      path: ['rollout', 'first_turn_temperature'],
+      message: `turn 1 then samples at ${cfg.rollout.first_turn_temperature} and later turns at the rollout's own temperature, but the training forward scores a whole episode at the rollout's: the sampler's log-probs of turn 1 would not match it. Set algorithm.old_logprobs: recompute (or forward)`,
+    });
   if (cfg.algorithm.loss_temperature !== null && cfg.algorithm.old_logprobs === 'sampler')
-    p.push({ path: ['algorithm', 'loss_temperature'], message: `the loss then scores tokens at temperature ${cfg.algorithm.loss_temperature}, but the sampler's log-probs are at each episode's sampling temperature; set algorithm.old_logprobs: recompute (or forward)` });
+    p.push({
+      path: ['algorithm', 'loss_temperature'],
+      message: `the loss then scores tokens at temperature ${cfg.algorithm.loss_temperature}, but the sampler's log-probs are at each episode's sampling temperature; set algorithm.old_logprobs: recompute (or forward)`,
+    });
   // 'forward': the ratio against the training forward's own log-probs is 1 in every pass; a second
   // pass would train off-policy with no correction.
   if (cfg.algorithm.old_logprobs === 'forward' && cfg.algorithm.inner_epochs !== 1)
-    p.push({ path: ['algorithm', 'old_logprobs'], message: `forward takes the training forward's own log-probs as the old ones, so the ratio is 1 in every pass and a second pass would train off-policy uncorrected: expected inner_epochs 1, found ${cfg.algorithm.inner_epochs}; use recompute for several passes` });
+    p.push({
+      path: ['algorithm', 'old_logprobs'],
+      message: `forward takes the training forward's own log-probs as the old ones, so the ratio is 1 in every pass and a second pass would train off-policy uncorrected: expected inner_epochs 1, found ${cfg.algorithm.inner_epochs}; use recompute for several passes`,
+    });
   if (cfg.rollout.first_turn_top_p !== null && cfg.rollout.first_turn_temperature === null)
-    p.push({ path: ['rollout', 'first_turn_top_p'], message: 'set, but rollout.first_turn_temperature is null (turn 1 then samples at the rollout\'s own draws); set both or neither' });
-  if (cfg.optim.schedule !== 'constant' && cfg.train.steps !== null && cfg.optim.critic_warmup_steps !== null && cfg.optim.critic_warmup_steps >= cfg.train.steps)
-    p.push({ path: ['optim', 'critic_warmup_steps'], message: `expected fewer warm-up steps than train.steps (${cfg.train.steps}) for a ${cfg.optim.schedule} schedule, found ${cfg.optim.critic_warmup_steps}` });
+    p.push({
+      path: ['rollout', 'first_turn_top_p'],
+      message: "set, but rollout.first_turn_temperature is null (turn 1 then samples at the rollout's own draws); set both or neither",
+    });
+  if (
+    cfg.optim.schedule !== 'constant' &&
+    cfg.train.steps !== null &&
+    cfg.optim.critic_warmup_steps !== null &&
+    cfg.optim.critic_warmup_steps >= cfg.train.steps
+  )
+    p.push({
+      path: ['optim', 'critic_warmup_steps'],
+      message: `expected fewer warm-up steps than train.steps (${cfg.train.steps}) for a ${cfg.optim.schedule} schedule, found ${cfg.optim.critic_warmup_steps}`,
+    });
   if (cfg.optim.schedule !== 'constant' && cfg.train.steps !== null && cfg.optim.warmup_steps >= cfg.train.steps)
-    p.push({ path: ['optim', 'warmup_steps'], message: `expected fewer warm-up steps than train.steps (${cfg.train.steps}) for a ${cfg.optim.schedule} schedule, found ${cfg.optim.warmup_steps}` });
+    p.push({
+      path: ['optim', 'warmup_steps'],
+      message: `expected fewer warm-up steps than train.steps (${cfg.train.steps}) for a ${cfg.optim.schedule} schedule, found ${cfg.optim.warmup_steps}`,
+    });
   return [...p, ...algorithmChecks(cfg)];
 }
 
@@ -101,19 +175,35 @@ function crossChecks(cfg: ResolvedConfig): Problem[] {
  */
 function algorithmChecks(cfg: ResolvedConfig): Problem[] {
   const p: Problem[] = [];
-  const a = cfg.algorithm as Omit<ResolvedConfig['algorithm'], 'kl_in' | 'kl_estimator'> & { kl_in: 'loss' | 'reward' | null; kl_estimator: 'k1' | 'k2' | 'k3' | null };
+  const a = cfg.algorithm as Omit<ResolvedConfig['algorithm'], 'kl_in' | 'kl_estimator'> & {
+    kl_in: 'loss' | 'reward' | null;
+    kl_estimator: 'k1' | 'k2' | 'k3' | null;
+  };
   const kind = algorithmOf(a.kind ?? (cfg.stage === 'eval' ? 'grpo' : cfg.stage));
   if (kind) {
     const { klIn, klEstimator } = klDefaults(kind, a);
     const kl = klProblem(kind, klIn, klEstimator, a.kl_coef);
     if (kl) p.push(kl);
-    if (!kind.lossNorms.includes(a.loss_norm)) p.push({ path: ['algorithm', 'loss_norm'], message: `${kind.name.toUpperCase()} takes ${kind.lossNorms.join(' or ')}, found ${JSON.stringify(a.loss_norm)} (turn is the reference code-search system's GRPO normalisation)` });
+    if (!kind.lossNorms.includes(a.loss_norm))
+      p.push({
+        path: ['algorithm', 'loss_norm'],
+        message: `${kind.name.toUpperCase()} takes ${kind.lossNorms.join(' or ')}, found ${JSON.stringify(a.loss_norm)} (turn is the reference code-search system's GRPO normalisation)`,
+      });
   }
   const stage = algorithmOf(cfg.stage);
   const group = stage?.groupBaseline ?? cfg.stage === 'eval';
   if (cfg.rollout.dynamic_sampling.enabled && !group)
-    p.push({ path: ['rollout', 'dynamic_sampling', 'enabled'], message: `dynamic sampling keeps groups whose rewards differ: ${groupBaselines().map((n) => n.toUpperCase()).join(' and ')} only, found stage ${cfg.stage}` });
-  if (cfg.algorithm.old_logprobs === 'forward' && !group) p.push({ path: ['algorithm', 'old_logprobs'], message: `forward is the group policy-gradient update's (${groupBaselines().join(' or ')}), found ${cfg.stage}; use sampler or recompute` });
+    p.push({
+      path: ['rollout', 'dynamic_sampling', 'enabled'],
+      message: `dynamic sampling keeps groups whose rewards differ: ${groupBaselines()
+        .map((n) => n.toUpperCase())
+        .join(' and ')} only, found stage ${cfg.stage}`,
+    });
+  if (cfg.algorithm.old_logprobs === 'forward' && !group)
+    p.push({
+      path: ['algorithm', 'old_logprobs'],
+      message: `forward is the group policy-gradient update's (${groupBaselines().join(' or ')}), found ${cfg.stage}; use sampler or recompute`,
+    });
   if (!stage) return p;
   const k = groupSizeProblem(stage, cfg.rollout.k);
   if (k) p.push(k);
@@ -153,7 +243,8 @@ function derive(cfg: ResolvedConfig, name: string | null): ResolvedConfig {
  */
 export function validateConfig(obj: unknown, where: string, opts: { name?: string; fromCli?: Iterable<string> } = {}): ResolvedConfig {
   const fromCli = new Set(opts.fromCli ?? []);
-  if (!isObj(obj)) fail(where, [{ path: [], message: `expected a mapping of sections (stage, model, lora, ...), found ${describeValue(obj)}` }]);
+  if (!isObj(obj))
+    fail(where, [{ path: [], message: `expected a mapping of sections (stage, model, lora, ...), found ${describeValue(obj)}` }]);
   const data = structuredClone(obj);
   const validate = compiled();
   if (!validate(data)) fail(where, problemsFromAjv(validate.errors ?? [], data), fromCli);
@@ -172,7 +263,13 @@ function expandHome(p: string): string {
 
 /** A local path (hf:OWNER/NAME hub references are neither made absolute nor checked for existence). */
 function isPathValue(key: string, v: unknown): v is string {
-  return typeof v === 'string' && v !== '' && !isHubRef(v) && !(key === 'retrieval.embedder' && v === 'hashing') && !(key === 'model.chat_template' && isChatTemplateName(v));
+  return (
+    typeof v === 'string' &&
+    v !== '' &&
+    !isHubRef(v) &&
+    !(key === 'retrieval.embedder' && v === 'hashing') &&
+    !(key === 'model.chat_template' && isChatTemplateName(v))
+  );
 }
 
 /** Makes the path keys of a raw config absolute against `base` (in place; non-strings untouched). */
@@ -250,7 +347,10 @@ export function configFromObject(obj: unknown, opts: { baseDir?: string; name?: 
     try {
       raw = structuredClone(obj);
     } catch (e) {
-      throw new SlmError('CONFIG_INVALID', `config object: expected plain data (numbers, strings, lists, objects) as YAML would give, but it holds a value that cannot be copied (${(e as Error).message}). Pass reward functions and tools as the stage's { reward, tools } options instead.`);
+      throw new SlmError(
+        'CONFIG_INVALID',
+        `config object: expected plain data (numbers, strings, lists, objects) as YAML would give, but it holds a value that cannot be copied (${(e as Error).message}). Pass reward functions and tools as the stage's { reward, tools } options instead.`,
+      );
     }
   }
   if (isObj(raw)) resolvePathKeys(raw, base);

@@ -6,7 +6,8 @@
  */
 import type { ErrorObject } from 'ajv';
 import { SlmError, closest, describe } from '../errors.js';
-import { ALIASES, CONFIG_SCHEMA } from './schema.js';
+import { ALIASES } from './aliases.js';
+import { CONFIG_SCHEMA } from './schema.js';
 
 export type Schema = Record<string, unknown>;
 export type Obj = Record<string, unknown>;
@@ -108,7 +109,16 @@ export function expectedOf(schema: Schema): string {
       const it = (schema.items ?? {}) as Schema;
       const n = schema.minItems !== undefined && schema.minItems === schema.maxItems ? `${schema.minItems} ` : '';
       if (Array.isArray(it.enum)) return `a list of ${n}names, each one of ${quoteList(it.enum)}`;
-      const t2 = it.type === 'number' ? 'numbers' : it.type === 'integer' ? 'integers' : it.type === 'string' ? 'strings' : it.type === 'object' ? 'mappings' : 'values';
+      const t2 =
+        it.type === 'number'
+          ? 'numbers'
+          : it.type === 'integer'
+            ? 'integers'
+            : it.type === 'string'
+              ? 'strings'
+              : it.type === 'object'
+                ? 'mappings'
+                : 'values';
       return `a list of ${n}${t2}${range(it)}`;
     }
     return t;
@@ -164,7 +174,11 @@ export function problemsFromAjv(errors: ErrorObject[], data: unknown): Problem[]
       const full = [...path, key];
       const hint = suggestKey(path, key);
       const keys = Object.keys(props(parent) ?? {});
-      out.push({ path: full, unknownKey: true, message: `unknown key; ${hint ? `did you mean ${hint}?` : `expected one of ${keys.join(', ')}`}` });
+      out.push({
+        path: full,
+        unknownKey: true,
+        message: `unknown key; ${hint ? `did you mean ${hint}?` : `expected one of ${keys.join(', ')}`}`,
+      });
       continue;
     }
     if (e.keyword === 'required') {
@@ -181,7 +195,10 @@ export function problemsFromAjv(errors: ErrorObject[], data: unknown): Problem[]
     const found = valueAt(data, path);
     let hint = '';
     if (e.keyword === 'enum' && typeof found === 'string') {
-      const c = closest(found, ((parent.enum ?? []) as unknown[]).filter((x): x is string => typeof x === 'string'));
+      const c = closest(
+        found,
+        ((parent.enum ?? []) as unknown[]).filter((x): x is string => typeof x === 'string'),
+      );
       if (c) hint = `; did you mean "${c}"?`;
     }
     if (e.keyword === 'uniqueItems') {
@@ -202,7 +219,9 @@ export function describeValue(v: unknown): string {
 export function fail(where: string, problems: Problem[], fromCli: Set<string> = new Set()): never {
   const lines = problems.map((p) => {
     const key = dotted(p.path);
-    const cli = [...fromCli].some((o) => key === o || key.startsWith(o + '.') || key.startsWith(o + '[')) ? ' (set on the command line)' : '';
+    const cli = [...fromCli].some((o) => key === o || key.startsWith(o + '.') || key.startsWith(o + '['))
+      ? ' (set on the command line)'
+      : '';
     return `${key || '(top level)'}: ${p.message}${cli}`;
   });
   const code = problems.every((p) => p.unknownKey) ? 'CONFIG_UNKNOWN_KEY' : 'CONFIG_INVALID';

@@ -13,13 +13,24 @@ import { ATTENTION_TARGETS, LORA_TARGETS } from '../engine/adapter.js';
 import { COMPUTE_DTYPES } from '../engine/types.js';
 import { SEARCH_R1_INSTRUCTION } from '../episodes/prompts.js';
 import { MAX_TIMEOUT_S } from '../sandbox/types.js';
-import { SlmError } from '../errors.js';
 import { REPORT_TO, type ResolvedConfig } from './types.js';
 
 import { bool, int, num, oneOf, section, str, type Schema } from './schema-kit.js';
 
 /** Config keys that hold file or folder paths: resolved against the config file's folder. */
-export const PATH_KEYS = ['model.path', 'model.adapter', 'model.chat_template', 'data.questions', 'data.eval_questions', 'data.corpus', 'data.index', 'data.sft', 'retrieval.embedder', 'reward.module', 'sandbox.tools_module'] as const;
+export const PATH_KEYS = [
+  'model.path',
+  'model.adapter',
+  'model.chat_template',
+  'data.questions',
+  'data.eval_questions',
+  'data.corpus',
+  'data.index',
+  'data.sft',
+  'retrieval.embedder',
+  'reward.module',
+  'sandbox.tools_module',
+] as const;
 
 export const CONFIG_SCHEMA: Schema = {
   type: 'object',
@@ -30,12 +41,19 @@ export const CONFIG_SCHEMA: Schema = {
     stage: { type: 'string', enum: ['sft', 'eval'], description: 'what `slm-train train` runs' },
     model: section(
       {
-        path: { type: 'string', minLength: 1, description: 'a Hugging Face model folder (config.json, safetensors, tokenizer), or hf:OWNER/NAME from the hub' },
+        path: {
+          type: 'string',
+          minLength: 1,
+          description: 'a Hugging Face model folder (config.json, safetensors, tokenizer), or hf:OWNER/NAME from the hub',
+        },
         adapter: str(null, 'a PEFT adapter folder (or hf:OWNER/NAME) to start from (e.g. the SFT result before GRPO)'),
         dtype: oneOf(COMPUTE_DTYPES, 'float32'),
         device: { type: 'string', pattern: '^(cpu|cuda(:[0-9]+)?)$', default: 'cpu', description: 'cpu, cuda or cuda:N' },
         threads: int(0, { minimum: 0 }, 'CPU threads for libtorch; 0 = all cores'),
-        chat_template: str(null, "the chat template instead of the model folder's: a .jinja file (or a tokenizer_config.json holding one), or a template shipped with slm-train: chatml, qwen3 (the hybrid-thinking Qwen3 one), qwen3-instruct (Qwen3-2507 Instruct's, earlier turns rendered verbatim); null = the folder's chat_template.jinja or tokenizer_config.json"),
+        chat_template: str(
+          null,
+          "the chat template instead of the model folder's: a .jinja file (or a tokenizer_config.json holding one), or a template shipped with slm-train: chatml, qwen3 (the hybrid-thinking Qwen3 one), qwen3-instruct (Qwen3-2507 Instruct's, earlier turns rendered verbatim); null = the folder's chat_template.jinja or tokenizer_config.json",
+        ),
       },
       ['path'],
     ),
@@ -45,13 +63,19 @@ export const CONFIG_SCHEMA: Schema = {
       dropout: num(0.05, { minimum: 0, exclusiveMaximum: 1 }),
       rslora: bool(false, 'scale by alpha / sqrt(r) instead of alpha / r'),
       targets: { type: 'array', items: { type: 'string', enum: LORA_TARGETS }, minItems: 1, uniqueItems: true, default: ATTENTION_TARGETS },
-      layers: { type: ['array', 'null'], items: { type: 'integer', minimum: 0 }, uniqueItems: true, default: null, description: 'layers with adapters; null = all' },
+      layers: {
+        type: ['array', 'null'],
+        items: { type: 'integer', minimum: 0 },
+        uniqueItems: true,
+        default: null,
+        description: 'layers with adapters; null = all',
+      },
     }),
     data: section({
       questions: str(null, 'JSONL/JSON/Parquet rows {question, answer} (optional id, split), or a hub dataset hf:OWNER/NAME[:split]'),
       eval_questions: str(
         null,
-        "a second questions file to evaluate on (Search-R1: train on train.parquet, validate on test.parquet): then every row of data.questions is a train question, eval.split eval is every row of this file, train every row of data.questions, and data.split is not used. null = both splits from data.questions by data.split",
+        'a second questions file to evaluate on (Search-R1: train on train.parquet, validate on test.parquet): then every row of data.questions is a train question, eval.split eval is every row of this file, train every row of data.questions, and data.split is not used. null = both splits from data.questions by data.split',
       ),
       corpus: str(null, 'JSONL/JSON/Parquet rows {id, title, content}, or a hub dataset hf:OWNER/NAME[:split]'),
       index: str(null, 'a folder written by `slm-train index`; built from the corpus when null'),
@@ -61,7 +85,11 @@ export const CONFIG_SCHEMA: Schema = {
         seed: int(null, {}, 'null: split by index (first train_fraction train, the rest eval); an integer shuffles first'),
       }),
       exclude_leaking: bool(true, 'drop SFT rows marked in_test_split: true (they hold eval questions)'),
-      train_questions: int(null, { minimum: 1 }, 'RL: train on at most this many of the train questions, drawn with data.split.seed (0 when null) and the same every epoch (the reference code-search system: 300 of its 382, min(num_samples, len)); null = all of them'),
+      train_questions: int(
+        null,
+        { minimum: 1 },
+        'RL: train on at most this many of the train questions, drawn with data.split.seed (0 when null) and the same every epoch (the reference code-search system: 300 of its 382, min(num_samples, len)); null = all of them',
+      ),
     }),
     protocol: section({
       kind: oneOf(['code', 'tags', 'direct'], 'code', 'code: <python> programs; tags: Search-R1 <search>; direct: answer only'),
@@ -74,15 +102,29 @@ export const CONFIG_SCHEMA: Schema = {
       ),
       max_new_tokens: int(256, { minimum: 1 }, 'per turn'),
       max_context: int(3000, { minimum: 16 }, 'tokens of prompt + turns + observations'),
-      tool_output_chars: int(6000, { minimum: 0 }, 'observations are cut to this many characters (the reference: 6,000; the first and last 40 % are kept)'),
+      tool_output_chars: int(
+        6000,
+        { minimum: 0 },
+        'observations are cut to this many characters (the reference: 6,000; the first and last 40 % are kept)',
+      ),
       top_k: int(3, { minimum: 1 }, 'passages per <search> (tags)'),
-      max_observation_tokens: int(null, { minimum: 1 }, "tags: an environment reply (the <information> block, or the note after an invalid action) longer than this many tokens keeps its first ones, closing tag included, as Search-R1's max_obs_length cuts it (500 in train_ppo.sh); null = no cut. direct has no observation to cut (its notes are left whole), so protocol.kind=direct runs a tags config as it is; code refuses it (tool_output_chars cuts program output)"),
+      max_observation_tokens: int(
+        null,
+        { minimum: 1 },
+        "tags: an environment reply (the <information> block, or the note after an invalid action) longer than this many tokens keeps its first ones, closing tag included, as Search-R1's max_obs_length cuts it (500 in train_ppo.sh); null = no cut. direct has no observation to cut (its notes are left whole), so protocol.kind=direct runs a tags config as it is; code refuses it (tool_output_chars cuts program output)",
+      ),
       system_prompt: str(null, "null = the protocol's own (code: the reference's; tags: none, as Search-R1)"),
       instruction: {
-        ...str(SEARCH_R1_INSTRUCTION, "tags: the user message an episode starts from, {question} replaced by the question (default: Search-R1's make_prefix template, word for word)"),
+        ...str(
+          SEARCH_R1_INSTRUCTION,
+          "tags: the user message an episode starts from, {question} replaced by the question (default: Search-R1's make_prefix template, word for word)",
+        ),
         pattern: '\\{question\\}',
       },
-      use_data_prompt: bool(true, "tags: a question row that carries its own chat prompt (Search-R1's processed files: prompt, a list of {role, content}) starts from exactly those messages, as Search-R1; false = the row's question in instruction"),
+      use_data_prompt: bool(
+        true,
+        "tags: a question row that carries its own chat prompt (Search-R1's processed files: prompt, a list of {role, content}) starts from exactly those messages, as Search-R1; false = the row's question in instruction",
+      ),
       final_turn_notice: str(null, "code: the message sent before the last turn; null = the protocol's own"),
       enable_thinking: {
         type: ['boolean', 'null'],
@@ -91,15 +133,36 @@ export const CONFIG_SCHEMA: Schema = {
           "the chat template's enable_thinking for rollouts, evaluation and SFT rendering (Qwen3's hybrid templates: false pre-fills an empty <think></think> block in every generation prompt; true or null: the model may think). null = not passed (the template's default). Earlier turns' <think> blocks stay in the sequence as generated, and SFT renders a conversation the same way, turn by turn, so that the tokens trained are the tokens each turn was sampled on",
       },
       direct_instruction: {
-        ...str(null, "direct: the user message of the no-search baseline, {question} replaced by the question; null = slm-train's own (\"Answer the question below from what you know...\"). configs/search-r1-*.yaml set Search-R1's no-search template (scripts/data_process/nq.py make_prefix, which asks for <think> reasoning)"),
+        ...str(
+          null,
+          'direct: the user message of the no-search baseline, {question} replaced by the question; null = slm-train\'s own ("Answer the question below from what you know..."). configs/search-r1-*.yaml set Search-R1\'s no-search template (scripts/data_process/nq.py make_prefix, which asks for <think> reasoning)',
+        ),
         pattern: '\\{question\\}',
       },
-      prompts_from_sft: bool(false, 'take the system prompt (and, for code, the final-turn notice) from the conversations of data.sft, the most common of each, so that SFT, RL and evaluation see one prompt; system_prompt and final_turn_notice must then be null'),
-      question_variable: { ...str(null, 'code: bind the question to this variable in every program (e.g. question), as smolagents passes task inputs; null = none'), pattern: '^[A-Za-z_][A-Za-z0-9_]*$' },
+      prompts_from_sft: bool(
+        false,
+        'take the system prompt (and, for code, the final-turn notice) from the conversations of data.sft, the most common of each, so that SFT, RL and evaluation see one prompt; system_prompt and final_turn_notice must then be null',
+      ),
+      question_variable: {
+        ...str(
+          null,
+          'code: bind the question to this variable in every program (e.g. question), as smolagents passes task inputs; null = none',
+        ),
+        pattern: '^[A-Za-z_][A-Za-z0-9_]*$',
+      },
       final_answer: bool(false, 'code: programs may end the episode with final_answer(answer), as in smolagents; <answer> tags still work'),
-      prefill_first: str(null, "training rollouts: text the first assistant turn starts with, the model going on after it (the reference code-search system: <python>, so that every episode searches); null = none. Evaluation never prefills (nor does the reference's)"),
-      prefill_final: str(null, 'training rollouts: text the last assistant turn starts with when it is not the first (the reference code-search system: <answer>, so that every episode answers); null = none'),
-      prefill_trained: bool(false, "whether the loss covers the prefilled tokens (the reference's: true, its trained response text starts with them); their old log-probs are then computed by the trainer's forward (the sampler has none)"),
+      prefill_first: str(
+        null,
+        "training rollouts: text the first assistant turn starts with, the model going on after it (the reference code-search system: <python>, so that every episode searches); null = none. Evaluation never prefills (nor does the reference's)",
+      ),
+      prefill_final: str(
+        null,
+        'training rollouts: text the last assistant turn starts with when it is not the first (the reference code-search system: <answer>, so that every episode answers); null = none',
+      ),
+      prefill_trained: bool(
+        false,
+        "whether the loss covers the prefilled tokens (the reference's: true, its trained response text starts with them); their old log-probs are then computed by the trainer's forward (the sampler has none)",
+      ),
     }),
     sandbox: section({
       kind: oneOf(['python', 'quickjs'], 'python'),
@@ -111,15 +174,32 @@ export const CONFIG_SCHEMA: Schema = {
         null,
         "python: the weakest isolation level a run accepts; below it the run refuses to start (SANDBOX_ISOLATION_INSUFFICIENT). bwrap is the only level at which programs cannot read the host's files (the run folder, the questions file with its gold answers, the project); null = any level (the log and `slm-train doctor` say what a program can read)",
       ),
-      tools_module: str(null, 'a JavaScript module (.js/.mjs, relative to the config file) whose `tools` export (or default export) is an object of name -> function: each becomes a function programs can call beside search_pages, view_sections and read_section, with JSON arguments and result; the functions run in the trainer process, not in the sandbox. null = none'),
+      tools_module: str(
+        null,
+        'a JavaScript module (.js/.mjs, relative to the config file) whose `tools` export (or default export) is an object of name -> function: each becomes a function programs can call beside search_pages, view_sections and read_section, with JSON arguments and result; the functions run in the trainer process, not in the sandbox. null = none',
+      ),
     }),
     retrieval: section({
-      kind: oneOf(['dense', 'bm25', 'hybrid', 'http'], 'hybrid', 'hybrid: dense + BM25 by reciprocal-rank fusion; http: a Search-R1 retrieval server at retrieval.url (tags protocol)'),
-      embedder: str('hashing', '"hashing", a sentence-transformers BERT folder (all-MiniLM-L6-v2, the reference\'s title embedder) or a Qwen3 embedding model folder'),
-      text: oneOf(['chunks', 'titles'], 'chunks', 'what search_pages matches a query against: chunks (~150-word content chunks prefixed with the page title) or titles (each page\'s title alone, one vector per page, as the reference\'s search_pages over all-MiniLM-L6-v2 title embeddings); a saved data.index keeps the text it was built with'),
+      kind: oneOf(
+        ['dense', 'bm25', 'hybrid', 'http'],
+        'hybrid',
+        'hybrid: dense + BM25 by reciprocal-rank fusion; http: a Search-R1 retrieval server at retrieval.url (tags protocol)',
+      ),
+      embedder: str(
+        'hashing',
+        '"hashing", a sentence-transformers BERT folder (all-MiniLM-L6-v2, the reference\'s title embedder) or a Qwen3 embedding model folder',
+      ),
+      text: oneOf(
+        ['chunks', 'titles'],
+        'chunks',
+        "what search_pages matches a query against: chunks (~150-word content chunks prefixed with the page title) or titles (each page's title alone, one vector per page, as the reference's search_pages over all-MiniLM-L6-v2 title embeddings); a saved data.index keeps the text it was built with",
+      ),
       ef: int(256, { minimum: 1 }, 'HNSW search breadth (hnswlib default 10 loses neighbours)'),
       k: int(10, { minimum: 1 }, 'results per search_pages call'),
-      url: str(null, 'kind http: the retrieval server, e.g. http://127.0.0.1:8000/retrieve (Search-R1 retrieval_server.py or slm-train serve-retriever)'),
+      url: str(
+        null,
+        'kind http: the retrieval server, e.g. http://127.0.0.1:8000/retrieve (Search-R1 retrieval_server.py or slm-train serve-retriever)',
+      ),
       timeout_s: num(30, { exclusiveMinimum: 0, maximum: MAX_TIMEOUT_S }, 'kind http: seconds per request before a retry'),
       retries: int(3, { minimum: 0 }, 'kind http: retries after a failed request (exponential backoff)'),
     }),
@@ -140,25 +220,60 @@ export const CONFIG_SCHEMA: Schema = {
           { type: 'array', items: { type: 'number', exclusiveMinimum: 0, maximum: 1 }, minItems: 2, maxItems: 2 },
         ],
         default: 1,
-        description: 'a number, or [lo, hi]: each rollout draws its own from the range (the reference code-search system draws from [0.85, 0.99])',
+        description:
+          'a number, or [lo, hi]: each rollout draws its own from the range (the reference code-search system draws from [0.85, 0.99])',
       },
       top_k: int(0, { minimum: 0 }, '0 = off'),
-      first_turn_temperature: num(null, { minimum: 0 }, 'training rollouts: turn 1 of every rollout samples at this temperature, later turns at the rollout\'s own draw (the reference code-search system: 0.925, the middle of [0.7, 1.15]); null = the rollout\'s own on every turn. Needs algorithm.old_logprobs: recompute (the training forward scores a sequence at one temperature)'),
-      first_turn_top_p: num(null, { exclusiveMinimum: 0, maximum: 1 }, 'with first_turn_temperature: the top-p of turn 1 (the reference: 0.92, the middle of [0.85, 0.99]); null = 1'),
+      first_turn_temperature: num(
+        null,
+        { minimum: 0 },
+        "training rollouts: turn 1 of every rollout samples at this temperature, later turns at the rollout's own draw (the reference code-search system: 0.925, the middle of [0.7, 1.15]); null = the rollout's own on every turn. Needs algorithm.old_logprobs: recompute (the training forward scores a sequence at one temperature)",
+      ),
+      first_turn_top_p: num(
+        null,
+        { exclusiveMinimum: 0, maximum: 1 },
+        'with first_turn_temperature: the top-p of turn 1 (the reference: 0.92, the middle of [0.85, 0.99]); null = 1',
+      ),
       dynamic_sampling: section({
-        enabled: bool(false, "GRPO and RLOO: DAPO's dynamic sampling: a group whose rewards are all equal (no spread, no gradient) is dropped and the next batch of questions is drawn, until the step has rollout.batch_questions groups with a spread (the surplus of the last draw left out) or max_draws batches were drawn (the step then trains on the groups it has). Every draw moves the data position on, as verl's DAPO takes its next generation batch"),
-        max_draws: int(4, { minimum: 1 }, 'batches of rollout.batch_questions questions one step may draw, the first included (verl: max_num_gen_batches, there 0 = no bound)'),
+        enabled: bool(
+          false,
+          "GRPO and RLOO: DAPO's dynamic sampling: a group whose rewards are all equal (no spread, no gradient) is dropped and the next batch of questions is drawn, until the step has rollout.batch_questions groups with a spread (the surplus of the last draw left out) or max_draws batches were drawn (the step then trains on the groups it has). Every draw moves the data position on, as verl's DAPO takes its next generation batch",
+        ),
+        max_draws: int(
+          4,
+          { minimum: 1 },
+          'batches of rollout.batch_questions questions one step may draw, the first included (verl: max_num_gen_batches, there 0 = no bound)',
+        ),
       }),
-      kv_cache_reuse: bool(true, "engine native: an episode's KV cache survives between its turns, so a turn computes only the tokens appended since the last (the tool output, the template's text) instead of re-prefilling the conversation; the episodes are the same either way. false = re-prefill every turn"),
-      kv_cache_mb: int(2048, { minimum: 0, maximum: 2 ** 32 }, 'engine native: memory the kept episode KV caches may hold (MiB, on the model\'s device); beyond it the least recently used are evicted and those episodes re-prefill (one log line says so). 0 = keep none'),
-      engine: oneOf(['native', 'openai'], 'native', "native: the trainer's own engine generates; openai: OpenAI-compatible servers (vLLM, slm-train serve) generate with the adapter loaded at run time"),
+      kv_cache_reuse: bool(
+        true,
+        "engine native: an episode's KV cache survives between its turns, so a turn computes only the tokens appended since the last (the tool output, the template's text) instead of re-prefilling the conversation; the episodes are the same either way. false = re-prefill every turn",
+      ),
+      kv_cache_mb: int(
+        2048,
+        { minimum: 0, maximum: 2 ** 32 },
+        "engine native: memory the kept episode KV caches may hold (MiB, on the model's device); beyond it the least recently used are evicted and those episodes re-prefill (one log line says so). 0 = keep none",
+      ),
+      engine: oneOf(
+        ['native', 'openai'],
+        'native',
+        "native: the trainer's own engine generates; openai: OpenAI-compatible servers (vLLM, slm-train serve) generate with the adapter loaded at run time",
+      ),
       openai: section({
-        urls: { type: 'array', items: { type: 'string', pattern: '^https?://' }, default: [], description: 'engine openai: server base URLs (e.g. http://10.0.0.5:8000), requests spread over them' },
+        urls: {
+          type: 'array',
+          items: { type: 'string', pattern: '^https?://' },
+          default: [],
+          description: 'engine openai: server base URLs (e.g. http://10.0.0.5:8000), requests spread over them',
+        },
         model: str(null, 'engine openai: the base model name the servers serve (null = the first of GET /v1/models)'),
         timeout_s: num(300, { exclusiveMinimum: 0, maximum: MAX_TIMEOUT_S }, 'engine openai: seconds per request before a retry'),
         retries: int(3, { minimum: 0 }, 'engine openai: retries after a failed request (exponential backoff)'),
         concurrency: int(64, { minimum: 1 }, 'engine openai: requests in flight per server'),
-        adapter_dir: str(null, 'engine openai: a folder the servers can read where the adapter is written after each step (default: the run folder)'),
+        adapter_dir: str(
+          null,
+          'engine openai: a folder the servers can read where the adapter is written after each step (default: the run folder)',
+        ),
       }),
     }),
     distributed: section({
@@ -168,21 +283,44 @@ export const CONFIG_SCHEMA: Schema = {
       master_addr: str('127.0.0.1', "rank 0's host (the c10d TCPStore); MASTER_ADDR wins when set"),
       master_port: int(0, { minimum: 0, maximum: 65535 }, '0 = a free port (one node only); MASTER_PORT wins when set'),
       backend: oneOf(['auto', 'gloo', 'nccl'], 'auto', 'auto: nccl when model.device is cuda, else gloo'),
-      timeout_s: num(300, { exclusiveMinimum: 0, maximum: MAX_TIMEOUT_S }, 'seconds for the rendezvous and every collective; past it the run stops with DISTRIBUTED_FAILED'),
+      timeout_s: num(
+        300,
+        { exclusiveMinimum: 0, maximum: MAX_TIMEOUT_S },
+        'seconds for the rendezvous and every collective; past it the run stops with DISTRIBUTED_FAILED',
+      ),
       python: str('/usr/bin/python3', 'a python with torch.distributed (Debian: python3-torch)'),
     }),
     reward: section({
-      combine: oneOf(['weighted', 'sign_magnitude'], 'weighted', 'weighted sum of the parts, or the reference\'s sign_magnitude: a correct answer scores +approach, a wrong one -(1 - approach), approach in [0, 1]'),
-      on_failure: oneOf(['penalty', 'exclude'], 'penalty', 'an episode whose reward has a failed component (a judge call): penalty = it scores with failure_value (the reference); exclude = also marked excluded, and the trainer leaves it out of the loss and counts it'),
-      failure_value: num(null, {}, 'the value of a failed part; null = -1 under sign_magnitude (the reference scores a failed judge call -1), 0 under weighted'),
+      combine: oneOf(
+        ['weighted', 'sign_magnitude'],
+        'weighted',
+        "weighted sum of the parts, or the reference's sign_magnitude: a correct answer scores +approach, a wrong one -(1 - approach), approach in [0, 1]",
+      ),
+      on_failure: oneOf(
+        ['penalty', 'exclude'],
+        'penalty',
+        'an episode whose reward has a failed component (a judge call): penalty = it scores with failure_value (the reference); exclude = also marked excluded, and the trainer leaves it out of the loss and counts it',
+      ),
+      failure_value: num(
+        null,
+        {},
+        'the value of a failed part; null = -1 under sign_magnitude (the reference scores a failed judge call -1), 0 under weighted',
+      ),
       parts: {
         type: 'array',
         items: { type: 'object' },
         default: [{ kind: 'em', weight: 1 }],
         description: 'reward parts; their keys are defined by lib/rewards',
       },
-      judge: { type: 'object', default: {}, description: 'the LLM judge (engine model or OpenAI-compatible endpoint); keys defined by lib/rewards' },
-      module: str(null, 'a JavaScript module (.js/.mjs, relative to the config file) exporting `reward` (or a default function) (ctx: {id, question, golds, answer, episode}) => number | {score, parts?, correct?} (or a promise of one); it is the part named `module` (weight 1) added to reward.parts unless the parts list a {kind: module} themselves. A non-number stops the run with REWARD_MODULE_INVALID. null = none'),
+      judge: {
+        type: 'object',
+        default: {},
+        description: 'the LLM judge (engine model or OpenAI-compatible endpoint); keys defined by lib/rewards',
+      },
+      module: str(
+        null,
+        'a JavaScript module (.js/.mjs, relative to the config file) exporting `reward` (or a default function) (ctx: {id, question, golds, answer, episode}) => number | {score, parts?, correct?} (or a promise of one); it is the part named `module` (weight 1) added to reward.parts unless the parts list a {kind: module} themselves. A non-number stops the run with REWARD_MODULE_INVALID. null = none',
+      ),
     }),
     algorithm: section({
       // The enum: the registered RL algorithms and 'sft' (extendSchema).
@@ -190,18 +328,45 @@ export const CONFIG_SCHEMA: Schema = {
       clip_low: num(0.2, { minimum: 0 }),
       clip_high: num(null, { minimum: 0 }, 'null = clip_low; DAPO uses 0.28'),
       kl_coef: num(0, { minimum: 0 }),
-      kl_reference: oneOf(['start', 'base'], 'start', 'the KL reference policy: start = the adapter the stage starts from (model.adapter, e.g. the SFT result), frozen; base = the base model (adapter off)'),
+      kl_reference: oneOf(
+        ['start', 'base'],
+        'start',
+        'the KL reference policy: start = the adapter the stage starts from (model.adapter, e.g. the SFT result), frozen; base = the base model (adapter off)',
+      ),
       kl_in: oneOf(['loss', 'reward'], null, 'null: reward for PPO (Search-R1), loss for GRPO'),
       kl_estimator: oneOf(['k1', 'k2', 'k3'], null, 'null: k1 in the reward, k3 in the loss'),
-      loss_norm: oneOf(['token', 'sequence', 'turn'], 'token', "how the policy loss averages: token = every trained token of the batch weighs the same (DAPO, Dr.GRPO); sequence = per episode, then over episodes (the GRPO paper); turn = per assistant turn, then over the batch's turns (the reference code-search system; GRPO only)"),
-      turn_discount: num(1, { minimum: 0, maximum: 1 }, 'GRPO: the advantage of turn j of J is scaled by turn_discount^(J - 1 - j) (the reference: 0.99; 1 = none)'),
+      loss_norm: oneOf(
+        ['token', 'sequence', 'turn'],
+        'token',
+        "how the policy loss averages: token = every trained token of the batch weighs the same (DAPO, Dr.GRPO); sequence = per episode, then over episodes (the GRPO paper); turn = per assistant turn, then over the batch's turns (the reference code-search system; GRPO only)",
+      ),
+      turn_discount: num(
+        1,
+        { minimum: 0, maximum: 1 },
+        'GRPO: the advantage of turn j of J is scaled by turn_discount^(J - 1 - j) (the reference: 0.99; 1 = none)',
+      ),
       inner_epochs: int(1, { minimum: 1 }),
       entropy_coef: num(0, { minimum: 0 }),
-      loss_temperature: num(null, { exclusiveMinimum: 0 }, "the temperature the loss scores tokens at (logits / T, the old log-probs recomputed at it too): null = each episode's sampling temperature; 1 = the plain logits, as the reference code-search system's NLL. Set, it needs old_logprobs: recompute"),
-      old_logprobs: oneOf(['sampler', 'recompute', 'forward'], 'sampler', "the old policy's log-probs in the clipped ratio: sampler = those the generator reported while sampling; recompute = a teacher-forced forward of the trained policy over each episode before the update, at the temperature the training forward uses (LoRA dropout off: the ratio is exactly 1 only with lora.dropout 0); forward = the training forward's own log-probs, detached, under its LoRA dropout mask: the ratio is exactly 1, clipping never acts, the gradient is -A grad log p (the reference code-search system's loss, which has no ratio; inner_epochs must be 1)"),
+      loss_temperature: num(
+        null,
+        { exclusiveMinimum: 0 },
+        "the temperature the loss scores tokens at (logits / T, the old log-probs recomputed at it too): null = each episode's sampling temperature; 1 = the plain logits, as the reference code-search system's NLL. Set, it needs old_logprobs: recompute",
+      ),
+      old_logprobs: oneOf(
+        ['sampler', 'recompute', 'forward'],
+        'sampler',
+        "the old policy's log-probs in the clipped ratio: sampler = those the generator reported while sampling; recompute = a teacher-forced forward of the trained policy over each episode before the update, at the temperature the training forward uses (LoRA dropout off: the ratio is exactly 1 only with lora.dropout 0); forward = the training forward's own log-probs, detached, under its LoRA dropout mask: the ratio is exactly 1, clipping never acts, the gradient is -A grad log p (the reference code-search system's loss, which has no ratio; inner_epochs must be 1)",
+      ),
       overlong: section({
-        filter: bool(false, "leave truncated episodes out of the loss (DAPO's overlong filtering): one whose turn stopped at protocol.max_new_tokens or whose conversation reached protocol.max_context. They are marked excluded (as reward.on_failure: exclude: out of the loss and of their group's statistics) and counted (episodes_truncated)"),
-        buffer: int(0, { minimum: 0 }, "DAPO's soft over-length penalty: the last `buffer` tokens before protocol.max_new_tokens are a buffer; a turn that runs into it by x tokens adds -penalty_factor * x / buffer to the episode's reward (the longest turn counts; -penalty_factor at the limit). 0 = off; must be below protocol.max_new_tokens"),
+        filter: bool(
+          false,
+          "leave truncated episodes out of the loss (DAPO's overlong filtering): one whose turn stopped at protocol.max_new_tokens or whose conversation reached protocol.max_context. They are marked excluded (as reward.on_failure: exclude: out of the loss and of their group's statistics) and counted (episodes_truncated)",
+        ),
+        buffer: int(
+          0,
+          { minimum: 0 },
+          "DAPO's soft over-length penalty: the last `buffer` tokens before protocol.max_new_tokens are a buffer; a turn that runs into it by x tokens adds -penalty_factor * x / buffer to the episode's reward (the longest turn counts; -penalty_factor at the limit). 0 = off; must be below protocol.max_new_tokens",
+        ),
         penalty_factor: num(1, { minimum: 0 }, 'the soft penalty at the limit (verl: overlong_buffer.penalty_factor)'),
       }),
     }),
@@ -212,10 +377,18 @@ export const CONFIG_SCHEMA: Schema = {
       betas: { type: 'array', items: { type: 'number', minimum: 0, exclusiveMaximum: 1 }, minItems: 2, maxItems: 2, default: [0.9, 0.999] },
       eps: num(1e-8, { exclusiveMinimum: 0 }),
       max_grad_norm: num(1, { minimum: 0 }, '0 = no clipping'),
-      critic_max_grad_norm: num(null, { minimum: 0 }, "PPO with algorithm.critic: separate: the critic's own gradient-norm clip (Search-R1: critic.grad_clip 1.0); null = max_grad_norm, 0 = no clipping"),
+      critic_max_grad_norm: num(
+        null,
+        { minimum: 0 },
+        "PPO with algorithm.critic: separate: the critic's own gradient-norm clip (Search-R1: critic.grad_clip 1.0); null = max_grad_norm, 0 = no clipping",
+      ),
       schedule: oneOf(['constant', 'linear', 'cosine'], 'constant'),
       warmup_steps: int(0, { minimum: 0 }),
-      critic_warmup_steps: int(null, { minimum: 0 }, "PPO: warm-up steps of the value head's learning rate (critic_lr); null = warmup_steps. Search-R1 warms its critic up over 0.015 of the steps, its actor over 0.285"),
+      critic_warmup_steps: int(
+        null,
+        { minimum: 0 },
+        "PPO: warm-up steps of the value head's learning rate (critic_lr); null = warmup_steps. Search-R1 warms its critic up over 0.015 of the steps, its actor over 0.285",
+      ),
       min_lr_ratio: num(0, { minimum: 0, maximum: 1 }),
       micro_batch: int(0, { minimum: 0 }, 'sequences per forward/backward; 0 = the whole batch'),
       gradient_checkpointing: bool(true),
@@ -226,7 +399,11 @@ export const CONFIG_SCHEMA: Schema = {
       batch_size: int(8, { minimum: 1 }, 'SFT sequences per optimizer step'),
       seed: int(0),
       checkpoint_every: int(50, { minimum: 0 }, '0 = only at the end'),
-      save_total_limit: int(null, { minimum: 1 }, "keep only the newest N checkpoints (TRL's save_total_limit; the one a resume loads always stays); null = keep all"),
+      save_total_limit: int(
+        null,
+        { minimum: 1 },
+        "keep only the newest N checkpoints (TRL's save_total_limit; the one a resume loads always stays); null = keep all",
+      ),
       eval_every: int(0, { minimum: 0 }, '0 = never during training'),
     }),
     eval: section({
@@ -234,9 +411,21 @@ export const CONFIG_SCHEMA: Schema = {
       max_questions: int(null, { minimum: 1 }),
       temperature: num(0, { minimum: 0 }, '0 = greedy'),
       top_p: num(null, { exclusiveMinimum: 0, maximum: 1 }, 'null = rollout.top_p'),
-      max_new_tokens: int(null, { minimum: 1 }, 'tokens per turn in evaluation (the reference code-search system evaluates with 512); null = protocol.max_new_tokens'),
-      table: oneOf(['full', 'em_rouge_l'], 'full', "the comparison table: every metric, or the SFT+PPO report's (configuration, EM, ROUGE-L)"),
-      pass_k: int(0, { minimum: 0 }, 'pass@k: after the greedy pass, k episodes per question at the rollout settings (rollout.temperature and rollout.top_p, drawn per episode); a question passes when one is correct. 0 = off'),
+      max_new_tokens: int(
+        null,
+        { minimum: 1 },
+        'tokens per turn in evaluation (the reference code-search system evaluates with 512); null = protocol.max_new_tokens',
+      ),
+      table: oneOf(
+        ['full', 'em_rouge_l'],
+        'full',
+        "the comparison table: every metric, or the SFT+PPO report's (configuration, EM, ROUGE-L)",
+      ),
+      pass_k: int(
+        0,
+        { minimum: 0 },
+        'pass@k: after the greedy pass, k episodes per question at the rollout settings (rollout.temperature and rollout.top_p, drawn per episode); a question passes when one is correct. 0 = off',
+      ),
     }),
     run: section({
       dir: str('runs', 'parent folder of run folders (relative to the working directory)'),
@@ -248,44 +437,20 @@ export const CONFIG_SCHEMA: Schema = {
         items: { type: 'string', enum: REPORT_TO },
         uniqueItems: true,
         default: ['tensorboard'],
-        description: "where the metrics of each step go besides metrics.jsonl (TRL's report_to): tensorboard (RUN/tb event files, tags train/..., eval/...), mlflow (a tracking server's REST API: the run's params, then a metric history per key). [] = metrics.jsonl only",
+        description:
+          "where the metrics of each step go besides metrics.jsonl (TRL's report_to): tensorboard (RUN/tb event files, tags train/..., eval/...), mlflow (a tracking server's REST API: the run's params, then a metric history per key). [] = metrics.jsonl only",
       },
-      mlflow_tracking_uri: str(null, 'the MLflow tracking server (http://HOST:PORT); null = $MLFLOW_TRACKING_URI. $MLFLOW_TRACKING_TOKEN (bearer) or $MLFLOW_TRACKING_USERNAME/$MLFLOW_TRACKING_PASSWORD authenticate'),
-      mlflow_experiment: str(null, "the MLflow experiment (created when missing); null = $MLFLOW_EXPERIMENT_NAME, else MLflow's Default experiment"),
+      mlflow_tracking_uri: str(
+        null,
+        'the MLflow tracking server (http://HOST:PORT); null = $MLFLOW_TRACKING_URI. $MLFLOW_TRACKING_TOKEN (bearer) or $MLFLOW_TRACKING_USERNAME/$MLFLOW_TRACKING_PASSWORD authenticate',
+      ),
+      mlflow_experiment: str(
+        null,
+        "the MLflow experiment (created when missing); null = $MLFLOW_EXPERIMENT_NAME, else MLflow's Default experiment",
+      ),
     }),
   },
 };
-
-let version = 0;
-
-/** Changes whenever extendSchema does (lib/config/load.ts recompiles its validator then). */
-export function schemaVersion(): number {
-  return version;
-}
-
-/**
- * Adds an RL algorithm to the schema (lib/train/rl/registry.ts calls it for each one it holds): its
- * name to the `stage` and `algorithm.kind` enums, its keys to the `algorithm` section, its own section
- * at the top level. A key or section that is already there is refused: two algorithms cannot own one.
- */
-export function extendSchema(name: string, opts: { algorithmKeys?: Record<string, Schema>; section?: Record<string, Schema> }): void {
-  const top = CONFIG_SCHEMA.properties as Record<string, Schema>;
-  const stage = top.stage.enum as string[];
-  if (stage.includes(name)) throw new SlmError('ARGUMENT_INVALID', `extendSchema: stage ${name} is already in the schema.`);
-  stage.splice(stage.length - 1, 0, name); // before 'eval'
-  const algorithm = top.algorithm.properties as Record<string, Schema>;
-  const kinds = algorithm.kind.enum as Array<string | null>;
-  kinds.splice(kinds.length - 2, 0, name); // before 'sft' and null
-  for (const [k, v] of Object.entries(opts.algorithmKeys ?? {})) {
-    if (k in algorithm) throw new SlmError('ARGUMENT_INVALID', `extendSchema: algorithm.${k} of ${name} is already in the schema (another algorithm, or the keys every algorithm shares, owns it); name the key after the algorithm.`);
-    algorithm[k] = v;
-  }
-  if (opts.section) {
-    if (name in top) throw new SlmError('ARGUMENT_INVALID', `extendSchema: a section ${name} is already in the schema.`);
-    top[name] = section(opts.section);
-  }
-  version++;
-}
 
 /**
  * The schema's defaults of one section, for code that takes a partial section (missing keys take
@@ -300,55 +465,3 @@ export function schemaDefaults(s: Schema): unknown {
   if (!s.properties) return structuredClone(s.default);
   return Object.fromEntries(Object.entries(s.properties as Record<string, Schema>).map(([k, sub]) => [k, schemaDefaults(sub)]));
 }
-
-/**
- * Names people carry over from other trainers (TRL, verl, PEFT), for "did you mean": alias -> key.
- * Section aliases are at the top level, key aliases per section.
- */
-export const ALIASES: Record<string, Record<string, string>> = {
-  '': { optimizer: 'optim', optimization: 'optim', training: 'train', rollouts: 'rollout', rewards: 'reward', algo: 'algorithm', peft: 'lora', dataset: 'data', search: 'retrieval', logging: 'log', tracking: 'log' },
-  model: { name: 'path', model_path: 'path', dir: 'path', torch_dtype: 'dtype', num_threads: 'threads', adapter_path: 'adapter' },
-  lora: { rank: 'r', lora_r: 'r', lora_alpha: 'alpha', lora_dropout: 'dropout', use_rslora: 'rslora', target_modules: 'targets', layers_to_transform: 'layers' },
-  data: { trajectories: 'sft', sft_data: 'sft', questions_file: 'questions', corpus_file: 'corpus', index_dir: 'index' },
-  protocol: { turns: 'max_turns', max_tokens: 'max_new_tokens', max_response_length: 'max_new_tokens', max_length: 'max_context', context_length: 'max_context', max_seq_len: 'max_context', topk: 'top_k' },
-  sandbox: { timeout: 'timeout_s', memory: 'memory_mb', pool_size: 'workers', isolation: 'require_isolation', min_isolation: 'require_isolation' },
-  retrieval: { ef_search: 'ef', top_k: 'k', embedding_model: 'embedder' },
-  rollout: { num_generations: 'k', group_size: 'k', rollouts: 'k', n: 'k', questions_per_step: 'batch_questions', batch_size: 'batch_questions', temp: 'temperature' },
-  reward: { reward_parts: 'parts', components: 'parts' },
-  algorithm: {
-    beta: 'kl_coef',
-    kl: 'kl_coef',
-    kl_penalty: 'kl_estimator',
-    kl_loss_type: 'kl_estimator',
-    epsilon: 'clip_low',
-    clip_ratio: 'clip_low',
-    cliprange: 'clip_low',
-    epsilon_high: 'clip_high',
-    clip_ratio_high: 'clip_high',
-    num_iterations: 'inner_epochs',
-    ppo_epochs: 'inner_epochs',
-    lambda: 'lam',
-    gae_lambda: 'lam',
-    scale_rewards: 'std',
-    cliprange_value: 'value_clip',
-    loss_type: 'loss_norm',
-    token_level: 'loss_norm',
-  },
-  optim: {
-    learning_rate: 'lr',
-    actor_lr: 'lr',
-    value_lr: 'critic_lr',
-    critic_learning_rate: 'critic_lr',
-    grad_clip: 'max_grad_norm',
-    critic_grad_clip: 'critic_max_grad_norm',
-    clip_grad_norm: 'max_grad_norm',
-    lr_scheduler_type: 'schedule',
-    scheduler: 'schedule',
-    warmup: 'warmup_steps',
-    micro_batch_size: 'micro_batch',
-  },
-  train: { num_epochs: 'epochs', num_train_epochs: 'epochs', max_steps: 'steps', total_steps: 'steps', save_steps: 'checkpoint_every', save_every: 'checkpoint_every', eval_steps: 'eval_every', keep_checkpoints: 'save_total_limit' },
-  eval: { limit: 'max_questions', n: 'max_questions' },
-  run: { output_dir: 'dir', out: 'dir', run_name: 'name' },
-  log: { report: 'report_to', tracking_uri: 'mlflow_tracking_uri', experiment_name: 'mlflow_experiment', mlflow_experiment_name: 'mlflow_experiment' },
-};

@@ -2,19 +2,47 @@
  * A loaded Qwen3 model on the native engine: logits, batched generation, teacher-forced log-probs.
  * Implements TextGenerator (one native call per batch, on a worker thread).
  */
-import { copyFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import type { NativeApplyResult, NativeCacheStats, NativeGenerateResult, NativeModel, NativeModelInfo, NativeOptimOptions, NativeTrainStats } from '../binding/types.js';
-import { ADAPTER_WEIGHTS, CRITIC_ADAPTER, VALUE_HEAD, checkAdapterFits, nonFinite, checkLoraSpec, readAdapterConfig, writeAdapterConfig, type LoraSpec } from './adapter.js';
+import type {
+  NativeApplyResult,
+  NativeCacheStats,
+  NativeGenerateResult,
+  NativeModel,
+  NativeModelInfo,
+  NativeOptimOptions,
+  NativeTrainStats,
+} from '../binding/types.js';
+import {
+  ADAPTER_WEIGHTS,
+  CRITIC_ADAPTER,
+  VALUE_HEAD,
+  checkAdapterFits,
+  nonFinite,
+  checkLoraSpec,
+  readAdapterConfig,
+  writeAdapterConfig,
+  type LoraSpec,
+} from './adapter.js';
 import { SlmError, describe } from '../errors.js';
 import { nativeConfig, readModelConfig, type ModelConfig } from '../model/config.js';
 import { resolveWeightFiles } from '../model/weights.js';
-import { COMPUTE_DTYPES, type ComputeDtype, type GenerateRequest, type GenerateResult, type StreamGenerateRequest, type StreamGenerateResult, type TextGenerator } from './types.js';
+import {
+  COMPUTE_DTYPES,
+  type ComputeDtype,
+  type GenerateRequest,
+  type GenerateResult,
+  type StreamGenerateRequest,
+  type StreamGenerateResult,
+  type TextGenerator,
+} from './types.js';
 import { native } from './runtime.js';
+import { writeFolderFiles, type GenerateStats } from './merged-export.js';
 import { FINISH, generatedRows, nativeGenerateRequest, streamGenerate } from './generate-call.js';
 import { flatRows, nativeTrainRequest, type TrainBatch, type TrainOptions } from './train-request.js';
 
 export type { ComputeDtype } from './types.js';
+export type { GenerateStats } from './merged-export.js';
 export type { TrainBatch, TrainOptions } from './train-request.js';
 
 export interface LoadModelOptions {
@@ -23,13 +51,6 @@ export interface LoadModelOptions {
   /** A PEFT LoRA adapter folder to load on top of the base weights. */
   adapter?: string;
 }
-
-/** What Model.generate reports beside the tokens: the native result's counters, as the addon documents them. */
-export type GenerateStats = Pick<
-  NativeGenerateResult,
-  'steps' | 'prefillSeconds' | 'decodeSeconds' | 'prefillTokens' | 'prefillTokensRequested' | 'cacheReusedTokens' | 'cacheHits' | 'cacheEvicted' | 'cacheStale'
->;
-
 
 export class Model implements TextGenerator {
   private handle: NativeModel | null;
@@ -70,12 +91,17 @@ export class Model implements TextGenerator {
     checkAdapterFits(dir, spec, raw, weights, this.config, this.dir);
     await this.h.adapters.load({ ...spec, file: weights });
     if (valueHead) this.h.valueHead.load(valueHead);
-    if (critic) this.h.valueHead.loadCritic(critic); else this.h.valueHead.detachCritic();
+    if (critic) this.h.valueHead.loadCritic(critic);
+    else this.h.valueHead.detachCritic();
     this.lora = spec;
     const bad = nonFinite(this.h.adapters.trainable());
     if (bad) {
       this.detachLora();
-      throw new SlmError('ADAPTER_INVALID', `${weights}${valueHead ? ` (or ${valueHead})` : ''} holds ${bad.count} non-finite values (NaN or inf) in ${bad.tensors.length} tensor(s), first ${bad.tensors[0]}; expected finite weights. The file is damaged or comes from a run that diverged: use an earlier checkpoint or train again.`, { file: weights, nonFinite: bad.count });
+      throw new SlmError(
+        'ADAPTER_INVALID',
+        `${weights}${valueHead ? ` (or ${valueHead})` : ''} holds ${bad.count} non-finite values (NaN or inf) in ${bad.tensors.length} tensor(s), first ${bad.tensors[0]}; expected finite weights. The file is damaged or comes from a run that diverged: use an earlier checkpoint or train again.`,
+        { file: weights, nonFinite: bad.count },
+      );
     }
   }
 
@@ -93,7 +119,11 @@ export class Model implements TextGenerator {
   async saveAdapter(dir: string): Promise<void> {
     if (!this.lora) throw new SlmError('NOT_SUPPORTED', 'there is no adapter to save: attach or load one first.');
     mkdirSync(dir, { recursive: true });
-    await this.h.adapters.save({ file: join(dir, ADAPTER_WEIGHTS), valueHeadFile: join(dir, VALUE_HEAD), criticFile: join(dir, CRITIC_ADAPTER) });
+    await this.h.adapters.save({
+      file: join(dir, ADAPTER_WEIGHTS),
+      valueHeadFile: join(dir, VALUE_HEAD),
+      criticFile: join(dir, CRITIC_ADAPTER),
+    });
     writeAdapterConfig(dir, this.lora, this.dir);
   }
 
@@ -106,7 +136,8 @@ export class Model implements TextGenerator {
    * a copy of the actor's adapter now. detachCritic: the value head reads the actor's adapter again.
    */
   attachCritic(): void {
-    if (!this.lora) throw new SlmError('NOT_SUPPORTED', "a separate critic starts as a copy of the actor's adapter: attach or load one first.");
+    if (!this.lora)
+      throw new SlmError('NOT_SUPPORTED', "a separate critic starts as a copy of the actor's adapter: attach or load one first.");
     this.h.valueHead.attachCritic();
   }
   detachCritic(): void {
@@ -128,16 +159,20 @@ export class Model implements TextGenerator {
    * the actor's; no dropout, no gradient), as verl's critic computes values before the update.
    */
   async values(rows: ArrayLike<number>[], masks?: ArrayLike<number>[]): Promise<Float32Array[]> {
-    if (masks && masks.length !== rows.length) throw new SlmError('ARGUMENT_INVALID', `values: expected one mask per row (${rows.length}), found ${masks.length}.`);
-    if (!this.hasValueHead()) throw new SlmError('NOT_SUPPORTED', 'values: no value head is attached; call attachValueHead() or load an adapter saved with one.');
+    if (masks && masks.length !== rows.length)
+      throw new SlmError('ARGUMENT_INVALID', `values: expected one mask per row (${rows.length}), found ${masks.length}.`);
+    if (!this.hasValueHead())
+      throw new SlmError('NOT_SUPPORTED', 'values: no value head is attached; call attachValueHead() or load an adapter saved with one.');
     rows.forEach((r, i) => {
-      if (masks && masks[i].length !== r.length) throw new SlmError('ARGUMENT_INVALID', `values: mask ${i} has ${masks[i].length} entries for ${r.length} tokens.`);
+      if (masks && masks[i].length !== r.length)
+        throw new SlmError('ARGUMENT_INVALID', `values: mask ${i} has ${masks[i].length} entries for ${r.length} tokens.`);
     });
     const { ids, lengths } = this.#flatten(rows);
     const out = this.#split(await this.h.valueHead.values({ ids, lengths }), lengths);
-    if (masks) out.forEach((v, i) => {
-      for (let t = 0; t < v.length; t++) if (!masks[i][t]) v[t] = 0;
-    });
+    if (masks)
+      out.forEach((v, i) => {
+        for (let t = 0; t < v.length; t++) if (!masks[i][t]) v[t] = 0;
+      });
     return out;
   }
 
@@ -174,9 +209,22 @@ export class Model implements TextGenerator {
    * setReferenceAdapter() (the SFT adapter an RL stage starts from), else the base model (adapter
    * off). One native forward with the reference option; the trained adapter is not touched.
    */
-  async referenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1, masks?: ArrayLike<number>[]): Promise<Float32Array[]> {
+  async referenceLogprobs(
+    rows: ArrayLike<number>[],
+    temperature: number | ArrayLike<number> = 1,
+    masks?: ArrayLike<number>[],
+  ): Promise<Float32Array[]> {
     const { ids, lengths } = this.#flatten(rows);
-    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), reference: true, mask: masks && flatRows(masks, lengths, Uint8Array, 'log-prob masks') }), lengths);
+    return this.#split(
+      await this.h.sequenceLogprobs({
+        ids,
+        lengths,
+        temperature: temperatureOption(temperature),
+        reference: true,
+        mask: masks && flatRows(masks, lengths, Uint8Array, 'log-prob masks'),
+      }),
+      lengths,
+    );
   }
 
   /**
@@ -205,10 +253,7 @@ export class Model implements TextGenerator {
   async exportMerged(out: string, dtype: ComputeDtype = 'float32'): Promise<void> {
     mkdirSync(out, { recursive: true });
     await this.h.saveMerged({ file: join(out, 'model.safetensors'), dtype });
-    const torchDtype = dtype;
-    writeFileSync(join(out, 'config.json'), JSON.stringify({ ...this.config.raw, torch_dtype: torchDtype }, null, 2) + '\n');
-    for (const f of ['tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja', 'generation_config.json', 'special_tokens_map.json', 'added_tokens.json', 'vocab.json', 'merges.txt'])
-      if (existsSync(join(this.dir, f))) copyFileSync(join(this.dir, f), join(out, f));
+    writeFolderFiles(this.dir, out, { ...this.config.raw, torch_dtype: dtype });
   }
 
   /**
@@ -286,7 +331,10 @@ export class Model implements TextGenerator {
     for (let i = 0; i < ids.length; i++) {
       const v = ids[i];
       if (!Number.isInteger(v) || v < 0 || v >= this.config.vocab_size)
-        throw new SlmError('TOKEN_OUT_OF_RANGE', `token id ${v} at position ${i} is outside the vocabulary: expected integers in [0, ${this.config.vocab_size}).`);
+        throw new SlmError(
+          'TOKEN_OUT_OF_RANGE',
+          `token id ${v} at position ${i} is outside the vocabulary: expected integers in [0, ${this.config.vocab_size}).`,
+        );
     }
   }
 
@@ -294,10 +342,18 @@ export class Model implements TextGenerator {
    * Logits of every position for a batch of equal-length rows ([batch][seqLen][vocab] flattened).
    * attentionMask / positionIds as in HF's forward; positions default to cumsum(mask) - 1.
    */
-  async logits(rows: number[][], opts: { attentionMask?: number[][]; positionIds?: number[][] } = {}): Promise<{ data: Float32Array; batch: number; seqLen: number; vocab: number }> {
+  async logits(
+    rows: number[][],
+    opts: { attentionMask?: number[][]; positionIds?: number[][] } = {},
+  ): Promise<{ data: Float32Array; batch: number; seqLen: number; vocab: number }> {
     if (!rows.length || !rows[0].length) throw new SlmError('ARGUMENT_INVALID', 'logits needs at least one non-empty row of ids.');
     const T = rows[0].length;
-    for (const r of rows) if (r.length !== T) throw new SlmError('ARGUMENT_INVALID', `all rows must have the same length (pad them and pass attentionMask); found ${T} and ${r.length}.`);
+    for (const r of rows)
+      if (r.length !== T)
+        throw new SlmError(
+          'ARGUMENT_INVALID',
+          `all rows must have the same length (pad them and pass attentionMask); found ${T} and ${r.length}.`,
+        );
     const flat = Int32Array.from(rows.flat());
     this.checkIds(flat);
     const data = await this.h.logits({
@@ -312,7 +368,21 @@ export class Model implements TextGenerator {
 
   async generate(req: GenerateRequest): Promise<GenerateResult & GenerateStats> {
     const B = req.prompts.length;
-    if (B === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0, cacheHits: 0, cacheEvicted: 0, cacheStale: 0 };
+    if (B === 0)
+      return {
+        tokens: [],
+        logprobs: [],
+        finishReasons: [],
+        steps: 0,
+        prefillSeconds: 0,
+        decodeSeconds: 0,
+        prefillTokens: 0,
+        prefillTokensRequested: 0,
+        cacheReusedTokens: 0,
+        cacheHits: 0,
+        cacheEvicted: 0,
+        cacheStale: 0,
+      };
     const r = await this.h.generate(nativeGenerateRequest(req, (ids) => this.checkIds(ids)));
     this.#noteEvictions(r);
     const { tokens, logprobs } = generatedRows(r, B);
@@ -334,7 +404,8 @@ export class Model implements TextGenerator {
 
   /** Frees the episode KV caches kept under these keys (GenerateRequest.cacheKeys). */
   releaseCaches(keys: string[]): void {
-    if (!Array.isArray(keys) || !keys.every((k) => typeof k === 'string')) throw new SlmError('ARGUMENT_INVALID', `releaseCaches expects an array of cache keys (strings), found ${describe(keys)}.`);
+    if (!Array.isArray(keys) || !keys.every((k) => typeof k === 'string'))
+      throw new SlmError('ARGUMENT_INVALID', `releaseCaches expects an array of cache keys (strings), found ${describe(keys)}.`);
     if (keys.length) this.h.releaseCaches(keys);
   }
   /** Frees every episode KV cache of this model. */
@@ -346,7 +417,11 @@ export class Model implements TextGenerator {
    * evicted and their episodes re-prefill. `log` gets one line the first time that happens.
    */
   setCacheLimit(bytes: number, opts: { log?: (line: string) => void } = {}): void {
-    if (!Number.isSafeInteger(bytes) || bytes < 0) throw new SlmError('ARGUMENT_INVALID', `the episode cache limit must be a non-negative integer number of bytes, found ${describe(bytes)}.`);
+    if (!Number.isSafeInteger(bytes) || bytes < 0)
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `the episode cache limit must be a non-negative integer number of bytes, found ${describe(bytes)}.`,
+      );
     this.h.setCacheLimit(bytes);
     if (opts.log) this.#cacheLog = opts.log;
   }
@@ -359,7 +434,9 @@ export class Model implements TextGenerator {
     if (!r.cacheEvicted || this.#evictionLogged || !this.#cacheLog) return;
     this.#evictionLogged = true;
     const s = this.h.cacheStats();
-    this.#cacheLog(`engine: the episode KV caches reached their limit (${(s.limitBytes / 2 ** 20).toFixed(0)} MiB): the least recently used are evicted and those episodes re-prefill their conversation (said once; raise rollout.kv_cache_mb to keep more)`);
+    this.#cacheLog(
+      `engine: the episode KV caches reached their limit (${(s.limitBytes / 2 ** 20).toFixed(0)} MiB): the least recently used are evicted and those episodes re-prefill their conversation (said once; raise rollout.kv_cache_mb to keep more)`,
+    );
   }
 
   /**
@@ -370,8 +447,14 @@ export class Model implements TextGenerator {
    * before the promise resolves; an exception thrown by onToken rejects it once generation ends.
    */
   async generateStream(req: StreamGenerateRequest): Promise<StreamGenerateResult> {
-    if (req.prompts.length === 0) return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0 };
-    const { native: r, result } = await streamGenerate(this.h, nativeGenerateRequest(req, (ids) => this.checkIds(ids)), req, this.vocabSize);
+    if (req.prompts.length === 0)
+      return { tokens: [], logprobs: [], finishReasons: [], steps: 0, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0 };
+    const { native: r, result } = await streamGenerate(
+      this.h,
+      nativeGenerateRequest(req, (ids) => this.checkIds(ids)),
+      req,
+      this.vocabSize,
+    );
     this.#noteEvictions(r);
     return result;
   }
@@ -383,9 +466,21 @@ export class Model implements TextGenerator {
    * entry is nonzero are scored, the others are 0 — the vocabulary head, most of a small model's
    * work, skips them (a prompt, a tool's output).
    */
-  async sequenceLogprobs(rows: ArrayLike<number>[], temperature: number | ArrayLike<number> = 1, masks?: ArrayLike<number>[]): Promise<Float32Array[]> {
+  async sequenceLogprobs(
+    rows: ArrayLike<number>[],
+    temperature: number | ArrayLike<number> = 1,
+    masks?: ArrayLike<number>[],
+  ): Promise<Float32Array[]> {
     const { ids, lengths } = this.#flatten(rows);
-    return this.#split(await this.h.sequenceLogprobs({ ids, lengths, temperature: temperatureOption(temperature), mask: masks && flatRows(masks, lengths, Uint8Array, 'log-prob masks') }), lengths);
+    return this.#split(
+      await this.h.sequenceLogprobs({
+        ids,
+        lengths,
+        temperature: temperatureOption(temperature),
+        mask: masks && flatRows(masks, lengths, Uint8Array, 'log-prob masks'),
+      }),
+      lengths,
+    );
   }
 
   dispose(): void {

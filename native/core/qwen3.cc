@@ -31,16 +31,19 @@ bool contains(const std::vector<std::string>& v, const std::string& x) { return 
 
 void check_arch(const ModelArch& arch, const RopeScaling& rope) {
   if (!contains(kModelTypes, arch.model_type))
-    fail("MODEL_TYPE_UNSUPPORTED", "model_type '" + arch.model_type + "' is not implemented by the native engine; supported: " + join_names(kModelTypes) +
-                                       ". Use a checkpoint of one of these architectures.");
+    fail("MODEL_TYPE_UNSUPPORTED", "model_type '" + arch.model_type + "' is not implemented by the native engine; supported: " +
+                                       join_names(kModelTypes) + ". Use a checkpoint of one of these architectures.");
   if (!contains(kRopeTypes, rope.type))
-    fail("MODEL_CONFIG_INVALID", "rope_scaling type '" + rope.type + "' is not implemented by the native engine; supported: " + join_names(kRopeTypes) + ".");
+    fail("MODEL_CONFIG_INVALID",
+         "rope_scaling type '" + rope.type + "' is not implemented by the native engine; supported: " + join_names(kRopeTypes) + ".");
   if (rope.type == "llama3" && !(rope.factor > 0 && rope.low_freq_factor > 0 && rope.high_freq_factor > rope.low_freq_factor &&
                                  rope.original_max_position_embeddings > 0))
-    fail("MODEL_CONFIG_INVALID", "llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0; found factor " +
-                                     std::to_string(rope.factor) + ", low_freq_factor " + std::to_string(rope.low_freq_factor) + ", high_freq_factor " +
-                                     std::to_string(rope.high_freq_factor) + ", original_max_position_embeddings " +
-                                     std::to_string(rope.original_max_position_embeddings) + ".");
+    fail("MODEL_CONFIG_INVALID",
+         "llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0; found "
+         "factor " +
+             std::to_string(rope.factor) + ", low_freq_factor " + std::to_string(rope.low_freq_factor) + ", high_freq_factor " +
+             std::to_string(rope.high_freq_factor) + ", original_max_position_embeddings " +
+             std::to_string(rope.original_max_position_embeddings) + ".");
 }
 
 at::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& rope, at::Device device) {
@@ -116,42 +119,6 @@ std::vector<std::pair<std::string, const Linear*>> Qwen3Layer::projections() con
   return {{"q_proj", &q}, {"k_proj", &k}, {"v_proj", &v}, {"o_proj", &o}, {"gate_proj", &gate}, {"up_proj", &up}, {"down_proj", &down}};
 }
 
-void KVCache::keep_rows(const at::Tensor& rows) {
-  for (auto& t : k) t = t.index_select(0, rows);
-  for (auto& t : v) t = t.index_select(0, rows);
-}
-
-void KVCache::share_prefix(int64_t rows) {
-  if (prefix != 0 || k.empty() || k[0].size(0) != 1) fail("NATIVE_ERROR", "share_prefix needs a one-row cache without a shared prefix (an engine bug: please report it).");
-  prefix = length;
-  pk.clear(), pv.clear();
-  for (size_t l = 0; l < k.size(); ++l) {
-    pk.push_back(k[l].narrow(2, 0, prefix));
-    pv.push_back(v[l].narrow(2, 0, prefix));
-    auto sizes = k[l].sizes().vec();
-    sizes[0] = rows;
-    sizes[2] = capacity - prefix;
-    k[l] = at::zeros(sizes, k[l].options());
-    v[l] = at::zeros(sizes, v[l].options());
-  }
-}
-
-std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> KVCache::row_past(int64_t row, const at::Tensor& idx) const {
-  const int64_t n_pre = prefix ? (idx < prefix).sum().item<int64_t>() : 0;  // positions in the shared prefix
-  const auto pre_idx = idx.narrow(0, 0, n_pre), own_idx = idx.narrow(0, n_pre, idx.size(0) - n_pre) - prefix;
-  const auto pick = [&](const at::Tensor& shared, const at::Tensor& own) {
-    auto o = own[row].index_select(1, own_idx);
-    if (n_pre == 0) return o;
-    return at::cat({n_pre == prefix ? shared[0] : shared[0].index_select(1, pre_idx), o}, 1);
-  };
-  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> r;
-  for (size_t l = 0; l < k.size(); ++l) {
-    r.first.push_back(pick(prefix ? pk[l] : at::Tensor(), k[l]));
-    r.second.push_back(pick(prefix ? pv[l] : at::Tensor(), v[l]));
-  }
-  return r;
-}
-
 namespace {
 
 std::string shape_str(at::IntArrayRef s) {
@@ -171,10 +138,11 @@ at::Tensor take(TensorMap& w, const std::string& name, std::vector<int64_t> shap
                                 " from config.json). The weights do not belong to this config, or a shard is missing.");
   at::Tensor t = it->second;
   if (t.sizes() != at::IntArrayRef(shape))
-    fail("WEIGHTS_MISMATCH", "tensor '" + name + "' in " + w.source[name] + " has shape " + shape_str(t.sizes()) + " but config.json implies " +
-                                 shape_str(shape) + ". Check that config.json belongs to these weights.");
+    fail("WEIGHTS_MISMATCH", "tensor '" + name + "' in " + w.source[name] + " has shape " + shape_str(t.sizes()) +
+                                 " but config.json implies " + shape_str(shape) + ". Check that config.json belongs to these weights.");
   if (!at::isFloatingType(t.scalar_type()))
-    fail("DTYPE_UNSUPPORTED", "tensor '" + name + "' has integer dtype " + std::string(c10::toString(t.scalar_type())) + "; expected F32, F16 or BF16.");
+    fail("DTYPE_UNSUPPORTED",
+         "tensor '" + name + "' has integer dtype " + std::string(c10::toString(t.scalar_type())) + "; expected F32, F16 or BF16.");
   w.tensors.erase(it);
   (void)o;
   return t.to(dev, dtype);
@@ -187,12 +155,16 @@ Qwen3Model::Qwen3Model(const Qwen3Config& cfg, TensorMap&& w, const LoadOptions&
   check_arch(cfg.arch, cfg.rope_scaling);
   const auto& arch = cfg.arch;
   if (device_.is_cuda() && !at::hasCUDA())
-    fail("DEVICE_UNAVAILABLE", "device '" + opts.device + "' was asked for, but this libtorch has no CUDA support (or no GPU is visible). Use device cpu, or build against a CUDA libtorch.");
+    fail("DEVICE_UNAVAILABLE", "device '" + opts.device +
+                                   "' was asked for, but this libtorch has no CUDA support (or no GPU is visible). Use device cpu, or "
+                                   "build against a CUDA libtorch.");
   if (dtype_ == at::kHalf && !device_.is_cuda())
     fail("ARGUMENT_INVALID", "float16 compute is only supported on CUDA; on CPU use float32 or bfloat16.");
   const int64_t H = cfg.hidden_size, D = cfg.head_dim, V = cfg.vocab_size, I = cfg.intermediate_size;
   const int64_t nq = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  if (nq % nkv != 0) fail("MODEL_CONFIG_INVALID", "num_attention_heads (" + std::to_string(nq) + ") must be a multiple of num_key_value_heads (" + std::to_string(nkv) + ").");
+  if (nq % nkv != 0)
+    fail("MODEL_CONFIG_INVALID",
+         "num_attention_heads (" + std::to_string(nq) + ") must be a multiple of num_key_value_heads (" + std::to_string(nkv) + ").");
   if (D % 2 != 0) fail("MODEL_CONFIG_INVALID", "head_dim must be even for rotary embeddings, found " + std::to_string(D) + ".");
   auto T = [&](const std::string& n, std::vector<int64_t> s) { return take(w, n, std::move(s), opts, device_, dtype_); };
   embed_ = T("model.embed_tokens.weight", {V, H});
@@ -232,9 +204,11 @@ Qwen3Model::Qwen3Model(const Qwen3Config& cfg, TensorMap&& w, const LoadOptions&
     for (const auto& kv : w.tensors) {
       if (n++ < 5) names += (names.empty() ? "" : ", ") + ("'" + kv.first + "'");
     }
-    fail("WEIGHTS_UNUSED", "the checkpoint has " + std::to_string(w.tensors.size()) + " tensor(s) that a " + std::to_string(cfg.num_hidden_layers) +
-                               "-layer " + arch.model_type + " model does not use: " + names + (w.tensors.size() > 5 ? ", ..." : "") +
-                               ". config.json does not describe these weights (wrong model_type, num_hidden_layers, tie_word_embeddings or attention_bias?).");
+    fail(
+        "WEIGHTS_UNUSED",
+        "the checkpoint has " + std::to_string(w.tensors.size()) + " tensor(s) that a " + std::to_string(cfg.num_hidden_layers) +
+            "-layer " + arch.model_type + " model does not use: " + names + (w.tensors.size() > 5 ? ", ..." : "") +
+            ". config.json does not describe these weights (wrong model_type, num_hidden_layers, tie_word_embeddings or attention_bias?).");
   }
   // Computed in float64 and stored in float32 as HF keeps it.
   inv_freq_ = rope_inv_freq(D, cfg.rope_theta, cfg.rope_scaling, device_).to(at::kFloat);
@@ -245,7 +219,8 @@ int64_t Qwen3Model::num_parameters() const {
   for (const auto& L : layers_) {
     for (const auto* t : {&L.input_norm, &L.post_norm, &L.q_norm, &L.k_norm})
       if (t->defined()) n += t->numel();
-    for (const auto* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) n += l->weight.numel() + (l->bias.defined() ? l->bias.numel() : 0);
+    for (const auto* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      n += l->weight.numel() + (l->bias.defined() ? l->bias.numel() : 0);
   }
   return n;
 }
@@ -292,8 +267,8 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }
 }  // namespace
 
-at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K_rows, const at::Tensor& V_rows, const at::Tensor& mask, bool kernels, const at::Tensor& pk,
-                             const at::Tensor& pv) {
+at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K_rows, const at::Tensor& V_rows, const at::Tensor& mask, bool kernels,
+                             const at::Tensor& pk, const at::Tensor& pv) {
   const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = K_rows.size(1), R = nq / nkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   if (kernels) {  // generation: the fused CPU kernel when it applies
@@ -316,7 +291,9 @@ at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K_rows, cons
   // keep the path below: the copy of every cached K/V would cost more than it saves.
   if (q.is_cuda() && T > 1) {
     const auto dt = q.scalar_type();
-    const double lo = dt == at::kBFloat16 ? -3.3895313892515355e38 : dt == at::kHalf ? -65504.0 : (double)std::numeric_limits<float>::lowest();
+    const double lo = dt == at::kBFloat16 ? -3.3895313892515355e38
+                      : dt == at::kHalf   ? -65504.0
+                                          : (double)std::numeric_limits<float>::lowest();
     const auto m = mask.clamp_min(lo).to(dt);  // [B, 1, T, S], broadcast over heads
     const auto Kx = R == 1 ? K : K.unsqueeze(2).expand({B, nkv, R, S, D}).reshape({B, nq, S, D});
     const auto Vx = R == 1 ? Vv : Vv.unsqueeze(2).expand({B, nkv, R, S, D}).reshape({B, nq, S, D});
@@ -334,10 +311,10 @@ at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K_rows, cons
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t c = std::min(chunk, T - t0);
     auto qc = chunk == T ? qg : q.narrow(2, t0, c).reshape({B, nkv, R * c, D});
-    auto scores = at::matmul(qc, Kt) * scale;                          // [B, nkv, R*c, S]
+    auto scores = at::matmul(qc, Kt) * scale;                                                      // [B, nkv, R*c, S]
     auto sf = scores.to(at::kFloat).view({B, nkv, R, c, S}) + mask.narrow(2, t0, c).unsqueeze(1);  // mask [B,1,1,c,S]
     auto probs = at::softmax(sf, -1).to(q.scalar_type()).view({B, nkv, R * c, S});
-    outs.push_back(at::matmul(probs, Vv).view({B, nq, c, D}));        // [B, nq, c, D]
+    outs.push_back(at::matmul(probs, Vv).view({B, nq, c, D}));  // [B, nq, c, D]
   }
   return outs.size() == 1 ? outs[0] : at::cat(outs, 2);
 }
@@ -370,7 +347,7 @@ at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const
     q = (q * cos + rotate_half(q) * sin).transpose(1, 2).contiguous();  // [B, nq, T, D]
     k = (k * cos + rotate_half(k) * sin).transpose(1, 2);               // [B, nkv, T, D]
   }
-  v = v.transpose(1, 2);                                                // [B, nkv, T, D]
+  v = v.transpose(1, 2);  // [B, nkv, T, D]
   at::Tensor K, Vv, PK, PV;
   if (cache) {
     const int64_t start = cache->length - cache->prefix;  // in the rows' own positions
@@ -443,9 +420,11 @@ at::Tensor Qwen3Model::hidden(const at::Tensor& ids, const at::Tensor& positions
   const int64_t B = ids.size(0), T = ids.size(1);
   const int64_t S = (cache ? cache->length : 0) + T;
   if (key_mask.size(0) != B || key_mask.size(1) != S)
-    fail("ARGUMENT_INVALID", "key mask must be [" + std::to_string(B) + ", " + std::to_string(S) + "], found " + shape_str(key_mask.sizes()) + ".");
+    fail("ARGUMENT_INVALID",
+         "key mask must be [" + std::to_string(B) + ", " + std::to_string(S) + "], found " + shape_str(key_mask.sizes()) + ".");
   if (cache && S > cache->capacity)
-    fail("ARGUMENT_INVALID", "the KV cache holds " + std::to_string(cache->capacity) + " positions; " + std::to_string(S) + " were needed.");
+    fail("ARGUMENT_INVALID",
+         "the KV cache holds " + std::to_string(cache->capacity) + " positions; " + std::to_string(S) + " were needed.");
   check_ids(ids);
   auto fo = at::TensorOptions().dtype(at::kFloat).device(device_);
   // Additive mask [B, 1, T, S]: query t sits at key index S - T + t and sees keys j <= that index
@@ -479,6 +458,8 @@ at::Tensor vocab_logits(const at::Tensor& hidden, const at::Tensor& head, bool k
   return Linear{head, at::Tensor(), nullptr, nullptr}.forward(hidden, ForwardOptions{}).to(at::kFloat);
 }
 
-at::Tensor Qwen3Model::logits(const at::Tensor& hidden, bool kernels, const at::Tensor& buf) const { return vocab_logits(hidden, lm_head_, kernels, buf); }
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden, bool kernels, const at::Tensor& buf) const {
+  return vocab_logits(hidden, lm_head_, kernels, buf);
+}
 
 }  // namespace slm

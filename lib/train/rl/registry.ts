@@ -5,7 +5,7 @@
  * its algorithm keys and sections, the validation of lib/config/load.ts and the dispatch of
  * lib/train/stages.ts all read this registry.
  */
-import { extendSchema } from '../../config/schema.js';
+import { extendSchema } from '../../config/schema-extend.js';
 import { SlmError } from '../../errors.js';
 import type { AlgorithmDefinition } from './algorithm.js';
 import { grpo } from './grpo.js';
@@ -23,8 +23,13 @@ const OTHER_STAGES = new Set(['sft', 'eval']);
  * A name that is taken, or a key another algorithm owns, is refused.
  */
 export function registerAlgorithm(def: AlgorithmDefinition): void {
-  if (!/^[a-z][a-z0-9_]*$/.test(def.name)) throw new SlmError('ARGUMENT_INVALID', `registerAlgorithm: an algorithm's name is its stage: lower-case letters, digits and _, starting with a letter; found ${JSON.stringify(def.name)}.`);
-  if (registry.has(def.name) || OTHER_STAGES.has(def.name)) throw new SlmError('ARGUMENT_INVALID', `registerAlgorithm: ${def.name} is already a stage; give the algorithm another name.`);
+  if (!/^[a-z][a-z0-9_]*$/.test(def.name))
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `registerAlgorithm: an algorithm's name is its stage: lower-case letters, digits and _, starting with a letter; found ${JSON.stringify(def.name)}.`,
+    );
+  if (registry.has(def.name) || OTHER_STAGES.has(def.name))
+    throw new SlmError('ARGUMENT_INVALID', `registerAlgorithm: ${def.name} is already a stage; give the algorithm another name.`);
   extendSchema(def.name, def);
   registry.set(def.name, def);
 }
