@@ -10,7 +10,11 @@ export class BM25Before {
   private postings = new Map<string, Array<[number, number]>>(); // term -> [(doc, tf)]
   private lengths: number[] = [];
   private avgdl = 0;
-  constructor(docs: string[], readonly k1 = 1.2, readonly b = 0.75) {
+  constructor(
+    docs: string[],
+    readonly k1 = 1.2,
+    readonly b = 0.75,
+  ) {
     docs.forEach((d, i) => {
       const w = words(d);
       this.lengths.push(w.length);
@@ -43,6 +47,9 @@ export class BM25Before {
         scores.set(d, (scores.get(d) ?? 0) + s);
       }
     }
-    return [...scores].map(([doc, score]) => ({ doc, score })).sort((a, b) => b.score - a.score || a.doc - b.doc).slice(0, k);
+    return [...scores]
+      .map(([doc, score]) => ({ doc, score }))
+      .sort((a, b) => b.score - a.score || a.doc - b.doc)
+      .slice(0, k);
   }
 }

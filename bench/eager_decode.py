@@ -25,7 +25,6 @@ first new token, then --steps decode steps compute one token per row each.
 """
 import argparse
 import json
-import math
 import os
 import struct
 import sys
@@ -129,7 +128,7 @@ class Attention(torch.nn.Module):
         self.nq = cfg["num_attention_heads"]
         self.nkv = cfg.get("num_key_value_heads") or self.nq
         self.D = cfg.get("head_dim") or cfg["hidden_size"] // self.nq
-        self.scaling = self.D ** -0.5
+        self.scaling = self.D**-0.5
         bias = bool(cfg.get("attention_bias", False))
         g = lambda n: w[p + n].to(dtype)
         gb = lambda n: g(n) if bias else None
@@ -242,8 +241,10 @@ def main():
     if a.dtype not in dtypes:
         fail("--dtype: expected float32 or bfloat16, found %r" % a.dtype)
     if a.steps < 1 or a.batch < 1 or a.prompt_len < 1 or a.threads < 0:
-        fail("--steps, --batch and --prompt-len must be >= 1 and --threads >= 0; found steps %d, batch %d, prompt-len %d, threads %d"
-             % (a.steps, a.batch, a.prompt_len, a.threads))
+        fail(
+            "--steps, --batch and --prompt-len must be >= 1 and --threads >= 0; found steps %d, batch %d, prompt-len %d, threads %d"
+            % (a.steps, a.batch, a.prompt_len, a.threads)
+        )
     if not os.path.exists(os.path.join(a.model, "config.json")):
         fail("--model: expected a directory with config.json and model.safetensors, found %r" % a.model)
     if a.threads:

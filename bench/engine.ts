@@ -61,7 +61,11 @@ export function prefillRoofline(
 ): { seconds: number; parts: { projections: number; attention: number; head: number } } {
   const part = (flops: number, bytes: number) => Math.max(flops / (lim.f32 * 1e9), bytes / (lim.copy * 1e9));
   const VH = cfg.vocab_size * cfg.hidden_size;
-  const parts = { projections: part(2 * layerParams * T, layerParams * bytesPerParam), attention: part(attentionFlops(cfg, T), 0), head: part(2 * VH, VH * bytesPerParam) };
+  const parts = {
+    projections: part(2 * layerParams * T, layerParams * bytesPerParam),
+    attention: part(attentionFlops(cfg, T), 0),
+    head: part(2 * VH, VH * bytesPerParam),
+  };
   return { seconds: parts.projections + parts.attention + parts.head, parts };
 }
 
@@ -69,7 +73,10 @@ export function prefillRoofline(
  * The decoder layers' parameters (their matrices and norms): all of them but the embedding, the
  * final norm and an untied vocabulary head.
  */
-export function layerMatmulParams(numParameters: number, cfg: { hidden_size: number; vocab_size: number; tie_word_embeddings: boolean }): number {
+export function layerMatmulParams(
+  numParameters: number,
+  cfg: { hidden_size: number; vocab_size: number; tie_word_embeddings: boolean },
+): number {
   const VH = cfg.vocab_size * cfg.hidden_size;
   return numParameters - VH - cfg.hidden_size - (cfg.tie_word_embeddings ? 0 : VH);
 }
@@ -153,15 +160,29 @@ export function runEagerDecode(
   const script = eagerScript();
   if (!script) return { skipped: 'bench/eager_decode.py not found (run from a checkout of the repository)' };
   const probe = spawnSync(python, ['-c', 'import torch'], { encoding: 'utf8', timeout: 60_000 });
-  if ((probe.error as NodeJS.ErrnoException | undefined)?.code === 'ENOENT') return { skipped: `${python} not found (apt-get install python3-torch)` };
+  if ((probe.error as NodeJS.ErrnoException | undefined)?.code === 'ENOENT')
+    return { skipped: `${python} not found (apt-get install python3-torch)` };
   if (probe.error || probe.status !== 0) return { skipped: `${python} has no torch (apt-get install python3-torch)` };
   const r = spawnSync(
     python,
-    [script, '--model', dir, '--batch', String(o.batch), '--steps', String(o.steps), '--threads', String(o.threads), '--dtype', o.dtype ?? 'float32'],
+    [
+      script,
+      '--model',
+      dir,
+      '--batch',
+      String(o.batch),
+      '--steps',
+      String(o.steps),
+      '--threads',
+      String(o.threads),
+      '--dtype',
+      o.dtype ?? 'float32',
+    ],
     { encoding: 'utf8', timeout: o.timeoutS * 1000, maxBuffer: 16 << 20 },
   );
   if (r.error) return { skipped: `eager PyTorch decode did not finish: ${r.error.message}` };
-  if (r.status !== 0) return { skipped: `eager PyTorch decode failed (exit ${r.status}): ${(r.stderr || '').trim().split('\n').slice(-1)[0]}` };
+  if (r.status !== 0)
+    return { skipped: `eager PyTorch decode failed (exit ${r.status}): ${(r.stderr || '').trim().split('\n').slice(-1)[0]}` };
   try {
     return JSON.parse(r.stdout.trim().split('\n').slice(-1)[0]) as EagerDecode;
   } catch {
@@ -195,7 +216,8 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const m = await Model.load(dir);
   const info = m.info();
   const cfg = m.config;
-  const H = cfg.hidden_size, V = cfg.vocab_size;
+  const H = cfg.hidden_size,
+    V = cfg.vocab_size;
   const layerParams = layerMatmulParams(info.numParameters, cfg);
   const bytesPerParam = info.parameterBytes / info.numParameters;
   // Weights read per decode step: every layer matrix + the vocab projection (+ one embedding row).
@@ -210,7 +232,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
 
   const reps = quick ? 2 : 3;
   const prefillTokens = quick ? 128 : 512;
-  const prompt = Int32Array.from({ length: prefillTokens }, (_, i) => (i * 7919) % 100000 + 100);
+  const prompt = Int32Array.from({ length: prefillTokens }, (_, i) => ((i * 7919) % 100000) + 100);
   await m.generate({ prompts: [prompt.subarray(0, 16)], maxNewTokens: 2, greedy: true }); // warm-up
   const pre: number[] = [];
   for (let r = 0; r < reps; r++) pre.push((await m.generate({ prompts: [prompt], maxNewTokens: 1, greedy: true })).prefillSeconds);
@@ -220,14 +242,18 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const steps = quick ? 16 : 48;
   const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
   const decodePrompts = (B: number) =>
-    Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => ((b * 131 + i) * 7919) % 100000 + 100));
+    Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => (((b * 131 + i) * 7919) % 100000) + 100));
   // The roofline of one decode step at batch B: the larger of the memory and the compute bound.
   const bounds = (B: number, bytesPerP: number, mmRate: number) => {
     const memBound = ((layerParams + V * H) * bytesPerP) / (lim.v.copy * 1e9);
     const computeBound = (2 * (layerParams + V * H) * B) / (mmRate * 1e9);
     return { memBound, computeBound, bound: Math.max(memBound, computeBound) };
   };
-  interface RawDecode { dtype: 'float32' | 'bfloat16'; batch: number; stepS: number }
+  interface RawDecode {
+    dtype: 'float32' | 'bfloat16';
+    batch: number;
+    stepS: number;
+  }
   const measureDecode = async (dtype: 'float32' | 'bfloat16', mm: Model, B: number): Promise<RawDecode> => {
     const prompts = decodePrompts(B);
     const times: number[] = [];
@@ -257,11 +283,14 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     };
   };
   const rawDecode: RawDecode[] = [];
-  for (const [dtype, mm] of [['float32', m], ['bfloat16', bf16]] as const)
-  for (const B of [1, 16]) {
-    log(`engine: decode at batch ${B} (${dtype})`);
-    rawDecode.push(await measureDecode(dtype, mm, B));
-  }
+  for (const [dtype, mm] of [
+    ['float32', m],
+    ['bfloat16', bf16],
+  ] as const)
+    for (const B of [1, 16]) {
+      log(`engine: decode at batch ${B} (${dtype})`);
+      rawDecode.push(await measureDecode(dtype, mm, B));
+    }
 
   // The same float32 batch-16 decode through ATen's generic path (the engine's CPU kernels off: what
   // the engine did before them, and the path other devices take), in the same run.
@@ -352,7 +381,10 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     '| engine (small preset) | measured | roofline (same run) | fraction |',
     '|---|---|---|---|',
     `| prefill ${prefillTokens} tokens, batch 1 | ${prefill.tokens_per_s} tok/s | ${prefill.roofline_tokens_per_s} tok/s (projections ${prefill.roofline_parts_ms.projections} + attention ${prefill.roofline_parts_ms.attention} + head ${prefill.roofline_parts_ms.head} ms) | ${prefill.fraction_of_roofline} (projections alone: ${prefill.fraction_of_projections_only}) |`,
-    ...decode.map((d) => `| decode ${d.dtype} batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step) | ${d.fraction_of_roofline} |`),
+    ...decode.map(
+      (d) =>
+        `| decode ${d.dtype} batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step) | ${d.fraction_of_roofline} |`,
+    ),
     `| decode float32 batch 16, ATen path (CPU kernels off) | ${decodeAten.tokens_per_s} tok/s (${decodeAten.step_ms} ms/step) | ${decodeAten.roofline_tokens_per_s} tok/s (${decodeAten.roofline_step_ms} ms/step) | ${decodeAten.fraction_of_roofline} |`,
     ...eager.flatMap((e) =>
       'skipped' in e
@@ -362,7 +394,10 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
             `| slm-train / eager PyTorch, decode ${e.dtype} batch ${e.batch} | ${e.slm_train_speedup}x | | |`,
           ],
     ),
-    ...llamaCppRows(llamaCpp, { prefill: prefill.tokens_per_s, decode: (B) => decode.find((d) => d.dtype === 'float32' && d.batch === B)?.tokens_per_s }),
+    ...llamaCppRows(llamaCpp, {
+      prefill: prefill.tokens_per_s,
+      decode: (B) => decode.find((d) => d.dtype === 'float32' && d.batch === B)?.tokens_per_s,
+    }),
     `| native call overhead | sync ${results.native_call_overhead_us.sync} µs, async ${results.native_call_overhead_us.async_worker} µs | | |`,
     `| machine | copy ${results.machine.copy_GBps} GB/s, matmul f32 ${results.machine.matmul_f32_GFLOPs} / bf16 ${results.machine.matmul_bf16_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,
   ];

@@ -19,7 +19,9 @@ const m = await Model.load(dir);
 m.attachLora({ r: 16, alpha: 32, dropout: 0, rslora: false, targets: [...LORA_TARGETS] }, 0);
 const prompt = Int32Array.from({ length: P }, (_, i) => ((i * 7919) % 100000) + 100); // bench/trl_grpo.py's prompt
 const loaded = mib('VmRSS');
-const gen: number[] = [], upd: number[] = [], step: number[] = [];
+const gen: number[] = [],
+  upd: number[] = [],
+  step: number[] = [];
 const lengths = new Set<number>();
 for (let r = 0; r < reps + 1; r++) {
   const t0 = performance.now();
@@ -33,10 +35,38 @@ for (let r = 0; r < reps + 1; r++) {
   const masks = sequences.map((s) => s.map((_, i) => (i >= P ? 1 : 0)));
   const advantages = rewards.map((x, i) => sequences[i].map(() => (x - mean) / (std + 1e-4)));
   const t2 = performance.now();
-  await m.trainStep({ sequences, masks, advantages, oldLogprobs: out.tokens.map((t, i) => [...new Float32Array(P), ...out.logprobs[i]]) }, { loss: 'pg', clipLow: 0.2, clipHigh: 0.2, tokenLevel: true, oldFromForward: true, lr: 1e-5, maxGradNorm: 1, checkpoint: true, seed: r });
+  await m.trainStep(
+    { sequences, masks, advantages, oldLogprobs: out.tokens.map((_t, i) => [...new Float32Array(P), ...out.logprobs[i]]) },
+    {
+      loss: 'pg',
+      clipLow: 0.2,
+      clipHigh: 0.2,
+      tokenLevel: true,
+      oldFromForward: true,
+      lr: 1e-5,
+      maxGradNorm: 1,
+      checkpoint: true,
+      seed: r,
+    },
+  );
   const t3 = performance.now();
-  if (r > 0 || reps === 0) { gen.push((t1 - t0) / 1e3); upd.push((t3 - t2) / 1e3); step.push((t3 - t0) / 1e3); } // the first step warms up
+  if (r > 0 || reps === 0) {
+    gen.push((t1 - t0) / 1e3);
+    upd.push((t3 - t2) / 1e3);
+    step.push((t3 - t0) / 1e3);
+  } // the first step warms up
 }
 const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-process.stdout.write(JSON.stringify({ step_s: med(step), generate_s: med(gen), update_s: med(upd), completion_tokens: [...lengths], rows: K, prompt_tokens: P, peak_MiB: mib('VmHWM'), loaded_MiB: loaded }) + '\n');
+process.stdout.write(
+  JSON.stringify({
+    step_s: med(step),
+    generate_s: med(gen),
+    update_s: med(upd),
+    completion_tokens: [...lengths],
+    rows: K,
+    prompt_tokens: P,
+    peak_MiB: mib('VmHWM'),
+    loaded_MiB: loaded,
+  }) + '\n',
+);
 m.dispose();

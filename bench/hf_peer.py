@@ -64,13 +64,30 @@ def median(xs):
 
 
 torch.manual_seed(0)
-cfg = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L, num_attention_heads=NH, num_key_value_heads=NKV,
-                  head_dim=HD, tie_word_embeddings=True, max_position_embeddings=max(PL, TS, PROMPT + NEW) + 8, rope_theta=1e6, rms_norm_eps=1e-6)
+cfg = Qwen3Config(
+    vocab_size=V,
+    hidden_size=H,
+    intermediate_size=I,
+    num_hidden_layers=L,
+    num_attention_heads=NH,
+    num_key_value_heads=NKV,
+    head_dim=HD,
+    tie_word_embeddings=True,
+    max_position_embeddings=max(PL, TS, PROMPT + NEW) + 8,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+)
 with torch.device(dev):
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
 model.eval()
-out = {"name": f"transformers {transformers.__version__} (torch {torch.__version__})", "transformers": transformers.__version__,
-       "torch": torch.__version__, "shape": shape, "device": device, "attn_implementation": model.config._attn_implementation}
+out = {
+    "name": f"transformers {transformers.__version__} (torch {torch.__version__})",
+    "transformers": transformers.__version__,
+    "torch": torch.__version__,
+    "shape": shape,
+    "device": device,
+    "attn_implementation": model.config._attn_implementation,
+}
 
 
 def prompt_ids(q, n):
@@ -92,8 +109,17 @@ def prefill_ms(ids):
 
 def decode(questions, k):
     ids = torch.tensor([prompt_ids(q, PROMPT) for q in range(questions)], device=dev)
-    kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=NEW, min_new_tokens=NEW, num_return_sequences=k,
-              pad_token_id=0, eos_token_id=None)
+    kw = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=NEW,
+        min_new_tokens=NEW,
+        num_return_sequences=k,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     with torch.no_grad():
         model.generate(ids, **kw)  # warm-up
         pre = prefill_ms(ids.repeat_interleave(k, dim=0))
@@ -105,8 +131,16 @@ def decode(questions, k):
         wall = time.perf_counter() - t0
     gen = int((o.shape[1] - PROMPT) * o.shape[0])
     steps = o.shape[1] - PROMPT - 1
-    return {"batch": int(o.shape[0]), "prompt": PROMPT, "new_tokens": NEW, "generated": gen, "row_latency_s": wall,
-            "step_ms": (wall - pre) / max(1, steps) * 1e3, "tokens_per_s": gen / wall, "peak_bytes": peak()}
+    return {
+        "batch": int(o.shape[0]),
+        "prompt": PROMPT,
+        "new_tokens": NEW,
+        "generated": gen,
+        "row_latency_s": wall,
+        "step_ms": (wall - pre) / max(1, steps) * 1e3,
+        "tokens_per_s": gen / wall,
+        "peak_bytes": peak(),
+    }
 
 
 out["decode_b1"] = decode(1, 1)

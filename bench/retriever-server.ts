@@ -22,7 +22,11 @@ export interface LoadLevel extends Latency {
 
 /** Starts `slm-train serve-retriever --index DIR --port 0` and resolves with its URL and a stop function. */
 async function startServer(indexDir: string): Promise<{ url: string; stop: () => Promise<void> }> {
-  const p = spawn(process.execPath, [join(packageRoot(), 'bin', 'slm-train.js'), 'serve-retriever', '--index', indexDir, '--port', '0', '--topk', '3'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const p = spawn(
+    process.execPath,
+    [join(packageRoot(), 'bin', 'slm-train.js'), 'serve-retriever', '--index', indexDir, '--port', '0', '--topk', '3'],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
   let err = '';
   p.stderr.on('data', (c) => (err += c));
   const url = await new Promise<string>((resolve, reject) => {
@@ -33,7 +37,14 @@ async function startServer(indexDir: string): Promise<{ url: string; stop: () =>
       if (m) resolve(m[1]);
     });
     p.on('error', (e) => reject(new SlmError('RETRIEVER_UNAVAILABLE', `bench: could not start slm-train serve-retriever: ${e.message}`)));
-    p.on('exit', (code) => reject(new SlmError('RETRIEVER_UNAVAILABLE', `bench: slm-train serve-retriever exited with code ${code} before serving: ${err.slice(-500)}`)));
+    p.on('exit', (code) =>
+      reject(
+        new SlmError(
+          'RETRIEVER_UNAVAILABLE',
+          `bench: slm-train serve-retriever exited with code ${code} before serving: ${err.slice(-500)}`,
+        ),
+      ),
+    );
   });
   const stop = () =>
     new Promise<void>((r) => {
@@ -44,7 +55,11 @@ async function startServer(indexDir: string): Promise<{ url: string; stop: () =>
   return { url, stop };
 }
 
-export async function loadTest(indexDir: string, queries: string[], o: { levels: number[]; seconds: number; log?: (s: string) => void }): Promise<LoadLevel[]> {
+export async function loadTest(
+  indexDir: string,
+  queries: string[],
+  o: { levels: number[]; seconds: number; log?: (s: string) => void },
+): Promise<LoadLevel[]> {
   const server = await startServer(indexDir);
   const out: LoadLevel[] = [];
   const agent = new Agent({ keepAlive: true, maxSockets: Math.max(...o.levels) });
@@ -52,12 +67,16 @@ export async function loadTest(indexDir: string, queries: string[], o: { levels:
     let next = 0;
     const post = (body: string) =>
       new Promise<{ status: number; text: string }>((resolve, reject) => {
-        const req = request(server.url, { method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
-          const parts: Buffer[] = [];
-          res.on('data', (c: Buffer) => parts.push(c));
-          res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(parts).toString('utf8') }));
-          res.on('error', reject);
-        });
+        const req = request(
+          server.url,
+          { method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
+          (res) => {
+            const parts: Buffer[] = [];
+            res.on('data', (c: Buffer) => parts.push(c));
+            res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(parts).toString('utf8') }));
+            res.on('error', reject);
+          },
+        );
         req.on('error', reject);
         req.end(body);
       });

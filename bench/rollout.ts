@@ -52,13 +52,24 @@ interface CallRecord {
 class RecordingGenerator implements TextGenerator {
   calls: CallRecord[] = [];
   releaseCaches?: (keys: string[]) => void;
-  constructor(private m: Model, private shared = true) {
+  constructor(
+    private m: Model,
+    private shared = true,
+  ) {
     if (shared) this.releaseCaches = (keys) => m.releaseCaches(keys);
   }
   async generate(req: GenerateRequest): Promise<GenerateResult> {
     const t0 = performance.now();
     const r = await this.m.generate({ ...req, sharePrefix: this.shared, ...(this.shared ? {} : { cacheKeys: undefined }) });
-    this.calls.push({ rows: req.prompts.length, promptTokens: r.prefillTokensRequested, prefillTokens: r.prefillTokens, reusedTokens: r.cacheReusedTokens, prefillSeconds: r.prefillSeconds, steps: r.steps, seconds: (performance.now() - t0) / 1e3 });
+    this.calls.push({
+      rows: req.prompts.length,
+      promptTokens: r.prefillTokensRequested,
+      prefillTokens: r.prefillTokens,
+      reusedTokens: r.cacheReusedTokens,
+      prefillSeconds: r.prefillSeconds,
+      steps: r.steps,
+      seconds: (performance.now() - t0) / 1e3,
+    });
     return r;
   }
 }
@@ -69,14 +80,16 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const dir = o.model ?? (await benchModelDir('small', log));
   const { model, tokenizer: tok, formatter } = await loadPolicy(dir);
   const info = model.info();
-  const H = model.config.hidden_size, V = model.config.vocab_size;
+  const H = model.config.hidden_size,
+    V = model.config.vocab_size;
   const layerParams = layerMatmulParams(info.numParameters, model.config);
   const bytesPerParam = info.parameterBytes / info.numParameters;
   const lim = await MachineLimits.measure(['copy', 'f32'], quick ? 0.3 : 1); // generation rooflines use the final limits
   const callsOf = new Map<object, CallRecord[]>();
   const bound = (c: CallRecord) =>
     (2 * layerParams * c.prefillTokens + 2 * V * H * c.rows) / (lim.v.f32 * 1e9) +
-    Math.max(0, c.steps - 1) * Math.max(((layerParams + V * H) * bytesPerParam) / (lim.v.copy * 1e9), (2 * (layerParams + V * H) * c.rows) / (lim.v.f32 * 1e9));
+    Math.max(0, c.steps - 1) *
+      Math.max(((layerParams + V * H) * bytesPerParam) / (lim.v.copy * 1e9), (2 * (layerParams + V * H) * c.rows) / (lim.v.f32 * 1e9));
 
   const gen = syntheticCorpus({ pages: 200, seed: 3 });
   const index = await SearchIndex.build(new Corpus(gen.pages));
@@ -88,7 +101,17 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     const g = new RecordingGenerator(model, shared);
     const qs = gen.questions.slice(0, Q);
     const reqs = qs.flatMap((q) => Array.from({ length: k }, () => ({ question: q.question, temperature: 1 })));
-    const runner = new EpisodeRunner({ generator: g, tokenizer: runnerTokenizer(tok), formatter, protocol, maxTurns: 2, maxNewTokens, maxTotalTokens: 4096, seed: 1, cacheReuse: shared });
+    const runner = new EpisodeRunner({
+      generator: g,
+      tokenizer: runnerTokenizer(tok),
+      formatter,
+      protocol,
+      maxTurns: 2,
+      maxNewTokens,
+      maxTotalTokens: 4096,
+      seed: 1,
+      cacheReuse: shared,
+    });
     const t0 = performance.now();
     const episodes: Episode[] = [];
     let generateMs = 0;
@@ -173,18 +196,42 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       const split = r.split_s as Record<string, number>;
       split.generation_roofline = +(callsOf.get(r) ?? []).reduce((s, c) => s + bound(c), 0).toFixed(3);
     }
-    const machine = { copy_GBps: +lim.v.copy.toFixed(1), matmul_f32_GFLOPs: +lim.v.f32.toFixed(1), params: info.numParameters, max_new_tokens: maxNewTokens, turns: 2 };
-    type Row = { k: number; rollouts: number; unbatched: boolean; shared_prefix: boolean; prefill_tokens: number; prefill_tokens_requested: number; reused_tokens: number; per_rollout_s: number; rollouts_per_s: number; generated_tokens_per_s: number; generate_calls: number; split_s: Record<string, number> };
+    const machine = {
+      copy_GBps: +lim.v.copy.toFixed(1),
+      matmul_f32_GFLOPs: +lim.v.f32.toFixed(1),
+      params: info.numParameters,
+      max_new_tokens: maxNewTokens,
+      turns: 2,
+    };
+    type Row = {
+      k: number;
+      rollouts: number;
+      unbatched: boolean;
+      shared_prefix: boolean;
+      prefill_tokens: number;
+      prefill_tokens_requested: number;
+      reused_tokens: number;
+      per_rollout_s: number;
+      rollouts_per_s: number;
+      generated_tokens_per_s: number;
+      generate_calls: number;
+      split_s: Record<string, number>;
+    };
     const rows = results as unknown as Row[];
     // Per rollout, the largest K against K 1 (both on the default path): measured, and what an engine
     // at the generation rooflines would measure (compute-bound at a large K, bandwidth-bound at K 1,
     // so the ratio of the rooflines is the machine's, not the engine's).
     const main = rows.filter((r) => r.shared_prefix && !r.unbatched);
-    const k1 = main.find((r) => r.k === 1), kMax = main[main.length - 1];
+    const k1 = main.find((r) => r.k === 1),
+      kMax = main[main.length - 1];
     const perRoof = (r: Row) => r.split_s.generation_roofline / r.rollouts;
     const kRatio =
       k1 && kMax && kMax !== k1
-        ? { k: kMax.k, measured: +(kMax.per_rollout_s / k1.per_rollout_s).toFixed(3), at_rooflines: +(perRoof(kMax) / perRoof(k1)).toFixed(3) }
+        ? {
+            k: kMax.k,
+            measured: +(kMax.per_rollout_s / k1.per_rollout_s).toFixed(3),
+            at_rooflines: +(perRoof(kMax) / perRoof(k1)).toFixed(3),
+          }
         : undefined;
     // Rows above which a decode step's matmuls take longer than reading the weights.
     const computeBoundRows = +((bytesPerParam * lim.v.f32) / (2 * lim.v.copy)).toFixed(1);
@@ -193,7 +240,10 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       '',
       '| K | rollouts | prefill tokens computed / requested (prefill s) | reused from episode caches | per rollout s | rollouts/s | gen tok/s | generation s (roofline s) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
       '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
-      ...rows.map((r) => `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes, no cache reuse)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.reused_tokens} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`),
+      ...rows.map(
+        (r) =>
+          `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes, no cache reuse)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.reused_tokens} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`,
+      ),
       '',
       ...(kRatio
         ? [
@@ -203,7 +253,11 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
         : []),
       `Expert programs (search + read + regex) in the same sandbox: p50 ${expert.program_ms.p50_ms} ms, p99 ${expert.program_ms.p99_ms} ms per program, of which retrieval p50 ${expert.retrieval_ms.p50_ms} ms.`,
     ].join('\n');
-    return { kind: 'rollout', results: { machine, runs: results, expert_programs: expert, per_rollout_vs_k1: kRatio, compute_bound_above_rows: computeBoundRows }, table };
+    return {
+      kind: 'rollout',
+      results: { machine, runs: results, expert_programs: expert, per_rollout_vs_k1: kRatio, compute_bound_above_rows: computeBoundRows },
+      table,
+    };
   } finally {
     await pool.close();
     model.dispose();

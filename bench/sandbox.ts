@@ -18,7 +18,8 @@ import type { BenchOptions, BenchReport } from './types.js';
 const TRIVIAL_PY = 'print(1)';
 const THREE_CALLS_PY = 'h = search_pages("alpha")\ns = view_sections(h[0]["page_id"])\nprint(len(read_section(s[0]["section_id"])))';
 const TRIVIAL_JS = 'console.log(1)';
-const THREE_CALLS_JS = 'const h = search_pages("alpha"); const s = view_sections(h[0].page_id); console.log(read_section(s[0].section_id).length)';
+const THREE_CALLS_JS =
+  'const h = search_pages("alpha"); const s = view_sections(h[0].page_id); console.log(read_section(s[0].section_id).length)';
 
 const PAGE = 'Lorem ipsum dolor sit amet. '.repeat(200);
 const tools: SearchTools = {
@@ -44,6 +45,7 @@ export function summarize(samples: number[]): Latency {
   return { n: s.length, p50_ms: r(q(0.5)), p99_ms: r(q(0.99)), mean_ms: r(s.reduce((a, b) => a + b, 0) / s.length) };
 }
 
+// biome-ignore lint/suspicious/noConfusingVoidType: a run returns a sandbox result, or nothing (a bare interpreter start).
 async function timeRuns(n: number, run: () => Promise<SandboxResult | void>, check?: (r: SandboxResult) => boolean): Promise<Latency> {
   const samples: number[] = [];
   for (let i = 0; i < n; i++) {
@@ -114,7 +116,13 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   }
 
   const results = {
-    isolation: { level: isolation.level, network: isolation.network, readonlyFs: isolation.readonlyFs, seccomp: isolation.seccomp, uidDrop: isolation.uidDrop },
+    isolation: {
+      level: isolation.level,
+      network: isolation.network,
+      readonlyFs: isolation.readonlyFs,
+      seccomp: isolation.seccomp,
+      uidDrop: isolation.uidDrop,
+    },
     python,
     // The floor a spawn-per-program design cannot go below, measured in the same run:
     bare_python_start: bare,
@@ -127,7 +135,8 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     quickjs_three_calls: qjsThree,
     warm_vs_bare_start_p50: Math.round((bare.p50_ms / warmTrivial.p50_ms) * 10) / 10,
   };
-  const row = (name: string, l: Latency | null) => (l ? `| ${name} | ${l.p50_ms.toFixed(2)} | ${l.p99_ms.toFixed(2)} | ${l.n} |` : `| ${name} | n/a | n/a | 0 |`);
+  const row = (name: string, l: Latency | null) =>
+    l ? `| ${name} | ${l.p50_ms.toFixed(2)} | ${l.p99_ms.toFixed(2)} | ${l.n} |` : `| ${name} | n/a | n/a | 0 |`;
   const table = [
     `Sandbox latency per program (isolation: ${isolation.level}${isolation.seccomp ? ' + seccomp' : ''}${isolation.uidDrop ? ' + uid drop' : ''})`,
     '',

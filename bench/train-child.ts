@@ -25,5 +25,7 @@ for (let r = 0; r < Number(repsArg) + 1; r++) {
   if (r > 0) times.push((performance.now() - t0) / 1e3); // the first step warms up
 }
 times.sort((a, b) => a - b);
-process.stdout.write(JSON.stringify({ step_s: times[Math.floor(times.length / 2)], head_rows: headRows, peak_MiB: kib('VmHWM'), loaded_MiB: before }) + '\n');
+process.stdout.write(
+  JSON.stringify({ step_s: times[Math.floor(times.length / 2)], head_rows: headRows, peak_MiB: kib('VmHWM'), loaded_MiB: before }) + '\n',
+);
 m.dispose();

@@ -30,7 +30,8 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const m = await Model.load(dir);
   const cfg = m.config;
   const info = m.info();
-  const H = cfg.hidden_size, V = cfg.vocab_size;
+  const H = cfg.hidden_size,
+    V = cfg.vocab_size;
   const layerParams = layerMatmulParams(info.numParameters, cfg);
   m.dispose();
   log('train: measuring the matmul rate');
@@ -40,9 +41,16 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const runs: Array<{ checkpoint: boolean; step_s: number; head_rows: number; peak_MiB: number; loaded_MiB: number }> = [];
   for (const checkpoint of [false, true]) {
     log(`train: sequence ${T}, checkpointing ${checkpoint ? 'on' : 'off'} (own process)`);
-    const r = spawnSync(process.execPath, [child, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 3)], { encoding: 'utf8', timeout: 600_000 });
-    if (r.status !== 0) throw new SlmError('NATIVE_ERROR', `the train benchmark child failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
-    runs.push({ checkpoint, ...(JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; head_rows: number; peak_MiB: number; loaded_MiB: number }) });
+    const r = spawnSync(process.execPath, [child, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 3)], {
+      encoding: 'utf8',
+      timeout: 600_000,
+    });
+    if (r.status !== 0)
+      throw new SlmError('NATIVE_ERROR', `the train benchmark child failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
+    runs.push({
+      checkpoint,
+      ...(JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; head_rows: number; peak_MiB: number; loaded_MiB: number }),
+    });
   }
   // The peer: the same step in PyTorch 2 + transformers + PEFT, where a python with them is at hand
   // (SLM_TRAIN_HF_PYTHON, or .venv/bin/python from scripts/setup-venv.sh), each configuration in its own process.
@@ -52,9 +60,19 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     const script = fileURLToPath(new URL('../../bench/peft_step.py', import.meta.url));
     for (const checkpoint of [false, true]) {
       log(`train: PyTorch 2 + PEFT, sequence ${T}, checkpointing ${checkpoint ? 'on' : 'off'} (own process)`);
-      const r = spawnSync(py, [script, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 3), String(availableParallelism())], { encoding: 'utf8', timeout: 900_000 });
-      if (r.status !== 0) throw new SlmError('NATIVE_ERROR', `the PEFT peer of the train benchmark failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
-      peers.push({ checkpoint, ...(JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; peak_MiB: number; loaded_MiB: number; torch: string }) });
+      const r = spawnSync(py, [script, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 3), String(availableParallelism())], {
+        encoding: 'utf8',
+        timeout: 900_000,
+      });
+      if (r.status !== 0)
+        throw new SlmError(
+          'NATIVE_ERROR',
+          `the PEFT peer of the train benchmark failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`,
+        );
+      peers.push({
+        checkpoint,
+        ...(JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; peak_MiB: number; loaded_MiB: number; torch: string }),
+      });
     }
   } else log('train: no python with torch 2, transformers and peft (bash scripts/setup-venv.sh): the PEFT rows are left out');
   // One GRPO step on the same model and batch: slm-train through its library (bench/grpo-child.ts) and,
@@ -91,11 +109,20 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       slm_train_speedup: +(p.step_s / own.step_s).toFixed(2),
     };
   });
-  const results = { model: { dir, parameters: info.numParameters, lora: 'r16 on all projections' }, machine: { matmul_f32_GFLOPs: +gflops.toFixed(1) }, steps: rows, peft: peerRows, grpo };
+  const results = {
+    model: { dir, parameters: info.numParameters, lora: 'r16 on all projections' },
+    machine: { matmul_f32_GFLOPs: +gflops.toFixed(1) },
+    steps: rows,
+    peft: peerRows,
+    grpo,
+  };
   const table = [
     `| LoRA train step (small preset, seq ${T}, the last 3/4 trained) | tokens/s | vocab head rows | achieved GFLOP/s (fraction of ${gflops.toFixed(0)} GFLOP/s matmul) | peak RSS (above the loaded model) |`,
     '|---|---|---|---|---|',
-    ...rows.map((r) => `| checkpointing ${r.checkpointing ? 'on' : 'off'} | ${r.tokens_per_s} | ${r.head_rows} of ${T - 1} | ${r.achieved_GFLOPs} (${r.fraction_of_matmul_rate}) | ${r.peak_rss_MiB} MiB (+${r.peak_above_loaded_MiB} MiB) |`),
+    ...rows.map(
+      (r) =>
+        `| checkpointing ${r.checkpointing ? 'on' : 'off'} | ${r.tokens_per_s} | ${r.head_rows} of ${T - 1} | ${r.achieved_GFLOPs} (${r.fraction_of_matmul_rate}) | ${r.peak_rss_MiB} MiB (+${r.peak_above_loaded_MiB} MiB) |`,
+    ),
     ...peerRows.map(
       (r) =>
         `| PyTorch ${r.torch} + PEFT, checkpointing ${r.checkpointing ? 'on' : 'off'} (slm-train ${r.slm_train_speedup}x as fast) | ${r.tokens_per_s} | ${T - 1} of ${T - 1} | ${r.achieved_GFLOPs} (${(r.achieved_GFLOPs / gflops).toFixed(3)}) | ${r.peak_rss_MiB} MiB (+${r.peak_above_loaded_MiB} MiB) |`,
@@ -114,10 +141,26 @@ export function peftPython(): string | undefined {
   return undefined;
 }
 
-interface GrpoRun { step_s: number; generate_s: number; update_s: number; completion_tokens: number[]; rows: number; prompt_tokens: number; peak_MiB: number; loaded_MiB: number; trl?: string; torch?: string }
+interface GrpoRun {
+  step_s: number;
+  generate_s: number;
+  update_s: number;
+  completion_tokens: number[];
+  rows: number;
+  prompt_tokens: number;
+  peak_MiB: number;
+  loaded_MiB: number;
+  trl?: string;
+  torch?: string;
+}
 
 /** The GRPO rows: slm-train's step, and TRL's (or why it is missing), each in a process of its own. */
-async function grpoRows(dir: string, quick: boolean, py: string | undefined, log: (s: string) => void): Promise<{ slm_train: GrpoRun; trl?: GrpoRun; trl_missing?: string; slm_train_speedup?: number }> {
+async function grpoRows(
+  dir: string,
+  quick: boolean,
+  py: string | undefined,
+  log: (s: string) => void,
+): Promise<{ slm_train: GrpoRun; trl?: GrpoRun; trl_missing?: string; slm_train_speedup?: number }> {
   const [P, C, K, reps] = quick ? [16, 16, 4, 1] : [64, 64, 8, 2];
   const parse = (r: ReturnType<typeof spawnSync>, what: string): GrpoRun => {
     if (r.status !== 0) throw new SlmError('NATIVE_ERROR', `${what} failed: ${String(r.stderr).trim().split('\n').slice(-3).join(' ')}`);
@@ -125,7 +168,13 @@ async function grpoRows(dir: string, quick: boolean, py: string | undefined, log
   };
   const args = [dir, String(P), String(C), String(K), String(reps)];
   log(`train: a GRPO step, ${K} rollouts of a ${P}-token prompt x ${C} new tokens + one update (own process)`);
-  const slm_train = parse(spawnSync(process.execPath, [fileURLToPath(new URL('./grpo-child.js', import.meta.url)), ...args], { encoding: 'utf8', timeout: 900_000 }), 'the GRPO step of the train benchmark');
+  const slm_train = parse(
+    spawnSync(process.execPath, [fileURLToPath(new URL('./grpo-child.js', import.meta.url)), ...args], {
+      encoding: 'utf8',
+      timeout: 900_000,
+    }),
+    'the GRPO step of the train benchmark',
+  );
   const trl_missing = trlMissing(py);
   if (trl_missing) {
     log(`train: ${trl_missing}: the TRL row is left out`);
@@ -133,14 +182,18 @@ async function grpoRows(dir: string, quick: boolean, py: string | undefined, log
   }
   log('train: the same GRPO step in TRL GRPOTrainer (own process)');
   const script = fileURLToPath(new URL('../../bench/trl_grpo.py', import.meta.url));
-  const trl = parse(spawnSync(py!, [script, ...args, String(availableParallelism())], { encoding: 'utf8', timeout: 1_800_000 }), 'the TRL peer of the train benchmark');
+  const trl = parse(
+    spawnSync(py!, [script, ...args, String(availableParallelism())], { encoding: 'utf8', timeout: 1_800_000 }),
+    'the TRL peer of the train benchmark',
+  );
   return { slm_train, trl, slm_train_speedup: +(trl.step_s / slm_train.step_s).toFixed(2) };
 }
 
 /** Why TRL's GRPO row cannot run (undefined: it can): no python with torch, transformers and peft, or no trl in it. */
 export function trlMissing(py: string | undefined): string | undefined {
   if (!py) return 'no python with torch 2, transformers and peft (bash scripts/setup-venv.sh)';
-  if (spawnSync(py, ['-c', 'import trl, datasets'], { encoding: 'utf8' }).status !== 0) return `no trl in ${py} (bash scripts/setup-venv.sh installs it)`;
+  if (spawnSync(py, ['-c', 'import trl, datasets'], { encoding: 'utf8' }).status !== 0)
+    return `no trl in ${py} (bash scripts/setup-venv.sh installs it)`;
   return undefined;
 }
 
@@ -152,6 +205,8 @@ function grpoTable(g: Awaited<ReturnType<typeof grpoRows>>): string {
     `| GRPO step (${s.rows} rollouts of a ${s.prompt_tokens}-token prompt x ${s.completion_tokens.join('/')} new tokens, one update, checkpointing on) | step s | generation s | update s | peak RSS (above the loaded model) |`,
     '|---|---|---|---|---|',
     row('slm-train', s),
-    g.trl ? row(`TRL ${g.trl.trl} GRPOTrainer, PyTorch ${g.trl.torch} (slm-train ${g.slm_train_speedup}x as fast)`, g.trl) : `| TRL GRPOTrainer: left out (${g.trl_missing}) | | | | |`,
+    g.trl
+      ? row(`TRL ${g.trl.trl} GRPOTrainer, PyTorch ${g.trl.torch} (slm-train ${g.slm_train_speedup}x as fast)`, g.trl)
+      : `| TRL GRPOTrainer: left out (${g.trl_missing}) | | | | |`,
   ].join('\n');
 }

@@ -60,16 +60,37 @@ def reward(completions, **_):
 
 args = GRPOConfig(
     output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"trl-grpo-{os.getpid()}"),
-    use_cpu=True, bf16=False, fp16=False, report_to="none", disable_tqdm=True, logging_steps=1,
-    save_strategy="no", max_steps=reps + 1, seed=0, dataloader_num_workers=0,
-    per_device_train_batch_size=K, num_generations=K, gradient_accumulation_steps=1, num_iterations=1,
-    max_completion_length=C, generation_kwargs={"min_new_tokens": C}, temperature=1.0, top_p=1.0,
-    learning_rate=1e-5, max_grad_norm=1.0, beta=0.0, use_vllm=False,
-    gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False},
+    use_cpu=True,
+    bf16=False,
+    fp16=False,
+    report_to="none",
+    disable_tqdm=True,
+    logging_steps=1,
+    save_strategy="no",
+    max_steps=reps + 1,
+    seed=0,
+    dataloader_num_workers=0,
+    per_device_train_batch_size=K,
+    num_generations=K,
+    gradient_accumulation_steps=1,
+    num_iterations=1,
+    max_completion_length=C,
+    generation_kwargs={"min_new_tokens": C},
+    temperature=1.0,
+    top_p=1.0,
+    learning_rate=1e-5,
+    max_grad_norm=1.0,
+    beta=0.0,
+    use_vllm=False,
+    gradient_checkpointing=True,
+    gradient_checkpointing_kwargs={"use_reentrant": False},
 )
 targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 trainer = GRPOTrainer(
-    model=model, reward_funcs=reward, args=args, processing_class=tokenizer,
+    model=model,
+    reward_funcs=reward,
+    args=args,
+    processing_class=tokenizer,
     train_dataset=Dataset.from_dict({"prompt": [prompt] * (K * (reps + 2))}),
     peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"),
 )
@@ -82,6 +103,7 @@ def timed(fn, sink):
         out = fn(*a, **kw)
         sink.append(time.perf_counter() - t0)
         return out
+
     return run
 
 
@@ -101,10 +123,22 @@ trainer.add_callback(Clock())
 trainer.train()
 logs = [h for h in trainer.state.log_history if "loss" in h]
 med = lambda xs: sorted(xs[1:])[len(xs[1:]) // 2] if len(xs) > 1 else xs[0]  # noqa: E731 (the first step warms up)
-print(json.dumps({
-    "step_s": med(step_times), "generate_s": med(gen_times), "score_s": med([s - g for s, g in zip(score_times, gen_times)]),  # reward + log-prob passes, inside update_s
-    "update_s": med([t - g for t, g in zip(step_times, gen_times)]), "steps": len(step_times),
-    "completion_tokens": sorted(set(lengths)), "rows": K, "prompt_tokens": P,
-    "peak_MiB": mib("VmHWM"), "loaded_MiB": loaded, "trl": trl.__version__, "torch": torch.__version__,
-    "loss": logs[-1]["loss"] if logs else None,
-}))
+print(
+    json.dumps(
+        {
+            "step_s": med(step_times),
+            "generate_s": med(gen_times),
+            "score_s": med([s - g for s, g in zip(score_times, gen_times)]),  # reward + log-prob passes, inside update_s
+            "update_s": med([t - g for t, g in zip(step_times, gen_times)]),
+            "steps": len(step_times),
+            "completion_tokens": sorted(set(lengths)),
+            "rows": K,
+            "prompt_tokens": P,
+            "peak_MiB": mib("VmHWM"),
+            "loaded_MiB": loaded,
+            "trl": trl.__version__,
+            "torch": torch.__version__,
+            "loss": logs[-1]["loss"] if logs else None,
+        }
+    )
+)

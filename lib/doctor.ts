@@ -27,7 +27,14 @@ export interface DoctorReport {
 function loadedBlas(): string {
   try {
     const maps = readFileSync('/proc/self/maps', 'utf8');
-    const libs = [...new Set(maps.split('\n').map((l) => l.split(/\s+/)[5] ?? '').filter((p) => /lib(open)?blas|libmkl|blis/.test(p)))];
+    const libs = [
+      ...new Set(
+        maps
+          .split('\n')
+          .map((l) => l.split(/\s+/)[5] ?? '')
+          .filter((p) => /lib(open)?blas|libmkl|blis/.test(p)),
+      ),
+    ];
     if (libs.some((l) => /openblas/.test(l))) return `OpenBLAS (${libs.find((l) => /openblas/.test(l))})`;
     if (libs.some((l) => /mkl/.test(l))) return 'MKL';
     if (libs.some((l) => /blis/.test(l))) return 'BLIS';
@@ -41,7 +48,10 @@ function loadedBlas(): string {
 export function findPython(): { executable: string; version: string } | { error: string } {
   for (const cand of ['python3', '/usr/bin/python3']) {
     try {
-      const out = execFileSync(cand, ['-c', 'import sys; print(sys.executable); print(sys.version.split()[0])'], { encoding: 'utf8', timeout: 10000 });
+      const out = execFileSync(cand, ['-c', 'import sys; print(sys.executable); print(sys.version.split()[0])'], {
+        encoding: 'utf8',
+        timeout: 10000,
+      });
       const [executable, version] = out.trim().split('\n');
       return { executable, version };
     } catch {
@@ -77,21 +87,34 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
     const a = native();
     const v = a.version();
     const cap = /CPU capability usage: (\S+)/.exec(v.config)?.[1];
-    report.libtorch = { version: v.torch, cuda: v.cuda, parallel: /ATen parallel backend: (\S+)/.exec(v.parallel)?.[1] ?? 'unknown', cpuCapability: cap, malloc: v.malloc };
+    report.libtorch = {
+      version: v.torch,
+      cuda: v.cuda,
+      parallel: /ATen parallel backend: (\S+)/.exec(v.parallel)?.[1] ?? 'unknown',
+      cpuCapability: cap,
+      malloc: v.malloc,
+    };
     report.kernels = { isa: v.cpuIsa, detected: v.cpuIsaDetected, linear: v.smallLinear, attention: v.attentionKernel };
     const seconds = opts.seconds ?? 0.4;
     const f32 = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds });
     const bf16 = await a.measure({ kind: 'matmul', n: 1024, dtype: 'bfloat16', seconds });
     const copy = await a.measure({ kind: 'copy', n: 256 << 20, seconds });
     const library = loadedBlas();
-    report.blas = { library, openblasCoretype: process.env.OPENBLAS_CORETYPE, matmulF32Gflops: +f32.toFixed(1), matmulBf16Gflops: +bf16.toFixed(1), copyGBps: +copy.toFixed(1) };
+    report.blas = {
+      library,
+      openblasCoretype: process.env.OPENBLAS_CORETYPE,
+      matmulF32Gflops: +f32.toFixed(1),
+      matmulBf16Gflops: +bf16.toFixed(1),
+      copyGBps: +copy.toFixed(1),
+    };
     report.threads = { engine: v.threads, cores: availableParallelism() };
     const perCore = f32 / v.threads;
     const advice = blasAdvice({ library, perThreadGflops: perCore, loadAverage: loadavg()[0], cores: availableParallelism() });
     if (advice) warnings.push(advice);
     const bfAdvice = bf16Advice({ cuda: v.cuda, f32Gflops: f32, bf16Gflops: bf16 });
     if (bfAdvice) warnings.push(bfAdvice);
-    if (v.threads < availableParallelism()) warnings.push(`the engine uses ${v.threads} of ${availableParallelism()} cores: set SLM_TRAIN_THREADS or --threads.`);
+    if (v.threads < availableParallelism())
+      warnings.push(`the engine uses ${v.threads} of ${availableParallelism()} cores: set SLM_TRAIN_THREADS or --threads.`);
   }
   report.python = findPython();
   if ('error' in report.python) warnings.push(report.python.error);
@@ -99,7 +122,11 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
     const iso = await detectIsolation();
     report.sandbox = iso;
     if (!iso.network || !iso.readonlyFs || !iso.hostFilesHidden) {
-      const gaps = [!iso.network && 'programs can reach the network', !iso.readonlyFs && 'programs can write outside their folder', !iso.hostFilesHidden && `a program can read ${iso.readable}`].filter(Boolean);
+      const gaps = [
+        !iso.network && 'programs can reach the network',
+        !iso.readonlyFs && 'programs can write outside their folder',
+        !iso.hostFilesHidden && `a program can read ${iso.readable}`,
+      ].filter(Boolean);
       warnings.push(
         `the Python sandbox runs at isolation level ${iso.level}: ${gaps.join('; ')}. In RL a policy that can read the questions file learns to read its answer key. ` +
           'Install bubblewrap (apt-get install bubblewrap) for full isolation, or use --sandbox quickjs; sandbox.require_isolation: bwrap makes a run refuse to start without it.',
@@ -121,12 +148,18 @@ export function blasAdvice(opts: { library: string; perThreadGflops: number; loa
   const rate = `float32 matmul runs at ${opts.perThreadGflops.toFixed(0)} GFLOP/s per thread`;
   const busy = opts.loadAverage > 0.75 * opts.cores;
   const busyNote = `the 1-minute load average is ${opts.loadAverage.toFixed(1)} on ${opts.cores} cores, so other processes share the CPU and this figure is low; run \`slm-train doctor\` again on an idle machine`;
-  if (/reference BLAS/.test(opts.library)) return `${rate} with the reference BLAS (${opts.library}), ~40x slower than OpenBLAS. Install it: apt-get install libopenblas0-openmp.`;
+  if (/reference BLAS/.test(opts.library))
+    return `${rate} with the reference BLAS (${opts.library}), ~40x slower than OpenBLAS. Install it: apt-get install libopenblas0-openmp.`;
   if (/OpenBLAS/.test(opts.library)) {
     if (opts.perThreadGflops >= 40) return null;
-    return busy ? `${rate}: ${busyNote}.` : `${rate}: OpenBLAS may misdetect this CPU; try OPENBLAS_CORETYPE=SKYLAKEX (AVX-512) or HASWELL (AVX2).`;
+    return busy
+      ? `${rate}: ${busyNote}.`
+      : `${rate}: OpenBLAS may misdetect this CPU; try OPENBLAS_CORETYPE=SKYLAKEX (AVX-512) or HASWELL (AVX2).`;
   }
-  if (opts.perThreadGflops < 15) return busy ? `${rate}: ${busyNote}.` : `${rate} (${opts.library}): that is reference-BLAS speed. Install OpenBLAS: apt-get install libopenblas0-openmp.`;
+  if (opts.perThreadGflops < 15)
+    return busy
+      ? `${rate}: ${busyNote}.`
+      : `${rate} (${opts.library}): that is reference-BLAS speed. Install OpenBLAS: apt-get install libopenblas0-openmp.`;
   return null;
 }
 
@@ -134,7 +167,11 @@ export function formatDoctor(report: DoctorReport): string {
   const lines: string[] = [];
   const row = (k: string, v: string) => lines.push(`${k.padEnd(16)} ${v}`);
   row('native addon', 'error' in report.binding ? `MISSING\n${report.binding.error}` : `${report.binding.path} (${report.binding.kind})`);
-  if (report.libtorch) row('libtorch', `${report.libtorch.version}, ${report.libtorch.cuda ? 'CUDA available' : 'CPU only (no CUDA)'}, ${report.libtorch.parallel}, kernels ${report.libtorch.cpuCapability ?? '?'}, malloc ${report.libtorch.malloc ?? '?'}`);
+  if (report.libtorch)
+    row(
+      'libtorch',
+      `${report.libtorch.version}, ${report.libtorch.cuda ? 'CUDA available' : 'CPU only (no CUDA)'}, ${report.libtorch.parallel}, kernels ${report.libtorch.cpuCapability ?? '?'}, malloc ${report.libtorch.malloc ?? '?'}`,
+    );
   if (report.kernels)
     row(
       'CPU kernels',
@@ -142,12 +179,16 @@ export function formatDoctor(report: DoctorReport): string {
     );
   if (report.blas) {
     row('BLAS', `${report.blas.library}${report.blas.openblasCoretype ? `, OPENBLAS_CORETYPE=${report.blas.openblasCoretype}` : ''}`);
-    row('matmul', `float32 ${report.blas.matmulF32Gflops} GFLOP/s, bfloat16 ${report.blas.matmulBf16Gflops} GFLOP/s (1024x1024, measured now)`);
+    row(
+      'matmul',
+      `float32 ${report.blas.matmulF32Gflops} GFLOP/s, bfloat16 ${report.blas.matmulBf16Gflops} GFLOP/s (1024x1024, measured now)`,
+    );
     row('memory copy', `${report.blas.copyGBps} GB/s (read + write, measured now)`);
   }
   if (report.threads) row('threads', `${report.threads.engine} engine threads on ${report.threads.cores} cores`);
   row('memory', `${report.memoryGiB} GiB`);
-  if (report.python) row('python3', 'error' in report.python ? report.python.error : `${report.python.executable} (${report.python.version})`);
+  if (report.python)
+    row('python3', 'error' in report.python ? report.python.error : `${report.python.executable} (${report.python.version})`);
   if (report.sandbox)
     row(
       'sandbox',

@@ -41,13 +41,20 @@ export type CustomRewardFn = (ctx: CustomRewardContext) => CustomRewardValue | P
 export type CustomTool = (...args: any[]) => unknown;
 export type CustomTools = Record<string, CustomTool>;
 
-async function importModule(file: string, code: 'REWARD_MODULE_INVALID' | 'TOOLS_MODULE_INVALID', key: string): Promise<Record<string, unknown>> {
+async function importModule(
+  file: string,
+  code: 'REWARD_MODULE_INVALID' | 'TOOLS_MODULE_INVALID',
+  key: string,
+): Promise<Record<string, unknown>> {
   const abs = resolve(file);
-  if (!existsSync(abs)) throw new SlmError(code, `${key}: ${abs} does not exist. Expected a JavaScript module (.js or .mjs).`, { path: key });
+  if (!existsSync(abs))
+    throw new SlmError(code, `${key}: ${abs} does not exist. Expected a JavaScript module (.js or .mjs).`, { path: key });
   try {
     return (await import(pathToFileURL(abs).href)) as Record<string, unknown>;
   } catch (e) {
-    const ts = /\.[mc]?ts$/.test(abs) ? ' (a .ts module needs a Node that strips types: 22.6+ with --experimental-strip-types, or 23.6+; else compile it to .js)' : '';
+    const ts = /\.[mc]?ts$/.test(abs)
+      ? ' (a .ts module needs a Node that strips types: 22.6+ with --experimental-strip-types, or 23.6+; else compile it to .js)'
+      : '';
     throw new SlmError(code, `${key}: ${abs} could not be imported${ts}: ${(e as Error)?.message ?? String(e)}`, { path: key });
   }
 }
@@ -57,12 +64,16 @@ async function importModule(file: string, code: 'REWARD_MODULE_INVALID' | 'TOOLS
  * a finite number (or `{ score }` with one) throws REWARD_MODULE_INVALID naming `file` and the question.
  */
 export function customReward(fn: CustomRewardFn, name = 'module', file = '<function>'): RewardFn {
-  if (typeof fn !== 'function') throw new SlmError('REWARD_MODULE_INVALID', `${file}: expected a reward function, but found ${describe(fn)}.`);
+  if (typeof fn !== 'function')
+    throw new SlmError('REWARD_MODULE_INVALID', `${file}: expected a reward function, but found ${describe(fn)}.`);
   return async (ctx: CustomRewardContext): Promise<RewardParts> => {
     const v = await fn(ctx);
     const q = `question ${ctx.id !== undefined ? JSON.stringify(ctx.id) : JSON.stringify(ctx.question.slice(0, 80))}`;
     const bad = (what: string) =>
-      new SlmError('REWARD_MODULE_INVALID', `${file}: the reward function returned ${what} for ${q}; expected a finite number or { score: number, parts?: { name: number }, correct?: boolean }.`);
+      new SlmError(
+        'REWARD_MODULE_INVALID',
+        `${file}: the reward function returned ${what} for ${q}; expected a finite number or { score: number, parts?: { name: number }, correct?: boolean }.`,
+      );
     if (typeof v === 'number') {
       if (!Number.isFinite(v)) throw bad(String(v));
       return { parts: { [name]: v } };
@@ -83,23 +94,41 @@ export async function loadRewardModule(file: string, key = 'reward.module'): Pro
   const m = await importModule(file, 'REWARD_MODULE_INVALID', key);
   const fn = typeof m.reward === 'function' ? m.reward : m.default;
   if (typeof fn !== 'function')
-    throw new SlmError('REWARD_MODULE_INVALID', `${key}: ${resolve(file)} exports no reward function; expected \`export function reward(ctx) { return 1 }\` or a default export, found exports ${Object.keys(m).join(', ') || 'none'}.`, { path: key });
+    throw new SlmError(
+      'REWARD_MODULE_INVALID',
+      `${key}: ${resolve(file)} exports no reward function; expected \`export function reward(ctx) { return 1 }\` or a default export, found exports ${Object.keys(m).join(', ') || 'none'}.`,
+      { path: key },
+    );
   return fn as CustomRewardFn;
 }
 
 /** Checks a tools object: identifiers mapping to functions, not named like a built-in. */
 export function checkTools(tools: unknown, file = '<tools>', key = 'sandbox.tools_module'): CustomTools {
   if (!tools || typeof tools !== 'object' || Array.isArray(tools))
-    throw new SlmError('TOOLS_MODULE_INVALID', `${key}: ${file} must export \`tools\` (or a default export): an object of name -> function, but found ${describe(tools)}.`, { path: key });
+    throw new SlmError(
+      'TOOLS_MODULE_INVALID',
+      `${key}: ${file} must export \`tools\` (or a default export): an object of name -> function, but found ${describe(tools)}.`,
+      { path: key },
+    );
   const reserved = new Set<string>([...TOOL_NAMES, 'final_answer', 'exit', 'quit', 'print', 'console']);
   const out: CustomTools = {};
   for (const [name, fn] of Object.entries(tools as Record<string, unknown>)) {
-    if (!IDENTIFIER.test(name)) throw new SlmError('TOOLS_MODULE_INVALID', `${key}: ${file}: tool name ${JSON.stringify(name)} is not an identifier (letters, digits, _).`, { path: key });
-    if (reserved.has(name)) throw new SlmError('TOOLS_MODULE_INVALID', `${key}: ${file}: tool name "${name}" is taken by a built-in; choose another name.`, { path: key });
-    if (typeof fn !== 'function') throw new SlmError('TOOLS_MODULE_INVALID', `${key}: ${file}: tool "${name}" is ${describe(fn)}; expected a function.`, { path: key });
+    if (!IDENTIFIER.test(name))
+      throw new SlmError(
+        'TOOLS_MODULE_INVALID',
+        `${key}: ${file}: tool name ${JSON.stringify(name)} is not an identifier (letters, digits, _).`,
+        { path: key },
+      );
+    if (reserved.has(name))
+      throw new SlmError('TOOLS_MODULE_INVALID', `${key}: ${file}: tool name "${name}" is taken by a built-in; choose another name.`, {
+        path: key,
+      });
+    if (typeof fn !== 'function')
+      throw new SlmError('TOOLS_MODULE_INVALID', `${key}: ${file}: tool "${name}" is ${describe(fn)}; expected a function.`, { path: key });
     out[name] = fn as CustomTool;
   }
-  if (!Object.keys(out).length) throw new SlmError('TOOLS_MODULE_INVALID', `${key}: ${file} exports no tools (an empty object).`, { path: key });
+  if (!Object.keys(out).length)
+    throw new SlmError('TOOLS_MODULE_INVALID', `${key}: ${file} exports no tools (an empty object).`, { path: key });
   return out;
 }
 

@@ -23,7 +23,14 @@ export type * from './config/types.js';
 
 // Model, tokenizer, chat template, generation
 export { Model, type LoadModelOptions, type ComputeDtype } from './engine/model.js';
-export type { GenerateRequest, GenerateResult, TextGenerator, StreamGenerateRequest, StreamGenerateResult, TokenEvent } from './engine/types.js';
+export type {
+  GenerateRequest,
+  GenerateResult,
+  TextGenerator,
+  StreamGenerateRequest,
+  StreamGenerateResult,
+  TokenEvent,
+} from './engine/types.js';
 export { setThreads } from './engine/runtime.js';
 export type { ProgressTo } from './util/progress.js';
 export { loadTokenizer, qwen3Tokenizer, HfTokenizer, type Tokenizer } from './model/tokenizer.js';
@@ -34,18 +41,65 @@ export { initModel, PRESETS, type InitOptions, type Preset } from './model/init.
 export type { LoraSpec } from './engine/adapter.js';
 
 // Episodes: protocols and the runner
-export { EpisodeRunner, type Episode, type EpisodeRequest, type EpisodeRunnerOptions, type EpisodeFinish, type BatchResult, type TurnRecord, type RunnerTokenizer, type PromptFormatter } from './episodes/runner.js';
-export { tagsProtocol, codeProtocol, type EpisodeProtocol, type TagsProtocolOptions, type CodeProtocolOptions, type CodeExecutor, type EpisodeCall } from './episodes/protocol.js';
+export {
+  EpisodeRunner,
+  type Episode,
+  type EpisodeRequest,
+  type EpisodeRunnerOptions,
+  type EpisodeFinish,
+  type BatchResult,
+  type TurnRecord,
+  type RunnerTokenizer,
+  type PromptFormatter,
+} from './episodes/runner.js';
+export {
+  tagsProtocol,
+  codeProtocol,
+  type EpisodeProtocol,
+  type TagsProtocolOptions,
+  type CodeProtocolOptions,
+  type CodeExecutor,
+  type EpisodeCall,
+} from './episodes/protocol.js';
 export { directProtocol } from './episodes/direct.js';
 
 // Rewards
 export type { RewardContext, RewardEpisode, RewardFn, RewardParts } from './rewards/types.js';
-export { rewardFromConfig, composeRewards, type ComposedReward, type ComposedRewardFn, type RewardDeps, type RewardTerm, type ComposeSpec } from './rewards/combine.js';
+export {
+  rewardFromConfig,
+  composeRewards,
+  type ComposedReward,
+  type ComposedRewardFn,
+  type RewardDeps,
+  type RewardTerm,
+  type ComposeSpec,
+} from './rewards/combine.js';
 export { answerMetrics, exactMatch, subExactMatch, f1Score, rougeL, extractAnswer, type AnswerMetrics } from './rewards/metrics.js';
-export { customReward, loadRewardModule, loadToolsModule, checkTools, type CustomRewardContext, type CustomRewardFn, type CustomRewardValue, type CustomTool, type CustomTools } from './extensions.js';
+export {
+  customReward,
+  loadRewardModule,
+  loadToolsModule,
+  checkTools,
+  type CustomRewardContext,
+  type CustomRewardFn,
+  type CustomRewardValue,
+  type CustomTool,
+  type CustomTools,
+} from './extensions.js';
 
 // Sandboxes
-export { createSandbox, detectIsolation, type CreateSandboxOptions, type Sandbox, type SandboxResult, type SandboxKind, type RunOptions, type IsolationLevel, type IsolationReport, type ToolCall } from './sandbox/index.js';
+export {
+  createSandbox,
+  detectIsolation,
+  type CreateSandboxOptions,
+  type Sandbox,
+  type SandboxResult,
+  type SandboxKind,
+  type RunOptions,
+  type IsolationLevel,
+  type IsolationReport,
+  type ToolCall,
+} from './sandbox/index.js';
 
 // Search index
 export { SearchIndex, type IndexKind, type IndexParams, type Passage } from './retrieval/index.js';
@@ -54,7 +108,17 @@ export type { SearchTools, PageHit, SectionRef } from './retrieval/types.js';
 
 // From a config to a running stage: environment, episodes, training, evaluation
 export { loadQuestions, splitQuestions, type Question } from './train/data.js';
-export { loadAgent, openIndex, openEnvironment, episodeRunner, rewardDeps, type Agent, type Environment, type Extensions, type Log } from './train/environment.js';
+export {
+  loadAgent,
+  openIndex,
+  openEnvironment,
+  episodeRunner,
+  rewardDeps,
+  type Agent,
+  type Environment,
+  type Extensions,
+  type Log,
+} from './train/environment.js';
 export { trainFromConfig, type StageOptions, type StepMetrics } from './train/session.js';
 export { trainSteps } from './train/steps.js';
 export type { TrainResult } from './train/stages.js';

@@ -29,7 +29,7 @@ Napi::Object Losses(Napi::Env env);
 Napi::Value Linear(const Napi::CallbackInfo& info);
 Napi::Value Sample(const Napi::CallbackInfo& info);
 Napi::Value Attention(const Napi::CallbackInfo& info);
-}
+}  // namespace slm_addon
 
 namespace {
 
@@ -58,7 +58,8 @@ Napi::Value ExternalMemory(const Napi::CallbackInfo& info) {
 }
 
 // Turns the CPU kernels (small-row linear layers, core/cpu_gemm.h; the fused sampler,
-// core/sampler_cpu.h; attention, core/cpu_attention.h) off (false) or on (true): benchmarks measure both paths in one run, tests compare them.
+// core/sampler_cpu.h; attention, core/cpu_attention.h) off (false) or on (true): benchmarks measure both paths in one run, tests compare
+// them.
 Napi::Value SetCpuKernels(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   if (!info[0].IsBoolean()) slm_addon::throw_error(env, "ARGUMENT_INVALID", "setCpuKernels expects true or false.");

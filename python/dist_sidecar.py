@@ -47,7 +47,9 @@ def main():
     try:
         if a.backend == "nccl":
             if not (torch.cuda.is_available() and dist.is_nccl_available()):
-                raise RuntimeError(f"the nccl backend needs a CUDA build of torch with NCCL; {sys.executable} has torch {torch.__version__} (cuda available: {torch.cuda.is_available()}). Point distributed.python at a CUDA torch, or use gloo")
+                raise RuntimeError(
+                    f"the nccl backend needs a CUDA build of torch with NCCL; {sys.executable} has torch {torch.__version__} (cuda available: {torch.cuda.is_available()}). Point distributed.python at a CUDA torch, or use gloo"
+                )
             torch.cuda.set_device(device)
         t0 = time.time()
         dist.init_process_group(a.backend, init_method="env://", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=a.timeout))
@@ -57,7 +59,12 @@ def main():
         if int(probe.item()) != world:
             raise RuntimeError(f"probe all-reduce gave {probe.item()}, expected {world}")
     except Exception as e:  # noqa: BLE001
-        reply({"ok": False, "error": f"rank {rank}: joining the process group ({a.backend}, {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}, world {world}) failed: {e}"})
+        reply(
+            {
+                "ok": False,
+                "error": f"rank {rank}: joining the process group ({a.backend}, {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}, world {world}) failed: {e}",
+            }
+        )
         return 1
     reply({"ok": True, "ready": True, "rank": rank, "world": world, "backend": a.backend, "ms": (time.time() - t0) * 1e3})
 

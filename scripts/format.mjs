@@ -41,7 +41,9 @@ const tsjs = only ? tracked(['*.ts', '*.mjs', '*.js']) : null;
 if (check) run('biome', biome, ['ci', '--reporter=summary', '--colors=off', ...(tsjs ? [] : ['.'])], tsjs);
 else run('biome', biome, ['check', '--write', '--colors=off', ...(tsjs ? [] : ['.'])], tsjs);
 
-const native = tracked(['native/*.cc', 'native/*.h', 'native/*.inc']).filter((f) => f.endsWith('.cc') || f.endsWith('.h') || f.endsWith('.inc'));
+const native = tracked(['native/*.cc', 'native/*.h', 'native/*.inc']).filter(
+  (f) => f.endsWith('.cc') || f.endsWith('.h') || f.endsWith('.inc'),
+);
 run('clang-format', 'clang-format', check ? ['--dry-run', '--Werror'] : ['-i'], native);
 
 const python = tracked(['*.py']);
@@ -49,7 +51,9 @@ run('black', 'black', check ? ['--check', '--quiet'] : ['--quiet'], python);
 run('flake8', 'flake8', [], python);
 
 if (failures.length) {
-  process.stderr.write(`${failures.join('\n\n')}\n\n${check ? 'Run `node scripts/format.mjs` to format in place; lint errors need a hand (README "Formatting and linting").' : ''}\n`);
+  process.stderr.write(
+    `${failures.join('\n\n')}\n\n${check ? 'Run `node scripts/format.mjs` to format in place; lint errors need a hand (README "Formatting and linting").' : ''}\n`,
+  );
   process.exit(1);
 }
 if (check) process.stdout.write('formatted and lint-clean: Biome, clang-format, black, flake8\n');

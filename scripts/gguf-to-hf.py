@@ -67,13 +67,17 @@ def main() -> None:
     if model.generation_config is not None:
         model.generation_config.save_pretrained(a.out)
     tok.save_pretrained(a.out)
-    print(json.dumps({
-        "out": os.path.abspath(a.out),
-        "gguf": gguf,
-        "model_type": model.config.model_type,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "chat_template": bool(getattr(tok, "chat_template", None)),
-    }))
+    print(
+        json.dumps(
+            {
+                "out": os.path.abspath(a.out),
+                "gguf": gguf,
+                "model_type": model.config.model_type,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "chat_template": bool(getattr(tok, "chat_template", None)),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

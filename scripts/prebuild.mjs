@@ -28,7 +28,9 @@ let addon;
 try {
   addon = createRequire(import.meta.url)(built);
 } catch (e) {
-  console.error(`prebuild: ${built} exists but does not load (${String(e.message).split('\n')[0]}); rebuild it with \`npm run build:native\` (a "cannot open shared object file" means libtorch is not installed: apt-get install libtorch1.13).`);
+  console.error(
+    `prebuild: ${built} exists but does not load (${String(e.message).split('\n')[0]}); rebuild it with \`npm run build:native\` (a "cannot open shared object file" means libtorch is not installed: apt-get install libtorch1.13).`,
+  );
   process.exit(1);
 }
 const v = addon.version();
@@ -39,6 +41,17 @@ for (const f of readdirSync(dir)) if (f.startsWith('slm_train.')) rmSync(join(di
 copyFileSync(built, join(dir, `slm_train.${tag}.node`));
 writeFileSync(
   join(dir, `slm_train.${tag}.json`),
-  JSON.stringify({ torch: v.torch, device: v.cuda ? 'cuda' : 'cpu', napi: v.napi, platform: process.platform, arch: process.arch, built: new Date().toISOString() }, null, 2) + '\n',
+  JSON.stringify(
+    {
+      torch: v.torch,
+      device: v.cuda ? 'cuda' : 'cpu',
+      napi: v.napi,
+      platform: process.platform,
+      arch: process.arch,
+      built: new Date().toISOString(),
+    },
+    null,
+    2,
+  ) + '\n',
 );
 console.error(`prebuild: ${join(dir, `slm_train.${tag}.node`)}`);

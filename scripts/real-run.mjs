@@ -47,7 +47,15 @@ export const EXPERT_PROGRAM = [
 const STAGES = ['sft', 'grpo', 'rft'];
 
 function parseArgs(argv) {
-  const o = { out: join(root, 'runs', 'real-smollm2'), seed: 0, model: null, shared: process.env.SLM_SHARED_DIR ?? join(root, '..', 'shared'), rft: true, set: [], table: null };
+  const o = {
+    out: join(root, 'runs', 'real-smollm2'),
+    seed: 0,
+    model: null,
+    shared: process.env.SLM_SHARED_DIR ?? join(root, '..', 'shared'),
+    rft: true,
+    set: [],
+    table: null,
+  };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     const next = () => {
@@ -65,17 +73,25 @@ function parseArgs(argv) {
     if (o.table) break;
   }
   if (!Number.isInteger(o.seed) || o.seed < 0) fail(`--seed: expected a non-negative integer, found ${o.seed}`);
-  for (const s of o.set) if (!/^((sft|grpo|rft|eval):)?[\w.]+=/.test(s)) fail(`--set: expected [STAGE:]KEY=VALUE with STAGE sft, grpo, rft or eval, found ${JSON.stringify(s)}`);
+  for (const s of o.set)
+    if (!/^((sft|grpo|rft|eval):)?[\w.]+=/.test(s))
+      fail(`--set: expected [STAGE:]KEY=VALUE with STAGE sft, grpo, rft or eval, found ${JSON.stringify(s)}`);
   return o;
 }
 
 function fail(msg) {
-  process.stderr.write(`real-run: ${msg}\nusage: node scripts/real-run.mjs [--out DIR] [--seed N] [--model DIR] [--shared DIR] [--no-rft] [--set [STAGE:]KEY=VALUE ...] | --table DIR...\n`);
+  process.stderr.write(
+    `real-run: ${msg}\nusage: node scripts/real-run.mjs [--out DIR] [--seed N] [--model DIR] [--shared DIR] [--no-rft] [--set [STAGE:]KEY=VALUE ...] | --table DIR...\n`,
+  );
   process.exit(2);
 }
 
 const log = (line) => process.stderr.write(`[real-run] ${line}\n`);
-const jsonl = (f) => readFileSync(f, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+const jsonl = (f) =>
+  readFileSync(f, 'utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l));
 const writeJsonl = (f, rows) => writeFileSync(f, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
 const pct = (x) => (x === undefined || x === null ? '–' : (100 * x).toFixed(1));
 
@@ -84,7 +100,8 @@ function ensureModel() {
   const dir = join(process.env.SLM_TRAIN_CACHE ?? join(tmpdir(), 'slm-train-cache'), 'smollm2-135m-instruct-f32');
   if (existsSync(join(dir, 'model.safetensors'))) return dir;
   const python = process.env.SLM_TRAIN_HF_PYTHON ?? join(root, '.venv', 'bin', 'python');
-  if (!existsSync(python)) fail(`no converted model at ${dir} and no python to convert it (${python}): run bash scripts/setup-venv.sh, or pass --model DIR`);
+  if (!existsSync(python))
+    fail(`no converted model at ${dir} and no python to convert it (${python}): run bash scripts/setup-venv.sh, or pass --model DIR`);
   const part = `${dir}.part-${process.pid}`;
   rmSync(part, { recursive: true, force: true });
   mkdirSync(part, { recursive: true });
@@ -117,11 +134,27 @@ async function runExpert(lib, env, questions, maxTurns) {
       const turn1 = `<python>\n${EXPERT_PROGRAM}\n</python>`;
       const action = env.protocol.parse(turn1);
       if (action.kind !== 'code') throw new Error(`the expert program did not parse as code (${action.kind})`);
-      const reply = await env.protocol.respond(action, { turn: 1, maxTurns, finishReason: 'stop_string', maxNewTokens: 256, question: q.question });
+      const reply = await env.protocol.respond(action, {
+        turn: 1,
+        maxTurns,
+        finishReason: 'stop_string',
+        maxNewTokens: 256,
+        question: q.question,
+      });
       const printed = /<python_output>\n([\s\S]*?)\n<\/python_output>/.exec(reply.messages?.[0]?.content ?? '')?.[1] ?? '';
       const gold = q.golds[0];
       const hit = !reply.program?.error && q.golds.some((g) => lib.subExactMatch(printed, g) === 1);
-      return { question: q.question, answer: gold, hit, messages: [...messages, { role: 'assistant', content: turn1 }, ...(reply.messages ?? []), { role: 'assistant', content: `<answer>${gold}</answer>` }] };
+      return {
+        question: q.question,
+        answer: gold,
+        hit,
+        messages: [
+          ...messages,
+          { role: 'assistant', content: turn1 },
+          ...(reply.messages ?? []),
+          { role: 'assistant', content: `<answer>${gold}</answer>` },
+        ],
+      };
     }),
   );
 }
@@ -144,17 +177,33 @@ async function run(o) {
   writeJsonl(corpusFile, pages);
   log(`corpus: ${pages.length} pages from ${excerptsFile}`);
 
-  const common = [`model.path=${model}`, `data.questions=${questionsFile}`, `data.corpus=${corpusFile}`, `data.sft=${expertFile}`, `run.dir=${runs}`, `train.seed=${o.seed}`];
+  const common = [
+    `model.path=${model}`,
+    `data.questions=${questionsFile}`,
+    `data.corpus=${corpusFile}`,
+    `data.sft=${expertFile}`,
+    `run.dir=${runs}`,
+    `train.seed=${o.seed}`,
+  ];
   const sftAdapter = join(runs, 'sft', 'adapter');
-  const extra = (stage) => o.set.flatMap((s) => (/^(sft|grpo|rft|eval):/.test(s) ? (s.startsWith(`${stage}:`) ? [s.slice(stage.length + 1)] : []) : [s]));
+  const extra = (stage) =>
+    o.set.flatMap((s) => (/^(sft|grpo|rft|eval):/.test(s) ? (s.startsWith(`${stage}:`) ? [s.slice(stage.length + 1)] : []) : [s]));
   // run.name: the stage (the configs' own is their file name, as for every config in configs/).
-  const overrides = { sft: [...common, 'run.name=sft', ...extra('sft')], grpo: [...common, 'run.name=grpo', `model.adapter=${sftAdapter}`, ...extra('grpo')], rft: [...common, 'run.name=rft', `model.adapter=${sftAdapter}`, ...extra('rft')], eval: [...common, ...extra('eval')] };
+  const overrides = {
+    sft: [...common, 'run.name=sft', ...extra('sft')],
+    grpo: [...common, 'run.name=grpo', `model.adapter=${sftAdapter}`, ...extra('grpo')],
+    rft: [...common, 'run.name=rft', `model.adapter=${sftAdapter}`, ...extra('rft')],
+    eval: [...common, ...extra('eval')],
+  };
   const configFile = (stage) => join(root, 'configs', `real-smollm2-${stage}.yaml`);
-  const cfgs = Object.fromEntries([...STAGES.map((s) => [s, lib.loadConfig(configFile(s), overrides[s])]), ['eval', lib.loadConfig(configFile('grpo'), overrides.eval)]]);
+  const cfgs = Object.fromEntries([
+    ...STAGES.map((s) => [s, lib.loadConfig(configFile(s), overrides[s])]),
+    ['eval', lib.loadConfig(configFile('grpo'), overrides.eval)],
+  ]);
 
   // The expert over the training questions (SFT data) and the held-out ones (the program's ceiling).
   const { train, eval: held } = await questionSplits(cfgs.eval.data);
-  let t = performance.now();
+  const t = performance.now();
   const env = await lib.openEnvironment(cfgs.sft, log);
   let expert, ceiling;
   try {
@@ -162,13 +211,22 @@ async function run(o) {
     const tr = await runExpert(lib, env, train, maxTurns);
     const ev = await runExpert(lib, env, held, maxTurns);
     const kept = tr.filter((r) => r.hit);
-    writeJsonl(expertFile, kept.map((r) => ({ question: r.question, answer: r.answer, messages: r.messages })));
+    writeJsonl(
+      expertFile,
+      kept.map((r) => ({ question: r.question, answer: r.answer, messages: r.messages })),
+    );
     expert = { train_questions: train.length, kept: kept.length };
     // The evaluations ask the first eval.max_questions of the held-out questions.
     const asked = ev.slice(0, cfgs.eval.eval.max_questions ?? ev.length);
     const share = (rs) => rs.filter((r) => r.hit).length / Math.max(1, rs.length);
-    ceiling = { questions: asked.length, answer_in_output: share(asked), all_held_out: { questions: ev.length, answer_in_output: share(ev) } };
-    log(`expert: ${kept.length} of ${train.length} training questions kept (the gold answer is in the program's output); the program's output holds the answer for ${asked.filter((r) => r.hit).length} of the ${asked.length} held-out questions evaluated (${ev.filter((r) => r.hit).length} of all ${ev.length}) (${((performance.now() - t) / 1e3).toFixed(1)} s)`);
+    ceiling = {
+      questions: asked.length,
+      answer_in_output: share(asked),
+      all_held_out: { questions: ev.length, answer_in_output: share(ev) },
+    };
+    log(
+      `expert: ${kept.length} of ${train.length} training questions kept (the gold answer is in the program's output); the program's output holds the answer for ${asked.filter((r) => r.hit).length} of the ${asked.length} held-out questions evaluated (${ev.filter((r) => r.hit).length} of all ${ev.length}) (${((performance.now() - t) / 1e3).toFixed(1)} s)`,
+    );
   } finally {
     await env.close();
   }
@@ -180,7 +238,9 @@ async function run(o) {
     const r = await lib.evalFromConfig(cfgs.eval, { adapter, label: stage, log, progress });
     stages.push({ stage, what, train_s: trainS, sampled_episodes: sampled, summary: r.summary, eval_dir: r.dir });
     const s = r.summary;
-    log(`${stage}: EM ${pct(s.accuracy)} %, SubEM ${pct(s.subem)} %, F1 ${pct(s.f1)}, pass@${s.pass_k?.k ?? 0} ${pct(s.pass_k?.pass_at_k)} %, answered ${pct(s.answered)} % (eval ${s.time_s.toFixed(0)} s)`);
+    log(
+      `${stage}: EM ${pct(s.accuracy)} %, SubEM ${pct(s.subem)} %, F1 ${pct(s.f1)}, pass@${s.pass_k?.k ?? 0} ${pct(s.pass_k?.pass_at_k)} %, answered ${pct(s.answered)} % (eval ${s.time_s.toFixed(0)} s)`,
+    );
   };
   const trainStage = async (stage) => {
     const start = performance.now();
@@ -193,11 +253,23 @@ async function run(o) {
   await evaluate('sft', sft.r.adapter, sft.s, 0, `${c.sft.train.epochs} epochs over ${expert.kept} expert trajectories`);
   const grpo = await trainStage('grpo');
   const grpoEpisodes = (c.grpo.train.steps ?? 0) * c.grpo.rollout.batch_questions * c.grpo.rollout.k;
-  await evaluate('grpo', grpo.r.adapter, grpo.s, grpoEpisodes, `from SFT: ${c.grpo.train.steps} steps of ${c.grpo.rollout.batch_questions} questions x ${c.grpo.rollout.k} rollouts`);
+  await evaluate(
+    'grpo',
+    grpo.r.adapter,
+    grpo.s,
+    grpoEpisodes,
+    `from SFT: ${c.grpo.train.steps} steps of ${c.grpo.rollout.batch_questions} questions x ${c.grpo.rollout.k} rollouts`,
+  );
   if (o.rft) {
     const rft = await trainStage('rft');
     const per = c.rft.rft.questions_per_round ?? train.length;
-    await evaluate('rft', rft.r.adapter, rft.s, c.rft.rft.rounds * per * c.rft.rollout.k, `from SFT: ${c.rft.rft.rounds} round(s) of ${per} questions x ${c.rft.rollout.k} rollouts, fine-tuned on the correct ones`);
+    await evaluate(
+      'rft',
+      rft.r.adapter,
+      rft.s,
+      c.rft.rft.rounds * per * c.rft.rollout.k,
+      `from SFT: ${c.rft.rft.rounds} round(s) of ${per} questions x ${c.rft.rollout.k} rollouts, fine-tuned on the correct ones`,
+    );
   }
 
   const results = {
@@ -207,22 +279,47 @@ async function run(o) {
     wall_s: (performance.now() - t0) / 1e3,
     expert,
     ceiling,
-    stages: stages.map((s) => ({ stage: s.stage, what: s.what, train_s: s.train_s, sampled_episodes: s.sampled_episodes, eval_dir: s.eval_dir, ...pick(s.summary) })),
+    stages: stages.map((s) => ({
+      stage: s.stage,
+      what: s.what,
+      train_s: s.train_s,
+      sampled_episodes: s.sampled_episodes,
+      eval_dir: s.eval_dir,
+      ...pick(s.summary),
+    })),
   };
   writeFileSync(join(o.out, 'results.json'), JSON.stringify(results, null, 2) + '\n');
   const table = resultTable([results]);
-  writeFileSync(join(o.out, 'report.md'), `# SmolLM2-135M-Instruct on wiki-trivia (seed ${o.seed})\n\n${results.date}, ${results.wall_s.toFixed(0)} s in all\n\n${table}\n\nRun reports: ${runs}/*/report.html; evaluations: ${runs}/evals/*.\n`);
+  writeFileSync(
+    join(o.out, 'report.md'),
+    `# SmolLM2-135M-Instruct on wiki-trivia (seed ${o.seed})\n\n${results.date}, ${results.wall_s.toFixed(0)} s in all\n\n${table}\n\nRun reports: ${runs}/*/report.html; evaluations: ${runs}/evals/*.\n`,
+  );
   process.stdout.write(table + '\n');
   log(`done in ${results.wall_s.toFixed(0)} s: ${join(o.out, 'results.json')}, ${join(o.out, 'report.md')}`);
 }
 
-const pick = (s) => ({ questions: s.questions, em: s.accuracy, subem: s.subem, f1: s.f1, answered: s.answered, avg_turns: s.avg_turns, pass_k: s.pass_k ?? null, eval_s: s.time_s });
+const pick = (s) => ({
+  questions: s.questions,
+  em: s.accuracy,
+  subem: s.subem,
+  f1: s.f1,
+  answered: s.answered,
+  avg_turns: s.avg_turns,
+  pass_k: s.pass_k ?? null,
+  eval_s: s.time_s,
+});
 
 /** The table over one or more runs' results.json: each cell seed 0 / seed 1 / ... in the runs' order. */
 export function resultTable(runs) {
   const stages = runs[0].stages.map((s) => s.stage);
   const k = runs[0].stages[0].pass_k?.k ?? 0;
-  const cell = (st, f) => runs.map((r) => { const s = r.stages.find((x) => x.stage === st); return s ? f(s) : '–'; }).join(' / ');
+  const cell = (st, f) =>
+    runs
+      .map((r) => {
+        const s = r.stages.find((x) => x.stage === st);
+        return s ? f(s) : '–';
+      })
+      .join(' / ');
   return [
     `| stage | EM % | SubEM % | F1 % |${k ? ` pass@${k} (EM) % | sampled EM % |` : ''} answered % | sampled episodes | train s | what |`,
     `|---|---|---|---|${k ? '---|---|' : ''}---|---:|---|---|`,
@@ -238,7 +335,9 @@ if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.ur
   if (o.table) {
     if (!o.table.length) fail('--table needs run folders');
     const runs = o.table.map((d) => JSON.parse(readFileSync(join(d, 'results.json'), 'utf8')));
-    process.stdout.write(`Seeds ${runs.map((r) => r.seed).join(' / ')}; ${runs[0].stages[0].questions} held-out questions.\n\n${resultTable(runs)}\n`);
+    process.stdout.write(
+      `Seeds ${runs.map((r) => r.seed).join(' / ')}; ${runs[0].stages[0].questions} held-out questions.\n\n${resultTable(runs)}\n`,
+    );
   } else {
     run(o).catch((e) => {
       process.stderr.write(`real-run: ${e?.code ? `error ${e.code}: ` : ''}${e?.message ?? e}\n`);

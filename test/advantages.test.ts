@@ -1,7 +1,14 @@
 // Advantages (lib/train/rl/advantages.ts: group and token level; lib/train/rl/gae.ts: PPO) against numbers
 // computed by hand (worked out in the comments).
 import t, { type Test } from 'tap';
-import { episodeTokenAdvantages, turnCounts, groupAdvantage, groupAdvantageFn, grpoAdvantages, turnSpans } from '../lib/train/rl/advantages.js';
+import {
+  episodeTokenAdvantages,
+  turnCounts,
+  groupAdvantage,
+  groupAdvantageFn,
+  grpoAdvantages,
+  turnSpans,
+} from '../lib/train/rl/advantages.js';
 import { gae, klEstimate, maskedWhiten, ppoAdvantages, tokenRewards } from '../lib/train/rl/gae.js';
 
 const close = (t: Test, got: ArrayLike<number | null>, want: Array<number | null>, msg: string, tol = 1e-5) => {
@@ -71,7 +78,7 @@ t.test("fallbacks, the reference's rule: flat (std < 0.01) and mean < 0.1 skippe
   t.equal(groupAdvantage([0.2, 0.1, 0.15], { allFailed: 'skip' }, [false, false, false]).reason, 'all_failed');
   t.equal(groupAdvantage([0.2, 0.1, 0.15], { allFailed: 'skip' }, [false, true, false]).rule, 'normalized');
   const n = groupAdvantage([-1, 0], { eps: 0 });
-  close(t, n.advantages!, [-0.7071068, 0.7071068], 'all failed, normalized'); // sample std of [-1, 0] = 0.7071068
+  close(t, n.advantages!, [-Math.SQRT1_2, Math.SQRT1_2], 'all failed, normalized'); // sample std of [-1, 0] = 0.7071068
   // Flat and successful: r - 0.5.
   const c = groupAdvantage([1, 1, 1, 1]);
   t.equal(c.rule, 'centered');
@@ -92,7 +99,7 @@ t.test("fallbacks, the reference's rule: flat (std < 0.01) and mean < 0.1 skippe
 t.test('a batch of groups: per-episode scalars and which groups were skipped', async (t) => {
   // group 0 [1, 0]: sample std 0.7071068 -> +-0.7071068 (eps 0); group 1 all failed; group 2 all succeed.
   const b = grpoAdvantages([1, 0, 0, 0, 1, 1], 2, { eps: 0 });
-  close(t, b.advantages, [0.7071068, -0.7071068, null, null, 0.5, 0.5], 'batch');
+  close(t, b.advantages, [Math.SQRT1_2, -Math.SQRT1_2, null, null, 0.5, 0.5], 'batch');
   t.same(b.skipped, [{ group: 1, reason: 'all_failed' }]);
   t.same(
     b.groups.map((g) => [g.group, g.start, g.size, g.rule, g.successes]),
@@ -102,7 +109,9 @@ t.test('a batch of groups: per-episode scalars and which groups were skipped', a
       [2, 4, 2, 'centered', 2],
     ],
   );
-  t.same(grpoAdvantages([0.5, 0.5, 0.5, 0.5], 2, { allFailed: 'skip' }, [true, true, false, false]).skipped, [{ group: 1, reason: 'all_failed' }]);
+  t.same(grpoAdvantages([0.5, 0.5, 0.5, 0.5], 2, { allFailed: 'skip' }, [true, true, false, false]).skipped, [
+    { group: 1, reason: 'all_failed' },
+  ]);
   t.throws(() => grpoAdvantages([1, 0, 1], 2), { code: 'ARGUMENT_INVALID', message: /multiple of 2/ });
   t.throws(() => grpoAdvantages([1, 0], 0), { code: 'ARGUMENT_INVALID' });
   t.throws(() => grpoAdvantages([1, 0], 2, {}, [true]), { code: 'ARGUMENT_INVALID' });
@@ -136,11 +145,20 @@ t.test('a batch of groups with a per-group rule, partial correctness flags and e
     return r.length < 2 ? { advantages: null } : { advantages: r.map((x) => x * 10) };
   };
   // Groups of 3: [1, 2, 3] with member 1 excluded; [4, 5, 6] all excluded; [7, 8, 9] none.
-  const b = grpoAdvantages([1, 2, 3, 4, 5, 6, 7, 8, 9], 3, rule, [true, undefined, undefined, undefined, undefined, undefined, undefined, undefined, undefined], [false, true, false, true, true, true, false, false, false]);
+  const b = grpoAdvantages(
+    [1, 2, 3, 4, 5, 6, 7, 8, 9],
+    3,
+    rule,
+    [true, undefined, undefined, undefined, undefined, undefined, undefined, undefined, undefined],
+    [false, true, false, true, true, true, false, false, false],
+  );
   close(t, b.advantages, [10, null, 30, null, null, null, 70, 80, 90], 'advantages');
   // Group 0 has one flag (member 0): the other member counts as not successful. Group 2 has none: no flags.
   t.same(seen, [
-    [[1, 3], [true, false]],
+    [
+      [1, 3],
+      [true, false],
+    ],
     [[7, 8, 9], undefined],
   ]);
   t.same(b.skipped, [{ group: 1, reason: 'all_excluded' }]);
@@ -214,7 +232,10 @@ t.test('masked whitening over the batch (verl masked_whiten)', async (t) => {
   const w = maskedWhiten([a], [mask]);
   close(t, w[0], [0, 0, 0.2687418, 1.2610194, 0, -0.4754663, -1.0542949], 'whitened');
   // Across two episodes the statistics are pooled: splitting the same tokens gives the same numbers.
-  const w2 = maskedWhiten([Float32Array.from([0.46, 0.58]), Float32Array.from([0.37, 0.3, 5])], [Uint8Array.from([1, 1]), Uint8Array.from([1, 1, 0])]);
+  const w2 = maskedWhiten(
+    [Float32Array.from([0.46, 0.58]), Float32Array.from([0.37, 0.3, 5])],
+    [Uint8Array.from([1, 1]), Uint8Array.from([1, 1, 0])],
+  );
   close(t, [...w2[0], ...w2[1]], [0.2687418, 1.2610194, -0.4754663, -1.0542949, 0], 'pooled');
   close(t, maskedWhiten([a], [mask], { shiftMean: false })[0], [0, 0, 0.6962418, 1.6885194, 0, -0.0479663, -0.6267949], 'mean kept');
   close(t, maskedWhiten([Float32Array.from([3])], [Uint8Array.from([1])])[0], [3], 'one token: unchanged');
@@ -238,7 +259,11 @@ t.test('ppoAdvantages: token rewards -> GAE -> whitening', async (t) => {
 });
 
 t.test('per-turn advantages: turn discount and the reference per-turn mean', async (t) => {
-  t.same(turnSpans([0, 1, 1, 0, 0, 1, 0, 1, 1, 1]), [[1, 3], [5, 6], [7, 10]]);
+  t.same(turnSpans([0, 1, 1, 0, 0, 1, 0, 1, 1, 1]), [
+    [1, 3],
+    [5, 6],
+    [7, 10],
+  ]);
   t.same(turnSpans([0, 0]), []);
   // Episode A: turns of 2 and 3 tokens (n 5); episode B: one turn of 4 tokens (n 4). S = 2, P = 3.
   const a = Uint8Array.from([0, 1, 1, 0, 0, 1, 1, 1]);
@@ -258,7 +283,12 @@ t.test('per-turn advantages: turn discount and the reference per-turn mean', asy
   close(t, Array.from(turn[0]), [0, 10 / 3, 10 / 3, 0, 0, 20 / 9, 20 / 9, 20 / 9], 'episode A per turn');
   close(t, Array.from(turn[1]), [0, 0, -2 / 3, -2 / 3, -2 / 3, -2 / 3], 'episode B per turn');
   const w = (n: number) => 1 / (2 * n);
-  close(t, [turn[0][1] * w(5), turn[0][5] * w(5), turn[1][2] * w(4)], [2 / (3 * 2), 2 / (3 * 3), -1 / (3 * 4)], 'effective per-token weight = A / (P m)');
+  close(
+    t,
+    [turn[0][1] * w(5), turn[0][5] * w(5), turn[1][2] * w(4)],
+    [2 / (3 * 2), 2 / (3 * 3), -1 / (3 * 4)],
+    'effective per-token weight = A / (P m)',
+  );
   // Data-parallel ranks: A on one rank, B on another, each given the global counts (S 2, P 3 = the
   // sums of turnCounts over the ranks), give the whole batch's advantages.
   t.same(turnCounts([a]), { sequences: 1, pairs: 2 });

@@ -17,23 +17,36 @@ t.test('bench retrieval --quick --out: JSON with the serve-retriever load test b
   t.match(doc, { quick: true, machine: /cores/, seconds: { retrieval: Number, total: Number } });
   const s = doc.reports.retrieval.serve_retriever;
   t.ok(s.in_process_searches_per_s > 0, 'the limit, measured in the same run');
-  t.same(s.levels.map((l: { clients: number }) => l.clients), [1, 8, 64]);
+  t.same(
+    s.levels.map((l: { clients: number }) => l.clients),
+    [1, 8, 64],
+  );
   for (const l of s.levels) {
-    t.ok(l.requests_per_s > 0 && l.n > 0 && l.p99_ms >= l.p50_ms, `${l.clients} clients: ${l.requests_per_s} requests/s, p50 ${l.p50_ms} ms, p99 ${l.p99_ms} ms`);
+    t.ok(
+      l.requests_per_s > 0 && l.n > 0 && l.p99_ms >= l.p50_ms,
+      `${l.clients} clients: ${l.requests_per_s} requests/s, p50 ${l.p50_ms} ms, p99 ${l.p99_ms} ms`,
+    );
     t.equal(l.errors, 0);
   }
   const md = readFileSync(join(dir, 'bench.md'), 'utf8');
   t.match(md, /the benchmarks took retrieval [\d.]+ s; total [\d.]+ s/);
   t.match(md, /\| concurrent clients \| requests\/s \| p50 ms \| p99 ms \| errors \|/);
   t.equal(r.stdout.trim(), md.trim(), 'stdout is the table');
-  t.equal(readFileSync(readme, 'utf8'), `# x\n\nbefore\n\n<!-- bench -->\n${md.trim()}\n<!-- /bench -->\n\nafter\n`, '--readme replaced the block between the markers, nothing else');
+  t.equal(
+    readFileSync(readme, 'utf8'),
+    `# x\n\nbefore\n\n<!-- bench -->\n${md.trim()}\n<!-- /bench -->\n\nafter\n`,
+    '--readme replaced the block between the markers, nothing else',
+  );
 });
 
 t.test('bench --readme on a file without the markers fails at once with a code, before any benchmark', async (t) => {
   const dir = t.testdir({ 'README.md': '# no markers\n' });
   const r = await runCliAsync(['bench', 'rollout', '--quick', '--readme', join(dir, 'README.md')], { timeout: 60_000 });
   t.equal(r.code, 2);
-  t.match(r.stderr, /ARGUMENT_INVALID.*<!-- bench:[a-z0-9-]+ -->.*<!-- \/bench:[a-z0-9-]+ -->.*<!-- bench -->.*<!-- \/bench -->.*found no <!-- bench:[a-z0-9-]+ -->/);
+  t.match(
+    r.stderr,
+    /ARGUMENT_INVALID.*<!-- bench:[a-z0-9-]+ -->.*<!-- \/bench:[a-z0-9-]+ -->.*<!-- bench -->.*<!-- \/bench -->.*found no <!-- bench:[a-z0-9-]+ -->/,
+  );
   t.notMatch(r.stderr, /\[bench\]/, 'no benchmark ran');
   t.equal(readFileSync(join(dir, 'README.md'), 'utf8'), '# no markers\n', 'the file is untouched');
 });

@@ -24,7 +24,7 @@ t.test('greedy tokens of the eager baseline equal Model.generate greedy tokens',
   // Larger weights than HF's 0.02 make the tiny model's logits depend on attention and the MLP (with
   // 0.02 the residual stream is the last token's embedding and a wrong RoPE or mask goes unseen).
   initModel({ preset: 'tiny', out: dir, seed: 3, embedStd: 0.5, overrides: { initializer_range: 0.3 } });
-  const prompts = [0, 1, 2].map((b) => Array.from({ length: 12 }, (_, i) => ((b * 131 + i) * 7919) % 100000 + 100));
+  const prompts = [0, 1, 2].map((b) => Array.from({ length: 12 }, (_, i) => (((b * 131 + i) * 7919) % 100000) + 100));
   const steps = 5;
   const r = eager(['--model', dir, '--prompts', JSON.stringify(prompts), '--steps', String(steps), '--threads', '1', '--greedy']);
   t.equal(r.status, 0, r.stderr);
@@ -87,8 +87,12 @@ t.test('bench engine runs the baseline through runEagerDecode, or says why it sk
   const model = join(dir, 'tiny');
   initModel({ preset: 'tiny', out: model, seed: 0 });
   const o = { batch: 2, steps: 2, threads: 1, timeoutS: 300 };
-  t.same(runEagerDecode(model, { ...o, python: join(dir, 'no-python3') }), { skipped: `${join(dir, 'no-python3')} not found (apt-get install python3-torch)` });
-  t.same(runEagerDecode(model, { ...o, python: join(dir, 'no-torch') }), { skipped: `${join(dir, 'no-torch')} has no torch (apt-get install python3-torch)` });
+  t.same(runEagerDecode(model, { ...o, python: join(dir, 'no-python3') }), {
+    skipped: `${join(dir, 'no-python3')} not found (apt-get install python3-torch)`,
+  });
+  t.same(runEagerDecode(model, { ...o, python: join(dir, 'no-torch') }), {
+    skipped: `${join(dir, 'no-torch')} has no torch (apt-get install python3-torch)`,
+  });
   if (skip) return;
   const r = runEagerDecode(model, o);
   t.notOk('skipped' in r, JSON.stringify(r));
@@ -96,5 +100,7 @@ t.test('bench engine runs the baseline through runEagerDecode, or says why it sk
   const qwen2 = join(dir, 'qwen2');
   initModel({ preset: 'tiny', out: qwen2, seed: 0, modelType: 'qwen2' });
   const bad = runEagerDecode(qwen2, o);
-  t.match(bad, { skipped: /^eager PyTorch decode failed \(exit 2\): eager_decode: .*expected model_type qwen3 in config.json, found 'qwen2'/ });
+  t.match(bad, {
+    skipped: /^eager PyTorch decode failed \(exit 2\): eager_decode: .*expected model_type qwen3 in config.json, found 'qwen2'/,
+  });
 });

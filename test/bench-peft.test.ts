@@ -13,20 +13,33 @@ const py = peftPython();
 const missing = py ? '' : 'no python with torch 2, transformers and peft: run bash scripts/setup-venv.sh';
 if (missing && process.env.CI) t.fail(missing);
 
-t.test('bench/peft_step.py runs the LoRA step on the tiny preset, with and without checkpointing', { skip: missing || false, timeout: 300_000 }, async (t) => {
-  const dir = join(t.testdir(), 'tiny');
-  initModel({ preset: 'tiny', out: dir, seed: 1 });
-  const losses: number[] = [];
-  for (const ckpt of ['0', '1']) {
-    const r = spawnSync(py!, [join(repoRoot, 'bench', 'peft_step.py'), dir, ckpt, '64', '1', '1'], { encoding: 'utf8', timeout: 240_000 });
-    t.equal(r.status, 0, r.status === 0 ? 'the peer exits 0' : r.stderr.slice(-2000));
-    const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
-    t.match(out, { step_s: Number, peak_MiB: Number, loaded_MiB: Number, torch: /^2\./, loss: Number });
-    t.ok(out.step_s > 0 && out.peak_MiB >= out.loaded_MiB && Number.isFinite(out.loss), `checkpointing ${ckpt === '1' ? 'on' : 'off'}: step ${out.step_s.toFixed(3)} s, loss ${out.loss}`);
-    losses.push(out.loss);
-  }
-  // The loss is computed after one AdamW step at lr 1e-5 from a fresh adapter (B = 0): both runs
-  // start from the same weights and take the same step, so checkpointing must not change it.
-  t.ok(Math.abs(losses[0] - losses[1]) < 1e-4, `checkpointing changes nothing but memory (losses ${losses.join(' vs ')})`);
-  t.ok(losses[0] > 5 && losses[0] < 20, `a random model's loss over a 151,936-token vocabulary is near ln V = 11.9 (${losses[0].toFixed(3)})`);
-});
+t.test(
+  'bench/peft_step.py runs the LoRA step on the tiny preset, with and without checkpointing',
+  { skip: missing || false, timeout: 300_000 },
+  async (t) => {
+    const dir = join(t.testdir(), 'tiny');
+    initModel({ preset: 'tiny', out: dir, seed: 1 });
+    const losses: number[] = [];
+    for (const ckpt of ['0', '1']) {
+      const r = spawnSync(py!, [join(repoRoot, 'bench', 'peft_step.py'), dir, ckpt, '64', '1', '1'], {
+        encoding: 'utf8',
+        timeout: 240_000,
+      });
+      t.equal(r.status, 0, r.status === 0 ? 'the peer exits 0' : r.stderr.slice(-2000));
+      const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
+      t.match(out, { step_s: Number, peak_MiB: Number, loaded_MiB: Number, torch: /^2\./, loss: Number });
+      t.ok(
+        out.step_s > 0 && out.peak_MiB >= out.loaded_MiB && Number.isFinite(out.loss),
+        `checkpointing ${ckpt === '1' ? 'on' : 'off'}: step ${out.step_s.toFixed(3)} s, loss ${out.loss}`,
+      );
+      losses.push(out.loss);
+    }
+    // The loss is computed after one AdamW step at lr 1e-5 from a fresh adapter (B = 0): both runs
+    // start from the same weights and take the same step, so checkpointing must not change it.
+    t.ok(Math.abs(losses[0] - losses[1]) < 1e-4, `checkpointing changes nothing but memory (losses ${losses.join(' vs ')})`);
+    t.ok(
+      losses[0] > 5 && losses[0] < 20,
+      `a random model's loss over a 151,936-token vocabulary is near ln V = 11.9 (${losses[0].toFixed(3)})`,
+    );
+  },
+);

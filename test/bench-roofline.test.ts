@@ -15,7 +15,9 @@ t.test('causal attention FLOPs: QK^T and PV over the pairs a causal mask keeps, 
 });
 
 t.test('each part of a prefill at its binding limit', async (t) => {
-  const layerParams = 1e6, T = 100, lim = { f32: 100, copy: 10 }; // GFLOP/s, GB/s
+  const layerParams = 1e6,
+    T = 100,
+    lim = { f32: 100, copy: 10 }; // GFLOP/s, GB/s
   const r = prefillRoofline(cfg, layerParams, 4, T, lim);
   // Projections: 2e8 FLOPs at 100 GFLOP/s = 2 ms, weights 4 MB at 10 GB/s = 0.4 ms -> compute bound.
   t.ok(Math.abs(r.parts.projections - 2e-3) < 1e-12, `projections ${r.parts.projections}`);

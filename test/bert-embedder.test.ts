@@ -15,12 +15,44 @@ import { SearchIndex, embedderFor } from '../lib/retrieval/index.js';
 import { openIndex } from '../lib/train/environment.js';
 import { goldQuestions, recallOf } from '../bench/recall.js';
 
-const WORDS = ['the', 'town', 'river', 'copper', 'mine', 'fair', 'spring', 'paris', 'rome', 'capital', 'of', 'france', 'italy', 'what', 'is', 'a', '.', '?', '##s', 'berlin'];
+const WORDS = [
+  'the',
+  'town',
+  'river',
+  'copper',
+  'mine',
+  'fair',
+  'spring',
+  'paris',
+  'rome',
+  'capital',
+  'of',
+  'france',
+  'italy',
+  'what',
+  'is',
+  'a',
+  '.',
+  '?',
+  '##s',
+  'berlin',
+];
 const VOCAB = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', ...WORDS];
-const H = 16, I = 32, LAYERS = 2, POS = 32;
+const H = 16,
+  I = 32,
+  LAYERS = 2,
+  POS = 32;
 
 function tokenizerJson(): unknown {
-  const special = (id: number, content: string) => ({ id, special: true, content, single_word: false, lstrip: false, rstrip: false, normalized: false });
+  const special = (id: number, content: string) => ({
+    id,
+    special: true,
+    content,
+    single_word: false,
+    lstrip: false,
+    rstrip: false,
+    normalized: false,
+  });
   return {
     version: '1.0',
     truncation: null,
@@ -30,37 +62,105 @@ function tokenizerJson(): unknown {
     pre_tokenizer: { type: 'BertPreTokenizer' },
     post_processor: {
       type: 'TemplateProcessing',
-      single: [{ SpecialToken: { id: '[CLS]', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '[SEP]', type_id: 0 } }],
-      pair: [{ SpecialToken: { id: '[CLS]', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '[SEP]', type_id: 0 } }, { Sequence: { id: 'B', type_id: 1 } }, { SpecialToken: { id: '[SEP]', type_id: 1 } }],
+      single: [
+        { SpecialToken: { id: '[CLS]', type_id: 0 } },
+        { Sequence: { id: 'A', type_id: 0 } },
+        { SpecialToken: { id: '[SEP]', type_id: 0 } },
+      ],
+      pair: [
+        { SpecialToken: { id: '[CLS]', type_id: 0 } },
+        { Sequence: { id: 'A', type_id: 0 } },
+        { SpecialToken: { id: '[SEP]', type_id: 0 } },
+        { Sequence: { id: 'B', type_id: 1 } },
+        { SpecialToken: { id: '[SEP]', type_id: 1 } },
+      ],
       special_tokens: { '[CLS]': { id: '[CLS]', ids: [2], tokens: ['[CLS]'] }, '[SEP]': { id: '[SEP]', ids: [3], tokens: ['[SEP]'] } },
     },
     decoder: { type: 'WordPiece', prefix: '##', cleanup: true },
-    model: { type: 'WordPiece', unk_token: '[UNK]', continuing_subword_prefix: '##', max_input_chars_per_word: 100, vocab: Object.fromEntries(VOCAB.map((w, i) => [w, i])) },
+    model: {
+      type: 'WordPiece',
+      unk_token: '[UNK]',
+      continuing_subword_prefix: '##',
+      max_input_chars_per_word: 100,
+      vocab: Object.fromEntries(VOCAB.map((w, i) => [w, i])),
+    },
   };
 }
 
 /** A random BERT sentence-embedder folder (seeded); `opts` changes a file to break it. */
-function bertFolder(dir: string, opts: { pooling?: Record<string, boolean>; config?: Record<string, unknown>; maxSeq?: number; dropTensor?: string; noTokenizer?: boolean; prefix?: string } = {}): string {
+function bertFolder(
+  dir: string,
+  opts: {
+    pooling?: Record<string, boolean>;
+    config?: Record<string, unknown>;
+    maxSeq?: number;
+    dropTensor?: string;
+    noTokenizer?: boolean;
+    prefix?: string;
+  } = {},
+): string {
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(join(dir, '1_Pooling'), { recursive: true });
-  writeFileSync(join(dir, 'config.json'), JSON.stringify({ model_type: 'bert', hidden_size: H, num_hidden_layers: LAYERS, num_attention_heads: 2, intermediate_size: I, hidden_act: 'gelu', layer_norm_eps: 1e-12, max_position_embeddings: POS, type_vocab_size: 2, vocab_size: VOCAB.length, ...opts.config }));
+  writeFileSync(
+    join(dir, 'config.json'),
+    JSON.stringify({
+      model_type: 'bert',
+      hidden_size: H,
+      num_hidden_layers: LAYERS,
+      num_attention_heads: 2,
+      intermediate_size: I,
+      hidden_act: 'gelu',
+      layer_norm_eps: 1e-12,
+      max_position_embeddings: POS,
+      type_vocab_size: 2,
+      vocab_size: VOCAB.length,
+      ...opts.config,
+    }),
+  );
   writeFileSync(join(dir, 'sentence_bert_config.json'), JSON.stringify({ max_seq_length: opts.maxSeq ?? 24, do_lower_case: false }));
-  writeFileSync(join(dir, '1_Pooling', 'config.json'), JSON.stringify(opts.pooling ?? { word_embedding_dimension: H, pooling_mode_cls_token: false, pooling_mode_mean_tokens: true, pooling_mode_max_tokens: false }));
+  writeFileSync(
+    join(dir, '1_Pooling', 'config.json'),
+    JSON.stringify(
+      opts.pooling ?? {
+        word_embedding_dimension: H,
+        pooling_mode_cls_token: false,
+        pooling_mode_mean_tokens: true,
+        pooling_mode_max_tokens: false,
+      },
+    ),
+  );
   if (!opts.noTokenizer) writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(tokenizerJson()));
   let s = 12345;
   const rnd = () => ((s = (s * 1103515245 + 12345) % 2 ** 31) / 2 ** 31 - 0.5) * 0.6;
-  const shapes: Array<[string, number[]]> = [['embeddings.word_embeddings.weight', [VOCAB.length, H]], ['embeddings.position_embeddings.weight', [POS, H]], ['embeddings.token_type_embeddings.weight', [2, H]], ['embeddings.LayerNorm.weight', [H]], ['embeddings.LayerNorm.bias', [H]]];
+  const shapes: Array<[string, number[]]> = [
+    ['embeddings.word_embeddings.weight', [VOCAB.length, H]],
+    ['embeddings.position_embeddings.weight', [POS, H]],
+    ['embeddings.token_type_embeddings.weight', [2, H]],
+    ['embeddings.LayerNorm.weight', [H]],
+    ['embeddings.LayerNorm.bias', [H]],
+  ];
   for (let l = 0; l < LAYERS; l++) {
     const b = `encoder.layer.${l}.`;
-    for (const m of ['attention.self.query', 'attention.self.key', 'attention.self.value', 'attention.output.dense']) shapes.push([`${b}${m}.weight`, [H, H]], [`${b}${m}.bias`, [H]]);
-    shapes.push([`${b}intermediate.dense.weight`, [I, H]], [`${b}intermediate.dense.bias`, [I]], [`${b}output.dense.weight`, [H, I]], [`${b}output.dense.bias`, [H]]);
+    for (const m of ['attention.self.query', 'attention.self.key', 'attention.self.value', 'attention.output.dense'])
+      shapes.push([`${b}${m}.weight`, [H, H]], [`${b}${m}.bias`, [H]]);
+    shapes.push(
+      [`${b}intermediate.dense.weight`, [I, H]],
+      [`${b}intermediate.dense.bias`, [I]],
+      [`${b}output.dense.weight`, [H, I]],
+      [`${b}output.dense.bias`, [H]],
+    );
     for (const n of ['attention.output.LayerNorm', 'output.LayerNorm']) shapes.push([`${b}${n}.weight`, [H]], [`${b}${n}.bias`, [H]]);
   }
   const specs = shapes
     .filter(([n]) => n !== opts.dropTensor)
     .map(([name, shape]) => {
       const v = new Float32Array(shape.reduce((a, b) => a * b, 1)).map(() => (name.includes('LayerNorm.weight') ? 1 + rnd() * 0.2 : rnd()));
-      return { name: (opts.prefix ?? '') + name, dtype: 'F32' as const, shape, fill: (out: Uint8Array, e: number) => out.set(new Uint8Array(v.buffer, e * 4, out.length)) };
+      return {
+        name: (opts.prefix ?? '') + name,
+        dtype: 'F32' as const,
+        shape,
+        fill: (out: Uint8Array, e: number) => out.set(new Uint8Array(v.buffer, e * 4, out.length)),
+      };
     });
   writeSafetensors(join(dir, 'model.safetensors'), specs);
   return dir;
@@ -90,35 +190,60 @@ t.test('a BERT folder is an embedder: unit vectors, batch-independent, cut at ma
   for (const x of v) t.ok(Math.abs(Math.hypot(...x) - 1) < 1e-5, 'unit length');
   const small = BertEmbedder.load(dir, { batchTokens: 8 }); // one text per forward
   const w = await small.embed(texts, 'document');
-  v.forEach((x, i) => t.ok(x.every((y, k) => Math.abs(y - w[i][k]) < 1e-5), `text ${i}: the same vector alone as beside others`));
+  v.forEach((x, i) =>
+    t.ok(
+      x.every((y, k) => Math.abs(y - w[i][k]) < 1e-5),
+      `text ${i}: the same vector alone as beside others`,
+    ),
+  );
   t.notSame(Array.from(v[0]), Array.from(v[1]), 'different texts, different vectors');
 
-  const cls = BertEmbedder.load(bertFolder(join(root, 'bert-cls'), { pooling: { pooling_mode_cls_token: true, pooling_mode_mean_tokens: false } }));
+  const cls = BertEmbedder.load(
+    bertFolder(join(root, 'bert-cls'), { pooling: { pooling_mode_cls_token: true, pooling_mode_mean_tokens: false } }),
+  );
   t.equal(cls.config.pooling, 'cls');
   const [c0] = await cls.embed([texts[0]]);
-  t.ok(c0.some((y, k) => Math.abs(y - v[0][k]) > 1e-3), 'CLS pooling gives another vector than mean pooling');
+  t.ok(
+    c0.some((y, k) => Math.abs(y - v[0][k]) > 1e-3),
+    'CLS pooling gives another vector than mean pooling',
+  );
   const noPool = bertFolder(join(root, 'bert-nopool'));
   rmSync(join(noPool, '1_Pooling'), { recursive: true });
   t.equal(BertEmbedder.load(noPool).config.pooling, 'mean', "no 1_Pooling: mean, sentence-transformers' default");
   const prefixed = BertEmbedder.load(bertFolder(join(root, 'bert-prefixed'), { prefix: 'bert.' }));
   const [p0] = await prefixed.embed([texts[0]]);
-  t.ok(p0.every((y, k) => Math.abs(y - v[0][k]) < 1e-6), 'tensors named bert.* (a BertModel inside a task model) load the same');
+  t.ok(
+    p0.every((y, k) => Math.abs(y - v[0][k]) < 1e-6),
+    'tensors named bert.* (a BertModel inside a task model) load the same',
+  );
 });
 
 t.test('folders that are not a BERT sentence embedder get coded errors', async (t) => {
   const gpt2 = join(root, 'gpt2');
   mkdirSync(gpt2);
   writeFileSync(join(gpt2, 'config.json'), JSON.stringify({ model_type: 'gpt2' }));
-  await t.rejects(embedderFor(gpt2), { code: 'MODEL_TYPE_UNSUPPORTED', message: /model_type "gpt2" is neither a sentence-transformers BERT/ });
+  await t.rejects(embedderFor(gpt2), {
+    code: 'MODEL_TYPE_UNSUPPORTED',
+    message: /model_type "gpt2" is neither a sentence-transformers BERT/,
+  });
   await t.rejects(embedderFor(join(root, 'nothing')), { code: 'MODEL_NOT_FOUND', message: /all-MiniLM-L6-v2/ });
   const noWeights = bertFolder(join(root, 'no-weights'));
   rmSync(join(noWeights, 'model.safetensors'));
   await t.rejects(embedderFor(noWeights), { code: 'WEIGHTS_MISSING' });
-  await t.rejects(embedderFor(bertFolder(join(root, 'short'), { dropTensor: 'encoder.layer.1.output.dense.weight' })), { code: 'WEIGHTS_MISMATCH', message: /encoder\.layer\.1\.output\.dense\.weight of shape \[16, 32\].*found none/ });
+  await t.rejects(embedderFor(bertFolder(join(root, 'short'), { dropTensor: 'encoder.layer.1.output.dense.weight' })), {
+    code: 'WEIGHTS_MISMATCH',
+    message: /encoder\.layer\.1\.output\.dense\.weight of shape \[16, 32\].*found none/,
+  });
   await t.rejects(embedderFor(bertFolder(join(root, 'wide'), { config: { hidden_size: 32 } })), { code: 'WEIGHTS_MISMATCH' });
   await t.rejects(embedderFor(bertFolder(join(root, 'no-tok'), { noTokenizer: true })), { code: 'TOKENIZER_MISSING' });
-  await t.rejects(embedderFor(bertFolder(join(root, 'max-pool'), { pooling: { pooling_mode_max_tokens: true } })), { code: 'NOT_SUPPORTED', message: /max_tokens/ });
-  await t.rejects(embedderFor(bertFolder(join(root, 'relu'), { config: { hidden_act: 'relu' } })), { code: 'NOT_SUPPORTED', message: /hidden_act "relu"/ });
+  await t.rejects(embedderFor(bertFolder(join(root, 'max-pool'), { pooling: { pooling_mode_max_tokens: true } })), {
+    code: 'NOT_SUPPORTED',
+    message: /max_tokens/,
+  });
+  await t.rejects(embedderFor(bertFolder(join(root, 'relu'), { config: { hidden_act: 'relu' } })), {
+    code: 'NOT_SUPPORTED',
+    message: /hidden_act "relu"/,
+  });
 });
 
 t.test('retrieval.embedder (a BERT folder) and retrieval.text: titles reach the index; it saves and loads', async (t) => {
@@ -126,18 +251,29 @@ t.test('retrieval.embedder (a BERT folder) and retrieval.text: titles reach the 
   writeFileSync(corpus, pages.map((p) => JSON.stringify(p)).join('\n') + '\n');
   writeFileSync(join(root, 'q.jsonl'), JSON.stringify({ question: 'What is the capital of France?', answer: 'Paris' }) + '\n');
   const cfgFile = join(root, 'c.yaml');
-  writeFileSync(cfgFile, `stage: eval\nmodel: { path: m }\ndata: { questions: q.jsonl, corpus: corpus.jsonl, index: idx }\nretrieval: { kind: dense, embedder: bert, text: titles }\n`);
+  writeFileSync(
+    cfgFile,
+    `stage: eval\nmodel: { path: m }\ndata: { questions: q.jsonl, corpus: corpus.jsonl, index: idx }\nretrieval: { kind: dense, embedder: bert, text: titles }\n`,
+  );
   const cfg = loadConfig(cfgFile);
   const lines: string[] = [];
   const idx = await openIndex(cfg, (l) => lines.push(l));
-  t.equal(idx.embedder.name, `bert:${dir}`, 'the config\'s folder embeds');
+  t.equal(idx.embedder.name, `bert:${dir}`, "the config's folder embeds");
   t.equal(idx.params.text, 'titles');
-  t.same(idx.chunks.map((c) => c.text), ['Paris', 'Rome', 'The copper mine'], 'one unit per page: its title');
+  t.same(
+    idx.chunks.map((c) => c.text),
+    ['Paris', 'Rome', 'The copper mine'],
+    'one unit per page: its title',
+  );
   t.match(lines.join('\n'), /3 pages, 3 titles, dense, bert:/);
   const want = await idx.searchPages('the town', 3);
   const [q] = await idx.embedder.embed(['the town'], 'query');
   const [v] = await idx.embedder.embed(['The copper mine'], 'document');
-  t.equal(want.find((h) => h.page_id === 'copper')!.similarity, +q.reduce((a, x, i) => a + x * v[i], 0).toFixed(4), "a page's score is the cosine of the query and its title");
+  t.equal(
+    want.find((h) => h.page_id === 'copper')!.similarity,
+    +q.reduce((a, x, i) => a + x * v[i], 0).toFixed(4),
+    "a page's score is the cosine of the query and its title",
+  );
   const manifest = JSON.parse(readFileSync(join(root, 'idx', 'manifest.json'), 'utf8'));
   t.match(manifest, { embedder: { name: `bert:${dir}`, dim: H }, params: { text: 'titles' }, chunks: 3 });
   const back = await SearchIndex.load(join(root, 'idx'));
@@ -158,7 +294,10 @@ t.test('bench recall: gold pages are the pages holding the answer; recall@k coun
     { question: 'Capital of Italy?', answer: 'It' }, // "It" is no word of any page ("Italy" does not count)
     { question: 'What city is the capital?', answer: 'capital' },
   ]);
-  t.same(qs.map((q) => q.gold), [['paris'], ['copper'], ['paris', 'rome']]);
+  t.same(
+    qs.map((q) => q.gold),
+    [['paris'], ['copper'], ['paris', 'rome']],
+  );
   const idx = await SearchIndex.build(new Corpus(pages), { kind: 'bm25' });
   const got = await Promise.all(qs.map(async (q) => (await idx.searchPages(q.question, 10, 'bm25')).map((h) => h.page_id)));
   const want = (k: number) => +(qs.filter((q, i) => got[i].slice(0, k).some((id) => q.gold.includes(id))).length / qs.length).toFixed(4);

@@ -13,11 +13,19 @@ t.test('the loader prefers a prebuilt binary, then the local build', async (t) =
 });
 
 t.test('a matching prebuilt comes before the local build unless the local build is newer', async (t) => {
-  const root = t.testdir({ prebuilds: { [`${process.platform}-${process.arch}`]: { 'slm_train.torch-1.13.0.cpu.napi8.node': 'x', 'slm_train.torch-1.13.0.cuda.napi8.node': 'x' } }, build: { Release: {} } });
+  const root = t.testdir({
+    prebuilds: {
+      [`${process.platform}-${process.arch}`]: {
+        'slm_train.torch-1.13.0.cpu.napi8.node': 'x',
+        'slm_train.torch-1.13.0.cuda.napi8.node': 'x',
+      },
+    },
+    build: { Release: {} },
+  });
   let c = candidates(root).filter((x) => x.kind !== 'env');
   t.equal(c[0].kind, 'prebuilt');
   const gpu = existsSync('/dev/nvidia0') || existsSync('/dev/nvidiactl');
-  t.match(c[0].path, gpu ? /\.cuda\./ : /\.cpu\./, 'the build for this machine\'s device first');
+  t.match(c[0].path, gpu ? /\.cuda\./ : /\.cpu\./, "the build for this machine's device first");
   t.equal(c[c.length - 1].kind, 'local-build');
   const { utimesSync } = await import('node:fs');
   writeFileSync(join(root, 'build', 'Release', 'slm_train.node'), 'x');

@@ -49,7 +49,8 @@ function randomCorpus(seed: number, nDocs: number, vocab: number): { docs: strin
   for (let i = 0; i < nDocs; i++) {
     const x = r();
     if (x < 0.02) docs.push('');
-    else if (x < 0.1 && docs.length) docs.push(docs[Math.floor(r() * docs.length)]); // exact ties
+    else if (x < 0.1 && docs.length)
+      docs.push(docs[Math.floor(r() * docs.length)]); // exact ties
     else docs.push(Array.from({ length: 1 + Math.floor(r() * 40) }, word).join(r() < 0.5 ? ' ' : ', '));
   }
   const queries: string[] = [];
@@ -82,7 +83,8 @@ t.test('BM25 matches the textbook computation: order (ties: lower doc first) and
           continue;
         }
         for (let i = 0; i < got.length; i++) {
-          if (Math.abs(got[i].score - want[i].score) > 1e-9 * Math.abs(want[i].score)) t.fail(`seed ${seed}, ${JSON.stringify(q)}: doc ${got[i].doc} ${got[i].score} vs ${want[i].score}`);
+          if (Math.abs(got[i].score - want[i].score) > 1e-9 * Math.abs(want[i].score))
+            t.fail(`seed ${seed}, ${JSON.stringify(q)}: doc ${got[i].doc} ${got[i].score} vs ${want[i].score}`);
           if (i && want[i].score === want[i - 1].score) ties++;
         }
         compared += got.length;
@@ -113,7 +115,10 @@ t.test('queries do not leak into each other (the accumulator is cleared)', async
   const { docs, queries } = randomCorpus(5, 800, 400);
   const bm = new BM25(docs);
   const first = queries.map((q) => bm.search(q, 20));
-  const again = [...queries].reverse().map((q) => bm.search(q, 20)).reverse();
+  const again = [...queries]
+    .reverse()
+    .map((q) => bm.search(q, 20))
+    .reverse();
   t.same(again, first);
 });
 

@@ -160,7 +160,10 @@ const LLAMA32_TEMPLATE = String.raw`{{- bos_token }}
 {%- endif %}
 `;
 
-const TOOL = { type: 'function', function: { name: 'search', description: 'Search', parameters: { type: 'object', properties: { query: { type: 'string' } } } } };
+const TOOL = {
+  type: 'function',
+  function: { name: 'search', description: 'Search', parameters: { type: 'object', properties: { query: { type: 'string' } } } },
+};
 
 /** A tiny checkpoint of the architecture with the family's tokenizer_config.json (template, bos/eos). */
 function checkpoint(t: Test, modelType: string, tokenizerConfig: object): string {
@@ -179,7 +182,9 @@ t.test('Qwen2.5-Instruct template', async (t) => {
 
   t.equal(
     f.prompt([{ role: 'user', content: 'Who founded Ostrava?' }]),
-    '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' + '<|im_start|>user\nWho founded Ostrava?<|im_end|>\n' + '<|im_start|>assistant\n',
+    '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' +
+      '<|im_start|>user\nWho founded Ostrava?<|im_end|>\n' +
+      '<|im_start|>assistant\n',
     'no system message: the default Qwen system prompt',
   );
 
@@ -198,7 +203,13 @@ t.test('Qwen2.5-Instruct template', async (t) => {
   );
 
   t.equal(
-    f.render([{ role: 'user', content: 'Q' }, { role: 'assistant', content: '', tool_calls: [{ type: 'function', function: { name: 'search', arguments: { query: 'x' } } }] }] as ChatMessage[], { tools: [TOOL] }),
+    f.render(
+      [
+        { role: 'user', content: 'Q' },
+        { role: 'assistant', content: '', tool_calls: [{ type: 'function', function: { name: 'search', arguments: { query: 'x' } } }] },
+      ] as ChatMessage[],
+      { tools: [TOOL] },
+    ),
     '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' +
       'You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n' +
       '{"type": "function", "function": {"name": "search", "description": "Search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}\n' +
@@ -208,8 +219,14 @@ t.test('Qwen2.5-Instruct template', async (t) => {
   );
 
   // Search-R1 style: the retrieved passages come back as a user message appended to the generated tokens.
-  const history: ChatMessage[] = [{ role: 'user', content: 'Q' }, { role: 'assistant', content: '<search>x</search><|im_end|>' }];
-  t.equal(f.continuation(history, { role: 'user', content: '<information>P</information>' }), '\n<|im_start|>user\n<information>P</information><|im_end|>\n<|im_start|>assistant\n');
+  const history: ChatMessage[] = [
+    { role: 'user', content: 'Q' },
+    { role: 'assistant', content: '<search>x</search><|im_end|>' },
+  ];
+  t.equal(
+    f.continuation(history, { role: 'user', content: '<information>P</information>' }),
+    '\n<|im_start|>user\n<information>P</information><|im_end|>\n<|im_start|>assistant\n',
+  );
 });
 
 t.test('Llama-3.2-Instruct template', async (t) => {
@@ -225,28 +242,76 @@ t.test('Llama-3.2-Instruct template', async (t) => {
 
   t.equal(
     f.prompt([{ role: 'user', content: '  Who founded Ostrava?\n' }]),
-    '<|begin_of_text|>' + header('system') + 'Cutting Knowledge Date: December 2023\nToday Date: ' + today + '\n\n<|eot_id|>' + header('user') + 'Who founded Ostrava?<|eot_id|>' + header('assistant'),
+    '<|begin_of_text|>' +
+      header('system') +
+      'Cutting Knowledge Date: December 2023\nToday Date: ' +
+      today +
+      '\n\n<|eot_id|>' +
+      header('user') +
+      'Who founded Ostrava?<|eot_id|>' +
+      header('assistant'),
     'bos, the system header dated today with an empty system message, the trimmed user message',
   );
 
   t.equal(
-    f.prompt([{ role: 'system', content: 'Answer briefly.' }, { role: 'user', content: 'Q' }, { role: 'assistant', content: 'A' }, { role: 'user', content: 'Q2' }], { variables: { date_string: '23 Nov 2026' } }),
-    '<|begin_of_text|>' + header('system') + 'Cutting Knowledge Date: December 2023\nToday Date: 23 Nov 2026\n\nAnswer briefly.<|eot_id|>' +
-      header('user') + 'Q<|eot_id|>' + header('assistant') + 'A<|eot_id|>' + header('user') + 'Q2<|eot_id|>' + header('assistant'),
+    f.prompt(
+      [
+        { role: 'system', content: 'Answer briefly.' },
+        { role: 'user', content: 'Q' },
+        { role: 'assistant', content: 'A' },
+        { role: 'user', content: 'Q2' },
+      ],
+      { variables: { date_string: '23 Nov 2026' } },
+    ),
+    '<|begin_of_text|>' +
+      header('system') +
+      'Cutting Knowledge Date: December 2023\nToday Date: 23 Nov 2026\n\nAnswer briefly.<|eot_id|>' +
+      header('user') +
+      'Q<|eot_id|>' +
+      header('assistant') +
+      'A<|eot_id|>' +
+      header('user') +
+      'Q2<|eot_id|>' +
+      header('assistant'),
     'the system message inside the system header; date_string from the caller',
   );
 
   t.equal(
-    f.render([{ role: 'user', content: 'Q' }, { role: 'tool', content: 'T1' }]),
-    '<|begin_of_text|>' + header('system') + 'Cutting Knowledge Date: December 2023\nToday Date: ' + today + '\n\n<|eot_id|>' + header('user') + 'Q<|eot_id|>' + header('ipython') + '"T1"<|eot_id|>',
+    f.render([
+      { role: 'user', content: 'Q' },
+      { role: 'tool', content: 'T1' },
+    ]),
+    '<|begin_of_text|>' +
+      header('system') +
+      'Cutting Knowledge Date: December 2023\nToday Date: ' +
+      today +
+      '\n\n<|eot_id|>' +
+      header('user') +
+      'Q<|eot_id|>' +
+      header('ipython') +
+      '"T1"<|eot_id|>',
     'a tool result is an ipython turn; a string is iterable in Jinja, so the template writes it as JSON',
   );
 
   t.equal(
-    f.continuation([{ role: 'user', content: 'Q' }, { role: 'assistant', content: '<search>x</search><|eot_id|>' }], { role: 'user', content: '<information>P</information>' }),
+    f.continuation(
+      [
+        { role: 'user', content: 'Q' },
+        { role: 'assistant', content: '<search>x</search><|eot_id|>' },
+      ],
+      { role: 'user', content: '<information>P</information>' },
+    ),
     header('user') + '<information>P</information><|eot_id|>' + header('assistant'),
   );
 
-  const twoCalls = { role: 'assistant', content: '', tool_calls: [TOOL, TOOL].map((x) => ({ type: 'function', function: { name: x.function.name, arguments: {} } })) };
-  t.throws(() => f.render([{ role: 'user', content: 'Q' }, twoCalls] as ChatMessage[]), { code: 'CHAT_TEMPLATE_ERROR', message: /single tool-calls at once/ }, "the template's raise_exception surfaces as CHAT_TEMPLATE_ERROR");
+  const twoCalls = {
+    role: 'assistant',
+    content: '',
+    tool_calls: [TOOL, TOOL].map((x) => ({ type: 'function', function: { name: x.function.name, arguments: {} } })),
+  };
+  t.throws(
+    () => f.render([{ role: 'user', content: 'Q' }, twoCalls] as ChatMessage[]),
+    { code: 'CHAT_TEMPLATE_ERROR', message: /single tool-calls at once/ },
+    "the template's raise_exception surfaces as CHAT_TEMPLATE_ERROR",
+  );
 });

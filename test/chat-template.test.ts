@@ -31,7 +31,11 @@ const CONVO: ChatMessage[] = [
 const TOOLS = [
   {
     type: 'function',
-    function: { name: 'search', description: 'Search pages', parameters: { type: 'object', properties: { query: { type: 'string' } }, required: ['query'] } },
+    function: {
+      name: 'search',
+      description: 'Search pages',
+      parameters: { type: 'object', properties: { query: { type: 'string' } }, required: ['query'] },
+    },
   },
 ];
 
@@ -50,7 +54,11 @@ t.test('real Qwen3-2507 template: system + user + assistant + tool', needShared,
     tpl.render(CONVO.slice(0, 2), { addGenerationPrompt: true }),
     '<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n',
   );
-  t.equal(tpl.render(CONVO, { addGenerationPrompt: true, enableThinking: false }), body + '<|im_start|>assistant\n', 'enable_thinking is ignored by 2507');
+  t.equal(
+    tpl.render(CONVO, { addGenerationPrompt: true, enableThinking: false }),
+    body + '<|im_start|>assistant\n',
+    'enable_thinking is ignored by 2507',
+  );
   t.equal(tpl.render([{ role: 'user', content: 'Q' }]), '<|im_start|>user\nQ<|im_end|>\n', 'no system turn unless given');
   t.equal(
     tpl.render([
@@ -83,7 +91,7 @@ t.test('real Qwen3-2507 template: tools and tool calls', needShared, async (t) =
   t.equal(renderChat(realTemplate(), messages, { tools: TOOLS, addGenerationPrompt: true }), expected);
 });
 
-t.test("the packaged (original hybrid) Qwen3 template handles <think> itself", async (t) => {
+t.test('the packaged (original hybrid) Qwen3 template handles <think> itself', async (t) => {
   const tpl = new ChatTemplate(packagedTemplate(), 'package');
   // After the last user query the thinking of a non-final assistant turn is kept, reformatted.
   t.equal(
@@ -104,7 +112,10 @@ t.test("the packaged (original hybrid) Qwen3 template handles <think> itself", a
   );
   // The last assistant turn always gets a (possibly empty) think block.
   t.equal(
-    tpl.render([{ role: 'user', content: 'Q' }, { role: 'assistant', content: 'A' }]),
+    tpl.render([
+      { role: 'user', content: 'Q' },
+      { role: 'assistant', content: 'A' },
+    ]),
     '<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n',
   );
 });
@@ -117,23 +128,50 @@ t.test('template failures are CHAT_TEMPLATE_ERROR with the template message', as
   t.throws(() => new ChatTemplate('{% if %}', 'broken.jinja'), { code: 'CHAT_TEMPLATE_ERROR', message: /broken\.jinja does not parse/ });
   t.throws(() => new ChatTemplate(''), { code: 'CHAT_TEMPLATE_ERROR' });
   t.throws(() => renderChat('{{ messages }}', 'hi' as unknown as ChatMessage[]), { code: 'ARGUMENT_INVALID' });
-  t.throws(() => renderChat('{{ messages }}', [{ role: 'user', content: 3 }] as unknown as ChatMessage[]), { code: 'ARGUMENT_INVALID', message: /message 0 \(user\)/ });
-  t.equal(renderChat('{{ bos_token }}{{ eos_token }}|{{ x }}', [], { bosToken: '<s>', eosToken: '</s>', variables: { x: 1 } }), '<s></s>|1');
+  t.throws(() => renderChat('{{ messages }}', [{ role: 'user', content: 3 }] as unknown as ChatMessage[]), {
+    code: 'ARGUMENT_INVALID',
+    message: /message 0 \(user\)/,
+  });
+  t.equal(
+    renderChat('{{ bos_token }}{{ eos_token }}|{{ x }}', [], { bosToken: '<s>', eosToken: '</s>', variables: { x: 1 } }),
+    '<s></s>|1',
+  );
 });
 
 t.test('template source of a model folder', async (t) => {
-  const own = folder('own-jinja', { 'chat_template.jinja': '{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}', 'tokenizer.json': '{}' });
+  const own = folder('own-jinja', {
+    'chat_template.jinja': '{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}',
+    'tokenizer.json': '{}',
+  });
   t.equal(chatTemplateFor(own).render([{ role: 'user', content: 'hi' }]), '[user]hi');
   t.equal(chatTemplateFor(own).origin, join(own, 'chat_template.jinja'));
 
-  const inConfig = folder('in-config', { 'tokenizer.json': '{}', 'tokenizer_config.json': { chat_template: '{{ bos_token }}<{{ messages[0].content }}>', bos_token: '<s>', eos_token: { content: '</s>' } } });
+  const inConfig = folder('in-config', {
+    'tokenizer.json': '{}',
+    'tokenizer_config.json': {
+      chat_template: '{{ bos_token }}<{{ messages[0].content }}>',
+      bos_token: '<s>',
+      eos_token: { content: '</s>' },
+    },
+  });
   const f = ChatFormatter.forModel(inConfig);
   t.equal(f.render([{ role: 'user', content: 'x' }]), '<s><x>');
   t.equal(f.eosToken, '</s>');
 
-  const named = folder('named', { 'tokenizer.json': '{}', 'tokenizer_config.json': { chat_template: [{ name: 'tool_use', template: 'T' }, { name: 'default', template: 'D' }] } });
+  const named = folder('named', {
+    'tokenizer.json': '{}',
+    'tokenizer_config.json': {
+      chat_template: [
+        { name: 'tool_use', template: 'T' },
+        { name: 'default', template: 'D' },
+      ],
+    },
+  });
   t.equal(chatTemplateFor(named).render([]), 'D');
-  const noDefault = folder('no-default', { 'tokenizer.json': '{}', 'tokenizer_config.json': { chat_template: [{ name: 'tool_use', template: 'T' }] } });
+  const noDefault = folder('no-default', {
+    'tokenizer.json': '{}',
+    'tokenizer_config.json': { chat_template: [{ name: 'tool_use', template: 'T' }] },
+  });
   t.throws(() => chatTemplateFor(noDefault), { code: 'CHAT_TEMPLATE_ERROR', message: /"default".*"tool_use"/ });
 
   const bare = folder('bare', {});
@@ -142,7 +180,10 @@ t.test('template source of a model folder', async (t) => {
   t.equal(b.source, packagedTemplate());
   t.equal(ChatFormatter.forModel(bare).eosToken, '<|im_end|>');
 
-  t.throws(() => chatTemplateFor(folder('tok-only', { 'tokenizer.json': '{}' })), { code: 'CHAT_TEMPLATE_ERROR', message: /own tokenizer\.json.*chat_template\.jinja/ });
+  t.throws(() => chatTemplateFor(folder('tok-only', { 'tokenizer.json': '{}' })), {
+    code: 'CHAT_TEMPLATE_ERROR',
+    message: /own tokenizer\.json.*chat_template\.jinja/,
+  });
   t.throws(() => chatTemplateFor(join(tmp, 'nowhere')), { code: 'MODEL_NOT_FOUND' });
 });
 
@@ -163,14 +204,26 @@ t.test('continuation: the text appended after the generated assistant text', nee
   ];
   const toolReply = '<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response><|im_end|>\n<|im_start|>assistant\n';
   t.equal(f.continuation(history, { role: 'tool', content: '1' }), toolReply);
-  t.equal(f.continuation(history, { role: 'user', content: '<python_output>1</python_output>' }), '<|im_end|>\n<|im_start|>user\n<python_output>1</python_output><|im_end|>\n<|im_start|>assistant\n');
+  t.equal(
+    f.continuation(history, { role: 'user', content: '<python_output>1</python_output>' }),
+    '<|im_end|>\n<|im_start|>user\n<python_output>1</python_output><|im_end|>\n<|im_start|>assistant\n',
+  );
   // Generation stopped on <|im_end|>, which is part of the generated text: not repeated.
   const stopped = [...history.slice(0, -1), { role: 'assistant', content: history[2].content + '<|im_end|>' }] as ChatMessage[];
-  t.equal(f.continuation(stopped, { role: 'tool', content: '1' }), '\n<|im_start|>user\n<tool_response>\n1\n</tool_response><|im_end|>\n<|im_start|>assistant\n');
+  t.equal(
+    f.continuation(stopped, { role: 'tool', content: '1' }),
+    '\n<|im_start|>user\n<tool_response>\n1\n</tool_response><|im_end|>\n<|im_start|>assistant\n',
+  );
   // prompt + generated + continuation is exactly the full rendering.
-  const next: ChatMessage[] = [{ role: 'tool', content: 'a' }, { role: 'tool', content: 'b' }];
+  const next: ChatMessage[] = [
+    { role: 'tool', content: 'a' },
+    { role: 'tool', content: 'b' },
+  ];
   t.equal(f.prompt(history.slice(0, -1)) + history[2].content + f.continuation(history, next), f.prompt([...history, ...next]));
-  t.throws(() => f.continuation(history.slice(0, 2), { role: 'tool', content: '1' }), { code: 'ARGUMENT_INVALID', message: /ends with a "user"/ });
+  t.throws(() => f.continuation(history.slice(0, 2), { role: 'tool', content: '1' }), {
+    code: 'ARGUMENT_INVALID',
+    message: /ends with a "user"/,
+  });
   t.throws(() => f.continuation(history, []), { code: 'ARGUMENT_INVALID' });
 });
 
@@ -183,9 +236,23 @@ t.test('continuation with the hybrid template: rewritten turns', async (t) => {
   t.equal(f.continuation([...q, gen], { role: 'tool', content: 'out' }), expected);
 
   // A tool loop followed by a user message: the template drops the earlier turn's thinking.
-  const loop: ChatMessage[] = [...q, { role: 'assistant', content: '<think>\nr\n</think>\n\ncall' }, { role: 'tool', content: 'out' }, { role: 'assistant', content: 'more' }];
-  t.throws(() => f.continuation(loop, { role: 'user', content: 'U' }), { code: 'CHAT_TEMPLATE_ERROR', message: /differs at character \d+.*strict: false/ });
-  t.equal(f.continuation(loop, { role: 'user', content: 'U' }, { strict: false }), '<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n');
+  const loop: ChatMessage[] = [
+    ...q,
+    { role: 'assistant', content: '<think>\nr\n</think>\n\ncall' },
+    { role: 'tool', content: 'out' },
+    { role: 'assistant', content: 'more' },
+  ];
+  t.throws(() => f.continuation(loop, { role: 'user', content: 'U' }), {
+    code: 'CHAT_TEMPLATE_ERROR',
+    message: /differs at character \d+.*strict: false/,
+  });
+  t.equal(
+    f.continuation(loop, { role: 'user', content: 'U' }, { strict: false }),
+    '<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n',
+  );
   // Sent as a tool message instead, it appends cleanly.
-  t.equal(f.continuation(loop, { role: 'tool', content: 'U' }), '<|im_end|>\n<|im_start|>user\n<tool_response>\nU\n</tool_response><|im_end|>\n<|im_start|>assistant\n');
+  t.equal(
+    f.continuation(loop, { role: 'tool', content: 'U' }),
+    '<|im_end|>\n<|im_start|>user\n<tool_response>\nU\n</tool_response><|im_end|>\n<|im_start|>assistant\n',
+  );
 });

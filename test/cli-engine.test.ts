@@ -31,13 +31,35 @@ t.test('logits and generate with --adapter reproduce the LoRA reference', async 
   let d = 0;
   out.logits.forEach((row, i) => row.forEach((x, v) => (d = Math.max(d, Math.abs(x - c.logits[0][i]![v])))));
   t.ok(d < 1e-4, `max |diff| ${d}`);
-  const gen = runCli(['generate', '--model', tiny, '--adapter', fixture('qwen3', 'tiny-lora'), '--ids', g.greedy.prompt.join(','), '--max-new-tokens', String(g.greedy.steps), '--greedy', '--json']);
+  const gen = runCli([
+    'generate',
+    '--model',
+    tiny,
+    '--adapter',
+    fixture('qwen3', 'tiny-lora'),
+    '--ids',
+    g.greedy.prompt.join(','),
+    '--max-new-tokens',
+    String(g.greedy.steps),
+    '--greedy',
+    '--json',
+  ]);
   t.equal(gen.code, 0, gen.stderr);
   t.same(JSON.parse(gen.stdout).ids, g.greedy.tokens);
 });
 
 t.test('generate --ids --greedy --json reproduces the reference greedy decode', async (t) => {
-  const r = runCli(['generate', '--model', tiny, '--ids', golden.greedy.prompt.join(','), '--max-new-tokens', String(golden.greedy.steps), '--greedy', '--json']);
+  const r = runCli([
+    'generate',
+    '--model',
+    tiny,
+    '--ids',
+    golden.greedy.prompt.join(','),
+    '--max-new-tokens',
+    String(golden.greedy.steps),
+    '--greedy',
+    '--json',
+  ]);
   t.equal(r.code, 0, r.stderr);
   const out = JSON.parse(r.stdout);
   t.same(out.ids, golden.greedy.tokens);
@@ -61,7 +83,10 @@ t.test('init-model writes a loadable HF folder; generate --prompt goes through t
 });
 
 t.test('init-model --model-type qwen2 | llama writes that architecture, and the engine runs it', async (t) => {
-  for (const [type, vocab, tensor] of [['qwen2', 151936, 'model.layers.0.self_attn.q_proj.bias'], ['llama', 128256, 'model.layers.0.self_attn.q_proj.weight']] as const) {
+  for (const [type, vocab, tensor] of [
+    ['qwen2', 151936, 'model.layers.0.self_attn.q_proj.bias'],
+    ['llama', 128256, 'model.layers.0.self_attn.q_proj.weight'],
+  ] as const) {
     const dir = join(t.testdir(), type);
     const r = runCli(['init-model', '--preset', 'tiny', '--model-type', type, '--out', dir]);
     t.equal(r.code, 0, r.stderr);
@@ -73,7 +98,10 @@ t.test('init-model --model-type qwen2 | llama writes that architecture, and the 
     const { readSafetensorsHeader } = await import('../lib/model/safetensors.js');
     const names = Object.keys(readSafetensorsHeader(join(dir, 'model.safetensors')));
     t.ok(names.includes(tensor), `has ${tensor}`);
-    t.notOk(names.some((n) => n.includes('q_norm')), 'no q/k norms outside Qwen3');
+    t.notOk(
+      names.some((n) => n.includes('q_norm')),
+      'no q/k norms outside Qwen3',
+    );
     const l = runCli(['logits', '--model', dir, '--ids', '1,2,3', '--json']);
     t.equal(l.code, 0, l.stderr);
     t.equal(JSON.parse(l.stdout).logits.length, 3);
@@ -98,8 +126,15 @@ t.test('doctor reports libtorch, BLAS with a measured rate, threads and python3'
 t.test("doctor's BLAS advice: install OpenBLAS, set the core type, or measure again on an idle machine", async (t) => {
   const { blasAdvice } = await import('../lib/doctor.js');
   const idle = { loadAverage: 0.2, cores: 2 };
-  t.match(blasAdvice({ library: 'reference BLAS (libblas.so.3)', perThreadGflops: 3, ...idle }), /reference BLAS.*apt-get install libopenblas0-openmp/);
-  t.match(blasAdvice({ library: 'reference BLAS (libblas.so.3)', perThreadGflops: 3, loadAverage: 4, cores: 2 }), /apt-get install libopenblas0-openmp/, 'the reference BLAS is slow whatever the load');
+  t.match(
+    blasAdvice({ library: 'reference BLAS (libblas.so.3)', perThreadGflops: 3, ...idle }),
+    /reference BLAS.*apt-get install libopenblas0-openmp/,
+  );
+  t.match(
+    blasAdvice({ library: 'reference BLAS (libblas.so.3)', perThreadGflops: 3, loadAverage: 4, cores: 2 }),
+    /apt-get install libopenblas0-openmp/,
+    'the reference BLAS is slow whatever the load',
+  );
   t.match(blasAdvice({ library: 'OpenBLAS (libopenblasp-r0.3.21.so)', perThreadGflops: 10, ...idle }), /OPENBLAS_CORETYPE=SKYLAKEX/);
   const busy = blasAdvice({ library: 'OpenBLAS (libopenblasp-r0.3.21.so)', perThreadGflops: 10, loadAverage: 3.1, cores: 2 });
   t.match(busy, /load average is 3\.1 on 2 cores.*idle machine/);
@@ -108,7 +143,10 @@ t.test("doctor's BLAS advice: install OpenBLAS, set the core type, or measure ag
   t.match(blasAdvice({ library: 'unknown', perThreadGflops: 5, ...idle }), /reference-BLAS speed/);
   t.equal(blasAdvice({ library: 'MKL', perThreadGflops: 50, ...idle }), null);
   const { bf16Advice } = await import('../lib/doctor.js');
-  t.match(bf16Advice({ cuda: false, f32Gflops: 65.4, bf16Gflops: 3.7 }), /bfloat16 matmul runs at 3\.7 GFLOP\/s here, 18x slower than float32.*model\.dtype: float32/);
+  t.match(
+    bf16Advice({ cuda: false, f32Gflops: 65.4, bf16Gflops: 3.7 }),
+    /bfloat16 matmul runs at 3\.7 GFLOP\/s here, 18x slower than float32.*model\.dtype: float32/,
+  );
   t.equal(bf16Advice({ cuda: false, f32Gflops: 153, bf16Gflops: 323 }), null, 'a CPU with a fast bf16 path gets no advice');
   t.equal(bf16Advice({ cuda: false, f32Gflops: 0, bf16Gflops: 0 }), null, 'nothing measured, nothing said');
 });

@@ -21,7 +21,10 @@ t.test('index builds and saves; search finds the page a title names, from the in
   t.equal(plain.code, 0, plain.stderr);
   t.match(plain.stdout, /^indexed 30 pages \(120 chunks, hashing-256, bm25\) in [\d.]+ s -> .*index-plain\n$/, 'a one-line summary');
   t.match(JSON.parse(readFileSync(join(index, 'manifest.json'), 'utf8')).params, { M: 24, ef: 64, efConstruction: 200 });
-  for (const src of [['--index', index], ['--corpus', corpus]]) {
+  for (const src of [
+    ['--index', index],
+    ['--corpus', corpus],
+  ]) {
     const s = runCli(['search', ...src, page.title, '--json']);
     t.equal(s.code, 0, s.stderr);
     const hits = JSON.parse(s.stdout);
@@ -35,7 +38,13 @@ t.test('index builds and saves; search finds the page a title names, from the in
 });
 
 t.test('exec runs a Python program against the index; output, error and calls come back', async (t) => {
-  const program = [`hits = search_pages(${JSON.stringify(page.title)})`, 'print(hits[0]["page_id"])', 'print([s["section_id"] for s in view_sections(hits[0]["page_id"])])', 'print(read_section(hits[0]["page_id"] + ":history").splitlines()[1][:40])', 'raise KeyError("late")'].join('\n');
+  const program = [
+    `hits = search_pages(${JSON.stringify(page.title)})`,
+    'print(hits[0]["page_id"])',
+    'print([s["section_id"] for s in view_sections(hits[0]["page_id"])])',
+    'print(read_section(hits[0]["page_id"] + ":history").splitlines()[1][:40])',
+    'raise KeyError("late")',
+  ].join('\n');
   const file = join(dir, 'p.py');
   writeFileSync(file, program);
   const r = runCli(['exec', '--index', index, '--file', file, '--json']);
@@ -47,7 +56,14 @@ t.test('exec runs a Python program against the index; output, error and calls co
   t.match(out.stdout, `${page.title} was founded in`);
   t.equal(out.error, "KeyError: 'late'");
   t.equal(out.timed_out, false);
-  t.same(out.calls.map((c: { name: string; ok: boolean }) => [c.name, c.ok]), [['search_pages', true], ['view_sections', true], ['read_section', true]]);
+  t.same(
+    out.calls.map((c: { name: string; ok: boolean }) => [c.name, c.ok]),
+    [
+      ['search_pages', true],
+      ['view_sections', true],
+      ['read_section', true],
+    ],
+  );
   t.same(out.calls[2].args, [`${page.id}:history`]);
 
   const stdin = runCli(['exec', '--corpus', corpus, '--json'], { input: 'print(read_section("nope:full"))' });
@@ -60,7 +76,10 @@ t.test('exec runs a Python program against the index; output, error and calls co
 
 t.test('exec without --json: the program output on stdout, its error on stderr, exit 0, sandbox closed', async (t) => {
   // No process.exit in the CLI: a sandbox left open would keep it alive past this timeout.
-  const r = runCli(['exec', '--corpus', corpus], { input: `print(search_pages(${JSON.stringify(page.title)})[0]["title"])\nprint("before")\n1/0\nprint("after")`, timeout: 30_000 });
+  const r = runCli(['exec', '--corpus', corpus], {
+    input: `print(search_pages(${JSON.stringify(page.title)})[0]["title"])\nprint("before")\n1/0\nprint("after")`,
+    timeout: 30_000,
+  });
   t.equal(r.code, 0, r.stderr);
   t.equal(r.stdout, `${page.title}\nbefore\n`);
   t.match(r.stderr, /the program raised: ZeroDivisionError: division by zero/);
@@ -68,7 +87,9 @@ t.test('exec without --json: the program output on stdout, its error on stderr, 
 });
 
 t.test('exec runs JavaScript in QuickJS with the same tools', async (t) => {
-  const r = runCli(['exec', '--corpus', corpus, '--sandbox', 'quickjs', '--json'], { input: `const h = search_pages(${JSON.stringify(page.title)}); console.log(h[0].page_id); console.log(read_section(h[0].page_id + ':economy').length > 10)` });
+  const r = runCli(['exec', '--corpus', corpus, '--sandbox', 'quickjs', '--json'], {
+    input: `const h = search_pages(${JSON.stringify(page.title)}); console.log(h[0].page_id); console.log(read_section(h[0].page_id + ':economy').length > 10)`,
+  });
   t.equal(r.code, 0, r.stderr);
   const out = JSON.parse(r.stdout);
   t.equal(out.stdout, `${page.id}\ntrue\n`);
@@ -86,7 +107,10 @@ t.test('bad input: clear errors and exit code 2', async (t) => {
   t.equal(missing.code, 2);
   t.match(missing.stderr, /error INDEX_INVALID: .*no manifest\.json.*slm-train index --corpus FILE/);
   const emb = runCli(['index', '--corpus', corpus, '--out', join(dir, 'x'), '--embedder', '/models/Qwen3-Embedding-0.6B']);
-  t.match(emb.stderr, /error MODEL_NOT_FOUND: embedder \/models\/Qwen3-Embedding-0\.6B: expected "hashing", a sentence-transformers BERT folder \(all-MiniLM-L6-v2: .*\) or a Qwen3 embedding model folder, but \/models\/Qwen3-Embedding-0\.6B has no config\.json/);
+  t.match(
+    emb.stderr,
+    /error MODEL_NOT_FOUND: embedder \/models\/Qwen3-Embedding-0\.6B: expected "hashing", a sentence-transformers BERT folder \(all-MiniLM-L6-v2: .*\) or a Qwen3 embedding model folder, but \/models\/Qwen3-Embedding-0\.6B has no config\.json/,
+  );
   t.notOk(existsSync(join(dir, 'x')), 'nothing written');
   const badCorpus = runCli(['index', '--corpus', join(dir, 'nope.jsonl'), '--out', join(dir, 'y')]);
   t.match(badCorpus.stderr, /error FILE_NOT_FOUND: corpus file .*nope\.jsonl cannot be read/);

@@ -34,7 +34,9 @@ import { fixture, haveShared } from './helpers/shared.js';
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const tok = qwen3Tokenizer();
 const IM_END = '<|im_end|>';
-const template = haveShared ? readFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), 'utf8') : (packagedQwen3Config().chat_template as string);
+const template = haveShared
+  ? readFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), 'utf8')
+  : (packagedQwen3Config().chat_template as string);
 const formatter = new ChatFormatter(template, { eosToken: IM_END });
 const lp = (id: number) => Math.fround(-(1 + (id % 997)) / 1000);
 
@@ -77,7 +79,8 @@ class Scripted implements TextGenerator {
       out.logprobs.push(Float32Array.from(got, lp));
       out.finishReasons.push(finish);
     }
-    const temps = typeof req.temperature === 'number' ? req.prompts.map(() => req.temperature as number) : Array.from(req.temperature ?? []);
+    const temps =
+      typeof req.temperature === 'number' ? req.prompts.map(() => req.temperature as number) : Array.from(req.temperature ?? []);
     this.calls.push({ temperature: temps, topP: req.topP, prompts: req.prompts.map((p) => tok.decode(Array.from(p))) });
     return out;
   }
@@ -144,17 +147,59 @@ t.test('bad values of the new keys are coded config errors', async (t) => {
   bad({ protocol: { prefill_trained: 'yes' } }, 'protocol.prefill_trained');
   bad({ protocol: { prefill_first: 3 } }, 'protocol.prefill_first');
   bad({ rollout: { first_turn_temperature: -1 } }, 'rollout.first_turn_temperature');
-  bad({ rollout: { first_turn_temperature: 0.9, first_turn_top_p: 1.5 }, algorithm: { old_logprobs: 'recompute' } }, 'rollout.first_turn_top_p');
+  bad(
+    { rollout: { first_turn_temperature: 0.9, first_turn_top_p: 1.5 }, algorithm: { old_logprobs: 'recompute' } },
+    'rollout.first_turn_top_p',
+  );
   bad({ algorithm: { old_logprobs: 'fresh' } }, 'algorithm.old_logprobs');
   bad({ algorithm: { loss_temperature: 0, old_logprobs: 'recompute' } }, 'algorithm.loss_temperature');
   t.match(bad({ algorithm: { loss_temperature: 1 } }, 'algorithm.loss_temperature'), 'algorithm.old_logprobs: recompute');
   bad({ eval: { max_new_tokens: 0 } }, 'eval.max_new_tokens');
   t.match(bad({ rollout: { first_turn_temperature: 0.925 } }, 'rollout.first_turn_temperature'), 'algorithm.old_logprobs: recompute');
   bad({ rollout: { first_turn_top_p: 0.92 }, algorithm: { old_logprobs: 'recompute' } }, 'rollout.first_turn_top_p');
-  t.doesNotThrow(() => validateConfig({ ...base, rollout: { first_turn_temperature: 0.925, first_turn_top_p: 0.92 }, algorithm: { old_logprobs: 'recompute' } }, 'x'));
-  t.throws(() => rewardFromConfig({ combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }], judge: { base_url: 'http://127.0.0.1:1', model: 'm', missing_approach: 'maybe' } } as never), { code: 'CONFIG_INVALID' });
-  t.throws(() => new EpisodeRunner({ generator: new Scripted({}), tokenizer: tok, formatter, protocol: protocol(new Exec()), maxTurns: 2, maxNewTokens: 8, maxTotalTokens: 99, prefill: { first: '' } }), { code: 'ARGUMENT_INVALID' });
-  t.throws(() => new EpisodeRunner({ generator: new Scripted({}), tokenizer: tok, formatter, protocol: protocol(new Exec()), maxTurns: 2, maxNewTokens: 8, maxTotalTokens: 99, firstTurn: { temperature: 0.9, topP: 0 } }), { code: 'ARGUMENT_INVALID' });
+  t.doesNotThrow(() =>
+    validateConfig(
+      { ...base, rollout: { first_turn_temperature: 0.925, first_turn_top_p: 0.92 }, algorithm: { old_logprobs: 'recompute' } },
+      'x',
+    ),
+  );
+  t.throws(
+    () =>
+      rewardFromConfig({
+        combine: 'sign_magnitude',
+        parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }],
+        judge: { base_url: 'http://127.0.0.1:1', model: 'm', missing_approach: 'maybe' },
+      } as never),
+    { code: 'CONFIG_INVALID' },
+  );
+  t.throws(
+    () =>
+      new EpisodeRunner({
+        generator: new Scripted({}),
+        tokenizer: tok,
+        formatter,
+        protocol: protocol(new Exec()),
+        maxTurns: 2,
+        maxNewTokens: 8,
+        maxTotalTokens: 99,
+        prefill: { first: '' },
+      }),
+    { code: 'ARGUMENT_INVALID' },
+  );
+  t.throws(
+    () =>
+      new EpisodeRunner({
+        generator: new Scripted({}),
+        tokenizer: tok,
+        formatter,
+        protocol: protocol(new Exec()),
+        maxTurns: 2,
+        maxNewTokens: 8,
+        maxTotalTokens: 99,
+        firstTurn: { temperature: 0.9, topP: 0 },
+      }),
+    { code: 'ARGUMENT_INVALID' },
+  );
 });
 
 /** The reference's trained text of turn j (episode.py trajectory(): the chat template of the messages before it, then the response). */
@@ -172,7 +217,9 @@ const envOf = (exec: CodeExecutor): Environment => ({ protocol: protocol(exec), 
 
 t.test('forced protocol: the tokens trained and the observation (code-grpo.yaml through episodeRunner)', async (t) => {
   const cfg = grpo();
-  const gen = new Scripted({ 'capital of France': ['\nprint(search_pages("France capital"))\n</python>' + IM_END, 'Paris</answer>' + IM_END] });
+  const gen = new Scripted({
+    'capital of France': ['\nprint(search_pages("France capital"))\n</python>' + IM_END, 'Paris</answer>' + IM_END],
+  });
   const exec = new Exec();
   const runner = episodeRunner(cfg, agentOf(gen), envOf(exec), { seed: 1, generator: gen });
   t.same(runner.options.prefill, { first: '<python>', final: '<answer>', trained: true }, 'the config reached the runner');
@@ -182,8 +229,15 @@ t.test('forced protocol: the tokens trained and the observation (code-grpo.yaml 
   t.equal(e.answer, 'Paris');
   t.equal(e.finish, 'answer');
   const asst = e.messages.filter((m) => m.role === 'assistant').map((m) => m.content);
-  t.same(asst, ['<python>\nprint(search_pages("France capital"))\n</python>', '<answer>Paris</answer>'], 'messages hold the prefill as the reference responses do');
-  t.ok(e.messages.some((m) => m.role === 'user' && m.content === '<python_output>\nfound: Paris\n\n</python_output>'), 'the observation');
+  t.same(
+    asst,
+    ['<python>\nprint(search_pages("France capital"))\n</python>', '<answer>Paris</answer>'],
+    'messages hold the prefill as the reference responses do',
+  );
+  t.ok(
+    e.messages.some((m) => m.role === 'user' && m.content === '<python_output>\nfound: Paris\n\n</python_output>'),
+    'the observation',
+  );
   // The model saw the prefill before generating: the turn's first call's prompt ends with it.
   t.ok(gen.calls[0].prompts[0].endsWith('<|im_start|>assistant\n<python>'), 'turn 1 generated after <python>');
   t.ok(gen.calls[1].prompts[0].endsWith(`${NOTICE}<|im_end|>\n<|im_start|>assistant\n<answer>`), 'the last turn generated after <answer>');
@@ -205,59 +259,129 @@ t.test('forced protocol: the tokens trained and the observation (code-grpo.yaml 
     const k = starts[j];
     const pre = tok.encode(j === 0 ? '<python>' : '<answer>');
     t.equal(tok.decode(ids.slice(0, k)), r.prompt, `turn ${j + 1}: what comes before it is the reference's prompt`);
-    t.same(tok.encode(r.prompt + (j === 0 ? '<python>' : '<answer>')).slice(-pre.length), pre, `turn ${j + 1}: the reference's tokenizer(prompt + prefill) ends with the prefill's tokens`);
+    t.same(
+      tok.encode(r.prompt + (j === 0 ? '<python>' : '<answer>')).slice(-pre.length),
+      pre,
+      `turn ${j + 1}: the reference's tokenizer(prompt + prefill) ends with the prefill's tokens`,
+    );
     t.same(ids.slice(k, k + pre.length), pre, `turn ${j + 1}: starts with the prefill's tokens`);
     let end = k;
     while (end < ids.length && e.lossMask[end] === 1) end++;
     // (Generation stops at the closing tag, as the reference cuts its text there: agent.py 130-132.)
     t.equal(tok.decode(ids.slice(k, end)), r.response, `turn ${j + 1}: the trained tokens are the reference's response`);
     t.equal(end - k, pre.length + e.steps[j].generatedTokens, `turn ${j + 1}: prefill + sampled tokens, all trained`);
-    t.same(Array.from(e.lossMask.subarray(0, k)).filter((x) => x === 1).length, ref.slice(0, j).reduce((n, _x, i) => n + tok.encode(i === 0 ? '<python>' : '<answer>').length + e.steps[i].generatedTokens, 0), `turn ${j + 1}: nothing before it trained but the earlier turns`);
-    t.same(Array.from(e.forced!.subarray(k, k + pre.length)), pre.map(() => 1), 'marked forced');
-    t.same(Array.from(e.logprobs.subarray(k, k + pre.length)), pre.map(() => 0), 'no sampler log-prob for them');
+    t.same(
+      Array.from(e.lossMask.subarray(0, k)).filter((x) => x === 1).length,
+      ref.slice(0, j).reduce((n, _x, i) => n + tok.encode(i === 0 ? '<python>' : '<answer>').length + e.steps[i].generatedTokens, 0),
+      `turn ${j + 1}: nothing before it trained but the earlier turns`,
+    );
+    t.same(
+      Array.from(e.forced!.subarray(k, k + pre.length)),
+      pre.map(() => 1),
+      'marked forced',
+    );
+    t.same(
+      Array.from(e.logprobs.subarray(k, k + pre.length)),
+      pre.map(() => 0),
+      'no sampler log-prob for them',
+    );
     t.equal(e.logprobs[k + pre.length], lp(ids[k + pre.length]), 'the first sampled token keeps its log-prob');
   }
-  t.equal(e.forced!.reduce((a, b) => a + b, 0), tok.encode('<python>').length + tok.encode('<answer>').length, 'only the prefills are forced');
-  t.same(e.steps.map((s) => s.prefillTokens), [tok.encode('<python>').length, tok.encode('<answer>').length]);
+  t.equal(
+    e.forced!.reduce((a, b) => a + b, 0),
+    tok.encode('<python>').length + tok.encode('<answer>').length,
+    'only the prefills are forced',
+  );
+  t.same(
+    e.steps.map((s) => s.prefillTokens),
+    [tok.encode('<python>').length, tok.encode('<answer>').length],
+  );
 });
 
 t.test('prefill_trained false: in the sequence, out of the loss', async (t) => {
   const gen = new Scripted({ 'Who?': ['x = 1\nprint(x)\n</python>' + IM_END, 'Bob</answer>' + IM_END] });
-  const runner = new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol: protocol(new Exec()), maxTurns: 2, maxNewTokens: 64, maxTotalTokens: 4096, prefill: { first: '<python>', final: '<answer>' } });
+  const runner = new EpisodeRunner({
+    generator: gen,
+    tokenizer: tok,
+    formatter,
+    protocol: protocol(new Exec()),
+    maxTurns: 2,
+    maxNewTokens: 64,
+    maxTotalTokens: 4096,
+    prefill: { first: '<python>', final: '<answer>' },
+  });
   const [e] = (await runner.run([{ question: 'Who?' }])).episodes;
-  const forced = Array.from(e.forced!).map((f, k) => (f ? k : -1)).filter((k) => k >= 0);
+  const forced = Array.from(e.forced!)
+    .map((f, k) => (f ? k : -1))
+    .filter((k) => k >= 0);
   t.equal(forced.length, tok.encode('<python>').length + tok.encode('<answer>').length);
-  t.same(forced.map((k) => e.lossMask[k]), forced.map(() => 0), 'prefilled tokens not trained');
+  t.same(
+    forced.map((k) => e.lossMask[k]),
+    forced.map(() => 0),
+    'prefilled tokens not trained',
+  );
   t.equal(e.answer, 'Bob');
 });
 
 t.test('a prefill that does not fit ends the episode with context', async (t) => {
   const gen = new Scripted({ 'Who?': ['x</python>'] });
-  const p = formatter.prompt([{ role: 'system', content: SYSTEM }, { role: 'user', content: 'Question: Who?' }]);
+  const p = formatter.prompt([
+    { role: 'system', content: SYSTEM },
+    { role: 'user', content: 'Question: Who?' },
+  ]);
   const n = tok.encode(p).length;
-  const runner = new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol: protocol(new Exec()), maxTurns: 2, maxNewTokens: 64, maxTotalTokens: n + 1, prefill: { first: '<python>' } });
+  const runner = new EpisodeRunner({
+    generator: gen,
+    tokenizer: tok,
+    formatter,
+    protocol: protocol(new Exec()),
+    maxTurns: 2,
+    maxNewTokens: 64,
+    maxTotalTokens: n + 1,
+    prefill: { first: '<python>' },
+  });
   const [e] = (await runner.run([{ question: 'Who?' }])).episodes;
   t.equal(e.finish, 'context');
   t.equal(e.ids.length, n, 'nothing appended');
   t.equal(gen.calls.length, 0, 'no generate call');
 });
 
-t.test('turn 1 at the ranges\' middles, the per-rollout draws afterwards; evaluation has neither', async (t) => {
+t.test("turn 1 at the ranges' middles, the per-rollout draws afterwards; evaluation has neither", async (t) => {
   const cfg = grpo();
-  const scripts: Record<string, string[]> = { 'Q one': ['print(1)\n</python>', 'A</answer>'], 'Q two': ['print(2)\n</python>', 'B</answer>'] };
+  const scripts: Record<string, string[]> = {
+    'Q one': ['print(1)\n</python>', 'A</answer>'],
+    'Q two': ['print(2)\n</python>', 'B</answer>'],
+  };
   const gen = new Scripted(scripts);
   t.same(trainingTurns(cfg).firstTurn, { temperature: 0.925, topP: 0.92 });
   const runner = episodeRunner(cfg, agentOf(gen), envOf(new Exec()), { seed: 3, generator: gen });
-  const eps = (await runner.run([{ question: 'Q one', temperature: 0.71, topP: 0.86 }, { question: 'Q two', temperature: 1.14, topP: 0.98 }])).episodes;
+  const eps = (
+    await runner.run([
+      { question: 'Q one', temperature: 0.71, topP: 0.86 },
+      { question: 'Q two', temperature: 1.14, topP: 0.98 },
+    ])
+  ).episodes;
   t.equal(gen.calls.length, 2);
   const near = (x: unknown, y: number) => typeof x === 'number' && Math.abs(x - y) < 1e-12;
-  t.ok(gen.calls[0].temperature.length === 2 && gen.calls[0].temperature.every((x) => near(x, (RL.temperature_min + RL.temperature_max) / 2)), 'turn 1: every rollout at avg_temp');
+  t.ok(
+    gen.calls[0].temperature.length === 2 && gen.calls[0].temperature.every((x) => near(x, (RL.temperature_min + RL.temperature_max) / 2)),
+    'turn 1: every rollout at avg_temp',
+  );
   t.ok(near(gen.calls[0].topP, (RL.top_p_min + RL.top_p_max) / 2), 'turn 1: avg_top_p');
   t.same(gen.calls[1].temperature, [0.71, 1.14], 'turn 2: each rollout its own draw');
   t.same(gen.calls[1].topP, [0.86, 0.98]);
-  t.same(eps.map((e) => e.temperature), [0.71, 1.14], "the episode's temperature stays its own draw");
+  t.same(
+    eps.map((e) => e.temperature),
+    [0.71, 1.14],
+    "the episode's temperature stays its own draw",
+  );
   // Evaluation: no prefill, no fixed turn 1, the eval settings.
-  const ev = episodeRunner(cfg, agentOf(gen), envOf(new Exec()), { eval: true, seed: 3, temperature: cfg.eval.temperature, generator: gen });
+  const ev = episodeRunner(cfg, agentOf(gen), envOf(new Exec()), {
+    eval: true,
+    seed: 3,
+    temperature: cfg.eval.temperature,
+    generator: gen,
+  });
   t.equal(ev.options.prefill, undefined);
   t.equal(ev.options.firstTurn, undefined);
   t.equal(ev.options.maxNewTokens, EVAL.max_new_tokens);
@@ -268,16 +392,36 @@ t.test('turn 1 at the ranges\' middles, the per-rollout draws afterwards; evalua
 /** A judge backend that answers with `reply` and records what it was asked. */
 function backend(reply: string): JudgeBackend & { asked: string[] } {
   const asked: string[] = [];
-  return { description: 'fake', asked, complete: async (ms) => (asked.push(ms.map((m) => m.content).join('\n')), { text: reply, truncated: false }) };
+  return {
+    description: 'fake',
+    asked,
+    complete: async (ms) => (asked.push(ms.map((m) => m.content).join('\n')), { text: reply, truncated: false }),
+  };
 }
-const ctx = (answer: string | null): RewardContext => ({ question: 'What is the capital of France?', golds: ['Paris'], answer, episode: { turns: 2, messages: [{ role: 'assistant', content: '<python>\nx\n</python>' }] } });
+const ctx = (answer: string | null): RewardContext => ({
+  question: 'What is the capital of France?',
+  golds: ['Paris'],
+  answer,
+  episode: { turns: 2, messages: [{ role: 'assistant', content: '<python>\nx\n</python>' }] },
+});
 /** The reference's reward (core.py 852-862, use_approach_magnitude true). */
 const refReward = (correct: boolean, answered: boolean, approach: number) => (correct && answered ? approach / 100 : -(1 - approach / 100));
 
 t.test('no answer: judged, never correct, -(1 - approach)', async (t) => {
-  for (const [cat, a] of [['correct', 30], ['incorrect', 70], ['gave_up', 0]] as const) {
+  for (const [cat, a] of [
+    ['correct', 30],
+    ['incorrect', 70],
+    ['gave_up', 0],
+  ] as const) {
     const b = backend(`<think>hm</think>{"category": "${cat}", "approach_score": ${a}}`);
-    const fn = rewardFromConfig({ combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }], judge: { skip_without_answer: false } } as never, { judgeBackend: b });
+    const fn = rewardFromConfig(
+      {
+        combine: 'sign_magnitude',
+        parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }],
+        judge: { skip_without_answer: false },
+      } as never,
+      { judgeBackend: b },
+    );
     const r = await fn(ctx(null));
     t.equal(b.asked.length, 1, `${cat}: the judge was asked`);
     t.match(b.asked[0], /Final answer: \(none/, 'about an episode without an answer');
@@ -286,19 +430,28 @@ t.test('no answer: judged, never correct, -(1 - approach)', async (t) => {
   }
   // The default (skip): -1 without asking, as the reference's evaluation counts it wrong without a call.
   const b = backend('{"category": "correct", "approach_score": 90}');
-  const r = await rewardFromConfig({ combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }] } as never, { judgeBackend: b })(ctx(null));
+  const r = await rewardFromConfig(
+    { combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }] } as never,
+    { judgeBackend: b },
+  )(ctx(null));
   t.equal(b.asked.length, 0);
   t.equal(r.total, -1);
 });
 
 t.test('a verdict without approach_score: a failed call (the recipe) or approach 0', async (t) => {
   const parts = [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }];
-  const err = await rewardFromConfig({ combine: 'sign_magnitude', parts, judge: {} } as never, { judgeBackend: backend('{"category": "correct"}') })(ctx('Lyon'));
-  t.equal(err.total, -1, 'error: the reference recipe\'s except branch, reward -1.0 (episode.py 313-314)');
+  const err = await rewardFromConfig({ combine: 'sign_magnitude', parts, judge: {} } as never, {
+    judgeBackend: backend('{"category": "correct"}'),
+  })(ctx('Lyon'));
+  t.equal(err.total, -1, "error: the reference recipe's except branch, reward -1.0 (episode.py 313-314)");
   t.equal(err.failed, true);
-  const zero = await rewardFromConfig({ combine: 'sign_magnitude', parts, judge: { missing_approach: 'zero' } } as never, { judgeBackend: backend('{"category": "correct"}') })(ctx('Lyon'));
+  const zero = await rewardFromConfig({ combine: 'sign_magnitude', parts, judge: { missing_approach: 'zero' } } as never, {
+    judgeBackend: backend('{"category": "correct"}'),
+  })(ctx('Lyon'));
   t.equal(zero.total, refReward(true, true, 0), 'zero: approach 0 (judge.py 207-208), correct scores +0');
-  const wrong = await judgeReward({ backend: backend('{"category": "incorrect"}'), combine: 'sign_magnitude', missingApproach: 'zero' })(ctx('Lyon'));
+  const wrong = await judgeReward({ backend: backend('{"category": "incorrect"}'), combine: 'sign_magnitude', missingApproach: 'zero' })(
+    ctx('Lyon'),
+  );
   t.equal(wrong.parts.judge, refReward(false, true, 0));
   t.throws(() => judgeReward({ backend: backend(''), missingApproach: 'sometimes' as never }), { code: 'ARGUMENT_INVALID' });
 });
@@ -316,7 +469,7 @@ function scorer() {
   return model;
 }
 
-t.test('old log-probs: the sampler\'s with the prefilled ones filled in, or all recomputed', async (t) => {
+t.test("old log-probs: the sampler's with the prefilled ones filled in, or all recomputed", async (t) => {
   const ep: TrainEpisode = {
     ids: Int32Array.from([5, 6, 7, 8, 9, 10]),
     lossMask: Uint8Array.from([0, 1, 1, 1, 0, 1]),
@@ -338,14 +491,16 @@ t.test('old log-probs: the sampler\'s with the prefilled ones filled in, or all 
   t.same(await withOldLogprobs(m as unknown as Model, [], 'recompute'), []);
 });
 
-t.test('the trainers\' rollouts carry the recomputed old log-probs (code-grpo.yaml with old_logprobs: recompute, rolloutFn)', async (t) => {
+t.test("the trainers' rollouts carry the recomputed old log-probs (code-grpo.yaml with old_logprobs: recompute, rolloutFn)", async (t) => {
   const recipe = grpo();
   const cfg = { ...recipe, algorithm: { ...recipe.algorithm, old_logprobs: 'recompute' as const } };
   const gen = new Scripted({ 'Q three': ['print(3)\n</python>' + IM_END, 'C</answer>' + IM_END] });
   const m = scorer();
   const model = Object.assign(gen, { sequenceLogprobs: m.sequenceLogprobs });
   const roll = rolloutFn(cfg, agentOf(model), envOf(new Exec()));
-  const [e] = await roll([{ question: { id: '1', index: 0, question: 'Q three', golds: ['C'] } as never, temperature: 1.05, topP: 0.9, seed: 7 }]);
+  const [e] = await roll([
+    { question: { id: '1', index: 0, question: 'Q three', golds: ['C'] } as never, temperature: 1.05, topP: 0.9, seed: 7 },
+  ]);
   t.equal(m.calls.length, 1, 'one scoring forward');
   t.same(m.calls[0].temps, [1], 'at algorithm.loss_temperature (1), not the sampling temperature');
   t.equal(e.temperature, 1.05, 'the episode keeps its sampling temperature');
@@ -357,94 +512,178 @@ t.test('the trainers\' rollouts carry the recomputed old log-probs (code-grpo.ya
     t.equal(e.logprobs[k], Math.fround(-(k + 1) / 100), `token ${k}: recomputed`);
   });
   t.ok(checked > 4);
-  t.ok(e.forced && e.forced.some((f, k) => f === 1 && e.lossMask[k] === 1), 'its prefilled tokens are trained and carried');
+  t.ok(
+    e.forced?.some((f, k) => f === 1 && e.lossMask[k] === 1),
+    'its prefilled tokens are trained and carried',
+  );
   // The recipe's own setting (forward): the training forward scores the episode itself, so no scoring forward here.
   const m2 = scorer();
   const gen2 = new Scripted({ 'Q three': ['print(3)\n</python>' + IM_END, 'C</answer>' + IM_END] });
-  const [e2] = await rolloutFn(recipe, agentOf(Object.assign(gen2, { sequenceLogprobs: m2.sequenceLogprobs })), envOf(new Exec()))([
-    { question: { id: '1', index: 0, question: 'Q three', golds: ['C'] } as never, temperature: 1.05, topP: 0.9, seed: 7 },
-  ]);
+  const [e2] = await rolloutFn(
+    recipe,
+    agentOf(Object.assign(gen2, { sequenceLogprobs: m2.sequenceLogprobs })),
+    envOf(new Exec()),
+  )([{ question: { id: '1', index: 0, question: 'Q three', golds: ['C'] } as never, temperature: 1.05, topP: 0.9, seed: 7 }]);
   t.equal(m2.calls.length, 0, 'old_logprobs: forward runs no scoring forward before the update');
   t.equal(e2.lossTemperature, 1, 'the training forward still scores at loss_temperature');
 });
 
 t.test('an Episode without prefill has no forced mask', async (t) => {
   const gen = new Scripted({ 'Who?': ['<answer>Bob</answer>'] });
-  const runner = new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol: protocol(new Exec()), maxTurns: 2, maxNewTokens: 64, maxTotalTokens: 4096 });
+  const runner = new EpisodeRunner({
+    generator: gen,
+    tokenizer: tok,
+    formatter,
+    protocol: protocol(new Exec()),
+    maxTurns: 2,
+    maxNewTokens: 64,
+    maxTotalTokens: 4096,
+  });
   const [e]: Episode[] = (await runner.run([{ question: 'Who?' }])).episodes;
   t.equal(e.forced, undefined);
   t.equal(e.answer, 'Bob');
 });
 
-t.test('native: recomputed old log-probs make the first ratio 1 (lora.dropout 0), the sampler\'s of a turn at another temperature do not', async (t) => {
-  const { Model: M } = await import('../lib/engine/model.js');
-  const { initModel } = await import('../lib/model/init.js');
-  const dir = t.testdir();
-  initModel({ preset: 'tiny', out: join(dir, 'model'), seed: 4, overrides: { vocab_size: 64 }, embedStd: 0.08 });
-  const m = await M.load(join(dir, 'model'));
-  t.teardown(() => m.dispose());
-  const targets = ['q_proj', 'k_proj', 'v_proj', 'o_proj'] as const;
-  m.attachLora({ r: 8, alpha: 16, dropout: 0, rslora: false, targets: [...targets] }, 2);
-  // Two turns: prompt (3), turn 1 (4 tokens, "sampled at 0.925"), reply (2), turn 2 (3 tokens, at 1.1).
-  const ids = Int32Array.from([3, 9, 12, 20, 21, 22, 23, 5, 6, 30, 31, 32]);
-  const mask = Uint8Array.from([0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1]);
-  const turn1 = Uint8Array.from([0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0]);
-  const T = 1.1;
-  const [at1] = await m.sequenceLogprobs([ids], 0.925, [turn1]);
-  const [atT] = await m.sequenceLogprobs([ids], T, [mask]);
-  const sampler = Float32Array.from(atT, (x, k) => (turn1[k] ? at1[k] : x));
-  const ep: TrainEpisode = { ids, lossMask: mask, logprobs: sampler, temperature: T, answer: 'x', turns: 2 };
-  const step = async (e: TrainEpisode) =>
-    m.trainStepLocal(
-      { sequences: [e.ids], masks: [e.lossMask], advantages: [Float32Array.from(e.lossMask, (x) => x * 0.5)], oldLogprobs: [e.logprobs], temperature: [e.temperature] },
-      { loss: 'pg', lr: 0, clipLow: 0.2, clipHigh: 0.2, maxGradNorm: 1, checkpoint: false, update: false, seed: 1 },
+t.test(
+  "native: recomputed old log-probs make the first ratio 1 (lora.dropout 0), the sampler's of a turn at another temperature do not",
+  async (t) => {
+    const { Model: M } = await import('../lib/engine/model.js');
+    const { initModel } = await import('../lib/model/init.js');
+    const dir = t.testdir();
+    initModel({ preset: 'tiny', out: join(dir, 'model'), seed: 4, overrides: { vocab_size: 64 }, embedStd: 0.08 });
+    const m = await M.load(join(dir, 'model'));
+    t.teardown(() => m.dispose());
+    const targets = ['q_proj', 'k_proj', 'v_proj', 'o_proj'] as const;
+    m.attachLora({ r: 8, alpha: 16, dropout: 0, rslora: false, targets: [...targets] }, 2);
+    // Two turns: prompt (3), turn 1 (4 tokens, "sampled at 0.925"), reply (2), turn 2 (3 tokens, at 1.1).
+    const ids = Int32Array.from([3, 9, 12, 20, 21, 22, 23, 5, 6, 30, 31, 32]);
+    const mask = Uint8Array.from([0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1]);
+    const turn1 = Uint8Array.from([0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0]);
+    const T = 1.1;
+    const [at1] = await m.sequenceLogprobs([ids], 0.925, [turn1]);
+    const [atT] = await m.sequenceLogprobs([ids], T, [mask]);
+    const sampler = Float32Array.from(atT, (x, k) => (turn1[k] ? at1[k] : x));
+    const ep: TrainEpisode = { ids, lossMask: mask, logprobs: sampler, temperature: T, answer: 'x', turns: 2 };
+    const step = async (e: TrainEpisode) =>
+      m.trainStepLocal(
+        {
+          sequences: [e.ids],
+          masks: [e.lossMask],
+          advantages: [Float32Array.from(e.lossMask, (x) => x * 0.5)],
+          oldLogprobs: [e.logprobs],
+          temperature: [e.temperature],
+        },
+        { loss: 'pg', lr: 0, clipLow: 0.2, clipHigh: 0.2, maxGradNorm: 1, checkpoint: false, update: false, seed: 1 },
+      );
+    const [re] = await withOldLogprobs(m, [ep], 'recompute');
+    const sRe = await step(re);
+    t.equal(sRe.ratio, 1, `recompute: ratio exactly 1 (${sRe.ratio})`);
+    t.equal(sRe.clipFrac, 0);
+    const sSa = await step(ep);
+    t.ok(
+      Math.abs(sSa.ratio - 1) > 1e-3,
+      `sampler's log-probs of turn 1 at 0.925: ratio ${sSa.ratio} (why rollout.first_turn_temperature needs recompute)`,
     );
-  const [re] = await withOldLogprobs(m, [ep], 'recompute');
-  const sRe = await step(re);
-  t.equal(sRe.ratio, 1, `recompute: ratio exactly 1 (${sRe.ratio})`);
-  t.equal(sRe.clipFrac, 0);
-  const sSa = await step(ep);
-  t.ok(Math.abs(sSa.ratio - 1) > 1e-3, `sampler's log-probs of turn 1 at 0.925: ratio ${sSa.ratio} (why rollout.first_turn_temperature needs recompute)`);
-  // With LoRA dropout the training forward drops what the scoring forward keeps: 1 only on average.
-  m.attachLora({ r: 8, alpha: 16, dropout: 0.1, rslora: false, targets: [...targets] }, 2);
-  const b = m.trainable();
-  for (const [k, v] of Object.entries(b)) if (k.includes('lora_B')) m.setTrainable(k, Float32Array.from(v, (_, i) => ((i % 7) - 3) * 0.05));
-  const [re2] = await withOldLogprobs(m, [ep], 'recompute');
-  const sDo = await step(re2);
-  t.ok(sDo.ratio !== 1 && Math.abs(sDo.ratio - 1) < 0.2, `dropout 0.1: ratio ${sDo.ratio}, near 1 but not 1`);
-});
+    // With LoRA dropout the training forward drops what the scoring forward keeps: 1 only on average.
+    m.attachLora({ r: 8, alpha: 16, dropout: 0.1, rslora: false, targets: [...targets] }, 2);
+    const b = m.trainable();
+    for (const [k, v] of Object.entries(b))
+      if (k.includes('lora_B'))
+        m.setTrainable(
+          k,
+          Float32Array.from(v, (_, i) => ((i % 7) - 3) * 0.05),
+        );
+    const [re2] = await withOldLogprobs(m, [ep], 'recompute');
+    const sDo = await step(re2);
+    t.ok(sDo.ratio !== 1 && Math.abs(sDo.ratio - 1) < 0.2, `dropout 0.1: ratio ${sDo.ratio}, near 1 but not 1`);
+  },
+);
 
 t.test('algorithm.loss_temperature reaches the training step (GRPO) and the PPO forward', async (t) => {
   const { groupPolicyGradient, pgOptionsFrom } = await import('../lib/train/rl/grpo.js');
   const { ppoForward } = await import('../lib/train/rl/ppo-batch.js');
   const cfg = grpo();
   const seen: Array<{ temperature?: number[] }> = [];
-  const stats = { loss: 0, pgLoss: 0, sftLoss: 0, kl: 0, entropy: 0, clipFrac: 0, ratio: 1, valueLoss: 0, gradNorm: 1, tokens: 2, sequences: 1, headRows: 2, skipped: false, skipReason: '', step: 1 };
+  const stats = {
+    loss: 0,
+    pgLoss: 0,
+    sftLoss: 0,
+    kl: 0,
+    entropy: 0,
+    clipFrac: 0,
+    ratio: 1,
+    valueLoss: 0,
+    gradNorm: 1,
+    tokens: 2,
+    sequences: 1,
+    headRows: 2,
+    skipped: false,
+    skipReason: '',
+    step: 1,
+  };
   const model = { trainStep: async (b: { temperature?: number[] }) => (seen.push(b), stats) } as unknown as Model;
-  const algo = groupPolicyGradient('grpo', () => ({ advantages: [1, -1] }), { ...pgOptionsFrom(cfg), lora: { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj'] }, questionsPerStep: 1, steps: 1, temperature: 1, seed: 1 });
-  const ep = (temperature: number, lossTemperature?: number) => ({ ids: Int32Array.from([1, 2, 3]), lossMask: Uint8Array.from([0, 1, 1]), logprobs: Float32Array.from([0, -1, -1]), temperature, ...(lossTemperature ? { lossTemperature } : {}), answer: null, turns: 1, record: {} });
-  await algo.update({ model, step: 0, requests: [], episodes: [ep(0.8, 1), ep(1.1)] as never, rewards: [{ total: 1 }, { total: 0 }] as never, offset: 0 }, { adv: [1, -1], keep: [0, 1], skipped: [] });
+  const algo = groupPolicyGradient('grpo', () => ({ advantages: [1, -1] }), {
+    ...pgOptionsFrom(cfg),
+    lora: { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj'] },
+    questionsPerStep: 1,
+    steps: 1,
+    temperature: 1,
+    seed: 1,
+  });
+  const ep = (temperature: number, lossTemperature?: number) => ({
+    ids: Int32Array.from([1, 2, 3]),
+    lossMask: Uint8Array.from([0, 1, 1]),
+    logprobs: Float32Array.from([0, -1, -1]),
+    temperature,
+    ...(lossTemperature ? { lossTemperature } : {}),
+    answer: null,
+    turns: 1,
+    record: {},
+  });
+  await algo.update(
+    { model, step: 0, requests: [], episodes: [ep(0.8, 1), ep(1.1)] as never, rewards: [{ total: 1 }, { total: 0 }] as never, offset: 0 },
+    { adv: [1, -1], keep: [0, 1], skipped: [] },
+  );
   t.same(seen[0].temperature, [1, 1.1], 'GRPO: lossTemperature where set, else the sampling temperature');
   const temps: number[][] = [];
-  const pm = { sequenceLogprobs: async (rows: ArrayLike<number>[], tt: number[]) => (temps.push(Array.from(tt)), rows.map((r) => new Float32Array(r.length))), values: async (rows: ArrayLike<number>[]) => rows.map((r) => new Float32Array(r.length)) } as unknown as Model;
-  const f = await ppoForward(pm, [ep(0.8, 1) as never, ep(1.1) as never], { recomputeOldLogprobs: true, klCoef: 0, klIn: 'reward' } as never);
+  const pm = {
+    sequenceLogprobs: async (rows: ArrayLike<number>[], tt: number[]) => (
+      temps.push(Array.from(tt)), rows.map((r) => new Float32Array(r.length))
+    ),
+    values: async (rows: ArrayLike<number>[]) => rows.map((r) => new Float32Array(r.length)),
+  } as unknown as Model;
+  const f = await ppoForward(pm, [ep(0.8, 1) as never, ep(1.1) as never], {
+    recomputeOldLogprobs: true,
+    klCoef: 0,
+    klIn: 'reward',
+  } as never);
   t.same(f.temperature, [1, 1.1], 'PPO: its batch temperature');
   t.same(temps[0], [1, 1.1], 'PPO: its own recomputation too');
 });
 
 // The reference's JUDGE_PROMPT_TEMPLATE (src/prompts/judge.py 65-95), copied here as its file has it,
 // and its JUDGE_SCHEMA as Python's json.dumps(indent=2) prints it.
-const REF_TEMPLATE = "Evaluate the agent's answer AND search approach.\n\nQuestion: {question}\nGround truth answer: {answer}\nAgent's final answer: {response}\n\nAgent's full trajectory:\n{trajectory}\n\nSCORING:\n\n1. \"category\" (one of: \"correct\", \"incorrect\", \"gave_up\"):\n   - \"correct\": Answer is semantically equivalent to \"{answer}\" (same meaning, different wording OK)\n     Examples: \"42 years old\" matches \"42\", \"NYC\" matches \"New York City\"\n   - \"incorrect\": Agent provided a WRONG answer (tried but got it wrong)\n   - \"gave_up\": Agent gave up without providing a real answer\n     Examples: \"Unknown\", \"Not found\", \"N/A\", \"Unable to determine\", \"I don't know\"\n\n   IMPORTANT: \"gave_up\" is WORSE than \"incorrect\" - always penalize giving up!\n\n2. \"approach_score\" (0-100):\n   - 0-25: Relevant search queries (targeted vs generic)\n   - 0-25: Efficiency (minimal wasted turns, no repeated failures)\n   - 0-25: Found and read appropriate sources\n   - 0-25: Clear reasoning, answer derived from evidence\n\nThink briefly, then output JSON.\n\n{schema}\n\nJSON:";
-const REF_SCHEMA = "{\n  \"type\": \"object\",\n  \"properties\": {\n    \"category\": {\n      \"type\": \"string\",\n      \"enum\": [\n        \"correct\",\n        \"incorrect\",\n        \"gave_up\"\n      ],\n      \"description\": \"Classification of the response\"\n    },\n    \"approach_score\": {\n      \"type\": \"integer\",\n      \"minimum\": 0,\n      \"maximum\": 100,\n      \"description\": \"Quality of the search approach (0-100)\"\n    }\n  },\n  \"required\": [\n    \"category\",\n    \"approach_score\"\n  ]\n}";
+const REF_TEMPLATE =
+  'Evaluate the agent\'s answer AND search approach.\n\nQuestion: {question}\nGround truth answer: {answer}\nAgent\'s final answer: {response}\n\nAgent\'s full trajectory:\n{trajectory}\n\nSCORING:\n\n1. "category" (one of: "correct", "incorrect", "gave_up"):\n   - "correct": Answer is semantically equivalent to "{answer}" (same meaning, different wording OK)\n     Examples: "42 years old" matches "42", "NYC" matches "New York City"\n   - "incorrect": Agent provided a WRONG answer (tried but got it wrong)\n   - "gave_up": Agent gave up without providing a real answer\n     Examples: "Unknown", "Not found", "N/A", "Unable to determine", "I don\'t know"\n\n   IMPORTANT: "gave_up" is WORSE than "incorrect" - always penalize giving up!\n\n2. "approach_score" (0-100):\n   - 0-25: Relevant search queries (targeted vs generic)\n   - 0-25: Efficiency (minimal wasted turns, no repeated failures)\n   - 0-25: Found and read appropriate sources\n   - 0-25: Clear reasoning, answer derived from evidence\n\nThink briefly, then output JSON.\n\n{schema}\n\nJSON:';
+const REF_SCHEMA =
+  '{\n  "type": "object",\n  "properties": {\n    "category": {\n      "type": "string",\n      "enum": [\n        "correct",\n        "incorrect",\n        "gave_up"\n      ],\n      "description": "Classification of the response"\n    },\n    "approach_score": {\n      "type": "integer",\n      "minimum": 0,\n      "maximum": 100,\n      "description": "Quality of the search approach (0-100)"\n    }\n  },\n  "required": [\n    "category",\n    "approach_score"\n  ]\n}';
 /** Python's str.format of the template (no escaped braces in it). */
-const pyFormat = (tpl: string, v: Record<string, string>) => tpl.split(/(\{\w+\})/).map((p) => (/^\{\w+\}$/.test(p) ? v[p.slice(1, -1)] : p)).join('');
+const pyFormat = (tpl: string, v: Record<string, string>) =>
+  tpl
+    .split(/(\{\w+\})/)
+    .map((p) => (/^\{\w+\}$/.test(p) ? v[p.slice(1, -1)] : p))
+    .join('');
 
 t.test("judge.prompt: reference sends the reference's prompt, filled as build_judge_prompt fills it", async (t) => {
   const { REFERENCE_JUDGE_TEMPLATE, referenceJudgeMessage } = await import('../lib/rewards/index.js');
   t.equal(REFERENCE_JUDGE_TEMPLATE, REF_TEMPLATE, 'the template word for word');
   const g = grpo();
   t.equal((g.reward.judge as Record<string, unknown>).prompt, 'reference', 'code-grpo.yaml');
-  t.equal((loadConfig(join(root, 'configs', 'code-eval.yaml')).reward.judge as Record<string, unknown>).prompt, 'reference', 'code-eval.yaml');
+  t.equal(
+    (loadConfig(join(root, 'configs', 'code-eval.yaml')).reward.judge as Record<string, unknown>).prompt,
+    'reference',
+    'code-eval.yaml',
+  );
   const messages: ChatMessage[] = [
     { role: 'system', content: SYSTEM },
     { role: 'user', content: 'Question: What is the capital of France?' },
@@ -454,18 +693,49 @@ t.test("judge.prompt: reference sends the reference's prompt, filled as build_ju
     { role: 'assistant', content: '<answer>Lyon</answer>' },
   ];
   // episode.py format_for_judge: the system prompt and the "Question:" message left out.
-  const trajectory = '[TURN 1 - AGENT]:\n<python>\nprint(search_pages("France"))\n</python>\n\n[EXECUTION RESULT]:\n<python_output>\nfound: Paris\n</python_output>\n\n[SYSTEM REMINDER]:\n[FINAL TURN] Answer now.\n\n[TURN 2 - AGENT]:\n<answer>Lyon</answer>';
-  const c = (answer: string | null): RewardContext => ({ question: 'What is the capital of France?', golds: ['Paris'], answer, episode: { turns: 2, messages } });
-  t.equal(referenceJudgeMessage(c('Lyon')), pyFormat(REF_TEMPLATE, { question: 'What is the capital of France?', answer: 'Paris', response: 'Lyon', trajectory, schema: REF_SCHEMA }));
+  const trajectory =
+    '[TURN 1 - AGENT]:\n<python>\nprint(search_pages("France"))\n</python>\n\n[EXECUTION RESULT]:\n<python_output>\nfound: Paris\n</python_output>\n\n[SYSTEM REMINDER]:\n[FINAL TURN] Answer now.\n\n[TURN 2 - AGENT]:\n<answer>Lyon</answer>';
+  const c = (answer: string | null): RewardContext => ({
+    question: 'What is the capital of France?',
+    golds: ['Paris'],
+    answer,
+    episode: { turns: 2, messages },
+  });
+  t.equal(
+    referenceJudgeMessage(c('Lyon')),
+    pyFormat(REF_TEMPLATE, {
+      question: 'What is the capital of France?',
+      answer: 'Paris',
+      response: 'Lyon',
+      trajectory,
+      schema: REF_SCHEMA,
+    }),
+  );
   t.match(referenceJudgeMessage(c(null)), "Agent's final answer: (no answer)\n", 'core.py 841');
   const b = backend('{"category": "incorrect", "approach_score": 40}');
   const seen: unknown[] = [];
   const spy: JudgeBackend = { description: 'spy', complete: async (ms) => (seen.push(ms), b.complete(ms)) };
-  const r = await rewardFromConfig({ combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }], judge: { prompt: 'reference' } } as never, { judgeBackend: spy })(c('Lyon'));
+  const r = await rewardFromConfig(
+    {
+      combine: 'sign_magnitude',
+      parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }],
+      judge: { prompt: 'reference' },
+    } as never,
+    { judgeBackend: spy },
+  )(c('Lyon'));
   t.same(seen, [[{ role: 'user', content: referenceJudgeMessage(c('Lyon')) }]], 'one user message, no system prompt');
   t.equal(r.total, refReward(false, true, 40));
-  for (const judge of [{ prompt: 'theirs' }, { prompt: 'reference', format: 'graded' }, { prompt: 'reference', system_prompt: 'x' }, { prompt: 'reference', approach: false, combine: 'weighted' }])
-    t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge_correctness' }], judge } as never), { code: 'CONFIG_INVALID' }, JSON.stringify(judge));
+  for (const judge of [
+    { prompt: 'theirs' },
+    { prompt: 'reference', format: 'graded' },
+    { prompt: 'reference', system_prompt: 'x' },
+    { prompt: 'reference', approach: false, combine: 'weighted' },
+  ])
+    t.throws(
+      () => rewardFromConfig({ parts: [{ kind: 'judge_correctness' }], judge } as never),
+      { code: 'CONFIG_INVALID' },
+      JSON.stringify(judge),
+    );
   t.throws(() => judgeReward({ backend: b, prompt: 'reference', format: 'graded' }), { code: 'ARGUMENT_INVALID' });
 });
 
@@ -475,21 +745,67 @@ t.test('data.train_questions: 300 of the 382 train questions, the same draw ever
   const dir = t.testdir();
   const file = join(dir, 'q.jsonl');
   // 478 questions as wiki-trivia-questions-v4: the first 80 % (382) train, the last 96 evaluated (N:31-36).
-  writeFileSync(file, Array.from({ length: 478 }, (_, i) => JSON.stringify({ id: `q${i}`, question: `Question ${i}?`, answer: `a${i}` })).join('\n') + '\n');
-  const all = await questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: null });
+  writeFileSync(
+    file,
+    Array.from({ length: 478 }, (_, i) => JSON.stringify({ id: `q${i}`, question: `Question ${i}?`, answer: `a${i}` })).join('\n') + '\n',
+  );
+  const all = await questionSplits({
+    questions: file,
+    eval_questions: null,
+    split: { train_fraction: 0.8, seed: null },
+    train_questions: null,
+  });
   t.same([all.train.length, all.eval.length], [Math.round(478 * 0.8), 478 - Math.round(478 * 0.8)]);
-  const s = await questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: 300 });
+  const s = await questionSplits({
+    questions: file,
+    eval_questions: null,
+    split: { train_fraction: 0.8, seed: null },
+    train_questions: 300,
+  });
   t.equal(s.train.length, 300);
-  t.same(s.eval.map((q) => q.id), all.eval.map((q) => q.id), 'the evaluation questions are the same');
+  t.same(
+    s.eval.map((q) => q.id),
+    all.eval.map((q) => q.id),
+    'the evaluation questions are the same',
+  );
   const ids = s.train.map((q) => q.index);
   t.equal(new Set(ids).size, 300, 'distinct');
-  t.ok(ids.every((i) => i < 382), 'all from the train split');
-  t.same(ids, [...ids].sort((x, y) => x - y), 'in file order');
-  const again = await questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: 300 });
-  t.same(again.train.map((q) => q.index), ids, 'the same draw');
-  t.notSame(trainSubset(all.train, 300, 1).map((q) => q.index), ids, 'another data.split.seed, another draw');
-  const more = await questionSplits({ questions: file, eval_questions: null, split: { train_fraction: 0.8, seed: null }, train_questions: 1000 });
-  t.same(more.train.map((q) => q.index), all.train.map((q) => q.index), 'more than there are: all of them (core.py 1116: min(num_samples, len))');
+  t.ok(
+    ids.every((i) => i < 382),
+    'all from the train split',
+  );
+  t.same(
+    ids,
+    [...ids].sort((x, y) => x - y),
+    'in file order',
+  );
+  const again = await questionSplits({
+    questions: file,
+    eval_questions: null,
+    split: { train_fraction: 0.8, seed: null },
+    train_questions: 300,
+  });
+  t.same(
+    again.train.map((q) => q.index),
+    ids,
+    'the same draw',
+  );
+  t.notSame(
+    trainSubset(all.train, 300, 1).map((q) => q.index),
+    ids,
+    'another data.split.seed, another draw',
+  );
+  const more = await questionSplits({
+    questions: file,
+    eval_questions: null,
+    split: { train_fraction: 0.8, seed: null },
+    train_questions: 1000,
+  });
+  t.same(
+    more.train.map((q) => q.index),
+    all.train.map((q) => q.index),
+    'more than there are: all of them (core.py 1116: min(num_samples, len))',
+  );
   let err: unknown;
   try {
     validateConfig({ stage: 'grpo', model: { path: '/m' }, data: { questions: '/q', corpus: '/c', train_questions: 0 } }, 'x');

@@ -15,7 +15,7 @@ type Schema = { properties?: Record<string, Schema>; type?: unknown };
 /** Every leaf path of the schema: 'optim.lr', 'algorithm.fallbacks.center', ... */
 function leafPaths(s: Schema, prefix: string[] = []): string[][] {
   const props = s.properties;
-  if (!props || s.type !== 'object' || prefix.length > 0 && (prefix.join('.') === 'reward.judge')) return prefix.length ? [prefix] : [];
+  if (!props || s.type !== 'object' || (prefix.length > 0 && prefix.join('.') === 'reward.judge')) return prefix.length ? [prefix] : [];
   return Object.entries(props).flatMap(([k, v]) => (v.properties && v.type === 'object' ? leafPaths(v, [...prefix, k]) : [[...prefix, k]]));
 }
 

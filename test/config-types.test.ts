@@ -60,7 +60,8 @@ function fromSchema(s: Schema): Desc {
     d.items = s.items ? fromSchema(s.items as Schema) : { kinds: new Set(['unknown']) };
     if (s.minItems !== undefined && s.minItems === s.maxItems) d.length = s.minItems as number;
   }
-  if (types.includes('object') && s.properties) d.props = Object.fromEntries(Object.entries(s.properties as Record<string, Schema>).map(([k, v]) => [k, fromSchema(v)]));
+  if (types.includes('object') && s.properties)
+    d.props = Object.fromEntries(Object.entries(s.properties as Record<string, Schema>).map(([k, v]) => [k, fromSchema(v)]));
   return d;
 }
 
@@ -74,7 +75,9 @@ function compilerView(): Desc {
   const program = ts.createProgram([file], { ...parsed.options, noEmit: true });
   const checker = program.getTypeChecker();
   const source = program.getSourceFile(file)!;
-  const decl = source.statements.find((s): s is ts.InterfaceDeclaration => ts.isInterfaceDeclaration(s) && s.name.text === 'ResolvedConfig');
+  const decl = source.statements.find(
+    (s): s is ts.InterfaceDeclaration => ts.isInterfaceDeclaration(s) && s.name.text === 'ResolvedConfig',
+  );
   if (!decl) throw new Error('lib/config/types.ts has no interface ResolvedConfig');
   const describeType = (type: ts.Type): Desc => {
     const parts = type.isUnion() ? type.types : [type];
@@ -91,11 +94,15 @@ function compilerView(): Desc {
           const args = checker.getTypeArguments(p as ts.TypeReference);
           return { kinds: new Set(['array']), items: merge(args.map(describeType)), length: args.length };
         }
-        if (checker.isArrayType(p)) return { kinds: new Set(['array']), items: describeType(checker.getTypeArguments(p as ts.TypeReference)[0]) };
+        if (checker.isArrayType(p))
+          return { kinds: new Set(['array']), items: describeType(checker.getTypeArguments(p as ts.TypeReference)[0]) };
         if (f & ts.TypeFlags.Object) {
           const props = checker.getPropertiesOfType(p);
           if (!props.length && checker.getIndexInfosOfType(p).length) return { kinds: new Set(['object']) };
-          return { kinds: new Set(['object']), props: Object.fromEntries(props.map((s) => [s.name, describeType(checker.getTypeOfSymbol(s))])) };
+          return {
+            kinds: new Set(['object']),
+            props: Object.fromEntries(props.map((s) => [s.name, describeType(checker.getTypeOfSymbol(s))])),
+          };
         }
         throw new Error(`lib/config/types.ts: a type this test does not know: ${checker.typeToString(p)}`);
       }),
@@ -113,14 +120,21 @@ function differences(path: string, schema: Desc, type: Desc, out: string[] = [])
   const kinds = new Set(schema.kinds);
   if (DERIVED.includes(path)) kinds.delete('null');
   const at = path || '(top level)';
-  if (JSON.stringify(sorted(kinds)) !== JSON.stringify(sorted(type.kinds))) out.push(`${at}: schema ${sorted(kinds)!.join(' | ')}, type ${sorted(type.kinds)!.join(' | ')}`);
+  if (JSON.stringify(sorted(kinds)) !== JSON.stringify(sorted(type.kinds)))
+    out.push(`${at}: schema ${sorted(kinds)!.join(' | ')}, type ${sorted(type.kinds)!.join(' | ')}`);
   if (JSON.stringify(sorted(schema.literals)) !== JSON.stringify(sorted(type.literals)))
-    out.push(`${at}: schema values ${JSON.stringify(sorted(schema.literals) ?? 'any string')}, type values ${JSON.stringify(sorted(type.literals) ?? 'any string')}`);
+    out.push(
+      `${at}: schema values ${JSON.stringify(sorted(schema.literals) ?? 'any string')}, type values ${JSON.stringify(sorted(type.literals) ?? 'any string')}`,
+    );
   if (schema.length !== type.length) out.push(`${at}: schema length ${schema.length ?? 'any'}, type length ${type.length ?? 'any'}`);
   if (schema.items && type.items) differences(`${path}[]`, schema.items, type.items, out);
-  if (!!schema.props !== !!type.props) out.push(`${at}: ${schema.props ? 'the schema lists keys, the type is a free mapping' : 'the type lists keys, the schema is a free mapping'}`);
+  if (!!schema.props !== !!type.props)
+    out.push(
+      `${at}: ${schema.props ? 'the schema lists keys, the type is a free mapping' : 'the type lists keys, the schema is a free mapping'}`,
+    );
   if (schema.props && type.props) {
-    const sk = Object.keys(schema.props), tk = Object.keys(type.props);
+    const sk = Object.keys(schema.props),
+      tk = Object.keys(type.props);
     for (const k of sk) if (!tk.includes(k)) out.push(`${path ? `${path}.` : ''}${k}: in the schema, not in the type`);
     for (const k of tk) if (!sk.includes(k)) out.push(`${path ? `${path}.` : ''}${k}: in the type, not in the schema`);
     for (const k of sk) if (tk.includes(k)) differences(path ? `${path}.${k}` : k, schema.props[k], type.props[k], out);
@@ -135,7 +149,12 @@ function fits(v: unknown, d: Desc, integer = false): boolean {
   if (typeof v === 'number') return d.kinds.has('number') && (!integer || Number.isInteger(v));
   if (typeof v === 'boolean') return d.kinds.has('boolean');
   if (typeof v === 'string') return d.kinds.has('string') && (!d.literals || d.literals.has(v));
-  if (Array.isArray(v)) return d.kinds.has('array') && (d.length === undefined || v.length === d.length) && v.every((x) => fits(x, d.items ?? { kinds: new Set(['unknown']) }));
+  if (Array.isArray(v))
+    return (
+      d.kinds.has('array') &&
+      (d.length === undefined || v.length === d.length) &&
+      v.every((x) => fits(x, d.items ?? { kinds: new Set(['unknown']) }))
+    );
   if (typeof v === 'object') return d.kinds.has('object') && (!d.props || Object.keys(v).every((k) => k in d.props!));
   return false;
 }
@@ -147,9 +166,11 @@ function badDefaults(s: Schema, type: Desc | undefined, path: string, out: strin
     const integer = s.type === 'integer' || (Array.isArray(s.type) && s.type.includes('integer'));
     if (!fits(s.default, d, integer)) out.push(`${path}: default ${JSON.stringify(s.default)} is not a value the schema accepts`);
     const typeSide = type && DERIVED.includes(path) ? { ...type, kinds: new Set([...type.kinds, 'null']) } : type;
-    if (typeSide && !fits(s.default, typeSide)) out.push(`${path}: default ${JSON.stringify(s.default)} is not a value of its TypeScript type`);
+    if (typeSide && !fits(s.default, typeSide))
+      out.push(`${path}: default ${JSON.stringify(s.default)} is not a value of its TypeScript type`);
   }
-  for (const [k, sub] of Object.entries((s.properties ?? {}) as Record<string, Schema>)) badDefaults(sub, type?.props?.[k], path ? `${path}.${k}` : k, out);
+  for (const [k, sub] of Object.entries((s.properties ?? {}) as Record<string, Schema>))
+    badDefaults(sub, type?.props?.[k], path ? `${path}.${k}` : k, out);
   return out;
 }
 
@@ -159,10 +180,14 @@ const typeView = compilerView();
 // later adds its own), so the type says string; the schema's enums are checked against the registry.
 for (const path of [['stage'], ['algorithm', 'kind']]) delete path.reduce((d: Desc, k) => d.props![k], schemaView).literals;
 
-t.test('stage and algorithm.kind: the schema enums are the registry\'s names', async (t) => {
+t.test("stage and algorithm.kind: the schema enums are the registry's names", async (t) => {
   const top = CONFIG_SCHEMA.properties as Record<string, Schema>;
   t.same(top.stage.enum, stageNames(), 'stage: sft, the algorithms, eval');
-  t.same((top.algorithm.properties as Record<string, Schema>).kind.enum, [...algorithms().map((a) => a.name), 'sft', null], 'algorithm.kind: the algorithms, sft (null: the stage)');
+  t.same(
+    (top.algorithm.properties as Record<string, Schema>).kind.enum,
+    [...algorithms().map((a) => a.name), 'sft', null],
+    'algorithm.kind: the algorithms, sft (null: the stage)',
+  );
   t.ok(stageNames().includes('rloo') && stageNames().includes('ppo'), 'the built-in algorithms are registered');
 });
 
@@ -178,7 +203,10 @@ t.test('every schema default is a value of its key on both sides', async (t) => 
 });
 
 t.test('the derived keys are null by default in the schema and filled by the loader', async (t) => {
-  const c = validateConfig({ stage: 'grpo', model: { path: 'unused' }, data: { questions: 'q.jsonl', corpus: 'c.jsonl' } }, 'test') as unknown as Record<string, Record<string, unknown>>;
+  const c = validateConfig(
+    { stage: 'grpo', model: { path: 'unused' }, data: { questions: 'q.jsonl', corpus: 'c.jsonl' } },
+    'test',
+  ) as unknown as Record<string, Record<string, unknown>>;
   for (const key of DERIVED) {
     const [sec, k] = key.split('.');
     const s = (CONFIG_SCHEMA.properties as Record<string, Schema>)[sec].properties as Record<string, Schema>;
@@ -195,7 +223,8 @@ t.test('sectionDefaults: what validation fills in a section left out', async (t)
     const d = sectionDefaults(sec as never) as Record<string, unknown>;
     t.same(Object.keys(d), Object.keys(c[sec]), `${sec}: every key`);
     for (const [k, v] of Object.entries(d)) {
-      if (DERIVED.includes(`${sec}.${k}`) || (given as unknown as Record<string, Record<string, unknown>>)[sec]?.[k] !== undefined) continue;
+      if (DERIVED.includes(`${sec}.${k}`) || (given as unknown as Record<string, Record<string, unknown>>)[sec]?.[k] !== undefined)
+        continue;
       t.same(v, c[sec][k], `${sec}.${k}`);
     }
   }
@@ -216,7 +245,20 @@ t.test('the comparison finds a key, a type or an enum value on one side only', a
   t.match(found.join('\n'), /lora\.extra: in the schema, not in the type/);
   t.match(found.join('\n'), /algorithm\.std: schema values \["batch","group","none"\], type values \["group","none"\]/);
   t.match(found.join('\n'), /train\.seed: schema string, type number/);
-  const typed = structuredClone({ ...typeView, props: { ...typeView.props, run: { kinds: new Set(['object']), props: { ...typeView.props!.run.props, extra: { kinds: new Set(['string']) } } } } });
+  const typed = structuredClone({
+    ...typeView,
+    props: {
+      ...typeView.props,
+      run: { kinds: new Set(['object']), props: { ...typeView.props!.run.props, extra: { kinds: new Set(['string']) } } },
+    },
+  });
   t.match(differences('', schemaView, typed).join('\n'), /run\.extra: in the type, not in the schema/);
-  t.match(badDefaults({ properties: { x: { type: 'integer', default: 0.5 }, y: { type: 'string', enum: ['a'], default: 'b' } } }, undefined, '').join('\n'), /x: default 0\.5[\s\S]*y: default "b"/);
+  t.match(
+    badDefaults(
+      { properties: { x: { type: 'integer', default: 0.5 }, y: { type: 'string', enum: ['a'], default: 'b' } } },
+      undefined,
+      '',
+    ).join('\n'),
+    /x: default 0\.5[\s\S]*y: default "b"/,
+  );
 });

@@ -28,7 +28,8 @@ function reference(x: Float32Array, T: number, topK: number, topP: number, u: nu
   const V = x.length;
   const greedy = !(T > 0);
   const s = Array.from(x, (v) => (greedy || T === 1 ? v : Math.fround(v / T)));
-  let m = -Infinity, arg = 0;
+  let m = -Infinity,
+    arg = 0;
   for (let i = 0; i < V; i++) if (s[i] > m) (m = s[i]), (arg = i);
   let z = 0;
   for (const v of s) z += Math.exp(v - m);
@@ -48,10 +49,14 @@ function reference(x: Float32Array, T: number, topK: number, topP: number, u: nu
     }
   }
   if (topP < 1) {
-    let cum = 0, n = p.length;
+    let cum = 0,
+      n = p.length;
     for (let j = 0; j < p.length; j++) {
       cum += p[j];
-      if (cum - p[j] > topP) { n = j; break; }
+      if (cum - p[j] > topP) {
+        n = j;
+        break;
+      }
     }
     order = order.slice(0, n);
     p = p.slice(0, n);
@@ -65,7 +70,15 @@ function reference(x: Float32Array, T: number, topK: number, topP: number, u: nu
   return { token: order[order.length - 1], logprob: s[order[order.length - 1]] - lse };
 }
 
-interface Case { name: string; V: number; scale: number; temperature: number[]; topK?: number; topP?: number[]; topN?: number }
+interface Case {
+  name: string;
+  V: number;
+  scale: number;
+  temperature: number[];
+  topK?: number;
+  topP?: number[];
+  topN?: number;
+}
 const cases: Case[] = [
   { name: 'greedy', V: 3001, scale: 2, temperature: [0, 0, 0, 0] },
   { name: 'temperature 1', V: 3001, scale: 2, temperature: [1, 1, 1, 1] },
@@ -82,69 +95,104 @@ const cases: Case[] = [
 ];
 
 for (const c of cases) {
-  atEachLevel(t, a, c.name, async (t) => {
-    t.teardown(() => a.setCpuKernels(true));
-    const B = c.temperature.length;
-    const draws = c.V > 10000 ? 3 : 40;
-    let checked = 0;
-    for (let d = 0; d < draws; d++) {
-      const logits = logitsRows(B, c.V, c.scale, 17 + d * 7 + c.V);
-      const r = rng(99 + d);
-      const u = Array.from({ length: B }, () => 1 - r());
-      const req = { logits, rows: B, vocab: c.V, temperature: c.temperature, u, topK: c.topK ?? 0, ...(c.topP ? { topP: c.topP } : {}), topN: c.topN ?? 0 };
-      a.setCpuKernels(true);
-      const fused = a.sample(req);
-      a.setCpuKernels(false);
-      const aten = a.sample(req);
-      for (let b = 0; b < B; b++) {
-        const ref = reference(logits.subarray(b * c.V, (b + 1) * c.V), c.temperature[b], c.topK ?? 0, c.topP?.[b] ?? 1, u[b]);
-        if (fused.tokens[b] !== ref.token || aten.tokens[b] !== ref.token || Math.abs(fused.logprobs[b] - ref.logprob) > 1e-4 || Math.abs(fused.logprobs[b] - aten.logprobs[b]) > 1e-5) {
-          t.fail(`draw ${d} row ${b}: fused ${fused.tokens[b]} (${fused.logprobs[b]}), ATen ${aten.tokens[b]} (${aten.logprobs[b]}), float64 ${ref.token} (${ref.logprob})`);
-          return;
+  atEachLevel(
+    t,
+    a,
+    c.name,
+    async (t) => {
+      t.teardown(() => a.setCpuKernels(true));
+      const B = c.temperature.length;
+      const draws = c.V > 10000 ? 3 : 40;
+      let checked = 0;
+      for (let d = 0; d < draws; d++) {
+        const logits = logitsRows(B, c.V, c.scale, 17 + d * 7 + c.V);
+        const r = rng(99 + d);
+        const u = Array.from({ length: B }, () => 1 - r());
+        const req = {
+          logits,
+          rows: B,
+          vocab: c.V,
+          temperature: c.temperature,
+          u,
+          topK: c.topK ?? 0,
+          ...(c.topP ? { topP: c.topP } : {}),
+          topN: c.topN ?? 0,
+        };
+        a.setCpuKernels(true);
+        const fused = a.sample(req);
+        a.setCpuKernels(false);
+        const aten = a.sample(req);
+        for (let b = 0; b < B; b++) {
+          const ref = reference(logits.subarray(b * c.V, (b + 1) * c.V), c.temperature[b], c.topK ?? 0, c.topP?.[b] ?? 1, u[b]);
+          if (
+            fused.tokens[b] !== ref.token ||
+            aten.tokens[b] !== ref.token ||
+            Math.abs(fused.logprobs[b] - ref.logprob) > 1e-4 ||
+            Math.abs(fused.logprobs[b] - aten.logprobs[b]) > 1e-5
+          ) {
+            t.fail(
+              `draw ${d} row ${b}: fused ${fused.tokens[b]} (${fused.logprobs[b]}), ATen ${aten.tokens[b]} (${aten.logprobs[b]}), float64 ${ref.token} (${ref.logprob})`,
+            );
+            return;
+          }
+          checked++;
         }
-        checked++;
+        if (c.topN) {
+          t.same(fused.topIds, aten.topIds, 'top-n ids equal ATen topk');
+          for (let i = 0; i < fused.topLogprobs!.length; i++)
+            if (Math.abs(fused.topLogprobs![i] - aten.topLogprobs![i]) > 1e-5) t.fail(`top-n log-prob ${i}`);
+        }
       }
-      if (c.topN) {
-        t.same(fused.topIds, aten.topIds, 'top-n ids equal ATen topk');
-        for (let i = 0; i < fused.topLogprobs!.length; i++) if (Math.abs(fused.topLogprobs![i] - aten.topLogprobs![i]) > 1e-5) t.fail(`top-n log-prob ${i}`);
-      }
-    }
-    t.pass(`${checked} draws: the fused sampler, ATen's path and the float64 rules pick the same token (log-probs within 1e-5)`);
-  }, { withNone: true });
+      t.pass(`${checked} draws: the fused sampler, ATen's path and the float64 rules pick the same token (log-probs within 1e-5)`);
+    },
+    { withNone: true },
+  );
 }
 
 // Plain sampling skips whole 64-id chunks whose mass cannot reach the target: the token may be in
 // the first chunk, in the tail after the last whole chunk (3001 = 46 x 64 + 57), on a chunk edge,
 // or the only likely id at either end; u at its extremes.
-atEachLevel(t, a, 'plain sampling at chunk edges and extremes of u', async (t) => {
-  t.teardown(() => a.setCpuKernels(true));
-  const V = 3001;
-  const rows: Array<{ name: string; logits: Float32Array; u: number }> = [];
-  const peak = (at: number[]) => {
-    const x = new Float32Array(V).fill(-30);
-    for (const i of at) x[i] = 0;
-    return x;
-  };
-  rows.push({ name: 'only the last id is likely', logits: peak([V - 1]), u: 0.3 });
-  rows.push({ name: 'only the first id is likely', logits: peak([0]), u: 0.99 });
-  rows.push({ name: 'two ids on a chunk edge (63, 64), u below half', logits: peak([63, 64]), u: 0.49 });
-  rows.push({ name: 'two ids on a chunk edge (63, 64), u above half', logits: peak([63, 64]), u: 0.51 });
-  rows.push({ name: 'mass in the tail (2950, 2990)', logits: peak([2950, 2990]), u: 0.75 });
-  const flat = logitsRows(1, V, 0.5, 5);
-  for (const u of [1e-9, 0.25, 0.999999, 1]) rows.push({ name: `a flat row, u ${u}`, logits: flat, u });
-  for (const row of rows) {
-    const req = { logits: row.logits, rows: 1, vocab: V, temperature: [1], u: [row.u], topK: 0, topN: 0 };
-    a.setCpuKernels(true);
-    const fused = a.sample(req);
-    a.setCpuKernels(false);
-    const aten = a.sample(req);
-    const ref = reference(row.logits, 1, 0, 1, row.u);
-    t.equal(fused.tokens[0], ref.token, `${row.name}: the float64 rules' token`);
-    t.equal(aten.tokens[0], ref.token, `${row.name}: ATen's path agrees`);
-  }
-}, { withNone: true });
+atEachLevel(
+  t,
+  a,
+  'plain sampling at chunk edges and extremes of u',
+  async (t) => {
+    t.teardown(() => a.setCpuKernels(true));
+    const V = 3001;
+    const rows: Array<{ name: string; logits: Float32Array; u: number }> = [];
+    const peak = (at: number[]) => {
+      const x = new Float32Array(V).fill(-30);
+      for (const i of at) x[i] = 0;
+      return x;
+    };
+    rows.push({ name: 'only the last id is likely', logits: peak([V - 1]), u: 0.3 });
+    rows.push({ name: 'only the first id is likely', logits: peak([0]), u: 0.99 });
+    rows.push({ name: 'two ids on a chunk edge (63, 64), u below half', logits: peak([63, 64]), u: 0.49 });
+    rows.push({ name: 'two ids on a chunk edge (63, 64), u above half', logits: peak([63, 64]), u: 0.51 });
+    rows.push({ name: 'mass in the tail (2950, 2990)', logits: peak([2950, 2990]), u: 0.75 });
+    const flat = logitsRows(1, V, 0.5, 5);
+    for (const u of [1e-9, 0.25, 0.999999, 1]) rows.push({ name: `a flat row, u ${u}`, logits: flat, u });
+    for (const row of rows) {
+      const req = { logits: row.logits, rows: 1, vocab: V, temperature: [1], u: [row.u], topK: 0, topN: 0 };
+      a.setCpuKernels(true);
+      const fused = a.sample(req);
+      a.setCpuKernels(false);
+      const aten = a.sample(req);
+      const ref = reference(row.logits, 1, 0, 1, row.u);
+      t.equal(fused.tokens[0], ref.token, `${row.name}: the float64 rules' token`);
+      t.equal(aten.tokens[0], ref.token, `${row.name}: ATen's path agrees`);
+    }
+  },
+  { withNone: true },
+);
 
 t.test('a wrong request is a coded error', async (t) => {
-  t.throws(() => a.sample({ logits: new Float32Array(5), rows: 2, vocab: 3, temperature: [1, 1], u: [0.5, 0.5] }), { code: 'ARGUMENT_INVALID' });
-  t.throws(() => a.sample({ logits: new Float32Array(6), vocab: 3, temperature: [1, 1], u: [0.5, 0.5] } as never), { code: 'ARGUMENT_INVALID' }, 'a missing row count');
+  t.throws(() => a.sample({ logits: new Float32Array(5), rows: 2, vocab: 3, temperature: [1, 1], u: [0.5, 0.5] }), {
+    code: 'ARGUMENT_INVALID',
+  });
+  t.throws(
+    () => a.sample({ logits: new Float32Array(6), vocab: 3, temperature: [1, 1], u: [0.5, 0.5] } as never),
+    { code: 'ARGUMENT_INVALID' },
+    'a missing row count',
+  );
 });

@@ -12,10 +12,12 @@ import { atEachLevel, cpuLevels } from './helpers/isa.js';
 const a = native();
 
 function reference(x: Float32Array, w: Float32Array, m: number, n: number, k: number): { y: Float64Array; mag: Float64Array } {
-  const y = new Float64Array(m * n), mag = new Float64Array(m * n);
+  const y = new Float64Array(m * n),
+    mag = new Float64Array(m * n);
   for (let i = 0; i < m; i++)
     for (let j = 0; j < n; j++) {
-      let s = 0, g = 0;
+      let s = 0,
+        g = 0;
       for (let q = 0; q < k; q++) {
         s += x[i * k + q] * w[j * k + q];
         g += Math.abs(x[i * k + q] * w[j * k + q]);
@@ -56,7 +58,13 @@ t.test('a CPU with AVX2 gets a kernel at each level it has (the tests below woul
 
 atEachLevel(t, a, 'float32: every row count 1..32 and ragged sizes agree with float64 dot products', async (t) => {
   t.teardown(() => a.setCpuKernels(true));
-  for (const [n, k] of [[37, 53], [64, 48], [6, 16], [5, 100], [130, 512]] as const) {
+  for (const [n, k] of [
+    [37, 53],
+    [64, 48],
+    [6, 16],
+    [5, 100],
+    [130, 512],
+  ] as const) {
     const w = rand(n * k, 7 + n + k);
     for (const m of [...Array.from({ length: 32 }, (_, i) => i + 1), 47, 130, 256]) {
       const x = rand(m * k, 1000 + m * 31 + k);
@@ -65,7 +73,8 @@ atEachLevel(t, a, 'float32: every row count 1..32 and ragged sizes agree with fl
       const y = a.linear({ x, w, m, n, k });
       a.setCpuKernels(false);
       const yBlas = a.linear({ x, w, m, n, k });
-      const e = worst(y, ref.y, ref.mag), eBlas = worst(yBlas, ref.y, ref.mag);
+      const e = worst(y, ref.y, ref.mag),
+        eBlas = worst(yBlas, ref.y, ref.mag);
       if (!(e < 1e-6) || !(eBlas < 1e-6)) {
         t.fail(`m ${m} n ${n} k ${k}: kernel error ${e}, at::linear error ${eBlas}`);
         return;
@@ -76,7 +85,8 @@ atEachLevel(t, a, 'float32: every row count 1..32 and ragged sizes agree with fl
 });
 
 atEachLevel(t, a, "a row's result does not depend on the rest of the batch", async (t) => {
-  const n = 29, k = 75;
+  const n = 29,
+    k = 75;
   const w = rand(n * k, 3);
   const x = rand(32 * k, 4);
   for (const dtype of ['float32', 'bfloat16'] as const) {
@@ -90,7 +100,12 @@ atEachLevel(t, a, "a row's result does not depend on the rest of the batch", asy
 
 atEachLevel(t, a, 'bfloat16: products of the rounded inputs, rounded once', async (t) => {
   t.teardown(() => a.setCpuKernels(true));
-  for (const [n, k] of [[37, 77], [64, 64], [9, 31], [130, 512]] as const) {
+  for (const [n, k] of [
+    [37, 77],
+    [64, 64],
+    [9, 31],
+    [130, 512],
+  ] as const) {
     const w = rand(n * k, 11 + k);
     // 300 rows: above the small-row kernel, ATen, or on CPUs without bfloat16 dot products BLAS in float32 (cpu_linear_widened).
     for (const m of [1, 3, 4, 16, 17, 32, 300]) {
@@ -123,8 +138,13 @@ atEachLevel(t, a, 'the head path: float32 into a reused buffer, equal to the pla
   for (const kernels of [true, false])
     for (const dtype of ['float32', 'bfloat16'] as const) {
       a.setCpuKernels(kernels);
-      for (const [m, n, k] of [[16, 151, 64], [3, 37, 77], [1, 4, 32]] as const) {
-        const x = rand(m * k, 21 + m), w = rand(n * k, 22 + n);
+      for (const [m, n, k] of [
+        [16, 151, 64],
+        [3, 37, 77],
+        [1, 4, 32],
+      ] as const) {
+        const x = rand(m * k, 21 + m),
+          w = rand(n * k, 22 + n);
         const plain = a.linear({ x, w, m, n, k, dtype });
         const head = a.linear({ x, w, m, n, k, dtype, head: true });
         t.same(Array.from(head), Array.from(plain), `kernels ${kernels ? 'on' : 'off'}, ${dtype} m ${m} n ${n} k ${k}: bit for bit`);
@@ -135,6 +155,14 @@ atEachLevel(t, a, 'the head path: float32 into a reused buffer, equal to the pla
 t.test('a wrong request is a coded error', async (t) => {
   t.throws(() => a.linear({ x: new Float32Array(3), w: new Float32Array(4), m: 1, n: 2, k: 2 }), { code: 'ARGUMENT_INVALID' });
   t.throws(() => a.setCpuKernels(1 as unknown as boolean), { code: 'ARGUMENT_INVALID' });
-  t.throws(() => a.linear({ x: new Float32Array(4), w: new Float32Array(4), n: 2, k: 2 } as never), { code: 'ARGUMENT_INVALID' }, 'a missing size');
-  t.throws(() => a.linear({ x: new Float32Array(4), w: new Float32Array(4), m: 2, n: 2, k: 2, dtype: 'float16' as never }), { code: 'ARGUMENT_INVALID', message: /float16/ }, 'an unsupported dtype is named');
+  t.throws(
+    () => a.linear({ x: new Float32Array(4), w: new Float32Array(4), n: 2, k: 2 } as never),
+    { code: 'ARGUMENT_INVALID' },
+    'a missing size',
+  );
+  t.throws(
+    () => a.linear({ x: new Float32Array(4), w: new Float32Array(4), m: 2, n: 2, k: 2, dtype: 'float16' as never }),
+    { code: 'ARGUMENT_INVALID', message: /float16/ },
+    'an unsupported dtype is named',
+  );
 });

@@ -25,7 +25,10 @@ function dapoPaper(len: number, lMax: number, lCache: number): number {
 
 t.test("the soft over-length penalty is the DAPO paper's, scaled by the factor", async (t) => {
   for (const len of [0, 100, 399, 400, 401, 425, 450, 499, 500]) {
-    t.ok(Math.abs(overlongPenalty(len, 500, 100, 1) - dapoPaper(len, 500, 100)) < 1e-12, `length ${len}: ${overlongPenalty(len, 500, 100, 1)} = ${dapoPaper(len, 500, 100)}`);
+    t.ok(
+      Math.abs(overlongPenalty(len, 500, 100, 1) - dapoPaper(len, 500, 100)) < 1e-12,
+      `length ${len}: ${overlongPenalty(len, 500, 100, 1)} = ${dapoPaper(len, 500, 100)}`,
+    );
     t.ok(Math.abs(overlongPenalty(len, 500, 100, 0.5) - 0.5 * dapoPaper(len, 500, 100)) < 1e-12, `factor 0.5, length ${len}`);
   }
   t.equal(overlongPenalty(450, 500, 100, 1), -0.5, '50 tokens into a 100-token buffer: -0.5');
@@ -35,8 +38,21 @@ t.test("the soft over-length penalty is the DAPO paper's, scaled by the factor",
 
 /** An episode whose turns sampled `turns` tokens each, ended as `finish`, the last turn stopping as `last`. */
 function ep(turns: number[], finish = 'answer', last = 'stop_token'): TrainEpisode {
-  const steps = turns.map((n, i) => ({ turn: i + 1, generatedTokens: n - 1, droppedTokens: 1, finishReason: i === turns.length - 1 ? last : 'stop_string' }));
-  return { ids: new Int32Array(4), lossMask: new Uint8Array(4), logprobs: new Float32Array(4), temperature: 1, answer: 'a', turns: turns.length, record: { finish, steps } };
+  const steps = turns.map((n, i) => ({
+    turn: i + 1,
+    generatedTokens: n - 1,
+    droppedTokens: 1,
+    finishReason: i === turns.length - 1 ? last : 'stop_string',
+  }));
+  return {
+    ids: new Int32Array(4),
+    lossMask: new Uint8Array(4),
+    logprobs: new Float32Array(4),
+    temperature: 1,
+    answer: 'a',
+    turns: turns.length,
+    record: { finish, steps },
+  };
 }
 const rw = (total: number, extra: Partial<RewardResult> = {}): RewardResult => ({ total, parts: { em: total }, ...extra });
 
@@ -77,19 +93,52 @@ t.test('groupsWithSpread: max > min among the members left in', async (t) => {
 t.test('dapoOptionsFrom: the config keys reach the loop options (off by default)', async (t) => {
   const base = { stage: 'grpo', model: { path: '/m' }, data: { questions: '/q', corpus: '/c' } };
   t.same(dapoOptionsFrom(configFromObject(base)), {}, 'nothing by default');
-  const c = configFromObject({ ...base, protocol: { max_new_tokens: 300 }, algorithm: { overlong: { filter: true, buffer: 60, penalty_factor: 0.7 } }, rollout: { dynamic_sampling: { enabled: true, max_draws: 5 } } });
-  t.same(dapoOptionsFrom(c), { overlong: { filter: true, buffer: 60, penaltyFactor: 0.7, maxNewTokens: 300 }, dynamicSampling: { maxDraws: 5 } });
-  t.throws(() => configFromObject({ ...base, protocol: { max_new_tokens: 50 }, algorithm: { overlong: { buffer: 50 } } }), { code: 'CONFIG_INVALID', message: /algorithm\.overlong\.buffer: .*expected fewer, found 50/ });
-  t.throws(() => configFromObject({ ...base, stage: 'ppo', rollout: { dynamic_sampling: { enabled: true } } }), { code: 'CONFIG_INVALID', message: /GRPO and RLOO only, found stage ppo/ });
-  t.throws(() => configFromObject({ ...base, rollout: { dynamic_sampling: { enabled: true, max_draws: 0 } } }), { code: 'CONFIG_INVALID', message: /max_draws/ });
-  t.same(dapoOptionsFrom(configFromObject({ ...base, distributed: { nproc: 2 }, rollout: { dynamic_sampling: { enabled: true } } })), { dynamicSampling: { maxDraws: 4 } }, 'data-parallel ranks take it too');
+  const c = configFromObject({
+    ...base,
+    protocol: { max_new_tokens: 300 },
+    algorithm: { overlong: { filter: true, buffer: 60, penalty_factor: 0.7 } },
+    rollout: { dynamic_sampling: { enabled: true, max_draws: 5 } },
+  });
+  t.same(dapoOptionsFrom(c), {
+    overlong: { filter: true, buffer: 60, penaltyFactor: 0.7, maxNewTokens: 300 },
+    dynamicSampling: { maxDraws: 5 },
+  });
+  t.throws(() => configFromObject({ ...base, protocol: { max_new_tokens: 50 }, algorithm: { overlong: { buffer: 50 } } }), {
+    code: 'CONFIG_INVALID',
+    message: /algorithm\.overlong\.buffer: .*expected fewer, found 50/,
+  });
+  t.throws(() => configFromObject({ ...base, stage: 'ppo', rollout: { dynamic_sampling: { enabled: true } } }), {
+    code: 'CONFIG_INVALID',
+    message: /GRPO and RLOO only, found stage ppo/,
+  });
+  t.throws(() => configFromObject({ ...base, rollout: { dynamic_sampling: { enabled: true, max_draws: 0 } } }), {
+    code: 'CONFIG_INVALID',
+    message: /max_draws/,
+  });
+  t.same(
+    dapoOptionsFrom(configFromObject({ ...base, distributed: { nproc: 2 }, rollout: { dynamic_sampling: { enabled: true } } })),
+    { dynamicSampling: { maxDraws: 4 } },
+    'data-parallel ranks take it too',
+  );
 });
 
 /**
  * runRl with a fake model and algorithm: questions are numbers; a question's group has a spread of
  * rewards when `spread(q)`; every step's groups (questions, in order) and metrics row are recorded.
  */
-async function fakeRun(t: Test, o: { questions: number; perStep: number; steps: number; maxDraws?: number; spread: (q: number) => boolean; overlong?: boolean; shard?: Shard; dir?: string }) {
+async function fakeRun(
+  t: Test,
+  o: {
+    questions: number;
+    perStep: number;
+    steps: number;
+    maxDraws?: number;
+    spread: (q: number) => boolean;
+    overlong?: boolean;
+    shard?: Shard;
+    dir?: string;
+  },
+) {
   const dir = o.dir ?? t.testdir();
   const run = new RunFolder(join(dir, `run${o.shard ? `-${o.shard.rank}` : ''}`));
   const k = 2;
@@ -107,7 +156,8 @@ async function fakeRun(t: Test, o: { questions: number; perStep: number; steps: 
     row: () => ({ head: {}, body: {} }),
   };
   const questions = Array.from({ length: o.questions }, (_, i) => i);
-  const rollout = async (reqs: Array<{ question: number }>) => reqs.map((r) => ep([r.question % 3 === 0 ? 500 : 10], 'max_turns', r.question % 3 === 0 ? 'length' : 'stop_token'));
+  const rollout = async (reqs: Array<{ question: number }>) =>
+    reqs.map((r) => ep([r.question % 3 === 0 ? 500 : 10], 'max_turns', r.question % 3 === 0 ? 'length' : 'stop_token'));
   let calls = 0;
   const reward = async (_e: TrainEpisode, q: number) => rw(o.spread(q) ? calls++ % 2 : 1);
   await runRl(model, questions, run, { rollout, reward }, algo, {
@@ -123,40 +173,51 @@ async function fakeRun(t: Test, o: { questions: number; perStep: number; steps: 
     ...(o.shard ? { shard: o.shard } : {}),
   });
   const file = join(run.dir, 'trajectories.jsonl');
-  const traj = existsSync(file) ? readFileSync(file, 'utf8').trim().split('\n').map((l) => JSON.parse(l)) : [];
+  const traj = existsSync(file)
+    ? readFileSync(file, 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l))
+    : [];
   return { seen, rows, traj };
 }
 
-t.test('dynamic sampling: flat groups dropped, more questions drawn until the step is full, the data position moved past every draw', async (t) => {
-  // 12 questions, 2 per step (6 batches per epoch), odd questions have a spread.
-  const spread = (q: number) => q % 2 === 1;
-  const r = await fakeRun(t, { questions: 12, perStep: 2, steps: 2, maxDraws: 6, spread });
-  const order = permutation(12, 3, 0);
-  // Expected independently: walk the epoch's order two questions at a time, keeping the odd ones.
-  const expected: number[][] = [];
-  let pos = 0;
-  const draws: number[] = [];
-  for (let step = 0; step < 2; step++) {
-    const kept: number[] = [];
-    let n = 0;
-    while (kept.length < 2 && n < 6) {
-      for (const q of order.slice(pos, pos + 2)) if (spread(q) && kept.length < 2) kept.push(q);
-      pos += 2;
-      n++;
+t.test(
+  'dynamic sampling: flat groups dropped, more questions drawn until the step is full, the data position moved past every draw',
+  async (t) => {
+    // 12 questions, 2 per step (6 batches per epoch), odd questions have a spread.
+    const spread = (q: number) => q % 2 === 1;
+    const r = await fakeRun(t, { questions: 12, perStep: 2, steps: 2, maxDraws: 6, spread });
+    const order = permutation(12, 3, 0);
+    // Expected independently: walk the epoch's order two questions at a time, keeping the odd ones.
+    const expected: number[][] = [];
+    let pos = 0;
+    const draws: number[] = [];
+    for (let step = 0; step < 2; step++) {
+      const kept: number[] = [];
+      let n = 0;
+      while (kept.length < 2 && n < 6) {
+        for (const q of order.slice(pos, pos + 2)) if (spread(q) && kept.length < 2) kept.push(q);
+        pos += 2;
+        n++;
+      }
+      expected.push(kept);
+      draws.push(n);
     }
-    expected.push(kept);
-    draws.push(n);
-  }
-  t.same(r.seen, expected, `steps train on ${JSON.stringify(expected)}`);
-  t.same(
-    r.rows.map((x) => x.dynamic_draws),
-    draws,
-    'draws per step',
-  );
-  t.same(r.rows.map((x) => x.groups_trained_on), [2, 2]);
-  t.ok(r.rows.every((x) => (x.groups_with_spread as number) >= 2 && (x.groups_drawn as number) === 2 * (x.dynamic_draws as number)));
-  t.equal(r.traj.length, 2 * 2 * 2, 'the trajectories hold the episodes trained on');
-});
+    t.same(r.seen, expected, `steps train on ${JSON.stringify(expected)}`);
+    t.same(
+      r.rows.map((x) => x.dynamic_draws),
+      draws,
+      'draws per step',
+    );
+    t.same(
+      r.rows.map((x) => x.groups_trained_on),
+      [2, 2],
+    );
+    t.ok(r.rows.every((x) => (x.groups_with_spread as number) >= 2 && (x.groups_drawn as number) === 2 * (x.dynamic_draws as number)));
+    t.equal(r.traj.length, 2 * 2 * 2, 'the trajectories hold the episodes trained on');
+  },
+);
 
 /** `world` ranks in one process: allGather resolves when every rank has given its value for that call. */
 function memoryShards(world: number): Shard[] {
@@ -191,7 +252,10 @@ t.test('dynamic sampling over two data-parallel ranks keeps the groups one proce
   const sorted = (xs: number[]) => xs.slice().sort((x, y) => x - y);
   const both = r0.seen.map((s, i) => sorted([...s, ...r1.seen[i]]));
   t.same(both, one.seen.map(sorted), `rank 0's groups and rank 1's = one process's: ${JSON.stringify(one.seen)}`);
-  t.ok(one.seen.some((s) => s.length > 0) && r0.seen.some((s, i) => s.length !== r1.seen[i].length), 'the ranks keep unequal shares in some step (the case a per-rank rule gets wrong)');
+  t.ok(
+    one.seen.some((s) => s.length > 0) && r0.seen.some((s, i) => s.length !== r1.seen[i].length),
+    'the ranks keep unequal shares in some step (the case a per-rank rule gets wrong)',
+  );
   const keys = ['dynamic_draws', 'groups_drawn', 'groups_with_spread', 'groups_trained_on', 'reward_mean_drawn'] as const;
   const pick = (rows: Record<string, unknown>[]) => rows.map((r) => keys.map((k) => r[k]));
   t.same(pick(r0.rows), pick(one.rows), 'rank 0 reports the global metrics');

@@ -26,15 +26,37 @@ t.test('npx slm-train (seed 0): GRPO beats SFT on the held-out questions in phra
   t.equal(addon().version().cpuIsa, 'avx2', 'the kernels the README measured: AVX2');
   const by = Object.fromEntries(r.stages.map((s) => [s.stage, s.scores]));
   t.same(Object.keys(by), ['baseline', 'sft', 'grpo']);
-  t.ok(r.stages.every((s) => s.summary.questions === 150), 'every stage on the 150 held-out questions');
+  t.ok(
+    r.stages.every((s) => s.summary.questions === 150),
+    'every stage on the 150 held-out questions',
+  );
   // The groups are the questions file's own flags, recomputed here from the eval trajectories.
-  const flags = new Map(readFileSync(join(out, 'data', 'questions.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).map((q) => [q.question, q.demonstrated as boolean]));
+  const flags = new Map(
+    readFileSync(join(out, 'data', 'questions.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l))
+      .map((q) => [q.question, q.demonstrated as boolean]),
+  );
   for (const s of r.stages) {
-    const eps = readFileSync(join(out, 'runs', 'evals', s.stage, 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const eps = readFileSync(join(out, 'runs', 'evals', s.stage, 'trajectories.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     const unseen = eps.filter((e) => flags.get(e.question) === false);
-    t.equal(unseen.length, s.scores.undemonstrated.questions, `${s.stage}: ${unseen.length} held-out questions in undemonstrated phrasings`);
-    t.ok(Math.abs(unseen.filter((e) => e.correct).length / unseen.length - s.scores.undemonstrated.accuracy) < 1e-9, `${s.stage}: undemonstrated accuracy recomputed`);
+    t.equal(
+      unseen.length,
+      s.scores.undemonstrated.questions,
+      `${s.stage}: ${unseen.length} held-out questions in undemonstrated phrasings`,
+    );
+    t.ok(
+      Math.abs(unseen.filter((e) => e.correct).length / unseen.length - s.scores.undemonstrated.accuracy) < 1e-9,
+      `${s.stage}: undemonstrated accuracy recomputed`,
+    );
   }
   t.ok(by.baseline.all.accuracy < by.sft.all.accuracy, `baseline ${by.baseline.all.accuracy} < SFT ${by.sft.all.accuracy}`);
-  t.ok(by.grpo.undemonstrated.accuracy >= by.sft.undemonstrated.accuracy + 0.05, `undemonstrated phrasings: GRPO ${by.grpo.undemonstrated.accuracy} at least 5 points above SFT ${by.sft.undemonstrated.accuracy}`);
+  t.ok(
+    by.grpo.undemonstrated.accuracy >= by.sft.undemonstrated.accuracy + 0.05,
+    `undemonstrated phrasings: GRPO ${by.grpo.undemonstrated.accuracy} at least 5 points above SFT ${by.sft.undemonstrated.accuracy}`,
+  );
 });

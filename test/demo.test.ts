@@ -25,8 +25,15 @@ t.test('phrasings change how a question is asked, never the pages or the answers
   const plain = syntheticCorpus({ pages: 40, seed: 5 });
   const varied = syntheticCorpus({ pages: 40, seed: 5, phrasings: true });
   t.same(varied.pages, plain.pages, 'the same pages');
-  t.same(varied.questions.map((q) => [q.id, q.answer, q.kind, q.page_id]), plain.questions.map((q) => [q.id, q.answer, q.kind, q.page_id]), 'the same facts asked');
-  t.ok(plain.questions.every((q) => q.phrasing === 0), 'without the option, phrasing 0');
+  t.same(
+    varied.questions.map((q) => [q.id, q.answer, q.kind, q.page_id]),
+    plain.questions.map((q) => [q.id, q.answer, q.kind, q.page_id]),
+    'the same facts asked',
+  );
+  t.ok(
+    plain.questions.every((q) => q.phrasing === 0),
+    'without the option, phrasing 0',
+  );
   for (const q of varied.questions) {
     const page = varied.pages.find((p) => p.id === q.page_id)!;
     t.equal(q.question, PHRASINGS[q.kind][q.phrasing](page.title, /known in old chronicles as (the [^.]+)\./.exec(page.content)![1]));
@@ -43,7 +50,10 @@ t.test('the learned BPE tokenizer round-trips text and is read by the Hugging Fa
   mkdirSync(dir);
   const special = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
   const added = ['<python>', '</python>'];
-  const tj = trainByteLevelBpe(gen.pages.map((p) => p.content), { merges: 300, special, added });
+  const tj = trainByteLevelBpe(
+    gen.pages.map((p) => p.content),
+    { merges: 300, special, added },
+  );
   const model = tj.model as { vocab: Record<string, number>; merges: string[] };
   t.equal(model.merges.length, 300);
   t.equal(Object.keys(model.vocab).length, 256 + 300, '256 bytes + one piece per merge');
@@ -52,7 +62,11 @@ t.test('the learned BPE tokenizer round-trips text and is read by the Hugging Fa
   const tok = loadTokenizer(dir);
   t.equal(tok.vocabSize, 556 + 5);
   t.same(tok.stopTokenIds.sort(), [556, 558].sort(), '<|im_end|> and <|endoftext|> stop');
-  const texts = [gen.pages[3].content, '<|im_start|>user\nQuestion: héllo wörld 😀 1234<|im_end|>\n<python>\nprint("x")\n</python>', '  spaces\n\n\ttabs  '];
+  const texts = [
+    gen.pages[3].content,
+    '<|im_start|>user\nQuestion: héllo wörld 😀 1234<|im_end|>\n<python>\nprint("x")\n</python>',
+    '  spaces\n\n\ttabs  ',
+  ];
   for (const s of texts) {
     const ids = tok.encode(s);
     t.equal(tok.decode(ids), s, `round trip of ${JSON.stringify(s.slice(0, 30))}`);
@@ -68,14 +82,21 @@ t.test('the scripted expert answers with the gold answer through the real sandbo
   const index = await SearchIndex.build(new Corpus(gen.pages));
   const pool = await createPythonPool({ tools: index, size: 2, timeoutMs: 5000 });
   t.teardown(() => pool.close());
-  t.match(expertProgram(gen.questions[0]), /^hits = search_pages\(question\)\ntext = read_section\(hits\[0\]\["page_id"\] \+ ":full"\)\nfinal_answer\(re\.search/);
+  t.match(
+    expertProgram(gen.questions[0]),
+    /^hits = search_pages\(question\)\ntext = read_section\(hits\[0\]\["page_id"\] \+ ":full"\)\nfinal_answer\(re\.search/,
+  );
   // As the demo runs it: the question in a variable, the program answers with final_answer().
   const protocol = codeProtocol({ executor: pool, systemPrompt: DEMO_SYSTEM_PROMPT, questionVariable: 'question', finalAnswer: true });
   const { rows, rejected } = await expertTrajectories(gen.questions, protocol);
   t.equal(rows.length + rejected, gen.questions.length);
   t.ok(rows.length >= gen.questions.length * 0.8, `${rows.length} of ${gen.questions.length} accepted`);
   for (const r of rows) {
-    t.same(r.messages.map((m) => m.role), ['system', 'user', 'assistant'], 'one turn: the program answers');
+    t.same(
+      r.messages.map((m) => m.role),
+      ['system', 'user', 'assistant'],
+      'one turn: the program answers',
+    );
     t.equal(r.messages[0].content, DEMO_SYSTEM_PROMPT);
     t.equal(r.messages[1].content, `Question: ${r.question}`, 'the program does not contain the question; the prompt does');
     t.notOk(r.messages[2].content.includes(r.question), 'the program does not copy the question');
@@ -83,9 +104,17 @@ t.test('the scripted expert answers with the gold answer through the real sandbo
   // Without final_answer(): the program prints the fact, a second turn answers with it.
   const printing = codeProtocol({ executor: pool, systemPrompt: DEMO_SYSTEM_PROMPT, questionVariable: 'question' });
   const two = await expertTrajectories(gen.questions, printing, { answer: 'print' });
-  t.same(two.rows.map((r) => r.question), rows.map((r) => r.question), 'the same questions are accepted either way');
+  t.same(
+    two.rows.map((r) => r.question),
+    rows.map((r) => r.question),
+    'the same questions are accepted either way',
+  );
   for (const r of two.rows) {
-    t.same(r.messages.map((m) => m.role), ['system', 'user', 'assistant', 'user', 'user', 'assistant'], 'program, output, final-turn notice, answer');
+    t.same(
+      r.messages.map((m) => m.role),
+      ['system', 'user', 'assistant', 'user', 'user', 'assistant'],
+      'program, output, final-turn notice, answer',
+    );
     t.match(r.messages[3].content, /^<python_output>\n[\s\S]+\n<\/python_output>$/);
     t.equal(r.messages[5].content, `<answer>${r.answer}</answer>`);
   }
@@ -95,14 +124,27 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
   const out = join(t.testdir(), 'demo');
   const lines: string[] = [];
   const r = await runDemo({ out, pages: 10, sftEpochs: 1, grpoSteps: 1, log: (s) => lines.push(s) });
-  t.same(r.stages.map((s) => s.stage), ['baseline', 'sft', 'grpo']);
-  t.same(r.stages.map((s) => s.sampled_episodes), [0, 0, 8 * 8], 'GRPO: 1 step of 8 questions x 8 episodes');
+  t.same(
+    r.stages.map((s) => s.stage),
+    ['baseline', 'sft', 'grpo'],
+  );
+  t.same(
+    r.stages.map((s) => s.sampled_episodes),
+    [0, 0, 8 * 8],
+    'GRPO: 1 step of 8 questions x 8 episodes',
+  );
   for (const s of r.stages) {
     t.equal(s.summary.questions, 10, `${s.stage}: the 10 held-out questions`);
     // the summary is the mean over its episodes, recomputed here from the trajectories
-    const eps = readFileSync(join(out, 'runs', 'evals', s.stage, 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const eps = readFileSync(join(out, 'runs', 'evals', s.stage, 'trajectories.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     t.equal(eps.length, 10);
-    t.ok(Math.abs(s.summary.accuracy - eps.filter((e) => e.correct).length / 10) < 1e-9, `${s.stage}: accuracy ${s.summary.accuracy} = correct episodes / 10`);
+    t.ok(
+      Math.abs(s.summary.accuracy - eps.filter((e) => e.correct).length / 10) < 1e-9,
+      `${s.stage}: accuracy ${s.summary.accuracy} = correct episodes / 10`,
+    );
     t.ok(Math.abs(s.summary.f1 - eps.reduce((a, e) => a + e.f1, 0) / 10) < 1e-9, `${s.stage}: f1 = the episodes' mean`);
   }
   t.ok(r.expert.accepted > 20, `${r.expert.accepted} expert trajectories`);
@@ -111,22 +153,51 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
   // Learned from the texts as the model sees them (the system prompt once per question), the prompt
   // is mostly whole words; learned once, it took 197 tokens at the full size.
   t.ok(tok.encode(DEMO_SYSTEM_PROMPT).length < 150, `the system prompt is ${tok.encode(DEMO_SYSTEM_PROMPT).length} tokens`);
-  t.match(r.table, /\| stage \| accuracy % \(10\) \| demonstrated phrasings % \(\d+\) \| undemonstrated phrasings % \(\d+\) \|[\s\S]*\| baseline \|[\s\S]*\| sft \|[\s\S]*\| grpo \|/);
+  t.match(
+    r.table,
+    /\| stage \| accuracy % \(10\) \| demonstrated phrasings % \(\d+\) \| undemonstrated phrasings % \(\d+\) \|[\s\S]*\| baseline \|[\s\S]*\| sft \|[\s\S]*\| grpo \|/,
+  );
   t.match(readFileSync(join(out, 'report.md'), 'utf8'), /\| grpo \|/);
-  for (const f of ['model/tokenizer.json', 'model/chat_template.jinja', 'data/expert.jsonl', 'index/manifest.json', 'runs/sft/adapter/adapter_config.json', 'runs/grpo/adapter/adapter_config.json', 'runs/evals/comparison.md'])
+  for (const f of [
+    'model/tokenizer.json',
+    'model/chat_template.jinja',
+    'data/expert.jsonl',
+    'index/manifest.json',
+    'runs/sft/adapter/adapter_config.json',
+    'runs/grpo/adapter/adapter_config.json',
+    'runs/evals/comparison.md',
+  ])
     t.ok(existsSync(join(out, f)), f);
   const grpo = loadConfig(join(out, 'configs', 'grpo.yaml'));
   t.equal(grpo.model.adapter, join(out, 'runs', 'sft', 'adapter'), 'GRPO starts from the SFT adapter');
   t.equal(grpo.protocol.question_variable, 'question', 'programs find the question in a variable');
   t.equal(grpo.protocol.final_answer, true, 'programs answer with final_answer()');
   t.equal(grpo.retrieval.kind, 'bm25');
-  const expert = readFileSync(join(out, 'data', 'expert.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const expert = readFileSync(join(out, 'data', 'expert.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
   // A consistent expert: one turn whose program answers with final_answer(), and only questions
   // asked in the demonstrated phrasings (the others reach the model only through RL and evaluation).
-  const qs = new Map(readFileSync(join(out, 'data', 'questions.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).map((q) => [q.question, q]));
-  t.ok(expert.every((r) => r.messages.length === 3 && /final_answer\(/.test(r.messages[2].content) && !/print\(/.test(r.messages[2].content)), 'every row: one turn, answered in the program');
-  t.ok(expert.every((r) => DEMONSTRATED_PHRASINGS.includes(qs.get(r.question).phrasing) && qs.get(r.question).demonstrated === true), 'every row in a demonstrated phrasing');
-  t.ok([...qs.values()].some((q) => q.demonstrated === false), 'the questions include undemonstrated phrasings');
+  const qs = new Map(
+    readFileSync(join(out, 'data', 'questions.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l))
+      .map((q) => [q.question, q]),
+  );
+  t.ok(
+    expert.every((r) => r.messages.length === 3 && /final_answer\(/.test(r.messages[2].content) && !/print\(/.test(r.messages[2].content)),
+    'every row: one turn, answered in the program',
+  );
+  t.ok(
+    expert.every((r) => DEMONSTRATED_PHRASINGS.includes(qs.get(r.question).phrasing) && qs.get(r.question).demonstrated === true),
+    'every row in a demonstrated phrasing',
+  );
+  t.ok(
+    [...qs.values()].some((q) => q.demonstrated === false),
+    'the questions include undemonstrated phrasings',
+  );
   t.ok(expert.length <= 40, 'SFT sees at most the sampled share of the 40 training questions');
   for (const s of r.stages) {
     const sc = s.scores;
@@ -139,8 +210,19 @@ t.test('the demo pipeline runs every stage at a small scale and writes its run f
 
 t.test('--compare adds SFT trained longer and RFT with as many sampled episodes as GRPO, and pass@k', async (t) => {
   const out = join(t.testdir(), 'demo');
-  const r = await runDemo({ out, pages: 10, sftEpochs: 1, grpoSteps: 2, compare: true, passK: 2, overrides: { grpo: { rollout: { k: 2 } }, rft: { rollout: { k: 2 } } } });
-  t.same(r.stages.map((s) => s.stage), ['baseline', 'sft', 'grpo', 'sft-long', 'rft']);
+  const r = await runDemo({
+    out,
+    pages: 10,
+    sftEpochs: 1,
+    grpoSteps: 2,
+    compare: true,
+    passK: 2,
+    overrides: { grpo: { rollout: { k: 2 } }, rft: { rollout: { k: 2 } } },
+  });
+  t.same(
+    r.stages.map((s) => s.stage),
+    ['baseline', 'sft', 'grpo', 'sft-long', 'rft'],
+  );
   const by = Object.fromEntries(r.stages.map((s) => [s.stage, s]));
   t.equal(by.grpo.sampled_episodes, 2 * 8 * 2, 'GRPO: 2 steps x 8 questions x k 2');
   t.equal(by.rft.sampled_episodes, by.grpo.sampled_episodes, 'RFT samples as many episodes as GRPO');
@@ -151,29 +233,61 @@ t.test('--compare adds SFT trained longer and RFT with as many sampled episodes 
   const sampling = (c: typeof rft) => [c.rollout.k, c.rollout.batch_questions, c.rollout.temperature, c.rollout.top_p];
   t.same(sampling(rft), sampling(grpo), "GRPO's rollout settings (k, questions per batch, temperature, top-p)");
   // Both counts from what the stages recorded, not from the table's formula.
-  const recorded = (stage: string) => readFileSync(join(out, 'runs', stage, 'trajectories.jsonl'), 'utf8').trim().split('\n').length;
+  const recorded = (stage: string) =>
+    readFileSync(join(out, 'runs', stage, 'trajectories.jsonl'), 'utf8')
+      .trim()
+      .split('\n').length;
   t.equal(recorded('grpo'), by.grpo.sampled_episodes, 'GRPO recorded as many episodes as the table says');
   // The sampled episodes RFT recorded: as many as the table says, and it trained on the kept ones only.
-  const eps = readFileSync(join(out, 'runs', 'rft', 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const eps = readFileSync(join(out, 'runs', 'rft', 'trajectories.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
   t.equal(eps.length, by.rft.sampled_episodes);
-  t.ok(eps.every((e) => e.kept === false || e.reward === 1), 'only correct episodes kept');
+  t.ok(
+    eps.every((e) => e.kept === false || e.reward === 1),
+    'only correct episodes kept',
+  );
   const long = loadConfig(join(out, 'configs', 'sft-long.yaml'));
   t.ok(long.train.epochs! > 1, `SFT trained longer: ${long.train.epochs} epochs`);
   t.equal(long.data.sft, loadConfig(join(out, 'configs', 'sft.yaml')).data.sft, 'on the same trajectories');
   for (const s of r.stages) {
     t.equal(s.summary.pass_k?.k, 2, `${s.stage}: pass@2 measured`);
-    const rows = readFileSync(join(out, 'runs', 'evals', s.stage, 'pass_k.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const rows = readFileSync(join(out, 'runs', 'evals', s.stage, 'pass_k.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     t.equal(rows.length, 10);
-    t.ok(Math.abs(s.scores.all.pass_at_k! - rows.filter((x) => x.correct > 0).length / 10) < 1e-9, `${s.stage}: pass@2 = questions with a correct sample / 10`);
+    t.ok(
+      Math.abs(s.scores.all.pass_at_k! - rows.filter((x) => x.correct > 0).length / 10) < 1e-9,
+      `${s.stage}: pass@2 = questions with a correct sample / 10`,
+    );
   }
   t.match(r.table, /pass@2 % \|/);
   const res = JSON.parse(readFileSync(join(out, 'results.json'), 'utf8'));
-  t.same(res.stages.map((s: { stage: string }) => s.stage), ['baseline', 'sft', 'grpo', 'sft-long', 'rft']);
+  t.same(
+    res.stages.map((s: { stage: string }) => s.stage),
+    ['baseline', 'sft', 'grpo', 'sft-long', 'rft'],
+  );
 });
 
 t.test("the demo's command line reaches runDemo", async (t) => {
   const y = (demoCommand.builder as (y: Argv) => Argv)(yargs([]).strict());
-  const a = (await y.parse(['--compare', '--pass-k', '4', '--sft-examples', '50', '--seed', '2', '--grpo-steps', '3', '--sft-epochs', '5', '--pages', '20'])) as Args;
+  const a = (await y.parse([
+    '--compare',
+    '--pass-k',
+    '4',
+    '--sft-examples',
+    '50',
+    '--seed',
+    '2',
+    '--grpo-steps',
+    '3',
+    '--sft-epochs',
+    '5',
+    '--pages',
+    '20',
+  ])) as Args;
   t.same(demoOptions(a, '/o'), { out: '/o', pages: 20, sftExamples: 50, sftEpochs: 5, grpoSteps: 3, seed: 2, compare: true, passK: 4 });
   const none = (await (demoCommand.builder as (y: Argv) => Argv)(yargs([])).parse([])) as Args;
   t.same(JSON.parse(JSON.stringify(demoOptions(none, '/o'))), { out: '/o' }, "without flags, runDemo's defaults");

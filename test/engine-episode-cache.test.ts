@@ -16,9 +16,16 @@ const dir = fixture('qwen3', 'tiny-qwen3-f32');
 const SYS = [151, 33, 402, 87, 19, 260, 311, 45, 98, 7, 188, 230];
 const I = (a: ArrayLike<number>) => Int32Array.from(a as number[]);
 // Five episodes' first prompts, of different lengths (the first two share the system prompt).
-const firsts = [[...SYS, 204, 125, 373], [...SYS, 457, 205, 161, 125, 489, 119, 182], [17, 300, 4, 9], [...SYS, 204, 125, 373], [88, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]];
+const firsts = [
+  [...SYS, 204, 125, 373],
+  [...SYS, 457, 205, 161, 125, 489, 119, 182],
+  [17, 300, 4, 9],
+  [...SYS, 204, 125, 373],
+  [88, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+];
 // Tool output appended after each turn, of a different length per row.
-const reply = (row: number, turn: number) => Array.from({ length: 2 + ((row * 3 + turn) % 5) }, (_, i) => (row * 37 + turn * 11 + i * 5) % 500);
+const reply = (row: number, turn: number) =>
+  Array.from({ length: 2 + ((row * 3 + turn) % 5) }, (_, i) => (row * 37 + turn * 11 + i * 5) % 500);
 
 function maxDiff(a: Float32Array[], b: Float32Array[]): number {
   let d = 0;
@@ -32,7 +39,11 @@ type Req = Omit<GenerateRequest, 'prompts' | 'cacheKeys'>;
 async function both(t: Test, m: Model, prompts: Int32Array[], keys: Array<string | null>, req: Req, what: string) {
   const cached = await m.generate({ ...req, prompts, cacheKeys: keys });
   const fresh = await m.generate({ ...req, prompts, sharePrefix: false });
-  t.same(cached.tokens.map((x) => Array.from(x)), fresh.tokens.map((x) => Array.from(x)), `${what}: the same tokens with and without the caches`);
+  t.same(
+    cached.tokens.map((x) => Array.from(x)),
+    fresh.tokens.map((x) => Array.from(x)),
+    `${what}: the same tokens with and without the caches`,
+  );
   t.same(cached.finishReasons, fresh.finishReasons, `${what}: the same finish reasons`);
   const d = maxDiff(cached.logprobs, fresh.logprobs);
   t.ok(d <= 1e-5, `${what}: log-probs within 1e-5 (${d.toExponential(2)})`);
@@ -40,8 +51,17 @@ async function both(t: Test, m: Model, prompts: Int32Array[], keys: Array<string
   t.equal(fresh.cacheReusedTokens, 0, `${what}: no reuse without keys`);
   // Rows continuing from a cache compute the rest of their prompt; without any, the call takes the
   // shared-prefix path (repeated prompts and the common prefix computed once).
-  if (cached.cacheHits > 0) t.equal(cached.prefillTokens + cached.cacheReusedTokens, cached.prefillTokensRequested, `${what}: computed + reused = requested (${cached.prefillTokens} + ${cached.cacheReusedTokens})`);
-  else t.ok(cached.cacheReusedTokens === 0 && cached.prefillTokens <= cached.prefillTokensRequested, `${what}: nothing reused, at most the prompts computed`);
+  if (cached.cacheHits > 0)
+    t.equal(
+      cached.prefillTokens + cached.cacheReusedTokens,
+      cached.prefillTokensRequested,
+      `${what}: computed + reused = requested (${cached.prefillTokens} + ${cached.cacheReusedTokens})`,
+    );
+  else
+    t.ok(
+      cached.cacheReusedTokens === 0 && cached.prefillTokens <= cached.prefillTokensRequested,
+      `${what}: nothing reused, at most the prompts computed`,
+    );
   return { cached, fresh };
 }
 
@@ -65,9 +85,16 @@ async function conversation(t: Test, m: Model, req: Req, tag: string, expectReus
         const kept = i === 1 ? Math.max(0, out.length - 3) : out.length;
         return Math.min(p.prompts[i].length + Math.min(kept, out.length - 1), prompts[i].length - 1);
       });
-      t.equal(cached.cacheReusedTokens, want.reduce((a, b) => a + b, 0), `${tag} turn ${turn}: reused ${cached.cacheReusedTokens} tokens (the past of every keyed row)`);
+      t.equal(
+        cached.cacheReusedTokens,
+        want.reduce((a, b) => a + b, 0),
+        `${tag} turn ${turn}: reused ${cached.cacheReusedTokens} tokens (the past of every keyed row)`,
+      );
       t.equal(cached.cacheHits, want.filter((x) => x > 0).length, `${tag} turn ${turn}: every keyed row reused its cache`);
-      t.ok(cached.prefillTokens < cached.prefillTokensRequested / 2, `${tag} turn ${turn}: computed ${cached.prefillTokens} of ${cached.prefillTokensRequested} prompt tokens`);
+      t.ok(
+        cached.prefillTokens < cached.prefillTokensRequested / 2,
+        `${tag} turn ${turn}: computed ${cached.prefillTokens} of ${cached.prefillTokensRequested} prompt tokens`,
+      );
     }
     prev = { prompts, tokens: cached.tokens };
     prompts = prompts.map((p, i) => {
@@ -89,27 +116,60 @@ t.test('multi-turn: reusing the caches equals re-prefilling the conversation', a
   t.equal(m.cacheStats().entries, 0, 'released caches are gone');
 });
 
-t.test('rows that all share the system prompt: one prefix in the cache, read by every row, in the first turn and (every row keyed) in the next', async (t) => {
-  const m = await Model.load(dir);
-  t.teardown(() => m.dispose());
-  const sysFirsts = firsts.map((f) => (f[0] === SYS[0] ? f : [...SYS, ...f]));
-  await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt', true, sysFirsts);
-  await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt, every row keyed', true, sysFirsts, -1);
-  await conversation(t, m, { maxNewTokens: 9, temperature: [1, 0.8, 0, 1.2, 1], rowSeeds: [5, 6, 7, 8, 9] }, 'shared system prompt, every row keyed, sampled', true, sysFirsts, -1);
-  const free = await m.generate({ prompts: sysFirsts.map(I), maxNewTokens: 9, greedy: true });
-  await conversation(t, m, { maxNewTokens: 9, greedy: true, stopTokenIds: [free.tokens[0][3], free.tokens[2][1]] }, 'shared system prompt, every row keyed, stop tokens', true, sysFirsts, -1);
-  const a = native();
-  a.setCpuKernels(false);
-  t.teardown(() => a.setCpuKernels(true));
-  await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt, every row keyed, kernels off', true, sysFirsts, -1);
-});
+t.test(
+  'rows that all share the system prompt: one prefix in the cache, read by every row, in the first turn and (every row keyed) in the next',
+  async (t) => {
+    const m = await Model.load(dir);
+    t.teardown(() => m.dispose());
+    const sysFirsts = firsts.map((f) => (f[0] === SYS[0] ? f : [...SYS, ...f]));
+    await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt', true, sysFirsts);
+    await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt, every row keyed', true, sysFirsts, -1);
+    await conversation(
+      t,
+      m,
+      { maxNewTokens: 9, temperature: [1, 0.8, 0, 1.2, 1], rowSeeds: [5, 6, 7, 8, 9] },
+      'shared system prompt, every row keyed, sampled',
+      true,
+      sysFirsts,
+      -1,
+    );
+    const free = await m.generate({ prompts: sysFirsts.map(I), maxNewTokens: 9, greedy: true });
+    await conversation(
+      t,
+      m,
+      { maxNewTokens: 9, greedy: true, stopTokenIds: [free.tokens[0][3], free.tokens[2][1]] },
+      'shared system prompt, every row keyed, stop tokens',
+      true,
+      sysFirsts,
+      -1,
+    );
+    const a = native();
+    a.setCpuKernels(false);
+    t.teardown(() => a.setCpuKernels(true));
+    await conversation(t, m, { maxNewTokens: 9, greedy: true }, 'shared system prompt, every row keyed, kernels off', true, sysFirsts, -1);
+  },
+);
 
 t.test('a LoRA adapter on; weights changed between calls drop the caches', async (t) => {
   const m = await Model.load(dir);
   t.teardown(() => m.dispose());
-  m.attachLora({ r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] } as never, 3);
+  m.attachLora(
+    {
+      r: 4,
+      alpha: 8,
+      dropout: 0,
+      rslora: false,
+      targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'],
+    } as never,
+    3,
+  );
   const setB = (k: number) => {
-    for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => Math.sin(i * k + name.length) * 0.2));
+    for (const [name, v] of Object.entries(m.trainable()))
+      if (name.endsWith('lora_B.weight'))
+        m.setTrainable(
+          name,
+          v.map((_, i) => Math.sin(i * k + name.length) * 0.2),
+        );
   };
   setB(1);
   await conversation(t, m, { maxNewTokens: 8, greedy: true }, 'lora');
@@ -125,13 +185,13 @@ t.test('a LoRA adapter on; weights changed between calls drop the caches', async
   t.equal(cached.cacheReusedTokens, 0, 'nothing reused across a weight change');
   t.equal(cached.prefillTokens, cached.prefillTokensRequested, 'the whole conversation prefilled');
   // The caches just stored are valid for these weights: the next call reuses them.
-  const again = prompts.map((p, i) => I([...next[i], ...cached.tokens[i], ...reply(i, 2)]));
+  const again = prompts.map((_p, i) => I([...next[i], ...cached.tokens[i], ...reply(i, 2)]));
   const r2 = await both(t, m, again, keys, { maxNewTokens: 6, greedy: true }, 'after the re-prefill');
   t.equal(r2.cached.cacheHits, keys.length, 'the re-stored caches are reused');
   // An optimizer step (trainStep) updates the adapter in place: stale again.
   const seq = Array.from(again[0]);
   await m.trainStep({ sequences: [seq], masks: [seq.map((_, i) => (i > 3 ? 1 : 0))] }, { loss: 'sft', lr: 1e-2 });
-  const after = prompts.map((p, i) => I([...again[i], ...r2.cached.tokens[i], ...reply(i, 3)]));
+  const after = prompts.map((_p, i) => I([...again[i], ...r2.cached.tokens[i], ...reply(i, 3)]));
   const r5 = await both(t, m, after, keys, { maxNewTokens: 6, greedy: true }, 'after trainStep');
   t.equal(r5.cached.cacheStale, keys.length, 'trainStep: every cache stale');
   // A new adapter (attachLora) and no adapter (detachLora) also invalidate them.
@@ -152,7 +212,10 @@ t.test('a byte limit evicts the oldest caches: those rows re-prefill, one log li
   const first = await m.generate({ prompts, maxNewTokens: 6, greedy: true, cacheKeys: keys });
   const s0 = m.cacheStats();
   t.equal(s0.entries, keys.length, 'one cache per keyed row');
-  t.ok(s0.bytes > 0 && s0.tokens === prompts.reduce((a, p, i) => a + p.length + first.tokens[i].length - 1, 0), `tokens kept: prompt + output - 1 per row (${s0.tokens})`);
+  t.ok(
+    s0.bytes > 0 && s0.tokens === prompts.reduce((a, p, i) => a + p.length + first.tokens[i].length - 1, 0),
+    `tokens kept: prompt + output - 1 per row (${s0.tokens})`,
+  );
   // A limit for about two of them: lowering it evicts the least recently used at once.
   const lines: string[] = [];
   const limit = Math.floor((s0.bytes / s0.entries) * 2.5);
@@ -193,14 +256,30 @@ t.test('releaseCaches / clearCaches free the caches; bad keys are refused', asyn
   const r = await m.generate({ prompts: next, maxNewTokens: 3, greedy: true, cacheKeys: keys });
   t.equal(r.cacheHits, keys.length - 2, 'released keys re-prefill, the others reuse');
   m.clearCaches();
-  t.same({ entries: m.cacheStats().entries, bytes: m.cacheStats().bytes, tokens: m.cacheStats().tokens }, { entries: 0, bytes: 0, tokens: 0 }, 'clearCaches frees every cache');
+  t.same(
+    { entries: m.cacheStats().entries, bytes: m.cacheStats().bytes, tokens: m.cacheStats().tokens },
+    { entries: 0, bytes: 0, tokens: 0 },
+    'clearCaches frees every cache',
+  );
   // A prompt that shares nothing with its cache (another first token) reuses nothing.
   await m.generate({ prompts: [I([5, 6, 7])], maxNewTokens: 3, greedy: true, cacheKeys: ['x'] });
   const d = await m.generate({ prompts: [I([6, 6, 7, 8])], maxNewTokens: 3, greedy: true, cacheKeys: ['x'] });
   t.equal(d.cacheReusedTokens, 0, 'no common prefix: nothing reused');
-  await t.rejects(m.generate({ prompts: [I([1, 2]), I([3, 4])], maxNewTokens: 2, greedy: true, cacheKeys: ['a', 'a'] }), { code: 'ARGUMENT_INVALID' }, 'repeated key');
-  await t.rejects(m.generate({ prompts: [I([1, 2]), I([3, 4])], maxNewTokens: 2, greedy: true, cacheKeys: ['a'] }), { code: 'ARGUMENT_INVALID' }, 'one key for two rows');
-  await t.rejects(m.generate({ prompts: [I([1, 2])], maxNewTokens: 2, greedy: true, cacheKeys: [''] }), { code: 'ARGUMENT_INVALID' }, 'empty key');
+  await t.rejects(
+    m.generate({ prompts: [I([1, 2]), I([3, 4])], maxNewTokens: 2, greedy: true, cacheKeys: ['a', 'a'] }),
+    { code: 'ARGUMENT_INVALID' },
+    'repeated key',
+  );
+  await t.rejects(
+    m.generate({ prompts: [I([1, 2]), I([3, 4])], maxNewTokens: 2, greedy: true, cacheKeys: ['a'] }),
+    { code: 'ARGUMENT_INVALID' },
+    'one key for two rows',
+  );
+  await t.rejects(
+    m.generate({ prompts: [I([1, 2])], maxNewTokens: 2, greedy: true, cacheKeys: [''] }),
+    { code: 'ARGUMENT_INVALID' },
+    'empty key',
+  );
   t.throws(() => m.releaseCaches([3 as never]), { code: 'ARGUMENT_INVALID' });
 });
 
@@ -210,7 +289,13 @@ t.test('config: rollout.kv_cache_reuse / kv_cache_mb default on / 2048 MiB; bad 
   t.equal(c.rollout.kv_cache_reuse, true);
   t.equal(c.rollout.kv_cache_mb, 2048);
   t.equal(configFromObject({ ...base, rollout: { kv_cache_reuse: false, kv_cache_mb: 0 } }).rollout.kv_cache_mb, 0);
-  for (const bad of [{ kv_cache_mb: -1 }, { kv_cache_mb: 2 ** 40 }, { kv_cache_mb: 1.5 }, { kv_cache_mb: 'lots' }, { kv_cache_reuse: 'yes' }]) {
+  for (const bad of [
+    { kv_cache_mb: -1 },
+    { kv_cache_mb: 2 ** 40 },
+    { kv_cache_mb: 1.5 },
+    { kv_cache_mb: 'lots' },
+    { kv_cache_reuse: 'yes' },
+  ]) {
     const e = (() => {
       try {
         configFromObject({ ...base, rollout: bad });
@@ -249,7 +334,11 @@ t.test('the streaming path keeps and reuses caches too, a cancelled row included
   const next = prompts.map((p, i) => I([...p, ...a.tokens[i], ...reply(i, 1)]));
   const s = await m.generateStream({ prompts: next, maxNewTokens: 8, greedy: true, cacheKeys: keys });
   const f = await m.generate({ prompts: next, maxNewTokens: 8, greedy: true, sharePrefix: false });
-  t.same(s.tokens.map((x) => Array.from(x)), f.tokens.map((x) => Array.from(x)), 'streamed with caches = generate without');
+  t.same(
+    s.tokens.map((x) => Array.from(x)),
+    f.tokens.map((x) => Array.from(x)),
+    'streamed with caches = generate without',
+  );
   t.ok(maxDiff(s.logprobs, f.logprobs) <= 1e-5, 'log-probs within 1e-5');
   // Every generated token of the cancelled row was fed back before it stopped: all of them are kept;
   // the other rows keep all but their last token.

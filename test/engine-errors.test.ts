@@ -108,12 +108,24 @@ t.test('unsupported or incomplete rope_scaling, sliding-window attention -> MODE
   const cfg = JSON.parse(readFileSync(join(f32, 'config.json'), 'utf8'));
   const write = (c: object) => writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...cfg, ...c }));
   write({ rope_scaling: { rope_type: 'yarn', factor: 4, original_max_position_embeddings: 32768 } });
-  await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /rope_scaling type "yarn" is not supported; supported: none, default, llama3\..*remove rope_scaling/);
+  await expectCode(
+    t,
+    Model.load(dir),
+    'MODEL_CONFIG_INVALID',
+    /rope_scaling type "yarn" is not supported; supported: none, default, llama3\..*remove rope_scaling/,
+  );
   write({ rope_scaling: { type: 'dynamic', factor: 2 } });
   await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /"dynamic" is not supported/);
   write({ rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4 } });
-  await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /llama3 rope_scaling needs a positive number "original_max_position_embeddings".*found nothing/);
-  write({ rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 4, high_freq_factor: 1, original_max_position_embeddings: 32 } });
+  await expectCode(
+    t,
+    Model.load(dir),
+    'MODEL_CONFIG_INVALID',
+    /llama3 rope_scaling needs a positive number "original_max_position_embeddings".*found nothing/,
+  );
+  write({
+    rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 4, high_freq_factor: 1, original_max_position_embeddings: 32 },
+  });
   await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /high_freq_factor > low_freq_factor/);
   write({ use_sliding_window: true, sliding_window: 4096 });
   await expectCode(t, Model.load(dir), 'MODEL_CONFIG_INVALID', /use_sliding_window.*full attention only/);
@@ -143,11 +155,33 @@ t.test('config.json of another architecture than the weights -> the tensor that 
 t.test('the native side rejects architectures and RoPE types it does not implement, whatever the caller passes', async (t) => {
   const files = resolveWeightFiles(f32);
   const config = nativeConfig(readModelConfig(f32));
-  await expectCode(t, native().loadModel({ files, config: { ...config, model_type: 'gpt2' }, dtype: 'float32', device: 'cpu' }), 'MODEL_TYPE_UNSUPPORTED', /'gpt2'.*supported: qwen3, qwen2, llama/);
-  await expectCode(t, native().loadModel({ files, config: { ...config, rope_type: 'yarn' }, dtype: 'float32', device: 'cpu' }), 'MODEL_CONFIG_INVALID', /'yarn'.*supported: default, llama3/);
   await expectCode(
     t,
-    native().loadModel({ files, config: { ...config, rope_type: 'llama3', rope_factor: 8, rope_low_freq_factor: 4, rope_high_freq_factor: 1, rope_original_max_position_embeddings: 32 }, dtype: 'float32', device: 'cpu' }),
+    native().loadModel({ files, config: { ...config, model_type: 'gpt2' }, dtype: 'float32', device: 'cpu' }),
+    'MODEL_TYPE_UNSUPPORTED',
+    /'gpt2'.*supported: qwen3, qwen2, llama/,
+  );
+  await expectCode(
+    t,
+    native().loadModel({ files, config: { ...config, rope_type: 'yarn' }, dtype: 'float32', device: 'cpu' }),
+    'MODEL_CONFIG_INVALID',
+    /'yarn'.*supported: default, llama3/,
+  );
+  await expectCode(
+    t,
+    native().loadModel({
+      files,
+      config: {
+        ...config,
+        rope_type: 'llama3',
+        rope_factor: 8,
+        rope_low_freq_factor: 4,
+        rope_high_freq_factor: 1,
+        rope_original_max_position_embeddings: 32,
+      },
+      dtype: 'float32',
+      device: 'cpu',
+    }),
     'MODEL_CONFIG_INVALID',
     /low_freq_factor < high_freq_factor/,
   );

@@ -25,7 +25,10 @@ function logSoftmaxRow(data: Float32Array, off: number, V: number): Float64Array
 t.test('decoding with the KV cache equals the full forward', async (t) => {
   const m = await Model.load(dir);
   t.teardown(() => m.dispose());
-  for (const [temperature, seed] of [[0, 0], [1.0, 7]] as const) {
+  for (const [temperature, seed] of [
+    [0, 0],
+    [1.0, 7],
+  ] as const) {
     const g = await m.generate({ prompts: [prompts[0]], maxNewTokens: 12, temperature, seed });
     const seq = [...prompts[0], ...g.tokens[0]];
     const full = await m.logits([seq]);
@@ -42,7 +45,8 @@ t.test('decoding with the KV cache equals the full forward', async (t) => {
     }
     // Teacher forcing gives the same log-probs for the generated part.
     const [tf] = await m.sequenceLogprobs([seq]);
-    for (let i = 0; i < g.tokens[0].length; i++) t.ok(Math.abs(tf[prompts[0].length + i] - g.logprobs[0][i]) < 1e-4, `teacher-forced log-prob ${i}`);
+    for (let i = 0; i < g.tokens[0].length; i++)
+      t.ok(Math.abs(tf[prompts[0].length + i] - g.logprobs[0][i]) < 1e-4, `teacher-forced log-prob ${i}`);
   }
 });
 
@@ -69,8 +73,14 @@ t.test('the same seed repeats the same samples; another seed differs', async (t)
   const a = await m.generate(req);
   const b = await m.generate(req);
   const c = await m.generate({ ...req, seed: 43 });
-  t.same(a.tokens.map((x) => Array.from(x)), b.tokens.map((x) => Array.from(x)));
-  t.notSame(a.tokens.map((x) => Array.from(x)), c.tokens.map((x) => Array.from(x)));
+  t.same(
+    a.tokens.map((x) => Array.from(x)),
+    b.tokens.map((x) => Array.from(x)),
+  );
+  t.notSame(
+    a.tokens.map((x) => Array.from(x)),
+    c.tokens.map((x) => Array.from(x)),
+  );
 });
 
 t.test('rowSeeds: a row samples the same tokens at any position of any batch; bad seeds are refused', async (t) => {
@@ -81,7 +91,8 @@ t.test('rowSeeds: a row samples the same tokens at any position of any batch; ba
   // Reversed order, and row 2 alone at position 0.
   const rev = await m.generate({ prompts: [...prompts].reverse(), maxNewTokens: 12, temperature: 1.3, rowSeeds: [...seeds].reverse() });
   const alone = await m.generate({ prompts: [prompts[2]], maxNewTokens: 12, temperature: 1.3, rowSeeds: [seeds[2]] });
-  for (let i = 0; i < 3; i++) t.same(Array.from(rev.tokens[2 - i]), Array.from(fwd.tokens[i]), `row ${i}: the same samples in reversed position`);
+  for (let i = 0; i < 3; i++)
+    t.same(Array.from(rev.tokens[2 - i]), Array.from(fwd.tokens[i]), `row ${i}: the same samples in reversed position`);
   t.same(Array.from(alone.tokens[0]), Array.from(fwd.tokens[2]), 'row 2 alone = row 2 in the batch');
   // Without rowSeeds the stream is (seed, position): moving a row changes its samples.
   const posA = await m.generate({ prompts, maxNewTokens: 12, temperature: 1.3, seed: 9 });
@@ -90,7 +101,10 @@ t.test('rowSeeds: a row samples the same tokens at any position of any batch; ba
   const other = await m.generate({ prompts, maxNewTokens: 12, temperature: 1.3, rowSeeds: [902, 17, 5550] });
   t.notSame(Array.from(other.tokens[0]), Array.from(fwd.tokens[0]), 'another seed, other samples');
   t.same(Array.from(other.tokens[1]), Array.from(fwd.tokens[1]), 'the other rows keep theirs');
-  await t.rejects(m.generate({ prompts, maxNewTokens: 4, rowSeeds: [1, 2] }), { code: 'ARGUMENT_INVALID', message: /one non-negative integer per row \(3\)/ });
+  await t.rejects(m.generate({ prompts, maxNewTokens: 4, rowSeeds: [1, 2] }), {
+    code: 'ARGUMENT_INVALID',
+    message: /one non-negative integer per row \(3\)/,
+  });
   await t.rejects(m.generate({ prompts, maxNewTokens: 4, rowSeeds: [1, -2, 3] }), { code: 'ARGUMENT_INVALID' });
 });
 
@@ -99,12 +113,18 @@ t.test('top-k 1 equals greedy; per-row temperature 0 is greedy inside a sampled 
   t.teardown(() => m.dispose());
   const greedy = await m.generate({ prompts, maxNewTokens: 10, greedy: true });
   const k1 = await m.generate({ prompts, maxNewTokens: 10, temperature: 1.5, topK: 1, seed: 9 });
-  t.same(k1.tokens.map((x) => Array.from(x)), greedy.tokens.map((x) => Array.from(x)));
+  t.same(
+    k1.tokens.map((x) => Array.from(x)),
+    greedy.tokens.map((x) => Array.from(x)),
+  );
   const mixed = await m.generate({ prompts, maxNewTokens: 10, temperature: [1.3, 0, 1.3], seed: 5 });
   t.same(Array.from(mixed.tokens[1]), Array.from(greedy.tokens[1]));
   // A tiny top-p keeps only the most likely token, so it is greedy too.
   const p = await m.generate({ prompts, maxNewTokens: 10, temperature: 1, topP: 1e-6, seed: 1 });
-  t.same(p.tokens.map((x) => Array.from(x)), greedy.tokens.map((x) => Array.from(x)));
+  t.same(
+    p.tokens.map((x) => Array.from(x)),
+    greedy.tokens.map((x) => Array.from(x)),
+  );
 });
 
 t.test('sampling follows the distribution (chi-square on the first token)', async (t) => {

@@ -71,7 +71,7 @@ t.test('F16 weights load and compute within f16 rounding of the reference', asyn
     if (exp <= 0) return sign; // flush tiny values
     const mant = u & 0x7fffff;
     let h = sign | (exp << 10) | (mant >>> 13);
-    if (mant & 0x1000 && (mant & 0x2fff)) h++;
+    if (mant & 0x1000 && mant & 0x2fff) h++;
     return h;
   };
   writeSafetensors(
@@ -82,7 +82,12 @@ t.test('F16 weights load and compute within f16 rounding of the reference', asyn
       shape: e.shape,
       fill: (out: Uint8Array, off: number) => {
         const n = out.byteLength / 2;
-        const f = new Float32Array(raw.buffer.slice(raw.byteOffset + dataStart + e.data_offsets[0] + off * 4, raw.byteOffset + dataStart + e.data_offsets[0] + (off + n) * 4));
+        const f = new Float32Array(
+          raw.buffer.slice(
+            raw.byteOffset + dataStart + e.data_offsets[0] + off * 4,
+            raw.byteOffset + dataStart + e.data_offsets[0] + (off + n) * 4,
+          ),
+        );
         const o = new Uint16Array(out.buffer, out.byteOffset, n);
         for (let i = 0; i < n; i++) o[i] = toF16(f[i]);
       },

@@ -22,7 +22,11 @@ t.test('chunked prefill = one forward: greedy tokens equal, log-probs within flo
   const whole = await model.generateStream(req);
   for (const chunk of [1, 7, 16, 64]) {
     const c = await model.generateStream({ ...req, prefillChunk: chunk });
-    t.same(c.tokens.map((x) => Array.from(x)), whole.tokens.map((x) => Array.from(x)), `chunks of ${chunk}: the same tokens`);
+    t.same(
+      c.tokens.map((x) => Array.from(x)),
+      whole.tokens.map((x) => Array.from(x)),
+      `chunks of ${chunk}: the same tokens`,
+    );
     const diff = Math.max(...c.logprobs.flatMap((row, i) => Array.from(row, (x, k) => Math.abs(x - whole.logprobs[i][k]))));
     t.ok(diff < 1e-4, `chunks of ${chunk}: log-probs within ${diff.toExponential(1)}`);
     t.equal(c.prefillTokens, whole.prefillTokens, 'the same prompt tokens computed');
@@ -37,7 +41,14 @@ t.test('a call whose rows are all cancelled stops between prefill chunks', async
   const run = async (prefillChunk: number) => {
     const a = new AbortController();
     const b = new AbortController();
-    const p = model.generateStream({ prompts, maxNewTokens: 50, temperature: 1, rowSeeds: [1, 2], signals: [a.signal, b.signal], prefillChunk });
+    const p = model.generateStream({
+      prompts,
+      maxNewTokens: 50,
+      temperature: 1,
+      rowSeeds: [1, 2],
+      signals: [a.signal, b.signal],
+      prefillChunk,
+    });
     // Cancelled once the call is under way (its first chunk runs on the worker thread).
     setTimeout(() => {
       a.abort();
@@ -49,7 +60,10 @@ t.test('a call whose rows are all cancelled stops between prefill chunks', async
   t.same(chunked.finishReasons, ['cancelled', 'cancelled']);
   t.equal(chunked.steps, 0, 'no decode step');
   t.equal(chunked.prefillTokensRequested, 5500);
-  t.ok(chunked.prefillTokens < 5500 && chunked.prefillTokens > 0, `the prefill stopped after ${chunked.prefillTokens} of 5,500 prompt tokens`);
+  t.ok(
+    chunked.prefillTokens < 5500 && chunked.prefillTokens > 0,
+    `the prefill stopped after ${chunked.prefillTokens} of 5,500 prompt tokens`,
+  );
   const whole = await run(0);
   t.same(whole.finishReasons, ['cancelled', 'cancelled'], 'one forward: cancelled at the first decode step');
   t.equal(whole.prefillTokens, 5500, 'after its whole prompt was computed');

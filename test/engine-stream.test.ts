@@ -10,7 +10,11 @@ import { initModel } from '../lib/model/init.js';
 
 const dir = join(t.testdir(), 'model');
 initModel({ preset: 'tiny', out: dir, seed: 21, embedStd: 0.3 });
-const prompts = [[5, 9, 33, 2], [40, 41, 42], [7, 7, 100, 12, 3]].map((p) => Int32Array.from(p));
+const prompts = [
+  [5, 9, 33, 2],
+  [40, 41, 42],
+  [7, 7, 100, 12, 3],
+].map((p) => Int32Array.from(p));
 
 /** log_softmax(logits / temp) of the next token after `ids`, from the engine's full-logits path. */
 async function nextLogprobs(model: Model, ids: number[], temp: number): Promise<Float64Array> {
@@ -35,9 +39,20 @@ t.test('streamed tokens = generate; top log-probs = log_softmax of the logits; r
     t.same(Array.from(s.tokens[i]), Array.from(plain.tokens[i]), `row ${i}: the same tokens as generate`);
     t.same(Array.from(s.logprobs[i]), Array.from(plain.logprobs[i]), `row ${i}: the same log-probs`);
     const mine = events.filter((e) => e.row === i);
-    t.same(mine.map((e) => e.token), Array.from(s.tokens[i]), `row ${i}: every token reported once, in order`);
-    t.same(mine.map((e) => e.logprob), Array.from(s.logprobs[i]));
-    t.same(mine.map((e) => e.finish ?? null), mine.map((_, k) => (k === mine.length - 1 ? 'length' : null)), 'finish on the last token only');
+    t.same(
+      mine.map((e) => e.token),
+      Array.from(s.tokens[i]),
+      `row ${i}: every token reported once, in order`,
+    );
+    t.same(
+      mine.map((e) => e.logprob),
+      Array.from(s.logprobs[i]),
+    );
+    t.same(
+      mine.map((e) => e.finish ?? null),
+      mine.map((_, k) => (k === mine.length - 1 ? 'length' : null)),
+      'finish on the last token only',
+    );
     t.equal(s.topLogprobs![i].ids.length, 3 * s.tokens[i].length);
   }
   // Top-3 of every step against log_softmax(logits / T) computed from the full-logits path.
@@ -47,10 +62,13 @@ t.test('streamed tokens = generate; top log-probs = log_softmax of the logits; r
     for (let k = 0; k < s.tokens[i].length; k += 4) {
       const ctx = [...prompts[i], ...s.tokens[i].slice(0, k)];
       const ref = await nextLogprobs(model, ctx, temps[i]);
-      const order = Array.from(ref.keys()).sort((a, b) => ref[b] - ref[a]).slice(0, 3);
+      const order = Array.from(ref.keys())
+        .sort((a, b) => ref[b] - ref[a])
+        .slice(0, 3);
       const ev = events.filter((e) => e.row === i)[k];
       t.same(Array.from(ev.top!.ids), order, `row ${i} step ${k}: the top-3 ids`);
-      for (let j = 0; j < 3; j++) t.ok(Math.abs(ev.top!.logprobs[j] - ref[order[j]]) < 1e-4, `top log-prob ${ev.top!.logprobs[j]} ~ ${ref[order[j]]}`);
+      for (let j = 0; j < 3; j++)
+        t.ok(Math.abs(ev.top!.logprobs[j] - ref[order[j]]) < 1e-4, `top log-prob ${ev.top!.logprobs[j]} ~ ${ref[order[j]]}`);
       t.ok(Math.abs(ev.logprob - ref[ev.token]) < 1e-4, `the sampled token's log-prob ${ev.logprob} ~ ${ref[ev.token]}`);
       checked++;
     }
@@ -59,9 +77,17 @@ t.test('streamed tokens = generate; top log-probs = log_softmax of the logits; r
   t.equal(events[0].top!.ids[0], s.tokens[0][0], 'greedy row: the best token is the sampled one');
 
   const limited = await model.generateStream({ ...req, rowMaxNewTokens: [3, 12, 7] });
-  t.same(limited.tokens.map((x) => x.length), [3, 12, 7]);
+  t.same(
+    limited.tokens.map((x) => x.length),
+    [3, 12, 7],
+  );
   t.same(limited.finishReasons, ['length', 'length', 'length']);
-  for (let i = 0; i < 3; i++) t.same(Array.from(limited.tokens[i]), Array.from(plain.tokens[i].slice(0, limited.tokens[i].length)), `row ${i}: a prefix of the unlimited row`);
+  for (let i = 0; i < 3; i++)
+    t.same(
+      Array.from(limited.tokens[i]),
+      Array.from(plain.tokens[i].slice(0, limited.tokens[i].length)),
+      `row ${i}: a prefix of the unlimited row`,
+    );
   await t.rejects(model.generateStream({ ...req, rowMaxNewTokens: [3, 13, 7] }), { code: 'ARGUMENT_INVALID' });
 });
 
@@ -97,7 +123,11 @@ t.test('tokens arrive while the call runs; cancelled rows leave it', async (t) =
   // Every row cancelled: the call ends early.
   const all = [new AbortController(), new AbortController(), new AbortController()];
   let n = 0;
-  const d = await model.generateStream({ ...req, signals: all.map((a) => a.signal), onToken: () => (++n === 6 ? all.forEach((a) => a.abort()) : 0) });
+  const d = await model.generateStream({
+    ...req,
+    signals: all.map((a) => a.signal),
+    onToken: () => (++n === 6 ? all.forEach((a) => a.abort()) : 0),
+  });
   t.same(d.finishReasons, ['cancelled', 'cancelled', 'cancelled']);
   t.ok(d.steps < N / 2, `the call ended after ${d.steps} of ${N} steps`);
   // A signal aborted before the call: the row produces nothing.

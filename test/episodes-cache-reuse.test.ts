@@ -7,19 +7,46 @@ import t, { type Test } from 'tap';
 import { readFileSync } from 'node:fs';
 import { Model } from '../lib/engine/model.js';
 import type { GenerateRequest, TextGenerator } from '../lib/engine/types.js';
-import { codeProtocol, EpisodeRunner, tagsProtocol, type CodeExecutor, type Episode, type EpisodeProtocol, type ProgramResult } from '../lib/episodes/index.js';
+import {
+  codeProtocol,
+  EpisodeRunner,
+  tagsProtocol,
+  type CodeExecutor,
+  type Episode,
+  type EpisodeProtocol,
+  type ProgramResult,
+} from '../lib/episodes/index.js';
 import { ChatFormatter } from '../lib/model/chat.js';
 import { packagedQwen3Config } from '../lib/model/tokenizer.js';
 import { fixture, haveShared } from './helpers/shared.js';
 
 const IM_END = '<|im_end|>';
-const template = haveShared ? readFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), 'utf8') : (packagedQwen3Config().chat_template as string);
+const template = haveShared
+  ? readFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), 'utf8')
+  : (packagedQwen3Config().chat_template as string);
 const formatter = new ChatFormatter(template, { eosToken: IM_END });
 
 // A tokenizer for the 512-id fixture: printable ASCII bytes are themselves, and ids from 256 on are
 // the protocols' tags and a few words, cycled, so that a random model writes actions now and then.
-const PIECES = [IM_END, '<python>', '</python>', '<answer>', '</answer>', '<search>', '</search>', '<think>', '</think>', ' x = 1\n', 'print(x)', ' the ', '\n', '<|im_start|>'];
-const pieces: string[] = Array.from({ length: 512 }, (_, id) => (id < 256 ? (id === 10 || (id >= 32 && id < 127) ? String.fromCharCode(id) : '') : PIECES[(id - 256) % PIECES.length]));
+const PIECES = [
+  IM_END,
+  '<python>',
+  '</python>',
+  '<answer>',
+  '</answer>',
+  '<search>',
+  '</search>',
+  '<think>',
+  '</think>',
+  ' x = 1\n',
+  'print(x)',
+  ' the ',
+  '\n',
+  '<|im_start|>',
+];
+const pieces: string[] = Array.from({ length: 512 }, (_, id) =>
+  id < 256 ? (id === 10 || (id >= 32 && id < 127) ? String.fromCharCode(id) : '') : PIECES[(id - 256) % PIECES.length],
+);
 const firstId = new Map<string, number>();
 pieces.forEach((p, id) => {
   if (id >= 256 && !firstId.has(p)) firstId.set(p, id);
@@ -95,7 +122,9 @@ for (const name of ['code', 'tags'] as const) {
     t.teardown(() => m.dispose());
     m.setVocab(pieces.map((p) => new TextEncoder().encode(p)));
     const protocol: EpisodeProtocol =
-      name === 'code' ? codeProtocol({ executor: new EchoExecutor() }) : tagsProtocol({ search: { searchPassages: (q: string) => [{ title: 'T', text: `about ${q.slice(0, 20)}` }] } });
+      name === 'code'
+        ? codeProtocol({ executor: new EchoExecutor() })
+        : tagsProtocol({ search: { searchPassages: (q: string) => [{ title: 'T', text: `about ${q.slice(0, 20)}` }] } });
     // Greedy and sampled episodes (own seeds), two with the protocol's own long prompt: those run out
     // of context (maxTotalTokens) before the others end, so their caches are released first.
     const reqs = Array.from({ length: 6 }, (_, i) => ({
@@ -106,14 +135,26 @@ for (const name of ['code', 'tags'] as const) {
     }));
     const run = async (cacheReuse: boolean) => {
       const g = new Recording(m);
-      const r = new EpisodeRunner({ generator: g, tokenizer: tok, formatter, protocol, maxTurns: 4, maxNewTokens: 24, maxTotalTokens: name === 'code' ? 2750 : 1000, cacheReuse });
+      const r = new EpisodeRunner({
+        generator: g,
+        tokenizer: tok,
+        formatter,
+        protocol,
+        maxTurns: 4,
+        maxNewTokens: 24,
+        maxTotalTokens: name === 'code' ? 2750 : 1000,
+        cacheReuse,
+      });
       const res = await r.run(reqs);
       return { g, res };
     };
     const on = await run(true);
     const off = await run(false);
     same(t, on.res.episodes, off.res.episodes, name);
-    t.ok(on.res.episodes.some((e) => e.turns > 1), `multi-turn episodes (turns ${on.res.episodes.map((e) => e.turns).join(', ')})`);
+    t.ok(
+      on.res.episodes.some((e) => e.turns > 1),
+      `multi-turn episodes (turns ${on.res.episodes.map((e) => e.turns).join(', ')})`,
+    );
     t.ok(on.res.stats.generateCalls > 1);
     t.ok(on.g.reused > 0 && on.res.stats.cacheReusedTokens === on.g.reused, `reuse on: ${on.g.reused} prompt tokens from the caches`);
     t.equal(off.g.keysSent, 0, 'reuse off: no cache keys sent');
@@ -121,7 +162,13 @@ for (const name of ['code', 'tags'] as const) {
     const keys = on.g.released.flat();
     t.equal(new Set(keys).size, reqs.length, 'every episode key released once');
     t.equal(m.cacheStats().entries, 0, 'no cache left after the batch');
-    t.ok(on.res.episodes.some((e) => e.finish === 'context') && new Set(on.res.episodes.map((e) => e.turns)).size > 1, 'episodes end at different turns');
-    t.ok(on.g.released.length > 1 && on.g.released[0].length < reqs.length, `episodes are released as they end (${on.g.released.map((k) => k.length).join(' + ')} keys)`);
+    t.ok(
+      on.res.episodes.some((e) => e.finish === 'context') && new Set(on.res.episodes.map((e) => e.turns)).size > 1,
+      'episodes end at different turns',
+    );
+    t.ok(
+      on.g.released.length > 1 && on.g.released[0].length < reqs.length,
+      `episodes are released as they end (${on.g.released.map((k) => k.length).join(' + ')} keys)`,
+    );
   });
 }

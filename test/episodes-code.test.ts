@@ -20,7 +20,11 @@ const needShared = { skip: needs(!haveShared && 'needs ../shared beside the chec
 
 t.test('code and answer actions', async (t) => {
   const code = parseCodeTurn('Let me search.\n<python>\nprint(search_pages("x"))\n</python>');
-  t.same(code, { kind: 'code', code: 'print(search_pages("x"))', end: 'Let me search.\n<python>\nprint(search_pages("x"))\n</python>'.length });
+  t.same(code, {
+    kind: 'code',
+    code: 'print(search_pages("x"))',
+    end: 'Let me search.\n<python>\nprint(search_pages("x"))\n</python>'.length,
+  });
   t.same(parseCodeTurn('<answer> Paris </answer>'), { kind: 'answer', answer: 'Paris', end: 24 });
   // indentation of the first line survives, only the newline after the tag goes
   t.equal((parseCodeTurn('<python>\n    x = 1\n</python>') as { code: string }).code, '    x = 1');
@@ -136,14 +140,26 @@ t.test('observation: output, error line, empty output', async (t) => {
     formatCodeObservation({ stdout: 'found 3 pages\n', error: "NameError: name 'x' is not defined", timed_out: false }),
     "<python_output>\nfound 3 pages\nError: NameError: name 'x' is not defined\n</python_output>",
   );
-  t.equal(formatCodeObservation({ stdout: 'partial', error: 'ValueError: bad', timed_out: false }), '<python_output>\npartial\nError: ValueError: bad\n</python_output>');
+  t.equal(
+    formatCodeObservation({ stdout: 'partial', error: 'ValueError: bad', timed_out: false }),
+    '<python_output>\npartial\nError: ValueError: bad\n</python_output>',
+  );
   t.equal(
     formatCodeObservation({ stdout: '', error: null, timed_out: true }),
     '<python_output>\nError: TimeoutError: the program ran past the time limit and was stopped\n</python_output>',
   );
-  t.equal(errorLine({ stdout: '', error: 'TimeoutError: the program exceeded the time limit of 10 s', timed_out: true }), 'Error: TimeoutError: the program exceeded the time limit of 10 s');
-  t.match(formatCodeObservation({ stdout: '', error: null, timed_out: false }), /^<python_output>\n\(the program printed nothing.*\)\n<\/python_output>$/);
-  t.equal(formatCodeObservation({ stdout: 'x\n', error: null, timed_out: false }, { tags: { code: 'javascript', answer: 'answer' } }), '<javascript_output>\nx\n\n</javascript_output>');
+  t.equal(
+    errorLine({ stdout: '', error: 'TimeoutError: the program exceeded the time limit of 10 s', timed_out: true }),
+    'Error: TimeoutError: the program exceeded the time limit of 10 s',
+  );
+  t.match(
+    formatCodeObservation({ stdout: '', error: null, timed_out: false }),
+    /^<python_output>\n\(the program printed nothing.*\)\n<\/python_output>$/,
+  );
+  t.equal(
+    formatCodeObservation({ stdout: 'x\n', error: null, timed_out: false }, { tags: { code: 'javascript', answer: 'answer' } }),
+    '<javascript_output>\nx\n\n</javascript_output>',
+  );
 });
 
 t.test('observation: the output cap keeps head and tail, never the error line', async (t) => {
@@ -159,12 +175,24 @@ t.test('observation: the output cap keeps head and tail, never the error line', 
 });
 
 t.test('observations match the reference trajectories exactly', needShared, async (t) => {
-  const rows = readFileSync(dataFile('seed-sft', 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { messages: { role: string; content: string }[] });
-  const outputs = rows.flatMap((r) => r.messages.filter((m) => m.role === 'user' && m.content.startsWith('<python_output>')).map((m) => m.content));
+  const rows = readFileSync(dataFile('seed-sft', 'trajectories.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as { messages: { role: string; content: string }[] });
+  const outputs = rows.flatMap((r) =>
+    r.messages.filter((m) => m.role === 'user' && m.content.startsWith('<python_output>')).map((m) => m.content),
+  );
   t.ok(outputs.length > 50);
   // error-only observation, verbatim
   const err = outputs.find((o) => o.startsWith('<python_output>\nError: '))!;
-  t.equal(formatCodeObservation({ stdout: '', error: err.slice('<python_output>\nError: '.length, -'\n</python_output>'.length), timed_out: false }), err);
+  t.equal(
+    formatCodeObservation({
+      stdout: '',
+      error: err.slice('<python_output>\nError: '.length, -'\n</python_output>'.length),
+      timed_out: false,
+    }),
+    err,
+  );
   // truncated observations: rebuild a program output from the head and tail the reference kept, hide
   // the middle, and format it again: same text, same marker, same cap (6000 chars, 40 % + 40 %)
   let checked = 0;
@@ -187,7 +215,10 @@ t.test('observations match the reference trajectories exactly', needShared, asyn
 });
 
 t.test('the reference trajectories parse: code turns, then an answer', needShared, async (t) => {
-  const rows = readFileSync(dataFile('seed-sft', 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { messages: { role: string; content: string }[] });
+  const rows = readFileSync(dataFile('seed-sft', 'trajectories.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as { messages: { role: string; content: string }[] });
   let answers = 0;
   let codes = 0;
   let cut = 0;
@@ -195,7 +226,9 @@ t.test('the reference trajectories parse: code turns, then an answer', needShare
     const turns = r.messages.filter((m) => m.role === 'assistant');
     const last = parseCodeTurn(turns[turns.length - 1].content);
     t.equal(last.kind, 'answer');
-    const expected = /<answer>([\s\S]*?)<\/answer>/.exec(turns[turns.length - 1].content.replace(/<think>[\s\S]*?<\/think>/g, ''))![1].trim();
+    const expected = /<answer>([\s\S]*?)<\/answer>/
+      .exec(turns[turns.length - 1].content.replace(/<think>[\s\S]*?<\/think>/g, ''))![1]
+      .trim();
     t.equal((last as { answer: string }).answer, expected);
     answers++;
     for (const m of turns.slice(0, -1)) {
@@ -210,13 +243,27 @@ t.test('the reference trajectories parse: code turns, then an answer', needShare
     }
   }
   t.equal(answers, rows.length);
-  t.equal(codes + cut, rows.reduce((n, r) => n + r.messages.filter((m) => m.role === 'assistant').length - 1, 0));
+  t.equal(
+    codes + cut,
+    rows.reduce((n, r) => n + r.messages.filter((m) => m.role === 'assistant').length - 1, 0),
+  );
   t.equal(cut, 2);
 });
 
 t.test('system prompt: functions, turns, tags', async (t) => {
   const p = codeSystemPrompt({ maxTurns: 2 });
-  for (const s of ['search_pages(query: str)', 'view_sections(page_id: str)', 'read_section(section_id: str)', '"page_id:full"', 're, json, string, Counter, defaultdict', '<python>', '</python>', '<python_output>', '<answer>', 'You have 2 turns'])
+  for (const s of [
+    'search_pages(query: str)',
+    'view_sections(page_id: str)',
+    'read_section(section_id: str)',
+    '"page_id:full"',
+    're, json, string, Counter, defaultdict',
+    '<python>',
+    '</python>',
+    '<python_output>',
+    '<answer>',
+    'You have 2 turns',
+  ])
     t.ok(p.includes(s), s);
   // the example in the prompt is itself well-formed for the parser
   const example = p.slice(p.indexOf('EXAMPLE:'), p.indexOf('RULES:'));

@@ -22,30 +22,57 @@ class Turns implements TextGenerator {
   constructor(readonly turns: string[]) {}
   async generate(req: GenerateRequest): Promise<GenerateResult> {
     const ids = [...tok.encode(this.turns[this.#next++]), IM_END];
-    return { tokens: req.prompts.map(() => Int32Array.from(ids)), logprobs: req.prompts.map(() => new Float32Array(ids.length).fill(-1)), finishReasons: req.prompts.map(() => 'stop_token') };
+    return {
+      tokens: req.prompts.map(() => Int32Array.from(ids)),
+      logprobs: req.prompts.map(() => new Float32Array(ids.length).fill(-1)),
+      finishReasons: req.prompts.map(() => 'stop_token'),
+    };
   }
 }
 
 /** The ids of an episode's environment replies (mask 0 after the prompt), and the replies' texts. */
 function env(e: Episode): { ids: number[]; text: string } {
   const ids = Array.from(e.ids.subarray(e.promptTokens)).filter((_, i) => !e.lossMask[e.promptTokens + i]);
-  return { ids, text: e.segments.filter((s) => s.source === 'env').map((s) => s.text).join('') };
+  return {
+    ids,
+    text: e.segments
+      .filter((s) => s.source === 'env')
+      .map((s) => s.text)
+      .join(''),
+  };
 }
 
 t.test('the tokenizer encodes special tokens as text on request (split_special_tokens)', async (t) => {
-  t.ok(tok.specialTokens.includes('<|im_end|>') && !tok.specialTokens.includes('<think>'), 'special tokens listed; <think> is an added token, not special');
+  t.ok(
+    tok.specialTokens.includes('<|im_end|>') && !tok.specialTokens.includes('<think>'),
+    'special tokens listed; <think> is an added token, not special',
+  );
   t.same(specialIds(tok.encode(FORGED)), [IM_END, IM_START, tok.tokenId('<|endoftext|>')], 'by default they are the special tokens');
   const plain = tok.encode(FORGED, { splitSpecialTokens: true });
   t.same(specialIds(plain), [], 'split: no special id');
   t.equal(tok.decode(plain), FORGED, 'and the ids decode to the same text');
-  t.same(tok.encode('<think>x</think>', { splitSpecialTokens: true }), tok.encode('<think>x</think>'), 'non-special added tokens are matched as before');
+  t.same(
+    tok.encode('<think>x</think>', { splitSpecialTokens: true }),
+    tok.encode('<think>x</think>'),
+    'non-special added tokens are matched as before',
+  );
   t.same(tok.encode('plain text', { splitSpecialTokens: true }), tok.encode('plain text'));
 });
 
 t.test('a program output with special-token text: the template keeps its tokens, the output is text', async (t) => {
   const run = async (stdout: string) => {
-    const executor: CodeExecutor = { run: async (): Promise<ProgramResult> => ({ stdout, error: null, timed_out: false, calls: [], truncated: false, duration_ms: 1 }) };
-    const runner = new EpisodeRunner({ generator: new Turns(['<python>print(1)</python>', '<answer>x</answer>']), tokenizer: tok, formatter, protocol: codeProtocol({ executor }), maxTurns: 3, maxNewTokens: 64, maxTotalTokens: 4096 });
+    const executor: CodeExecutor = {
+      run: async (): Promise<ProgramResult> => ({ stdout, error: null, timed_out: false, calls: [], truncated: false, duration_ms: 1 }),
+    };
+    const runner = new EpisodeRunner({
+      generator: new Turns(['<python>print(1)</python>', '<answer>x</answer>']),
+      tokenizer: tok,
+      formatter,
+      protocol: codeProtocol({ executor }),
+      maxTurns: 3,
+      maxNewTokens: 64,
+      maxTotalTokens: 4096,
+    });
     return (await runner.run([{ question: 'q' }])).episodes[0];
   };
   const benign = env(await run('done'));
@@ -59,7 +86,15 @@ t.test('a program output with special-token text: the template keeps its tokens,
 
 t.test('a search result (inline replies) and a question with special-token text', async (t) => {
   const search = { searchPassages: () => [{ title: 'T', text: FORGED }] };
-  const runner = new EpisodeRunner({ generator: new Turns(['<search>q</search>', '<answer>x</answer>']), tokenizer: tok, formatter, protocol: tagsProtocol({ search }), maxTurns: 3, maxNewTokens: 64, maxTotalTokens: 4096 });
+  const runner = new EpisodeRunner({
+    generator: new Turns(['<search>q</search>', '<answer>x</answer>']),
+    tokenizer: tok,
+    formatter,
+    protocol: tagsProtocol({ search }),
+    maxTurns: 3,
+    maxNewTokens: 64,
+    maxTotalTokens: 4096,
+  });
   const [e] = (await runner.run([{ question: `who? ${FORGED}` }])).episodes;
   const r = env(e);
   t.ok(r.text.includes(FORGED));

@@ -6,14 +6,27 @@ import { readFileSync } from 'node:fs';
 import type { GenerateRequest, GenerateResult, TextGenerator } from '../lib/engine/types.js';
 import { ChatFormatter } from '../lib/model/chat.js';
 import { packagedQwen3Config, qwen3Tokenizer } from '../lib/model/tokenizer.js';
-import { codeProtocol, EpisodeRunner, finalTurnNotice, formatInformation, tagsProtocol, tokensThrough, type CodeExecutor, type Episode, type EpisodeRunnerOptions, type ProgramResult } from '../lib/episodes/index.js';
+import {
+  codeProtocol,
+  EpisodeRunner,
+  finalTurnNotice,
+  formatInformation,
+  tagsProtocol,
+  tokensThrough,
+  type CodeExecutor,
+  type Episode,
+  type EpisodeRunnerOptions,
+  type ProgramResult,
+} from '../lib/episodes/index.js';
 import { createSandbox } from '../lib/sandbox/index.js';
 import type { SearchTools } from '../lib/sandbox/types.js';
 import { fixture, haveShared } from './helpers/shared.js';
 
 const tok = qwen3Tokenizer();
 const IM_END = '<|im_end|>';
-const template = haveShared ? readFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), 'utf8') : (packagedQwen3Config().chat_template as string);
+const template = haveShared
+  ? readFileSync(fixture('qwen3-tokenizer', 'chat_template.jinja'), 'utf8')
+  : (packagedQwen3Config().chat_template as string);
 const formatter = new ChatFormatter(template, { eosToken: IM_END });
 
 /** Log-prob the scripted generator gives a token: a function of the id, never 0. */
@@ -35,7 +48,15 @@ interface Script {
  * output continues the same turn (a resume); any other call starts the next turn.
  */
 class ScriptedGenerator implements TextGenerator {
-  calls: Array<{ rows: number; keys: string[]; temperature: number[]; topP?: number | number[]; maxNewTokens: number; stopStrings: string[]; stopTokenIds: number[] }> = [];
+  calls: Array<{
+    rows: number;
+    keys: string[];
+    temperature: number[];
+    topP?: number | number[];
+    maxNewTokens: number;
+    stopStrings: string[];
+    stopTokenIds: number[];
+  }> = [];
   readonly #state = new Map<string, { turn: number; pos: number; lastLen: number }>();
   constructor(
     readonly scripts: Script[],
@@ -82,8 +103,17 @@ class ScriptedGenerator implements TextGenerator {
       out.logprobs.push(Float32Array.from(emitted, lp));
       out.finishReasons.push(finish);
     }
-    const temps = typeof req.temperature === 'number' ? req.prompts.map(() => req.temperature as number) : Array.from(req.temperature ?? []);
-    this.calls.push({ rows: req.prompts.length, keys, temperature: temps, topP: req.topP, maxNewTokens: req.maxNewTokens, stopStrings: req.stopStrings ?? [], stopTokenIds: req.stopTokenIds ?? [] });
+    const temps =
+      typeof req.temperature === 'number' ? req.prompts.map(() => req.temperature as number) : Array.from(req.temperature ?? []);
+    this.calls.push({
+      rows: req.prompts.length,
+      keys,
+      temperature: temps,
+      topP: req.topP,
+      maxNewTokens: req.maxNewTokens,
+      stopStrings: req.stopStrings ?? [],
+      stopTokenIds: req.stopTokenIds ?? [],
+    });
     return out;
   }
 }
@@ -93,7 +123,8 @@ class FakeExecutor implements CodeExecutor {
   programs: string[] = [];
   async run(code: string): Promise<ProgramResult> {
     this.programs.push(code);
-    if (code.includes('raise')) return { stdout: 'before the error\n', error: 'ValueError: boom', timed_out: false, calls: [], truncated: false, duration_ms: 1 };
+    if (code.includes('raise'))
+      return { stdout: 'before the error\n', error: 'ValueError: boom', timed_out: false, calls: [], truncated: false, duration_ms: 1 };
     return {
       stdout: `ran ${code.split('\n').length} line(s)\n`,
       error: null,
@@ -131,7 +162,10 @@ function checkEpisode(t: Test, e: Episode) {
   t.equal(badLp, 0, 'log-probs are the sampled ones where mask 1, 0 elsewhere');
   t.same(Array.from(e.lossMask.subarray(0, e.promptTokens)), new Array(e.promptTokens).fill(0), 'prompt masked out');
   // the segments tile the sequence: prompt, then model/env alternating
-  t.equal(e.segments.reduce((n, s) => n + s.tokens, 0), e.ids.length);
+  t.equal(
+    e.segments.reduce((n, s) => n + s.tokens, 0),
+    e.ids.length,
+  );
   let k = 0;
   for (const s of e.segments) {
     const bits = new Set(Array.from(e.lossMask.subarray(k, k + s.tokens)));
@@ -147,7 +181,11 @@ t.test('a batch of code episodes finishing at different turns', async (t) => {
     { key: 'QA: capital of France?', turns: ['<python>\nprint(search_pages("France"))\n</python>', '<answer>Paris</answer>'] },
     {
       key: 'QB: tallest mountain?',
-      turns: ['Let me look.\n<python>\nx = search_pages("mountain")\nprint(x)\n</python>', '<think>\nNot enough.\n</think>\n\n<python>\nprint(read_section("everest:full"))\n</python>', '<answer>Mount Everest</answer>'],
+      turns: [
+        'Let me look.\n<python>\nx = search_pages("mountain")\nprint(x)\n</python>',
+        '<think>\nNot enough.\n</think>\n\n<python>\nprint(read_section("everest:full"))\n</python>',
+        '<answer>Mount Everest</answer>',
+      ],
     },
     { key: 'QC: 2+2?', turns: ['<answer>4</answer>'] },
   ];
@@ -162,13 +200,25 @@ t.test('a batch of code episodes finishing at different turns', async (t) => {
   const [a, b, c] = episodes;
 
   // only active episodes are sent, with their own temperatures
-  t.same(gen.calls.map((x) => x.rows), [3, 2, 1]);
+  t.same(
+    gen.calls.map((x) => x.rows),
+    [3, 2, 1],
+  );
   t.same(stats.rowsPerCall, [3, 2, 1]);
-  t.same(gen.calls.map((x) => x.keys), [[scripts[0].key, scripts[1].key, scripts[2].key], [scripts[0].key, scripts[1].key], [scripts[1].key]]);
-  t.same(gen.calls.map((x) => x.temperature), [[0.7, 1.1, 0.9], [0.7, 1.1], [1.1]]);
+  t.same(
+    gen.calls.map((x) => x.keys),
+    [[scripts[0].key, scripts[1].key, scripts[2].key], [scripts[0].key, scripts[1].key], [scripts[1].key]],
+  );
+  t.same(
+    gen.calls.map((x) => x.temperature),
+    [[0.7, 1.1, 0.9], [0.7, 1.1], [1.1]],
+  );
   // and their own top-p where one in the call sets it (the runner's, none = 1, for the others);
   // a call without any stays on the runner's single value
-  t.same(gen.calls.map((x) => x.topP), [[0.9, 1, 0.85], [0.9, 1], undefined]);
+  t.same(
+    gen.calls.map((x) => x.topP),
+    [[0.9, 1, 0.85], [0.9, 1], undefined],
+  );
   t.same(gen.calls[0].stopStrings, ['</python>', '</answer>']);
   t.same(gen.calls[0].stopTokenIds, tok.stopTokenIds);
   t.equal(gen.calls[0].maxNewTokens, 400);
@@ -179,7 +229,8 @@ t.test('a batch of code episodes finishing at different turns', async (t) => {
   for (const e of episodes) checkEpisode(t, e);
 
   // mask 1 exactly on the generated text: decoding the masked-in ids gives the scripted turns
-  for (const [i, e] of episodes.entries()) t.equal(tok.decode(maskedIds(e, 1)), scripts[i].turns.join(''), `episode ${i}: masked-in text is the scripted text`);
+  for (const [i, e] of episodes.entries())
+    t.equal(tok.decode(maskedIds(e, 1)), scripts[i].turns.join(''), `episode ${i}: masked-in text is the scripted text`);
   // ...and the rest is the prompt plus the environment's text, chat-template glue included
   const envA = a.segments.filter((s) => s.source === 'env').map((s) => s.text);
   t.same(envA, [`${IM_END}\n<|im_start|>user\n<python_output>\nran 1 line(s)\n\n</python_output>${IM_END}\n<|im_start|>assistant\n`]);
@@ -194,7 +245,10 @@ t.test('a batch of code episodes finishing at different turns', async (t) => {
   t.same(Array.from(a.ids.subarray(0, a.promptTokens)), tok.encode(formatter.prompt(a.messages.slice(0, 2))));
 
   // B's last turn came after the final-turn notice (its 3rd turn is the last of 3)
-  t.same(b.messages.map((m) => m.role), ['system', 'user', 'assistant', 'user', 'assistant', 'user', 'user', 'assistant']);
+  t.same(
+    b.messages.map((m) => m.role),
+    ['system', 'user', 'assistant', 'user', 'assistant', 'user', 'user', 'assistant'],
+  );
   t.equal(b.messages[6].content, finalTurnNotice());
   t.equal(b.messages[2].content, scripts[1].turns[0]);
   t.match(b.messages[5].content, /^<python_output>\nran 1 line\(s\)\n\n<\/python_output>$/);
@@ -203,10 +257,22 @@ t.test('a batch of code episodes finishing at different turns', async (t) => {
 
   // programs and calls
   t.same(exec.programs, ['print(search_pages("France"))', 'x = search_pages("mountain")\nprint(x)', 'print(read_section("everest:full"))']);
-  t.same(b.calls.map((x) => [x.turn, x.name]), [[1, 'search_pages'], [2, 'search_pages']]);
+  t.same(
+    b.calls.map((x) => [x.turn, x.name]),
+    [
+      [1, 'search_pages'],
+      [2, 'search_pages'],
+    ],
+  );
   t.same(c.calls, []);
-  t.same(b.steps.map((s) => s.action), ['code', 'code', 'answer']);
-  t.same(b.steps.map((s) => s.finishReason), ['stop_string', 'stop_string', 'stop_string']);
+  t.same(
+    b.steps.map((s) => s.action),
+    ['code', 'code', 'answer'],
+  );
+  t.same(
+    b.steps.map((s) => s.finishReason),
+    ['stop_string', 'stop_string', 'stop_string'],
+  );
   t.ok(b.steps[0].envTokens > 0);
   t.equal(b.steps[2].envTokens, 0);
   t.match(b.steps[0].program, { error: null, timed_out: false });
@@ -215,16 +281,24 @@ t.test('a batch of code episodes finishing at different turns', async (t) => {
 });
 
 t.test('max turns: a last turn without an answer ends the episode with none', async (t) => {
-  const scripts: Script[] = [{ key: 'QD: never answers', turns: ['<python>\nprint(1)\n</python>', '<python>\nprint(2)\n</python>', 'unused'] }];
+  const scripts: Script[] = [
+    { key: 'QD: never answers', turns: ['<python>\nprint(1)\n</python>', '<python>\nprint(2)\n</python>', 'unused'] },
+  ];
   const exec = new FakeExecutor();
   const gen = new ScriptedGenerator(scripts);
   const { episodes } = await runner(gen, exec, { maxTurns: 2 }).run([{ question: scripts[0].key }]);
   const [e] = episodes;
   t.match(e, { answer: null, finish: 'max_turns', turns: 2, temperature: 1 });
-  t.same(exec.programs, ['print(1)'], 'the last turn\'s program does not run');
-  t.same(gen.calls.map((x) => x.rows), [1, 1]);
+  t.same(exec.programs, ['print(1)'], "the last turn's program does not run");
+  t.same(
+    gen.calls.map((x) => x.rows),
+    [1, 1],
+  );
   // the notice came before turn 2, and nothing after it
-  t.same(e.messages.map((m) => m.role), ['system', 'user', 'assistant', 'user', 'user', 'assistant']);
+  t.same(
+    e.messages.map((m) => m.role),
+    ['system', 'user', 'assistant', 'user', 'user', 'assistant'],
+  );
   t.equal(e.segments[e.segments.length - 1].source, 'model');
   checkEpisode(t, e);
 
@@ -259,7 +333,12 @@ t.test('an answer inside code: the stop string inside the program resumes genera
 
 t.test('text after the action is dropped at a token boundary (generator ignoring stop strings)', async (t) => {
   const turn1 = '<python>\nprint(1)\n</python>';
-  const scripts: Script[] = [{ key: 'QH: chatty', turns: [turn1 + '\n<python_output>\n1\n</python_output>\nSo the answer', '<answer>Paris</answer> I hope this helps!' + IM_END] }];
+  const scripts: Script[] = [
+    {
+      key: 'QH: chatty',
+      turns: [turn1 + '\n<python_output>\n1\n</python_output>\nSo the answer', '<answer>Paris</answer> I hope this helps!' + IM_END],
+    },
+  ];
   const gen = new ScriptedGenerator(scripts, false);
   const { episodes } = await runner(gen, new FakeExecutor()).run([{ question: 'QH: chatty' }]);
   const [e] = episodes;
@@ -361,16 +440,26 @@ t.test('the context limit ends episodes cleanly', async (t) => {
     { key: 'QN: a much longer question that takes more tokens of the prompt', turns: ['<answer>' + 'word '.repeat(40) + '</answer>'] },
   ];
   const g4 = new ScriptedGenerator(scripts4);
-  const lens = scripts4.map((s) => tok.encode(formatter.prompt(codeProtocol({ executor: new FakeExecutor() }).initialMessages(s.key, 3))).length);
+  const lens = scripts4.map(
+    (s) => tok.encode(formatter.prompt(codeProtocol({ executor: new FakeExecutor() }).initialMessages(s.key, 3))).length,
+  );
   const limit = Math.max(...lens) + 20;
   const eps = (await runner(g4, new FakeExecutor(), { maxTotalTokens: limit }).run(scripts4.map((s) => ({ question: s.key })))).episodes;
-  t.same(eps.map((e) => e.ids.length), [limit, limit]);
-  t.same(eps.map((e) => e.finish), ['context', 'context']);
+  t.same(
+    eps.map((e) => e.ids.length),
+    [limit, limit],
+  );
+  t.same(
+    eps.map((e) => e.finish),
+    ['context', 'context'],
+  );
   for (const e of eps) checkEpisode(t, e);
 });
 
 t.test('program errors come back with the printed output', async (t) => {
-  const scripts: Script[] = [{ key: 'QO: err', turns: ['<python>\nprint("before the error")\nraise ValueError("boom")\n</python>', '<answer>x</answer>'] }];
+  const scripts: Script[] = [
+    { key: 'QO: err', turns: ['<python>\nprint("before the error")\nraise ValueError("boom")\n</python>', '<answer>x</answer>'] },
+  ];
   const [e] = (await runner(new ScriptedGenerator(scripts), new FakeExecutor()).run([{ question: 'QO: err' }])).episodes;
   t.equal(e.messages[3].content, '<python_output>\nbefore the error\nError: ValueError: boom\n</python_output>');
   t.match(e.steps[0].program, { error: 'ValueError: boom' });
@@ -378,14 +467,16 @@ t.test('program errors come back with the printed output', async (t) => {
 
 t.test('environment replies as tool messages', async (t) => {
   const scripts: Script[] = [{ key: 'QP: tool role', turns: ['<python>\nprint(1)\n</python>', '<answer>1</answer>'] }];
-  const r = runner(new ScriptedGenerator(scripts), new FakeExecutor(), { protocol: codeProtocol({ executor: new FakeExecutor(), envRole: 'tool' }) });
+  const r = runner(new ScriptedGenerator(scripts), new FakeExecutor(), {
+    protocol: codeProtocol({ executor: new FakeExecutor(), envRole: 'tool' }),
+  });
   const [e] = (await r.run([{ question: 'QP: tool role' }])).episodes;
   t.equal(e.messages[3].role, 'tool');
   t.equal(tok.decode(e.ids) + `${IM_END}\n`, formatter.render(e.messages));
   checkEpisode(t, e);
 });
 
-t.test('protocol.questionVariable: each episode\'s programs get their own question as a global', async (t) => {
+t.test("protocol.questionVariable: each episode's programs get their own question as a global", async (t) => {
   const seen: Array<{ code: string; globals?: Record<string, unknown> }> = [];
   const exec: CodeExecutor = {
     async run(code, opts) {
@@ -400,15 +491,25 @@ t.test('protocol.questionVariable: each episode\'s programs get their own questi
   const protocol = codeProtocol({ executor: exec, questionVariable: 'question' });
   const r = runner(new ScriptedGenerator(scripts), exec, { protocol });
   const { episodes } = await r.run([{ question: 'QV: first?' }, { question: 'QV: second?' }]);
-  t.same(seen.map((x) => x.globals).sort((a, b) => String(a?.question).localeCompare(String(b?.question))), [{ question: 'QV: first?' }, { question: 'QV: second?' }]);
-  for (const e of episodes) t.equal(e.messages[3].content, `<python_output>\n${e.question}\n\n</python_output>`, 'the output is the episode\'s own question');
+  t.same(
+    seen.map((x) => x.globals).sort((a, b) => String(a?.question).localeCompare(String(b?.question))),
+    [{ question: 'QV: first?' }, { question: 'QV: second?' }],
+  );
+  for (const e of episodes)
+    t.equal(e.messages[3].content, `<python_output>\n${e.question}\n\n</python_output>`, "the output is the episode's own question");
   t.match(episodes[0].messages[0].content, /The question is also in the variable question/);
   // Without the option no globals are passed, and a bad name is refused.
   const plain: Array<unknown> = [];
-  await codeProtocol({ executor: { run: async (c, o) => (plain.push(o), { stdout: '', error: null, timed_out: false }) } }).respond({ kind: 'code', code: 'x', end: 0 }, { turn: 1, maxTurns: 2, finishReason: 'stop_string', maxNewTokens: 9, question: 'q' });
+  await codeProtocol({ executor: { run: async (_c, o) => (plain.push(o), { stdout: '', error: null, timed_out: false }) } }).respond(
+    { kind: 'code', code: 'x', end: 0 },
+    { turn: 1, maxTurns: 2, finishReason: 'stop_string', maxNewTokens: 9, question: 'q' },
+  );
   t.same(plain, [undefined]);
   t.throws(() => codeProtocol({ executor: exec, questionVariable: 'the question' }), { code: 'ARGUMENT_INVALID' });
-  await t.rejects(protocol.respond({ kind: 'code', code: 'x', end: 0 }, { turn: 1, maxTurns: 2, finishReason: 'stop_string', maxNewTokens: 9 }), { code: 'PROTOCOL_ERROR' });
+  await t.rejects(
+    protocol.respond({ kind: 'code', code: 'x', end: 0 }, { turn: 1, maxTurns: 2, finishReason: 'stop_string', maxNewTokens: 9 }),
+    { code: 'PROTOCOL_ERROR' },
+  );
 });
 
 t.test('protocol.finalAnswer: a program that calls final_answer() ends its episode with that answer', async (t) => {
@@ -417,24 +518,51 @@ t.test('protocol.finalAnswer: a program that calls final_answer() ends its episo
     async run(code, opts) {
       seen.push(opts);
       const answer = /final_answer\("(.*)"\)/.exec(code)?.[1];
-      return { stdout: 'printed\n', error: null, timed_out: false, calls: [], truncated: false, duration_ms: 1, ...(answer !== undefined ? { final_answer: ` ${answer} ` } : {}) };
+      return {
+        stdout: 'printed\n',
+        error: null,
+        timed_out: false,
+        calls: [],
+        truncated: false,
+        duration_ms: 1,
+        ...(answer !== undefined ? { final_answer: ` ${answer} ` } : {}),
+      };
     },
   };
   const scripts: Script[] = [
     { key: 'QF: answers in code', turns: ['<python>\nfinal_answer("Oslo")\n</python>'] },
-    { key: 'QF: prints first', turns: ['<python>\nprint(1)\n</python>', '<python>\nfinal_answer("Bergen")\n</python>', '<answer>unused</answer>'] },
+    {
+      key: 'QF: prints first',
+      turns: ['<python>\nprint(1)\n</python>', '<python>\nfinal_answer("Bergen")\n</python>', '<answer>unused</answer>'],
+    },
   ];
   const protocol = codeProtocol({ executor: exec, finalAnswer: true });
-  const { episodes } = await runner(new ScriptedGenerator(scripts), exec, { protocol }).run([{ question: 'QF: answers in code' }, { question: 'QF: prints first' }]);
-  t.same(episodes.map((e) => [e.answer, e.finish, e.turns]), [['Oslo', 'answer', 1], ['Bergen', 'answer', 2]]);
-  t.same(episodes[0].messages.map((m) => m.role), ['system', 'user', 'assistant'], 'nothing appended after the answering program');
-  t.equal(episodes[0].segments[episodes[0].segments.length - 1].source, 'model', 'the sequence ends with the model\'s turn');
+  const { episodes } = await runner(new ScriptedGenerator(scripts), exec, { protocol }).run([
+    { question: 'QF: answers in code' },
+    { question: 'QF: prints first' },
+  ]);
+  t.same(
+    episodes.map((e) => [e.answer, e.finish, e.turns]),
+    [
+      ['Oslo', 'answer', 1],
+      ['Bergen', 'answer', 2],
+    ],
+  );
+  t.same(
+    episodes[0].messages.map((m) => m.role),
+    ['system', 'user', 'assistant'],
+    'nothing appended after the answering program',
+  );
+  t.equal(episodes[0].segments[episodes[0].segments.length - 1].source, 'model', "the sequence ends with the model's turn");
   t.match(episodes[1].messages[3].content, /printed/, 'a program without final_answer() gets its output back');
   t.ok(seen.every((o) => (o as { finalAnswer?: boolean }).finalAnswer === true));
   t.match(episodes[0].messages[0].content, /final_answer\(answer\) ends the program/, 'the default system prompt says so');
   for (const e of episodes) checkEpisode(t, e);
   // Without the option a program's final_answer text is not an answer.
-  const plain = await runner(new ScriptedGenerator([{ key: 'QF: off', turns: ['<python>\nfinal_answer("Oslo")\n</python>', '<answer>tagged</answer>'] }]), exec).run([{ question: 'QF: off' }]);
+  const plain = await runner(
+    new ScriptedGenerator([{ key: 'QF: off', turns: ['<python>\nfinal_answer("Oslo")\n</python>', '<answer>tagged</answer>'] }]),
+    exec,
+  ).run([{ question: 'QF: off' }]);
   t.same([plain.episodes[0].answer, plain.episodes[0].turns], ['tagged', 2]);
 });
 
@@ -442,7 +570,10 @@ t.test('tags episodes (Search-R1): passages appended inline, masked out', async 
   const scripts: Script[] = [
     {
       key: 'Question: who designed the Eiffel Tower?',
-      turns: ['<think>I should search.</think>\n<search> Eiffel Tower designer </search>', '<think>Found it.</think>\n<answer> Gustave Eiffel </answer>'],
+      turns: [
+        '<think>I should search.</think>\n<search> Eiffel Tower designer </search>',
+        '<think>Found it.</think>\n<answer> Gustave Eiffel </answer>',
+      ],
     },
     { key: 'Question: capital of Japan?', turns: ['<think>I know this.</think>\n<answer>Tokyo</answer>'] },
   ];
@@ -451,23 +582,47 @@ t.test('tags episodes (Search-R1): passages appended inline, masked out', async 
     { page_id: 'gustave', title: 'Gustave Eiffel', text: 'A French civil engineer.', score: 1 },
   ];
   const queries: string[] = [];
-  const protocol = tagsProtocol({ search: { searchPassages: (q: string, k?: number) => (queries.push(q), passages.slice(0, k)) }, topK: 2 });
+  const protocol = tagsProtocol({
+    search: { searchPassages: (q: string, k?: number) => (queries.push(q), passages.slice(0, k)) },
+    topK: 2,
+  });
   const gen = new ScriptedGenerator(scripts);
-  const r = new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol, maxTurns: 4, maxNewTokens: 200, maxTotalTokens: 4096, temperature: 0.5 });
+  const r = new EpisodeRunner({
+    generator: gen,
+    tokenizer: tok,
+    formatter,
+    protocol,
+    maxTurns: 4,
+    maxNewTokens: 200,
+    maxTotalTokens: 4096,
+    temperature: 0.5,
+  });
   const { episodes } = await r.run([{ question: 'who designed the Eiffel Tower?' }, { question: 'capital of Japan?' }]);
   const [a, b] = episodes;
   t.same(gen.calls[0].stopStrings, ['</search>', '</answer>']);
-  t.same(gen.calls.map((c) => c.rows), [2, 1]);
+  t.same(
+    gen.calls.map((c) => c.rows),
+    [2, 1],
+  );
   t.match(a, { answer: 'Gustave Eiffel', finish: 'answer', turns: 2, temperature: 0.5 });
   t.match(b, { answer: 'Tokyo', turns: 1 });
   t.same(queries, ['Eiffel Tower designer']);
-  t.same(a.calls.map((c) => [c.turn, c.name, c.args, c.ok, c.results]), [[1, 'search', ['Eiffel Tower designer'], true, 2]]);
+  t.same(
+    a.calls.map((c) => [c.turn, c.name, c.args, c.ok, c.results]),
+    [[1, 'search', ['Eiffel Tower designer'], true, 2]],
+  );
   // the information block sits inside the assistant turn, with no chat-template glue, mask 0
   const info = formatInformation(passages);
-  t.same(a.segments.filter((s) => s.source === 'env').map((s) => s.text), [info]);
+  t.same(
+    a.segments.filter((s) => s.source === 'env').map((s) => s.text),
+    [info],
+  );
   t.equal(tok.decode(maskedIds(a, 1)), scripts[0].turns.join(''));
   t.equal(tok.decode(a.ids.subarray(a.promptTokens)), scripts[0].turns[0] + info + scripts[0].turns[1]);
-  t.same(a.messages.map((m) => m.role), ['user', 'assistant']);
+  t.same(
+    a.messages.map((m) => m.role),
+    ['user', 'assistant'],
+  );
   t.equal(a.messages[1].content, scripts[0].turns[0] + info + scripts[0].turns[1]);
   t.match(a.messages[0].content, /Question: who designed the Eiffel Tower\?\n$/);
   for (const e of episodes) checkEpisode(t, e);
@@ -479,7 +634,15 @@ t.test('tags: a search on the last turn is not run; max turns ends the episode',
   const protocol = tagsProtocol({ search: { searchPassages: (q: string) => (queries.push(q), [{ title: 'T', text: 'x' }]) } });
   // maxTurns 2 (was 3 when maxTurns counted generations): the tags protocol counts as Search-R1's
   // max_turns does, 2 turns with a reply (the search, the invalid-action note) and then a last one.
-  const r = new EpisodeRunner({ generator: new ScriptedGenerator(scripts), tokenizer: tok, formatter, protocol, maxTurns: 2, maxNewTokens: 50, maxTotalTokens: 4096 });
+  const r = new EpisodeRunner({
+    generator: new ScriptedGenerator(scripts),
+    tokenizer: tok,
+    formatter,
+    protocol,
+    maxTurns: 2,
+    maxNewTokens: 50,
+    maxTotalTokens: 4096,
+  });
   const [e] = (await r.run([{ question: 'loops' }])).episodes;
   t.match(e, { finish: 'max_turns', answer: null, turns: 3 });
   t.same(queries, ['a']);
@@ -492,22 +655,42 @@ t.test("tags: max_turns counts searches as Search-R1's (N searches, then one las
   for (const n of [1, 2, 3]) {
     // a model that always searches: turn i asks "query i"
     const key = `Question: always searches ${n}`;
-    const scripts: Script[] = [{ key, turns: Array.from({ length: n + 1 }, (_, i) => `<think>step ${i + 1}</think>\n<search> query ${i + 1} </search>`) }];
+    const scripts: Script[] = [
+      { key, turns: Array.from({ length: n + 1 }, (_, i) => `<think>step ${i + 1}</think>\n<search> query ${i + 1} </search>`) },
+    ];
     const queries: string[] = [];
     const gen = new ScriptedGenerator(scripts);
     const protocol = tagsProtocol({ search: { searchPassages: (q: string) => (queries.push(q), passages) } });
-    const r = new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol, maxTurns: n, maxNewTokens: 50, maxTotalTokens: 4096 });
+    const r = new EpisodeRunner({
+      generator: gen,
+      tokenizer: tok,
+      formatter,
+      protocol,
+      maxTurns: n,
+      maxNewTokens: 50,
+      maxTotalTokens: 4096,
+    });
     const [e] = (await r.run([{ question: `always searches ${n}` }])).episodes;
     t.equal(queries.length, n, `max_turns ${n}: ${n} searches`);
-    t.same(queries, Array.from({ length: n }, (_, i) => `query ${i + 1}`));
+    t.same(
+      queries,
+      Array.from({ length: n }, (_, i) => `query ${i + 1}`),
+    );
     t.equal(gen.calls.length, n + 1, `max_turns ${n}: ${n + 1} generations`);
     t.match(e, { finish: 'max_turns', answer: null, turns: n + 1 });
-    t.same(e.segments.map((x) => x.source), ['prompt', ...Array.from({ length: n }, () => ['model', 'env']).flat(), 'model'], 'model/env alternate; the last generation gets no reply');
+    t.same(
+      e.segments.map((x) => x.source),
+      ['prompt', ...Array.from({ length: n }, () => ['model', 'env']).flat(), 'model'],
+      'model/env alternate; the last generation gets no reply',
+    );
     t.ok(e.segments.filter((x) => x.source === 'env').every((x) => x.text === formatInformation(passages)));
     const last = e.messages[e.messages.length - 1].content;
     t.ok(last.endsWith(`<search> query ${n + 1} </search>`), 'the last generation ends the sequence: no <information> after it');
     t.equal(last.split('<information>').length - 1, n);
-    t.same(e.steps.map((x) => x.envTokens > 0), [...new Array(n).fill(true), false]);
+    t.same(
+      e.steps.map((x) => x.envTokens > 0),
+      [...new Array(n).fill(true), false],
+    );
     checkEpisode(t, e);
   }
   // turnsCount: generations gives the old meaning (N generations, N - 1 searches); the code protocol counts generations
@@ -515,17 +698,39 @@ t.test("tags: max_turns counts searches as Search-R1's (N searches, then one las
   const key = 'Question: counted as generations';
   const gen = new ScriptedGenerator([{ key, turns: ['<search>a</search>', '<search>b</search>', '<search>c</search>'] }]);
   const protocol = tagsProtocol({ search: { searchPassages: (q: string) => (queries.push(q), passages) }, turnsCount: 'generations' });
-  const [g] = (await new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol, maxTurns: 3, maxNewTokens: 50, maxTotalTokens: 4096 }).run([{ question: 'counted as generations' }])).episodes;
+  const [g] = (
+    await new EpisodeRunner({
+      generator: gen,
+      tokenizer: tok,
+      formatter,
+      protocol,
+      maxTurns: 3,
+      maxNewTokens: 50,
+      maxTotalTokens: 4096,
+    }).run([{ question: 'counted as generations' }])
+  ).episodes;
   t.same([queries, g.turns, gen.calls.length, g.finish], [['a', 'b'], 3, 3, 'max_turns']);
   t.equal(codeProtocol({ executor: new FakeExecutor() }).turnsCount, undefined, 'code: generations');
   // an answer before the limit ends the episode as before
   const early = new ScriptedGenerator([{ key: 'Question: early', turns: ['<search>x</search>', '<answer>y</answer>'] }]);
-  const [a] = (await new EpisodeRunner({ generator: early, tokenizer: tok, formatter, protocol: tagsProtocol({ search: { searchPassages: () => passages } }), maxTurns: 3, maxNewTokens: 50, maxTotalTokens: 4096 }).run([{ question: 'early' }])).episodes;
+  const [a] = (
+    await new EpisodeRunner({
+      generator: early,
+      tokenizer: tok,
+      formatter,
+      protocol: tagsProtocol({ search: { searchPassages: () => passages } }),
+      maxTurns: 3,
+      maxNewTokens: 50,
+      maxTotalTokens: 4096,
+    }).run([{ question: 'early' }])
+  ).episodes;
   t.match(a, { finish: 'answer', answer: 'y', turns: 2 });
 });
 
 t.test("tags: an episode starts from the question row's own chat prompt, rendered with the chat template", async (t) => {
-  const prompt = [{ role: 'user' as const, content: 'Answer the given question, as my data file says. Question: who painted the Mona Lisa?\n' }];
+  const prompt = [
+    { role: 'user' as const, content: 'Answer the given question, as my data file says. Question: who painted the Mona Lisa?\n' },
+  ];
   const gen = new ScriptedGenerator([
     { key: 'as my data file says', turns: ['<answer> Leonardo </answer>'] },
     { key: 'Question: who painted the Night Watch?', turns: ['<answer> Rembrandt </answer>'] },
@@ -533,7 +738,11 @@ t.test("tags: an episode starts from the question row's own chat prompt, rendere
   const protocol = tagsProtocol({ search: { searchPassages: () => [] } });
   const r = new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol, maxTurns: 2, maxNewTokens: 50, maxTotalTokens: 4096 });
   const [a, b] = (await r.run([{ question: 'who painted the Mona Lisa?', prompt }, { question: 'who painted the Night Watch?' }])).episodes;
-  t.equal(tok.decode(a.ids.subarray(0, a.promptTokens)), formatter.prompt(prompt), "the prompt is the row's messages through the chat template (add_generation_prompt)");
+  t.equal(
+    tok.decode(a.ids.subarray(0, a.promptTokens)),
+    formatter.prompt(prompt),
+    "the prompt is the row's messages through the chat template (add_generation_prompt)",
+  );
   t.same(Array.from(a.ids.subarray(0, a.promptTokens)), tok.encode(formatter.prompt(prompt)));
   t.same(a.messages.slice(0, 1), prompt);
   t.same(a.record.messages[0], prompt[0]);
@@ -544,15 +753,30 @@ t.test("tags: an episode starts from the question row's own chat prompt, rendere
   // the code protocol ignores a row's prompt (it has its own system prompt and question message)
   const code = codeProtocol({ executor: new FakeExecutor() });
   t.same(code.initialMessages('q', 2, prompt), code.initialMessages('q', 2));
-  await t.rejects(r.run([{ question: 'q', prompt: 'not messages' as never }]), { code: 'ARGUMENT_INVALID', message: /list of chat messages/ });
+  await t.rejects(r.run([{ question: 'q', prompt: 'not messages' as never }]), {
+    code: 'ARGUMENT_INVALID',
+    message: /list of chat messages/,
+  });
 });
 
 t.test('argument checks', async (t) => {
   const gen = new ScriptedGenerator([]);
-  t.throws(() => new EpisodeRunner({ generator: gen, tokenizer: tok, formatter, protocol: codeProtocol({ executor: new FakeExecutor() }), maxTurns: 0, maxNewTokens: 1, maxTotalTokens: 10 }), {
-    code: 'ARGUMENT_INVALID',
-    message: /maxTurns/,
-  });
+  t.throws(
+    () =>
+      new EpisodeRunner({
+        generator: gen,
+        tokenizer: tok,
+        formatter,
+        protocol: codeProtocol({ executor: new FakeExecutor() }),
+        maxTurns: 0,
+        maxNewTokens: 1,
+        maxTotalTokens: 10,
+      }),
+    {
+      code: 'ARGUMENT_INVALID',
+      message: /maxTurns/,
+    },
+  );
   t.throws(() => codeProtocol({} as never), { code: 'ARGUMENT_INVALID' });
   await t.rejects(runner(gen, new FakeExecutor()).run([{ question: 'q', temperature: -1 }]), { code: 'ARGUMENT_INVALID' });
   const broken: TextGenerator = { generate: async () => ({ tokens: [], logprobs: [], finishReasons: [] }) };
@@ -566,7 +790,7 @@ t.test('integration: the real Python sandbox', async (t) => {
     view_sections: () => [{ section_id: 'kate_box:career', section_name: 'Career' }],
     read_section: (s) => (s === 'kate_box:career' ? 'In 2003, Box graduated from NIDA.' : 'whole page'),
   };
-  let sandbox;
+  let sandbox: Awaited<ReturnType<typeof createSandbox>>;
   try {
     sandbox = await createSandbox({ kind: 'python', tools, size: 2, allowWeakIsolation: true, timeoutMs: 10_000 });
   } catch (e) {
@@ -578,7 +802,10 @@ t.test('integration: the real Python sandbox', async (t) => {
   const scripts: Script[] = [
     {
       key: 'QS: where did Kate Box study?',
-      turns: ['<python>\nhits = search_pages("Kate Box")\nprint(hits[0]["title"])\nprint(read_section(view_sections(hits[0]["page_id"])[0]["section_id"]))\n</python>', '<answer>NIDA</answer>'],
+      turns: [
+        '<python>\nhits = search_pages("Kate Box")\nprint(hits[0]["title"])\nprint(read_section(view_sections(hits[0]["page_id"])[0]["section_id"]))\n</python>',
+        '<answer>NIDA</answer>',
+      ],
     },
     { key: 'QT: broken program', turns: ['<python>\nprint("partial")\nprint(undefined_name)\n</python>', '<answer>?</answer>'] },
   ];
@@ -586,7 +813,14 @@ t.test('integration: the real Python sandbox', async (t) => {
   const { episodes } = await r.run(scripts.map((s) => ({ question: s.key })));
   const [a, b] = episodes;
   t.equal(a.messages[3].content, '<python_output>\nKate Box (Kate Box)\nIn 2003, Box graduated from NIDA.\n\n</python_output>');
-  t.same(a.calls.map((c) => [c.turn, c.name, c.args, c.ok]), [[1, 'search_pages', ['Kate Box'], true], [1, 'view_sections', ['kate_box'], true], [1, 'read_section', ['kate_box:career'], true]]);
+  t.same(
+    a.calls.map((c) => [c.turn, c.name, c.args, c.ok]),
+    [
+      [1, 'search_pages', ['Kate Box'], true],
+      [1, 'view_sections', ['kate_box'], true],
+      [1, 'read_section', ['kate_box:career'], true],
+    ],
+  );
   t.equal(b.messages[3].content, "<python_output>\npartial\nError: NameError: name 'undefined_name' is not defined\n</python_output>");
   t.match(a, { answer: 'NIDA', finish: 'answer' });
   for (const e of episodes) checkEpisode(t, e);

@@ -1,7 +1,15 @@
 // Search-R1's protocol: parsing, the `Doc i(Title: …) text` passages, the invalid-action note,
 // the instruction, and the protocol bound to a passage search.
 import t from 'tap';
-import { formatInformation, formatPassages, parseTagsTurn, SEARCH_R1_INSTRUCTION, tagsFeedback, tagsInstruction, tagsProtocol } from '../lib/episodes/index.js';
+import {
+  formatInformation,
+  formatPassages,
+  parseTagsTurn,
+  SEARCH_R1_INSTRUCTION,
+  tagsFeedback,
+  tagsInstruction,
+  tagsProtocol,
+} from '../lib/episodes/index.js';
 import { SlmError } from '../lib/errors.js';
 import { validateConfig } from '../lib/config/load.js';
 
@@ -11,7 +19,7 @@ t.test('search and answer actions', async (t) => {
   t.same(parseTagsTurn('<think>ok</think> <answer> Beijing </answer>'), { kind: 'answer', answer: 'Beijing', end: 44 });
 });
 
-t.test('several actions: the first complete one wins (as Search-R1\'s re.search)', async (t) => {
+t.test("several actions: the first complete one wins (as Search-R1's re.search)", async (t) => {
   t.equal(parseTagsTurn('<search>a</search><answer>b</answer>').kind, 'search');
   const two = parseTagsTurn('<answer>x</answer> <answer>y</answer>');
   t.same(two, { kind: 'answer', answer: 'x', end: 18 });
@@ -58,7 +66,16 @@ t.test('invalid action note', async (t) => {
 
 t.test('instruction', async (t) => {
   const p = tagsInstruction('who wrote Hamlet?');
-  for (const s of ['<think>', '</think>', '<search> query </search>', '<information>', '</information>', '<answer>', '</answer>', '<answer> Beijing </answer>'])
+  for (const s of [
+    '<think>',
+    '</think>',
+    '<search> query </search>',
+    '<information>',
+    '</information>',
+    '<answer>',
+    '</answer>',
+    '<answer> Beijing </answer>',
+  ])
     t.ok(p.includes(s), s);
   t.ok(p.endsWith('Question: who wrote Hamlet?\n'));
 });
@@ -77,7 +94,10 @@ t.test('tags protocol over a passage search', async (t) => {
   t.equal(p.injection, 'inline');
   t.same(p.stopStrings, ['</search>', '</answer>']);
   const msgs = p.initialMessages('Q?', 3);
-  t.same(msgs.map((m) => m.role), ['user']);
+  t.same(
+    msgs.map((m) => m.role),
+    ['user'],
+  );
   t.ok(msgs[0].content.endsWith('Question: Q?\n'));
   const ctx = { turn: 1, maxTurns: 3, finishReason: 'stop_string' as const, maxNewTokens: 64 };
   const r = await p.respond({ kind: 'search', query: 'paris', end: 0 }, ctx);
@@ -95,7 +115,10 @@ t.test('tags protocol over a passage search', async (t) => {
   t.same(none.calls, []);
   // chat mode: the same text as a message
   const chat = tagsProtocol({ search, mode: 'chat', envRole: 'tool', systemPrompt: 'S' });
-  t.same(chat.initialMessages('Q?', 2).map((m) => m.role), ['system', 'user']);
+  t.same(
+    chat.initialMessages('Q?', 2).map((m) => m.role),
+    ['system', 'user'],
+  );
   const cr = await chat.respond({ kind: 'search', query: 'paris', end: 0 }, ctx);
   t.same(cr.messages, [{ role: 'tool', content: '<information>Doc 1(Title: Paris) Capital of France.</information>' }]);
   t.throws(() => tagsProtocol({} as never), { code: 'ARGUMENT_INVALID' });
@@ -110,17 +133,20 @@ t.test("the default instruction is Search-R1's template, word for word", async (
   t.equal(tagsInstruction('who wrote Hamlet?'), MAKE_PREFIX('who wrote Hamlet?'));
   t.equal(SEARCH_R1_INSTRUCTION, MAKE_PREFIX('{question}'));
   // the question is put in literally (no $-patterns of String.replace)
-  t.equal(tagsInstruction("what costs $& or $1?"), MAKE_PREFIX("what costs $& or $1?"));
+  t.equal(tagsInstruction('what costs $& or $1?'), MAKE_PREFIX('what costs $& or $1?'));
   const search = { searchPassages: () => [] };
   t.same(tagsProtocol({ search }).initialMessages('who wrote Hamlet?', 3), [{ role: 'user', content: MAKE_PREFIX('who wrote Hamlet?') }]);
 });
 
-t.test('a configured template; a row\'s own chat prompt is used as it is', async (t) => {
+t.test("a configured template; a row's own chat prompt is used as it is", async (t) => {
   const search = { searchPassages: () => [] };
   const custom = tagsProtocol({ search, instruction: 'Q: {question}\nSearch with <search>, answer with <answer>. ({question})' });
   t.same(custom.initialMessages('why?', 2), [{ role: 'user', content: 'Q: why?\nSearch with <search>, answer with <answer>. (why?)' }]);
   t.same(tagsProtocol({ search, instruction: (q) => `fn ${q}` }).initialMessages('x', 2), [{ role: 'user', content: 'fn x' }]);
-  t.throws(() => tagsProtocol({ search, instruction: 'Answer the question.' }), { code: 'ARGUMENT_INVALID', message: /contain \{question\}/ });
+  t.throws(() => tagsProtocol({ search, instruction: 'Answer the question.' }), {
+    code: 'ARGUMENT_INVALID',
+    message: /contain \{question\}/,
+  });
   // A Search-R1 processed row's prompt: exactly those messages, no re-wrapping and no system prompt added
   const prompt = [
     { role: 'system' as const, content: 'You are helpful.' },
@@ -133,7 +159,9 @@ t.test('a configured template; a row\'s own chat prompt is used as it is', async
   }
   // an empty prompt, or usePrompt false, falls back to the instruction
   t.same(custom.initialMessages('why?', 2, []), custom.initialMessages('why?', 2));
-  t.same(tagsProtocol({ search, usePrompt: false }).initialMessages('who wrote Hamlet?', 2, prompt), [{ role: 'user', content: MAKE_PREFIX('who wrote Hamlet?') }]);
+  t.same(tagsProtocol({ search, usePrompt: false }).initialMessages('who wrote Hamlet?', 2, prompt), [
+    { role: 'user', content: MAKE_PREFIX('who wrote Hamlet?') },
+  ]);
   // turns are counted as Search-R1 counts them unless asked otherwise
   t.equal(tagsProtocol({ search }).turnsCount, 'searches');
   t.equal(tagsProtocol({ search, turnsCount: 'generations' }).turnsCount, 'generations');
@@ -152,5 +180,8 @@ t.test('config: protocol.instruction, use_data_prompt, turns_count', async (t) =
     code: 'CONFIG_INVALID',
     message: /protocol\.instruction: expected a string matching \\\{question\\\}, found "Answer the question\."/,
   });
-  t.throws(() => validateConfig({ ...base, protocol: { kind: 'tags', turns_count: 'turns' } }, 'test'), { code: 'CONFIG_INVALID', message: /protocol\.turns_count: expected one of "searches", "generations" or null/ });
+  t.throws(() => validateConfig({ ...base, protocol: { kind: 'tags', turns_count: 'turns' } }, 'test'), {
+    code: 'CONFIG_INVALID',
+    message: /protocol\.turns_count: expected one of "searches", "generations" or null/,
+  });
 });

@@ -25,7 +25,10 @@ const mod = (name: string, src: string) => {
   return join(modDir, name);
 };
 // Rewards the answer format "Final: X" (EM alone scores it 0), and reports what it was given.
-mod('format.mjs', `export function reward(ctx) { return { score: /^Final: /.test(ctx.answer ?? '') ? 1 : 0, parts: { saw_turns: ctx.episode?.turns ?? -1 } }; }\n`);
+mod(
+  'format.mjs',
+  `export function reward(ctx) { return { score: /^Final: /.test(ctx.answer ?? '') ? 1 : 0, parts: { saw_turns: ctx.episode?.turns ?? -1 } }; }\n`,
+);
 mod('by-id.mjs', `export default async (ctx) => (ctx.id === 'b' ? 3 : 1);\n`);
 mod('nan.mjs', `export const reward = () => NaN;\n`);
 mod('string.mjs', `export const reward = () => 'good';\n`);
@@ -48,9 +51,25 @@ mod('tools-not-fn.mjs', `export const tools = { x: 42 };\n`);
 mod('tools-syntax.mjs', `export const tools = {;\n`);
 
 const corpus = join(root, 'corpus.jsonl');
-writeFileSync(corpus, [{ id: 'paris', title: 'Paris', content: '# Paris\n\nParis is the capital of France.' }, { id: 'rome', title: 'Rome', content: '# Rome\n\nRome is the capital of Italy.' }].map((p) => JSON.stringify(p)).join('\n') + '\n');
+writeFileSync(
+  corpus,
+  [
+    { id: 'paris', title: 'Paris', content: '# Paris\n\nParis is the capital of France.' },
+    { id: 'rome', title: 'Rome', content: '# Rome\n\nRome is the capital of Italy.' },
+  ]
+    .map((p) => JSON.stringify(p))
+    .join('\n') + '\n',
+);
 const questions = join(root, 'questions.jsonl');
-writeFileSync(questions, [{ id: 'a', question: 'What is the capital of France?', answer: 'Paris' }, { id: 'b', question: 'What is the capital of Italy?', answer: 'Rome' }].map((q) => JSON.stringify(q)).join('\n') + '\n');
+writeFileSync(
+  questions,
+  [
+    { id: 'a', question: 'What is the capital of France?', answer: 'Paris' },
+    { id: 'b', question: 'What is the capital of Italy?', answer: 'Rome' },
+  ]
+    .map((q) => JSON.stringify(q))
+    .join('\n') + '\n',
+);
 
 const EVAL = 'stage: eval\nmodel: { path: m }\ndata: { questions: ../questions.jsonl, corpus: ../corpus.jsonl }\n';
 
@@ -72,7 +91,13 @@ t.test('reward.module and sandbox.tools_module are resolved against the config f
 });
 
 t.test('a reward module is the part `module` of the composed reward', async (t) => {
-  const ctx = (answer: string | null, id = 'q1') => ({ answer, golds: ['Paris'], question: 'What is the capital of France?', id, episode: { turns: 2 } });
+  const ctx = (answer: string | null, id = 'q1') => ({
+    answer,
+    golds: ['Paris'],
+    question: 'What is the capital of France?',
+    id,
+    episode: { turns: 2 },
+  });
   const base = loadConfig(config('em', EVAL + ''));
   const plain = rewardFromConfig(base.reward, (await rewardDeps(base, () => {})).deps);
   t.equal((await plain(ctx('Final: Paris'))).total, 0, 'EM alone: the formatted answer scores 0');
@@ -86,7 +111,9 @@ t.test('a reward module is the part `module` of the composed reward', async (t) 
   t.equal((await fn(ctx(null))).total, 0);
   t.match(lines.join('\n'), /reward: module .*format\.mjs/, 'the log names the module');
   // weighted, as a listed part
-  const w = loadConfig(config('weighted', EVAL + 'reward: { module: ../modules/format.mjs, parts: [{ kind: module, weight: 0.5, name: style }] }\n'));
+  const w = loadConfig(
+    config('weighted', EVAL + 'reward: { module: ../modules/format.mjs, parts: [{ kind: module, weight: 0.5, name: style }] }\n'),
+  );
   const wf = rewardFromConfig(w.reward, (await rewardDeps(w, () => {})).deps);
   const wr = await wf(ctx('Final: Paris'));
   t.equal(wr.total, 0.5, 'only the listed module part, weighted');
@@ -106,9 +133,17 @@ t.test('a reward module that is wrong is REWARD_MODULE_INVALID naming the file',
     ['no-export.mjs', /exports no reward function.*other/],
   ] as const) {
     const f = join(modDir, file);
-    await t.rejects(loadRewardModule(f), { code: 'REWARD_MODULE_INVALID', message: new RegExp(`${f.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}[\\s\\S]*${why.source}`) }, file);
+    await t.rejects(
+      loadRewardModule(f),
+      { code: 'REWARD_MODULE_INVALID', message: new RegExp(`${f.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}[\\s\\S]*${why.source}`) },
+      file,
+    );
     const cfg = loadConfig(config(`bad-${file}`, `${EVAL}reward: { module: ../modules/${file} }\n`));
-    await t.rejects(rewardDeps(cfg, () => {}), { code: 'REWARD_MODULE_INVALID', message: new RegExp(file.replace('.', '\\.')) }, `${file} through the config`);
+    await t.rejects(
+      rewardDeps(cfg, () => {}),
+      { code: 'REWARD_MODULE_INVALID', message: new RegExp(file.replace('.', '\\.')) },
+      `${file} through the config`,
+    );
   }
   for (const [file, shown] of [
     ['nan.mjs', 'NaN'],
@@ -141,11 +176,31 @@ t.test('a reward module that is wrong is REWARD_MODULE_INVALID naming the file',
 
 t.test('a tools module gives programs its functions, in the Python and the QuickJS sandbox', async (t) => {
   const programs = {
-    python: ['print(word_count("a b  c"))', 'r = lookup("x", 2)', 'print(r["key"], r["n"], r["list"])', 'try:', '    boom()', 'except ValueError as e:', '    print("caught", e)', 'print(search_pages("capital of France")[0]["page_id"])'].join('\n'),
-    quickjs: ['console.log(word_count("a b  c"));', 'const r = lookup("x", 2);', 'console.log(r.key, r.n, r.list.length);', 'try { boom(); } catch (e) { console.log("caught", e.message); }', 'console.log(search_pages("capital of France")[0].page_id);'].join('\n'),
+    python: [
+      'print(word_count("a b  c"))',
+      'r = lookup("x", 2)',
+      'print(r["key"], r["n"], r["list"])',
+      'try:',
+      '    boom()',
+      'except ValueError as e:',
+      '    print("caught", e)',
+      'print(search_pages("capital of France")[0]["page_id"])',
+    ].join('\n'),
+    quickjs: [
+      'console.log(word_count("a b  c"));',
+      'const r = lookup("x", 2);',
+      'console.log(r.key, r.n, r.list.length);',
+      'try { boom(); } catch (e) { console.log("caught", e.message); }',
+      'console.log(search_pages("capital of France")[0].page_id);',
+    ].join('\n'),
   };
   for (const kind of ['python', 'quickjs'] as const) {
-    const cfg = loadConfig(config(`tools-${kind}`, `stage: grpo\nmodel: { path: m }\ndata: { questions: ../questions.jsonl, corpus: ../corpus.jsonl }\nprotocol: { kind: code }\nretrieval: { kind: bm25 }\nsandbox: { kind: ${kind}, workers: 1, tools_module: ../modules/tools.mjs }\n`));
+    const cfg = loadConfig(
+      config(
+        `tools-${kind}`,
+        `stage: grpo\nmodel: { path: m }\ndata: { questions: ../questions.jsonl, corpus: ../corpus.jsonl }\nprotocol: { kind: code }\nretrieval: { kind: bm25 }\nsandbox: { kind: ${kind}, workers: 1, tools_module: ../modules/tools.mjs }\n`,
+      ),
+    );
     const lines: string[] = [];
     const env = await openEnvironment(cfg, (l) => lines.push(l));
     try {
@@ -153,10 +208,23 @@ t.test('a tools module gives programs its functions, in the Python and the Quick
       t.equal(r.error, null, `${kind}: ${r.stdout}`);
       const out = r.stdout.trim().split('\n');
       t.equal(out[0], '3', `${kind}: a synchronous tool`);
-      t.match(out[1], kind === 'python' ? /^X 4 \[1, 2\]$/ : /^X 4 2$/, `${kind}: an async tool with two JSON arguments and an object result`);
+      t.match(
+        out[1],
+        kind === 'python' ? /^X 4 \[1, 2\]$/ : /^X 4 2$/,
+        `${kind}: an async tool with two JSON arguments and an object result`,
+      );
       t.match(out[2], /^caught .*tool exploded/, `${kind}: a tool that throws raises in the program`);
       t.equal(out[3], 'paris', `${kind}: the search tools still work`);
-      t.same(r.calls.map((c) => [c.name, c.ok]), [['word_count', true], ['lookup', true], ['boom', false], ['search_pages', true]], `${kind}: the calls are recorded`);
+      t.same(
+        r.calls.map((c) => [c.name, c.ok]),
+        [
+          ['word_count', true],
+          ['lookup', true],
+          ['boom', false],
+          ['search_pages', true],
+        ],
+        `${kind}: the calls are recorded`,
+      );
       t.match(lines.join('\n'), /tools: word_count, lookup, boom from .*tools\.mjs/);
     } finally {
       await env.close();
@@ -174,8 +242,17 @@ t.test('a tools module that is wrong is TOOLS_MODULE_INVALID naming the file', a
     ['tools-not-fn.mjs', /tool "x" is 42 \(number\); expected a function/],
   ] as const) {
     await t.rejects(loadToolsModule(join(modDir, file)), { code: 'TOOLS_MODULE_INVALID', message: why }, file);
-    const cfg = loadConfig(config(`tbad-${file}`, `stage: grpo\nmodel: { path: m }\ndata: { questions: ../questions.jsonl, corpus: ../corpus.jsonl }\nprotocol: { kind: code }\nretrieval: { kind: bm25 }\nsandbox: { workers: 1, tools_module: ../modules/${file} }\n`));
-    await t.rejects(openEnvironment(cfg), { code: 'TOOLS_MODULE_INVALID', message: new RegExp(file.replace('.', '\\.')) }, `${file} through the config`);
+    const cfg = loadConfig(
+      config(
+        `tbad-${file}`,
+        `stage: grpo\nmodel: { path: m }\ndata: { questions: ../questions.jsonl, corpus: ../corpus.jsonl }\nprotocol: { kind: code }\nretrieval: { kind: bm25 }\nsandbox: { workers: 1, tools_module: ../modules/${file} }\n`,
+      ),
+    );
+    await t.rejects(
+      openEnvironment(cfg),
+      { code: 'TOOLS_MODULE_INVALID', message: new RegExp(file.replace('.', '\\.')) },
+      `${file} through the config`,
+    );
   }
 });
 
@@ -184,29 +261,65 @@ t.test('the reward module changes the rewards of an evaluation and a GRPO run', 
   const common = `model: { path: ${model} }\ndata: { questions: ../questions.jsonl, split: { train_fraction: 1 } }\nprotocol: { kind: direct, max_turns: 1, max_new_tokens: 4 }\nrollout: { k: 2, batch_questions: 2 }\neval: { split: all }\nrun: { dir: ${join(root, 'runs')} }\n`;
   const plain = await evalFromConfig(loadConfig(config('eval-plain', `stage: eval\n${common}`)), { label: 'plain' });
   t.equal(plain.summary.reward, 0, 'EM alone: the random model scores 0');
-  const ev = await evalFromConfig(loadConfig(config('eval-module', `stage: eval\n${common}reward: { module: ../modules/by-id.mjs }\n`)), { label: 'module' });
+  const ev = await evalFromConfig(loadConfig(config('eval-module', `stage: eval\n${common}reward: { module: ../modules/by-id.mjs }\n`)), {
+    label: 'module',
+  });
   t.equal(ev.summary.reward, 2, 'the mean of the module (1 for a, 3 for b) plus EM 0');
-  const rows = readFileSync(join(ev.dir, 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
-  t.same(rows.map((r) => [r.id, r.parts.module, r.reward]), [['a', 1, 1], ['b', 3, 3]], 'per question, by its id');
-  await t.rejects(evalFromConfig(loadConfig(config('eval-nan', `stage: eval\n${common}reward: { module: ../modules/nan.mjs }\n`)), { label: 'nan' }), { code: 'REWARD_MODULE_INVALID', message: /nan\.mjs: the reward function returned NaN for question "a"/ }, 'a non-number stops the evaluation');
+  const rows = readFileSync(join(ev.dir, 'trajectories.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
+  t.same(
+    rows.map((r) => [r.id, r.parts.module, r.reward]),
+    [
+      ['a', 1, 1],
+      ['b', 3, 3],
+    ],
+    'per question, by its id',
+  );
+  await t.rejects(
+    evalFromConfig(loadConfig(config('eval-nan', `stage: eval\n${common}reward: { module: ../modules/nan.mjs }\n`)), { label: 'nan' }),
+    { code: 'REWARD_MODULE_INVALID', message: /nan\.mjs: the reward function returned NaN for question "a"/ },
+    'a non-number stops the evaluation',
+  );
   // GRPO: one step, the module's reward only
-  const g = await trainFromConfig(loadConfig(config('grpo-module', `stage: grpo\n${common}train: { steps: 1 }\nreward: { module: ../modules/by-id.mjs, parts: [{ kind: module }] }\n`)));
+  const g = await trainFromConfig(
+    loadConfig(
+      config(
+        'grpo-module',
+        `stage: grpo\n${common}train: { steps: 1 }\nreward: { module: ../modules/by-id.mjs, parts: [{ kind: module }] }\n`,
+      ),
+    ),
+  );
   t.equal(g.steps, 1);
   t.same(g.meanReward, [2], 'the step trained on the module reward: mean of 1, 1, 3, 3');
-  const metrics = readFileSync(join(g.dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const metrics = readFileSync(join(g.dir, 'metrics.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
   t.equal(metrics.find((m) => m.step === 1)?.['reward/module'], 2, 'logged as reward/module');
 });
 
-t.test('slm-train exec --tools-module: a scripted program calls the module\'s tools in the Python sandbox', async (t) => {
+t.test("slm-train exec --tools-module: a scripted program calls the module's tools in the Python sandbox", async (t) => {
   const prog = join(root, 'prog.py');
   writeFileSync(prog, 'print(word_count("one two three four"))\nprint(lookup("k", 5)["n"])\n');
-  const r = runCli(['exec', '--corpus', corpus, '--file', prog, '--tools-module', join(modDir, 'tools.mjs'), '--json'], { timeout: 120_000 });
+  const r = runCli(['exec', '--corpus', corpus, '--file', prog, '--tools-module', join(modDir, 'tools.mjs'), '--json'], {
+    timeout: 120_000,
+  });
   t.equal(r.code, 0, r.stderr);
   const out = JSON.parse(r.stdout);
   t.equal(out.error, null);
   t.equal(out.stdout, '4\n10\n', 'the tools answered');
-  t.same(out.calls.map((c: { name: string; ok: boolean }) => [c.name, c.ok]), [['word_count', true], ['lookup', true]]);
-  const bad = runCli(['exec', '--corpus', corpus, '--file', prog, '--tools-module', join(modDir, 'tools-reserved.mjs'), '--json'], { timeout: 120_000 });
+  t.same(
+    out.calls.map((c: { name: string; ok: boolean }) => [c.name, c.ok]),
+    [
+      ['word_count', true],
+      ['lookup', true],
+    ],
+  );
+  const bad = runCli(['exec', '--corpus', corpus, '--file', prog, '--tools-module', join(modDir, 'tools-reserved.mjs'), '--json'], {
+    timeout: 120_000,
+  });
   t.not(bad.code, 0, 'a wrong module fails the command');
   t.match(bad.stderr, /TOOLS_MODULE_INVALID[\s\S]*tools-reserved\.mjs/, 'with the code and the file');
   const none = runCli(['exec', '--corpus', corpus, '--file', prog, '--json'], { timeout: 120_000 });

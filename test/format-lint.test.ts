@@ -11,13 +11,18 @@ import { join } from 'node:path';
 const root = join(import.meta.dirname, '..');
 const script = join(root, 'scripts', 'format.mjs');
 const missing = ['clang-format', 'black', 'flake8'].filter((tool) => spawnSync(tool, ['--version']).error);
-const skip = missing.length && process.env.CI !== 'true' ? `${missing.join(', ')} not installed (Debian packages; .ci/run installs them)` : false;
+const skip =
+  missing.length && process.env.CI !== 'true' ? `${missing.join(', ')} not installed (Debian packages; .ci/run installs them)` : false;
 
 const format = (...args: string[]) => spawnSync(process.execPath, [script, ...args], { cwd: root, encoding: 'utf8', timeout: 300_000 });
 
 t.test('the check fails on unformatted and lint-failing files, and the in-place mode formats them', { skip }, async (t) => {
   // Probe files inside the tree (each tool reads its configuration from the repository root), never tracked.
-  const probes = { ts: join(root, 'test', 'format-probe.tmp.ts'), cc: join(root, 'test', 'format-probe.tmp.cc'), py: join(root, 'test', 'format-probe.tmp.py') };
+  const probes = {
+    ts: join(root, 'test', 'format-probe.tmp.ts'),
+    cc: join(root, 'test', 'format-probe.tmp.cc'),
+    py: join(root, 'test', 'format-probe.tmp.py'),
+  };
   t.teardown(() => Object.values(probes).forEach((p) => rmSync(p, { force: true })));
   writeFileSync(probes.ts, 'export const  x = [1,2 ,3];\n');
   writeFileSync(probes.cc, 'int  f( ){return 1;}\n');

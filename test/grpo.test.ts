@@ -11,11 +11,19 @@ import { runGrpo, type GrpoOptions } from '../lib/train/rl/grpo.js';
 import type { RolloutRequest, TrainEpisode } from '../lib/train/types.js';
 
 type Q = { id: number; prompt: number[] };
-const questions: Q[] = Array.from({ length: 4 }, (_, i) => ({ id: i, prompt: Array.from({ length: 6 }, (_, k) => ((i * 13 + k * 7) % 50) + 10) }));
+const questions: Q[] = Array.from({ length: 4 }, (_, i) => ({
+  id: i,
+  prompt: Array.from({ length: 6 }, (_, k) => ((i * 13 + k * 7) % 50) + 10),
+}));
 
 function direct(model: Model, maxNewTokens: number) {
   return async (reqs: RolloutRequest<Q>[]): Promise<TrainEpisode[]> => {
-    const g = await model.generate({ prompts: reqs.map((r) => Int32Array.from(r.question.prompt)), maxNewTokens, temperature: reqs.map((r) => r.temperature), seed: reqs[0].seed });
+    const g = await model.generate({
+      prompts: reqs.map((r) => Int32Array.from(r.question.prompt)),
+      maxNewTokens,
+      temperature: reqs.map((r) => r.temperature),
+      seed: reqs[0].seed,
+    });
     return reqs.map((r, i) => {
       const P = r.question.prompt.length;
       const n = g.tokens[i].length;
@@ -23,7 +31,15 @@ function direct(model: Model, maxNewTokens: number) {
       const lossMask = Uint8Array.from({ length: P + n }, (_, k) => (k >= P ? 1 : 0));
       const logprobs = new Float32Array(P + n);
       logprobs.set(g.logprobs[i], P);
-      return { ids, lossMask, logprobs, temperature: r.temperature, answer: null, turns: 1, record: { completion: Array.from(g.tokens[i]) } };
+      return {
+        ids,
+        lossMask,
+        logprobs,
+        temperature: r.temperature,
+        answer: null,
+        turns: 1,
+        record: { completion: Array.from(g.tokens[i]) },
+      };
     });
   };
 }
@@ -40,7 +56,13 @@ const advantages = (r: number[]) => {
 };
 
 const opts: GrpoOptions = {
-  lora: { r: 8, alpha: 16, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] },
+  lora: {
+    r: 8,
+    alpha: 16,
+    dropout: 0,
+    rslora: false,
+    targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'],
+  },
   k: 16,
   questionsPerStep: 2,
   steps: 24,
@@ -62,8 +84,21 @@ t.test('GRPO raises the mean reward of a toy task; resume is exact', async (t) =
   t.ok(last > first + 0.2, `mean reward ${first.toFixed(3)} (first 4 steps) -> ${last.toFixed(3)} (last 4)`);
   const rows = run.readMetrics();
   t.equal(rows.length, 24);
-  for (const k of ['reward_mean', 'reward/given_word', 'loss', 'grad_norm', 'clip_frac', 'entropy', 'mask_coverage', 'time_rollout_s', 'time_train_s']) t.type(rows[5][k], 'number', `metrics has ${k}`);
-  const traj = readFileSync(join(root, 'run', 'trajectories.jsonl'), 'utf8').trim().split('\n');
+  for (const k of [
+    'reward_mean',
+    'reward/given_word',
+    'loss',
+    'grad_norm',
+    'clip_frac',
+    'entropy',
+    'mask_coverage',
+    'time_rollout_s',
+    'time_train_s',
+  ])
+    t.type(rows[5][k], 'number', `metrics has ${k}`);
+  const traj = readFileSync(join(root, 'run', 'trajectories.jsonl'), 'utf8')
+    .trim()
+    .split('\n');
   t.equal(traj.length, 24 * 2 * 16, 'every episode saved');
   t.ok(existsSync(join(root, 'run', 'checkpoints', 'step-24', 'adapter', 'adapter_model.safetensors')));
 
@@ -97,13 +132,36 @@ t.test('reward.on_failure exclude: excluded episodes leave their group and the l
     return advantages(r);
   };
   const run = new RunFolder(join(root, 'run'));
-  await runGrpo(m, questions, run, { rollout: direct(m, 4), reward: excluding, advantages: adv }, { ...opts, steps: 2, checkpointEvery: 0 });
-  const lines = readFileSync(join(root, 'run', 'trajectories.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  await runGrpo(
+    m,
+    questions,
+    run,
+    { rollout: direct(m, 4), reward: excluding, advantages: adv },
+    { ...opts, steps: 2, checkpointEvery: 0 },
+  );
+  const lines = readFileSync(join(root, 'run', 'trajectories.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
   const ex = lines.filter((l) => (l.completion[0] as number) % 2 === 0);
   t.ok(ex.length > 0 && ex.length < lines.length, `${ex.length} of ${lines.length} episodes excluded`);
-  t.ok(ex.every((l) => l.advantage === null), 'excluded episodes get no advantage');
-  t.ok(seen.every((g) => !g.includes(-1)), 'the group statistics never saw an excluded reward');
-  t.equal(seen.reduce((a, g) => a + g.length, 0), lines.length - ex.length, 'the groups hold exactly the other episodes');
+  t.ok(
+    ex.every((l) => l.advantage === null),
+    'excluded episodes get no advantage',
+  );
+  t.ok(
+    seen.every((g) => !g.includes(-1)),
+    'the group statistics never saw an excluded reward',
+  );
+  t.equal(
+    seen.reduce((a, g) => a + g.length, 0),
+    lines.length - ex.length,
+    'the groups hold exactly the other episodes',
+  );
   const rows = run.readMetrics();
-  t.equal(rows.reduce((a, r) => a + ((r.episodes_excluded as number) ?? 0), 0), ex.length, 'episodes_excluded counts them');
+  t.equal(
+    rows.reduce((a, r) => a + ((r.episodes_excluded as number) ?? 0), 0),
+    ex.length,
+    'episodes_excluded counts them',
+  );
 });

@@ -30,7 +30,12 @@ async function loopback(t: Test, h: Handler): Promise<{ url: string; at: number[
 /** One attempt as the callers make it: a status that is not ok fails, retryable or not. */
 async function get(url: string, timeoutMs = 5000): Promise<string> {
   const { res, text } = await fetchText(url, { method: 'GET' }, timeoutMs);
-  if (!res.ok) throw new AttemptError(`HTTP ${res.status}: ${text}`, retryableStatus(res.status), res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined);
+  if (!res.ok)
+    throw new AttemptError(
+      `HTTP ${res.status}: ${text}`,
+      retryableStatus(res.status),
+      res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined,
+    );
   return text;
 }
 
@@ -45,9 +50,26 @@ class Failed extends Error {
 const fail = (last: AttemptError, errors: string[]) => new Failed(last, [...errors]);
 
 t.test('retryableStatus and backoffMs', async (t) => {
-  t.same([200, 400, 401, 404, 408, 422, 429, 500, 502, 503].map(retryableStatus), [false, false, false, false, true, false, true, true, true, true]);
-  t.same([1, 2, 3, 4, 5].map((n) => backoffMs(n, 100, 1000)), [100, 200, 400, 800, 1000]);
-  t.same([1, 2, 3].map((n) => backoffMs(n, 250, Infinity)), [250, 500, 1000]);
+  t.same([200, 400, 401, 404, 408, 422, 429, 500, 502, 503].map(retryableStatus), [
+    false,
+    false,
+    false,
+    false,
+    true,
+    false,
+    true,
+    true,
+    true,
+    true,
+  ]);
+  t.same(
+    [1, 2, 3, 4, 5].map((n) => backoffMs(n, 100, 1000)),
+    [100, 200, 400, 800, 1000],
+  );
+  t.same(
+    [1, 2, 3].map((n) => backoffMs(n, 250, Infinity)),
+    [250, 500, 1000],
+  );
 });
 
 t.test('a 503 is retried after the delay, then the reply counts', async (t) => {
@@ -69,10 +91,12 @@ t.test('a 503 is retried after the delay, then the reply counts', async (t) => {
   t.same(waits, [60], 'waited the delay once, before the retry');
 });
 
-t.test('a 400 is final: no retry, the caller\'s error', async (t) => {
+t.test("a 400 is final: no retry, the caller's error", async (t) => {
   const srv = await loopback(t, (_req, res) => res.writeHead(400).end('unknown model'));
   let retries = 0;
-  const e = await withRetries(() => get(srv.url), { retries: 3, delayMs: () => 1, onRetry: () => retries++, fail }).catch((e: unknown) => e);
+  const e = await withRetries(() => get(srv.url), { retries: 3, delayMs: () => 1, onRetry: () => retries++, fail }).catch(
+    (e: unknown) => e,
+  );
   t.type(e, Failed);
   t.same((e as Failed).errors, ['HTTP 400: unknown model']);
   t.equal((e as Failed).last.retry, false);
@@ -104,8 +128,10 @@ t.test('timeouts and a refused connection are retryable failures that say so', a
   t.match(e3, { message: /^request failed: .*ECONNREFUSED/, retry: true });
 });
 
-t.test('a 429\'s Retry-After sets the wait', async (t) => {
-  const srv = await loopback(t, (_req, res, n) => (n === 1 ? res.writeHead(429, { 'retry-after': '0.25' }).end('slow down') : res.end('ok')));
+t.test("a 429's Retry-After sets the wait", async (t) => {
+  const srv = await loopback(t, (_req, res, n) =>
+    n === 1 ? res.writeHead(429, { 'retry-after': '0.25' }).end('slow down') : res.end('ok'),
+  );
   const slept = recordWaits(t);
   const waits: Array<number | undefined> = [];
   const r = await withRetries(() => get(srv.url), {
@@ -130,7 +156,7 @@ t.test('a 429\'s Retry-After sets the wait', async (t) => {
   t.equal(retryAfterMs(new Date(Date.now() - 60_000).toUTCString()), 0, 'a date in the past: no wait');
 });
 
-t.test('retries spent: the caller\'s error gets every attempt\'s message, first to last', async (t) => {
+t.test("retries spent: the caller's error gets every attempt's message, first to last", async (t) => {
   const srv = await loopback(t, (_req, res, n) => res.writeHead(503).end(`busy ${n}`));
   const delays: number[] = [];
   const e = await withRetries(() => get(srv.url), {

@@ -5,19 +5,41 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { chat, chatStream, configFromObject, evalFromConfig, initModel, loadAgent, trainFromConfig, trainSteps, type StepMetrics } from '../lib/index.js';
+import {
+  chat,
+  chatStream,
+  configFromObject,
+  evalFromConfig,
+  initModel,
+  loadAgent,
+  trainFromConfig,
+  trainSteps,
+  type StepMetrics,
+} from '../lib/index.js';
 
 const dir = t.testdir();
 
 t.before(() => {
   initModel({ preset: 'tiny', out: join(dir, 'model'), seed: 1 });
-  const rows = Array.from({ length: 4 }, (_, i) => ({ messages: [{ role: 'user', content: `Q${i}?` }, { role: 'assistant', content: `A${i}.` }] }));
+  const rows = Array.from({ length: 4 }, (_, i) => ({
+    messages: [
+      { role: 'user', content: `Q${i}?` },
+      { role: 'assistant', content: `A${i}.` },
+    ],
+  }));
   writeFileSync(join(dir, 'sft.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
 });
 
 const cfg = () =>
   configFromObject(
-    { stage: 'sft', model: { path: 'model' }, data: { sft: 'sft.jsonl' }, lora: { r: 2, alpha: 4 }, train: { steps: 4, batch_size: 1, checkpoint_every: 1 }, run: { dir: 'runs', name: 'ctl' } },
+    {
+      stage: 'sft',
+      model: { path: 'model' },
+      data: { sft: 'sft.jsonl' },
+      lora: { r: 2, alpha: 4 },
+      train: { steps: 4, batch_size: 1, checkpoint_every: 1 },
+      run: { dir: 'runs', name: 'ctl' },
+    },
     { baseDir: dir },
   );
 
@@ -35,10 +57,24 @@ t.test('onStep events and an AbortSignal on trainFromConfig', async (t) => {
     { name: 'AbortError' },
     'aborted during step 2: rejects with the AbortError',
   );
-  t.same(seen.map((r) => r.step), [1, 2], 'one event per step, stopped after step 2');
-  t.ok(seen.every((r) => r.stage === 'sft' && typeof r.loss === 'number' && typeof r.lr === 'number'), 'the metrics row (stage, loss, lr, ...)');
-  const logged = readFileSync(join(dir, 'runs', 'ctl', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
-  t.same(logged.map(({ time: _t, ...r }) => r), seen.map((r) => JSON.parse(JSON.stringify(r))), 'the events are the rows of metrics.jsonl');
+  t.same(
+    seen.map((r) => r.step),
+    [1, 2],
+    'one event per step, stopped after step 2',
+  );
+  t.ok(
+    seen.every((r) => r.stage === 'sft' && typeof r.loss === 'number' && typeof r.lr === 'number'),
+    'the metrics row (stage, loss, lr, ...)',
+  );
+  const logged = readFileSync(join(dir, 'runs', 'ctl', 'metrics.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
+  t.same(
+    logged.map(({ time: _t, ...r }) => r),
+    seen.map((r) => JSON.parse(JSON.stringify(r))),
+    'the events are the rows of metrics.jsonl',
+  );
 
   const rest: number[] = [];
   const r = await trainFromConfig(cfg(), { resume: true, onStep: (row) => void rest.push(row.step) });
@@ -47,7 +83,11 @@ t.test('onStep events and an AbortSignal on trainFromConfig', async (t) => {
 
   const pre = new AbortController();
   pre.abort(new Error('not now'));
-  await t.rejects(trainFromConfig(cfg(), { signal: pre.signal }), { message: 'not now' }, 'an aborted signal stops it before anything loads');
+  await t.rejects(
+    trainFromConfig(cfg(), { signal: pre.signal }),
+    { message: 'not now' },
+    'an aborted signal stops it before anything loads',
+  );
 });
 
 t.test('chat and chatStream: text in, text out; a stream of pieces; an AbortSignal', async (t) => {
@@ -57,7 +97,11 @@ t.test('chat and chatStream: text in, text out; a stream of pieces; an AbortSign
   const reply = await chat(agent, messages, { maxNewTokens: 12, greedy: true });
   t.type(reply.text, 'string');
   t.ok(reply.tokens.length >= 1 && reply.tokens.length <= 12, `${reply.tokens.length} tokens`);
-  t.equal(reply.text, agent.tokenizer.decode(Array.from(reply.tokens)).replace(/<\|im_end\|>$/, ''), 'the text is the decoded tokens (stop text left out)');
+  t.equal(
+    reply.text,
+    agent.tokenizer.decode(Array.from(reply.tokens)).replace(/<\|im_end\|>$/, ''),
+    'the text is the decoded tokens (stop text left out)',
+  );
   const pieces: string[] = [];
   const it = chatStream(agent, messages, { maxNewTokens: 12, greedy: true });
   let r = await it.next();
@@ -96,8 +140,21 @@ t.test('chat and chatStream: text in, text out; a stream of pieces; an AbortSign
 });
 
 t.test('evalFromConfig takes an AbortSignal', async (t) => {
-  writeFileSync(join(dir, 'questions.jsonl'), ['{"question": "What is 1+1?", "answer": "2"}', '{"question": "What is 2+2?", "answer": "4"}'].join('\n') + '\n');
-  const ev = configFromObject({ stage: 'eval', model: { path: 'model' }, data: { questions: 'questions.jsonl' }, protocol: { kind: 'direct', max_new_tokens: 3 }, eval: { split: 'all' }, run: { dir: 'runs' } }, { baseDir: dir });
+  writeFileSync(
+    join(dir, 'questions.jsonl'),
+    ['{"question": "What is 1+1?", "answer": "2"}', '{"question": "What is 2+2?", "answer": "4"}'].join('\n') + '\n',
+  );
+  const ev = configFromObject(
+    {
+      stage: 'eval',
+      model: { path: 'model' },
+      data: { questions: 'questions.jsonl' },
+      protocol: { kind: 'direct', max_new_tokens: 3 },
+      eval: { split: 'all' },
+      run: { dir: 'runs' },
+    },
+    { baseDir: dir },
+  );
   const ok = await evalFromConfig(ev, { label: 'whole' });
   t.equal(ok.summary.questions, 2, 'without a signal it evaluates both');
   const ac = new AbortController();
@@ -113,7 +170,17 @@ t.test('evalFromConfig takes an AbortSignal', async (t) => {
 });
 
 t.test('trainSteps: the steps as an async iterator, the result as its return value', async (t) => {
-  const c = configFromObject({ stage: 'sft', model: { path: 'model' }, data: { sft: 'sft.jsonl' }, lora: { r: 2, alpha: 4 }, train: { steps: 3, batch_size: 1 }, run: { dir: 'runs', name: 'iter' } }, { baseDir: dir });
+  const c = configFromObject(
+    {
+      stage: 'sft',
+      model: { path: 'model' },
+      data: { sft: 'sft.jsonl' },
+      lora: { r: 2, alpha: 4 },
+      train: { steps: 3, batch_size: 1 },
+      run: { dir: 'runs', name: 'iter' },
+    },
+    { baseDir: dir },
+  );
   const it = trainSteps(c);
   const steps: number[] = [];
   let r = await it.next();

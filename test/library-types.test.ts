@@ -11,7 +11,11 @@ import { repoRoot } from './helpers/shared.js';
 
 t.test("the README's library example type-checks under strict + noUncheckedIndexedAccess against dist", async (t) => {
   t.ok(existsSync(join(repoRoot, 'dist', 'lib', 'index.d.ts')), 'dist is built');
-  t.match(readFileSync(join(repoRoot, 'dist', 'lib', 'index.d.ts'), 'utf8'), /^\/\/\/ <reference types="node" preserve="true" \/>/m, "the entry's types reference Node's");
+  t.match(
+    readFileSync(join(repoRoot, 'dist', 'lib', 'index.d.ts'), 'utf8'),
+    /^\/\/\/ <reference types="node" preserve="true" \/>/m,
+    "the entry's types reference Node's",
+  );
   const app = t.testdir();
   mkdirSync(join(app, 'node_modules'));
   symlinkSync(repoRoot, join(app, 'node_modules', 'slm-train'), 'dir');
@@ -20,8 +24,21 @@ t.test("the README's library example type-checks under strict + noUncheckedIndex
   t.ok(block, 'the README has the library example');
   writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'app', version: '1.0.0', private: true, type: 'module' }));
   writeFileSync(join(app, 'example.ts'), block![1]!);
-  const compilerOptions = { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, noUncheckedIndexedAccess: true, exactOptionalPropertyTypes: false, types: [], noEmit: true };
+  const compilerOptions = {
+    target: 'ES2022',
+    module: 'NodeNext',
+    moduleResolution: 'NodeNext',
+    strict: true,
+    noUncheckedIndexedAccess: true,
+    exactOptionalPropertyTypes: false,
+    types: [],
+    noEmit: true,
+  };
   writeFileSync(join(app, 'tsconfig.json'), JSON.stringify({ compilerOptions, files: ['example.ts'] }));
-  const tsc = spawnSync(process.execPath, [join(repoRoot, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', app], { cwd: app, encoding: 'utf8', timeout: 300_000 });
+  const tsc = spawnSync(process.execPath, [join(repoRoot, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', app], {
+    cwd: app,
+    encoding: 'utf8',
+    timeout: 300_000,
+  });
   t.equal(tsc.status, 0, `tsc: ${tsc.stdout}${tsc.stderr}`);
 });

@@ -65,16 +65,31 @@ t.test('with masks, the kept positions are scored as without and the others are 
   const ref = await m.referenceLogprobs(rows, temps, masks);
   for (let i = 0; i < rows.length; i++) {
     t.equal(part[i].length, rows[i].length);
-    t.ok(part[i].every((x, j) => (masks[i][j] && j > 0 ? Math.abs(x - full[i][j]) < 1e-6 : x === 0)), `row ${i}: kept positions equal the unmasked scores, the rest 0`);
-    t.ok(ref[i].every((x, j) => (masks[i][j] && j > 0 ? Math.abs(x - full[i][j]) < 1e-6 : x === 0)), `row ${i}: the reference policy takes the masks too`);
+    t.ok(
+      part[i].every((x, j) => (masks[i][j] && j > 0 ? Math.abs(x - full[i][j]) < 1e-6 : x === 0)),
+      `row ${i}: kept positions equal the unmasked scores, the rest 0`,
+    );
+    t.ok(
+      ref[i].every((x, j) => (masks[i][j] && j > 0 ? Math.abs(x - full[i][j]) < 1e-6 : x === 0)),
+      `row ${i}: the reference policy takes the masks too`,
+    );
   }
   t.ok(full[0][1] !== 0 && full[2][4] !== 0, 'the masked-out positions have nonzero log-probs unmasked (else the test proves nothing)');
-  await t.rejects(m.sequenceLogprobs(rows, temps, masks.slice(1)), { code: 'ARGUMENT_INVALID', message: /log-prob masks: expected one row per sequence \(3\), found 2/ });
-  await t.rejects(m.sequenceLogprobs(rows, temps, [masks[0], masks[1], [1]]), { code: 'ARGUMENT_INVALID', message: /log-prob masks\[2\] has 1 values for 9 tokens/ });
+  await t.rejects(m.sequenceLogprobs(rows, temps, masks.slice(1)), {
+    code: 'ARGUMENT_INVALID',
+    message: /log-prob masks: expected one row per sequence \(3\), found 2/,
+  });
+  await t.rejects(m.sequenceLogprobs(rows, temps, [masks[0], masks[1], [1]]), {
+    code: 'ARGUMENT_INVALID',
+    message: /log-prob masks\[2\] has 1 values for 9 tokens/,
+  });
   // A row one too long and the next one too short: the total matches, the rows do not.
   const shifted = [[...masks[0], 1], masks[1].slice(1), masks[2]];
   t.equal(shifted.flat().length, rows.flat().length, 'the same number of mask entries in all');
-  await t.rejects(m.referenceLogprobs(rows, temps, shifted), { code: 'ARGUMENT_INVALID', message: /log-prob masks\[0\] has 11 values for 10 tokens/ });
+  await t.rejects(m.referenceLogprobs(rows, temps, shifted), {
+    code: 'ARGUMENT_INVALID',
+    message: /log-prob masks\[0\] has 11 values for 10 tokens/,
+  });
 });
 
 t.test('bad temperatures are coded errors', async (t) => {

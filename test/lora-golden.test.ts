@@ -38,8 +38,16 @@ t.test('an adapter with B = 0 reproduces the base model exactly', async (t) => {
   const before = await m.logits(probe);
   m.attachLora({ r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'v_proj', 'gate_proj', 'down_proj'] }, 1);
   const tensors = m.trainable();
-  t.ok(Object.keys(tensors).some((k) => k.endsWith('lora_A.weight') && tensors[k].some((x) => x !== 0)), 'A is random');
-  t.ok(Object.keys(tensors).filter((k) => k.endsWith('lora_B.weight')).every((k) => tensors[k].every((x) => x === 0)), 'B is zero');
+  t.ok(
+    Object.keys(tensors).some((k) => k.endsWith('lora_A.weight') && tensors[k].some((x) => x !== 0)),
+    'A is random',
+  );
+  t.ok(
+    Object.keys(tensors)
+      .filter((k) => k.endsWith('lora_B.weight'))
+      .every((k) => tensors[k].every((x) => x === 0)),
+    'B is zero',
+  );
   const after = await m.logits(probe);
   t.equal(maxDiff(before.data, after.data), 0);
 });
@@ -49,12 +57,25 @@ t.test('save -> load gives identical logits; the files are what PEFT writes', as
   t.teardown(() => m.dispose());
   m.attachLora({ r: 4, alpha: 16, dropout: 0, rslora: true, targets: ['q_proj', 'k_proj', 'up_proj'], layers: [1] }, 7);
   // Give B non-zero values so the adapter changes the output.
-  for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => Math.sin(i) * 0.05));
+  for (const [name, v] of Object.entries(m.trainable()))
+    if (name.endsWith('lora_B.weight'))
+      m.setTrainable(
+        name,
+        v.map((_, i) => Math.sin(i) * 0.05),
+      );
   const trained = await m.logits(probe);
   const dir = join(t.testdir(), 'adapter');
   await m.saveAdapter(dir);
   const cfg = JSON.parse(readFileSync(join(dir, 'adapter_config.json'), 'utf8'));
-  t.match(cfg, { peft_type: 'LORA', task_type: 'CAUSAL_LM', r: 4, lora_alpha: 16, use_rslora: true, layers_to_transform: [1], bias: 'none' });
+  t.match(cfg, {
+    peft_type: 'LORA',
+    task_type: 'CAUSAL_LM',
+    r: 4,
+    lora_alpha: 16,
+    use_rslora: true,
+    layers_to_transform: [1],
+    bias: 'none',
+  });
   t.same(cfg.target_modules, ['k_proj', 'q_proj', 'up_proj']);
   const { readSafetensorsHeader } = await import('../lib/model/safetensors.js');
   const h = readSafetensorsHeader(join(dir, 'adapter_model.safetensors'));
@@ -108,8 +129,13 @@ t.test('adapter errors: another architecture, unknown target, rank mismatch', as
   copyFileSync(join(adapter, 'adapter_model.safetensors'), join(other, 'adapter_model.safetensors'));
   // The 3-layer model expects layer 2 tensors the adapter does not have.
   await t.rejects(m.loadAdapter(other), { code: 'ADAPTER_MISMATCH', message: /layers\.2\./ });
-  t.throws(() => m.attachLora({ r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_prj' as never] }), { code: 'ADAPTER_TARGET_UNKNOWN', message: /did you mean "q_proj"/ });
-  const bad = t.testdir({ 'adapter_config.json': JSON.stringify({ peft_type: 'LORA', r: 8, lora_alpha: 16, target_modules: ['mlp.fc1'] }) });
+  t.throws(() => m.attachLora({ r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_prj' as never] }), {
+    code: 'ADAPTER_TARGET_UNKNOWN',
+    message: /did you mean "q_proj"/,
+  });
+  const bad = t.testdir({
+    'adapter_config.json': JSON.stringify({ peft_type: 'LORA', r: 8, lora_alpha: 16, target_modules: ['mlp.fc1'] }),
+  });
   writeFileSync(join(bad, 'adapter_model.safetensors'), '');
   await t.rejects(m.loadAdapter(bad), { code: 'ADAPTER_TARGET_UNKNOWN' });
   await t.rejects(m.loadAdapter('/nonexistent'), { code: 'ADAPTER_NOT_FOUND' });

@@ -27,7 +27,11 @@ function faults(env: Record<string, string>, calls = 8): { malloc: string; fault
     for (let i = 0; i < ${calls}; i++) { const f0 = process.resourceUsage().minorPageFault; await m.sequenceLogprobs([seq]); f.push(process.resourceUsage().minorPageFault - f0); }
     console.log(JSON.stringify({ malloc: native().version().malloc, faults: f }));`;
   // One libuv pool thread: every call allocates from the same malloc arena.
-  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { env: { ...base, UV_THREADPOOL_SIZE: '1', ...env }, encoding: 'utf8', timeout: 120_000 });
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
+    env: { ...base, UV_THREADPOOL_SIZE: '1', ...env },
+    encoding: 'utf8',
+    timeout: 120_000,
+  });
   if (r.status !== 0) throw new Error(`the child failed: ${r.stderr}`);
   return JSON.parse(r.stdout.trim().split('\n').pop()!);
 }
@@ -40,7 +44,8 @@ t.test('by default the addon sets the thresholds, and repeated forwards stop fau
   const glibc = faults({ GLIBC_TUNABLES: 'glibc.malloc.perturb=0' });
   t.match(glibc.malloc, /the user's/, 'a glibc.malloc tunable of the user leaves glibc alone');
   // The first calls warm the heap up; compare the later ones.
-  const a = median(tuned.faults.slice(2)), b = median(glibc.faults.slice(2));
+  const a = median(tuned.faults.slice(2)),
+    b = median(glibc.faults.slice(2));
   t.ok(b > 2000, `glibc's defaults fault in pages on every forward (median ${b}), else this test proves nothing`);
   t.ok(a * 4 < b, `with the thresholds a repeated forward faults ${a} pages, against ${b} with glibc's defaults`);
 });

@@ -36,17 +36,49 @@ t.test('loss weights: token and sequence normalisation, entry 0 never trained, g
   const hand = (w: (i: number) => number) => rows.flatMap((r, i) => r.map((m, t) => (t > 0 && m ? w(i) : 0)));
 
   const tok = L().weights({ mask, lengths, norm: 'token' });
-  allClose(t, tok, hand(() => 1 / tokens), 'token');
-  t.ok(close(tok.reduce((a, b) => a + b, 0), 1), 'token weights sum to 1');
+  allClose(
+    t,
+    tok,
+    hand(() => 1 / tokens),
+    'token',
+  );
+  t.ok(
+    close(
+      tok.reduce((a, b) => a + b, 0),
+      1,
+    ),
+    'token weights sum to 1',
+  );
 
   const seq = L().weights({ mask, lengths, norm: 'sequence' });
-  allClose(t, seq, hand((i) => 1 / (sequences * trained[i])), 'sequence');
-  t.ok(close(seq.reduce((a, b) => a + b, 0), 1), 'sequence weights sum to 1');
+  allClose(
+    t,
+    seq,
+    hand((i) => 1 / (sequences * trained[i])),
+    'sequence',
+  );
+  t.ok(
+    close(
+      seq.reduce((a, b) => a + b, 0),
+      1,
+    ),
+    'sequence weights sum to 1',
+  );
   t.not(seq[1], seq[6], 'a row with fewer trained tokens weighs each of them more (sequence)');
 
   // Data-parallel: the denominators are the global batch's counts.
-  allClose(t, L().weights({ mask, lengths, norm: 'token', tokens: 10 }), hand(() => 1 / 10), 'token, global 10 tokens');
-  allClose(t, L().weights({ mask, lengths, norm: 'sequence', sequences: 5 }), hand((i) => 1 / (5 * trained[i])), 'sequence, global 5 sequences');
+  allClose(
+    t,
+    L().weights({ mask, lengths, norm: 'token', tokens: 10 }),
+    hand(() => 1 / 10),
+    'token, global 10 tokens',
+  );
+  allClose(
+    t,
+    L().weights({ mask, lengths, norm: 'sequence', sequences: 5 }),
+    hand((i) => 1 / (5 * trained[i])),
+    'sequence, global 5 sequences',
+  );
 });
 
 t.test('sft: -sum(w lp), gradient -w', async (t) => {
@@ -54,7 +86,12 @@ t.test('sft: -sum(w lp), gradient -w', async (t) => {
   const w = [0.25, 0.25, 0.5, 0];
   const r = L().sft({ logprobs: f32(lp), weights: f32(w) });
   t.ok(close(r.loss, -(0.25 * -0.5 + 0.25 * -1.2 + 0.5 * -2.0)), `loss ${r.loss}`);
-  allClose(t, r.grad, w.map((x) => -x), 'grad');
+  allClose(
+    t,
+    r.grad,
+    w.map((x) => -x),
+    'grad',
+  );
 });
 
 t.test('policy: the clipped surrogate on both sides of both bounds, masks, clip fraction and ratio', async (t) => {
@@ -110,25 +147,50 @@ t.test('kl: k1 = lp - ref, k3 = exp(d) - d - 1 (d = ref - lp), and their gradien
   allClose(t, k1.grad, w, 'k1 grad');
   const k3 = L().kl({ logprobs: f32(lp), refLogprobs: f32(ref), weights: f32(w), estimator: 3 });
   const d = lp.map((x, i) => ref[i] - x);
-  t.ok(close(k3.loss, d.reduce((a, di, i) => a + w[i] * (Math.exp(di) - di - 1), 0)), `k3 ${k3.loss}`);
+  t.ok(
+    close(
+      k3.loss,
+      d.reduce((a, di, i) => a + w[i] * (Math.exp(di) - di - 1), 0),
+    ),
+    `k3 ${k3.loss}`,
+  );
   t.ok(k3.loss > 0, 'k3 is non-negative');
-  allClose(t, k3.grad, d.map((di, i) => w[i] * (1 - Math.exp(di))), 'k3 grad');
-  t.throws(() => L().kl({ logprobs: f32(lp), refLogprobs: f32(ref), weights: f32(w), estimator: 2 as never }), { code: 'ARGUMENT_INVALID' });
+  allClose(
+    t,
+    k3.grad,
+    d.map((di, i) => w[i] * (1 - Math.exp(di))),
+    'k3 grad',
+  );
+  t.throws(() => L().kl({ logprobs: f32(lp), refLogprobs: f32(ref), weights: f32(w), estimator: 2 as never }), {
+    code: 'ARGUMENT_INVALID',
+  });
 });
 
-t.test("k3 in the loss is clamped as verl's kl_penalty('low_var_kl'): d to [-20, 20], the estimate to [-10, 10], no gradient where clamped", async (t) => {
-  // d = ref - lp: 0.3 inside, 5 (exp(5) - 6 = 142 > 10), -15 (14 + e^-15 > 10), 120 (exp overflows float32 without the clamp of d).
-  const d = [0.3, 5, -15, 120];
-  const lp = d.map(() => -2);
-  const ref = d.map((di) => -2 + di);
-  const w = [0.25, 0.25, 0.25, 0.25];
-  const k3 = L().kl({ logprobs: f32(lp), refLogprobs: f32(ref), weights: f32(w), estimator: 3 });
-  const verl = (x: number) => { const c = Math.min(20, Math.max(-20, x)); return Math.min(10, Math.max(-10, Math.exp(c) - c - 1)); };
-  t.ok(close(k3.loss, d.reduce((a, di, i) => a + w[i] * verl(di), 0)), `k3 ${k3.loss}`);
-  t.ok(close(k3.loss, 0.25 * (Math.exp(0.3) - 1.3) + 0.75 * 10), 'three tokens at the clamp of 10');
-  t.ok(k3.grad.every(Number.isFinite), 'every gradient finite (no inf * 0)');
-  allClose(t, k3.grad, [0.25 * (1 - Math.exp(0.3)), 0, 0, 0], 'gradient only on the unclamped token');
-});
+t.test(
+  "k3 in the loss is clamped as verl's kl_penalty('low_var_kl'): d to [-20, 20], the estimate to [-10, 10], no gradient where clamped",
+  async (t) => {
+    // d = ref - lp: 0.3 inside, 5 (exp(5) - 6 = 142 > 10), -15 (14 + e^-15 > 10), 120 (exp overflows float32 without the clamp of d).
+    const d = [0.3, 5, -15, 120];
+    const lp = d.map(() => -2);
+    const ref = d.map((di) => -2 + di);
+    const w = [0.25, 0.25, 0.25, 0.25];
+    const k3 = L().kl({ logprobs: f32(lp), refLogprobs: f32(ref), weights: f32(w), estimator: 3 });
+    const verl = (x: number) => {
+      const c = Math.min(20, Math.max(-20, x));
+      return Math.min(10, Math.max(-10, Math.exp(c) - c - 1));
+    };
+    t.ok(
+      close(
+        k3.loss,
+        d.reduce((a, di, i) => a + w[i] * verl(di), 0),
+      ),
+      `k3 ${k3.loss}`,
+    );
+    t.ok(close(k3.loss, 0.25 * (Math.exp(0.3) - 1.3) + 0.75 * 10), 'three tokens at the clamp of 10');
+    t.ok(k3.grad.every(Number.isFinite), 'every gradient finite (no inf * 0)');
+    allClose(t, k3.grad, [0.25 * (1 - Math.exp(0.3)), 0, 0, 0], 'gradient only on the unclamped token');
+  },
+);
 
 t.test('entropy: log_softmax(logits / T), the bonus sum(w sum p log p), its gradient', async (t) => {
   const V = 3;
@@ -161,11 +223,14 @@ t.test('entropy: log_softmax(logits / T), the bonus sum(w sum p log p), its grad
 });
 
 t.test("tokenStats (the train step's fused head): target log-probs, entropies and their gradient, against float64 by hand", async (t) => {
-  const V = 37, n = 5, T = 0.7;
+  const V = 37,
+    n = 5,
+    T = 0.7;
   const logits = Array.from({ length: n * V }, (_, i) => 4 * Math.sin(i * 1.7) + (i % V === 3 ? 9 : 0)); // row peaks at id 3
   logits.fill(-2, 2 * V, 3 * V); // a uniform row
   const targets = [3, 0, 11, 36, 3];
-  const gl = [0.5, -1, 0.25, 2, 0], ge = [-0.3, 0.7, 1.1, 0, -2];
+  const gl = [0.5, -1, 0.25, 2, 0],
+    ge = [-0.3, 0.7, 1.1, 0, -2];
   // objective(x) = sum gl lp + sum ge H, all in float64
   const stats = (x: number[]) =>
     targets.map((tg, i) => {
@@ -180,13 +245,33 @@ t.test("tokenStats (the train step's fused head): target log-probs, entropies an
   for (const kernels of [true, false]) {
     native().setCpuKernels(kernels);
     t.teardown(() => native().setCpuKernels(true));
-    const r = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradLogprobs: f32(gl), gradEntropy: f32(ge) });
-    allClose(t, r.logprobs, want.map((s) => s.lp), 'log-probs', 2e-6);
-    allClose(t, r.entropy, want.map((s) => s.h), 'entropies', 2e-6);
+    const r = L().tokenStats({
+      logits: f32(logits),
+      vocab: V,
+      targets: Int32Array.from(targets),
+      temperature: T,
+      gradLogprobs: f32(gl),
+      gradEntropy: f32(ge),
+    });
+    allClose(
+      t,
+      r.logprobs,
+      want.map((s) => s.lp),
+      'log-probs',
+      2e-6,
+    );
+    allClose(
+      t,
+      r.entropy,
+      want.map((s) => s.h),
+      'entropies',
+      2e-6,
+    );
     t.ok(close(r.entropy[2], Math.log(V), 2e-6) && close(r.logprobs[2], -Math.log(V), 2e-6), 'the uniform row: H = log V, lp = -log V');
     const h = 1e-4;
     const fd = logits.map((_, k) => {
-      const up = logits.slice(), dn = logits.slice();
+      const up = logits.slice(),
+        dn = logits.slice();
       up[k] += h;
       dn[k] -= h;
       return (objective(up) - objective(dn)) / (2 * h);
@@ -195,9 +280,16 @@ t.test("tokenStats (the train step's fused head): target log-probs, entropies an
     fd.forEach((w, k) => (worst = Math.max(worst, Math.abs(r.grad[k] - w))));
     t.ok(worst < 1e-5, `gradient vs central differences of the float64 objective: worst ${worst.toExponential(2)}`);
     // Log-probs only (an SFT or policy-gradient loss without the entropy bonus): the entropy's part drops out.
-    const lpOnly = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradLogprobs: f32(gl) });
+    const lpOnly = L().tokenStats({
+      logits: f32(logits),
+      vocab: V,
+      targets: Int32Array.from(targets),
+      temperature: T,
+      gradLogprobs: f32(gl),
+    });
     const fdLp = logits.map((_, k) => {
-      const up = logits.slice(), dn = logits.slice();
+      const up = logits.slice(),
+        dn = logits.slice();
       up[k] += h;
       dn[k] -= h;
       return stats(up).reduce((a, s, i) => a + gl[i] * s.lp, 0) / (2 * h) - stats(dn).reduce((a, s, i) => a + gl[i] * s.lp, 0) / (2 * h);
@@ -208,13 +300,25 @@ t.test("tokenStats (the train step's fused head): target log-probs, entropies an
     // The same as the unfused entropy entry (log_softmax): its bonus gradient is -d(sum w H)/d logits.
     const w = [0.1, 0.2, 0.3, 0.15, 0.25];
     const unfused = L().entropy({ logits: f32(logits), vocab: V, weights: f32(w), temperature: T });
-    const fused = L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from(targets), temperature: T, gradEntropy: f32(w.map((x) => -x)) });
+    const fused = L().tokenStats({
+      logits: f32(logits),
+      vocab: V,
+      targets: Int32Array.from(targets),
+      temperature: T,
+      gradEntropy: f32(w.map((x) => -x)),
+    });
     worst = 0;
     fused.grad.forEach((g, k) => (worst = Math.max(worst, Math.abs(g - unfused.grad[k]))));
     t.ok(worst < 1e-6, `entropy-bonus gradient equals the log_softmax path's: worst ${worst.toExponential(2)}`);
   }
-  t.throws(() => L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from([3, 0, 11, 37, 3]), temperature: T }), { code: 'ARGUMENT_INVALID', message: /target id 37 is outside the vocabulary/ });
-  t.throws(() => L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from([3]), temperature: T }), { code: 'ARGUMENT_INVALID', message: /one id per position \(5\)/ });
+  t.throws(() => L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from([3, 0, 11, 37, 3]), temperature: T }), {
+    code: 'ARGUMENT_INVALID',
+    message: /target id 37 is outside the vocabulary/,
+  });
+  t.throws(() => L().tokenStats({ logits: f32(logits), vocab: V, targets: Int32Array.from([3]), temperature: T }), {
+    code: 'ARGUMENT_INVALID',
+    message: /one id per position \(5\)/,
+  });
 });
 
 t.test('value: 0.5 max((v - R)^2, (clipped v - R)^2), gradient only through the branch that wins', async (t) => {
@@ -260,21 +364,43 @@ t.test('train step requests: no native defaults for clipLow / valueClip / klEsti
     const m = await Model.load(dir);
     m.attachLora({ r: 2, alpha: 4, dropout: 0, rslora: false, targets: ['q_proj', 'v_proj'] }, 1);
     m.attachValueHead(2);
-    for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => 0.05 * Math.cos(i)));
+    for (const [name, v] of Object.entries(m.trainable()))
+      if (name.endsWith('lora_B.weight'))
+        m.setTrainable(
+          name,
+          v.map((_, i) => 0.05 * Math.cos(i)),
+        );
     return m;
   };
   const m = await load();
   t.teardown(() => m.dispose());
   const pg = { sequences: [ids], masks: [mask], advantages: [ids.map(() => 1)], oldLogprobs: [zeros] };
   await t.rejects(m.trainStep(pg, { loss: 'pg', lr: 0, update: false }), { code: 'ARGUMENT_INVALID', message: /clipLow/ });
-  await t.rejects(m.trainStep({ ...pg, returns: [zeros], oldValues: [zeros] }, { loss: 'pg', clipLow: 0.2, vfCoef: 0.5, lr: 0, update: false }), { code: 'ARGUMENT_INVALID', message: /valueClip/ });
+  await t.rejects(
+    m.trainStep({ ...pg, returns: [zeros], oldValues: [zeros] }, { loss: 'pg', clipLow: 0.2, vfCoef: 0.5, lr: 0, update: false }),
+    { code: 'ARGUMENT_INVALID', message: /valueClip/ },
+  );
   // The native side rejects a missing estimator (lib/engine/model.ts always sends one).
   const raw = (m as unknown as { handle: { optimizer: { trainStep(r: unknown): Promise<unknown> } } }).handle.optimizer;
-  t.throws(() =>
-    raw.trainStep({ ids: Int32Array.from(ids), lengths: Int32Array.of(ids.length), mask: Uint8Array.from(mask), advantages: f32(ids.map(() => 1)), oldLogprobs: f32(zeros), loss: 'pg', clipLow: 0.2, klCoef: 0.1, update: false }),
+  t.throws(
+    () =>
+      raw.trainStep({
+        ids: Int32Array.from(ids),
+        lengths: Int32Array.of(ids.length),
+        mask: Uint8Array.from(mask),
+        advantages: f32(ids.map(() => 1)),
+        oldLogprobs: f32(zeros),
+        loss: 'pg',
+        clipLow: 0.2,
+        klCoef: 0.1,
+        update: false,
+      }),
     { code: 'ARGUMENT_INVALID', message: /klEstimator/ },
   );
-  await t.rejects(m.trainStep(pg, { loss: 'pg', clipLow: 0.2, lr: 0, update: false, seed: 'x' as never }), { code: 'ARGUMENT_INVALID', message: /seed/ });
+  await t.rejects(m.trainStep(pg, { loss: 'pg', clipLow: 0.2, lr: 0, update: false, seed: 'x' as never }), {
+    code: 'ARGUMENT_INVALID',
+    message: /seed/,
+  });
   // The adapter's numbers have no native defaults either (lib/engine/adapter.ts LoraSpec carries them).
   const rawLora = (m as unknown as { handle: { adapters: { attach(r: unknown): void } } }).handle.adapters;
   t.throws(() => rawLora.attach({ r: 2, dropout: 0, targets: ['q_proj'] }), { code: 'ARGUMENT_INVALID', message: /alpha/ });
@@ -283,9 +409,17 @@ t.test('train step requests: no native defaults for clipLow / valueClip / klEsti
   t.ok(Number.isFinite(ok.loss), 'with clipLow the step runs');
 
   // The optimizer numbers still have native defaults (torch's AdamW); they must be the schema's.
-  const optim = (CONFIG_SCHEMA as { properties: { optim: { properties: Record<string, { default: unknown }> } } }).properties.optim.properties;
+  const optim = (CONFIG_SCHEMA as { properties: { optim: { properties: Record<string, { default: unknown }> } } }).properties.optim
+    .properties;
   const [beta1, beta2] = optim.betas.default as number[];
-  const schema = { lr: optim.lr.default as number, beta1, beta2, eps: optim.eps.default as number, weightDecay: optim.weight_decay.default as number, maxGradNorm: optim.max_grad_norm.default as number };
+  const schema = {
+    lr: optim.lr.default as number,
+    beta1,
+    beta2,
+    eps: optim.eps.default as number,
+    weightDecay: optim.weight_decay.default as number,
+    maxGradNorm: optim.max_grad_norm.default as number,
+  };
   const a = await load();
   const b = await load();
   t.teardown(() => (a.dispose(), b.dispose()));
@@ -296,6 +430,9 @@ t.test('train step requests: no native defaults for clipLow / valueClip / klEsti
   }
   const ta = a.trainable();
   const tb = b.trainable();
-  t.ok(Object.keys(ta).some((k) => ta[k].some((x, i) => x !== m.trainable()[k][i])), 'the steps moved the parameters');
+  t.ok(
+    Object.keys(ta).some((k) => ta[k].some((x, i) => x !== m.trainable()[k][i])),
+    'the steps moved the parameters',
+  );
   for (const k of Object.keys(ta)) t.same(Array.from(tb[k]), Array.from(ta[k]), `${k}: omitted optimizer numbers = the schema's defaults`);
 });

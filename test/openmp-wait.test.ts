@@ -18,7 +18,11 @@ function load(env: Record<string, string>): { libgomp: Record<string, string>; a
   delete base.GOMP_SPINCOUNT;
   const script = `const { native } = await import(${JSON.stringify(runtime)}); native();
     console.log(JSON.stringify({ OMP_WAIT_POLICY: process.env.OMP_WAIT_POLICY ?? null, GOMP_SPINCOUNT: process.env.GOMP_SPINCOUNT ?? null }));`;
-  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { env: { ...base, OMP_DISPLAY_ENV: 'verbose', ...env }, encoding: 'utf8', timeout: 120_000 });
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
+    env: { ...base, OMP_DISPLAY_ENV: 'verbose', ...env },
+    encoding: 'utf8',
+    timeout: 120_000,
+  });
   if (r.status !== 0) throw new Error(`the child failed: ${r.stderr}`);
   const libgomp: Record<string, string> = {};
   for (const m of r.stderr.matchAll(/^\s*(OMP_WAIT_POLICY|GOMP_SPINCOUNT) = '([^']*)'/gm)) libgomp[m[1]] = m[2];

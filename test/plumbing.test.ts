@@ -14,7 +14,23 @@ const base = { model: { path: '/m' }, data: { questions: '/q.jsonl', corpus: '/c
 /** A model whose trainStep records the options it was given. */
 function recordingModel() {
   const seen: Record<string, unknown>[] = [];
-  const stats = { loss: 0.5, pgLoss: 0.5, sftLoss: 0, kl: 0, entropy: 0, clipFrac: 0, ratio: 1, valueLoss: 0, gradNorm: 1, tokens: 2, sequences: 1, headRows: 2, skipped: false, skipReason: '', step: 1 };
+  const stats = {
+    loss: 0.5,
+    pgLoss: 0.5,
+    sftLoss: 0,
+    kl: 0,
+    entropy: 0,
+    clipFrac: 0,
+    ratio: 1,
+    valueLoss: 0,
+    gradNorm: 1,
+    tokens: 2,
+    sequences: 1,
+    headRows: 2,
+    skipped: false,
+    skipReason: '',
+    step: 1,
+  };
   const model = { trainStep: async (_b: unknown, o: Record<string, unknown>) => (seen.push(o), stats) } as unknown as Model;
   return { model, seen };
 }
@@ -56,24 +72,98 @@ t.test('clip_low and clip_high reach trainStep as clipLow and clipHigh (GRPO and
   const o = pgOptionsFrom(cfg);
   t.same([o.clipLow, o.clipHigh], [0.1, 0.3]);
   const { model, seen } = recordingModel();
-  const algo = groupPolicyGradient('grpo', () => ({ advantages: [1] }), { ...o, lora: { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj'] }, questionsPerStep: 1, steps: 1, temperature: 1, seed: 1 });
-  const ep = { ids: [1, 2, 3], lossMask: new Uint8Array([0, 1, 1]), logprobs: new Float32Array([0, -1, -1]), temperature: 1, answer: null, turns: 1, record: {} };
-  await algo.update({ model, step: 0, requests: [], episodes: [ep as never], rewards: [{ total: 1 } as never], offset: 0 }, { adv: [1], keep: [0], skipped: [] });
+  const algo = groupPolicyGradient('grpo', () => ({ advantages: [1] }), {
+    ...o,
+    lora: { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj'] },
+    questionsPerStep: 1,
+    steps: 1,
+    temperature: 1,
+    seed: 1,
+  });
+  const ep = {
+    ids: [1, 2, 3],
+    lossMask: new Uint8Array([0, 1, 1]),
+    logprobs: new Float32Array([0, -1, -1]),
+    temperature: 1,
+    answer: null,
+    turns: 1,
+    record: {},
+  };
+  await algo.update(
+    { model, step: 0, requests: [], episodes: [ep as never], rewards: [{ total: 1 } as never], offset: 0 },
+    { adv: [1], keep: [0], skipped: [] },
+  );
   t.same([seen[0].clipLow, seen[0].clipHigh], [0.1, 0.3], 'GRPO');
 
   const ppo = ppoOptionsFrom(configFromObject({ ...base, stage: 'ppo', algorithm: { clip_low: 0.1, clip_high: 0.3 } }));
   t.same([ppo.clipLow, ppo.clipHigh], [0.1, 0.3]);
   const r = recordingModel();
   const row = [new Float32Array([0, 1, 1])];
-  await ppoUpdate(r.model, { sequences: [[1, 2, 3]], masks: [new Uint8Array([0, 1, 1])], advantages: row, oldLogprobs: row, returns: row, oldValues: row, temperature: [1] } as never, {
-    epochs: 1, seed: 1, lr: 1e-3, valueLr: 1e-3, clipLow: 0.1, clipHigh: 0.3, klCoef: 0, klEstimator: 'k1', entropyCoef: 0, vfCoef: 0.5, valueClip: 0.5, tokenLevel: true, weightDecay: 0, maxGradNorm: 1, checkpoint: false,
-  });
+  await ppoUpdate(
+    r.model,
+    {
+      sequences: [[1, 2, 3]],
+      masks: [new Uint8Array([0, 1, 1])],
+      advantages: row,
+      oldLogprobs: row,
+      returns: row,
+      oldValues: row,
+      temperature: [1],
+    } as never,
+    {
+      epochs: 1,
+      seed: 1,
+      lr: 1e-3,
+      valueLr: 1e-3,
+      clipLow: 0.1,
+      clipHigh: 0.3,
+      klCoef: 0,
+      klEstimator: 'k1',
+      entropyCoef: 0,
+      vfCoef: 0.5,
+      valueClip: 0.5,
+      tokenLevel: true,
+      weightDecay: 0,
+      maxGradNorm: 1,
+      checkpoint: false,
+    },
+  );
   t.same([r.seen[0].clipLow, r.seen[0].clipHigh], [0.1, 0.3], 'PPO');
 });
 
 t.test("the algorithm section's defaults are pinned (a changed default is a decision, made here too)", async (t) => {
-  const fallbacks = { flat_std: 0.01, flat_skip_below: 0.1, zero_variance: 'center', center: 0.5, all_failed: 'normalize', fail_by: 'reward', fail_at_or_below: 0 };
-  const common = { clip_low: 0.2, kl_coef: 0, kl_reference: 'start', loss_norm: 'token', turn_discount: 1, inner_epochs: 1, entropy_coef: 0, std: 'group', std_estimator: 'sample', adv_eps: 1e-4, fallbacks, gamma: 1, lam: 1, vf_coef: 0.5, critic: 'shared', value_clip: 0.5, whiten: true, loss_temperature: null, old_logprobs: 'sampler', overlong: { filter: false, buffer: 0, penalty_factor: 1 }, mini_batch: 0 };
+  const fallbacks = {
+    flat_std: 0.01,
+    flat_skip_below: 0.1,
+    zero_variance: 'center',
+    center: 0.5,
+    all_failed: 'normalize',
+    fail_by: 'reward',
+    fail_at_or_below: 0,
+  };
+  const common = {
+    clip_low: 0.2,
+    kl_coef: 0,
+    kl_reference: 'start',
+    loss_norm: 'token',
+    turn_discount: 1,
+    inner_epochs: 1,
+    entropy_coef: 0,
+    std: 'group',
+    std_estimator: 'sample',
+    adv_eps: 1e-4,
+    fallbacks,
+    gamma: 1,
+    lam: 1,
+    vf_coef: 0.5,
+    critic: 'shared',
+    value_clip: 0.5,
+    whiten: true,
+    loss_temperature: null,
+    old_logprobs: 'sampler',
+    overlong: { filter: false, buffer: 0, penalty_factor: 1 },
+    mini_batch: 0,
+  };
   t.same(sectionDefaults('algorithm'), { kind: null, clip_high: null, kl_in: null, kl_estimator: null, ...common }, 'the schema');
   // As resolved per stage (kind, clip_high = clip_low, where the KL goes and its estimator).
   for (const [stage, derived] of [

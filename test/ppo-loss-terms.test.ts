@@ -56,7 +56,10 @@ t.test('clipped value loss: 0.5 max((V - R)^2, (clip(V, V_old +- c) - R)^2), tok
   // Without clipping the same batch gives the plain squared error: the clip changed the loss.
   let plain = 0;
   for (let i = 0; i < ids.length; i++) if (mask[i]) plain += (0.5 * (v[i] - ret[i]) ** 2) / n;
-  const open = await model.trainStepLocal({ sequences: [ids], masks: [mask], returns: [ret], oldValues: [oldV] }, { ...opts, valueClip: Infinity });
+  const open = await model.trainStepLocal(
+    { sequences: [ids], masks: [mask], returns: [ret], oldValues: [oldV] },
+    { ...opts, valueClip: Infinity },
+  );
   t.ok(close(open.valueLoss, plain, 1e-5), `valueClip Infinity: ${open.valueLoss} = plain ${plain}`);
   t.ok(loss - plain > 1e-3, `clipping raised the loss (${plain} -> ${loss})`);
 });
@@ -66,7 +69,12 @@ t.test('entropy bonus: loss = -coef x token-mean entropy, and its gradient match
   t.teardown(() => model.dispose());
   model.attachLora(lora as never, 3);
   // lora_B away from 0 so the adapter's parameters have a first-order effect
-  for (const [k, w] of Object.entries(model.trainable())) if (k.includes('lora_B')) model.setTrainable(k, Float32Array.from(w, (_, i) => 0.05 * Math.sin(i * 0.37 + k.length)));
+  for (const [k, w] of Object.entries(model.trainable()))
+    if (k.includes('lora_B'))
+      model.setTrainable(
+        k,
+        Float32Array.from(w, (_, i) => 0.05 * Math.sin(i * 0.37 + k.length)),
+      );
   const T = 0.8;
   // Token-mean entropy of softmax(logits / T) at the positions that predict the trained tokens.
   const entropy = async (): Promise<number> => {
@@ -92,7 +100,16 @@ t.test('entropy bonus: loss = -coef x token-mean entropy, and its gradient match
   const [lp] = await model.sequenceLogprobs([ids], T);
   const coef = 0.3;
   const batch = { sequences: [ids], masks: [mask], advantages: [ids.map(() => 0)], oldLogprobs: [Array.from(lp)], temperature: [T] };
-  const opts = { loss: 'pg' as const, clipLow: 0.2, entropyCoef: coef, klCoef: 0, tokenLevel: true, maxGradNorm: 0, checkpoint: false, update: false };
+  const opts = {
+    loss: 'pg' as const,
+    clipLow: 0.2,
+    entropyCoef: coef,
+    klCoef: 0,
+    tokenLevel: true,
+    maxGradNorm: 0,
+    checkpoint: false,
+    update: false,
+  };
   const st = await model.trainStepLocal(batch, opts);
   t.ok(close(st.entropy, H, 1e-4), `reported entropy ${st.entropy} = hand ${H}`);
   t.ok(close(st.loss, -coef * H, 1e-4), `loss ${st.loss} = -coef x entropy ${-coef * H} (advantages 0: no policy-gradient part)`);
@@ -105,7 +122,11 @@ t.test('entropy bonus: loss = -coef x token-mean entropy, and its gradient match
   t.ok(g2 > 0, 'the bonus has a gradient');
   const eps = 1e-2 / Math.sqrt(g2);
   const shift = (s: number) => {
-    for (const k of Object.keys(g)) model.setTrainable(k, Float32Array.from(theta[k], (x, i) => x + s * eps * g[k][i]));
+    for (const k of Object.keys(g))
+      model.setTrainable(
+        k,
+        Float32Array.from(theta[k], (x, i) => x + s * eps * g[k][i]),
+      );
   };
   shift(1);
   const hPlus = await entropy();
@@ -118,5 +139,8 @@ t.test('entropy bonus: loss = -coef x token-mean entropy, and its gradient match
   const zero = await model.trainStepLocal(batch, { ...opts, entropyCoef: 0 });
   t.ok(Math.abs(zero.loss) < 1e-7, `entropyCoef 0: loss ${zero.loss}`);
   const g0 = model.trainable({ grad: true });
-  t.ok(Object.values(g0).every((a) => a.every((x) => Math.abs(x) < 1e-9)), 'entropyCoef 0: no gradient');
+  t.ok(
+    Object.values(g0).every((a) => a.every((x) => Math.abs(x) < 1e-9)),
+    'entropyCoef 0: no gradient',
+  );
 });

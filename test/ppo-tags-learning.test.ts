@@ -90,7 +90,7 @@ function makeWorld(): { entities: Entity[]; words: string[] } {
   const word = () => {
     for (;;) {
       const w = pick('bdfgklmnprstvz').toUpperCase() + pick('aeiou') + pick('bdfgklmnprstvz') + pick('aeiou') + pick('bdfgklmnprstvz');
-      if (!used.has(w)) return used.add(w), w;
+      if (!used.has(w)) return (used.add(w), w);
     }
   };
   const first = Array.from({ length: 16 }, word);
@@ -142,10 +142,14 @@ t.before(() => {
   root = t.testdir();
   writeFileSync(join(root, 'corpus.jsonl'), entities.map((e) => JSON.stringify(page(e))).join('\n') + '\n');
   // PPO's training questions, then the held-out ones (data.split: the first 96 train, the rest eval).
-  writeFileSync(join(root, 'questions.jsonl'), [...trainEntities, ...heldOut].map((e, i) => JSON.stringify({ id: `q${i}`, question: question(e), answer: e.color })).join('\n') + '\n');
+  writeFileSync(
+    join(root, 'questions.jsonl'),
+    [...trainEntities, ...heldOut].map((e, i) => JSON.stringify({ id: `q${i}`, question: question(e), answer: e.color })).join('\n') + '\n',
+  );
   // The tokenizer learns from the texts as the model sees them (chat markers and tags are added tokens).
   const texts = entities.map(
-    (e) => `<|im_start|>user\n${question(e)}<|im_end|>\n<|im_start|>assistant\n<search> ${e.name}</search>\n\n<information>Doc 1(Title: ${e.name}) ${e.name}. ${page(e).content}</information>\n\n<answer> ${e.color}</answer><answer> ${sentence(e.color)}</answer>`,
+    (e) =>
+      `<|im_start|>user\n${question(e)}<|im_end|>\n<|im_start|>assistant\n<search> ${e.name}</search>\n\n<information>Doc 1(Title: ${e.name}) ${e.name}. ${page(e).content}</information>\n\n<answer> ${e.color}</answer><answer> ${sentence(e.color)}</answer>`,
   );
   tokenizerJson = trainByteLevelBpe(texts, { merges: 500, special: SPECIAL, added: TAGS });
 });
@@ -158,11 +162,31 @@ function writeModel(dir: string, seed: number): void {
     preset: 'tiny',
     out: dir,
     seed: 100 + seed,
-    overrides: { vocab_size: Math.max(...added.map((x) => x.id)) + 1, hidden_size: 128, intermediate_size: 384, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 32, max_window_layers: 2, bos_token_id: idOf('<|endoftext|>'), eos_token_id: idOf('<|im_end|>') },
+    overrides: {
+      vocab_size: Math.max(...added.map((x) => x.id)) + 1,
+      hidden_size: 128,
+      intermediate_size: 384,
+      num_hidden_layers: 2,
+      num_attention_heads: 4,
+      num_key_value_heads: 2,
+      head_dim: 32,
+      max_window_layers: 2,
+      bos_token_id: idOf('<|endoftext|>'),
+      eos_token_id: idOf('<|im_end|>'),
+    },
     embedStd: 0.15,
   });
   writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(tokenizerJson));
-  writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify({ tokenizer_class: 'PreTrainedTokenizerFast', bos_token: null, eos_token: '<|im_end|>', pad_token: '<|endoftext|>', model_max_length: 512 }));
+  writeFileSync(
+    join(dir, 'tokenizer_config.json'),
+    JSON.stringify({
+      tokenizer_class: 'PreTrainedTokenizerFast',
+      bos_token: null,
+      eos_token: '<|im_end|>',
+      pad_token: '<|endoftext|>',
+      model_max_length: 512,
+    }),
+  );
   writeFileSync(join(dir, 'chat_template.jinja'), CHAT_TEMPLATE);
 }
 
@@ -173,7 +197,12 @@ function ppoConfig(dir: string, seed: number, sftAdapter: string): ResolvedConfi
   const base = {
     model: { path: join(dir, 'model'), dtype: 'float32', device: 'cpu' },
     lora: { r: LORA.r, alpha: LORA.alpha, dropout: LORA.dropout, targets: LORA.targets },
-    data: { questions: join(root, 'questions.jsonl'), corpus: join(root, 'corpus.jsonl'), index: join(dir, 'index'), split: { train_fraction: trainEntities.length / (trainEntities.length + heldOut.length) } },
+    data: {
+      questions: join(root, 'questions.jsonl'),
+      corpus: join(root, 'corpus.jsonl'),
+      index: join(dir, 'index'),
+      split: { train_fraction: trainEntities.length / (trainEntities.length + heldOut.length) },
+    },
     // One search (max_turns counts searches), then an answer; the question is the whole user message.
     protocol: { kind: 'tags', instruction: '{question}', max_turns: 1, max_new_tokens: 8, max_context: 256, top_k: 3 },
     retrieval: { kind: 'bm25' },
@@ -205,27 +234,43 @@ t.test('the world: every name word and answer is one token; expert trajectories 
   const dir = join(root, 'check');
   writeModel(join(dir, 'model'), 0);
   const tok = loadTokenizer(join(dir, 'model'));
-  for (const w of [...words, ...COLORS, 'It']) if (tok.encode(` ${w}`).length !== 1) t.fail(`" ${w}" is ${tok.encode(` ${w}`).length} tokens`);
+  for (const w of [...words, ...COLORS, 'It'])
+    if (tok.encode(` ${w}`).length !== 1) t.fail(`" ${w}" is ${tok.encode(` ${w}`).length} tokens`);
   t.equal(tok.encode(' ' + heldOut[0].name).length, 2, 'a name is two tokens');
   const ppo = ppoConfig(dir, 0, join(dir, 'unused'));
   const env = await openEnvironment(ppo);
   const agent = await loadAgent(ppo, null);
   t.teardown(() => agent.model.dispose());
   const qs = sftEntities.slice(0, 8);
-  const { episodes } = await episodeRunner(ppo, agent, env, { seed: 0, generator: expert(agent.tokenizer, sentences) }).run(qs.map((e) => ({ question: question(e) })));
+  const { episodes } = await episodeRunner(ppo, agent, env, { seed: 0, generator: expert(agent.tokenizer, sentences) }).run(
+    qs.map((e) => ({ question: question(e) })),
+  );
   let checked = 0;
   episodes.forEach((ep, i) => {
     const e = qs[i];
     const [prompt, search, info, answer] = ep.segments;
     // The loss mask: 1 on the two generated turns, 0 on the prompt and on the retrieved passages.
-    const mask = [...Array(prompt.tokens).fill(0), ...Array(search.tokens).fill(1), ...Array(info.tokens).fill(0), ...Array(answer.tokens).fill(1)];
-    if (JSON.stringify(ep.calls.map((c) => c.args)) !== JSON.stringify([[e.name]])) t.fail(`${e.name}: searched ${JSON.stringify(ep.calls.map((c) => c.args))}`);
-    else if (ep.answer !== (sentences.has(e.name) ? sentence(e.color) : e.color)) t.fail(`${e.name}: answered ${ep.answer}, gold ${e.color}`);
-    else if (ep.segments.map((s) => s.source).join() !== 'prompt,model,env,model' || !/^\n\n<information>Doc 1\(Title: /.test(info.text)) t.fail(`${e.name}: segments ${JSON.stringify(ep.segments)}`);
-    else if (JSON.stringify(Array.from(ep.lossMask)) !== JSON.stringify(mask)) t.fail(`${e.name}: loss mask ${Array.from(ep.lossMask).join('')}`);
+    const mask = [
+      ...Array(prompt.tokens).fill(0),
+      ...Array(search.tokens).fill(1),
+      ...Array(info.tokens).fill(0),
+      ...Array(answer.tokens).fill(1),
+    ];
+    if (JSON.stringify(ep.calls.map((c) => c.args)) !== JSON.stringify([[e.name]]))
+      t.fail(`${e.name}: searched ${JSON.stringify(ep.calls.map((c) => c.args))}`);
+    else if (ep.answer !== (sentences.has(e.name) ? sentence(e.color) : e.color))
+      t.fail(`${e.name}: answered ${ep.answer}, gold ${e.color}`);
+    else if (ep.segments.map((s) => s.source).join() !== 'prompt,model,env,model' || !/^\n\n<information>Doc 1\(Title: /.test(info.text))
+      t.fail(`${e.name}: segments ${JSON.stringify(ep.segments)}`);
+    else if (JSON.stringify(Array.from(ep.lossMask)) !== JSON.stringify(mask))
+      t.fail(`${e.name}: loss mask ${Array.from(ep.lossMask).join('')}`);
     else checked++;
   });
-  t.equal(checked, qs.length, 'each: one search for the name, the answer read from the first passage, the passages inline with loss mask 0');
+  t.equal(
+    checked,
+    qs.length,
+    'each: one search for the name, the answer read from the first passage, the passages inline with loss mask 0',
+  );
   t.ok(sentences.has(qs[1].name) && !sentences.has(qs[0].name), 'every other expert trajectory answers in a sentence');
 });
 
@@ -254,11 +299,21 @@ async function pipeline(seed: number): Promise<SeedResult> {
   const agent = await loadAgent(cfg, null);
   let sftSeconds: number;
   try {
-    const { episodes } = await episodeRunner(cfg, agent, env, { seed, generator: expert(agent.tokenizer, sentences) }).run(sftEntities.map((e) => ({ question: question(e) })));
+    const { episodes } = await episodeRunner(cfg, agent, env, { seed, generator: expert(agent.tokenizer, sentences) }).run(
+      sftEntities.map((e) => ({ question: question(e) })),
+    );
     const examples = episodes.map((ep, row) => ({ ids: Array.from(ep.ids), mask: Array.from(ep.lossMask), row }));
     // 2. SFT: 300 steps of 8 trajectories (25 epochs of the 96), constant lr 3e-3
     const t0 = performance.now();
-    await runSft(agent.model, examples, new RunFolder(join(dir, 'runs', 'sft')), { lora: LORA, epochs: 25, maxSteps: 300, batchSize: 8, schedule: { kind: 'constant', lr: 3e-3 }, gradientCheckpointing: false, seed });
+    await runSft(agent.model, examples, new RunFolder(join(dir, 'runs', 'sft')), {
+      lora: LORA,
+      epochs: 25,
+      maxSteps: 300,
+      batchSize: 8,
+      schedule: { kind: 'constant', lr: 3e-3 },
+      gradientCheckpointing: false,
+      seed,
+    });
     await agent.model.saveAdapter(sftAdapter);
     sftSeconds = (performance.now() - t0) / 1e3;
   } finally {
@@ -273,7 +328,17 @@ async function pipeline(seed: number): Promise<SeedResult> {
   const ppo = await evalFromConfig(cfg, { adapter: rl.adapter, label: 'ppo' });
   const r = rl.meanReward ?? [];
   const avg = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
-  return { seed, sft: sft.summary.em, ppo: ppo.summary.em, sftSubem: sft.summary.subem, ppoSubem: ppo.summary.subem, sftSeconds, ppoSeconds, rewardFirst: avg(r.slice(0, 5)), rewardLast: avg(r.slice(-5)) };
+  return {
+    seed,
+    sft: sft.summary.em,
+    ppo: ppo.summary.em,
+    sftSubem: sft.summary.subem,
+    ppoSubem: ppo.summary.subem,
+    sftSeconds,
+    ppoSeconds,
+    rewardFirst: avg(r.slice(0, 5)),
+    rewardLast: avg(r.slice(-5)),
+  };
 }
 
 t.test(`SFT -> PPO raises held-out EM over SFT (seeds ${SEEDS.join(', ')})`, async (t) => {
@@ -282,12 +347,23 @@ t.test(`SFT -> PPO raises held-out EM over SFT (seeds ${SEEDS.join(', ')})`, asy
   for (const seed of SEEDS) {
     const r = await pipeline(seed);
     results.push(r);
-    t.comment(`seed ${seed}: held-out EM SFT ${r.sft.toFixed(3)} -> PPO ${r.ppo.toFixed(3)} (substring EM ${r.sftSubem.toFixed(3)} -> ${r.ppoSubem.toFixed(3)}); PPO reward ${r.rewardFirst.toFixed(2)} (first 5 steps) -> ${r.rewardLast.toFixed(2)} (last 5); SFT ${r.sftSeconds.toFixed(0)} s, PPO ${r.ppoSeconds.toFixed(0)} s`);
+    t.comment(
+      `seed ${seed}: held-out EM SFT ${r.sft.toFixed(3)} -> PPO ${r.ppo.toFixed(3)} (substring EM ${r.sftSubem.toFixed(3)} -> ${r.ppoSubem.toFixed(3)}); PPO reward ${r.rewardFirst.toFixed(2)} (first 5 steps) -> ${r.rewardLast.toFixed(2)} (last 5); SFT ${r.sftSeconds.toFixed(0)} s, PPO ${r.ppoSeconds.toFixed(0)} s`,
+    );
   }
   for (const r of results) {
-    t.ok(r.ppo >= r.sft + MARGIN, `seed ${r.seed}: held-out EM ${r.sft.toFixed(3)} (SFT) -> ${r.ppo.toFixed(3)} (PPO), margin ${(r.ppo - r.sft).toFixed(3)} >= ${MARGIN}`);
-    t.ok(r.ppo >= r.sftSubem - SKILL_SLACK, `seed ${r.seed}: PPO's EM ${r.ppo.toFixed(3)} >= SFT's substring EM ${r.sftSubem.toFixed(3)} - ${SKILL_SLACK} (the search was kept)`);
-    t.ok(r.rewardLast > r.rewardFirst, `seed ${r.seed}: PPO's training reward rose (${r.rewardFirst.toFixed(2)} -> ${r.rewardLast.toFixed(2)})`);
+    t.ok(
+      r.ppo >= r.sft + MARGIN,
+      `seed ${r.seed}: held-out EM ${r.sft.toFixed(3)} (SFT) -> ${r.ppo.toFixed(3)} (PPO), margin ${(r.ppo - r.sft).toFixed(3)} >= ${MARGIN}`,
+    );
+    t.ok(
+      r.ppo >= r.sftSubem - SKILL_SLACK,
+      `seed ${r.seed}: PPO's EM ${r.ppo.toFixed(3)} >= SFT's substring EM ${r.sftSubem.toFixed(3)} - ${SKILL_SLACK} (the search was kept)`,
+    );
+    t.ok(
+      r.rewardLast > r.rewardFirst,
+      `seed ${r.seed}: PPO's training reward rose (${r.rewardFirst.toFixed(2)} -> ${r.rewardLast.toFixed(2)})`,
+    );
   }
   const gain = results.reduce((a, r) => a + r.ppo - r.sft, 0) / results.length;
   t.ok(gain >= MEAN_MARGIN, `mean held-out EM gain ${gain.toFixed(3)} >= ${MEAN_MARGIN}`);

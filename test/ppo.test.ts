@@ -23,7 +23,13 @@ type Props = Record<string, { default?: unknown; properties?: Props }>;
 const SCHEMA_ALGORITHM = { ...(CONFIG_SCHEMA.properties as Props).algorithm.properties!, ...(ppoDefinition.algorithmKeys as Props) };
 const SCHEMA_OPTIM = (CONFIG_SCHEMA.properties as Props).optim.properties!;
 
-const LORA: LoraSpec = { r: 8, alpha: 16, dropout: 0, rslora: false, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] };
+const LORA: LoraSpec = {
+  r: 8,
+  alpha: 16,
+  dropout: 0,
+  rslora: false,
+  targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'],
+};
 const opts: PpoOptions = {
   lora: LORA,
   n: 2,
@@ -47,7 +53,8 @@ t.before(() => {
 });
 
 const avg = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
-const noTimes = (rows: Record<string, unknown>[]) => rows.map((r) => Object.fromEntries(Object.entries(r).filter(([k]) => k !== 'time' && !k.startsWith('time_'))));
+const noTimes = (rows: Record<string, unknown>[]) =>
+  rows.map((r) => Object.fromEntries(Object.entries(r).filter(([k]) => k !== 'time' && !k.startsWith('time_'))));
 
 t.test('PPO raises the mean reward of a toy task; resume is exact (adapter, value head, metrics)', async (t) => {
   const m = await Model.load(join(root, 'model'));
@@ -60,15 +67,39 @@ t.test('PPO raises the mean reward of a toy task; resume is exact (adapter, valu
   const last = avg(r.meanReward.slice(-5));
   // Chance is 1/8. Over seeds 1-8 on one machine the last 5 steps reach 0.37-0.83 after 30 steps; a
   // CI run of an earlier tree gave 0.26 for seed 3 at 30 steps, hence 40 steps and a margin, not a target.
-  t.ok(last > first + 0.15 && last > 2 / 8, `mean reward ${first.toFixed(3)} (first 5 steps) -> ${last.toFixed(3)} (last 5; chance 0.125), ${seconds.toFixed(1)} s`);
+  t.ok(
+    last > first + 0.15 && last > 2 / 8,
+    `mean reward ${first.toFixed(3)} (first 5 steps) -> ${last.toFixed(3)} (last 5; chance 0.125), ${seconds.toFixed(1)} s`,
+  );
   const rows = run.readMetrics();
   t.equal(rows.length, opts.steps);
-  for (const k of ['reward_mean', 'reward/good', 'kl', 'pg_loss', 'vf_loss', 'values_mean', 'returns_mean', 'explained_var', 'pg_clipfrac', 'ratio_mean', 'grad_norm', 'entropy', 'mask_coverage', 'lr', 'critic_lr', 'time_rollout_s', 'time_prepare_s', 'time_train_s'])
+  for (const k of [
+    'reward_mean',
+    'reward/good',
+    'kl',
+    'pg_loss',
+    'vf_loss',
+    'values_mean',
+    'returns_mean',
+    'explained_var',
+    'pg_clipfrac',
+    'ratio_mean',
+    'grad_norm',
+    'entropy',
+    'mask_coverage',
+    'lr',
+    'critic_lr',
+    'time_rollout_s',
+    'time_prepare_s',
+    'time_train_s',
+  ])
     t.type(rows[5][k], 'number', `metrics has ${k}`);
   t.equal(rows[5].critic_lr, 5e-2);
   t.equal(rows[5].optimizer_steps, 4, '2 epochs x 2 mini-batches of 4 episodes');
   t.ok((rows[5].mask_coverage as number) < 6 / 15 + 1e-9, 'environment and prompt tokens are not counted as trained');
-  const traj = readFileSync(join(root, 'run', 'trajectories.jsonl'), 'utf8').trim().split('\n');
+  const traj = readFileSync(join(root, 'run', 'trajectories.jsonl'), 'utf8')
+    .trim()
+    .split('\n');
   t.equal(traj.length, opts.steps * 8, 'every episode saved');
   t.type(JSON.parse(traj[0]).value, 'number', 'trajectories record the critic value');
   for (const f of ['adapter/adapter_model.safetensors', 'adapter/value_head.safetensors', 'optimizer.safetensors'])
@@ -96,7 +127,12 @@ t.test('PPO raises the mean reward of a toy task; resume is exact (adapter, valu
 function freshState(m: Model): void {
   m.attachLora(LORA, 11);
   m.attachValueHead(12);
-  for (const [k, w] of Object.entries(m.trainable())) if (k.includes('lora_B')) m.setTrainable(k, w.map((_, i) => 0.02 * Math.sin(i + k.length)));
+  for (const [k, w] of Object.entries(m.trainable()))
+    if (k.includes('lora_B'))
+      m.setTrainable(
+        k,
+        w.map((_, i) => 0.02 * Math.sin(i + k.length)),
+      );
 }
 
 const UPDATE: PpoUpdateOptions = {
@@ -125,7 +161,16 @@ t.test('environment tokens (loss mask 0) carry nothing into the update', async (
   const reqs = questions.slice(0, 4).map((question, i) => ({ question, temperature: 1, seed: 40 + i }));
   const eps = await twoTurn(m)(reqs);
   const scores = (await Promise.all(eps.map((e) => reward(e)))).map((r, i) => r.total + 0.1 * i);
-  const prep = await ppoPrepare(m, eps, scores, { gamma: 0.95, lam: 0.9, whiten: true, klCoef: 0.05, klIn: 'reward', klEstimator: 'k1', recomputeOldLogprobs: false, checkpoint: false });
+  const prep = await ppoPrepare(m, eps, scores, {
+    gamma: 0.95,
+    lam: 0.9,
+    whiten: true,
+    klCoef: 0.05,
+    klIn: 'reward',
+    klEstimator: 'k1',
+    recomputeOldLogprobs: false,
+    checkpoint: false,
+  });
   t.same(prep.kept, [0, 1, 2, 3]);
   const b = prep.batch;
   let masked = 0;
@@ -139,17 +184,34 @@ t.test('environment tokens (loss mask 0) carry nothing into the update', async (
         return;
       }
       masked++;
-      for (const [name, arr] of [['advantages', b.advantages], ['returns', b.returns], ['oldValues', b.oldValues], ['oldLogprobs', b.oldLogprobs], ['rewards', prep.adv.rewards]] as const)
+      for (const [name, arr] of [
+        ['advantages', b.advantages],
+        ['returns', b.returns],
+        ['oldValues', b.oldValues],
+        ['oldLogprobs', b.oldLogprobs],
+        ['rewards', prep.adv.rewards],
+      ] as const)
         if (arr[i][k] !== 0) t.fail(`${name}[${i}][${k}] = ${arr[i][k]} on a masked token`);
     });
   });
   t.ok(masked >= 4 * 9 && trainedNonZero === 4 * 6, `${masked} masked tokens hold 0; all ${trainedNonZero} trained tokens carry values`);
   // Recomputed old log-probs agree with the sampling ones; a KL in the loss leaves the token rewards
   // without the penalty (score on the last trained token only).
-  const again = await ppoPrepare(m, eps, scores, { gamma: 0.95, lam: 0.9, whiten: true, klCoef: 0.05, klIn: 'loss', klEstimator: 'k1', recomputeOldLogprobs: true, checkpoint: false });
+  const again = await ppoPrepare(m, eps, scores, {
+    gamma: 0.95,
+    lam: 0.9,
+    whiten: true,
+    klCoef: 0.05,
+    klIn: 'loss',
+    klEstimator: 'k1',
+    recomputeOldLogprobs: true,
+    checkpoint: false,
+  });
   t.equal(again.refLogprobs, undefined, 'no reference pass when the KL is in the loss');
   let lpErr = 0;
-  again.batch.oldLogprobs.forEach((lp, i) => lp.forEach((v, k) => (lpErr = Math.max(lpErr, Math.abs(v - (b.masks[i][k] ? eps[i].logprobs[k] : 0))))));
+  again.batch.oldLogprobs.forEach((lp, i) =>
+    lp.forEach((v, k) => (lpErr = Math.max(lpErr, Math.abs(v - (b.masks[i][k] ? eps[i].logprobs[k] : 0))))),
+  );
   t.ok(lpErr < 1e-4, `recomputed old log-probs match the sampling log-probs (max error ${lpErr.toExponential(2)})`);
   t.same(
     again.adv.rewards.map((r) => Array.from(r)),
@@ -162,8 +224,15 @@ t.test('environment tokens (loss mask 0) carry nothing into the update', async (
   // moderate: the native loss weighs masked tokens by 0 rather than dropping them, so values that
   // overflow there (exp(logp - old) > float max, a squared value error of inf) would turn the loss
   // into NaN and skip the step; the trainer always sends 0 on masked tokens.
-  const garbage = (xs: Float32Array[], lo: number, hi: number) => xs.map((x, i) => x.map((v, k) => (b.masks[i][k] ? v : lo + ((hi - lo) * (1 + Math.sin(7 * k + i))) / 2)));
-  const corrupted: PpoBatch = { ...b, advantages: garbage(b.advantages, -5, 5), returns: garbage(b.returns, -5, 5), oldValues: garbage(b.oldValues, -5, 5), oldLogprobs: garbage(b.oldLogprobs, -8, 0) };
+  const garbage = (xs: Float32Array[], lo: number, hi: number) =>
+    xs.map((x, i) => x.map((v, k) => (b.masks[i][k] ? v : lo + ((hi - lo) * (1 + Math.sin(7 * k + i))) / 2)));
+  const corrupted: PpoBatch = {
+    ...b,
+    advantages: garbage(b.advantages, -5, 5),
+    returns: garbage(b.returns, -5, 5),
+    oldValues: garbage(b.oldValues, -5, 5),
+    oldLogprobs: garbage(b.oldLogprobs, -8, 0),
+  };
   const nudged: PpoBatch = { ...b, advantages: b.advantages.map((x, i) => (i === 2 ? x.map((v, k) => (k === 14 ? v + 1 : v)) : x)) };
   t.equal(b.masks[2][14], 1);
   const after = async (batch: PpoBatch) => {
@@ -204,41 +273,53 @@ t.test('a step trains on the hand-computed values, returns and advantages', asyn
   const run = new RunFolder(join(root, 'run-check'));
   // Start from an adapter that is not the base (B != 0), so the policy and the reference differ.
   freshState(m);
-  await runPpo(m, questions, run, { rollout: twoTurn(m), reward }, {
-    ...opts,
-    keepAdapter: true,
-    // The base model as the KL reference (not the default: the starting adapter), checked below.
-    klReference: 'base',
-    steps: 2,
-    gamma,
-    lam,
-    klCoef: kl,
-    criticWarmup: 1,
-    checkpointEvery: 0,
-    onBatch: async (info) => {
-      if (info.step === 1) initial = m.trainable();
-      // The recorded values are the value head's under the current weights, token by token: the native
-      // value loss against random targets R (old values = the recorded ones, no clipping) is
-      // mean over trained tokens of 0.5 (V - R)^2.
-      const b = info.batch;
-      const R = b.masks.map((mask, i) => Array.from(mask, (x, k) => (x ? Math.cos(3 * k + i) : 0)));
-      const st = await trainStep({ sequences: b.sequences, masks: b.masks, returns: R, oldValues: b.oldValues }, { loss: 'sft', vfCoef: 1, valueClip: Infinity, update: false, maxGradNorm: 0, checkpoint: false });
-      let s = 0;
-      let n = 0;
-      b.masks.forEach((mask, i) => mask.forEach((x, k) => x && (n++, (s += 0.5 * (b.oldValues[i][k] - R[i][k]) ** 2))));
-      t.ok(Math.abs(st.valueLoss - s / n) < 1e-5 * Math.max(1, s / n), `step ${info.step}: value loss ${st.valueLoss} = ${s / n} from the recorded values`);
-      if (info.step === 2) {
-        // Critic warm-up (step 1): the value head moved, the adapter did not.
-        const now = m.trainable();
-        for (const k of Object.keys(now)) {
-          const moved = now[k].some((v, i) => v !== initial[k][i]);
-          if (k.startsWith('value_head.')) t.ok(moved, `${k} trained during the critic warm-up`);
-          else if (moved) t.fail(`${k} moved during the critic warm-up`);
+  await runPpo(
+    m,
+    questions,
+    run,
+    { rollout: twoTurn(m), reward },
+    {
+      ...opts,
+      keepAdapter: true,
+      // The base model as the KL reference (not the default: the starting adapter), checked below.
+      klReference: 'base',
+      steps: 2,
+      gamma,
+      lam,
+      klCoef: kl,
+      criticWarmup: 1,
+      checkpointEvery: 0,
+      onBatch: async (info) => {
+        if (info.step === 1) initial = m.trainable();
+        // The recorded values are the value head's under the current weights, token by token: the native
+        // value loss against random targets R (old values = the recorded ones, no clipping) is
+        // mean over trained tokens of 0.5 (V - R)^2.
+        const b = info.batch;
+        const R = b.masks.map((mask, i) => Array.from(mask, (x, k) => (x ? Math.cos(3 * k + i) : 0)));
+        const st = await trainStep(
+          { sequences: b.sequences, masks: b.masks, returns: R, oldValues: b.oldValues },
+          { loss: 'sft', vfCoef: 1, valueClip: Infinity, update: false, maxGradNorm: 0, checkpoint: false },
+        );
+        let s = 0;
+        let n = 0;
+        b.masks.forEach((mask, i) => mask.forEach((x, k) => x && (n++, (s += 0.5 * (b.oldValues[i][k] - R[i][k]) ** 2))));
+        t.ok(
+          Math.abs(st.valueLoss - s / n) < 1e-5 * Math.max(1, s / n),
+          `step ${info.step}: value loss ${st.valueLoss} = ${s / n} from the recorded values`,
+        );
+        if (info.step === 2) {
+          // Critic warm-up (step 1): the value head moved, the adapter did not.
+          const now = m.trainable();
+          for (const k of Object.keys(now)) {
+            const moved = now[k].some((v, i) => v !== initial[k][i]);
+            if (k.startsWith('value_head.')) t.ok(moved, `${k} trained during the critic warm-up`);
+            else if (moved) t.fail(`${k} moved during the critic warm-up`);
+          }
         }
-      }
-      infos.push({ ...info, values: b.oldValues.map((v) => Array.from(v)) });
+        infos.push({ ...info, values: b.oldValues.map((v) => Array.from(v)) });
+      },
     },
-  });
+  );
   t.equal(infos.length, 2);
   t.equal(calls.length, 2 * 4, '4 optimizer steps per PPO step');
   for (const [si, info] of infos.entries()) {
@@ -247,7 +328,8 @@ t.test('a step trains on the hand-computed values, returns and advantages', asyn
     for (let i = 0; i < b.sequences.length; i++) {
       const [lp] = await base.sequenceLogprobs([b.sequences[i]], b.temperature[i]);
       const ref = info.refLogprobs![i];
-      if (!b.masks[i].every((x, k) => !x || Math.abs(ref[k] - lp[k]) < 1e-5)) t.fail(`step ${info.step} episode ${i}: reference log-probs differ from the base model's`);
+      if (!b.masks[i].every((x, k) => !x || Math.abs(ref[k] - lp[k]) < 1e-5))
+        t.fail(`step ${info.step} episode ${i}: reference log-probs differ from the base model's`);
     }
     // By hand: token rewards, GAE over trained tokens only, whitening over the batch.
     const rawAdv: number[][] = [];
@@ -283,7 +365,8 @@ t.test('a step trains on the hand-computed values, returns and advantages', asyn
         const wantA = x ? (rawAdv[i][k] - mu) / sd : 0;
         const wantR = x ? rets[i][k] : 0;
         worst = Math.max(worst, Math.abs(b.advantages[i][k] - wantA), Math.abs(b.returns[i][k] - wantR));
-        if (x && b.oldLogprobs[i][k] !== info.episodes[info.kept[i]].logprobs[k]) t.fail(`step ${info.step}: old log-prob [${i}][${k}] is not the sampling log-prob`);
+        if (x && b.oldLogprobs[i][k] !== info.episodes[info.kept[i]].logprobs[k])
+          t.fail(`step ${info.step}: old log-prob [${i}][${k}] is not the sampling log-prob`);
       }),
     );
     t.ok(worst < 1e-4, `step ${info.step}: advantages and returns match the hand computation (max error ${worst.toExponential(2)})`);
@@ -309,17 +392,25 @@ t.test('a step trains on the hand-computed values, returns and advantages', asyn
         if (!close(c.batch.oldValues![j], info.values[i])) t.fail(`step ${info.step}: old values sent for episode ${i}`);
       });
     }
-    t.same(seen, b.sequences.map(() => 2), `step ${info.step}: every episode in one mini-batch per epoch`);
+    t.same(
+      seen,
+      b.sequences.map(() => 2),
+      `step ${info.step}: every episode in one mini-batch per epoch`,
+    );
   }
 });
-
 
 t.test('Model.values (one native forward) equals the values the training loss sees, in a batch of unequal rows', async (t) => {
   const m = await Model.load(join(root, 'model'));
   t.teardown(() => m.dispose());
   m.attachLora(LORA, 5);
   // Non-zero lora_B so that the adapter changes the hidden states the head reads.
-  for (const [k, w] of Object.entries(m.trainable())) if (k.includes('.lora_B.')) m.setTrainable(k, w.map((_, i) => Math.sin(i + k.length) * 0.05));
+  for (const [k, w] of Object.entries(m.trainable()))
+    if (k.includes('.lora_B.'))
+      m.setTrainable(
+        k,
+        w.map((_, i) => Math.sin(i + k.length) * 0.05),
+      );
   m.attachValueHead(9);
   const rows = [
     [10, 11, 12, 13, 14, 15, 16],
@@ -355,16 +446,30 @@ t.test('reward.on_failure exclude: PPO trains nothing of an excluded episode and
   };
   const infos: PpoStepInfo[] = [];
   const run = new RunFolder(join(t.testdir(), 'run'));
-  await runPpo(m, questions, run, { rollout: twoTurn(m), reward: excluding }, { ...opts, steps: 2, checkpointEvery: 0, onBatch: (i) => void infos.push(i) });
+  await runPpo(
+    m,
+    questions,
+    run,
+    { rollout: twoTurn(m), reward: excluding },
+    { ...opts, steps: 2, checkpointEvery: 0, onBatch: (i) => void infos.push(i) },
+  );
   let excluded = 0;
   for (const info of infos) {
     const ex = info.episodes.map((e, i) => (firstToken(e) % 2 === 0 ? i : -1)).filter((i) => i >= 0);
     excluded += ex.length;
-    t.same(info.kept.filter((i) => ex.includes(i)), [], `step ${info.step}: no excluded episode is trained on`);
+    t.same(
+      info.kept.filter((i) => ex.includes(i)),
+      [],
+      `step ${info.step}: no excluded episode is trained on`,
+    );
     t.equal(info.kept.length, info.episodes.length - ex.length, `step ${info.step}: every other episode is`);
   }
   t.ok(excluded > 0, `${excluded} episodes excluded`);
-  t.equal(run.readMetrics().reduce((a, r) => a + ((r.episodes_excluded as number) ?? 0), 0), excluded, 'episodes_excluded counts them');
+  t.equal(
+    run.readMetrics().reduce((a, r) => a + ((r.episodes_excluded as number) ?? 0), 0),
+    excluded,
+    'episodes_excluded counts them',
+  );
 });
 
 t.test('the KL reference of a stage that starts from an adapter is that adapter, frozen', async (t) => {
@@ -377,26 +482,36 @@ t.test('the KL reference of a stage that starts from an adapter is that adapter,
   await start.loadAdapter(dir);
   const run = new RunFolder(join(t.testdir(), 'run'));
   let checked = 0;
-  await runPpo(m, questions, run, { rollout: twoTurn(m), reward }, {
-    ...opts,
-    keepAdapter: true,
-    steps: 2,
-    klCoef: 0.05,
-    checkpointEvery: 0,
-    onBatch: async (info) => {
-      const b = info.batch;
-      for (let i = 0; i < b.sequences.length; i++) {
-        const [lp] = await start.sequenceLogprobs([b.sequences[i]], b.temperature[i]);
-        const ref = info.refLogprobs![i];
-        if (!b.masks[i].every((x, k) => !x || Math.abs(ref[k] - lp[k]) < 1e-5)) t.fail(`step ${info.step} episode ${i}: the reference is not the starting adapter`);
-        else checked++;
-      }
-      if (info.step === 2) {
-        // The policy has moved by now: its log-probs differ from the reference's.
-        const [now] = await m.sequenceLogprobs([b.sequences[0]], b.temperature[0]);
-        t.ok(b.masks[0].some((x, k) => x && Math.abs(now[k] - info.refLogprobs![0][k]) > 1e-6), 'the policy moved away from the reference');
-      }
+  await runPpo(
+    m,
+    questions,
+    run,
+    { rollout: twoTurn(m), reward },
+    {
+      ...opts,
+      keepAdapter: true,
+      steps: 2,
+      klCoef: 0.05,
+      checkpointEvery: 0,
+      onBatch: async (info) => {
+        const b = info.batch;
+        for (let i = 0; i < b.sequences.length; i++) {
+          const [lp] = await start.sequenceLogprobs([b.sequences[i]], b.temperature[i]);
+          const ref = info.refLogprobs![i];
+          if (!b.masks[i].every((x, k) => !x || Math.abs(ref[k] - lp[k]) < 1e-5))
+            t.fail(`step ${info.step} episode ${i}: the reference is not the starting adapter`);
+          else checked++;
+        }
+        if (info.step === 2) {
+          // The policy has moved by now: its log-probs differ from the reference's.
+          const [now] = await m.sequenceLogprobs([b.sequences[0]], b.temperature[0]);
+          t.ok(
+            b.masks[0].some((x, k) => x && Math.abs(now[k] - info.refLogprobs![0][k]) > 1e-6),
+            'the policy moved away from the reference',
+          );
+        }
+      },
     },
-  });
+  );
   t.equal(checked, 16, 'every episode of both steps');
 });

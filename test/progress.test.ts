@@ -20,7 +20,11 @@ t.test('line mode: a line per tenth or per interval, counts, rate, ETA and rewar
   clock = 4000;
   p.update(2, { reward: 0.5 }); // 10 %
   t.equal(writes.length, 2);
-  t.equal(writes[1], '[progress] grpo: 2/20 steps (10 %), 2.0 s/step, elapsed 4.0 s, ETA 36 s, reward 0.500\n', 'counts, rate, elapsed, ETA, reward');
+  t.equal(
+    writes[1],
+    '[progress] grpo: 2/20 steps (10 %), 2.0 s/step, elapsed 4.0 s, ETA 36 s, reward 0.500\n',
+    'counts, rate, elapsed, ETA, reward',
+  );
   clock = 5000;
   p.set({ detail: 'rollouts 3/16' });
   t.equal(writes.length, 2, 'a detail alone prints nothing');
@@ -36,9 +40,21 @@ t.test('line mode: a line per tenth or per interval, counts, rate, ETA and rewar
   p.stop(); // idempotent
   const lines = text().trimEnd().split('\n');
   t.ok(lines.length <= 12, `a few lines per phase (${lines.length})`);
-  t.match(lines.at(-1), /^\[progress\] grpo: 20\/20 steps \(100 %\), 1\.2 s\/step, elapsed 23 s, reward 0\.500, acc 12\.5 %, done$/, 'a final line without ETA');
+  t.match(
+    lines.at(-1),
+    /^\[progress\] grpo: 20\/20 steps \(100 %\), 1\.2 s\/step, elapsed 23 s, reward 0\.500, acc 12\.5 %, done$/,
+    'a final line without ETA',
+  );
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: ESC (\x1b) starts the terminal escape codes looked for here.
   t.notMatch(text(), /\r|\x1b\[/, 'no carriage returns or escape codes');
-  t.match(lines.slice(1, -1).map((l) => /\((\d+) %\)/.exec(l)![1]).join(','), /^10,15,20,30,40,50,60,70,80,90$/, 'one line per new tenth');
+  t.match(
+    lines
+      .slice(1, -1)
+      .map((l) => /\((\d+) %\)/.exec(l)![1])
+      .join(','),
+    /^10,15,20,30,40,50,60,70,80,90$/,
+    'one line per new tenth',
+  );
 });
 
 t.test('line mode: progressLog writes plain lines; a resumed phase counts its rate from where it resumed', async (t) => {
@@ -82,7 +98,10 @@ t.test('TTY mode: the bar is drawn in place and redrawn; log lines go above it; 
     await new Promise((r) => setTimeout(r, 250));
     t.match(writes.slice(-3).join(''), /ppo [█░]+ 2\/4/, 'the outer bar resumes after the inner one');
   });
-  const redraws = text().split(/\x1b\[\d*G|\r/).filter((s) => /ppo [█░]+/.test(s)).length;
+  const redraws = text()
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: ESC (\x1b) starts the terminal escape codes looked for here.
+    .split(/\x1b\[\d*G|\r/)
+    .filter((s) => /ppo [█░]+/.test(s)).length;
   t.ok(redraws >= 3, `the bar is redrawn in place (${redraws} draws), not printed as lines`);
   t.notMatch(text(), /\[progress\]/, 'no plain progress lines on a terminal');
   t.ok(text().endsWith('\n'), 'the last state stays on its own line');

@@ -30,7 +30,9 @@ t.test('the last hidden state times the tied embedding gives the golden logits o
   let checked = 0;
   for (const c of readGolden().models['tiny-qwen3-f32'].cases) {
     const rows = c.input_ids.filter((_, b) => c.attention_mask[b].every((x) => x === 1) && c.position_ids[b].every((p, i) => p === i));
-    const idx = c.input_ids.map((_, b) => b).filter((b) => c.attention_mask[b].every((x) => x === 1) && c.position_ids[b].every((p, i) => p === i));
+    const idx = c.input_ids
+      .map((_, b) => b)
+      .filter((b) => c.attention_mask[b].every((x) => x === 1) && c.position_ids[b].every((p, i) => p === i));
     if (!rows.length) continue;
     const hs = await m.lastHidden(rows);
     idx.forEach((b, j) => {
@@ -51,7 +53,10 @@ t.test('the last hidden state times the tied embedding gives the golden logits o
   const b = [9, 10, 11, 12, 13, 14, 15];
   const [alone] = await m.lastHidden([a]);
   const [mixed] = await m.lastHidden([a, b]);
-  t.ok(alone.every((x, i) => Math.abs(x - mixed[i]) < 1e-5), 'padding in the batch changes nothing');
+  t.ok(
+    alone.every((x, i) => Math.abs(x - mixed[i]) < 1e-5),
+    'padding in the batch changes nothing',
+  );
   await t.rejects(m.lastHidden([[]]), { code: 'ARGUMENT_INVALID' });
 });
 
@@ -67,7 +72,10 @@ t.test('QwenEmbedder: unit vectors, the query instruction, an index that saves a
   const texts = ['The town lies on the river.', 'Copper is mined there.', 'A fair every spring.', 'x', 'The town lies on the river.'];
   const v = await emb.embed(texts, 'document');
   for (const x of v) t.ok(Math.abs(Math.hypot(...x) - 1) < 1e-5, 'unit length');
-  t.ok(v[0].every((x, i) => Math.abs(x - v[4][i]) < 1e-5), 'the same text, the same vector (to rounding), whatever its batch');
+  t.ok(
+    v[0].every((x, i) => Math.abs(x - v[4][i]) < 1e-5),
+    'the same text, the same vector (to rounding), whatever its batch',
+  );
   const [q] = await emb.embed([texts[0]], 'query');
   t.notSame(Array.from(q), Array.from(v[0]), 'queries are embedded with the instruction');
 
@@ -80,7 +88,10 @@ t.test('QwenEmbedder: unit vectors, the query instruction, an index that saves a
   t.match(JSON.parse(readFileSync(join(out, 'manifest.json'), 'utf8')).embedder, { name: `qwen3:${modelDir}`, dim: 64 });
   const back = await SearchIndex.load(out);
   t.same(await back.searchPages(gen.questions[0].question, 5), hits, 'the loaded index re-loads the model and answers the same');
-  await t.rejects(SearchIndex.load(out, { embedder: await embedderFor('hashing') }), { code: 'INDEX_INVALID', message: /built with the embedder qwen3:.*but hashing-256/ });
+  await t.rejects(SearchIndex.load(out, { embedder: await embedderFor('hashing') }), {
+    code: 'INDEX_INVALID',
+    message: /built with the embedder qwen3:.*but hashing-256/,
+  });
   writeFileSync(join(root, 'not-a-model'), '');
   await t.rejects(embedderFor(join(root, 'nothing')), { code: 'MODEL_NOT_FOUND' });
 });

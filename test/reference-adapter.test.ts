@@ -18,7 +18,12 @@ const spec = { r: 4, alpha: 8, dropout: 0, rslora: false, targets: ['q_proj', 'v
 
 /** Sets every lora_B to a pattern scaled by `s` (B = 0 would make the adapter a no-op). */
 function setB(m: Model, s: number): void {
-  for (const [name, v] of Object.entries(m.trainable())) if (name.endsWith('lora_B.weight')) m.setTrainable(name, v.map((_, i) => s * Math.sin(i * 0.7 + name.length)));
+  for (const [name, v] of Object.entries(m.trainable()))
+    if (name.endsWith('lora_B.weight'))
+      m.setTrainable(
+        name,
+        v.map((_, i) => s * Math.sin(i * 0.7 + name.length)),
+      );
 }
 
 const maxDiff = (a: Float32Array[], b: Float32Array[]) => Math.max(...a.flatMap((r, i) => Array.from(r, (x, j) => Math.abs(x - b[i][j]))));
@@ -64,7 +69,8 @@ t.test('the KL term of the loss is measured against the frozen reference', async
   const mask = rows.map((r) => r.map((_, i) => (i >= 2 ? 1 : 0)));
   const lp = await m.sequenceLogprobs(rows);
   const batch = { sequences: rows, masks: mask, advantages: rows.map((r) => r.map(() => 0)), oldLogprobs: lp };
-  const step = () => m.trainStep(batch, { loss: 'pg', clipLow: 0.2, lr: 0, klCoef: 1, klEstimator: 'k1', maxGradNorm: 0, update: false, checkpoint: false });
+  const step = () =>
+    m.trainStep(batch, { loss: 'pg', clipLow: 0.2, lr: 0, klCoef: 1, klEstimator: 'k1', maxGradNorm: 0, update: false, checkpoint: false });
   const againstBase = await step();
   // k1 KL against the base = mean over trained tokens of (logp - logp_base): computed here from
   // log-probs, independently of the loss.
@@ -79,7 +85,10 @@ t.test('the KL term of the loss is measured against the frozen reference', async
   t.ok(Math.abs(againstStart.kl) < 1e-7, `policy = frozen reference: KL ${againstStart.kl}`);
   setB(m, 0.1);
   const lp2 = await m.sequenceLogprobs(rows);
-  const moved = await m.trainStep({ ...batch, oldLogprobs: lp2 }, { loss: 'pg', clipLow: 0.2, lr: 0, klCoef: 1, klEstimator: 'k1', maxGradNorm: 0, update: false, checkpoint: false });
+  const moved = await m.trainStep(
+    { ...batch, oldLogprobs: lp2 },
+    { loss: 'pg', clipLow: 0.2, lr: 0, klCoef: 1, klEstimator: 'k1', maxGradNorm: 0, update: false, checkpoint: false },
+  );
   let sum2 = 0;
   lp2.forEach((r, i) => r.forEach((x, j) => mask[i][j] && (sum2 += x - lp[i][j])));
   t.ok(Math.abs(moved.kl - sum2 / n) < 1e-5, `after the adapter moved: KL ${moved.kl} vs log-probs against the frozen start ${sum2 / n}`);

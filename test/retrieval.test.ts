@@ -21,7 +21,8 @@ const PAGES: Page[] = [
   {
     id: 'kate_box',
     title: 'Kate Box',
-    content: 'Kate Box is an Australian actress.\n\n## Early life\nBorn in Sydney.\n\n## Career\nIn 2003, Box graduated from NIDA.\n\n## Career\nLater work on stage.\n\n### Awards & honours\nA Helpmann nomination.',
+    content:
+      'Kate Box is an Australian actress.\n\n## Early life\nBorn in Sydney.\n\n## Career\nIn 2003, Box graduated from NIDA.\n\n## Career\nLater work on stage.\n\n### Awards & honours\nA Helpmann nomination.',
   },
   { id: 'lake_ossa', title: 'Lake Ossa', content: '# Lake Ossa\nA lake in Cameroon.\n\n## Fauna\nManatees live in the lake.' },
   { id: 'empty_page', title: 'Empty page', content: '' },
@@ -41,7 +42,11 @@ async function rejects(p: () => unknown, code: string, re: RegExp, t: Test) {
 t.test('a corpus loads the same from JSONL, JSON and Parquet', async (t) => {
   writeFileSync(join(tmp, 'c.jsonl'), PAGES.map((p) => JSON.stringify(p)).join('\n') + '\n\n');
   writeFileSync(join(tmp, 'c.json'), JSON.stringify(PAGES));
-  writeParquet(join(tmp, 'c.parquet'), PAGES.map((p) => ({ id: p.id, title: p.title, content: p.content })), { id: 'STRING', title: 'STRING', content: 'STRING' });
+  writeParquet(
+    join(tmp, 'c.parquet'),
+    PAGES.map((p) => ({ id: p.id, title: p.title, content: p.content })),
+    { id: 'STRING', title: 'STRING', content: 'STRING' },
+  );
   for (const f of ['c.jsonl', 'c.json', 'c.parquet']) {
     const c = await Corpus.load(join(tmp, f));
     t.same(c.pages, PAGES, f);
@@ -83,8 +88,14 @@ t.test('sections: ids page_id:normalized_heading, repeats numbered, page_id:full
   t.equal(c.read_section('kate_box:full'), `# Kate Box\n${PAGES[0].content}`);
   t.same(c.view_sections('empty_page'), [{ section_id: 'empty_page:full', section_name: 'full page' }]);
 
-  t.throws(() => c.view_sections('kate_boxx'), { code: 'NOT_FOUND', message: /page_id "kate_boxx" does not exist\. Did you mean "kate_box"\? Use search_pages/ });
-  t.throws(() => c.read_section('kate_box:carrer'), { code: 'NOT_FOUND', message: /Did you mean "kate_box:career"\?.*Sections of kate_box: kate_box:introduction, .*kate_box:full for the whole page/ });
+  t.throws(() => c.view_sections('kate_boxx'), {
+    code: 'NOT_FOUND',
+    message: /page_id "kate_boxx" does not exist\. Did you mean "kate_box"\? Use search_pages/,
+  });
+  t.throws(() => c.read_section('kate_box:carrer'), {
+    code: 'NOT_FOUND',
+    message: /Did you mean "kate_box:career"\?.*Sections of kate_box: kate_box:introduction, .*kate_box:full for the whole page/,
+  });
   t.throws(() => c.read_section('kat_box:career'), { code: 'NOT_FOUND', message: /no page "kat_box"\. Did you mean "kate_box:full"\?/ });
   t.throws(() => c.read_section('career'), { code: 'NOT_FOUND', message: /look like "page_id:section"/ });
 });
@@ -93,26 +104,54 @@ t.test('BM25 scores match a hand computation (k1 1.2, b 0.75, Lucene idf)', asyn
   // Computed independently in Python: idf = ln(1 + (N - n + 0.5) / (n + 0.5)), avgdl = 7/3.
   const bm = new BM25(['apple banana', 'apple apple cherry', 'cherry date']);
   const close = (got: Array<{ doc: number; score: number }>, want: Array<[number, number]>, msg: string) => {
-    t.same(got.map((g) => g.doc), want.map((w) => w[0]), `${msg}: order`);
+    t.same(
+      got.map((g) => g.doc),
+      want.map((w) => w[0]),
+      `${msg}: order`,
+    );
     got.forEach((g, i) => t.ok(Math.abs(g.score - want[i][1]) < 1e-9, `${msg}: doc ${g.doc} ${g.score} vs ${want[i][1]}`));
   };
-  close(bm.search('apple', 10), [[1, 0.5981864372218454], [0, 0.4991762683023676]], 'apple');
-  close(bm.search('Apple, cherry!', 10), [[1, 1.0190036401511668], [0, 0.4991762683023676], [2, 0.4991762683023676]], 'apple cherry');
+  close(
+    bm.search('apple', 10),
+    [
+      [1, 0.5981864372218454],
+      [0, 0.4991762683023676],
+    ],
+    'apple',
+  );
+  close(
+    bm.search('Apple, cherry!', 10),
+    [
+      [1, 1.0190036401511668],
+      [0, 0.4991762683023676],
+      [2, 0.4991762683023676],
+    ],
+    'apple cherry',
+  );
   close(bm.search('date', 10), [[2, 1.041708310095213]], 'date');
   t.same(bm.search('zebra', 10), [], 'no shared term, no result');
   t.equal(bm.search('apple cherry', 1).length, 1, 'k is respected');
 });
 
 t.test('reciprocal-rank fusion matches a hand computation (k = 60)', async (t) => {
-  const f = reciprocalRankFusion([['a', 'b', 'c'], ['b', 'c', 'd']]);
-  t.same(f.map((x) => x.key), ['b', 'c', 'a', 'd']);
+  const f = reciprocalRankFusion([
+    ['a', 'b', 'c'],
+    ['b', 'c', 'd'],
+  ]);
+  t.same(
+    f.map((x) => x.key),
+    ['b', 'c', 'a', 'd'],
+  );
   const want = { b: 1 / 62 + 1 / 61, c: 1 / 63 + 1 / 62, a: 1 / 61, d: 1 / 63 };
   for (const x of f) t.ok(Math.abs(x.score - want[x.key as keyof typeof want]) < 1e-15, x.key);
 });
 
 t.test('the hashing embedder: unit vectors, deterministic, similar texts closer', async (t) => {
   const e = new HashingEmbedder(256);
-  const [a, b, c, a2] = await e.embed(['the river flows north', 'the river flows south', 'copper mining company', 'the river flows north'], 'document');
+  const [a, b, c, a2] = await e.embed(
+    ['the river flows north', 'the river flows south', 'copper mining company', 'the river flows north'],
+    'document',
+  );
   t.ok(Math.abs(dot(a, a) - 1) < 1e-5, 'unit length');
   t.same(Array.from(a), Array.from(a2), 'deterministic');
   t.ok(dot(a, b) > dot(a, c) + 0.3, `shared words score higher (${dot(a, b)} vs ${dot(a, c)})`);
@@ -140,7 +179,10 @@ t.test('questions that share no word with the page title still find the page (co
   let found = 0;
   for (const q of alias) {
     const title = new Set(words(gen.pages.find((p) => p.id === q.page_id)!.title));
-    t.notOk(words(q.question).some((w) => title.has(w)), 'no title word in the question');
+    t.notOk(
+      words(q.question).some((w) => title.has(w)),
+      'no title word in the question',
+    );
     const hits = await small.search_pages(q.question);
     t.equal(hits.length, 10);
     if (hits.some((h) => h.page_id === q.page_id)) found++;
@@ -165,11 +207,19 @@ t.test('save and load: the same answers, and damaged folders are INDEX_INVALID',
   const dir = join(tmp, 'idx');
   small.save(dir);
   const m = JSON.parse(readFileSync(join(dir, 'manifest.json'), 'utf8'));
-  t.match(m, { format: 'slm-train-index', version: 1, embedder: { name: 'hashing-256', dim: 256 }, params: { kind: 'hybrid', M: 32, efConstruction: 200, ef: 256 }, pages: 300, hnsw: true });
+  t.match(m, {
+    format: 'slm-train-index',
+    version: 1,
+    embedder: { name: 'hashing-256', dim: 256 },
+    params: { kind: 'hybrid', M: 32, efConstruction: 200, ef: 256 },
+    pages: 300,
+    hnsw: true,
+  });
   const back = await SearchIndex.load(dir);
   t.notOk(back.exact, 'the HNSW graph is loaded');
   for (const q of [gen.questions[0].question, gen.questions[4].question, gen.pages[11].title])
-    for (const kind of ['dense', 'bm25', 'hybrid'] as const) t.same(await back.searchPages(q, 10, kind), await small.searchPages(q, 10, kind), `${kind}: ${q}`);
+    for (const kind of ['dense', 'bm25', 'hybrid'] as const)
+      t.same(await back.searchPages(q, 10, kind), await small.searchPages(q, 10, kind), `${kind}: ${q}`);
 
   const bad = (name: string) => {
     const d = join(tmp, name);

@@ -31,7 +31,11 @@ t.before(async () => {
 t.teardown(() => server.close());
 
 const post = async (body: unknown, path = '/retrieve') => {
-  const r = await fetch(base + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+  const r = await fetch(base + path, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
   return { status: r.status, body: (await r.json()) as Record<string, unknown> };
 };
 
@@ -54,7 +58,11 @@ t.test('the server answers like Search-R1: one list per query, contents = title 
   const docs = (scored.body.result as Array<Array<{ document: { id: string; contents: string }; score: number }>>)[0];
   t.equal(docs.length, 3, 'no topk: the server default (--topk 3)');
   const want = await index.searchPassages(qs[0], 3);
-  t.same(docs.map((d) => d.score), want.map((p) => p.score), 'return_scores: {document, score}');
+  t.same(
+    docs.map((d) => d.score),
+    want.map((p) => p.score),
+    'return_scores: {document, score}',
+  );
   t.same((await post({ queries: ['', '   '] })).body.result, [[], []], 'empty queries match nothing without failing the batch');
   const health = await (await fetch(`${base}/health`)).json();
   t.match(health, { status: 'ok', pages: 60, kind: 'hybrid' });
@@ -100,7 +108,7 @@ t.test('the client returns what the index returns, and batches concurrent querie
   const small = new HttpRetriever({ url: base, maxBatch: 5 });
   await Promise.all(qs.map((q) => small.searchPassages(q, 2)));
   t.equal(small.stats.requests, 3, '12 queries at 5 per request');
-  await t.rejects(client.searchPassages('  ', 3), { code: 'ARGUMENT_INVALID' }, 'an empty query is the model\'s mistake, shown to it');
+  await t.rejects(client.searchPassages('  ', 3), { code: 'ARGUMENT_INVALID' }, "an empty query is the model's mistake, shown to it");
 });
 
 t.test('Search-R1 documents: contents split at the first newline; text/title documents too', async (t) => {
@@ -111,7 +119,10 @@ t.test('Search-R1 documents: contents split at the first newline; text/title doc
   t.throws(() => retrieveUrl('ftp://h/x'), { code: 'CONFIG_INVALID' });
   const fake = await serve((_req, body, res) => {
     const n = (body as { queries: string[] }).queries.length;
-    const docs = [{ document: { id: '7', contents: '"Eiffel Tower"\nA tower in Paris.' }, score: 0.9 }, { id: 8, title: 'Louvre', text: 'A museum.' }];
+    const docs = [
+      { document: { id: '7', contents: '"Eiffel Tower"\nA tower in Paris.' }, score: 0.9 },
+      { id: 8, title: 'Louvre', text: 'A museum.' },
+    ];
     res.end(JSON.stringify({ result: Array.from({ length: n }, () => docs) }));
   });
   const c = new HttpRetriever({ url: fake.url });
@@ -120,7 +131,11 @@ t.test('Search-R1 documents: contents split at the first newline; text/title doc
     { page_id: '7', title: '"Eiffel Tower"', text: 'A tower in Paris.', score: 0.9 },
     { page_id: '8', title: 'Louvre', text: 'A museum.', score: 0 },
   ]);
-  t.equal(formatInformation(ps), '\n\n<information>Doc 1(Title: "Eiffel Tower") A tower in Paris.\nDoc 2(Title: Louvre) A museum.</information>\n\n', "Search-R1's Doc i(Title: …) lines");
+  t.equal(
+    formatInformation(ps),
+    '\n\n<information>Doc 1(Title: "Eiffel Tower") A tower in Paris.\nDoc 2(Title: Louvre) A museum.</information>\n\n',
+    "Search-R1's Doc i(Title: …) lines",
+  );
   await fake.close();
 });
 
@@ -128,7 +143,7 @@ type Handler = (req: import('node:http').IncomingMessage, body: unknown, res: im
 // Every fake server still open when the file ends (a failed assertion skips its close) is closed then.
 const open = new Set<Server>();
 t.teardown(() => {
-  for (const s of open) (s.closeAllConnections(), s.close());
+  for (const s of open) s.closeAllConnections(), s.close();
 });
 
 async function serve(h: Handler): Promise<{ url: string; hits: () => number; close: () => Promise<void> }> {
@@ -143,16 +158,33 @@ async function serve(h: Handler): Promise<{ url: string; hits: () => number; clo
   return {
     url: `http://127.0.0.1:${(s.address() as AddressInfo).port}/retrieve`,
     hits: () => n,
-    close: () => new Promise<void>((r) => { open.delete(s); s.closeAllConnections(); s.close(() => r()); }),
+    close: () =>
+      new Promise<void>((r) => {
+        open.delete(s);
+        s.closeAllConnections();
+        s.close(() => r());
+      }),
   };
 }
 
 t.test('timeouts and retries: 503, 408, a dropped connection and a silent server are retried; other 4xx are not', async (t) => {
-  const answer = (body: unknown) => JSON.stringify({ result: (body as { queries: string[] }).queries.map(() => [{ id: '1', contents: 'T\nx' }]) });
+  const answer = (body: unknown) =>
+    JSON.stringify({ result: (body as { queries: string[] }).queries.map(() => [{ id: '1', contents: 'T\nx' }]) });
   const flaky = await serve((req, body, res, n) => {
-    if (n === 1) { res.writeHead(503); res.end('busy'); return; }
-    if (n === 2) { req.socket.destroy(); return; }
-    if (n === 3) { res.writeHead(408); res.end('request timeout'); return; }
+    if (n === 1) {
+      res.writeHead(503);
+      res.end('busy');
+      return;
+    }
+    if (n === 2) {
+      req.socket.destroy();
+      return;
+    }
+    if (n === 3) {
+      res.writeHead(408);
+      res.end('request timeout');
+      return;
+    }
     res.end(answer(body));
   });
   const c = new HttpRetriever({ url: flaky.url, retries: 3, backoffMs: 10 });
@@ -164,25 +196,37 @@ t.test('timeouts and retries: 503, 408, a dropped connection and a silent server
   const silent = await serve(() => {});
   const s = new HttpRetriever({ url: silent.url, timeoutS: 0.2, retries: 1, backoffMs: 10 });
   const waits = recordWaits(t);
-  await t.rejects(s.searchPassages('q', 1), { code: 'RETRIEVER_UNAVAILABLE', message: /failed 2 times \(last: no reply within 200 ms\).*serve-retriever/ });
+  await t.rejects(s.searchPassages('q', 1), {
+    code: 'RETRIEVER_UNAVAILABLE',
+    message: /failed 2 times \(last: no reply within 200 ms\).*serve-retriever/,
+  });
   t.equal(waits.length, 1, 'gives up after its tries (one wait between two attempts) instead of hanging');
   t.equal(silent.hits(), 2);
   await silent.close();
 
-  const bad = await serve((_req, _b, res) => { res.writeHead(422); res.end('{"detail":"queries missing"}'); });
+  const bad = await serve((_req, _b, res) => {
+    res.writeHead(422);
+    res.end('{"detail":"queries missing"}');
+  });
   const b = new HttpRetriever({ url: bad.url, retries: 3, backoffMs: 10 });
   await t.rejects(b.searchPassages('q', 1), { code: 'RETRIEVER_ERROR', message: /HTTP 422.*queries missing/ });
   t.equal(bad.hits(), 1, 'a client error is not retried');
   await bad.close();
 
   const garbled = await serve((_req, _b, res) => res.end('{"result": [[], []]}'));
-  await t.rejects(new HttpRetriever({ url: garbled.url }).searchPassages('q', 1), { code: 'RETRIEVER_ERROR', message: /one list of documents per query \(1\)/ });
+  await t.rejects(new HttpRetriever({ url: garbled.url }).searchPassages('q', 1), {
+    code: 'RETRIEVER_ERROR',
+    message: /one list of documents per query \(1\)/,
+  });
   await garbled.close();
 
   const nobody = await serve(() => {});
   const url = nobody.url;
   await nobody.close();
-  await t.rejects(new HttpRetriever({ url, retries: 1, backoffMs: 10 }).searchPassages('q', 1), { code: 'RETRIEVER_UNAVAILABLE', message: /ECONNREFUSED/ });
+  await t.rejects(new HttpRetriever({ url, retries: 1, backoffMs: 10 }).searchPassages('q', 1), {
+    code: 'RETRIEVER_UNAVAILABLE',
+    message: /ECONNREFUSED/,
+  });
 });
 
 t.test('retrieval.kind: http in a config: the tags protocol searches the server', async (t) => {
@@ -193,17 +237,37 @@ t.test('retrieval.kind: http in a config: the tags protocol searches the server'
   const q = questions[0].question;
   const ctx = { turn: 1, maxTurns: 4, finishReason: 'stop' as const, maxNewTokens: 64 };
   const reply = await env.protocol.respond({ kind: 'search', query: q, end: 0 } as never, ctx as never);
-  t.equal((reply as { text: string }).text, formatInformation(await index.searchPassages(q, 3)), 'the observation equals the local index\'s');
+  t.equal(
+    (reply as { text: string }).text,
+    formatInformation(await index.searchPassages(q, 3)),
+    "the observation equals the local index's",
+  );
   await env.close();
-  t.throws(() => validateConfig({ ...base0, retrieval: { kind: 'http' } }, 'test'), { code: 'CONFIG_INVALID', message: /retrieval.url: missing/ });
-  t.throws(() => validateConfig({ ...base0, protocol: { kind: 'code' }, retrieval: { kind: 'http', url: base } }, 'test'), { code: 'CONFIG_INVALID', message: /retrieval.kind: http serves passages for the tags protocol/ });
+  t.throws(() => validateConfig({ ...base0, retrieval: { kind: 'http' } }, 'test'), {
+    code: 'CONFIG_INVALID',
+    message: /retrieval.url: missing/,
+  });
+  t.throws(() => validateConfig({ ...base0, protocol: { kind: 'code' }, retrieval: { kind: 'http', url: base } }, 'test'), {
+    code: 'CONFIG_INVALID',
+    message: /retrieval.kind: http serves passages for the tags protocol/,
+  });
 });
 
 t.test('slm-train serve-retriever: a real process on loopback, and PORT_IN_USE', async (t) => {
   const dir = t.testdir();
   const corpus = join(dir, 'corpus.jsonl');
-  writeFileSync(corpus, pages.slice(0, 30).map((p) => JSON.stringify(p)).join('\n') + '\n');
-  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve-retriever', '--corpus', corpus, '--port', '0', '--topk', '2'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  writeFileSync(
+    corpus,
+    pages
+      .slice(0, 30)
+      .map((p) => JSON.stringify(p))
+      .join('\n') + '\n',
+  );
+  const p = spawn(
+    process.execPath,
+    [join(repoRoot, 'bin', 'slm-train.js'), 'serve-retriever', '--corpus', corpus, '--port', '0', '--topk', '2'],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
   t.teardown(() => p.kill('SIGKILL'));
   const url = await new Promise<string>((resolve, reject) => {
     let out = '';
@@ -217,9 +281,14 @@ t.test('slm-train serve-retriever: a real process on loopback, and PORT_IN_USE',
   const c = new HttpRetriever({ url });
   const got = await c.searchPassages(pages[3].title, 2);
   t.equal(got.length, 2);
-  t.ok(got.some((g) => g.page_id === pages[3].id), 'a page found by its title');
+  t.ok(
+    got.some((g) => g.page_id === pages[3].id),
+    'a page found by its title',
+  );
   const port = new URL(url).port;
-  const taken = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve-retriever', '--corpus', corpus, '--port', port], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const taken = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve-retriever', '--corpus', corpus, '--port', port], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   t.teardown(() => taken.kill('SIGKILL'));
   let err = '';
   taken.stderr.on('data', (c) => (err += c));

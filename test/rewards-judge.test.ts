@@ -54,7 +54,11 @@ t.test('parseJudgeReply (graded) reads the last grades after any thinking', asyn
   const p = (s: string, approach = true) => parseJudgeReply(s, approach, 'graded');
   t.same(p('Fine.\nCorrectness: 7\nApproach: 10'), { correctness: 0.7, approach: 1 });
   t.same(p('<think>Correctness: 2 maybe</think>\n**Correctness:** 9/10\n**Approach**: 4'), { correctness: 0.9, approach: 0.4 });
-  t.same(p('Correctness: 2\nApproach: 1\nOn reflection:\nCorrectness: 8\nApproach: 5.5'), { correctness: 0.8, approach: 0.55 }, 'the last occurrence wins');
+  t.same(
+    p('Correctness: 2\nApproach: 1\nOn reflection:\nCorrectness: 8\nApproach: 5.5'),
+    { correctness: 0.8, approach: 0.55 },
+    'the last occurrence wins',
+  );
   t.same(p('{"correctness": 6, "approach": 0}'), { correctness: 0.6, approach: 0 });
   t.same(p('correctness = 10', false), { correctness: 1, approach: null });
   t.throws(() => p('Correctness: 8'), { code: 'JUDGE_FAILED', message: /Approach: <0-10>/ });
@@ -65,21 +69,79 @@ t.test('parseJudgeReply (graded) reads the last grades after any thinking', asyn
 
 t.test('parseJudgeReply (binary, the default): category and approach_score from a JSON object', async (t) => {
   // the brief's example: a thinking block first, then the object
-  t.same(parseJudgeReply('<think>The agent said "unknown". {"category": "correct"} would be wrong.</think>{"category": "gave_up", "approach_score": 30}'), { correctness: 0, approach: 0.3, category: 'gave_up' });
+  t.same(
+    parseJudgeReply(
+      '<think>The agent said "unknown". {"category": "correct"} would be wrong.</think>{"category": "gave_up", "approach_score": 30}',
+    ),
+    { correctness: 0, approach: 0.3, category: 'gave_up' },
+  );
   t.same(parseJudgeReply('{"category": "correct", "approach_score": 85}'), { correctness: 1, approach: 0.85, category: 'correct' });
-  t.same(parseBinaryReply('The answer names the wrong city.\n```json\n{\n  "category": "incorrect",\n  "approach_score": 40\n}\n```\nThat is my verdict.'), { correctness: 0, approach: 0.4, category: 'incorrect' }, 'markdown fences and text around');
-  t.same(parseJudgeReply('First guess {"category": "incorrect", "approach_score": 10}; on reflection {"category": "Correct", "approach_score": "70"}'), { correctness: 1, approach: 0.7, category: 'correct' }, 'the last object wins; case and a numeric string are accepted');
-  t.same(parseJudgeReply('{"category": "gave up", "approach_score": 0, "notes": {"why": "said N/A"}}'), { correctness: 0, approach: 0, category: 'gave_up' }, 'nested objects and "gave up"');
-  t.same(parseJudgeReply("{category: 'incorrect', approach_score: 55}"), { correctness: 0, approach: 0.55, category: 'incorrect' }, 'loose, not-quite-JSON text');
-  t.same(parseJudgeReply('{"category": "correct", "approach_score": 130}'), { correctness: 1, approach: 1, category: 'correct' }, 'clamped to 100 as the reference does');
-  t.same(parseJudgeReply('{"correct": false, "approach_score": 20}'), { correctness: 0, approach: 0.2, category: 'incorrect' }, "the reference's old boolean field");
-  t.same(parseJudgeReply('{"category": "incorrect"}', false), { correctness: 0, approach: null, category: 'incorrect' }, 'without approach');
-  t.throws(() => parseJudgeReply('The answer is right, 90 out of 100.'), { code: 'JUDGE_FAILED', message: /Expected the judge's reply to end with a JSON object \{"category": "correct" \| "incorrect" \| "gave_up", "approach_score": <0-100>\}, but found none in "The answer is right/ });
-  t.throws(() => parseJudgeReply('{"category": "partly", "approach_score": 50}'), { code: 'JUDGE_FAILED', message: /category to be one of correct, incorrect, gave_up, but found "partly"/ });
-  t.throws(() => parseJudgeReply('{"category": "correct"}'), { code: 'JUDGE_FAILED', message: /approach_score to be a number from 0 to 100 beside the category, but found nothing/ });
-  t.throws(() => parseJudgeReply('{"category": "correct", "approach_score": "high"}'), { code: 'JUDGE_FAILED', message: /but found "high"/ });
-  t.throws(() => parseJudgeReply('<think>{"category": "correct", "approach_score": 90}</think>I cannot decide.'), { code: 'JUDGE_FAILED' }, 'an object inside the thinking does not count');
-  t.throws(() => parseJudgeReply('Reply with {"category": "correct" | "incorrect" | "gave_up"}', false), { code: 'JUDGE_FAILED' }, 'an echo of the prompt is no verdict');
+  t.same(
+    parseBinaryReply(
+      'The answer names the wrong city.\n```json\n{\n  "category": "incorrect",\n  "approach_score": 40\n}\n```\nThat is my verdict.',
+    ),
+    { correctness: 0, approach: 0.4, category: 'incorrect' },
+    'markdown fences and text around',
+  );
+  t.same(
+    parseJudgeReply(
+      'First guess {"category": "incorrect", "approach_score": 10}; on reflection {"category": "Correct", "approach_score": "70"}',
+    ),
+    { correctness: 1, approach: 0.7, category: 'correct' },
+    'the last object wins; case and a numeric string are accepted',
+  );
+  t.same(
+    parseJudgeReply('{"category": "gave up", "approach_score": 0, "notes": {"why": "said N/A"}}'),
+    { correctness: 0, approach: 0, category: 'gave_up' },
+    'nested objects and "gave up"',
+  );
+  t.same(
+    parseJudgeReply("{category: 'incorrect', approach_score: 55}"),
+    { correctness: 0, approach: 0.55, category: 'incorrect' },
+    'loose, not-quite-JSON text',
+  );
+  t.same(
+    parseJudgeReply('{"category": "correct", "approach_score": 130}'),
+    { correctness: 1, approach: 1, category: 'correct' },
+    'clamped to 100 as the reference does',
+  );
+  t.same(
+    parseJudgeReply('{"correct": false, "approach_score": 20}'),
+    { correctness: 0, approach: 0.2, category: 'incorrect' },
+    "the reference's old boolean field",
+  );
+  t.same(
+    parseJudgeReply('{"category": "incorrect"}', false),
+    { correctness: 0, approach: null, category: 'incorrect' },
+    'without approach',
+  );
+  t.throws(() => parseJudgeReply('The answer is right, 90 out of 100.'), {
+    code: 'JUDGE_FAILED',
+    message:
+      /Expected the judge's reply to end with a JSON object \{"category": "correct" \| "incorrect" \| "gave_up", "approach_score": <0-100>\}, but found none in "The answer is right/,
+  });
+  t.throws(() => parseJudgeReply('{"category": "partly", "approach_score": 50}'), {
+    code: 'JUDGE_FAILED',
+    message: /category to be one of correct, incorrect, gave_up, but found "partly"/,
+  });
+  t.throws(() => parseJudgeReply('{"category": "correct"}'), {
+    code: 'JUDGE_FAILED',
+    message: /approach_score to be a number from 0 to 100 beside the category, but found nothing/,
+  });
+  t.throws(() => parseJudgeReply('{"category": "correct", "approach_score": "high"}'), {
+    code: 'JUDGE_FAILED',
+    message: /but found "high"/,
+  });
+  t.throws(
+    () => parseJudgeReply('<think>{"category": "correct", "approach_score": 90}</think>I cannot decide.'),
+    { code: 'JUDGE_FAILED' },
+    'an object inside the thinking does not count',
+  );
+  t.throws(
+    () => parseJudgeReply('Reply with {"category": "correct" | "incorrect" | "gave_up"}', false),
+    { code: 'JUDGE_FAILED' },
+    'an echo of the prompt is no verdict',
+  );
 });
 
 t.test('combineGrades: 0.75 / 0.25, or the reference sign_magnitude', async (t) => {
@@ -95,10 +157,25 @@ t.test('combineGrades: 0.75 / 0.25, or the reference sign_magnitude', async (t) 
   t.equal(combineGrades({ correctness: 0.6, approach: 0.4 }, 'sign_magnitude'), -0.6, 'below the 0.7 threshold: -(1 - 0.4)');
   t.equal(combineGrades({ correctness: 0.6, approach: 0.4 }, 'sign_magnitude', undefined, 0.5), 0.4);
   t.equal(combineGrades({ correctness: 0, approach: 0 }, 'sign_magnitude'), -1, 'no answer (0, 0): -1');
-  t.ok(Object.is(combineGrades({ correctness: 0, approach: 1 }, 'sign_magnitude'), 0), 'wrong with a perfect approach: 0, no -0 in the logs');
-  t.equal(combineGrades({ correctness: 0, approach: 0.3, category: 'gave_up' }, 'sign_magnitude'), -0.7, 'gave_up without gaveUpReward: as wrong');
-  t.equal(combineGrades({ correctness: 0, approach: 0.3, category: 'gave_up' }, 'sign_magnitude', undefined, undefined, -1.5), -1.5, 'gave_up with -1.5');
-  t.equal(combineGrades({ correctness: 0, approach: 0.3, category: 'incorrect' }, 'sign_magnitude', undefined, undefined, -1.5), -0.7, 'gaveUpReward leaves incorrect alone');
+  t.ok(
+    Object.is(combineGrades({ correctness: 0, approach: 1 }, 'sign_magnitude'), 0),
+    'wrong with a perfect approach: 0, no -0 in the logs',
+  );
+  t.equal(
+    combineGrades({ correctness: 0, approach: 0.3, category: 'gave_up' }, 'sign_magnitude'),
+    -0.7,
+    'gave_up without gaveUpReward: as wrong',
+  );
+  t.equal(
+    combineGrades({ correctness: 0, approach: 0.3, category: 'gave_up' }, 'sign_magnitude', undefined, undefined, -1.5),
+    -1.5,
+    'gave_up with -1.5',
+  );
+  t.equal(
+    combineGrades({ correctness: 0, approach: 0.3, category: 'incorrect' }, 'sign_magnitude', undefined, undefined, -1.5),
+    -0.7,
+    'gaveUpReward leaves incorrect alone',
+  );
   t.equal(combineGrades({ correctness: 0.3, approach: null }), 0.3, 'without approach: correctness');
 });
 
@@ -182,21 +259,44 @@ t.test('binary judge (default) with sign_magnitude: the reference values, comput
 
 t.test('binary judge: weighted parts, and gave_up with gaveUpReward -1.5', async (t) => {
   const r = await judgeReward({ backend: fakeJudge('{"category": "correct", "approach_score": 60}') })(wrong);
-  t.same(r.parts, { judge_correctness: 1, judge_approach: 0.6, judge: 0.75 * 1 + 0.25 * 0.6, judge_error: 0, judge_skipped: 0, judge_matched: 0, judge_gave_up: 0 });
-  const g = await judgeReward({ backend: fakeJudge('{"category": "gave_up", "approach_score": 30}'), combine: 'sign_magnitude', gaveUpReward: -1.5 })(wrong);
+  t.same(r.parts, {
+    judge_correctness: 1,
+    judge_approach: 0.6,
+    judge: 0.75 * 1 + 0.25 * 0.6,
+    judge_error: 0,
+    judge_skipped: 0,
+    judge_matched: 0,
+    judge_gave_up: 0,
+  });
+  const g = await judgeReward({
+    backend: fakeJudge('{"category": "gave_up", "approach_score": 30}'),
+    combine: 'sign_magnitude',
+    gaveUpReward: -1.5,
+  })(wrong);
   t.equal(g.parts.judge, -1.5);
   t.equal(g.parts.judge_gave_up, 1);
   t.equal(g.correct, false);
   const noApproach = await judgeReward({ backend: fakeJudge('{"category": "correct"}'), approach: false })(wrong);
   t.same(noApproach.parts, { judge_correctness: 1, judge: 1, judge_error: 0, judge_skipped: 0, judge_matched: 0, judge_gave_up: 0 });
-  t.throws(() => judgeReward({ backend: fakeJudge(''), format: 'fuzzy' as never }), { code: 'ARGUMENT_INVALID', message: /binary, graded/ });
+  t.throws(() => judgeReward({ backend: fakeJudge(''), format: 'fuzzy' as never }), {
+    code: 'ARGUMENT_INVALID',
+    message: /binary, graded/,
+  });
 });
 
 t.test('no answer: -1 under sign_magnitude, judge_skipped 1, and no request', async (t) => {
   const backend = fakeJudge('{"category": "correct", "approach_score": 100}');
   const r = await judgeReward({ backend, combine: 'sign_magnitude' })({ ...ctx, answer: null });
   t.equal(backend.calls, 0, 'no request');
-  t.same(r.parts, { judge_correctness: 0, judge_approach: 0, judge: -1, judge_error: 0, judge_skipped: 1, judge_matched: 0, judge_gave_up: 0 });
+  t.same(r.parts, {
+    judge_correctness: 0,
+    judge_approach: 0,
+    judge: -1,
+    judge_error: 0,
+    judge_skipped: 1,
+    judge_matched: 0,
+    judge_gave_up: 0,
+  });
   t.equal(r.correct, false);
   const asked = await judgeReward({ backend, combine: 'sign_magnitude', skipWithoutAnswer: false })({ ...ctx, answer: null });
   t.equal(backend.calls, 1, 'skipWithoutAnswer: false sends it');
@@ -212,7 +312,11 @@ t.test('match shortcut: an answer equal to or containing a gold is correct witho
   const backend = fakeJudge('{"category": "incorrect", "approach_score": 0}');
   for (const answer of ['Jørn Utzon', '  jørn utzon', 'It was designed by Jørn Utzon in 1957.']) {
     const r = await judgeReward({ backend, combine: 'sign_magnitude' })({ ...ctx, answer });
-    t.same(r.parts, { judge_correctness: 1, judge_approach: 1, judge: 1, judge_error: 0, judge_skipped: 0, judge_matched: 1, judge_gave_up: 0 }, answer);
+    t.same(
+      r.parts,
+      { judge_correctness: 1, judge_approach: 1, judge: 1, judge_error: 0, judge_skipped: 0, judge_matched: 1, judge_gave_up: 0 },
+      answer,
+    );
     t.equal(r.correct, true);
   }
   const w = await judgeReward({ backend })(ctx);
@@ -228,16 +332,30 @@ t.test('match shortcut: an answer equal to or containing a gold is correct witho
 
 t.test('a failed judge (thrown error, unparseable reply) is recorded with null parts', async (t) => {
   const thrown = await judgeReward({ backend: fakeJudge(new Error('socket hang up')), combine: 'sign_magnitude' })(wrong);
-  t.same(thrown.parts, { judge_correctness: null, judge_approach: null, judge: null, judge_error: 1, judge_skipped: 0, judge_matched: 0, judge_gave_up: null });
+  t.same(thrown.parts, {
+    judge_correctness: null,
+    judge_approach: null,
+    judge: null,
+    judge_error: 1,
+    judge_skipped: 0,
+    judge_matched: 0,
+    judge_gave_up: null,
+  });
   t.equal(thrown.correct, undefined);
   t.equal(thrown.errors?.judge, 'fake judge: socket hang up');
   const garbled = await judgeReward({ backend: fakeJudge('I would say it is mostly right.') })(wrong);
   t.equal(garbled.parts.judge_error, 1);
-  t.match(garbled.errors?.judge, /^fake judge: Expected the judge's reply to end with a JSON object .*but found none in "I would say it is mostly right\."/);
+  t.match(
+    garbled.errors?.judge,
+    /^fake judge: Expected the judge's reply to end with a JSON object .*but found none in "I would say it is mostly right\."/,
+  );
 });
 
 t.test('helpers: backoff doubles up to its cap; the limiter holds the line', async (t) => {
-  t.same([1, 2, 3, 4, 5].map((a) => backoffMs(a, 100, 1000)), [100, 200, 400, 800, 1000]);
+  t.same(
+    [1, 2, 3, 4, 5].map((a) => backoffMs(a, 100, 1000)),
+    [100, 200, 400, 800, 1000],
+  );
   const lim = new Limiter(2);
   let active = 0;
   let peak = 0;
@@ -288,15 +406,29 @@ async function loopback(t: Test, handler: Handler) {
   return { baseUrl: `http://127.0.0.1:${port}/v1`, requests, peak: () => peak };
 }
 
-const completion = (content: unknown, finish = 'stop') => JSON.stringify({ id: 'x', object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: finish }] });
+const completion = (content: unknown, finish = 'stop') =>
+  JSON.stringify({
+    id: 'x',
+    object: 'chat.completion',
+    choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: finish }],
+  });
 const send = (res: ServerResponse, status: number, body: string, headers: Record<string, string> = {}) => {
   res.writeHead(status, { 'content-type': 'application/json', ...headers });
   res.end(body);
 };
 
 t.test('http judge: the request, the parsed grades and the parts', async (t) => {
-  const srv = await loopback(t, (_req, _body, res) => send(res, 200, completion('The answer names the architect.\nCorrectness: 10\nApproach: 5')));
-  const backend = openAIJudgeBackend({ baseUrl: srv.baseUrl + '/', model: 'judge-7b', apiKeyEnv: 'JUDGE_KEY', env: { JUDGE_KEY: 'sk-test' }, maxTokens: 300, extraBody: { chat_template_kwargs: { enable_thinking: false } } });
+  const srv = await loopback(t, (_req, _body, res) =>
+    send(res, 200, completion('The answer names the architect.\nCorrectness: 10\nApproach: 5')),
+  );
+  const backend = openAIJudgeBackend({
+    baseUrl: srv.baseUrl + '/',
+    model: 'judge-7b',
+    apiKeyEnv: 'JUDGE_KEY',
+    env: { JUDGE_KEY: 'sk-test' },
+    maxTokens: 300,
+    extraBody: { chat_template_kwargs: { enable_thinking: false } },
+  });
   const r = await graded({ backend })(ctx);
   t.same(r.parts, { judge_correctness: 1, judge_approach: 0.5, judge: 0.75 + 0.125, judge_error: 0, judge_skipped: 0, judge_matched: 0 });
   t.equal(r.correct, true);
@@ -309,15 +441,27 @@ t.test('http judge: the request, the parsed grades and the parts', async (t) => 
   t.equal(body.temperature, 0);
   t.equal(body.max_tokens, 300);
   t.same(body.chat_template_kwargs, { enable_thinking: false });
-  t.same(body.messages.map((m: { role: string }) => m.role), ['system', 'user']);
+  t.same(
+    body.messages.map((m: { role: string }) => m.role),
+    ['system', 'user'],
+  );
   t.match(body.messages[1].content, /Final answer: Jørn Utzon/);
 });
 
 t.test('http judge (binary, the default): the JSON verdict through a real server', async (t) => {
-  const srv = await loopback(t, (_req, _body, res) => send(res, 200, completion('<think>They searched well but named Gehry.</think>\n```json\n{"category": "incorrect", "approach_score": 70}\n```')));
+  const srv = await loopback(t, (_req, _body, res) =>
+    send(
+      res,
+      200,
+      completion('<think>They searched well but named Gehry.</think>\n```json\n{"category": "incorrect", "approach_score": 70}\n```'),
+    ),
+  );
   const r = await judgeReward({ backend: openAIJudgeBackend({ baseUrl: srv.baseUrl, model: 'm' }), combine: 'sign_magnitude' })(wrong);
   t.equal(srv.requests.length, 1);
-  t.match(JSON.parse(srv.requests[0].body).messages[0].content, /"category": "correct" \| "incorrect" \| "gave_up", "approach_score": <0-100>/);
+  t.match(
+    JSON.parse(srv.requests[0].body).messages[0].content,
+    /"category": "correct" \| "incorrect" \| "gave_up", "approach_score": <0-100>/,
+  );
   t.ok(near(r.parts.judge, -0.3), `-(1 - 0.7) = -0.3, got ${r.parts.judge}`);
   t.equal(r.parts.judge_approach, 0.7);
   t.equal(r.correct, false);
@@ -327,18 +471,29 @@ t.test('http judge (binary, the default): the JSON verdict through a real server
 });
 
 t.test('http judge: a 500 is retried, then the reply counts', async (t) => {
-  const srv = await loopback(t, (_req, _body, res, n) => (n === 1 ? send(res, 500, '{"error":"overloaded"}') : send(res, 200, completion('Correctness: 4\nApproach: 8'))));
+  const srv = await loopback(t, (_req, _body, res, n) =>
+    n === 1 ? send(res, 500, '{"error":"overloaded"}') : send(res, 200, completion('Correctness: 4\nApproach: 8')),
+  );
   const backend = openAIJudgeBackend({ baseUrl: srv.baseUrl, model: 'm', retries: 2, backoffMs: 50 });
   const r = await graded({ backend })(ctx);
   t.equal(srv.requests.length, 2);
   t.ok(srv.requests[1].at - srv.requests[0].at >= 45, 'waited the backoff before retrying');
-  t.same(r.parts, { judge_correctness: 0.4, judge_approach: 0.8, judge: 0.75 * 0.4 + 0.25 * 0.8, judge_error: 0, judge_skipped: 0, judge_matched: 0 });
+  t.same(r.parts, {
+    judge_correctness: 0.4,
+    judge_approach: 0.8,
+    judge: 0.75 * 0.4 + 0.25 * 0.8,
+    judge_error: 0,
+    judge_skipped: 0,
+    judge_matched: 0,
+  });
   t.equal(r.correct, false);
   t.equal(r.errors, undefined);
 });
 
 t.test('http judge: a 429 waits Retry-After; a 400 is not retried', async (t) => {
-  const srv = await loopback(t, (_req, _body, res, n) => (n === 1 ? send(res, 429, '{}', { 'retry-after': '0.2' }) : send(res, 200, completion('Correctness: 9\nApproach: 9'))));
+  const srv = await loopback(t, (_req, _body, res, n) =>
+    n === 1 ? send(res, 429, '{}', { 'retry-after': '0.2' }) : send(res, 200, completion('Correctness: 9\nApproach: 9')),
+  );
   const backend = openAIJudgeBackend({ baseUrl: srv.baseUrl, model: 'm', retries: 1, backoffMs: 1 });
   const waits = recordWaits(t);
   const r = await graded({ backend })(ctx);
@@ -391,7 +546,12 @@ t.test('http judge: unparseable replies are recorded failures', async (t) => {
   const replies = [completion('I think the answer is fine.'), completion(null), 'not json', completion('Correctness: 3', 'length')];
   const srv = await loopback(t, (_req, _body, res, n) => send(res, 200, replies[n - 1]));
   const judge = graded({ backend: openAIJudgeBackend({ baseUrl: srv.baseUrl, model: 'm', retries: 3, backoffMs: 1 }) });
-  const expected = [/Correctness: <0-10>.*I think the answer is fine/, /choices\[0\]\.message\.content as a string, but found content null/, /Expected a JSON body, but found "not json"/, /Approach: <0-10>.*cut at the token limit/];
+  const expected = [
+    /Correctness: <0-10>.*I think the answer is fine/,
+    /choices\[0\]\.message\.content as a string, but found content null/,
+    /Expected a JSON body, but found "not json"/,
+    /Approach: <0-10>.*cut at the token limit/,
+  ];
   for (const re of expected) {
     const r = await judge(ctx);
     t.equal(r.parts.judge_error, 1);
@@ -418,9 +578,15 @@ t.test('http judge: bad options are refused up front', async (t) => {
   t.throws(() => openAIJudgeBackend({ baseUrl: '127.0.0.1:8000', model: 'm' }), { code: 'ARGUMENT_INVALID', message: /http:\/\// });
   t.throws(() => openAIJudgeBackend({ baseUrl: 'http://x/v1', model: '' }), { code: 'ARGUMENT_INVALID' });
   t.throws(() => openAIJudgeBackend({ baseUrl: 'http://x/v1', model: 'm', concurrency: 0 }), { code: 'ARGUMENT_INVALID' });
-  t.throws(() => openAIJudgeBackend({ baseUrl: 'http://x/v1', model: 'm', apiKeyEnv: 'NOPE', env: {} }), { code: 'CONFIG_INVALID', message: /NOPE/ });
+  t.throws(() => openAIJudgeBackend({ baseUrl: 'http://x/v1', model: 'm', apiKeyEnv: 'NOPE', env: {} }), {
+    code: 'CONFIG_INVALID',
+    message: /NOPE/,
+  });
   t.throws(() => graded({ backend: undefined as never }), { code: 'ARGUMENT_INVALID' });
-  t.throws(() => graded({ backend: { description: 'x', complete: async () => ({ text: '' }) }, approach: false, combine: 'sign_magnitude' }), { code: 'ARGUMENT_INVALID' });
+  t.throws(
+    () => graded({ backend: { description: 'x', complete: async () => ({ text: '' }) }, approach: false, combine: 'sign_magnitude' }),
+    { code: 'ARGUMENT_INVALID' },
+  );
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -444,8 +610,12 @@ class ScriptedGenerator implements TextGenerator {
 }
 
 t.test('engine judge: requests made together go in one greedy batch; replies decode and parse', async (t) => {
-  const gen = new ScriptedGenerator((prompt) => (prompt.includes('Final answer: Jørn Utzon') ? 'Correctness: 9\nApproach: 3<|im_end|>' : 'Correctness: 1\nApproach: 2<|im_end|>'));
-  const judge = graded({ backend: engineJudgeBackend({ generator: gen, tokenizer: tok, formatter, maxNewTokens: 64, enableThinking: false }) });
+  const gen = new ScriptedGenerator((prompt) =>
+    prompt.includes('Final answer: Jørn Utzon') ? 'Correctness: 9\nApproach: 3<|im_end|>' : 'Correctness: 1\nApproach: 2<|im_end|>',
+  );
+  const judge = graded({
+    backend: engineJudgeBackend({ generator: gen, tokenizer: tok, formatter, maxNewTokens: 64, enableThinking: false }),
+  });
   const [a, b, c] = await Promise.all([judge(ctx), judge({ ...ctx, answer: 'Frank Gehry' }), judge(ctx)]);
   t.equal(gen.requests.length, 1, 'one generate call');
   const req = gen.requests[0];
@@ -457,7 +627,14 @@ t.test('engine judge: requests made together go in one greedy batch; replies dec
   const prompt = tok.decode(req.prompts[0]);
   t.match(prompt, /^<\|im_start\|>system\nYou grade the work/);
   t.ok(prompt.endsWith('<|im_start|>assistant\n<think>\n\n</think>\n\n'), 'generation prompt with thinking off');
-  t.same(a.parts, { judge_correctness: 0.9, judge_approach: 0.3, judge: 0.75 * 0.9 + 0.25 * 0.3, judge_error: 0, judge_skipped: 0, judge_matched: 0 });
+  t.same(a.parts, {
+    judge_correctness: 0.9,
+    judge_approach: 0.3,
+    judge: 0.75 * 0.9 + 0.25 * 0.3,
+    judge_error: 0,
+    judge_skipped: 0,
+    judge_matched: 0,
+  });
   t.same(b.parts.judge_correctness, 0.1);
   t.equal(b.correct, false);
   t.same(c.parts, a.parts);
@@ -465,12 +642,17 @@ t.test('engine judge: requests made together go in one greedy batch; replies dec
 
 t.test('engine judge (binary): the JSON verdict decodes and parses; a cut reply is a failure', async (t) => {
   const gen = new ScriptedGenerator(() => '{"category": "correct", "approach_score": 40}<|im_end|>');
-  const r = await judgeReward({ backend: engineJudgeBackend({ generator: gen, tokenizer: tok, formatter, enableThinking: false }), combine: 'sign_magnitude' })(wrong);
+  const r = await judgeReward({
+    backend: engineJudgeBackend({ generator: gen, tokenizer: tok, formatter, enableThinking: false }),
+    combine: 'sign_magnitude',
+  })(wrong);
   t.equal(gen.requests.length, 1);
   t.match(tok.decode(gen.requests[0].prompts[0]), /"approach_score": <0-100>\}<\|im_end\|>/);
   t.equal(r.parts.judge, 0.4);
   t.equal(r.correct, true);
-  const cut = await judgeReward({ backend: engineJudgeBackend({ generator: new ScriptedGenerator(() => '{"category": "corr', 'length'), tokenizer: tok, formatter }) })(wrong);
+  const cut = await judgeReward({
+    backend: engineJudgeBackend({ generator: new ScriptedGenerator(() => '{"category": "corr', 'length'), tokenizer: tok, formatter }),
+  })(wrong);
   t.equal(cut.parts.judge_error, 1);
   t.match(cut.errors?.judge, /JSON object.*cut at the token limit/);
 });
@@ -479,9 +661,18 @@ t.test('engine judge: batch size splits calls; truncation and generator errors a
   const gen = new ScriptedGenerator(() => 'Correctness: 5\nApproach: 5');
   const judge = graded({ backend: engineJudgeBackend({ generator: gen, tokenizer: tok, formatter, batchSize: 2 }) });
   await Promise.all([judge(ctx), judge(ctx), judge(ctx)]);
-  t.same(gen.requests.map((r) => r.prompts.length), [2, 1]);
+  t.same(
+    gen.requests.map((r) => r.prompts.length),
+    [2, 1],
+  );
 
-  const cut = graded({ backend: engineJudgeBackend({ generator: new ScriptedGenerator(() => 'Let me think about the correct', 'length'), tokenizer: tok, formatter }) });
+  const cut = graded({
+    backend: engineJudgeBackend({
+      generator: new ScriptedGenerator(() => 'Let me think about the correct', 'length'),
+      tokenizer: tok,
+      formatter,
+    }),
+  });
   const r = await cut(ctx);
   t.equal(r.parts.judge_error, 1);
   t.match(r.errors?.judge, /^engine judge: .*cut at the token limit/);

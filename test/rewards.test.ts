@@ -31,7 +31,12 @@ import {
 import type { RewardConfig } from '../lib/config/types.js';
 import { repoRoot } from './helpers/shared.js';
 
-const ctx = (answer: string | null, golds: string[] = ['Eiffel Tower'], extra: Partial<RewardContext> = {}): RewardContext => ({ answer, golds, question: 'What is the tower in Paris?', ...extra });
+const ctx = (answer: string | null, golds: string[] = ['Eiffel Tower'], extra: Partial<RewardContext> = {}): RewardContext => ({
+  answer,
+  golds,
+  question: 'What is the tower in Paris?',
+  ...extra,
+});
 const close = (a: number, b: number) => Math.abs(a - b) < 1e-12;
 
 /** A judge backend that replies with the given texts in turn and counts its calls. */
@@ -176,7 +181,16 @@ t.test('composeRewards: weighted total, every part kept, verdict from the first 
   t.equal(ok.total, 1.5);
   t.equal(ok.correct, true);
   t.throws(() => composeRewards({ terms: [] }), { code: 'ARGUMENT_INVALID' });
-  t.throws(() => composeRewards({ terms: [{ name: 'em', weight: 1, fn: matchReward('em') }, { name: 'em', weight: 2, fn: matchReward('em') }] }), { code: 'ARGUMENT_INVALID' });
+  t.throws(
+    () =>
+      composeRewards({
+        terms: [
+          { name: 'em', weight: 1, fn: matchReward('em') },
+          { name: 'em', weight: 2, fn: matchReward('em') },
+        ],
+      }),
+    { code: 'ARGUMENT_INVALID' },
+  );
 });
 
 t.test('composeRewards records failures: null part, <component>_error, errors, onError', async (t) => {
@@ -230,18 +244,42 @@ t.test('composeRewards sign_magnitude: sign from correctness, magnitude from app
   t.ok(close(failed.total, -1 - 0.1), 'a failed grade: the pair gives the default failedValue -1');
   t.equal(failed.failed, true);
   t.match(failed.errors.c, /could not be computed/);
-  const custom = composeRewards({ terms: [{ name: 'c', weight: 1, fn: grades }, { name: 'a', weight: 1, fn: grades }], combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a' }, failedValue: -2, onFailure: 'exclude' });
+  const custom = composeRewards({
+    terms: [
+      { name: 'c', weight: 1, fn: grades },
+      { name: 'a', weight: 1, fn: grades },
+    ],
+    combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a' },
+    failedValue: -2,
+    onFailure: 'exclude',
+  });
   const ex = await custom(ctx('{"c": 1, "a": null}'));
   t.equal(ex.total, -2, 'failedValue given');
   t.equal(ex.failed, true);
   t.equal(ex.excluded, true, "onFailure 'exclude' marks the episode");
   t.notOk('excluded' in (await custom(ctx('{"c": 1, "a": 0.5}'))), 'only failed episodes are excluded');
   const gave: RewardFn = async (c) => ({ parts: { ...JSON.parse(c.answer as string) } });
-  const withGaveUp = composeRewards({ terms: [{ name: 'c', weight: 1, fn: gave }, { name: 'a', weight: 1, fn: gave }], combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a', gaveUp: { part: 'g', value: -1.5 } } });
+  const withGaveUp = composeRewards({
+    terms: [
+      { name: 'c', weight: 1, fn: gave },
+      { name: 'a', weight: 1, fn: gave },
+    ],
+    combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a', gaveUp: { part: 'g', value: -1.5 } },
+  });
   t.equal((await withGaveUp(ctx('{"c": 0, "a": 0.3, "g": 1}'))).total, -1.5, 'gave up: its value');
   t.ok(close((await withGaveUp(ctx('{"c": 0, "a": 0.3, "g": 0}'))).total, -0.7), 'not gave up: -(1 - 0.3)');
-  t.throws(() => composeRewards({ terms: [{ name: 'c', weight: 1, fn: grades }], onFailure: 'drop' as never }), { code: 'ARGUMENT_INVALID', message: /penalty, exclude/ });
-  t.throws(() => composeRewards({ terms: [{ name: 'c', weight: 1, fn: grades }], combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a' } }), { code: 'ARGUMENT_INVALID' });
+  t.throws(() => composeRewards({ terms: [{ name: 'c', weight: 1, fn: grades }], onFailure: 'drop' as never }), {
+    code: 'ARGUMENT_INVALID',
+    message: /penalty, exclude/,
+  });
+  t.throws(
+    () =>
+      composeRewards({
+        terms: [{ name: 'c', weight: 1, fn: grades }],
+        combine: { kind: 'sign_magnitude', correctness: 'c', approach: 'a' },
+      }),
+    { code: 'ARGUMENT_INVALID' },
+  );
 });
 
 t.test('rewardFromConfig: the defaults are Search-R1 EM', async (t) => {
@@ -254,10 +292,27 @@ t.test('rewardFromConfig: judge parts share one request; weighted 0.75 / 0.25', 
   // the graded format and no match shortcut, stated since they stopped being the defaults
   const judge = scriptedJudge('Looks right.\nCorrectness: 8\nApproach: 6');
   const fn = rewardFromConfig(
-    { combine: 'weighted', parts: [{ kind: 'judge_correctness', weight: 0.75 }, { kind: 'judge_approach', weight: 0.25 }, { kind: 'em', weight: 0 }], judge: { format: 'graded', match_shortcut: false } },
+    {
+      combine: 'weighted',
+      parts: [
+        { kind: 'judge_correctness', weight: 0.75 },
+        { kind: 'judge_approach', weight: 0.25 },
+        { kind: 'em', weight: 0 },
+      ],
+      judge: { format: 'graded', match_shortcut: false },
+    },
     { judgeBackend: judge },
   );
-  const r = await fn(ctx('Eiffel Tower', ['Eiffel Tower'], { episode: { messages: [{ role: 'user', content: 'q' }, { role: 'assistant', content: 'searching <python>x</python>' }] } }));
+  const r = await fn(
+    ctx('Eiffel Tower', ['Eiffel Tower'], {
+      episode: {
+        messages: [
+          { role: 'user', content: 'q' },
+          { role: 'assistant', content: 'searching <python>x</python>' },
+        ],
+      },
+    }),
+  );
   t.equal(judge.calls, 1, 'one judge request for both parts');
   t.ok(close(r.total, 0.75 * 0.8 + 0.25 * 0.6), String(r.total));
   t.equal(r.parts.judge_correctness, 0.8);
@@ -273,7 +328,15 @@ t.test('rewardFromConfig: sign_magnitude and a renamed judge part', async (t) =>
   // reference's -(1 - approach) for a wrong answer
   const judge = scriptedJudge('{"category": "incorrect", "approach_score": 90}');
   const fn = rewardFromConfig(
-    { combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness', weight: 1 }, { kind: 'judge_approach', weight: 1, name: 'how' }, { kind: 'format', weight: 1, max_words: 2, overlong: 0.5 }], judge: {} },
+    {
+      combine: 'sign_magnitude',
+      parts: [
+        { kind: 'judge_correctness', weight: 1 },
+        { kind: 'judge_approach', weight: 1, name: 'how' },
+        { kind: 'format', weight: 1, max_words: 2, overlong: 0.5 },
+      ],
+      judge: {},
+    },
     { judgeBackend: judge },
   );
   const r = await fn(ctx('the Eiffel Tour of Paris'));
@@ -284,8 +347,19 @@ t.test('rewardFromConfig: sign_magnitude and a renamed judge part', async (t) =>
 });
 
 /** The reference's reward: sign_magnitude over the judge's two parts, and nothing else. */
-const REFERENCE: Partial<RewardConfig> = { combine: 'sign_magnitude', parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }], judge: {} };
-const episode = { episode: { messages: [{ role: 'user' as const, content: 'q' }, { role: 'assistant' as const, content: '<python>search_pages("tower")</python>' }] } };
+const REFERENCE: Partial<RewardConfig> = {
+  combine: 'sign_magnitude',
+  parts: [{ kind: 'judge_correctness' }, { kind: 'judge_approach' }],
+  judge: {},
+};
+const episode = {
+  episode: {
+    messages: [
+      { role: 'user' as const, content: 'q' },
+      { role: 'assistant' as const, content: '<python>search_pages("tower")</python>' },
+    ],
+  },
+};
 
 t.test('rewardFromConfig, the reference recipe: +approach, -(1 - approach), by hand', async (t) => {
   for (const [reply, total, correct] of [
@@ -303,10 +377,16 @@ t.test('rewardFromConfig, the reference recipe: +approach, -(1 - approach), by h
     t.equal(r.correct, correct);
     t.notOk(r.failed);
   }
-  const gave = await rewardFromConfig({ ...REFERENCE, judge: { gave_up_reward: -1.5 } }, { judgeBackend: scriptedJudge('{"category": "gave_up", "approach_score": 30}') })(ctx('unknown'));
+  const gave = await rewardFromConfig(
+    { ...REFERENCE, judge: { gave_up_reward: -1.5 } },
+    { judgeBackend: scriptedJudge('{"category": "gave_up", "approach_score": 30}') },
+  )(ctx('unknown'));
   t.equal(gave.total, -1.5, 'judge.gave_up_reward: -1.5');
   t.equal(gave.parts.judge_gave_up, 1);
-  const notGave = await rewardFromConfig({ ...REFERENCE, judge: { gave_up_reward: -1.5 } }, { judgeBackend: scriptedJudge('{"category": "incorrect", "approach_score": 30}') })(ctx('Big Ben'));
+  const notGave = await rewardFromConfig(
+    { ...REFERENCE, judge: { gave_up_reward: -1.5 } },
+    { judgeBackend: scriptedJudge('{"category": "incorrect", "approach_score": 30}') },
+  )(ctx('Big Ben'));
   t.ok(close(notGave.total, -0.7), 'gave_up_reward leaves a wrong answer alone');
 });
 
@@ -322,14 +402,20 @@ t.test('rewardFromConfig, the reference recipe: no answer and a gold match need 
   t.equal(hit.parts.judge_matched, 1);
   t.equal(hit.correct, true);
   t.equal(judge.calls, 0, 'no request made for either');
-  const off = await rewardFromConfig({ ...REFERENCE, judge: { match_shortcut: false } }, { judgeBackend: judge })(ctx('It is the Eiffel Tower.'));
+  const off = await rewardFromConfig(
+    { ...REFERENCE, judge: { match_shortcut: false } },
+    { judgeBackend: judge },
+  )(ctx('It is the Eiffel Tower.'));
   t.equal(judge.calls, 1, 'match_shortcut: false asks');
   t.equal(off.total, 0.5);
 });
 
 t.test('rewardFromConfig, the reference recipe: a failed judge scores -1, recorded; or is excluded', async (t) => {
   const errors: string[] = [];
-  const deps = (reply: string | Error) => ({ judgeBackend: scriptedJudge(reply), onError: (c: string, m: string) => errors.push(`${c}: ${m}`) });
+  const deps = (reply: string | Error) => ({
+    judgeBackend: scriptedJudge(reply),
+    onError: (c: string, m: string) => errors.push(`${c}: ${m}`),
+  });
   const down = await rewardFromConfig(REFERENCE, deps(new Error('connection reset')))(ctx('Big Ben'));
   t.equal(down.total, -1, 'the reference: -1');
   t.equal(down.failed, true);
@@ -347,7 +433,10 @@ t.test('rewardFromConfig, the reference recipe: a failed judge scores -1, record
   t.equal(ex.excluded, true, 'on_failure: exclude');
   t.equal(ex.failed, true);
   t.equal(ex.total, -1, 'the total still holds the penalty');
-  const fine = await rewardFromConfig({ ...REFERENCE, on_failure: 'exclude' }, deps('{"category": "incorrect", "approach_score": 20}'))(ctx('Big Ben'));
+  const fine = await rewardFromConfig(
+    { ...REFERENCE, on_failure: 'exclude' },
+    deps('{"category": "incorrect", "approach_score": 20}'),
+  )(ctx('Big Ben'));
   t.notOk('excluded' in fine || 'failed' in fine, 'a working judge is neither failed nor excluded');
   const fv = await rewardFromConfig({ ...REFERENCE, failure_value: -0.5 }, deps(new Error('x')))(ctx('Big Ben'));
   t.equal(fv.total, -0.5, 'failure_value');
@@ -357,7 +446,13 @@ t.test('rewardFromConfig: a judge failure is recorded, not a silent zero', async
   const errors: string[] = [];
   const fn = rewardFromConfig(
     // match_shortcut off: the answer equals the gold, and the judge must be asked to fail
-    { parts: [{ kind: 'em', weight: 1 }, { kind: 'judge', weight: 1 }], judge: { match_shortcut: false } },
+    {
+      parts: [
+        { kind: 'em', weight: 1 },
+        { kind: 'judge', weight: 1 },
+      ],
+      judge: { match_shortcut: false },
+    },
     { judgeBackend: scriptedJudge(new Error('connection reset')), onError: (c, m) => errors.push(`${c}: ${m}`) },
   );
   const r = await fn(ctx('Eiffel Tower'));
@@ -381,32 +476,86 @@ t.test('rewardFromConfig: the shipped configs build', async (t) => {
     const fn = rewardFromConfig(reward, { judgeBackend: judge });
     // an answer the judge must grade (it contains no gold, so no match shortcut); EM accepts it
     const r = await fn(ctx('Eiffel  Tower!', ['The Eiffel Tower']));
-    t.same(Object.keys(r.parts).filter((k) => k !== 'judge').sort(), [...kinds].sort(), file);
+    t.same(
+      Object.keys(r.parts)
+        .filter((k) => k !== 'judge')
+        .sort(),
+      [...kinds].sort(),
+      file,
+    );
     t.equal(r.total, 1, file);
   }
 });
 
 t.test('rewardFromConfig: config mistakes say what was expected', async (t) => {
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'subm' }] }), { code: 'CONFIG_INVALID', message: /reward\.parts\[0\]\.kind.*did you mean "subem"/ });
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'em', wieght: 2 }] }), { code: 'CONFIG_UNKNOWN_KEY', message: /did you mean "weight"/ });
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'em', max_words: 2 }] }), { code: 'CONFIG_UNKNOWN_KEY' }, 'format keys only on format parts');
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'em', weight: '1' }] }), { code: 'CONFIG_INVALID', message: /reward\.parts\[0\]\.weight: expected a number/ });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'subm' }] }), {
+    code: 'CONFIG_INVALID',
+    message: /reward\.parts\[0\]\.kind.*did you mean "subem"/,
+  });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'em', wieght: 2 }] }), {
+    code: 'CONFIG_UNKNOWN_KEY',
+    message: /did you mean "weight"/,
+  });
+  t.throws(
+    () => rewardFromConfig({ parts: [{ kind: 'em', max_words: 2 }] }),
+    { code: 'CONFIG_UNKNOWN_KEY' },
+    'format keys only on format parts',
+  );
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'em', weight: '1' }] }), {
+    code: 'CONFIG_INVALID',
+    message: /reward\.parts\[0\]\.weight: expected a number/,
+  });
   t.throws(() => rewardFromConfig({ parts: [{ weight: 1 }] }), { code: 'CONFIG_INVALID', message: /"kind"/ });
   t.throws(() => rewardFromConfig({ parts: [] }), { code: 'CONFIG_INVALID' });
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { timeout: 5 } }), { code: 'CONFIG_UNKNOWN_KEY', message: /did you mean "timeout_s"/ });
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { correct_threshold: 7 } }), { code: 'CONFIG_INVALID', message: /correct_threshold: expected a number >= 0 and <= 1/ });
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }] }), { code: 'CONFIG_INVALID', message: /native engine/ }, 'no base_url and no engine judge');
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { backend: 'openai', base_url: 'http://127.0.0.1:1/v1' } }), { code: 'CONFIG_INVALID', message: /model/ });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { timeout: 5 } }), {
+    code: 'CONFIG_UNKNOWN_KEY',
+    message: /did you mean "timeout_s"/,
+  });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { correct_threshold: 7 } }), {
+    code: 'CONFIG_INVALID',
+    message: /correct_threshold: expected a number >= 0 and <= 1/,
+  });
   t.throws(
-    () => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { base_url: 'http://127.0.0.1:1/v1', model: 'm', api_key_env: 'SLM_TEST_NO_SUCH_KEY' } }, { env: {} }),
+    () => rewardFromConfig({ parts: [{ kind: 'judge' }] }),
+    { code: 'CONFIG_INVALID', message: /native engine/ },
+    'no base_url and no engine judge',
+  );
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { backend: 'openai', base_url: 'http://127.0.0.1:1/v1' } }), {
+    code: 'CONFIG_INVALID',
+    message: /model/,
+  });
+  t.throws(
+    () =>
+      rewardFromConfig(
+        { parts: [{ kind: 'judge' }], judge: { base_url: 'http://127.0.0.1:1/v1', model: 'm', api_key_env: 'SLM_TEST_NO_SUCH_KEY' } },
+        { env: {} },
+      ),
     { code: 'CONFIG_INVALID', message: /SLM_TEST_NO_SUCH_KEY/ },
   );
-  t.throws(() => rewardFromConfig({ combine: 'sign_magnitude', parts: [{ kind: 'em' }] }), { code: 'CONFIG_INVALID', message: /judge_approach/ });
-  t.throws(() => rewardFromConfig({ on_failure: 'drop' as never }), { code: 'CONFIG_INVALID', message: /reward\.on_failure: expected penalty or exclude, but found "drop"/ });
-  t.throws(() => rewardFromConfig({ failure_value: '-1' as never }), { code: 'CONFIG_INVALID', message: /reward\.failure_value: expected a number or null/ });
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { format: 'json' } }), { code: 'CONFIG_INVALID', message: /reward\.judge\.format: expected one of binary, graded/ });
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { format: 'graded', gave_up_reward: -1.5 } }), { code: 'CONFIG_INVALID', message: /gave_up_reward: only the binary format/ });
-  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { match_shortcut: 'yes' } }), { code: 'CONFIG_INVALID', message: /match_shortcut: expected true or false/ });
+  t.throws(() => rewardFromConfig({ combine: 'sign_magnitude', parts: [{ kind: 'em' }] }), {
+    code: 'CONFIG_INVALID',
+    message: /judge_approach/,
+  });
+  t.throws(() => rewardFromConfig({ on_failure: 'drop' as never }), {
+    code: 'CONFIG_INVALID',
+    message: /reward\.on_failure: expected penalty or exclude, but found "drop"/,
+  });
+  t.throws(() => rewardFromConfig({ failure_value: '-1' as never }), {
+    code: 'CONFIG_INVALID',
+    message: /reward\.failure_value: expected a number or null/,
+  });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { format: 'json' } }), {
+    code: 'CONFIG_INVALID',
+    message: /reward\.judge\.format: expected one of binary, graded/,
+  });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { format: 'graded', gave_up_reward: -1.5 } }), {
+    code: 'CONFIG_INVALID',
+    message: /gave_up_reward: only the binary format/,
+  });
+  t.throws(() => rewardFromConfig({ parts: [{ kind: 'judge' }], judge: { match_shortcut: 'yes' } }), {
+    code: 'CONFIG_INVALID',
+    message: /match_shortcut: expected true or false/,
+  });
   // an em part with no judge part never builds a judge, so no judge settings are needed
   t.doesNotThrow(() => rewardFromConfig({ parts: [{ kind: 'em' }], judge: {} }));
 });
@@ -417,10 +566,17 @@ t.test('goldAnswers and the trainer adapter', async (t) => {
   t.same(goldAnswers({ target: ['x', 'y'] }), ['x', 'y']);
   t.throws(() => goldAnswers(null), { code: 'DATA_INVALID' });
   t.throws(() => goldAnswers([]), { code: 'DATA_INVALID' });
-  const ep = { answer: 'Paris', turns: 2, record: { finish: 'answer', messages: [{ role: 'user', content: 'hi' }], calls: [{ name: 'search' }] } };
+  const ep = {
+    answer: 'Paris',
+    turns: 2,
+    record: { finish: 'answer', messages: [{ role: 'user', content: 'hi' }], calls: [{ name: 'search' }] },
+  };
   const c = episodeContext(ep, 'Capital of France?', ['paris']);
   t.same(c.episode, { turns: 2, finish: 'answer', messages: [{ role: 'user', content: 'hi' }], calls: [{ name: 'search' }] });
-  const reward = trainerReward(rewardFromConfig(), (q: { question: string; answer: string }) => ({ question: q.question, golds: goldAnswers(q.answer) }));
+  const reward = trainerReward(rewardFromConfig(), (q: { question: string; answer: string }) => ({
+    question: q.question,
+    golds: goldAnswers(q.answer),
+  }));
   const full = { ...ep, ids: new Int32Array(1), lossMask: new Uint8Array(1), logprobs: new Float32Array(1), temperature: 1 };
   t.equal((await reward(full, { question: 'Capital of France?', answer: 'Paris.' })).total, 1);
   t.equal((await reward(full, { question: 'Capital of Italy?', answer: 'Rome' })).total, 0);

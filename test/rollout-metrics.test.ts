@@ -37,7 +37,13 @@ t.test('tool turns and their errors from the turn records', async (t) => {
 
 t.test('rollout metrics: rewards and parts, accuracy, answered, lengths, coverage, tools', async (t) => {
   const eps = [
-    ep([0, 0, 1, 1, 0, 1], 'a', 2, { steps: [{ turn: 1, action: 'code', program: { error: 'boom' } }, { turn: 2, action: 'answer' }], calls: [] }),
+    ep([0, 0, 1, 1, 0, 1], 'a', 2, {
+      steps: [
+        { turn: 1, action: 'code', program: { error: 'boom' } },
+        { turn: 2, action: 'answer' },
+      ],
+      calls: [],
+    }),
     ep([0, 1, 1, 1], null, 1, { steps: [{ turn: 1, action: 'code', program: { error: null } }], calls: [] }),
   ];
   const rewards: RewardResult[] = [

@@ -23,7 +23,11 @@ interface Excerpt {
   fragment: string;
 }
 
-const norm = (s: string) => s.toLowerCase().replace(/[^a-z0-9]+/g, '_').replace(/^_|_$/g, '');
+const norm = (s: string) =>
+  s
+    .toLowerCase()
+    .replace(/[^a-z0-9]+/g, '_')
+    .replace(/^_|_$/g, '');
 const words = (s: string) => s.toLowerCase().match(/[a-z0-9]+/g) ?? [];
 
 /** A tiny search corpus: pages from the excerpts, sections from their markdown headings. */
@@ -81,59 +85,75 @@ function excerptTools(rows: Excerpt[]): SearchTools {
   };
 }
 
-t.test('every model-written program ends with a result and the host keeps serving', { skip: needs(!existsSync(blocksFile) && 'no ../shared data beside the checkout', t) }, async (t) => {
-  const blocks = readFileSync(blocksFile, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Block);
-  const excerpts = readFileSync(excerptsFile, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Excerpt);
-  t.equal(blocks.length, 353);
-  const tools = excerptTools(excerpts);
-  const pool = await createPythonPool({ tools, size: 2, timeoutMs: 2500, maxOutputChars: 10_000 });
-  t.teardown(() => pool.close());
+t.test(
+  'every model-written program ends with a result and the host keeps serving',
+  { skip: needs(!existsSync(blocksFile) && 'no ../shared data beside the checkout', t) },
+  async (t) => {
+    const blocks = readFileSync(blocksFile, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Block);
+    const excerpts = readFileSync(excerptsFile, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Excerpt);
+    t.equal(blocks.length, 353);
+    const tools = excerptTools(excerpts);
+    const pool = await createPythonPool({ tools, size: 2, timeoutMs: 2500, maxOutputChars: 10_000 });
+    t.teardown(() => pool.close());
 
-  const results: SandboxResult[] = await Promise.all(blocks.map((b) => pool.run(b.code)));
+    const results: SandboxResult[] = await Promise.all(blocks.map((b) => pool.run(b.code)));
 
-  let wellFormed = 0;
-  for (const r of results) {
-    if (
-      typeof r.stdout === 'string' &&
-      (r.error === null || typeof r.error === 'string') &&
-      typeof r.timed_out === 'boolean' &&
-      typeof r.truncated === 'boolean' &&
-      Array.isArray(r.calls) &&
-      r.duration_ms >= 0
-    )
-      wellFormed++;
-  }
-  t.equal(wellFormed, blocks.length, 'every program has a well-formed result');
+    let wellFormed = 0;
+    for (const r of results) {
+      if (
+        typeof r.stdout === 'string' &&
+        (r.error === null || typeof r.error === 'string') &&
+        typeof r.timed_out === 'boolean' &&
+        typeof r.truncated === 'boolean' &&
+        Array.isArray(r.calls) &&
+        r.duration_ms >= 0
+      )
+        wellFormed++;
+    }
+    t.equal(wellFormed, blocks.length, 'every program has a well-formed result');
 
-  // Where the reference recorded a syntax error, the sandbox reports the same line: exactly with the
-  // reference's Python (3.11; later versions reworded some messages), else the same exception type.
-  const syntax = blocks.map((b, i) => [b.diagnostics.syntax_error!, results[i].error ?? ''] as const).filter(([ref]) => ref);
-  t.ok(syntax.length > 50, `${syntax.length} programs have a recorded syntax error`);
-  const sameVersion = pool.isolation.pythonVersion.startsWith('3.11.');
-  const kind = (e: string) => e.split(':')[0];
-  t.same(
-    syntax.filter(([ref, ours]) => (sameVersion ? ref !== ours : kind(ref) !== kind(ours))),
-    [],
-    `every recorded syntax error is reported ${sameVersion ? 'identically' : 'with the same type'}`,
-  );
+    // Where the reference recorded a syntax error, the sandbox reports the same line: exactly with the
+    // reference's Python (3.11; later versions reworded some messages), else the same exception type.
+    const syntax = blocks.map((b, i) => [b.diagnostics.syntax_error!, results[i].error ?? ''] as const).filter(([ref]) => ref);
+    t.ok(syntax.length > 50, `${syntax.length} programs have a recorded syntax error`);
+    const sameVersion = pool.isolation.pythonVersion.startsWith('3.11.');
+    const kind = (e: string) => e.split(':')[0];
+    t.same(
+      syntax.filter(([ref, ours]) => (sameVersion ? ref !== ours : kind(ref) !== kind(ours))),
+      [],
+      `every recorded syntax error is reported ${sameVersion ? 'identically' : 'with the same type'}`,
+    );
 
-  const errored = results.filter((r) => r.error !== null);
-  const timedOut = results.filter((r) => r.timed_out);
-  const byType = new Map<string, number>();
-  for (const r of errored) {
-    const type = /^([A-Za-z_.]+)/.exec(r.error!)?.[1] ?? '?';
-    byType.set(type, (byType.get(type) ?? 0) + 1);
-  }
-  const calls = results.reduce((a, r) => a + r.calls.length, 0);
-  t.ok(calls > 500, `the programs made ${calls} tool calls`);
-  t.ok(results.some((r) => r.error === null && r.stdout.length > 0), 'some programs ran to the end and printed');
-  t.comment(
-    `${blocks.length} programs: ${blocks.length - errored.length} ran to the end, ${errored.length} errored ` +
-      `(${timedOut.length} timed out, ${results.filter((r) => r.truncated).length} hit the output cap); ` +
-      `error types: ${[...byType].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(', ')}; ${calls} tool calls`,
-  );
+    const errored = results.filter((r) => r.error !== null);
+    const timedOut = results.filter((r) => r.timed_out);
+    const byType = new Map<string, number>();
+    for (const r of errored) {
+      const type = /^([A-Za-z_.]+)/.exec(r.error!)?.[1] ?? '?';
+      byType.set(type, (byType.get(type) ?? 0) + 1);
+    }
+    const calls = results.reduce((a, r) => a + r.calls.length, 0);
+    t.ok(calls > 500, `the programs made ${calls} tool calls`);
+    t.ok(
+      results.some((r) => r.error === null && r.stdout.length > 0),
+      'some programs ran to the end and printed',
+    );
+    t.comment(
+      `${blocks.length} programs: ${blocks.length - errored.length} ran to the end, ${errored.length} errored ` +
+        `(${timedOut.length} timed out, ${results.filter((r) => r.truncated).length} hit the output cap); ` +
+        `error types: ${[...byType]
+          .sort((a, b) => b[1] - a[1])
+          .map(([k, v]) => `${k} ${v}`)
+          .join(', ')}; ${calls} tool calls`,
+    );
 
-  const after = await pool.run('print(sum(range(10)), search_pages("Kate Box")[0]["title"])');
-  t.same([after.stdout, after.error], ['45 Kate Box\n', null], 'the pool still serves normally');
-  t.equal(pool.workerPids().length, 2, 'both workers are alive');
-});
+    const after = await pool.run('print(sum(range(10)), search_pages("Kate Box")[0]["title"])');
+    t.same([after.stdout, after.error], ['45 Kate Box\n', null], 'the pool still serves normally');
+    t.equal(pool.workerPids().length, 2, 'both workers are alive');
+  },
+);

@@ -12,7 +12,16 @@ import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'n
 import { dirname, join } from 'node:path';
 import t from 'tap';
 import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
-import { bwrapView, checkRequiredIsolation, detectIsolation, detectIsolationWithCaps, runnerPackagePath, SANDBOX_PACKAGE, SANDBOX_RUNNER, BWRAP_WORKDIR } from '../lib/sandbox/isolation.js';
+import {
+  bwrapView,
+  checkRequiredIsolation,
+  detectIsolation,
+  detectIsolationWithCaps,
+  runnerPackagePath,
+  SANDBOX_PACKAGE,
+  SANDBOX_RUNNER,
+  BWRAP_WORKDIR,
+} from '../lib/sandbox/isolation.js';
 import { createPythonPool, type PythonSandboxPool } from '../lib/sandbox/python.js';
 import type { IsolationLevel, IsolationReport, SearchTools } from '../lib/sandbox/types.js';
 import { runCliAsync } from './helpers/cli.js';
@@ -33,12 +42,25 @@ const page = gen.pages[3];
 const corpus = join(dataDir, 'corpus.jsonl');
 const questions = join(dataDir, 'questions.jsonl');
 writeFileSync(corpus, gen.pages.map((p) => JSON.stringify(p)).join('\n') + '\n');
-writeFileSync(questions, gen.questions.slice(0, 4).map((q, i) => JSON.stringify({ answer: i === 0 ? GOLD : q.answer, id: q.id, question: q.question })).join('\n') + '\n');
+writeFileSync(
+  questions,
+  gen.questions
+    .slice(0, 4)
+    .map((q, i) => JSON.stringify({ answer: i === 0 ? GOLD : q.answer, id: q.id, question: q.question }))
+    .join('\n') + '\n',
+);
 writeFileSync(join(runDir, 'secret.txt'), SECRET_CWD); // default permissions (0644), as a user's files are
 writeFileSync(join(runDir, '.env'), `OPENAI_API_KEY=${SECRET_CWD}\n`);
 writeFileSync(join(dataDir, 'secret.txt'), SECRET_DATA);
 
-const planted = [join(runDir, 'secret.txt'), join(runDir, '.env'), join(dataDir, 'secret.txt'), questions, corpus, join(repoRoot, 'package.json')];
+const planted = [
+  join(runDir, 'secret.txt'),
+  join(runDir, '.env'),
+  join(dataDir, 'secret.txt'),
+  questions,
+  corpus,
+  join(repoRoot, 'package.json'),
+];
 const folders = [runDir, dataDir, root, repoRoot, '/work', '/srv', '/opt', '/mnt', '/home', '/root/.ssh', '/etc/ssh', '/usr/share', '/var'];
 const secrets = [SECRET_CWD, SECRET_DATA, GOLD];
 
@@ -125,14 +147,19 @@ t.test('every isolation level: the report says what a program can read, and it i
   t.ok(levels.length >= 1, `levels offered here: ${levels.map((l) => l.level).join(', ')}`);
   // Where bubblewrap itself works, the sandbox must use it (a broken allow-list must not fall back
   // to a weaker level unnoticed).
-  const bwrapWorks = spawnSync('bwrap', ['--ro-bind', '/', '/', '--unshare-pid', '--unshare-net', '--', 'true'], { timeout: 15_000 }).status === 0;
+  const bwrapWorks =
+    spawnSync('bwrap', ['--ro-bind', '/', '/', '--unshare-pid', '--unshare-net', '--', 'true'], { timeout: 15_000 }).status === 0;
   if (bwrapWorks) t.equal(levels[0].level, 'bwrap', 'bubblewrap works on this machine, so programs run under it');
   else t.comment('bubblewrap does not work on this machine: the levels below are all it offers');
   for (const l of levels) {
     await t.test(`at ${l.level}`, async (t) => {
       t.comment(`${l.level}: a program can read ${l.iso.readable}`);
       if (l.refused) {
-        await t.rejects(createPythonPool({ tools: tools(), size: 1, maxLevel: l.level }), { code: 'SANDBOX_UNAVAILABLE' }, 'nothing contains programs: refused');
+        await t.rejects(
+          createPythonPool({ tools: tools(), size: 1, maxLevel: l.level }),
+          { code: 'SANDBOX_UNAVAILABLE' },
+          'nothing contains programs: refused',
+        );
         return;
       }
       const pool: PythonSandboxPool = await createPythonPool({ tools: tools(), size: 1, maxLevel: l.level });
@@ -141,12 +168,24 @@ t.test('every isolation level: the report says what a program can read, and it i
         const libs = await pool.run(STDLIB_AND_TOOLS, { globals: { QUERY: `about ${page.title}` } });
         t.equal(libs.error, null, 'the standard library imports');
         t.equal(libs.stdout, STDLIB_OUT(page.id), 'modules work and the tools answer');
-        t.same(libs.calls.map((c) => [c.name, c.ok]), [['search_pages', true], ['view_sections', true], ['read_section', true]]);
+        t.same(
+          libs.calls.map((c) => [c.name, c.ok]),
+          [
+            ['search_pages', true],
+            ['view_sections', true],
+            ['read_section', true],
+          ],
+        );
 
         const hidden = pool.isolation.hostFilesHidden;
         const r = await pool.run(probeProgram(), { maxOutputChars: 100_000 });
         t.equal(r.error, null, r.error ?? '');
-        const out = JSON.parse(r.stdout) as { read: Record<string, string>; list: Record<string, string[] | string>; cwd: string; root: string[] };
+        const out = JSON.parse(r.stdout) as {
+          read: Record<string, string>;
+          list: Record<string, string[] | string>;
+          cwd: string;
+          root: string[];
+        };
         if (hidden) {
           t.equal(l.level, 'bwrap');
           for (const s of secrets) t.notMatch(r.stdout, s, 'no planted secret reaches the program');
@@ -154,7 +193,13 @@ t.test('every isolation level: the report says what a program can read, and it i
           for (const d of folders) t.equal(out.list[d], 'ERR FileNotFoundError', `${d} cannot be listed`);
           t.equal(out.cwd, BWRAP_WORKDIR);
           const { view } = await allowList();
-          const tops = new Set(['dev', 'proc', 'tmp', SANDBOX_RUNNER.split('/')[1], ...[...view.dirs, ...view.files, ...view.symlinks.map((s) => s[1])].map((p) => p.split('/')[1])]);
+          const tops = new Set([
+            'dev',
+            'proc',
+            'tmp',
+            SANDBOX_RUNNER.split('/')[1],
+            ...[...view.dirs, ...view.files, ...view.symlinks.map((s) => s[1])].map((p) => p.split('/')[1]),
+          ]);
           t.same(out.root, [...tops].sort(), `/ holds only the allow-list's top folders: ${out.root.join(' ')}`);
           // Every file the program can see outside the bound library folders, /proc and /dev: exactly the allow-listed ones.
           const w = await pool.run(walkProgram(['/proc', '/dev', '/sys', ...view.dirs]), { maxOutputChars: 100_000, timeoutMs: 30_000 });
@@ -165,7 +210,11 @@ t.test('every isolation level: the report says what a program can read, and it i
             .map((e) => join(SANDBOX_PACKAGE, join(e.parentPath ?? e.path, e.name).slice(runnerPackagePath().length + 1)));
           t.ok(modules.includes(join(SANDBOX_PACKAGE, 'runner.py')), "the runner's modules are bound next to it");
           const expected = [...view.files, SANDBOX_RUNNER, ...modules].sort();
-          t.same(JSON.parse(w.stdout), { count: expected.length, first: expected }, 'the only files outside the library folders are the allow-listed ones');
+          t.same(
+            JSON.parse(w.stdout),
+            { count: expected.length, first: expected },
+            'the only files outside the library folders are the allow-listed ones',
+          );
           t.match(pool.isolation.readable, /^only what the interpreter needs, read-only: .*Nothing else of this machine/);
         } else {
           // The level cannot hide files: the report must say so, and be right.
@@ -198,7 +247,12 @@ t.test('requireIsolation refuses a pool below the chosen level, before starting 
   const weak = levels.find((l) => l.level !== 'bwrap' && !l.refused);
   t.ok(weak, 'a level below bwrap is offered (rlimits-only always is), so the refusal is exercised');
   if (weak) {
-    await t.rejects(createPythonPool({ tools: tools(), size: 1, maxLevel: weak.level, requireIsolation: 'bwrap' }), { code: 'SANDBOX_ISOLATION_INSUFFICIENT', message: new RegExp(`Expected sandbox isolation bwrap or better \\(requireIsolation\\) but this machine gives ${weak.level}.*a program can read every file`) });
+    await t.rejects(createPythonPool({ tools: tools(), size: 1, maxLevel: weak.level, requireIsolation: 'bwrap' }), {
+      code: 'SANDBOX_ISOLATION_INSUFFICIENT',
+      message: new RegExp(
+        `Expected sandbox isolation bwrap or better \\(requireIsolation\\) but this machine gives ${weak.level}.*a program can read every file`,
+      ),
+    });
   }
   const best = levels[0];
   if (!best.refused) {
@@ -213,63 +267,108 @@ t.test('requireIsolation refuses a pool below the chosen level, before starting 
     for (const want of order) {
       const ok = order.indexOf(have) >= order.indexOf(want);
       if (ok) t.doesNotThrow(() => checkRequiredIsolation(report(have), want), `${have} meets ${want}`);
-      else t.throws(() => checkRequiredIsolation(report(have), want), { code: 'SANDBOX_ISOLATION_INSUFFICIENT' }, `${have} is below ${want}`);
+      else
+        t.throws(() => checkRequiredIsolation(report(have), want), { code: 'SANDBOX_ISOLATION_INSUFFICIENT' }, `${have} is below ${want}`);
     }
   t.doesNotThrow(() => checkRequiredIsolation(report('rlimits-only'), null), 'null: any level');
   t.throws(() => checkRequiredIsolation(report('bwrap'), 'full' as IsolationLevel), { code: 'ARGUMENT_INVALID' });
 });
 
-t.test('slm-train exec from a run folder with secrets, at every level: nothing of the host is readable under bwrap, and the log says what is', async (t) => {
-  const prog = join(progDir, 'probe.py');
-  writeFileSync(prog, probeProgram() + STDLIB_AND_TOOLS.replace('QUERY', JSON.stringify(`about ${page.title}`)));
-  for (const l of levels) {
-    await t.test(`at ${l.level}`, async (t) => {
-      const r = await runCliAsync(['exec', '--corpus', corpus, '--file', prog, '--json'], { cwd: runDir, env: { SLM_SANDBOX_ISOLATION: l.level }, timeout: 120_000 });
-      if (l.refused) {
-        t.equal(r.code, 2);
-        t.match(r.stderr, /error SANDBOX_UNAVAILABLE/);
-        return;
-      }
-      t.equal(r.code, 0, r.stderr);
-      t.match(r.stderr, `sandbox: isolation ${l.level}: a program can read ${l.iso.readable}`, 'the log line says exactly what a program can read');
-      const res = JSON.parse(r.stdout) as { stdout: string; error: string | null; calls: { name: string; ok: boolean }[] };
-      t.equal(res.error, null, res.error ?? '');
-      const [probeLine, ...rest] = res.stdout.split('\n');
-      const out = JSON.parse(probeLine) as { read: Record<string, string>; list: Record<string, unknown> };
-      t.match(rest.join('\n'), /^cbt \{"k": \[1\]\} 4 2020-01-02\n/, 'the standard library works');
-      t.same(res.calls.map((c) => [c.name, c.ok]), [['search_pages', true], ['view_sections', true], ['read_section', true]], 'the tools answer from the corpus');
-      if (l.iso.hostFilesHidden) {
-        for (const s of secrets) t.notMatch(res.stdout, s, 'no planted secret, no gold answer reaches the program');
-        for (const p of planted) t.equal(out.read[p], 'ERR FileNotFoundError', `${p} is not there`);
-        for (const d of folders) t.equal(out.list[d], 'ERR FileNotFoundError', `${d} cannot be listed`);
-        t.match(r.stderr, /a program can read only what the interpreter needs/);
-      } else {
-        t.match(r.stderr, new RegExp(`sandbox: isolation ${l.level}: a program can read every file`), 'the log says the host is readable');
-        if (!l.iso.uidDrop) t.equal(out.read[join(runDir, 'secret.txt')], SECRET_CWD, 'as it is');
-      }
-    });
-  }
-  const weak = levels.find((l) => l.level !== 'bwrap');
-  t.ok(weak, 'a level below bwrap is offered (rlimits-only always is), so the refusal is exercised');
-  if (weak) {
-    const r = await runCliAsync(['exec', '--corpus', corpus, '--file', prog, '--require-isolation', 'bwrap', '--json'], { cwd: runDir, env: { SLM_SANDBOX_ISOLATION: weak.level }, timeout: 120_000 });
-    t.equal(r.code, 2, '--require-isolation bwrap below bwrap: refused');
-    t.match(r.stderr, /slm-train: error SANDBOX_ISOLATION_INSUFFICIENT: Expected sandbox isolation bwrap or better/);
-    t.equal(r.stdout, '', 'nothing ran');
-  }
-});
+t.test(
+  'slm-train exec from a run folder with secrets, at every level: nothing of the host is readable under bwrap, and the log says what is',
+  async (t) => {
+    const prog = join(progDir, 'probe.py');
+    writeFileSync(prog, probeProgram() + STDLIB_AND_TOOLS.replace('QUERY', JSON.stringify(`about ${page.title}`)));
+    for (const l of levels) {
+      await t.test(`at ${l.level}`, async (t) => {
+        const r = await runCliAsync(['exec', '--corpus', corpus, '--file', prog, '--json'], {
+          cwd: runDir,
+          env: { SLM_SANDBOX_ISOLATION: l.level },
+          timeout: 120_000,
+        });
+        if (l.refused) {
+          t.equal(r.code, 2);
+          t.match(r.stderr, /error SANDBOX_UNAVAILABLE/);
+          return;
+        }
+        t.equal(r.code, 0, r.stderr);
+        t.match(
+          r.stderr,
+          `sandbox: isolation ${l.level}: a program can read ${l.iso.readable}`,
+          'the log line says exactly what a program can read',
+        );
+        const res = JSON.parse(r.stdout) as { stdout: string; error: string | null; calls: { name: string; ok: boolean }[] };
+        t.equal(res.error, null, res.error ?? '');
+        const [probeLine, ...rest] = res.stdout.split('\n');
+        const out = JSON.parse(probeLine) as { read: Record<string, string>; list: Record<string, unknown> };
+        t.match(rest.join('\n'), /^cbt \{"k": \[1\]\} 4 2020-01-02\n/, 'the standard library works');
+        t.same(
+          res.calls.map((c) => [c.name, c.ok]),
+          [
+            ['search_pages', true],
+            ['view_sections', true],
+            ['read_section', true],
+          ],
+          'the tools answer from the corpus',
+        );
+        if (l.iso.hostFilesHidden) {
+          for (const s of secrets) t.notMatch(res.stdout, s, 'no planted secret, no gold answer reaches the program');
+          for (const p of planted) t.equal(out.read[p], 'ERR FileNotFoundError', `${p} is not there`);
+          for (const d of folders) t.equal(out.list[d], 'ERR FileNotFoundError', `${d} cannot be listed`);
+          t.match(r.stderr, /a program can read only what the interpreter needs/);
+        } else {
+          t.match(
+            r.stderr,
+            new RegExp(`sandbox: isolation ${l.level}: a program can read every file`),
+            'the log says the host is readable',
+          );
+          if (!l.iso.uidDrop) t.equal(out.read[join(runDir, 'secret.txt')], SECRET_CWD, 'as it is');
+        }
+      });
+    }
+    const weak = levels.find((l) => l.level !== 'bwrap');
+    t.ok(weak, 'a level below bwrap is offered (rlimits-only always is), so the refusal is exercised');
+    if (weak) {
+      const r = await runCliAsync(['exec', '--corpus', corpus, '--file', prog, '--require-isolation', 'bwrap', '--json'], {
+        cwd: runDir,
+        env: { SLM_SANDBOX_ISOLATION: weak.level },
+        timeout: 120_000,
+      });
+      t.equal(r.code, 2, '--require-isolation bwrap below bwrap: refused');
+      t.match(r.stderr, /slm-train: error SANDBOX_ISOLATION_INSUFFICIENT: Expected sandbox isolation bwrap or better/);
+      t.equal(r.stdout, '', 'nothing ran');
+    }
+  },
+);
 
 t.test('slm-train eval with sandbox.require_isolation: refuses to start below it, and logs what a program can read', async (t) => {
   const model = join(root, 'not-a-model');
   mkdirSync(model, { recursive: true });
-  const args = (extra: string[]) => ['eval', '--config', join(repoRoot, 'configs', 'code-grpo.yaml'), `model.path=${model}`, `data.questions=${questions}`, `data.corpus=${corpus}`, `run.dir=${join(runDir, 'runs')}`, 'protocol.prompts_from_sft=false', ...extra];
+  const args = (extra: string[]) => [
+    'eval',
+    '--config',
+    join(repoRoot, 'configs', 'code-grpo.yaml'),
+    `model.path=${model}`,
+    `data.questions=${questions}`,
+    `data.corpus=${corpus}`,
+    `run.dir=${join(runDir, 'runs')}`,
+    'protocol.prompts_from_sft=false',
+    ...extra,
+  ];
   const weak = levels.find((l) => l.level !== 'bwrap');
   t.ok(weak, 'a level below bwrap is offered (rlimits-only always is), so the refusal is exercised');
   if (weak) {
-    const r = await runCliAsync(args(['sandbox.require_isolation=bwrap']), { cwd: runDir, env: { SLM_SANDBOX_ISOLATION: weak.level }, timeout: 120_000 });
+    const r = await runCliAsync(args(['sandbox.require_isolation=bwrap']), {
+      cwd: runDir,
+      env: { SLM_SANDBOX_ISOLATION: weak.level },
+      timeout: 120_000,
+    });
     t.equal(r.code, 2);
     t.match(r.stderr, `sandbox: isolation ${weak.level}: a program can read every file`);
-    t.match(r.stderr, /slm-train: error SANDBOX_ISOLATION_INSUFFICIENT: Expected sandbox isolation bwrap or better \(sandbox\.require_isolation\) but this machine gives/);
+    t.match(
+      r.stderr,
+      /slm-train: error SANDBOX_ISOLATION_INSUFFICIENT: Expected sandbox isolation bwrap or better \(sandbox\.require_isolation\) but this machine gives/,
+    );
   }
   if (levels[0].level === 'bwrap') {
     // bwrap meets it: the run goes on (and fails later, on the fake model folder).
@@ -291,7 +390,13 @@ t.test('slm-train doctor says what a program can read at every level, and warns 
       t.notMatch(r.stdout, /the Python sandbox runs at isolation level/, 'no warning about the sandbox');
     } else {
       t.match(r.stdout, /host files READABLE/);
-      t.match(r.stdout, new RegExp(`- the Python sandbox runs at isolation level ${l.level}: .*a program can read every file.*sandbox\\.require_isolation: bwrap`), 'a warning says so');
+      t.match(
+        r.stdout,
+        new RegExp(
+          `- the Python sandbox runs at isolation level ${l.level}: .*a program can read every file.*sandbox\\.require_isolation: bwrap`,
+        ),
+        'a warning says so',
+      );
     }
   }
 });
@@ -300,14 +405,28 @@ t.test('the library path (openEnvironment, what trainFromConfig opens) enforces 
   const { validateConfig } = await import('../lib/config/load.js');
   const { openEnvironment } = await import('../lib/train/environment.js');
   const cfg = (req: string | null) =>
-    validateConfig({ stage: 'grpo', model: { path: 'unused' }, data: { questions: questions, corpus }, protocol: { kind: 'code', max_turns: 2 }, sandbox: { workers: 1, require_isolation: req }, retrieval: { kind: 'bm25' } }, 'test');
+    validateConfig(
+      {
+        stage: 'grpo',
+        model: { path: 'unused' },
+        data: { questions: questions, corpus },
+        protocol: { kind: 'code', max_turns: 2 },
+        sandbox: { workers: 1, require_isolation: req },
+        retrieval: { kind: 'bm25' },
+      },
+      'test',
+    );
   const weak = levels.find((l) => l.level !== 'bwrap' && !l.refused);
   t.ok(weak, 'a level below bwrap is offered (rlimits-only always is), so the refusal is exercised');
   if (weak) {
     const saved = process.env.SLM_SANDBOX_ISOLATION;
     process.env.SLM_SANDBOX_ISOLATION = weak.level;
     t.teardown(() => (saved === undefined ? delete process.env.SLM_SANDBOX_ISOLATION : (process.env.SLM_SANDBOX_ISOLATION = saved)));
-    await t.rejects(openEnvironment(cfg('bwrap')), { code: 'SANDBOX_ISOLATION_INSUFFICIENT' }, `${weak.level} is refused when bwrap is required`);
+    await t.rejects(
+      openEnvironment(cfg('bwrap')),
+      { code: 'SANDBOX_ISOLATION_INSUFFICIENT' },
+      `${weak.level} is refused when bwrap is required`,
+    );
     const env = await openEnvironment(cfg(null));
     t.ok(env.sandbox, `without the requirement ${weak.level} runs`);
     await env.close();

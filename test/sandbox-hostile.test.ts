@@ -88,30 +88,34 @@ function eachLevel(name: string, body: (t: Test, l: Level) => Promise<void>) {
   });
 }
 
-eachLevel('memory held through file descriptors or SysV segments (memfd_create, shmget) is refused where seccomp is in force', async (t, { pool }) => {
-  // Issue 33 row 3: 120 memfds of 16 MiB held 1,920 MiB past memory_mb (outside RLIMIT_AS).
-  const r = await pool.run(
-    [
-      'import os, ctypes',
-      'held = 0',
-      'try:',
-      '    for i in range(8):',
-      "        fd = os.memfd_create('m%d' % i)",
-      "        os.write(fd, b'y' * (16 << 20))",
-      '        held += 16',
-      '    print("memfd held", held, "MiB")',
-      'except OSError as e:',
-      '    print("memfd", type(e).__name__, e.errno, "after", held, "MiB")',
-      'libc = ctypes.CDLL(None, use_errno=True)',
-      'shm = libc.shmget(0, 16 << 20, 0o1600)',
-      'print("shmget", shm, ctypes.get_errno() if shm < 0 else 0)',
-    ].join('\n'),
-    { memoryMb: 64 },
-  );
-  t.equal(r.error, null, r.error ?? '');
-  if (pool.isolation.seccomp) t.equal(r.stdout, 'memfd PermissionError 1 after 0 MiB\nshmget -1 1\n', 'both refused with EPERM: nothing held past memory_mb');
-  else t.match(r.stdout, /^memfd held 128 MiB\n/, 'without seccomp (the isolation report says so) memfds are not bounded by memory_mb');
-});
+eachLevel(
+  'memory held through file descriptors or SysV segments (memfd_create, shmget) is refused where seccomp is in force',
+  async (t, { pool }) => {
+    // Issue 33 row 3: 120 memfds of 16 MiB held 1,920 MiB past memory_mb (outside RLIMIT_AS).
+    const r = await pool.run(
+      [
+        'import os, ctypes',
+        'held = 0',
+        'try:',
+        '    for i in range(8):',
+        "        fd = os.memfd_create('m%d' % i)",
+        "        os.write(fd, b'y' * (16 << 20))",
+        '        held += 16',
+        '    print("memfd held", held, "MiB")',
+        'except OSError as e:',
+        '    print("memfd", type(e).__name__, e.errno, "after", held, "MiB")',
+        'libc = ctypes.CDLL(None, use_errno=True)',
+        'shm = libc.shmget(0, 16 << 20, 0o1600)',
+        'print("shmget", shm, ctypes.get_errno() if shm < 0 else 0)',
+      ].join('\n'),
+      { memoryMb: 64 },
+    );
+    t.equal(r.error, null, r.error ?? '');
+    if (pool.isolation.seccomp)
+      t.equal(r.stdout, 'memfd PermissionError 1 after 0 MiB\nshmget -1 1\n', 'both refused with EPERM: nothing held past memory_mb');
+    else t.match(r.stdout, /^memfd held 128 MiB\n/, 'without seccomp (the isolation report says so) memfds are not bounded by memory_mb');
+  },
+);
 
 eachLevel('an infinite loop is stopped at the time limit', async (t, { pool }) => {
   const r = await pool.run('print("started")\nwhile True:\n    pass', { timeoutMs: 1000 });
@@ -129,7 +133,9 @@ eachLevel('a memory bomb ends in MemoryError at the address-space limit', async 
 });
 
 eachLevel('a fork bomb creates no process', async (t, { pool }) => {
-  const r = await pool.run('import os\nn = 0\ntry:\n    while True:\n        os.fork()\n        n += 1\nfinally:\n    print("forks:", n)', { timeoutMs: 3000 });
+  const r = await pool.run('import os\nn = 0\ntry:\n    while True:\n        os.fork()\n        n += 1\nfinally:\n    print("forks:", n)', {
+    timeoutMs: 3000,
+  });
   t.not(r.error, null, `reported: ${r.error}`);
   if (pool.isolation.seccomp) {
     t.equal(r.stdout, 'forks: 0\n');
@@ -155,7 +161,10 @@ eachLevel('100 MB of output is capped with a visible marker', async (t, { pool }
 eachLevel('deep recursion is contained', async (t, { pool }) => {
   const plain = await pool.run('def f(n):\n    return f(n + 1)\nf(0)');
   t.match(plain.error, /^RecursionError: maximum recursion depth exceeded/);
-  const raised = await pool.run('import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1) + 1\nprint("deep")\nf(0)', { timeoutMs: 10_000, memoryMb: 128 });
+  const raised = await pool.run('import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1) + 1\nprint("deep")\nf(0)', {
+    timeoutMs: 10_000,
+    memoryMb: 128,
+  });
   t.equal(raised.stdout, 'deep\n');
   // CPython ends this in RecursionError, MemoryError, or (out of memory for frames) SystemError; a C
   // stack overflow would be SIGSEGV. Any of them is contained and reported.
@@ -173,7 +182,10 @@ eachLevel('threads end with their program and cannot print into the next one', a
   t.match(r.stdout, /main done/);
   const next = await pool.run('import time\ntime.sleep(0.2)\nprint("quiet")');
   t.equal(next.stdout, 'quiet\n', 'no thread of the previous program printed here');
-  const bomb = await pool.run('import threading, time\nts = []\nwhile True:\n    th = threading.Thread(target=time.sleep, args=(60,))\n    th.start()\n    ts.append(th)', { timeoutMs: 5000 });
+  const bomb = await pool.run(
+    'import threading, time\nts = []\nwhile True:\n    th = threading.Thread(target=time.sleep, args=(60,))\n    th.start()\n    ts.append(th)',
+    { timeoutMs: 5000 },
+  );
   t.not(bomb.error, null, `a thread bomb is stopped: ${bomb.error}`);
 });
 
@@ -264,7 +276,9 @@ eachLevel('redefining search_pages affects that program only', async (t, { pool 
 });
 
 eachLevel('garbage written to the tool channel is caught', async (t, { pool }) => {
-  const r = await pool.run('import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b"\\xff" * 64)\n    except OSError:\n        pass\nprint("done")');
+  const r = await pool.run(
+    'import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b"\\xff" * 64)\n    except OSError:\n        pass\nprint("done")',
+  );
   t.match(r.error, /tool channel/, `reported: ${r.error}`);
 });
 

@@ -73,7 +73,7 @@ t.test("the reference's extras are pre-imported", async (t) => {
   t.equal(r.stdout, 'bb {"a": 1} abc 2 0 2 [0, 1, 2] 1\n');
 });
 
-t.test('keeps printed output when the program raises, with the exception\'s last line', async (t) => {
+t.test("keeps printed output when the program raises, with the exception's last line", async (t) => {
   const r = await pool.run('print(1)\nprint(2)\nundefined_name + 1\nprint(3)');
   t.equal(r.stdout, '1\n2\n');
   t.equal(r.error, "NameError: name 'undefined_name' is not defined");
@@ -112,7 +112,10 @@ t.test("a tool's error reaches the program as a ValueError it can catch", async 
   );
   t.equal(r.stdout, 'caught: Section not found: kate_box:awards\n');
   t.equal(r.error, 'ValueError: Page not found: kate; did you mean kate_box?');
-  t.same(r.calls.map((c) => c.ok), [false, false]);
+  t.same(
+    r.calls.map((c) => c.ok),
+    [false, false],
+  );
 });
 
 t.test('asynchronous tools work, and tools can be given per program', async (t) => {
@@ -124,7 +127,9 @@ t.test('asynchronous tools work, and tools can be given per program', async (t) 
     view_sections: async () => [],
     read_section: async (s) => `text of ${s}`,
   };
-  const r = await pool.run('print(search_pages("Paris")[0]["page_id"], read_section("paris:full"), view_sections("paris"))', { tools: asyncTools });
+  const r = await pool.run('print(search_pages("Paris")[0]["page_id"], read_section("paris:full"), view_sections("paris"))', {
+    tools: asyncTools,
+  });
   t.equal(r.error, null);
   t.equal(r.stdout, 'paris text of paris:full []\n');
 });
@@ -143,7 +148,10 @@ t.test('the call limit stops a program that calls tools without end', async (t) 
   const r = await pool.run('n = 0\nwhile True:\n    search_pages("x")\n    n += 1\n    print(n)', { maxCalls: 3 });
   t.equal(r.stdout, '1\n2\n3\n');
   t.match(r.error, /^RuntimeError: call limit reached: a program may make at most 3 tool calls/);
-  t.same(r.calls.map((c) => c.ok), [true, true, true, false]);
+  t.same(
+    r.calls.map((c) => c.ok),
+    [true, true, true, false],
+  );
 });
 
 t.test('text survives both ways: accents, CJK, astral characters', async (t) => {
@@ -190,7 +198,9 @@ t.test('each program starts in a fresh namespace and an empty working directory'
 t.test("every one of the runner's modules is loaded before a program runs, and sys.path is the interpreter's own", async (t) => {
   // The child drops its uid and installs seccomp before the program: a module of python/slm_sandbox
   // imported lazily there would be read after the lock-down (and may be unreadable by then).
-  const r = await pool.run('import sys, json\nprint(json.dumps({"mods": sorted(m for m in sys.modules if m.split(".")[0] == "slm_sandbox"), "path": sys.path}))');
+  const r = await pool.run(
+    'import sys, json\nprint(json.dumps({"mods": sorted(m for m in sys.modules if m.split(".")[0] == "slm_sandbox"), "path": sys.path}))',
+  );
   t.equal(r.error, null, r.error ?? '');
   const seen = JSON.parse(r.stdout) as { mods: string[]; path: string[] };
   const files = readdirSync(runnerPackagePath()).filter((f) => f.endsWith('.py'));
@@ -198,14 +208,18 @@ t.test("every one of the runner's modules is loaded before a program runs, and s
   const expected = files.map((f) => (f === '__init__.py' ? 'slm_sandbox' : `slm_sandbox.${f.slice(0, -3)}`)).sort();
   t.same(seen.mods, expected, 'every module file of python/slm_sandbox is already imported');
   // The runner puts its own folder on sys.path only to import its modules (-I leaves it off).
-  const own = spawnSync(pool.isolation.python, ['-I', '-S', '-B', '-c', 'import sys, json; print(json.dumps(sys.path))'], { encoding: 'utf8' });
+  const own = spawnSync(pool.isolation.python, ['-I', '-S', '-B', '-c', 'import sys, json; print(json.dumps(sys.path))'], {
+    encoding: 'utf8',
+  });
   t.equal(own.status, 0, own.stderr);
   t.same(seen.path, JSON.parse(own.stdout), "the program's sys.path is the interpreter's, without the runner's folder");
 });
 
 t.test('globals are bound for one program only, checked before it is queued', async (t) => {
   const question = 'Who founded "Oslo"?\nÅ 😀';
-  const r = await pool.run('print(question, n + 1, flags, search_pages(question)[1]["title"])', { globals: { question, n: 41, flags: { a: [1, null] } } });
+  const r = await pool.run('print(question, n + 1, flags, search_pages(question)[1]["title"])', {
+    globals: { question, n: 41, flags: { a: [1, null] } },
+  });
   t.equal(r.error, null);
   t.equal(r.stdout, `${question} 42 {'a': [1, None]} Query: ${question}\n`);
   const next = await pool.run('print("question" in globals())');
@@ -220,9 +234,18 @@ t.test('globals are bound for one program only, checked before it is queued', as
 });
 
 t.test('final_answer() ends the program with its answer, only where asked for', async (t) => {
-  const r = await pool.run('print("looking")\ntry:\n    final_answer(1432)\nexcept Exception:\n    print("caught")\nprint("after")', { finalAnswer: true });
-  t.same([r.stdout, r.error, r.final_answer], ['looking\n', null, '1432'], 'ends at the call; except Exception does not catch it; the value as text');
-  const swallowed = await pool.run('try:\n    final_answer("first")\nexcept BaseException:\n    pass\nfinal_answer("second")\nraise ValueError("later")', { finalAnswer: true });
+  const r = await pool.run('print("looking")\ntry:\n    final_answer(1432)\nexcept Exception:\n    print("caught")\nprint("after")', {
+    finalAnswer: true,
+  });
+  t.same(
+    [r.stdout, r.error, r.final_answer],
+    ['looking\n', null, '1432'],
+    'ends at the call; except Exception does not catch it; the value as text',
+  );
+  const swallowed = await pool.run(
+    'try:\n    final_answer("first")\nexcept BaseException:\n    pass\nfinal_answer("second")\nraise ValueError("later")',
+    { finalAnswer: true },
+  );
   t.same([swallowed.final_answer, swallowed.error], ['first', null], 'the first call counts, even when the program catches it');
   const capped = await pool.run('final_answer("x" * 500)', { finalAnswer: true, maxOutputChars: 100 });
   t.equal(capped.final_answer, 'x'.repeat(100), 'capped like the output');
@@ -235,18 +258,32 @@ t.test('final_answer() ends the program with its answer, only where asked for', 
 
 t.test('programs run side by side on the workers and each gets its own result', async (t) => {
   const n = 8;
-  const results = await Promise.all(Array.from({ length: n }, (_, i) => pool.run(`import time\ntime.sleep(0.05)\nprint(${i} * ${i})\nsearch_pages("q${i}")`)));
-  t.same(results.map((r) => r.stdout), Array.from({ length: n }, (_, i) => `${i * i}\n`));
-  t.same(results.map((r) => r.calls[0].args[0]), Array.from({ length: n }, (_, i) => `q${i}`));
+  const results = await Promise.all(
+    Array.from({ length: n }, (_, i) => pool.run(`import time\ntime.sleep(0.05)\nprint(${i} * ${i})\nsearch_pages("q${i}")`)),
+  );
+  t.same(
+    results.map((r) => r.stdout),
+    Array.from({ length: n }, (_, i) => `${i * i}\n`),
+  );
+  t.same(
+    results.map((r) => r.calls[0].args[0]),
+    Array.from({ length: n }, (_, i) => `q${i}`),
+  );
 });
 
 t.test('a worker killed from outside is replaced and the pool keeps serving', async (t) => {
   const started = pool.started;
   const victim = pool.workerPids()[0];
   process.kill(-victim, 'SIGKILL');
-  t.ok(await until(() => !pool.workerPids().includes(victim) && pool.workerPids().length === 2), 'the pool noticed and started a replacement');
+  t.ok(
+    await until(() => !pool.workerPids().includes(victim) && pool.workerPids().length === 2),
+    'the pool noticed and started a replacement',
+  );
   const results = await Promise.all(Array.from({ length: 4 }, (_, i) => pool.run(`print(${i})`)));
-  t.same(results.map((r) => r.stdout), ['0\n', '1\n', '2\n', '3\n']);
+  t.same(
+    results.map((r) => r.stdout),
+    ['0\n', '1\n', '2\n', '3\n'],
+  );
   t.ok(pool.started > started, 'a new worker was started');
 });
 
@@ -282,7 +319,10 @@ t.test('limits and options are checked before anything starts', async (t) => {
   await t.rejects(createPythonPool({ timeoutMs: -1 }), { code: 'ARGUMENT_INVALID', message: /timeoutMs/ });
   await t.rejects(createPythonPool({ memoryMb: 16 }), { code: 'ARGUMENT_INVALID', message: /at least 64/ });
   await t.rejects(pool.run('print(1)', { maxOutputChars: 0 }), { code: 'ARGUMENT_INVALID' });
-  await t.rejects(createSandbox({ kind: 'python', timeoutMS: 5 } as never), { code: 'CONFIG_UNKNOWN_KEY', message: /did you mean "timeoutMs"/ });
+  await t.rejects(createSandbox({ kind: 'python', timeoutMS: 5 } as never), {
+    code: 'CONFIG_UNKNOWN_KEY',
+    message: /did you mean "timeoutMs"/,
+  });
   await t.rejects(createSandbox({ kind: 'ruby' } as never), { code: 'ARGUMENT_INVALID' });
   await t.rejects(pool.run(42 as never), SlmError);
 });
@@ -307,9 +347,14 @@ t.test('the isolation report describes this machine consistently', async (t) => 
     t.equal(r.error, null);
     const connected = /connected/.test(r.stdout);
     const wrote = /wrote/.test(r.stdout);
-    t.equal(pool.isolation.network, !connected, `the report's network isolation (${pool.isolation.network}) is what the program saw: ${r.stdout.trim()}`);
+    t.equal(
+      pool.isolation.network,
+      !connected,
+      `the report's network isolation (${pool.isolation.network}) is what the program saw: ${r.stdout.trim()}`,
+    );
     t.equal(pool.isolation.readonlyFs, !wrote, `the report's read-only filesystem (${pool.isolation.readonlyFs}) is what the program saw`);
-    if (pool.isolation.level !== 'rlimits-only') t.ok(pool.isolation.network, `${pool.isolation.level} runs programs in their own network namespace`);
+    if (pool.isolation.level !== 'rlimits-only')
+      t.ok(pool.isolation.network, `${pool.isolation.level} runs programs in their own network namespace`);
     if (pool.isolation.level === 'bwrap') t.ok(pool.isolation.readonlyFs, 'bwrap mounts / read-only');
   } finally {
     listener.close();
@@ -337,7 +382,7 @@ t.test('the lower isolation levels run programs too', async (t) => {
   }
 });
 
-t.test("nothing of an earlier program is reachable from the next one: frames, their globals and locals, the heap", async (t) => {
+t.test('nothing of an earlier program is reachable from the next one: frames, their globals and locals, the heap', async (t) => {
   // Issue 33 row 5: walking sys._getframe() up reached the zygote's frame holding the previous
   // program's message (its code and its globals: the question).
   const one = await createPythonPool({ tools, size: 1 });
@@ -384,5 +429,5 @@ t.test("nothing of an earlier program is reachable from the next one: frames, th
     ].join('\n'),
   );
   t.equal(b.error, null, b.error ?? '');
-  t.equal(b.stdout, 'True []\n', 'no frame, global, local or heap object holds the earlier program\'s secret, question or code');
+  t.equal(b.stdout, 'True []\n', "no frame, global, local or heap object holds the earlier program's secret, question or code");
 });

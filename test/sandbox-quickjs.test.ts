@@ -34,7 +34,14 @@ async function healthy(t: Test) {
 
 t.test('console.log is captured and values are shown as JSON', async (t) => {
   const r = await sb.run('console.log("a", 1, true, null, {x: [1, "y"]}); print("b"); console.error(new Error("e"))');
-  t.same(r, { stdout: 'a 1 true null {"x":[1,"y"]}\nb\nError: e\n', error: null, timed_out: false, calls: [], truncated: false, duration_ms: r.duration_ms });
+  t.same(r, {
+    stdout: 'a 1 true null {"x":[1,"y"]}\nb\nError: e\n',
+    error: null,
+    timed_out: false,
+    calls: [],
+    truncated: false,
+    duration_ms: r.duration_ms,
+  });
 });
 
 t.test('the primitives are synchronous functions returning JSON values; asynchronous tools too', async (t) => {
@@ -45,11 +52,14 @@ t.test('the primitives are synchronous functions returning JSON values; asynchro
   );
   t.equal(r.error, null);
   t.equal(r.stdout, 'Kate Box (nida) 0.91 Career In 2003, Box graduated from NIDA.\n');
-  t.same(r.calls.map((c) => [c.name, c.args, c.ok]), [
-    ['search_pages', ['nida'], true],
-    ['view_sections', ['kate_box'], true],
-    ['read_section', ['kate_box:career'], true],
-  ]);
+  t.same(
+    r.calls.map((c) => [c.name, c.args, c.ok]),
+    [
+      ['search_pages', ['nida'], true],
+      ['view_sections', ['kate_box'], true],
+      ['read_section', ['kate_box:career'], true],
+    ],
+  );
 });
 
 t.test('tools work inside promise continuations, after await', async (t) => {
@@ -118,7 +128,9 @@ t.test('a program sees no host objects', async (t) => {
 });
 
 t.test('redefining search_pages affects that program only', async (t) => {
-  const a = await sb.run('search_pages = () => [{ page_id: "fake" }]; Object.prototype.evil = 1; console.log(search_pages("x")[0].page_id)');
+  const a = await sb.run(
+    'search_pages = () => [{ page_id: "fake" }]; Object.prototype.evil = 1; console.log(search_pages("x")[0].page_id)',
+  );
   t.equal(a.stdout, 'fake\n');
   const b = await sb.run('console.log(search_pages("x")[0].page_id, ({}).evil)');
   t.equal(b.stdout, 'kate_box undefined\n');
@@ -126,7 +138,9 @@ t.test('redefining search_pages affects that program only', async (t) => {
 
 t.test('globals are bound for one program only, checked before it is queued', async (t) => {
   const question = 'Who founded "Oslo"?\nÅ 😀';
-  const r = await sb.run('console.log(question, n + 1, flags, search_pages(question)[0].title)', { globals: { question, n: 41, flags: { a: [1, null] } } });
+  const r = await sb.run('console.log(question, n + 1, flags, search_pages(question)[0].title)', {
+    globals: { question, n: 41, flags: { a: [1, null] } },
+  });
   t.equal(r.error, null);
   t.equal(r.stdout, `${question} 42 {"a":[1,null]} Kate Box (${question})\n`);
   t.equal((await sb.run('console.log(typeof question)')).stdout, 'undefined\n', 'the next program does not see them');
@@ -135,7 +149,10 @@ t.test('globals are bound for one program only, checked before it is queued', as
 });
 
 t.test('final_answer() ends the program with its answer, only where asked for', async (t) => {
-  const r = await sb.run('console.log("looking"); try { final_answer(1432) } catch (e) { console.log("caught") } final_answer("second"); console.log("after")', { finalAnswer: true });
+  const r = await sb.run(
+    'console.log("looking"); try { final_answer(1432) } catch (e) { console.log("caught") } final_answer("second"); console.log("after")',
+    { finalAnswer: true },
+  );
   t.same([r.error, r.final_answer], [null, '1432'], 'the first call counts, even when the program catches it');
   const inAsync = await sb.run('(async () => { await null; final_answer({a: 1}) })()', { finalAnswer: true });
   t.same([inAsync.error, inAsync.final_answer], [null, '{"a":1}'], 'from a promise continuation too; objects as JSON');
@@ -166,7 +183,10 @@ t.test('many programs, failing ones included, run and dispose cleanly', async (t
   for (let i = 0; i < n; i++) results.push(await sb.run(programs[i % programs.length]));
   t.equal(results.length, n);
   t.equal(results.filter((r) => r.error?.startsWith('SandboxError')).length, 0, 'the interpreter never failed');
-  t.same(results.slice(0, programs.length).map((r) => r.error === null), [true, false, false, false, true, true, true]);
+  t.same(
+    results.slice(0, programs.length).map((r) => r.error === null),
+    [true, false, false, false, true, true, true],
+  );
   t.equal(results[4].stdout, '100\n');
   await healthy(t);
 });
@@ -175,7 +195,10 @@ t.test('several threads run programs side by side', async (t) => {
   const two = await createQuickJSSandbox({ tools, size: 2 });
   t.teardown(() => two.close());
   const rs = await Promise.all(Array.from({ length: 6 }, (_, i) => two.run(`console.log(${i} * 2, search_pages("q${i}")[0].title)`)));
-  t.same(rs.map((r) => r.stdout), Array.from({ length: 6 }, (_, i) => `${i * 2} Kate Box (q${i})\n`));
+  t.same(
+    rs.map((r) => r.stdout),
+    Array.from({ length: 6 }, (_, i) => `${i * 2} Kate Box (q${i})\n`),
+  );
 });
 
 t.test('options are checked, and a closed sandbox refuses programs', async (t) => {

@@ -32,7 +32,15 @@ function stand(o: Partial<ServeOptions>) {
           at: performance.now(),
           end: () => {
             running--;
-            resolve({ tokens: [], logprobs: [], finishReasons: req.prompts.map(() => 'length'), steps: 1, prefillTokens: 1, prefillTokensRequested: 1, cacheReusedTokens: 0 });
+            resolve({
+              tokens: [],
+              logprobs: [],
+              finishReasons: req.prompts.map(() => 'length'),
+              steps: 1,
+              prefillTokens: 1,
+              prefillTokensRequested: 1,
+              cacheReusedTokens: 0,
+            });
           },
         });
       }),
@@ -42,7 +50,13 @@ function stand(o: Partial<ServeOptions>) {
   const b = new Batcher({ model, ...o } as ServeOptions, new Map([['other', '/adapters/other']]));
   return { b, calls, adapters, most: () => most };
 }
-const job = (adapter: string | null = null, promptTokens = 2) => new Job(new Int32Array(promptTokens).fill(1), { topK: 0, stop: [], stopTokenIds: [], adapter, maxTokens: 4, temperature: 0, topP: 1, topN: 0, keepStop: false } as never, 1, () => '');
+const job = (adapter: string | null = null, promptTokens = 2) =>
+  new Job(
+    new Int32Array(promptTokens).fill(1),
+    { topK: 0, stop: [], stopTokenIds: [], adapter, maxTokens: 4, temperature: 0, topP: 1, topN: 0, keepStop: false } as never,
+    1,
+    () => '',
+  );
 const until = async (ok: () => boolean) => {
   for (let i = 0; i < 2000 && !ok(); i++) await new Promise((r) => setTimeout(r, 5));
   if (!ok()) throw new Error('timed out');
@@ -117,7 +131,11 @@ t.test('prompts of very different lengths are not padded into one call', async (
   await until(() => calls.length === 2);
   // Admitted while at least half the padded positions are real: 2,000 + one 30 (4,000 padded for 2,030),
   // not a second 30 (6,000 for 2,060), then the 1,200 (6,000 for 3,230); the other 30 short ones apart.
-  t.same(calls.map((c) => c.rows), [3, 30], 'the long prompt with one short and the 1,200-token one; the 30 other short ones apart');
+  t.same(
+    calls.map((c) => c.rows),
+    [3, 30],
+    'the long prompt with one short and the 1,200-token one; the 30 other short ones apart',
+  );
   calls[0].end();
   calls[1].end();
   await b.idle();

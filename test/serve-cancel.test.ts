@@ -21,7 +21,15 @@ initModel({ preset: 'tiny', out: dir, seed: 6 });
 /** A prompt of `n` token ids (completions takes token ids), long enough that its prefill takes a while. */
 const ids = (n: number, k = 0) => Array.from({ length: n }, (_, i) => 10 + ((i * 7 + k) % 200));
 /** A request that would run for minutes: a long prompt, 4,096 new tokens (the most a request may ask), no stop token. */
-const long = (k = 0) => ({ model: 'tiny', prompt: ids(4000, k), max_tokens: 4096, ignore_eos: true, temperature: 1, seed: 1, stream: true });
+const long = (k = 0) => ({
+  model: 'tiny',
+  prompt: ids(4000, k),
+  max_tokens: 4096,
+  ignore_eos: true,
+  temperature: 1,
+  seed: 1,
+  stream: true,
+});
 
 /** The server in this process on the tiny model (its options beside the model's), closed at the end of the test. */
 async function inProcess(t: { teardown(f: () => unknown): void }, o: Partial<ServeOptions> = {}) {
@@ -45,7 +53,12 @@ t.test('health and models answer during a long generation; a client that leaves 
   const a = new AbortController();
   let chunks = 0;
   let aDone = false;
-  const aRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()), signal: a.signal }).then(async (r) => {
+  const aRes = fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(long()),
+    signal: a.signal,
+  }).then(async (r) => {
     t.equal(r.status, 200, 'the long request is accepted');
     try {
       for await (const _ of r.body!) chunks++;
@@ -68,7 +81,12 @@ t.test('health and models answer during a long generation; a client that leaves 
   // B: a second long request while A runs: it starts at once in a second call; its client leaves
   // during B's prefill, which stops between two chunks (A is not affected).
   const b = new AbortController();
-  const bRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(1), stream: false }), signal: b.signal }).catch((e: Error) => e);
+  const bRes = fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ ...long(1), stream: false }),
+    signal: b.signal,
+  }).catch((e: Error) => e);
   await until(() => server.batches.count === 2, "B's call to start beside A's");
   await new Promise((r) => setTimeout(r, 100));
   b.abort();
@@ -83,7 +101,11 @@ t.test('health and models answer during a long generation; a client that leaves 
   // whole reply while A runs (a call of its own, not queued behind A's).
   await until(() => chunks >= 5, "A's first tokens");
   t.equal((await fetch(`${base}/health`)).status, 200, '/health answers during decoding');
-  const short = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', prompt: [5, 6, 7], max_tokens: 4, ignore_eos: true, temperature: 0 }) });
+  const short = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'tiny', prompt: [5, 6, 7], max_tokens: 4, ignore_eos: true, temperature: 0 }),
+  });
   t.equal(short.status, 200, 'a short request is answered');
   t.match(await short.json(), { choices: [{ finish_reason: 'length' }], usage: { completion_tokens: 4 } });
   t.notOk(aDone, 'while A is still running');
@@ -94,7 +116,11 @@ t.test('health and models answer during a long generation; a client that leaves 
   t.ok(Date.now() - t0 < 30_000, `the server is idle ${Date.now() - t0} ms after A's client left`);
   const calls = server.calls.since(0);
   t.equal(server.batches.count, 3, 'three generate calls: A, B and the short one');
-  t.same(calls.map((c) => c.finish[0]), ['cancelled', 'length', 'cancelled'], 'B ended, then the short request, then A');
+  t.same(
+    calls.map((c) => c.finish[0]),
+    ['cancelled', 'length', 'cancelled'],
+    'B ended, then the short request, then A',
+  );
   t.ok(calls[2].steps < 4096, `A stopped after ${calls[2].steps} of its 4,096 decode steps`);
   t.equal(calls[2].prefillTokens, 4000, "A's prefill ran whole (its client stayed through it)");
 });
@@ -102,31 +128,50 @@ t.test('health and models answer during a long generation; a client that leaves 
 t.test('a queued request whose client leaves is never prefilled (the concurrent calls all busy)', async (t) => {
   const { server, base } = await inProcess(t, { maxConcurrentCalls: 1 });
   const a = new AbortController();
-  const aRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()), signal: a.signal })
+  const aRes = fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(long()),
+    signal: a.signal,
+  })
     .then(async (r) => {
       for await (const _ of r.body!);
     })
     .catch(() => {}); // aborted below (before or after its first chunk)
   await until(() => server.batches.count === 1, 'the long call to start');
   const b = new AbortController();
-  const bRes = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(1), stream: false }), signal: b.signal }).catch((e: Error) => e);
+  const bRes = fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ ...long(1), stream: false }),
+    signal: b.signal,
+  }).catch((e: Error) => e);
   await new Promise((r) => setTimeout(r, 200));
   b.abort();
   t.match(await bRes, { name: 'AbortError' });
   a.abort();
   await aRes;
   await server.idle();
-  t.equal(server.batches.count, 1, "one generate call: B's rows, queued behind A's (--max-concurrent-calls 1), were dropped before any prefill");
+  t.equal(
+    server.batches.count,
+    1,
+    "one generate call: B's rows, queued behind A's (--max-concurrent-calls 1), were dropped before any prefill",
+  );
 });
 
 /** `slm-train serve` on the tiny model in a child process (test/helpers/serve-process.ts). */
-const serveProcess = (t: { teardown(f: () => unknown): void }, extra: string[] = []) => serveProcessOf(t, ['--model', dir, '--name', 'tiny', ...extra]);
+const serveProcess = (t: { teardown(f: () => unknown): void }, extra: string[] = []) =>
+  serveProcessOf(t, ['--model', dir, '--name', 'tiny', ...extra]);
 
 t.test('SIGTERM during a long generation ends the server within a bound', async (t) => {
   const { p, port, exited, stderr } = await serveProcess(t);
   // A streamed request whose client stays connected; SIGTERM once it streams.
   let chunks = 0;
-  void fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()) })
+  void fetch(`http://127.0.0.1:${port}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(long()),
+  })
     .then(async (r) => {
       for await (const _ of r.body!) chunks++;
     })
@@ -140,12 +185,18 @@ t.test('SIGTERM during a long generation ends the server within a bound', async 
 });
 
 for (const chunked of [true, false]) {
-  const what = chunked ? 'SIGTERM during a chunked prefill ends the server at the next chunk, exit 0' : 'SIGTERM during a one-forward prefill (--prefill-chunk 0) ends the server after the grace period';
+  const what = chunked
+    ? 'SIGTERM during a chunked prefill ends the server at the next chunk, exit 0'
+    : 'SIGTERM during a one-forward prefill (--prefill-chunk 0) ends the server after the grace period';
   t.test(what, async (t) => {
     const { p, port, exited, stderr } = await serveProcess(t, chunked ? [] : ['--prefill-chunk', '0']);
     // 30,000 prompt tokens: a prefill of minutes on a CPU.
     let chunks = 0;
-    void fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...long(), prompt: ids(30000) }) })
+    void fetch(`http://127.0.0.1:${port}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ ...long(), prompt: ids(30000) }),
+    })
       .then(async (r) => {
         for await (const _ of r.body!) chunks++;
       })
@@ -163,7 +214,10 @@ for (const chunked of [true, false]) {
       t.notMatch(stderr(), /was still running/);
     } else {
       t.same(end, { code: null, signal: 'SIGTERM' }, "ended by SIGTERM's default action (process.exit would wait for the native call)");
-      t.match(stderr(), /a generate call \(a prefill in one forward, which cannot be interrupted\) was still running 5 s after the signal; exiting without waiting for it/);
+      t.match(
+        stderr(),
+        /a generate call \(a prefill in one forward, which cannot be interrupted\) was still running 5 s after the signal; exiting without waiting for it/,
+      );
     }
   });
 }

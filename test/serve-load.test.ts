@@ -70,16 +70,33 @@ function shortBody(i: number): Pick<Planned, 'path' | 'body' | 'stream' | 'usage
   const usage = stream && u(i, 3) < 0.5;
   const maxTokens = 4 + Math.floor(u(i, 4) * 9);
   const text = `Tell me about the ${pick(WORDS, u(i, 5))} number ${i}.`;
-  const common = { max_tokens: maxTokens, temperature: pick([0, 0.7, 1], u(i, 6)), seed: i, stream, ...(usage ? { stream_options: { include_usage: true } } : {}) };
+  const common = {
+    max_tokens: maxTokens,
+    temperature: pick([0, 0.7, 1], u(i, 6)),
+    seed: i,
+    stream,
+    ...(usage ? { stream_options: { include_usage: true } } : {}),
+  };
   return chat
-    ? { path: '/v1/chat/completions', body: json({ model: 'tiny', messages: [{ role: 'user', content: text }], ...common }), stream, usage, maxTokens }
+    ? {
+        path: '/v1/chat/completions',
+        body: json({ model: 'tiny', messages: [{ role: 'user', content: text }], ...common }),
+        stream,
+        usage,
+        maxTokens,
+      }
     : { path: '/v1/completions', body: json({ model: 'tiny', prompt: text, ...common }), stream, usage, maxTokens };
 }
 
 /** A long valid request: 1,500-2,500 prompt tokens, 4 new ones. */
 function longBody(i: number, n = 1500 + Math.floor(u(i, 7) * 1000)): Pick<Planned, 'path' | 'body' | 'stream' | 'maxTokens'> {
   const stream = u(i, 2) < 0.5;
-  return { path: '/v1/completions', body: json({ model: 'tiny', prompt: ids(n, i), max_tokens: 4, temperature: 1, seed: i, stream }), stream, maxTokens: 4 };
+  return {
+    path: '/v1/completions',
+    body: json({ model: 'tiny', prompt: ids(n, i), max_tokens: 4, temperature: 1, seed: i, stream }),
+    stream,
+    maxTokens: 4,
+  };
 }
 
 /** Invalid requests: [what, path, body, expected status, code, param]. */
@@ -87,19 +104,53 @@ const INVALID: Array<[string, string, string, number, string?, string?]> = [
   ['bad JSON', '/v1/completions', '{"prompt": "hi", "max_tokens": ', 400],
   ['a body that is not an object', '/v1/chat/completions', '[1, 2, 3]', 400],
   ['an unknown parameter', '/v1/completions', json({ prompt: 'hi', best_offer: 3 }), 400, undefined, 'best_offer'],
-  ['an Object.prototype name', '/v1/chat/completions', '{"messages":[{"role":"user","content":"hi"}],"constructor":1}', 400, undefined, 'constructor'],
+  [
+    'an Object.prototype name',
+    '/v1/chat/completions',
+    '{"messages":[{"role":"user","content":"hi"}],"constructor":1}',
+    400,
+    undefined,
+    'constructor',
+  ],
   ['an ill-typed temperature', '/v1/completions', json({ prompt: 'hi', temperature: 'hot' }), 400, undefined, 'temperature'],
-  ['a negative max_tokens', '/v1/chat/completions', json({ messages: [{ role: 'user', content: 'hi' }], max_tokens: -3 }), 400, undefined, 'max_tokens'],
+  [
+    'a negative max_tokens',
+    '/v1/chat/completions',
+    json({ messages: [{ role: 'user', content: 'hi' }], max_tokens: -3 }),
+    400,
+    undefined,
+    'max_tokens',
+  ],
   ['max_tokens over the limit', '/v1/completions', json({ prompt: 'hi', max_tokens: 1e6 }), 400, 'max_tokens_over_limit', 'max_tokens'],
   ['a prompt over --max-model-len', '/v1/completions', json({ prompt: ids(MAX_LEN + 10, 7), max_tokens: 4 }), 400, undefined, 'prompt'],
-  ['messages over --max-model-len', '/v1/chat/completions', json({ messages: [{ role: 'user', content: 'word '.repeat(MAX_LEN) }], max_tokens: 4 }), 400, undefined, 'messages'],
+  [
+    'messages over --max-model-len',
+    '/v1/chat/completions',
+    json({ messages: [{ role: 'user', content: 'word '.repeat(MAX_LEN) }], max_tokens: 4 }),
+    400,
+    undefined,
+    'messages',
+  ],
   ['a body over --max-body-mb', '/v1/completions', ' '.repeat((BODY_MB << 20) + 4096), 413, 'request_too_large'],
   ['an unknown model', '/v1/completions', json({ model: 'huge', prompt: 'hi' }), 404, 'model_not_found', 'model'],
   ['n over --max-batch', '/v1/completions', json({ prompt: 'hi', n: MAX_BATCH + 1 }), 400, undefined, 'n'],
   ['empty messages', '/v1/chat/completions', json({ messages: [] }), 400, undefined, 'messages'],
   ['a token id outside the vocabulary', '/v1/completions', json({ prompt: [1, 2, 10_000_000] }), 400, undefined, 'prompt'],
-  ['stream_options without stream', '/v1/completions', json({ prompt: 'hi', stream_options: { include_usage: true } }), 400, undefined, 'stream_options'],
-  ['response_format json_object', '/v1/chat/completions', json({ messages: [{ role: 'user', content: 'hi' }], response_format: { type: 'json_object' } }), 400, 'unsupported_response_format'],
+  [
+    'stream_options without stream',
+    '/v1/completions',
+    json({ prompt: 'hi', stream_options: { include_usage: true } }),
+    400,
+    undefined,
+    'stream_options',
+  ],
+  [
+    'response_format json_object',
+    '/v1/chat/completions',
+    json({ messages: [{ role: 'user', content: 'hi' }], response_format: { type: 'json_object' } }),
+    400,
+    'unsupported_response_format',
+  ],
   ['too many log-probs', '/v1/completions', json({ prompt: 'hi', logprobs: 50 }), 400, undefined, 'logprobs'],
   ['a non-neutral penalty', '/v1/completions', json({ prompt: 'hi', presence_penalty: 0.5 }), 400, undefined, 'presence_penalty'],
   ['a fractional seed', '/v1/chat/completions', json({ messages: [{ role: 'user', content: 'hi' }], seed: 1.5 }), 400, undefined, 'seed'],
@@ -149,7 +200,12 @@ async function execute(base: string, p: Planned): Promise<Outcome> {
   let status = 0;
   let text = '';
   try {
-    const r = await fetch(base + p.path, { method: p.method, headers: { 'content-type': 'application/json' }, body: p.body, signal: ac.signal });
+    const r = await fetch(base + p.path, {
+      method: p.method,
+      headers: { 'content-type': 'application/json' },
+      body: p.body,
+      signal: ac.signal,
+    });
     status = r.status;
     const dec = new TextDecoder();
     for await (const c of r.body!) {
@@ -159,7 +215,13 @@ async function execute(base: string, p: Planned): Promise<Outcome> {
     return { status, text, ms: performance.now() - t0, aborted: false };
   } catch (e) {
     if (ac.signal.aborted) return { status, text, ms: performance.now() - t0, aborted: true };
-    return { status, text, ms: performance.now() - t0, aborted: false, error: (e as Error).message + ((e as Error).cause ? ` (${String((e as Error).cause)})` : '') };
+    return {
+      status,
+      text,
+      ms: performance.now() - t0,
+      aborted: false,
+      error: (e as Error).message + ((e as Error).cause ? ` (${String((e as Error).cause)})` : ''),
+    };
   } finally {
     clearTimeout(timer);
   }
@@ -190,7 +252,8 @@ function invalidReply(p: Planned, o: Outcome): string {
   if (chunks.some((c) => c.error)) return `an error in the stream: ${json(chunks.find((c) => c.error))}`;
   const finishes = chunks.flatMap((c) => (c.choices ?? []).map((x: any) => x.finish_reason)).filter((f) => f !== null && f !== undefined);
   if (finishes.length !== 1 || !finishOk(finishes[0])) return `finish reasons ${json(finishes)}`;
-  if (p.usage && !(chunks.at(-1).usage?.completion_tokens <= (p.maxTokens ?? Infinity))) return `no final usage chunk: ${json(chunks.at(-1))}`;
+  if (p.usage && !(chunks.at(-1).usage?.completion_tokens <= (p.maxTokens ?? Infinity)))
+    return `no final usage chunk: ${json(chunks.at(-1))}`;
   return '';
 }
 
@@ -204,7 +267,8 @@ function wrongRefusal(p: Planned, o: Outcome): string {
   } catch {
     return `not a JSON error body: ${o.text.slice(0, 200)}`;
   }
-  if (typeof e?.message !== 'string' || !e.message || typeof e.type !== 'string' || !('param' in e) || !('code' in e)) return `not the error shape: ${o.text.slice(0, 200)}`;
+  if (typeof e?.message !== 'string' || !e.message || typeof e.type !== 'string' || !('param' in e) || !('code' in e))
+    return `not the error shape: ${o.text.slice(0, 200)}`;
   if (p.expect!.code && e.code !== p.expect!.code) return `code ${e.code}, expected ${p.expect!.code}`;
   if (p.expect!.param && e.param !== p.expect!.param) return `param ${e.param}, expected ${p.expect!.param}`;
   return '';
@@ -224,7 +288,18 @@ const quantile = (xs: number[], q: number) => {
 };
 
 t.test(`${REQUESTS} requests from ${CLIENTS} clients: valid ones answered, invalid ones refused, memory bounded`, async (t) => {
-  const server = await serveProcess(t, ['--model', dir, '--name', 'tiny', '--max-model-len', String(MAX_LEN), '--max-batch', String(MAX_BATCH), '--max-body-mb', String(BODY_MB)]);
+  const server = await serveProcess(t, [
+    '--model',
+    dir,
+    '--name',
+    'tiny',
+    '--max-model-len',
+    String(MAX_LEN),
+    '--max-batch',
+    String(MAX_BATCH),
+    '--max-body-mb',
+    String(BODY_MB),
+  ]);
   const base = `http://127.0.0.1:${server.port}`;
   const requests = plan();
 
@@ -259,7 +334,10 @@ t.test(`${REQUESTS} requests from ${CLIENTS} clients: valid ones answered, inval
   // takes (concurrent calls of padded long prompts, 32 connections) before "before".
   const warmPlan = plan(1_000_000);
   const warm = await load(warmPlan);
-  t.ok(warm.every((o) => o.status > 0 || o.aborted), 'the warm-up requests are answered');
+  t.ok(
+    warm.every((o) => o.status > 0 || o.aborted),
+    'the warm-up requests are answered',
+  );
   await settle();
   const before = procMiB(server.pid, 'VmRSS');
 
@@ -269,14 +347,27 @@ t.test(`${REQUESTS} requests from ${CLIENTS} clients: valid ones answered, inval
 
   const count = (k: Kind) => requests.filter((p) => p.kind === k).length;
   t.same([requests.length, count('short'), count('long'), count('abort'), count('invalid')], [REQUESTS, 100, 6, 22, 32], 'the plan');
-  const bad = requests.filter((p) => p.kind === 'short' || p.kind === 'long').map((p) => [p.i, p.kind, invalidReply(p, outcomes[p.i])]).filter((x) => x[2]);
+  const bad = requests
+    .filter((p) => p.kind === 'short' || p.kind === 'long')
+    .map((p) => [p.i, p.kind, invalidReply(p, outcomes[p.i])])
+    .filter((x) => x[2]);
   t.same(bad, [], 'every valid request got a 200 and a well-formed reply or stream');
-  const refused = requests.filter((p) => p.kind === 'invalid').map((p) => [p.i, p.what, wrongRefusal(p, outcomes[p.i])]).filter((x) => x[2]);
+  const refused = requests
+    .filter((p) => p.kind === 'invalid')
+    .map((p) => [p.i, p.what, wrongRefusal(p, outcomes[p.i])])
+    .filter((x) => x[2]);
   t.same(refused, [], 'every invalid request got its 4xx with the error body');
   // A client that left: its request ended on its side; one that finished first got a well-formed reply.
   const aborts = requests.filter((p) => p.kind === 'abort');
   const left = aborts.filter((p) => outcomes[p.i].aborted).length;
-  t.same(aborts.filter((p) => !outcomes[p.i].aborted).map((p) => [p.i, invalidReply(p, outcomes[p.i])]).filter((x) => x[1]), [], 'a request whose client did not get to leave was answered');
+  t.same(
+    aborts
+      .filter((p) => !outcomes[p.i].aborted)
+      .map((p) => [p.i, invalidReply(p, outcomes[p.i])])
+      .filter((x) => x[1]),
+    [],
+    'a request whose client did not get to leave was answered',
+  );
   t.ok(left >= 10, `${left} of ${aborts.length} clients left mid-request`);
 
   // The server's own count: no 5xx, nothing left in flight once the cancelled calls have ended.
@@ -292,7 +383,10 @@ t.test(`${REQUESTS} requests from ${CLIENTS} clients: valid ones answered, inval
   const again = requests.find((p) => p.kind === 'short' && !p.stream)!;
   t.equal(invalidReply(again, await execute(base, again)), '', 'a normal request is answered after the load');
   const after = procMiB(server.pid, 'VmRSS');
-  t.ok(after <= before + RSS_MARGIN_MIB, `resident ${before.toFixed(0)} MiB after the warm-up, ${after.toFixed(0)} MiB after the load (margin ${RSS_MARGIN_MIB} MiB; peak ${procMiB(server.pid, 'VmHWM').toFixed(0)} MiB)`);
+  t.ok(
+    after <= before + RSS_MARGIN_MIB,
+    `resident ${before.toFixed(0)} MiB after the warm-up, ${after.toFixed(0)} MiB after the load (margin ${RSS_MARGIN_MIB} MiB; peak ${procMiB(server.pid, 'VmHWM').toFixed(0)} MiB)`,
+  );
 
   const short = requests.filter((p) => p.kind === 'short').map((p) => outcomes[p.i].ms);
   const long = requests.filter((p) => p.kind === 'long').map((p) => outcomes[p.i].ms);

@@ -42,7 +42,12 @@ t.test('the openai client against slm-train serve', async (t) => {
   // An SFT-like adapter (lora_B far from 0, so it changes the replies), loaded at run time.
   const trainer = await Model.load(dir);
   trainer.attachLora(lora as never, 3);
-  for (const [k, v] of Object.entries(trainer.trainable())) if (k.includes('lora_B')) trainer.setTrainable(k, v.map((_, i) => 4 * Math.sin(i + k.length)));
+  for (const [k, v] of Object.entries(trainer.trainable()))
+    if (k.includes('lora_B'))
+      trainer.setTrainable(
+        k,
+        v.map((_, i) => 4 * Math.sin(i + k.length)),
+      );
   const adapterDir = join(root, 'sft');
   await trainer.saveAdapter(adapterDir);
   trainer.dispose();
@@ -51,7 +56,14 @@ t.test('the openai client against slm-train serve', async (t) => {
   const promptIds = (content: string) => Int32Array.from(tok.encode(formatter.prompt(messages(content))));
   /** What the engine itself generates for a chat prompt (one row, the request's seed). */
   const engine = (content: string, o: { maxTokens: number; temperature: number; seed?: number; topK?: number; stops?: boolean }) =>
-    model.generate({ prompts: [promptIds(content)], maxNewTokens: o.maxTokens, temperature: o.temperature, ...(o.seed !== undefined ? { rowSeeds: [o.seed] } : {}), topK: o.topK, stopTokenIds: o.stops === false ? [] : tok.stopTokenIds });
+    model.generate({
+      prompts: [promptIds(content)],
+      maxNewTokens: o.maxTokens,
+      temperature: o.temperature,
+      ...(o.seed !== undefined ? { rowSeeds: [o.seed] } : {}),
+      topK: o.topK,
+      stopTokenIds: o.stops === false ? [] : tok.stopTokenIds,
+    });
   const textOf = (ids: ArrayLike<number>) => {
     const a = Array.from(ids);
     return tok.decode(a.length && tok.stopTokenIds.includes(a[a.length - 1]) ? a.slice(0, -1) : a, { skipSpecialTokens: true });
@@ -70,12 +82,24 @@ t.test('the openai client against slm-train serve', async (t) => {
   await t.test('models, and a 404 with the served ids for an unknown model', async (t) => {
     // Before the adapter is loaded: the engine's own decode of the same seed (the server's model is the base).
     const want = await engine('Tell me about rivers.', { maxTokens: 30, temperature: 0.9, seed: 5 });
-    const r = await client.chat.completions.create({ model: 'tiny', messages: messages('Tell me about rivers.'), max_tokens: 30, temperature: 0.9, seed: 5 });
+    const r = await client.chat.completions.create({
+      model: 'tiny',
+      messages: messages('Tell me about rivers.'),
+      max_tokens: 30,
+      temperature: 0.9,
+      seed: 5,
+    });
     t.equal(r.choices[0].message.content, textOf(want.tokens[0]), 'a seeded chat reply = the engine decode with that seed');
 
-    const load = await fetch(`http://127.0.0.1:${port}/v1/load_lora_adapter`, { method: 'POST', body: JSON.stringify({ lora_name: 'sft', lora_path: adapterDir }) });
+    const load = await fetch(`http://127.0.0.1:${port}/v1/load_lora_adapter`, {
+      method: 'POST',
+      body: JSON.stringify({ lora_name: 'sft', lora_path: adapterDir }),
+    });
     t.equal(load.status, 200);
-    t.same((await client.models.list()).data.map((m) => m.id), ['tiny', 'sft']);
+    t.same(
+      (await client.models.list()).data.map((m) => m.id),
+      ['tiny', 'sft'],
+    );
     const e = await failure(client.chat.completions.create({ model: 'gpt-4o', messages: messages('hi'), max_tokens: 2 }));
     t.ok(e instanceof OpenAI.NotFoundError, `404 NotFoundError (${e.constructor.name})`);
     t.equal(e.status, 404);
@@ -91,17 +115,29 @@ t.test('the openai client against slm-train serve', async (t) => {
     for (const name of ['tiny', 'sft']) {
       const body = { model: name, messages: messages('Tell me about rivers.'), max_tokens: 40, temperature: 0.9, seed: 5 };
       const whole = await client.chat.completions.create(body);
-      const chunks = await collect(await client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } }));
+      const chunks = await collect(
+        await client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } }),
+      );
       t.same(chunks[0].choices[0].delta, { role: 'assistant', content: '' }, 'the first chunk is the role delta');
       const text = chunks.map((c) => c.choices[0]?.delta.content ?? '').join('');
       t.equal(text, whole.choices[0].message.content, `${name}: streamed text = non-streamed text`);
       t.ok(text.length > 0);
-      t.ok(chunks.filter((c) => c.choices[0]?.delta.content).length >= 10, `${name}: the text came in many deltas (${chunks.length} chunks)`);
-      t.same(chunks.flatMap((c) => c.choices.filter((x) => x.finish_reason).map((x) => x.finish_reason)), [whole.choices[0].finish_reason], 'one finish_reason');
+      t.ok(
+        chunks.filter((c) => c.choices[0]?.delta.content).length >= 10,
+        `${name}: the text came in many deltas (${chunks.length} chunks)`,
+      );
+      t.same(
+        chunks.flatMap((c) => c.choices.filter((x) => x.finish_reason).map((x) => x.finish_reason)),
+        [whole.choices[0].finish_reason],
+        'one finish_reason',
+      );
       const last = chunks[chunks.length - 1];
       t.same(last.choices, [], 'include_usage: a last chunk with no choices');
       t.same(last.usage, whole.usage, 'and the usage of the non-streamed reply');
-      t.ok(chunks.slice(0, -1).every((c) => c.usage === null), 'usage: null on the other chunks');
+      t.ok(
+        chunks.slice(0, -1).every((c) => c.usage === null),
+        'usage: null on the other chunks',
+      );
       t.ok(chunks.every((c) => c.object === 'chat.completion.chunk' && c.model === name && c.id === chunks[0].id));
       texts.push(text);
     }
@@ -112,7 +148,9 @@ t.test('the openai client against slm-train serve', async (t) => {
     await settled();
     const before = server.calls.count;
     let during = -1;
-    const stream = await client.chat.completions.create(extra({ model: 'tiny', messages: messages('Go on.'), max_tokens: 400, temperature: 0, stream: true as const, ignore_eos: true }));
+    const stream = await client.chat.completions.create(
+      extra({ model: 'tiny', messages: messages('Go on.'), max_tokens: 400, temperature: 0, stream: true as const, ignore_eos: true }),
+    );
     let text = '';
     for await (const c of stream) {
       const d = c.choices[0]?.delta.content;
@@ -128,7 +166,15 @@ t.test('the openai client against slm-train serve', async (t) => {
   });
 
   await t.test('stop strings: never streamed in part; held-back text that is no stop is sent', async (t) => {
-    const base = extra({ model: 'tiny', messages: messages('Count the towns.'), max_tokens: 40, temperature: 0, ignore_eos: true, logprobs: true, return_tokens_as_token_ids: true });
+    const base = extra({
+      model: 'tiny',
+      messages: messages('Count the towns.'),
+      max_tokens: 40,
+      temperature: 0,
+      ignore_eos: true,
+      logprobs: true,
+      return_tokens_as_token_ids: true,
+    });
     const full = await client.chat.completions.create(base);
     const text = full.choices[0].message.content!;
     const ids = full.choices[0].logprobs!.content!.map((c) => Number(c.token.slice(9)));
@@ -164,17 +210,32 @@ t.test('the openai client against slm-train serve', async (t) => {
   });
 
   await t.test('n > 1: sampled choices of one batched call, seeded per choice', async (t) => {
-    const body = extra({ model: 'tiny', messages: messages('Name a fair.'), max_tokens: 16, temperature: 1, seed: 11, n: 3, ignore_eos: true });
+    const body = extra({
+      model: 'tiny',
+      messages: messages('Name a fair.'),
+      max_tokens: 16,
+      temperature: 1,
+      seed: 11,
+      n: 3,
+      ignore_eos: true,
+    });
     const calls = server.batches.count;
     const three = await client.chat.completions.create(body);
     t.same(server.batches.since(calls), [3], 'the three choices were one generate call of three rows');
-    t.same(three.choices.map((c) => c.index), [0, 1, 2]);
+    t.same(
+      three.choices.map((c) => c.index),
+      [0, 1, 2],
+    );
     const texts = three.choices.map((c) => c.message.content);
     t.equal(new Set(texts).size, 3, 'three different samples');
     const one = await client.chat.completions.create({ ...body, n: 1 });
     t.equal(one.choices[0].message.content, texts[0], 'choice 0 = the n = 1 reply with the same seed');
     const again = await client.chat.completions.create(body);
-    t.same(again.choices.map((c) => c.message.content), texts, 'the same seed gives the same choices');
+    t.same(
+      again.choices.map((c) => c.message.content),
+      texts,
+      'the same seed gives the same choices',
+    );
     t.equal(three.usage!.completion_tokens, 3 * one.usage!.completion_tokens, 'usage counts every choice (16 tokens each)');
     t.equal(three.usage!.prompt_tokens, one.usage!.prompt_tokens, 'the prompt counted once');
     const chunks = await collect(await client.chat.completions.create({ ...body, stream: true }));
@@ -185,21 +246,48 @@ t.test('the openai client against slm-train serve', async (t) => {
       t.equal(mine.filter((x) => x.finish_reason).length, 1);
     }
     // (A raw prompt makes this tiny model repeat its last token; the chat template's text does not.)
-    const c2 = await client.completions.create(extra({ model: 'tiny', prompt: formatter.prompt(messages('Name a fair.')), max_tokens: 16, temperature: 1, seed: 4, n: 2, ignore_eos: true }));
-    t.same(c2.choices.map((c) => c.index), [0, 1]);
+    const c2 = await client.completions.create(
+      extra({
+        model: 'tiny',
+        prompt: formatter.prompt(messages('Name a fair.')),
+        max_tokens: 16,
+        temperature: 1,
+        seed: 4,
+        n: 2,
+        ignore_eos: true,
+      }),
+    );
+    t.same(
+      c2.choices.map((c) => c.index),
+      [0, 1],
+    );
     t.not(c2.choices[0].text, c2.choices[1].text);
   });
 
-  await t.test('log-probs equal the engine\'s', async (t) => {
+  await t.test("log-probs equal the engine's", async (t) => {
     // The server's model is the base model here (the last requests named 'tiny', which detaches the adapter).
     const q = 'Which river?';
     // Greedy: the engine's tokens and log-probs; the top alternatives from the model's logits.
     const g = await engine(q, { maxTokens: 10, temperature: 0 });
-    const r = await client.chat.completions.create({ model: 'tiny', messages: messages(q), max_tokens: 10, temperature: 0, logprobs: true, top_logprobs: 2 });
+    const r = await client.chat.completions.create({
+      model: 'tiny',
+      messages: messages(q),
+      max_tokens: 10,
+      temperature: 0,
+      logprobs: true,
+      top_logprobs: 2,
+    });
     const content = r.choices[0].logprobs!.content!;
     const ids = Array.from(g.tokens[0]);
-    t.same(content.map((c) => c.logprob), Array.from(g.logprobs[0]), 'logprob = the engine\'s, token by token');
-    t.same(content.map((c) => c.token), ids.map((id) => tok.decode([id])));
+    t.same(
+      content.map((c) => c.logprob),
+      Array.from(g.logprobs[0]),
+      "logprob = the engine's, token by token",
+    );
+    t.same(
+      content.map((c) => c.token),
+      ids.map((id) => tok.decode([id])),
+    );
     t.same(content[0].bytes, Array.from(tok.tokenBytes()[ids[0]]));
     for (const c of content) {
       t.equal(c.top_logprobs.length, 2);
@@ -217,28 +305,72 @@ t.test('the openai client against slm-train serve', async (t) => {
 
     // Sampled: the log-probs under the request's temperature, equal to the engine's with the same seed.
     const s = await engine(q, { maxTokens: 12, temperature: 0.7, seed: 3 });
-    const rs = await client.chat.completions.create({ model: 'tiny', messages: messages(q), max_tokens: 12, temperature: 0.7, seed: 3, logprobs: true });
-    t.same(rs.choices[0].logprobs!.content!.map((c) => c.logprob), Array.from(s.logprobs[0]));
-    t.same(rs.choices[0].logprobs!.content!.map((c) => c.top_logprobs), rs.choices[0].logprobs!.content!.map(() => []), 'no top_logprobs asked: empty lists');
+    const rs = await client.chat.completions.create({
+      model: 'tiny',
+      messages: messages(q),
+      max_tokens: 12,
+      temperature: 0.7,
+      seed: 3,
+      logprobs: true,
+    });
+    t.same(
+      rs.choices[0].logprobs!.content!.map((c) => c.logprob),
+      Array.from(s.logprobs[0]),
+    );
+    t.same(
+      rs.choices[0].logprobs!.content!.map((c) => c.top_logprobs),
+      rs.choices[0].logprobs!.content!.map(() => []),
+      'no top_logprobs asked: empty lists',
+    );
     // Streamed: the chunks' log-probs add up to the non-streamed ones.
     const body = { model: 'tiny', messages: messages(q), max_tokens: 12, temperature: 0.7, seed: 3, logprobs: true, top_logprobs: 3 };
     const whole = await client.chat.completions.create(body);
     const chunks = await collect(await client.chat.completions.create({ ...body, stream: true }));
-    t.same(chunks.flatMap((c) => c.choices[0]?.logprobs?.content ?? []), whole.choices[0].logprobs!.content, 'streamed log-probs = non-streamed');
+    t.same(
+      chunks.flatMap((c) => c.choices[0]?.logprobs?.content ?? []),
+      whole.choices[0].logprobs!.content,
+      'streamed log-probs = non-streamed',
+    );
 
     // Completions: logprobs: N with token ids, as the rollout client reads them.
     const prompt = [5, 9, 33, 2];
     const gc = await model.generate({ prompts: [Int32Array.from(prompt)], maxNewTokens: 8, greedy: true, stopTokenIds: tok.stopTokenIds });
-    const cr = await client.completions.create(extra({ model: 'tiny', prompt, max_tokens: 8, temperature: 0, logprobs: 3, return_tokens_as_token_ids: true }));
+    const cr = await client.completions.create(
+      extra({ model: 'tiny', prompt, max_tokens: 8, temperature: 0, logprobs: 3, return_tokens_as_token_ids: true }),
+    );
     const lp = cr.choices[0].logprobs!;
-    t.same(lp.tokens, Array.from(gc.tokens[0], (id) => `token_id:${id}`));
+    t.same(
+      lp.tokens,
+      Array.from(gc.tokens[0], (id) => `token_id:${id}`),
+    );
     t.same(lp.token_logprobs, Array.from(gc.logprobs[0]));
     t.equal(lp.top_logprobs!.length, gc.tokens[0].length);
-    t.ok(lp.top_logprobs!.every((d, k) => Object.keys(d).length === 3 && d[`token_id:${gc.tokens[0][k]}`] === gc.logprobs[0][k]), 'three alternatives, the greedy token among them');
+    t.ok(
+      lp.top_logprobs!.every((d, k) => Object.keys(d).length === 3 && d[`token_id:${gc.tokens[0][k]}`] === gc.logprobs[0][k]),
+      'three alternatives, the greedy token among them',
+    );
     t.same(lp.text_offset!.slice(0, 2), [0, tok.decode([gc.tokens[0][0]]).length]);
-    const streamed = await collect(await client.completions.create(extra({ model: 'tiny', prompt, max_tokens: 8, temperature: 0, logprobs: 3, return_tokens_as_token_ids: true, stream: true as const })));
-    t.same(streamed.flatMap((c) => c.choices[0]?.logprobs?.tokens ?? []), lp.tokens);
-    t.same(streamed.flatMap((c) => c.choices[0]?.logprobs?.text_offset ?? []), lp.text_offset);
+    const streamed = await collect(
+      await client.completions.create(
+        extra({
+          model: 'tiny',
+          prompt,
+          max_tokens: 8,
+          temperature: 0,
+          logprobs: 3,
+          return_tokens_as_token_ids: true,
+          stream: true as const,
+        }),
+      ),
+    );
+    t.same(
+      streamed.flatMap((c) => c.choices[0]?.logprobs?.tokens ?? []),
+      lp.tokens,
+    );
+    t.same(
+      streamed.flatMap((c) => c.choices[0]?.logprobs?.text_offset ?? []),
+      lp.text_offset,
+    );
     t.equal(streamed.map((c) => c.choices[0]?.text ?? '').join(''), cr.choices[0].text);
   });
 
@@ -252,9 +384,23 @@ t.test('the openai client against slm-train serve', async (t) => {
 
     const qs = ['Say a', 'Say bb', 'Say ccc ccc'];
     const alone = [];
-    for (const q of qs) alone.push((await client.chat.completions.create({ model: 'tiny', messages: messages(q), max_tokens: 12, temperature: 0 })).choices[0].message.content);
+    for (const q of qs)
+      alone.push(
+        (await client.chat.completions.create({ model: 'tiny', messages: messages(q), max_tokens: 12, temperature: 0 })).choices[0].message
+          .content,
+      );
     const calls = server.batches.count;
-    const together = await Promise.all(qs.map(async (q) => (await collect(await client.chat.completions.create({ model: 'tiny', messages: messages(q), max_tokens: 12, temperature: 0, stream: true }))).map((c) => c.choices[0]?.delta.content ?? '').join('')));
+    const together = await Promise.all(
+      qs.map(async (q) =>
+        (
+          await collect(
+            await client.chat.completions.create({ model: 'tiny', messages: messages(q), max_tokens: 12, temperature: 0, stream: true }),
+          )
+        )
+          .map((c) => c.choices[0]?.delta.content ?? '')
+          .join(''),
+      ),
+    );
     t.ok(Math.max(...server.batches.since(calls)) > 1, `3 streams in calls of ${server.batches.since(calls).join(', ')} rows`);
     t.same(together, alone, 'each stream = its reply alone');
   });
@@ -265,7 +411,11 @@ t.test('the openai client against slm-train serve', async (t) => {
       [{ presence_penalty: 0.5 }, 'presence_penalty', /presence_penalty is not supported: this server accepts it only as 0/],
       [{ frequency_penalty: 1 }, 'frequency_penalty', /frequency_penalty/],
       [{ logit_bias: { '5': 10 } }, 'logit_bias', /logit_bias/],
-      [{ tools: [{ type: 'function', function: { name: 'f', parameters: {} } }], tool_choice: 'required' }, 'tool_choice', /tool_choice "required" is not supported/],
+      [
+        { tools: [{ type: 'function', function: { name: 'f', parameters: {} } }], tool_choice: 'required' },
+        'tool_choice',
+        /tool_choice "required" is not supported/,
+      ],
       [{ response_format: { type: 'json_object' } }, 'response_format', /response_format/],
       [{ foo: 1 }, 'foo', /Unrecognized request argument supplied: foo/],
       [{ top_logprobs: 2 }, 'top_logprobs', /top_logprobs needs logprobs: true/],
@@ -280,13 +430,28 @@ t.test('the openai client against slm-train serve', async (t) => {
       t.equal(e.param, name);
       t.match(e.message, re);
     }
-    for (const [params, name] of [[{ echo: true }, 'echo'], [{ suffix: 'end' }, 'suffix'], [{ best_of: 3 }, 'best_of'], [{ logprobs: 21 }, 'logprobs'], [{ max_completion_tokens: 3 }, 'max_completion_tokens']] as const) {
+    for (const [params, name] of [
+      [{ echo: true }, 'echo'],
+      [{ suffix: 'end' }, 'suffix'],
+      [{ best_of: 3 }, 'best_of'],
+      [{ logprobs: 21 }, 'logprobs'],
+      [{ max_completion_tokens: 3 }, 'max_completion_tokens'],
+    ] as const) {
       const e = await failure(client.completions.create({ model: 'tiny', prompt: 'x', max_tokens: 2, ...params } as never));
       t.equal(e.status, 400, `completions ${name}: 400`);
       t.match(e.message, new RegExp(name));
     }
     // At their defaults they are accepted (and change nothing).
-    const ok = await client.chat.completions.create({ ...chat, temperature: 0, presence_penalty: 0, frequency_penalty: 0, logit_bias: {}, user: 'u1', response_format: { type: 'text' }, n: 1 });
+    const ok = await client.chat.completions.create({
+      ...chat,
+      temperature: 0,
+      presence_penalty: 0,
+      frequency_penalty: 0,
+      logit_bias: {},
+      user: 'u1',
+      response_format: { type: 'text' },
+      n: 1,
+    });
     const plain = await client.chat.completions.create({ ...chat, temperature: 0 });
     t.equal(ok.choices[0].message.content, plain.choices[0].message.content);
   });

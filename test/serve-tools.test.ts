@@ -34,9 +34,22 @@ const tokenizer = loadTokenizer(dir);
 const formatter = ChatFormatter.forModel(dir);
 const IM_END = tokenizer.tokenId('<|im_end|>')!;
 
-
-const weather = { type: 'function' as const, function: { name: 'get_weather', description: 'The weather in a city now.', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } };
-const clock = { type: 'function' as const, function: { name: 'get_time', description: 'The time in a time zone.', parameters: { type: 'object', properties: { tz: { type: 'string' } } } } };
+const weather = {
+  type: 'function' as const,
+  function: {
+    name: 'get_weather',
+    description: 'The weather in a city now.',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+  },
+};
+const clock = {
+  type: 'function' as const,
+  function: {
+    name: 'get_time',
+    description: 'The time in a time zone.',
+    parameters: { type: 'object', properties: { tz: { type: 'string' } } },
+  },
+};
 /** An object nested `n` levels deep: {"a": {"a": ... 1}}. */
 const deep = (n: number): unknown => JSON.parse(`${'{"a":'.repeat(n)}1${'}'.repeat(n)}`);
 const CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
@@ -68,15 +81,35 @@ t.test('the <tool_call> parser', async (t) => {
   t.match(one.ids[0], /^chatcmpl-tool-[0-9a-f]{32}$/);
   t.same(run(CALL).content, null, 'only a call: content null');
   const two = run(`${CALL}\n${CALL2}\n`);
-  t.same(two.calls.map((c) => c.name), ['get_weather', 'get_time'], 'two calls, the whitespace between and after them dropped');
+  t.same(
+    two.calls.map((c) => c.name),
+    ['get_weather', 'get_time'],
+    'two calls, the whitespace between and after them dropped',
+  );
   t.equal(two.content, null);
   t.not(two.ids[0], two.ids[1], 'each call its own id');
-  t.same(run(`${CALL}\n${CALL2}`, [], false).calls.map((c) => c.name), ['get_weather'], 'parallel_tool_calls false: the first call only');
+  t.same(
+    run(`${CALL}\n${CALL2}`, [], false).calls.map((c) => c.name),
+    ['get_weather'],
+    'parallel_tool_calls false: the first call only',
+  );
   const open = run('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}');
-  t.same([open.content, open.calls], [null, [{ name: 'get_weather', args: { city: 'Oslo' } }]], 'an unclosed block at the end is a call when its JSON parses');
-  t.same(run('<tool_call>\n{"name": "get_wea').content, '<tool_call>\n{"name": "get_wea', 'an unclosed block that does not parse (a reply cut by max_tokens) stays content');
+  t.same(
+    [open.content, open.calls],
+    [null, [{ name: 'get_weather', args: { city: 'Oslo' } }]],
+    'an unclosed block at the end is a call when its JSON parses',
+  );
+  t.same(
+    run('<tool_call>\n{"name": "get_wea').content,
+    '<tool_call>\n{"name": "get_wea',
+    'an unclosed block that does not parse (a reply cut by max_tokens) stays content',
+  );
   const bad = run('a <tool_call>{not json}</tool_call> b');
-  t.same(bad, { content: 'a <tool_call>{not json}</tool_call> b', calls: [], ids: [] }, 'a block that is no call stays content, as written');
+  t.same(
+    bad,
+    { content: 'a <tool_call>{not json}</tool_call> b', calls: [], ids: [] },
+    'a block that is no call stays content, as written',
+  );
   t.same(run('<tool_call>{"arguments": {}}</tool_call>').calls, [], 'a block without a name is no call');
   t.same(run('a < b <tool_ not a tag').content, 'a < b <tool_ not a tag', 'text that only starts like the tag is content');
   // Split anywhere (as stream pieces arrive): the same content and calls.
@@ -87,32 +120,75 @@ t.test('the <tool_call> parser', async (t) => {
     const split = run(text, pieces);
     t.same({ content: split.content, calls: split.calls }, { content: whole.content, calls: whole.calls }, `pieces of ${size} characters`);
   }
-  t.equal(whole.content, 'Checking both.\n\nDone <tool_call>{oops</tool_call>', 'text after the calls is content (with the whitespace before it)');
+  t.equal(
+    whole.content,
+    'Checking both.\n\nDone <tool_call>{oops</tool_call>',
+    'text after the calls is content (with the whitespace before it)',
+  );
   // Held back while it may be the tag: nothing of "<tool_c" goes out until the text shows it is not.
   const p = new ToolCallParser();
   t.same(p.push('Hi <tool_c').content, 'Hi ');
   t.same(p.push('all>{"name": "f", "arguments": {"a": 1}}').content, '', 'inside a call nothing is content');
   const d = p.push('</tool_call>');
-  t.same(d.calls.map((c) => [c.function.name, c.function.arguments]), [['f', '{"a":1}']], 'the call is handed out when its block closes; arguments as a JSON string');
+  t.same(
+    d.calls.map((c) => [c.function.name, c.function.arguments]),
+    [['f', '{"a":1}']],
+    'the call is handed out when its block closes; arguments as a JSON string',
+  );
 });
 
 t.test('parseTools refuses malformed tools and unsupported choices with coded 400s', async (t) => {
   const cases: Array<[Record<string, unknown>, string, string, RegExp]> = [
     [{ tools: { type: 'function' } }, 'tools', 'invalid_tools', /tools must be a list/],
     [{ tools: ['get_weather'] }, 'tools', 'invalid_tools', /tools\[0\] must be \{type: 'function'/],
-    [{ tools: [{ type: 'function', function: { description: 'x' } }] }, 'tools', 'invalid_tools', /tools\[0\]\.function\.name must be 1 to 64 letters/],
+    [
+      { tools: [{ type: 'function', function: { description: 'x' } }] },
+      'tools',
+      'invalid_tools',
+      /tools\[0\]\.function\.name must be 1 to 64 letters/,
+    ],
     [{ tools: [{ type: 'function', function: { name: 'a b' } }] }, 'tools', 'invalid_tools', /function\.name/],
-    [{ tools: [{ type: 'function', function: { name: 'f', parameters: 'x' } }] }, 'tools', 'invalid_tools', /parameters must be a JSON-schema object/],
+    [
+      { tools: [{ type: 'function', function: { name: 'f', parameters: 'x' } }] },
+      'tools',
+      'invalid_tools',
+      /parameters must be a JSON-schema object/,
+    ],
     [{ tools: [weather, weather] }, 'tools', 'invalid_tools', /'get_weather' is defined twice/],
-    [{ tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) }, 'tools', 'invalid_tools', /at most 128/],
-    [{ tools: [{ type: 'function', function: { name: 'f', description: 'x'.repeat(300_000) } }] }, 'tools', 'invalid_tools', /at most 262144/],
-    [{ tools: [{ type: 'function', function: { name: 'f', parameters: deep(64) } }] }, 'tools', 'invalid_tools', /tools nests objects and lists more than 64 levels deep/],
+    [
+      { tools: Array.from({ length: 129 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) },
+      'tools',
+      'invalid_tools',
+      /at most 128/,
+    ],
+    [
+      { tools: [{ type: 'function', function: { name: 'f', description: 'x'.repeat(300_000) } }] },
+      'tools',
+      'invalid_tools',
+      /at most 262144/,
+    ],
+    [
+      { tools: [{ type: 'function', function: { name: 'f', parameters: deep(64) } }] },
+      'tools',
+      'invalid_tools',
+      /tools nests objects and lists more than 64 levels deep/,
+    ],
     [{ tools: [weather], tool_choice: 'required' }, 'tool_choice', 'unsupported_tool_choice', /tool_choice "required" is not supported/],
-    [{ tools: [weather], tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 'tool_choice', 'unsupported_tool_choice', /"name":"get_weather".*is not supported/],
+    [
+      { tools: [weather], tool_choice: { type: 'function', function: { name: 'get_weather' } } },
+      'tool_choice',
+      'unsupported_tool_choice',
+      /"name":"get_weather".*is not supported/,
+    ],
     [{ tools: [weather], tool_choice: 'sometimes' }, 'tool_choice', 'unsupported_tool_choice', /must be 'auto' or 'none'/],
     [{ tool_choice: 'auto' }, 'tool_choice', 'invalid_tools', /needs tools/],
     [{ tools: [weather], parallel_tool_calls: 'yes' }, 'parallel_tool_calls', 'invalid_tools', /true or false/],
-    [{ tools: [{ ...weather, function: { ...weather.function, strict: true } }] }, 'tools', 'unsupported_tool_choice', /strict: true is not supported/],
+    [
+      { tools: [{ ...weather, function: { ...weather.function, strict: true } }] },
+      'tools',
+      'unsupported_tool_choice',
+      /strict: true is not supported/,
+    ],
   ];
   for (const [body, param, code, re] of cases) {
     const e = (() => {
@@ -126,10 +202,18 @@ t.test('parseTools refuses malformed tools and unsupported choices with coded 40
     t.ok(e, `${JSON.stringify(body).slice(0, 60)}: refused`);
     t.match(e, { status: 400, param, code, message: re });
   }
-  t.same(parseTools({ tools: [weather], tool_choice: 'none' }), { tools: [weather], active: false, parallel: true }, "'none': kept, inactive");
+  t.same(
+    parseTools({ tools: [weather], tool_choice: 'none' }),
+    { tools: [weather], active: false, parallel: true },
+    "'none': kept, inactive",
+  );
   t.same(parseTools({}), { tools: [], active: false, parallel: true });
   t.same(parseTools({ tools: [], tool_choice: 'none' }).active, false);
-  t.equal(parseTools({ tools: [{ type: 'function', function: { name: 'f', parameters: deep(61) } }] }).tools.length, 1, 'a schema nested 61 levels (64 with the tool list) is accepted');
+  t.equal(
+    parseTools({ tools: [{ type: 'function', function: { name: 'f', parameters: deep(61) } }] }).tools.length,
+    1,
+    'a schema nested 61 levels (64 with the tool list) is accepted',
+  );
 });
 
 /** A scripted stand-in for the engine: each row emits the tokens of the next scripted text, then <|im_end|>. */
@@ -157,7 +241,15 @@ function scriptedModel() {
         finishReasons.push(finish);
         steps = Math.max(steps, ids.length);
       });
-      return { tokens, logprobs: tokens.map((x) => new Float32Array(x.length).fill(-0.5)), finishReasons, steps, prefillTokens: 0, prefillTokensRequested: 0, cacheReusedTokens: 0 };
+      return {
+        tokens,
+        logprobs: tokens.map((x) => new Float32Array(x.length).fill(-0.5)),
+        finishReasons,
+        steps,
+        prefillTokens: 0,
+        prefillTokensRequested: 0,
+        cacheReusedTokens: 0,
+      };
     },
   };
   return {
@@ -197,13 +289,35 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
     const noTools = lastPrompt();
     t.notMatch(noTools, /<tools>/);
     script.push(CALL);
-    const r = await client.chat.completions.create({ model: 'tiny', messages: ask('Weather in Paris?'), tools: [weather, clock], max_tokens: 50 });
+    const r = await client.chat.completions.create({
+      model: 'tiny',
+      messages: ask('Weather in Paris?'),
+      tools: [weather, clock],
+      max_tokens: 50,
+    });
     const withTools = lastPrompt();
-    t.match(withTools, /^<\|im_start\|>system\n# Tools\n[\s\S]*<tools>\n\{"type": "function", "function": \{"name": "get_weather", "description": "The weather in a city now\.", "parameters": \{"type": "object", "properties": \{"city": \{"type": "string"\}\}, "required": \["city"\]\}\}\}\n\{"type": "function", "function": \{"name": "get_time"/, "the template's <tools> block lists each tool's schema");
-    t.equal(withTools, formatter.prompt(ask('Weather in Paris?'), { tools: [weather, clock] }), 'the prompt is the template rendered with tools');
-    t.ok(r.usage!.prompt_tokens > plain.usage!.prompt_tokens + 50, `prompt tokens ${plain.usage!.prompt_tokens} -> ${r.usage!.prompt_tokens} with tools`);
+    t.match(
+      withTools,
+      /^<\|im_start\|>system\n# Tools\n[\s\S]*<tools>\n\{"type": "function", "function": \{"name": "get_weather", "description": "The weather in a city now\.", "parameters": \{"type": "object", "properties": \{"city": \{"type": "string"\}\}, "required": \["city"\]\}\}\}\n\{"type": "function", "function": \{"name": "get_time"/,
+      "the template's <tools> block lists each tool's schema",
+    );
+    t.equal(
+      withTools,
+      formatter.prompt(ask('Weather in Paris?'), { tools: [weather, clock] }),
+      'the prompt is the template rendered with tools',
+    );
+    t.ok(
+      r.usage!.prompt_tokens > plain.usage!.prompt_tokens + 50,
+      `prompt tokens ${plain.usage!.prompt_tokens} -> ${r.usage!.prompt_tokens} with tools`,
+    );
     script.push(CALL);
-    const none = await client.chat.completions.create({ model: 'tiny', messages: ask('Weather in Paris?'), tools: [weather], tool_choice: 'none', max_tokens: 50 });
+    const none = await client.chat.completions.create({
+      model: 'tiny',
+      messages: ask('Weather in Paris?'),
+      tools: [weather],
+      tool_choice: 'none',
+      max_tokens: 50,
+    });
     t.equal(lastPrompt(), noTools, "tool_choice 'none': the prompt has no tools");
     t.equal(none.choices[0].message.content, CALL, "and the reply's <tool_call> text is content, not parsed");
     t.notOk(none.choices[0].message.tool_calls);
@@ -213,7 +327,12 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
 
   await t.test('non-streaming: message.tool_calls and finish_reason tool_calls', async (t) => {
     script.push(`I will look it up.\n${CALL}\n${CALL2}`);
-    const r = await client.chat.completions.create({ model: 'tiny', messages: ask('Weather and time in Paris?'), tools: [weather, clock], max_tokens: 100 });
+    const r = await client.chat.completions.create({
+      model: 'tiny',
+      messages: ask('Weather and time in Paris?'),
+      tools: [weather, clock],
+      max_tokens: 100,
+    });
     const c = r.choices[0];
     t.equal(c.finish_reason, 'tool_calls');
     t.equal(c.message.content, 'I will look it up.\n', 'the text before the calls is the content');
@@ -222,11 +341,24 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
     t.match(calls[0], { type: 'function', id: /^chatcmpl-tool-/, function: { name: 'get_weather' } });
     t.ok(calls[0].type === 'function' && typeof calls[0].function.arguments === 'string', 'arguments as a JSON string');
     const fns = calls.map((x) => (x.type === 'function' ? [x.function.name, JSON.parse(x.function.arguments)] : null));
-    t.same(fns, [['get_weather', { city: 'Paris' }], ['get_time', { tz: 'Europe/Paris' }]]);
+    t.same(fns, [
+      ['get_weather', { city: 'Paris' }],
+      ['get_time', { tz: 'Europe/Paris' }],
+    ]);
 
     script.push(`${CALL}\n${CALL2}`);
-    const one = await client.chat.completions.create({ model: 'tiny', messages: ask('Weather and time?'), tools: [weather, clock], parallel_tool_calls: false, max_tokens: 100 });
-    t.same(one.choices[0].message.tool_calls!.map((x) => (x.type === 'function' ? x.function.name : '')), ['get_weather'], 'parallel_tool_calls false: one call');
+    const one = await client.chat.completions.create({
+      model: 'tiny',
+      messages: ask('Weather and time?'),
+      tools: [weather, clock],
+      parallel_tool_calls: false,
+      max_tokens: 100,
+    });
+    t.same(
+      one.choices[0].message.tool_calls!.map((x) => (x.type === 'function' ? x.function.name : '')),
+      ['get_weather'],
+      'parallel_tool_calls false: one call',
+    );
     t.equal(one.choices[0].message.content, null);
 
     script.push('No tool needed: it is sunny.');
@@ -240,7 +372,14 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
     const reply = `I will look it up.\n${CALL}\n${CALL2}`;
     script.push(reply);
     const chunks = [];
-    for await (const c of await client.chat.completions.create({ model: 'tiny', messages: ask('Weather and time in Paris?'), tools: [weather, clock], max_tokens: 100, stream: true })) chunks.push(c);
+    for await (const c of await client.chat.completions.create({
+      model: 'tiny',
+      messages: ask('Weather and time in Paris?'),
+      tools: [weather, clock],
+      max_tokens: 100,
+      stream: true,
+    }))
+      chunks.push(c);
     const content = chunks.map((c) => c.choices[0]?.delta.content ?? '').join('');
     t.equal(content, 'I will look it up.\n', 'the content deltas add up to the text before the calls');
     t.notMatch(content, /tool_call/, 'no part of a block reached the content');
@@ -251,18 +390,40 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
       if (d.id) acc[d.index] = { id: d.id, name: d.function?.name ?? '', args: '' };
       acc[d.index].args += d.function?.arguments ?? '';
     }
-    t.same(acc.map((a) => [a.name, JSON.parse(a.args)]), [['get_weather', { city: 'Paris' }], ['get_time', { tz: 'Europe/Paris' }]]);
+    t.same(
+      acc.map((a) => [a.name, JSON.parse(a.args)]),
+      [
+        ['get_weather', { city: 'Paris' }],
+        ['get_time', { tz: 'Europe/Paris' }],
+      ],
+    );
     t.match(acc[0].id, /^chatcmpl-tool-/);
-    t.same(chunks.flatMap((c) => c.choices.filter((x) => x.finish_reason).map((x) => x.finish_reason)), ['tool_calls'], 'one finish_reason: tool_calls');
+    t.same(
+      chunks.flatMap((c) => c.choices.filter((x) => x.finish_reason).map((x) => x.finish_reason)),
+      ['tool_calls'],
+      'one finish_reason: tool_calls',
+    );
 
     // The client's own stream helper accumulates the deltas into a chat completion.
     script.push(reply);
-    const stream = client.chat.completions.stream({ model: 'tiny', messages: ask('Weather and time in Paris?'), tools: [weather, clock], max_tokens: 100 });
+    const stream = client.chat.completions.stream({
+      model: 'tiny',
+      messages: ask('Weather and time in Paris?'),
+      tools: [weather, clock],
+      max_tokens: 100,
+    });
     const final = await stream.finalChatCompletion();
     const m = final.choices[0].message;
     t.equal(final.choices[0].finish_reason, 'tool_calls');
     t.equal(m.content, 'I will look it up.\n');
-    t.same(m.tool_calls!.map((x) => (x.type === 'function' ? [x.function.name, JSON.parse(x.function.arguments)] : null)), [['get_weather', { city: 'Paris' }], ['get_time', { tz: 'Europe/Paris' }]], 'chat.completions.stream: the same calls');
+    t.same(
+      m.tool_calls!.map((x) => (x.type === 'function' ? [x.function.name, JSON.parse(x.function.arguments)] : null)),
+      [
+        ['get_weather', { city: 'Paris' }],
+        ['get_time', { tz: 'Europe/Paris' }],
+      ],
+      'chat.completions.stream: the same calls',
+    );
   });
 
   await t.test('earlier tool calls and tool results render through the template', async (t) => {
@@ -273,14 +434,33 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
       max_tokens: 50,
       messages: [
         { role: 'user', content: 'Weather in Paris?' },
-        { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+        {
+          role: 'assistant',
+          content: null,
+          tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }],
+        },
         { role: 'tool', tool_call_id: 'call_1', content: '{"sky": "sunny"}' },
       ],
     });
     t.equal(r.choices[0].message.content, 'It is sunny in Paris.');
-    t.match(lastPrompt(), /<\|im_start\|>assistant\n<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Paris"\}\}\n<\/tool_call><\|im_end\|>\n<\|im_start\|>user\n<tool_response>\n\{"sky": "sunny"\}\n<\/tool_response><\|im_end\|>\n<\|im_start\|>assistant\n$/, 'the call (arguments as an object) and the result, in Qwen\'s format');
+    t.match(
+      lastPrompt(),
+      /<\|im_start\|>assistant\n<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Paris"\}\}\n<\/tool_call><\|im_end\|>\n<\|im_start\|>user\n<tool_response>\n\{"sky": "sunny"\}\n<\/tool_response><\|im_end\|>\n<\|im_start\|>assistant\n$/,
+      "the call (arguments as an object) and the result, in Qwen's format",
+    );
     const e = await failure(
-      client.chat.completions.create({ model: 'tiny', tools: [weather], messages: [{ role: 'user', content: 'x' }, { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'get_weather', arguments: '{city' } }] }] }),
+      client.chat.completions.create({
+        model: 'tiny',
+        tools: [weather],
+        messages: [
+          { role: 'user', content: 'x' },
+          {
+            role: 'assistant',
+            content: null,
+            tool_calls: [{ id: 'c', type: 'function', function: { name: 'get_weather', arguments: '{city' } }],
+          },
+        ],
+      }),
     );
     t.match(e, { status: 400, param: 'messages', message: /messages\[1\]\.tool_calls\[0\]\.function\.arguments is not valid JSON/ });
   });
@@ -294,9 +474,17 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
       [{ tools: Array.from({ length: 5000 }, (_, i) => ({ type: 'function', function: { name: `f${i}` } })) }, 'tools', 'invalid_tools'],
       [{ tools: [{ type: 'function', function: { name: 'f', parameters: deep(3000) } }] }, 'tools', 'invalid_tools'],
       [{ tools: [weather], tool_choice: 'required' }, 'tool_choice', 'unsupported_tool_choice'],
-      [{ tools: [weather], tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 'tool_choice', 'unsupported_tool_choice'],
+      [
+        { tools: [weather], tool_choice: { type: 'function', function: { name: 'get_weather' } } },
+        'tool_choice',
+        'unsupported_tool_choice',
+      ],
       [{ response_format: { type: 'json_object' } }, 'response_format', 'unsupported_response_format'],
-      [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }, 'response_format', 'unsupported_response_format'],
+      [
+        { response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } },
+        'response_format',
+        'unsupported_response_format',
+      ],
       [{ response_format: 'json' }, 'response_format', 'unsupported_response_format'],
     ];
     for (const [extra, param, code] of bad) {
@@ -304,25 +492,50 @@ t.test('tools through the openai client: rendered into the prompt, calls parsed,
       t.ok(e instanceof OpenAI.BadRequestError, `${param} ${JSON.stringify(extra).slice(0, 50)}: BadRequestError`);
       t.match(e, { status: 400, param, code });
     }
-    const e = await failure(client.chat.completions.create({ model: 'tiny', messages: ask('x'), response_format: { type: 'json_object' } }));
+    const e = await failure(
+      client.chat.completions.create({ model: 'tiny', messages: ask('x'), response_format: { type: 'json_object' } }),
+    );
     t.match(e.message, /response_format json_object is not supported: this server does not constrain generation to JSON/);
     const ec = await failure(client.completions.create({ model: 'tiny', prompt: 'x', tools: [weather] } as never));
     t.match(ec, { status: 400, param: 'tools' }, 'completions take no tools');
     // Earlier calls' arguments nested deep enough to overflow the template's stack: a 400, not a 500.
     const args = `${'{"a":'.repeat(10_000)}1${'}'.repeat(10_000)}`;
-    const et = await failure(client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'x' }, { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: args } }] }, { role: 'tool', tool_call_id: 'c', content: 'r' }] }));
-    t.match(et, { status: 400, param: 'messages', code: 'chat_template_error', message: /Maximum call stack size exceeded/ }, 'a template that fails on the messages: 400 chat_template_error');
+    const et = await failure(
+      client.chat.completions.create({
+        model: 'tiny',
+        messages: [
+          { role: 'user', content: 'x' },
+          { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: args } }] },
+          { role: 'tool', tool_call_id: 'c', content: 'r' },
+        ],
+      }),
+    );
+    t.match(
+      et,
+      { status: 400, param: 'messages', code: 'chat_template_error', message: /Maximum call stack size exceeded/ },
+      'a template that fails on the messages: 400 chat_template_error',
+    );
     t.equal(requests.length, calls, 'nothing refused reached the model');
     script.push('still here');
-    const ok = await client.chat.completions.create({ model: 'tiny', messages: ask('x'), tools: [weather], response_format: { type: 'text' }, max_tokens: 20 });
+    const ok = await client.chat.completions.create({
+      model: 'tiny',
+      messages: ask('x'),
+      tools: [weather],
+      response_format: { type: 'text' },
+      max_tokens: 20,
+    });
     t.equal(ok.choices[0].message.content, 'still here', 'the server answers afterwards');
   });
 });
 
 t.test('a chat template that raises on the messages is a 400 chat_template_error', async (t) => {
-  const strict = new ChatFormatter("{% if messages[0].role != 'user' %}{{ raise_exception('Conversation roles must start with user') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}");
+  const strict = new ChatFormatter(
+    "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation roles must start with user') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
+  );
   const { client, script, requests } = await start(t, { formatter: strict });
-  const e = await failure(client.chat.completions.create({ model: 'tiny', messages: [{ role: 'system', content: 'be brief' }], max_tokens: 5 }));
+  const e = await failure(
+    client.chat.completions.create({ model: 'tiny', messages: [{ role: 'system', content: 'be brief' }], max_tokens: 5 }),
+  );
   t.match(e, { status: 400, param: 'messages', code: 'chat_template_error', message: /Conversation roles must start with user/ });
   t.equal(requests.length, 0, 'nothing reached the model');
   script.push('ok');
@@ -352,7 +565,10 @@ t.test('/metrics in Prometheus text format', async (t) => {
     const text = await r.text();
     const samples = parseProm(text);
     const types = Object.fromEntries([...text.matchAll(/^# TYPE (\S+) (\S+)$/gm)].map((m) => [m[1], m[2]]));
-    const get = (name: string, labels: Record<string, string> = {}) => samples.filter((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v)).reduce((a, s) => a + s.value, 0);
+    const get = (name: string, labels: Record<string, string> = {}) =>
+      samples
+        .filter((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v))
+        .reduce((a, s) => a + s.value, 0);
     return { samples, types, get };
   };
   const head = await fetch(`${base}/metrics`);
@@ -389,11 +605,22 @@ t.test('/metrics in Prometheus text format', async (t) => {
   t.equal(after.get('slm_train_requests_total', { endpoint: '/v1/completions', status: '200' }), 1);
   t.equal(after.get('slm_train_requests_total', { endpoint: '/v1/chat/completions', status: '400' }), 1);
   const usages = [a.usage!, b.usage!, cr.usage!];
-  t.equal(after.get('slm_train_prompt_tokens_total'), usages.reduce((x, u) => x + u.prompt_tokens, 0), 'prompt tokens = the replies’ usage');
-  t.equal(after.get('slm_train_generation_tokens_total'), usages.reduce((x, u) => x + u.completion_tokens, 0), 'generated tokens = the replies’ usage');
+  t.equal(
+    after.get('slm_train_prompt_tokens_total'),
+    usages.reduce((x, u) => x + u.prompt_tokens, 0),
+    'prompt tokens = the replies’ usage',
+  );
+  t.equal(
+    after.get('slm_train_generation_tokens_total'),
+    usages.reduce((x, u) => x + u.completion_tokens, 0),
+    'generated tokens = the replies’ usage',
+  );
   t.equal(after.get('slm_train_request_duration_seconds_count'), 4, 'four requests timed');
   const buckets = after.samples.filter((s) => s.name === 'slm_train_request_duration_seconds_bucket');
-  t.ok(buckets.every((s, i) => i === 0 || s.value >= buckets[i - 1].value), 'buckets are cumulative');
+  t.ok(
+    buckets.every((s, i) => i === 0 || s.value >= buckets[i - 1].value),
+    'buckets are cumulative',
+  );
   t.equal(buckets.at(-1)!.labels.le, '+Inf');
   t.equal(buckets.at(-1)!.value, 4);
   t.ok(after.get('slm_train_request_duration_seconds_sum') > 0);
@@ -403,18 +630,31 @@ t.test('/metrics in Prometheus text format', async (t) => {
   const release2 = hold();
   script.push('never read');
   const gone = new AbortController();
-  const left = fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', messages: ask('bye'), max_tokens: 5 }), signal: gone.signal }).catch((e: Error) => e);
+  const left = fetch(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'tiny', messages: ask('bye'), max_tokens: 5 }),
+    signal: gone.signal,
+  }).catch((e: Error) => e);
   for (let i = 0; i < 200 && (await scrape()).get('slm_train_requests_in_flight') === 0; i++) await new Promise((r) => setTimeout(r, 10));
   gone.abort();
   t.match(await left, { name: 'AbortError' });
   for (let i = 0; i < 200 && (await scrape()).get('slm_train_requests_in_flight') > 0; i++) await new Promise((r) => setTimeout(r, 10));
   const end = await scrape();
-  t.equal(end.get('slm_train_requests_total', { endpoint: '/v1/chat/completions', status: '499' }), 1, 'the request whose client left: status 499');
+  t.equal(
+    end.get('slm_train_requests_total', { endpoint: '/v1/chat/completions', status: '499' }),
+    1,
+    'the request whose client left: status 499',
+  );
   t.equal(end.get('slm_train_requests_in_flight'), 0);
   release2();
 
   // A body that is not JSON is answered before it is counted.
-  const notJson = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"model": ' });
+  const notJson = await fetch(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: '{"model": ',
+  });
   t.equal(notJson.status, 400);
   await notJson.text();
   const last = await scrape();
@@ -428,9 +668,17 @@ t.test('max_tokens: the default and the limit of the server', async (t) => {
   t.same(requests.at(-1)!.rowMaxNewTokens, [7], 'a request that names no max_tokens gets the default');
   t.equal(r.usage!.completion_tokens, 7);
   t.equal(r.choices[0].finish_reason, 'length');
-  for (const [k, v] of [['max_tokens', 41], ['max_completion_tokens', 1000]] as const) {
+  for (const [k, v] of [
+    ['max_tokens', 41],
+    ['max_completion_tokens', 1000],
+  ] as const) {
     const e = await failure(client.chat.completions.create({ model: 'tiny', messages: ask('count'), [k]: v }));
-    t.match(e, { status: 400, param: k, code: 'max_tokens_over_limit', message: new RegExp(`${k} is ${v}, over this server's limit of 40 \\(its --max-tokens-limit\\)`) });
+    t.match(e, {
+      status: 400,
+      param: k,
+      code: 'max_tokens_over_limit',
+      message: new RegExp(`${k} is ${v}, over this server's limit of 40 \\(its --max-tokens-limit\\)`),
+    });
   }
   const ec = await failure(client.completions.create({ model: 'tiny', prompt: 'x', max_tokens: 41 }));
   t.match(ec, { status: 400, param: 'max_tokens', code: 'max_tokens_over_limit' });
@@ -449,7 +697,24 @@ t.test('serve --max-tokens-default / --max-tokens-limit reach the server (the CL
     t.not(r.code, 0, `${args.join(' ')}: refused`);
     t.match(r.stderr, re);
   }
-  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--model', dir, '--name', 'tiny', '--port', '0', '--max-tokens-default', '6', '--max-tokens-limit', '9'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const p = spawn(
+    process.execPath,
+    [
+      join(repoRoot, 'bin', 'slm-train.js'),
+      'serve',
+      '--model',
+      dir,
+      '--name',
+      'tiny',
+      '--port',
+      '0',
+      '--max-tokens-default',
+      '6',
+      '--max-tokens-limit',
+      '9',
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
   let out = '';
   let err = '';
   p.stdout.on('data', (d) => (out += d));
@@ -460,7 +725,12 @@ t.test('serve --max-tokens-default / --max-tokens-limit reach the server (the CL
   const listening = /on http:\/\/127\.0\.0\.1:(\d+)\/v1/;
   for (let i = 0; i < 1200 && !listening.test(out); i++) await new Promise((r) => setTimeout(r, 50));
   t.match(out, listening, `listening (stderr: ${err.slice(-300)})`);
-  const client = new OpenAI({ baseURL: `http://127.0.0.1:${listening.exec(out)![1]}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+  const client = new OpenAI({
+    baseURL: `http://127.0.0.1:${listening.exec(out)![1]}/v1`,
+    apiKey: 'unused',
+    maxRetries: 0,
+    timeout: 60_000,
+  });
   const r = await client.chat.completions.create({ model: 'tiny', messages: ask('Tell me a story.'), ignore_eos: true } as never);
   t.equal(r.usage!.completion_tokens, 6, 'no max_tokens: --max-tokens-default 6 tokens');
   t.equal(r.choices[0].finish_reason, 'length');
@@ -469,10 +739,18 @@ t.test('serve --max-tokens-default / --max-tokens-limit reach the server (the CL
   // The real engine with tools: they reach the prompt (its token count), and the reply is parsed.
   const plain = await client.chat.completions.create({ model: 'tiny', messages: ask('Weather?'), max_tokens: 3 });
   const tooled = await client.chat.completions.create({ model: 'tiny', messages: ask('Weather?'), tools: [weather], max_tokens: 3 });
-  t.equal(tooled.usage!.prompt_tokens, tokenizer.encode(formatter.prompt(ask('Weather?'), { tools: [weather] })).length, 'the prompt rendered with the tools');
+  t.equal(
+    tooled.usage!.prompt_tokens,
+    tokenizer.encode(formatter.prompt(ask('Weather?'), { tools: [weather] })).length,
+    'the prompt rendered with the tools',
+  );
   t.ok(tooled.usage!.prompt_tokens > plain.usage!.prompt_tokens);
   const metrics = await (await fetch(`http://127.0.0.1:${listening.exec(out)![1]}/metrics`)).text();
-  t.match(metrics, /^slm_train_requests_total\{model_name="tiny",endpoint="\/v1\/chat\/completions",status="200"\} 3$/m, '/metrics of the CLI server');
+  t.match(
+    metrics,
+    /^slm_train_requests_total\{model_name="tiny",endpoint="\/v1\/chat\/completions",status="200"\} 3$/m,
+    '/metrics of the CLI server',
+  );
   p.kill('SIGTERM');
   await new Promise((r) => p.once('exit', r));
 });

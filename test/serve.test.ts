@@ -29,7 +29,11 @@ t.test('chat and text completions, batching, the judge backend, errors', async (
   });
   const base = `http://127.0.0.1:${port}/v1`;
   const post = async (path: string, body: unknown) => {
-    const r = await fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    const r = await fetch(`${base}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
     return { status: r.status, body: (await r.json()) as Record<string, any> };
   };
   const solo = async (content: string, n: number) => {
@@ -37,35 +41,65 @@ t.test('chat and text completions, batching, the judge backend, errors', async (
     const g = await model.generate({ prompts: [Int32Array.from(ids)], maxNewTokens: n, greedy: true, stopTokenIds: tok.stopTokenIds });
     const out = Array.from(g.tokens[0]);
     const stopped = out.length && tok.stopTokenIds.includes(out[out.length - 1]);
-    return { text: tok.decode(stopped ? out.slice(0, -1) : out, { skipSpecialTokens: true }), promptTokens: ids.length, tokens: out.length };
+    return {
+      text: tok.decode(stopped ? out.slice(0, -1) : out, { skipSpecialTokens: true }),
+      promptTokens: ids.length,
+      tokens: out.length,
+    };
   };
 
   const models = await (await fetch(`${base}/models`)).json();
   t.match(models, { object: 'list', data: [{ id: 'tiny' }] });
 
-  const r = await post('/chat/completions', { model: 'tiny', messages: [{ role: 'user', content: 'Name a river.' }], max_tokens: 12, temperature: 0 });
+  const r = await post('/chat/completions', {
+    model: 'tiny',
+    messages: [{ role: 'user', content: 'Name a river.' }],
+    max_tokens: 12,
+    temperature: 0,
+  });
   t.equal(r.status, 200);
   const want = await solo('Name a river.', 12);
   t.equal(r.body.choices[0].message.content, want.text, 'greedy reply = the engine greedy decode of the templated prompt');
-  t.match(r.body, { object: 'chat.completion', model: 'tiny', usage: { prompt_tokens: want.promptTokens, completion_tokens: want.tokens } });
+  t.match(r.body, {
+    object: 'chat.completion',
+    model: 'tiny',
+    usage: { prompt_tokens: want.promptTokens, completion_tokens: want.tokens },
+  });
   t.ok(['stop', 'length'].includes(r.body.choices[0].finish_reason));
 
   // Six at once: they share generate calls and each gets its own greedy reply.
   const qs = ['a', 'bb', 'ccc ccc', 'dddd', 'eeeee eeee', 'f'].map((x) => `Say ${x}`);
   const calls0 = server.batches.count;
-  const all = await Promise.all(qs.map((q) => post('/chat/completions', { messages: [{ role: 'user', content: q }], max_tokens: 8, temperature: 0 })));
+  const all = await Promise.all(
+    qs.map((q) => post('/chat/completions', { messages: [{ role: 'user', content: q }], max_tokens: 8, temperature: 0 })),
+  );
   const rows = server.batches.since(calls0);
   t.ok(rows.length < qs.length && Math.max(...rows) > 1, `6 requests in ${rows.length} generate calls (${rows.join(', ')} rows)`);
-  for (let i = 0; i < qs.length; i++) t.equal(all[i].body.choices[0].message.content, (await solo(qs[i], 8)).text, `batched reply ${i} = its solo reply`);
+  for (let i = 0; i < qs.length; i++)
+    t.equal(all[i].body.choices[0].message.content, (await solo(qs[i], 8)).text, `batched reply ${i} = its solo reply`);
 
   // Sampled requests with a seed: batched or alone, a request gets the same reply (its own stream, as
   // vLLM's per-request seed). top_k 4: over this random model's flat 151k-token distribution, float
   // rounding that differs between a padded batch and a lone row could move a full-vocabulary sample.
-  const sampled = (q: string) => ({ messages: [{ role: 'user', content: q }], max_tokens: 8, temperature: 1, top_k: 4, seed: 1000 + q.length });
+  const sampled = (q: string) => ({
+    messages: [{ role: 'user', content: q }],
+    max_tokens: 8,
+    temperature: 1,
+    top_k: 4,
+    seed: 1000 + q.length,
+  });
   const calls1 = server.batches.count;
   const together = await Promise.all(qs.map((q) => post('/chat/completions', sampled(q))));
-  t.ok(server.batches.since(calls1).some((n) => n > 1), 'the sampled requests shared generate calls');
-  for (let i = 0; i < qs.length; i++) t.equal(together[i].body.choices[0].message.content, (await post("/chat/completions", sampled(qs[i]))).body.choices[0].message.content, `sampled reply ${i} batched = alone`);
+  t.ok(
+    server.batches.since(calls1).some((n) => n > 1),
+    'the sampled requests shared generate calls',
+  );
+  for (let i = 0; i < qs.length; i++)
+    t.equal(
+      together[i].body.choices[0].message.content,
+      (await post('/chat/completions', sampled(qs[i]))).body.choices[0].message.content,
+      `sampled reply ${i} batched = alone`,
+    );
 
   const c = await post('/completions', { prompt: [1, 2, 3, 4], max_tokens: 5, temperature: 0 });
   t.equal(c.status, 200);
@@ -115,7 +149,11 @@ t.test("the server's call history is bounded: the recent entries and the count o
   t.equal(h.last, 999);
   const kept = h.since(0);
   t.ok(kept.length >= 4 && kept.length < 8, `at most 2 x keep retained (${kept.length})`);
-  t.same(kept, Array.from({ length: kept.length }, (_, i) => 1000 - kept.length + i), 'the newest, in order');
+  t.same(
+    kept,
+    Array.from({ length: kept.length }, (_, i) => 1000 - kept.length + i),
+    'the newest, in order',
+  );
   t.same(h.since(997), [997, 998, 999], 'the entries after the first n');
   t.same(h.since(1000), []);
   t.throws(() => new History(0), RangeError);

@@ -34,28 +34,45 @@ t.test('the 81 reference trajectories tokenize with masks on assistant text only
   for (const [i, r] of rows.entries()) {
     const ex = tokenizeConversation(r.messages, fmt, tok, i);
     const trained = tok.decode(ex.ids.filter((_, k) => ex.mask[k]));
-    const expected = r.messages.filter((m) => m.role === 'assistant').map((m) => m.content + '<|im_end|>').join('');
+    const expected = r.messages
+      .filter((m) => m.role === 'assistant')
+      .map((m) => m.content + '<|im_end|>')
+      .join('');
     if (trained !== expected) t.fail(`row ${i}: trained text differs`);
     assistantChars += expected.length;
   }
   t.ok(assistantChars > 1000);
-  const b = batchByLength(rows.map((r, i) => tokenizeConversation(r.messages, fmt, tok, i)), 8);
+  const b = batchByLength(
+    rows.map((r, i) => tokenizeConversation(r.messages, fmt, tok, i)),
+    8,
+  );
   t.equal(b.flat().length, 81);
   t.ok(b.every((x) => x.length <= 8));
 });
 
 t.test('bad rows give DATA_INVALID with the row number', async (t) => {
-  const dir = t.testdir({ 'bad.jsonl': '{"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]}\n', 'noasst.jsonl': '{"messages": [{"role": "user", "content": "hi"}]}\n' });
+  const dir = t.testdir({
+    'bad.jsonl': '{"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]}\n',
+    'noasst.jsonl': '{"messages": [{"role": "user", "content": "hi"}]}\n',
+  });
   t.throws(() => readSftRows(`${dir}/bad.jsonl`), { code: 'DATA_INVALID', message: /row 1, message 2.*"robot"/ });
   t.throws(() => readSftRows(`${dir}/noasst.jsonl`), { code: 'DATA_INVALID', message: /no assistant message/ });
   t.throws(() => readSftRows(`${dir}/missing.jsonl`), { code: 'FILE_NOT_FOUND' });
 });
 
 t.test('conversations over max_context are truncated (loss on what fits), not dropped', async (t) => {
-  const ex = (n: number, trainedFrom: number, row: number) => ({ ids: Array.from({ length: n }, (_, i) => i + 1), mask: Array.from({ length: n }, (_, i) => (i >= trainedFrom ? 1 : 0)), row });
+  const ex = (n: number, trainedFrom: number, row: number) => ({
+    ids: Array.from({ length: n }, (_, i) => i + 1),
+    mask: Array.from({ length: n }, (_, i) => (i >= trainedFrom ? 1 : 0)),
+    row,
+  });
   const r = fitContext([ex(5, 2, 0), ex(12, 4, 1), ex(12, 9, 2)], 8);
   t.same([r.truncated, r.dropped], [1, 1]);
-  t.same(r.examples.map((e) => e.row), [0, 1], 'the one whose assistant tokens all lie past the limit is dropped');
+  t.same(
+    r.examples.map((e) => e.row),
+    [0, 1],
+    'the one whose assistant tokens all lie past the limit is dropped',
+  );
   t.same(r.examples[1].ids, [1, 2, 3, 4, 5, 6, 7, 8]);
   t.same(r.examples[1].mask, [0, 0, 0, 0, 1, 1, 1, 1], 'the loss covers the assistant tokens within the limit');
   t.same(r.examples[0], ex(5, 2, 0), 'short ones pass through unchanged');
@@ -67,7 +84,11 @@ t.test('conversations over max_context are truncated (loss on what fits), not dr
   const fit = fitContext(all, 3000);
   t.ok(long > 0, `${long} of the ${rows.length} training trajectories are longer than 3,000 tokens`);
   t.equal(fit.truncated + fit.dropped, long);
-  t.equal(fit.examples.length, rows.length - fit.dropped, `kept ${fit.examples.length} (truncated ${fit.truncated}, dropped ${fit.dropped})`);
+  t.equal(
+    fit.examples.length,
+    rows.length - fit.dropped,
+    `kept ${fit.examples.length} (truncated ${fit.truncated}, dropped ${fit.dropped})`,
+  );
   t.ok(fit.examples.every((e) => e.ids.length <= 3000 && e.mask.some((m) => m)));
 });
 
@@ -85,33 +106,73 @@ t.test('the prompts the SFT conversations carry: the system message and the fina
     messages: [
       { role: 'system' as const, content: s },
       { role: 'user' as const, content: 'Question: q' },
-      ...(notice ? [{ role: 'assistant' as const, content: '<python>x</python>' }, { role: 'user' as const, content: '<python_output>\n1\n</python_output>' }, { role: 'user' as const, content: notice }] : []),
+      ...(notice
+        ? [
+            { role: 'assistant' as const, content: '<python>x</python>' },
+            { role: 'user' as const, content: '<python_output>\n1\n</python_output>' },
+            { role: 'user' as const, content: notice },
+          ]
+        : []),
       { role: 'assistant' as const, content: '<answer>a</answer>' },
     ],
   });
   const q = sftPrompts([conv('A', 'N1'), conv('B', 'N1'), conv('A'), conv('A', 'N2')]);
   t.same([q.system, q.systemRows, q.finalTurn, q.finalTurnRows, q.rows], ['A', 3, 'N1', 2, 4]);
-  t.same(sftPrompts([{ messages: [{ role: 'user', content: 'q' }, { role: 'assistant', content: 'a' }] }]), { system: null, systemRows: 0, finalTurn: null, finalTurnRows: 0, rows: 1 });
+  t.same(
+    sftPrompts([
+      {
+        messages: [
+          { role: 'user', content: 'q' },
+          { role: 'assistant', content: 'a' },
+        ],
+      },
+    ]),
+    { system: null, systemRows: 0, finalTurn: null, finalTurnRows: 0, rows: 1 },
+  );
 });
 
 t.test('retrieved passages inside an assistant message (Search-R1 trajectories) are not trained on', async (t) => {
   const info = '\n\n<information>Doc 1(Title: Paris) Paris is the capital of France.</information>\n\n';
   const messages = [
     { role: 'user' as const, content: 'Question: capital of France?' },
-    { role: 'assistant' as const, content: `<think>I should search.</think>\n<search>capital of France</search>${info}<answer>Paris</answer>` },
+    {
+      role: 'assistant' as const,
+      content: `<think>I should search.</think>\n<search>capital of France</search>${info}<answer>Paris</answer>`,
+    },
   ];
   const ex = tokenizeConversation(messages, fmt, tok);
   const trained = tok.decode(ex.ids.filter((_, i) => ex.mask[i]));
-  t.equal(trained, '<think>I should search.</think>\n<search>capital of France</search><answer>Paris</answer><|im_end|>', 'the model\'s own text only');
+  t.equal(
+    trained,
+    '<think>I should search.</think>\n<search>capital of France</search><answer>Paris</answer><|im_end|>',
+    "the model's own text only",
+  );
   t.equal(tok.decode(ex.ids), fmt.render(messages), 'the whole conversation is still there');
   // The passages are tokenized on their own, as the runner encodes an inline reply.
   const infoIds = tok.encode(info);
   const at = ex.ids.findIndex((_, i) => infoIds.every((x, j) => ex.ids[i + j] === x));
   t.ok(at > 0, 'the information block appears as its own tokens');
-  t.ok(infoIds.every((_, j) => ex.mask[at + j] === 0), 'all of them masked');
+  t.ok(
+    infoIds.every((_, j) => ex.mask[at + j] === 0),
+    'all of them masked',
+  );
   // Two searches: both blocks masked; inline program output likewise.
-  const two = tokenizeConversation([{ role: 'user', content: 'q' }, { role: 'assistant', content: `<search>a</search>${info}<search>b</search>${info}<answer>x</answer>` }], fmt, tok);
+  const two = tokenizeConversation(
+    [
+      { role: 'user', content: 'q' },
+      { role: 'assistant', content: `<search>a</search>${info}<search>b</search>${info}<answer>x</answer>` },
+    ],
+    fmt,
+    tok,
+  );
   t.equal(tok.decode(two.ids.filter((_, i) => two.mask[i])), '<search>a</search><search>b</search><answer>x</answer><|im_end|>');
-  const code = tokenizeConversation([{ role: 'user', content: 'q' }, { role: 'assistant', content: '<python>print(1)</python>\n<python_output>\n1\n</python_output>\n<answer>1</answer>' }], fmt, tok);
+  const code = tokenizeConversation(
+    [
+      { role: 'user', content: 'q' },
+      { role: 'assistant', content: '<python>print(1)</python>\n<python_output>\n1\n</python_output>\n<answer>1</answer>' },
+    ],
+    fmt,
+    tok,
+  );
   t.equal(tok.decode(code.ids.filter((_, i) => code.mask[i])), '<python>print(1)</python><answer>1</answer><|im_end|>');
 });

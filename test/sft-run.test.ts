@@ -11,7 +11,7 @@ import type { SftExample } from '../lib/train/sft/sft-data.js';
 import { fixture } from './helpers/shared.js';
 
 const examples: SftExample[] = Array.from({ length: 6 }, (_, i) => {
-  const ids = Array.from({ length: 10 + i }, (_, k) => (k * 37 + i * 11) % 500 + 5);
+  const ids = Array.from({ length: 10 + i }, (_, k) => ((k * 37 + i * 11) % 500) + 5);
   return { ids, mask: ids.map((_, k) => (k >= 4 ? 1 : 0)), row: i };
 });
 const opts: SftOptions = {
@@ -26,7 +26,10 @@ const opts: SftOptions = {
 t.test('permutations are deterministic per (seed, epoch) and differ across epochs', async (t) => {
   t.same(permutation(10, 3, 1), permutation(10, 3, 1));
   t.notSame(permutation(10, 3, 1), permutation(10, 3, 2));
-  t.same([...permutation(10, 3, 1)].sort((a, b) => a - b), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+  t.same(
+    [...permutation(10, 3, 1)].sort((a, b) => a - b),
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+  );
 });
 
 t.test('SFT lowers the loss; resume after an interruption reaches exactly the uninterrupted state', async (t) => {
@@ -60,7 +63,11 @@ t.test('SFT lowers the loss; resume after an interruption reaches exactly the un
   const pa = a.trainable();
   const pb = b2.trainable();
   for (const k of Object.keys(pa)) t.same(Array.from(pb[k]), Array.from(pa[k]), `${k}: identical to the uninterrupted run`);
-  t.same(runB.readMetrics().map((m) => m.loss), metrics.map((m) => m.loss), 'same metrics, no duplicated steps');
+  t.same(
+    runB.readMetrics().map((m) => m.loss),
+    metrics.map((m) => m.loss),
+    'same metrics, no duplicated steps',
+  );
 });
 
 t.test('a checkpoint cut short by a kill is never loaded', async (t) => {

@@ -8,7 +8,7 @@ import t from 'tap';
 import { RunFolder, tbScalars } from '../lib/train/run.js';
 import { crc32c, encodeEvent, EventWriter, maskedCrc32c } from '../lib/train/report/tensorboard.js';
 
-const DECODER = String.raw`
+const DECODER = `
 import json, struct, sys
 
 def table():
@@ -94,14 +94,24 @@ print(json.dumps({"events": events}))
 
 /** A python3 that runs: Debian's first (it is what CI installs), then the one on PATH. */
 function python(): string | undefined {
-  for (const p of ['/usr/bin/python3', 'python3']) if (spawnSync(p, ['-c', 'import struct, json'], { encoding: 'utf8' }).status === 0) return p;
+  for (const p of ['/usr/bin/python3', 'python3'])
+    if (spawnSync(p, ['-c', 'import struct, json'], { encoding: 'utf8' }).status === 0) return p;
   return undefined;
 }
 
 function decode(py: string, file: string) {
   const r = spawnSync(py, ['-c', DECODER, file], { encoding: 'utf8' });
   if (r.status !== 0) throw new Error(r.stderr);
-  return JSON.parse(r.stdout) as { error?: string; events?: Array<{ wall_time: number; step: number; file_version?: string; values: Array<{ tag: string; simple_value: number }>; session_status?: number }> };
+  return JSON.parse(r.stdout) as {
+    error?: string;
+    events?: Array<{
+      wall_time: number;
+      step: number;
+      file_version?: string;
+      values: Array<{ tag: string; simple_value: number }>;
+      session_status?: number;
+    }>;
+  };
 }
 
 t.test('crc32c: the standard check value and the TFRecord mask', async (t) => {
@@ -110,7 +120,10 @@ t.test('crc32c: the standard check value and the TFRecord mask', async (t) => {
   const c = crc32c(Buffer.from('abc'));
   t.equal(maskedCrc32c(Buffer.from('abc')), (((c >>> 15) | (c << 17)) + 0xa282ead8) >>> 0);
   // Event{wall_time: 1.5, step: 300, file_version: "x"} by hand: 0x09 + double, 0x10 + varint(300) = ac 02, 0x1a 01 'x'
-  t.same([...encodeEvent({ wallTime: 1.5, step: 300, fileVersion: 'x' })], [0x09, 0, 0, 0, 0, 0, 0, 0xf8, 0x3f, 0x10, 0xac, 0x02, 0x1a, 0x01, 0x78]);
+  t.same(
+    [...encodeEvent({ wallTime: 1.5, step: 300, fileVersion: 'x' })],
+    [0x09, 0, 0, 0, 0, 0, 0, 0xf8, 0x3f, 0x10, 0xac, 0x02, 0x1a, 0x01, 0x78],
+  );
 });
 
 t.test('metrics rows become TensorBoard scalars that an independent reader decodes', async (t) => {
@@ -120,7 +133,17 @@ t.test('metrics rows become TensorBoard scalars that an independent reader decod
   const dir = t.testdir();
   const run = new RunFolder(dir);
   const t0 = Date.now() / 1000;
-  run.logMetrics({ stage: 'grpo', step: 1, reward_mean: 0.25, 'reward/f1': 0.5, loss: -0.125, kl: NaN, accuracy: undefined, skip_reasons: ['x'], time_train_s: 2 });
+  run.logMetrics({
+    stage: 'grpo',
+    step: 1,
+    reward_mean: 0.25,
+    'reward/f1': 0.5,
+    loss: -0.125,
+    kl: NaN,
+    accuracy: undefined,
+    skip_reasons: ['x'],
+    time_train_s: 2,
+  });
   run.logMetrics({ stage: 'grpo', step: 2, reward_mean: 0.75, 'reward/f1': 1, loss: 0.0625, time_train_s: 3 });
   run.logMetrics({ step: 2, kind: 'eval', eval_accuracy: 0.5, eval_f1: 0.625 });
   run.tensorboard().write({ wallTime: t0, step: 2, sessionStart: true });
@@ -133,15 +156,26 @@ t.test('metrics rows become TensorBoard scalars that an independent reader decod
   const ev = r.events!;
   t.equal(ev.length, 5);
   t.match(ev[0], { step: 0, file_version: 'brain.Event:2', values: [] }, 'file_version first');
-  t.ok(ev.every((e) => Math.abs(e.wall_time - t0) < 60), 'wall times are unix seconds');
+  t.ok(
+    ev.every((e) => Math.abs(e.wall_time - t0) < 60),
+    'wall times are unix seconds',
+  );
   const vals = (e: (typeof ev)[0]) => Object.fromEntries(e.values.map((v) => [v.tag, v.simple_value]));
   t.equal(ev[1].step, 1);
-  t.same(vals(ev[1]), { 'train/reward_mean': 0.25, 'train/reward/f1': 0.5, 'train/loss': -0.125, 'train/time_train_s': 2 }, 'finite numbers only, NaN and non-numbers left out; a step\'s under train/');
+  t.same(
+    vals(ev[1]),
+    { 'train/reward_mean': 0.25, 'train/reward/f1': 0.5, 'train/loss': -0.125, 'train/time_train_s': 2 },
+    "finite numbers only, NaN and non-numbers left out; a step's under train/",
+  );
   t.equal(ev[2].step, 2);
   t.same(vals(ev[2]), { 'train/reward_mean': 0.75, 'train/reward/f1': 1, 'train/loss': 0.0625, 'train/time_train_s': 3 });
   t.same(vals(ev[3]), { 'eval/accuracy': 0.5, 'eval/f1': 0.625 }, 'evaluation rows under eval/');
   t.match(ev[4], { step: 2, session_status: 1, values: [] }, 'SessionLog START (what a resumed run writes)');
-  t.match(run.readMetrics()[0], { step: 1, reward_mean: 0.25, 'reward/f1': 0.5, loss: -0.125 }, 'metrics.jsonl keeps the plain keys (the report and older tools read them)');
+  t.match(
+    run.readMetrics()[0],
+    { step: 1, reward_mean: 0.25, 'reward/f1': 0.5, loss: -0.125 },
+    'metrics.jsonl keeps the plain keys (the report and older tools read them)',
+  );
 
   // The reader does check: a flipped bit in a value breaks the data CRC.
   const bytes = readFileSync(join(dir, 'tb', files[0]));
@@ -167,7 +201,11 @@ t.test('a second writer in the same second gets its own file; large steps encode
   t.equal(ev[1].step, 2 ** 40 + 3);
   t.same(ev[1].values, [{ tag: 'x', simple_value: 1.5 }]);
   t.same(tbScalars({ step: 3, kind: 'eval', eval_em: 0.5, label: 'x' }), { 'eval/em': 0.5 });
-  t.same(tbScalars({ step: 3, loss: 1.5, lr: 1e-4, epoch: 0 }), { 'train/loss': 1.5, 'train/lr': 1e-4, 'train/epoch': 0 }, 'TRL\'s grouping: train/ and eval/');
+  t.same(
+    tbScalars({ step: 3, loss: 1.5, lr: 1e-4, epoch: 0 }),
+    { 'train/loss': 1.5, 'train/lr': 1e-4, 'train/epoch': 0 },
+    "TRL's grouping: train/ and eval/",
+  );
 });
 
 t.test('log.report_to without tensorboard: no event file; the other trackers get the same grouped scalars', async (t) => {
@@ -182,7 +220,10 @@ t.test('log.report_to without tensorboard: no event file; the other trackers get
   await run.finishTracking('FINISHED');
   run.close();
   t.notOk(existsSync(join(dir, 'tb')), 'no tb/ folder');
-  t.same(got, [[1, { 'train/loss': 2.5 }], [1, { 'eval/accuracy': 0.25 }]]);
+  t.same(got, [
+    [1, { 'train/loss': 2.5 }],
+    [1, { 'eval/accuracy': 0.25 }],
+  ]);
   t.equal(status, 'FINISHED');
   t.same(run.trackers, [], 'finished trackers are dropped');
 });

@@ -49,7 +49,10 @@ t.test('decode(encode(x)) round trip on mixed text', async (t) => {
   }
   t.equal(tok.decode(Int32Array.from(ids)), MIXED, 'typed arrays decode too');
   const skipped = tok.decode(ids, { skipSpecialTokens: true });
-  t.notOk(skipped.includes('<|im_start|>') || skipped.includes('<|im_end|>') || skipped.includes('<|endoftext|>'), 'special tokens skipped');
+  t.notOk(
+    skipped.includes('<|im_start|>') || skipped.includes('<|im_end|>') || skipped.includes('<|endoftext|>'),
+    'special tokens skipped',
+  );
   t.ok(skipped.includes('<think>'), '<think> is an added but not special token: kept');
   // A multi-byte character split over tokens decodes back whole once all its tokens are there.
   const emoji = tok.encode('👍🏽');
@@ -114,7 +117,13 @@ function tinyTokenizerJson() {
   const chars = byteChars();
   const vocab: Record<string, number> = {};
   chars.forEach((c, b) => (vocab[c] = b));
-  const merges = [['H', 'e'], ['He', 'l'], ['Hel', 'l'], ['Hell', 'o'], ['Ġ', 'w']];
+  const merges = [
+    ['H', 'e'],
+    ['He', 'l'],
+    ['Hel', 'l'],
+    ['Hell', 'o'],
+    ['Ġ', 'w'],
+  ];
   let id = 256;
   for (const [a, b] of merges) vocab[a + b] = id++;
   return {
@@ -126,14 +135,29 @@ function tinyTokenizerJson() {
     pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true },
     post_processor: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true },
     decoder: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
-    model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: '', end_of_word_suffix: '', fuse_unk: false, byte_fallback: false, vocab, merges },
+    model: {
+      type: 'BPE',
+      dropout: null,
+      unk_token: null,
+      continuing_subword_prefix: '',
+      end_of_word_suffix: '',
+      fuse_unk: false,
+      byte_fallback: false,
+      vocab,
+      merges,
+    },
   };
 }
 
 t.test("a model folder's own tokenizer.json is used instead of the packaged one", async (t) => {
   const dir = folder('tiny', {
     'tokenizer.json': tinyTokenizerJson(),
-    'tokenizer_config.json': { tokenizer_class: 'PreTrainedTokenizerFast', eos_token: '<|im_end|>', bos_token: null, clean_up_tokenization_spaces: false },
+    'tokenizer_config.json': {
+      tokenizer_class: 'PreTrainedTokenizerFast',
+      eos_token: '<|im_end|>',
+      bos_token: null,
+      clean_up_tokenization_spaces: false,
+    },
     'config.json': { model_type: 'qwen3', eos_token_id: 7 },
   });
   const tok = loadTokenizer(dir);
@@ -166,26 +190,42 @@ t.test('folders without tokenizer.json use the packaged Qwen3 tokenizer', async 
   t.same(tok.encode('Hello <|im_start|>user\n'), [9707, 220, 151644, 872, 198]);
 });
 
-t.test('the real Qwen3-2507 tokenizer files (no tokenizer.json) load on the packaged vocabulary', { skip: needs(!haveShared && 'needs ../shared beside the checkout (fixtures and data)', t) }, async (t) => {
-  const tok = loadTokenizer(fixture('qwen3-tokenizer'));
-  t.equal(tok.packaged, true);
-  t.equal(tok.config.model_max_length, 1010000, "the folder's tokenizer_config wins over the package's");
-  t.equal(tok.eosToken, '<|im_end|>');
-  t.same(tok.stopTokenIds, [151645, 151643]);
-  t.same(tok.encode('Hello <|im_start|>user\n'), [9707, 220, 151644, 872, 198]);
-});
+t.test(
+  'the real Qwen3-2507 tokenizer files (no tokenizer.json) load on the packaged vocabulary',
+  { skip: needs(!haveShared && 'needs ../shared beside the checkout (fixtures and data)', t) },
+  async (t) => {
+    const tok = loadTokenizer(fixture('qwen3-tokenizer'));
+    t.equal(tok.packaged, true);
+    t.equal(tok.config.model_max_length, 1010000, "the folder's tokenizer_config wins over the package's");
+    t.equal(tok.eosToken, '<|im_end|>');
+    t.same(tok.stopTokenIds, [151645, 151643]);
+    t.same(tok.encode('Hello <|im_start|>user\n'), [9707, 220, 151644, 872, 198]);
+  },
+);
 
 t.test('bad tokenizer folders give coded errors', async (t) => {
   t.throws(() => loadTokenizer(join(tmp, 'missing')), { code: 'MODEL_NOT_FOUND', message: /nothing is there/ });
-  t.throws(() => loadTokenizer(folder('badjson', { 'tokenizer.json': '{"model": ' })), { code: 'TOKENIZER_MISSING', message: /tokenizer\.json to be JSON/ });
+  t.throws(() => loadTokenizer(folder('badjson', { 'tokenizer.json': '{"model": ' })), {
+    code: 'TOKENIZER_MISSING',
+    message: /tokenizer\.json to be JSON/,
+  });
   const unreadable = folder('unreadable', {});
   mkdirSync(join(unreadable, 'tokenizer.json'));
   t.throws(() => loadTokenizer(unreadable), { code: 'TOKENIZER_MISSING', message: /readable file/ });
-  t.throws(() => loadTokenizer(folder('nomodel', { 'tokenizer.json': { version: '1.0' } })), { code: 'TOKENIZER_MISSING', message: /without "model"/ });
-  t.throws(() => loadTokenizer(folder('spm', { 'tokenizer.model': 'x' })), { code: 'TOKENIZER_MISSING', message: /tokenizer\.model.*save_pretrained/ });
+  t.throws(() => loadTokenizer(folder('nomodel', { 'tokenizer.json': { version: '1.0' } })), {
+    code: 'TOKENIZER_MISSING',
+    message: /without "model"/,
+  });
+  t.throws(() => loadTokenizer(folder('spm', { 'tokenizer.model': 'x' })), {
+    code: 'TOKENIZER_MISSING',
+    message: /tokenizer\.model.*save_pretrained/,
+  });
   t.throws(() => loadTokenizer(folder('llama', { 'tokenizer_config.json': { tokenizer_class: 'LlamaTokenizer' } })), {
     code: 'TOKENIZER_MISSING',
     message: /LlamaTokenizer/,
   });
-  t.throws(() => loadTokenizer(folder('badconfig', { 'tokenizer_config.json': '[1]' })), { code: 'TOKENIZER_MISSING', message: /JSON object/ });
+  t.throws(() => loadTokenizer(folder('badconfig', { 'tokenizer_config.json': '[1]' })), {
+    code: 'TOKENIZER_MISSING',
+    message: /JSON object/,
+  });
 });

@@ -7,13 +7,19 @@ import { validateConfig } from '../lib/config/load.js';
 import { rolloutTopP } from '../lib/train/rl/rl-loop.js';
 import { fixture } from './helpers/shared.js';
 
-const prompts = [Int32Array.from([204, 125, 373, 399, 458]), Int32Array.from([17, 300]), Int32Array.from([457, 205, 161, 125, 489, 119]), Int32Array.from([88, 12, 301])];
+const prompts = [
+  Int32Array.from([204, 125, 373, 399, 458]),
+  Int32Array.from([17, 300]),
+  Int32Array.from([457, 205, 161, 125, 489, 119]),
+  Int32Array.from([88, 12, 301]),
+];
 const rowSeeds = [11, 22, 33, 44];
 
 t.test('one top-p per row: each row samples exactly as a call with its top-p for every row', async (t) => {
   const m = await Model.load(fixture('qwen3', 'tiny-qwen3-f32'));
   t.teardown(() => m.dispose());
-  const gen = (topP: number | number[], o: { topK?: number } = {}) => m.generate({ prompts, maxNewTokens: 16, temperature: 1.5, rowSeeds, topP, ...o });
+  const gen = (topP: number | number[], o: { topK?: number } = {}) =>
+    m.generate({ prompts, maxNewTokens: 16, temperature: 1.5, rowSeeds, topP, ...o });
   for (const topK of [0, 40]) {
     const ps = [0.3, 1, 0.8, 0.55];
     const mixed = await gen(ps, { topK });
@@ -40,12 +46,22 @@ t.test('rollout.top_p as a range: validated, drawn per rollout inside it, determ
   const base = { stage: 'grpo', model: { path: 'm' }, data: { questions: 'q.jsonl' }, protocol: { kind: 'direct' } };
   t.same(validateConfig({ ...base, rollout: { top_p: [0.85, 0.99] } }, 'test').rollout.top_p, [0.85, 0.99]);
   t.equal(validateConfig(base, 'test').rollout.top_p, 1);
-  t.throws(() => validateConfig({ ...base, rollout: { top_p: [0.99, 0.85] } }, 'test'), { code: 'CONFIG_INVALID', message: /rollout\.top_p.*lo <= hi/ });
+  t.throws(() => validateConfig({ ...base, rollout: { top_p: [0.99, 0.85] } }, 'test'), {
+    code: 'CONFIG_INVALID',
+    message: /rollout\.top_p.*lo <= hi/,
+  });
   t.throws(() => validateConfig({ ...base, rollout: { top_p: [0, 0.9] } }, 'test'), { code: 'CONFIG_INVALID' });
   t.equal(rolloutTopP(0.9, 0, 1, 0, 0), undefined, 'one value: the runner applies it');
   const draws = Array.from({ length: 200 }, (_, j) => rolloutTopP([0.85, 0.99], 3, 7, j % 10, j) as number);
-  t.ok(draws.every((p) => p >= 0.85 && p <= 0.99), 'inside the range');
+  t.ok(
+    draws.every((p) => p >= 0.85 && p <= 0.99),
+    'inside the range',
+  );
   t.ok(Math.max(...draws) - Math.min(...draws) > 0.1, 'spread over it');
-  t.equal(rolloutTopP([0.85, 0.99], 3, 7, 2, 5), rolloutTopP([0.85, 0.99], 3, 7, 2, 5), 'deterministic (a resumed or data-parallel run draws the same)');
+  t.equal(
+    rolloutTopP([0.85, 0.99], 3, 7, 2, 5),
+    rolloutTopP([0.85, 0.99], 3, 7, 2, 5),
+    'deterministic (a resumed or data-parallel run draws the same)',
+  );
   t.not(rolloutTopP([0.85, 0.99], 3, 7, 2, 5), rolloutTopP([0.85, 0.99], 3, 8, 2, 5));
 });

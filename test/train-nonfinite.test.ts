@@ -39,7 +39,10 @@ t.test('an adapter with non-finite values is refused; --resume falls back to a g
   const newest = join(root, 'run', 'checkpoints', 'step-2', 'adapter', 'adapter_model.safetensors');
   poison(newest);
 
-  await t.rejects(m.loadAdapter(join(root, 'run', 'checkpoints', 'step-2', 'adapter')), { code: 'ADAPTER_INVALID', message: new RegExp(`${newest.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')} holds \\d+ non-finite values`) });
+  await t.rejects(m.loadAdapter(join(root, 'run', 'checkpoints', 'step-2', 'adapter')), {
+    code: 'ADAPTER_INVALID',
+    message: new RegExp(`${newest.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')} holds \\d+ non-finite values`),
+  });
   t.equal(m.lora, undefined, 'the refused adapter is not left attached');
 
   // --resume: the damaged newest checkpoint is named and passed over for the older one.
@@ -52,7 +55,10 @@ t.test('an adapter with non-finite values is refused; --resume falls back to a g
 
   // Every checkpoint damaged: CHECKPOINT_INVALID naming the files, nothing resumed.
   poison(join(root, 'run', 'checkpoints', 'step-1', 'adapter', 'adapter_model.safetensors'));
-  await t.rejects(runSft(m, examples, run, { ...opts, resume: true }), { code: 'CHECKPOINT_INVALID', message: /step-2\/adapter\/adapter_model\.safetensors holds \d+ non-finite values.*step-1\/adapter\/adapter_model\.safetensors holds/s });
+  await t.rejects(runSft(m, examples, run, { ...opts, resume: true }), {
+    code: 'CHECKPOINT_INVALID',
+    message: /step-2\/adapter\/adapter_model\.safetensors holds \d+ non-finite values.*step-1\/adapter\/adapter_model\.safetensors holds/s,
+  });
 });
 
 /** runSft that writes NaN into one LoRA tensor after step `at` (as an update that overflowed would). */
@@ -64,7 +70,10 @@ async function trainPoisonedAfter(m: Model, run: RunFolder, at: number) {
     onStep: (row) => {
       if (row.step !== at) return;
       const [name, v] = Object.entries(m.trainable()).find(([k]) => k.includes('lora_B'))!;
-      m.setTrainable(name, v.map((x, i) => (i % 3 ? x : NaN)));
+      m.setTrainable(
+        name,
+        v.map((x, i) => (i % 3 ? x : NaN)),
+      );
     },
   }).then(
     () => undefined,
@@ -86,10 +95,21 @@ t.test('a loss that turns NaN/inf stops training with TRAINING_DIVERGED and keep
   const { root, modelDir, m, run } = await tinyRun(t);
   const err = await trainPoisonedAfter(m, run, 3);
   t.equal(err?.code, 'TRAINING_DIVERGED', String(err?.message));
-  t.match(err?.message, /training diverged at step 4: the loss is NaN, expected finite values\. Training stopped without saving that step; the last good checkpoint is .*step-2 \(step 2\): continue from it with --resume/);
+  t.match(
+    err?.message,
+    /training diverged at step 4: the loss is NaN, expected finite values\. Training stopped without saving that step; the last good checkpoint is .*step-2 \(step 2\): continue from it with --resume/,
+  );
   t.equal(err?.details.step, 4);
-  t.same(readdirSync(join(root, 'run', 'checkpoints')).filter((d) => /^step-\d+$/.test(d)), ['step-2'], 'no checkpoint after the last good one');
-  t.same(run.readMetrics().map((r) => r.step), [1, 2, 3, 4], 'the diverged step is logged, nothing after it');
+  t.same(
+    readdirSync(join(root, 'run', 'checkpoints')).filter((d) => /^step-\d+$/.test(d)),
+    ['step-2'],
+    'no checkpoint after the last good one',
+  );
+  t.same(
+    run.readMetrics().map((r) => r.step),
+    [1, 2, 3, 4],
+    'the diverged step is logged, nothing after it',
+  );
   t.equal(run.readMetrics()[3].loss, null);
   // The last good checkpoint loads and resumes.
   const m2 = await Model.load(modelDir);
@@ -102,6 +122,9 @@ t.test('a checkpoint is never written from an adapter holding NaN or inf', async
   const { root, m, run } = await tinyRun(t);
   const err = await trainPoisonedAfter(m, run, 2);
   t.equal(err?.code, 'TRAINING_DIVERGED', String(err?.message));
-  t.match(err?.message, /training diverged at step 2: the adapter holds \d+ non-finite values \(NaN or inf; first in .*lora_B.*\).*no checkpoint was written before it/);
+  t.match(
+    err?.message,
+    /training diverged at step 2: the adapter holds \d+ non-finite values \(NaN or inf; first in .*lora_B.*\).*no checkpoint was written before it/,
+  );
   t.same(readdirSync(join(root, 'run', 'checkpoints')), [], 'nothing written, not even a partial folder');
 });

@@ -10,7 +10,17 @@ import { fileURLToPath } from 'node:url';
 import { SlmError } from '../errors.js';
 import type { NativeAddon } from './types.js';
 
-export type { NativeAddon, NativeModel, NativeAdapterSet, NativeValueHead, NativeOptimizer, NativeModelConfig, NativeGenerateRequest, NativeGenerateResult, NativeVersion } from './types.js';
+export type {
+  NativeAddon,
+  NativeModel,
+  NativeAdapterSet,
+  NativeValueHead,
+  NativeOptimizer,
+  NativeModelConfig,
+  NativeGenerateRequest,
+  NativeGenerateResult,
+  NativeVersion,
+} from './types.js';
 
 const require = createRequire(import.meta.url);
 
@@ -42,7 +52,9 @@ export function candidates(root = packageRoot()): Array<{ path: string; kind: Lo
   if (existsSync(pre)) {
     const gpu = existsSync('/dev/nvidia0') || existsSync('/dev/nvidiactl');
     const rank = (f: string) => (/\.cuda\./.test(f) === gpu ? 0 : 1);
-    const files = readdirSync(pre).filter((f) => f.endsWith('.node')).sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+    const files = readdirSync(pre)
+      .filter((f) => f.endsWith('.node'))
+      .sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
     for (const f of files) out.push({ path: join(pre, f), kind: 'prebuilt' });
   } else {
     out.push({ path: join(pre, 'slm_train.<tag>.node'), kind: 'prebuilt' });
@@ -51,7 +63,12 @@ export function candidates(root = packageRoot()): Array<{ path: string; kind: Lo
   // A developer's local build that is newer than the prebuilt binaries wins (it has their changes).
   const newest = Math.max(0, ...out.filter((c) => c.kind === 'prebuilt' && existsSync(c.path)).map((c) => statSync(c.path).mtimeMs));
   const localEntry = { path: local, kind: 'local-build' as const };
-  if (existsSync(local) && newest > 0 && statSync(local).mtimeMs > newest) out.splice(out.findIndex((c) => c.kind === 'prebuilt'), 0, localEntry);
+  if (existsSync(local) && newest > 0 && statSync(local).mtimeMs > newest)
+    out.splice(
+      out.findIndex((c) => c.kind === 'prebuilt'),
+      0,
+      localEntry,
+    );
   else out.push(localEntry);
   return out;
 }

@@ -132,20 +132,35 @@ export interface NativeModel {
   /** The byte string of every token id (offsets has vocab+1 entries), for stop strings. */
   setVocab(bytes: Uint8Array, offsets: Int32Array): void;
   /** [batch, seqLen, vocab] float32 logits of every position. */
-  logits(req: { ids: Int32Array; batch: number; seqLen: number; attentionMask?: Int32Array; positionIds?: Int32Array }): Promise<Float32Array>;
+  logits(req: {
+    ids: Int32Array;
+    batch: number;
+    seqLen: number;
+    attentionMask?: Int32Array;
+    positionIds?: Int32Array;
+  }): Promise<Float32Array>;
   generate(req: NativeGenerateRequest): Promise<NativeGenerateResult>;
   /**
    * generate, streamed: `onStep` gets every decode step's tokens on the main thread, in order, as
    * they are sampled (the last steps may arrive after `done` resolves); `cancel(row)` stops a row
    * before its next token (finish 3) and drops it from the batch.
    */
-  generateStream(req: NativeGenerateRequest, onStep: (step: NativeGenerateStep) => void): { done: Promise<NativeGenerateResult>; cancel(row: number): void };
+  generateStream(
+    req: NativeGenerateRequest,
+    onStep: (step: NativeGenerateStep) => void,
+  ): { done: Promise<NativeGenerateResult>; cancel(row: number): void };
   /**
    * out[t] = log p(ids[t] | ids[<t]) per row (0 at t = 0), concatenated like the input. `reference`:
    * under the KL reference policy (the frozen reference adapter, else the base model).
    */
   /** temperature: one for every row, or one per row (each > 0); default 1. */
-  sequenceLogprobs(req: { ids: Int32Array; lengths: Int32Array; temperature?: number | Float32Array; reference?: boolean; mask?: Uint8Array }): Promise<Float32Array>;
+  sequenceLogprobs(req: {
+    ids: Int32Array;
+    lengths: Int32Array;
+    temperature?: number | Float32Array;
+    reference?: boolean;
+    mask?: Uint8Array;
+  }): Promise<Float32Array>;
   /** Final hidden state (after the last norm) of each sequence's last token, [rows x hidden] flattened. */
   lastHidden(req: { ids: Int32Array; lengths: Int32Array }): Promise<Float32Array>;
   /** Frees the episode caches of these keys (unknown keys: nothing). */
@@ -269,7 +284,10 @@ export interface NativeTrainRequest {
   seed?: number;
 }
 
-export type NativeOptimOptions = Pick<NativeTrainRequest, 'lr' | 'valueLr' | 'beta1' | 'beta2' | 'eps' | 'weightDecay' | 'maxGradNorm' | 'criticMaxGradNorm'>;
+export type NativeOptimOptions = Pick<
+  NativeTrainRequest,
+  'lr' | 'valueLr' | 'beta1' | 'beta2' | 'eps' | 'weightDecay' | 'maxGradNorm' | 'criticMaxGradNorm'
+>;
 
 export interface NativeApplyResult {
   gradNorm: number;
@@ -336,19 +354,50 @@ export interface NativeAddon {
   setCpuIsa(level: CpuIsaLevel): CpuIsaLevel;
   /** y [m, n] = x [m, k] · w [n, k]ᵀ through the engine's linear layer, in float32 or bfloat16 (inputs rounded to it); for tests and benchmarks. */
   /** One sampling step over logits [rows, vocab] (the fused CPU sampler, or ATen's path with the CPU kernels off); for tests and benchmarks. */
-  sample(req: { logits: Float32Array; rows: number; vocab: number; temperature: number[]; u: number[]; topK?: number; topP?: number[]; topN?: number }): {
+  sample(req: {
+    logits: Float32Array;
+    rows: number;
+    vocab: number;
+    temperature: number[];
+    u: number[];
+    topK?: number;
+    topP?: number[];
+    topN?: number;
+  }): {
     tokens: number[];
     logprobs: number[];
     topIds?: number[];
     topLogprobs?: number[];
   };
-  linear(req: { x: Float32Array; w: Float32Array; m: number; n: number; k: number; dtype?: 'float32' | 'bfloat16'; head?: boolean }): Float32Array;
+  linear(req: {
+    x: Float32Array;
+    w: Float32Array;
+    m: number;
+    n: number;
+    k: number;
+    dtype?: 'float32' | 'bfloat16';
+    head?: boolean;
+  }): Float32Array;
   /**
    * Generation's attention (the fused CPU kernel, or ATen's path with the CPU kernels off): q [b, nq, t, d], k/v [b, nkv, capacity, d]
    * (the first s positions used), mask [b, t, s] additive; returns [b, nq, t, d]. t defaults to 1 (a decode step). prefix P: keys
    * [0, P) are row 0's, shared by every row (the cascade KV cache of shared-prefix generation). For tests and benchmarks.
    */
-  attention(req: { q: Float32Array; k: Float32Array; v: Float32Array; mask: Float32Array; b: number; nq: number; nkv: number; s: number; d: number; t?: number; capacity?: number; dtype?: 'float32' | 'bfloat16'; prefix?: number }): Float32Array;
+  attention(req: {
+    q: Float32Array;
+    k: Float32Array;
+    v: Float32Array;
+    mask: Float32Array;
+    b: number;
+    nq: number;
+    nkv: number;
+    s: number;
+    d: number;
+    t?: number;
+    capacity?: number;
+    dtype?: 'float32' | 'bfloat16';
+    prefix?: number;
+  }): Float32Array;
   /** V8's count of external memory (bytes) as Node-API reports it; each model handle adds what it holds natively. */
   externalMemory(): number;
   /** The training losses of native/core/losses.h on small arrays (tests). */
@@ -378,17 +427,42 @@ export interface NativeLosses {
   /** -sum(w lp). */
   sft(req: { logprobs: Float32Array; weights: Float32Array }): NativeLossResult;
   /** sum(w * -min(r A, clip(r, 1 - clipLow, 1 + clipHigh) A)), r = exp(lp - old); clipped = sum(w [clipped < unclipped]), ratio = sum(w r). */
-  policy(req: { logprobs: Float32Array; oldLogprobs: Float32Array; advantages: Float32Array; weights: Float32Array; clipLow: number; clipHigh: number }): NativeLossResult & { clipped: number; ratio: number };
+  policy(req: {
+    logprobs: Float32Array;
+    oldLogprobs: Float32Array;
+    advantages: Float32Array;
+    weights: Float32Array;
+    clipLow: number;
+    clipHigh: number;
+  }): NativeLossResult & { clipped: number; ratio: number };
   /** sum(w kl), d = ref - lp: k1 = -d, k3 = exp(d) - d - 1. */
   kl(req: { logprobs: Float32Array; refLogprobs: Float32Array; weights: Float32Array; estimator: 1 | 3 }): NativeLossResult;
   /** loss: the entropy bonus term sum(w sum_v p log p) (grad: with respect to the logits); entropy: sum(w H); logprobs: log_softmax(logits / temperature). */
-  entropy(req: { logits: Float32Array; vocab: number; weights: Float32Array; temperature?: number }): NativeLossResult & { entropy: number; logprobs: Float32Array };
+  entropy(req: {
+    logits: Float32Array;
+    vocab: number;
+    weights: Float32Array;
+    temperature?: number;
+  }): NativeLossResult & { entropy: number; logprobs: Float32Array };
   /**
    * The train step's fused vocab head (token_stats): per position, the target's log-prob under
    * softmax(logits / temperature) and the entropy; grad = d (sum gradLogprobs lp + sum gradEntropy H) /
    * d logits (empty when neither is given).
    */
-  tokenStats(req: { logits: Float32Array; vocab: number; targets: Int32Array; temperature?: number; gradLogprobs?: Float32Array; gradEntropy?: Float32Array }): { logprobs: Float32Array; entropy: Float32Array; grad: Float32Array };
+  tokenStats(req: {
+    logits: Float32Array;
+    vocab: number;
+    targets: Int32Array;
+    temperature?: number;
+    gradLogprobs?: Float32Array;
+    gradEntropy?: Float32Array;
+  }): { logprobs: Float32Array; entropy: Float32Array; grad: Float32Array };
   /** sum(w * 0.5 max((v - R)^2, (old + clip(v - old, -valueClip, valueClip) - R)^2)). */
-  value(req: { values: Float32Array; oldValues: Float32Array; returns: Float32Array; weights: Float32Array; valueClip: number }): NativeLossResult;
+  value(req: {
+    values: Float32Array;
+    oldValues: Float32Array;
+    returns: Float32Array;
+    weights: Float32Array;
+    valueClip: number;
+  }): NativeLossResult;
 }

@@ -39,7 +39,9 @@ interface Args {
 function markers(text: string | null): { begin: string; end: string; level: string } {
   const level = native().version().cpuIsa;
   const own = { begin: `<!-- bench:${level} -->`, end: `<!-- /bench:${level} -->`, level };
-  return text === null || text.includes(own.begin) || !text.includes('<!-- bench -->') ? own : { begin: '<!-- bench -->', end: '<!-- /bench -->', level };
+  return text === null || text.includes(own.begin) || !text.includes('<!-- bench -->')
+    ? own
+    : { begin: '<!-- bench -->', end: '<!-- /bench -->', level };
 }
 
 /** Where the benchmark block of a markdown file begins and ends (checked before any benchmark runs). */
@@ -69,7 +71,10 @@ function writeReadmeBlock(file: string, md: string): void {
 /** The CPU's vector extensions that decide matmul speed (Linux /proc/cpuinfo); empty elsewhere. */
 function cpuFlags(): string[] {
   try {
-    const line = readFileSync('/proc/cpuinfo', 'utf8').split('\n').find((l) => l.startsWith('flags')) ?? '';
+    const line =
+      readFileSync('/proc/cpuinfo', 'utf8')
+        .split('\n')
+        .find((l) => l.startsWith('flags')) ?? '';
     const have = new Set(line.split(':')[1]?.trim().split(/\s+/) ?? []);
     return ['avx2', 'avx512f', 'avx512_bf16', 'amx_bf16'].filter((f) => have.has(f));
   } catch {
@@ -92,10 +97,25 @@ export const benchCommand: CommandModule<object, Args> = {
       .option('json', { type: 'boolean', describe: 'print JSON only' })
       .option('quick', { type: 'boolean', describe: 'smaller sizes (all benchmarks in ~2 minutes on 2 cores)' })
       .option('out', { type: 'string', describe: 'also write the JSON report here (and the table to FILE.md)' })
-      .option('readme', { type: 'string', describe: 'replace the tables between <!-- bench:LEVEL --> and <!-- /bench:LEVEL --> (LEVEL: the CPU kernels\' instruction set, as doctor shows it), or <!-- bench --> and <!-- /bench -->, in this markdown file (README.md)' })
-      .option('model', { type: 'string', describe: 'a model folder instead of the generated small preset (recall: the all-MiniLM-L6-v2 folder)' })
-      .option('data', { type: 'string', describe: 'recall: the folder holding wiki-excerpts/page_excerpts.jsonl and wiki-trivia/questions.jsonl (default $SLM_SHARED_DIR/data, else ../shared/data)' })
-      .option('compare-unshared', { type: 'boolean', describe: 'rollout: also measure the old generate path (no shared prefixes, no multi-turn cache reuse) beside each K in the same run' }) as never,
+      .option('readme', {
+        type: 'string',
+        describe:
+          "replace the tables between <!-- bench:LEVEL --> and <!-- /bench:LEVEL --> (LEVEL: the CPU kernels' instruction set, as doctor shows it), or <!-- bench --> and <!-- /bench -->, in this markdown file (README.md)",
+      })
+      .option('model', {
+        type: 'string',
+        describe: 'a model folder instead of the generated small preset (recall: the all-MiniLM-L6-v2 folder)',
+      })
+      .option('data', {
+        type: 'string',
+        describe:
+          'recall: the folder holding wiki-excerpts/page_excerpts.jsonl and wiki-trivia/questions.jsonl (default $SLM_SHARED_DIR/data, else ../shared/data)',
+      })
+      .option('compare-unshared', {
+        type: 'boolean',
+        describe:
+          'rollout: also measure the old generate path (no shared prefixes, no multi-turn cache reuse) beside each K in the same run',
+      }) as never,
   handler: async (args) => {
     if (args.readme) readmeBlock(args.readme); // a bad file fails now, not after the benchmarks
     const kinds = args.kind ? [args.kind] : Object.keys(KINDS).filter((k) => !NAMED_ONLY.has(k));
@@ -107,7 +127,13 @@ export const benchCommand: CommandModule<object, Args> = {
     for (const k of kinds) {
       const load = KINDS[k];
       if (!load) {
-        if (args.kind) throw new SlmError('NOT_SUPPORTED', `the ${k} benchmark is not available yet (its subsystem has not landed); available: ${Object.keys(KINDS).filter((x) => KINDS[x]).join(', ')}.`);
+        if (args.kind)
+          throw new SlmError(
+            'NOT_SUPPORTED',
+            `the ${k} benchmark is not available yet (its subsystem has not landed); available: ${Object.keys(KINDS)
+              .filter((x) => KINDS[x])
+              .join(', ')}.`,
+          );
         skipped.push(k);
         continue;
       }
@@ -117,9 +143,21 @@ export const benchCommand: CommandModule<object, Args> = {
       seconds[k] = +((performance.now() - t) / 1e3).toFixed(1);
     }
     const total = +((performance.now() - t0) / 1e3).toFixed(1);
-    const doc = { machine: machineLine(), quick: !!args.quick, seconds: { ...seconds, total }, reports: Object.fromEntries(reports.map((r) => [r.kind, r.results])), not_available: skipped };
-    const took = `${Object.entries(seconds).map(([k, v]) => `${k} ${v} s`).join(', ')}; total ${total} s`;
-    const md = [`Measured ${doc.machine}${args.quick ? ' (--quick)' : ''}; the benchmarks took ${took}.`, '', ...reports.flatMap((r) => [r.table, ''])].join('\n');
+    const doc = {
+      machine: machineLine(),
+      quick: !!args.quick,
+      seconds: { ...seconds, total },
+      reports: Object.fromEntries(reports.map((r) => [r.kind, r.results])),
+      not_available: skipped,
+    };
+    const took = `${Object.entries(seconds)
+      .map(([k, v]) => `${k} ${v} s`)
+      .join(', ')}; total ${total} s`;
+    const md = [
+      `Measured ${doc.machine}${args.quick ? ' (--quick)' : ''}; the benchmarks took ${took}.`,
+      '',
+      ...reports.flatMap((r) => [r.table, '']),
+    ].join('\n');
     if (args.out) {
       writeFileSync(args.out, JSON.stringify(doc, null, 2) + '\n');
       writeFileSync(args.out.replace(/\.json$/, '') + '.md', md);

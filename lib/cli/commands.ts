@@ -15,4 +15,21 @@ import { pushCommand } from './push.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 // biome-ignore lint/suspicious/noExplicitAny: each command's arguments are its own type; yargs takes the list as it is.
-export const commands: CommandModule<any, any>[] = [demoCommand, trainCommand, evalCommand, reportCommand, indexCommand, searchCommand, execCommand, logitsCommand, generateCommand, serveCommand, serveRetrieverCommand, initModelCommand, doctorCommand, benchCommand, exportCommand, pushCommand];
+export const commands: CommandModule<any, any>[] = [
+  demoCommand,
+  trainCommand,
+  evalCommand,
+  reportCommand,
+  indexCommand,
+  searchCommand,
+  execCommand,
+  logitsCommand,
+  generateCommand,
+  serveCommand,
+  serveRetrieverCommand,
+  initModelCommand,
+  doctorCommand,
+  benchCommand,
+  exportCommand,
+  pushCommand,
+];

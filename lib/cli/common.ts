@@ -14,7 +14,11 @@ export interface ModelArgs {
 
 export function modelOptions<T>(yargs: Argv<T>) {
   return yargs
-    .option('model', { type: 'string', demandOption: true, describe: 'Hugging Face model folder (config.json + *.safetensors), or hf:OWNER/NAME from the hub' })
+    .option('model', {
+      type: 'string',
+      demandOption: true,
+      describe: 'Hugging Face model folder (config.json + *.safetensors), or hf:OWNER/NAME from the hub',
+    })
     .option('adapter', { type: 'string', describe: 'PEFT LoRA adapter folder (or hf:OWNER/NAME)' })
     .option('dtype', { choices: COMPUTE_DTYPES, default: 'float32' as const, describe: 'compute dtype' })
     .option('device', { type: 'string', default: 'cpu', describe: 'cpu, cuda or cuda:N' })
@@ -28,8 +32,17 @@ export function modelOptions<T>(yargs: Argv<T>) {
  */
 export async function loadPolicyFromArgs(args: ModelArgs): Promise<Policy>;
 export async function loadPolicyFromArgs(args: ModelArgs, parts: Pick<LoadPolicyOptions, 'tokenizer' | 'chat'>): Promise<PartialPolicy>;
-export async function loadPolicyFromArgs(args: ModelArgs, parts: Pick<LoadPolicyOptions, 'tokenizer' | 'chat'> = {}): Promise<PartialPolicy> {
-  const p = await loadPolicy(args.model, { dtype: args.dtype, device: args.device, adapter: args.adapter, threads: args.threads, ...parts });
+export async function loadPolicyFromArgs(
+  args: ModelArgs,
+  parts: Pick<LoadPolicyOptions, 'tokenizer' | 'chat'> = {},
+): Promise<PartialPolicy> {
+  const p = await loadPolicy(args.model, {
+    dtype: args.dtype,
+    device: args.device,
+    adapter: args.adapter,
+    threads: args.threads,
+    ...parts,
+  });
   args.model = p.dir;
   if (p.adapter) args.adapter = p.adapter;
   return p;
@@ -43,7 +56,10 @@ export function parseIds(s: string, what = '--ids'): number[] {
   const ids = parts.map(Number);
   const bad = parts.findIndex((p, i) => !/^-?\d+$/.test(p) || !Number.isSafeInteger(ids[i]));
   if (!parts.length || bad >= 0)
-    throw new SlmError('ARGUMENT_INVALID', `${what} expects comma-separated integer token ids like 1,2,3; found ${JSON.stringify(parts[bad] ?? s)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `${what} expects comma-separated integer token ids like 1,2,3; found ${JSON.stringify(parts[bad] ?? s)}.`,
+    );
   return ids;
 }
 

@@ -22,7 +22,16 @@ export interface Args {
 
 /** The demo's options from its command line (every flag reaches runDemo). */
 export function demoOptions(a: Args, out: string): DemoOptions {
-  return { out, pages: a.pages, sftExamples: a['sft-examples'], sftEpochs: a['sft-epochs'], grpoSteps: a['grpo-steps'], seed: a.seed, compare: a.compare, passK: a['pass-k'] };
+  return {
+    out,
+    pages: a.pages,
+    sftExamples: a['sft-examples'],
+    sftEpochs: a['sft-epochs'],
+    grpoSteps: a['grpo-steps'],
+    seed: a.seed,
+    compare: a.compare,
+    passK: a['pass-k'],
+  };
 }
 
 export const demoCommand: CommandModule<object, Args> = {
@@ -32,12 +41,22 @@ export const demoCommand: CommandModule<object, Args> = {
     yargs
       .option('out', { type: 'string', describe: 'run folder (default: runs/demo-<time>)' })
       .option('pages', { type: 'number', describe: 'pages of the generated corpus (5 questions each; default 150)' })
-      .option('sft-examples', { type: 'number', describe: 'expert trajectories SFT trains on, from the training questions in demonstrated phrasings (default 300)' })
+      .option('sft-examples', {
+        type: 'number',
+        describe: 'expert trajectories SFT trains on, from the training questions in demonstrated phrasings (default 300)',
+      })
       .option('sft-epochs', { type: 'number', describe: 'SFT epochs over the expert trajectories' })
       .option('grpo-steps', { type: 'number', describe: 'GRPO steps' })
       .option('seed', { type: 'number', describe: 'seed of the corpus, the model and the training (default 0)' })
-      .option('compare', { type: 'boolean', describe: 'also train SFT for longer (SFT + GRPO wall time) and RFT with as many sampled episodes as GRPO, and measure pass@k of every row' })
-      .option('pass-k', { type: 'number', describe: 'pass@k of every evaluation, k episodes per question at the rollout settings (default 8 with --compare, else off)' }) as never,
+      .option('compare', {
+        type: 'boolean',
+        describe:
+          'also train SFT for longer (SFT + GRPO wall time) and RFT with as many sampled episodes as GRPO, and measure pass@k of every row',
+      })
+      .option('pass-k', {
+        type: 'number',
+        describe: 'pass@k of every evaluation, k episodes per question at the rollout settings (default 8 with --compare, else off)',
+      }) as never,
   handler: async (args) => {
     const out = resolve(args.out ?? join('runs', `demo-${new Date().toISOString().replace(/[:.]/g, '-')}`));
     const t0 = performance.now();
@@ -48,7 +67,9 @@ export const demoCommand: CommandModule<object, Args> = {
     print('');
     print(r.kindTable);
     print('');
-    print(`Evaluated on the ${r.stages[0].summary.questions} held-out questions (greedy); accuracy = exact match after Search-R1 normalisation. Demonstrated phrasings: the ones the expert's trajectories use; undemonstrated: phrasings SFT never saw, which GRPO met only as questions with an outcome reward.`);
+    print(
+      `Evaluated on the ${r.stages[0].summary.questions} held-out questions (greedy); accuracy = exact match after Search-R1 normalisation. Demonstrated phrasings: the ones the expert's trajectories use; undemonstrated: phrasings SFT never saw, which GRPO met only as questions with an outcome reward.`,
+    );
     print(`Total ${((performance.now() - t0) / 1e3).toFixed(0)} s. Run folder: ${r.dir} (report.md, configs/, runs/, data/, model/)`);
   },
 };

@@ -24,19 +24,34 @@ export const exportCommand: CommandModule<object, Args> = {
   builder: (yargs) =>
     modelOptions(yargs)
       .option('merged', { type: 'boolean', describe: 'merge --adapter into the base weights (the only export there is; required)' })
-      .option('out', { type: 'string', demandOption: true, describe: 'the folder to write (config.json, model.safetensors, tokenizer files)' })
+      .option('out', {
+        type: 'string',
+        demandOption: true,
+        describe: 'the folder to write (config.json, model.safetensors, tokenizer files)',
+      })
       .option('out-dtype', { choices: COMPUTE_DTYPES, default: 'float32' as const, describe: 'dtype of the written weights' })
       .option('force', { type: 'boolean', describe: 'write into --out even if it is not empty' })
       .option('json', { type: 'boolean', describe: 'print {"out", "files", "adapter", "dtype"}' })
       .check((a) => {
-        if (!a.merged) throw new SlmError('ARGUMENT_INVALID', 'export writes a merged model: pass --merged (an adapter folder is already a PEFT export; `slm-train push` publishes one).');
-        if (!a.adapter) throw new SlmError('ARGUMENT_INVALID', 'export --merged needs --adapter DIR (a PEFT LoRA folder, or hf:OWNER/NAME) to merge into --model.');
+        if (!a.merged)
+          throw new SlmError(
+            'ARGUMENT_INVALID',
+            'export writes a merged model: pass --merged (an adapter folder is already a PEFT export; `slm-train push` publishes one).',
+          );
+        if (!a.adapter)
+          throw new SlmError(
+            'ARGUMENT_INVALID',
+            'export --merged needs --adapter DIR (a PEFT LoRA folder, or hf:OWNER/NAME) to merge into --model.',
+          );
         return true;
       }) as never,
   handler: async (args) => {
     const out = String(args.out);
     if (existsSync(out) && readdirSync(out).length && !args.force)
-      throw new SlmError('ARGUMENT_INVALID', `--out ${out} is not empty; choose an empty or new folder, or pass --force to overwrite the files there.`);
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `--out ${out} is not empty; choose an empty or new folder, or pass --force to overwrite the files there.`,
+      );
     const { model: m } = await loadPolicyFromArgs(args, { tokenizer: false, chat: false });
     try {
       await m.exportMerged(out, args['out-dtype']);

@@ -34,20 +34,28 @@ export const generateCommand: CommandModule<object, Args> = {
       .option('seed', { type: 'number', default: 0 })
       .option('json', { type: 'boolean', describe: 'print {"ids", "text", "logprobs", "finish_reason"}' })
       .check((a) => {
-        if ((a.prompt === undefined) === (a.ids === undefined)) throw new SlmError('ARGUMENT_INVALID', 'give exactly one of --prompt TEXT or --ids 1,2,3.');
+        if ((a.prompt === undefined) === (a.ids === undefined))
+          throw new SlmError('ARGUMENT_INVALID', 'give exactly one of --prompt TEXT or --ids 1,2,3.');
         return true;
       }) as never,
   handler: async (args) => {
     // Token ids need no tokenizer; text does (the folder's, or the packaged Qwen3 one), and a
     // chat-rendered prompt its chat template.
     const needTokenizer = args.prompt !== undefined || !args.json;
-    const { model: m, tokenizer: tok, formatter: chat } = await loadPolicyFromArgs(args, { tokenizer: needTokenizer, chat: args.prompt !== undefined && !args.raw });
+    const {
+      model: m,
+      tokenizer: tok,
+      formatter: chat,
+    } = await loadPolicyFromArgs(args, { tokenizer: needTokenizer, chat: args.prompt !== undefined && !args.raw });
     try {
       let prompt: number[];
       if (args.ids !== undefined) prompt = parseIds(args.ids);
       else if (args.raw) prompt = tok!.encode(args.prompt!);
       else {
-        const messages = [...(args.system ? [{ role: 'system' as const, content: args.system }] : []), { role: 'user' as const, content: args.prompt! }];
+        const messages = [
+          ...(args.system ? [{ role: 'system' as const, content: args.system }] : []),
+          { role: 'user' as const, content: args.prompt! },
+        ];
         prompt = tok!.encode(chat!.prompt(messages));
       }
       const r = await m.generate({

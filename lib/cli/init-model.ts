@@ -17,7 +17,13 @@ export const initModelCommand: CommandModule<object, Args> = {
   describe: 'write a randomly initialised checkpoint (Qwen3, Qwen2/2.5 or Llama 3 architecture) in Hugging Face layout',
   builder: (yargs) =>
     yargs
-      .option('preset', { choices: Object.keys(PRESETS), demandOption: true, describe: Object.entries(PRESETS).map(([k, p]) => `${k}: ${p.description}`).join('; ') })
+      .option('preset', {
+        choices: Object.keys(PRESETS),
+        demandOption: true,
+        describe: Object.entries(PRESETS)
+          .map(([k, p]) => `${k}: ${p.description}`)
+          .join('; '),
+      })
       .option('model-type', { choices: SUPPORTED_MODEL_TYPES, default: 'qwen3', describe: 'the architecture (config.json model_type)' })
       .option('out', { type: 'string', demandOption: true, describe: 'output folder' })
       .option('seed', { type: 'number', default: 0 })

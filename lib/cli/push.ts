@@ -21,10 +21,14 @@ interface Args {
 
 export const pushCommand: CommandModule<object, Args> = {
   command: 'push <path>',
-  describe: 'upload an adapter (a run folder, a checkpoint or an adapter folder) with a generated model card README.md to a Hugging Face hub repository',
+  describe:
+    'upload an adapter (a run folder, a checkpoint or an adapter folder) with a generated model card README.md to a Hugging Face hub repository',
   builder: (yargs) =>
     yargs
-      .positional('path', { type: 'string', describe: 'a run folder written by slm-train train (its adapter/), a checkpoint\'s adapter/, or a PEFT adapter folder' })
+      .positional('path', {
+        type: 'string',
+        describe: "a run folder written by slm-train train (its adapter/), a checkpoint's adapter/, or a PEFT adapter folder",
+      })
       .option('repo', { type: 'string', demandOption: true, describe: 'OWNER/NAME of the model repository (created when missing)' })
       .option('private', { type: 'boolean', describe: 'create the repository private' })
       .option('branch', { type: 'string', describe: 'branch to commit to (default main)' })
@@ -33,9 +37,24 @@ export const pushCommand: CommandModule<object, Args> = {
       .option('card', { type: 'string', describe: 'also write the model card to this file' })
       .option('json', { type: 'boolean', describe: 'print {"repo", "url", "commit", "files"}' }) as never,
   handler: async (args) => {
-    const r = await pushAdapter(String(args.path), { repo: args.repo, private: args.private, branch: args.branch, message: args.message, dryRun: args['dry-run'] });
+    const r = await pushAdapter(String(args.path), {
+      repo: args.repo,
+      private: args.private,
+      branch: args.branch,
+      message: args.message,
+      dryRun: args['dry-run'],
+    });
     if (args.card) writeFileSync(args.card, r.card);
-    if (args.json) print(JSON.stringify({ repo: r.repo, url: r.url, commit: r.commit ?? null, files: r.files, ...(args['dry-run'] ? { card: r.card } : {}) }));
+    if (args.json)
+      print(
+        JSON.stringify({
+          repo: r.repo,
+          url: r.url,
+          commit: r.commit ?? null,
+          files: r.files,
+          ...(args['dry-run'] ? { card: r.card } : {}),
+        }),
+      );
     else if (args['dry-run']) print(`would upload to ${r.url}: ${r.files.join(', ')}\n\n${r.card}`);
     else print(`pushed to ${r.url} (commit ${r.commit}): ${r.files.join(', ')}`);
   },

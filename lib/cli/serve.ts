@@ -25,37 +25,88 @@ interface Args extends ModelArgs {
 
 export const serveCommand: CommandModule<object, Args> = {
   command: 'serve',
-  describe: 'serve the model (with an adapter) as OpenAI-compatible /v1/chat/completions and /v1/completions (streaming, n, logprobs, tools), batching concurrent requests; Prometheus /metrics',
+  describe:
+    'serve the model (with an adapter) as OpenAI-compatible /v1/chat/completions and /v1/completions (streaming, n, logprobs, tools), batching concurrent requests; Prometheus /metrics',
   builder: (yargs) =>
     modelOptions(yargs)
       .option('port', { type: 'number', default: 8000, describe: 'port (0 = any free port)' })
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on' })
       .option('name', { type: 'string', describe: 'model name in responses (default: the folder name)' })
       .option('max-batch', { type: 'number', default: 32, describe: 'rows per batched generate call (also the largest n)' })
-      .option('max-concurrent-calls', { type: 'number', default: 2, describe: 'generate calls run at once: a request arriving while one runs starts without waiting for it' })
-      .option('concurrent-after-ms', { type: 'number', default: 200, describe: 'how long a request that arrives while a call runs waits for it before it starts a call beside it' })
-      .option('prefill-chunk', { type: 'number', default: 512, describe: "prompt positions per prefill forward (0: one forward); a call whose clients all left stops between two chunks" })
+      .option('max-concurrent-calls', {
+        type: 'number',
+        default: 2,
+        describe: 'generate calls run at once: a request arriving while one runs starts without waiting for it',
+      })
+      .option('concurrent-after-ms', {
+        type: 'number',
+        default: 200,
+        describe: 'how long a request that arrives while a call runs waits for it before it starts a call beside it',
+      })
+      .option('prefill-chunk', {
+        type: 'number',
+        default: 512,
+        describe: 'prompt positions per prefill forward (0: one forward); a call whose clients all left stops between two chunks',
+      })
       .option('max-tokens-default', { type: 'number', default: DEFAULT_MAX_TOKENS, describe: 'max_tokens of a request that names none' })
-      .option('max-tokens-limit', { type: 'number', default: DEFAULT_MAX_TOKENS_LIMIT, describe: 'the largest max_tokens a request may ask; larger is a 400 (code max_tokens_over_limit)' })
+      .option('max-tokens-limit', {
+        type: 'number',
+        default: DEFAULT_MAX_TOKENS_LIMIT,
+        describe: 'the largest max_tokens a request may ask; larger is a 400 (code max_tokens_over_limit)',
+      })
       .option('max-body-mb', { type: 'number', default: 32, describe: 'the largest request body in MiB; a larger one is a 413' })
-      .option('max-model-len', { type: 'number', describe: "the longest prompt + max_tokens a request may ask for (default: the model's max_position_embeddings); longer is a 400" }) as never,
+      .option('max-model-len', {
+        type: 'number',
+        describe: "the longest prompt + max_tokens a request may ask for (default: the model's max_position_embeddings); longer is a 400",
+      }) as never,
   handler: async (args) => {
     args.name ??= hubRepoName(args.model) ?? basename(args.model);
     const bodyLimit = maxBodyBytes(args['max-body-mb']);
     const defaultMaxTokens = args['max-tokens-default'];
     const maxTokensLimit = args['max-tokens-limit'];
-    if (!(Number.isInteger(maxTokensLimit) && maxTokensLimit >= 1)) throw new SlmError('ARGUMENT_INVALID', `--max-tokens-limit must be a whole number of tokens, at least 1, found ${maxTokensLimit}.`);
+    if (!(Number.isInteger(maxTokensLimit) && maxTokensLimit >= 1))
+      throw new SlmError('ARGUMENT_INVALID', `--max-tokens-limit must be a whole number of tokens, at least 1, found ${maxTokensLimit}.`);
     if (!(Number.isInteger(defaultMaxTokens) && defaultMaxTokens >= 1 && defaultMaxTokens <= maxTokensLimit))
-      throw new SlmError('ARGUMENT_INVALID', `--max-tokens-default must be a whole number of tokens from 1 to --max-tokens-limit (${maxTokensLimit}), found ${defaultMaxTokens}.`);
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `--max-tokens-default must be a whole number of tokens from 1 to --max-tokens-limit (${maxTokensLimit}), found ${defaultMaxTokens}.`,
+      );
     const { model, tokenizer, formatter } = await loadPolicyFromArgs(args);
     const maxLen = args['max-model-len'];
     if (maxLen !== undefined && !(Number.isInteger(maxLen) && maxLen >= 2 && maxLen <= model.config.max_position_embeddings))
-      throw new SlmError('ARGUMENT_INVALID', `--max-model-len must be an integer from 2 to the model's max_position_embeddings (${model.config.max_position_embeddings}), found ${maxLen}.`);
-    for (const [k, min] of [['max-concurrent-calls', 1], ['prefill-chunk', 0], ['concurrent-after-ms', 0]] as const)
-      if (!(Number.isInteger(args[k]) && args[k] >= min)) throw new SlmError('ARGUMENT_INVALID', `--${k} must be a whole number, at least ${min}, found ${args[k]}.`);
-    const server = new OpenAIServer({ model, tokenizer, formatter, name: args.name, port: args.port, host: args.host, maxBatch: args['max-batch'], maxConcurrentCalls: args['max-concurrent-calls'], concurrentAfterMs: args['concurrent-after-ms'], prefillChunk: args['prefill-chunk'], maxBodyBytes: bodyLimit, maxModelLen: maxLen, defaultMaxTokens, maxTokensLimit, adapter: args.adapter, log: progressLog(process.stderr, '[slm-train] ') });
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `--max-model-len must be an integer from 2 to the model's max_position_embeddings (${model.config.max_position_embeddings}), found ${maxLen}.`,
+      );
+    for (const [k, min] of [
+      ['max-concurrent-calls', 1],
+      ['prefill-chunk', 0],
+      ['concurrent-after-ms', 0],
+    ] as const)
+      if (!(Number.isInteger(args[k]) && args[k] >= min))
+        throw new SlmError('ARGUMENT_INVALID', `--${k} must be a whole number, at least ${min}, found ${args[k]}.`);
+    const server = new OpenAIServer({
+      model,
+      tokenizer,
+      formatter,
+      name: args.name,
+      port: args.port,
+      host: args.host,
+      maxBatch: args['max-batch'],
+      maxConcurrentCalls: args['max-concurrent-calls'],
+      concurrentAfterMs: args['concurrent-after-ms'],
+      prefillChunk: args['prefill-chunk'],
+      maxBodyBytes: bodyLimit,
+      maxModelLen: maxLen,
+      defaultMaxTokens,
+      maxTokensLimit,
+      adapter: args.adapter,
+      log: progressLog(process.stderr, '[slm-train] '),
+    });
     const port = await server.listen();
-    print(`serving ${args.name}${args.adapter ? ` + ${args.adapter}` : ''} on http://${args.host}:${port}/v1 (chat/completions, completions, models; /metrics)`);
+    print(
+      `serving ${args.name}${args.adapter ? ` + ${args.adapter}` : ''} on http://${args.host}:${port}/v1 (chat/completions, completions, models; /metrics)`,
+    );
     await untilSignal();
     // Closing the connections cancels every request's rows: queued rows leave the queue, a running
     // call ends at its next decode step or prefill chunk. With --prefill-chunk 0 a prefill is one
@@ -66,7 +117,9 @@ export const serveCommand: CommandModule<object, Args> = {
     const idle = await Promise.race([server.idle().then(() => true), new Promise<boolean>((r) => setTimeout(r, grace, false).unref())]);
     model.dispose();
     if (!idle) {
-      process.stderr.write(`[slm-train] serve: a generate call (a prefill in one forward, which cannot be interrupted) was still running ${grace / 1000} s after the signal; exiting without waiting for it\n`);
+      process.stderr.write(
+        `[slm-train] serve: a generate call (a prefill in one forward, which cannot be interrupted) was still running ${grace / 1000} s after the signal; exiting without waiting for it\n`,
+      );
       // process.exit would wait on the native call (its static destructors join the engine's
       // threads): end by the signal's default action instead, as a process killed by SIGTERM.
       process.removeAllListeners('SIGTERM');

@@ -35,7 +35,11 @@ function load(args: Args, command: 'train' | 'eval'): ResolvedConfig {
   const unused = (key: string) => (sftOnly ? key !== 'data.sft' && key !== 'model.path' && key !== 'model.adapter' : key === 'data.sft');
   // data.index may be a folder still to be built from data.corpus.
   const missing = missingFiles(cfg).filter((m) => !unused(m.slice(0, m.indexOf(':'))) && !(m.startsWith('data.index:') && cfg.data.corpus));
-  if (missing.length) throw new SlmError('FILE_NOT_FOUND', `the config names files that do not exist: ${missing.join('; ')}. Fix the paths in ${args.config} or override them (e.g. data.questions=path/to/questions.jsonl).`);
+  if (missing.length)
+    throw new SlmError(
+      'FILE_NOT_FOUND',
+      `the config names files that do not exist: ${missing.join('; ')}. Fix the paths in ${args.config} or override them (e.g. data.questions=path/to/questions.jsonl).`,
+    );
   return cfg;
 }
 
@@ -65,14 +69,25 @@ export const trainCommand: CommandModule<object, Args> = {
       .positional('overrides', { type: 'string', array: true, describe: 'key=value overrides, e.g. optim.lr=5e-5 rollout.k=8' })
       .option('config', { type: 'string', demandOption: true, describe: 'YAML config (see configs/)' })
       .option('resume', { type: 'boolean', describe: 'continue the run from its newest complete checkpoint' })
-      .option('allow-schedule-change', { type: 'boolean', describe: "with --resume: continue even though the learning-rate schedule (step total, optim.lr, schedule, warm-up) differs from the checkpoint's" })
+      .option('allow-schedule-change', {
+        type: 'boolean',
+        describe:
+          "with --resume: continue even though the learning-rate schedule (step total, optim.lr, schedule, warm-up) differs from the checkpoint's",
+      })
       .option('nproc', { type: 'number', describe: 'worker processes on this node, one per device (data-parallel; see README "Scaling")' })
       .option('json', { type: 'boolean', describe: 'print the result as JSON' }) as never,
   handler: async (args) => {
     const cfg = load(args, 'train');
     await sandboxPreflight(cfg, 'train');
     if (await launchWorkers(cfg.distributed, { nproc: args.nproc, log })) return;
-    const r = await trainFromConfig(cfg, { resume: args.resume, allowScheduleChange: args.allowScheduleChange, log, progress, overrides: args.overrides, configFile: args.config });
+    const r = await trainFromConfig(cfg, {
+      resume: args.resume,
+      allowScheduleChange: args.allowScheduleChange,
+      log,
+      progress,
+      overrides: args.overrides,
+      configFile: args.config,
+    });
     if (args.json) print(JSON.stringify(r));
     else print(`${r.stage}: ${r.steps} steps; run ${r.dir}; adapter ${r.adapter}`);
   },
@@ -85,7 +100,10 @@ export const evalCommand: CommandModule<object, Args> = {
     yargs
       .positional('overrides', { type: 'string', array: true, describe: 'key=value overrides, e.g. eval.max_questions=50' })
       .option('config', { type: 'string', demandOption: true, describe: 'YAML config (see configs/)' })
-      .option('adapter', { type: 'string', describe: 'a PEFT adapter folder (default: model.adapter of the config; none = the base model)' })
+      .option('adapter', {
+        type: 'string',
+        describe: 'a PEFT adapter folder (default: model.adapter of the config; none = the base model)',
+      })
       .option('label', { type: 'string', describe: 'name of this evaluation in the comparison table (default: base, or the adapter run)' })
       .option('json', { type: 'boolean', describe: 'print the summary as JSON' }) as never,
   handler: async (args) => {

@@ -52,11 +52,16 @@ export function parseOverrides(args: readonly string[]): Override[] {
       let i = 0;
       while (i < path.length && schemaAt(path.slice(0, i + 1)) !== undefined) i++;
       const hint = suggestKey(path.slice(0, i), path[i]);
-      problems.push({ path: path.slice(0, i + 1), unknownKey: true, message: `unknown key in override ${JSON.stringify(text)}; ${hint ? `did you mean ${hint}?` : 'no such key'}` });
+      problems.push({
+        path: path.slice(0, i + 1),
+        unknownKey: true,
+        message: `unknown key in override ${JSON.stringify(text)}; ${hint ? `did you mean ${hint}?` : 'no such key'}`,
+      });
       continue;
     }
     let value = parseScalar(m[2]);
-    if (s !== 'free' && typeof value === 'string' && value.includes(',') && acceptsArray(s)) value = value.split(',').map((x) => parseScalar(x.trim()));
+    if (s !== 'free' && typeof value === 'string' && value.includes(',') && acceptsArray(s))
+      value = value.split(',').map((x) => parseScalar(x.trim()));
     out.push({ path, value, text });
   }
   if (problems.length) fail('command line', problems);
@@ -77,7 +82,11 @@ export function applyOverrides(obj: Obj, overrides: readonly Override[]): Obj {
         else cur[k] = created;
         cur = created;
       } else if (typeof next === 'object') cur = next as Obj | unknown[];
-      else throw new SlmError('CONFIG_INVALID', `override ${o.text}: ${dotted(o.path.slice(0, i + 1))} is ${describe(next)}, not a section that can hold ${o.path[i + 1]}.`);
+      else
+        throw new SlmError(
+          'CONFIG_INVALID',
+          `override ${o.text}: ${dotted(o.path.slice(0, i + 1))} is ${describe(next)}, not a section that can hold ${o.path[i + 1]}.`,
+        );
     }
     const last = o.path[o.path.length - 1];
     if (Array.isArray(cur)) cur[Number(last)] = o.value;

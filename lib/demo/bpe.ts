@@ -51,10 +51,11 @@ export function trainByteLevelBpe(texts: readonly string[], opts: BpeOptions): R
   const minFreq = opts.minFrequency ?? 2;
   for (let k = 0; k < opts.merges; k++) {
     const pairs = new Map<string, number>();
-    for (const w of words) for (let i = 0; i + 1 < w.syms.length; i++) {
-      const p = `${w.syms[i]} ${w.syms[i + 1]}`;
-      pairs.set(p, (pairs.get(p) ?? 0) + w.n);
-    }
+    for (const w of words)
+      for (let i = 0; i + 1 < w.syms.length; i++) {
+        const p = `${w.syms[i]} ${w.syms[i + 1]}`;
+        pairs.set(p, (pairs.get(p) ?? 0) + w.n);
+      }
     let best = '';
     let bestN = 0;
     for (const [p, n] of pairs) if (n > bestN || (n === bestN && p < best)) [best, bestN] = [p, n];
@@ -75,7 +76,15 @@ export function trainByteLevelBpe(texts: readonly string[], opts: BpeOptions): R
       w.syms = out;
     }
   }
-  const added = addedAll.map((content, i) => ({ id: vocab.size + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: i < opts.special.length }));
+  const added = addedAll.map((content, i) => ({
+    id: vocab.size + i,
+    content,
+    single_word: false,
+    lstrip: false,
+    rstrip: false,
+    normalized: false,
+    special: i < opts.special.length,
+  }));
   return {
     version: '1.0',
     truncation: null,
@@ -85,6 +94,17 @@ export function trainByteLevelBpe(texts: readonly string[], opts: BpeOptions): R
     pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: false, use_regex: true },
     post_processor: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: false, use_regex: true },
     decoder: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: false, use_regex: true },
-    model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab: Object.fromEntries(vocab), merges },
+    model: {
+      type: 'BPE',
+      dropout: null,
+      unk_token: null,
+      continuing_subword_prefix: null,
+      end_of_word_suffix: null,
+      fuse_unk: false,
+      byte_fallback: false,
+      ignore_merges: false,
+      vocab: Object.fromEntries(vocab),
+      merges,
+    },
   };
 }

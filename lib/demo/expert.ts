@@ -43,7 +43,11 @@ const PATTERN: Record<SyntheticQuestionKind, string> = {
  * phrasings it had not seen, mixing one kind's section with another's pattern.)
  */
 export function expertProgram(q: Pick<SyntheticQuestion, 'kind'>, answer: 'final_answer' | 'print' = 'final_answer'): string {
-  return [`hits = search_pages(question)`, `text = read_section(hits[0]["page_id"] + ":full")`, `${answer === 'print' ? 'print' : 'final_answer'}(re.search(r"${PATTERN[q.kind]}", text).group(1))`].join('\n');
+  return [
+    `hits = search_pages(question)`,
+    `text = read_section(hits[0]["page_id"] + ":full")`,
+    `${answer === 'print' ? 'print' : 'final_answer'}(re.search(r"${PATTERN[q.kind]}", text).group(1))`,
+  ].join('\n');
 }
 
 export interface ExpertRow {
@@ -72,7 +76,13 @@ export async function expertTrajectories(
       const turn1 = `<python>\n${expertProgram(syntheticQuestion, opts.answer)}\n</python>`;
       const action = protocol.parse(turn1);
       if (action.kind !== 'code') throw new Error(`expert program did not parse as code: ${action.kind}`);
-      const reply = await protocol.respond(action, { turn: 1, maxTurns, finishReason: 'stop_string', maxNewTokens: 256, question: syntheticQuestion.question });
+      const reply = await protocol.respond(action, {
+        turn: 1,
+        maxTurns,
+        finishReason: 'stop_string',
+        maxNewTokens: 256,
+        question: syntheticQuestion.question,
+      });
       opts.onDone?.();
       const printed = /<python_output>\n([\s\S]*?)\n<\/python_output>/.exec(reply.messages?.[0]?.content ?? '')?.[1]?.trim() ?? '';
       const answer = reply.answer ?? printed;
@@ -81,7 +91,8 @@ export async function expertTrajectories(
         return;
       }
       messages.push({ role: 'assistant', content: turn1 });
-      if (reply.answer === undefined) messages.push(...(reply.messages ?? []), { role: 'assistant', content: `<answer>${printed}</answer>` });
+      if (reply.answer === undefined)
+        messages.push(...(reply.messages ?? []), { role: 'assistant', content: `<answer>${printed}</answer>` });
       rows.push({ question: syntheticQuestion.question, answer: syntheticQuestion.answer, messages });
     }),
   );

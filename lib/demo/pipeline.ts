@@ -66,7 +66,12 @@ export interface DemoOptions {
   /** pass@k of every evaluation (default 8 with `compare`, else 0 = not measured). */
   passK?: number;
   /** Config values over the demo's own (deep-merged), per stage: for experiments and tests. */
-  overrides?: { sft?: Record<string, unknown>; grpo?: Record<string, unknown>; sft_long?: Record<string, unknown>; rft?: Record<string, unknown> };
+  overrides?: {
+    sft?: Record<string, unknown>;
+    grpo?: Record<string, unknown>;
+    sft_long?: Record<string, unknown>;
+    rft?: Record<string, unknown>;
+  };
   seed?: number;
   log?: Log;
   /** Progress bars of every long phase (the CLI: stderr); default none. */
@@ -126,18 +131,37 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
   const questionsFile = join(paths.data, 'questions.jsonl');
   const demonstrated = (q: SyntheticQuestion) => DEMONSTRATED_PHRASINGS.includes(q.phrasing);
   writeFileSync(corpusFile, gen.pages.map((p) => JSON.stringify(p)).join('\n') + '\n');
-  writeFileSync(questionsFile, gen.questions.map((q) => JSON.stringify({ id: q.id, question: q.question, answer: q.answer, kind: q.kind, phrasing: q.phrasing, demonstrated: demonstrated(q) })).join('\n') + '\n');
+  writeFileSync(
+    questionsFile,
+    gen.questions
+      .map((q) =>
+        JSON.stringify({
+          id: q.id,
+          question: q.question,
+          answer: q.answer,
+          kind: q.kind,
+          phrasing: q.phrasing,
+          demonstrated: demonstrated(q),
+        }),
+      )
+      .join('\n') + '\n',
+  );
   const cut = Math.round(gen.questions.length * 0.8);
   const train = gen.questions.slice(0, cut);
   const held = gen.questions.slice(cut);
-  log(`corpus: ${gen.pages.length} fictional pages, ${gen.questions.length} questions (${train.length} train, ${held.length} eval, ${held.filter((q) => !demonstrated(q)).length} of these in phrasings no demonstration uses)`);
+  log(
+    `corpus: ${gen.pages.length} fictional pages, ${gen.questions.length} questions (${train.length} train, ${held.length} eval, ${held.filter((q) => !demonstrated(q)).length} of these in phrasings no demonstration uses)`,
+  );
 
   // 2. tokenizer and model
   const special = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
   const tags = ['<python>', '</python>', '<python_output>', '</python_output>', '<answer>', '</answer>'];
   // The texts as the model will see them: the system prompt opens every episode, so it counts once
   // per question (learned once, its words stayed in pieces: 197 tokens instead of ~60).
-  const texts = [...gen.pages.map((p) => `# ${p.title}\n${p.content}`), ...gen.questions.flatMap((q) => [DEMO_SYSTEM_PROMPT, `Question: ${q.question}\n${expertProgram(q)}\n${q.answer}`])];
+  const texts = [
+    ...gen.pages.map((p) => `# ${p.title}\n${p.content}`),
+    ...gen.questions.flatMap((q) => [DEMO_SYSTEM_PROMPT, `Question: ${q.question}\n${expertProgram(q)}\n${q.answer}`]),
+  ];
   const tj = trainByteLevelBpe(texts, { merges: 700, special, added: tags });
   const added = tj.added_tokens as Array<{ id: number; content: string }>;
   const idOf = (content: string) => added.find((t) => t.content === content)!.id;
@@ -146,11 +170,35 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
     preset: 'tiny',
     out: paths.model,
     seed: 1 + seed,
-    overrides: { vocab_size: vocab, hidden_size: 128, intermediate_size: 384, num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 32, max_window_layers: 4, bos_token_id: idOf('<|endoftext|>'), eos_token_id: idOf('<|im_end|>') },
+    overrides: {
+      vocab_size: vocab,
+      hidden_size: 128,
+      intermediate_size: 384,
+      num_hidden_layers: 4,
+      num_attention_heads: 4,
+      num_key_value_heads: 2,
+      head_dim: 32,
+      max_window_layers: 4,
+      bos_token_id: idOf('<|endoftext|>'),
+      eos_token_id: idOf('<|im_end|>'),
+    },
     embedStd: 0.15,
   });
   writeFileSync(join(paths.model, 'tokenizer.json'), JSON.stringify(tj));
-  writeFileSync(join(paths.model, 'tokenizer_config.json'), JSON.stringify({ tokenizer_class: 'PreTrainedTokenizerFast', bos_token: null, eos_token: '<|im_end|>', pad_token: '<|endoftext|>', model_max_length: 4096 }, null, 2) + '\n');
+  writeFileSync(
+    join(paths.model, 'tokenizer_config.json'),
+    JSON.stringify(
+      {
+        tokenizer_class: 'PreTrainedTokenizerFast',
+        bos_token: null,
+        eos_token: '<|im_end|>',
+        pad_token: '<|endoftext|>',
+        model_max_length: 4096,
+      },
+      null,
+      2,
+    ) + '\n',
+  );
   writeFileSync(join(paths.model, 'chat_template.jinja'), CHAT_TEMPLATE);
   const tok = loadTokenizer(paths.model);
   log(`model: tiny Qwen3 (4 layers, hidden 128) with its own ${tok.vocabSize}-token BPE tokenizer, in ${paths.model}`);
@@ -160,7 +208,15 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
     model: { path: paths.model, dtype: 'float32', device: 'cpu' },
     lora: { r: 32, alpha: 64, dropout: 0, targets: [...LORA_TARGETS] },
     data: { questions: questionsFile, corpus: corpusFile, index: join(dir, 'index'), split: { train_fraction: 0.8 } },
-    protocol: { kind: 'code', max_turns: 2, max_new_tokens: 96, max_context: 1024, system_prompt: DEMO_SYSTEM_PROMPT, question_variable: 'question', final_answer: true },
+    protocol: {
+      kind: 'code',
+      max_turns: 2,
+      max_new_tokens: 96,
+      max_context: 1024,
+      system_prompt: DEMO_SYSTEM_PROMPT,
+      question_variable: 'question',
+      final_answer: true,
+    },
     sandbox: { kind: 'python', workers: 2, timeout_s: 5 },
     // BM25: the made-up town names are rare words it ranks first; the hashing embedder's n-grams
     // are not (hybrid fusion put another town's page first for 53 of the 120 river questions).
@@ -178,7 +234,10 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
   const sftFile = join(paths.data, 'expert.jsonl');
   const write = (name: string, c: object, over: Record<string, unknown> = {}) => {
     const f = join(paths.configs, `${name}.yaml`);
-    writeFileSync(f, `# Written by the slm-train demo; run it again with: slm-train train --config ${f}\n` + YAML.stringify(deepMerge(c, over)));
+    writeFileSync(
+      f,
+      `# Written by the slm-train demo; run it again with: slm-train train --config ${f}\n` + YAML.stringify(deepMerge(c, over)),
+    );
     return loadConfig(f);
   };
   const sftEpochs = opts.sftEpochs ?? 18;
@@ -224,7 +283,9 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
     const ex = await expertTrajectories(expertQs, env.protocol, { maxTurns: grpoCfg.protocol.max_turns, onDone: () => bar.increment() });
     writeFileSync(sftFile, ex.rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
     expert = { accepted: ex.rows.length, rejected: ex.rejected };
-    log(`expert: ${ex.rows.length} trajectories in demonstrated phrasings (${ex.rejected} rejected: the program's answer was not the gold one) in ${((performance.now() - t) / 1e3).toFixed(1)} s`);
+    log(
+      `expert: ${ex.rows.length} trajectories in demonstrated phrasings (${ex.rejected} rejected: the program's answer was not the gold one) in ${((performance.now() - t) / 1e3).toFixed(1)} s`,
+    );
   } finally {
     bar.stop();
     await env.close();
@@ -237,9 +298,13 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
     const scores = demoScores(held, r.dir, demonstrated);
     stages.push({ stage, summary: r.summary, scores, train_s: trainS, sampled_episodes: sampled, what });
     const pk = (g: GroupScore) => (g.pass_at_k === undefined ? '' : `, pass@${passK} ${pct(g.pass_at_k)} %`);
-    log(`${stage}: accuracy ${pct(scores.all.accuracy)} % (demonstrated phrasings ${pct(scores.demonstrated.accuracy)} %${pk(scores.demonstrated)}, undemonstrated ${pct(scores.undemonstrated.accuracy)} %${pk(scores.undemonstrated)}), answered ${pct(r.summary.answered)} %, avg turns ${r.summary.avg_turns.toFixed(2)}`);
+    log(
+      `${stage}: accuracy ${pct(scores.all.accuracy)} % (demonstrated phrasings ${pct(scores.demonstrated.accuracy)} %${pk(scores.demonstrated)}, undemonstrated ${pct(scores.undemonstrated.accuracy)} %${pk(scores.undemonstrated)}), answered ${pct(r.summary.answered)} %, avg turns ${r.summary.avg_turns.toFixed(2)}`,
+    );
   };
-  const episodes = (c: ResolvedConfig) => (c.stage === 'rft' ? c.rft.rounds * (c.rft.questions_per_round ?? train.length) : (c.train.steps ?? 0) * c.rollout.batch_questions) * c.rollout.k;
+  const episodes = (c: ResolvedConfig) =>
+    (c.stage === 'rft' ? c.rft.rounds * (c.rft.questions_per_round ?? train.length) : (c.train.steps ?? 0) * c.rollout.batch_questions) *
+    c.rollout.k;
   await evaluate('baseline', null, 0, 0, 'the untrained model');
   t = performance.now();
   const sft = await trainFromConfig(sftCfg, { log, progress: opts.progress, configFile: join(paths.configs, 'sft.yaml') });
@@ -248,7 +313,13 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
   t = performance.now();
   const rl = await trainFromConfig(grpoCfg, { log, progress: opts.progress, configFile: join(paths.configs, 'grpo.yaml') });
   const grpoS = (performance.now() - t) / 1e3;
-  await evaluate('grpo', rl.adapter, grpoS, episodes(grpoCfg), `from SFT: ${grpoCfg.train.steps} steps of ${grpoCfg.rollout.batch_questions} questions x ${grpoCfg.rollout.k} episodes, exact-match reward`);
+  await evaluate(
+    'grpo',
+    rl.adapter,
+    grpoS,
+    episodes(grpoCfg),
+    `from SFT: ${grpoCfg.train.steps} steps of ${grpoCfg.rollout.batch_questions} questions x ${grpoCfg.rollout.k} episodes, exact-match reward`,
+  );
 
   if (opts.compare) {
     // SFT trained longer: as many epochs as fit SFT's and GRPO's wall time together.
@@ -256,7 +327,13 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
     const longCfg = write('sft-long', sftSection(longEpochs, 'sft-long'), opts.overrides?.sft_long);
     t = performance.now();
     const long = await trainFromConfig(longCfg, { log, progress: opts.progress, configFile: join(paths.configs, 'sft-long.yaml') });
-    await evaluate('sft-long', long.adapter, (performance.now() - t) / 1e3, 0, `${longEpochs} epochs over the same trajectories (SFT's + GRPO's wall time)`);
+    await evaluate(
+      'sft-long',
+      long.adapter,
+      (performance.now() - t) / 1e3,
+      0,
+      `${longEpochs} epochs over the same trajectories (SFT's + GRPO's wall time)`,
+    );
     // RFT from the SFT adapter with GRPO's rollout settings and number of sampled episodes: two
     // rounds over half of GRPO's questions each.
     const rounds = 2;
@@ -266,7 +343,11 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
         stage: 'rft',
         ...base,
         model: { ...base.model, adapter: join(paths.runs, 'sft', 'adapter') },
-        rft: { rounds, epochs: 2, questions_per_round: Math.max(1, Math.round(((grpoCfg.train.steps ?? 0) * grpoCfg.rollout.batch_questions) / rounds)) },
+        rft: {
+          rounds,
+          epochs: 2,
+          questions_per_round: Math.max(1, Math.round(((grpoCfg.train.steps ?? 0) * grpoCfg.rollout.batch_questions) / rounds)),
+        },
         optim: { lr: 1e-3, schedule: 'cosine', warmup_steps: 2, gradient_checkpointing: false },
         train: { batch_size: 8, seed, checkpoint_every: 0 },
         run: { ...base.run, name: 'rft' },
@@ -275,12 +356,33 @@ export async function runDemo(opts: DemoOptions): Promise<DemoResult> {
     );
     t = performance.now();
     const rft = await trainFromConfig(rftCfg, { log, progress: opts.progress, configFile: join(paths.configs, 'rft.yaml') });
-    await evaluate('rft', rft.adapter, (performance.now() - t) / 1e3, episodes(rftCfg), `from SFT: ${rounds} rounds of ${rftCfg.rft.questions_per_round} questions x ${rftCfg.rollout.k} episodes, fine-tuned on the correct ones`);
+    await evaluate(
+      'rft',
+      rft.adapter,
+      (performance.now() - t) / 1e3,
+      episodes(rftCfg),
+      `from SFT: ${rounds} rounds of ${rftCfg.rft.questions_per_round} questions x ${rftCfg.rollout.k} episodes, fine-tuned on the correct ones`,
+    );
   }
 
   const table = demoTable(stages, passK);
   const kindTable = demoKindTable(stages);
-  const results = { seed, date: new Date().toISOString(), expert, pass_k: passK, stages: stages.map((s) => ({ stage: s.stage, what: s.what, train_s: s.train_s, sampled_episodes: s.sampled_episodes, eval_s: s.summary.time_s, answered: s.summary.answered, avg_turns: s.summary.avg_turns, ...s.scores })) };
+  const results = {
+    seed,
+    date: new Date().toISOString(),
+    expert,
+    pass_k: passK,
+    stages: stages.map((s) => ({
+      stage: s.stage,
+      what: s.what,
+      train_s: s.train_s,
+      sampled_episodes: s.sampled_episodes,
+      eval_s: s.summary.time_s,
+      answered: s.summary.answered,
+      avg_turns: s.summary.avg_turns,
+      ...s.scores,
+    })),
+  };
   writeFileSync(join(dir, 'results.json'), JSON.stringify(results, null, 2) + '\n');
   writeFileSync(
     join(dir, 'report.md'),
@@ -295,10 +397,18 @@ const pct = (x: number) => (100 * x).toFixed(1);
  * Accuracy and pass@k of an evaluation (its trajectories.jsonl and pass_k.jsonl in `evalDir`) over
  * the held-out questions, in all, by demonstrated and undemonstrated phrasing, and per kind.
  */
-export function demoScores(held: readonly SyntheticQuestion[], evalDir: string, demonstrated: (q: SyntheticQuestion) => boolean): DemoScores {
+export function demoScores(
+  held: readonly SyntheticQuestion[],
+  evalDir: string,
+  demonstrated: (q: SyntheticQuestion) => boolean,
+): DemoScores {
   const rows = (f: string) => {
     try {
-      return readFileSync(join(evalDir, f), 'utf8').trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as { question: string; correct: boolean | number });
+      return readFileSync(join(evalDir, f), 'utf8')
+        .trim()
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as { question: string; correct: boolean | number });
     } catch {
       return [];
     }
@@ -315,7 +425,15 @@ export function demoScores(held: readonly SyntheticQuestion[], evalDir: string, 
     all: score(held),
     demonstrated: score(held.filter(demonstrated)),
     undemonstrated: score(held.filter((q) => !demonstrated(q))),
-    by_kind: Object.fromEntries(kinds.map((k) => [k, { demonstrated: score(held.filter((q) => q.kind === k && demonstrated(q))), undemonstrated: score(held.filter((q) => q.kind === k && !demonstrated(q))) }])),
+    by_kind: Object.fromEntries(
+      kinds.map((k) => [
+        k,
+        {
+          demonstrated: score(held.filter((q) => q.kind === k && demonstrated(q))),
+          undemonstrated: score(held.filter((q) => q.kind === k && !demonstrated(q))),
+        },
+      ]),
+    ),
   };
 }
 
@@ -324,7 +442,10 @@ function deepMerge(base: object, over: Record<string, unknown>): object {
   const out: Record<string, unknown> = { ...(base as Record<string, unknown>) };
   for (const [k, v] of Object.entries(over)) {
     const b = out[k];
-    out[k] = v && typeof v === 'object' && !Array.isArray(v) && b && typeof b === 'object' && !Array.isArray(b) ? deepMerge(b, v as Record<string, unknown>) : v;
+    out[k] =
+      v && typeof v === 'object' && !Array.isArray(v) && b && typeof b === 'object' && !Array.isArray(b)
+        ? deepMerge(b, v as Record<string, unknown>)
+        : v;
   }
   return out;
 }
@@ -349,6 +470,9 @@ function demoKindTable(stages: readonly DemoStage[]): string {
   return [
     `| stage | ${kinds.map((k) => `${k} (${k0[k].demonstrated.questions} / ${k0[k].undemonstrated.questions})`).join(' | ')} |`,
     `|---|${kinds.map(() => '---:').join('|')}|`,
-    ...stages.map((s) => `| ${s.stage} | ${kinds.map((k) => `${pct(s.scores.by_kind[k].demonstrated.accuracy)} / ${pct(s.scores.by_kind[k].undemonstrated.accuracy)}`).join(' | ')} |`),
+    ...stages.map(
+      (s) =>
+        `| ${s.stage} | ${kinds.map((k) => `${pct(s.scores.by_kind[k].demonstrated.accuracy)} / ${pct(s.scores.by_kind[k].undemonstrated.accuracy)}`).join(' | ')} |`,
+    ),
   ].join('\n');
 }

@@ -68,7 +68,8 @@ export class DataParallel {
     const local = trainedCounts(batch.masks);
     const [tokens, sequences] = await this.group.allReduceValues([local.tokens, local.sequences]);
     const stats = await model.trainStepLocal(batch, { ...opts, update: false, normTokens: tokens, normSequences: sequences });
-    if (tokens === 0) return { ...stats, tokens: 0, sequences: 0, skipped: true, skipReason: 'no trained tokens on any rank (every loss mask is 0)' };
+    if (tokens === 0)
+      return { ...stats, tokens: 0, sequences: 0, skipped: true, skipReason: 'no trained tokens on any rank (every loss mask is 0)' };
     const grads = model.gradients();
     const t0 = performance.now();
     await this.group.allReduce(grads);
@@ -77,7 +78,30 @@ export class DataParallel {
     const sums = await this.group.allReduceValues(STAT_KEYS.map((k) => (local.tokens ? stats[k] : 0)));
     const global = Object.fromEntries(STAT_KEYS.map((k, i) => [k, sums[i]])) as Pick<NativeTrainStats, (typeof STAT_KEYS)[number]>;
     const { lr, valueLr, beta1, beta2, eps, weightDecay, maxGradNorm, criticMaxGradNorm } = opts;
-    const applied = await model.applyGradients({ lr, valueLr, beta1, beta2, eps, weightDecay, maxGradNorm: maxGradNorm ?? 1, criticMaxGradNorm, loss: global.loss, valueLoss: global.valueLoss }, grads);
-    return { ...stats, ...global, gradNorm: applied.gradNorm, criticGradNorm: applied.criticGradNorm, skipped: applied.skipped, skipReason: applied.skipReason, tokens, sequences };
+    const applied = await model.applyGradients(
+      {
+        lr,
+        valueLr,
+        beta1,
+        beta2,
+        eps,
+        weightDecay,
+        maxGradNorm: maxGradNorm ?? 1,
+        criticMaxGradNorm,
+        loss: global.loss,
+        valueLoss: global.valueLoss,
+      },
+      grads,
+    );
+    return {
+      ...stats,
+      ...global,
+      gradNorm: applied.gradNorm,
+      criticGradNorm: applied.criticGradNorm,
+      skipped: applied.skipped,
+      skipReason: applied.skipReason,
+      tokens,
+      sequences,
+    };
   }
 }

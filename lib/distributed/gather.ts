@@ -26,14 +26,35 @@ export async function gatherRollouts<S>(
   shared: S,
 ): Promise<{ episodes: TrainEpisode[]; rewards: RewardResult[]; lines: string[]; shared: S[] }> {
   const mine = {
-    eps: episodes.map((e): Lite => ({ n: e.ids.length, g: e.lossMask.reduce((a, b) => a + (b ? 1 : 0), 0), answer: e.answer, turns: e.turns, temperature: e.temperature, record: e.record ? { steps: e.record.steps, calls: e.record.calls } : undefined })),
+    eps: episodes.map(
+      (e): Lite => ({
+        n: e.ids.length,
+        g: e.lossMask.reduce((a, b) => a + (b ? 1 : 0), 0),
+        answer: e.answer,
+        turns: e.turns,
+        temperature: e.temperature,
+        record: e.record ? { steps: e.record.steps, calls: e.record.calls } : undefined,
+      }),
+    ),
     rewards,
     lines,
     shared,
   };
   const all = await shard.allGather(mine);
   return {
-    episodes: all.flatMap((r) => r.eps.map((e): TrainEpisode => ({ ids: new Int32Array(e.n), lossMask: new Uint8Array(e.n).fill(1, 0, e.g), logprobs: new Float32Array(0), answer: e.answer, turns: e.turns, temperature: e.temperature, record: e.record as Record<string, unknown> | undefined }))),
+    episodes: all.flatMap((r) =>
+      r.eps.map(
+        (e): TrainEpisode => ({
+          ids: new Int32Array(e.n),
+          lossMask: new Uint8Array(e.n).fill(1, 0, e.g),
+          logprobs: new Float32Array(0),
+          answer: e.answer,
+          turns: e.turns,
+          temperature: e.temperature,
+          record: e.record as Record<string, unknown> | undefined,
+        }),
+      ),
+    ),
     rewards: all.flatMap((r) => r.rewards as RewardResult[]),
     lines: all.flatMap((r) => r.lines),
     shared: all.map((r) => r.shared),

@@ -32,7 +32,8 @@ export interface DistEnv {
 const intVar = (env: NodeJS.ProcessEnv, k: string): number | undefined => {
   const v = env[k];
   if (v === undefined || v === '') return undefined;
-  if (!/^\d+$/.test(v)) throw new SlmError('CONFIG_INVALID', `environment variable ${k} must be a non-negative integer, found ${JSON.stringify(v)}.`);
+  if (!/^\d+$/.test(v))
+    throw new SlmError('CONFIG_INVALID', `environment variable ${k} must be a non-negative integer, found ${JSON.stringify(v)}.`);
   return Number(v);
 };
 
@@ -44,9 +45,17 @@ export function distEnvFrom(env: NodeJS.ProcessEnv = process.env): DistEnv | nul
   const world = intVar(env, 'WORLD_SIZE');
   if (world === undefined || world <= 1) return null;
   const rank = intVar(env, 'RANK');
-  if (rank === undefined || rank >= world) throw new SlmError('CONFIG_INVALID', `WORLD_SIZE is ${world} but RANK is ${env.RANK === undefined ? 'unset' : JSON.stringify(env.RANK)}; every process needs RANK in [0, ${world}) (torchrun sets it).`);
+  if (rank === undefined || rank >= world)
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `WORLD_SIZE is ${world} but RANK is ${env.RANK === undefined ? 'unset' : JSON.stringify(env.RANK)}; every process needs RANK in [0, ${world}) (torchrun sets it).`,
+    );
   const port = intVar(env, 'MASTER_PORT');
-  if (!env.MASTER_ADDR || port === undefined) throw new SlmError('CONFIG_INVALID', `WORLD_SIZE is ${world} but MASTER_ADDR/MASTER_PORT are not both set; every rank needs the address of rank 0's TCPStore (torchrun sets them).`);
+  if (!env.MASTER_ADDR || port === undefined)
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `WORLD_SIZE is ${world} but MASTER_ADDR/MASTER_PORT are not both set; every rank needs the address of rank 0's TCPStore (torchrun sets them).`,
+    );
   return { rank, world, localRank: intVar(env, 'LOCAL_RANK') ?? rank, masterAddr: env.MASTER_ADDR, masterPort: port };
 }
 
@@ -105,11 +114,21 @@ export class ProcessGroup {
   static async join(env: DistEnv, opts: GroupOptions): Promise<ProcessGroup> {
     const python = opts.python;
     if (!existsSync(python))
-      throw new SlmError('DISTRIBUTED_UNAVAILABLE', `distributed training needs a python with torch.distributed; ${python} does not exist. Install Debian's python3-torch (apt-get install python3-torch) or set distributed.python.`);
+      throw new SlmError(
+        'DISTRIBUTED_UNAVAILABLE',
+        `distributed training needs a python with torch.distributed; ${python} does not exist. Install Debian's python3-torch (apt-get install python3-torch) or set distributed.python.`,
+      );
     const script = pythonFile('dist_sidecar.py', 'DISTRIBUTED_UNAVAILABLE');
     const proc = spawn(python, [script, '--backend', opts.backend, '--timeout', String(opts.timeoutS), '--device', opts.device ?? 'cpu'], {
       stdio: ['pipe', 'pipe', 'pipe'],
-      env: { ...process.env, RANK: String(env.rank), WORLD_SIZE: String(env.world), LOCAL_RANK: String(env.localRank), MASTER_ADDR: env.masterAddr, MASTER_PORT: String(env.masterPort) },
+      env: {
+        ...process.env,
+        RANK: String(env.rank),
+        WORLD_SIZE: String(env.world),
+        LOCAL_RANK: String(env.localRank),
+        MASTER_ADDR: env.masterAddr,
+        MASTER_PORT: String(env.masterPort),
+      },
     });
     const g = new ProcessGroup(env, opts, proc);
     let first: Reply;
@@ -121,9 +140,14 @@ export class ProcessGroup {
     }
     if (!first.ok) {
       g.kill();
-      throw new SlmError(/cannot import/.test(first.error ?? '') ? 'DISTRIBUTED_UNAVAILABLE' : 'DISTRIBUTED_FAILED', `${first.error}${g.stderrTail()}`);
+      throw new SlmError(
+        /cannot import/.test(first.error ?? '') ? 'DISTRIBUTED_UNAVAILABLE' : 'DISTRIBUTED_FAILED',
+        `${first.error}${g.stderrTail()}`,
+      );
     }
-    opts.log?.(`distributed: rank ${env.rank}/${env.world} joined (${opts.backend}, ${env.masterAddr}:${env.masterPort}) in ${Number(first.ms ?? 0).toFixed(0)} ms`);
+    opts.log?.(
+      `distributed: rank ${env.rank}/${env.world} joined (${opts.backend}, ${env.masterAddr}:${env.masterPort}) in ${Number(first.ms ?? 0).toFixed(0)} ms`,
+    );
     return g;
   }
 
@@ -209,7 +233,10 @@ export class ProcessGroup {
     const r = await this.read(what, this.opts.timeoutS + 30);
     if (!r.ok) {
       this.kill();
-      throw new SlmError('DISTRIBUTED_FAILED', `${r.error} (another rank failed or stopped answering within distributed.timeout_s = ${this.opts.timeoutS} s; see its log).${this.stderrTail()}`);
+      throw new SlmError(
+        'DISTRIBUTED_FAILED',
+        `${r.error} (another rank failed or stopped answering within distributed.timeout_s = ${this.opts.timeoutS} s; see its log).${this.stderrTail()}`,
+      );
     }
     return r;
   }
@@ -219,13 +246,22 @@ export class ProcessGroup {
     const timeout = new Promise<never>((_, rej) => {
       timer = setTimeout(() => {
         this.kill();
-        rej(new SlmError('DISTRIBUTED_FAILED', `rank ${this.rank}: ${what} did not finish within ${timeoutS} s; a rank is stuck or gone (distributed.timeout_s).${this.stderrTail()}`));
+        rej(
+          new SlmError(
+            'DISTRIBUTED_FAILED',
+            `rank ${this.rank}: ${what} did not finish within ${timeoutS} s; a rank is stuck or gone (distributed.timeout_s).${this.stderrTail()}`,
+          ),
+        );
       }, timeoutS * 1000);
       timer.unref();
     });
     try {
       const next = await Promise.race([this.lines.next(), timeout]);
-      if (next.done) throw new SlmError('DISTRIBUTED_FAILED', `rank ${this.rank}: ${what}: ${this.dead ?? 'the torch.distributed sidecar closed its output'}.${this.stderrTail()}`);
+      if (next.done)
+        throw new SlmError(
+          'DISTRIBUTED_FAILED',
+          `rank ${this.rank}: ${what}: ${this.dead ?? 'the torch.distributed sidecar closed its output'}.${this.stderrTail()}`,
+        );
       try {
         return JSON.parse(next.value) as Reply;
       } catch {

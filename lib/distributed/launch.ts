@@ -51,11 +51,21 @@ export async function launchWorkers(distributedConfig: DistributedConfig, opts: 
   if (!Number.isInteger(nproc) || nproc < 1) throw new SlmError('ARGUMENT_INVALID', `--nproc must be a positive integer, found ${nproc}.`);
   const world = nproc * distributedConfig.nnodes;
   if (world <= 1) return false;
-  if (distributedConfig.node_rank >= distributedConfig.nnodes) throw new SlmError('CONFIG_INVALID', `distributed.node_rank ${distributedConfig.node_rank} must be below distributed.nnodes ${distributedConfig.nnodes}.`, { path: 'distributed.node_rank' });
+  if (distributedConfig.node_rank >= distributedConfig.nnodes)
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `distributed.node_rank ${distributedConfig.node_rank} must be below distributed.nnodes ${distributedConfig.nnodes}.`,
+      { path: 'distributed.node_rank' },
+    );
   const addr = process.env.MASTER_ADDR || distributedConfig.master_addr;
   let port = Number(process.env.MASTER_PORT || distributedConfig.master_port);
   if (!port) {
-    if (distributedConfig.nnodes > 1) throw new SlmError('CONFIG_INVALID', 'several nodes need a fixed rendezvous port: set MASTER_PORT (or distributed.master_port) to the same value on every node.', { path: 'distributed.master_port' });
+    if (distributedConfig.nnodes > 1)
+      throw new SlmError(
+        'CONFIG_INVALID',
+        'several nodes need a fixed rendezvous port: set MASTER_PORT (or distributed.master_port) to the same value on every node.',
+        { path: 'distributed.master_port' },
+      );
     port = await freePort();
   }
   const argv = opts.argv ?? workerArgs(process.argv.slice(1));
@@ -71,7 +81,15 @@ export async function launchWorkers(distributedConfig: DistributedConfig, opts: 
   const exits = Array.from({ length: nproc }, (_, local) => {
     const rank = first + local;
     const p = spawn(process.execPath, argv, {
-      env: { ...process.env, RANK: String(rank), WORLD_SIZE: String(world), LOCAL_RANK: String(local), LOCAL_WORLD_SIZE: String(nproc), MASTER_ADDR: addr, MASTER_PORT: String(port) },
+      env: {
+        ...process.env,
+        RANK: String(rank),
+        WORLD_SIZE: String(world),
+        LOCAL_RANK: String(local),
+        LOCAL_WORLD_SIZE: String(nproc),
+        MASTER_ADDR: addr,
+        MASTER_PORT: String(port),
+      },
       stdio: ['ignore', rank === 0 ? 'inherit' : 'ignore', 'pipe'],
     });
     procs.push(p);
@@ -88,7 +106,14 @@ export async function launchWorkers(distributedConfig: DistributedConfig, opts: 
       p.on('exit', (code, sig) => {
         if (partial) process.stderr.write(`[rank ${rank}] ${partial}\n`);
         if ((code !== 0 || sig) && !failure) {
-          const why = tail.trim().split('\n').filter((l) => /error|Error/.test(l)).slice(-1)[0] ?? tail.trim().split('\n').slice(-1)[0] ?? '';
+          const why =
+            tail
+              .trim()
+              .split('\n')
+              .filter((l) => /error|Error/.test(l))
+              .slice(-1)[0] ??
+            tail.trim().split('\n').slice(-1)[0] ??
+            '';
           failure = `rank ${rank} exited with ${sig ?? `code ${code}`}${why ? `: ${why.trim()}` : ''}`;
           stopAll(p);
         }

@@ -34,8 +34,19 @@ export async function joinFromConfig(cfg: ResolvedConfig, log: (line: string) =>
   const cuda = cfg.model.device.startsWith('cuda');
   const device = cfg.model.device === 'cuda' ? `cuda:${env.localRank}` : cfg.model.device;
   const backend = d.backend === 'auto' ? (cuda ? 'nccl' : 'gloo') : d.backend;
-  if (backend === 'nccl' && !cuda) throw new SlmError('CONFIG_INVALID', `distributed.backend nccl needs model.device cuda, found ${cfg.model.device}; use gloo (or auto) on CPU.`, { path: 'distributed.backend' });
-  const group = await ProcessGroup.join(env, { backend, timeoutS: d.timeout_s, python: d.python, device: backend === 'nccl' ? device : 'cpu', log });
+  if (backend === 'nccl' && !cuda)
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `distributed.backend nccl needs model.device cuda, found ${cfg.model.device}; use gloo (or auto) on CPU.`,
+      { path: 'distributed.backend' },
+    );
+  const group = await ProcessGroup.join(env, {
+    backend,
+    timeoutS: d.timeout_s,
+    python: d.python,
+    device: backend === 'nccl' ? device : 'cpu',
+    log,
+  });
   return { group, shard: group, cfg: { ...cfg, model: { ...cfg.model, device } } };
 }
 
@@ -68,7 +79,12 @@ export class RankRunFolder extends RunFolder {
     return this.shared.checkpoints();
   }
   override async restore(model: Model): Promise<TrainState> {
-    const ck = await loadNewestGood(model, this.shared.checkpoints(), this.log, `${this.shared.dir} has no complete checkpoint (rank 0 writes them; several nodes need the run folder on a shared filesystem).`);
+    const ck = await loadNewestGood(
+      model,
+      this.shared.checkpoints(),
+      this.log,
+      `${this.shared.dir} has no complete checkpoint (rank 0 writes them; several nodes need the run folder on a shared filesystem).`,
+    );
     return ck.state;
   }
 }

@@ -40,38 +40,56 @@ function moduleName(layer: number, t: LoraTarget): string {
 }
 
 export function checkLoraSpec(spec: LoraSpec, numLayers?: number): LoraSpec {
-  if (!Number.isInteger(spec.r) || spec.r < 1) throw new SlmError('ADAPTER_INVALID', `LoRA r must be a positive integer, found ${describe(spec.r)}.`);
+  if (!Number.isInteger(spec.r) || spec.r < 1)
+    throw new SlmError('ADAPTER_INVALID', `LoRA r must be a positive integer, found ${describe(spec.r)}.`);
   if (!(spec.alpha > 0)) throw new SlmError('ADAPTER_INVALID', `lora_alpha must be positive, found ${describe(spec.alpha)}.`);
-  if (!(spec.dropout >= 0 && spec.dropout < 1)) throw new SlmError('ADAPTER_INVALID', `lora_dropout must be in [0, 1), found ${describe(spec.dropout)}.`);
+  if (!(spec.dropout >= 0 && spec.dropout < 1))
+    throw new SlmError('ADAPTER_INVALID', `lora_dropout must be in [0, 1), found ${describe(spec.dropout)}.`);
   if (!spec.targets.length) throw new SlmError('ADAPTER_INVALID', `target_modules is empty; expected some of ${LORA_TARGETS.join(', ')}.`);
   for (const t of spec.targets)
     if (!(LORA_TARGETS as readonly string[]).includes(t)) {
       const hint = closest(t, LORA_TARGETS);
-      throw new SlmError('ADAPTER_TARGET_UNKNOWN', `target module "${t}" does not exist in Qwen3${hint ? ` (did you mean "${hint}"?)` : ''}; expected some of ${LORA_TARGETS.join(', ')}.`);
+      throw new SlmError(
+        'ADAPTER_TARGET_UNKNOWN',
+        `target module "${t}" does not exist in Qwen3${hint ? ` (did you mean "${hint}"?)` : ''}; expected some of ${LORA_TARGETS.join(', ')}.`,
+      );
     }
   if (spec.layers && numLayers !== undefined)
     for (const l of spec.layers)
-      if (!Number.isInteger(l) || l < 0 || l >= numLayers) throw new SlmError('ADAPTER_INVALID', `layer ${describe(l)} is not in the model (it has ${numLayers} layers).`);
+      if (!Number.isInteger(l) || l < 0 || l >= numLayers)
+        throw new SlmError('ADAPTER_INVALID', `layer ${describe(l)} is not in the model (it has ${numLayers} layers).`);
   return spec;
 }
 
 /** Reads and validates a PEFT adapter_config.json. */
-export function readAdapterConfig(dir: string, numLayers: number): { spec: LoraSpec; raw: Record<string, unknown>; weights: string; valueHead?: string; critic?: string } {
+export function readAdapterConfig(
+  dir: string,
+  numLayers: number,
+): { spec: LoraSpec; raw: Record<string, unknown>; weights: string; valueHead?: string; critic?: string } {
   const cfgPath = join(dir, ADAPTER_CONFIG);
-  if (!existsSync(dir)) throw new SlmError('ADAPTER_NOT_FOUND', `adapter folder ${dir} does not exist. Expected a PEFT folder (adapter_config.json + adapter_model.safetensors).`);
-  if (!existsSync(cfgPath)) throw new SlmError('ADAPTER_NOT_FOUND', `${dir} has no adapter_config.json: expected a PEFT LoRA adapter folder.`);
+  if (!existsSync(dir))
+    throw new SlmError(
+      'ADAPTER_NOT_FOUND',
+      `adapter folder ${dir} does not exist. Expected a PEFT folder (adapter_config.json + adapter_model.safetensors).`,
+    );
+  if (!existsSync(cfgPath))
+    throw new SlmError('ADAPTER_NOT_FOUND', `${dir} has no adapter_config.json: expected a PEFT LoRA adapter folder.`);
   let raw: Record<string, unknown>;
   try {
     raw = JSON.parse(readFileSync(cfgPath, 'utf8'));
   } catch (e) {
     throw new SlmError('ADAPTER_INVALID', `${cfgPath} is not valid JSON: ${(e as Error).message}.`);
   }
-  if (raw.peft_type !== 'LORA') throw new SlmError('NOT_SUPPORTED', `${cfgPath}: peft_type ${describe(raw.peft_type)} is not supported; only LORA adapters are.`);
+  if (raw.peft_type !== 'LORA')
+    throw new SlmError('NOT_SUPPORTED', `${cfgPath}: peft_type ${describe(raw.peft_type)} is not supported; only LORA adapters are.`);
   if (raw.use_dora === true) throw new SlmError('NOT_SUPPORTED', `${cfgPath}: DoRA adapters (use_dora) are not supported.`);
-  if (raw.bias !== undefined && raw.bias !== 'none') throw new SlmError('NOT_SUPPORTED', `${cfgPath}: bias "${raw.bias}" is not supported; only "none".`);
-  if (raw.modules_to_save && (raw.modules_to_save as unknown[]).length) throw new SlmError('NOT_SUPPORTED', `${cfgPath}: modules_to_save is not supported.`);
+  if (raw.bias !== undefined && raw.bias !== 'none')
+    throw new SlmError('NOT_SUPPORTED', `${cfgPath}: bias "${raw.bias}" is not supported; only "none".`);
+  if (raw.modules_to_save && (raw.modules_to_save as unknown[]).length)
+    throw new SlmError('NOT_SUPPORTED', `${cfgPath}: modules_to_save is not supported.`);
   for (const k of ['rank_pattern', 'alpha_pattern'])
-    if (raw[k] && Object.keys(raw[k] as object).length) throw new SlmError('NOT_SUPPORTED', `${cfgPath}: per-module ${k} is not supported.`);
+    if (raw[k] && Object.keys(raw[k] as object).length)
+      throw new SlmError('NOT_SUPPORTED', `${cfgPath}: per-module ${k} is not supported.`);
   let targets: LoraTarget[];
   const tm = raw.target_modules;
   if (Array.isArray(tm)) targets = tm.map(String) as LoraTarget[];
@@ -83,19 +101,32 @@ export function readAdapterConfig(dir: string, numLayers: number): { spec: LoraS
   const ltt = raw.layers_to_transform;
   const layers = ltt === null || ltt === undefined ? undefined : Array.isArray(ltt) ? ltt.map(Number) : [Number(ltt)];
   const spec = checkLoraSpec(
-    { r: Number(raw.r), alpha: Number(raw.lora_alpha ?? raw.r), dropout: Number(raw.lora_dropout ?? 0), rslora: raw.use_rslora === true, targets, layers },
+    {
+      r: Number(raw.r),
+      alpha: Number(raw.lora_alpha ?? raw.r),
+      dropout: Number(raw.lora_dropout ?? 0),
+      rslora: raw.use_rslora === true,
+      targets,
+      layers,
+    },
     numLayers,
   );
   const weights = join(dir, ADAPTER_WEIGHTS);
   if (!existsSync(weights))
-    throw new SlmError('ADAPTER_NOT_FOUND', `${dir} has adapter_config.json but no ${ADAPTER_WEIGHTS}${existsSync(join(dir, 'adapter_model.bin')) ? ' (adapter_model.bin is a PyTorch pickle: re-save with safe_serialization=True)' : ''}.`);
+    throw new SlmError(
+      'ADAPTER_NOT_FOUND',
+      `${dir} has adapter_config.json but no ${ADAPTER_WEIGHTS}${existsSync(join(dir, 'adapter_model.bin')) ? ' (adapter_model.bin is a PyTorch pickle: re-save with safe_serialization=True)' : ''}.`,
+    );
   const vh = join(dir, VALUE_HEAD);
   const critic = join(dir, CRITIC_ADAPTER);
   return { spec, raw, weights, valueHead: existsSync(vh) ? vh : undefined, critic: existsSync(critic) ? critic : undefined };
 }
 
 /** The dimensions of a model that decide its LoRA tensors' shapes (a subset of config.json). */
-export type ProjectionDims = Pick<NativeModelConfig, 'hidden_size' | 'intermediate_size' | 'num_hidden_layers' | 'num_attention_heads' | 'num_key_value_heads' | 'head_dim'>;
+export type ProjectionDims = Pick<
+  NativeModelConfig,
+  'hidden_size' | 'intermediate_size' | 'num_hidden_layers' | 'num_attention_heads' | 'num_key_value_heads' | 'head_dim'
+>;
 
 /** [out_features, in_features] of a projection, and the config.json keys they come from. */
 function projection(target: LoraTarget, dims: ProjectionDims): { out: number; in: number; why: [string, string] } {
@@ -125,7 +156,14 @@ function projection(target: LoraTarget, dims: ProjectionDims): { out: number; in
  * and the config.json dimension behind them), how many are missing or left over, and the base model
  * adapter_config.json says the adapter was made for. Throws ADAPTER_MISMATCH; returns when it fits.
  */
-export function checkAdapterFits(dir: string, spec: LoraSpec, raw: Record<string, unknown>, weights: string, dims: ProjectionDims, modelDir: string): void {
+export function checkAdapterFits(
+  dir: string,
+  spec: LoraSpec,
+  raw: Record<string, unknown>,
+  weights: string,
+  dims: ProjectionDims,
+  modelDir: string,
+): void {
   const header = readSafetensorsHeader(weights);
   const have = new Map(Object.entries(header).map(([n, e]) => [n.replace('.default.weight', '.weight'), e.shape]));
   const wrong: string[] = [];
@@ -154,7 +192,9 @@ export function checkAdapterFits(dir: string, spec: LoraSpec, raw: Record<string
   const parts: string[] = [];
   if (wrong.length) parts.push(`${wrong.length} of ${expected} LoRA tensors have other shapes (e.g. ${wrong[0]})`);
   if (missing.length)
-    parts.push(`${missing.length} of ${expected} LoRA tensors are missing (e.g. ${missing[0]}${adapterLayers < layers.length ? `; the adapter covers ${adapterLayers} layers, this model has ${dims.num_hidden_layers}` : ''})`);
+    parts.push(
+      `${missing.length} of ${expected} LoRA tensors are missing (e.g. ${missing[0]}${adapterLayers < layers.length ? `; the adapter covers ${adapterLayers} layers, this model has ${dims.num_hidden_layers}` : ''})`,
+    );
   if (extra.length) parts.push(`${extra.length} adapter tensors have no place in this model (e.g. ${extra[0]})`);
   const base = raw.base_model_name_or_path;
   throw new SlmError(

@@ -52,10 +52,17 @@ export async function chat(policy: ChatPolicy, messages: readonly ChatMessage[],
  * The reply's text in pieces as it is sampled (a piece never ends inside a UTF-8 character); the
  * iterator's return value is the whole reply. Stopping the loop early (break) stops generation.
  */
-export async function* chatStream(policy: ChatPolicy, messages: readonly ChatMessage[], opts: ChatCallOptions = {}): AsyncGenerator<string, ChatReply, undefined> {
+export async function* chatStream(
+  policy: ChatPolicy,
+  messages: readonly ChatMessage[],
+  opts: ChatCallOptions = {},
+): AsyncGenerator<string, ChatReply, undefined> {
   opts.signal?.throwIfAborted();
   const { model, tokenizer, formatter } = policy;
-  const prompt = formatter.prompt(messages, { ...(opts.enableThinking !== undefined ? { enableThinking: opts.enableThinking } : {}), ...(opts.tools ? { tools: opts.tools } : {}) });
+  const prompt = formatter.prompt(messages, {
+    ...(opts.enableThinking !== undefined ? { enableThinking: opts.enableThinking } : {}),
+    ...(opts.tools ? { tools: opts.tools } : {}),
+  });
   const ids = Int32Array.from(tokenizer.encode(prompt));
   const stop = new AbortController();
   const onAbort = () => stop.abort();
@@ -114,7 +121,11 @@ export async function* chatStream(policy: ChatPolicy, messages: readonly ChatMes
     const text = visible();
     if (text.length > sent.length) yield text.slice(sent.length);
     const finish = res.finishReasons[0];
-    return { text, tokens: res.tokens[0] ?? new Int32Array(), finishReason: finish === 'cancelled' || finish === undefined ? 'length' : finish };
+    return {
+      text,
+      tokens: res.tokens[0] ?? new Int32Array(),
+      finishReason: finish === 'cancelled' || finish === undefined ? 'length' : finish,
+    };
   } finally {
     // break, a throw in the loop body or an abort: stop the row and wait for the native call.
     stop.abort();

@@ -28,24 +28,39 @@ export function nativeGenerateRequest(req: GenerateRequest, checkIds: (ids: Int3
   const t = req.temperature ?? 1;
   for (let i = 0; i < B; i++) {
     const v = req.greedy ? 0 : typeof t === 'number' ? t : t[i];
-    if (typeof v !== 'number' || !(v >= 0)) throw new SlmError('ARGUMENT_INVALID', `temperature must be >= 0 for every row, found ${describe(v)} at row ${i}.`);
+    if (typeof v !== 'number' || !(v >= 0))
+      throw new SlmError('ARGUMENT_INVALID', `temperature must be >= 0 for every row, found ${describe(v)} at row ${i}.`);
     temps[i] = v;
   }
   if (req.rowSeeds && (req.rowSeeds.length !== B || !req.rowSeeds.every((s) => Number.isSafeInteger(s) && s >= 0)))
     throw new SlmError('ARGUMENT_INVALID', `rowSeeds must hold one non-negative integer per row (${B}), found ${describe(req.rowSeeds)}.`);
   const topPs = typeof req.topP === 'object' && req.topP !== null ? Array.from(req.topP) : undefined;
-  if (topPs && topPs.length !== B) throw new SlmError('ARGUMENT_INVALID', `topP: expected one value per row (${B}) or one number, found ${topPs.length}.`);
+  if (topPs && topPs.length !== B)
+    throw new SlmError('ARGUMENT_INVALID', `topP: expected one value per row (${B}) or one number, found ${topPs.length}.`);
   for (const v of topPs ?? [req.topP ?? 1])
-    if (!(typeof v === 'number' && v > 0 && v <= 1)) throw new SlmError('ARGUMENT_INVALID', `topP must be in (0, 1], found ${describe(v)}.`);
-  const topP = topPs ? 1 : (req.topP as number | undefined) ?? 1;
+    if (!(typeof v === 'number' && v > 0 && v <= 1))
+      throw new SlmError('ARGUMENT_INVALID', `topP must be in (0, 1], found ${describe(v)}.`);
+  const topP = topPs ? 1 : ((req.topP as number | undefined) ?? 1);
   const topK = req.topK ?? 0;
-  if (!Number.isInteger(topK) || topK < 0) throw new SlmError('ARGUMENT_INVALID', `topK must be a non-negative integer, found ${describe(req.topK)}.`);
+  if (!Number.isInteger(topK) || topK < 0)
+    throw new SlmError('ARGUMENT_INVALID', `topK must be a non-negative integer, found ${describe(req.topK)}.`);
   let cacheKeys: Array<string | null> | undefined;
   if (req.cacheKeys !== undefined) {
-    if (!Array.isArray(req.cacheKeys) || req.cacheKeys.length !== B || !req.cacheKeys.every((k) => k == null || (typeof k === 'string' && k.length > 0)))
-      throw new SlmError('ARGUMENT_INVALID', `cacheKeys must hold one non-empty string (or null: none) per row (${B}), found ${describe(req.cacheKeys)}.`);
+    if (
+      !Array.isArray(req.cacheKeys) ||
+      req.cacheKeys.length !== B ||
+      !req.cacheKeys.every((k) => k == null || (typeof k === 'string' && k.length > 0))
+    )
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `cacheKeys must hold one non-empty string (or null: none) per row (${B}), found ${describe(req.cacheKeys)}.`,
+      );
     const keys = req.cacheKeys.filter((k): k is string => typeof k === 'string');
-    if (new Set(keys).size !== keys.length) throw new SlmError('ARGUMENT_INVALID', `cacheKeys must be distinct within a call (one per episode), found a repeated key in ${describe(req.cacheKeys)}.`);
+    if (new Set(keys).size !== keys.length)
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `cacheKeys must be distinct within a call (one per episode), found a repeated key in ${describe(req.cacheKeys)}.`,
+      );
     if (keys.length) cacheKeys = req.cacheKeys.map((k) => k ?? null);
   }
   return {
@@ -85,17 +100,30 @@ export function generatedRows(result: NativeGenerateResult, B: number): { tokens
  * options, every step's tokens delivered to req.onToken, aborted signals cancelling their rows.
  * Returns the native result (for its counters) and the rows.
  */
-export async function streamGenerate(model: NativeModel, base: NativeGenerateRequest, req: StreamGenerateRequest, vocabSize: number): Promise<{ native: NativeGenerateResult; result: StreamGenerateResult }> {
+export async function streamGenerate(
+  model: NativeModel,
+  base: NativeGenerateRequest,
+  req: StreamGenerateRequest,
+  vocabSize: number,
+): Promise<{ native: NativeGenerateResult; result: StreamGenerateResult }> {
   const B = req.prompts.length;
   const topN = req.topLogprobs ?? 0;
-  if (!Number.isInteger(topN) || topN < 0 || topN > vocabSize) throw new SlmError('ARGUMENT_INVALID', `topLogprobs must be an integer from 0 to the vocabulary size, found ${describe(req.topLogprobs)}.`);
+  if (!Number.isInteger(topN) || topN < 0 || topN > vocabSize)
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `topLogprobs must be an integer from 0 to the vocabulary size, found ${describe(req.topLogprobs)}.`,
+    );
   let rowMax: Int32Array | undefined;
   if (req.rowMaxNewTokens) {
     if (req.rowMaxNewTokens.length !== B || !req.rowMaxNewTokens.every((n) => Number.isInteger(n) && n >= 1 && n <= req.maxNewTokens))
-      throw new SlmError('ARGUMENT_INVALID', `rowMaxNewTokens must hold one integer from 1 to maxNewTokens (${req.maxNewTokens}) per row (${B}), found ${describe(req.rowMaxNewTokens)}.`);
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `rowMaxNewTokens must hold one integer from 1 to maxNewTokens (${req.maxNewTokens}) per row (${B}), found ${describe(req.rowMaxNewTokens)}.`,
+      );
     rowMax = Int32Array.from(req.rowMaxNewTokens);
   }
-  if (req.signals && req.signals.length !== B) throw new SlmError('ARGUMENT_INVALID', `signals must hold one entry (or undefined) per row (${B}), found ${req.signals.length}.`);
+  if (req.signals && req.signals.length !== B)
+    throw new SlmError('ARGUMENT_INVALID', `signals must hold one entry (or undefined) per row (${B}), found ${req.signals.length}.`);
   const seen = new Int32Array(B);
   let closed = false;
   let failure: unknown;
@@ -160,13 +188,29 @@ export async function streamGenerate(model: NativeModel, base: NativeGenerateReq
         row: i,
         token: tokens[i][t],
         logprob: logprobs[i][t],
-        ...(topLogprobs ? { top: { ids: topLogprobs[i].ids.slice(t * topN, (t + 1) * topN), logprobs: topLogprobs[i].logprobs.slice(t * topN, (t + 1) * topN) } } : {}),
+        ...(topLogprobs
+          ? {
+              top: {
+                ids: topLogprobs[i].ids.slice(t * topN, (t + 1) * topN),
+                logprobs: topLogprobs[i].logprobs.slice(t * topN, (t + 1) * topN),
+              },
+            }
+          : {}),
         ...(t === tokens[i].length - 1 && f !== 'cancelled' ? { finish: f } : {}),
       });
   }
   if (failure !== undefined) throw failure;
   return {
     native: r,
-    result: { tokens, logprobs, ...(topLogprobs ? { topLogprobs } : {}), finishReasons, steps: r.steps, prefillTokens: r.prefillTokens, prefillTokensRequested: r.prefillTokensRequested, cacheReusedTokens: r.cacheReusedTokens },
+    result: {
+      tokens,
+      logprobs,
+      ...(topLogprobs ? { topLogprobs } : {}),
+      finishReasons,
+      steps: r.steps,
+      prefillTokens: r.prefillTokens,
+      prefillTokensRequested: r.prefillTokensRequested,
+      cacheReusedTokens: r.cacheReusedTokens,
+    },
   };
 }

@@ -56,8 +56,17 @@ export class OpenAIRollout implements TextGenerator {
   readonly sent = new Map<string, number>();
 
   constructor(readonly o: OpenAIRolloutOptions) {
-    if (!o.urls.length) throw new SlmError('CONFIG_INVALID', 'rollout.engine openai needs rollout.openai.urls: the base URLs of OpenAI-compatible servers (e.g. http://10.0.0.5:8000).', { path: 'rollout.openai.urls' });
-    this.servers = o.urls.map((u) => ({ url: u.replace(/\/+$/, '').replace(/\/v1$/, ''), limiter: new Limiter(o.concurrency), inFlight: 0 }));
+    if (!o.urls.length)
+      throw new SlmError(
+        'CONFIG_INVALID',
+        'rollout.engine openai needs rollout.openai.urls: the base URLs of OpenAI-compatible servers (e.g. http://10.0.0.5:8000).',
+        { path: 'rollout.openai.urls' },
+      );
+    this.servers = o.urls.map((u) => ({
+      url: u.replace(/\/+$/, '').replace(/\/v1$/, ''),
+      limiter: new Limiter(o.concurrency),
+      inFlight: 0,
+    }));
     this.baseModel = o.model;
   }
 
@@ -88,7 +97,12 @@ export class OpenAIRollout implements TextGenerator {
   async generate(req: GenerateRequest): Promise<GenerateResult> {
     const model = this.current ?? (this.baseModel ??= await this.firstModel());
     const n = req.prompts.length;
-    const temps = req.temperature === undefined ? new Array(n).fill(1) : typeof req.temperature === 'number' ? new Array(n).fill(req.temperature) : Array.from(req.temperature);
+    const temps =
+      req.temperature === undefined
+        ? new Array(n).fill(1)
+        : typeof req.temperature === 'number'
+          ? new Array(n).fill(req.temperature)
+          : Array.from(req.temperature);
     const rows = await Promise.all(
       req.prompts.map((promptTokens, i) =>
         this.complete({
@@ -96,7 +110,7 @@ export class OpenAIRollout implements TextGenerator {
           prompt: Array.from(promptTokens),
           max_tokens: req.maxNewTokens,
           temperature: req.greedy ? 0 : temps[i],
-          top_p: typeof req.topP === 'object' ? req.topP[i] : req.topP ?? 1,
+          top_p: typeof req.topP === 'object' ? req.topP[i] : (req.topP ?? 1),
           ...(req.topK ? { top_k: req.topK } : {}),
           ...(req.rowSeeds ? { seed: req.rowSeeds[i] % 2 ** 31 } : req.seed !== undefined ? { seed: (req.seed + i) % 2 ** 31 } : {}),
           ...(req.stopStrings?.length ? { stop: req.stopStrings, include_stop_str_in_output: true } : {}),
@@ -111,7 +125,9 @@ export class OpenAIRollout implements TextGenerator {
     return {
       tokens: rows.map((r) => r.ids),
       logprobs: rows.map((r) => new Float32Array(r.ids.length)),
-      finishReasons: rows.map((r) => (r.finish === 'length' ? 'length' : r.ids.length && stops.has(r.ids[r.ids.length - 1]) ? 'stop_token' : 'stop_string')),
+      finishReasons: rows.map((r) =>
+        r.finish === 'length' ? 'length' : r.ids.length && stops.has(r.ids[r.ids.length - 1]) ? 'stop_token' : 'stop_string',
+      ),
     };
   }
 
@@ -123,11 +139,16 @@ export class OpenAIRollout implements TextGenerator {
   }
 
   private async complete(body: Record<string, unknown>): Promise<{ ids: Int32Array; finish: string }> {
-    const r = (await this.post(null, '/v1/completions', body, 'completion')) as { choices?: Array<{ finish_reason?: string; logprobs?: { tokens?: string[] } }> };
+    const r = (await this.post(null, '/v1/completions', body, 'completion')) as {
+      choices?: Array<{ finish_reason?: string; logprobs?: { tokens?: string[] } }>;
+    };
     const c = r?.choices?.[0];
     const toks = c?.logprobs?.tokens;
     if (!c || !Array.isArray(toks) || toks.some((t) => !/^token_id:\d+$/.test(t)))
-      throw new SlmError('ROLLOUT_SERVER_ERROR', `a completion reply carries no token ids (expected choices[0].logprobs.tokens as "token_id:N", which vLLM gives for logprobs + return_tokens_as_token_ids); found ${JSON.stringify(r).slice(0, 200)}.`);
+      throw new SlmError(
+        'ROLLOUT_SERVER_ERROR',
+        `a completion reply carries no token ids (expected choices[0].logprobs.tokens as "token_id:N", which vLLM gives for logprobs + return_tokens_as_token_ids); found ${JSON.stringify(r).slice(0, 200)}.`,
+      );
     return { ids: Int32Array.from(toks, (t) => Number(t.slice(9))), finish: c.finish_reason ?? 'stop' };
   }
 
@@ -187,7 +208,10 @@ export class OpenAIRollout implements TextGenerator {
  * The sampling log-probs of episodes generated elsewhere, recomputed by the trainer's engine (one
  * teacher-forced pass, each row under its own temperature), 0 where the loss mask is 0.
  */
-export async function recomputeLogprobs<E extends { ids: Int32Array; lossMask: Uint8Array; logprobs: Float32Array; temperature: number }>(model: Model, episodes: E[]): Promise<E[]> {
+export async function recomputeLogprobs<E extends { ids: Int32Array; lossMask: Uint8Array; logprobs: Float32Array; temperature: number }>(
+  model: Model,
+  episodes: E[],
+): Promise<E[]> {
   // Greedy rows (temperature 0) are scored at 1.
   // The loss mask as the scoring mask: only the trained tokens go through the vocabulary head.
   const lps = await model.sequenceLogprobs(

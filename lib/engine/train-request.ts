@@ -15,7 +15,11 @@ export interface TrainBatch {
   temperature?: number[];
 }
 
-export interface TrainOptions extends Omit<NativeTrainRequest, 'ids' | 'lengths' | 'mask' | 'advantages' | 'oldLogprobs' | 'returns' | 'oldValues' | 'entropyScale' | 'temperature' | 'klEstimator'> {
+export interface TrainOptions
+  extends Omit<
+    NativeTrainRequest,
+    'ids' | 'lengths' | 'mask' | 'advantages' | 'oldLogprobs' | 'returns' | 'oldValues' | 'entropyScale' | 'temperature' | 'klEstimator'
+  > {
   klEstimator?: 'k1' | 'k3';
 }
 
@@ -24,8 +28,14 @@ export interface TrainOptions extends Omit<NativeTrainRequest, 'ids' | 'lengths'
  * against its sequence's length: a row too long and another too short would otherwise pass a total
  * count and misalign every value after them.
  */
-export function flatRows<T extends Int32Array | Float32Array | Uint8Array>(rows: ArrayLike<number>[], lengths: Int32Array, Ctor: new (n: number) => T, what: string): T {
-  if (rows.length !== lengths.length) throw new SlmError('ARGUMENT_INVALID', `${what}: expected one row per sequence (${lengths.length}), found ${rows.length}.`);
+export function flatRows<T extends Int32Array | Float32Array | Uint8Array>(
+  rows: ArrayLike<number>[],
+  lengths: Int32Array,
+  Ctor: new (n: number) => T,
+  what: string,
+): T {
+  if (rows.length !== lengths.length)
+    throw new SlmError('ARGUMENT_INVALID', `${what}: expected one row per sequence (${lengths.length}), found ${rows.length}.`);
   const out = new Ctor(lengths.reduce((a, b) => a + b, 0));
   let o = 0;
   rows.forEach((r, i) => {
@@ -39,10 +49,14 @@ export function flatRows<T extends Int32Array | Float32Array | Uint8Array>(rows:
 /** A training batch checked (ids against the vocabulary with `checkIds`) and flattened into the native request. */
 export function nativeTrainRequest(batch: TrainBatch, opts: TrainOptions, checkIds: (ids: Int32Array) => void): NativeTrainRequest {
   const n = batch.sequences.length;
-  if (batch.masks.length !== n) throw new SlmError('ARGUMENT_INVALID', `expected one loss mask per sequence (${n}), found ${batch.masks.length}.`);
+  if (batch.masks.length !== n)
+    throw new SlmError('ARGUMENT_INVALID', `expected one loss mask per sequence (${n}), found ${batch.masks.length}.`);
   const lengths = Int32Array.from(batch.sequences.map((s) => s.length));
-  const flat = <T extends Int32Array | Float32Array | Uint8Array>(rows: ArrayLike<number>[] | undefined, Ctor: new (n: number) => T, what: string): T | undefined =>
-    rows && flatRows(rows, lengths, Ctor, what);
+  const flat = <T extends Int32Array | Float32Array | Uint8Array>(
+    rows: ArrayLike<number>[] | undefined,
+    Ctor: new (n: number) => T,
+    what: string,
+  ): T | undefined => rows && flatRows(rows, lengths, Ctor, what);
   const ids = flat(batch.sequences, Int32Array, 'sequences')!;
   checkIds(ids);
   const req: NativeTrainRequest = {

@@ -28,9 +28,7 @@ export const CODE_TAGS: CodeTags = { code: 'python', answer: 'answer' };
 
 export type CodeAction =
   /** `end`: index just after the closing tag (the text after it is not part of the action). */
-  | { kind: 'code'; code: string; end: number }
-  | { kind: 'answer'; answer: string; end: number }
-  | NoAction;
+  { kind: 'code'; code: string; end: number } | { kind: 'answer'; answer: string; end: number } | NoAction;
 
 /**
  * The action of one generated assistant turn. The answer is trimmed (it may be empty: an empty
@@ -38,10 +36,7 @@ export type CodeAction =
  * the newline after `<python>` and trailing whitespace.
  */
 export function parseCodeTurn(text: string, tags: CodeTags = CODE_TAGS): CodeAction {
-  const r = scanBlocks(text, [
-    { tag: tags.code, opaque: true },
-    { tag: tags.answer },
-  ]);
+  const r = scanBlocks(text, [{ tag: tags.code, opaque: true }, { tag: tags.answer }]);
   if (!r.found) return r.open ? { kind: 'none', reason: 'unclosed', open: r.open } : { kind: 'none', reason: 'no_action' };
   if (r.tag === tags.answer) return { kind: 'answer', answer: r.content.trim(), end: r.end };
   const code = trimCode(r.content);
@@ -116,9 +111,12 @@ export function codeFeedback(action: NoAction, ctx: FeedbackContext = {}): strin
   if (action.reason === 'empty_code') return `Your <${code}> block was empty, so nothing ran. ${how}`;
   if (action.reason === 'no_action') return `Your reply had no <${code}> code and no <${answer}>. ${how}`;
   const cut = ctx.finishReason === 'length' ? ` (the reply reached the limit of ${ctx.maxNewTokens ?? 'the'} tokens)` : '';
-  if (action.open === code) return `Your <${code}> block was not closed with </${code}>${cut}, so it did not run. Write a shorter program and end it with </${code}>.`;
-  if (action.open === answer) return `Your <${answer}> was not closed with </${answer}>${cut}. Give the final answer as <${answer}>your answer</${answer}>.`;
-  if (action.open === 'think') return `Your reply ended inside <think>${cut} without an action. Keep the reasoning short, close it with </think>, then ${how[0].toLowerCase()}${how.slice(1)}`;
+  if (action.open === code)
+    return `Your <${code}> block was not closed with </${code}>${cut}, so it did not run. Write a shorter program and end it with </${code}>.`;
+  if (action.open === answer)
+    return `Your <${answer}> was not closed with </${answer}>${cut}. Give the final answer as <${answer}>your answer</${answer}>.`;
+  if (action.open === 'think')
+    return `Your reply ended inside <think>${cut} without an action. Keep the reasoning short, close it with </think>, then ${how[0].toLowerCase()}${how.slice(1)}`;
   return how;
 }
 

@@ -58,18 +58,42 @@ export interface EpisodeContext {
 /** The episode of request `r` at `index`: its prompt encoded (already over the limit: ended with `context`). */
 export function startEpisode(ctx: EpisodeContext, episodeRequest: EpisodeRequest, index: number): Live {
   const o = ctx.options;
-  if (!episodeRequest || typeof episodeRequest.question !== 'string') throw new SlmError('ARGUMENT_INVALID', `Expected episode request ${index} to have a string "question", but found ${describe(episodeRequest?.question)}.`);
+  if (!episodeRequest || typeof episodeRequest.question !== 'string')
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected episode request ${index} to have a string "question", but found ${describe(episodeRequest?.question)}.`,
+    );
   const temperature = episodeRequest.temperature ?? o.temperature ?? 1;
   if (!(typeof temperature === 'number' && temperature >= 0)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the temperature of episode request ${index} to be a number >= 0, but found ${describe(temperature)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the temperature of episode request ${index} to be a number >= 0, but found ${describe(temperature)}.`,
+    );
   }
-  if (episodeRequest.topP !== undefined && !(typeof episodeRequest.topP === 'number' && episodeRequest.topP > 0 && episodeRequest.topP <= 1)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the topP of episode request ${index} to be a number in (0, 1], but found ${describe(episodeRequest.topP)}.`);
+  if (
+    episodeRequest.topP !== undefined &&
+    !(typeof episodeRequest.topP === 'number' && episodeRequest.topP > 0 && episodeRequest.topP <= 1)
+  ) {
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the topP of episode request ${index} to be a number in (0, 1], but found ${describe(episodeRequest.topP)}.`,
+    );
   }
-  if (episodeRequest.prompt !== undefined && !(Array.isArray(episodeRequest.prompt) && episodeRequest.prompt.every((m) => m && typeof m.role === 'string' && typeof m.content === 'string'))) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the prompt of episode request ${index} to be a list of chat messages {role, content}, but found ${describe(episodeRequest.prompt)}.`);
+  if (
+    episodeRequest.prompt !== undefined &&
+    !(
+      Array.isArray(episodeRequest.prompt) &&
+      episodeRequest.prompt.every((m) => m && typeof m.role === 'string' && typeof m.content === 'string')
+    )
+  ) {
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the prompt of episode request ${index} to be a list of chat messages {role, content}, but found ${describe(episodeRequest.prompt)}.`,
+    );
   }
-  const messages = episodeRequest.messages ? episodeRequest.messages.map((m) => ({ ...m })) : o.protocol.initialMessages(episodeRequest.question, ctx.generations, episodeRequest.prompt);
+  const messages = episodeRequest.messages
+    ? episodeRequest.messages.map((m) => ({ ...m }))
+    : o.protocol.initialMessages(episodeRequest.question, ctx.generations, episodeRequest.prompt);
   const thinking = o.enableThinking !== undefined ? { enableThinking: o.enableThinking } : {};
   const text = o.formatter.prompt(messages, thinking);
   const ids = encodeRendered(o.tokenizer, text, messages, (ms) => o.formatter.prompt(ms, thinking));
@@ -101,7 +125,11 @@ export function startEpisode(ctx: EpisodeContext, episodeRequest: EpisodeRequest
     budget: 0,
     resumes: 0,
   };
-  if (ids.length === 0) throw new SlmError('ARGUMENT_INVALID', `Expected the prompt of episode request ${index} to encode to at least one token, but it is empty.`);
+  if (ids.length === 0)
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the prompt of episode request ${index} to encode to at least one token, but it is empty.`,
+    );
   if (ids.length >= o.maxTotalTokens) s.finish = 'context';
   return s;
 }
@@ -133,7 +161,11 @@ export function commitTurn(ctx: EpisodeContext, live: Live, turn: number): ToolA
   }
   live.turns = turn;
   if (forced > 0) live.segments.push({ source: 'prefill', text: o.tokenizer.decode(live.turnIds.slice(0, forced)), tokens: forced });
-  live.segments.push({ source: 'model', text: forced > 0 ? o.tokenizer.decode(live.turnIds.slice(forced)) : text, tokens: live.turnIds.length - forced });
+  live.segments.push({
+    source: 'model',
+    text: forced > 0 ? o.tokenizer.decode(live.turnIds.slice(forced)) : text,
+    tokens: live.turnIds.length - forced,
+  });
   live.turnText = text;
   addAssistantText(ctx, live, text);
   live.steps.push({
@@ -188,11 +220,19 @@ export function appendReply(ctx: EpisodeContext, live: Live, reply: EnvReply): v
       text = o.tokenizer.decode(ids);
     }
   } else {
-    if (!next.length) throw new SlmError('PROTOCOL_ERROR', `Expected the ${o.protocol.name} protocol to reply with at least one message after turn ${step.turn}, but it gave none.`);
+    if (!next.length)
+      throw new SlmError(
+        'PROTOCOL_ERROR',
+        `Expected the ${o.protocol.name} protocol to reply with at least one message after turn ${step.turn}, but it gave none.`,
+      );
     // The turn as decoded (stop-token text included) so that the formatter does not repeat `<|im_end|>`.
     const generated = live.turnText;
     const history: ChatMessage[] = [...live.messages.slice(0, -1), { role: 'assistant', content: generated }];
-    const continuation = (ms: ChatMessage[]) => o.formatter.continuation(history, ms, { strict: o.strictTemplate ?? false, ...(o.enableThinking !== undefined ? { enableThinking: o.enableThinking } : {}) });
+    const continuation = (ms: ChatMessage[]) =>
+      o.formatter.continuation(history, ms, {
+        strict: o.strictTemplate ?? false,
+        ...(o.enableThinking !== undefined ? { enableThinking: o.enableThinking } : {}),
+      });
     text = continuation(next);
     ids = encodeRendered(o.tokenizer, text, next, continuation);
   }
@@ -227,14 +267,21 @@ const MARKS = new RegExp(`${MARK}(\\d+)${MARK}`);
  * changes a content on its way into the text (the marks do not give `text` back) gets the whole text
  * encoded as plain text: its own special tokens are then lost too, but nothing is forged.
  */
-export function encodeRendered(tokenizer: Pick<Tokenizer, 'encode' | 'specialTokens'>, text: string, messages: readonly ChatMessage[], render: (messages: ChatMessage[]) => string): number[] {
+export function encodeRendered(
+  tokenizer: Pick<Tokenizer, 'encode' | 'specialTokens'>,
+  text: string,
+  messages: readonly ChatMessage[],
+  render: (messages: ChatMessage[]) => string,
+): number[] {
   const risky = (c: string) => tokenizer.specialTokens.some((s) => c.includes(s));
   if (!messages.some((m) => risky(m.content))) return text ? tokenizer.encode(text) : [];
   const pieces = render(messages.map((m, i) => ({ ...m, content: `${MARK}${i}${MARK}` }))).split(MARKS);
   // pieces: template text, content index, template text, ...
   const rebuilt = pieces.map((p, k) => (k % 2 ? messages[Number(p)].content : p)).join('');
   if (rebuilt !== text) return tokenizer.encode(text, { splitSpecialTokens: true });
-  return pieces.flatMap((p, k) => (k % 2 ? tokenizer.encode(messages[Number(p)].content, { splitSpecialTokens: true }) : p ? tokenizer.encode(p) : []));
+  return pieces.flatMap((p, k) =>
+    k % 2 ? tokenizer.encode(messages[Number(p)].content, { splitSpecialTokens: true }) : p ? tokenizer.encode(p) : [],
+  );
 }
 
 /** Adds the turn's text to the conversation (inline protocols: to the one assistant message). */
@@ -296,4 +343,3 @@ function stripStopText(text: string, stopTexts: readonly string[]): string {
   for (const s of stopTexts) if (text.endsWith(s)) return text.slice(0, -s.length);
   return text;
 }
-

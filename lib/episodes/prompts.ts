@@ -116,7 +116,9 @@ Print with console.log(). The functions are synchronous; there is no import, fil
 
 Ready to use without importing: re, json, string, Counter, defaultdict.`;
   const qv = opts.questionVariable ? `\n\nThe question is also in the variable ${opts.questionVariable} (a string) in every program.` : '';
-  const fa = opts.finalAnswer ? `\n- final_answer(answer) ends the program and gives your final answer (instead of <${t.answer}> tags)` : '';
+  const fa = opts.finalAnswer
+    ? `\n- final_answer(answer) ends the program and gives your final answer (instead of <${t.answer}> tags)`
+    : '';
   const fns = functions.replace(/\n\n/, `${fa}\n\n`) + qv;
   return `Answer questions by writing ${lang} code that searches Wikipedia.
 

@@ -11,8 +11,25 @@ import { isSlmError, SlmError } from '../errors.js';
 import type { ChatMessage } from '../model/tokenizer-types.js';
 import { IDENTIFIER } from '../sandbox/tools.js';
 import type { ToolCall } from '../sandbox/types.js';
-import { CODE_TAGS, codeFeedback, finalTurnNotice, formatCodeObservation, parseCodeTurn, DEFAULT_OBSERVATION_CHARS, type CodeAction, type CodeTags, type ProgramOutput } from './code.js';
-import { codeQuestionMessage, codeSystemPrompt, fillInstruction, QUESTION_PLACEHOLDER, SEARCH_R1_INSTRUCTION, type CodeLanguage } from './prompts.js';
+import {
+  CODE_TAGS,
+  codeFeedback,
+  finalTurnNotice,
+  formatCodeObservation,
+  parseCodeTurn,
+  DEFAULT_OBSERVATION_CHARS,
+  type CodeAction,
+  type CodeTags,
+  type ProgramOutput,
+} from './code.js';
+import {
+  codeQuestionMessage,
+  codeSystemPrompt,
+  fillInstruction,
+  QUESTION_PLACEHOLDER,
+  SEARCH_R1_INSTRUCTION,
+  type CodeLanguage,
+} from './prompts.js';
 import { formatInformation, parseTagsTurn, tagsFeedback, type PassageLike, type TagsAction } from './tags.js';
 
 export type FinishReason = 'stop_token' | 'stop_string' | 'length';
@@ -152,7 +169,10 @@ export interface CodeProtocolOptions {
 
 export function codeProtocol(codeProtocolOptions: CodeProtocolOptions): EpisodeProtocol {
   if (!codeProtocolOptions || typeof codeProtocolOptions.executor?.run !== 'function') {
-    throw new SlmError('ARGUMENT_INVALID', 'Expected codeProtocol({ executor }) with an executor that has run(code), e.g. a sandbox from createSandbox(); found none.');
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      'Expected codeProtocol({ executor }) with an executor that has run(code), e.g. a sandbox from createSandbox(); found none.',
+    );
   }
   const tags = codeProtocolOptions.tags ?? CODE_TAGS;
   const role = codeProtocolOptions.envRole ?? 'user';
@@ -160,14 +180,28 @@ export function codeProtocol(codeProtocolOptions: CodeProtocolOptions): EpisodeP
   const maxChars = codeProtocolOptions.maxOutputChars ?? DEFAULT_OBSERVATION_CHARS;
   const qVar = codeProtocolOptions.questionVariable;
   if (qVar !== undefined && !IDENTIFIER.test(qVar)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected questionVariable to be an identifier such as "question" but received ${JSON.stringify(qVar)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected questionVariable to be an identifier such as "question" but received ${JSON.stringify(qVar)}.`,
+    );
   }
   return {
     name: 'code',
     injection: 'chat',
     stopStrings: [`</${tags.code}>`, `</${tags.answer}>`],
     initialMessages(question, maxTurns) {
-      const system = typeof codeProtocolOptions.systemPrompt === 'function' ? codeProtocolOptions.systemPrompt(maxTurns) : (codeProtocolOptions.systemPrompt ?? codeSystemPrompt({ maxTurns, language: codeProtocolOptions.language, tags, questionVariable: qVar, finalAnswer: codeProtocolOptions.finalAnswer, searchResults: codeProtocolOptions.searchResults }));
+      const system =
+        typeof codeProtocolOptions.systemPrompt === 'function'
+          ? codeProtocolOptions.systemPrompt(maxTurns)
+          : (codeProtocolOptions.systemPrompt ??
+            codeSystemPrompt({
+              maxTurns,
+              language: codeProtocolOptions.language,
+              tags,
+              questionVariable: qVar,
+              finalAnswer: codeProtocolOptions.finalAnswer,
+              searchResults: codeProtocolOptions.searchResults,
+            }));
       return [
         { role: 'system', content: system },
         { role: 'user', content: codeQuestionMessage(question) },
@@ -179,22 +213,43 @@ export function codeProtocol(codeProtocolOptions: CodeProtocolOptions): EpisodeP
       if (action.kind === 'code') {
         const t0 = performance.now();
         if (qVar !== undefined && typeof ctx.question !== 'string') {
-          throw new SlmError('PROTOCOL_ERROR', `Expected the turn context to carry the episode's question (the protocol binds it to "${qVar}") but it had none.`);
+          throw new SlmError(
+            'PROTOCOL_ERROR',
+            `Expected the turn context to carry the episode's question (the protocol binds it to "${qVar}") but it had none.`,
+          );
         }
-        const opts = qVar !== undefined || codeProtocolOptions.finalAnswer ? { ...(qVar !== undefined ? { globals: { [qVar]: ctx.question } } : {}), finalAnswer: codeProtocolOptions.finalAnswer === true } : undefined;
+        const opts =
+          qVar !== undefined || codeProtocolOptions.finalAnswer
+            ? {
+                ...(qVar !== undefined ? { globals: { [qVar]: ctx.question } } : {}),
+                finalAnswer: codeProtocolOptions.finalAnswer === true,
+              }
+            : undefined;
         const r = await codeProtocolOptions.executor.run(action.code, opts);
         out.toolMs = performance.now() - t0;
         out.calls = (r.calls ?? []).map((c) => ({ turn: ctx.turn, name: c.name, args: c.args, ok: c.ok, ms: c.ms }));
-        out.program = { error: r.error, timed_out: r.timed_out, truncated: r.truncated ?? false, output_chars: r.stdout.length, duration_ms: r.duration_ms ?? out.toolMs };
+        out.program = {
+          error: r.error,
+          timed_out: r.timed_out,
+          truncated: r.truncated ?? false,
+          output_chars: r.stdout.length,
+          duration_ms: r.duration_ms ?? out.toolMs,
+        };
         if (codeProtocolOptions.finalAnswer && typeof r.final_answer === 'string') {
           out.answer = r.final_answer.trim();
           return out;
         }
         out.messages!.push({ role, content: formatCodeObservation(r, { maxChars, tags }) });
       } else if (action.kind === 'none') {
-        out.messages!.push({ role, content: codeFeedback(action, { finishReason: ctx.finishReason, maxNewTokens: ctx.maxNewTokens, tags }) });
+        out.messages!.push({
+          role,
+          content: codeFeedback(action, { finishReason: ctx.finishReason, maxNewTokens: ctx.maxNewTokens, tags }),
+        });
       } else {
-        throw new SlmError('PROTOCOL_ERROR', `Expected a code, answer or no-action turn in a code episode, but the parser gave a "${action.kind}" action.`);
+        throw new SlmError(
+          'PROTOCOL_ERROR',
+          `Expected a code, answer or no-action turn in a code episode, but the parser gave a "${action.kind}" action.`,
+        );
       }
       if (notice && ctx.turn + 1 === ctx.maxTurns) out.messages!.push({ role, content: notice });
       return out;
@@ -238,18 +293,27 @@ const QUERY_ERRORS = new Set(['ARGUMENT_INVALID', 'NOT_FOUND']);
 
 export function tagsProtocol(opts: TagsProtocolOptions): EpisodeProtocol {
   if (!opts || typeof opts.search?.searchPassages !== 'function') {
-    throw new SlmError('ARGUMENT_INVALID', 'Expected tagsProtocol({ search }) with a search that has searchPassages(query, k), e.g. a SearchIndex; found none.');
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      'Expected tagsProtocol({ search }) with a search that has searchPassages(query, k), e.g. a SearchIndex; found none.',
+    );
   }
   const topK = opts.topK ?? 3;
   const mode = opts.mode ?? 'inline';
   const role = opts.envRole ?? 'user';
   const turnsCount = opts.turnsCount ?? 'searches';
   if (turnsCount !== 'searches' && turnsCount !== 'generations') {
-    throw new SlmError('ARGUMENT_INVALID', `Expected turnsCount of tagsProtocol to be "searches" or "generations" but received ${JSON.stringify(turnsCount)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected turnsCount of tagsProtocol to be "searches" or "generations" but received ${JSON.stringify(turnsCount)}.`,
+    );
   }
   const template = opts.instruction ?? SEARCH_R1_INSTRUCTION;
   if (typeof template === 'string' && !template.includes(QUESTION_PLACEHOLDER)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the instruction template of tagsProtocol to contain ${QUESTION_PLACEHOLDER} where the question goes, but it has none: ${JSON.stringify(template.slice(0, 80))}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the instruction template of tagsProtocol to contain ${QUESTION_PLACEHOLDER} where the question goes, but it has none: ${JSON.stringify(template.slice(0, 80))}.`,
+    );
   }
   const instruction = typeof template === 'string' ? (q: string) => fillInstruction(template, q) : template;
   const wrap = (text: string, calls: EpisodeCall[], toolMs: number): EnvReply =>
@@ -268,17 +332,28 @@ export function tagsProtocol(opts: TagsProtocolOptions): EpisodeProtocol {
     async respond(action, ctx) {
       if (action.kind === 'none') return wrap(tagsFeedback(action), [], 0);
       if (action.kind !== 'search') {
-        throw new SlmError('PROTOCOL_ERROR', `Expected a search, answer or no-action turn in a tags episode, but the parser gave a "${action.kind}" action.`);
+        throw new SlmError(
+          'PROTOCOL_ERROR',
+          `Expected a search, answer or no-action turn in a tags episode, but the parser gave a "${action.kind}" action.`,
+        );
       }
       const t0 = performance.now();
       try {
         const passages = await opts.search.searchPassages(action.query, topK);
         const ms = performance.now() - t0;
-        return wrap(formatInformation(passages), [{ turn: ctx.turn, name: 'search', args: [action.query], ok: true, ms, results: passages.length }], ms);
+        return wrap(
+          formatInformation(passages),
+          [{ turn: ctx.turn, name: 'search', args: [action.query], ok: true, ms, results: passages.length }],
+          ms,
+        );
       } catch (e) {
         if (!isSlmError(e) || !QUERY_ERRORS.has(e.code)) throw e;
         const ms = performance.now() - t0;
-        return wrap(`\n\n<information>The search failed: ${e.message}</information>\n\n`, [{ turn: ctx.turn, name: 'search', args: [action.query], ok: false, ms, error: e.message }], ms);
+        return wrap(
+          `\n\n<information>The search failed: ${e.message}</information>\n\n`,
+          [{ turn: ctx.turn, name: 'search', args: [action.query], ok: false, ms, error: e.message }],
+          ms,
+        );
       }
     },
   };

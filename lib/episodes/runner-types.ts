@@ -15,7 +15,11 @@ export interface PromptFormatter {
    * The exact text to append after the assistant's generated text (`history` ends with it, as
    * decoded, stop token text included) so that the sequence becomes the prompt for the next turn.
    */
-  continuation(history: readonly ChatMessage[], next: readonly ChatMessage[], opts?: { strict?: boolean; enableThinking?: boolean }): string;
+  continuation(
+    history: readonly ChatMessage[],
+    next: readonly ChatMessage[],
+    opts?: { strict?: boolean; enableThinking?: boolean },
+  ): string;
 }
 
 export type RunnerTokenizer = Pick<Tokenizer, 'encode' | 'decode' | 'stopTokenIds' | 'specialTokens'>;

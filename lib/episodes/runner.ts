@@ -185,7 +185,13 @@ export class EpisodeRunner {
     const t0 = performance.now();
     const replies = await Promise.all(
       pending.map(({ s, action }) =>
-        o.protocol.respond(action, { turn, maxTurns: this.#ctx.generations, finishReason: s.turnFinish, maxNewTokens: o.maxNewTokens, question: s.question }),
+        o.protocol.respond(action, {
+          turn,
+          maxTurns: this.#ctx.generations,
+          finishReason: s.turnFinish,
+          maxNewTokens: o.maxNewTokens,
+          question: s.question,
+        }),
       ),
     );
     stats.toolMs += performance.now() - t0;
@@ -194,40 +200,67 @@ export class EpisodeRunner {
 }
 
 function checkOptions(opts: EpisodeRunnerOptions): void {
-  if (!opts || typeof opts !== 'object') throw new SlmError('ARGUMENT_INVALID', `Expected EpisodeRunner options, but found ${describe(opts)}.`);
+  if (!opts || typeof opts !== 'object')
+    throw new SlmError('ARGUMENT_INVALID', `Expected EpisodeRunner options, but found ${describe(opts)}.`);
   for (const [k, what] of [
     ['generator', 'a TextGenerator (generate(req))'],
     ['tokenizer', 'a tokenizer (encode, decode, stopTokenIds)'],
     ['formatter', 'a prompt formatter (prompt, continuation), e.g. ChatFormatter.forModel(dir)'],
     ['protocol', 'a protocol from codeProtocol() or tagsProtocol()'],
   ] as const) {
-    if (!opts[k] || typeof opts[k] !== 'object') throw new SlmError('ARGUMENT_INVALID', `Expected option "${k}" of EpisodeRunner to be ${what}, but found ${describe(opts[k])}.`);
+    if (!opts[k] || typeof opts[k] !== 'object')
+      throw new SlmError('ARGUMENT_INVALID', `Expected option "${k}" of EpisodeRunner to be ${what}, but found ${describe(opts[k])}.`);
   }
   for (const k of ['maxTurns', 'maxNewTokens', 'maxTotalTokens'] as const) {
-    if (!Number.isInteger(opts[k]) || opts[k] < 1) throw new SlmError('ARGUMENT_INVALID', `Expected option "${k}" of EpisodeRunner to be a positive integer, but found ${describe(opts[k])}.`);
+    if (!Number.isInteger(opts[k]) || opts[k] < 1)
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected option "${k}" of EpisodeRunner to be a positive integer, but found ${describe(opts[k])}.`,
+      );
   }
   if (opts.prefill !== undefined) {
     const p = opts.prefill;
-    if (!p || typeof p !== 'object') throw new SlmError('ARGUMENT_INVALID', `Expected option "prefill" of EpisodeRunner to be { first?, final?, trained? }, but found ${describe(p)}.`);
+    if (!p || typeof p !== 'object')
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected option "prefill" of EpisodeRunner to be { first?, final?, trained? }, but found ${describe(p)}.`,
+      );
     for (const k of ['first', 'final'] as const)
-      if (p[k] !== undefined && !(typeof p[k] === 'string' && p[k] !== '')) throw new SlmError('ARGUMENT_INVALID', `Expected prefill.${k} of EpisodeRunner to be a non-empty string, but found ${describe(p[k])}.`);
-    if (p.trained !== undefined && typeof p.trained !== 'boolean') throw new SlmError('ARGUMENT_INVALID', `Expected prefill.trained of EpisodeRunner to be a boolean, but found ${describe(p.trained)}.`);
+      if (p[k] !== undefined && !(typeof p[k] === 'string' && p[k] !== ''))
+        throw new SlmError(
+          'ARGUMENT_INVALID',
+          `Expected prefill.${k} of EpisodeRunner to be a non-empty string, but found ${describe(p[k])}.`,
+        );
+    if (p.trained !== undefined && typeof p.trained !== 'boolean')
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected prefill.trained of EpisodeRunner to be a boolean, but found ${describe(p.trained)}.`,
+      );
   }
   if (opts.firstTurn !== undefined) {
     const f = opts.firstTurn;
     if (!f || typeof f.temperature !== 'number' || !(f.temperature >= 0) || typeof f.topP !== 'number' || !(f.topP > 0 && f.topP <= 1))
-      throw new SlmError('ARGUMENT_INVALID', `Expected option "firstTurn" of EpisodeRunner to be { temperature >= 0, topP in (0, 1] }, but found ${describe(f)}.`);
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected option "firstTurn" of EpisodeRunner to be { temperature >= 0, topP in (0, 1] }, but found ${describe(f)}.`,
+      );
   }
 }
 
 function checkResult(res: GenerateResult, rows: number): void {
   const bad = !res || !Array.isArray(res.tokens) || !Array.isArray(res.logprobs) || !Array.isArray(res.finishReasons);
   if (bad || res.tokens.length !== rows || res.logprobs.length !== rows || res.finishReasons.length !== rows) {
-    throw new SlmError('PROTOCOL_ERROR', `Expected the generator to return tokens, logprobs and finishReasons for each of the ${rows} rows it was sent, but found ${bad ? 'a malformed result' : `${res.tokens.length}/${res.logprobs.length}/${res.finishReasons.length}`}.`);
+    throw new SlmError(
+      'PROTOCOL_ERROR',
+      `Expected the generator to return tokens, logprobs and finishReasons for each of the ${rows} rows it was sent, but found ${bad ? 'a malformed result' : `${res.tokens.length}/${res.logprobs.length}/${res.finishReasons.length}`}.`,
+    );
   }
   res.tokens.forEach((t, i) => {
     if (res.logprobs[i].length !== t.length) {
-      throw new SlmError('PROTOCOL_ERROR', `Expected one log-prob per generated token, but row ${i} has ${t.length} tokens and ${res.logprobs[i].length} log-probs.`);
+      throw new SlmError(
+        'PROTOCOL_ERROR',
+        `Expected one log-prob per generated token, but row ${i} has ${t.length} tokens and ${res.logprobs[i].length} log-probs.`,
+      );
     }
   });
 }

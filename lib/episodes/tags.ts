@@ -11,10 +11,7 @@
  */
 import { scanBlocks, type NoAction } from './blocks.js';
 
-export type TagsAction =
-  | { kind: 'search'; query: string; end: number }
-  | { kind: 'answer'; answer: string; end: number }
-  | NoAction;
+export type TagsAction = { kind: 'search'; query: string; end: number } | { kind: 'answer'; answer: string; end: number } | NoAction;
 
 /** The action of one generated turn; query and answer are trimmed. */
 export function parseTagsTurn(text: string): TagsAction {

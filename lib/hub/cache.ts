@@ -12,7 +12,18 @@
  * the lock that keeps two processes from writing the same blob.
  */
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, openSync, closeSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  openSync,
+  closeSync,
+  readFileSync,
+  renameSync,
+  statSync,
+  unlinkSync,
+  writeFileSync,
+  writeSync,
+} from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { HubRef, RepoKind } from './ref.js';
 import type { Settings } from './settings.js';
@@ -24,7 +35,10 @@ export function storageDir(s: Settings, kind: RepoKind, repo: string): string {
 
 /** Where the selection of a reference is remembered. */
 export function manifestPath(storage: string, kind: RepoKind, ref: HubRef): string {
-  const key = createHash('sha256').update(JSON.stringify([kind, ref.revision, ref.path, ref.split ?? null])).digest('hex').slice(0, 16);
+  const key = createHash('sha256')
+    .update(JSON.stringify([kind, ref.revision, ref.path, ref.split ?? null]))
+    .digest('hex')
+    .slice(0, 16);
   return join(storage, '.slm-train', `${key}.json`);
 }
 

@@ -7,7 +7,18 @@
  * request, within the run (a few attempts with backoff) and in the next run.
  */
 import { createHash } from 'node:crypto';
-import { createReadStream, createWriteStream, existsSync, mkdirSync, renameSync, statSync, symlinkSync, copyFileSync, unlinkSync, lstatSync } from 'node:fs';
+import {
+  createReadStream,
+  createWriteStream,
+  existsSync,
+  mkdirSync,
+  renameSync,
+  statSync,
+  symlinkSync,
+  copyFileSync,
+  unlinkSync,
+  lstatSync,
+} from 'node:fs';
 import { dirname, join, relative } from 'node:path';
 import { Readable } from 'node:stream';
 import { datasetInfo, downloadFile, listFiles, modelInfo, type ListFileEntry } from '@huggingface/hub';
@@ -95,11 +106,15 @@ export class Client {
     if (status === 401 || status === 403)
       return new SlmError(
         'HUB_AUTH_REQUIRED',
-        `${this.ref.text}: ${what}: the hub answered ${status} for ${url}: the repository does not exist, is private, or is gated. ${this.s.token ? 'The token in HF_TOKEN has no access: request access on the repository page, or use a token that has it.' : 'Set HF_TOKEN to an access token with read access (https://huggingface.co/settings/tokens), after accepting the repository\'s terms if it is gated.'}`,
+        `${this.ref.text}: ${what}: the hub answered ${status} for ${url}: the repository does not exist, is private, or is gated. ${this.s.token ? 'The token in HF_TOKEN has no access: request access on the repository page, or use a token that has it.' : "Set HF_TOKEN to an access token with read access (https://huggingface.co/settings/tokens), after accepting the repository's terms if it is gated."}`,
         { url, status },
       );
     if (typeof status === 'number')
-      return new SlmError('HUB_DOWNLOAD_FAILED', `${this.ref.text}: ${what}: the hub answered ${status} for ${url} (${(e as Error).message}). Try again later.`, { url, status });
+      return new SlmError(
+        'HUB_DOWNLOAD_FAILED',
+        `${this.ref.text}: ${what}: the hub answered ${status} for ${url} (${(e as Error).message}). Try again later.`,
+        { url, status },
+      );
     return new SlmError(
       'HUB_UNREACHABLE',
       `${this.ref.text}: ${what}: could not reach the hub at ${this.s.endpoint} (${cause(e)}). Check the network and HF_ENDPOINT${process.env.HF_ENDPOINT ? ` (set to ${process.env.HF_ENDPOINT})` : ''}; files downloaded before are used without the network (HF_HUB_OFFLINE=1).`,
@@ -123,16 +138,22 @@ export class Client {
   async commit(): Promise<string> {
     const what = `looking up revision "${this.ref.revision}"`;
     const params = { name: this.ref.repo, revision: this.ref.revision, additionalFields: ['sha'] as never[], ...this.creds };
-    const info = (await this.retrying(what, () => (this.kind === 'dataset' ? datasetInfo(params) : modelInfo(params)))) as { sha?: unknown };
+    const info = (await this.retrying(what, () => (this.kind === 'dataset' ? datasetInfo(params) : modelInfo(params)))) as {
+      sha?: unknown;
+    };
     if (typeof info.sha !== 'string' || !COMMIT.test(info.sha))
-      throw new SlmError('HUB_DOWNLOAD_FAILED', `${this.ref.text}: ${what}: the hub at ${this.s.endpoint} answered without a commit id (sha); is HF_ENDPOINT a Hugging Face hub?`);
+      throw new SlmError(
+        'HUB_DOWNLOAD_FAILED',
+        `${this.ref.text}: ${what}: the hub at ${this.s.endpoint} answered without a commit id (sha); is HF_ENDPOINT a Hugging Face hub?`,
+      );
     return info.sha;
   }
 
   async list(sha: string): Promise<ListFileEntry[]> {
     return this.retrying('listing the repository files', async () => {
       const out: ListFileEntry[] = [];
-      for await (const f of listFiles({ repo: this.name, revision: sha, recursive: true, ...this.creds })) if (f.type === 'file') out.push(f);
+      for await (const f of listFiles({ repo: this.name, revision: sha, recursive: true, ...this.creds }))
+        if (f.type === 'file') out.push(f);
       return out;
     });
   }
@@ -143,9 +164,18 @@ export class Client {
     if (existsSync(pointer)) return pointer;
     const etag = entry.lfs?.oid ?? entry.oid;
     if (!etag || !/^[0-9a-f]{40,64}$/.test(etag))
-      throw new SlmError('HUB_DOWNLOAD_FAILED', `${this.ref.text}: the listing of ${entry.path} carries no content hash (oid), so the download could not be checked.`);
+      throw new SlmError(
+        'HUB_DOWNLOAD_FAILED',
+        `${this.ref.text}: the listing of ${entry.path} carries no content hash (oid), so the download could not be checked.`,
+      );
     const blob = join(storage, 'blobs', etag);
-    if (!existsSync(blob)) await withLock(`${blob}.lock`, () => existsSync(blob), this.s.log, () => this.download(entry, sha, blob, etag));
+    if (!existsSync(blob))
+      await withLock(
+        `${blob}.lock`,
+        () => existsSync(blob),
+        this.s.log,
+        () => this.download(entry, sha, blob, etag),
+      );
     mkdirSync(dirname(pointer), { recursive: true });
     if (lstatSync(pointer, { throwIfNoEntry: false })) unlinkSync(pointer); // a dangling link
     try {
@@ -165,7 +195,10 @@ export class Client {
       const have = statSync(part, { throwIfNoEntry: false })?.size ?? 0;
       if (have > size) unlinkSync(part);
       const offset = have > size ? 0 : have;
-      if (attempt === 1) this.s.log(`hub: ${this.ref.text}: ${entry.path} (${bytes(size)}${offset ? `, resuming at ${bytes(offset)}` : ''}) from ${this.s.endpoint}`);
+      if (attempt === 1)
+        this.s.log(
+          `hub: ${this.ref.text}: ${entry.path} (${bytes(size)}${offset ? `, resuming at ${bytes(offset)}` : ''}) from ${this.s.endpoint}`,
+        );
       else this.s.log(`hub: ${entry.path}: try ${attempt} of ${this.s.attempts} at ${bytes(offset)} (${cause(lastError)})`);
       try {
         if (offset < size) await this.fetchInto(entry, sha, part, offset);
@@ -174,7 +207,10 @@ export class Client {
         const hash = await fileHash(part, etag.length === 64 ? 'sha256' : 'git', size);
         if (hash !== etag) {
           unlinkSync(part);
-          throw new SlmError('HUB_DOWNLOAD_FAILED', `${this.ref.text}: ${entry.path} arrived with hash ${hash}, not the ${etag} the hub lists; the file was discarded. Try again; if it persists, the endpoint (${this.s.endpoint}) serves altered files.`);
+          throw new SlmError(
+            'HUB_DOWNLOAD_FAILED',
+            `${this.ref.text}: ${entry.path} arrived with hash ${hash}, not the ${etag} the hub lists; the file was discarded. Try again; if it persists, the endpoint (${this.s.endpoint}) serves altered files.`,
+          );
         }
         renameSync(part, blob);
         return;
@@ -196,8 +232,19 @@ export class Client {
   /** Streams the file from `offset` onto the end of `part`, abandoning it when no byte comes for stallMs. */
   private async fetchInto(entry: ListFileEntry, sha: string, part: string, offset: number): Promise<void> {
     const stall = new AbortController();
-    const blob = await downloadFile({ repo: this.name, path: entry.path, revision: sha, ...this.creds, fetch: this.guardedFetch(stall.signal), xet: false });
-    if (!blob) throw new SlmError('HUB_NOT_FOUND', `${this.ref.text}: ${entry.path} is listed in ${this.ref.repo}@${sha} but the hub has no such file (404).`);
+    const blob = await downloadFile({
+      repo: this.name,
+      path: entry.path,
+      revision: sha,
+      ...this.creds,
+      fetch: this.guardedFetch(stall.signal),
+      xet: false,
+    });
+    if (!blob)
+      throw new SlmError(
+        'HUB_NOT_FOUND',
+        `${this.ref.text}: ${entry.path} is listed in ${this.ref.repo}@${sha} but the hub has no such file (404).`,
+      );
     mkdirSync(dirname(part), { recursive: true });
     const out = createWriteStream(part, { flags: 'a' });
     let timer: NodeJS.Timeout | undefined;

@@ -51,8 +51,10 @@ const CACHE_ERRNO: Record<string, string> = {
   EACCES: NO_PERMISSION,
   EPERM: NO_PERMISSION,
   EROFS: 'It is on a read-only file system; point HF_HUB_CACHE (or HF_HOME) at a writable folder.',
-  ENOSPC: 'The disk is full: free space there, or point HF_HUB_CACHE (or HF_HOME) at a disk with room; the partial file is kept and the next run resumes it.',
-  EDQUOT: 'The disk quota is used up: free space, or point HF_HUB_CACHE (or HF_HOME) at another disk; the partial file is kept and the next run resumes it.',
+  ENOSPC:
+    'The disk is full: free space there, or point HF_HUB_CACHE (or HF_HOME) at a disk with room; the partial file is kept and the next run resumes it.',
+  EDQUOT:
+    'The disk quota is used up: free space, or point HF_HUB_CACHE (or HF_HOME) at another disk; the partial file is kept and the next run resumes it.',
   ENOTDIR: 'Part of that path is a file, not a folder; point HF_HUB_CACHE (or HF_HOME) at a folder.',
 };
 
@@ -67,7 +69,11 @@ export function hubCacheError(e: unknown, cacheDir: string, what: string): SlmEr
   const hint = typeof err?.code === 'string' ? CACHE_ERRNO[err.code] : undefined;
   if (!hint) return undefined;
   const op = [err.syscall, err.path].filter(Boolean).join(' ');
-  return new SlmError('HUB_CACHE_UNWRITABLE', `${what}: the Hugging Face cache at ${cacheDir} could not be written (${err.code}${op ? ` on ${op}` : ''}). ${hint}`, { cacheDir, errno: err.code });
+  return new SlmError(
+    'HUB_CACHE_UNWRITABLE',
+    `${what}: the Hugging Face cache at ${cacheDir} could not be written (${err.code}${op ? ` on ${op}` : ''}). ${hint}`,
+    { cacheDir, errno: err.code },
+  );
 }
 
 /** `hf:OWNER/NAME` -> "OWNER/NAME" (a display name), anything else -> undefined. */
@@ -83,7 +89,10 @@ async function fetchSnapshot(ref: HubRef, kind: RepoKind, settings: Settings): P
   const cached = cachedSnapshot(storage, kind, ref);
   if (cached) return cached;
   if (settings.offline)
-    throw new SlmError('HUB_UNREACHABLE', `${ref.text} is not in the cache (${storage}) and HF_HUB_OFFLINE is set, so it cannot be downloaded. Unset HF_HUB_OFFLINE, or download it once on a machine with access to ${settings.endpoint}.`);
+    throw new SlmError(
+      'HUB_UNREACHABLE',
+      `${ref.text} is not in the cache (${storage}) and HF_HUB_OFFLINE is set, so it cannot be downloaded. Unset HF_HUB_OFFLINE, or download it once on a machine with access to ${settings.endpoint}.`,
+    );
   const client = new Client(ref, kind, settings);
   const sha = COMMIT.test(ref.revision) ? ref.revision : await client.commit();
   const listing = await client.list(sha);

@@ -64,7 +64,10 @@ export function parseHubRef(text: string): HubRef {
     if (!/^[\w.-]+$/.test(revision)) bad(`the revision ${JSON.stringify(revision)} is not a branch, tag or commit name`);
   }
   if (!NAME.test(owner) || !NAME.test(name)) bad(`${JSON.stringify(`${owner}/${name}`)} is not a repository name`);
-  const path = parts.slice(2).filter((p) => p !== '').join('/');
+  const path = parts
+    .slice(2)
+    .filter((p) => p !== '')
+    .join('/');
   if (path.split('/').some((p) => p === '..' || p === '.')) bad('the path inside the repository may not contain . or ..');
   return { repo: `${owner}/${name}`, revision, path, ...(split !== undefined ? { split } : {}), text };
 }
@@ -113,11 +116,17 @@ export function selectDataFiles(ref: HubRef, files: readonly RepoFile[]): string
   }
   const data = files.filter((f) => under(f.path, ref.path) && dataExt(f.path)).map((f) => f.path);
   const listing = () => {
-    const shown = files.slice(0, 12).map((f) => f.path).join(', ');
+    const shown = files
+      .slice(0, 12)
+      .map((f) => f.path)
+      .join(', ');
     return files.length ? `it holds ${shown}${files.length > 12 ? `, ... (${files.length} files)` : ''}` : 'it holds no files';
   };
   if (!data.length)
-    throw new SlmError('HUB_NOT_FOUND', `${ref.text}: no ${DATA_EXTENSIONS.join('/')} files${ref.path ? ` under ${ref.path}/` : ''} in dataset ${ref.repo}@${ref.revision}; ${listing()}. Name a file or folder: hf:${ref.repo}/PATH.`);
+    throw new SlmError(
+      'HUB_NOT_FOUND',
+      `${ref.text}: no ${DATA_EXTENSIONS.join('/')} files${ref.path ? ` under ${ref.path}/` : ''} in dataset ${ref.repo}@${ref.revision}; ${listing()}. Name a file or folder: hf:${ref.repo}/PATH.`,
+    );
   let chosen: string[];
   if (ref.split !== undefined) {
     chosen = data.filter((p) => pathHasSplit(p.slice(ref.path ? ref.path.length + 1 : 0), ref.split!));
@@ -133,7 +142,10 @@ export function selectDataFiles(ref: HubRef, files: readonly RepoFile[]): string
     if (data.length === 1 || !named.length) chosen = data;
     else if (named.includes('train')) chosen = data.filter((p) => pathHasSplit(p, 'train'));
     else
-      throw new SlmError('HUB_NOT_FOUND', `${ref.text}: dataset ${ref.repo} has the splits ${named.join(', ')} and no train split; choose one: hf:${ref.repo}:${named[0]}.`);
+      throw new SlmError(
+        'HUB_NOT_FOUND',
+        `${ref.text}: dataset ${ref.repo} has the splits ${named.join(', ')} and no train split; choose one: hf:${ref.repo}:${named[0]}.`,
+      );
   }
   for (const ext of DATA_EXTENSIONS) {
     const same = chosen.filter((p) => dataExt(p) === ext);

@@ -54,7 +54,10 @@ function hubCacheDir(): string {
 export function settings(opts: HubOptions): Settings {
   const token = opts.token ?? (process.env.HF_TOKEN || undefined);
   if (token !== undefined && !token.startsWith('hf_'))
-    throw new SlmError('HUB_AUTH_REQUIRED', `HF_TOKEN does not look like a Hugging Face access token (expected "hf_..." , found a value starting ${JSON.stringify(token.slice(0, 3))}). Create one at https://huggingface.co/settings/tokens, or unset HF_TOKEN for public repositories.`);
+    throw new SlmError(
+      'HUB_AUTH_REQUIRED',
+      `HF_TOKEN does not look like a Hugging Face access token (expected "hf_..." , found a value starting ${JSON.stringify(token.slice(0, 3))}). Create one at https://huggingface.co/settings/tokens, or unset HF_TOKEN for public repositories.`,
+    );
   return {
     endpoint: (opts.endpoint ?? (process.env.HF_ENDPOINT || 'https://huggingface.co')).replace(/\/+$/, ''),
     token,

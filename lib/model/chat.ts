@@ -46,7 +46,10 @@ export class ChatTemplate {
 
   constructor(source: string, origin = 'chat template') {
     if (typeof source !== 'string' || source.length === 0) {
-      throw new SlmError('CHAT_TEMPLATE_ERROR', `Expected the chat template from ${origin} to be a non-empty string, but found ${describe(source)}.`);
+      throw new SlmError(
+        'CHAT_TEMPLATE_ERROR',
+        `Expected the chat template from ${origin} to be a non-empty string, but found ${describe(source)}.`,
+      );
     }
     this.source = source;
     this.origin = origin;
@@ -78,9 +81,13 @@ export class ChatTemplate {
           `The chat template from ${this.origin} was stopped while rendering ${messages.length} message(s): ${e instanceof BudgetExceeded ? e.message : 'its output grew past the largest string JavaScript holds'}. Expected a template that renders a conversation in well under ${budget.timeMs} ms and ${budget.maxChars} characters; check its loops (range(), nested for) or use the model's own chat_template.jinja.`,
           { origin: this.origin, budget },
         );
-      throw new SlmError('CHAT_TEMPLATE_ERROR', `The chat template from ${this.origin} failed while rendering ${messages.length} message(s): ${(e as Error).message}`, {
-        origin: this.origin,
-      });
+      throw new SlmError(
+        'CHAT_TEMPLATE_ERROR',
+        `The chat template from ${this.origin} failed while rendering ${messages.length} message(s): ${(e as Error).message}`,
+        {
+          origin: this.origin,
+        },
+      );
     }
   }
 }
@@ -91,10 +98,14 @@ export function renderChat(template: string | ChatTemplate, messages: readonly C
 }
 
 function checkMessages(messages: readonly ChatMessage[]): void {
-  if (!Array.isArray(messages)) throw new SlmError('ARGUMENT_INVALID', `Expected an array of chat messages but received ${describe(messages)}.`);
+  if (!Array.isArray(messages))
+    throw new SlmError('ARGUMENT_INVALID', `Expected an array of chat messages but received ${describe(messages)}.`);
   messages.forEach((m, i) => {
     if (typeof m !== 'object' || m === null || typeof m.role !== 'string') {
-      throw new SlmError('ARGUMENT_INVALID', `Expected message ${i} to be an object with a string "role", but found ${describe(m)}${m && typeof m === 'object' ? ` with role ${describe(m.role)}` : ''}.`);
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected message ${i} to be an object with a string "role", but found ${describe(m)}${m && typeof m === 'object' ? ` with role ${describe(m.role)}` : ''}.`,
+      );
     }
     const c = (m as { content?: unknown }).content;
     if (typeof c !== 'string' && c !== null && c !== undefined) {
@@ -123,17 +134,28 @@ export function chatTemplateFrom(nameOrPath: string): ChatTemplate {
   if (isChatTemplateName(nameOrPath)) return new ChatTemplate(shippedChatTemplate(nameOrPath), `slm-train's "${nameOrPath}" template`);
   const path = resolve(nameOrPath);
   if (!existsSync(path))
-    throw new SlmError('CHAT_TEMPLATE_ERROR', `model.chat_template: expected a template file or one of the shipped templates (${CHAT_TEMPLATE_NAMES.join(', ')}), but ${JSON.stringify(nameOrPath)} is neither (${path} does not exist).`, { path });
+    throw new SlmError(
+      'CHAT_TEMPLATE_ERROR',
+      `model.chat_template: expected a template file or one of the shipped templates (${CHAT_TEMPLATE_NAMES.join(', ')}), but ${JSON.stringify(nameOrPath)} is neither (${path} does not exist).`,
+      { path },
+    );
   if (path.endsWith('.json')) {
     const config = folderConfig(path);
-    if (config?.chat_template === undefined) throw new SlmError('CHAT_TEMPLATE_ERROR', `model.chat_template: ${path} has no "chat_template"; expected a .jinja file or a tokenizer_config.json that holds one.`);
+    if (config?.chat_template === undefined)
+      throw new SlmError(
+        'CHAT_TEMPLATE_ERROR',
+        `model.chat_template: ${path} has no "chat_template"; expected a .jinja file or a tokenizer_config.json that holds one.`,
+      );
     return new ChatTemplate(pickTemplate(config.chat_template, path), path);
   }
   let text: string;
   try {
     text = readFileSync(path, 'utf8');
   } catch (e) {
-    throw new SlmError('CHAT_TEMPLATE_ERROR', `model.chat_template: expected a readable template file at ${path}, but reading it failed: ${(e as Error).message}.`);
+    throw new SlmError(
+      'CHAT_TEMPLATE_ERROR',
+      `model.chat_template: expected a readable template file at ${path}, but reading it failed: ${(e as Error).message}.`,
+    );
   }
   return new ChatTemplate(text, path);
 }
@@ -152,7 +174,10 @@ export function chatTemplateFor(modelDir: string, choice: TemplateChoice = {}): 
     try {
       text = readFileSync(jinjaPath, 'utf8');
     } catch (e) {
-      throw new SlmError('CHAT_TEMPLATE_ERROR', `Expected a readable chat template at ${jinjaPath}, but reading it failed: ${(e as Error).message}.`);
+      throw new SlmError(
+        'CHAT_TEMPLATE_ERROR',
+        `Expected a readable chat template at ${jinjaPath}, but reading it failed: ${(e as Error).message}.`,
+      );
     }
     return new ChatTemplate(text, jinjaPath);
   }
@@ -161,7 +186,11 @@ export function chatTemplateFor(modelDir: string, choice: TemplateChoice = {}): 
   if (config?.chat_template !== undefined) return new ChatTemplate(pickTemplate(config.chat_template, tcPath), tcPath);
   if (!existsSync(join(dir, 'tokenizer.json'))) {
     const packaged = packagedQwen3Config().chat_template;
-    if (packaged !== undefined) return new ChatTemplate(pickTemplate(packaged, `${QWEN3_PACKAGE}/models/tokenizer_config.json`), `${QWEN3_PACKAGE}/models/tokenizer_config.json`);
+    if (packaged !== undefined)
+      return new ChatTemplate(
+        pickTemplate(packaged, `${QWEN3_PACKAGE}/models/tokenizer_config.json`),
+        `${QWEN3_PACKAGE}/models/tokenizer_config.json`,
+      );
     throw new SlmError(
       'CHAT_TEMPLATE_ERROR',
       `Expected a chat template for ${dir}: it uses the packaged Qwen3 tokenizer, but ${QWEN3_PACKAGE} ships none. Put the model's chat_template.jinja in the folder, or ${CHAT_TEMPLATE_KEY_HINT}.`,
@@ -181,7 +210,8 @@ function folderConfig(path: string): TokenizerConfig | undefined {
   } catch (e) {
     throw new SlmError('CHAT_TEMPLATE_ERROR', `Expected ${path} to be readable JSON, but: ${(e as Error).message}.`);
   }
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SlmError('CHAT_TEMPLATE_ERROR', `Expected ${path} to hold a JSON object, but found ${describe(v)}.`);
+  if (typeof v !== 'object' || v === null || Array.isArray(v))
+    throw new SlmError('CHAT_TEMPLATE_ERROR', `Expected ${path} to hold a JSON object, but found ${describe(v)}.`);
   return v as TokenizerConfig;
 }
 
@@ -191,7 +221,10 @@ function pickTemplate(t: TokenizerConfig['chat_template'], where: string): strin
   if (Array.isArray(t)) {
     const d = t.find((x) => x && x.name === 'default');
     if (d && typeof d.template === 'string') return d.template;
-    throw new SlmError('CHAT_TEMPLATE_ERROR', `Expected a template named "default" among the chat templates of ${where}, but found ${t.map((x) => JSON.stringify(x?.name)).join(', ') || 'none'}.`);
+    throw new SlmError(
+      'CHAT_TEMPLATE_ERROR',
+      `Expected a template named "default" among the chat templates of ${where}, but found ${t.map((x) => JSON.stringify(x?.name)).join(', ') || 'none'}.`,
+    );
   }
   throw new SlmError('CHAT_TEMPLATE_ERROR', `Expected "chat_template" in ${where} to be a string, but found ${describe(t)}.`);
 }
@@ -273,7 +306,10 @@ export class ChatFormatter {
   continuation(history: readonly ChatMessage[], next: ChatMessage | readonly ChatMessage[], opts: ContinuationOptions = {}): string {
     const last = history.at(-1);
     if (last?.role !== 'assistant') {
-      throw new SlmError('ARGUMENT_INVALID', `Expected the conversation to end with the assistant message just generated, but it ends with ${last ? `a ${describe(last.role)} message` : 'nothing (it is empty)'}.`);
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected the conversation to end with the assistant message just generated, but it ends with ${last ? `a ${describe(last.role)} message` : 'nothing (it is empty)'}.`,
+      );
     }
     const nextMsgs: readonly ChatMessage[] = Array.isArray(next) ? next : [next as ChatMessage];
     if (nextMsgs.length === 0) throw new SlmError('ARGUMENT_INVALID', 'Expected at least one new message to append, but found none.');

@@ -44,7 +44,12 @@ export const ARCHITECTURES = {
   llama: {
     hfClass: 'LlamaForCausalLM',
     example: 'meta-llama/Llama-3.2-3B-Instruct',
-    switches: (raw) => ({ qk_norm: false, qkv_bias: raw.attention_bias === true, o_bias: raw.attention_bias === true, mlp_bias: raw.mlp_bias === true }),
+    switches: (raw) => ({
+      qk_norm: false,
+      qkv_bias: raw.attention_bias === true,
+      o_bias: raw.attention_bias === true,
+      mlp_bias: raw.mlp_bias === true,
+    }),
   },
 } satisfies Record<string, Architecture>;
 
@@ -65,8 +70,12 @@ export interface ModelConfig extends NativeModelConfig {
 
 function checkModelDir(dir: string): void {
   if (!existsSync(dir))
-    throw new SlmError('MODEL_NOT_FOUND', `model folder ${dir} does not exist. Expected a Hugging Face model folder (config.json + *.safetensors); create one with \`slm-train init-model --preset tiny --out ${dir}\`.`);
-  if (!statSync(dir).isDirectory()) throw new SlmError('MODEL_NOT_FOUND', `${dir} is a file; expected a Hugging Face model folder (config.json + *.safetensors).`);
+    throw new SlmError(
+      'MODEL_NOT_FOUND',
+      `model folder ${dir} does not exist. Expected a Hugging Face model folder (config.json + *.safetensors); create one with \`slm-train init-model --preset tiny --out ${dir}\`.`,
+    );
+  if (!statSync(dir).isDirectory())
+    throw new SlmError('MODEL_NOT_FOUND', `${dir} is a file; expected a Hugging Face model folder (config.json + *.safetensors).`);
   if (!existsSync(join(dir, 'config.json'))) {
     // A PEFT adapter folder given where the base model goes (`--model runs/x/adapter`).
     const adapter = adapterBase(dir);
@@ -76,7 +85,10 @@ function checkModelDir(dir: string): void {
         `${dir} has no config.json: it is a PEFT adapter folder (adapter_config.json), not a model. Pass it with --adapter (model.adapter in a config) and the base model${adapter ? ` (${adapter}, its base_model_name_or_path)` : ''} with --model (model.path).`,
         { adapter: dir, base: adapter || undefined },
       );
-    throw new SlmError('MODEL_CONFIG_INVALID', `${dir} has no config.json. Expected a Hugging Face model folder (config.json + model.safetensors or shards).`);
+    throw new SlmError(
+      'MODEL_CONFIG_INVALID',
+      `${dir} has no config.json. Expected a Hugging Face model folder (config.json + model.safetensors or shards).`,
+    );
   }
 }
 
@@ -120,19 +132,24 @@ export function parseModelConfig(raw: Record<string, unknown>, where = 'config.j
   };
   const num = (k: string, dflt: number): number => {
     const v = raw[k] ?? dflt;
-    if (typeof v !== 'number' || !(v > 0)) throw new SlmError('MODEL_CONFIG_INVALID', `${where}: expected a positive number for "${k}", found ${describe(raw[k])}.`);
+    if (typeof v !== 'number' || !(v > 0))
+      throw new SlmError('MODEL_CONFIG_INVALID', `${where}: expected a positive number for "${k}", found ${describe(raw[k])}.`);
     return v;
   };
   const numIn = (o: Record<string, unknown>, k: string, name: string): number => {
     const v = o[k];
-    if (typeof v !== 'number' || !(v > 0)) throw new SlmError('MODEL_CONFIG_INVALID', `${where}: expected a positive number for "${name}", found ${describe(v)}.`);
+    if (typeof v !== 'number' || !(v > 0))
+      throw new SlmError('MODEL_CONFIG_INVALID', `${where}: expected a positive number for "${name}", found ${describe(v)}.`);
     return v;
   };
   const heads = int('num_attention_heads');
   const hidden = int('hidden_size');
   // transformers 5 writes `rope_parameters` ({rope_theta, rope_type, factor, ...}) where earlier
   // checkpoints have `rope_theta` and `rope_scaling`; both are read, the older keys first.
-  const rp = raw.rope_parameters !== null && typeof raw.rope_parameters === 'object' && !Array.isArray(raw.rope_parameters) ? (raw.rope_parameters as Record<string, unknown>) : undefined;
+  const rp =
+    raw.rope_parameters !== null && typeof raw.rope_parameters === 'object' && !Array.isArray(raw.rope_parameters)
+      ? (raw.rope_parameters as Record<string, unknown>)
+      : undefined;
   const rope = ropeScaling(raw.rope_scaling ?? rp, where);
   if (raw.use_sliding_window === true)
     throw new SlmError(
@@ -150,7 +167,10 @@ export function parseModelConfig(raw: Record<string, unknown>, where = 'config.j
     num_attention_heads: heads,
     num_key_value_heads: int('num_key_value_heads', heads),
     head_dim: int('head_dim', Math.floor(hidden / heads)),
-    rope_theta: raw.rope_theta === undefined && rp?.rope_theta !== undefined ? numIn(rp, 'rope_theta', 'rope_parameters.rope_theta') : num('rope_theta', 1e6),
+    rope_theta:
+      raw.rope_theta === undefined && rp?.rope_theta !== undefined
+        ? numIn(rp, 'rope_theta', 'rope_parameters.rope_theta')
+        : num('rope_theta', 1e6),
     rms_norm_eps: num('rms_norm_eps', 1e-6),
     tie_word_embeddings: raw.tie_word_embeddings === true,
     max_position_embeddings: int('max_position_embeddings', 40960),
@@ -167,12 +187,16 @@ export function parseModelConfig(raw: Record<string, unknown>, where = 'config.j
   return cfg;
 }
 
-type RopeFields = Pick<NativeModelConfig, 'rope_type' | 'rope_factor' | 'rope_low_freq_factor' | 'rope_high_freq_factor' | 'rope_original_max_position_embeddings'>;
+type RopeFields = Pick<
+  NativeModelConfig,
+  'rope_type' | 'rope_factor' | 'rope_low_freq_factor' | 'rope_high_freq_factor' | 'rope_original_max_position_embeddings'
+>;
 
 /** config.json's `rope_scaling` (null, `{rope_type}` or the older `{type}`), checked against SUPPORTED_ROPE_TYPES. */
 function ropeScaling(rs: unknown, where: string): RopeFields {
   if (rs === null || rs === undefined) return { rope_type: 'default' };
-  if (typeof rs !== 'object' || Array.isArray(rs)) throw new SlmError('MODEL_CONFIG_INVALID', `${where}: expected "rope_scaling" to be null or an object, found ${describe(rs)}.`);
+  if (typeof rs !== 'object' || Array.isArray(rs))
+    throw new SlmError('MODEL_CONFIG_INVALID', `${where}: expected "rope_scaling" to be null or an object, found ${describe(rs)}.`);
   const r = rs as Record<string, unknown>;
   const type = r.rope_type ?? r.type ?? 'default';
   if (typeof type !== 'string' || !(SUPPORTED_ROPE_TYPES as readonly string[]).includes(type))
@@ -185,7 +209,10 @@ function ropeScaling(rs: unknown, where: string): RopeFields {
   const num = (k: string): number => {
     const v = r[k];
     if (typeof v !== 'number' || !(v > 0))
-      throw new SlmError('MODEL_CONFIG_INVALID', `${where}: llama3 rope_scaling needs a positive number "${k}" (as transformers requires), found ${describe(v)}.`);
+      throw new SlmError(
+        'MODEL_CONFIG_INVALID',
+        `${where}: llama3 rope_scaling needs a positive number "${k}" (as transformers requires), found ${describe(v)}.`,
+      );
     return v;
   };
   const out = {

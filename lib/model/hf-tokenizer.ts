@@ -133,7 +133,8 @@ export class HfTokenizer implements Tokenizer {
     }
     return this.#tok.decode(arr, {
       skip_special_tokens: opts.skipSpecialTokens ?? false,
-      clean_up_tokenization_spaces: typeof this.config.clean_up_tokenization_spaces === 'boolean' ? this.config.clean_up_tokenization_spaces : null,
+      clean_up_tokenization_spaces:
+        typeof this.config.clean_up_tokenization_spaces === 'boolean' ? this.config.clean_up_tokenization_spaces : null,
     });
   }
 

@@ -63,7 +63,13 @@ export const FAMILIES: Record<SupportedModelType, Record<string, unknown>> = {
     model_type: 'llama',
     hidden_act: 'silu',
     rope_theta: 500000.0,
-    rope_scaling: { rope_type: 'llama3', factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 },
+    rope_scaling: {
+      rope_type: 'llama3',
+      factor: 32.0,
+      low_freq_factor: 1.0,
+      high_freq_factor: 4.0,
+      original_max_position_embeddings: 8192,
+    },
     rms_norm_eps: 1e-5,
     attention_bias: false,
     mlp_bias: false,
@@ -82,11 +88,27 @@ export const FAMILIES: Record<SupportedModelType, Record<string, unknown>> = {
 export const PRESETS: Record<string, Preset> = {
   tiny: {
     description: '~10M parameters (9.7M of them the tied 151,936-row Qwen embedding): tests and quick runs',
-    config: { hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 32, tie_word_embeddings: true },
+    config: {
+      hidden_size: 64,
+      intermediate_size: 192,
+      num_hidden_layers: 2,
+      num_attention_heads: 4,
+      num_key_value_heads: 2,
+      head_dim: 32,
+      tie_word_embeddings: true,
+    },
   },
   small: {
     description: '~103M parameters (8 layers, hidden 512): weights far larger than the CPU caches, for benchmarks',
-    config: { hidden_size: 512, intermediate_size: 1536, num_hidden_layers: 8, num_attention_heads: 8, num_key_value_heads: 4, head_dim: 64, tie_word_embeddings: true },
+    config: {
+      hidden_size: 512,
+      intermediate_size: 1536,
+      num_hidden_layers: 8,
+      num_attention_heads: 8,
+      num_key_value_heads: 4,
+      head_dim: 64,
+      tie_word_embeddings: true,
+    },
   },
 };
 
@@ -200,20 +222,40 @@ export function initModel(opts: InitOptions): { dir: string; parameters: number;
   // The same validation and switches the engine uses: which biases and norms this architecture has.
   const arch = parseModelConfig(c, 'init-model config');
   const n = (k: string) => c[k] as number;
-  const H = n('hidden_size'), I = n('intermediate_size'), V = n('vocab_size'), D = arch.head_dim;
-  const nq = n('num_attention_heads'), nkv = arch.num_key_value_heads, std = (c.initializer_range as number | undefined) ?? 0.02;
+  const H = n('hidden_size'),
+    I = n('intermediate_size'),
+    V = n('vocab_size'),
+    D = arch.head_dim;
+  const nq = n('num_attention_heads'),
+    nkv = arch.num_key_value_heads,
+    std = (c.initializer_range as number | undefined) ?? 0.02;
   let seed = opts.seed ?? 0;
   const tensors: TensorSpec[] = [];
   const mat = (name: string, shape: number[]) => tensors.push({ name, dtype, shape, fill: normalFiller(++seed * 7919 + 13, std, dtype) });
   const ones = (name: string, n: number) =>
-    tensors.push({ name, dtype, shape: [n], fill: opts.normStd ? normalFiller(++seed * 7919 + 13, opts.normStd, dtype, 1) : constFiller(dtype, 1) });
+    tensors.push({
+      name,
+      dtype,
+      shape: [n],
+      fill: opts.normStd ? normalFiller(++seed * 7919 + 13, opts.normStd, dtype, 1) : constFiller(dtype, 1),
+    });
   const bias = (name: string, n: number) =>
-    tensors.push({ name, dtype, shape: [n], fill: opts.biasStd ? normalFiller(++seed * 7919 + 13, opts.biasStd, dtype) : constFiller(dtype, 0) });
+    tensors.push({
+      name,
+      dtype,
+      shape: [n],
+      fill: opts.biasStd ? normalFiller(++seed * 7919 + 13, opts.biasStd, dtype) : constFiller(dtype, 0),
+    });
   const proj = (name: string, out: number, inp: number, hasBias: boolean) => {
     mat(name + '.weight', [out, inp]);
     if (hasBias) bias(name + '.bias', out);
   };
-  tensors.push({ name: 'model.embed_tokens.weight', dtype, shape: [V, H], fill: normalFiller(++seed * 7919 + 13, opts.embedStd ?? std, dtype) });
+  tensors.push({
+    name: 'model.embed_tokens.weight',
+    dtype,
+    shape: [V, H],
+    fill: normalFiller(++seed * 7919 + 13, opts.embedStd ?? std, dtype),
+  });
   for (let i = 0; i < n('num_hidden_layers'); i++) {
     const p = `model.layers.${i}.`;
     ones(p + 'input_layernorm.weight', H);
@@ -237,7 +279,18 @@ export function initModel(opts: InitOptions): { dir: string; parameters: number;
   writeFileSync(join(opts.out, 'config.json'), JSON.stringify(c, null, 2) + '\n');
   writeFileSync(
     join(opts.out, 'generation_config.json'),
-    JSON.stringify({ bos_token_id: c.bos_token_id, eos_token_id: [...new Set([c.eos_token_id, c.bos_token_id].flat())], do_sample: true, temperature: 0.7, top_p: 0.8, top_k: 20 }, null, 2) + '\n',
+    JSON.stringify(
+      {
+        bos_token_id: c.bos_token_id,
+        eos_token_id: [...new Set([c.eos_token_id, c.bos_token_id].flat())],
+        do_sample: true,
+        temperature: 0.7,
+        top_p: 0.8,
+        top_k: 20,
+      },
+      null,
+      2,
+    ) + '\n',
   );
   const parameters = tensors.reduce((a, t) => a + t.shape.reduce((x, y) => x * y, 1), 0);
   return { dir: opts.out, parameters, config: c };

@@ -68,7 +68,8 @@ export function readSafetensorsHeader(path: string): Record<string, HeaderEntry>
   try {
     const size = fstatSync(fd).size;
     const len = Buffer.alloc(8);
-    if (size < 8 || readSync(fd, len, 0, 8, 0) !== 8) throw new SlmError('WEIGHTS_CORRUPT', `${path} is too short to be a safetensors file.`);
+    if (size < 8 || readSync(fd, len, 0, 8, 0) !== 8)
+      throw new SlmError('WEIGHTS_CORRUPT', `${path} is too short to be a safetensors file.`);
     const n = Number(len.readBigUInt64LE());
     if (n > size - 8) throw new SlmError('WEIGHTS_CORRUPT', `${path}: header length ${n} exceeds the file size ${size}.`);
     const h = Buffer.alloc(n);

@@ -25,7 +25,9 @@ export class BudgetExceeded extends Error {}
 
 /** @huggingface/jinja's interpreter as far as it is used here (its .d.ts imports './runtime' without an extension, which NodeNext cannot resolve). */
 type RuntimeValue = { type: string; value: unknown };
-const JinjaInterpreter = Interpreter as unknown as new (env: Environment) => {
+const JinjaInterpreter = Interpreter as unknown as new (
+  env: Environment,
+) => {
   evaluate(node: unknown, env: unknown): RuntimeValue;
   evaluateBlock(statements: unknown, env: unknown): RuntimeValue;
   run(program: unknown): RuntimeValue;
@@ -69,8 +71,12 @@ class BudgetedInterpreter extends JinjaInterpreter {
     if (v.type === 'StringValue') {
       const n = (v.value as string).length;
       if (n > this.#b.maxChars) throw new BudgetExceeded(`it made a string of ${n} characters, past its budget of ${this.#b.maxChars}`);
-      if ((this.#chars += n) > 8 * this.#b.maxChars) throw new BudgetExceeded(`it made more than ${8 * this.#b.maxChars} characters of text in all (8 x its budget of ${this.#b.maxChars})`);
-    } else if (v.type === 'ArrayValue' && (v.value as unknown[]).length > this.#b.maxItems) throw new BudgetExceeded(`it made a list of ${(v.value as unknown[]).length} items, past its budget of ${this.#b.maxItems}`);
+      if ((this.#chars += n) > 8 * this.#b.maxChars)
+        throw new BudgetExceeded(
+          `it made more than ${8 * this.#b.maxChars} characters of text in all (8 x its budget of ${this.#b.maxChars})`,
+        );
+    } else if (v.type === 'ArrayValue' && (v.value as unknown[]).length > this.#b.maxItems)
+      throw new BudgetExceeded(`it made a list of ${(v.value as unknown[]).length} items, past its budget of ${this.#b.maxItems}`);
     return v;
   }
 }
@@ -107,4 +113,3 @@ export function renderBudgeted(t: { parsed: unknown }, vars: Record<string, unkn
   for (const [k, v] of Object.entries({ ...globals, ...vars })) env.set(k, v);
   return new BudgetedInterpreter(env, templateBudget).run(t.parsed).value as string;
 }
-

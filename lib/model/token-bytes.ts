@@ -6,7 +6,12 @@
 
 /** The subset of `tokenizer.json` slm-train reads itself (the library reads the rest). */
 export interface TokenizerJson {
-  model: { type?: string; vocab?: Record<string, number> | Array<[string, number]>; byte_fallback?: boolean; continuing_subword_prefix?: string };
+  model: {
+    type?: string;
+    vocab?: Record<string, number> | Array<[string, number]>;
+    byte_fallback?: boolean;
+    continuing_subword_prefix?: string;
+  };
   added_tokens?: Array<{ id: number; content: string; special?: boolean }>;
   decoder?: Component | null;
   pre_tokenizer?: Component | null;
@@ -56,7 +61,10 @@ function hasComponent(c: Component | null | undefined, type: string): boolean {
 export function bytesPlan(json: TokenizerJson): BytesPlan {
   return {
     byteLevel: hasComponent(json.decoder, 'ByteLevel') || hasComponent(json.pre_tokenizer, 'ByteLevel'),
-    metaspace: hasComponent(json.decoder, 'Metaspace') || hasComponent(json.pre_tokenizer, 'Metaspace') || JSON.stringify(json.decoder ?? null).includes('"▁"'),
+    metaspace:
+      hasComponent(json.decoder, 'Metaspace') ||
+      hasComponent(json.pre_tokenizer, 'Metaspace') ||
+      JSON.stringify(json.decoder ?? null).includes('"▁"'),
     byteFallback: json.model.byte_fallback === true,
     wordPiecePrefix: json.model.type === 'WordPiece' ? (json.model.continuing_subword_prefix ?? '##') : undefined,
     added: (json.added_tokens ?? []).map((t) => ({ id: t.id, content: t.content })),

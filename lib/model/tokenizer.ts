@@ -68,7 +68,10 @@ const OTHER_TOKENIZER_FILES = ['tokenizer.model', 'spiece.model', 'vocab.json', 
 export function loadTokenizer(modelDir: string): HfTokenizer {
   const dir = resolve(modelDir);
   if (!existsSync(dir) || !statSync(dir).isDirectory()) {
-    throw new SlmError('MODEL_NOT_FOUND', `Expected a model folder at ${dir}, but ${existsSync(dir) ? 'it is not a folder' : 'nothing is there'}.`);
+    throw new SlmError(
+      'MODEL_NOT_FOUND',
+      `Expected a model folder at ${dir}, but ${existsSync(dir) ? 'it is not a folder' : 'nothing is there'}.`,
+    );
   }
   // Loading takes up to a second: the engine, the episode runner and the CLI share one instance
   // per folder for as long as its files are unchanged.
@@ -127,7 +130,11 @@ function loadUncached(dir: string): HfTokenizer {
     const q = qwen3Tokenizer();
     if (extraEosIds.every((id) => q.stopTokenIds.includes(id))) return q;
   }
-  return new HfTokenizer(packagedQwen3Json(), { ...packagedQwen3Config(), ...folderConfig }, { source: QWEN3_PACKAGE, packaged: true, extraEosIds });
+  return new HfTokenizer(
+    packagedQwen3Json(),
+    { ...packagedQwen3Config(), ...folderConfig },
+    { source: QWEN3_PACKAGE, packaged: true, extraEosIds },
+  );
 }
 
 function eosIdsFromModelConfig(dir: string): number[] {
@@ -141,7 +148,8 @@ function eosIdsFromModelConfig(dir: string): number[] {
     } catch {
       continue; // config.json is validated by lib/model/config.ts; a broken one fails there, loudly.
     }
-    for (const id of Array.isArray(v) ? v : [v]) if (Number.isInteger(id) && (id as number) >= 0 && !ids.includes(id as number)) ids.push(id as number);
+    for (const id of Array.isArray(v) ? v : [v])
+      if (Number.isInteger(id) && (id as number) >= 0 && !ids.includes(id as number)) ids.push(id as number);
   }
   return ids;
 }
@@ -156,6 +164,10 @@ function readJson(path: string, code: string): unknown {
   try {
     return JSON.parse(text);
   } catch (e) {
-    throw new SlmError(code, `Expected ${path} to be JSON, but parsing failed: ${(e as Error).message}. Replace the file with an intact copy.`, { path });
+    throw new SlmError(
+      code,
+      `Expected ${path} to be JSON, but parsing failed: ${(e as Error).message}. Replace the file with an intact copy.`,
+      { path },
+    );
   }
 }

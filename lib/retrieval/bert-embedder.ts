@@ -45,30 +45,58 @@ function readJsonIn(dir: string, file: string): Record<string, unknown> | undefi
 export function bertConfig(dir: string): BertConfig {
   const c = readJsonIn(dir, 'config.json') ?? {};
   if (c.model_type !== 'bert')
-    throw new SlmError('MODEL_TYPE_UNSUPPORTED', `${dir}: expected a BERT sentence embedder (config.json model_type "bert", e.g. all-MiniLM-L6-v2), found model_type ${JSON.stringify(c.model_type)}.`);
+    throw new SlmError(
+      'MODEL_TYPE_UNSUPPORTED',
+      `${dir}: expected a BERT sentence embedder (config.json model_type "bert", e.g. all-MiniLM-L6-v2), found model_type ${JSON.stringify(c.model_type)}.`,
+    );
   const num = (k: string, dflt?: number): number => {
     const v = c[k] ?? dflt;
-    if (typeof v !== 'number' || !(v > 0)) throw new SlmError('MODEL_CONFIG_INVALID', `${dir}/config.json: expected a positive number ${k}, found ${JSON.stringify(c[k])}.`);
+    if (typeof v !== 'number' || !(v > 0))
+      throw new SlmError('MODEL_CONFIG_INVALID', `${dir}/config.json: expected a positive number ${k}, found ${JSON.stringify(c[k])}.`);
     return v;
   };
   const act = c.hidden_act ?? 'gelu';
-  if (act !== 'gelu') throw new SlmError('NOT_SUPPORTED', `${dir}/config.json: hidden_act ${JSON.stringify(act)}; the BERT embedder runs "gelu" (erf) only.`);
+  if (act !== 'gelu')
+    throw new SlmError('NOT_SUPPORTED', `${dir}/config.json: hidden_act ${JSON.stringify(act)}; the BERT embedder runs "gelu" (erf) only.`);
   const pos = c.position_embedding_type ?? 'absolute';
-  if (pos !== 'absolute') throw new SlmError('NOT_SUPPORTED', `${dir}/config.json: position_embedding_type ${JSON.stringify(pos)}; the BERT embedder runs "absolute" only.`);
-  const hidden = num('hidden_size'), heads = num('num_attention_heads');
-  if (hidden % heads) throw new SlmError('MODEL_CONFIG_INVALID', `${dir}/config.json: hidden_size ${hidden} is not a multiple of num_attention_heads ${heads}.`);
+  if (pos !== 'absolute')
+    throw new SlmError(
+      'NOT_SUPPORTED',
+      `${dir}/config.json: position_embedding_type ${JSON.stringify(pos)}; the BERT embedder runs "absolute" only.`,
+    );
+  const hidden = num('hidden_size'),
+    heads = num('num_attention_heads');
+  if (hidden % heads)
+    throw new SlmError(
+      'MODEL_CONFIG_INVALID',
+      `${dir}/config.json: hidden_size ${hidden} is not a multiple of num_attention_heads ${heads}.`,
+    );
   const maxPositions = num('max_position_embeddings');
   const st = readJsonIn(dir, 'sentence_bert_config.json');
   const maxTokens = Math.min(maxPositions, typeof st?.max_seq_length === 'number' ? st.max_seq_length : maxPositions);
   const p = readJsonIn(dir, join('1_Pooling', 'config.json'));
   let pooling: BertConfig['pooling'] = 'mean'; // sentence-transformers' default for a folder without modules
   if (p) {
-    const on = Object.entries(p).filter(([k, v]) => k.startsWith('pooling_mode_') && v === true).map(([k]) => k.slice('pooling_mode_'.length));
+    const on = Object.entries(p)
+      .filter(([k, v]) => k.startsWith('pooling_mode_') && v === true)
+      .map(([k]) => k.slice('pooling_mode_'.length));
     if (on.length !== 1 || !['mean_tokens', 'cls_token'].includes(on[0]))
-      throw new SlmError('NOT_SUPPORTED', `${dir}/1_Pooling/config.json: expected one pooling mode, mean_tokens or cls_token, found ${JSON.stringify(on)}.`);
+      throw new SlmError(
+        'NOT_SUPPORTED',
+        `${dir}/1_Pooling/config.json: expected one pooling mode, mean_tokens or cls_token, found ${JSON.stringify(on)}.`,
+      );
     pooling = on[0] === 'cls_token' ? 'cls' : 'mean';
   }
-  return { hidden, layers: num('num_hidden_layers'), heads, intermediate: num('intermediate_size'), eps: num('layer_norm_eps', 1e-12), maxPositions, maxTokens, pooling };
+  return {
+    hidden,
+    layers: num('num_hidden_layers'),
+    heads,
+    intermediate: num('intermediate_size'),
+    eps: num('layer_norm_eps', 1e-12),
+    maxPositions,
+    maxTokens,
+    pooling,
+  };
 }
 
 function toF32(buf: Buffer, dtype: string, name: string, file: string): Float32Array {
@@ -80,7 +108,9 @@ function toF32(buf: Buffer, dtype: string, name: string, file: string): Float32A
     const h = buf.readUInt16LE(2 * i);
     if (dtype === 'BF16') u[i] = h << 16;
     else if (dtype === 'F16') {
-      const e = (h >> 10) & 31, m = h & 1023, s = h & 0x8000 ? -1 : 1;
+      const e = (h >> 10) & 31,
+        m = h & 1023,
+        s = h & 0x8000 ? -1 : 1;
       out[i] = e === 0 ? s * m * 2 ** -24 : e === 31 ? (m ? NaN : s * Infinity) : s * (1 + m / 1024) * 2 ** (e - 15);
     } else throw new SlmError('DTYPE_UNSUPPORTED', `${file}: tensor ${name} is ${dtype}; expected F32, F16 or BF16.`);
   }
@@ -93,8 +123,13 @@ function loadWeights(dir: string, cfg: BertConfig): Weights {
   if (!existsSync(file)) throw new SlmError('WEIGHTS_MISSING', `${dir}: expected the BERT weights in model.safetensors, found none.`);
   const header = readSafetensorsHeader(file);
   const prefix = 'embeddings.word_embeddings.weight' in header ? '' : 'bert.embeddings.word_embeddings.weight' in header ? 'bert.' : null;
-  if (prefix === null) throw new SlmError('WEIGHTS_MISMATCH', `${file}: expected BERT tensors (embeddings.word_embeddings.weight), found ${Object.keys(header).slice(0, 4).join(', ')}...`);
-  const H = cfg.hidden, I = cfg.intermediate;
+  if (prefix === null)
+    throw new SlmError(
+      'WEIGHTS_MISMATCH',
+      `${file}: expected BERT tensors (embeddings.word_embeddings.weight), found ${Object.keys(header).slice(0, 4).join(', ')}...`,
+    );
+  const H = cfg.hidden,
+    I = cfg.intermediate;
   const want: Array<[string, number[]]> = [
     ['embeddings.position_embeddings.weight', [cfg.maxPositions, H]],
     ['embeddings.token_type_embeddings.weight', [-1, H]],
@@ -105,7 +140,12 @@ function loadWeights(dir: string, cfg: BertConfig): Weights {
     const b = `encoder.layer.${l}.`;
     for (const m of ['attention.self.query', 'attention.self.key', 'attention.self.value', 'attention.output.dense'])
       want.push([`${b}${m}.weight`, [H, H]], [`${b}${m}.bias`, [H]]);
-    want.push([`${b}intermediate.dense.weight`, [I, H]], [`${b}intermediate.dense.bias`, [I]], [`${b}output.dense.weight`, [H, I]], [`${b}output.dense.bias`, [H]]);
+    want.push(
+      [`${b}intermediate.dense.weight`, [I, H]],
+      [`${b}intermediate.dense.bias`, [I]],
+      [`${b}output.dense.weight`, [H, I]],
+      [`${b}output.dense.bias`, [H]],
+    );
     for (const n of ['attention.output.LayerNorm', 'output.LayerNorm']) want.push([`${b}${n}.weight`, [H]], [`${b}${n}.bias`, [H]]);
   }
   want.push(['embeddings.word_embeddings.weight', [-1, H]]);
@@ -118,7 +158,10 @@ function loadWeights(dir: string, cfg: BertConfig): Weights {
     for (const [name, shape] of want) {
       const e = header[prefix + name];
       if (!e || e.shape.length !== shape.length || shape.some((d, i) => d !== -1 && d !== e.shape[i]))
-        throw new SlmError('WEIGHTS_MISMATCH', `${file}: expected ${prefix}${name} of shape [${shape.map((d) => (d < 0 ? 'N' : d)).join(', ')}] (config.json), found ${e ? `[${e.shape.join(', ')}]` : 'none'}.`);
+        throw new SlmError(
+          'WEIGHTS_MISMATCH',
+          `${file}: expected ${prefix}${name} of shape [${shape.map((d) => (d < 0 ? 'N' : d)).join(', ')}] (config.json), found ${e ? `[${e.shape.join(', ')}]` : 'none'}.`,
+        );
       const [a, b] = e.data_offsets;
       const buf = Buffer.alloc(b - a);
       readSync(fd, buf, 0, b - a, dataStart + a);
@@ -134,14 +177,27 @@ function loadWeights(dir: string, cfg: BertConfig): Weights {
 export function erf(x: number): number {
   const z = Math.abs(x);
   const t = 1 / (1 + 0.5 * z);
-  const r = t * Math.exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))));
+  const r =
+    t *
+    Math.exp(
+      -z * z -
+        1.26551223 +
+        t *
+          (1.00002368 +
+            t *
+              (0.37409196 +
+                t *
+                  (0.09678418 +
+                    t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))),
+    );
   return x >= 0 ? 1 - r : r - 1;
 }
 
 /** LayerNorm over rows of `x` [rows, n] in place (float64 sums). */
 function layerNorm(x: Float32Array, n: number, g: Float32Array, b: Float32Array, eps: number): void {
   for (let o = 0; o < x.length; o += n) {
-    let s = 0, s2 = 0;
+    let s = 0,
+      s2 = 0;
     for (let i = 0; i < n; i++) s += x[o + i];
     const mean = s / n;
     for (let i = 0; i < n; i++) s2 += (x[o + i] - mean) ** 2;
@@ -172,7 +228,8 @@ export class BertEmbedder implements Embedder {
     const abs = resolve(dir);
     const cfg = bertConfig(abs);
     const w = loadWeights(abs, cfg);
-    if (!existsSync(join(abs, 'tokenizer.json'))) throw new SlmError('TOKENIZER_MISSING', `${abs}: expected the BERT model's tokenizer.json (WordPiece), found none.`);
+    if (!existsSync(join(abs, 'tokenizer.json')))
+      throw new SlmError('TOKENIZER_MISSING', `${abs}: expected the BERT model's tokenizer.json (WordPiece), found none.`);
     return new BertEmbedder(abs, cfg, w, loadTokenizer(abs), opts.batchTokens ?? 4096);
   }
 
@@ -195,14 +252,17 @@ export class BertEmbedder implements Embedder {
     const d = H / heads;
     const T = seqs.reduce((a, s) => a + s.length, 0);
     const starts: number[] = [];
-    const word = this.w.get('embeddings.word_embeddings.weight')!, pos = this.w.get('embeddings.position_embeddings.weight')!, type = this.w.get('embeddings.token_type_embeddings.weight')!;
+    const word = this.w.get('embeddings.word_embeddings.weight')!,
+      pos = this.w.get('embeddings.position_embeddings.weight')!,
+      type = this.w.get('embeddings.token_type_embeddings.weight')!;
     const vocab = word.length / H;
     let x: Float32Array = new Float32Array(T * H);
     let t = 0;
     for (const s of seqs) {
       starts.push(t);
       s.forEach((id, p) => {
-        if (!(id >= 0 && id < vocab)) throw new SlmError('TOKEN_OUT_OF_RANGE', `${this.dir}: token id ${id} is outside the embedding table's ${vocab} rows.`);
+        if (!(id >= 0 && id < vocab))
+          throw new SlmError('TOKEN_OUT_OF_RANGE', `${this.dir}: token id ${id} is outside the embedding table's ${vocab} rows.`);
         for (let i = 0; i < H; i++) x[(t + p) * H + i] = word[id * H + i] + pos[p * H + i] + type[i];
       });
       t += s.length;
@@ -211,11 +271,16 @@ export class BertEmbedder implements Embedder {
     const scale = 1 / Math.sqrt(d);
     for (let l = 0; l < this.config.layers; l++) {
       const b = `encoder.layer.${l}.`;
-      const q = this.linear(x, T, `${b}attention.self.query`, H, H), k = this.linear(x, T, `${b}attention.self.key`, H, H), v = this.linear(x, T, `${b}attention.self.value`, H, H);
+      const q = this.linear(x, T, `${b}attention.self.query`, H, H),
+        k = this.linear(x, T, `${b}attention.self.key`, H, H),
+        v = this.linear(x, T, `${b}attention.self.value`, H, H);
       const ctx = new Float32Array(T * H);
       seqs.forEach((s, si) => {
-        const L = s.length, o = starts[si];
-        const qh = new Float32Array(L * d), kh = new Float32Array(L * d), vt = new Float32Array(d * L);
+        const L = s.length,
+          o = starts[si];
+        const qh = new Float32Array(L * d),
+          kh = new Float32Array(L * d),
+          vt = new Float32Array(d * L);
         for (let h = 0; h < heads; h++) {
           for (let p = 0; p < L; p++)
             for (let j = 0; j < d; j++) {
@@ -226,7 +291,8 @@ export class BertEmbedder implements Embedder {
             }
           const sc = native().linear({ x: qh, w: kh, m: L, n: L, k: d }); // [L, L]
           for (let r = 0; r < L * L; r += L) {
-            let mx = -Infinity, sum = 0;
+            let mx = -Infinity,
+              sum = 0;
             for (let j = 0; j < L; j++) mx = Math.max(mx, sc[r + j]);
             for (let j = 0; j < L; j++) sum += sc[r + j] = Math.exp(sc[r + j] - mx);
             for (let j = 0; j < L; j++) sc[r + j] /= sum;

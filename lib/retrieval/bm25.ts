@@ -26,9 +26,14 @@ export class BM25 {
   private acc: Float64Array;
   private touched: Int32Array;
 
-  constructor(docs: string[], readonly k1 = 1.2, readonly b = 0.75) {
+  constructor(
+    docs: string[],
+    readonly k1 = 1.2,
+    readonly b = 0.75,
+  ) {
     // Every posting's score must be > 0: the accumulator takes 0 for "not touched yet".
-    if (!(k1 >= 0 && b >= 0 && b <= 1)) throw new SlmError('ARGUMENT_INVALID', `BM25 expects k1 >= 0 and 0 <= b <= 1, found k1 ${k1}, b ${b}.`);
+    if (!(k1 >= 0 && b >= 0 && b <= 1))
+      throw new SlmError('ARGUMENT_INVALID', `BM25 expects k1 >= 0 and 0 <= b <= 1, found k1 ${k1}, b ${b}.`);
     const n = docs.length;
     this.lengths = new Int32Array(n);
     let cap = 1 << 16;

@@ -98,9 +98,16 @@ function validatePages(rows: unknown[], where: string): Page[] {
   return rows.map((r, i) => {
     const o = r as Record<string, unknown>;
     const id = o?.id ?? o?.page_id;
-    for (const [k, v] of [['id', id], ['title', o?.title], ['content', o?.content]] as const)
+    for (const [k, v] of [
+      ['id', id],
+      ['title', o?.title],
+      ['content', o?.content],
+    ] as const)
       if (typeof v !== 'string' && !(k === 'id' && typeof v === 'number'))
-        throw new SlmError('CORPUS_INVALID', `${where}: row ${i + 1} needs a string "${k}", found ${describe(v)}. Corpus rows are {id, title, content} with markdown content.`);
+        throw new SlmError(
+          'CORPUS_INVALID',
+          `${where}: row ${i + 1} needs a string "${k}", found ${describe(v)}. Corpus rows are {id, title, content} with markdown content.`,
+        );
     const sid = String(id);
     if (ids.has(sid)) throw new SlmError('CORPUS_INVALID', `${where}: row ${i + 1} repeats the id "${sid}"; page ids must be unique.`);
     ids.add(sid);
@@ -138,9 +145,15 @@ export class Corpus {
     const e = this.byId.get(String(pageId));
     if (!e) {
       const hint = closest(String(pageId), this.byId.keys(), 6);
-      throw new SlmError('NOT_FOUND', `page_id ${JSON.stringify(pageId)} does not exist.${hint ? ` Did you mean ${JSON.stringify(hint)}?` : ''} Use search_pages(query) to find page ids.`);
+      throw new SlmError(
+        'NOT_FOUND',
+        `page_id ${JSON.stringify(pageId)} does not exist.${hint ? ` Did you mean ${JSON.stringify(hint)}?` : ''} Use search_pages(query) to find page ids.`,
+      );
     }
-    return [...e.sections.map((s) => ({ section_id: s.id, section_name: s.name })), { section_id: `${e.page.id}:full`, section_name: 'full page' }];
+    return [
+      ...e.sections.map((s) => ({ section_id: s.id, section_name: s.name })),
+      { section_id: `${e.page.id}:full`, section_name: 'full page' },
+    ];
   }
 
   read_section(sectionId: string): string {
@@ -160,6 +173,9 @@ export class Corpus {
       );
     }
     const hint = closest(pageId, this.byId.keys(), 6);
-    throw new SlmError('NOT_FOUND', `section_id ${JSON.stringify(id)}: no page ${JSON.stringify(pageId)}.${hint ? ` Did you mean ${JSON.stringify(`${hint}:full`)}?` : ''} Section ids look like "page_id:section"; get them with view_sections(page_id).`);
+    throw new SlmError(
+      'NOT_FOUND',
+      `section_id ${JSON.stringify(id)}: no page ${JSON.stringify(pageId)}.${hint ? ` Did you mean ${JSON.stringify(`${hint}:full`)}?` : ''} Section ids look like "page_id:section"; get them with view_sections(page_id).`,
+    );
   }
 }

@@ -41,9 +41,18 @@ export function retrieveUrl(url: string): string {
   try {
     u = new URL(/^[a-z]+:\/\//i.test(url) ? url : `http://${url}`);
   } catch {
-    throw new SlmError('CONFIG_INVALID', `retrieval.url: expected an http(s) URL of a retrieval server such as http://127.0.0.1:8000/retrieve, found ${describe(url)}.`, { path: 'retrieval.url' });
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `retrieval.url: expected an http(s) URL of a retrieval server such as http://127.0.0.1:8000/retrieve, found ${describe(url)}.`,
+      { path: 'retrieval.url' },
+    );
   }
-  if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new SlmError('CONFIG_INVALID', `retrieval.url: expected http:// or https://, found ${u.protocol}//. Point it at a Search-R1-style retrieval server.`, { path: 'retrieval.url' });
+  if (u.protocol !== 'http:' && u.protocol !== 'https:')
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `retrieval.url: expected http:// or https://, found ${u.protocol}//. Point it at a Search-R1-style retrieval server.`,
+      { path: 'retrieval.url' },
+    );
   if (u.pathname === '/' || u.pathname === '') u.pathname = '/retrieve';
   return u.toString();
 }
@@ -56,13 +65,20 @@ export function splitContents(contents: string): { title: string; text: string }
 
 function toPassage(item: unknown, where: string): Passage {
   const o = item as Record<string, unknown> | null;
-  const doc = (o && typeof o === 'object' && o.document && typeof o.document === 'object' ? o.document : o) as Record<string, unknown> | null;
+  const doc = (o && typeof o === 'object' && o.document && typeof o.document === 'object' ? o.document : o) as Record<
+    string,
+    unknown
+  > | null;
   const score = o && typeof o.score === 'number' ? o.score : 0;
-  if (!doc || typeof doc !== 'object') throw new SlmError('RETRIEVER_ERROR', `${where}: expected a document {id, contents} or {document, score}, found ${describe(item)}.`);
+  if (!doc || typeof doc !== 'object')
+    throw new SlmError('RETRIEVER_ERROR', `${where}: expected a document {id, contents} or {document, score}, found ${describe(item)}.`);
   const id = doc.id === undefined || doc.id === null ? '' : String(doc.id);
   if (typeof doc.contents === 'string') return { page_id: id, ...splitContents(doc.contents), score };
   if (typeof doc.text === 'string') return { page_id: id, title: typeof doc.title === 'string' ? doc.title : '', text: doc.text, score };
-  throw new SlmError('RETRIEVER_ERROR', `${where}: the document has no "contents" (or "text") string; found keys ${Object.keys(doc).join(', ') || 'none'}.`);
+  throw new SlmError(
+    'RETRIEVER_ERROR',
+    `${where}: the document has no "contents" (or "text") string; found keys ${Object.keys(doc).join(', ') || 'none'}.`,
+  );
 }
 
 export class HttpRetriever {
@@ -86,7 +102,8 @@ export class HttpRetriever {
 
   /** The top-k passages for a query; queries asked together share a request. */
   searchPassages(query: string, k = 3): Promise<Passage[]> {
-    if (typeof query !== 'string' || !query.trim()) return Promise.reject(new SlmError('ARGUMENT_INVALID', `a search needs a non-empty text query, found ${describe(query)}.`));
+    if (typeof query !== 'string' || !query.trim())
+      return Promise.reject(new SlmError('ARGUMENT_INVALID', `a search needs a non-empty text query, found ${describe(query)}.`));
     return new Promise((resolve, reject) => {
       this.queue.push({ query, k, resolve, reject });
       if (!this.scheduled) {
@@ -126,10 +143,18 @@ export class HttpRetriever {
     const body = JSON.stringify({ queries, topk: k, return_scores: true });
     return withRetries(
       async () => {
-        const { res, text } = await fetchText(this.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body }, this.timeoutMs);
+        const { res, text } = await fetchText(
+          this.url,
+          { method: 'POST', headers: { 'content-type': 'application/json' }, body },
+          this.timeoutMs,
+        );
         // 408, 429 and 5xx are retried; another status means the server does not take this request.
         if (retryableStatus(res.status)) throw new AttemptError(`HTTP ${res.status} ${text.slice(0, 200)}`, true);
-        if (!res.ok) throw new SlmError('RETRIEVER_ERROR', `POST ${this.url} answered HTTP ${res.status}: ${text.slice(0, 300)}. Expected a Search-R1 retrieval server taking {queries, topk, return_scores}.`);
+        if (!res.ok)
+          throw new SlmError(
+            'RETRIEVER_ERROR',
+            `POST ${this.url} answered HTTP ${res.status}: ${text.slice(0, 300)}. Expected a Search-R1 retrieval server taking {queries, topk, return_scores}.`,
+          );
         return this.parse(text, queries.length);
       },
       {
@@ -150,11 +175,17 @@ export class HttpRetriever {
     try {
       body = JSON.parse(text);
     } catch {
-      throw new SlmError('RETRIEVER_ERROR', `${this.url} did not answer JSON (found ${describe(text.slice(0, 80))}); expected {"result": [[documents], ...]}.`);
+      throw new SlmError(
+        'RETRIEVER_ERROR',
+        `${this.url} did not answer JSON (found ${describe(text.slice(0, 80))}); expected {"result": [[documents], ...]}.`,
+      );
     }
     const result = body?.result;
     if (!Array.isArray(result) || result.length !== n || result.some((r) => !Array.isArray(r)))
-      throw new SlmError('RETRIEVER_ERROR', `${this.url}: expected {"result": [...]} with one list of documents per query (${n}), found ${describe(result)}.`);
+      throw new SlmError(
+        'RETRIEVER_ERROR',
+        `${this.url}: expected {"result": [...]} with one list of documents per query (${n}), found ${describe(result)}.`,
+      );
     return result.map((docs: unknown[], i) => docs.map((d, j) => toPassage(d, `${this.url}: result[${i}][${j}]`)));
   }
 }

@@ -85,7 +85,10 @@ export function chunkPages(corpus: Corpus, chunkWords: number, text: IndexText =
     for (const s of secs) {
       const w = s.text.split(/\s+/).filter(Boolean);
       for (let o = 0; o < w.length; o += chunkWords) {
-        chunks.push({ page: i, text: `${p.title}. ${s.name === 'introduction' ? '' : s.name + '. '}${w.slice(o, o + chunkWords).join(' ')}` });
+        chunks.push({
+          page: i,
+          text: `${p.title}. ${s.name === 'introduction' ? '' : s.name + '. '}${w.slice(o, o + chunkWords).join(' ')}`,
+        });
         any = true;
       }
     }
@@ -101,7 +104,8 @@ export function chunkPages(corpus: Corpus, chunkWords: number, text: IndexText =
  */
 export function checkIndexFolder(dir: string): void {
   if (!existsSync(dir)) return;
-  if (!statSync(dir).isDirectory()) throw new SlmError('INDEX_INVALID', `${dir} is a file; an index is written into a folder. Choose a new or empty folder.`);
+  if (!statSync(dir).isDirectory())
+    throw new SlmError('INDEX_INVALID', `${dir} is a file; an index is written into a folder. Choose a new or empty folder.`);
   if (readdirSync(dir).length === 0 || existsSync(join(dir, WRITING))) return;
   let format: unknown;
   try {
@@ -110,7 +114,10 @@ export function checkIndexFolder(dir: string): void {
     format = undefined;
   }
   if (format !== INDEX_FORMAT)
-    throw new SlmError('INDEX_INVALID', `${dir} holds files but no index written by slm-train (no manifest.json of format ${INDEX_FORMAT}); writing the index there would overwrite its files (pages.json, vectors.f32, hnsw.bin). Choose a new or empty folder, or empty this one yourself.`);
+    throw new SlmError(
+      'INDEX_INVALID',
+      `${dir} holds files but no index written by slm-train (no manifest.json of format ${INDEX_FORMAT}); writing the index there would overwrite its files (pages.json, vectors.f32, hnsw.bin). Choose a new or empty folder, or empty this one yourself.`,
+    );
 }
 
 /** The embedder a manifest names: `hashing-D`, `qwen3:/abs/model/dir` (loaded on the native engine) or `bert:/abs/model/dir`. */
@@ -120,13 +127,19 @@ async function embedderOf(e: { name: string; dim: number }, dir: string): Promis
   if (e.name.startsWith('bert:')) {
     const model = e.name.slice('bert:'.length);
     if (!existsSync(join(model, 'config.json')))
-      throw new SlmError('MODEL_NOT_FOUND', `${dir} was built with the sentence embedder ${model}, which is not there any more; put it back or rebuild the index.`);
+      throw new SlmError(
+        'MODEL_NOT_FOUND',
+        `${dir} was built with the sentence embedder ${model}, which is not there any more; put it back or rebuild the index.`,
+      );
     return (await import('./bert-embedder.js')).BertEmbedder.load(model);
   }
   if (e.name.startsWith('qwen3:')) {
     const model = e.name.slice('qwen3:'.length);
     if (!existsSync(join(model, 'config.json')))
-      throw new SlmError('MODEL_NOT_FOUND', `${dir} was built with the embedding model ${model}, which is not there any more; put it back or rebuild the index.`);
+      throw new SlmError(
+        'MODEL_NOT_FOUND',
+        `${dir} was built with the embedding model ${model}, which is not there any more; put it back or rebuild the index.`,
+      );
     return (await import('./qwen-embedder.js')).QwenEmbedder.load(model);
   }
   throw new SlmError('NOT_SUPPORTED', `${dir} was built with the embedder ${e.name}, which this version cannot load.`);
@@ -141,7 +154,10 @@ export async function embedderFor(spec: string): Promise<Embedder> {
   spec = await localModelDir(spec); // hf:OWNER/NAME: downloaded once into the hub cache
   const cfgFile = join(spec, 'config.json');
   if (!existsSync(cfgFile))
-    throw new SlmError('MODEL_NOT_FOUND', `embedder ${spec}: expected "hashing", a sentence-transformers BERT folder (all-MiniLM-L6-v2: config.json, model.safetensors, tokenizer.json) or a Qwen3 embedding model folder, but ${spec} has no config.json.`);
+    throw new SlmError(
+      'MODEL_NOT_FOUND',
+      `embedder ${spec}: expected "hashing", a sentence-transformers BERT folder (all-MiniLM-L6-v2: config.json, model.safetensors, tokenizer.json) or a Qwen3 embedding model folder, but ${spec} has no config.json.`,
+    );
   let type: unknown;
   try {
     type = JSON.parse(readFileSync(cfgFile, 'utf8'))?.model_type;
@@ -150,7 +166,10 @@ export async function embedderFor(spec: string): Promise<Embedder> {
   }
   if (type === 'bert') return (await import('./bert-embedder.js')).BertEmbedder.load(spec);
   if (!(SUPPORTED_MODEL_TYPES as readonly unknown[]).includes(type))
-    throw new SlmError('MODEL_TYPE_UNSUPPORTED', `embedder ${spec}: config.json model_type ${JSON.stringify(type)} is neither a sentence-transformers BERT ("bert", e.g. all-MiniLM-L6-v2) nor a model the native engine runs as a Qwen3-style embedder (${SUPPORTED_MODEL_TYPES.join(', ')}). Use one of these folders, or "hashing".`);
+    throw new SlmError(
+      'MODEL_TYPE_UNSUPPORTED',
+      `embedder ${spec}: config.json model_type ${JSON.stringify(type)} is neither a sentence-transformers BERT ("bert", e.g. all-MiniLM-L6-v2) nor a model the native engine runs as a Qwen3-style embedder (${SUPPORTED_MODEL_TYPES.join(', ')}). Use one of these folders, or "hashing".`,
+    );
   return (await import('./qwen-embedder.js')).QwenEmbedder.load(spec);
 }
 
@@ -175,7 +194,10 @@ export class SearchIndex implements SearchTools {
   }
 
   /** `onProgress(phase, done, total)`: chunks embedded (`embed`), then inserted into the HNSW graph (`graph`). */
-  static async build(corpus: Corpus, opts: Partial<IndexParams> & { embedder?: Embedder; onProgress?: (phase: 'embed' | 'graph', done: number, total: number) => void } = {}): Promise<SearchIndex> {
+  static async build(
+    corpus: Corpus,
+    opts: Partial<IndexParams> & { embedder?: Embedder; onProgress?: (phase: 'embed' | 'graph', done: number, total: number) => void } = {},
+  ): Promise<SearchIndex> {
     const params = { ...DEFAULT_PARAMS, ...opts };
     delete (params as { embedder?: unknown }).embedder;
     delete (params as { onProgress?: unknown }).onProgress;
@@ -183,7 +205,12 @@ export class SearchIndex implements SearchTools {
     const chunks = chunkPages(corpus, params.chunkWords, params.text);
     const vectors: Float32Array[] = [];
     for (let i = 0; i < chunks.length; i += 256) {
-      vectors.push(...(await embedder.embed(chunks.slice(i, i + 256).map((c) => c.text), 'document')));
+      vectors.push(
+        ...(await embedder.embed(
+          chunks.slice(i, i + 256).map((c) => c.text),
+          'document',
+        )),
+      );
       opts.onProgress?.('embed', vectors.length, chunks.length);
     }
     const H = hnswlib();
@@ -228,8 +255,13 @@ export class SearchIndex implements SearchTools {
   }
 
   async searchPages(query: string, k = 10, kind: IndexKind = this.params.kind): Promise<PageHit[]> {
-    if (typeof query !== 'string' || !words(query).length) throw new SlmError('ARGUMENT_INVALID', `search_pages expects a non-empty text query, found ${JSON.stringify(query)}.`);
-    const hit = (page: number, score: number): PageHit => ({ page_id: this.corpus.pages[page].id, title: this.corpus.pages[page].title, similarity: +score.toFixed(4) });
+    if (typeof query !== 'string' || !words(query).length)
+      throw new SlmError('ARGUMENT_INVALID', `search_pages expects a non-empty text query, found ${JSON.stringify(query)}.`);
+    const hit = (page: number, score: number): PageHit => ({
+      page_id: this.corpus.pages[page].id,
+      title: this.corpus.pages[page].title,
+      similarity: +score.toFixed(4),
+    });
     const pool = Math.max(50, k * 5);
     const dense = kind === 'bm25' ? [] : this.rankPages(await this.denseChunks(query, pool));
     const lex = kind === 'dense' ? [] : this.rankPages(this.lexical.search(query, pool).map((d) => ({ chunk: d.doc, score: d.score })));
@@ -242,8 +274,12 @@ export class SearchIndex implements SearchTools {
   /** The top-k chunks as passages (the `<information>` of the tags protocol). */
   async searchPassages(query: string, k = 3): Promise<Passage[]> {
     const dense = this.params.kind === 'bm25' ? [] : await this.denseChunks(query, Math.max(50, k * 5));
-    const lex = this.params.kind === 'dense' ? [] : this.lexical.search(query, Math.max(50, k * 5)).map((d) => ({ chunk: d.doc, score: d.score }));
-    const keys = this.params.kind === 'hybrid' ? reciprocalRankFusion([dense.map((d) => String(d.chunk)), lex.map((d) => String(d.chunk))]) : (dense.length ? dense : lex).map((d) => ({ key: String(d.chunk), score: d.score }));
+    const lex =
+      this.params.kind === 'dense' ? [] : this.lexical.search(query, Math.max(50, k * 5)).map((d) => ({ chunk: d.doc, score: d.score }));
+    const keys =
+      this.params.kind === 'hybrid'
+        ? reciprocalRankFusion([dense.map((d) => String(d.chunk)), lex.map((d) => String(d.chunk))])
+        : (dense.length ? dense : lex).map((d) => ({ key: String(d.chunk), score: d.score }));
     return keys.slice(0, k).map(({ key, score }) => {
       const c = this.chunks[Number(key)];
       const p: Page = this.corpus.pages[c.page];
@@ -273,25 +309,55 @@ export class SearchIndex implements SearchTools {
     if (this.hnsw) this.hnsw.writeIndexSync(join(dir, 'hnsw.bin'));
     writeFileSync(
       join(dir, 'manifest.json'),
-      JSON.stringify({ format: INDEX_FORMAT, version: INDEX_VERSION, embedder: { name: this.embedder.name, dim: this.embedder.dim }, params: this.params, chunks: this.chunks.length, pages: this.corpus.pages.length, hnsw: !!this.hnsw, created: new Date().toISOString() }, null, 2) + '\n',
+      JSON.stringify(
+        {
+          format: INDEX_FORMAT,
+          version: INDEX_VERSION,
+          embedder: { name: this.embedder.name, dim: this.embedder.dim },
+          params: this.params,
+          chunks: this.chunks.length,
+          pages: this.corpus.pages.length,
+          hnsw: !!this.hnsw,
+          created: new Date().toISOString(),
+        },
+        null,
+        2,
+      ) + '\n',
     );
     rmSync(join(dir, WRITING), { force: true });
   }
 
   static async load(dir: string, opts: { embedder?: Embedder } = {}): Promise<SearchIndex> {
     const mf = join(dir, 'manifest.json');
-    if (!existsSync(mf)) throw new SlmError('INDEX_INVALID', `${dir} is not a search index (no manifest.json). Build one with \`slm-train index --corpus FILE --out ${dir}\`.`);
-    let m: { format?: string; version?: number; embedder?: { name: string; dim: number }; params?: IndexParams; chunks?: number; hnsw?: boolean };
+    if (!existsSync(mf))
+      throw new SlmError(
+        'INDEX_INVALID',
+        `${dir} is not a search index (no manifest.json). Build one with \`slm-train index --corpus FILE --out ${dir}\`.`,
+      );
+    let m: {
+      format?: string;
+      version?: number;
+      embedder?: { name: string; dim: number };
+      params?: IndexParams;
+      chunks?: number;
+      hnsw?: boolean;
+    };
     try {
       m = JSON.parse(readFileSync(mf, 'utf8'));
     } catch (e) {
       throw new SlmError('INDEX_INVALID', `${mf} is not valid JSON (${(e as Error).message}); rebuild the index.`);
     }
     if (m.format !== INDEX_FORMAT || m.version !== INDEX_VERSION || !m.embedder || !m.params)
-      throw new SlmError('INDEX_INVALID', `${dir}: expected an index of format ${INDEX_FORMAT} version ${INDEX_VERSION}, found ${m.format} version ${m.version}; rebuild it with \`slm-train index\`.`);
+      throw new SlmError(
+        'INDEX_INVALID',
+        `${dir}: expected an index of format ${INDEX_FORMAT} version ${INDEX_VERSION}, found ${m.format} version ${m.version}; rebuild it with \`slm-train index\`.`,
+      );
     const embedder = opts.embedder ?? (await embedderOf(m.embedder, dir));
     if (embedder.name !== m.embedder.name || embedder.dim !== m.embedder.dim)
-      throw new SlmError('INDEX_INVALID', `${dir} was built with the embedder ${m.embedder.name} (dimension ${m.embedder.dim}), but ${embedder.name} (dimension ${embedder.dim}) was given; queries must be embedded as the chunks were. Rebuild the index or use its embedder.`);
+      throw new SlmError(
+        'INDEX_INVALID',
+        `${dir} was built with the embedder ${m.embedder.name} (dimension ${m.embedder.dim}), but ${embedder.name} (dimension ${embedder.dim}) was given; queries must be embedded as the chunks were. Rebuild the index or use its embedder.`,
+      );
     let pages: Page[];
     try {
       pages = JSON.parse(readFileSync(join(dir, 'pages.json'), 'utf8'));
@@ -303,7 +369,10 @@ export class SearchIndex implements SearchTools {
     const chunks = chunkPages(corpus, m.params.chunkWords, m.params.text);
     const raw = existsSync(join(dir, 'vectors.f32')) ? readFileSync(join(dir, 'vectors.f32')) : Buffer.alloc(0);
     if (chunks.length !== m.chunks || raw.length !== chunks.length * embedder.dim * 4)
-      throw new SlmError('INDEX_INVALID', `${dir}: expected ${m.chunks} chunk vectors of dimension ${embedder.dim} (${(m.chunks ?? 0) * embedder.dim * 4} bytes), found ${raw.length} bytes; the index is damaged — rebuild it.`);
+      throw new SlmError(
+        'INDEX_INVALID',
+        `${dir}: expected ${m.chunks} chunk vectors of dimension ${embedder.dim} (${(m.chunks ?? 0) * embedder.dim * 4} bytes), found ${raw.length} bytes; the index is damaged — rebuild it.`,
+      );
     const all = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.length));
     const vectors = chunks.map((_, i) => all.subarray(i * embedder.dim, (i + 1) * embedder.dim));
     let hnsw: Hnsw | undefined;

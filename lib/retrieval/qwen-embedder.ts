@@ -29,7 +29,11 @@ export class QwenEmbedder implements Embedder {
     const abs = resolve(dir);
     const model = await Model.load(abs, { device: opts.device ?? 'cpu' });
     try {
-      return new QwenEmbedder(abs, model, loadTokenizer(abs), { task: opts.task ?? DEFAULT_TASK, maxTokens: opts.maxTokens ?? 512, batch: opts.batch ?? 16 });
+      return new QwenEmbedder(abs, model, loadTokenizer(abs), {
+        task: opts.task ?? DEFAULT_TASK,
+        maxTokens: opts.maxTokens ?? 512,
+        batch: opts.batch ?? 16,
+      });
     } catch (e) {
       model.dispose();
       throw e;
@@ -45,7 +49,11 @@ export class QwenEmbedder implements Embedder {
     const ids = texts.map((t) => {
       const e = this.tok.encode(kind === 'query' ? this.queryText(t) : t, { addSpecialTokens: true });
       // Keep the end (the pooled token is the last one).
-      return e.length > this.opts.maxTokens ? e.slice(e.length - this.opts.maxTokens) : e.length ? e : this.tok.encode(' ', { addSpecialTokens: true });
+      return e.length > this.opts.maxTokens
+        ? e.slice(e.length - this.opts.maxTokens)
+        : e.length
+          ? e
+          : this.tok.encode(' ', { addSpecialTokens: true });
     });
     const out: Float32Array[] = new Array(texts.length);
     // Similar lengths together: less padding per forward.

@@ -68,25 +68,43 @@ export class RetrieverServer {
       const url = (req.url ?? '/').split('?')[0].replace(/\/+$/, '');
       if (req.method === 'GET' && (url === '/health' || url === '')) {
         const ix = this.o.index;
-        return sendJson(res, 200, { status: 'ok', pages: ix.corpus?.pages.length ?? null, chunks: ix.chunks?.length ?? null, kind: ix.params?.kind ?? null });
+        return sendJson(res, 200, {
+          status: 'ok',
+          pages: ix.corpus?.pages.length ?? null,
+          chunks: ix.chunks?.length ?? null,
+          kind: ix.params?.kind ?? null,
+        });
       }
-      if (req.method !== 'POST' || url !== '/retrieve') throw new HttpError(404, `no route ${req.method} ${url}; POST /retrieve with {queries, topk, return_scores}`, 'not_found');
+      if (req.method !== 'POST' || url !== '/retrieve')
+        throw new HttpError(404, `no route ${req.method} ${url}; POST /retrieve with {queries, topk, return_scores}`, 'not_found');
       const body = (await readBody(req, this.o.maxBodyBytes)) as Record<string, unknown> | null;
-      if (!body || typeof body !== 'object' || Array.isArray(body)) throw new HttpError(422, 'the body must be a JSON object {queries, topk, return_scores}');
+      if (!body || typeof body !== 'object' || Array.isArray(body))
+        throw new HttpError(422, 'the body must be a JSON object {queries, topk, return_scores}');
       const { queries } = body;
       const maxQ = this.o.maxQueries ?? 4096;
-      if (!Array.isArray(queries) || queries.some((q) => typeof q !== 'string')) throw new HttpError(422, `queries must be a list of strings, found ${describe(queries)}`);
+      if (!Array.isArray(queries) || queries.some((q) => typeof q !== 'string'))
+        throw new HttpError(422, `queries must be a list of strings, found ${describe(queries)}`);
       if (queries.length > maxQ) throw new HttpError(422, `at most ${maxQ} queries per request, found ${queries.length}; split the batch`);
       const maxChars = this.o.maxQueryChars ?? MAX_QUERY_CHARS;
       const long = (queries as string[]).findIndex((q) => q.length > maxChars);
-      if (long >= 0) throw new HttpError(422, `queries[${long}] has ${queries[long].length} characters, over this server's limit of ${maxChars}; send a shorter query (a question or a few key words)`, 'invalid_request_error', 'queries', 'query_too_long');
+      if (long >= 0)
+        throw new HttpError(
+          422,
+          `queries[${long}] has ${queries[long].length} characters, over this server's limit of ${maxChars}; send a shorter query (a question or a few key words)`,
+          'invalid_request_error',
+          'queries',
+          'query_too_long',
+        );
       const maxK = this.o.maxTopK ?? MAX_TOPK;
       const topk = body.topk ?? this.o.topK ?? 3;
-      if (typeof topk !== 'number' || !Number.isInteger(topk) || topk < 1 || topk > maxK) throw new HttpError(422, `topk must be an integer from 1 to ${maxK}, found ${describe(body.topk)}`);
+      if (typeof topk !== 'number' || !Number.isInteger(topk) || topk < 1 || topk > maxK)
+        throw new HttpError(422, `topk must be an integer from 1 to ${maxK}, found ${describe(body.topk)}`);
       const scores = body.return_scores ?? false;
       if (typeof scores !== 'boolean') throw new HttpError(422, `return_scores must be true or false, found ${describe(scores)}`);
       // An empty query matches nothing (rather than failing the whole batch).
-      const found = await Promise.all((queries as string[]).map((q) => (q.trim() ? this.o.index.searchPassages(q, topk) : Promise.resolve([]))));
+      const found = await Promise.all(
+        (queries as string[]).map((q) => (q.trim() ? this.o.index.searchPassages(q, topk) : Promise.resolve([]))),
+      );
       this.stats.requests++;
       this.stats.queries += queries.length;
       const doc = (p: Passage) => ({ id: p.page_id, contents: `${p.title}\n${p.text}` });
@@ -94,7 +112,14 @@ export class RetrieverServer {
     } catch (e) {
       const status = e instanceof HttpError ? e.status : 500;
       if (status === 500) this.o.log?.(`retrieve failed: ${(e as Error).message}`);
-      sendJson(res, status, { error: { message: (e as Error).message, type: e instanceof HttpError ? e.type : 'server_error', ...(e instanceof HttpError && e.code ? { code: e.code } : {}) }, detail: (e as Error).message });
+      sendJson(res, status, {
+        error: {
+          message: (e as Error).message,
+          type: e instanceof HttpError ? e.type : 'server_error',
+          ...(e instanceof HttpError && e.code ? { code: e.code } : {}),
+        },
+        detail: (e as Error).message,
+      });
     }
   }
 }

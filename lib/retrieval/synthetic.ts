@@ -27,10 +27,30 @@ export type SyntheticQuestionKind = 'founded' | 'founder' | 'river' | 'economy' 
  * only by its alias). Phrasing 0 is the one used without the `phrasings` option.
  */
 export const PHRASINGS: Record<SyntheticQuestionKind, ReadonlyArray<(t: string, a: string) => string>> = {
-  founded: [(t) => `In which year was ${t} founded?`, (t) => `When was ${t} founded?`, (t) => `What year did ${t} come into being?`, (t) => `${t} dates from which year?`],
-  founder: [(t) => `Who founded ${t}?`, (t) => `Who was the founder of ${t}?`, (t) => `Which person established ${t}?`, (t) => `${t} owes its beginning to whom?`],
-  river: [(t) => `On which river does ${t} lie?`, (t) => `Which river flows through ${t}?`, (t) => `Name the stream that runs past ${t}.`, (t) => `${t} sits beside which water?`],
-  economy: [(t) => `What does the economy of ${t} rest on?`, (t) => `What is the main trade of ${t}?`, (t) => `How does ${t} earn its living?`, (t) => `${t} lives by which industry?`],
+  founded: [
+    (t) => `In which year was ${t} founded?`,
+    (t) => `When was ${t} founded?`,
+    (t) => `What year did ${t} come into being?`,
+    (t) => `${t} dates from which year?`,
+  ],
+  founder: [
+    (t) => `Who founded ${t}?`,
+    (t) => `Who was the founder of ${t}?`,
+    (t) => `Which person established ${t}?`,
+    (t) => `${t} owes its beginning to whom?`,
+  ],
+  river: [
+    (t) => `On which river does ${t} lie?`,
+    (t) => `Which river flows through ${t}?`,
+    (t) => `Name the stream that runs past ${t}.`,
+    (t) => `${t} sits beside which water?`,
+  ],
+  economy: [
+    (t) => `What does the economy of ${t} rest on?`,
+    (t) => `What is the main trade of ${t}?`,
+    (t) => `How does ${t} earn its living?`,
+    (t) => `${t} lives by which industry?`,
+  ],
   fair: [
     (_t, a) => `Which fair is held every spring in the town chronicles call ${a}?`,
     (_t, a) => `What fair does the town once known as ${a} hold each spring?`,
@@ -39,8 +59,60 @@ export const PHRASINGS: Record<SyntheticQuestionKind, ReadonlyArray<(t: string, 
   ],
 };
 
-const SYL = ['var', 'nol', 'quil', 'mere', 'ost', 'ra', 'bel', 'dun', 'kar', 'vell', 'tor', 'sin', 'ash', 'gro', 'mir', 'fen', 'lod', 'pra', 'zeb', 'hal', 'ith', 'cor', 'wyn', 'ul', 'dre', 'syl', 'bar', 'tam', 'eck', 'orn'];
-const FIRST = ['Aldric', 'Berin', 'Calla', 'Doran', 'Elsabet', 'Faro', 'Gwenna', 'Hollis', 'Isolde', 'Jorund', 'Kestra', 'Lovan', 'Maren', 'Nils', 'Orla', 'Perrin', 'Quenby', 'Rosalind', 'Sten', 'Tamsin'];
+const SYL = [
+  'var',
+  'nol',
+  'quil',
+  'mere',
+  'ost',
+  'ra',
+  'bel',
+  'dun',
+  'kar',
+  'vell',
+  'tor',
+  'sin',
+  'ash',
+  'gro',
+  'mir',
+  'fen',
+  'lod',
+  'pra',
+  'zeb',
+  'hal',
+  'ith',
+  'cor',
+  'wyn',
+  'ul',
+  'dre',
+  'syl',
+  'bar',
+  'tam',
+  'eck',
+  'orn',
+];
+const FIRST = [
+  'Aldric',
+  'Berin',
+  'Calla',
+  'Doran',
+  'Elsabet',
+  'Faro',
+  'Gwenna',
+  'Hollis',
+  'Isolde',
+  'Jorund',
+  'Kestra',
+  'Lovan',
+  'Maren',
+  'Nils',
+  'Orla',
+  'Perrin',
+  'Quenby',
+  'Rosalind',
+  'Sten',
+  'Tamsin',
+];
 const TRADES = ['copper', 'salt', 'wool', 'glass', 'timber', 'amber', 'paper', 'clocks', 'ink', 'rope'];
 const REGIONS = ['the Harrowmarch', 'the Lowen Vale', 'the Sorrel Coast', 'the Upper Fenn', 'the Drammic Hills', 'the Kelt Plateau'];
 
@@ -49,7 +121,10 @@ const REGIONS = ['the Harrowmarch', 'the Lowen Vale', 'the Sorrel Coast', 'the U
  * its kind's PHRASINGS, drawn from a second generator: the pages and answers stay those of the same
  * seed without it.
  */
-export function syntheticCorpus(opts: { pages: number; seed?: number; paragraphs?: number; phrasings?: boolean } = { pages: 100 }): { pages: Page[]; questions: SyntheticQuestion[] } {
+export function syntheticCorpus(opts: { pages: number; seed?: number; paragraphs?: number; phrasings?: boolean } = { pages: 100 }): {
+  pages: Page[];
+  questions: SyntheticQuestion[];
+} {
   const r = xorshift32(((opts.seed ?? 1) * 2654435761) >>> 0 || 1);
   const rp = xorshift32((((opts.seed ?? 1) * 2246822519) ^ 0x9e3779b9) >>> 0 || 1);
   const pick = <T>(xs: T[]) => xs[Math.floor(r() * xs.length)];
@@ -69,7 +144,11 @@ export function syntheticCorpus(opts: { pages: number; seed?: number; paragraphs
   const pages: Page[] = [];
   const questions: SyntheticQuestion[] = [];
   const filler = (subject: string, n: number) =>
-    Array.from({ length: n }, () => `Records kept in ${pick(REGIONS)} describe ${subject} in letters, ledgers and travellers' accounts, most of them written in the ${pick(['old', 'plain', 'court', 'river'])} script.`).join(' ');
+    Array.from(
+      { length: n },
+      () =>
+        `Records kept in ${pick(REGIONS)} describe ${subject} in letters, ledgers and travellers' accounts, most of them written in the ${pick(['old', 'plain', 'court', 'river'])} script.`,
+    ).join(' ');
   for (let i = 0; i < opts.pages; i++) {
     const town = name(3);
     const title = `${town}`;
@@ -94,7 +173,15 @@ export function syntheticCorpus(opts: { pages: number; seed?: number; paragraphs
     pages.push({ id, title, content });
     const q = (kind: SyntheticQuestionKind, answer: string, by_alias: boolean) => {
       const phrasing = opts.phrasings ? Math.floor(rp() * PHRASINGS[kind].length) : 0;
-      questions.push({ id: `${id}-${questions.length}`, question: PHRASINGS[kind][phrasing](title, alias), answer, page_id: id, by_alias, kind, phrasing });
+      questions.push({
+        id: `${id}-${questions.length}`,
+        question: PHRASINGS[kind][phrasing](title, alias),
+        answer,
+        page_id: id,
+        by_alias,
+        kind,
+        phrasing,
+      });
     };
     q('founded', String(year), false);
     q('founder', founder, false);

@@ -23,7 +23,8 @@ const METRICS: Record<MatchMetric, (pred: string, golds: readonly string[]) => n
  */
 export function matchReward(metric: MatchMetric, name: string = metric): RewardFn {
   const fn = METRICS[metric];
-  if (!fn) throw new SlmError('ARGUMENT_INVALID', `Expected a match metric (${Object.keys(METRICS).join(', ')}), but found ${describe(metric)}.`);
+  if (!fn)
+    throw new SlmError('ARGUMENT_INVALID', `Expected a match metric (${Object.keys(METRICS).join(', ')}), but found ${describe(metric)}.`);
   const verdict = metric === 'em' || metric === 'subem';
   return async (ctx: RewardContext): Promise<RewardParts> => {
     const v = ctx.answer === null ? 0 : fn(ctx.answer, ctx.golds);

@@ -87,29 +87,56 @@ export interface ComposedReward extends RewardResult {
 export type ComposedRewardFn = (ctx: RewardContext) => Promise<ComposedReward>;
 
 function checkSpec(spec: ComposeSpec): void {
-  if (!spec || !Array.isArray(spec.terms) || spec.terms.length === 0) throw new SlmError('ARGUMENT_INVALID', `Expected composeRewards({ terms }) with at least one term, but found ${describe(spec?.terms)}.`);
+  if (!spec || !Array.isArray(spec.terms) || spec.terms.length === 0)
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected composeRewards({ terms }) with at least one term, but found ${describe(spec?.terms)}.`,
+    );
   const names = new Set<string>();
   for (const t of spec.terms) {
     if (typeof t.name !== 'string' || typeof t.fn !== 'function' || typeof t.weight !== 'number' || !Number.isFinite(t.weight)) {
-      throw new SlmError('ARGUMENT_INVALID', `Expected each reward term to have a name, a finite weight and a function, but found name ${describe(t.name)}, weight ${describe(t.weight)}.`);
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected each reward term to have a name, a finite weight and a function, but found name ${describe(t.name)}, weight ${describe(t.weight)}.`,
+      );
     }
-    if (names.has(t.name)) throw new SlmError('ARGUMENT_INVALID', `Expected distinct reward term names, but "${t.name}" appears twice. Give one of them another name.`);
+    if (names.has(t.name))
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected distinct reward term names, but "${t.name}" appears twice. Give one of them another name.`,
+      );
     names.add(t.name);
   }
   const c = spec.combine;
   if (c?.kind === 'sign_magnitude') {
     for (const role of ['correctness', 'approach'] as const) {
-      if (!names.has(c[role])) throw new SlmError('ARGUMENT_INVALID', `Expected the ${role} term of sign_magnitude ("${c[role]}") among the terms (${[...names].join(', ')}), but it is not there.`);
+      if (!names.has(c[role]))
+        throw new SlmError(
+          'ARGUMENT_INVALID',
+          `Expected the ${role} term of sign_magnitude ("${c[role]}") among the terms (${[...names].join(', ')}), but it is not there.`,
+        );
     }
-    if (c.gaveUp !== undefined && (typeof c.gaveUp.part !== 'string' || typeof c.gaveUp.value !== 'number' || !Number.isFinite(c.gaveUp.value))) {
-      throw new SlmError('ARGUMENT_INVALID', `Expected sign_magnitude's gaveUp to be { part, value } with a finite value, but found part ${describe(c.gaveUp.part)}, value ${describe(c.gaveUp.value)}.`);
+    if (
+      c.gaveUp !== undefined &&
+      (typeof c.gaveUp.part !== 'string' || typeof c.gaveUp.value !== 'number' || !Number.isFinite(c.gaveUp.value))
+    ) {
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected sign_magnitude's gaveUp to be { part, value } with a finite value, but found part ${describe(c.gaveUp.part)}, value ${describe(c.gaveUp.value)}.`,
+      );
     }
   }
   if (spec.failedValue !== undefined && (typeof spec.failedValue !== 'number' || !Number.isFinite(spec.failedValue))) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected composeRewards' failedValue to be a finite number, but found ${describe(spec.failedValue)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected composeRewards' failedValue to be a finite number, but found ${describe(spec.failedValue)}.`,
+    );
   }
   if (spec.onFailure !== undefined && !FAILURE_POLICIES.includes(spec.onFailure)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected composeRewards' onFailure to be one of ${FAILURE_POLICIES.join(', ')}, but found ${describe(spec.onFailure)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected composeRewards' onFailure to be one of ${FAILURE_POLICIES.join(', ')}, but found ${describe(spec.onFailure)}.`,
+    );
   }
 }
 
@@ -152,7 +179,10 @@ export function composeRewards(spec: ComposeSpec): ComposedRewardFn {
       else {
         values.set(t.name, null);
         parts[t.name] = null;
-        errors[label] ??= v === undefined ? `the component gave no value named "${t.name}" (it gave ${Object.keys(byFn.get(t.fn)!.parts).join(', ') || 'nothing'})` : `the component gave ${describe(v)} for "${t.name}"`;
+        errors[label] ??=
+          v === undefined
+            ? `the component gave no value named "${t.name}" (it gave ${Object.keys(byFn.get(t.fn)!.parts).join(', ') || 'nothing'})`
+            : `the component gave ${describe(v)} for "${t.name}"`;
       }
       if (values.get(t.name) === null && !errors[label]) errors[label] = `"${t.name}" could not be computed`;
     }
@@ -208,7 +238,11 @@ function judgeBackendFromConfig(judgeConfig: JudgeConfig, deps: RewardDeps = {})
   if (deps.judgeBackend) return deps.judgeBackend;
   if (judgeConfig.backend === 'openai') {
     if (!judgeConfig.base_url || !judgeConfig.model) {
-      throw new SlmError('CONFIG_INVALID', `reward.judge: the openai backend needs base_url and model, but found base_url ${describe(judgeConfig.base_url)} and model ${describe(judgeConfig.model)}. Set both (e.g. base_url: http://127.0.0.1:8000/v1).`, { path: 'reward.judge' });
+      throw new SlmError(
+        'CONFIG_INVALID',
+        `reward.judge: the openai backend needs base_url and model, but found base_url ${describe(judgeConfig.base_url)} and model ${describe(judgeConfig.model)}. Set both (e.g. base_url: http://127.0.0.1:8000/v1).`,
+        { path: 'reward.judge' },
+      );
     }
     return openAIJudgeBackend({
       baseUrl: judgeConfig.base_url,
@@ -232,7 +266,12 @@ function judgeBackendFromConfig(judgeConfig: JudgeConfig, deps: RewardDeps = {})
       { path: 'reward.judge' },
     );
   }
-  return engineJudgeBackend({ ...deps.judgeEngine, maxNewTokens: judgeConfig.max_new_tokens, batchSize: judgeConfig.batch_size, ...(judgeConfig.enable_thinking === null ? {} : { enableThinking: judgeConfig.enable_thinking }) });
+  return engineJudgeBackend({
+    ...deps.judgeEngine,
+    maxNewTokens: judgeConfig.max_new_tokens,
+    batchSize: judgeConfig.batch_size,
+    ...(judgeConfig.enable_thinking === null ? {} : { enableThinking: judgeConfig.enable_thinking }),
+  });
 }
 
 function judgeFromConfig(judge: JudgeConfig, deps: RewardDeps): RewardFn {
@@ -274,7 +313,14 @@ function termOf(part: PartConfig, judge: () => RewardFn, custom: () => RewardFn)
     case 'rouge_l':
       return { name: part.name, weight: part.weight, fn: matchReward(part.kind, part.name) };
     case 'format':
-      return { name: part.name, weight: part.weight, fn: formatReward({ noAnswer: part.no_answer, emptyAnswer: part.empty_answer, maxWords: part.max_words, overlong: part.overlong }, part.name) };
+      return {
+        name: part.name,
+        weight: part.weight,
+        fn: formatReward(
+          { noAnswer: part.no_answer, emptyAnswer: part.empty_answer, maxWords: part.max_words, overlong: part.overlong },
+          part.name,
+        ),
+      };
     default: {
       // judge parts read the judge's own names; a custom name is an alias of that value
       const fn = judge();
@@ -300,19 +346,35 @@ function termOf(part: PartConfig, judge: () => RewardFn, custom: () => RewardFn)
 export function rewardFromConfig(cfg: Partial<RewardConfig> = {}, deps: RewardDeps = {}): ComposedRewardFn {
   const defaults = sectionDefaults('reward');
   const combine = cfg.combine ?? defaults.combine;
-  if (combine !== 'weighted' && combine !== 'sign_magnitude') throw new SlmError('CONFIG_INVALID', `reward.combine: expected weighted or sign_magnitude, but found ${describe(combine)}.`, { path: 'reward.combine' });
+  if (combine !== 'weighted' && combine !== 'sign_magnitude')
+    throw new SlmError('CONFIG_INVALID', `reward.combine: expected weighted or sign_magnitude, but found ${describe(combine)}.`, {
+      path: 'reward.combine',
+    });
   const onFailure = cfg.on_failure ?? defaults.on_failure;
-  if (!FAILURE_POLICIES.includes(onFailure)) throw new SlmError('CONFIG_INVALID', `reward.on_failure: expected ${FAILURE_POLICIES.join(' or ')}, but found ${describe(onFailure)}.`, { path: 'reward.on_failure' });
+  if (!FAILURE_POLICIES.includes(onFailure))
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `reward.on_failure: expected ${FAILURE_POLICIES.join(' or ')}, but found ${describe(onFailure)}.`,
+      { path: 'reward.on_failure' },
+    );
   const failureValue = cfg.failure_value ?? defaults.failure_value;
   if (failureValue !== null && (typeof failureValue !== 'number' || !Number.isFinite(failureValue))) {
-    throw new SlmError('CONFIG_INVALID', `reward.failure_value: expected a number or null (null: -1 with sign_magnitude, 0 with weighted), but found ${describe(failureValue)}.`, { path: 'reward.failure_value' });
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `reward.failure_value: expected a number or null (null: -1 with sign_magnitude, 0 with weighted), but found ${describe(failureValue)}.`,
+      { path: 'reward.failure_value' },
+    );
   }
   const raw = cfg.parts ?? defaults.parts;
-  if (!Array.isArray(raw) || raw.length === 0) throw new SlmError('CONFIG_INVALID', `reward.parts: expected a non-empty list of parts, but found ${describe(raw)}.`, { path: 'reward.parts' });
+  if (!Array.isArray(raw) || raw.length === 0)
+    throw new SlmError('CONFIG_INVALID', `reward.parts: expected a non-empty list of parts, but found ${describe(raw)}.`, {
+      path: 'reward.parts',
+    });
   const parts = raw.map((p, i) => parsePart(p, `reward.parts[${i}]`));
   // reward.module: its function is the part `module` (weight 1) unless the parts place it themselves.
   const moduleFile = cfg.module ?? defaults.module;
-  if ((moduleFile || deps.customReward) && !parts.some((p) => p.kind === 'module')) parts.push({ kind: 'module', weight: 1, name: 'module' });
+  if ((moduleFile || deps.customReward) && !parts.some((p) => p.kind === 'module'))
+    parts.push({ kind: 'module', weight: 1, name: 'module' });
   const custom = (name: string) => () => {
     const c = deps.customReward;
     if (!c)
@@ -345,7 +407,10 @@ export function rewardFromConfig(cfg: Partial<RewardConfig> = {}, deps: RewardDe
       );
     }
     const gaveUp = j.gave_up_reward === null ? {} : { gaveUp: { part: 'judge_gave_up', value: j.gave_up_reward } };
-    spec = { ...spec, combine: { kind: 'sign_magnitude', correctness: c.name, approach: a.name, threshold: j.correct_threshold, ...gaveUp } };
+    spec = {
+      ...spec,
+      combine: { kind: 'sign_magnitude', correctness: c.name, approach: a.name, threshold: j.correct_threshold, ...gaveUp },
+    };
   }
   return composeRewards(spec);
 }
@@ -360,13 +425,22 @@ export function rewardFromConfig(cfg: Partial<RewardConfig> = {}, deps: RewardDe
 export function goldAnswers(answer: unknown): string[] {
   if (typeof answer === 'string') return [answer];
   if (typeof answer === 'number' && Number.isFinite(answer)) return [String(answer)];
-  if (Array.isArray(answer) && answer.length > 0 && answer.every((a) => typeof a === 'string' || typeof a === 'number')) return answer.map(String);
+  if (Array.isArray(answer) && answer.length > 0 && answer.every((a) => typeof a === 'string' || typeof a === 'number'))
+    return answer.map(String);
   if (answer && typeof answer === 'object' && 'target' in answer) return goldAnswers((answer as { target: unknown }).target);
-  throw new SlmError('DATA_INVALID', `Expected a question's answer to be a string, a number, a list of them, or { target: [...] }, but found ${describe(answer)}.`);
+  throw new SlmError(
+    'DATA_INVALID',
+    `Expected a question's answer to be a string, a number, a list of them, or { target: [...] }, but found ${describe(answer)}.`,
+  );
 }
 
 /** The reward context of a trainer's episode (TrainEpisode.record carries messages, calls, finish). */
-export function episodeContext(ep: Pick<TrainEpisode, 'answer' | 'turns' | 'record'>, question: string, golds: readonly string[], id?: string): RewardContext {
+export function episodeContext(
+  ep: Pick<TrainEpisode, 'answer' | 'turns' | 'record'>,
+  question: string,
+  golds: readonly string[],
+  id?: string,
+): RewardContext {
   const rec = ep.record ?? {};
   const episode: RewardEpisode = { turns: ep.turns };
   if (Array.isArray(rec.messages)) episode.messages = rec.messages as ChatMessage[];
@@ -376,7 +450,10 @@ export function episodeContext(ep: Pick<TrainEpisode, 'answer' | 'turns' | 'reco
 }
 
 /** `GrpoDeps.reward` from a composed reward and a way to read a question's text and golds. */
-export function trainerReward<Q>(fn: ComposedRewardFn, read: (q: Q) => { question: string; golds: readonly string[]; id?: string }): (ep: TrainEpisode, q: Q) => Promise<ComposedReward> {
+export function trainerReward<Q>(
+  fn: ComposedRewardFn,
+  read: (q: Q) => { question: string; golds: readonly string[]; id?: string },
+): (ep: TrainEpisode, q: Q) => Promise<ComposedReward> {
   return (ep, q) => {
     const { question, golds, id } = read(q);
     return fn(episodeContext(ep, question, golds, id));

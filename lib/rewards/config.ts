@@ -95,7 +95,10 @@ interface KeySpec {
   expected: string;
 }
 
-const num = (min = -Infinity, max = Infinity): KeySpec => ({ check: (v) => typeof v === 'number' && Number.isFinite(v) && v >= min && v <= max, expected: `a number${min > -Infinity ? ` >= ${min}` : ''}${max < Infinity ? ` and <= ${max}` : ''}` });
+const num = (min = -Infinity, max = Infinity): KeySpec => ({
+  check: (v) => typeof v === 'number' && Number.isFinite(v) && v >= min && v <= max,
+  expected: `a number${min > -Infinity ? ` >= ${min}` : ''}${max < Infinity ? ` and <= ${max}` : ''}`,
+});
 const int = (min: number): KeySpec => ({ check: (v) => Number.isInteger(v) && (v as number) >= min, expected: `an integer >= ${min}` });
 const orNull = (s: KeySpec): KeySpec => ({ check: (v) => v === null || s.check(v), expected: `${s.expected} or null` });
 const str: KeySpec = { check: (v) => typeof v === 'string' && v.length > 0, expected: 'a non-empty string' };
@@ -170,7 +173,8 @@ const FORMAT_KEYS: Record<string, KeySpec> = { no_answer: num(0), empty_answer: 
 const COMMON_PART_KEYS: Record<string, KeySpec> = { kind: oneOf(...PART_KINDS), weight: num(), name: str };
 
 function checkObject(v: unknown, path: string): Record<string, unknown> {
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SlmError('CONFIG_INVALID', `${path}: expected an object, but found ${describe(v)}.`, { path });
+  if (typeof v !== 'object' || v === null || Array.isArray(v))
+    throw new SlmError('CONFIG_INVALID', `${path}: expected an object, but found ${describe(v)}.`, { path });
   return v as Record<string, unknown>;
 }
 
@@ -179,19 +183,29 @@ function checkKeys(section: Record<string, unknown>, specs: Record<string, KeySp
     const spec = specs[k];
     if (!spec) {
       const hint = closest(k, Object.keys(specs));
-      throw new SlmError('CONFIG_UNKNOWN_KEY', `${path}: unknown key "${k}" for ${what}${hint ? `; did you mean "${hint}"?` : ''} Known keys: ${Object.keys(specs).join(', ')}.`, { path: `${path}.${k}` });
+      throw new SlmError(
+        'CONFIG_UNKNOWN_KEY',
+        `${path}: unknown key "${k}" for ${what}${hint ? `; did you mean "${hint}"?` : ''} Known keys: ${Object.keys(specs).join(', ')}.`,
+        { path: `${path}.${k}` },
+      );
     }
-    if (!spec.check(v)) throw new SlmError('CONFIG_INVALID', `${path}.${k}: expected ${spec.expected}, but found ${describe(v)}.`, { path: `${path}.${k}` });
+    if (!spec.check(v))
+      throw new SlmError('CONFIG_INVALID', `${path}.${k}: expected ${spec.expected}, but found ${describe(v)}.`, { path: `${path}.${k}` });
   }
 }
 
 /** One `reward.parts[i]` item, checked, with its defaults. */
 export function parsePart(value: unknown, path = 'reward.parts[0]'): PartConfig {
   const o = checkObject(value, path);
-  if (o.kind === undefined) throw new SlmError('CONFIG_INVALID', `${path}: expected a "kind" (${PART_KINDS.join(', ')}), but found none.`, { path });
+  if (o.kind === undefined)
+    throw new SlmError('CONFIG_INVALID', `${path}: expected a "kind" (${PART_KINDS.join(', ')}), but found none.`, { path });
   if (typeof o.kind === 'string' && !(PART_KINDS as readonly string[]).includes(o.kind)) {
     const hint = closest(o.kind, PART_KINDS);
-    throw new SlmError('CONFIG_INVALID', `${path}.kind: expected one of ${PART_KINDS.join(', ')}, but found "${o.kind}"${hint ? `; did you mean "${hint}"?` : '.'}`, { path: `${path}.kind` });
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `${path}.kind: expected one of ${PART_KINDS.join(', ')}, but found "${o.kind}"${hint ? `; did you mean "${hint}"?` : '.'}`,
+      { path: `${path}.kind` },
+    );
   }
   checkKeys(o, o.kind === 'format' ? { ...COMMON_PART_KEYS, ...FORMAT_KEYS } : COMMON_PART_KEYS, path, `a "${String(o.kind)}" part`);
   return { weight: 1, name: o.kind as string, ...(o as Partial<PartConfig>) } as PartConfig;
@@ -203,10 +217,18 @@ export function parseJudgeConfig(value: unknown, path = 'reward.judge'): JudgeCo
   checkKeys(o, JUDGE_KEYS, path, 'the judge');
   const c = { ...JUDGE_DEFAULTS, ...(o as Partial<JudgeConfig>) };
   if (c.gave_up_reward !== null && c.format !== 'binary') {
-    throw new SlmError('CONFIG_INVALID', `${path}.gave_up_reward: only the binary format has a "gave_up" verdict, but format is ${c.format}. Set format: binary, or gave_up_reward: null.`, { path: `${path}.gave_up_reward` });
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `${path}.gave_up_reward: only the binary format has a "gave_up" verdict, but format is ${c.format}. Set format: binary, or gave_up_reward: null.`,
+      { path: `${path}.gave_up_reward` },
+    );
   }
   if (c.prompt === 'reference' && (c.format !== 'binary' || !c.approach || c.system_prompt !== null)) {
-    throw new SlmError('CONFIG_INVALID', `${path}.prompt: reference is the reference code-search system's own prompt, which asks for the binary verdict with an approach score and has no system prompt; it needs format: binary, approach: true and system_prompt: null (found ${c.format}, ${c.approach}, ${c.system_prompt === null ? 'null' : 'a system prompt'}).`, { path: `${path}.prompt` });
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `${path}.prompt: reference is the reference code-search system's own prompt, which asks for the binary verdict with an approach score and has no system prompt; it needs format: binary, approach: true and system_prompt: null (found ${c.format}, ${c.approach}, ${c.system_prompt === null ? 'null' : 'a system prompt'}).`,
+      { path: `${path}.prompt` },
+    );
   }
   return { backend: c.base_url ? 'openai' : 'engine', ...c } as JudgeConfig;
 }

@@ -36,7 +36,10 @@ export interface JudgeBackend {
 
 function positive(name: string, v: number, integer = false, min = 0): number {
   if (typeof v !== 'number' || !Number.isFinite(v) || v < min || (integer && !Number.isInteger(v))) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the judge option ${name} to be ${integer ? 'an integer' : 'a number'} >= ${min}, but found ${describe(v)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the judge option ${name} to be ${integer ? 'an integer' : 'a number'} >= ${min}, but found ${describe(v)}.`,
+    );
   }
   return v;
 }
@@ -81,22 +84,35 @@ function replyOf(body: unknown): JudgeReply {
   const choice = (body as { choices?: Array<{ message?: { content?: unknown }; finish_reason?: unknown }> })?.choices?.[0];
   const content = choice?.message?.content;
   if (typeof content !== 'string') {
-    throw new AttemptError(`Expected a chat completion with choices[0].message.content as a string, but found ${choice ? `content ${describe(content)}` : `no choices in ${JSON.stringify(body)?.slice(0, 200)}`}.`, false);
+    throw new AttemptError(
+      `Expected a chat completion with choices[0].message.content as a string, but found ${choice ? `content ${describe(content)}` : `no choices in ${JSON.stringify(body)?.slice(0, 200)}`}.`,
+      false,
+    );
   }
   return { text: content, truncated: choice?.finish_reason === 'length' };
 }
 
 export function openAIJudgeBackend(opts: OpenAIJudgeOptions): JudgeBackend {
   if (typeof opts?.baseUrl !== 'string' || !/^https?:\/\//.test(opts.baseUrl)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the judge's base URL to start with http:// or https:// (e.g. http://127.0.0.1:8000/v1), but found ${describe(opts?.baseUrl)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the judge's base URL to start with http:// or https:// (e.g. http://127.0.0.1:8000/v1), but found ${describe(opts?.baseUrl)}.`,
+    );
   }
   if (typeof opts.model !== 'string' || opts.model === '') {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the judge's model name (the "model" of the request, as the server lists it at /v1/models), but found ${describe(opts.model)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the judge's model name (the "model" of the request, as the server lists it at /v1/models), but found ${describe(opts.model)}.`,
+    );
   }
   let apiKey = opts.apiKey;
   if (opts.apiKeyEnv) {
     apiKey = (opts.env ?? process.env)[opts.apiKeyEnv];
-    if (!apiKey) throw new SlmError('CONFIG_INVALID', `Expected the environment variable ${opts.apiKeyEnv} to hold the judge's API key, but it is not set. Export it, or leave api_key_env out for a server without keys.`);
+    if (!apiKey)
+      throw new SlmError(
+        'CONFIG_INVALID',
+        `Expected the environment variable ${opts.apiKeyEnv} to hold the judge's API key, but it is not set. Export it, or leave api_key_env out for a server without keys.`,
+      );
   }
   const url = chatUrl(opts.baseUrl);
   const timeout = positive('timeoutMs', opts.timeoutMs ?? 60000, false, 1);
@@ -110,8 +126,17 @@ export function openAIJudgeBackend(opts: OpenAIJudgeOptions): JudgeBackend {
   async function attempt(body: string): Promise<JudgeReply> {
     const { res, text } = await fetchText(url, { method: 'POST', headers, body }, timeout);
     if (!res.ok) {
-      const hint = res.status === 401 || res.status === 403 ? ' Check the API key (api_key_env).' : res.status === 404 ? ' Check base_url (it should end in /v1) and the model name.' : '';
-      throw new AttemptError(`HTTP ${res.status}: ${text.slice(0, 300)}.${hint}`, retryableStatus(res.status), res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined);
+      const hint =
+        res.status === 401 || res.status === 403
+          ? ' Check the API key (api_key_env).'
+          : res.status === 404
+            ? ' Check base_url (it should end in /v1) and the model name.'
+            : '';
+      throw new AttemptError(
+        `HTTP ${res.status}: ${text.slice(0, 300)}.${hint}`,
+        retryableStatus(res.status),
+        res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined,
+      );
     }
     let json: unknown;
     try {
@@ -123,12 +148,22 @@ export function openAIJudgeBackend(opts: OpenAIJudgeOptions): JudgeBackend {
   }
 
   async function complete(messages: readonly ChatMessage[]): Promise<JudgeReply> {
-    const body = JSON.stringify({ model: opts.model, messages, temperature: opts.temperature ?? 0, max_tokens: opts.maxTokens ?? 1024, ...opts.extraBody });
+    const body = JSON.stringify({
+      model: opts.model,
+      messages,
+      temperature: opts.temperature ?? 0,
+      max_tokens: opts.maxTokens ?? 1024,
+      ...opts.extraBody,
+    });
     return withRetries(() => limiter.run(() => attempt(body)), {
       retries,
       delayMs: (n, err) => Math.min(maxBackoff, err.waitMs ?? backoffMs(n, base, maxBackoff)),
       fail: (last, errors) =>
-        new SlmError('JUDGE_FAILED', `The ${description} gave no usable reply (${errors.map((m, i) => `attempt ${i + 1}: ${m}`).join('; ')}).${last.retry ? ' Raise timeout_s or retries, or check that the server is up.' : ''}`, { url, attempts: errors.length }),
+        new SlmError(
+          'JUDGE_FAILED',
+          `The ${description} gave no usable reply (${errors.map((m, i) => `attempt ${i + 1}: ${m}`).join('; ')}).${last.retry ? ' Raise timeout_s or retries, or check that the server is up.' : ''}`,
+          { url, attempts: errors.length },
+        ),
     });
   }
 
@@ -162,7 +197,10 @@ interface Pending {
 
 export function engineJudgeBackend(opts: EngineJudgeOptions): JudgeBackend {
   if (typeof opts?.generator?.generate !== 'function') {
-    throw new SlmError('ARGUMENT_INVALID', `Expected engineJudgeBackend({ generator }) with a TextGenerator (the judge model's engine), but found ${describe(opts?.generator)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected engineJudgeBackend({ generator }) with a TextGenerator (the judge model's engine), but found ${describe(opts?.generator)}.`,
+    );
   }
   const maxNewTokens = positive('maxNewTokens', opts.maxNewTokens ?? 1024, true, 1);
   const batchSize = positive('batchSize', opts.batchSize ?? 16, true, 1);
@@ -182,7 +220,12 @@ export function engineJudgeBackend(opts: EngineJudgeOptions): JudgeBackend {
           seed: 0,
           stopTokenIds: opts.tokenizer.stopTokenIds,
         });
-        batch.forEach((p, i) => p.resolve({ text: opts.tokenizer.decode(res.tokens[i], { skipSpecialTokens: true }), truncated: res.finishReasons[i] === 'length' }));
+        batch.forEach((p, i) =>
+          p.resolve({
+            text: opts.tokenizer.decode(res.tokens[i], { skipSpecialTokens: true }),
+            truncated: res.finishReasons[i] === 'length',
+          }),
+        );
       } catch (e) {
         const err = new SlmError('JUDGE_FAILED', `The ${description} failed to generate: ${(e as Error).message}`);
         for (const p of batch) p.reject(err);

@@ -47,10 +47,14 @@ function parseGradedReply(reply: string, approach = true): JudgeGrades {
   const grade = (label: string): number => {
     const raw = lastGrade(text, label);
     if (raw === undefined) {
-      throw new SlmError('JUDGE_FAILED', `Expected the judge's reply to end with a line "${label[0].toUpperCase() + label.slice(1)}: <0-10>", but found none in ${tail}. Use a stronger judge model, more max tokens, or a system prompt that asks for these lines.`);
+      throw new SlmError(
+        'JUDGE_FAILED',
+        `Expected the judge's reply to end with a line "${label[0].toUpperCase() + label.slice(1)}: <0-10>", but found none in ${tail}. Use a stronger judge model, more max tokens, or a system prompt that asks for these lines.`,
+      );
     }
     const v = Number(raw);
-    if (!(v >= 0 && v <= 10)) throw new SlmError('JUDGE_FAILED', `Expected the judge's ${label} grade to be from 0 to 10, but found ${raw} in ${tail}.`);
+    if (!(v >= 0 && v <= 10))
+      throw new SlmError('JUDGE_FAILED', `Expected the judge's ${label} grade to be from 0 to 10, but found ${raw} in ${tail}.`);
     return v / 10;
   };
   return { correctness: grade('correctness'), approach: approach ? grade('approach') : null };
@@ -80,7 +84,10 @@ function braceObjects(text: string): string[] {
 /** A category as the judge may spell it ("Correct", "gave up", "GAVE-UP"), or undefined. */
 function categoryOf(v: unknown): JudgeCategory | undefined {
   if (typeof v !== 'string') return undefined;
-  const s = v.trim().toLowerCase().replace(/[\s-]+/g, '_');
+  const s = v
+    .trim()
+    .toLowerCase()
+    .replace(/[\s-]+/g, '_');
   return (JUDGE_CATEGORIES as readonly string[]).includes(s) ? (s as JudgeCategory) : s === 'gaveup' ? 'gave_up' : undefined;
 }
 
@@ -133,16 +140,26 @@ export function parseBinaryReply(reply: string, approach = true, missingApproach
   const tail = quoteTail(reply);
   const v = verdictFromJson(text) ?? verdictFromText(text);
   if (!v) {
-    throw new SlmError('JUDGE_FAILED', `Expected the judge's reply to end with a JSON object ${binaryJudgeShape(approach)}, but found none in ${tail}. Use a stronger judge model, more max tokens, or a system prompt that asks for this object.`);
+    throw new SlmError(
+      'JUDGE_FAILED',
+      `Expected the judge's reply to end with a JSON object ${binaryJudgeShape(approach)}, but found none in ${tail}. Use a stronger judge model, more max tokens, or a system prompt that asks for this object.`,
+    );
   }
   const category = categoryOf(v.category);
-  if (!category) throw new SlmError('JUDGE_FAILED', `Expected the judge's category to be one of ${JUDGE_CATEGORIES.join(', ')}, but found ${describe(v.category)} in ${tail}.`);
+  if (!category)
+    throw new SlmError(
+      'JUDGE_FAILED',
+      `Expected the judge's category to be one of ${JUDGE_CATEGORIES.join(', ')}, but found ${describe(v.category)} in ${tail}.`,
+    );
   let a: number | null = null;
   if (approach && v.approach === undefined && missingApproach === 'zero') a = 0;
   else if (approach) {
     const n = typeof v.approach === 'string' && v.approach.trim() !== '' ? Number(v.approach) : v.approach;
     if (typeof n !== 'number' || !Number.isFinite(n)) {
-      throw new SlmError('JUDGE_FAILED', `Expected the judge's approach_score to be a number from 0 to 100 beside the category, but found ${describe(v.approach)} in ${tail}.`);
+      throw new SlmError(
+        'JUDGE_FAILED',
+        `Expected the judge's approach_score to be a number from 0 to 100 beside the category, but found ${describe(v.approach)} in ${tail}.`,
+      );
     }
     a = Math.min(100, Math.max(0, n)) / 100;
   }
@@ -150,6 +167,11 @@ export function parseBinaryReply(reply: string, approach = true, missingApproach
 }
 
 /** Read a judge reply of either format (default 'binary'). Throws JUDGE_FAILED when it cannot. */
-export function parseJudgeReply(reply: string, approach = true, format: JudgeFormat = 'binary', missingApproach: 'error' | 'zero' = 'error'): JudgeGrades {
+export function parseJudgeReply(
+  reply: string,
+  approach = true,
+  format: JudgeFormat = 'binary',
+  missingApproach: 'error' | 'zero' = 'error',
+): JudgeGrades {
   return format === 'graded' ? parseGradedReply(reply, approach) : parseBinaryReply(reply, approach, missingApproach);
 }

@@ -47,7 +47,9 @@ export function judgeSystemPrompt(approach = true, format: JudgeFormat = 'binary
   if (format === 'binary') {
     return [
       ...intro,
-      approach ? 'Judge two things: the category of the final answer and the quality of the approach.' : 'Judge the category of the final answer.',
+      approach
+        ? 'Judge two things: the category of the final answer and the quality of the approach.'
+        : 'Judge the category of the final answer.',
       RUBRIC_CATEGORY,
       ...(approach ? [RUBRIC_APPROACH_SCORE] : []),
       `Think briefly if you need to, then end your reply with one JSON object and nothing after it:\n${binaryJudgeShape(approach)}`,

@@ -49,7 +49,15 @@ import { parseJudgeReply, type JudgeGrades } from './judge-parse.js';
 import { judgeSystemPrompt, judgeUserMessage, referenceJudgeMessage, type JudgeFormat } from './judge-prompts.js';
 import type { RewardContext, RewardFn, RewardParts } from './types.js';
 
-export { judgeSystemPrompt, judgeUserMessage, referenceJudgeMessage, referenceTrajectory, REFERENCE_JUDGE_TEMPLATE, renderTrajectory, type JudgeFormat } from './judge-prompts.js';
+export {
+  judgeSystemPrompt,
+  judgeUserMessage,
+  referenceJudgeMessage,
+  referenceTrajectory,
+  REFERENCE_JUDGE_TEMPLATE,
+  renderTrajectory,
+  type JudgeFormat,
+} from './judge-prompts.js';
 export { parseBinaryReply, parseJudgeReply, type JudgeCategory, type JudgeGrades } from './judge-parse.js';
 
 export type JudgeCombine = 'weighted' | 'sign_magnitude';
@@ -110,7 +118,13 @@ export interface JudgeOptions {
  * The combined judge value of two grades (see the module comment). `gaveUpReward`, when a number,
  * is the 'sign_magnitude' value of a "gave_up" category.
  */
-export function combineGrades(grades: JudgeGrades, combine: JudgeCombine = 'weighted', weights: [number, number] = [0.75, 0.25], threshold = 0.7, gaveUpReward: number | null = null): number {
+export function combineGrades(
+  grades: JudgeGrades,
+  combine: JudgeCombine = 'weighted',
+  weights: [number, number] = [0.75, 0.25],
+  threshold = 0.7,
+  gaveUpReward: number | null = null,
+): number {
   if (grades.approach === null) return grades.correctness;
   if (combine === 'sign_magnitude') {
     if (grades.category === 'gave_up' && gaveUpReward !== null) return gaveUpReward;
@@ -132,7 +146,10 @@ export function matchesGold(answer: string | null, golds: readonly string[]): bo
 
 function checkUnit(name: string, v: number | undefined | null, lo: number, hi: number): void {
   if (v !== undefined && v !== null && !(typeof v === 'number' && v >= lo && v <= hi)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the judge option ${name} to be a number from ${lo} to ${hi}, but found ${describe(v)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the judge option ${name} to be a number from ${lo} to ${hi}, but found ${describe(v)}.`,
+    );
   }
 }
 
@@ -142,18 +159,28 @@ function checkUnit(name: string, v: number | undefined | null, lo: number, hi: n
  */
 export function judgeReward(opts: JudgeOptions): RewardFn {
   if (!opts || typeof opts.backend?.complete !== 'function') {
-    throw new SlmError('ARGUMENT_INVALID', `Expected judgeReward({ backend }) with a backend from openAIJudgeBackend or engineJudgeBackend, but found ${describe(opts?.backend)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected judgeReward({ backend }) with a backend from openAIJudgeBackend or engineJudgeBackend, but found ${describe(opts?.backend)}.`,
+    );
   }
   checkUnit('correctThreshold', opts.correctThreshold, 0, 1);
   checkUnit('correctnessWeight', opts.correctnessWeight, -1e9, 1e9);
   checkUnit('approachWeight', opts.approachWeight, -1e9, 1e9);
   checkUnit('gaveUpReward', opts.gaveUpReward, -1e9, 1e9);
   const format = opts.format ?? 'binary';
-  if (!JUDGE_FORMATS.includes(format)) throw new SlmError('ARGUMENT_INVALID', `Expected the judge option format to be one of ${JUDGE_FORMATS.join(', ')}, but found ${describe(format)}.`);
+  if (!JUDGE_FORMATS.includes(format))
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the judge option format to be one of ${JUDGE_FORMATS.join(', ')}, but found ${describe(format)}.`,
+    );
   const approach = opts.approach ?? true;
   const combine = opts.combine ?? 'weighted';
   if (combine === 'sign_magnitude' && !approach) {
-    throw new SlmError('ARGUMENT_INVALID', `The judge's 'sign_magnitude' combination takes its magnitude from the approach grade, but approach is off. Turn approach on or use 'weighted'.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `The judge's 'sign_magnitude' combination takes its magnitude from the approach grade, but approach is off. Turn approach on or use 'weighted'.`,
+    );
   }
   const name = opts.name ?? 'judge';
   const threshold = opts.correctThreshold ?? 0.7;
@@ -162,13 +189,26 @@ export function judgeReward(opts: JudgeOptions): RewardFn {
   const system = opts.systemPrompt ?? judgeSystemPrompt(approach, format);
   const maxChars = opts.maxTrajectoryChars ?? 12000;
   const promptKind = opts.prompt ?? 'slm-train';
-  if (promptKind !== 'slm-train' && promptKind !== 'reference') throw new SlmError('ARGUMENT_INVALID', `Expected the judge option prompt to be 'slm-train' or 'reference', but found ${describe(opts.prompt)}.`);
+  if (promptKind !== 'slm-train' && promptKind !== 'reference')
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the judge option prompt to be 'slm-train' or 'reference', but found ${describe(opts.prompt)}.`,
+    );
   if (promptKind === 'reference' && (format !== 'binary' || !approach || opts.systemPrompt !== undefined))
-    throw new SlmError('ARGUMENT_INVALID', `The judge's 'reference' prompt asks for the binary verdict with an approach score and has no system prompt: it needs format 'binary', approach on and no systemPrompt (found format ${format}, approach ${approach}, systemPrompt ${opts.systemPrompt === undefined ? 'unset' : 'set'}).`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `The judge's 'reference' prompt asks for the binary verdict with an approach score and has no system prompt: it needs format 'binary', approach on and no systemPrompt (found format ${format}, approach ${approach}, systemPrompt ${opts.systemPrompt === undefined ? 'unset' : 'set'}).`,
+    );
   if (opts.missingApproach !== undefined && opts.missingApproach !== 'error' && opts.missingApproach !== 'zero')
-    throw new SlmError('ARGUMENT_INVALID', `Expected the judge option missingApproach to be 'error' or 'zero', but found ${describe(opts.missingApproach)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the judge option missingApproach to be 'error' or 'zero', but found ${describe(opts.missingApproach)}.`,
+    );
 
-  const partsOf = (grades: JudgeGrades | null, flags: { error: number; skipped: number; matched: number }): Record<string, number | null> => ({
+  const partsOf = (
+    grades: JudgeGrades | null,
+    flags: { error: number; skipped: number; matched: number },
+  ): Record<string, number | null> => ({
     [`${name}_correctness`]: grades ? grades.correctness : null,
     ...(approach ? { [`${name}_approach`]: grades ? grades.approach : null } : {}),
     [name]: grades ? combineGrades(grades, combine, weights, threshold, gaveUp) : null,
@@ -184,7 +224,11 @@ export function judgeReward(opts: JudgeOptions): RewardFn {
       return { parts: partsOf(g, { error: 0, skipped: 1, matched: 0 }), correct: false };
     }
     if ((opts.matchShortcut ?? true) && matchesGold(ctx.answer, ctx.golds)) {
-      const g: JudgeGrades = { correctness: 1, approach: approach ? 1 : null, ...(format === 'binary' ? { category: 'correct' as const } : {}) };
+      const g: JudgeGrades = {
+        correctness: 1,
+        approach: approach ? 1 : null,
+        ...(format === 'binary' ? { category: 'correct' as const } : {}),
+      };
       return { parts: partsOf(g, { error: 0, skipped: 0, matched: 1 }), correct: true };
     }
     const messages: ChatMessage[] =
@@ -204,10 +248,14 @@ export function judgeReward(opts: JudgeOptions): RewardFn {
         throw e;
       }
       // No answer is never correct, whatever the judge says (the reference: `result.correct and final_answer is not None`).
-      if (ctx.answer === null) grades = { ...grades, correctness: 0, ...(grades.category === 'correct' ? { category: 'incorrect' as const } : {}) };
+      if (ctx.answer === null)
+        grades = { ...grades, correctness: 0, ...(grades.category === 'correct' ? { category: 'incorrect' as const } : {}) };
       return { parts: partsOf(grades, { error: 0, skipped: 0, matched: 0 }), correct: grades.correctness >= threshold };
     } catch (e) {
-      return { parts: partsOf(null, { error: 1, skipped: 0, matched: 0 }), errors: { [name]: `${opts.backend.description}: ${(e as Error).message}` } };
+      return {
+        parts: partsOf(null, { error: 1, skipped: 0, matched: 0 }),
+        errors: { [name]: `${opts.backend.description}: ${(e as Error).message}` },
+      };
     }
   };
 }

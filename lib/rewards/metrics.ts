@@ -15,7 +15,10 @@ export type Golds = string | readonly string[];
 function goldList(golds: Golds, what: string): readonly string[] {
   const list = typeof golds === 'string' ? [golds] : golds;
   if (!Array.isArray(list) || list.some((g) => typeof g !== 'string')) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected the gold answers for ${what} to be a string or an array of strings, but found ${describe(golds)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected the gold answers for ${what} to be a string or an array of strings, but found ${describe(golds)}.`,
+    );
   }
   return list;
 }
@@ -117,7 +120,12 @@ export interface AnswerMetrics {
 /** Every answer metric at once, for evaluation reports. A missing answer (null) scores 0 on all. */
 export function answerMetrics(prediction: string | null, golds: Golds): AnswerMetrics {
   if (prediction === null) return { em: 0, subem: 0, f1: 0, rouge_l: 0 };
-  return { em: exactMatch(prediction, golds), subem: subExactMatch(prediction, golds), f1: f1Score(prediction, golds), rouge_l: rougeL(prediction, golds) };
+  return {
+    em: exactMatch(prediction, golds),
+    subem: subExactMatch(prediction, golds),
+    f1: f1Score(prediction, golds),
+    rouge_l: rougeL(prediction, golds),
+  };
 }
 
 /**

@@ -10,16 +10,37 @@ import { createQuickJSSandbox, type QuickJSSandboxOptions } from './quickjs.js';
 import type { Sandbox, SandboxKind } from './types.js';
 
 export * from './types.js';
-export { checkRequiredIsolation, detectIsolation, filesystemLine, ISOLATION_ORDER, resolvePython, type DetectOptions } from './isolation.js';
+export {
+  checkRequiredIsolation,
+  detectIsolation,
+  filesystemLine,
+  ISOLATION_ORDER,
+  resolvePython,
+  type DetectOptions,
+} from './isolation.js';
 export { createPythonPool, runPythonOnce, PythonSandboxPool, type PythonPoolOptions } from './python.js';
 export { createQuickJSSandbox, QuickJSSandbox, type QuickJSSandboxOptions } from './quickjs.js';
 
-export type CreateSandboxOptions =
-  | ({ kind: 'python' } & PythonPoolOptions)
-  | ({ kind: 'quickjs' } & QuickJSSandboxOptions);
+export type CreateSandboxOptions = ({ kind: 'python' } & PythonPoolOptions) | ({ kind: 'quickjs' } & QuickJSSandboxOptions);
 
 const KEYS: Record<SandboxKind, string[]> = {
-  python: ['kind', 'tools', 'extraTools', 'size', 'maxLevel', 'requireIsolation', 'python', 'workdirMb', 'uid', 'allowWeakIsolation', 'timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'],
+  python: [
+    'kind',
+    'tools',
+    'extraTools',
+    'size',
+    'maxLevel',
+    'requireIsolation',
+    'python',
+    'workdirMb',
+    'uid',
+    'allowWeakIsolation',
+    'timeoutMs',
+    'cpuSeconds',
+    'memoryMb',
+    'maxOutputChars',
+    'maxCalls',
+  ],
   quickjs: ['kind', 'tools', 'extraTools', 'stackKb', 'size', 'timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'],
 };
 
@@ -32,7 +53,10 @@ export async function createSandbox(opts: CreateSandboxOptions): Promise<Sandbox
   for (const k of Object.keys(opts)) {
     if (!KEYS[kind].includes(k)) {
       const hint = closest(k, KEYS[kind]);
-      throw new SlmError('CONFIG_UNKNOWN_KEY', `Unknown ${kind} sandbox option "${k}"${hint ? `; did you mean "${hint}"?` : ''}. Options: ${KEYS[kind].join(', ')}.`);
+      throw new SlmError(
+        'CONFIG_UNKNOWN_KEY',
+        `Unknown ${kind} sandbox option "${k}"${hint ? `; did you mean "${hint}"?` : ''}. Options: ${KEYS[kind].join(', ')}.`,
+      );
     }
   }
   const { kind: _kind, ...rest } = opts;

@@ -97,10 +97,15 @@ export function runnerPackagePath(): string {
   return pythonFile('slm_sandbox');
 }
 
-function run(cmd: string, args: string[], timeoutMs = 15_000, env: NodeJS.ProcessEnv = WORKER_ENV): Promise<{ code: number | null; stdout: string; stderr: string }> {
+function run(
+  cmd: string,
+  args: string[],
+  timeoutMs = 15_000,
+  env: NodeJS.ProcessEnv = WORKER_ENV,
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((res) => {
     execFile(cmd, args, { timeout: timeoutMs, env, maxBuffer: 1 << 20, killSignal: 'SIGKILL' }, (err, stdout, stderr) => {
-      const code = err ? (typeof (err as { code?: unknown }).code === 'number' ? ((err as { code: number }).code) : null) : 0;
+      const code = err ? (typeof (err as { code?: unknown }).code === 'number' ? (err as { code: number }).code : null) : 0;
       res({ code, stdout: String(stdout), stderr: String(stderr || (err && !stdout ? err.message : '')) });
     });
   });
@@ -145,7 +150,10 @@ async function findPython(explicit: string): Promise<string> {
     if (r.code === 0) return exe;
     tried.push(`${exe}: ${r.stderr.trim().split('\n').pop() || 'exit ' + r.code} (Python 3.9 or later is needed)`);
   }
-  throw new SlmError('SANDBOX_UNAVAILABLE', `Expected a Python 3.9+ interpreter for the sandbox but found none. Tried: ${tried.join('; ')}. Install python3 or set SLM_SANDBOX_PYTHON.`);
+  throw new SlmError(
+    'SANDBOX_UNAVAILABLE',
+    `Expected a Python 3.9+ interpreter for the sandbox but found none. Tried: ${tried.join('; ')}. Install python3 or set SLM_SANDBOX_PYTHON.`,
+  );
 }
 
 /** What bubblewrap makes visible (read-only) to a program, from what the interpreter reported it needs. */
@@ -182,7 +190,9 @@ export function bwrapView(python: string, paths: InterpreterPaths): BwrapView {
   for (const f of [safeRealpath(python), ...SYSTEM_FILES.filter((f) => existsSync(f)), ...paths.files]) {
     if (!covered(f) && !files.includes(f)) files.push(f);
   }
-  const hidden = [...new Set(paths.site.map(safeRealpath))].filter((h) => covered(h) && !dirs.includes(h) && !dirs.some((d) => under(d, h))).sort();
+  const hidden = [...new Set(paths.site.map(safeRealpath))]
+    .filter((h) => covered(h) && !dirs.includes(h) && !dirs.some((d) => under(d, h)))
+    .sort();
   return { dirs, symlinks, files, hidden };
 }
 
@@ -196,7 +206,8 @@ function bwrapArgs(python: string, paths: InterpreterPaths, runner: string, runn
   for (const p of [...v.dirs, ...v.files, ...v.symlinks.map((s) => s[1]), SANDBOX_RUNNER, BWRAP_WORKDIR]) {
     for (let d = dirname(p); d !== '/' && d !== '.'; d = dirname(d)) if (!v.dirs.some((b) => under(d, b))) parents.add(d);
   }
-  for (const d of [...parents].sort((x, y) => x.split(sep).length - y.split(sep).length || x.localeCompare(y))) a.push('--perms', '0755', '--dir', d);
+  for (const d of [...parents].sort((x, y) => x.split(sep).length - y.split(sep).length || x.localeCompare(y)))
+    a.push('--perms', '0755', '--dir', d);
   for (const d of v.dirs) a.push('--ro-bind', d, d);
   for (const [target, path] of v.symlinks) a.push('--symlink', target, path);
   for (const f of v.files) a.push('--ro-bind', f, f);
@@ -218,12 +229,33 @@ function unshareArgs(): string[] {
 }
 
 /** The program and arguments that start the runner with `runnerArgs` at `level` (bwrap needs `paths`). */
-export function wrapperCommand(level: IsolationLevel, python: string, caps: Pick<RunnerCaps, 'paths'>, runnerArgs: string[], workdirMb = 64): { file: string; args: string[] } {
+export function wrapperCommand(
+  level: IsolationLevel,
+  python: string,
+  caps: Pick<RunnerCaps, 'paths'>,
+  runnerArgs: string[],
+  workdirMb = 64,
+): { file: string; args: string[] } {
   const runner = runnerPath();
   const py = [python, '-I', '-S', '-B', runner, ...runnerArgs];
   if (level === 'bwrap') {
-    if (!caps.paths) throw new SlmError('SANDBOX_UNAVAILABLE', "Expected the interpreter's paths (from the runner's --probe) to start bubblewrap but found none.");
-    return { file: 'bwrap', args: [...bwrapArgs(python, caps.paths, runner, runnerPackagePath(), workdirMb), python, '-I', '-S', '-B', SANDBOX_RUNNER, ...runnerArgs] };
+    if (!caps.paths)
+      throw new SlmError(
+        'SANDBOX_UNAVAILABLE',
+        "Expected the interpreter's paths (from the runner's --probe) to start bubblewrap but found none.",
+      );
+    return {
+      file: 'bwrap',
+      args: [
+        ...bwrapArgs(python, caps.paths, runner, runnerPackagePath(), workdirMb),
+        python,
+        '-I',
+        '-S',
+        '-B',
+        SANDBOX_RUNNER,
+        ...runnerArgs,
+      ],
+    };
   }
   if (level === 'unshare') return { file: 'unshare', args: [...unshareArgs(), ...py] };
   return { file: python, args: py.slice(1) };
@@ -260,7 +292,10 @@ function envMaxLevel(): IsolationLevel | undefined {
   const v = process.env.SLM_SANDBOX_ISOLATION;
   if (v === undefined || v === '') return undefined;
   if (!(ISOLATION_ORDER as readonly string[]).includes(v)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected SLM_SANDBOX_ISOLATION to be one of ${ISOLATION_ORDER.join(', ')} but found ${JSON.stringify(v)}; unset it to use the best level this machine offers.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected SLM_SANDBOX_ISOLATION to be one of ${ISOLATION_ORDER.join(', ')} but found ${JSON.stringify(v)}; unset it to use the best level this machine offers.`,
+    );
   }
   return v as IsolationLevel;
 }
@@ -306,7 +341,8 @@ export function detectIsolationWithCaps(opts: DetectOptions = {}): Promise<Isola
 async function detect(pythonOpt: string | undefined, maxLevel: IsolationLevel): Promise<IsolationReport & { caps: RunnerCaps }> {
   const python = await resolvePython(pythonOpt);
   const bare = await probe('rlimits-only', python);
-  if (!bare.caps) throw new SlmError('SANDBOX_UNAVAILABLE', `Expected the sandbox runner to start under ${python} but it failed: ${bare.why}`);
+  if (!bare.caps)
+    throw new SlmError('SANDBOX_UNAVAILABLE', `Expected the sandbox runner to start under ${python} but it failed: ${bare.why}`);
   const paths = bare.caps.paths ?? { dirs: [], site: [], files: [] };
   const notes: string[] = [];
   for (const level of LEVELS.slice(LEVELS.indexOf(maxLevel))) {
@@ -363,13 +399,23 @@ export function filesystemLine(iso: Pick<IsolationReport, 'level' | 'readable'>)
  * Refuses to go on (SANDBOX_ISOLATION_INSUFFICIENT) when `iso` is below `required`
  * (`sandbox.require_isolation` in a config, `requireIsolation` for createSandbox, `--require-isolation` for exec).
  */
-export function checkRequiredIsolation(iso: IsolationReport, required: IsolationLevel | null | undefined, setting = 'sandbox.require_isolation'): void {
+export function checkRequiredIsolation(
+  iso: IsolationReport,
+  required: IsolationLevel | null | undefined,
+  setting = 'sandbox.require_isolation',
+): void {
   if (required === null || required === undefined) return;
   if (!ISOLATION_ORDER.includes(required)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected ${setting} to be one of ${ISOLATION_ORDER.join(', ')} (or null) but received ${JSON.stringify(required)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected ${setting} to be one of ${ISOLATION_ORDER.join(', ')} (or null) but received ${JSON.stringify(required)}.`,
+    );
   }
   if (ISOLATION_ORDER.indexOf(iso.level) >= ISOLATION_ORDER.indexOf(required)) return;
-  const why = iso.details.split('; ').filter((p) => / unavailable \(/.test(p)).join('; ');
+  const why = iso.details
+    .split('; ')
+    .filter((p) => / unavailable \(/.test(p))
+    .join('; ');
   throw new SlmError(
     'SANDBOX_ISOLATION_INSUFFICIENT',
     `Expected sandbox isolation ${required} or better (${setting}) but this machine gives ${iso.level}${why ? ` (${why})` : ''}; at ${iso.level} a program can read ${iso.readable}. ` +
@@ -386,12 +432,36 @@ function describeLevel(level: IsolationLevel, caps: RunnerCaps, python: string, 
   const readonlyFs = level === 'bwrap';
   const readable = readableAt(level, caps, python);
   const parts: string[] = [];
-  if (level === 'bwrap') parts.push('bubblewrap: own network/PID/IPC/UTS namespaces, filesystem an allow-list (the interpreter and system libraries read-only, a private tmpfs work dir)');
+  if (level === 'bwrap')
+    parts.push(
+      'bubblewrap: own network/PID/IPC/UTS namespaces, filesystem an allow-list (the interpreter and system libraries read-only, a private tmpfs work dir)',
+    );
   else if (level === 'unshare') parts.push('unshare: own network/PID/IPC/UTS/mount namespaces; filesystem writable and visible');
   else parts.push('no namespaces: resource limits and process groups only; filesystem writable and visible');
-  parts.push(caps.seccomp ? 'seccomp: no fork/exec/sockets, no memfd or SysV shared memory (memory outside memory_mb), signals only to itself' : `no seccomp (${caps.seccomp_error ?? 'unavailable'})`);
-  parts.push(caps.drop_uid ? 'programs run as uid 65534' : caps.root ? 'programs run as root (the standard library is not readable by an unprivileged uid here)' : 'programs run as the current user');
+  parts.push(
+    caps.seccomp
+      ? 'seccomp: no fork/exec/sockets, no memfd or SysV shared memory (memory outside memory_mb), signals only to itself'
+      : `no seccomp (${caps.seccomp_error ?? 'unavailable'})`,
+  );
+  parts.push(
+    caps.drop_uid
+      ? 'programs run as uid 65534'
+      : caps.root
+        ? 'programs run as root (the standard library is not readable by an unprivileged uid here)'
+        : 'programs run as the current user',
+  );
   parts.push(`python ${caps.version} at ${python}`);
   if (notes.length) parts.push(notes.join('; '));
-  return { level, network, readonlyFs, hostFilesHidden: level === 'bwrap', readable, seccomp: caps.seccomp, uidDrop: caps.drop_uid, python, pythonVersion: caps.version, details: parts.join('; ') };
+  return {
+    level,
+    network,
+    readonlyFs,
+    hostFilesHidden: level === 'bwrap',
+    readable,
+    seccomp: caps.seccomp,
+    uidDrop: caps.drop_uid,
+    python,
+    pythonVersion: caps.version,
+    details: parts.join('; '),
+  };
 }

@@ -33,10 +33,12 @@ export function resolveLimits(limits: SandboxLimits): Required<SandboxLimits> {
   if (out.cpuSeconds === undefined) out.cpuSeconds = Math.ceil(out.timeoutMs / 1000) + 1;
   for (const k of ['timeoutMs', 'cpuSeconds', 'memoryMb', 'maxOutputChars', 'maxCalls'] as const) {
     const v = out[k];
-    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new SlmError('ARGUMENT_INVALID', `Expected a positive number for ${k} but received ${String(v)} (${typeof v}).`);
+    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0)
+      throw new SlmError('ARGUMENT_INVALID', `Expected a positive number for ${k} but received ${String(v)} (${typeof v}).`);
   }
   // Node's timers hold at most 2^31 - 1 ms; a longer one would fire at once.
-  if (out.timeoutMs > MAX_TIMEOUT_S * 1000) throw new SlmError('ARGUMENT_INVALID', `Expected timeoutMs of at most ${MAX_TIMEOUT_S * 1000} (24 h) but received ${out.timeoutMs}.`);
+  if (out.timeoutMs > MAX_TIMEOUT_S * 1000)
+    throw new SlmError('ARGUMENT_INVALID', `Expected timeoutMs of at most ${MAX_TIMEOUT_S * 1000} (24 h) but received ${out.timeoutMs}.`);
   return out;
 }
 

@@ -61,7 +61,13 @@ export class Worker {
     let workdir = BWRAP_WORKDIR;
     if (level !== 'bwrap') workdir = this.hostDir = mkdtempSync(join(tmpdir(), 'slm-sandbox-'));
     const config = JSON.stringify({ workdir, uid: opts.uid ?? 65534, gid: opts.uid ?? 65534, require_seccomp: pool.isolation.seccomp });
-    const { file, args } = wrapperCommand(level, pool.isolation.python, caps, ['--config', config, '--tag', pool.tag], opts.workdirMb ?? 64);
+    const { file, args } = wrapperCommand(
+      level,
+      pool.isolation.python,
+      caps,
+      ['--config', config, '--tag', pool.tag],
+      opts.workdirMb ?? 64,
+    );
     // detached: the worker leads its own process group, so one kill reaches everything it started.
     this.proc = spawn(file, args, { stdio: ['pipe', 'pipe', 'pipe'], env: WORKER_ENV, detached: true, cwd: '/' });
     this.exited = new Promise((res) => this.proc.once('close', () => res()));
@@ -73,7 +79,12 @@ export class Worker {
     });
     this.ready.catch(() => {});
     const startTimer = setTimeout(() => {
-      readyReject(new SlmError('SANDBOX_UNAVAILABLE', `Expected a sandbox worker to start within ${STARTUP_TIMEOUT_MS / 1000} s but it did not. ${this.diagnostics()}`));
+      readyReject(
+        new SlmError(
+          'SANDBOX_UNAVAILABLE',
+          `Expected a sandbox worker to start within ${STARTUP_TIMEOUT_MS / 1000} s but it did not. ${this.diagnostics()}`,
+        ),
+      );
       this.kill();
     }, STARTUP_TIMEOUT_MS);
     const decoder = new FrameDecoder((payload) => {
@@ -105,7 +116,13 @@ export class Worker {
       clearTimeout(startTimer);
       const wasStarting = this.state === 'starting';
       this.state = 'dead';
-      if (wasStarting) readyReject(new SlmError('SANDBOX_UNAVAILABLE', `Expected a sandbox worker to start but it exited (${signal ?? 'code ' + code}). ${this.diagnostics()}`));
+      if (wasStarting)
+        readyReject(
+          new SlmError(
+            'SANDBOX_UNAVAILABLE',
+            `Expected a sandbox worker to start but it exited (${signal ?? 'code ' + code}). ${this.diagnostics()}`,
+          ),
+        );
       if (this.hostDir) rmSync(this.hostDir, { recursive: true, force: true });
       const running = this.current;
       this.current = undefined;
@@ -116,7 +133,14 @@ export class Worker {
         // worker, once (a program whose delivery itself kills workers gets the error the next time).
         const { id: _id, calls: _calls, t0: _t0, backstop: _b, started, ...job } = running;
         if (started || job.retried || !this.pool.retry({ ...job, retried: true }))
-          running.resolve(programResult(running, { error: `SandboxError: the sandbox worker died (${signal ?? 'exit code ' + code}) while running the program; it was replaced`, stdout: '', timedOut: false, truncated: false }));
+          running.resolve(
+            programResult(running, {
+              error: `SandboxError: the sandbox worker died (${signal ?? 'exit code ' + code}) while running the program; it was replaced`,
+              stdout: '',
+              timedOut: false,
+              truncated: false,
+            }),
+          );
       }
       this.pool.workerGone(this);
     });
@@ -137,7 +161,14 @@ export class Worker {
       const running = this.current;
       if (!running || running.id !== id) return;
       this.current = undefined;
-      running.resolve(programResult(running, { stdout: '', truncated: false, timedOut: true, error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (the worker did not answer and was replaced)` }));
+      running.resolve(
+        programResult(running, {
+          stdout: '',
+          truncated: false,
+          timedOut: true,
+          error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (the worker did not answer and was replaced)`,
+        }),
+      );
       this.kill();
     }, job.limits.timeoutMs + BACKSTOP_MS);
     this.current = { ...job, id, calls: [], t0: performance.now(), backstop, started: false };
@@ -167,7 +198,9 @@ export class Worker {
         return;
       }
       const { id } = running;
-      void Promise.resolve(invokeTool(running.tools, msg.name, msg.args, running.calls, running.limits.maxCalls, this.pool.extraTools)).then((reply) => {
+      void Promise.resolve(
+        invokeTool(running.tools, msg.name, msg.args, running.calls, running.limits.maxCalls, this.pool.extraTools),
+      ).then((reply) => {
         if (this.current?.id !== id) return; // the program already ended
         this.send({ t: 'ret', id, seq: msg.seq, ...reply });
       });

@@ -92,8 +92,10 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
   }
 
   run(code: string, opts: RunOptions = {}): Promise<SandboxResult> {
-    if (this.closed) return Promise.reject(new SlmError('SANDBOX_ERROR', 'Expected an open sandbox pool but this one is closed; create a new one.'));
-    if (typeof code !== 'string') return Promise.reject(new SlmError('ARGUMENT_INVALID', `Expected the program as a string but received ${typeof code}.`));
+    if (this.closed)
+      return Promise.reject(new SlmError('SANDBOX_ERROR', 'Expected an open sandbox pool but this one is closed; create a new one.'));
+    if (typeof code !== 'string')
+      return Promise.reject(new SlmError('ARGUMENT_INVALID', `Expected the program as a string but received ${typeof code}.`));
     let limits: Required<SandboxLimits>;
     let globals: Record<string, unknown> | undefined;
     try {
@@ -103,7 +105,15 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, globals, finalAnswer: opts.finalAnswer === true, resolve, reject });
+      this.queue.push({
+        code,
+        limits,
+        tools: opts.tools ?? this.options.tools,
+        globals,
+        finalAnswer: opts.finalAnswer === true,
+        resolve,
+        reject,
+      });
       this.dispatch();
     });
   }
@@ -161,7 +171,10 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
     this.idle = this.idle.filter((x) => x !== worker);
     if (this.closed) return;
     if (this.startFailures >= 3) {
-      const err = new SlmError('SANDBOX_UNAVAILABLE', `Expected sandbox workers to start but the last 3 attempts failed: ${this.lastStartError?.message ?? 'unknown error'}`);
+      const err = new SlmError(
+        'SANDBOX_UNAVAILABLE',
+        `Expected sandbox workers to start but the last 3 attempts failed: ${this.lastStartError?.message ?? 'unknown error'}`,
+      );
       for (const job of this.queue.splice(0)) job.reject(err);
       if (this.workers.size === 0) this.closed = true;
       return;
@@ -178,8 +191,16 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
    * The live workers, for diagnostics and tests: process id (the wrapper's, where there is one), state,
    * and the program running there (its tool calls so far; whether the worker acknowledged it).
    */
-  workerStates(): Array<{ pid: number | undefined; state: Worker['state']; program: { calls: readonly ToolCall[]; started: boolean } | null }> {
-    return [...this.workers].map((w) => ({ pid: w.proc.pid, state: w.state, program: w.current ? { calls: w.current.calls, started: w.current.started } : null }));
+  workerStates(): Array<{
+    pid: number | undefined;
+    state: Worker['state'];
+    program: { calls: readonly ToolCall[]; started: boolean } | null;
+  }> {
+    return [...this.workers].map((w) => ({
+      pid: w.proc.pid,
+      state: w.state,
+      program: w.current ? { calls: w.current.calls, started: w.current.started } : null,
+    }));
   }
 
   /** Ends every worker (asks politely, then kills the process group) and waits until all have exited. */
@@ -198,7 +219,11 @@ export class PythonSandboxPool implements Sandbox, WorkerPool {
 
 function resolvePythonLimits(l: SandboxLimits): Required<SandboxLimits> {
   const out = resolveLimits(l);
-  if (out.memoryMb < 64) throw new SlmError('ARGUMENT_INVALID', `Expected memoryMb of at least 64 for Python (the interpreter itself needs that much) but received ${out.memoryMb}.`);
+  if (out.memoryMb < 64)
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected memoryMb of at least 64 for Python (the interpreter itself needs that much) but received ${out.memoryMb}.`,
+    );
   return out;
 }
 
@@ -217,7 +242,8 @@ export async function createPythonPool(opts: PythonPoolOptions = {}): Promise<Py
   }
   const cpus = (await import('node:os')).availableParallelism();
   const size = opts.size ?? Math.max(1, Math.min(2, cpus));
-  if (!Number.isInteger(size) || size < 1) throw new SlmError('ARGUMENT_INVALID', `Expected a positive integer for size but received ${String(size)}.`);
+  if (!Number.isInteger(size) || size < 1)
+    throw new SlmError('ARGUMENT_INVALID', `Expected a positive integer for size but received ${String(size)}.`);
   const pool = new PythonSandboxPool(opts, isolation, caps, size);
   await pool.start();
   return pool;

@@ -146,7 +146,10 @@ async function workerMain(): Promise<void> {
       p.value.dispose();
       for (const name of toolNames) {
         const fn = vm.newFunction(name, (...handles) => {
-          const reply = callHost(name, handles.map((h) => vm.dump(h)));
+          const reply = callHost(
+            name,
+            handles.map((h) => vm.dump(h)),
+          );
           if (reply.ok) return toHandle(reply.value);
           return { error: vm.newError({ name: reply.etype === 'TypeError' ? 'TypeError' : 'Error', message: String(reply.error) }) };
         });

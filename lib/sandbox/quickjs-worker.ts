@@ -41,7 +41,13 @@ export class QjsWorker {
     this.replyPort = port1;
     this.worker = new Worker(WORKER_SOURCE, {
       eval: true,
-      workerData: { quickjsPath: quickjsPath(), replyPort: port2, flag: this.flag.buffer, toolNames: [...TOOL_NAMES, ...owner.extraToolNames], prelude: PRELUDE },
+      workerData: {
+        quickjsPath: quickjsPath(),
+        replyPort: port2,
+        flag: this.flag.buffer,
+        toolNames: [...TOOL_NAMES, ...owner.extraToolNames],
+        prelude: PRELUDE,
+      },
       transferList: [port2],
       resourceLimits: { maxOldGenerationSizeMb: 256, stackSizeMb: 8 },
       stdout: true,
@@ -51,11 +57,23 @@ export class QjsWorker {
     this.worker.stderr.resume();
     this.exited = new Promise((res) => this.worker.once('exit', () => res()));
     this.ready = new Promise((res, rej) => {
-      const timer = setTimeout(() => rej(new SlmError('SANDBOX_UNAVAILABLE', `Expected the QuickJS worker to start within ${STARTUP_TIMEOUT_MS / 1000} s but it did not.`)), STARTUP_TIMEOUT_MS);
+      const timer = setTimeout(
+        () =>
+          rej(
+            new SlmError(
+              'SANDBOX_UNAVAILABLE',
+              `Expected the QuickJS worker to start within ${STARTUP_TIMEOUT_MS / 1000} s but it did not.`,
+            ),
+          ),
+        STARTUP_TIMEOUT_MS,
+      );
       this.worker.once('message', (m: { t?: string; message?: string }) => {
         clearTimeout(timer);
         if (m?.t === 'ready') res();
-        else rej(new SlmError('SANDBOX_UNAVAILABLE', `Expected the QuickJS worker to start but it failed: ${m?.message ?? JSON.stringify(m)}`));
+        else
+          rej(
+            new SlmError('SANDBOX_UNAVAILABLE', `Expected the QuickJS worker to start but it failed: ${m?.message ?? JSON.stringify(m)}`),
+          );
       });
       this.worker.once('error', (e) => {
         clearTimeout(timer);
@@ -72,7 +90,14 @@ export class QjsWorker {
       this.current = undefined;
       if (job) {
         clearTimeout(job.timer);
-        job.resolve(programResult(job, { stdout: '', truncated: false, timedOut: false, error: `SandboxError: the QuickJS worker stopped (exit code ${code}) while running the program; it was replaced` }));
+        job.resolve(
+          programResult(job, {
+            stdout: '',
+            truncated: false,
+            timedOut: false,
+            error: `SandboxError: the QuickJS worker stopped (exit code ${code}) while running the program; it was replaced`,
+          }),
+        );
       }
       this.owner.workerGone(this);
     });
@@ -85,7 +110,14 @@ export class QjsWorker {
       const cur = this.current;
       if (!cur || cur.id !== id) return;
       this.current = undefined;
-      cur.resolve(programResult(cur, { stdout: '', truncated: false, timedOut: true, error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (its interpreter was stopped)` }));
+      cur.resolve(
+        programResult(cur, {
+          stdout: '',
+          truncated: false,
+          timedOut: true,
+          error: `TimeoutError: the program exceeded the time limit of ${job.limits.timeoutMs / 1000} s (its interpreter was stopped)`,
+        }),
+      );
       void this.worker.terminate();
     }, job.limits.timeoutMs + GRACE_MS);
     this.current = { ...job, id, calls: [], t0: performance.now(), timer };
@@ -107,19 +139,31 @@ export class QjsWorker {
     if (msg.t === 'call') {
       const call = msg as CallMsg;
       if (!cur || cur.id !== call.id) return;
-      void Promise.resolve(invokeTool(cur.tools, call.name, call.args, cur.calls, cur.limits.maxCalls, this.owner.extraTools)).then((reply) => {
-        if (this.dead) return;
-        this.replyPort.postMessage({ seq: call.seq, ...reply });
-        Atomics.store(this.flag, 0, 1);
-        Atomics.notify(this.flag, 0);
-      });
+      void Promise.resolve(invokeTool(cur.tools, call.name, call.args, cur.calls, cur.limits.maxCalls, this.owner.extraTools)).then(
+        (reply) => {
+          if (this.dead) return;
+          this.replyPort.postMessage({ seq: call.seq, ...reply });
+          Atomics.store(this.flag, 0, 1);
+          Atomics.notify(this.flag, 0);
+        },
+      );
     } else if (msg.t === 'done') {
       const done = msg as DoneMsg;
       if (!cur || cur.id !== done.id) return;
       clearTimeout(cur.timer);
       this.current = undefined;
-      const error = done.hostFailure ? `SandboxError: the interpreter failed (${done.hostFailure.slice(0, 300)}); it was replaced` : done.error;
-      cur.resolve(programResult(cur, { stdout: done.stdout, truncated: done.truncated, timedOut: done.timedOut, error, ...(cur.finalAnswer && typeof done.finalAnswer === 'string' && !done.hostFailure ? { finalAnswer: done.finalAnswer } : {}) }));
+      const error = done.hostFailure
+        ? `SandboxError: the interpreter failed (${done.hostFailure.slice(0, 300)}); it was replaced`
+        : done.error;
+      cur.resolve(
+        programResult(cur, {
+          stdout: done.stdout,
+          truncated: done.truncated,
+          timedOut: done.timedOut,
+          error,
+          ...(cur.finalAnswer && typeof done.finalAnswer === 'string' && !done.hostFailure ? { finalAnswer: done.finalAnswer } : {}),
+        }),
+      );
       if (done.hostFailure) void this.worker.terminate();
       else this.owner.workerIdle(this);
     }

@@ -83,8 +83,10 @@ export class QuickJSSandbox implements Sandbox, WorkerOwner {
   }
 
   run(code: string, opts: RunOptions = {}): Promise<SandboxResult> {
-    if (this.closed) return Promise.reject(new SlmError('SANDBOX_ERROR', 'Expected an open QuickJS sandbox but this one is closed; create a new one.'));
-    if (typeof code !== 'string') return Promise.reject(new SlmError('ARGUMENT_INVALID', `Expected the program as a string but received ${typeof code}.`));
+    if (this.closed)
+      return Promise.reject(new SlmError('SANDBOX_ERROR', 'Expected an open QuickJS sandbox but this one is closed; create a new one.'));
+    if (typeof code !== 'string')
+      return Promise.reject(new SlmError('ARGUMENT_INVALID', `Expected the program as a string but received ${typeof code}.`));
     let limits: Required<SandboxLimits>;
     let globals: Record<string, unknown> | undefined;
     try {
@@ -94,7 +96,15 @@ export class QuickJSSandbox implements Sandbox, WorkerOwner {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      this.queue.push({ code, limits, tools: opts.tools ?? this.options.tools, globals, finalAnswer: opts.finalAnswer === true, resolve, reject });
+      this.queue.push({
+        code,
+        limits,
+        tools: opts.tools ?? this.options.tools,
+        globals,
+        finalAnswer: opts.finalAnswer === true,
+        resolve,
+        reject,
+      });
       this.dispatch();
     });
   }
@@ -147,7 +157,10 @@ export class QuickJSSandbox implements Sandbox, WorkerOwner {
 export async function createQuickJSSandbox(opts: QuickJSSandboxOptions = {}): Promise<QuickJSSandbox> {
   resolveLimits({ memoryMb: QUICKJS_DEFAULT_MEMORY_MB, ...stripUndefined(opts) });
   if (opts.stackKb !== undefined && !(Number.isInteger(opts.stackKb) && opts.stackKb >= 16 && opts.stackKb <= MAX_STACK_KB)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected stackKb to be an integer from 16 to ${MAX_STACK_KB} but received ${String(opts.stackKb)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected stackKb to be an integer from 16 to ${MAX_STACK_KB} but received ${String(opts.stackKb)}.`,
+    );
   }
   if (opts.size !== undefined && !(Number.isInteger(opts.size) && opts.size >= 1)) {
     throw new SlmError('ARGUMENT_INVALID', `Expected size to be a positive integer but received ${String(opts.size)}.`);

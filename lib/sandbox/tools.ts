@@ -84,16 +84,24 @@ export function invokeTool(
   const size = argsChars(argList, MAX_TOOL_ARGS_CHARS);
   if (size > MAX_TOOL_ARGS_CHARS) {
     kept = []; // refused arguments are not kept
-    return fail('ValueError', `the arguments of ${shownName}() are too large: at most ${MAX_TOOL_ARGS_CHARS} characters per call, found more than ${MAX_TOOL_ARGS_CHARS}; pass a shorter query or id`);
+    return fail(
+      'ValueError',
+      `the arguments of ${shownName}() are too large: at most ${MAX_TOOL_ARGS_CHARS} characters per call, found more than ${MAX_TOOL_ARGS_CHARS}; pass a shorter query or id`,
+    );
   }
   const builtin = typeof name === 'string' && (TOOL_NAMES as readonly string[]).includes(name);
   // A tool of sandbox.tools_module (checkTools keeps their names apart from the built-in ones).
   const custom = typeof name === 'string' && !builtin && extra && Object.hasOwn(extra, name);
-  if (!builtin && !custom) return fail('ValueError', `unknown tool ${JSON.stringify(shownName)}; the tools are ${[...TOOL_NAMES, ...Object.keys(extra ?? {})].join(', ')}`);
+  if (!builtin && !custom)
+    return fail(
+      'ValueError',
+      `unknown tool ${JSON.stringify(shownName)}; the tools are ${[...TOOL_NAMES, ...Object.keys(extra ?? {})].join(', ')}`,
+    );
   // Custom tools: any JSON arguments, a JSON result.
   if (custom) return invoke(name as string, () => extra![name as string](...argList));
   const tool = name as ToolName;
-  if (argList.length !== 1 || typeof argList[0] !== 'string') return fail('TypeError', `${tool}(${PARAM[tool]}) expects one string argument`);
+  if (argList.length !== 1 || typeof argList[0] !== 'string')
+    return fail('TypeError', `${tool}(${PARAM[tool]}) expects one string argument`);
   if (!tools) return fail('RuntimeError', `${tool} is unavailable: no search corpus is configured for this sandbox`);
   return invoke(tool, () => tools[tool](argList[0] as string));
 }
@@ -123,12 +131,23 @@ export const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]*$/;
 export function checkGlobals(globals: Record<string, unknown> | undefined): Record<string, unknown> | undefined {
   if (globals === undefined) return undefined;
   if (globals === null || typeof globals !== 'object' || Array.isArray(globals)) {
-    throw new SlmError('ARGUMENT_INVALID', `Expected globals to be an object of name -> JSON value but received ${Array.isArray(globals) ? 'an array' : String(globals)}.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `Expected globals to be an object of name -> JSON value but received ${Array.isArray(globals) ? 'an array' : String(globals)}.`,
+    );
   }
   const out: Record<string, unknown> = {};
   for (const [name, v] of Object.entries(globals)) {
-    if (!IDENTIFIER.test(name)) throw new SlmError('ARGUMENT_INVALID', `Expected each global's name to be an identifier (letters, digits, _) but received ${JSON.stringify(name)}.`);
-    if ((TOOL_NAMES as readonly string[]).includes(name)) throw new SlmError('ARGUMENT_INVALID', `The global ${JSON.stringify(name)} would hide the search primitive of that name; choose another name.`);
+    if (!IDENTIFIER.test(name))
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `Expected each global's name to be an identifier (letters, digits, _) but received ${JSON.stringify(name)}.`,
+      );
+    if ((TOOL_NAMES as readonly string[]).includes(name))
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `The global ${JSON.stringify(name)} would hide the search primitive of that name; choose another name.`,
+      );
     try {
       out[name] = toJsonLike(v, `global ${name}`);
     } catch (e) {

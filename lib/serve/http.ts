@@ -36,7 +36,8 @@ export const DEFAULT_MAX_BODY_BYTES = 32 << 20;
 
 /** `--max-body-mb` of serve and serve-retriever, checked, in bytes (at most 4 GiB: Buffer's limit). */
 export function maxBodyBytes(mb: number): number {
-  if (typeof mb !== 'number' || !(mb > 0 && mb <= 4096)) throw new SlmError('ARGUMENT_INVALID', `--max-body-mb expects a number of MiB above 0 and at most 4096, found ${describe(mb)}.`);
+  if (typeof mb !== 'number' || !(mb > 0 && mb <= 4096))
+    throw new SlmError('ARGUMENT_INVALID', `--max-body-mb expects a number of MiB above 0 and at most 4096, found ${describe(mb)}.`);
   return Math.floor(mb * 2 ** 20);
 }
 
@@ -48,7 +49,13 @@ export function maxBodyBytes(mb: number): number {
 export function readBody(req: IncomingMessage, limit = DEFAULT_MAX_BODY_BYTES): Promise<unknown> {
   return new Promise((resolve, reject) => {
     const tooLarge = (found: string) =>
-      new HttpError(413, `the request body is over this server's limit of ${limit} bytes (${(limit / 2 ** 20).toFixed(1)} MiB): ${found}. Send less per request (split a batch), or start the server with a larger --max-body-mb.`, 'invalid_request_error', null, 'request_too_large');
+      new HttpError(
+        413,
+        `the request body is over this server's limit of ${limit} bytes (${(limit / 2 ** 20).toFixed(1)} MiB): ${found}. Send less per request (split a batch), or start the server with a larger --max-body-mb.`,
+        'invalid_request_error',
+        null,
+        'request_too_large',
+      );
     const declared = Number(req.headers['content-length']);
     if (declared > limit) return reject(tooLarge(`Content-Length is ${declared}`));
     let size = 0;
@@ -84,7 +91,11 @@ export function sendJson(res: ServerResponse, status: number, body: unknown): vo
 export async function listen(server: Server, port: number, host = '127.0.0.1'): Promise<number> {
   await new Promise<void>((resolve, reject) => {
     server.once('error', (e: NodeJS.ErrnoException) =>
-      reject(e.code === 'EADDRINUSE' ? new SlmError('PORT_IN_USE', `port ${port} is already in use; pick another with --port N (0 = any free port).`) : e),
+      reject(
+        e.code === 'EADDRINUSE'
+          ? new SlmError('PORT_IN_USE', `port ${port} is already in use; pick another with --port N (0 = any free port).`)
+          : e,
+      ),
     );
     server.listen(port, host, () => resolve());
   });

@@ -24,7 +24,11 @@ export class LogprobFormat {
 
   /** Chat log-probs of tokens [from, to): {content: [{token, logprob, bytes, top_logprobs}]}. */
   chat(job: Job, from: number, to: number, parsed: Parsed) {
-    const entry = (id: number, lp: number) => ({ token: this.tokenString(id, parsed.asIds), logprob: Math.max(lp, -9999), bytes: this.tokenBytes(id) });
+    const entry = (id: number, lp: number) => ({
+      token: this.tokenString(id, parsed.asIds),
+      logprob: Math.max(lp, -9999),
+      bytes: this.tokenBytes(id),
+    });
     const content = [];
     for (let t = from; t < to; t++) {
       const top = job.top[t];

@@ -49,7 +49,8 @@ export class ServeMetrics {
   render(model: string): string {
     const m = `model_name="${esc(model)}"`;
     const out: string[] = [];
-    const head = (name: string, type: string, help: string) => out.push(`# HELP ${PREFIX}${name} ${help}`, `# TYPE ${PREFIX}${name} ${type}`);
+    const head = (name: string, type: string, help: string) =>
+      out.push(`# HELP ${PREFIX}${name} ${help}`, `# TYPE ${PREFIX}${name} ${type}`);
     head('requests_total', 'counter', 'Completion requests that ended, by endpoint and HTTP status.');
     for (const [key, n] of [...this.requests].sort()) {
       const [endpoint, status] = key.split('\0');

@@ -112,7 +112,14 @@ export class OpenAIServer {
         const created = Math.floor(Date.now() / 1000);
         const data = [
           { id: this.o.name, object: 'model', created, owned_by: 'slm-train', root: this.o.name, parent: null },
-          ...[...this.adapters].map(([id, path]) => ({ id, object: 'model', created, owned_by: 'slm-train', root: path, parent: this.o.name })),
+          ...[...this.adapters].map(([id, path]) => ({
+            id,
+            object: 'model',
+            created,
+            owned_by: 'slm-train',
+            root: path,
+            parent: this.o.name,
+          })),
         ];
         return sendJson(res, 200, { object: 'list', data });
       }
@@ -122,7 +129,12 @@ export class OpenAIServer {
         return;
       }
       const lora = url === '/v1/load_lora_adapter' || url === '/v1/unload_lora_adapter';
-      if (req.method !== 'POST' || (url !== '/v1/chat/completions' && url !== '/v1/completions' && !lora)) throw new HttpError(404, `no route ${req.method} ${url}; POST /v1/chat/completions, /v1/completions, /v1/load_lora_adapter or /v1/unload_lora_adapter; GET /v1/models, /health or /metrics`, 'not_found');
+      if (req.method !== 'POST' || (url !== '/v1/chat/completions' && url !== '/v1/completions' && !lora))
+        throw new HttpError(
+          404,
+          `no route ${req.method} ${url}; POST /v1/chat/completions, /v1/completions, /v1/load_lora_adapter or /v1/unload_lora_adapter; GET /v1/models, /health or /metrics`,
+          'not_found',
+        );
       const body = (await readBody(req, this.o.maxBodyBytes)) as Record<string, unknown> | null;
       if (!isObj(body)) throw new HttpError(400, 'the body must be a JSON object');
       if (lora) return this.adapterRoute(res, url, body);
@@ -149,7 +161,8 @@ export class OpenAIServer {
   /** Text of ids; ids past the tokenizer's vocabulary (a model's padding rows) have none. */
   private decoder(s: Sampling): (ids: number[]) => string {
     const V = this.o.tokenizer.vocabSize;
-    return (ids) => this.o.tokenizer.decode(ids.some((id) => id >= V) ? ids.filter((id) => id < V) : ids, { skipSpecialTokens: s.skipSpecial });
+    return (ids) =>
+      this.o.tokenizer.decode(ids.some((id) => id >= V) ? ids.filter((id) => id < V) : ids, { skipSpecialTokens: s.skipSpecial });
   }
 
   /** A chat or text completion, streamed or not. */
@@ -157,7 +170,8 @@ export class OpenAIServer {
     const p = parseRequest(this, chat, body);
     const jobs: Job[] = [];
     const base = p.seed ?? this.seq++;
-    for (const prompt of p.prompts) for (let i = 0; i < p.n; i++) jobs.push(new Job(Int32Array.from(prompt), p.s, rowSeed(base, i), this.decoder(p.s)));
+    for (const prompt of p.prompts)
+      for (let i = 0; i < p.n; i++) jobs.push(new Job(Int32Array.from(prompt), p.s, rowSeed(base, i), this.decoder(p.s)));
     const id = `${chat ? 'chatcmpl' : 'cmpl'}-${p.requestId ?? randomUUID().replace(/-/g, '')}`;
     const created = Math.floor(Date.now() / 1000);
     const model = p.s.adapter ?? this.o.name;
@@ -173,7 +187,10 @@ export class OpenAIServer {
     try {
       await this.run(res, chat, p, jobs, { id, created, model, usage });
     } finally {
-      this.metrics.tokens(promptTokens, jobs.reduce((a, j) => a + j.ids.length, 0));
+      this.metrics.tokens(
+        promptTokens,
+        jobs.reduce((a, j) => a + j.ids.length, 0),
+      );
     }
   }
 
@@ -183,7 +200,17 @@ export class OpenAIServer {
     chat: boolean,
     request: ReturnType<typeof parseRequest>,
     jobs: Job[],
-    { id, created, model, usage }: { id: string; created: number; model: string; usage: () => { prompt_tokens: number; completion_tokens: number; total_tokens: number } },
+    {
+      id,
+      created,
+      model,
+      usage,
+    }: {
+      id: string;
+      created: number;
+      model: string;
+      usage: () => { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+    },
   ): Promise<void> {
     const tools = chat && request.tools?.active ? request.tools : null;
 
@@ -199,16 +226,27 @@ export class OpenAIServer {
       if (res.destroyed) return;
       const choices = jobs.map((job, index) => {
         const r = results[index];
-        const lp = request.s.logprobs ? (chat ? this.logprobs.chat(job, 0, job.ids.length, request) : this.logprobs.text(job, 0, job.ids.length, 0, request).logprobs) : null;
+        const lp = request.s.logprobs
+          ? chat
+            ? this.logprobs.chat(job, 0, job.ids.length, request)
+            : this.logprobs.text(job, 0, job.ids.length, 0, request).logprobs
+          : null;
         if (chat && tools && r.finish !== 'cancelled') {
           // The reply parsed for <tool_call> blocks (the same parser as the stream's).
           const parser = new ToolCallParser(tools.parallel);
           parser.push(r.text);
           parser.end();
           const calls = parser.calls;
-          return { index, message: { role: 'assistant', content: parser.content, ...(calls.length ? { tool_calls: calls } : {}) }, logprobs: lp, finish_reason: calls.length ? 'tool_calls' : r.finish };
+          return {
+            index,
+            message: { role: 'assistant', content: parser.content, ...(calls.length ? { tool_calls: calls } : {}) },
+            logprobs: lp,
+            finish_reason: calls.length ? 'tool_calls' : r.finish,
+          };
         }
-        return chat ? { index, message: { role: 'assistant', content: r.text }, logprobs: lp, finish_reason: r.finish } : { index, text: r.text, logprobs: lp, finish_reason: r.finish };
+        return chat
+          ? { index, message: { role: 'assistant', content: r.text }, logprobs: lp, finish_reason: r.finish }
+          : { index, text: r.text, logprobs: lp, finish_reason: r.finish };
       });
       sendJson(res, 200, { id, object: chat ? 'chat.completion' : 'text_completion', created, model, choices, usage: usage() });
       return;
@@ -231,8 +269,18 @@ export class OpenAIServer {
     /** A tool call as streamed: its id, type and name, then its arguments (as vLLM's hermes parser ends a call). */
     const callChunks = (index: number, calls: ToolCall[], first: number) =>
       calls.forEach((c, k) => {
-        chunk({ index, delta: { tool_calls: [{ index: first + k, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } }] }, logprobs: null, finish_reason: null });
-        chunk({ index, delta: { tool_calls: [{ index: first + k, function: { arguments: c.function.arguments } }] }, logprobs: null, finish_reason: null });
+        chunk({
+          index,
+          delta: { tool_calls: [{ index: first + k, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } }] },
+          logprobs: null,
+          finish_reason: null,
+        });
+        chunk({
+          index,
+          delta: { tool_calls: [{ index: first + k, function: { arguments: c.function.arguments } }] },
+          logprobs: null,
+          finish_reason: null,
+        });
       });
     jobs.forEach((job, index) => {
       let reported = 0; // tokens whose log-probs went out
@@ -260,41 +308,52 @@ export class OpenAIServer {
             }
             reported = upto;
           }
-          chunk(chat ? { index, delta: { content: piece }, logprobs: lp, finish_reason: null } : { index, text: piece, logprobs: lp, finish_reason: null });
+          chunk(
+            chat
+              ? { index, delta: { content: piece }, logprobs: lp, finish_reason: null }
+              : { index, text: piece, logprobs: lp, finish_reason: null },
+          );
         }
         if (calls.length) callChunks(index, calls, before);
         // (a cancelled row never calls its listener)
         if (end) {
           const finish = parser?.calls.length ? 'tool_calls' : end.finish;
-          chunk(chat ? { index, delta: {}, logprobs: null, finish_reason: finish } : { index, text: '', logprobs: null, finish_reason: finish });
+          chunk(
+            chat ? { index, delta: {}, logprobs: null, finish_reason: finish } : { index, text: '', logprobs: null, finish_reason: finish },
+          );
         }
       };
     });
     this.batcher.enqueue(jobs);
     try {
       await Promise.all(jobs.map((j) => j.result));
-      if (request.includeUsage) send({ id, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: usage() });
+      if (request.includeUsage)
+        send({ id, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: usage() });
     } catch (e) {
       for (const j of jobs) j.abort.abort();
       const he = HttpError.from(e);
       this.o.log?.(`serve: ${he.message}`);
       send(he.body());
     }
-    for (const j of jobs) if (j.mismatch) this.o.log?.(`serve: the streamed text of ${id} differs from its decoded text (the tokenizer's decoder is not prefix-stable)`);
+    for (const j of jobs)
+      if (j.mismatch)
+        this.o.log?.(`serve: the streamed text of ${id} differs from its decoded text (the tokenizer's decoder is not prefix-stable)`);
     if (!res.writableEnded && !res.destroyed) res.end('data: [DONE]\n\n');
   }
 
   /** vLLM's runtime LoRA routes: load {lora_name, lora_path} / unload {lora_name}. */
   private adapterRoute(res: ServerResponse, url: string, body: Record<string, unknown>): void {
     const name = body.lora_name;
-    if (typeof name !== 'string' || !name || name === this.o.name) throw new HttpError(400, `lora_name must be a non-empty string other than the base model's name, found ${describe(name)}`);
+    if (typeof name !== 'string' || !name || name === this.o.name)
+      throw new HttpError(400, `lora_name must be a non-empty string other than the base model's name, found ${describe(name)}`);
     if (url === '/v1/unload_lora_adapter') {
       if (!this.adapters.delete(name)) throw new HttpError(404, `no adapter named '${name}' is loaded`, 'not_found');
       this.o.log?.(`serve: unloaded adapter ${name}`);
       res.writeHead(200, { 'content-type': 'text/plain' }).end(`Success: LoRA adapter '${name}' removed successfully.`);
       return;
     }
-    if (this.adapters.has(name)) throw new HttpError(400, `an adapter named '${name}' is already loaded; unload it first or choose another name`);
+    if (this.adapters.has(name))
+      throw new HttpError(400, `an adapter named '${name}' is already loaded; unload it first or choose another name`);
     const path = body.lora_path;
     if (typeof path !== 'string' || !path) throw new HttpError(400, `lora_path must be a PEFT adapter folder, found ${describe(path)}`);
     try {

@@ -62,10 +62,12 @@ export function parseTools(body: Record<string, unknown>): ToolRequest {
   const raw = body.tools;
   const choice = body.tool_choice ?? null;
   const par = body.parallel_tool_calls ?? null;
-  if (par !== null && typeof par !== 'boolean') throw bad('parallel_tool_calls', `parallel_tool_calls must be true or false, found ${describe(par)}`);
+  if (par !== null && typeof par !== 'boolean')
+    throw bad('parallel_tool_calls', `parallel_tool_calls must be true or false, found ${describe(par)}`);
   const tools: ToolDef[] = [];
   if (raw !== undefined && raw !== null) {
-    if (!Array.isArray(raw)) throw bad('tools', `tools must be a list of {type: 'function', function: {name, description, parameters}}, found ${describe(raw)}`);
+    if (!Array.isArray(raw))
+      throw bad('tools', `tools must be a list of {type: 'function', function: {name, description, parameters}}, found ${describe(raw)}`);
     if (raw.length > MAX_TOOLS) throw bad('tools', `tools has ${raw.length} entries; this server takes at most ${MAX_TOOLS}`);
     if (deeper(raw, MAX_TOOLS_DEPTH)) throw bad('tools', `tools nests objects and lists more than ${MAX_TOOLS_DEPTH} levels deep`);
     let size: number;
@@ -78,16 +80,29 @@ export function parseTools(body: Record<string, unknown>): ToolRequest {
     const seen = new Set<string>();
     raw.forEach((t, i) => {
       const at = `tools[${i}]`;
-      if (!isObj(t) || t.type !== 'function') throw bad('tools', `${at} must be {type: 'function', function: {...}}, found ${describe(t)}${isObj(t) ? ` with type ${describe(t.type)}` : ''}`);
+      if (!isObj(t) || t.type !== 'function')
+        throw bad(
+          'tools',
+          `${at} must be {type: 'function', function: {...}}, found ${describe(t)}${isObj(t) ? ` with type ${describe(t.type)}` : ''}`,
+        );
       const f = t.function;
       if (!isObj(f)) throw bad('tools', `${at}.function must be an object with a name, found ${describe(f)}`);
-      if (typeof f.name !== 'string' || !NAME.test(f.name)) throw bad('tools', `${at}.function.name must be 1 to 64 letters, digits, _ . : or -, found ${describe(f.name)}`);
+      if (typeof f.name !== 'string' || !NAME.test(f.name))
+        throw bad('tools', `${at}.function.name must be 1 to 64 letters, digits, _ . : or -, found ${describe(f.name)}`);
       if (seen.has(f.name)) throw bad('tools', `${at}.function.name '${f.name}' is defined twice`);
       seen.add(f.name);
-      if (f.description !== undefined && f.description !== null && typeof f.description !== 'string') throw bad('tools', `${at}.function.description must be a string, found ${describe(f.description)}`);
-      if (f.parameters !== undefined && f.parameters !== null && !isObj(f.parameters)) throw bad('tools', `${at}.function.parameters must be a JSON-schema object, found ${describe(f.parameters)}`);
-      if (f.strict !== undefined && f.strict !== null && typeof f.strict !== 'boolean') throw bad('tools', `${at}.function.strict must be true or false, found ${describe(f.strict)}`);
-      if (f.strict === true) throw bad('tools', `${at}.function.strict: true is not supported: this server does not constrain generation to the schema`, 'unsupported_tool_choice');
+      if (f.description !== undefined && f.description !== null && typeof f.description !== 'string')
+        throw bad('tools', `${at}.function.description must be a string, found ${describe(f.description)}`);
+      if (f.parameters !== undefined && f.parameters !== null && !isObj(f.parameters))
+        throw bad('tools', `${at}.function.parameters must be a JSON-schema object, found ${describe(f.parameters)}`);
+      if (f.strict !== undefined && f.strict !== null && typeof f.strict !== 'boolean')
+        throw bad('tools', `${at}.function.strict must be true or false, found ${describe(f.strict)}`);
+      if (f.strict === true)
+        throw bad(
+          'tools',
+          `${at}.function.strict: true is not supported: this server does not constrain generation to the schema`,
+          'unsupported_tool_choice',
+        );
       const fn: ToolDef['function'] = { name: f.name };
       if (typeof f.description === 'string') fn.description = f.description;
       if (isObj(f.parameters)) fn.parameters = f.parameters;
@@ -101,7 +116,12 @@ export function parseTools(body: Record<string, unknown>): ToolRequest {
         `tool_choice ${JSON.stringify(choice).slice(0, 80)} is not supported: this server does not constrain generation, so it cannot force a call. Use 'auto' (the model decides, its <tool_call> blocks are parsed) or 'none'.`,
         'unsupported_tool_choice',
       );
-    if (choice !== 'auto' && choice !== 'none') throw bad('tool_choice', `tool_choice must be 'auto' or 'none' (named and 'required' choices are not supported), found ${describe(choice)}`, 'unsupported_tool_choice');
+    if (choice !== 'auto' && choice !== 'none')
+      throw bad(
+        'tool_choice',
+        `tool_choice must be 'auto' or 'none' (named and 'required' choices are not supported), found ${describe(choice)}`,
+        'unsupported_tool_choice',
+      );
     if (choice === 'auto' && !tools.length) throw bad('tool_choice', "tool_choice 'auto' needs tools", 'invalid_tools');
   }
   return { tools, active: tools.length > 0 && choice !== 'none', parallel: par !== false };
@@ -112,13 +132,18 @@ export function parseTools(body: Record<string, unknown>): ToolRequest {
  * `{type: 'function', function: {name, arguments}}` with the arguments' JSON string parsed into an
  * object (vLLM does the same: Qwen2.5's template writes `arguments | tojson`).
  */
-export function templateToolCalls(value: unknown, where: string): Array<{ id?: string; type: 'function'; function: { name: string; arguments: unknown } }> {
+export function templateToolCalls(
+  value: unknown,
+  where: string,
+): Array<{ id?: string; type: 'function'; function: { name: string; arguments: unknown } }> {
   if (!Array.isArray(value)) throw bad('messages', `${where}.tool_calls must be a list, found ${describe(value)}`);
   if (value.length > MAX_TOOLS) throw bad('messages', `${where}.tool_calls has ${value.length} entries; at most ${MAX_TOOLS}`);
   return value.map((c, i) => {
     const at = `${where}.tool_calls[${i}]`;
-    if (!isObj(c) || !isObj(c.function) || typeof c.function.name !== 'string' || !c.function.name) throw bad('messages', `${at} must be {id, type: 'function', function: {name, arguments}}, found ${describe(c)}`);
-    if (c.type !== undefined && c.type !== null && c.type !== 'function') throw bad('messages', `${at}.type must be 'function', found ${describe(c.type)}`);
+    if (!isObj(c) || !isObj(c.function) || typeof c.function.name !== 'string' || !c.function.name)
+      throw bad('messages', `${at} must be {id, type: 'function', function: {name, arguments}}, found ${describe(c)}`);
+    if (c.type !== undefined && c.type !== null && c.type !== 'function')
+      throw bad('messages', `${at}.type must be 'function', found ${describe(c.type)}`);
     let args: unknown = c.function.arguments ?? {};
     if (typeof args === 'string') {
       try {
@@ -127,7 +152,11 @@ export function templateToolCalls(value: unknown, where: string): Array<{ id?: s
         throw bad('messages', `${at}.function.arguments is not valid JSON: ${(e as Error).message}`);
       }
     }
-    return { ...(typeof c.id === 'string' ? { id: c.id } : {}), type: 'function' as const, function: { name: c.function.name, arguments: args } };
+    return {
+      ...(typeof c.id === 'string' ? { id: c.id } : {}),
+      type: 'function' as const,
+      function: { name: c.function.name, arguments: args },
+    };
   });
 }
 

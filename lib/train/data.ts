@@ -47,7 +47,11 @@ function questionFromPrompt(prompt: unknown): string | undefined {
  * end of its `prompt`. A `prompt` of another type (a plain string) is not used.
  */
 export async function loadQuestions(file: string): Promise<Question[]> {
-  if (!isHubRef(file) && !existsSync(file)) throw new SlmError('FILE_NOT_FOUND', `questions file ${file} does not exist. Set data.questions to JSONL/JSON/Parquet rows {question, answer}.`);
+  if (!isHubRef(file) && !existsSync(file))
+    throw new SlmError(
+      'FILE_NOT_FOUND',
+      `questions file ${file} does not exist. Set data.questions to JSONL/JSON/Parquet rows {question, answer}.`,
+    );
   const rows = await readRows(file);
   if (!rows.length) throw new SlmError('DATA_INVALID', `${file} has no question rows.`);
   return rows.map((r, i) => {
@@ -63,7 +67,10 @@ export async function loadQuestions(file: string): Promise<Question[]> {
       const roles = ['system', 'user', 'assistant', 'tool'];
       const bad = o.prompt.findIndex((m) => !m || typeof m !== 'object' || !roles.includes(m.role) || typeof m.content !== 'string');
       if (bad >= 0 || !o.prompt.length)
-        throw new SlmError('DATA_INVALID', `${file}: row ${i + 1}: "prompt" is a list, so it must be chat messages {role: ${roles.join(' | ')}, content: string} (Search-R1's layout), but ${o.prompt.length ? `item ${bad + 1} is ${describe(o.prompt[bad])}` : 'it is empty'}.`);
+        throw new SlmError(
+          'DATA_INVALID',
+          `${file}: row ${i + 1}: "prompt" is a list, so it must be chat messages {role: ${roles.join(' | ')}, content: string} (Search-R1's layout), but ${o.prompt.length ? `item ${bad + 1} is ${describe(o.prompt[bad])}` : 'it is empty'}.`,
+        );
       prompt = o.prompt.map((m: { role: ChatMessage['role']; content: string }) => ({ role: m.role, content: m.content }));
     }
     const answer = o.answer ?? o.answers ?? o.golden_answers ?? o.reward_model;
@@ -73,7 +80,14 @@ export async function loadQuestions(file: string): Promise<Question[]> {
     } catch (e) {
       throw new SlmError('DATA_INVALID', `${file}: row ${i + 1}: ${(e as Error).message}`);
     }
-    return { id: String(o.id ?? o.index ?? i), index: i, question, golds, ...(typeof o.data_source === 'string' ? { data_source: o.data_source } : {}), ...(prompt ? { prompt } : {}) };
+    return {
+      id: String(o.id ?? o.index ?? i),
+      index: i,
+      question,
+      golds,
+      ...(typeof o.data_source === 'string' ? { data_source: o.data_source } : {}),
+      ...(prompt ? { prompt } : {}),
+    };
   });
 }
 
@@ -91,8 +105,13 @@ export function splitQuestions<T>(rows: readonly T[], split: { train_fraction: n
  * question and every row of data.eval_questions an eval question; without it, data.split cuts
  * data.questions.
  */
-export async function questionSplits(data: Pick<ResolvedConfig['data'], 'questions' | 'eval_questions' | 'split'> & Partial<Pick<ResolvedConfig['data'], 'train_questions'>>): Promise<{ train: Question[]; eval: Question[] }> {
-  if (!data.questions) throw new SlmError('CONFIG_INVALID', 'data.questions is not set: expected question rows {question, answer}.', { path: 'data.questions' });
+export async function questionSplits(
+  data: Pick<ResolvedConfig['data'], 'questions' | 'eval_questions' | 'split'> & Partial<Pick<ResolvedConfig['data'], 'train_questions'>>,
+): Promise<{ train: Question[]; eval: Question[] }> {
+  if (!data.questions)
+    throw new SlmError('CONFIG_INVALID', 'data.questions is not set: expected question rows {question, answer}.', {
+      path: 'data.questions',
+    });
   const rows = await loadQuestions(data.questions);
   const s = data.eval_questions ? { train: rows, eval: await loadQuestions(data.eval_questions) } : splitQuestions(rows, data.split);
   const n = data.train_questions ?? null;
@@ -107,7 +126,9 @@ export async function questionSplits(data: Pick<ResolvedConfig['data'], 'questio
  * src/trainer/core.py 1113-1128). The same draw every epoch; the epochs' orders are the RL loop's.
  */
 export function trainSubset<T>(train: readonly T[], n: number, seed: number): T[] {
-  const keep = permutation(train.length, seed, 0x51ed).slice(0, n).sort((a, b) => a - b);
+  const keep = permutation(train.length, seed, 0x51ed)
+    .slice(0, n)
+    .sort((a, b) => a - b);
   return keep.map((i) => train[i]);
 }
 

@@ -44,7 +44,13 @@ export interface EvalSummary {
    * is the share of questions with at least one correct episode, sample_accuracy the share of correct
    * episodes (the policy's accuracy as it samples in training).
    */
-  pass_k?: { k: number; pass_at_k: number; sample_accuracy: number; temperature: number | [number, number]; top_p: number | [number, number] };
+  pass_k?: {
+    k: number;
+    pass_at_k: number;
+    sample_accuracy: number;
+    temperature: number | [number, number];
+    top_p: number | [number, number];
+  };
   time_s: number;
   date: string;
 }
@@ -72,7 +78,8 @@ export function evalLabel(adapter: string | null): string {
   // runs/NAME/adapter or runs/NAME/checkpoints/step-N/adapter -> NAME or NAME@step-N
   if (basename(a) === 'adapter') {
     const parent = dirname(a);
-    if (/^step-\d+$/.test(basename(parent)) && basename(dirname(parent)) === 'checkpoints') return `${basename(dirname(dirname(parent)))}@${basename(parent)}`;
+    if (/^step-\d+$/.test(basename(parent)) && basename(dirname(parent)) === 'checkpoints')
+      return `${basename(dirname(dirname(parent)))}@${basename(parent)}`;
     return basename(parent);
   }
   return basename(a);
@@ -106,7 +113,11 @@ function bySource(rows: ReadonlyArray<Record<string, unknown>>): Pick<EvalSummar
   }
   if (!groups.size) return {};
   const avg = (g: Array<Record<string, unknown>>, k: string) => mean(g.map((x) => x[k] as number));
-  return { by_source: Object.fromEntries([...groups].map(([k, g]) => [k, { questions: g.length, em: avg(g, 'em'), f1: avg(g, 'f1'), rouge_l: avg(g, 'rouge_l') }])) };
+  return {
+    by_source: Object.fromEntries(
+      [...groups].map(([k, g]) => [k, { questions: g.length, em: avg(g, 'em'), f1: avg(g, 'f1'), rouge_l: avg(g, 'rouge_l') }]),
+    ),
+  };
 }
 
 /**
@@ -145,26 +156,60 @@ export async function evaluate(
       });
       const r = await runner.run(chunk.map((q) => ({ question: q.question, prompt: q.prompt, temperature: cfg.eval.temperature })));
       // Every episode of the chunk scored at once (a judge endpoint limits its own concurrency).
-      const rewards = await Promise.all(r.episodes.map((e, i) => rewardFn({ answer: e.answer, golds: chunk[i].golds, question: chunk[i].question, id: chunk[i].id, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
+      const rewards = await Promise.all(
+        r.episodes.map((e, i) =>
+          rewardFn({
+            answer: e.answer,
+            golds: chunk[i].golds,
+            question: chunk[i].question,
+            id: chunk[i].id,
+            episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish },
+          }),
+        ),
+      );
       for (let i = 0; i < chunk.length; i++) {
         const e = r.episodes[i];
         const q = chunk[i];
         const m = answerMetrics(e.answer, q.golds);
         const rw = rewards[i];
         const correct = byJudge ? (rw.correct ?? false) : m.em === 1;
-        const row = { id: q.id, ...(q.data_source ? { data_source: q.data_source } : {}), question: q.question, golds: q.golds, answer: e.answer, correct, ...m, reward: rw.total, parts: rw.parts, ...(Object.keys(rw.errors).length ? { reward_errors: rw.errors } : {}), turns: e.turns, finish: e.finish, calls: e.calls, messages: e.messages };
+        const row = {
+          id: q.id,
+          ...(q.data_source ? { data_source: q.data_source } : {}),
+          question: q.question,
+          golds: q.golds,
+          answer: e.answer,
+          correct,
+          ...m,
+          reward: rw.total,
+          parts: rw.parts,
+          ...(Object.keys(rw.errors).length ? { reward_errors: rw.errors } : {}),
+          turns: e.turns,
+          finish: e.finish,
+          calls: e.calls,
+          messages: e.messages,
+        };
         rows.push(row);
         lines.push(JSON.stringify(row));
       }
       const accuracy = mean(rows.map((x) => (x.correct ? 1 : 0)));
       bar.update(s + chunk.length, { accuracy, reward: mean(rows.map((x) => x.reward as number)) });
-      if (!opts.progress) opts.log(`eval ${opts.label}: ${Math.min(s + batch, qs.length)}/${qs.length}, accuracy so far ${accuracy.toFixed(3)}`);
+      if (!opts.progress)
+        opts.log(`eval ${opts.label}: ${Math.min(s + batch, qs.length)}/${qs.length}, accuracy so far ${accuracy.toFixed(3)}`);
     }
   } finally {
     bar.stop();
   }
   writeFileSync(join(opts.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
-  const passK = cfg.eval.pass_k > 0 ? await passAtK(cfg, agent, env, qs, { ...opts, batch, correct: (e, q, rw) => (byJudge ? (rw.correct ?? false) : answerMetrics(e.answer, q.golds).em === 1), rewardFn }) : undefined;
+  const passK =
+    cfg.eval.pass_k > 0
+      ? await passAtK(cfg, agent, env, qs, {
+          ...opts,
+          batch,
+          correct: (e, q, rw) => (byJudge ? (rw.correct ?? false) : answerMetrics(e.answer, q.golds).em === 1),
+          rewardFn,
+        })
+      : undefined;
   const num = (k: string) => mean(rows.map((x) => x[k] as number));
   const summary: EvalSummary = {
     label: opts.label,
@@ -205,7 +250,15 @@ async function passAtK(
   agent: Agent,
   env: Environment,
   qs: readonly Question[],
-  opts: { label: string; dir: string; log: Log; batch: number; progress?: ProgressTo; rewardFn: ComposedRewardFn; correct: (e: { answer: string | null }, q: Question, rw: { correct?: boolean }) => boolean },
+  opts: {
+    label: string;
+    dir: string;
+    log: Log;
+    batch: number;
+    progress?: ProgressTo;
+    rewardFn: ComposedRewardFn;
+    correct: (e: { answer: string | null }, q: Question, rw: { correct?: boolean }) => boolean;
+  },
 ): Promise<NonNullable<EvalSummary['pass_k']>> {
   const k = cfg.eval.pass_k;
   const perChunk = Math.max(1, Math.floor(opts.batch / k));
@@ -217,8 +270,26 @@ async function passAtK(
       const chunk = qs.slice(s, s + perChunk);
       const reqs = rolloutRequests(chunk, s, k, 0, { temperature: cfg.rollout.temperature, topP: cfg.rollout.top_p, seed });
       const runner = episodeRunner(cfg, agent, env, { eval: true, seed, onTurn: (t) => bar.update(s + Math.floor(t.finished / k)) });
-      const r = await runner.run(reqs.map((q) => ({ question: q.question.question, prompt: q.question.prompt, temperature: q.temperature, topP: q.topP, seed: q.seed })));
-      const rewards = await Promise.all(r.episodes.map((e, i) => opts.rewardFn({ answer: e.answer, golds: reqs[i].question.golds, question: reqs[i].question.question, id: reqs[i].question.id, episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish } })));
+      const r = await runner.run(
+        reqs.map((q) => ({
+          question: q.question.question,
+          prompt: q.question.prompt,
+          temperature: q.temperature,
+          topP: q.topP,
+          seed: q.seed,
+        })),
+      );
+      const rewards = await Promise.all(
+        r.episodes.map((e, i) =>
+          opts.rewardFn({
+            answer: e.answer,
+            golds: reqs[i].question.golds,
+            question: reqs[i].question.question,
+            id: reqs[i].question.id,
+            episode: { turns: e.turns, messages: e.messages, calls: e.calls, finish: e.finish },
+          }),
+        ),
+      );
       for (let qi = 0; qi < chunk.length; qi++) {
         let c = 0;
         for (let j = qi * k; j < (qi + 1) * k; j++) if (opts.correct(r.episodes[j], chunk[qi], rewards[j])) c++;
@@ -229,18 +300,34 @@ async function passAtK(
   } finally {
     bar.stop();
   }
-  writeFileSync(join(opts.dir, 'pass_k.jsonl'), qs.map((q, i) => JSON.stringify({ id: q.id, question: q.question, k, correct: counts[i] })).join('\n') + '\n');
-  const out = { k, pass_at_k: mean(counts.map((c) => (c > 0 ? 1 : 0))), sample_accuracy: mean(counts) / k, temperature: cfg.rollout.temperature, top_p: cfg.rollout.top_p };
+  writeFileSync(
+    join(opts.dir, 'pass_k.jsonl'),
+    qs.map((q, i) => JSON.stringify({ id: q.id, question: q.question, k, correct: counts[i] })).join('\n') + '\n',
+  );
+  const out = {
+    k,
+    pass_at_k: mean(counts.map((c) => (c > 0 ? 1 : 0))),
+    sample_accuracy: mean(counts) / k,
+    temperature: cfg.rollout.temperature,
+    top_p: cfg.rollout.top_p,
+  };
   opts.log(`eval ${opts.label}: pass@${k} ${out.pass_at_k.toFixed(3)}, sampled accuracy ${out.sample_accuracy.toFixed(3)}`);
   return out;
 }
 
-export async function evalFromConfig(cfg: ResolvedConfig, opts: EvalOptions = {}): Promise<{ summary: EvalSummary; dir: string; table: string }> {
+export async function evalFromConfig(
+  cfg: ResolvedConfig,
+  opts: EvalOptions = {},
+): Promise<{ summary: EvalSummary; dir: string; table: string }> {
   opts.signal?.throwIfAborted();
   const log = opts.log ?? (() => {});
   const adapter = opts.adapter === undefined ? cfg.model.adapter : opts.adapter;
   const label = opts.label ?? evalLabel(adapter);
-  if (!/^[\w.@+-]+$/.test(label)) throw new SlmError('ARGUMENT_INVALID', `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-", "+" or "@" (it names a folder).`);
+  if (!/^[\w.@+-]+$/.test(label))
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `evaluation label ${JSON.stringify(label)}: expected letters, digits, ".", "_", "-", "+" or "@" (it names a folder).`,
+    );
   const qs = await evalQuestions(cfg);
   const dir = join(cfg.run.dir, 'evals', label);
   const agent = await loadAgent(cfg, adapter, log);
@@ -249,7 +336,15 @@ export async function evalFromConfig(cfg: ResolvedConfig, opts: EvalOptions = {}
   try {
     env = await openEnvironment(cfg, log, opts.progress, opts);
     judge = await rewardDeps(cfg, log, opts);
-    const summary = await evaluate(cfg, agent, env, judge.deps, qs, { label, adapter, dir, log, batch: opts.batch, progress: opts.progress, signal: opts.signal });
+    const summary = await evaluate(cfg, agent, env, judge.deps, qs, {
+      label,
+      adapter,
+      dir,
+      log,
+      batch: opts.batch,
+      progress: opts.progress,
+      signal: opts.signal,
+    });
     const table = comparisonTable(join(cfg.run.dir, 'evals'), cfg.eval.table);
     writeFileSync(join(cfg.run.dir, 'evals', 'comparison.md'), table + '\n');
     return { summary, dir, table };
@@ -275,11 +370,18 @@ export function comparisonTable(evalsDir: string, shape: ResolvedConfig['eval'][
   rows.sort((a, b) => a.date.localeCompare(b.date));
   if (shape === 'em_rouge_l') {
     // The SFT+PPO report's shape: one row per configuration, EM and ROUGE-L as fractions.
-    return ['| configuration | EM | ROUGE-L |', '|---|---:|---:|', ...rows.map((r) => `| ${r.label} | ${r.em.toFixed(3)} | ${r.rouge_l.toFixed(3)} |`)].join('\n');
+    return [
+      '| configuration | EM | ROUGE-L |',
+      '|---|---:|---:|',
+      ...rows.map((r) => `| ${r.label} | ${r.em.toFixed(3)} | ${r.rouge_l.toFixed(3)} |`),
+    ].join('\n');
   }
   const pct = (x: number) => `${(100 * x).toFixed(1)}`;
   const head = '| run | split | n | accuracy % | by | EM % | F1 % | ROUGE-L % | answered % | avg turns | reward |';
   const sep = '|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|';
-  const body = rows.map((r) => `| ${r.label} | ${r.split} | ${r.questions} | ${pct(r.accuracy)} | ${r.accuracy_by} | ${pct(r.em)} | ${pct(r.f1)} | ${pct(r.rouge_l)} | ${pct(r.answered)} | ${r.avg_turns.toFixed(2)} | ${r.reward.toFixed(3)} |`);
+  const body = rows.map(
+    (r) =>
+      `| ${r.label} | ${r.split} | ${r.questions} | ${pct(r.accuracy)} | ${r.accuracy_by} | ${pct(r.em)} | ${pct(r.f1)} | ${pct(r.rouge_l)} | ${pct(r.answered)} | ${r.avg_turns.toFixed(2)} | ${r.reward.toFixed(3)} |`,
+  );
   return [head, sep, ...body].join('\n');
 }

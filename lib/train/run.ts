@@ -171,7 +171,8 @@ export class RunFolder {
       rmSync(ck.dir, { recursive: true, force: true });
       removed.push(ck.dir);
     }
-    if (removed.length) this.log(`checkpoints: removed ${removed.map((d) => d.slice(d.lastIndexOf('step-'))).join(', ')} (train.save_total_limit ${limit})`);
+    if (removed.length)
+      this.log(`checkpoints: removed ${removed.map((d) => d.slice(d.lastIndexOf('step-'))).join(', ')} (train.save_total_limit ${limit})`);
     return removed;
   }
 
@@ -201,7 +202,12 @@ export class RunFolder {
       const dir = join(root, `step-${s}`);
       try {
         const state = JSON.parse(readFileSync(join(dir, 'state.json'), 'utf8')) as TrainState;
-        if (state.step === s && existsSync(join(dir, 'adapter', 'adapter_model.safetensors')) && existsSync(join(dir, 'optimizer.safetensors'))) out.push({ dir, state });
+        if (
+          state.step === s &&
+          existsSync(join(dir, 'adapter', 'adapter_model.safetensors')) &&
+          existsSync(join(dir, 'optimizer.safetensors'))
+        )
+          out.push({ dir, state });
       } catch {
         /* incomplete or damaged: try an older one */
       }
@@ -215,7 +221,12 @@ export class RunFolder {
   }
 
   async restore(model: Model): Promise<TrainState> {
-    const ck = await loadNewestGood(model, this.checkpoints(), this.log, `${this.dir} has no complete checkpoint under checkpoints/step-N. Start the run without --resume.`);
+    const ck = await loadNewestGood(
+      model,
+      this.checkpoints(),
+      this.log,
+      `${this.dir} has no complete checkpoint under checkpoints/step-N. Start the run without --resume.`,
+    );
     checkSchedule(this, ck);
     this.truncateMetrics(ck.state.step);
     // TensorBoard drops the earlier files' points from this step on (logged past the checkpoint).
@@ -227,7 +238,13 @@ export class RunFolder {
 /** A schedule with its defaults filled in (warm-up, final ratio), as learningRate reads it. */
 function resolvedSchedule(s: ScheduleSpec): Required<ScheduleSpec> {
   const d = sectionDefaults('optim');
-  return { kind: s.kind, lr: s.lr, warmupSteps: s.warmupSteps ?? d.warmup_steps, totalSteps: s.totalSteps ?? 0, minRatio: s.minRatio ?? d.min_lr_ratio };
+  return {
+    kind: s.kind,
+    lr: s.lr,
+    warmupSteps: s.warmupSteps ?? d.warmup_steps,
+    totalSteps: s.totalSteps ?? 0,
+    minRatio: s.minRatio ?? d.min_lr_ratio,
+  };
 }
 
 const SCHEDULE_FIELDS: Array<[keyof ScheduleSpec, string]> = [
@@ -250,7 +267,9 @@ function checkSchedule(run: RunFolder, ck: { dir: string; state: TrainState }): 
   const now = resolvedSchedule(run.schedule);
   // A constant schedule's learning rate does not depend on the step total (nor the final ratio).
   const constant = before.kind === 'constant' && now.kind === 'constant';
-  const changed = SCHEDULE_FIELDS.filter(([k]) => before[k] !== now[k] && !(constant && (k === 'totalSteps' || k === 'minRatio'))).map(([k, what]) => `${what}: ${before[k]} -> ${now[k]}`);
+  const changed = SCHEDULE_FIELDS.filter(([k]) => before[k] !== now[k] && !(constant && (k === 'totalSteps' || k === 'minRatio'))).map(
+    ([k, what]) => `${what}: ${before[k]} -> ${now[k]}`,
+  );
   if (!changed.length) return;
   const step = ck.state.step;
   const lr = (spec: ScheduleSpec) => {
@@ -262,7 +281,9 @@ function checkSchedule(run: RunFolder, ck: { dir: string; state: TrainState }): 
   };
   const effect = `the learning rate of step ${step + 1} would be ${lr(now)} instead of ${lr(before)}`;
   if (run.allowScheduleChange) {
-    run.log(`resume: the learning-rate schedule changed since ${ck.dir} (${changed.join('; ')}): ${effect}; continuing on the new schedule (--allow-schedule-change)`);
+    run.log(
+      `resume: the learning-rate schedule changed since ${ck.dir} (${changed.join('; ')}): ${effect}; continuing on the new schedule (--allow-schedule-change)`,
+    );
     return;
   }
   throw new SlmError(
@@ -297,7 +318,10 @@ export async function loadNewestGood(
       log(`resume: checkpoint ${ck.dir} cannot be loaded (${why}); trying an older one`);
     }
   }
-  throw new SlmError('CHECKPOINT_INVALID', `--resume: no checkpoint could be loaded: ${failures.join('; ')}. Start the run again without --resume (or restore the checkpoint files).`);
+  throw new SlmError(
+    'CHECKPOINT_INVALID',
+    `--resume: no checkpoint could be loaded: ${failures.join('; ')}. Start the run again without --resume (or restore the checkpoint files).`,
+  );
 }
 
 /** A deterministic permutation of 0..n-1 for (seed, epoch): resumable without saving RNG state. */

@@ -18,7 +18,8 @@ export function learningRate(spec: ScheduleSpec, step: number): number {
   if (step < warm) return (spec.lr * (step + 1)) / warm;
   if (spec.kind === 'constant') return spec.lr;
   const total = spec.totalSteps;
-  if (!total || total <= warm) throw new SlmError('CONFIG_INVALID', `a ${spec.kind} schedule needs totalSteps greater than warmupSteps (${warm}), found ${total}.`);
+  if (!total || total <= warm)
+    throw new SlmError('CONFIG_INVALID', `a ${spec.kind} schedule needs totalSteps greater than warmupSteps (${warm}), found ${total}.`);
   const progress = Math.min(1, (step - warm) / (total - warm));
   const min = spec.minRatio ?? sectionDefaults('optim').min_lr_ratio;
   const f = spec.kind === 'linear' ? 1 - progress : 0.5 * (1 + Math.cos(Math.PI * progress));
@@ -27,11 +28,23 @@ export function learningRate(spec: ScheduleSpec, step: number): number {
 
 /** The learning-rate schedule of a config (optim); totalSteps comes from the trainer when train.steps is null. */
 export function scheduleSpec(c: ResolvedConfig, lr = c.optim.lr): ScheduleSpec {
-  return { kind: c.optim.schedule, lr, warmupSteps: c.optim.warmup_steps, totalSteps: c.train.steps ?? undefined, minRatio: c.optim.min_lr_ratio };
+  return {
+    kind: c.optim.schedule,
+    lr,
+    warmupSteps: c.optim.warmup_steps,
+    totalSteps: c.train.steps ?? undefined,
+    minRatio: c.optim.min_lr_ratio,
+  };
 }
 
 /** The optimizer's settings of the optim section, as every trainer takes them. */
-export function optimizerOptions(optim: OptimConfig): { weightDecay: number; maxGradNorm: number; adam: AdamOptions; microBatch: number | undefined; gradientCheckpointing: boolean } {
+export function optimizerOptions(optim: OptimConfig): {
+  weightDecay: number;
+  maxGradNorm: number;
+  adam: AdamOptions;
+  microBatch: number | undefined;
+  gradientCheckpointing: boolean;
+} {
   return {
     weightDecay: optim.weight_decay,
     maxGradNorm: optim.max_grad_norm,

@@ -69,10 +69,21 @@ async function trainStage(cfg: ResolvedConfig, opts: StageOptions, dist: Distrib
   const log = opts.log ?? (() => {});
   const lead = !dist || dist.shard.rank === 0;
   const stage = cfg.stage;
-  if (stage === 'eval') throw new SlmError('CONFIG_INVALID', 'stage: eval has nothing to train; run `slm-train eval --config FILE` instead.', { path: 'stage' });
+  if (stage === 'eval')
+    throw new SlmError('CONFIG_INVALID', 'stage: eval has nothing to train; run `slm-train eval --config FILE` instead.', {
+      path: 'stage',
+    });
   const dir = runDir(cfg);
-  if (!opts.resume && lead && existsSync(join(dir, 'checkpoints')) && readdirSync(join(dir, 'checkpoints')).some((d) => /^step-\d+$/.test(d)))
-    throw new SlmError('RUN_EXISTS', `${dir} already holds checkpoints of a run. Continue it with --resume, or choose another run.name (or delete the folder).`);
+  if (
+    !opts.resume &&
+    lead &&
+    existsSync(join(dir, 'checkpoints')) &&
+    readdirSync(join(dir, 'checkpoints')).some((d) => /^step-\d+$/.test(d))
+  )
+    throw new SlmError(
+      'RUN_EXISTS',
+      `${dir} already holds checkpoints of a run. Continue it with --resume, or choose another run.name (or delete the folder).`,
+    );
   const run = lead ? new RunFolder(dir) : new RankRunFolder(dir, dist!.shard.rank);
   run.log = log;
   if (lead) writeResolvedConfig(cfg, dir, { file: opts.configFile, overrides: opts.overrides });
@@ -102,9 +113,26 @@ async function trainStage(cfg: ResolvedConfig, opts: StageOptions, dist: Distrib
     const e = env ?? (evalEnv ??= await openEnvironment(cfg, log, opts.progress, opts));
     judge ??= await rewardDeps(cfg, log, opts);
     const label = `${cfg.run.name ?? stage}@step-${row.step}`;
-    const s = await evaluate(cfg, agent, e, judge.deps, evalQs, { label, adapter: null, dir: join(dir, 'evals', `step-${row.step}`), log, progress: opts.progress });
-    run.logMetrics({ step: row.step, kind: 'eval', eval_accuracy: s.accuracy, eval_em: s.em, eval_f1: s.f1, eval_answered: s.answered, eval_avg_turns: s.avg_turns, eval_time_s: s.time_s });
-    log(`eval at step ${row.step}: accuracy ${(100 * s.accuracy).toFixed(1)} %, F1 ${(100 * s.f1).toFixed(1)} %, answered ${(100 * s.answered).toFixed(1)} %`);
+    const s = await evaluate(cfg, agent, e, judge.deps, evalQs, {
+      label,
+      adapter: null,
+      dir: join(dir, 'evals', `step-${row.step}`),
+      log,
+      progress: opts.progress,
+    });
+    run.logMetrics({
+      step: row.step,
+      kind: 'eval',
+      eval_accuracy: s.accuracy,
+      eval_em: s.em,
+      eval_f1: s.f1,
+      eval_answered: s.answered,
+      eval_avg_turns: s.avg_turns,
+      eval_time_s: s.time_s,
+    });
+    log(
+      `eval at step ${row.step}: accuracy ${(100 * s.accuracy).toFixed(1)} %, F1 ${(100 * s.f1).toFixed(1)} %, answered ${(100 * s.answered).toFixed(1)} %`,
+    );
   };
   try {
     log(`run: ${dir} (stage ${stage}, model ${cfg.model.path}${cfg.model.adapter ? `, adapter ${cfg.model.adapter}` : ''})`);
@@ -116,8 +144,14 @@ async function trainStage(cfg: ResolvedConfig, opts: StageOptions, dist: Distrib
     else {
       required(cfg.data.questions, 'data.questions');
       const { train, eval: held } = await questionSplits(cfg.data);
-      if (!train.length) throw new SlmError('DATA_INVALID', `the train split of ${cfg.data.questions} is empty${cfg.data.eval_questions ? '' : ` (train_fraction ${cfg.data.split.train_fraction} of ${train.length + held.length} rows)`}.`);
-      log(`questions: ${train.length} to train on (${cfg.data.eval_questions ? `every row of ${cfg.data.questions}` : `data.split of ${cfg.data.questions}`}${cfg.data.train_questions !== null ? `, data.train_questions drawn` : ''}), ${held.length} to evaluate on (${cfg.data.eval_questions ?? 'the rest'})`);
+      if (!train.length)
+        throw new SlmError(
+          'DATA_INVALID',
+          `the train split of ${cfg.data.questions} is empty${cfg.data.eval_questions ? '' : ` (train_fraction ${cfg.data.split.train_fraction} of ${train.length + held.length} rows)`}.`,
+        );
+      log(
+        `questions: ${train.length} to train on (${cfg.data.eval_questions ? `every row of ${cfg.data.questions}` : `data.split of ${cfg.data.questions}`}${cfg.data.train_questions !== null ? `, data.train_questions drawn` : ''}), ${held.length} to evaluate on (${cfg.data.eval_questions ?? 'the rest'})`,
+      );
       env = await openEnvironment(cfg, log, opts.progress, opts);
       log(`environment: ${env.describe}`);
       judge ??= await rewardDeps(cfg, log, opts);
@@ -152,8 +186,27 @@ function fmt(v: unknown): string {
 
 /** One progress line per step: the step and its headline metrics. */
 function stepLine(row: Record<string, unknown>): string {
-  const keys = ['loss', 'reward_mean', 'reward', 'accuracy', 'kl', 'clip_frac', 'grad_norm', 'lr', 'mask_coverage', 'time_rollout_s', 'time_train_s'];
-  return `step ${row.step}: ` + keys.filter((k) => row[k] !== undefined && row[k] !== null).map((k) => `${k} ${fmt(row[k])}`).join(', ') + nothingTrained(row);
+  const keys = [
+    'loss',
+    'reward_mean',
+    'reward',
+    'accuracy',
+    'kl',
+    'clip_frac',
+    'grad_norm',
+    'lr',
+    'mask_coverage',
+    'time_rollout_s',
+    'time_train_s',
+  ];
+  return (
+    `step ${row.step}: ` +
+    keys
+      .filter((k) => row[k] !== undefined && row[k] !== null)
+      .map((k) => `${k} ${fmt(row[k])}`)
+      .join(', ') +
+    nothingTrained(row)
+  );
 }
 
 /** What the skip reasons of a group (lib/train/rl/advantages.ts) mean. */
@@ -171,10 +224,15 @@ export function nothingTrained(row: Record<string, unknown>): string {
   const reasons = Array.isArray(row.skip_reasons) ? (row.skip_reasons as unknown[]).map(String) : [];
   const why = reasons.map((r) => `${r}: ${SKIP_REASONS[r] ?? 'skipped'}`).join('; ');
   if (row.episodes_trained === 0) {
-    const groups = typeof row.groups_skipped === 'number' && row.groups_skipped > 0 ? `all ${row.groups_skipped} group(s) skipped` : 'no episode had a non-zero advantage and a trained token';
+    const groups =
+      typeof row.groups_skipped === 'number' && row.groups_skipped > 0
+        ? `all ${row.groups_skipped} group(s) skipped`
+        : 'no episode had a non-zero advantage and a trained token';
     return ` -- trained nothing: ${groups}${why ? ` (${why})` : ''}`;
   }
-  const skipped = row.update_skipped === true || row.skipped === true || (typeof row.updates_skipped === 'number' && row.updates_skipped > 0);
-  if (skipped) return ` -- update skipped${typeof row.skip_reason === 'string' ? `: ${row.skip_reason}` : ''} (the adapter is unchanged by this step)`;
+  const skipped =
+    row.update_skipped === true || row.skipped === true || (typeof row.updates_skipped === 'number' && row.updates_skipped > 0);
+  if (skipped)
+    return ` -- update skipped${typeof row.skip_reason === 'string' ? `: ${row.skip_reason}` : ''} (the adapter is unchanged by this step)`;
   return '';
 }

@@ -61,7 +61,10 @@ export async function fetchText(url: string, init: RequestInit, timeoutMs: numbe
     try {
       return { res, text: await res.text() };
     } catch (e) {
-      throw new AttemptError(ac.signal.aborted ? `the reply did not finish within ${ms} ms` : `reading the reply failed: ${reason(e)}`, true);
+      throw new AttemptError(
+        ac.signal.aborted ? `the reply did not finish within ${ms} ms` : `reading the reply failed: ${reason(e)}`,
+        true,
+      );
     }
   } finally {
     clearTimeout(timer);

@@ -15,7 +15,8 @@ export class Limiter {
       return await fn();
     } finally {
       const next = this.#waiting.shift();
-      if (next) next(); // the slot passes to the next waiter
+      if (next)
+        next(); // the slot passes to the next waiter
       else this.#active--;
     }
   }

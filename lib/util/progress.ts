@@ -219,7 +219,14 @@ export function progressLog(stream: ProgressStream, prefix: string | (() => stri
 }
 
 /** Runs `fn` with a bar that is stopped however `fn` ends. */
-export async function withProgress<T>(label: string, total: number, unit: string, to: ProgressTo | false | undefined, fn: (p: Progress) => Promise<T>, startValue = 0): Promise<T> {
+export async function withProgress<T>(
+  label: string,
+  total: number,
+  unit: string,
+  to: ProgressTo | false | undefined,
+  fn: (p: Progress) => Promise<T>,
+  startValue = 0,
+): Promise<T> {
   const p = new Progress(label, total, unit, to, startValue);
   try {
     return await fn(p);
@@ -232,7 +239,11 @@ export async function withProgress<T>(label: string, total: number, unit: string
  * A phase made of named sub-phases, each with its own count (e.g. indexing: `embed` then `graph`):
  * `update(phase, done, total)` starts a new bar whenever the phase changes; `stop()` ends the last.
  */
-export function phasedProgress(label: string, unit: string, to: ProgressTo | false | undefined): { update(phase: string, done: number, total: number): void; stop(): void } {
+export function phasedProgress(
+  label: string,
+  unit: string,
+  to: ProgressTo | false | undefined,
+): { update(phase: string, done: number, total: number): void; stop(): void } {
   let cur: { phase: string; bar: Progress } | undefined;
   return {
     update(phase, done, total) {

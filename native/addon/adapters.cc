@@ -22,7 +22,8 @@ slm::LoraConfig read_lora(Napi::Env env, const Napi::Object& o) {
   slm::LoraConfig c;
   c.r = int_field(env, o, "r", 0, true);
   for (const char* k : {"alpha", "dropout"})
-    if (!o.Get(k).IsNumber()) throw_error(env, "ARGUMENT_INVALID", std::string("LoRA config: '") + k + "' must be a number; pass the adapter's value.");
+    if (!o.Get(k).IsNumber())
+      throw_error(env, "ARGUMENT_INVALID", std::string("LoRA config: '") + k + "' must be a number; pass the adapter's value.");
   c.alpha = num_field(env, o, "alpha", 0);
   c.dropout = num_field(env, o, "dropout", 0);
   auto rs = o.Get("rslora");
@@ -42,13 +43,13 @@ slm::LoraConfig read_lora(Napi::Env env, const Napi::Object& o) {
 }  // namespace
 
 Napi::Function AdapterSetWrap::Define(Napi::Env env) {
-  auto cls = DefineClass(env, kName,
-                         {InstanceMethod<&AdapterSetWrap::Attach>("attach"), InstanceMethod<&AdapterSetWrap::Load>("load"),
-                          InstanceMethod<&AdapterSetWrap::Detach>("detach"), InstanceMethod<&AdapterSetWrap::Save>("save"),
-                          InstanceMethod<&AdapterSetWrap::SetReference>("setReference"),
-                          InstanceMethod<&AdapterSetWrap::ClearReference>("clearReference"),
-                          InstanceMethod<&AdapterSetWrap::HasReference>("hasReference"),
-                          InstanceMethod<&AdapterSetWrap::Trainable>("trainable"), InstanceMethod<&AdapterSetWrap::SetTrainable>("setTrainable")});
+  auto cls = DefineClass(
+      env, kName,
+      {InstanceMethod<&AdapterSetWrap::Attach>("attach"), InstanceMethod<&AdapterSetWrap::Load>("load"),
+       InstanceMethod<&AdapterSetWrap::Detach>("detach"), InstanceMethod<&AdapterSetWrap::Save>("save"),
+       InstanceMethod<&AdapterSetWrap::SetReference>("setReference"), InstanceMethod<&AdapterSetWrap::ClearReference>("clearReference"),
+       InstanceMethod<&AdapterSetWrap::HasReference>("hasReference"), InstanceMethod<&AdapterSetWrap::Trainable>("trainable"),
+       InstanceMethod<&AdapterSetWrap::SetTrainable>("setTrainable")});
   data(env)->adapter_set_class = Napi::Persistent(cls);
   return cls;
 }
@@ -168,7 +169,8 @@ Napi::Value AdapterSetWrap::SetTrainable(const Napi::CallbackInfo& info) {
   auto vals = float32s(env, info[1], "values");
   for (const auto& [n, p] : slm::trainable(*m)) {
     if (n != name) continue;
-    if (static_cast<int64_t>(vals.size()) != p.numel()) throw_error(env, "ARGUMENT_INVALID", "setTrainable: " + name + " has " + std::to_string(p.numel()) + " values.");
+    if (static_cast<int64_t>(vals.size()) != p.numel())
+      throw_error(env, "ARGUMENT_INVALID", "setTrainable: " + name + " has " + std::to_string(p.numel()) + " values.");
     at::NoGradGuard ng;
     p.detach().copy_(at::tensor(vals, at::kFloat).view(p.sizes()));
     return env.Undefined();

@@ -12,8 +12,12 @@ namespace slm_addon {
 template <class T, napi_typedarray_type K>
 std::vector<T> typed_vector(Napi::Env env, const Napi::Value& v, const char* what) {
   if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != K)
-    throw_error(env, "ARGUMENT_INVALID", std::string("expected ") + what + " as a " +
-                                              (K == napi_int32_array ? "Int32Array" : K == napi_float32_array ? "Float32Array" : "Uint8Array") + ".");
+    throw_error(env, "ARGUMENT_INVALID",
+                std::string("expected ") + what + " as a " +
+                    (K == napi_int32_array     ? "Int32Array"
+                     : K == napi_float32_array ? "Float32Array"
+                                               : "Uint8Array") +
+                    ".");
   auto a = v.As<Napi::TypedArrayOf<T>>();
   return std::vector<T>(a.Data(), a.Data() + a.ElementLength());
 }
@@ -27,12 +31,16 @@ inline std::vector<float> float32s(Napi::Env env, const Napi::Value& v, const ch
 
 // Splits a flat typed array into per-sequence rows (lengths as for ids); empty when absent.
 template <class T, napi_typedarray_type K>
-std::vector<std::vector<T>> rows_of(Napi::Env env, const Napi::Object& o, const char* k, const std::vector<int32_t>& lengths, size_t total) {
+std::vector<std::vector<T>> rows_of(Napi::Env env, const Napi::Object& o, const char* k, const std::vector<int32_t>& lengths,
+                                    size_t total) {
   std::vector<std::vector<T>> out;
   auto v = o.Get(k);
   if (v.IsUndefined() || v.IsNull()) return out;
   auto flat = typed_vector<T, K>(env, v, k);
-  if (flat.size() != total) throw_error(env, "ARGUMENT_INVALID", std::string(k) + " must have one value per token (" + std::to_string(total) + "), found " + std::to_string(flat.size()) + ".");
+  if (flat.size() != total)
+    throw_error(
+        env, "ARGUMENT_INVALID",
+        std::string(k) + " must have one value per token (" + std::to_string(total) + "), found " + std::to_string(flat.size()) + ".");
   size_t off = 0;
   for (auto n : lengths) {
     out.emplace_back(flat.begin() + off, flat.begin() + off + n);

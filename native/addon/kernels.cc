@@ -26,7 +26,8 @@ Napi::Value Linear(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "linear expects { x, w, m, n, k, dtype }.");
   auto o = info[0].As<Napi::Object>();
-  if (!o.Get("m").IsNumber() || !o.Get("n").IsNumber() || !o.Get("k").IsNumber() || !o.Get("x").IsTypedArray() || !o.Get("w").IsTypedArray())
+  if (!o.Get("m").IsNumber() || !o.Get("n").IsNumber() || !o.Get("k").IsNumber() || !o.Get("x").IsTypedArray() ||
+      !o.Get("w").IsTypedArray())
     throw_error(env, "ARGUMENT_INVALID", "linear expects numbers m, n, k and Float32Arrays x, w.");
   const int64_t M = o.Get("m").As<Napi::Number>().Int64Value(), N = o.Get("n").As<Napi::Number>().Int64Value(),
                 K = o.Get("k").As<Napi::Number>().Int64Value();
@@ -34,7 +35,8 @@ Napi::Value Linear(const Napi::CallbackInfo& info) {
   if (M < 1 || N < 1 || K < 1 || static_cast<int64_t>(xs.ElementLength()) != M * K || static_cast<int64_t>(ws.ElementLength()) != N * K)
     throw_error(env, "ARGUMENT_INVALID", "linear: x must hold m*k and w n*k floats, with m, n, k >= 1.");
   const std::string dt = o.Get("dtype").IsString() ? o.Get("dtype").As<Napi::String>().Utf8Value() : "float32";
-  if (dt != "float32" && dt != "bfloat16") throw_error(env, "ARGUMENT_INVALID", "linear: dtype must be float32 or bfloat16, found '" + dt + "'.");
+  if (dt != "float32" && dt != "bfloat16")
+    throw_error(env, "ARGUMENT_INVALID", "linear: dtype must be float32 or bfloat16, found '" + dt + "'.");
   const auto st = dt == "bfloat16" ? at::kBFloat16 : at::kFloat;
   at::NoGradGuard ng;
   auto x = at::from_blob(xs.Data(), {M, K}, at::kFloat).to(st);
@@ -63,7 +65,8 @@ Napi::Value Linear(const Napi::CallbackInfo& info) {
 // tensor path when the CPU kernels are off. For tests and benchmarks.
 Napi::Value Sample(const Napi::CallbackInfo& info) {
   auto env = info.Env();
-  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "sample expects { logits, rows, vocab, temperature, u, topK?, topP?, topN? }.");
+  if (!info[0].IsObject())
+    throw_error(env, "ARGUMENT_INVALID", "sample expects { logits, rows, vocab, temperature, u, topK?, topP?, topN? }.");
   auto o = info[0].As<Napi::Object>();
   if (!o.Get("logits").IsTypedArray() || !o.Get("rows").IsNumber() || !o.Get("vocab").IsNumber())
     throw_error(env, "ARGUMENT_INVALID", "sample expects a Float32Array logits and numbers rows, vocab.");
@@ -77,9 +80,10 @@ Napi::Value Sample(const Napi::CallbackInfo& info) {
     return v;
   };
   auto temps = nums("temperature"), us = nums("u"), tops = nums("topP");
-  if (B < 1 || V < 1 || static_cast<int64_t>(lg.ElementLength()) != B * V || static_cast<int64_t>(temps.size()) != B || static_cast<int64_t>(us.size()) != B ||
-      !(tops.empty() || static_cast<int64_t>(tops.size()) == B))
-    throw_error(env, "ARGUMENT_INVALID", "sample: logits must hold rows*vocab floats, temperature and u one number per row, topP none or one per row.");
+  if (B < 1 || V < 1 || static_cast<int64_t>(lg.ElementLength()) != B * V || static_cast<int64_t>(temps.size()) != B ||
+      static_cast<int64_t>(us.size()) != B || !(tops.empty() || static_cast<int64_t>(tops.size()) == B))
+    throw_error(env, "ARGUMENT_INVALID",
+                "sample: logits must hold rows*vocab floats, temperature and u one number per row, topP none or one per row.");
   if (tops.empty()) tops.assign(B, 1.f);
   const int64_t top_k = o.Has("topK") ? o.Get("topK").As<Napi::Number>().Int64Value() : 0;
   const int64_t top_n = o.Has("topN") ? o.Get("topN").As<Napi::Number>().Int64Value() : 0;
@@ -116,24 +120,30 @@ Napi::Value Sample(const Napi::CallbackInfo& info) {
 // ATen's operations. For tests and benchmarks of the kernel.
 Napi::Value Attention(const Napi::CallbackInfo& info) {
   auto env = info.Env();
-  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "attention expects { q, k, v, mask, b, nq, nkv, s, d, t?, capacity?, dtype?, prefix? }.");
+  if (!info[0].IsObject())
+    throw_error(env, "ARGUMENT_INVALID", "attention expects { q, k, v, mask, b, nq, nkv, s, d, t?, capacity?, dtype?, prefix? }.");
   auto o = info[0].As<Napi::Object>();
   auto dim = [&](const char* key, int64_t dflt) {
     auto x = o.Get(key);
     if (x.IsUndefined() && dflt > 0) return dflt;
-    if (!x.IsNumber() || x.As<Napi::Number>().Int64Value() < 1) throw_error(env, "ARGUMENT_INVALID", std::string("attention: '") + key + "' must be a positive integer.");
+    if (!x.IsNumber() || x.As<Napi::Number>().Int64Value() < 1)
+      throw_error(env, "ARGUMENT_INVALID", std::string("attention: '") + key + "' must be a positive integer.");
     return x.As<Napi::Number>().Int64Value();
   };
-  const int64_t B = dim("b", 0), nq = dim("nq", 0), nkv = dim("nkv", 0), S = dim("s", 0), D = dim("d", 0), T = dim("t", 1), C = dim("capacity", S);
+  const int64_t B = dim("b", 0), nq = dim("nq", 0), nkv = dim("nkv", 0), S = dim("s", 0), D = dim("d", 0), T = dim("t", 1),
+                C = dim("capacity", S);
   if (nq % nkv != 0 || C < S) throw_error(env, "ARGUMENT_INVALID", "attention: nq must be a multiple of nkv and capacity >= s.");
   auto floats = [&](const char* key, int64_t n) {
     auto x = o.Get(key);
-    if (!x.IsTypedArray() || x.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array || static_cast<int64_t>(x.As<Napi::Float32Array>().ElementLength()) != n)
-      throw_error(env, "ARGUMENT_INVALID", std::string("attention: '") + key + "' must be a Float32Array of " + std::to_string(n) + " values.");
+    if (!x.IsTypedArray() || x.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+        static_cast<int64_t>(x.As<Napi::Float32Array>().ElementLength()) != n)
+      throw_error(env, "ARGUMENT_INVALID",
+                  std::string("attention: '") + key + "' must be a Float32Array of " + std::to_string(n) + " values.");
     return at::from_blob(x.As<Napi::Float32Array>().Data(), {n}, at::kFloat).clone();
   };
   const std::string dt = o.Get("dtype").IsString() ? o.Get("dtype").As<Napi::String>().Utf8Value() : "float32";
-  if (dt != "float32" && dt != "bfloat16") throw_error(env, "ARGUMENT_INVALID", "attention: dtype must be float32 or bfloat16, found '" + dt + "'.");
+  if (dt != "float32" && dt != "bfloat16")
+    throw_error(env, "ARGUMENT_INVALID", "attention: dtype must be float32 or bfloat16, found '" + dt + "'.");
   const auto st = dt == "bfloat16" ? at::kBFloat16 : at::kFloat;
   at::NoGradGuard ng;
   auto q = floats("q", B * nq * T * D).view({B, nq, T, D}).to(st);
@@ -144,7 +154,8 @@ Napi::Value Attention(const Napi::CallbackInfo& info) {
   // at those positions are not read.
   const int64_t P = o.Get("prefix").IsUndefined() ? 0 : dim("prefix", 0);
   if (P >= S) throw_error(env, "ARGUMENT_INVALID", "attention: 'prefix' must be smaller than s.");
-  auto y = (P > 0 ? slm::grouped_attention(q, k.narrow(2, P, S - P), v.narrow(2, P, S - P), mask, true, k.narrow(0, 0, 1).narrow(2, 0, P), v.narrow(0, 0, 1).narrow(2, 0, P))
+  auto y = (P > 0 ? slm::grouped_attention(q, k.narrow(2, P, S - P), v.narrow(2, P, S - P), mask, true, k.narrow(0, 0, 1).narrow(2, 0, P),
+                                           v.narrow(0, 0, 1).narrow(2, 0, P))
                   : slm::grouped_attention(q, k, v, mask, true))
                .to(at::kFloat)
                .contiguous();

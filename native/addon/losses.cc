@@ -24,7 +24,9 @@ Napi::Object arg(const Napi::CallbackInfo& info, const char* what) {
 at::Tensor row(Napi::Env env, const Napi::Object& o, const char* k, int64_t n) {
   auto v = float32s(env, o.Get(k), k);
   if (n >= 0 && static_cast<int64_t>(v.size()) != n)
-    throw_error(env, "ARGUMENT_INVALID", std::string("losses: '") + k + "' must have " + std::to_string(n) + " values (one per token), found " + std::to_string(v.size()) + ".");
+    throw_error(env, "ARGUMENT_INVALID",
+                std::string("losses: '") + k + "' must have " + std::to_string(n) + " values (one per token), found " +
+                    std::to_string(v.size()) + ".");
   return at::tensor(v, at::kFloat).view({1, static_cast<int64_t>(v.size())});
 }
 
@@ -72,10 +74,12 @@ Napi::Value Weights(const Napi::CallbackInfo& info) {
   }
   if (off != flat.size()) throw_error(env, "ARGUMENT_INVALID", "losses.weights: lengths do not add up to the mask's length.");
   auto norm = str_field(env, o, "norm", "");
-  if (norm != "token" && norm != "sequence") throw_error(env, "ARGUMENT_INVALID", "losses.weights: norm must be 'token' or 'sequence', found '" + norm + "'.");
+  if (norm != "token" && norm != "sequence")
+    throw_error(env, "ARGUMENT_INVALID", "losses.weights: norm must be 'token' or 'sequence', found '" + norm + "'.");
   tokens = int_field(env, o, "tokens", tokens);
   sequences = int_field(env, o, "sequences", sequences);
-  auto w = slm::loss_weights(mask, 0, static_cast<int64_t>(mask.size()), T, norm == "token" ? slm::LossNorm::Token : slm::LossNorm::Sequence, tokens, sequences);
+  auto w = slm::loss_weights(mask, 0, static_cast<int64_t>(mask.size()), T,
+                             norm == "token" ? slm::LossNorm::Token : slm::LossNorm::Sequence, tokens, sequences);
   std::vector<float> out(flat.size(), 0.f);
   auto wa = w.accessor<float, 2>();
   off = 0;
@@ -102,7 +106,8 @@ Napi::Value Policy(const Napi::CallbackInfo& info) {
   at::AutoGradMode on(true);
   auto lp = row(env, o, "logprobs", -1).requires_grad_(true);
   const int64_t n = lp.size(1);
-  auto p = slm::policy_loss(lp, row(env, o, "oldLogprobs", n), row(env, o, "advantages", n), row(env, o, "weights", n), number(env, o, "clipLow"), number(env, o, "clipHigh"));
+  auto p = slm::policy_loss(lp, row(env, o, "oldLogprobs", n), row(env, o, "advantages", n), row(env, o, "weights", n),
+                            number(env, o, "clipLow"), number(env, o, "clipHigh"));
   auto r = result(env, p.loss, lp);
   r.Set("clipped", p.clipped.item<double>());
   r.Set("ratio", p.ratio.item<double>());
@@ -126,8 +131,10 @@ Napi::Value Kl(const Napi::CallbackInfo& info) {
 std::pair<at::Tensor, at::Tensor> vocab_rows(Napi::Env env, const Napi::Object& o, const char* what) {
   const int64_t V = int_field(env, o, "vocab", 0, true);
   auto flat = row(env, o, "logits", -1);
-  if (V <= 0 || flat.size(1) % V != 0) throw_error(env, "ARGUMENT_INVALID", std::string("losses.") + what + ": logits must hold n x vocab values.");
-  return {flat.view({1, flat.size(1) / V, V}).clone().requires_grad_(true), at::full({1, 1, 1}, num_field(env, o, "temperature", 1.0), at::kFloat)};
+  if (V <= 0 || flat.size(1) % V != 0)
+    throw_error(env, "ARGUMENT_INVALID", std::string("losses.") + what + ": logits must hold n x vocab values.");
+  return {flat.view({1, flat.size(1) / V, V}).clone().requires_grad_(true),
+          at::full({1, 1, 1}, num_field(env, o, "temperature", 1.0), at::kFloat)};
 }
 
 // entropy({logits, vocab, weights, temperature?}) -> {loss (the bonus term), grad (d bonus / d logits), entropy (weighted), logprobs}
@@ -161,9 +168,14 @@ Napi::Value TokenStatsJs(const Napi::CallbackInfo& info) {
   auto [logits, temp] = vocab_rows(env, o, "tokenStats");
   const int64_t n = logits.size(1), V = logits.size(2);
   auto ids = int32s(env, o.Get("targets"), "targets");
-  if (static_cast<int64_t>(ids.size()) != n) throw_error(env, "ARGUMENT_INVALID", "losses.tokenStats: 'targets' must have one id per position (" + std::to_string(n) + "), found " + std::to_string(ids.size()) + ".");
+  if (static_cast<int64_t>(ids.size()) != n)
+    throw_error(env, "ARGUMENT_INVALID",
+                "losses.tokenStats: 'targets' must have one id per position (" + std::to_string(n) + "), found " +
+                    std::to_string(ids.size()) + ".");
   for (auto id : ids)
-    if (id < 0 || id >= V) throw_error(env, "ARGUMENT_INVALID", "losses.tokenStats: target id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ").");
+    if (id < 0 || id >= V)
+      throw_error(env, "ARGUMENT_INVALID",
+                  "losses.tokenStats: target id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ").");
   auto targets = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).view({1, n, 1});
   auto st = slm::token_stats(logits, temp, targets);
   auto loss = at::zeros({}, at::kFloat);
@@ -184,7 +196,10 @@ Napi::Value ValueLoss(const Napi::CallbackInfo& info) {
   at::AutoGradMode on(true);
   auto v = row(env, o, "values", -1).requires_grad_(true);
   const int64_t n = v.size(1);
-  return result(env, slm::value_loss(v, row(env, o, "oldValues", n), row(env, o, "returns", n), row(env, o, "weights", n), number(env, o, "valueClip")), v);
+  return result(
+      env,
+      slm::value_loss(v, row(env, o, "oldValues", n), row(env, o, "returns", n), row(env, o, "weights", n), number(env, o, "valueClip")),
+      v);
 }
 
 }  // namespace

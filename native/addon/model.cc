@@ -51,16 +51,15 @@ slm::Qwen3Config read_config(Napi::Env env, const Napi::Object& c) {
 }  // namespace
 
 Napi::Function ModelWrap::Define(Napi::Env env) {
-  auto cls = DefineClass(env, kName,
-                         {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
-                          InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
-                          InstanceMethod<&ModelWrap::GenerateStream>("generateStream"),
-                          InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"),
-                          InstanceMethod<&ModelWrap::LastHidden>("lastHidden"),
-                          InstanceMethod<&ModelWrap::ReleaseCaches>("releaseCaches"), InstanceMethod<&ModelWrap::ClearCaches>("clearCaches"),
-                          InstanceMethod<&ModelWrap::SetCacheLimit>("setCacheLimit"), InstanceMethod<&ModelWrap::CacheStats>("cacheStats"),
-                          InstanceMethod<&ModelWrap::SaveMerged>("saveMerged"), InstanceMethod<&ModelWrap::BaseDigest>("baseDigest"),
-                          InstanceMethod<&ModelWrap::Dispose>("dispose")});
+  auto cls = DefineClass(
+      env, kName,
+      {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
+       InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
+       InstanceMethod<&ModelWrap::GenerateStream>("generateStream"), InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"),
+       InstanceMethod<&ModelWrap::LastHidden>("lastHidden"), InstanceMethod<&ModelWrap::ReleaseCaches>("releaseCaches"),
+       InstanceMethod<&ModelWrap::ClearCaches>("clearCaches"), InstanceMethod<&ModelWrap::SetCacheLimit>("setCacheLimit"),
+       InstanceMethod<&ModelWrap::CacheStats>("cacheStats"), InstanceMethod<&ModelWrap::SaveMerged>("saveMerged"),
+       InstanceMethod<&ModelWrap::BaseDigest>("baseDigest"), InstanceMethod<&ModelWrap::Dispose>("dispose")});
   data(env)->model_class = Napi::Persistent(cls);
   return cls;
 }
@@ -130,7 +129,8 @@ Napi::Value ModelWrap::Info(const Napi::CallbackInfo& info) {
 Napi::Value ModelWrap::SetVocab(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   s_->live(env);
-  if (!info[0].IsTypedArray() || !info[1].IsTypedArray()) throw_error(env, "ARGUMENT_INVALID", "setVocab(bytes: Uint8Array, offsets: Int32Array).");
+  if (!info[0].IsTypedArray() || !info[1].IsTypedArray())
+    throw_error(env, "ARGUMENT_INVALID", "setVocab(bytes: Uint8Array, offsets: Int32Array).");
   auto bytes = info[0].As<Napi::Uint8Array>();
   auto offs = int32s(env, info[1], "offsets");
   auto v = std::make_shared<slm::Vocab>();
@@ -204,7 +204,10 @@ Napi::Value ModelWrap::SaveMerged(const Napi::CallbackInfo& info) {
   at::ScalarType dtype = at::kFloat;
   if (!capture([&] { dtype = slm::parse_compute_dtype(dtype_s); }, err)) throw_error(env, err.code, err.message);
   return LambdaWorker::Start(
-      env, "slm:saveMerged", info.This().As<Napi::Object>(), [m, file, dtype] { slm::write_safetensors(file, slm::merged_weights(*m, dtype), {{"format", "pt"}}); },
+      env, "slm:saveMerged", info.This().As<Napi::Object>(),
+      [m, file, dtype] {
+        slm::write_safetensors(file, slm::merged_weights(*m, dtype), {{"format", "pt"}});
+      },
       [](Napi::Env e) { return e.Undefined(); }, s_->lease(env, "saveMerged", false));
 }
 

@@ -30,9 +30,13 @@ struct CancelFlags {
 
 class GenerateWorker : public PromiseWorker {
  public:
-  GenerateWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::shared_ptr<slm::Vocab> vocab, slm::GenerateParams p,
-                 std::shared_ptr<slm::EpisodeCacheStore> caches)
-      : PromiseWorker(env, "slm:generate", owner), m_(std::move(m)), vocab_(std::move(vocab)), p_(std::move(p)), caches_(std::move(caches)) {
+  GenerateWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::shared_ptr<slm::Vocab> vocab,
+                 slm::GenerateParams p, std::shared_ptr<slm::EpisodeCacheStore> caches)
+      : PromiseWorker(env, "slm:generate", owner),
+        m_(std::move(m)),
+        vocab_(std::move(vocab)),
+        p_(std::move(p)),
+        caches_(std::move(caches)) {
     if (!p_.cache_keys.empty()) p_.episode_cache = caches_.get();
   }
   // Streaming: every decode step's tokens go to `on_step` (a JS function, called on the main thread
@@ -135,7 +139,8 @@ std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<in
     off += n;
   }
   if (off != flat.size())
-    throw_error(env, "ARGUMENT_INVALID", "lengths add up to " + std::to_string(off) + " but " + std::to_string(flat.size()) + " ids were given.");
+    throw_error(env, "ARGUMENT_INVALID",
+                "lengths add up to " + std::to_string(off) + " but " + std::to_string(flat.size()) + " ids were given.");
   return rows;
 }
 
@@ -144,7 +149,8 @@ std::vector<std::vector<int32_t>> split_rows(Napi::Env env, const std::vector<in
 Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen3Model> m, Lease lease, const char* name, Rows mode) {
   auto env = info.Env();
   const bool lp = mode == Rows::Logprobs;
-  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", std::string(name) + (lp ? " expects {ids, lengths, temperature}." : " expects {ids, lengths}."));
+  if (!info[0].IsObject())
+    throw_error(env, "ARGUMENT_INVALID", std::string(name) + (lp ? " expects {ids, lengths, temperature}." : " expects {ids, lengths}."));
   auto o = info[0].As<Napi::Object>();
   const auto lengths = int32s(env, o.Get("lengths"), "lengths");
   auto rows = split_rows(env, int32s(env, o.Get("ids"), "ids"), lengths);
@@ -158,15 +164,23 @@ Napi::Value queue_rows(const Napi::CallbackInfo& info, std::shared_ptr<slm::Qwen
   std::vector<float> temp{1.f};
   if (lp) {
     auto tv = o.Get("temperature");
-    if (tv.IsTypedArray()) temp = float32s(env, tv, "temperature");
-    else temp = {static_cast<float>(num_field(env, o, "temperature", 1.0))};
+    if (tv.IsTypedArray())
+      temp = float32s(env, tv, "temperature");
+    else
+      temp = {static_cast<float>(num_field(env, o, "temperature", 1.0))};
   }
   auto out = std::make_shared<std::vector<std::vector<float>>>();
   return LambdaWorker::Start(
-      env, mode == Rows::Values ? "slm:values" : mode == Rows::LastHidden ? "slm:hidden" : "slm:logprobs", info.This().As<Napi::Object>(),
+      env,
+      mode == Rows::Values       ? "slm:values"
+      : mode == Rows::LastHidden ? "slm:hidden"
+                                 : "slm:logprobs",
+      info.This().As<Napi::Object>(),
       [m, rows = std::move(rows), masks = std::move(masks), temp, mode, reference, out] {
         c10::InferenceMode guard;
-        *out = mode == Rows::Values ? slm::sequence_values(*m, rows) : mode == Rows::LastHidden ? slm::last_hidden(*m, rows) : slm::sequence_logprobs(*m, rows, temp, reference, masks);
+        *out = mode == Rows::Values       ? slm::sequence_values(*m, rows)
+               : mode == Rows::LastHidden ? slm::last_hidden(*m, rows)
+                                          : slm::sequence_logprobs(*m, rows, temp, reference, masks);
       },
       [out](Napi::Env e) {
         std::vector<float> flat;
@@ -184,7 +198,8 @@ Napi::Value ModelWrap::Logits(const Napi::CallbackInfo& info) {
   auto ids = int32s(env, o.Get("ids"), "ids");
   const int64_t B = int_field(env, o, "batch", 1), T = int_field(env, o, "seqLen", static_cast<int64_t>(ids.size()));
   if (B <= 0 || T <= 0 || B * T != static_cast<int64_t>(ids.size()))
-    throw_error(env, "ARGUMENT_INVALID", "ids hold " + std::to_string(ids.size()) + " values but batch x seqLen = " + std::to_string(B * T) + ".");
+    throw_error(env, "ARGUMENT_INVALID",
+                "ids hold " + std::to_string(ids.size()) + " values but batch x seqLen = " + std::to_string(B * T) + ".");
   const auto li = at::TensorOptions().dtype(at::kLong);
   auto idt = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), li).view({B, T});
   at::Tensor mask = at::ones({B, T}, li), pos;
@@ -256,16 +271,23 @@ slm::GenerateParams generate_params(Napi::Env env, const Napi::Object& o) {
     p.share_prefix = sp.As<Napi::Boolean>().Value();
   }
   p.prefill_chunk = int_field(env, o, "prefillChunk", 0);
-  if (p.prefill_chunk < 0) throw_error(env, "ARGUMENT_INVALID", "generate: prefillChunk must be 0 (one forward) or a positive number of positions, found " + std::to_string(p.prefill_chunk) + ".");
+  if (p.prefill_chunk < 0)
+    throw_error(
+        env, "ARGUMENT_INVALID",
+        "generate: prefillChunk must be 0 (one forward) or a positive number of positions, found " + std::to_string(p.prefill_chunk) + ".");
   auto ck = o.Get("cacheKeys");
   if (!ck.IsUndefined() && !ck.IsNull()) {
-    if (!ck.IsArray()) throw_error(env, "ARGUMENT_INVALID", "generate: cacheKeys must be an array with one string (or null: none) per row.");
+    if (!ck.IsArray())
+      throw_error(env, "ARGUMENT_INVALID", "generate: cacheKeys must be an array with one string (or null: none) per row.");
     auto a = ck.As<Napi::Array>();
     for (uint32_t i = 0; i < a.Length(); ++i) {
       auto v = a.Get(i);
-      if (v.IsUndefined() || v.IsNull()) p.cache_keys.emplace_back();
-      else if (v.IsString()) p.cache_keys.push_back(v.As<Napi::String>().Utf8Value());
-      else throw_error(env, "ARGUMENT_INVALID", "generate: cacheKeys[" + std::to_string(i) + "] must be a string or null.");
+      if (v.IsUndefined() || v.IsNull())
+        p.cache_keys.emplace_back();
+      else if (v.IsString())
+        p.cache_keys.push_back(v.As<Napi::String>().Utf8Value());
+      else
+        throw_error(env, "ARGUMENT_INVALID", "generate: cacheKeys[" + std::to_string(i) + "] must be a string or null.");
     }
     bool any = false;
     for (const auto& k : p.cache_keys) any = any || !k.empty();
@@ -286,7 +308,8 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
   auto m = s_->live(env);
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "generate expects a request object.");
   auto l = s_->lease(env, "generate", false);
-  auto* w = new GenerateWorker(env, info.This().As<Napi::Object>(), m, s_->vocab, generate_params(env, info[0].As<Napi::Object>()), s_->caches);
+  auto* w =
+      new GenerateWorker(env, info.This().As<Napi::Object>(), m, s_->vocab, generate_params(env, info[0].As<Napi::Object>()), s_->caches);
   w->Hold(std::move(l));
   w->Finally([s = s_](Napi::Env e) { s->account(e); });  // the episode caches it stored or evicted
   auto pr = w->Promise();
@@ -299,7 +322,8 @@ Napi::Value ModelWrap::Generate(const Napi::CallbackInfo& info) {
 Napi::Value ModelWrap::GenerateStream(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = s_->live(env);
-  if (!info[0].IsObject() || !info[1].IsFunction()) throw_error(env, "ARGUMENT_INVALID", "generateStream expects a request object and a step function.");
+  if (!info[0].IsObject() || !info[1].IsFunction())
+    throw_error(env, "ARGUMENT_INVALID", "generateStream expects a request object and a step function.");
   auto p = generate_params(env, info[0].As<Napi::Object>());
   auto flags = std::make_shared<CancelFlags>(p.prompts.size());
   auto l = s_->lease(env, "generateStream", false);
@@ -309,14 +333,18 @@ Napi::Value ModelWrap::GenerateStream(const Napi::CallbackInfo& info) {
   w->Stream(env, info[1].As<Napi::Function>(), flags);
   auto o = Napi::Object::New(env);
   o.Set("done", w->Promise());
-  o.Set("cancel", Napi::Function::New(env, [flags](const Napi::CallbackInfo& ci) -> Napi::Value {
-          auto e = ci.Env();
-          if (!ci[0].IsNumber()) throw_error(e, "ARGUMENT_INVALID", "cancel expects a row index.");
-          const int64_t r = ci[0].As<Napi::Number>().Int64Value();
-          if (r < 0 || static_cast<size_t>(r) >= flags->n) throw_error(e, "ARGUMENT_INVALID", "cancel: row " + std::to_string(r) + " is not in this call.");
-          flags->v[r].store(1);
-          return e.Undefined();
-        }, "cancel"));
+  o.Set("cancel", Napi::Function::New(
+                      env,
+                      [flags](const Napi::CallbackInfo& ci) -> Napi::Value {
+                        auto e = ci.Env();
+                        if (!ci[0].IsNumber()) throw_error(e, "ARGUMENT_INVALID", "cancel expects a row index.");
+                        const int64_t r = ci[0].As<Napi::Number>().Int64Value();
+                        if (r < 0 || static_cast<size_t>(r) >= flags->n)
+                          throw_error(e, "ARGUMENT_INVALID", "cancel: row " + std::to_string(r) + " is not in this call.");
+                        flags->v[r].store(1);
+                        return e.Undefined();
+                      },
+                      "cancel"));
   w->Queue();
   return o;
 }

@@ -41,14 +41,17 @@ Lease ModelState::lease(Napi::Env env, const char* what, bool writer) const {
   const int r = usage->readers.load(), w = usage->writers.load();
   if (w > 0 || (writer && r > 0))
     throw_error(env, "MODEL_BUSY",
-                std::string(what) + ": the model is in use by " + std::to_string(r + w) + " running call(s) (" + (w > 0 ? "a train step, an adapter or optimizer load" : "generation or forward passes") +
-                    "); await them before " + (writer ? "changing the model." : "starting another call."));
+                std::string(what) + ": the model is in use by " + std::to_string(r + w) + " running call(s) (" +
+                    (w > 0 ? "a train step, an adapter or optimizer load" : "generation or forward passes") + "); await them before " +
+                    (writer ? "changing the model." : "starting another call."));
   return Lease(usage, writer);
 }
 
 void ModelState::account(Napi::Env e) {
   int64_t now = caches ? caches->stats().bytes : 0;  // episode KV caches (outlive a disposed model only until dispose clears them)
-  if (model) now += model->parameter_bytes() + adapter_bytes(*model) + (optimizer ? optimizer->bytes() : 0) + (critic_optimizer ? critic_optimizer->bytes() : 0);
+  if (model)
+    now += model->parameter_bytes() + adapter_bytes(*model) + (optimizer ? optimizer->bytes() : 0) +
+           (critic_optimizer ? critic_optimizer->bytes() : 0);
   if (now != external_bytes) Napi::MemoryManagement::AdjustExternalMemory(e, now - external_bytes);
   external_bytes = now;
   env = e;

@@ -60,7 +60,9 @@ Napi::Object stats_to_js(Napi::Env env, const slm::TrainStats& s) {
 double required_num(Napi::Env env, const Napi::Object& o, const char* k, const char* why) {
   auto v = o.Get(k);
   if (!v.IsNumber())
-    throw_error(env, "ARGUMENT_INVALID", std::string("trainStep: '") + k + "' is required " + why + ", found " + (v.IsUndefined() ? "nothing" : "a non-number") + "; pass the configured value (lib/config/schema.ts has the defaults).");
+    throw_error(env, "ARGUMENT_INVALID",
+                std::string("trainStep: '") + k + "' is required " + why + ", found " + (v.IsUndefined() ? "nothing" : "a non-number") +
+                    "; pass the configured value (lib/config/schema.ts has the defaults).");
   return v.As<Napi::Number>().DoubleValue();
 }
 
@@ -113,7 +115,9 @@ Napi::Value OptimizerWrap::TrainStep(const Napi::CallbackInfo& info) {
   auto ids = int32s(env, o.Get("ids"), "ids");
   size_t total = 0;
   for (auto n : lengths) total += static_cast<size_t>(n);
-  if (total != ids.size()) throw_error(env, "ARGUMENT_INVALID", "lengths add up to " + std::to_string(total) + " but " + std::to_string(ids.size()) + " ids were given.");
+  if (total != ids.size())
+    throw_error(env, "ARGUMENT_INVALID",
+                "lengths add up to " + std::to_string(total) + " but " + std::to_string(ids.size()) + " ids were given.");
   slm::TrainBatch b;
   size_t off = 0;
   for (auto n : lengths) {
@@ -127,7 +131,8 @@ Napi::Value OptimizerWrap::TrainStep(const Napi::CallbackInfo& info) {
   b.old_values = rows_of<float, napi_float32_array>(env, o, "oldValues", lengths, total);
   b.entropy_scale = rows_of<float, napi_float32_array>(env, o, "entropyScale", lengths, total);
   if (!o.Get("temperature").IsUndefined()) b.temperature = float32s(env, o.Get("temperature"), "temperature");
-  if (!b.temperature.empty() && b.temperature.size() != b.seqs.size()) throw_error(env, "ARGUMENT_INVALID", "temperature must have one value per sequence.");
+  if (!b.temperature.empty() && b.temperature.size() != b.seqs.size())
+    throw_error(env, "ARGUMENT_INVALID", "temperature must have one value per sequence.");
   slm::LossConfig lc;
   auto kind = str_field(env, o, "loss", "sft");
   if (kind != "sft" && kind != "pg") throw_error(env, "ARGUMENT_INVALID", "loss must be 'sft' or 'pg', found '" + kind + "'.");
@@ -140,7 +145,8 @@ Napi::Value OptimizerWrap::TrainStep(const Napi::CallbackInfo& info) {
   lc.kl_coef = num_field(env, o, "klCoef", 0);
   if (lc.kind == slm::LossKind::PG && lc.kl_coef > 0) {
     lc.kl_estimator = static_cast<int>(required_num(env, o, "klEstimator", "when klCoef > 0"));
-    if (lc.kl_estimator != 1 && lc.kl_estimator != 3) throw_error(env, "ARGUMENT_INVALID", "klEstimator must be 1 (k1) or 3 (k3), found " + std::to_string(lc.kl_estimator) + ".");
+    if (lc.kl_estimator != 1 && lc.kl_estimator != 3)
+      throw_error(env, "ARGUMENT_INVALID", "klEstimator must be 1 (k1) or 3 (k3), found " + std::to_string(lc.kl_estimator) + ".");
   }
   lc.entropy_coef = num_field(env, o, "entropyCoef", 0);
   lc.old_from_forward = bool_field(o, "oldFromForward", false);
@@ -164,7 +170,8 @@ Napi::Value OptimizerWrap::TrainStep(const Napi::CallbackInfo& info) {
   auto copt = s_->critic_optimizer;
   auto stats = std::make_shared<slm::TrainStats>();
   return LambdaWorker::Start(
-      env, "slm:trainStep", info.This().As<Napi::Object>(), [m, opt, copt, b, lc, oc, to, stats] { *stats = slm::train_step(*m, *opt, b, lc, oc, to, copt.get()); },
+      env, "slm:trainStep", info.This().As<Napi::Object>(),
+      [m, opt, copt, b, lc, oc, to, stats] { *stats = slm::train_step(*m, *opt, b, lc, oc, to, copt.get()); },
       [s = s_, stats, opt](Napi::Env e) {
         s->account(e);
         auto r = stats_to_js(e, *stats);
@@ -181,8 +188,10 @@ Napi::Value OptimizerWrap::Save(const Napi::CallbackInfo& info) {
   auto file = info[0].As<Napi::String>().Utf8Value();
   auto opt = s_->optimizer;
   auto copt = s_->critic_optimizer;
-  return LambdaWorker::Start(env, "slm:saveOptimizer", info.This().As<Napi::Object>(), [opt, copt, file] { slm::write_safetensors(file, optimizer_state(*opt, copt.get())); },
-                             [](Napi::Env e) { return e.Undefined(); }, s_->lease(env, "saveOptimizer", false));
+  return LambdaWorker::Start(
+      env, "slm:saveOptimizer", info.This().As<Napi::Object>(),
+      [opt, copt, file] { slm::write_safetensors(file, optimizer_state(*opt, copt.get())); }, [](Napi::Env e) { return e.Undefined(); },
+      s_->lease(env, "saveOptimizer", false));
 }
 
 Napi::Value OptimizerWrap::Load(const Napi::CallbackInfo& info) {
@@ -240,7 +249,8 @@ Napi::Value OptimizerWrap::ApplyGradients(const Napi::CallbackInfo& info) {
   return LambdaWorker::Start(
       env, "slm:applyGradients", info.This().As<Napi::Object>(),
       [m, opt, copt, oc, loss, value_loss, flat = std::move(flat), given, stats] {
-        if (given) slm::set_flat_gradients(*m, at::from_blob(const_cast<float*>(flat.data()), {static_cast<int64_t>(flat.size())}, at::kFloat));
+        if (given)
+          slm::set_flat_gradients(*m, at::from_blob(const_cast<float*>(flat.data()), {static_cast<int64_t>(flat.size())}, at::kFloat));
         stats->loss = loss;
         stats->value_loss = value_loss;
         slm::apply_gradients(*m, *opt, oc, *stats, copt.get());

@@ -14,11 +14,12 @@
 namespace slm_addon {
 
 Napi::Function ValueHeadWrap::Define(Napi::Env env) {
-  auto cls = DefineClass(env, kName,
-                         {InstanceMethod<&ValueHeadWrap::Attach>("attach"), InstanceMethod<&ValueHeadWrap::Load>("load"),
-                          InstanceMethod<&ValueHeadWrap::Values>("values"), InstanceMethod<&ValueHeadWrap::AttachCritic>("attachCritic"),
-                          InstanceMethod<&ValueHeadWrap::LoadCritic>("loadCritic"), InstanceMethod<&ValueHeadWrap::DetachCritic>("detachCritic"),
-                          InstanceMethod<&ValueHeadWrap::HasCritic>("hasCritic")});
+  auto cls =
+      DefineClass(env, kName,
+                  {InstanceMethod<&ValueHeadWrap::Attach>("attach"), InstanceMethod<&ValueHeadWrap::Load>("load"),
+                   InstanceMethod<&ValueHeadWrap::Values>("values"), InstanceMethod<&ValueHeadWrap::AttachCritic>("attachCritic"),
+                   InstanceMethod<&ValueHeadWrap::LoadCritic>("loadCritic"), InstanceMethod<&ValueHeadWrap::DetachCritic>("detachCritic"),
+                   InstanceMethod<&ValueHeadWrap::HasCritic>("hasCritic")});
   data(env)->value_head_class = Napi::Persistent(cls);
   return cls;
 }
@@ -28,7 +29,8 @@ Napi::Value ValueHeadWrap::Attach(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = s_->live(env);
   s_->idle(env, "attachValueHead");
-  m->value_head = slm::ValueHead::fresh(m->config().hidden_size, m->device(), static_cast<uint64_t>(info[0].IsNumber() ? info[0].As<Napi::Number>().Int64Value() : 0));
+  m->value_head = slm::ValueHead::fresh(m->config().hidden_size, m->device(),
+                                        static_cast<uint64_t>(info[0].IsNumber() ? info[0].As<Napi::Number>().Int64Value() : 0));
   s_->account(env);
   return env.Undefined();
 }
@@ -40,7 +42,8 @@ Napi::Value ValueHeadWrap::Load(const Napi::CallbackInfo& info) {
   s_->idle(env, "loadValueHead");
   auto file = info[0].As<Napi::String>().Utf8Value();
   ErrorInfo err;
-  if (!capture([&] { m->value_head = slm::ValueHead::load(slm::read_safetensors_files({file}), m->config().hidden_size, m->device()); }, err))
+  if (!capture([&] { m->value_head = slm::ValueHead::load(slm::read_safetensors_files({file}), m->config().hidden_size, m->device()); },
+               err))
     throw_error(env, err.code, err.message);
   s_->account(env);
   return env.Undefined();
@@ -50,7 +53,9 @@ Napi::Value ValueHeadWrap::Load(const Napi::CallbackInfo& info) {
 // separate critic's forward when attached, else the actor's).
 Napi::Value ValueHeadWrap::Values(const Napi::CallbackInfo& info) {
   auto m = s_->live(info.Env());
-  if (!m->value_head.defined()) throw_error(info.Env(), "NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
+  if (!m->value_head.defined())
+    throw_error(info.Env(), "NOT_SUPPORTED",
+                "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
   return queue_rows(info, m, s_->lease(info.Env(), "sequenceValues", false), "sequenceValues", Rows::Values);
 }
 
@@ -65,7 +70,9 @@ Napi::Value ValueHeadWrap::ChangeCritic(Napi::Env env, const char* what, const s
 }
 
 // attachCritic(): a critic adapter equal to the actor's adapter now.
-Napi::Value ValueHeadWrap::AttachCritic(const Napi::CallbackInfo& info) { return ChangeCritic(info.Env(), "attachCritic", slm::attach_critic); }
+Napi::Value ValueHeadWrap::AttachCritic(const Napi::CallbackInfo& info) {
+  return ChangeCritic(info.Env(), "attachCritic", slm::attach_critic);
+}
 
 // loadCritic(file): the critic adapter from critic_adapter.safetensors (after the actor's adapter).
 Napi::Value ValueHeadWrap::LoadCritic(const Napi::CallbackInfo& info) {
@@ -75,8 +82,12 @@ Napi::Value ValueHeadWrap::LoadCritic(const Napi::CallbackInfo& info) {
 }
 
 // detachCritic(): the critic shares the actor's adapter again (the value head stays).
-Napi::Value ValueHeadWrap::DetachCritic(const Napi::CallbackInfo& info) { return ChangeCritic(info.Env(), "detachCritic", slm::detach_critic); }
+Napi::Value ValueHeadWrap::DetachCritic(const Napi::CallbackInfo& info) {
+  return ChangeCritic(info.Env(), "detachCritic", slm::detach_critic);
+}
 
-Napi::Value ValueHeadWrap::HasCritic(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), s_->live(info.Env())->has_critic()); }
+Napi::Value ValueHeadWrap::HasCritic(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), s_->live(info.Env())->has_critic());
+}
 
 }  // namespace slm_addon

@@ -38,7 +38,8 @@ void release_free_memory() {
   // a call's working set is then reused by the next call (no re-fault) while fragmentation stays
   // bounded. Slack: a quarter of physical memory, at most 4 GiB.
   static std::atomic<int64_t> after_trim{-1};
-  static const int64_t slack = std::min<int64_t>(int64_t(4) << 30, static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 4);
+  static const int64_t slack =
+      std::min<int64_t>(int64_t(4) << 30, static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 4);
   const int64_t rss = resident_bytes();
   const int64_t base = after_trim.load();
   if (rss >= 0 && base >= 0 && rss < base + slack) return;
@@ -50,7 +51,8 @@ void release_free_memory() {
 std::string tune_malloc() {
 #if defined(__GLIBC__)
   const char* tunables = std::getenv("GLIBC_TUNABLES");
-  if (std::getenv("MALLOC_MMAP_THRESHOLD_") || std::getenv("MALLOC_TRIM_THRESHOLD_") || (tunables && std::strstr(tunables, "glibc.malloc.")))
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") || std::getenv("MALLOC_TRIM_THRESHOLD_") ||
+      (tunables && std::strstr(tunables, "glibc.malloc.")))
     return "the user's (MALLOC_*_THRESHOLD_ or GLIBC_TUNABLES)";
   const bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 256 << 20) == 1;
   return ok ? "mmap threshold 32 MiB, trim threshold 256 MiB" : "glibc's defaults (mallopt refused)";
@@ -65,7 +67,8 @@ Napi::Value Measure(const Napi::CallbackInfo& info) {
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "measure expects {kind, n, dtype?, device?, seconds?}.");
   auto o = info[0].As<Napi::Object>();
   auto kind = str_field(env, o, "kind", "matmul");
-  if (kind != "matmul" && kind != "copy") throw_error(env, "ARGUMENT_INVALID", "measure kind must be 'matmul' or 'copy', found '" + kind + "'.");
+  if (kind != "matmul" && kind != "copy")
+    throw_error(env, "ARGUMENT_INVALID", "measure kind must be 'matmul' or 'copy', found '" + kind + "'.");
   const int64_t n = int_field(env, o, "n", kind == "matmul" ? 1024 : (int64_t(256) << 20));
   auto dtype = str_field(env, o, "dtype", "float32"), device = str_field(env, o, "device", "cpu");
   const double seconds = num_field(env, o, "seconds", 0.5);

@@ -81,7 +81,7 @@ class PromiseWorker : public Napi::AsyncWorker {
   void Finally(std::function<void(Napi::Env)> f) { finally_ = std::move(f); }
 
  protected:
-  virtual void Run() = 0;                        // worker thread: no N-API here
+  virtual void Run() = 0;                         // worker thread: no N-API here
   virtual Napi::Value Result(Napi::Env env) = 0;  // main thread
   void Execute() override {
     if (!capture([this] { Run(); }, err_)) SetError(err_.message);

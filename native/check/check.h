@@ -31,7 +31,8 @@ json read_json(const std::string& path);
 bool exists(const std::string& path);
 // config.json -> the core's config (what lib/model/config.ts passes for qwen3 / qwen2 / llama).
 slm::Qwen3Config read_config(const json& c);
-std::unique_ptr<slm::Qwen3Model> load_model(const std::string& dir, const std::string& adapter_dir, at::ScalarType dtype, const std::string& device);
+std::unique_ptr<slm::Qwen3Model> load_model(const std::string& dir, const std::string& adapter_dir, at::ScalarType dtype,
+                                            const std::string& device);
 at::Tensor ids_tensor(const json& rows, at::ScalarType t = at::kLong);
 // Logits [B, T, V] float32 on CPU from the model on its device.
 at::Tensor forward(const slm::Qwen3Model& m, const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& mask);
@@ -79,8 +80,8 @@ double device_total_bytes(const at::Device& d);
 void peft_rows(const std::string& ref_path, const std::string& device, std::vector<Row>& rows);
 void generation_rows(const std::string& model_dir, const std::string& device, std::vector<Row>& rows);
 // transformers' forward (hf_forward.py's output at ref_path) against the model's, one Row per row.
-void hf_rows(const slm::Qwen3Model& model, const std::string& mname, const std::string& dtype, double tol, bool argmax, const std::string& ref_path,
-             std::vector<Row>& rows);
+void hf_rows(const slm::Qwen3Model& model, const std::string& mname, const std::string& dtype, double tol, bool argmax,
+             const std::string& ref_path, std::vector<Row>& rows);
 
 // check_bench.cc: the benchmark (--bench 4b|tiny) and its table.
 struct BenchShape {

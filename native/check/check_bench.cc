@@ -26,9 +26,13 @@ json bench(const BenchShape& s, const std::string& device) {
   at::Device dev(device);
   at::NoGradGuard ng0;
   auto opts = at::TensorOptions().device(dev);
-  json out = {{"shape", s.name}, {"device", device}, {"layers", s.layers}, {"hidden", s.hidden}, {"intermediate", s.inter}, {"vocab", s.vocab}};
+  json out = {{"shape", s.name},    {"device", device},        {"layers", s.layers},
+              {"hidden", s.hidden}, {"intermediate", s.inter}, {"vocab", s.vocab}};
   // Limits: copy bandwidth and the bf16 matmul rate (median of 5 after 2 warm-ups).
-  auto median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   {
     at::Tensor a = at::empty({s.copy_mb << 18}, opts.dtype(at::kFloat)).fill_(1), b = at::empty_like(a);
     std::vector<double> ts;
@@ -43,7 +47,8 @@ json bench(const BenchShape& s, const std::string& device) {
   }
   {
     int64_t n = s.matmul_n;
-    at::Tensor a = at::randn({n, n}, opts.dtype(at::kFloat)).to(at::kBFloat16), b = at::randn({n, n}, opts.dtype(at::kFloat)).to(at::kBFloat16);
+    at::Tensor a = at::randn({n, n}, opts.dtype(at::kFloat)).to(at::kBFloat16),
+               b = at::randn({n, n}, opts.dtype(at::kFloat)).to(at::kBFloat16);
     std::vector<double> ts;
     for (int i = 0; i < 7; i++) {
       sync(dev);
@@ -122,11 +127,17 @@ json bench(const BenchShape& s, const std::string& device) {
     sync(dev);
     int64_t B = (int64_t)p.prompts.size(), toks = 0;
     for (auto& r : o.tokens) toks += (int64_t)r.size();
-    return json{{"batch", B}, {"prompt", s.prompt}, {"new_tokens", s.new_tokens}, {"generated", toks}, {"steps", o.steps},
-                {"prefill_s", o.prefill_seconds}, {"decode_s", o.decode_seconds},
+    return json{{"batch", B},
+                {"prompt", s.prompt},
+                {"new_tokens", s.new_tokens},
+                {"generated", toks},
+                {"steps", o.steps},
+                {"prefill_s", o.prefill_seconds},
+                {"decode_s", o.decode_seconds},
                 {"step_ms", o.decode_seconds / std::max<int64_t>(1, o.steps) * 1e3},
                 {"tokens_per_s", toks / std::max(1e-9, o.prefill_seconds + o.decode_seconds)},
-                {"row_latency_s", o.prefill_seconds + o.decode_seconds}, {"peak_bytes", peak_bytes(dev)}};
+                {"row_latency_s", o.prefill_seconds + o.decode_seconds},
+                {"peak_bytes", peak_bytes(dev)}};
   };
   out["decode_b1"] = decode(1, 1);
   out["decode_batch"] = decode(s.questions, s.k);
@@ -196,8 +207,14 @@ json bench(const BenchShape& s, const std::string& device) {
     double t = median(ts);
     // forward + recomputed forward + backward (input gradients only for the frozen weights) ~ 3 forwards.
     double flops = 3 * (2.0 * P * s.train_seq + 4.0 * s.layers * q * (double)s.train_seq * s.train_seq / 2);
-    out["lora_step"] = {{"tokens", s.train_seq}, {"r", 16}, {"targets", "q,k,v,o"}, {"checkpoint", true}, {"ms", t * 1e3},
-                        {"tflops", flops / t / 1e12}, {"peak_bytes", peak_bytes(dev)}, {"loss", loss}};
+    out["lora_step"] = {{"tokens", s.train_seq},
+                        {"r", 16},
+                        {"targets", "q,k,v,o"},
+                        {"checkpoint", true},
+                        {"ms", t * 1e3},
+                        {"tflops", flops / t / 1e12},
+                        {"peak_bytes", peak_bytes(dev)},
+                        {"loss", loss}};
   }
   return out;
 }
@@ -215,12 +232,14 @@ void print_bench(const json& b, const json& peer) {
     std::snprintf(s, sizeof s, "%.1f", peer[k][f].get<double>());
     return s;
   };
-  std::printf("\nbenchmark: %s model (%.3gB parameters, %s bfloat16) on %s; limits measured in this run: copy %.0f GB/s (read + write), "
-              "bf16 matmul %.1f TFLOP/s (n = %lld)%s\n",
-              b["shape"].get<std::string>().c_str(), b["parameters"].get<double>() / 1e9, gib(b["parameter_bytes"].get<double>()).c_str(),
-              b["device"].get<std::string>().c_str(), b["copy_gb_s"].get<double>(), b["matmul_tflops"].get<double>(),
-              (long long)b["matmul_n"].get<int64_t>(),
-              std::isfinite(b["device_total_bytes"].get<double>()) ? (", device memory " + gib(b["device_total_bytes"].get<double>())).c_str() : "");
+  std::printf(
+      "\nbenchmark: %s model (%.3gB parameters, %s bfloat16) on %s; limits measured in this run: copy %.0f GB/s (read + write), "
+      "bf16 matmul %.1f TFLOP/s (n = %lld)%s\n",
+      b["shape"].get<std::string>().c_str(), b["parameters"].get<double>() / 1e9, gib(b["parameter_bytes"].get<double>()).c_str(),
+      b["device"].get<std::string>().c_str(), b["copy_gb_s"].get<double>(), b["matmul_tflops"].get<double>(),
+      (long long)b["matmul_n"].get<int64_t>(),
+      std::isfinite(b["device_total_bytes"].get<double>()) ? (", device memory " + gib(b["device_total_bytes"].get<double>())).c_str()
+                                                           : "");
   std::string peer_name = peer.is_null() ? "(no peer)" : peer.value("name", std::string("peer"));
   std::printf("%-34s %12s %12s %14s %12s   %s\n", "measure", "slm-train", "limit", "vs limit", "peak mem", peer_name.c_str());
   const json& d1 = b["decode_b1"];
@@ -229,28 +248,32 @@ void print_bench(const json& b, const json& peer) {
   std::printf("%-34s %9.2f ms %9.2f ms %13.2fx %12s   %s ms\n", "decode step, batch 1", d1["step_ms"].get<double>(), floor,
               d1["step_ms"].get<double>() / floor, gib(d1["peak_bytes"].get<double>()).c_str(), pf("decode_b1", "step_ms").c_str());
   char lbl[64];
-  std::snprintf(lbl, sizeof lbl, "decode step, batch %lld (K=%lld x %lld)", (long long)dk["batch"].get<int64_t>(), (long long)dk["k"].get<int64_t>(),
-                (long long)dk["questions"].get<int64_t>());
-  std::printf("%-34s %9.2f ms %9.2f ms %13.2fx %12s   %s ms\n", lbl, dk["step_ms"].get<double>(), floor, dk["step_ms"].get<double>() / floor,
-              gib(dk["peak_bytes"].get<double>()).c_str(), pf("decode_batch", "step_ms").c_str());
-  std::snprintf(lbl, sizeof lbl, "rollout, batch %lld, %lld+%lld tok", (long long)dk["batch"].get<int64_t>(), (long long)dk["prompt"].get<int64_t>(),
-                (long long)dk["new_tokens"].get<int64_t>());
-  std::printf("%-34s %10.2f s %12s %14s %12s   %s s\n", lbl, dk["row_latency_s"].get<double>(), "", "", "", pf("decode_batch", "row_latency_s").c_str());
-  std::printf("%-34s %8.0f tok/s %12s %14s %12s   %s tok/s\n", "  generated tokens per second", dk["tokens_per_s"].get<double>(), "", "", "",
-              pf("decode_batch", "tokens_per_s").c_str());
+  std::snprintf(lbl, sizeof lbl, "decode step, batch %lld (K=%lld x %lld)", (long long)dk["batch"].get<int64_t>(),
+                (long long)dk["k"].get<int64_t>(), (long long)dk["questions"].get<int64_t>());
+  std::printf("%-34s %9.2f ms %9.2f ms %13.2fx %12s   %s ms\n", lbl, dk["step_ms"].get<double>(), floor,
+              dk["step_ms"].get<double>() / floor, gib(dk["peak_bytes"].get<double>()).c_str(), pf("decode_batch", "step_ms").c_str());
+  std::snprintf(lbl, sizeof lbl, "rollout, batch %lld, %lld+%lld tok", (long long)dk["batch"].get<int64_t>(),
+                (long long)dk["prompt"].get<int64_t>(), (long long)dk["new_tokens"].get<int64_t>());
+  std::printf("%-34s %10.2f s %12s %14s %12s   %s s\n", lbl, dk["row_latency_s"].get<double>(), "", "", "",
+              pf("decode_batch", "row_latency_s").c_str());
+  std::printf("%-34s %8.0f tok/s %12s %14s %12s   %s tok/s\n", "  generated tokens per second", dk["tokens_per_s"].get<double>(), "", "",
+              "", pf("decode_batch", "tokens_per_s").c_str());
   for (const char* k : {"prefill_short", "prefill_long"}) {
     const json& p = b[k];
     std::snprintf(lbl, sizeof lbl, "prefill %lld tokens", (long long)p["tokens"].get<int64_t>());
     std::printf("%-34s %9.1f ms %7.3g TF/s %13.0f%% %12s   %s ms\n", lbl, p["ms"].get<double>(), b["matmul_tflops"].get<double>(),
-                100 * p["tflops"].get<double>() / b["matmul_tflops"].get<double>(), gib(p["peak_bytes"].get<double>()).c_str(), pf(k, "ms").c_str());
+                100 * p["tflops"].get<double>() / b["matmul_tflops"].get<double>(), gib(p["peak_bytes"].get<double>()).c_str(),
+                pf(k, "ms").c_str());
   }
   const json& l = b["lora_step"];
   std::snprintf(lbl, sizeof lbl, "LoRA step r16 qkvo ckpt, %lld tok", (long long)l["tokens"].get<int64_t>());
   std::printf("%-34s %9.1f ms %7.3g TF/s %13.0f%% %12s   %s ms, peak %s\n", lbl, l["ms"].get<double>(), b["matmul_tflops"].get<double>(),
-              100 * l["tflops"].get<double>() / b["matmul_tflops"].get<double>(), gib(l["peak_bytes"].get<double>()).c_str(), pf("lora_step", "ms").c_str(),
+              100 * l["tflops"].get<double>() / b["matmul_tflops"].get<double>(), gib(l["peak_bytes"].get<double>()).c_str(),
+              pf("lora_step", "ms").c_str(),
               peer.is_null() || !peer.contains("lora_step") ? "-" : gib(peer["lora_step"].value("peak_bytes", NAN)).c_str());
-  std::printf("(vs limit: a decode step's time over the time to read every weight once at the copy rate; prefill and the step: the model's "
-              "matmul FLOP rate as a share of the bf16 matmul rate, the step counted as 3 forwards)\n");
+  std::printf(
+      "(vs limit: a decode step's time over the time to read every weight once at the copy rate; prefill and the step: the model's "
+      "matmul FLOP rate as a share of the bf16 matmul rate, the step counted as 3 forwards)\n");
 }
 
 }  // namespace slm_check

@@ -58,11 +58,17 @@ void peft_rows(const std::string& ref_path, const std::string& device, std::vect
   std::map<std::string, std::vector<float>> refg;
   std::string missing;
   for (auto& [name, t] : params) {
-    if (!ref["grads"].contains(name)) { missing += " " + name; continue; }
+    if (!ref["grads"].contains(name)) {
+      missing += " " + name;
+      continue;
+    }
     refg[name] = b64_floats(ref["grads"][name].get<std::string>());
     at::Tensor g = t.grad().defined() ? t.grad().to(at::kCPU, at::kFloat).contiguous().view({-1}) : at::zeros({t.numel()});
     const std::vector<float>& rg = refg[name];
-    if ((int64_t)rg.size() != g.numel()) { missing += " " + name + "(size)"; continue; }
+    if ((int64_t)rg.size() != g.numel()) {
+      missing += " " + name + "(size)";
+      continue;
+    }
     const float* gp = g.data_ptr<float>();
     for (int64_t i = 0; i < g.numel(); i++) {
       worst = std::max(worst, (double)std::fabs(gp[i] - rg[i]));
@@ -77,7 +83,8 @@ void peft_rows(const std::string& ref_path, const std::string& device, std::vect
     r.positions = n;
     r.argmax_same = n;
     r.pass = missing.empty() && n == (int64_t)ref["grads"].size() && n > 0 && scale > 1e-6 && worst <= r.tol;
-    r.note = std::to_string(n) + " tensors, max |g| " + std::to_string(scale) + (missing.empty() ? "" : "; missing or mis-sized:" + missing);
+    r.note =
+        std::to_string(n) + " tensors, max |g| " + std::to_string(scale) + (missing.empty() ? "" : "; missing or mis-sized:" + missing);
     rows.push_back(r);
   }
   slm::apply_gradients(*model, opt, oc, st);
@@ -146,7 +153,9 @@ void generation_rows(const std::string& model_dir, const std::string& device, st
         if (!eq && first < 0) first = (int64_t)r.positions - 1;
       }
     for (size_t b = 0; b < got.size() && b < want.size(); b++)
-      if (got[b].size() != want[b].size()) r.note = "row " + std::to_string(b) + " has " + std::to_string(got[b].size()) + " tokens, expected " + std::to_string(want[b].size());
+      if (got[b].size() != want[b].size())
+        r.note =
+            "row " + std::to_string(b) + " has " + std::to_string(got[b].size()) + " tokens, expected " + std::to_string(want[b].size());
     r.max_abs = first < 0 ? 0 : 1;
     r.pass = r.positions > 0 && r.argmax_same == r.positions && r.note.empty() && got.size() == want.size();
     if (first >= 0 && r.note.empty()) r.note = "first different token at " + std::to_string(first);
@@ -160,8 +169,8 @@ void generation_rows(const std::string& model_dir, const std::string& device, st
 
 // transformers' forward (test/reference/hf_forward.py's output `ref_path`, its request beside it as
 // ref_path.request.json) against the model's, row by row: unpadded rows, positions 0..T-1.
-void hf_rows(const slm::Qwen3Model& model, const std::string& mname, const std::string& dtype, double tol, bool argmax, const std::string& ref_path,
-             std::vector<Row>& rows) {
+void hf_rows(const slm::Qwen3Model& model, const std::string& mname, const std::string& dtype, double tol, bool argmax,
+             const std::string& ref_path, std::vector<Row>& rows) {
   json ref = read_json(ref_path);
   const json req = read_json(ref_path + ".request.json");
   int64_t V = ref["vocab"].get<int64_t>();
@@ -177,7 +186,8 @@ void hf_rows(const slm::Qwen3Model& model, const std::string& mname, const std::
       at::Tensor got = forward(model, ids_tensor(one), pos, at::ones({1, T}, at::kLong));
       std::vector<float> lf = b64_floats(ref["logits"][i].get<std::string>());
       if ((int64_t)lf.size() != T * V) throw std::runtime_error("reference logits have the wrong size");
-      compare(got, [&](int64_t, int64_t t, int64_t v) { return (double)lf[t * V + v]; }, [](int64_t, int64_t) { return true; }, r);
+      compare(
+          got, [&](int64_t, int64_t t, int64_t v) { return (double)lf[t * V + v]; }, [](int64_t, int64_t) { return true; }, r);
     } catch (const std::exception& e) {
       r.note = e.what();
       r.pass = false;

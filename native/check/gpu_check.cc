@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   std::string device = "cpu", fixtures, json_out, peft, bench_name, peer_path;
   bool gen = true;
   std::map<std::string, std::string> hf;  // model dir name -> hf_forward.py output
-  std::vector<std::string> hf_extra;       // hf_forward.py outputs for checkpoints outside the fixtures
+  std::vector<std::string> hf_extra;      // hf_forward.py outputs for checkpoints outside the fixtures
   std::vector<std::string> unchecked;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -40,33 +40,50 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--device") device = next();
-    else if (a == "--fixtures") fixtures = next();
-    else if (a == "--json") json_out = next();
+    if (a == "--device")
+      device = next();
+    else if (a == "--fixtures")
+      fixtures = next();
+    else if (a == "--json")
+      json_out = next();
     else if (a == "--hf") {
       std::string v = next();
       auto eq = v.find('=');
-      if (eq == std::string::npos) { std::cerr << "--hf MODEL=FILE\n"; return 2; }
+      if (eq == std::string::npos) {
+        std::cerr << "--hf MODEL=FILE\n";
+        return 2;
+      }
       hf[v.substr(0, eq)] = v.substr(eq + 1);
-    } else if (a == "--unchecked") unchecked.push_back(next());
-    else if (a == "--hf-extra") hf_extra.push_back(next());
-    else if (a == "--peft") peft = next();
-    else if (a == "--bench") bench_name = next();
-    else if (a == "--peer") peer_path = next();
-    else if (a == "--no-generate") gen = false;
+    } else if (a == "--unchecked")
+      unchecked.push_back(next());
+    else if (a == "--hf-extra")
+      hf_extra.push_back(next());
+    else if (a == "--peft")
+      peft = next();
+    else if (a == "--bench")
+      bench_name = next();
+    else if (a == "--peer")
+      peer_path = next();
+    else if (a == "--no-generate")
+      gen = false;
     else {
-      std::cerr << "usage: gpu_check --device cpu|cuda[:N] --fixtures DIR [--hf MODEL=FILE]... [--hf-extra FILE]... [--peft FILE] [--no-generate] [--bench 4b|tiny [--peer FILE]]\n"
+      std::cerr << "usage: gpu_check --device cpu|cuda[:N] --fixtures DIR [--hf MODEL=FILE]... [--hf-extra FILE]... [--peft FILE] "
+                   "[--no-generate] [--bench 4b|tiny [--peer FILE]]\n"
                    "                 [--unchecked TEXT]... [--json FILE]\n";
       return 2;
     }
   }
-  if (fixtures.empty()) { std::cerr << "--fixtures DIR is required (the folder holding qwen3/golden.json)\n"; return 2; }
+  if (fixtures.empty()) {
+    std::cerr << "--fixtures DIR is required (the folder holding qwen3/golden.json)\n";
+    return 2;
+  }
   json info = {{"torch", TORCH_VERSION_MAJOR * 10000 + TORCH_VERSION_MINOR * 100 + TORCH_VERSION_PATCH}, {"device", device}};
-  std::string torch_version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." + std::to_string(TORCH_VERSION_PATCH);
+  std::string torch_version =
+      std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." + std::to_string(TORCH_VERSION_PATCH);
   info["torch"] = torch_version;
   info["cuda_available"] = at::globalContext().hasCUDA();
-  std::cout << "gpu_check: libtorch " << torch_version << ", device " << device << ", CUDA " << (at::globalContext().hasCUDA() ? "available" : "not available")
-            << "\n";
+  std::cout << "gpu_check: libtorch " << torch_version << ", device " << device << ", CUDA "
+            << (at::globalContext().hasCUDA() ? "available" : "not available") << "\n";
   if (device.rfind("cuda", 0) == 0 && !at::globalContext().hasCUDA()) {
     std::cerr << "gpu_check: device " << device << " asked, but this libtorch has no usable CUDA (a CPU build, or no GPU/driver)\n";
     return 2;
@@ -81,7 +98,12 @@ int main(int argc, char** argv) {
     std::cerr << "gpu_check: " << e.what() << "\n";
     return 2;
   }
-  struct Dt { const char* name; at::ScalarType t; double tol; bool argmax; };
+  struct Dt {
+    const char* name;
+    at::ScalarType t;
+    double tol;
+    bool argmax;
+  };
   const Dt dtypes[] = {{"float32", at::kFloat, 1e-4, true}, {"bfloat16", at::kBFloat16, 0.08, false}};
   for (auto& [mname, m] : golden["models"].items()) {
     std::string mdir = fixtures + "/qwen3/" + m["model_dir"].get<std::string>();
@@ -98,12 +120,17 @@ int main(int argc, char** argv) {
         Row r{"golden", mname, dt.name, c["name"].get<std::string>(), "golden.json (float64)"};
         r.tol = dt.tol;
         r.argmax_required = dt.argmax;
-        if (!model) { r.note = "load failed: " + err; rows.push_back(r); continue; }
+        if (!model) {
+          r.note = "load failed: " + err;
+          rows.push_back(r);
+          continue;
+        }
         try {
           at::Tensor got = forward(*model, ids_tensor(c["input_ids"]), ids_tensor(c["position_ids"]), ids_tensor(c["attention_mask"]));
           const json& L = c["logits"];
-          compare(got, [&](int64_t b, int64_t t, int64_t v) { return L[b][t][v].get<double>(); },
-                  [&](int64_t b, int64_t t) { return !L[b][t].is_null(); }, r);
+          compare(
+              got, [&](int64_t b, int64_t t, int64_t v) { return L[b][t][v].get<double>(); },
+              [&](int64_t b, int64_t t) { return !L[b][t].is_null(); }, r);
         } catch (const std::exception& e) {
           r.note = e.what();
           r.pass = false;
@@ -165,7 +192,8 @@ int main(int argc, char** argv) {
   // The table, and the JSON without the benchmark (written again with it below: a benchmark that
   // dies, out of memory say, leaves the checks' results behind).
   int failed = 0;
-  std::printf("\n%-13s %-25s %-9s %-28s %9s %9s %9s  %s\n", "check", "model", "dtype", "case", "positions", "argmax=", "max|d|", "tol / result");
+  std::printf("\n%-13s %-25s %-9s %-28s %9s %9s %9s  %s\n", "check", "model", "dtype", "case", "positions", "argmax=", "max|d|",
+              "tol / result");
   for (const Row& r : rows) {
     if (!r.pass) failed++;
     char am[32];
@@ -184,9 +212,18 @@ int main(int argc, char** argv) {
   j["failed"] = failed;
   j["checks"] = json::array();
   for (const Row& r : rows)
-    j["checks"].push_back({{"check", r.check}, {"model", r.model}, {"dtype", r.dtype}, {"case", r.kase}, {"reference", r.reference},
-                           {"positions", r.positions}, {"argmax_same", r.argmax_same}, {"argmax_required", r.argmax_required},
-                           {"max_abs", r.max_abs}, {"tol", r.tol}, {"pass", r.pass}, {"note", r.note}});
+    j["checks"].push_back({{"check", r.check},
+                           {"model", r.model},
+                           {"dtype", r.dtype},
+                           {"case", r.kase},
+                           {"reference", r.reference},
+                           {"positions", r.positions},
+                           {"argmax_same", r.argmax_same},
+                           {"argmax_required", r.argmax_required},
+                           {"max_abs", r.max_abs},
+                           {"tol", r.tol},
+                           {"pass", r.pass},
+                           {"note", r.note}});
   auto write_json = [&]() {
     if (json_out.empty()) return;
     j["not_checked"] = unchecked;

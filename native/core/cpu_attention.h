@@ -28,8 +28,8 @@ namespace slm {
 // as [B, n_q, T, D] in q's dtype, query head h reading KV head h / (n_q / n_kv); or undefined.
 // With pk/pv [1, n_kv, P, D] (a prefix every sequence shares, read from one place), keys [0, P) are
 // the prefix's and [P, P + S) the sequence's own rows k/v; the mask is then [B, 1, T, P + S].
-at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale, const at::Tensor& pk = {},
-                         const at::Tensor& pv = {});
+at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale,
+                         const at::Tensor& pk = {}, const at::Tensor& pv = {});
 
 // What this CPU gets: "avx512 (float32, bfloat16)", "avx2 (float32, bfloat16)" or "none".
 const char* cpu_attention_isa();

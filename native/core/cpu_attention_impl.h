@@ -18,14 +18,14 @@ constexpr int CH = ND_MAX * W;
 // maximum score, + 1 their sum of exp(score - maximum), + 2.. their unnormalised sum of p v; keys
 // [j0, S) are added to that (masked keys are then never read).
 template <class T>
-void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch, int64_t j0 = 0, const float* st = nullptr,
-            int64_t st_r = 0) {
+void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch, int64_t j0 = 0,
+            const float* st = nullptr, int64_t st_r = 0) {
   const int64_t R = g.R, S = g.S, D = g.D, n = S - j0;
   constexpr float kLowest = std::numeric_limits<float>::lowest();
-  float* sc = scratch;        // [R][n] scores, then probabilities (unnormalised)
-  float* qf = sc + R * n;     // [R][D] q in float32
-  float* acc = qf + R * D;    // [R][D] sum of p * v
-  float* inv = acc + R * D;   // [R] 1 / sum of p
+  float* sc = scratch;       // [R][n] scores, then probabilities (unnormalised)
+  float* qf = sc + R * n;    // [R][D] q in float32
+  float* acc = qf + R * D;   // [R][D] sum of p * v
+  float* inv = acc + R * D;  // [R] 1 / sum of p
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(q[r * g.q_head + d]);
   // Scores: q·k * scale + mask, as ATen orders it; a masked key keeps the lowest float (its key is not read).
@@ -77,7 +77,8 @@ void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geom
 }
 
 template <int ND, class T>
-inline void weighted_sum(const float* p, int64_t stride, const int32_t* keys, int64_t n, const Keys<T>& kv, int64_t d0, float* acc4, int rows) {
+inline void weighted_sum(const float* p, int64_t stride, const int32_t* keys, int64_t n, const Keys<T>& kv, int64_t d0, float* acc4,
+                         int rows) {
   // acc4[row][W * ND] += sum over the listed keys of p[key * stride + row] * v[key][d0 ..]: 4 rows.
   typename V::F a[4][ND];
   for (int r = 0; r < 4; ++r)
@@ -110,15 +111,16 @@ inline int64_t block_scratch(int64_t R, int64_t S, int64_t D) { return R * D * W
 // block's state is written instead of its output: for lane l and query head r, at st + l * st_l +
 // r * st_r, the maximum score, the sum of exp(score - maximum) and the unnormalised sum of p v (D).
 template <class T>
-bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, float* scratch, float* st = nullptr, int64_t st_l = 0, int64_t st_r = 0) {
+bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, float* scratch, float* st = nullptr, int64_t st_l = 0,
+                  int64_t st_r = 0) {
   const int64_t R = g.R, S = g.S, D = g.D, L = blk.lanes;
   constexpr float kLowest = std::numeric_limits<float>::lowest();
   const T* q = static_cast<const T*>(blk.q);
-  float* qt = scratch;             // [R][D][W]
-  float* kf = qt + R * D * W;      // [8][D] keys in float32
-  float* sc = kf + 8 * D;          // [R][n][W] scores, then probabilities
-  float* mt = sc + R * S * W;      // [n][W] the mask, transposed
-  float* acc = mt + S * W;         // [4][CH]
+  float* qt = scratch;                                       // [R][D][W]
+  float* kf = qt + R * D * W;                                // [8][D] keys in float32
+  float* sc = kf + 8 * D;                                    // [R][n][W] scores, then probabilities
+  float* mt = sc + R * S * W;                                // [n][W] the mask, transposed
+  float* acc = mt + S * W;                                   // [4][CH]
   int32_t* keys = reinterpret_cast<int32_t*>(acc + 4 * CH);  // the keys read
   // Which keys any position sees, and the mask transposed to [key][position] (absent lanes: masked).
   int64_t n = 0;
@@ -186,13 +188,19 @@ bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, float*
       for (int64_t d0 = 0; d0 < D; d0 += CH) {
         const int64_t nd = std::min<int64_t>(CH, D - d0) / W;
         if constexpr (ND_MAX == 4) {
-          if (nd == 4) weighted_sum<4>(sr + l0, W, keys, n, kv, d0, acc, rows);
-          else if (nd == 3) weighted_sum<3>(sr + l0, W, keys, n, kv, d0, acc, rows);
-          else if (nd == 2) weighted_sum<2>(sr + l0, W, keys, n, kv, d0, acc, rows);
-          else weighted_sum<1>(sr + l0, W, keys, n, kv, d0, acc, rows);
+          if (nd == 4)
+            weighted_sum<4>(sr + l0, W, keys, n, kv, d0, acc, rows);
+          else if (nd == 3)
+            weighted_sum<3>(sr + l0, W, keys, n, kv, d0, acc, rows);
+          else if (nd == 2)
+            weighted_sum<2>(sr + l0, W, keys, n, kv, d0, acc, rows);
+          else
+            weighted_sum<1>(sr + l0, W, keys, n, kv, d0, acc, rows);
         } else {
-          if (nd == 2) weighted_sum<2>(sr + l0, W, keys, n, kv, d0, acc, rows);
-          else weighted_sum<1>(sr + l0, W, keys, n, kv, d0, acc, rows);
+          if (nd == 2)
+            weighted_sum<2>(sr + l0, W, keys, n, kv, d0, acc, rows);
+          else
+            weighted_sum<1>(sr + l0, W, keys, n, kv, d0, acc, rows);
         }
         for (int r4 = 0; r4 < rows; ++r4) {
           if (st) {
@@ -209,7 +217,8 @@ bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, float*
 }
 
 template <class E>
-at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& mask, double scale) {
+at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pk, const at::Tensor& pv,
+               const at::Tensor& mask, double scale) {
   const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = k.size(1);
   const int64_t P = pk.defined() ? pk.size(2) : 0, S = P + k.size(2);
   auto out = at::empty({B, nq, T, D}, q.options());
@@ -218,7 +227,15 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   const float* mp = mask.data_ptr<float>();
   E* op = out.data_ptr<E>();
   const auto keys = [&](int64_t b, int64_t h) {
-    Keys<E> kv{nullptr, nullptr, P, 0, 0, k.data_ptr<E>() + b * k.stride(0) + h * k.stride(1), v.data_ptr<E>() + b * v.stride(0) + h * v.stride(1), k.stride(2), v.stride(2)};
+    Keys<E> kv{nullptr,
+               nullptr,
+               P,
+               0,
+               0,
+               k.data_ptr<E>() + b * k.stride(0) + h * k.stride(1),
+               v.data_ptr<E>() + b * v.stride(0) + h * v.stride(1),
+               k.stride(2),
+               v.stride(2)};
     if (P > 0) {
       kv.pk = pk.data_ptr<E>() + h * pk.stride(1), kv.pv = pv.data_ptr<E>() + h * pv.stride(1);
       kv.pk_pos = pk.stride(2), kv.pv_pos = pv.stride(2);
@@ -226,7 +243,8 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     return kv;
   };
   const auto one = [&](int64_t b, int64_t h, int64_t t, float* scratch) {
-    attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), keys(b, h), mp + b * mask.stride(0) + t * mask.stride(2), op + ((b * nq + h * g.R) * T + t) * D, g, scratch);
+    attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), keys(b, h), mp + b * mask.stride(0) + t * mask.stride(2),
+              op + ((b * nq + h * g.R) * T + t) * D, g, scratch);
   };
   const int64_t one_scratch = g.R * S + 2 * g.R * D + g.R;
   // Tasks go KV head by KV head, so that consecutive sequences read a shared prefix from cache.
@@ -244,7 +262,8 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
       std::vector<float> scratch(block_scratch(g.R, P, D));
       for (int64_t i = t0; i < t1; ++i) {
         const int64_t h = i / nb, b0 = (i % nb) * W, lanes = std::min<int64_t>(W, B - b0);
-        const Block blk{qp + b0 * q.stride(0) + h * g.R * q.stride(1), q.stride(0), mp + b0 * mask.stride(0), mask.stride(0), nullptr, 0, lanes};
+        const Block blk{
+            qp + b0 * q.stride(0) + h * g.R * q.stride(1), q.stride(0), mp + b0 * mask.stride(0), mask.stride(0), nullptr, 0, lanes};
         whole[i] = !attend_block<E>(blk, keys(b0, h), gp, scratch.data(), state.data() + (h * B + b0) * st_b, st_b, st_r);
       }
     });
@@ -256,8 +275,8 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
           one(b, h, 0, scratch.data());
           continue;
         }
-        attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1), keys(b, h), mp + b * mask.stride(0), op + (b * nq + h * g.R) * D, g, scratch.data(), P,
-                  state.data() + (h * B + b) * st_b, st_r);
+        attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1), keys(b, h), mp + b * mask.stride(0), op + (b * nq + h * g.R) * D, g,
+                  scratch.data(), P, state.data() + (h * B + b) * st_b, st_r);
       }
     });
     return out;
@@ -276,8 +295,13 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     std::vector<float> scratch(std::max(block_scratch(g.R, S, D), one_scratch));
     for (int64_t i = t0; i < t1; ++i) {
       const int64_t h = i / (B * nb), b = (i / nb) % B, p0 = (i % nb) * W, lanes = std::min<int64_t>(W, T - p0);
-      const Block blk{qp + b * q.stride(0) + h * g.R * q.stride(1) + p0 * q.stride(2), q.stride(2), mp + b * mask.stride(0) + p0 * mask.stride(2), mask.stride(2),
-                      op + ((b * nq + h * g.R) * T + p0) * D, D, lanes};
+      const Block blk{qp + b * q.stride(0) + h * g.R * q.stride(1) + p0 * q.stride(2),
+                      q.stride(2),
+                      mp + b * mask.stride(0) + p0 * mask.stride(2),
+                      mask.stride(2),
+                      op + ((b * nq + h * g.R) * T + p0) * D,
+                      D,
+                      lanes};
       if (!attend_block<E>(blk, keys(b, h), g, scratch.data()))
         for (int64_t t = p0; t < p0 + lanes; ++t) one(b, h, t, scratch.data());
     }

@@ -51,7 +51,8 @@ template <int MR, int NR>
 T512 inline void tile_sums(const __m512 (&acc)[MR][NR], float out[16]) {
   __m512 v[16];
 #pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) v[i] = (i / 4 < MR && i % 4 < NR) ? acc[i / 4 < MR ? i / 4 : 0][i % 4 < NR ? i % 4 : 0] : _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i)
+    v[i] = (i / 4 < MR && i % 4 < NR) ? acc[i / 4 < MR ? i / 4 : 0][i % 4 < NR ? i % 4 : 0] : _mm512_setzero_ps();
   _mm512_storeu_ps(out, reduce16(v));
 }
 
@@ -202,36 +203,52 @@ T256 inline void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t
 // tile four ahead is prefetched into L2, one cache line per step, spread over the passes of the input
 // rows (a burst would overflow the core's outstanding-miss slots; with the hardware prefetcher alone
 // the vocabulary projection waited on memory at half the arithmetic rate: 28 ms -> 23 ms here).
-#define SLM_DEFINE_RANGE(NAME, TARGET, TILE, TX, TW, TY, NRMAX)                                                 \
-  TARGET void NAME(const TX* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1) { \
-    const int64_t passes = (M + 3) / 4;                                                                        \
-    const int per_pass = static_cast<int>((NRMAX + passes - 1) / passes);                                      \
-    for (int64_t n = n0; n < n1; n += NRMAX) {                                                                 \
-      const int64_t nr = std::min<int64_t>(NRMAX, n1 - n);                                                     \
-      const bool prefetch = n + 5 * NRMAX <= n1;                                                               \
-      for (int64_t m = 0; m < M; m += 4) {                                                                     \
-        const int64_t mr = std::min<int64_t>(4, M - m);                                                        \
-        const TX* xm = x + m * K;                                                                              \
-        const TW* wn = w + n * K;                                                                              \
-        TY* ym = y + m * N + n;                                                                                \
-        const int64_t first = (m / 4) * per_pass;                                                              \
+#define SLM_DEFINE_RANGE(NAME, TARGET, TILE, TX, TW, TY, NRMAX)                                                                \
+  TARGET void NAME(const TX* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1) {                 \
+    const int64_t passes = (M + 3) / 4;                                                                                        \
+    const int per_pass = static_cast<int>((NRMAX + passes - 1) / passes);                                                      \
+    for (int64_t n = n0; n < n1; n += NRMAX) {                                                                                 \
+      const int64_t nr = std::min<int64_t>(NRMAX, n1 - n);                                                                     \
+      const bool prefetch = n + 5 * NRMAX <= n1;                                                                               \
+      for (int64_t m = 0; m < M; m += 4) {                                                                                     \
+        const int64_t mr = std::min<int64_t>(4, M - m);                                                                        \
+        const TX* xm = x + m * K;                                                                                              \
+        const TW* wn = w + n * K;                                                                                              \
+        TY* ym = y + m * N + n;                                                                                                \
+        const int64_t first = (m / 4) * per_pass;                                                                              \
         const int pf_rows = prefetch ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(per_pass, NRMAX - first))) : 0; \
-        const TW* pf = w + (n + 4 * NRMAX + (pf_rows ? first : 0)) * K;                                            \
-        switch (mr * 8 + nr) {                                                                                 \
-          case 4 * 8 + NRMAX: TILE<4, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
-          case 3 * 8 + NRMAX: TILE<3, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
-          case 2 * 8 + NRMAX: TILE<2, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
-          case 1 * 8 + NRMAX: TILE<1, NRMAX>(xm, wn, K, ym, N, pf, pf_rows); break;                            \
-          default:                                                                                             \
-            for (int64_t i = 0; i < nr; ++i) switch (mr) {                                                     \
-                case 4: TILE<4, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0); break;                         \
-                case 3: TILE<3, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0); break;                         \
-                case 2: TILE<2, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0); break;                         \
-                default: TILE<1, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0); break;                        \
-              }                                                                                                \
-        }                                                                                                      \
-      }                                                                                                        \
-    }                                                                                                          \
+        const TW* pf = w + (n + 4 * NRMAX + (pf_rows ? first : 0)) * K;                                                        \
+        switch (mr * 8 + nr) {                                                                                                 \
+          case 4 * 8 + NRMAX:                                                                                                  \
+            TILE<4, NRMAX>(xm, wn, K, ym, N, pf, pf_rows);                                                                     \
+            break;                                                                                                             \
+          case 3 * 8 + NRMAX:                                                                                                  \
+            TILE<3, NRMAX>(xm, wn, K, ym, N, pf, pf_rows);                                                                     \
+            break;                                                                                                             \
+          case 2 * 8 + NRMAX:                                                                                                  \
+            TILE<2, NRMAX>(xm, wn, K, ym, N, pf, pf_rows);                                                                     \
+            break;                                                                                                             \
+          case 1 * 8 + NRMAX:                                                                                                  \
+            TILE<1, NRMAX>(xm, wn, K, ym, N, pf, pf_rows);                                                                     \
+            break;                                                                                                             \
+          default:                                                                                                             \
+            for (int64_t i = 0; i < nr; ++i) switch (mr) {                                                                     \
+                case 4:                                                                                                        \
+                  TILE<4, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0);                                \
+                  break;                                                                                                       \
+                case 3:                                                                                                        \
+                  TILE<3, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0);                                \
+                  break;                                                                                                       \
+                case 2:                                                                                                        \
+                  TILE<2, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0);                                \
+                  break;                                                                                                       \
+                default:                                                                                                       \
+                  TILE<1, 1>(xm, wn + i * K, K, ym + i, N, static_cast<const TW*>(nullptr), 0);                                \
+                  break;                                                                                                       \
+              }                                                                                                                \
+        }                                                                                                                      \
+      }                                                                                                                        \
+    }                                                                                                                          \
   }
 
 SLM_DEFINE_RANGE(range_f32_512, T512, tile_512, float, float, float, 4)
@@ -254,17 +271,22 @@ bool cpu_has_avx512() { return cpu_isa() >= CpuIsa::Avx512; }
 
 const char* cpu_small_linear_isa() {
   switch (cpu_isa()) {
-    case CpuIsa::Avx512Bf16: return "avx512-bf16 (float32; bfloat16 dot products)";
-    case CpuIsa::Avx512: return "avx512 (float32; bfloat16 stored, float32 arithmetic)";
-    case CpuIsa::Avx2: return "avx2 (float32; bfloat16 stored, float32 arithmetic)";
-    default: return "none";
+    case CpuIsa::Avx512Bf16:
+      return "avx512-bf16 (float32; bfloat16 dot products)";
+    case CpuIsa::Avx512:
+      return "avx512 (float32; bfloat16 stored, float32 arithmetic)";
+    case CpuIsa::Avx2:
+      return "avx2 (float32; bfloat16 stored, float32 arithmetic)";
+    default:
+      return "none";
   }
 }
 
 at::Tensor cpu_linear_widened(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   const CpuIsa i = cpu_isa();
   if (!g_enabled.load(std::memory_order_relaxed) || (i != CpuIsa::Avx2 && i != CpuIsa::Avx512)) return {};
-  if (!x.is_cpu() || !w.is_cpu() || x.scalar_type() != at::kBFloat16 || w.scalar_type() != at::kBFloat16 || w.dim() != 2 || w.size(1) == 0) return {};
+  if (!x.is_cpu() || !w.is_cpu() || x.scalar_type() != at::kBFloat16 || w.scalar_type() != at::kBFloat16 || w.dim() != 2 || w.size(1) == 0)
+    return {};
   if (bias.defined() && (bias.scalar_type() != at::kBFloat16 || !bias.is_cpu())) return {};
   const int64_t N = w.size(0), block = std::max<int64_t>(1, (int64_t(16) << 20) / (4 * w.size(1)));
   const auto xf = x.to(at::kFloat);
@@ -320,7 +342,9 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
       if (float_out)
         (wide ? range_wbf16f_512 : few ? range_wbf16f_256w : range_wbf16f_256)(xf, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
-        (wide ? range_wbf16_512 : few ? range_wbf16_256w : range_wbf16_256)(xf, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
+        (wide  ? range_wbf16_512
+         : few ? range_wbf16_256w
+               : range_wbf16_256)(xf, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
     } else if (dt == at::kBFloat16) {
       const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());

@@ -12,10 +12,9 @@
 //
 // Chosen at run time from what the CPU offers, capped by SLM_TRAIN_CPU_ISA (core/cpu_isa.h): AVX-512
 // with AVX512_BF16 (float32; bfloat16 with vdpbf16ps), AVX-512 or AVX2 + FMA (float32; bfloat16
-// weights widened to float32 in registers, the sums rounded to bfloat16 once). Anything else — another device, a dtype or instruction set without a kernel,
-// more rows than kMaxRows, or an autograd graph to record — returns an undefined tensor and the
-// caller uses at::linear. The model code stays one path for every device: this is a dispatch in the
-// linear layer, as ATen itself dispatches per device.
+// weights widened to float32 in registers, the sums rounded to bfloat16 once). Anything else — another device, a dtype or instruction set
+// without a kernel, more rows than kMaxRows, or an autograd graph to record — returns an undefined tensor and the caller uses at::linear.
+// The model code stays one path for every device: this is a dispatch in the linear layer, as ATen itself dispatches per device.
 #pragma once
 #include <ATen/ATen.h>
 

@@ -48,10 +48,14 @@ CpuIsa set_cpu_isa_cap(CpuIsa cap) {
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::Avx512Bf16: return "avx512-bf16";
-    case CpuIsa::Avx512: return "avx512";
-    case CpuIsa::Avx2: return "avx2";
-    default: return "none";
+    case CpuIsa::Avx512Bf16:
+      return "avx512-bf16";
+    case CpuIsa::Avx512:
+      return "avx512";
+    case CpuIsa::Avx2:
+      return "avx2";
+    default:
+      return "none";
   }
 }
 

@@ -66,8 +66,10 @@ at::Tensor norm_rope_rows(const at::Tensor& x, const at::Tensor& w, const at::Te
     for (int64_t row = r0; row < r1; ++row) {
       const int64_t b = row / n, j = row % n;
       const T* xr = xp + (b * n + j) * D;
-      if (wp) norm_row(xr, wp, h.data(), D, eps);
-      else for (int64_t i = 0; i < D; ++i) h[i] = f32(xr[i]);
+      if (wp)
+        norm_row(xr, wp, h.data(), D, eps);
+      else
+        for (int64_t i = 0; i < D; ++i) h[i] = f32(xr[i]);
       const T* c = cp + b * D;
       const T* s = sp + b * D;
       T* out = yp + (b * n + j) * D;
@@ -88,7 +90,8 @@ bool usable(const at::Tensor& x) {
 }
 
 bool same(const at::Tensor& a, const at::Tensor& x) {
-  return a.defined() && a.scalar_type() == x.scalar_type() && a.device() == x.device() && a.is_contiguous() && !(at::GradMode::is_enabled() && a.requires_grad());
+  return a.defined() && a.scalar_type() == x.scalar_type() && a.device() == x.device() && a.is_contiguous() &&
+         !(at::GradMode::is_enabled() && a.requires_grad());
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ bool Qwen3Model::has_critic() const {
 }
 
 void attach_critic(Qwen3Model& m) {
-  if (!m.has_adapter()) fail("NOT_SUPPORTED", "a separate critic starts as a copy of the actor's adapter: attach or load the actor's LoRA adapter first.");
+  if (!m.has_adapter())
+    fail("NOT_SUPPORTED", "a separate critic starts as a copy of the actor's adapter: attach or load the actor's LoRA adapter first.");
   at::NoGradGuard ng;
   for (auto& L : m.layers())
     for (auto& [name, lin] : L.projections()) {
@@ -52,19 +53,24 @@ void load_critic(Qwen3Model& m, TensorMap&& t) {
     for (auto& [name, lin] : layers[i].projections()) {
       if (!lin->lora) continue;
       auto c = std::make_shared<LoraWeights>(*lin->lora);
-      for (auto [suffix, dst, like] : {std::make_tuple(".lora_A.weight", &c->A, lin->lora->A), std::make_tuple(".lora_B.weight", &c->B, lin->lora->B)}) {
+      for (auto [suffix, dst, like] :
+           {std::make_tuple(".lora_A.weight", &c->A, lin->lora->A), std::make_tuple(".lora_B.weight", &c->B, lin->lora->B)}) {
         const std::string n = peft_name(i, name) + suffix;
         auto it = t.tensors.find(n);
-        if (it == t.tensors.end()) fail("ADAPTER_MISMATCH", "the critic adapter has no tensor '" + n + "', which the actor's adapter has; the critic file belongs to another adapter.");
+        if (it == t.tensors.end())
+          fail("ADAPTER_MISMATCH",
+               "the critic adapter has no tensor '" + n + "', which the actor's adapter has; the critic file belongs to another adapter.");
         if (it->second.sizes() != like.sizes())
-          fail("ADAPTER_MISMATCH", "critic adapter tensor '" + n + "' has shape " + dims(it->second.sizes()) + ", the actor's has " + dims(like.sizes()) + "; the critic file belongs to another adapter.");
+          fail("ADAPTER_MISMATCH", "critic adapter tensor '" + n + "' has shape " + dims(it->second.sizes()) + ", the actor's has " +
+                                       dims(like.sizes()) + "; the critic file belongs to another adapter.");
         *dst = it->second.to(m.device(), at::kFloat).clone().requires_grad_(true);
         t.tensors.erase(it);
       }
       made.emplace_back(lin, std::move(c));
     }
   if (!t.tensors.empty())
-    fail("ADAPTER_MISMATCH", "the critic adapter has tensor(s) the actor's adapter does not, e.g. '" + t.tensors.begin()->first + "'; the critic file belongs to another adapter.");
+    fail("ADAPTER_MISMATCH", "the critic adapter has tensor(s) the actor's adapter does not, e.g. '" + t.tensors.begin()->first +
+                                 "'; the critic file belongs to another adapter.");
   for (auto& [lin, c] : made) lin->critic = std::move(c);
 }
 

@@ -47,9 +47,9 @@ std::vector<std::vector<float>> last_hidden(const Qwen3Model& model, const std::
   model.check_ids(p.ids);
   std::vector<int64_t> last_v(B);
   for (int64_t b = 0; b < B; ++b) last_v[b] = static_cast<int64_t>(seqs[b].size()) - 1;
-  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr);                                      // [B, T, hidden]
+  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr);  // [B, T, hidden]
   auto idx = at::tensor(last_v, at::TensorOptions().dtype(at::kLong)).to(model.device()).view({B, 1, 1}).expand({B, 1, h.size(2)});
-  auto v = h.gather(1, idx).squeeze(1).to(at::kFloat).to(at::kCPU).contiguous();                  // [B, hidden]
+  auto v = h.gather(1, idx).squeeze(1).to(at::kFloat).to(at::kCPU).contiguous();  // [B, hidden]
   const int64_t H = v.size(1);
   const float* d = v.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b) out[b].assign(d + b * H, d + (b + 1) * H);
@@ -59,11 +59,13 @@ std::vector<std::vector<float>> last_hidden(const Qwen3Model& model, const std::
 std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs) {
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);
-  if (!model.value_head.defined()) fail("NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
+  if (!model.value_head.defined())
+    fail("NOT_SUPPORTED", "values: no value head is attached; call attachValueHead() or load an adapter saved with one.");
   auto p = right_padded(model, seqs);
   if (B == 0 || p.T == 0) return out;
-  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false, false, false, model.has_critic()});  // the critic's adapter
-  auto v = model.value_head.forward(h).to(at::kCPU).contiguous();  // [B, T]
+  auto h = model.hidden(p.ids, p.positions, p.mask, nullptr,
+                        ForwardOptions{true, false, false, false, false, model.has_critic()});  // the critic's adapter
+  auto v = model.value_head.forward(h).to(at::kCPU).contiguous();                               // [B, T]
   auto va = v.accessor<float, 2>();
   for (int64_t b = 0; b < B; ++b) {
     out[b].resize(seqs[b].size());
@@ -72,17 +74,23 @@ std::vector<std::vector<float>> sequence_values(const Qwen3Model& model, const s
   return out;
 }
 
-std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, const std::vector<float>& temperature, bool reference,
+std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs,
+                                                  const std::vector<float>& temperature, bool reference,
                                                   const std::vector<std::vector<uint8_t>>& masks) {
   const int64_t B = static_cast<int64_t>(seqs.size());
   std::vector<std::vector<float>> out(B);
   if (B == 0) return out;
   const int64_t nt = static_cast<int64_t>(temperature.size());
   if (nt != 1 && nt != B)
-    fail("ARGUMENT_INVALID", "temperature for log-probs must hold one value or one per sequence (" + std::to_string(B) + "), found " + std::to_string(nt) + ".");
+    fail("ARGUMENT_INVALID", "temperature for log-probs must hold one value or one per sequence (" + std::to_string(B) + "), found " +
+                                 std::to_string(nt) + ".");
   for (int64_t i = 0; i < nt; ++i)
-    if (!(temperature[i] > 0)) fail("ARGUMENT_INVALID", "temperature for log-probs must be > 0, found " + std::to_string(temperature[i]) + (nt > 1 ? " at row " + std::to_string(i) : "") + ".");
-  if (!masks.empty() && static_cast<int64_t>(masks.size()) != B) fail("ARGUMENT_INVALID", "log-prob masks must hold one row per sequence (" + std::to_string(B) + "), found " + std::to_string(masks.size()) + ".");
+    if (!(temperature[i] > 0))
+      fail("ARGUMENT_INVALID", "temperature for log-probs must be > 0, found " + std::to_string(temperature[i]) +
+                                   (nt > 1 ? " at row " + std::to_string(i) : "") + ".");
+  if (!masks.empty() && static_cast<int64_t>(masks.size()) != B)
+    fail("ARGUMENT_INVALID",
+         "log-prob masks must hold one row per sequence (" + std::to_string(B) + "), found " + std::to_string(masks.size()) + ".");
   auto p = right_padded(model, seqs);
   const int64_t T = p.T;
   if (T < 2) {
@@ -95,7 +103,8 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
   auto ka = keep.accessor<float, 2>();
   for (int64_t b = 0; b < B; ++b) {
     if (!masks.empty() && masks[b].size() != seqs[b].size())
-      fail("ARGUMENT_INVALID", "log-prob mask " + std::to_string(b) + " must have one entry per token (" + std::to_string(seqs[b].size()) + "), found " + std::to_string(masks[b].size()) + ".");
+      fail("ARGUMENT_INVALID", "log-prob mask " + std::to_string(b) + " must have one entry per token (" + std::to_string(seqs[b].size()) +
+                                   "), found " + std::to_string(masks[b].size()) + ".");
     for (size_t t = 1; t < seqs[b].size(); ++t) ka[b][t - 1] = masks.empty() || masks[b][t] ? 1.f : 0.f;
   }
   auto temp = at::tensor(temperature, at::TensorOptions().dtype(at::kFloat)).expand({B}).contiguous();  // each row's own temperature
@@ -107,7 +116,8 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
   HeadBuffers bufs;  // the same fused head as training (core/losses.h), its logits buffer reused
   for (int64_t c0 = 0; c0 < rows.n; c0 += chunk) {
     const int64_t c = std::min(chunk, rows.n - c0);
-    lp.narrow(1, c0, c).copy_(head_token_stats(h.narrow(1, c0, c), model.head_weight(), rows.temp.narrow(1, c0, c), rows.targets.narrow(1, c0, c), bufs).lp);
+    lp.narrow(1, c0, c).copy_(
+        head_token_stats(h.narrow(1, c0, c), model.head_weight(), rows.temp.narrow(1, c0, c), rows.targets.narrow(1, c0, c), bufs).lp);
   }
   auto rc = rows.scatter(lp).to(at::kCPU).contiguous();  // [B, T - 1]
   auto ra = rc.accessor<float, 2>();

@@ -17,7 +17,8 @@ namespace slm {
 // (right-padded) batch. With `reference`, the KL reference policy computes them (ForwardOptions::reference).
 // With `masks` (one row per sequence, one entry per token), only positions t >= 1 with masks[b][t]
 // are scored (the vocabulary head runs on those alone); the others are 0.
-std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs, const std::vector<float>& temperature, bool reference = false,
+std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const std::vector<std::vector<int32_t>>& seqs,
+                                                  const std::vector<float>& temperature, bool reference = false,
                                                   const std::vector<std::vector<uint8_t>>& masks = {});
 
 // PPO critic: for each sequence, out[t] = value_head.forward(h[t - 1]) for t >= 1 (the value of the

@@ -40,15 +40,18 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   out.finish.assign(B, Finish::Length);
   if (B == 0 || p.max_new_tokens <= 0) return out;
   if (!p.row_max_new_tokens.empty() && static_cast<int64_t>(p.row_max_new_tokens.size()) != B)
-    fail("ARGUMENT_INVALID", "generate: rowMaxNewTokens has " + std::to_string(p.row_max_new_tokens.size()) + " values for " + std::to_string(B) + " rows; give one per row or none.");
+    fail("ARGUMENT_INVALID", "generate: rowMaxNewTokens has " + std::to_string(p.row_max_new_tokens.size()) + " values for " +
+                                 std::to_string(B) + " rows; give one per row or none.");
   std::vector<int64_t> row_max(B, p.max_new_tokens);
   for (int64_t b = 0; b < static_cast<int64_t>(p.row_max_new_tokens.size()); ++b) {
     if (p.row_max_new_tokens[b] < 1 || p.row_max_new_tokens[b] > p.max_new_tokens)
-      fail("ARGUMENT_INVALID", "generate: rowMaxNewTokens[" + std::to_string(b) + "] must be from 1 to maxNewTokens (" + std::to_string(p.max_new_tokens) + "), found " + std::to_string(p.row_max_new_tokens[b]) + ".");
+      fail("ARGUMENT_INVALID", "generate: rowMaxNewTokens[" + std::to_string(b) + "] must be from 1 to maxNewTokens (" +
+                                   std::to_string(p.max_new_tokens) + "), found " + std::to_string(p.row_max_new_tokens[b]) + ".");
     row_max[b] = p.row_max_new_tokens[b];
   }
   if (static_cast<int64_t>(p.temperature.size()) != B)
-    fail("ARGUMENT_INVALID", "expected one temperature per prompt (" + std::to_string(B) + "), found " + std::to_string(p.temperature.size()) + ".");
+    fail("ARGUMENT_INVALID",
+         "expected one temperature per prompt (" + std::to_string(B) + "), found " + std::to_string(p.temperature.size()) + ".");
   if (!p.stop_strings.empty() && (!vocab || vocab->bytes.empty()))
     fail("ARGUMENT_INVALID", "stop strings need the vocabulary's byte strings: call setVocab on the model first.");
   int64_t L = 0;
@@ -63,7 +66,8 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   std::vector<std::string> tails(B);
 
   if (!p.row_seeds.empty() && static_cast<int64_t>(p.row_seeds.size()) != B)
-    fail("ARGUMENT_INVALID", "generate: rowSeeds has " + std::to_string(p.row_seeds.size()) + " seeds for " + std::to_string(B) + " rows; give one per row or none.");
+    fail("ARGUMENT_INVALID", "generate: rowSeeds has " + std::to_string(p.row_seeds.size()) + " seeds for " + std::to_string(B) +
+                                 " rows; give one per row or none.");
   RowRng rng = p.row_seeds.empty() ? RowRng(p.seed, B) : RowRng(p.row_seeds);
   std::vector<int64_t> rows(B);  // original row of each batch slot
   for (int64_t b = 0; b < B; ++b) rows[b] = b;
@@ -82,7 +86,8 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   int64_t C = 0;
   if (keyed) {
     if (static_cast<int64_t>(p.cache_keys.size()) != B)
-      fail("ARGUMENT_INVALID", "generate: cacheKeys has " + std::to_string(p.cache_keys.size()) + " keys for " + std::to_string(B) + " rows; give one per row (an empty key: none) or none.");
+      fail("ARGUMENT_INVALID", "generate: cacheKeys has " + std::to_string(p.cache_keys.size()) + " keys for " + std::to_string(B) +
+                                   " rows; give one per row (an empty key: none) or none.");
     std::unordered_set<std::string> keys_seen;
     for (const auto& k : p.cache_keys)
       if (!k.empty() && !keys_seen.insert(k).second)
@@ -177,12 +182,14 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
       return true;
     };
     int64_t cols_done = 0;  // key-mask columns whose tokens are in the cache
-    const auto prefill = [&](const at::Tensor& ids_, const at::Tensor& pos_, const at::Tensor& keys_, int64_t s0, int64_t s1, at::Tensor* last) {
+    const auto prefill = [&](const at::Tensor& ids_, const at::Tensor& pos_, const at::Tensor& keys_, int64_t s0, int64_t s1,
+                             at::Tensor* last) {
       const int64_t step = p.prefill_chunk > 0 ? p.prefill_chunk : s1 - s0;
       for (int64_t s = s0; s < s1; s += step) {
         if (s > s0 && all_cancelled()) return false;
         const int64_t e = std::min(s1, s + step);
-        auto hc = model.hidden(ids_.narrow(1, s, e - s).contiguous(), pos_.narrow(1, s, e - s).contiguous(), keys_.narrow(1, 0, e).contiguous(), &cache);
+        auto hc = model.hidden(ids_.narrow(1, s, e - s).contiguous(), pos_.narrow(1, s, e - s).contiguous(),
+                               keys_.narrow(1, 0, e).contiguous(), &cache);
         cols_done = e;
         if (e == s1 && last) *last = hc;
       }
@@ -201,8 +208,8 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
       cache.share_prefix(U);
     }
     if (!prefill(ids, positions, mask, P, L, &h)) return cancelled_out(false);  // h: the last chunk, [U, c, hidden]
-    logits = model.logits(h.narrow(1, h.size(1) - 1, 1), true).squeeze(1);  // [U, V]
-    last_pos = positions.narrow(1, L - 1, 1).squeeze(1);           // [U]
+    logits = model.logits(h.narrow(1, h.size(1) - 1, 1), true).squeeze(1);      // [U, V]
+    last_pos = positions.narrow(1, L - 1, 1).squeeze(1);                        // [U]
     if (U < B) {  // every row of a repeated prompt gets a copy of its cache rows and logits
       auto of_t = at::tensor(of, li).to(dev);
       cache.keep_rows(of_t);
@@ -271,9 +278,9 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
       reused[b] = EpisodeCacheEntry();
     }
     cache.length = C;
-    h = model.hidden(ids, positions, mask, &cache);                    // [B, R, hidden]
-    logits = model.logits(h.narrow(1, R - 1, 1), true).squeeze(1);           // [B, V]
-    last_pos = positions.narrow(1, R - 1, 1).squeeze(1);               // [B]
+    h = model.hidden(ids, positions, mask, &cache);                 // [B, R, hidden]
+    logits = model.logits(h.narrow(1, R - 1, 1), true).squeeze(1);  // [B, V]
+    last_pos = positions.narrow(1, R - 1, 1).squeeze(1);            // [B]
   }
   out.prefill_seconds = now() - t0;
 
@@ -403,7 +410,8 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
     mask = at::cat({mask, alive.unsqueeze(1)}, 1);
     last_pos = last_pos + 1;
     h = model.hidden(next, last_pos.unsqueeze(1), mask, &cache);
-    if (!logits_buf.defined() && dev.is_cpu()) logits_buf = at::empty({B, model.config().vocab_size}, at::TensorOptions().dtype(at::kFloat));
+    if (!logits_buf.defined() && dev.is_cpu())
+      logits_buf = at::empty({B, model.config().vocab_size}, at::TensorOptions().dtype(at::kFloat));
     logits = model.logits(h, true, logits_buf).squeeze(1);  // the sampler is done with the previous step's
   }
   out.decode_seconds = now() - t0;

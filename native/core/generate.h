@@ -1,9 +1,9 @@
 // Batched generation in one call: left-padded prefill (shared prefixes computed once, see
-// GenerateParams::share_prefix), then one decode step per token for all rows with a KV cache. Rows stop on a stop token id, on a stop string (checked on the decoded bytes of
-// the row's output, using the vocabulary's byte strings), at their max_new_tokens, or when cancelled
-// from another thread. Finished rows are dropped from the batch (and the cache compacted) once a
-// quarter of the batch has finished (a cancelled row counts as finished). An optional per-step
-// callback reports each step's tokens as they are sampled (streaming servers).
+// GenerateParams::share_prefix), then one decode step per token for all rows with a KV cache. Rows stop on a stop token id, on a stop
+// string (checked on the decoded bytes of the row's output, using the vocabulary's byte strings), at their max_new_tokens, or when
+// cancelled from another thread. Finished rows are dropped from the batch (and the cache compacted) once a quarter of the batch has
+// finished (a cancelled row counts as finished). An optional per-step callback reports each step's tokens as they are sampled (streaming
+// servers).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -82,9 +82,9 @@ struct GenerateOutput {
   std::vector<std::vector<int32_t>> top_ids;
   std::vector<std::vector<float>> top_logprobs;
   std::vector<Finish> finish;
-  int64_t steps = 0;           // decode steps run
-  double prefill_seconds = 0;  // time of the prefill forward
-  double decode_seconds = 0;   // time of all decode steps
+  int64_t steps = 0;                     // decode steps run
+  double prefill_seconds = 0;            // time of the prefill forward
+  double decode_seconds = 0;             // time of all decode steps
   int64_t prefill_tokens = 0;            // prompt tokens run through the model (padding excluded)
   int64_t prefill_tokens_requested = 0;  // the sum of the prompts' lengths
   int64_t cache_reused_tokens = 0;       // prompt tokens taken from episode caches (not computed)

@@ -20,16 +20,22 @@ bool in_layers(const LoraConfig& c, int64_t i) {
 
 void check_config(const Qwen3Model& m, const LoraConfig& c) {
   if (c.r <= 0) fail("ADAPTER_INVALID", "LoRA rank r must be positive, found " + std::to_string(c.r) + ".");
-  if (c.targets.empty()) fail("ADAPTER_INVALID", "LoRA needs at least one target module (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).");
+  if (c.targets.empty())
+    fail("ADAPTER_INVALID", "LoRA needs at least one target module (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).");
   for (const auto& t : c.targets)
     if (!kProjections.count(t))
-      fail("ADAPTER_TARGET_UNKNOWN", "target module '" + t + "' is not a projection of the decoder block (the same names in Qwen3, Qwen2 and Llama); expected some of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.");
+      fail("ADAPTER_TARGET_UNKNOWN", "target module '" + t +
+                                         "' is not a projection of the decoder block (the same names in Qwen3, Qwen2 and Llama); expected "
+                                         "some of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.");
   for (auto l : c.layers)
     if (l < 0 || l >= m.config().num_hidden_layers)
-      fail("ADAPTER_INVALID", "layer " + std::to_string(l) + " is not in the model (it has " + std::to_string(m.config().num_hidden_layers) + " layers).");
+      fail("ADAPTER_INVALID",
+           "layer " + std::to_string(l) + " is not in the model (it has " + std::to_string(m.config().num_hidden_layers) + " layers).");
 }
 
-std::string module_of(const std::string& proj) { return (proj == "gate_proj" || proj == "up_proj" || proj == "down_proj") ? "mlp" : "self_attn"; }
+std::string module_of(const std::string& proj) {
+  return (proj == "gate_proj" || proj == "up_proj" || proj == "down_proj") ? "mlp" : "self_attn";
+}
 }  // namespace
 
 double LoraConfig::scale() const { return rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r); }
@@ -79,8 +85,8 @@ void load_lora(Qwen3Model& m, const LoraConfig& c, TensorMap&& t) {
           it = t.tensors.find(alt);
         }
         if (it == t.tensors.end())
-          fail("ADAPTER_MISMATCH", "the adapter has no tensor '" + n + "' although adapter_config.json targets " + name + " in layer " + std::to_string(i) +
-                                       ". The adapter does not match its config.");
+          fail("ADAPTER_MISMATCH", "the adapter has no tensor '" + n + "' although adapter_config.json targets " + name + " in layer " +
+                                       std::to_string(i) + ". The adapter does not match its config.");
         auto x = it->second;
         if (x.sizes() != at::IntArrayRef(shape)) {
           std::string found = "[", want = "[";

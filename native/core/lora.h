@@ -14,7 +14,7 @@
 namespace slm {
 
 struct LoraConfig {
-  int64_t r = 0;       // r, alpha, dropout: always the caller's (the addon requires them)
+  int64_t r = 0;  // r, alpha, dropout: always the caller's (the addon requires them)
   double alpha = 0;
   double dropout = 0.0;
   bool rslora = false;

@@ -15,7 +15,8 @@
 
 namespace slm {
 
-at::Tensor loss_weights(const std::vector<std::vector<uint8_t>>& mask, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t tokens, int64_t sequences) {
+at::Tensor loss_weights(const std::vector<std::vector<uint8_t>>& mask, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t tokens,
+                        int64_t sequences) {
   auto w = at::zeros({s1 - s0, std::max<int64_t>(T - 1, 1)}, at::kFloat);
   auto wa = w.accessor<float, 2>();
   for (int64_t i = s0; i < s1; ++i) {
@@ -78,8 +79,8 @@ SLM_T512 void row_grad(float* x, int64_t V, float it, float lse, float ent, floa
 
 bool cpu_stats_applies(const at::Tensor& logits) {
 #ifdef SLM_CPU_VEC_X86
-  return cpu_kernels_enabled() && cpu_has_avx512() && logits.is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 3 && logits.is_contiguous() &&
-         !(at::GradMode::is_enabled() && logits.requires_grad());
+  return cpu_kernels_enabled() && cpu_has_avx512() && logits.is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 3 &&
+         logits.is_contiguous() && !(at::GradMode::is_enabled() && logits.requires_grad());
 #else
   (void)logits;
   return false;
@@ -122,13 +123,14 @@ std::array<at::Tensor, 3> stats_forward(const at::Tensor& logits, const at::Tens
 
 // Overwrites `logits` with d (sum g_lp lp + sum g_ent ent) / d logits: d lp / d z_v = [v = target] -
 // p_v, d ent / d z_v = -p_v (log p_v + ent). `scratch` (the logits' shape) is needed when g_ent is.
-void stats_backward(at::Tensor logits, const at::Tensor& temp, const at::Tensor& targets, const at::Tensor& lse, const at::Tensor& ent, const at::Tensor& g_lp,
-                    const at::Tensor& g_ent, at::Tensor scratch) {
+void stats_backward(at::Tensor logits, const at::Tensor& temp, const at::Tensor& targets, const at::Tensor& lse, const at::Tensor& ent,
+                    const at::Tensor& g_lp, const at::Tensor& g_ent, at::Tensor scratch) {
 #ifdef SLM_CPU_VEC_X86
   if (cpu_stats_applies(logits)) {
     const int64_t B = logits.size(0), c = logits.size(1), V = logits.size(2);
     const auto t = per_row(temp, B, c), L = per_row(lse, B, c), H = per_row(ent, B, c);
-    const auto A = g_lp.defined() ? per_row(g_lp, B, c) : std::vector<float>(B * c, 0.f), Bg = g_ent.defined() ? per_row(g_ent, B, c) : std::vector<float>(B * c, 0.f);
+    const auto A = g_lp.defined() ? per_row(g_lp, B, c) : std::vector<float>(B * c, 0.f),
+               Bg = g_ent.defined() ? per_row(g_ent, B, c) : std::vector<float>(B * c, 0.f);
     const auto tg = targets.contiguous();
     float* x = logits.data_ptr<float>();
     const int64_t* g = tg.data_ptr<int64_t>();
@@ -139,9 +141,9 @@ void stats_backward(at::Tensor logits, const at::Tensor& temp, const at::Tensor&
   }
 #endif
   const auto a = g_lp.defined() ? g_lp.unsqueeze(-1) : at::zeros_like(lse);  // [B, c, 1]
-  auto& g = logits.div_(temp).sub_(lse);                                       // log p
+  auto& g = logits.div_(temp).sub_(lse);                                     // log p
   if (g_ent.defined()) {
-    at::exp_out(scratch, g);  // p
+    at::exp_out(scratch, g);                                                           // p
     g.add_(ent.unsqueeze(-1)).mul_(g_ent.unsqueeze(-1)).add_(a).mul_(scratch).neg_();  // -p (a + g_ent (log p + ent))
   } else {
     g.exp_().mul_(a).neg_();  // -p a
@@ -170,14 +172,14 @@ class TokenStatsFn : public torch::autograd::Function<TokenStatsFn> {
 // gradient before the one matmul back to the hidden states. The head weight takes no gradient.
 class HeadStatsFn : public torch::autograd::Function<HeadStatsFn> {
  public:
-  static variable_list forward(AutogradContext* ctx, at::Tensor hidden, at::Tensor head, at::Tensor temp, at::Tensor targets, at::Tensor buf, at::Tensor scratch) {
+  static variable_list forward(AutogradContext* ctx, at::Tensor hidden, at::Tensor head, at::Tensor temp, at::Tensor targets,
+                               at::Tensor buf, at::Tensor scratch) {
     const int64_t B = hidden.size(0), c = hidden.size(1), H = hidden.size(2), V = head.size(0);
     auto logits = buf.narrow(0, 0, B * c * V).view({B, c, V});
     if (head.scalar_type() == at::kFloat && hidden.scalar_type() == at::kFloat) {
       auto flat = logits.view({B * c, V});
       at::mm_out(flat, hidden.reshape({B * c, H}), head.t());
-    }
-    else {  // bfloat16: widened to float32 where the CPU has no bfloat16 dot products (cpu_gemm.h)
+    } else {  // bfloat16: widened to float32 where the CPU has no bfloat16 dot products (cpu_gemm.h)
       const auto y = cpu_linear_widened(hidden, head);
       logits.copy_(y.defined() ? y : at::matmul(hidden, head.t()));
     }
@@ -193,7 +195,8 @@ class HeadStatsFn : public torch::autograd::Function<HeadStatsFn> {
     auto logits = s[0];
     const auto& head = s[1];
     const int64_t B = logits.size(0), c = logits.size(1), V = logits.size(2);
-    stats_backward(logits, s[2], s[3], s[4], s[5], g[0], g[1], g[1].defined() ? s[6].narrow(0, 0, B * c * V).view({B, c, V}) : at::Tensor());
+    stats_backward(logits, s[2], s[3], s[4], s[5], g[0], g[1],
+                   g[1].defined() ? s[6].narrow(0, 0, B * c * V).view({B, c, V}) : at::Tensor());
     const auto gl = logits.view({B * c, V}).to(head.scalar_type());
     auto gh = cpu_linear_widened(gl, head.t());
     gh = (gh.defined() ? gh : at::mm(gl, head)).view({B, c, head.size(1)});
@@ -210,7 +213,8 @@ TokenStats token_stats(const at::Tensor& logits, const at::Tensor& temp, const a
   return {r[0], r[1]};
 }
 
-TokenStats head_token_stats(const at::Tensor& hidden, const at::Tensor& head, const at::Tensor& temp, const at::Tensor& targets, HeadBuffers& bufs) {
+TokenStats head_token_stats(const at::Tensor& hidden, const at::Tensor& head, const at::Tensor& temp, const at::Tensor& targets,
+                            HeadBuffers& bufs) {
   const int64_t n = hidden.size(0) * hidden.size(1) * head.size(0);
   const auto f = hidden.options().dtype(at::kFloat);
   if (!bufs.logits.defined() || bufs.logits.numel() < n) bufs.logits = at::empty({n}, f);
@@ -231,7 +235,9 @@ at::Tensor HeadRows::select(const at::Tensor& x) const {
   return x.reshape({-1}).index_select(0, x.is_cpu() ? host_rows : rows.to(x.device())).unsqueeze(0).to(rows.device());
 }
 
-at::Tensor HeadRows::hidden(const at::Tensor& h) const { return h.narrow(1, 0, T - 1).reshape({B * (T - 1), h.size(2)}).index_select(0, rows).unsqueeze(0); }
+at::Tensor HeadRows::hidden(const at::Tensor& h) const {
+  return h.narrow(1, 0, T - 1).reshape({B * (T - 1), h.size(2)}).index_select(0, rows).unsqueeze(0);
+}
 
 at::Tensor HeadRows::scatter(const at::Tensor& x) const {
   const auto v = x.squeeze(0);  // [n, ...]
@@ -244,7 +250,8 @@ at::Tensor HeadRows::scatter(const at::Tensor& x) const {
 
 at::Tensor sft_loss(const at::Tensor& lp, const at::Tensor& w) { return -(lp * w).sum(); }
 
-PolicyLoss policy_loss(const at::Tensor& lp, const at::Tensor& old_lp, const at::Tensor& adv, const at::Tensor& w, double clip_low, double clip_high) {
+PolicyLoss policy_loss(const at::Tensor& lp, const at::Tensor& old_lp, const at::Tensor& adv, const at::Tensor& w, double clip_low,
+                       double clip_high) {
   auto ratio = at::exp(lp - old_lp);
   auto s1 = ratio * adv, s2 = at::clamp(ratio, 1 - clip_low, 1 + clip_high) * adv;
   PolicyLoss r;

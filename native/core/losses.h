@@ -22,7 +22,8 @@ enum class LossNorm { Token, Sequence };
 // token t >= 1; entry t - 1 <-> token t): 1 / tokens per trained token (Token), or 1 / (sequences *
 // the row's trained tokens) (Sequence). `tokens` / `sequences` are the batch's (or, data-parallel,
 // the global batch's) trained tokens and sequences with trained tokens.
-at::Tensor loss_weights(const std::vector<std::vector<uint8_t>>& mask, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t tokens, int64_t sequences);
+at::Tensor loss_weights(const std::vector<std::vector<uint8_t>>& mask, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t tokens,
+                        int64_t sequences);
 
 // log_softmax(logits / temp) over the vocabulary: logits [B, c, V], temp broadcastable ([B, 1, 1]).
 at::Tensor token_logprobs(const at::Tensor& logits, const at::Tensor& temp);
@@ -44,7 +45,8 @@ TokenStats token_stats(const at::Tensor& logits, const at::Tensor& temp, const a
 struct HeadBuffers {
   at::Tensor logits, scratch;
 };
-TokenStats head_token_stats(const at::Tensor& hidden, const at::Tensor& head, const at::Tensor& temp, const at::Tensor& targets, HeadBuffers& bufs);
+TokenStats head_token_stats(const at::Tensor& hidden, const at::Tensor& head, const at::Tensor& temp, const at::Tensor& targets,
+                            HeadBuffers& bufs);
 
 // The positions a teacher-forced pass sends through the vocabulary head: those of [B, T - 1] (entry
 // t - 1 <-> token t) where `keep` (CPU) is nonzero, in row-major order. A prompt, a tool's output and
@@ -52,8 +54,8 @@ TokenStats head_token_stats(const at::Tensor& hidden, const at::Tensor& head, co
 // preset's), so training and scoring project only the positions whose log-prob is used.
 struct HeadRows {
   int64_t B = 0, T = 0, n = 0;
-  at::Tensor rows, host_rows;   // [n] int64 flat indices into [B, T - 1], on the device and on the CPU
-  at::Tensor temp, targets;     // [1, n, 1]: each position's temperature (float) and target id (int64)
+  at::Tensor rows, host_rows;  // [n] int64 flat indices into [B, T - 1], on the device and on the CPU
+  at::Tensor temp, targets;    // [1, n, 1]: each position's temperature (float) and target id (int64)
   // keep [B, T - 1]; ids [B, T] int64 (CPU); temp [B] float32 (CPU), one per sequence.
   HeadRows(const at::Tensor& keep, const at::Tensor& ids, const at::Tensor& temp, at::Device dev);
   at::Tensor select(const at::Tensor& x) const;   // per-token data [B, T - 1] (CPU) -> [1, n] on the device
@@ -70,7 +72,8 @@ at::Tensor sft_loss(const at::Tensor& lp, const at::Tensor& w);
 struct PolicyLoss {
   at::Tensor loss, clipped, ratio;
 };
-PolicyLoss policy_loss(const at::Tensor& lp, const at::Tensor& old_lp, const at::Tensor& adv, const at::Tensor& w, double clip_low, double clip_high);
+PolicyLoss policy_loss(const at::Tensor& lp, const at::Tensor& old_lp, const at::Tensor& adv, const at::Tensor& w, double clip_low,
+                       double clip_high);
 
 // KL(policy || reference) per token, d = ref_lp - lp: k1 = -d, k3 = exp(d) - d - 1; sum(w * kl).
 at::Tensor kl_penalty(const at::Tensor& lp, const at::Tensor& ref_lp, const at::Tensor& w, int estimator);

@@ -88,7 +88,8 @@ UpdateResult apply_update(const NamedParams& params, AdamW& opt, const OptimConf
   r.grad_norm = grad_norm(params);
   if (!std::isfinite(r.grad_norm) || !std::isfinite(loss)) {
     r.skipped = true;
-    r.skip_reason = !std::isfinite(loss) ? "the loss is not finite (NaN or inf): the update was skipped" : "the gradient is not finite (NaN or inf): the update was skipped";
+    r.skip_reason = !std::isfinite(loss) ? "the loss is not finite (NaN or inf): the update was skipped"
+                                         : "the gradient is not finite (NaN or inf): the update was skipped";
     clear_grads(params);
     return r;
   }

@@ -97,9 +97,9 @@ struct LoraWeights {
 };
 
 struct Linear {
-  at::Tensor weight;                   // [out, in], frozen
-  at::Tensor bias;                     // [out], frozen; undefined when the projection has none
-  std::shared_ptr<LoraWeights> lora;   // null when this projection has no adapter
+  at::Tensor weight;                  // [out, in], frozen
+  at::Tensor bias;                    // [out], frozen; undefined when the projection has none
+  std::shared_ptr<LoraWeights> lora;  // null when this projection has no adapter
   // A frozen copy of an adapter, used by reference forwards (ForwardOptions::reference); null = the
   // reference is the base weights. Attaching, loading or detaching the trained adapter leaves it.
   std::shared_ptr<const LoraWeights> reference;
@@ -121,8 +121,8 @@ struct Qwen3Layer {
 // softmax(q·kᵀ / sqrt(D) + mask)·v as [B, n_q, T, D], query head h reading KV head h / (n_q / n_kv).
 // `kernels` (generation): the fused CPU kernel may run it (core/cpu_attention.h). With pk/pv
 // [1, n_kv, P, D], a prefix shared by every row comes before k/v's S positions (mask [B, 1, T, P + S]).
-at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool kernels, const at::Tensor& pk = {},
-                             const at::Tensor& pv = {});
+at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool kernels,
+                             const at::Tensor& pk = {}, const at::Tensor& pv = {});
 
 // Per-call tensors shared by every layer: rotary tables and the additive attention mask.
 struct LayerInputs {
@@ -135,8 +135,8 @@ struct KVCache {
   std::vector<at::Tensor> k, v;    // per layer [B, n_kv, capacity - prefix, D]: each row's own positions
   std::vector<at::Tensor> pk, pv;  // per layer [1, n_kv, prefix, D]: positions [0, prefix), shared by every row
   int64_t prefix = 0;
-  int64_t length = 0;    // positions filled, the prefix included
-  int64_t capacity = 0;  // positions, the prefix included
+  int64_t length = 0;                      // positions filled, the prefix included
+  int64_t capacity = 0;                    // positions, the prefix included
   void keep_rows(const at::Tensor& rows);  // compaction: keep only these batch rows (int64 on device)
   // A one-row cache whose `length` positions become the prefix shared by `rows` rows (cascade
   // attention: stored and read once, not copied per row); the rows' own positions start empty.
@@ -211,10 +211,10 @@ class Qwen3Model {
   Qwen3Config cfg_;
   at::Device device_;
   at::ScalarType dtype_;
-  at::Tensor embed_;    // [vocab, hidden]
-  at::Tensor lm_head_;  // [vocab, hidden] (same storage as embed_ when tied)
-  at::Tensor norm_;     // [hidden]
-  at::Tensor inv_freq_; // [head_dim / 2] float32
+  at::Tensor embed_;     // [vocab, hidden]
+  at::Tensor lm_head_;   // [vocab, hidden] (same storage as embed_ when tied)
+  at::Tensor norm_;      // [hidden]
+  at::Tensor inv_freq_;  // [head_dim / 2] float32
   std::vector<Qwen3Layer> layers_;
 };
 

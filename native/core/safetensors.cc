@@ -41,16 +41,26 @@ at::ScalarType parse_dtype(const std::string& s, const std::string& name, const 
 
 const char* dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "F32";
-    case at::kHalf: return "F16";
-    case at::kBFloat16: return "BF16";
-    case at::kDouble: return "F64";
-    case at::kLong: return "I64";
-    case at::kInt: return "I32";
-    case at::kChar: return "I8";
-    case at::kByte: return "U8";
-    case at::kBool: return "BOOL";
-    default: fail("DTYPE_UNSUPPORTED", std::string("cannot write a tensor of dtype ") + c10::toString(t) + " to safetensors");
+    case at::kFloat:
+      return "F32";
+    case at::kHalf:
+      return "F16";
+    case at::kBFloat16:
+      return "BF16";
+    case at::kDouble:
+      return "F64";
+    case at::kLong:
+      return "I64";
+    case at::kInt:
+      return "I32";
+    case at::kChar:
+      return "I8";
+    case at::kByte:
+      return "U8";
+    case at::kBool:
+      return "BOOL";
+    default:
+      fail("DTYPE_UNSUPPORTED", std::string("cannot write a tensor of dtype ") + c10::toString(t) + " to safetensors");
   }
 }
 
@@ -69,7 +79,8 @@ void read_safetensors(const std::string& path, TensorMap& out) {
   if (file->size < 8) {
     ::close(fd);
     fail("WEIGHTS_CORRUPT", path + " is " + std::to_string(file->size) +
-                                " bytes: too short to be a safetensors file (expected an 8-byte header length, a JSON header and data). Re-download or re-save it.");
+                                " bytes: too short to be a safetensors file (expected an 8-byte header length, a JSON header and data). "
+                                "Re-download or re-save it.");
   }
   // MAP_PRIVATE + PROT_WRITE: copy-on-write, so an accidental in-place op changes a private page and
   // never the file; pages are only read in practice, so nothing is copied.
@@ -109,11 +120,12 @@ void read_safetensors(const std::string& path, TensorMap& out) {
     }
     const uint64_t nbytes = static_cast<uint64_t>(numel) * c10::elementSize(dtype);
     if (offs[1] - offs[0] != nbytes)
-      fail("WEIGHTS_CORRUPT", path + ": tensor '" + name + "' should take " + std::to_string(nbytes) + " bytes for its shape and dtype but its offsets span " +
-                                  std::to_string(offs[1] - offs[0]) + ".");
+      fail("WEIGHTS_CORRUPT", path + ": tensor '" + name + "' should take " + std::to_string(nbytes) +
+                                  " bytes for its shape and dtype but its offsets span " + std::to_string(offs[1] - offs[0]) + ".");
     if (offs[1] > data_len)
-      fail("WEIGHTS_CORRUPT", path + ": tensor '" + name + "' ends at byte " + std::to_string(offs[1]) + " of the data section, which has only " +
-                                  std::to_string(data_len) + " bytes — the file is truncated. Re-download or re-save it.");
+      fail("WEIGHTS_CORRUPT", path + ": tensor '" + name + "' ends at byte " + std::to_string(offs[1]) +
+                                  " of the data section, which has only " + std::to_string(data_len) +
+                                  " bytes — the file is truncated. Re-download or re-save it.");
     if (out.tensors.count(name))
       fail("WEIGHTS_CORRUPT", "tensor '" + name + "' appears both in " + out.source[name] + " and in " + path + ".");
     void* ptr = const_cast<uint8_t*>(bytes) + data_start + offs[0];
@@ -121,7 +133,8 @@ void read_safetensors(const std::string& path, TensorMap& out) {
     const auto opts = at::TensorOptions().dtype(dtype).device(at::kCPU);
     if (reinterpret_cast<uintptr_t>(ptr) % c10::elementSize(dtype) == 0) {
       auto keep = file;  // the tensor holds the mapping alive
-      t = at::from_blob(ptr, shape, [keep](void*) mutable { keep.reset(); }, opts);
+      t = at::from_blob(
+          ptr, shape, [keep](void*) mutable { keep.reset(); }, opts);
     } else {
       // Misaligned data (rare; the format does not require alignment): one copy is unavoidable.
       t = at::empty(shape, opts);

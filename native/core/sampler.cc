@@ -32,7 +32,8 @@ std::vector<float> RowRng::next(const std::vector<int64_t>& rows) {
   return u;
 }
 
-Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p, const at::Tensor& u, int64_t top_n) {
+Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p,
+               const at::Tensor& u, int64_t top_n) {
   if (logits.is_cpu() && cpu_kernels_enabled()) return sample_cpu(logits, temperature, top_k, top_p, u, top_n);
   const int64_t V = logits.size(-1), B = logits.size(0);
   bool any_greedy = false, all_greedy = true, all_one = true;

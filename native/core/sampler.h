@@ -22,7 +22,8 @@ struct Sampled {
 // ties), read on the host so that all-greedy or all-sampled batches skip the other path;
 // top_k <= 0 or >= V: off; top_p >= 1: off; u [B] float32 uniforms in (0, 1] on the logits' device;
 // top_n > 0: also return the top_n log-probs of each row (what a server's `top_logprobs` reports).
-Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p, const at::Tensor& u, int64_t top_n = 0);
+Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p,
+               const at::Tensor& u, int64_t top_n = 0);
 
 // One independent stream per row: seeded from (seed, row), so a row's samples do not depend on
 // which other rows share its batch.

@@ -159,8 +159,8 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
 
 }  // namespace
 
-Sampled sample_cpu(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p, const at::Tensor& u,
-                   int64_t top_n) {
+Sampled sample_cpu(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p,
+                   const at::Tensor& u, int64_t top_n) {
   const auto lg = logits.to(at::kFloat).contiguous();
   const int64_t B = lg.size(0), V = lg.size(1);
   const auto uc = u.to(at::kFloat).contiguous();

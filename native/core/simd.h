@@ -29,7 +29,9 @@ struct V16 {
   static inline F set1(float x) { return _mm512_set1_ps(x); }
   static inline F load(const float* p) { return _mm512_loadu_ps(p); }
   // bfloat16 (raw bits) -> float32: the 16 bits on top.
-  static inline F load(const uint16_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16)); }
+  static inline F load(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
   // The first n (< W) lanes, zeros after; memory past them is not read.
   static inline F load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p); }
   static inline F load_n(const uint16_t* p, int n) {
@@ -53,7 +55,9 @@ struct V16 {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, lo, _CMP_EQ_OQ), v, lo);
   }
   // x == lowest float ? 0 : p (a masked key's probability).
-  static inline F zero_lowest(F x, F p) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(std::numeric_limits<float>::lowest()), _CMP_NEQ_OQ), p); }
+  static inline F zero_lowest(F x, F p) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(std::numeric_limits<float>::lowest()), _CMP_NEQ_OQ), p);
+  }
   // p * 2^n for integral n in [-149, 128], rounded once.
   static inline F scale2(F p, F n) { return _mm512_scalef_ps(p, n); }
   static inline F round(F x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -72,7 +76,9 @@ struct V8 {
   static inline F zero() { return _mm256_setzero_ps(); }
   static inline F set1(float x) { return _mm256_set1_ps(x); }
   static inline F load(const float* p) { return _mm256_loadu_ps(p); }
-  static inline F load(const uint16_t* p) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16)); }
+  static inline F load(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
   static inline __m256i first(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
   static inline F load_n(const float* p, int n) { return _mm256_maskload_ps(p, first(n)); }
   static inline F load_n(const uint16_t* p, int n) {
@@ -106,7 +112,9 @@ struct V8 {
     const F lo = set1(std::numeric_limits<float>::lowest());
     return _mm256_blendv_ps(v, lo, _mm256_cmp_ps(m, lo, _CMP_EQ_OQ));
   }
-  static inline F zero_lowest(F x, F p) { return _mm256_and_ps(p, _mm256_cmp_ps(x, set1(std::numeric_limits<float>::lowest()), _CMP_NEQ_OQ)); }
+  static inline F zero_lowest(F x, F p) {
+    return _mm256_and_ps(p, _mm256_cmp_ps(x, set1(std::numeric_limits<float>::lowest()), _CMP_NEQ_OQ));
+  }
   // p * 2^n without AVX-512's scalef: two exact power-of-two factors, each a normal float for n in
   // [-149, 128]; only the second product can round (to a denormal), as scalef rounds it.
   static inline F scale2(F p, F n) {

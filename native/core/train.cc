@@ -38,8 +38,8 @@ struct MicroBatch {
   at::Tensor ids, keys, positions, w, adv, old_lp, ret, old_v, ent_w;  // ent_w: the entropy term's weights
 };
 
-MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t w_tokens, int64_t w_seqs, bool pg, bool old_lp, bool value,
-                       at::Device dev) {
+MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, LossNorm norm, int64_t w_tokens, int64_t w_seqs, bool pg,
+                       bool old_lp, bool value, at::Device dev) {
   const int64_t N = static_cast<int64_t>(b.seqs.size()), B = s1 - s0;
   const auto li = at::TensorOptions().dtype(at::kLong);
   auto ids = at::zeros({B, T}, li), keys = at::zeros({B, T}, li);
@@ -57,7 +57,8 @@ MicroBatch micro_batch(const TrainBatch& b, int64_t s0, int64_t s1, int64_t T, L
     }
   }
   const auto w = loss_weights(b.mask, s0, s1, T, norm, w_tokens, w_seqs);  // [B, T - 1]
-  MicroBatch mb{HeadRows(w, ids, temp, dev), B, T, ids.to(dev), keys.to(dev), at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous().to(dev)};
+  MicroBatch mb{
+      HeadRows(w, ids, temp, dev), B, T, ids.to(dev), keys.to(dev), at::arange(T, li).unsqueeze(0).expand({B, T}).contiguous().to(dev)};
   mb.w = mb.head.select(w);
   if (pg) {
     mb.adv = mb.head.select(pack(b.advantages, s0, s1, T, "advantages", N));
@@ -88,7 +89,8 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
     ref_lp = at::zeros({1, n}, at::TensorOptions().dtype(at::kFloat).device(dev));
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       const int64_t c = std::min(chunk, n - c0);
-      ref_lp.narrow(1, c0, c).copy_(head_token_stats(href.narrow(1, c0, c), m.head_weight(), hr.temp.narrow(1, c0, c), hr.targets.narrow(1, c0, c), bufs).lp);
+      ref_lp.narrow(1, c0, c).copy_(
+          head_token_stats(href.narrow(1, c0, c), m.head_weight(), hr.temp.narrow(1, c0, c), hr.targets.narrow(1, c0, c), bufs).lp);
     }
   }
   auto h = m.hidden(mb.ids, mb.positions, mb.keys, nullptr, ForwardOptions{true, true, to.checkpoint});
@@ -100,7 +102,8 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t c = std::min(chunk, n - c0);
     auto wc = mb.w.narrow(1, c0, c);
-    const auto stats = head_token_stats(hs.narrow(1, c0, c), m.head_weight(), hr.temp.narrow(1, c0, c), hr.targets.narrow(1, c0, c), bufs);  // [1, c] each
+    const auto stats =
+        head_token_stats(hs.narrow(1, c0, c), m.head_weight(), hr.temp.narrow(1, c0, c), hr.targets.narrow(1, c0, c), bufs);  // [1, c] each
     const auto& lp = stats.lp;
     at::Tensor loss;
     s.ent += (stats.ent.detach() * wc).sum().item<double>();
@@ -108,7 +111,8 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
       loss = sft_loss(lp, wc);
       s.sft += loss.item<double>();
     } else {
-      auto p = policy_loss(lp, lc.old_from_forward ? lp.detach() : mb.old_lp.narrow(1, c0, c), mb.adv.narrow(1, c0, c), wc, lc.clip_low, lc.clip_high);
+      auto p = policy_loss(lp, lc.old_from_forward ? lp.detach() : mb.old_lp.narrow(1, c0, c), mb.adv.narrow(1, c0, c), wc, lc.clip_low,
+                           lc.clip_high);
       loss = p.loss;
       s.pg += loss.item<double>();
       s.clip += p.clipped.item<double>();
@@ -118,10 +122,12 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
         s.kl += kll.item<double>();
         loss = loss + lc.kl_coef * kll;
       }
-      if (lc.entropy_coef > 0) loss = loss - lc.entropy_coef * (stats.ent * mb.ent_w.narrow(1, c0, c)).sum();  // entropy_bonus: sum(w sum p log p)
+      if (lc.entropy_coef > 0)
+        loss = loss - lc.entropy_coef * (stats.ent * mb.ent_w.narrow(1, c0, c)).sum();  // entropy_bonus: sum(w sum p log p)
     }
     if (value) {
-      auto vll = value_loss(m.value_head.forward(hs.narrow(1, c0, c)), mb.old_v.narrow(1, c0, c), mb.ret.narrow(1, c0, c), wc, lc.value_clip);
+      auto vll =
+          value_loss(m.value_head.forward(hs.narrow(1, c0, c)), mb.old_v.narrow(1, c0, c), mb.ret.narrow(1, c0, c), wc, lc.value_clip);
       s.vl += vll.item<double>();
       loss = loss + lc.vf_coef * vll;
     }
@@ -145,25 +151,30 @@ void critic_micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc
 
 }  // namespace
 
-TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const LossConfig& lc, const OptimConfig& oc, const TrainOptions& to, AdamW* critic_opt) {
+TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const LossConfig& lc, const OptimConfig& oc, const TrainOptions& to,
+                      AdamW* critic_opt) {
   TrainStats st;
   const bool separate = m.has_critic();
   if (separate && !critic_opt) fail("ARGUMENT_INVALID", "the model has a separate critic adapter: the step needs the critic's optimizer.");
   auto params = trainable(m);
-  if (params.empty()) fail("NO_TRAINABLE_PARAMETERS", "nothing to train: attach or load a LoRA adapter (and, for PPO, a value head) first.");
+  if (params.empty())
+    fail("NO_TRAINABLE_PARAMETERS", "nothing to train: attach or load a LoRA adapter (and, for PPO, a value head) first.");
   const int64_t N = static_cast<int64_t>(b.seqs.size());
   if (static_cast<int64_t>(b.mask.size()) != N) fail("ARGUMENT_INVALID", "the batch needs one loss mask per sequence.");
   const bool pg = lc.kind == LossKind::PG;
   if (pg && (b.advantages.size() != b.seqs.size() || (!lc.old_from_forward && b.old_logprobs.size() != b.seqs.size())))
-    fail("ARGUMENT_INVALID", "the policy-gradient loss needs per-token advantages and old log-probs for every sequence (or oldFromForward).");
-  if (!b.entropy_scale.empty() && b.entropy_scale.size() != b.seqs.size()) fail("ARGUMENT_INVALID", "entropyScale needs one row per sequence, or none.");
+    fail("ARGUMENT_INVALID",
+         "the policy-gradient loss needs per-token advantages and old log-probs for every sequence (or oldFromForward).");
+  if (!b.entropy_scale.empty() && b.entropy_scale.size() != b.seqs.size())
+    fail("ARGUMENT_INVALID", "entropyScale needs one row per sequence, or none.");
   const bool value = lc.vf_coef > 0;
   if (value && (!m.value_head.defined() || b.returns.size() != b.seqs.size() || b.old_values.size() != b.seqs.size()))
     fail("ARGUMENT_INVALID", "the value loss needs a value head and per-token returns and old values for every sequence.");
   // Trained tokens per sequence: the loss weights' denominators.
   int64_t total = 0, seqs_with_tokens = 0;
   for (int64_t i = 0; i < N; ++i) {
-    if (b.mask[i].size() != b.seqs[i].size()) fail("ARGUMENT_INVALID", "sequence " + std::to_string(i) + ": the loss mask must have one entry per token.");
+    if (b.mask[i].size() != b.seqs[i].size())
+      fail("ARGUMENT_INVALID", "sequence " + std::to_string(i) + ": the loss mask must have one entry per token.");
     int64_t n = 0;
     for (size_t t = 1; t < b.mask[i].size(); ++t) n += b.mask[i][t] ? 1 : 0;
     total += n;
@@ -175,7 +186,9 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   const int64_t w_tokens = to.norm_tokens > 0 ? to.norm_tokens : total;
   const int64_t w_seqs = to.norm_sequences > 0 ? to.norm_sequences : seqs_with_tokens;
   if (to.norm_tokens > 0 && (to.norm_tokens < total || to.norm_sequences < seqs_with_tokens))
-    fail("ARGUMENT_INVALID", "normTokens/normSequences (" + std::to_string(to.norm_tokens) + "/" + std::to_string(to.norm_sequences) + ") are the global batch's counts and cannot be smaller than this batch's (" + std::to_string(total) + "/" + std::to_string(seqs_with_tokens) + ").");
+    fail("ARGUMENT_INVALID", "normTokens/normSequences (" + std::to_string(to.norm_tokens) + "/" + std::to_string(to.norm_sequences) +
+                                 ") are the global batch's counts and cannot be smaller than this batch's (" + std::to_string(total) + "/" +
+                                 std::to_string(seqs_with_tokens) + ").");
   if (to.seed) at::manual_seed(*to.seed);
   clear_grads(params);
   if (total == 0) {
@@ -252,7 +265,8 @@ at::Tensor flat_gradients(const Qwen3Model& m) {
   std::vector<at::Tensor> parts;
   for (const auto& [name, p] : trainable(m)) {
     (void)name;
-    parts.push_back(p.grad().defined() ? p.grad().detach().to(at::kFloat).reshape({-1}) : at::zeros({p.numel()}, p.options().dtype(at::kFloat)));
+    parts.push_back(p.grad().defined() ? p.grad().detach().to(at::kFloat).reshape({-1})
+                                       : at::zeros({p.numel()}, p.options().dtype(at::kFloat)));
   }
   if (parts.empty()) fail("NO_TRAINABLE_PARAMETERS", "no trainable tensors: attach or load a LoRA adapter first.");
   return at::cat(parts);
@@ -262,7 +276,9 @@ void set_flat_gradients(Qwen3Model& m, const at::Tensor& flat) {
   auto params = trainable(m);
   int64_t n = 0;
   for (const auto& [name, p] : params) n += p.numel();
-  if (flat.numel() != n) fail("ARGUMENT_INVALID", "gradients: expected " + std::to_string(n) + " values (every trainable tensor, flattened in order), found " + std::to_string(flat.numel()) + ".");
+  if (flat.numel() != n)
+    fail("ARGUMENT_INVALID", "gradients: expected " + std::to_string(n) + " values (every trainable tensor, flattened in order), found " +
+                                 std::to_string(flat.numel()) + ".");
   int64_t off = 0;
   for (const auto& [name, p] : params) {
     (void)name;

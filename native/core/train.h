@@ -40,7 +40,7 @@ struct TrainBatch {
   // Per-token factor on the entropy term's weight (e.g. the reference code-search system's per-turn
   // mean: the policy loss's turn weights folded into its advantages); empty = 1.
   std::vector<std::vector<float>> entropy_scale;
-  std::vector<float> temperature;                                                 // per sequence; empty = 1
+  std::vector<float> temperature;  // per sequence; empty = 1
 };
 
 enum class LossKind { SFT, PG };
@@ -65,7 +65,7 @@ struct LossConfig {
 struct TrainOptions {
   int64_t micro_batch = 0;  // sequences per forward/backward; 0 = all at once
   bool checkpoint = true;
-  bool update = true;       // false: leave the (unclipped) gradients in place for an all-reduce, then apply_gradients
+  bool update = true;  // false: leave the (unclipped) gradients in place for an all-reduce, then apply_gradients
   // Data-parallel training: the trained tokens / sequences of the *global* batch (every rank's), so
   // that each rank's loss weights are those of the whole batch and the SUM of the ranks' gradients
   // is the single-process gradient. 0 = this batch's own counts.

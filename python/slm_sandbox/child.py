@@ -41,7 +41,7 @@ def child_main(cfg, shm, c2z_w, z2c_r):
             out.seal()
             done = {'t': 'done', 'error': err, 'cpu_limit': cpu}
             if final is not None:
-                done['final_answer'] = final[:int(msg.get('max_output') or 10000)]
+                done['final_answer'] = final[: int(msg.get('max_output') or 10000)]
             write_all(c2z_w, frame(pack(done)))
             status = 0
     finally:
@@ -52,8 +52,7 @@ def warm_up(shm):
     """Touch, while idle, the memory a run will write to: after fork() each first write to a page
     copies it, and doing that here instead of during the program saves ~0.5 ms per program."""
     try:
-        unpack(pack({'t': 'run', 'id': 1, 'code': 'print(1)', 'timeout_ms': 1, 'cpu_s': 1, 'memory_mb': 1,
-                     'max_output': 1}))
+        unpack(pack({'t': 'run', 'id': 1, 'code': 'print(1)', 'timeout_ms': 1, 'cpu_s': 1, 'memory_mb': 1, 'max_output': 1}))
         Capture(shm, 10).write('')
         exec(compile('def f():\n    return 1\nf()', '<warm-up>', 'exec'), {'__builtins__': builtins})
         resource.getrusage(resource.RUSAGE_SELF)
@@ -114,4 +113,5 @@ def lock_down(cfg, msg):
 
     def on_cpu_limit(signum, frame_):
         raise CpuLimitExceeded('CPU time limit of %d s exceeded' % cpu)
+
     signal.signal(signal.SIGXCPU, on_cpu_limit)

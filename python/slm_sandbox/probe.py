@@ -11,6 +11,7 @@ from .seccomp import install_seccomp, load_libc, prepare_seccomp
 def stdlib_readable_by_others():
     """Whether an unprivileged uid could import the rest of the standard library."""
     import stat
+
     paths = [os.path.dirname(os.__file__)]
     dyn = [p for p in sys.path if p.endswith('lib-dynload')]
     paths += dyn
@@ -38,6 +39,7 @@ def needed_paths():
     process now that the runner's modules and ctypes are loaded (the executable, libpython, shared
     libraries). Real paths throughout."""
     import sysconfig
+
     dirs, site, files = set(), set(), set()
     for key in ('stdlib', 'platstdlib'):
         p = sysconfig.get_path(key)
@@ -67,8 +69,12 @@ def needed_paths():
 
 def capabilities(want_uid):
     """What this machine lets the child do; each check forks a throw-away child."""
-    caps = {'executable': sys.executable, 'base_prefix': sys.base_prefix,
-            'version': '%d.%d.%d' % sys.version_info[:3], 'machine': os.uname().machine}
+    caps = {
+        'executable': sys.executable,
+        'base_prefix': sys.base_prefix,
+        'version': '%d.%d.%d' % sys.version_info[:3],
+        'machine': os.uname().machine,
+    }
     caps['root'] = os.geteuid() == 0
     caps['stdlib_readable'] = stdlib_readable_by_others()
     caps['drop_uid'] = caps['root'] and caps['stdlib_readable'] and want_uid is not None
@@ -92,6 +98,7 @@ def capabilities(want_uid):
                 except PermissionError:
                     pass
                 import _socket
+
                 try:
                     _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
                     checks.append('socket allowed')

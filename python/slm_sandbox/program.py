@@ -52,10 +52,10 @@ class Capture:
                 return len(s)
             take = s
             if self.chars + len(s) > self.cap:
-                take = s[:self.cap - self.chars]
+                take = s[: self.cap - self.chars]
                 self.truncated = True
             b = take.encode('utf-8', 'replace')
-            self.shm[HEADER + self.pos:HEADER + self.pos + len(b)] = b
+            self.shm[HEADER + self.pos : HEADER + self.pos + len(b)] = b
             self.pos += len(b)
             self.chars += len(take)
             self.shm[0:8] = struct.pack('<II', self.pos, 1 if self.truncated else 0)
@@ -110,9 +110,16 @@ def run_program(msg, shm, c2z_w, reader):
         raise SystemExit(code)
 
     ns = {
-        '__name__': '__main__', '__builtins__': builtins,
-        're': re, 'json': json, 'string': string, 'math': math, 'itertools': itertools,
-        'collections': collections, 'Counter': Counter, 'defaultdict': defaultdict,
+        '__name__': '__main__',
+        '__builtins__': builtins,
+        're': re,
+        'json': json,
+        'string': string,
+        'math': math,
+        'itertools': itertools,
+        'collections': collections,
+        'Counter': Counter,
+        'defaultdict': defaultdict,
     }
     ns.update(search)
     ns.update({'exit': exit, 'quit': exit})
@@ -123,12 +130,14 @@ def run_program(msg, shm, c2z_w, reader):
         ns.update(globals_)
     final = [None]
     if msg.get('final_answer'):
+
         def final_answer(answer):
             """Ends the program; the episode's answer is str(answer) (the first call counts)."""
             text = answer if isinstance(answer, str) else str(answer)
             if final[0] is None:
                 final[0] = text
             raise FinalAnswer()
+
         ns['final_answer'] = final_answer
     err, cpu_limit = None, False
     try:

@@ -16,6 +16,7 @@ HEADER = 16  # shared output block: u32 byte length, u32 truncated flag, 8 spare
 # ----------------------------------------------------------------------------------------------
 # MessagePack (the subset we need)
 
+
 def pack(obj):
     out = bytearray()
     _pack(obj, out, 0)
@@ -110,9 +111,18 @@ def unpack(data):
     return value
 
 
-_FIXED = {0xCC: ('>B', 1), 0xCD: ('>H', 2), 0xCE: ('>I', 4), 0xCF: ('>Q', 8),
-          0xD0: ('>b', 1), 0xD1: ('>h', 2), 0xD2: ('>i', 4), 0xD3: ('>q', 8),
-          0xCA: ('>f', 4), 0xCB: ('>d', 8)}
+_FIXED = {
+    0xCC: ('>B', 1),
+    0xCD: ('>H', 2),
+    0xCE: ('>I', 4),
+    0xCF: ('>Q', 8),
+    0xD0: ('>b', 1),
+    0xD1: ('>h', 2),
+    0xD2: ('>i', 4),
+    0xD3: ('>q', 8),
+    0xCA: ('>f', 4),
+    0xCB: ('>d', 8),
+}
 
 
 def _unpack(b, i, depth):
@@ -142,25 +152,25 @@ def _unpack(b, i, depth):
         return struct.unpack_from(fmt, b, i)[0], i + n
     if c in (0xD9, 0xDA, 0xDB, 0xC4, 0xC5, 0xC6):
         w = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4}[c]
-        n = int.from_bytes(b[i:i + w], 'big')
+        n = int.from_bytes(b[i : i + w], 'big')
         i += w
         if i + n > len(b):
             raise ValueError('truncated MessagePack string')
         if c >= 0xD9:
             return _str(b, i, n), i + n
-        return bytes(b[i:i + n]), i + n
+        return bytes(b[i : i + n]), i + n
     if c in (0xDC, 0xDD):
         w = 2 if c == 0xDC else 4
-        return _array(b, i + w, int.from_bytes(b[i:i + w], 'big'), depth)
+        return _array(b, i + w, int.from_bytes(b[i : i + w], 'big'), depth)
     if c in (0xDE, 0xDF):
         w = 2 if c == 0xDE else 4
-        return _map(b, i + w, int.from_bytes(b[i:i + w], 'big'), depth)
+        return _map(b, i + w, int.from_bytes(b[i : i + w], 'big'), depth)
     if c in (0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xC7, 0xC8, 0xC9):
         if c >= 0xD4:
             n = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}[c]
         else:
             w = {0xC7: 1, 0xC8: 2, 0xC9: 4}[c]
-            n = int.from_bytes(b[i:i + w], 'big')
+            n = int.from_bytes(b[i : i + w], 'big')
             i += w
         ext_type = struct.unpack_from('>b', b, i)[0]
         if c == 0xD4 and ext_type == 0:  # msgpackr's `undefined`
@@ -172,7 +182,7 @@ def _unpack(b, i, depth):
 def _str(b, i, n):
     if i + n > len(b):
         raise ValueError('truncated MessagePack string')
-    return bytes(b[i:i + n]).decode('utf-8', 'surrogatepass')
+    return bytes(b[i : i + n]).decode('utf-8', 'surrogatepass')
 
 
 def _array(b, i, n, depth):
@@ -193,8 +203,10 @@ def _map(b, i, n, depth):
         out[k] = v
     return out, i
 
+
 # ----------------------------------------------------------------------------------------------
 # Frames
+
 
 def frame(payload):
     return struct.pack('>I', len(payload)) + payload
@@ -236,8 +248,8 @@ class FrameReader:
             raise ValueError('frame of %d bytes exceeds the %d-byte limit' % (n, MAX_FRAME))
         if len(self.buf) < 4 + n:
             return None
-        payload = bytes(self.buf[4:4 + n])
-        del self.buf[:4 + n]
+        payload = bytes(self.buf[4 : 4 + n])
+        del self.buf[: 4 + n]
         return payload
 
     def read_blocking(self):

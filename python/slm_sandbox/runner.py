@@ -29,8 +29,13 @@ def main(argv):
     uid = int(opts.get('uid', 65534))
     gid = int(opts.get('gid', uid))
     cfg = {
-        'workdir': workdir, 'uid': uid, 'gid': gid, 'drop_uid': caps['drop_uid'],
-        'seccomp': caps['seccomp'], 'pdeathsig': caps['ctypes'], 'zygote_pid': os.getpid(),
+        'workdir': workdir,
+        'uid': uid,
+        'gid': gid,
+        'drop_uid': caps['drop_uid'],
+        'seccomp': caps['seccomp'],
+        'pdeathsig': caps['ctypes'],
+        'zygote_pid': os.getpid(),
     }
     if cfg['drop_uid']:
         os.chown(workdir, uid, gid)
@@ -43,6 +48,7 @@ def main(argv):
         except OSError:
             pass
     import gc
+
     gc.collect()
     gc.freeze()  # forked children then leave the zygote's objects alone: far fewer copy-on-write faults
     z = Zygote(cfg)

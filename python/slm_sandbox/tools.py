@@ -29,8 +29,10 @@ def host_tools(msg, c2z_w, reader):
             # The host refuses more than MAX_TOOL_ARGS_CHARS per call (and records the refusal); a call
             # too large even for that (a character is at most 4 bytes) is refused here, unsent.
             if len(body) > 4 * MAX_TOOL_ARGS_CHARS + 4096:
-                raise ValueError('the arguments of %s() are too large: at most %d characters per call, found more '
-                                 'than %d; pass a shorter query or id' % (name, MAX_TOOL_ARGS_CHARS, MAX_TOOL_ARGS_CHARS))
+                raise ValueError(
+                    'the arguments of %s() are too large: at most %d characters per call, found more '
+                    'than %d; pass a shorter query or id' % (name, MAX_TOOL_ARGS_CHARS, MAX_TOOL_ARGS_CHARS)
+                )
             write_all(c2z_w, frame(body))
             while True:
                 payload = reader.read_blocking()
@@ -41,8 +43,9 @@ def host_tools(msg, c2z_w, reader):
                     break
         if reply.get('ok'):
             return reply.get('value')
-        etype = {'TypeError': TypeError, 'KeyError': KeyError, 'TimeoutError': TimeoutError,
-                 'RuntimeError': RuntimeError}.get(reply.get('etype'), ValueError)
+        etype = {'TypeError': TypeError, 'KeyError': KeyError, 'TimeoutError': TimeoutError, 'RuntimeError': RuntimeError}.get(
+            reply.get('etype'), ValueError
+        )
         raise etype(reply.get('error') or 'the search tool failed')
 
     def search_pages(query):
@@ -59,8 +62,10 @@ def host_tools(msg, c2z_w, reader):
     extra = {}
     for tool_name in msg.get('extra_tools') or ():
         if isinstance(tool_name, str) and tool_name.isidentifier():
+
             def extra_tool(*args, _name=tool_name):
                 return call_args(_name, list(args))
+
             extra_tool.__name__ = tool_name
             extra[tool_name] = extra_tool
     return search, extra

@@ -128,7 +128,7 @@ class Zygote:
             # The child sealed its output before sending `done` (or is dead): the block is final.
             used, trunc = struct.unpack_from('<II', shm, 0)
             used = min(used, len(shm) - HEADER)
-            result['stdout'] = shm[HEADER:HEADER + used].decode('utf-8', 'replace')
+            result['stdout'] = shm[HEADER : HEADER + used].decode('utf-8', 'replace')
             result['truncated'] = bool(trunc)
             self.send(result)  # report first; the child's exit and the cleanup are off the critical path
         finally:
@@ -210,19 +210,18 @@ class Zygote:
                     pass
         cpu_s = max(1, int(msg.get('cpu_s') or 10))
         if result['timed_out']:
-            result['error'] = 'TimeoutError: the program exceeded the time limit of %g s' % (
-                float(msg.get('timeout_ms') or 10000) / 1000.0)
+            result['error'] = 'TimeoutError: the program exceeded the time limit of %g s' % (float(msg.get('timeout_ms') or 10000) / 1000.0)
         elif violation is not None:
             result['error'] = violation
         elif done is not None:
             e = done.get('error')
-            result['error'] = e[:MAX_ERROR_CHARS + 3] if isinstance(e, str) else None
+            result['error'] = e[: MAX_ERROR_CHARS + 3] if isinstance(e, str) else None
             if done.get('cpu_limit'):
                 result['timed_out'] = True
             fa = done.get('final_answer')
             # Capped again here: the child runs the model's code and could write its own frame.
             if isinstance(fa, str):
-                result['final_answer'] = fa[:int(msg.get('max_output') or 10000)]
+                result['final_answer'] = fa[: int(msg.get('max_output') or 10000)]
         elif status is not None and os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             cpu_used = ru.ru_utime + ru.ru_stime if ru is not None else 0.0
@@ -231,12 +230,10 @@ class Zygote:
                 result['timed_out'] = True
             else:
                 hint = ' (often a C stack overflow from deep recursion)' if sig == signal.SIGSEGV else ''
-                result['error'] = "SandboxError: the program's process was killed by %s%s" % (
-                    signal_name(sig), hint)
+                result['error'] = "SandboxError: the program's process was killed by %s%s" % (signal_name(sig), hint)
         else:
             code = os.WEXITSTATUS(status) if status is not None else -1
-            result['error'] = ('SystemExit: %d (the program ended its process itself, '
-                               'e.g. with os._exit())' % code)
+            result['error'] = 'SystemExit: %d (the program ended its process itself, ' 'e.g. with os._exit())' % code
         return status if done is None else None
 
     def relay(self, child):
@@ -305,6 +302,7 @@ def empty_dir(path):
     for e in entries:
         if e.is_dir(follow_symlinks=False):
             import shutil
+
             shutil.rmtree(e.path)
         else:
             os.unlink(e.path)

@@ -18,10 +18,23 @@ SHAPES = {
 }
 # Qwen3's config.json fields besides the sizes (as lib/model/init.ts FAMILIES.qwen3 has them).
 FAMILY = dict(
-    architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu", rope_theta=1000000.0, rope_scaling=None,
-    rms_norm_eps=1e-6, attention_bias=False, attention_dropout=0.0, use_sliding_window=False, sliding_window=None,
-    initializer_range=0.02, use_cache=True, bos_token_id=151643, eos_token_id=151645, max_position_embeddings=40960,
-    vocab_size=151936, tie_word_embeddings=True,
+    architectures=["Qwen3ForCausalLM"],
+    model_type="qwen3",
+    hidden_act="silu",
+    rope_theta=1000000.0,
+    rope_scaling=None,
+    rms_norm_eps=1e-6,
+    attention_bias=False,
+    attention_dropout=0.0,
+    use_sliding_window=False,
+    sliding_window=None,
+    initializer_range=0.02,
+    use_cache=True,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    max_position_embeddings=40960,
+    vocab_size=151936,
+    tie_word_embeddings=True,
 )
 
 
@@ -72,8 +85,19 @@ def main():
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     size = os.path.getsize(os.path.join(a.out, "model.safetensors"))
-    print(json.dumps({"shape": a.shape, "parameters": n, "bytes": size, "dtype": a.dtype, "drawn_on": dev,
-                      "draw_s": round(t1 - t0, 2), "write_s": round(time.time() - t1, 2)}))
+    print(
+        json.dumps(
+            {
+                "shape": a.shape,
+                "parameters": n,
+                "bytes": size,
+                "dtype": a.dtype,
+                "drawn_on": dev,
+                "draw_s": round(t1 - t0, 2),
+                "write_s": round(time.time() - t1, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

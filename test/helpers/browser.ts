@@ -15,7 +15,14 @@ export function findChromium(): string | undefined {
   return undefined;
 }
 
-type Msg = { id?: number; method?: string; params?: Record<string, unknown>; result?: Record<string, unknown>; error?: { message: string }; sessionId?: string };
+type Msg = {
+  id?: number;
+  method?: string;
+  params?: Record<string, unknown>;
+  result?: Record<string, unknown>;
+  error?: { message: string };
+  sessionId?: string;
+};
 
 /** An open page: evaluate expressions in it, screenshot it. */
 export interface Page {
@@ -30,11 +37,27 @@ export interface Page {
 }
 
 /** Opens `url` in a fresh headless Chromium (viewport `width` x `height`, default 1280 x 900), waits for its load event, runs `fn`. */
-export async function withPage<T>(binary: string, url: string, fn: (page: Page) => Promise<T>, o: { timeoutMs?: number; width?: number; height?: number } = {}): Promise<T> {
+export async function withPage<T>(
+  binary: string,
+  url: string,
+  fn: (page: Page) => Promise<T>,
+  o: { timeoutMs?: number; width?: number; height?: number } = {},
+): Promise<T> {
   const timeoutMs = o.timeoutMs ?? 60_000;
   const width = o.width ?? 1280;
   const profile = mkdtempSync(join(tmpdir(), 'slm-chromium-'));
-  const args = ['--headless=new', '--remote-debugging-pipe', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--no-default-browser-check', '--disable-extensions', `--user-data-dir=${profile}`, 'about:blank'];
+  const args = [
+    '--headless=new',
+    '--remote-debugging-pipe',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-dev-shm-usage',
+    '--no-first-run',
+    '--no-default-browser-check',
+    '--disable-extensions',
+    `--user-data-dir=${profile}`,
+    'about:blank',
+  ];
   // Its own process group, so that cleaning up ends its helper processes (zygote, crash handler) too.
   const proc: ChildProcess = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'], detached: true });
   let stderr = '';
@@ -86,9 +109,13 @@ export async function withPage<T>(binary: string, url: string, fn: (page: Page) 
       const p = m.params as Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
       if (m.method === 'Page.loadEventFired') loaded();
       if (m.method === 'Runtime.consoleAPICalled' && (p.type === 'error' || p.type === 'warning' || p.type === 'assert'))
-        errors.push(`console.${p.type}: ${(p.args ?? []).map((a: { value?: unknown; description?: string }) => a.value ?? a.description).join(' ')}`);
-      if (m.method === 'Runtime.exceptionThrown') errors.push(`exception: ${p.exceptionDetails?.exception?.description ?? p.exceptionDetails?.text}`);
-      if (m.method === 'Log.entryAdded' && (p.entry?.level === 'error' || p.entry?.level === 'warning')) errors.push(`log ${p.entry.level}: ${p.entry.text}`);
+        errors.push(
+          `console.${p.type}: ${(p.args ?? []).map((a: { value?: unknown; description?: string }) => a.value ?? a.description).join(' ')}`,
+        );
+      if (m.method === 'Runtime.exceptionThrown')
+        errors.push(`exception: ${p.exceptionDetails?.exception?.description ?? p.exceptionDetails?.text}`);
+      if (m.method === 'Log.entryAdded' && (p.entry?.level === 'error' || p.entry?.level === 'warning'))
+        errors.push(`log ${p.entry.level}: ${p.entry.text}`);
     });
     await send('Runtime.enable', {}, sessionId);
     await send('Log.enable', {}, sessionId);
@@ -102,7 +129,8 @@ export async function withPage<T>(binary: string, url: string, fn: (page: Page) 
         result?: { value?: unknown };
         exceptionDetails?: { text: string; exception?: { description?: string } };
       };
-      if (r.exceptionDetails) throw new Error(`evaluating in the page failed: ${r.exceptionDetails.exception?.description ?? r.exceptionDetails.text}`);
+      if (r.exceptionDetails)
+        throw new Error(`evaluating in the page failed: ${r.exceptionDetails.exception?.description ?? r.exceptionDetails.text}`);
       return r.result?.value;
     };
     const page: Page = {

@@ -15,9 +15,16 @@ export function runCli(args: string[], opts: { input?: string; env?: Record<stri
 }
 
 /** Like runCli, but without blocking the event loop (for tests that serve something the CLI calls). */
-export function runCliAsync(args: string[], opts: { env?: Record<string, string>; timeout?: number; cwd?: string } = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+export function runCliAsync(
+  args: string[],
+  opts: { env?: Record<string, string>; timeout?: number; cwd?: string } = {},
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolvePromise) => {
-    const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), ...args], { env: { ...process.env, ...opts.env }, cwd: opts.cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), ...args], {
+      env: { ...process.env, ...opts.env },
+      cwd: opts.cwd,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stdout = '';
     let stderr = '';
     p.stdout.on('data', (c) => (stdout += c));

@@ -12,7 +12,11 @@ const group = await ProcessGroup.join(env, { backend: 'gloo', timeoutS: spec.tim
 const model = await Model.load(spec.model);
 model.attachLora(spec.lora, spec.seed);
 // Rank 1 starts from different values: the first step must take rank 0's (broadcast).
-for (const [k, v] of Object.entries(spec.init)) model.setTrainable(k, Float32Array.from(v, (x) => (env.rank === 0 ? x : x + 1)));
+for (const [k, v] of Object.entries(spec.init))
+  model.setTrainable(
+    k,
+    Float32Array.from(v, (x) => (env.rank === 0 ? x : x + 1)),
+  );
 const dp = new DataParallel(group);
 model.dataParallel = dp;
 const stats = [];
@@ -21,7 +25,10 @@ for (const step of spec.steps) {
   const [lo, hi] = shardRange(step.batch.sequences.length, env.rank, env.world);
   const pick = (rows) => rows?.slice(lo, hi);
   const b = step.batch;
-  const s = await model.trainStep({ sequences: pick(b.sequences), masks: pick(b.masks), advantages: pick(b.advantages), oldLogprobs: pick(b.oldLogprobs) }, step.opts);
+  const s = await model.trainStep(
+    { sequences: pick(b.sequences), masks: pick(b.masks), advantages: pick(b.advantages), oldLogprobs: pick(b.oldLogprobs) },
+    step.opts,
+  );
   stats.push({ ...s, allReduceS: dp.lastAllReduceS, allReduceBytes: dp.lastAllReduceBytes });
 }
 const out = Object.fromEntries(Object.entries(model.trainable()).map(([k, v]) => [k, Array.from(v)]));

@@ -26,7 +26,11 @@ export function readGolden(): { models: Record<string, GoldenModel> } {
  * those among the positions whose reference top-1/top-2 margin exceeds `wide` (where a bounded
  * rounding error cannot flip the argmax).
  */
-export function maxAbsDiff(c: GoldenCase, data: Float32Array, wide = Infinity): { diff: number; argmaxMismatches: number; worstMargin: number; widePositions: number; wideMismatches: number } {
+export function maxAbsDiff(
+  c: GoldenCase,
+  data: Float32Array,
+  wide = Infinity,
+): { diff: number; argmaxMismatches: number; worstMargin: number; widePositions: number; wideMismatches: number } {
   const [B, T, V] = c.logits_shape;
   let diff = 0;
   let argmaxMismatches = 0;

@@ -54,7 +54,9 @@ export class FakeHub {
   url = '';
 
   add(repo: HubRepo): string {
-    const sha = createHash('sha1').update(repo.kind + repo.name + Object.keys(repo.files).join()).digest('hex');
+    const sha = createHash('sha1')
+      .update(repo.kind + repo.name + Object.keys(repo.files).join())
+      .digest('hex');
     this.repos.set(`${repo.kind}:${repo.name}`, { repo, sha });
     return sha;
   }
@@ -97,14 +99,21 @@ export class FakeHub {
 
   private upload(req: IncomingMessage, res: ServerResponse, path: string, body: Buffer) {
     // The LFS upload href stands for the hub's presigned storage URL: its signature, not a token, admits it.
-    const presigned = path.startsWith('/lfs-upload/') && new URL(req.url ?? '/', 'http://x').searchParams.get('sig') === this.signature(path.slice('/lfs-upload/'.length));
+    const presigned =
+      path.startsWith('/lfs-upload/') &&
+      new URL(req.url ?? '/', 'http://x').searchParams.get('sig') === this.signature(path.slice('/lfs-upload/'.length));
     if (!presigned && this.writeToken !== undefined && req.headers.authorization !== `Bearer ${this.writeToken}`)
-      return this.json(res, req.headers.authorization ? 403 : 401, { error: req.headers.authorization ? 'You do not have write access to this repository.' : 'Invalid credentials in Authorization header' });
+      return this.json(res, req.headers.authorization ? 403 : 401, {
+        error: req.headers.authorization
+          ? 'You do not have write access to this repository.'
+          : 'Invalid credentials in Authorization header',
+      });
     if (path === '/api/repos/create') {
       const b = JSON.parse(body.toString('utf8')) as { name: string; organization?: string; type?: string; visibility?: string };
       const name = `${b.organization}/${b.name}`;
       const kind = b.type === 'dataset' ? 'dataset' : 'model';
-      if (this.repos.has(`${kind}:${name}`)) return this.json(res, 409, { error: 'You already created this model repo', url: `${this.url}/${name}` });
+      if (this.repos.has(`${kind}:${name}`))
+        return this.json(res, 409, { error: 'You already created this model repo', url: `${this.url}/${name}` });
       this.add({ kind, name, files: {} });
       this.created.push({ name, ...(b.visibility ? { visibility: b.visibility } : {}) });
       return this.json(res, 200, { url: `${this.url}/${name}`, name });
@@ -117,9 +126,19 @@ export class FakeHub {
       if (m[4] !== 'main') return this.notFound(res, 'RevisionNotFound', `Invalid rev id: ${m[4]}`);
       if (m[3] === 'preupload') {
         const b = JSON.parse(body.toString('utf8')) as { files: Array<{ path: string; size: number }> };
-        return this.json(res, 200, { files: b.files.map((f) => ({ path: f.path, uploadMode: /\.(safetensors|parquet|bin)$/.test(f.path) || f.size > 10 << 20 ? 'lfs' : 'regular', shouldIgnore: false })) });
+        return this.json(res, 200, {
+          files: b.files.map((f) => ({
+            path: f.path,
+            uploadMode: /\.(safetensors|parquet|bin)$/.test(f.path) || f.size > 10 << 20 ? 'lfs' : 'regular',
+            shouldIgnore: false,
+          })),
+        });
       }
-      const lines = body.toString('utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l) as { key: string; value: Record<string, unknown> });
+      const lines = body
+        .toString('utf8')
+        .split('\n')
+        .filter((l) => l.trim())
+        .map((l) => JSON.parse(l) as { key: string; value: Record<string, unknown> });
       const files = { ...entry.repo.files };
       let title = '';
       for (const { key: k, value: v } of lines) {
@@ -132,10 +151,17 @@ export class FakeHub {
         } else if (k === 'deletedFile') delete files[String(v.path)];
         else return this.json(res, 400, { error: `unknown commit line ${k}` });
       }
-      const sha = createHash('sha1').update(JSON.stringify(Object.entries(files).map(([p, b]) => [p, createHash('sha1').update(b).digest('hex')]))).update(String(this.commits.length)).digest('hex');
+      const sha = createHash('sha1')
+        .update(JSON.stringify(Object.entries(files).map(([p, b]) => [p, createHash('sha1').update(b).digest('hex')])))
+        .update(String(this.commits.length))
+        .digest('hex');
       entry.repo.files = files;
       entry.sha = sha;
-      this.commits.push({ repo: m[2], title, files: lines.filter((l) => l.key === 'file' || l.key === 'lfsFile').map((l) => String(l.value.path)) });
+      this.commits.push({
+        repo: m[2],
+        title,
+        files: lines.filter((l) => l.key === 'file' || l.key === 'lfsFile').map((l) => String(l.value.path)),
+      });
       return this.json(res, 200, { success: true, commitOid: sha, commitUrl: `${this.url}/${m[2]}/commit/${sha}` });
     }
     m = /^\/(datasets\/)?([^/]+\/[^/]+)\.git\/info\/lfs\/objects\/batch$/.exec(path);
@@ -143,7 +169,11 @@ export class FakeHub {
       const b = JSON.parse(body.toString('utf8')) as { operation: string; objects: Array<{ oid: string; size: number }> };
       return this.json(res, 200, {
         transfer: 'basic',
-        objects: b.objects.map((o) => ({ oid: o.oid, size: o.size, ...(this.lfs.has(o.oid) ? {} : { actions: { upload: { href: `${this.url}/lfs-upload/${o.oid}?sig=${this.signature(o.oid)}` } } }) })),
+        objects: b.objects.map((o) => ({
+          oid: o.oid,
+          size: o.size,
+          ...(this.lfs.has(o.oid) ? {} : { actions: { upload: { href: `${this.url}/lfs-upload/${o.oid}?sig=${this.signature(o.oid)}` } } }),
+        })),
       });
     }
     m = /^\/lfs-upload\/([0-9a-f]{64})$/.exec(path);
@@ -158,7 +188,12 @@ export class FakeHub {
 
   private handle(req: IncomingMessage, res: ServerResponse) {
     const url = req.url ?? '/';
-    this.requests.push({ method: req.method ?? 'GET', url, ...(req.headers.range ? { range: req.headers.range } : {}), ...(req.headers.authorization ? { auth: req.headers.authorization } : {}) });
+    this.requests.push({
+      method: req.method ?? 'GET',
+      url,
+      ...(req.headers.range ? { range: req.headers.range } : {}),
+      ...(req.headers.authorization ? { auth: req.headers.authorization } : {}),
+    });
     const path = decodeURIComponent(url.split('?')[0]);
     if (req.method === 'POST' || req.method === 'PUT') {
       const chunks: Buffer[] = [];
@@ -181,7 +216,14 @@ export class FakeHub {
       if (token !== undefined && req.headers.authorization !== `Bearer ${token}`) {
         const status = req.headers.authorization ? 403 : 401;
         res.writeHead(status, { 'content-type': 'application/json', 'x-error-code': status === 401 ? 'GatedRepo' : 'AccessDenied' });
-        return res.end(JSON.stringify({ error: status === 401 ? 'Access to this repository is restricted: you must be authenticated.' : 'Access to this repository is restricted: your token has no access.' }));
+        return res.end(
+          JSON.stringify({
+            error:
+              status === 401
+                ? 'Access to this repository is restricted: you must be authenticated.'
+                : 'Access to this repository is restricted: your token has no access.',
+          }),
+        );
       }
     }
     let m = /^\/api\/(models|datasets)\/([^/]+\/[^/]+)\/(revision|tree)\/([^/]+)(?:\/(.*))?$/.exec(path);
@@ -190,14 +232,28 @@ export class FakeHub {
       if (!entry) return this.notFound(res, 'RepoNotFound', 'Repository not found');
       if (m[4] !== 'main' && m[4] !== entry.sha) return this.notFound(res, 'RevisionNotFound', `Invalid rev id: ${m[4]}`);
       res.setHeader('content-type', 'application/json');
-      if (m[3] === 'revision') return res.end(JSON.stringify({ _id: entry.sha.slice(0, 24), id: m[2], sha: entry.sha, private: false, downloads: 0, likes: 0, gated: false, lastModified: new Date(0).toISOString() }));
+      if (m[3] === 'revision')
+        return res.end(
+          JSON.stringify({
+            _id: entry.sha.slice(0, 24),
+            id: m[2],
+            sha: entry.sha,
+            private: false,
+            downloads: 0,
+            likes: 0,
+            gated: false,
+            lastModified: new Date(0).toISOString(),
+          }),
+        );
       const prefix = m[5] ? m[5] + '/' : '';
       const list = Object.entries(entry.repo.files)
         .filter(([p]) => p.startsWith(prefix))
         .map(([p, buf]) => {
           const oid = createHash('sha1').update(`blob ${buf.length}\0`).update(buf).digest('hex');
           // Weights and data files are LFS files on the hub: sha256 oid in `lfs`.
-          const lfs = /\.(safetensors|parquet)$/.test(p) ? { oid: createHash('sha256').update(buf).digest('hex'), size: buf.length, pointerSize: 130 } : undefined;
+          const lfs = /\.(safetensors|parquet)$/.test(p)
+            ? { oid: createHash('sha256').update(buf).digest('hex'), size: buf.length, pointerSize: 130 }
+            : undefined;
           return { type: 'file', path: p, size: buf.length, oid, ...(lfs ? { lfs } : {}) };
         });
       return res.end(JSON.stringify(list));
@@ -208,12 +264,21 @@ export class FakeHub {
     if (!entry) return this.notFound(res, 'RepoNotFound', 'Repository not found');
     const file = entry.repo.files[m[4]];
     if (!file) return this.notFound(res, 'EntryNotFound', 'Entry not found');
-    const headers = { etag: `"${createHash('sha256').update(file).digest('hex')}"`, 'x-repo-commit': entry.sha, 'accept-ranges': 'bytes', 'content-type': 'application/octet-stream' };
+    const headers = {
+      etag: `"${createHash('sha256').update(file).digest('hex')}"`,
+      'x-repo-commit': entry.sha,
+      'accept-ranges': 'bytes',
+      'content-type': 'application/octet-stream',
+    };
     const range = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');
     if (range) {
       const start = Number(range[1]);
       const end = range[2] ? Math.min(Number(range[2]), file.length - 1) : file.length - 1;
-      res.writeHead(206, { ...headers, 'content-range': `bytes ${start}-${end}/${file.length}`, 'content-length': String(end - start + 1) });
+      res.writeHead(206, {
+        ...headers,
+        'content-range': `bytes ${start}-${end}/${file.length}`,
+        'content-length': String(end - start + 1),
+      });
       return res.end(file.subarray(start, end + 1));
     }
     res.writeHead(200, { ...headers, 'content-length': String(file.length) });

@@ -7,6 +7,18 @@ import { repoRoot } from './shared.js';
  * in a plain node process: tap's TypeScript loader cannot resolve its wildcard subpath import of hyparquet.
  */
 export function writeParquet(file: string, rows: ReadonlyArray<Record<string, unknown>>, types: Record<string, string> = {}): void {
-  const columnData = Object.keys(rows[0]).map((name) => ({ name, data: rows.map((r) => r[name]), ...(types[name] ? { type: types[name] } : {}) }));
-  execFileSync(process.execPath, ['--input-type=module', '-e', `import { parquetWriteFile } from 'hyparquet-writer'; await parquetWriteFile(${JSON.stringify({ filename: file, columnData })});`], { cwd: repoRoot });
+  const columnData = Object.keys(rows[0]).map((name) => ({
+    name,
+    data: rows.map((r) => r[name]),
+    ...(types[name] ? { type: types[name] } : {}),
+  }));
+  execFileSync(
+    process.execPath,
+    [
+      '--input-type=module',
+      '-e',
+      `import { parquetWriteFile } from 'hyparquet-writer'; await parquetWriteFile(${JSON.stringify({ filename: file, columnData })});`,
+    ],
+    { cwd: repoRoot },
+  );
 }

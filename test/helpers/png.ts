@@ -36,7 +36,8 @@ export function decodePng(png: Buffer): Image {
       height = body.readUInt32BE(4);
       const depth = body[8];
       colorType = body[9];
-      if (depth !== 8 || CHANNELS[colorType] === undefined || body[12] !== 0) throw new Error(`unsupported PNG: depth ${depth}, colour type ${colorType}, interlace ${body[12]}`);
+      if (depth !== 8 || CHANNELS[colorType] === undefined || body[12] !== 0)
+        throw new Error(`unsupported PNG: depth ${depth}, colour type ${colorType}, interlace ${body[12]}`);
     } else if (type === 'IDAT') idat.push(body);
     else if (type === 'IEND') break;
     at += 12 + len;

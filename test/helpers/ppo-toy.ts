@@ -5,14 +5,22 @@ import type { Model } from '../../lib/engine/model.js';
 import type { RolloutRequest, TrainEpisode } from '../../lib/train/types.js';
 
 export type Q = { id: number; prompt: number[] };
-export const questions: Q[] = Array.from({ length: 8 }, (_, i) => ({ id: i, prompt: Array.from({ length: 6 }, (_, k) => ((i * 13 + k * 7) % 50) + 10) }));
+export const questions: Q[] = Array.from({ length: 8 }, (_, i) => ({
+  id: i,
+  prompt: Array.from({ length: 6 }, (_, k) => ((i * 13 + k * 7) % 50) + 10),
+}));
 export const ENV = [60, 61, 62];
 
 /** Two generation turns with environment text between them (no sandbox: the engine directly). */
 export function twoTurn(model: Model, g = 3) {
   return async (reqs: RolloutRequest<Q>[]): Promise<TrainEpisode[]> => {
     const temperature = reqs.map((r) => r.temperature);
-    const a = await model.generate({ prompts: reqs.map((r) => Int32Array.from(r.question.prompt)), maxNewTokens: g, temperature, seed: reqs[0].seed });
+    const a = await model.generate({
+      prompts: reqs.map((r) => Int32Array.from(r.question.prompt)),
+      maxNewTokens: g,
+      temperature,
+      seed: reqs[0].seed,
+    });
     const mid = reqs.map((r, i) => [...r.question.prompt, ...a.tokens[i], ...ENV]);
     const b = await model.generate({ prompts: mid.map((p) => Int32Array.from(p)), maxNewTokens: g, temperature, seed: reqs[0].seed + 1 });
     return reqs.map((r, i) => {
@@ -24,7 +32,15 @@ export function twoTurn(model: Model, g = 3) {
       logprobs.set(a.logprobs[i], P);
       lossMask.fill(1, mid[i].length);
       logprobs.set(b.logprobs[i], mid[i].length);
-      return { ids, lossMask, logprobs, temperature: r.temperature, answer: null, turns: 2, record: { completion: Array.from(ids.slice(P)) } };
+      return {
+        ids,
+        lossMask,
+        logprobs,
+        temperature: r.temperature,
+        answer: null,
+        turns: 2,
+        record: { completion: Array.from(ids.slice(P)) },
+      };
     });
   };
 }

@@ -11,7 +11,7 @@ export function torchPython(): string | undefined {
 }
 
 export const NO_TORCH_PYTHON =
-  'no python with torch for the float64 reference (tried $SLM_TORCH_PYTHON, /usr/bin/python3, python3): install Debian\'s python3-torch (apt-get install python3-torch)';
+  "no python with torch for the float64 reference (tried $SLM_TORCH_PYTHON, /usr/bin/python3, python3): install Debian's python3-torch (apt-get install python3-torch)";
 
 export interface RefCase {
   input_ids: number[][];
@@ -32,20 +32,31 @@ export interface RefReply {
 }
 
 export function runReference(python: string, req: RefRequest): RefReply {
-  const r = spawnSync(python, [join(repoRoot, 'test', 'reference', 'forward.py')], { input: JSON.stringify(req), encoding: 'utf8', maxBuffer: 1 << 28 });
+  const r = spawnSync(python, [join(repoRoot, 'test', 'reference', 'forward.py')], {
+    input: JSON.stringify(req),
+    encoding: 'utf8',
+    maxBuffer: 1 << 28,
+  });
   if (r.status !== 0) throw new Error(`reference forward failed (${python}): ${r.stderr || r.error}`);
   return JSON.parse(r.stdout);
 }
 
 /** Max |engine - reference| over the unpadded positions, and how many argmaxes differ. */
-export function compareLogits(ref: Array<Array<number[] | null>>, data: Float32Array, vocab: number): { diff: number; argmaxMismatches: number; positions: number } {
-  let diff = 0, argmaxMismatches = 0, positions = 0;
+export function compareLogits(
+  ref: Array<Array<number[] | null>>,
+  data: Float32Array,
+  vocab: number,
+): { diff: number; argmaxMismatches: number; positions: number } {
+  let diff = 0,
+    argmaxMismatches = 0,
+    positions = 0;
   const T = ref[0].length;
   ref.forEach((row, b) =>
     row.forEach((r, t) => {
       if (!r) return;
       positions++;
-      let best = 0, refBest = 0;
+      let best = 0,
+        refBest = 0;
       for (let v = 0; v < vocab; v++) {
         const x = data[(b * T + t) * vocab + v];
         diff = Math.max(diff, Math.abs(x - r[v]));

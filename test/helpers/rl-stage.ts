@@ -9,8 +9,14 @@ import { initModel } from '../../lib/model/init.js';
 export function writeTinyRlStage(root: string, stage: string, extra = ''): string {
   const model = initModel({ preset: 'tiny', out: join(root, 'model') }).dir;
   mkdirSync(join(root, 'modules'));
-  writeFileSync(join(root, 'modules', 'len.mjs'), `export const reward = (ctx) => (ctx.episode?.messages?.at(-1)?.content ?? '').length % 5;\n`);
-  writeFileSync(join(root, 'questions.jsonl'), ['a', 'b', 'c', 'd'].map((id, i) => JSON.stringify({ id, question: `Question number ${i}?`, answer: 'x' })).join('\n') + '\n');
+  writeFileSync(
+    join(root, 'modules', 'len.mjs'),
+    `export const reward = (ctx) => (ctx.episode?.messages?.at(-1)?.content ?? '').length % 5;\n`,
+  );
+  writeFileSync(
+    join(root, 'questions.jsonl'),
+    ['a', 'b', 'c', 'd'].map((id, i) => JSON.stringify({ id, question: `Question number ${i}?`, answer: 'x' })).join('\n') + '\n',
+  );
   const file = join(root, `${stage}.yaml`);
   writeFileSync(
     file,

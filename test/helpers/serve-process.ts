@@ -24,7 +24,9 @@ export function procMiB(pid: number, field: 'VmRSS' | 'VmHWM'): number {
  * pretest compiles), listening on 127.0.0.1; SIGKILLed at the end of the test if still alive.
  */
 export async function serveProcess(t: { teardown(f: () => unknown): void }, args: string[]) {
-  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--port', '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const p = spawn(process.execPath, [join(repoRoot, 'bin', 'slm-train.js'), 'serve', '--port', '0', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let out = '';
   let err = '';
   p.stdout.on('data', (d) => (out += d));

@@ -9,15 +9,23 @@ import { SlmError } from '../../lib/errors.js';
  * bias gradient is V itself. One forward + backward per token; leaves gradients on the parameters
  * and, with LoRA dropout > 0, samples dropout like a training forward.
  */
-export async function valuesFromTrainingPath(m: Model, rows: ArrayLike<number>[], masks?: ArrayLike<number>[], opts: { checkpoint?: boolean } = {}): Promise<Float32Array[]> {
-  if (masks && masks.length !== rows.length) throw new SlmError('ARGUMENT_INVALID', `values: expected one mask per row (${rows.length}), found ${masks.length}.`);
-  if (!m.hasValueHead()) throw new SlmError('NOT_SUPPORTED', 'values: no value head is attached; call attachValueHead() or load an adapter saved with one.');
+export async function valuesFromTrainingPath(
+  m: Model,
+  rows: ArrayLike<number>[],
+  masks?: ArrayLike<number>[],
+  opts: { checkpoint?: boolean } = {},
+): Promise<Float32Array[]> {
+  if (masks && masks.length !== rows.length)
+    throw new SlmError('ARGUMENT_INVALID', `values: expected one mask per row (${rows.length}), found ${masks.length}.`);
+  if (!m.hasValueHead())
+    throw new SlmError('NOT_SUPPORTED', 'values: no value head is attached; call attachValueHead() or load an adapter saved with one.');
   const out: Float32Array[] = [];
   for (let i = 0; i < rows.length; i++) {
     const ids = Int32Array.from(rows[i]);
     m.checkIds(ids);
     const n = ids.length;
-    if (masks && masks[i].length !== n) throw new SlmError('ARGUMENT_INVALID', `values: mask ${i} has ${masks[i].length} entries for ${n} tokens.`);
+    if (masks && masks[i].length !== n)
+      throw new SlmError('ARGUMENT_INVALID', `values: mask ${i} has ${masks[i].length} entries for ${n} tokens.`);
     const v = new Float32Array(n);
     const zeros = new Float32Array(n);
     for (let t = 1; t < n; t++) {
@@ -34,4 +42,3 @@ export async function valuesFromTrainingPath(m: Model, rows: ArrayLike<number>[]
   }
   return out;
 }
-

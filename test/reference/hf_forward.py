@@ -27,8 +27,14 @@ with torch.no_grad():
         out["logits"].append(base64.b64encode(logits.tobytes()).decode())
     for g in req.get("greedy", []):
         ids = torch.tensor([g["prompt"]], dtype=torch.long)
-        r = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=g["steps"], do_sample=False, pad_token_id=model.config.eos_token_id)
-        out["greedy"].append(r[0, len(g["prompt"]):].tolist())
+        r = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=g["steps"],
+            do_sample=False,
+            pad_token_id=model.config.eos_token_id,
+        )
+        out["greedy"].append(r[0, len(g["prompt"]) :].tolist())
 if req.get("texts") or req.get("chats"):
     tok = AutoTokenizer.from_pretrained(req["model_dir"])
     out["tokens"] = [tok.encode(t, add_special_tokens=False) for t in req.get("texts", [])]

@@ -59,9 +59,16 @@ def step(params, loss, o):
     names = list(params)
     grads = {n: params[n].grad.detach().clone() for n in names}
     norm = torch.nn.utils.clip_grad_norm_([params[n] for n in names], max_norm=o["max_grad_norm"])
-    opt = torch.optim.AdamW([params[n] for n in names], lr=o["lr"], betas=tuple(req["betas"]), eps=req["eps"], weight_decay=req["weight_decay"])
+    opt = torch.optim.AdamW(
+        [params[n] for n in names], lr=o["lr"], betas=tuple(req["betas"]), eps=req["eps"], weight_decay=req["weight_decay"]
+    )
     opt.step()
-    return {"loss": loss.item(), "grad_norm": float(norm), "grads": {n: enc(g) for n, g in grads.items()}, "after": {n: enc(params[n]) for n in names}}
+    return {
+        "loss": loss.item(),
+        "grad_norm": float(norm),
+        "grads": {n: enc(g) for n, g in grads.items()},
+        "after": {n: enc(params[n]) for n in names},
+    }
 
 
 def named(m, prefix=""):

@@ -19,4 +19,12 @@ model = SentenceTransformer(req["model_dir"], device="cpu", local_files_only=Tru
 texts = req["texts"]
 emb = model.encode(texts, convert_to_numpy=True, batch_size=32).astype(np.float32)
 tokens = [model.tokenize([t])["input_ids"][0].tolist() for t in texts]
-json.dump({"embeddings": base64.b64encode(emb.tobytes()).decode(), "dim": int(emb.shape[1]), "tokens": tokens, "max_seq_length": model.max_seq_length}, sys.stdout)
+json.dump(
+    {
+        "embeddings": base64.b64encode(emb.tobytes()).decode(),
+        "dim": int(emb.shape[1]),
+        "tokens": tokens,
+        "max_seq_length": model.max_seq_length,
+    },
+    sys.stdout,
+)

@@ -82,7 +82,10 @@ function toReportTrajectory(row: Record<string, unknown>, source: string, maxCha
  * A sample of the training trajectories, read as a stream (the file can be large): per step the
  * best and the worst reward and the first others, then `steps` steps evenly spaced.
  */
-async function sampleTraining(file: string, opts: Required<Pick<ReportOptions, 'steps' | 'perStep' | 'maxChars'>>): Promise<ReportTrajectory[]> {
+async function sampleTraining(
+  file: string,
+  opts: Required<Pick<ReportOptions, 'steps' | 'perStep' | 'maxChars'>>,
+): Promise<ReportTrajectory[]> {
   if (!existsSync(file)) return [];
   const bySteps = new Map<number, Array<{ r: number; line: string }>>();
   const rl = createInterface({ input: createReadStream(file, 'utf8'), crlfDelay: Infinity });
@@ -108,7 +111,10 @@ async function sampleTraining(file: string, opts: Required<Pick<ReportOptions, '
     bySteps.set(step, kept);
   }
   const steps = [...bySteps.keys()].sort((a, b) => a - b);
-  const pick = steps.length <= opts.steps ? steps : [...new Set(Array.from({ length: opts.steps }, (_, i) => steps[Math.round((i * (steps.length - 1)) / (opts.steps - 1))]))];
+  const pick =
+    steps.length <= opts.steps
+      ? steps
+      : [...new Set(Array.from({ length: opts.steps }, (_, i) => steps[Math.round((i * (steps.length - 1)) / (opts.steps - 1))]))];
   return pick.flatMap((s) =>
     bySteps
       .get(s)!
@@ -134,7 +140,10 @@ function readEvals(dir: string, perEval: number, maxChars: number): { evals: Rec
     const good = rows.filter((r) => r.correct === true);
     const bad = rows.filter((r) => r.correct !== true);
     const half = Math.ceil(perEval / 2);
-    const sample = [...good.slice(0, Math.max(half, perEval - bad.length)), ...bad.slice(0, Math.max(perEval - half, perEval - good.length))].slice(0, perEval);
+    const sample = [
+      ...good.slice(0, Math.max(half, perEval - bad.length)),
+      ...bad.slice(0, Math.max(perEval - half, perEval - good.length)),
+    ].slice(0, perEval);
     trajectories.push(...sample.map((r) => toReportTrajectory(r, `eval ${d}`, maxChars)));
   }
   evals.sort((a, b) => String(a.date ?? '').localeCompare(String(b.date ?? '')));
@@ -143,9 +152,17 @@ function readEvals(dir: string, perEval: number, maxChars: number): { evals: Rec
 
 export async function collectReport(dir: string, opts: ReportOptions = {}): Promise<ReportData> {
   const abs = resolve(dir);
-  if (!existsSync(abs) || !statSync(abs).isDirectory()) throw new SlmError('FILE_NOT_FOUND', `report: ${dir} is not a folder; give a run folder (run.dir/run.name) written by \`slm-train train\`.`);
+  if (!existsSync(abs) || !statSync(abs).isDirectory())
+    throw new SlmError(
+      'FILE_NOT_FOUND',
+      `report: ${dir} is not a folder; give a run folder (run.dir/run.name) written by \`slm-train train\`.`,
+    );
   const has = ['metrics.jsonl', 'trajectories.jsonl', 'evals'].filter((f) => existsSync(join(abs, f)));
-  if (!has.length) throw new SlmError('FILE_NOT_FOUND', `report: ${dir} holds no metrics.jsonl, trajectories.jsonl or evals/; expected a run folder written by \`slm-train train\`.`);
+  if (!has.length)
+    throw new SlmError(
+      'FILE_NOT_FOUND',
+      `report: ${dir} holds no metrics.jsonl, trajectories.jsonl or evals/; expected a run folder written by \`slm-train train\`.`,
+    );
   const maxChars = opts.maxChars ?? 6000;
   const ev = readEvals(abs, opts.perEval ?? 12, maxChars);
   const cfgFile = join(abs, 'config.yaml');
@@ -155,7 +172,10 @@ export async function collectReport(dir: string, opts: ReportOptions = {}): Prom
     generated: new Date().toISOString(),
     metrics: readRows(join(abs, 'metrics.jsonl')),
     evals: ev.evals,
-    trajectories: [...(await sampleTraining(join(abs, 'trajectories.jsonl'), { steps: opts.steps ?? 12, perStep: opts.perStep ?? 3, maxChars })), ...ev.trajectories],
+    trajectories: [
+      ...(await sampleTraining(join(abs, 'trajectories.jsonl'), { steps: opts.steps ?? 12, perStep: opts.perStep ?? 3, maxChars })),
+      ...ev.trajectories,
+    ],
     config: existsSync(cfgFile) ? readFileSync(cfgFile, 'utf8') : null,
   };
 }

@@ -39,7 +39,10 @@ let uplotCache: { js: string; css: string } | undefined;
 /** uPlot (MIT, github.com/leeoniya/uPlot), read from node_modules and inlined so the report opens offline. */
 function uplotAssets(): { js: string; css: string } {
   if (uplotCache) return uplotCache;
-  let dir = '', version = '', js = '', css = '';
+  let dir = '',
+    version = '',
+    js = '',
+    css = '';
   try {
     dir = dirname(require.resolve('uplot/package.json'));
     version = (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { version: string }).version;
@@ -47,9 +50,13 @@ function uplotAssets(): { js: string; css: string } {
     js = readFileSync(join(dir, 'dist', 'uPlot.iife.min.js'), 'utf8').replace(/^\/\*![^*]*\*\/\s*/, '');
     css = readFileSync(join(dir, 'dist', 'uPlot.min.css'), 'utf8');
   } catch (e) {
-    throw new SlmError('FILE_NOT_FOUND', `report: the plotting library uPlot could not be read (${(e as Error).message.split('\n')[0]}). Expected the "uplot" package beside slm-train; reinstall it (npm install).`);
+    throw new SlmError(
+      'FILE_NOT_FOUND',
+      `report: the plotting library uPlot could not be read (${(e as Error).message.split('\n')[0]}). Expected the "uplot" package beside slm-train; reinstall it (npm install).`,
+    );
   }
-  if (/<\/script|<!--|<\/style/i.test(js + css)) throw new SlmError('FILE_NOT_FOUND', `report: ${dir}/dist holds markup that could end its inline block; reinstall uplot.`);
+  if (/<\/script|<!--|<\/style/i.test(js + css))
+    throw new SlmError('FILE_NOT_FOUND', `report: ${dir}/dist holds markup that could end its inline block; reinstall uplot.`);
   uplotCache = { js: `/*! uPlot v${version} | (c) Leon Sorokin | MIT License | github.com/leeoniya/uPlot */\n${js}`, css };
   return uplotCache;
 }
@@ -60,13 +67,36 @@ function renderReport(reportData: ReportData): string {
   const last = [...reportData.metrics].reverse().find((r) => r.kind !== 'eval');
   const stage = String(last?.stage ?? reportData.metrics.find((r) => r.stage)?.stage ?? '');
   const steps = reportData.metrics.filter((r) => r.kind !== 'eval' && typeof r.step === 'number').length;
-  const headline = ['reward_mean', 'accuracy', 'loss', 'kl', 'entropy', 'grad_norm', 'response_tokens_mean', 'turns_mean', 'tool_error_rate', 'mask_coverage'].filter((k) => typeof last?.[k] === 'number');
-  const f = (v: unknown) => (typeof v === 'number' ? (Number.isInteger(v) ? String(v) : Math.abs(v) < 1e-12 ? '0' : String(+v.toPrecision(4))) : escapeHtml(String(v ?? '')));
-  const lastTable = headline.length ? `<table><tr><th>last step</th>${headline.map((k) => `<th>${escapeHtml(k)}</th>`).join('')}</tr><tr><td>${f(last?.step)}</td>${headline.map((k) => `<td>${f(last?.[k])}</td>`).join('')}</tr></table>` : '<p>No training steps logged.</p>';
+  const headline = [
+    'reward_mean',
+    'accuracy',
+    'loss',
+    'kl',
+    'entropy',
+    'grad_norm',
+    'response_tokens_mean',
+    'turns_mean',
+    'tool_error_rate',
+    'mask_coverage',
+  ].filter((k) => typeof last?.[k] === 'number');
+  const f = (v: unknown) =>
+    typeof v === 'number'
+      ? Number.isInteger(v)
+        ? String(v)
+        : Math.abs(v) < 1e-12
+          ? '0'
+          : String(+v.toPrecision(4))
+      : escapeHtml(String(v ?? ''));
+  const lastTable = headline.length
+    ? `<table><tr><th>last step</th>${headline.map((k) => `<th>${escapeHtml(k)}</th>`).join('')}</tr><tr><td>${f(last?.step)}</td>${headline.map((k) => `<td>${f(last?.[k])}</td>`).join('')}</tr></table>`
+    : '<p>No training steps logged.</p>';
   const pct = (v: unknown) => (typeof v === 'number' ? (100 * v).toFixed(1) : '');
   const evalTable = reportData.evals.length
     ? `<table><tr><th>evaluation</th><th>n</th><th>accuracy %</th><th>EM %</th><th>F1 %</th><th>ROUGE-L %</th><th>answered %</th><th>avg turns</th><th>reward</th></tr>${reportData.evals
-        .map((e) => `<tr><td>${escapeHtml(String(e.label ?? ''))}</td><td>${f(e.questions)}</td><td>${pct(e.accuracy)}</td><td>${pct(e.em)}</td><td>${pct(e.f1)}</td><td>${pct(e.rouge_l)}</td><td>${pct(e.answered)}</td><td>${f(e.avg_turns)}</td><td>${f(e.reward)}</td></tr>`)
+        .map(
+          (e) =>
+            `<tr><td>${escapeHtml(String(e.label ?? ''))}</td><td>${f(e.questions)}</td><td>${pct(e.accuracy)}</td><td>${pct(e.em)}</td><td>${pct(e.f1)}</td><td>${pct(e.rouge_l)}</td><td>${pct(e.answered)}</td><td>${f(e.avg_turns)}</td><td>${f(e.reward)}</td></tr>`,
+        )
         .join('')}</table>`
     : '<p>No evaluations in this run folder.</p>';
   return `<!doctype html>

@@ -39,7 +39,7 @@ export function configParams(cfg: ResolvedConfig): Record<string, string> {
       return;
     }
     // MLflow keeps at most 6000 characters of a param value (long prompts are cut).
-    out[path] = (typeof v === 'string' ? v : JSON.stringify(v) ?? 'null').slice(0, 6000);
+    out[path] = (typeof v === 'string' ? v : (JSON.stringify(v) ?? 'null')).slice(0, 6000);
   };
   walk(cfg, '');
   return out;
@@ -78,7 +78,8 @@ export class MlflowTracker implements Tracker {
     const env = process.env;
     const h: Record<string, string> = { 'content-type': 'application/json' };
     if (env.MLFLOW_TRACKING_TOKEN) h.authorization = `Bearer ${env.MLFLOW_TRACKING_TOKEN}`;
-    else if (env.MLFLOW_TRACKING_USERNAME) h.authorization = `Basic ${Buffer.from(`${env.MLFLOW_TRACKING_USERNAME}:${env.MLFLOW_TRACKING_PASSWORD ?? ''}`).toString('base64')}`;
+    else if (env.MLFLOW_TRACKING_USERNAME)
+      h.authorization = `Basic ${Buffer.from(`${env.MLFLOW_TRACKING_USERNAME}:${env.MLFLOW_TRACKING_PASSWORD ?? ''}`).toString('base64')}`;
     return h;
   }
 
@@ -90,7 +91,12 @@ export class MlflowTracker implements Tracker {
       let r: Response;
       let text: string;
       try {
-        r = await fetch(url, { method, headers: MlflowTracker.headers(), ...(method === 'POST' ? { body: JSON.stringify(body) } : {}), signal: AbortSignal.timeout(30_000) });
+        r = await fetch(url, {
+          method,
+          headers: MlflowTracker.headers(),
+          ...(method === 'POST' ? { body: JSON.stringify(body) } : {}),
+          signal: AbortSignal.timeout(30_000),
+        });
         text = await r.text();
       } catch (e) {
         const c = (e as { cause?: { code?: string } }).cause;
@@ -110,40 +116,65 @@ export class MlflowTracker implements Tracker {
       } catch {
         /* not JSON */
       }
-      const err = new SlmError('TRACKING_FAILED', `MLflow at ${uri}: ${method} ${path} answered ${r.status} (${detail})`, { status: r.status, error_code: code });
+      const err = new SlmError('TRACKING_FAILED', `MLflow at ${uri}: ${method} ${path} answered ${r.status} (${detail})`, {
+        status: r.status,
+        error_code: code,
+      });
       if (r.status !== 429 && r.status < 500) throw err;
       last = err.message;
       if (i < attempts) await new Promise((r) => setTimeout(r, 500 * 2 ** (i - 1)));
     }
-    throw new SlmError('TRACKING_FAILED', `${last} (after ${attempts} tries). Check that the MLflow tracking server runs there (log.mlflow_tracking_uri or $MLFLOW_TRACKING_URI), or leave mlflow out of log.report_to.`);
+    throw new SlmError(
+      'TRACKING_FAILED',
+      `${last} (after ${attempts} tries). Check that the MLflow tracking server runs there (log.mlflow_tracking_uri or $MLFLOW_TRACKING_URI), or leave mlflow out of log.report_to.`,
+    );
   }
 
   /** Finds or creates the experiment, creates (or reopens) the run and logs the params. */
   static async open(opts: MlflowOptions): Promise<MlflowTracker> {
     const uri = opts.uri.replace(/\/+$/, '');
     if (!/^https?:\/\/[^/]/.test(uri))
-      throw new SlmError('CONFIG_INVALID', `log.report_to has mlflow, but the tracking URI ${JSON.stringify(opts.uri)} is not an http(s) address of an MLflow tracking server (a file store or databricks URI needs MLflow's Python client). Set log.mlflow_tracking_uri or $MLFLOW_TRACKING_URI to http://HOST:PORT.`, { path: 'log.mlflow_tracking_uri' });
+      throw new SlmError(
+        'CONFIG_INVALID',
+        `log.report_to has mlflow, but the tracking URI ${JSON.stringify(opts.uri)} is not an http(s) address of an MLflow tracking server (a file store or databricks URI needs MLflow's Python client). Set log.mlflow_tracking_uri or $MLFLOW_TRACKING_URI to http://HOST:PORT.`,
+        { path: 'log.mlflow_tracking_uri' },
+      );
     const call = (m: 'GET' | 'POST', p: string, b?: unknown) => MlflowTracker.call(uri, m, p, b, opts.attempts);
     if (opts.runId) {
-      const run = (await call('GET', `runs/get?run_id=${encodeURIComponent(opts.runId)}`)) as { run?: { info?: { experiment_id?: string } } };
+      const run = (await call('GET', `runs/get?run_id=${encodeURIComponent(opts.runId)}`)) as {
+        run?: { info?: { experiment_id?: string } };
+      };
       await call('POST', 'runs/update', { run_id: opts.runId, status: 'RUNNING' });
       return new MlflowTracker(uri, opts.runId, String(run.run?.info?.experiment_id ?? ''), opts);
     }
     let experimentId = '0';
     if (opts.experiment) {
       try {
-        const e = (await call('GET', `experiments/get-by-name?experiment_name=${encodeURIComponent(opts.experiment)}`)) as { experiment: { experiment_id: string } };
+        const e = (await call('GET', `experiments/get-by-name?experiment_name=${encodeURIComponent(opts.experiment)}`)) as {
+          experiment: { experiment_id: string };
+        };
         experimentId = e.experiment.experiment_id;
       } catch (e) {
-        if (!(e instanceof SlmError) || (e.details as { error_code?: string } | undefined)?.error_code !== 'RESOURCE_DOES_NOT_EXIST') throw e;
-        experimentId = String(((await call('POST', 'experiments/create', { name: opts.experiment })) as { experiment_id: string }).experiment_id);
+        if (!(e instanceof SlmError) || (e.details as { error_code?: string } | undefined)?.error_code !== 'RESOURCE_DOES_NOT_EXIST')
+          throw e;
+        experimentId = String(
+          ((await call('POST', 'experiments/create', { name: opts.experiment })) as { experiment_id: string }).experiment_id,
+        );
       }
     }
-    const tags = Object.entries({ 'mlflow.runName': opts.runName, 'mlflow.source.name': 'slm-train', ...opts.tags }).map(([key, value]) => ({ key, value }));
-    const created = (await call('POST', 'runs/create', { experiment_id: experimentId, run_name: opts.runName, start_time: Date.now(), tags })) as { run: { info: { run_id: string } } };
+    const tags = Object.entries({ 'mlflow.runName': opts.runName, 'mlflow.source.name': 'slm-train', ...opts.tags }).map(
+      ([key, value]) => ({ key, value }),
+    );
+    const created = (await call('POST', 'runs/create', {
+      experiment_id: experimentId,
+      run_name: opts.runName,
+      start_time: Date.now(),
+      tags,
+    })) as { run: { info: { run_id: string } } };
     const t = new MlflowTracker(uri, created.run.info.run_id, experimentId, opts);
     const params = Object.entries(opts.params).map(([key, value]) => ({ key, value }));
-    for (let i = 0; i < params.length; i += 100) await call('POST', 'runs/log-batch', { run_id: t.runId, params: params.slice(i, i + 100) });
+    for (let i = 0; i < params.length; i += 100)
+      await call('POST', 'runs/log-batch', { run_id: t.runId, params: params.slice(i, i + 100) });
     return t;
   }
 
@@ -152,10 +183,18 @@ export class MlflowTracker implements Tracker {
     if (!metrics.length) return;
     this.#chain = this.#chain.then(async () => {
       try {
-        for (let i = 0; i < metrics.length; i += 1000) await MlflowTracker.call(this.uri, 'POST', 'runs/log-batch', { run_id: this.runId, metrics: metrics.slice(i, i + 1000) }, this.o.attempts);
+        for (let i = 0; i < metrics.length; i += 1000)
+          await MlflowTracker.call(
+            this.uri,
+            'POST',
+            'runs/log-batch',
+            { run_id: this.runId, metrics: metrics.slice(i, i + 1000) },
+            this.o.attempts,
+          );
       } catch (e) {
         this.#lost += metrics.length;
-        if (!this.#said) this.o.log(`mlflow: metrics of step ${step} not sent (${(e as Error).message}); training goes on, metrics.jsonl has every step`);
+        if (!this.#said)
+          this.o.log(`mlflow: metrics of step ${step} not sent (${(e as Error).message}); training goes on, metrics.jsonl has every step`);
         this.#said = true;
       }
     });
@@ -173,7 +212,8 @@ export class MlflowTracker implements Tracker {
     } catch (e) {
       this.o.log(`mlflow: could not mark run ${this.runId} ${status} (${(e as Error).message})`);
     }
-    if (this.#lost) this.o.log(`mlflow: ${this.#lost} metric values were not sent to ${this.uri} (run ${this.runId}); metrics.jsonl has them`);
+    if (this.#lost)
+      this.o.log(`mlflow: ${this.#lost} metric values were not sent to ${this.uri} (run ${this.runId}); metrics.jsonl has them`);
   }
 }
 
@@ -186,12 +226,20 @@ interface TrackingState {
  * The trackers of `cfg.log.report_to` other than TensorBoard (RunFolder writes that itself), opened
  * for the run folder `dir`: MLflow's run created (or, on resume, reopened) before training starts.
  */
-export async function openTrackers(cfg: ResolvedConfig, dir: string, opts: { resume?: boolean; log: (line: string) => void; runName: string }): Promise<Tracker[]> {
+export async function openTrackers(
+  cfg: ResolvedConfig,
+  dir: string,
+  opts: { resume?: boolean; log: (line: string) => void; runName: string },
+): Promise<Tracker[]> {
   const out: Tracker[] = [];
   if (!cfg.log.report_to.includes('mlflow')) return out;
   const uri = cfg.log.mlflow_tracking_uri ?? process.env.MLFLOW_TRACKING_URI;
   if (!uri)
-    throw new SlmError('CONFIG_INVALID', 'log.report_to has mlflow, but no tracking server is named: set log.mlflow_tracking_uri (or $MLFLOW_TRACKING_URI) to http://HOST:PORT of an MLflow tracking server (`mlflow server --host 127.0.0.1 --port 5000`).', { path: 'log.mlflow_tracking_uri' });
+    throw new SlmError(
+      'CONFIG_INVALID',
+      'log.report_to has mlflow, but no tracking server is named: set log.mlflow_tracking_uri (or $MLFLOW_TRACKING_URI) to http://HOST:PORT of an MLflow tracking server (`mlflow server --host 127.0.0.1 --port 5000`).',
+      { path: 'log.mlflow_tracking_uri' },
+    );
   const file = join(dir, 'tracking.json');
   let state: TrackingState = {};
   try {
@@ -209,8 +257,13 @@ export async function openTrackers(cfg: ResolvedConfig, dir: string, opts: { res
     runId: prior,
     log: opts.log,
   });
-  opts.log(`mlflow: ${prior ? 'continuing' : 'logging to'} run ${t.runId} at ${t.uri}${t.experimentId ? ` (experiment ${t.experimentId})` : ''}`);
-  writeFileSync(file, JSON.stringify({ ...state, mlflow: { tracking_uri: t.uri, experiment_id: t.experimentId, run_id: t.runId } }, null, 2) + '\n');
+  opts.log(
+    `mlflow: ${prior ? 'continuing' : 'logging to'} run ${t.runId} at ${t.uri}${t.experimentId ? ` (experiment ${t.experimentId})` : ''}`,
+  );
+  writeFileSync(
+    file,
+    JSON.stringify({ ...state, mlflow: { tracking_uri: t.uri, experiment_id: t.experimentId, run_id: t.runId } }, null, 2) + '\n',
+  );
   out.push(t);
   return out;
 }

@@ -86,12 +86,14 @@ export interface GroupAdvantage {
 
 function options(groupAdvantageOptions?: Partial<GroupAdvantageOptions>): GroupAdvantageOptions {
   const opts = { ...GROUP_ADVANTAGE_DEFAULTS, ...groupAdvantageOptions };
-  if (opts.std !== 'group' && opts.std !== 'none') throw new SlmError('ARGUMENT_INVALID', `std must be "group" or "none", found ${describe(opts.std)}.`);
+  if (opts.std !== 'group' && opts.std !== 'none')
+    throw new SlmError('ARGUMENT_INVALID', `std must be "group" or "none", found ${describe(opts.std)}.`);
   if (opts.stdEstimator !== 'sample' && opts.stdEstimator !== 'population')
     throw new SlmError('ARGUMENT_INVALID', `stdEstimator must be "sample" or "population", found ${describe(opts.stdEstimator)}.`);
   if (!(opts.eps >= 0)) throw new SlmError('ARGUMENT_INVALID', `eps must be a number >= 0, found ${describe(opts.eps)}.`);
   if (!(opts.flatStd >= 0)) throw new SlmError('ARGUMENT_INVALID', `flatStd must be a number >= 0, found ${describe(opts.flatStd)}.`);
-  if (typeof opts.flatSkipBelow !== 'number' || Number.isNaN(opts.flatSkipBelow)) throw new SlmError('ARGUMENT_INVALID', `flatSkipBelow must be a number, found ${describe(opts.flatSkipBelow)}.`);
+  if (typeof opts.flatSkipBelow !== 'number' || Number.isNaN(opts.flatSkipBelow))
+    throw new SlmError('ARGUMENT_INVALID', `flatSkipBelow must be a number, found ${describe(opts.flatSkipBelow)}.`);
   return opts;
 }
 
@@ -99,13 +101,19 @@ function options(groupAdvantageOptions?: Partial<GroupAdvantageOptions>): GroupA
  * One group's advantages (one question's K rollouts). `success`, when given, decides which rollouts
  * failed (e.g. the reward's correctness flag); otherwise reward <= failAtOrBelow is a failure.
  */
-export function groupAdvantage(rewards: ArrayLike<number>, opts?: Partial<GroupAdvantageOptions>, success?: ArrayLike<boolean>): GroupAdvantage {
+export function groupAdvantage(
+  rewards: ArrayLike<number>,
+  opts?: Partial<GroupAdvantageOptions>,
+  success?: ArrayLike<boolean>,
+): GroupAdvantage {
   const o = options(opts);
   const r = Array.from(rewards);
   const K = r.length;
   if (K === 0) throw new SlmError('ARGUMENT_INVALID', 'a group needs at least one reward, found none.');
-  if (success && success.length !== K) throw new SlmError('ARGUMENT_INVALID', `success flags must match the rewards: ${K} rewards, ${success.length} flags.`);
-  if (r.some((x) => !Number.isFinite(x))) return { advantages: null, rule: 'skipped', reason: 'non_finite_reward', mean: NaN, std: NaN, successes: 0 };
+  if (success && success.length !== K)
+    throw new SlmError('ARGUMENT_INVALID', `success flags must match the rewards: ${K} rewards, ${success.length} flags.`);
+  if (r.some((x) => !Number.isFinite(x)))
+    return { advantages: null, rule: 'skipped', reason: 'non_finite_reward', mean: NaN, std: NaN, successes: 0 };
   const mean = r.reduce((a, b) => a + b, 0) / K;
   const ss = r.reduce((a, b) => a + (b - mean) ** 2, 0);
   const denom = o.stdEstimator === 'sample' ? K - 1 : K;
@@ -150,11 +158,19 @@ export function grpoAdvantages(
   success?: ArrayLike<boolean | undefined>,
   excluded?: ArrayLike<boolean>,
 ): GroupAdvantages {
-  if (!Number.isInteger(groupSize) || groupSize < 1) throw new SlmError('ARGUMENT_INVALID', `groupSize must be a positive integer, found ${describe(groupSize)}.`);
+  if (!Number.isInteger(groupSize) || groupSize < 1)
+    throw new SlmError('ARGUMENT_INVALID', `groupSize must be a positive integer, found ${describe(groupSize)}.`);
   if (rewards.length % groupSize !== 0)
-    throw new SlmError('ARGUMENT_INVALID', `${rewards.length} rewards do not split into groups of ${groupSize}: expected a multiple of ${groupSize}.`);
-  for (const [name, xs] of [['success flags', success], ['exclusion flags', excluded]] as const)
-    if (xs && xs.length !== rewards.length) throw new SlmError('ARGUMENT_INVALID', `${name} must match the rewards: ${rewards.length} rewards, ${xs.length} flags.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `${rewards.length} rewards do not split into groups of ${groupSize}: expected a multiple of ${groupSize}.`,
+    );
+  for (const [name, xs] of [
+    ['success flags', success],
+    ['exclusion flags', excluded],
+  ] as const)
+    if (xs && xs.length !== rewards.length)
+      throw new SlmError('ARGUMENT_INVALID', `${name} must match the rewards: ${rewards.length} rewards, ${xs.length} flags.`);
   let perGroup: (r: number[], s?: boolean[]) => { advantages: number[] | null; reason?: string };
   if (typeof rule === 'function') perGroup = rule;
   else {
@@ -165,7 +181,12 @@ export function grpoAdvantages(
   for (let g = 0, start = 0; start < rewards.length; g++, start += groupSize) {
     const members = Array.from({ length: groupSize }, (_, j) => start + j).filter((i) => excluded?.[i] !== true);
     const flags = success && members.some((i) => typeof success[i] === 'boolean') ? members.map((i) => success[i] === true) : undefined;
-    const { advantages, ...info } = members.length ? perGroup(members.map((i) => rewards[i]), flags) : { advantages: null, reason: 'all_excluded' };
+    const { advantages, ...info } = members.length
+      ? perGroup(
+          members.map((i) => rewards[i]),
+          flags,
+        )
+      : { advantages: null, reason: 'all_excluded' };
     const byMember = new Map(members.map((i, n) => [i, advantages ? advantages[n] : null]));
     for (let i = start; i < start + groupSize; i++) out.advantages.push(byMember.get(i) ?? null);
     const reason = advantages ? info.reason : (info.reason ?? 'skipped');
@@ -231,7 +252,8 @@ export function episodeTokenAdvantages(
   masks: readonly Uint8Array[],
   opts: { turnDiscount?: number; norm?: LossNorm; totals?: TurnCounts } = {},
 ): Float32Array[] {
-  if (advantages.length !== masks.length) throw new SlmError('ARGUMENT_INVALID', `${advantages.length} advantages for ${masks.length} loss masks: expected one per episode.`);
+  if (advantages.length !== masks.length)
+    throw new SlmError('ARGUMENT_INVALID', `${advantages.length} advantages for ${masks.length} loss masks: expected one per episode.`);
   const g = opts.turnDiscount ?? 1;
   if (!(g >= 0 && g <= 1)) throw new SlmError('ARGUMENT_INVALID', `turnDiscount must be in [0, 1], found ${describe(opts.turnDiscount)}.`);
   const norm = opts.norm ?? 'token';

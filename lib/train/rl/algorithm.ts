@@ -70,23 +70,43 @@ export interface AlgorithmDefinition {
  * The KL settings' problem for an algorithm, or null: the place must be one it has, and the estimator
  * one that place takes (k1 in the loss only matters with a coefficient: its gradient is 0).
  */
-export function klProblem(def: Pick<AlgorithmDefinition, 'name' | 'kl'>, place: KlPlace, estimator: KlEstimatorName, coef: number): ConfigProblem | null {
+export function klProblem(
+  def: Pick<AlgorithmDefinition, 'name' | 'kl'>,
+  place: KlPlace,
+  estimator: KlEstimatorName,
+  coef: number,
+): ConfigProblem | null {
   const name = def.name.toUpperCase();
   const takes = def.kl[place];
-  if (!takes) return coef > 0 ? { path: ['algorithm', 'kl_in'], message: `${name} puts the KL in the ${def.kl.defaultIn}, found kl_in: ${place}; set kl_in: ${def.kl.defaultIn} (or kl_coef: 0)` } : null;
+  if (!takes)
+    return coef > 0
+      ? {
+          path: ['algorithm', 'kl_in'],
+          message: `${name} puts the KL in the ${def.kl.defaultIn}, found kl_in: ${place}; set kl_in: ${def.kl.defaultIn} (or kl_coef: 0)`,
+        }
+      : null;
   if (takes.includes(estimator)) return null;
   if (estimator === 'k1' && place === 'loss') return coef > 0 ? { path: ['algorithm', 'kl_estimator'], message: K1_LOSS_MESSAGE } : null;
-  return { path: ['algorithm', 'kl_estimator'], message: `the KL term in the ${place} supports ${takes.join(' or ')}, found ${JSON.stringify(estimator)}${def.kl.reward?.includes(estimator) && place === 'loss' ? `; use ${estimator} with kl_in: reward` : ` (${name})`}` };
+  return {
+    path: ['algorithm', 'kl_estimator'],
+    message: `the KL term in the ${place} supports ${takes.join(' or ')}, found ${JSON.stringify(estimator)}${def.kl.reward?.includes(estimator) && place === 'loss' ? `; use ${estimator} with kl_in: reward` : ` (${name})`}`,
+  };
 }
 
 /** The group-size problem for an algorithm, or null. */
 export function groupSizeProblem(def: Pick<AlgorithmDefinition, 'name' | 'minGroupSize' | 'groupReason'>, k: number): ConfigProblem | null {
   if (Number.isInteger(k) && k >= def.minGroupSize) return null;
-  return { path: ['rollout', 'k'], message: `${def.groupReason ?? `${def.name.toUpperCase()} samples rollout.k episodes per question`}: expected an integer >= ${def.minGroupSize}, found ${k}${def.minGroupSize > 1 ? `; set rollout.k to ${def.minGroupSize} or more (or use stage: sft or rft, which need no group)` : ''}` };
+  return {
+    path: ['rollout', 'k'],
+    message: `${def.groupReason ?? `${def.name.toUpperCase()} samples rollout.k episodes per question`}: expected an integer >= ${def.minGroupSize}, found ${k}${def.minGroupSize > 1 ? `; set rollout.k to ${def.minGroupSize} or more (or use stage: sft or rft, which need no group)` : ''}`,
+  };
 }
 
 /** algorithm.kl_in and kl_estimator where the config leaves them null: the algorithm's place, k1 in the reward, k3 in the loss. */
-export function klDefaults(def: Pick<AlgorithmDefinition, 'kl'>, a: { kl_in: KlPlace | null; kl_estimator: KlEstimatorName | null }): { klIn: KlPlace; klEstimator: KlEstimatorName } {
+export function klDefaults(
+  def: Pick<AlgorithmDefinition, 'kl'>,
+  a: { kl_in: KlPlace | null; kl_estimator: KlEstimatorName | null },
+): { klIn: KlPlace; klEstimator: KlEstimatorName } {
   const klIn = a.kl_in ?? def.kl.defaultIn;
   return { klIn, klEstimator: a.kl_estimator ?? (klIn === 'reward' ? 'k1' : 'k3') };
 }

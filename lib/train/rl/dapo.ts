@@ -55,7 +55,8 @@ export function episodeLength(ep: Pick<TrainEpisode, 'record'>): EpisodeLength {
  */
 export function overlongPenalty(length: number, maxLength: number, buffer: number, penaltyFactor: number): number {
   if (!(buffer > 0)) return 0;
-  if (buffer > maxLength) throw new SlmError('ARGUMENT_INVALID', `the over-length buffer (${buffer}) must not exceed the length limit (${maxLength}).`);
+  if (buffer > maxLength)
+    throw new SlmError('ARGUMENT_INVALID', `the over-length buffer (${buffer}) must not exceed the length limit (${maxLength}).`);
   const exceed = Math.min(length - (maxLength - buffer), buffer);
   return exceed > 0 ? (-exceed / buffer) * penaltyFactor : 0;
 }
@@ -65,8 +66,13 @@ export function overlongPenalty(length: number, maxLength: number, buffer: numbe
  * as the part `overlong_penalty`), truncated episodes marked excluded with `filter`. Counts what it
  * did. Rewards are copied, never changed in place.
  */
-export function shapeOverlong(episodes: readonly TrainEpisode[], rewards: readonly RewardResult[], opts: OverlongOptions): { rewards: RewardResult[]; truncated: number; filtered: number; penalized: number } {
-  if (episodes.length !== rewards.length) throw new SlmError('ARGUMENT_INVALID', `shapeOverlong: ${episodes.length} episodes but ${rewards.length} rewards.`);
+export function shapeOverlong(
+  episodes: readonly TrainEpisode[],
+  rewards: readonly RewardResult[],
+  opts: OverlongOptions,
+): { rewards: RewardResult[]; truncated: number; filtered: number; penalized: number } {
+  if (episodes.length !== rewards.length)
+    throw new SlmError('ARGUMENT_INVALID', `shapeOverlong: ${episodes.length} episodes but ${rewards.length} rewards.`);
   let truncated = 0;
   let filtered = 0;
   let penalized = 0;
@@ -93,9 +99,13 @@ export function shapeOverlong(episodes: readonly TrainEpisode[], rewards: readon
  * rewards (max > min), i.e. whether group-relative advantages can be other than 0.
  */
 export function groupsWithSpread(rewards: readonly RewardResult[], k: number): boolean[] {
-  if (!Number.isInteger(k) || k < 1 || rewards.length % k !== 0) throw new SlmError('ARGUMENT_INVALID', `groupsWithSpread: ${rewards.length} rewards do not make groups of ${describe(k)}.`);
+  if (!Number.isInteger(k) || k < 1 || rewards.length % k !== 0)
+    throw new SlmError('ARGUMENT_INVALID', `groupsWithSpread: ${rewards.length} rewards do not make groups of ${describe(k)}.`);
   return Array.from({ length: rewards.length / k }, (_, g) => {
-    const xs = rewards.slice(g * k, (g + 1) * k).filter((r) => r.excluded !== true).map((r) => r.total);
+    const xs = rewards
+      .slice(g * k, (g + 1) * k)
+      .filter((r) => r.excluded !== true)
+      .map((r) => r.total);
     return xs.length >= 2 && Math.max(...xs) > Math.min(...xs);
   });
 }
@@ -110,7 +120,9 @@ export function dapoOptionsFrom(cfg: ResolvedConfig): { overlong?: OverlongOptio
   const ol = cfg.algorithm.overlong;
   const ds = cfg.rollout.dynamic_sampling;
   return {
-    ...(ol.filter || ol.buffer > 0 ? { overlong: { filter: ol.filter, buffer: ol.buffer, penaltyFactor: ol.penalty_factor, maxNewTokens: cfg.protocol.max_new_tokens } } : {}),
+    ...(ol.filter || ol.buffer > 0
+      ? { overlong: { filter: ol.filter, buffer: ol.buffer, penaltyFactor: ol.penalty_factor, maxNewTokens: cfg.protocol.max_new_tokens } }
+      : {}),
     ...(ds.enabled ? { dynamicSampling: { maxDraws: ds.max_draws } } : {}),
   };
 }

@@ -57,14 +57,22 @@ export interface TokenRewardInput {
  * token. Returns the rewards and the per-token KL (0 on masked tokens). An episode with no trained
  * token gets all zeros (its score has nowhere to go; `lastTrained` is -1).
  */
-export function tokenRewards(ep: TokenRewardInput, klCoef = 0, estimator: KlEstimator = 'k1'): { rewards: Float32Array; kl: Float32Array; lastTrained: number } {
+export function tokenRewards(
+  ep: TokenRewardInput,
+  klCoef = 0,
+  estimator: KlEstimator = 'k1',
+): { rewards: Float32Array; kl: Float32Array; lastTrained: number } {
   const n = ep.mask.length;
   const rewards = new Float32Array(n);
   const kl = new Float32Array(n);
   if (klCoef !== 0) {
-    if (!ep.logprobs || !ep.refLogprobs) throw new SlmError('ARGUMENT_INVALID', `a KL penalty (kl_coef ${klCoef}) needs logprobs and refLogprobs for every episode.`);
+    if (!ep.logprobs || !ep.refLogprobs)
+      throw new SlmError('ARGUMENT_INVALID', `a KL penalty (kl_coef ${klCoef}) needs logprobs and refLogprobs for every episode.`);
     if (ep.logprobs.length !== n || ep.refLogprobs.length !== n)
-      throw new SlmError('ARGUMENT_INVALID', `logprobs (${ep.logprobs.length}) and refLogprobs (${ep.refLogprobs.length}) must align with the mask (${n} tokens).`);
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `logprobs (${ep.logprobs.length}) and refLogprobs (${ep.refLogprobs.length}) must align with the mask (${n} tokens).`,
+      );
   }
   let last = -1;
   for (let t = 0; t < n; t++) {
@@ -85,10 +93,19 @@ export function tokenRewards(ep: TokenRewardInput, klCoef = 0, estimator: KlEsti
  * where "next" is the next *trained* token (V_next = 0 and A_next = 0 after the last one).
  * returns_t = A_t + V_t. Masked positions hold 0.
  */
-export function gae(rewards: Float32Array, values: Float32Array, mask: Uint8Array, gamma: number, lam: number): { advantages: Float32Array; returns: Float32Array } {
+export function gae(
+  rewards: Float32Array,
+  values: Float32Array,
+  mask: Uint8Array,
+  gamma: number,
+  lam: number,
+): { advantages: Float32Array; returns: Float32Array } {
   const n = mask.length;
   if (rewards.length !== n || values.length !== n)
-    throw new SlmError('ARGUMENT_INVALID', `rewards (${rewards.length}), values (${values.length}) and mask (${n}) must have one entry per token.`);
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `rewards (${rewards.length}), values (${values.length}) and mask (${n}) must have one entry per token.`,
+    );
   const advantages = new Float32Array(n);
   const returns = new Float32Array(n);
   // Accumulate in float64, store float32.
@@ -112,11 +129,13 @@ export function gae(rewards: Float32Array, values: Float32Array, mask: Uint8Arra
  * entries stay 0. Fewer than two trained tokens: returned unchanged (no variance to speak of).
  */
 export function maskedWhiten(xs: Float32Array[], masks: Uint8Array[], opts: { shiftMean?: boolean; eps?: number } = {}): Float32Array[] {
-  if (xs.length !== masks.length) throw new SlmError('ARGUMENT_INVALID', `${xs.length} arrays for ${masks.length} masks: expected one mask per array.`);
+  if (xs.length !== masks.length)
+    throw new SlmError('ARGUMENT_INVALID', `${xs.length} arrays for ${masks.length} masks: expected one mask per array.`);
   let n = 0;
   let sum = 0;
   xs.forEach((x, i) => {
-    if (x.length !== masks[i].length) throw new SlmError('ARGUMENT_INVALID', `array ${i} has ${x.length} entries but its mask ${masks[i].length}.`);
+    if (x.length !== masks[i].length)
+      throw new SlmError('ARGUMENT_INVALID', `array ${i} has ${x.length} entries but its mask ${masks[i].length}.`);
     for (let t = 0; t < x.length; t++)
       if (masks[i][t]) {
         n++;
@@ -190,7 +209,12 @@ export function ppoAdvantages(episodes: PpoEpisodeInput[], opts?: Partial<PpoAdv
     returns.push(g.returns);
   });
   return {
-    advantages: o.whiten ? maskedWhiten(advantages, episodes.map((e) => e.mask)) : advantages,
+    advantages: o.whiten
+      ? maskedWhiten(
+          advantages,
+          episodes.map((e) => e.mask),
+        )
+      : advantages,
     returns,
     rewards,
     klMean: klN ? klSum / klN : 0,

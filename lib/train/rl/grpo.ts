@@ -17,7 +17,16 @@ import type { AlgorithmConfig, ResolvedConfig } from '../../config/types.js';
 import { definedOnly, optimizerOptions, scheduleSpec } from '../schedule.js';
 import type { RunFolder } from '../run.js';
 import type { AdamOptions, GroupAdvantageFn, RlDeps } from '../types.js';
-import { episodeTokenAdvantages, groupAdvantageFn, grpoAdvantages, turnCounts, turnScale, type GroupAdvantageOptions, type LossNorm, type TurnCounts } from './advantages.js';
+import {
+  episodeTokenAdvantages,
+  groupAdvantageFn,
+  grpoAdvantages,
+  turnCounts,
+  turnScale,
+  type GroupAdvantageOptions,
+  type LossNorm,
+  type TurnCounts,
+} from './advantages.js';
 import { SlmError } from '../../errors.js';
 import { klProblem, type AlgorithmDefinition } from './algorithm.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
@@ -85,7 +94,22 @@ function pgSettings(algorithm: AlgorithmConfig) {
  * The group-baseline options (GRPO, RLOO) of a resolved config's algorithm, rollout and optim
  * sections; the loop's own options (questions per step, steps, seed...) come from the caller.
  */
-export function pgOptionsFrom(c: ResolvedConfig): Pick<PgOptions, 'k' | 'innerEpochs' | 'clipLow' | 'clipHigh' | 'klCoef' | 'klEstimator' | 'entropyCoef' | 'lossNorm' | 'turnDiscount' | 'oldLogprobs' | 'schedule'> {
+export function pgOptionsFrom(
+  c: ResolvedConfig,
+): Pick<
+  PgOptions,
+  | 'k'
+  | 'innerEpochs'
+  | 'clipLow'
+  | 'clipHigh'
+  | 'klCoef'
+  | 'klEstimator'
+  | 'entropyCoef'
+  | 'lossNorm'
+  | 'turnDiscount'
+  | 'oldLogprobs'
+  | 'schedule'
+> {
   return { k: c.rollout.k, ...pgSettings(c.algorithm), schedule: scheduleSpec(c) };
 }
 
@@ -142,7 +166,11 @@ function resolved(o: PgOptions) {
  * episode), spread over the episode's trained tokens, then `innerEpochs` clipped policy-gradient
  * steps. `name` is the metrics rows' stage.
  */
-export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, opts: PgOptions): RlAlgorithm<Q, GroupStep, Stats | undefined, { kept: number[]; skipped: string[] }> {
+export function groupPolicyGradient<Q>(
+  name: string,
+  rule: GroupAdvantageFn,
+  opts: PgOptions,
+): RlAlgorithm<Q, GroupStep, Stats | undefined, { kept: number[]; skipped: string[] }> {
   const p = resolved(opts);
   const kl = klProblem({ name, kl: PG_KL }, 'loss', p.klEstimator, p.klCoef);
   if (kl) throw new SlmError('CONFIG_INVALID', `${kl.message}.`, { path: kl.path.join('.') });
@@ -158,7 +186,9 @@ export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, opt
         step.rewards.map((r) => r.excluded === true),
       );
       const adv = g.advantages;
-      const keep = step.episodes.map((_, i) => i).filter((i) => adv[i] !== null && adv[i] !== 0 && step.episodes[i].lossMask.some((x) => x));
+      const keep = step.episodes
+        .map((_, i) => i)
+        .filter((i) => adv[i] !== null && adv[i] !== 0 && step.episodes[i].lossMask.some((x) => x));
       return { adv, keep, skipped: g.skipped.map((x) => x.reason) };
     },
     trained: (a) => a.keep.length,
@@ -240,25 +270,48 @@ export function groupPolicyGradient<Q>(name: string, rule: GroupAdvantageFn, opt
 export const PG_KL = { defaultIn: 'loss', loss: ['k3'] } as const;
 
 /** GRPO over real episodes (the group rule: deps.advantages). */
-export async function runGrpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: GrpoDeps<Q>, o: GrpoOptions): Promise<{ steps: number; meanReward: number[] }> {
+export async function runGrpo<Q>(
+  model: Model,
+  questions: Q[],
+  run: RunFolder,
+  deps: GrpoDeps<Q>,
+  o: GrpoOptions,
+): Promise<{ steps: number; meanReward: number[] }> {
   return runRl(model, questions, run, deps, groupPolicyGradient<Q>('grpo', deps.advantages, o), o);
 }
 
 /** GRPO in the registry (lib/train/rl/registry.ts): its keys of the algorithm section are the group rule's. */
 export const grpo: AlgorithmDefinition = {
   name: 'grpo',
-  summary: "GRPO: each rollout's advantage is its reward against its group's (one question's K rollouts) mean and std, with the reference's fallbacks; a clipped policy-gradient update",
+  summary:
+    "GRPO: each rollout's advantage is its reward against its group's (one question's K rollouts) mean and std, with the reference's fallbacks; a clipped policy-gradient update",
   algorithmKeys: {
     std: oneOf(['group', 'none'], 'group', 'none = Dr.GRPO (no std division)'),
     std_estimator: oneOf(['sample', 'population'], 'sample', 'sample = divide by K - 1 (TRL, verl)'),
     adv_eps: num(1e-4, { minimum: 0 }),
     fallbacks: section({
       flat_std: num(0.01, { minimum: 0 }, 'a group whose reward std is below this is flat (the reference: 0.01)'),
-      flat_skip_below: num(0.1, {}, 'a flat group whose mean reward is below this is skipped (every rollout failed alike; the reference: 0.1)'),
-      zero_variance: oneOf(['center', 'skip', 'zero'], 'center', 'a flat group at or above flat_skip_below: center = r - center (the reference), skip, or zero advantages'),
+      flat_skip_below: num(
+        0.1,
+        {},
+        'a flat group whose mean reward is below this is skipped (every rollout failed alike; the reference: 0.1)',
+      ),
+      zero_variance: oneOf(
+        ['center', 'skip', 'zero'],
+        'center',
+        'a flat group at or above flat_skip_below: center = r - center (the reference), skip, or zero advantages',
+      ),
       center: num(0.5),
-      all_failed: oneOf(['skip', 'normalize'], 'normalize', 'a group with no success but a spread of rewards: normalize (the reference: it learns from the better wrong answers) or skip'),
-      fail_by: oneOf(['reward', 'correct'], 'reward', 'what a success is for all_failed: skip (reward > fail_at_or_below, or the correctness flag)'),
+      all_failed: oneOf(
+        ['skip', 'normalize'],
+        'normalize',
+        'a group with no success but a spread of rewards: normalize (the reference: it learns from the better wrong answers) or skip',
+      ),
+      fail_by: oneOf(
+        ['reward', 'correct'],
+        'reward',
+        'what a success is for all_failed: skip (reward > fail_at_or_below, or the correctness flag)',
+      ),
       fail_at_or_below: num(0, {}, 'with fail_by: reward, a rollout fails when its reward is <= this'),
     }),
   },

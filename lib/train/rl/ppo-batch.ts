@@ -51,7 +51,12 @@ export interface PpoPrepareOptions {
  * Steps 3-4 for a batch of scored episodes: values, reference and old log-probs, token rewards, GAE,
  * whitening. Episodes without a trained token (index 0 never is: nothing predicts it) are left out.
  */
-export async function ppoPrepare(model: Model, episodes: TrainEpisode[], scores: number[], o: PpoPrepareOptions): Promise<{ kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] }> {
+export async function ppoPrepare(
+  model: Model,
+  episodes: TrainEpisode[],
+  scores: number[],
+  o: PpoPrepareOptions,
+): Promise<{ kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] }> {
   return ppoAdvantagesFor(await ppoForward(model, episodes, o), scores, o);
 }
 
@@ -67,17 +72,43 @@ export interface PpoForward {
 }
 
 /** Step 4 (token rewards, GAE, whitening over every kept episode) for prepared episodes; `scores` by episode index. */
-export function ppoAdvantagesFor(forward: PpoForward, scores: number[], opts: Pick<PpoPrepareOptions, 'gamma' | 'lam' | 'whiten' | 'klCoef' | 'klIn' | 'klEstimator'>): { kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] } {
+export function ppoAdvantagesFor(
+  forward: PpoForward,
+  scores: number[],
+  opts: Pick<PpoPrepareOptions, 'gamma' | 'lam' | 'whiten' | 'klCoef' | 'klIn' | 'klEstimator'>,
+): { kept: number[]; batch: PpoBatch; adv: PpoAdvantages; refLogprobs?: Float32Array[] } {
   const { kept, sequences, masks, temperature, oldLogprobs, oldValues, refLogprobs } = forward;
   const adv = ppoAdvantages(
-    kept.map((i, j) => ({ mask: masks[j], score: scores[i], logprobs: oldLogprobs[j], refLogprobs: refLogprobs?.[j], values: oldValues[j] })),
-    { gamma: opts.gamma, lam: opts.lam, whiten: opts.whiten, klCoef: opts.klIn === 'reward' ? opts.klCoef : 0, klEstimator: opts.klEstimator },
+    kept.map((i, j) => ({
+      mask: masks[j],
+      score: scores[i],
+      logprobs: oldLogprobs[j],
+      refLogprobs: refLogprobs?.[j],
+      values: oldValues[j],
+    })),
+    {
+      gamma: opts.gamma,
+      lam: opts.lam,
+      whiten: opts.whiten,
+      klCoef: opts.klIn === 'reward' ? opts.klCoef : 0,
+      klEstimator: opts.klEstimator,
+    },
   );
-  return { kept, refLogprobs, adv, batch: { sequences, masks, oldLogprobs, temperature, advantages: adv.advantages, returns: adv.returns, oldValues } };
+  return {
+    kept,
+    refLogprobs,
+    adv,
+    batch: { sequences, masks, oldLogprobs, temperature, advantages: adv.advantages, returns: adv.returns, oldValues },
+  };
 }
 
 /** Every rank's PpoForward and scores, in rank order (= the global batch's order), with `kept` as global episode indices. */
-export async function gatherForward(shard: Shard, ppoForward: PpoForward, offset: number, scores: number[]): Promise<{ forward: PpoForward; scores: number[] }> {
+export async function gatherForward(
+  shard: Shard,
+  ppoForward: PpoForward,
+  offset: number,
+  scores: number[],
+): Promise<{ forward: PpoForward; scores: number[] }> {
   const rows = (xs: ArrayLike<number>[]) => xs.map((x) => Array.from(x));
   const all = await shard.allGather({
     scores,
@@ -89,7 +120,8 @@ export async function gatherForward(shard: Shard, ppoForward: PpoForward, offset
     oldValues: rows(ppoForward.oldValues),
     refLogprobs: ppoForward.refLogprobs ? rows(ppoForward.refLogprobs) : null,
   });
-  const cat = <T>(pick: (r: (typeof all)[number]) => number[][], Ctor: { from(x: number[]): T }) => all.flatMap((r) => pick(r).map((x) => Ctor.from(x)));
+  const cat = <T>(pick: (r: (typeof all)[number]) => number[][], Ctor: { from(x: number[]): T }) =>
+    all.flatMap((r) => pick(r).map((x) => Ctor.from(x)));
   const forward = {
     kept: all.flatMap((r) => r.kept),
     sequences: cat((r) => r.sequences, Int32Array),
@@ -116,7 +148,8 @@ export async function ppoForward(model: Model, episodes: TrainEpisode[], opts: P
     ? await model.sequenceLogprobs(sequences, temperature, keptMasks)
     : kept.map((i, j) => Float32Array.from(episodes[i].logprobs, (x, t) => (keptMasks[j][t] ? x : 0)));
   const oldValues = await model.values(sequences, keptMasks);
-  const refLogprobs = opts.klCoef > 0 && opts.klIn === 'reward' ? await model.referenceLogprobs(sequences, temperature, keptMasks) : undefined;
+  const refLogprobs =
+    opts.klCoef > 0 && opts.klIn === 'reward' ? await model.referenceLogprobs(sequences, temperature, keptMasks) : undefined;
   return { kept, sequences, masks: keptMasks, temperature, oldLogprobs, oldValues, refLogprobs };
 }
 

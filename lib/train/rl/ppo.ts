@@ -38,7 +38,15 @@ import type { Model } from '../../engine/model.js';
 import type { NativeTrainStats } from '../../binding/types.js';
 import { SlmError } from '../../errors.js';
 import type { KlEstimator, PpoAdvantageOptions, PpoAdvantages } from './gae.js';
-import { gatherForward, ppoAdvantagesFor, ppoForward, ppoUpdate, type PpoBatch, type PpoPrepareOptions, type PpoStepInfo } from './ppo-batch.js';
+import {
+  gatherForward,
+  ppoAdvantagesFor,
+  ppoForward,
+  ppoUpdate,
+  type PpoBatch,
+  type PpoPrepareOptions,
+  type PpoStepInfo,
+} from './ppo-batch.js';
 import { runRl, stageLearningRate, type RlAlgorithm, type RlLoopOptions, type StageSchedule } from './rl-loop.js';
 import type { RunFolder } from '../run.js';
 import { mean } from './rollout-metrics.js';
@@ -152,7 +160,9 @@ export function ppoOptionsFrom(cfg: ResolvedConfig): Omit<PpoOptions, keyof RlLo
     schedule: scheduleSpec(cfg),
     criticLr: cfg.optim.critic_lr,
     // optim.critic_warmup_steps: the critic's own warm-up (Search-R1: 0.015 of the steps, the actor 0.285).
-    ...(cfg.optim.critic_warmup_steps !== null ? { criticSchedule: { ...scheduleSpec(cfg, cfg.optim.critic_lr), warmupSteps: cfg.optim.critic_warmup_steps } } : {}),
+    ...(cfg.optim.critic_warmup_steps !== null
+      ? { criticSchedule: { ...scheduleSpec(cfg, cfg.optim.critic_lr), warmupSteps: cfg.optim.critic_warmup_steps } }
+      : {}),
   };
 }
 
@@ -187,7 +197,8 @@ function ppo<Q>(opts: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
   const n = opts.n;
   const kl = klProblem(ppoDefinition, p.klIn, p.klEstimator, p.klCoef);
   if (kl) throw new SlmError('CONFIG_INVALID', `${kl.message}.`, { path: kl.path.join('.') });
-  if (!Number.isInteger(n) || n < 1) throw new SlmError('CONFIG_INVALID', `n (rollouts per question) must be a positive integer, found ${n}.`);
+  if (!Number.isInteger(n) || n < 1)
+    throw new SlmError('CONFIG_INVALID', `n (rollouts per question) must be a positive integer, found ${n}.`);
   const separate = p.critic === 'separate';
   const criticBase = opts.criticSchedule ?? (opts.criticLr !== undefined ? { ...opts.schedule, lr: opts.criticLr } : undefined);
   const { klCoef, klIn, klEstimator } = p;
@@ -212,11 +223,15 @@ function ppo<Q>(opts: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
     prepare: { timer: 'time_prepare_s', detail: 'values and advantages' },
     begin(model, b) {
       if (b.resume) {
-        if (!model.hasValueHead()) throw new SlmError('CHECKPOINT_INVALID', `--resume: the latest checkpoint in ${b.dir} has no value head (value_head.safetensors); it is not a PPO checkpoint.`);
+        if (!model.hasValueHead())
+          throw new SlmError(
+            'CHECKPOINT_INVALID',
+            `--resume: the latest checkpoint in ${b.dir} has no value head (value_head.safetensors); it is not a PPO checkpoint.`,
+          );
         if (model.hasCritic() !== separate)
           throw new SlmError(
             'CONFIG_INVALID',
-            `--resume: the latest checkpoint in ${b.dir} was trained with ${model.hasCritic() ? 'a separate critic (critic_adapter.safetensors)' : 'the critic sharing the actor\'s adapter (no critic_adapter.safetensors)'}, but algorithm.critic is ${separate ? 'separate' : 'shared'}. Resume with the critic the run started with (algorithm.critic: ${model.hasCritic() ? 'separate' : 'shared'}), or start a new run.`,
+            `--resume: the latest checkpoint in ${b.dir} was trained with ${model.hasCritic() ? 'a separate critic (critic_adapter.safetensors)' : "the critic sharing the actor's adapter (no critic_adapter.safetensors)"}, but algorithm.critic is ${separate ? 'separate' : 'shared'}. Resume with the critic the run started with (algorithm.critic: ${model.hasCritic() ? 'separate' : 'shared'}), or start a new run.`,
             { path: 'algorithm.critic' },
           );
         return;
@@ -234,11 +249,21 @@ function ppo<Q>(opts: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
       // Each rank's forward passes cover its own episodes; the advantages (whitened over the whole
       // batch) are computed from every rank's, identically on every rank.
       // reward.on_failure: exclude — an episode whose reward failed trains nothing (no trained token).
-      const trained = rlStep.episodes.map((e, i) => (rlStep.rewards[i].excluded === true ? { ...e, lossMask: new Uint8Array(e.lossMask.length) } : e));
+      const trained = rlStep.episodes.map((e, i) =>
+        rlStep.rewards[i].excluded === true ? { ...e, lossMask: new Uint8Array(e.lossMask.length) } : e,
+      );
       const fwd = await ppoForward(rlStep.model, trained, prepOpts);
       const global = rlStep.shard ? await gatherForward(rlStep.shard, fwd, rlStep.offset, scores) : { forward: fwd, scores };
       const prep = ppoAdvantagesFor(global.forward, global.scores, prepOpts);
-      await opts.onBatch?.({ step: rlStep.step + 1, episodes: rlStep.episodes, kept: prep.kept, scores, refLogprobs: prep.refLogprobs, adv: prep.adv, batch: prep.batch });
+      await opts.onBatch?.({
+        step: rlStep.step + 1,
+        episodes: rlStep.episodes,
+        kept: prep.kept,
+        scores,
+        refLogprobs: prep.refLogprobs,
+        adv: prep.adv,
+        batch: prep.batch,
+      });
       return { prep, warm: lrs(rlStep.step).warm };
     },
     trained: (a) => a.prep.kept.length,
@@ -319,22 +344,41 @@ function ppo<Q>(opts: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
   };
 }
 
-export async function runPpo<Q>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, o: PpoOptions): Promise<{ steps: number; meanReward: number[] }> {
+export async function runPpo<Q>(
+  model: Model,
+  questions: Q[],
+  run: RunFolder,
+  deps: RlDeps<Q>,
+  o: PpoOptions,
+): Promise<{ steps: number; meanReward: number[] }> {
   return runRl(model, questions, run, deps, ppo<Q>(o), o);
 }
 
 /** PPO in the registry (lib/train/rl/registry.ts): its keys of the algorithm section are GAE's and the critic's. */
 export const ppoDefinition: AlgorithmDefinition = {
   name: 'ppo',
-  summary: 'PPO as Search-R1 runs it on verl: a critic (value head, shared or a separate adapter), GAE over the trained tokens, clipped policy and value losses in mini-batches',
+  summary:
+    'PPO as Search-R1 runs it on verl: a critic (value head, shared or a separate adapter), GAE over the trained tokens, clipped policy and value losses in mini-batches',
   algorithmKeys: {
     gamma: num(1, { minimum: 0, maximum: 1 }),
     lam: num(1, { minimum: 0, maximum: 1 }),
-    vf_coef: num(0.5, { minimum: 0 }, "PPO: the value loss's weight in the shared critic's joint loss (critic: shared); a separate critic trains on the value loss alone (verl's dp_critic), so there vf_coef > 0 only switches it on"),
-    critic: oneOf(['shared', 'separate'], 'shared', "PPO's critic: shared = a value head on the actor's own LoRA'd trunk (the value loss also trains the actor's adapter, at the actor's rate, and one gradient clip covers both); separate = a second LoRA adapter + the value head on the same frozen base weights (not a second copy of them), starting as a copy of the actor's adapter, trained on the value loss alone by its own AdamW at optim.critic_lr and clipped to optim.critic_max_grad_norm, as Search-R1's critic is a model apart"),
+    vf_coef: num(
+      0.5,
+      { minimum: 0 },
+      "PPO: the value loss's weight in the shared critic's joint loss (critic: shared); a separate critic trains on the value loss alone (verl's dp_critic), so there vf_coef > 0 only switches it on",
+    ),
+    critic: oneOf(
+      ['shared', 'separate'],
+      'shared',
+      "PPO's critic: shared = a value head on the actor's own LoRA'd trunk (the value loss also trains the actor's adapter, at the actor's rate, and one gradient clip covers both); separate = a second LoRA adapter + the value head on the same frozen base weights (not a second copy of them), starting as a copy of the actor's adapter, trained on the value loss alone by its own AdamW at optim.critic_lr and clipped to optim.critic_max_grad_norm, as Search-R1's critic is a model apart",
+    ),
     value_clip: num(0.5, { exclusiveMinimum: 0 }),
     whiten: bool(true, 'whiten PPO advantages over the batch (verl)'),
-    mini_batch: int(0, { minimum: 0 }, "PPO: episodes per optimizer step (verl ppo_mini_batch_size; Search-R1: half the batch); 0 = all of the step's episodes"),
+    mini_batch: int(
+      0,
+      { minimum: 0 },
+      "PPO: episodes per optimizer step (verl ppo_mini_batch_size; Search-R1: half the batch); 0 = all of the step's episodes",
+    ),
   },
   minGroupSize: 1,
   groupBaseline: false,
@@ -343,7 +387,11 @@ export const ppoDefinition: AlgorithmDefinition = {
   validate(cfg) {
     const p: ConfigProblem[] = [];
     if (cfg.algorithm.critic === 'separate' && cfg.algorithm.vf_coef === 0)
-      p.push({ path: ['algorithm', 'vf_coef'], message: 'a separate critic trains on the value loss alone, and vf_coef 0 switches the value loss off: its values would never be trained. Set vf_coef > 0 (its size does not matter there) or critic: shared' });
+      p.push({
+        path: ['algorithm', 'vf_coef'],
+        message:
+          'a separate critic trains on the value loss alone, and vf_coef 0 switches the value loss off: its values would never be trained. Set vf_coef > 0 (its size does not matter there) or critic: shared',
+      });
     return p;
   },
   train(r) {

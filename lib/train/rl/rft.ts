@@ -56,9 +56,19 @@ export type RftVerdict = 'kept' | 'rejected' | 'excluded' | 'empty' | 'duplicate
  * requested) whether it is trained on and why. With minReward null a reward must give a correctness
  * verdict: a batch of rewards none of which does stops with CONFIG_INVALID (set rft.min_reward).
  */
-export function rftSelect(episodes: readonly TrainEpisode[], rewards: readonly RewardResult[], k: number, opts: RftKeepOptions): { keep: boolean[]; verdicts: RftVerdict[] } {
-  if (episodes.length !== rewards.length) throw new SlmError('ARGUMENT_INVALID', `rftSelect: ${episodes.length} episodes but ${rewards.length} rewards.`);
-  if (!Number.isInteger(k) || k < 1 || episodes.length % k) throw new SlmError('ARGUMENT_INVALID', `rftSelect: expected groups of k = ${k} episodes per question, found ${episodes.length} episodes.`);
+export function rftSelect(
+  episodes: readonly TrainEpisode[],
+  rewards: readonly RewardResult[],
+  k: number,
+  opts: RftKeepOptions,
+): { keep: boolean[]; verdicts: RftVerdict[] } {
+  if (episodes.length !== rewards.length)
+    throw new SlmError('ARGUMENT_INVALID', `rftSelect: ${episodes.length} episodes but ${rewards.length} rewards.`);
+  if (!Number.isInteger(k) || k < 1 || episodes.length % k)
+    throw new SlmError(
+      'ARGUMENT_INVALID',
+      `rftSelect: expected groups of k = ${k} episodes per question, found ${episodes.length} episodes.`,
+    );
   if (opts.minReward === null && rewards.length && rewards.every((r) => r.correct === undefined))
     throw new SlmError(
       'CONFIG_INVALID',
@@ -99,7 +109,9 @@ export function rftSelect(episodes: readonly TrainEpisode[], rewards: readonly R
  * replies). `row` is the episode's index in the round.
  */
 export function rftExamples(episodes: readonly TrainEpisode[], keep: readonly boolean[]): SftExample[] {
-  return episodes.flatMap((e, i) => (keep[i] ? [{ ids: Array.from(e.ids), mask: Array.from(e.lossMask, (x) => (x ? 1 : 0)), row: i }] : []));
+  return episodes.flatMap((e, i) =>
+    keep[i] ? [{ ids: Array.from(e.ids), mask: Array.from(e.lossMask, (x) => (x ? 1 : 0)), row: i }] : [],
+  );
 }
 
 /**
@@ -148,7 +160,12 @@ export interface RftOptions extends SftStepOptions {
 }
 
 /** The RFT options of a resolved config (rollout, rft, train and optim sections); the trainer's own come from the caller. */
-export function rftOptionsFrom(cfg: ResolvedConfig): Pick<RftOptions, 'k' | 'rounds' | 'epochs' | 'keep' | 'questionsPerRound' | 'questionsPerBatch' | 'batchSize' | 'temperature' | 'topP' | 'schedule'> {
+export function rftOptionsFrom(
+  cfg: ResolvedConfig,
+): Pick<
+  RftOptions,
+  'k' | 'rounds' | 'epochs' | 'keep' | 'questionsPerRound' | 'questionsPerBatch' | 'batchSize' | 'temperature' | 'topP' | 'schedule'
+> {
   const r = cfg.rft;
   return {
     k: cfg.rollout.k,
@@ -176,8 +193,17 @@ function dropUnfinished(run: RunFolder, rounds: number): void {
 const since = (t: number) => (performance.now() - t) / 1e3;
 
 /** Runs `o.rounds` rounds of sample -> keep -> fine-tune (or `o.stopAfter` of them). */
-export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, opts: RftOptions): Promise<{ steps: number; rounds: number; meanReward: number[]; lastLoss: number }> {
-  if (!Number.isInteger(opts.k) || opts.k < 1) throw new SlmError('CONFIG_INVALID', `RFT samples rollout.k episodes per question: expected an integer >= 1, found ${opts.k}.`, { path: 'rollout.k' });
+export async function runRft<Q>(
+  model: Model,
+  questions: Q[],
+  run: RunFolder,
+  deps: RlDeps<Q>,
+  opts: RftOptions,
+): Promise<{ steps: number; rounds: number; meanReward: number[]; lastLoss: number }> {
+  if (!Number.isInteger(opts.k) || opts.k < 1)
+    throw new SlmError('CONFIG_INVALID', `RFT samples rollout.k episodes per question: expected an integer >= 1, found ${opts.k}.`, {
+      path: 'rollout.k',
+    });
   if (!questions.length) throw new SlmError('DATA_INVALID', 'RFT has no train questions to sample.');
   let state: TrainState;
   if (opts.resume) {
@@ -203,10 +229,19 @@ export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, de
       let tRollout = 0;
       let tReward = 0;
       for (let b = 0; b < qi.length; b += opts.questionsPerBatch) {
-        const reqs = rolloutRequests(qi.slice(b, b + opts.questionsPerBatch).map((i) => questions[i]), b, opts.k, round, opts);
+        const reqs = rolloutRequests(
+          qi.slice(b, b + opts.questionsPerBatch).map((i) => questions[i]),
+          b,
+          opts.k,
+          round,
+          opts,
+        );
         const t0 = performance.now();
-        const eps = await deps.rollout(reqs, (done, _total) => bar.set({ detail: `round ${round + 1}: rollouts ${episodes.length + done}/${qi.length * opts.k}` }));
-        if (eps.length !== reqs.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${eps.length} episodes for ${reqs.length} requests.`);
+        const eps = await deps.rollout(reqs, (done, _total) =>
+          bar.set({ detail: `round ${round + 1}: rollouts ${episodes.length + done}/${qi.length * opts.k}` }),
+        );
+        if (eps.length !== reqs.length)
+          throw new SlmError('ARGUMENT_INVALID', `rollout returned ${eps.length} episodes for ${reqs.length} requests.`);
         tRollout += since(t0);
         const t1 = performance.now();
         rewards.push(...(await Promise.all(eps.map((e, i) => deps.reward(e, reqs[i].question)))));
@@ -220,7 +255,14 @@ export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, de
       const count = (v: RftVerdict) => sel.verdicts.filter((x) => x === v).length;
       const perQuestion = qi.map((_, q) => sel.keep.slice(q * opts.k, (q + 1) * opts.k).filter(Boolean).length);
       const lines = episodes.map((e, i) =>
-        trajectoryLine(state.step + 1, requests[i].question, e, rewards[i], { round: round + 1, correct: rewards[i].correct, kept: sel.keep[i], verdict: sel.verdicts[i], sequence_tokens: e.ids.length, response_tokens: e.lossMask.reduce((a, x) => a + (x ? 1 : 0), 0) }),
+        trajectoryLine(state.step + 1, requests[i].question, e, rewards[i], {
+          round: round + 1,
+          correct: rewards[i].correct,
+          kept: sel.keep[i],
+          verdict: sel.verdicts[i],
+          sequence_tokens: e.ids.length,
+          response_tokens: e.lossMask.reduce((a, x) => a + (x ? 1 : 0), 0),
+        }),
       );
       appendFileSync(join(run.dir, 'trajectories.jsonl'), lines.join('\n') + '\n');
       const sample: Record<string, unknown> = {
@@ -245,7 +287,9 @@ export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, de
       run.logMetrics(sample);
       meanReward.push(mean(rewards.map((r) => r.total)));
       const acc = sample.accuracy as number | undefined;
-      opts.log?.(`rft round ${round + 1}: sampled ${episodes.length} episodes of ${qi.length} questions${acc !== undefined ? `, accuracy ${(100 * acc).toFixed(1)} %` : ''}, kept ${examples.length} (${(100 * (sample.questions_with_kept as number)).toFixed(1)} % of the questions have one)`);
+      opts.log?.(
+        `rft round ${round + 1}: sampled ${episodes.length} episodes of ${qi.length} questions${acc !== undefined ? `, accuracy ${(100 * acc).toFixed(1)} %` : ''}, kept ${examples.length} (${(100 * (sample.questions_with_kept as number)).toFixed(1)} % of the questions have one)`,
+      );
       // 4. fine-tune on the kept episodes
       if (examples.length) {
         const batches = batchByLength(examples, opts.batchSize);
@@ -254,7 +298,12 @@ export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, de
         for (let epoch = 0; epoch < opts.epochs; epoch++)
           for (const b of permutation(batches.length, opts.seed + round, epoch)) {
             bar.set({ detail: `round ${round + 1}: train ${i + 1}/${batches.length * opts.epochs} (${examples.length} episodes)` });
-            const { loss, row } = await sftStep(model, batches[b], { stage: 'rft', step: state.step, epoch, lr: learningRate(schedule, i++) }, opts);
+            const { loss, row } = await sftStep(
+              model,
+              batches[b],
+              { stage: 'rft', step: state.step, epoch, lr: learningRate(schedule, i++) },
+              opts,
+            );
             lastLoss = loss;
             state = { ...state, step: state.step + 1 };
             const full = { stage: 'rft', step: state.step, round: round + 1, ...row };
@@ -277,14 +326,31 @@ export async function runRft<Q>(model: Model, questions: Q[], run: RunFolder, de
 /** RFT in the registry (lib/train/rl/registry.ts): its own section `rft`; no KL, no group, one process. */
 export const rft: AlgorithmDefinition = {
   name: 'rft',
-  summary: 'RFT (rejection-sampling fine-tuning): rounds of sampling from the adapter, keeping the correct episodes and fine-tuning on them with the SFT loss',
+  summary:
+    'RFT (rejection-sampling fine-tuning): rounds of sampling from the adapter, keeping the correct episodes and fine-tuning on them with the SFT loss',
   section: {
-    rounds: int(1, { minimum: 1 }, 'rft: rounds of sample (rollout.k episodes per question from the current adapter) -> keep the correct ones -> fine-tune on them'),
-    min_reward: num(null, {}, "rft: null = keep the episodes the reward marks correct (the correctness verdict of em, subem, the judge or a module's `correct`); a number = keep those whose reward is >= it"),
+    rounds: int(
+      1,
+      { minimum: 1 },
+      'rft: rounds of sample (rollout.k episodes per question from the current adapter) -> keep the correct ones -> fine-tune on them',
+    ),
+    min_reward: num(
+      null,
+      {},
+      "rft: null = keep the episodes the reward marks correct (the correctness verdict of em, subem, the judge or a module's `correct`); a number = keep those whose reward is >= it",
+    ),
     epochs: int(1, { minimum: 1 }, "rft: passes of the SFT loss over each round's kept episodes"),
-    max_per_question: int(0, { minimum: 0 }, 'rft: at most this many kept episodes per question and round (the highest rewards first); 0 = no cap'),
+    max_per_question: int(
+      0,
+      { minimum: 0 },
+      'rft: at most this many kept episodes per question and round (the highest rewards first); 0 = no cap',
+    ),
     unique: bool(true, "rft: a question's kept episodes with the same tokens count once"),
-    questions_per_round: int(null, { minimum: 1 }, 'rft: train questions sampled per round, the next of a seeded order (as epochs); null = every train question'),
+    questions_per_round: int(
+      null,
+      { minimum: 1 },
+      'rft: train questions sampled per round, the next of a seeded order (as epochs); null = every train question',
+    ),
   },
   minGroupSize: 1,
   groupBaseline: false,
@@ -292,14 +358,28 @@ export const rft: AlgorithmDefinition = {
   kl: { defaultIn: 'loss' },
   validate(cfg) {
     const p: ConfigProblem[] = [];
-    if (cfg.train.steps !== null) p.push({ path: ['train', 'steps'], message: `the rft stage runs rft.rounds rounds of rft.epochs passes over each round's kept episodes; leave train.steps out (null), found ${cfg.train.steps}` });
-    if (cfg.distributed.nproc > 1 || cfg.distributed.nnodes > 1) p.push({ path: ['distributed', 'nproc'], message: 'the rft stage runs in one process; set distributed.nproc and distributed.nnodes to 1' });
-    if (cfg.rft.min_reward !== null && !Number.isFinite(cfg.rft.min_reward)) p.push({ path: ['rft', 'min_reward'], message: `expected a finite number or null, found ${String(cfg.rft.min_reward)}` });
+    if (cfg.train.steps !== null)
+      p.push({
+        path: ['train', 'steps'],
+        message: `the rft stage runs rft.rounds rounds of rft.epochs passes over each round's kept episodes; leave train.steps out (null), found ${cfg.train.steps}`,
+      });
+    if (cfg.distributed.nproc > 1 || cfg.distributed.nnodes > 1)
+      p.push({
+        path: ['distributed', 'nproc'],
+        message: 'the rft stage runs in one process; set distributed.nproc and distributed.nnodes to 1',
+      });
+    if (cfg.rft.min_reward !== null && !Number.isFinite(cfg.rft.min_reward))
+      p.push({ path: ['rft', 'min_reward'], message: `expected a finite number or null, found ${String(cfg.rft.min_reward)}` });
     return p;
   },
   oldLogprobs: false,
   train(r) {
-    if (r.loop.shard) throw new SlmError('CONFIG_INVALID', 'stage: rft runs in one process; run it without --nproc (distributed.nproc and distributed.nnodes 1).', { path: 'distributed.nproc' });
+    if (r.loop.shard)
+      throw new SlmError(
+        'CONFIG_INVALID',
+        'stage: rft runs in one process; run it without --nproc (distributed.nproc and distributed.nnodes 1).',
+        { path: 'distributed.nproc' },
+      );
     return runRft(r.model, r.questions, r.run, r.deps, { ...(r.loop as unknown as RftOptions), ...rftOptionsFrom(r.cfg), log: r.log });
   },
 };

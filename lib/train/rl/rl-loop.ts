@@ -132,7 +132,13 @@ export interface RlAlgorithm<Q, A, U, S = null> {
  * Top-p of rollout j of question q at `step`, drawn from [lo, hi] (rollout.top_p as a range, as the
  * reference code-search system draws it per rollout) on a stream of its own; undefined for one value.
  */
-export function rolloutTopP(topP: number | [number, number] | undefined, seed: number, step: number, q: number, j: number): number | undefined {
+export function rolloutTopP(
+  topP: number | [number, number] | undefined,
+  seed: number,
+  step: number,
+  q: number,
+  j: number,
+): number | undefined {
   if (!Array.isArray(topP)) return undefined;
   return topP[0] + (topP[1] - topP[0]) * hashUniform(seed + 0x5bd1e995, step, q, j);
 }
@@ -142,7 +148,13 @@ export function rolloutTopP(topP: number | [number, number] | undefined, seed: n
  * and seeds from the question's index in the whole step (q0 = this rank's first), so that ranks and
  * resumed runs draw the same. RFT (lib/train/rl/rft.ts) draws its rounds' episodes the same way.
  */
-export function rolloutRequests<Q>(qs: Q[], q0: number, k: number, step: number, loop: Pick<RlLoopOptions, 'temperature' | 'topP' | 'seed'>): RolloutRequest<Q>[] {
+export function rolloutRequests<Q>(
+  qs: Q[],
+  q0: number,
+  k: number,
+  step: number,
+  loop: Pick<RlLoopOptions, 'temperature' | 'topP' | 'seed'>,
+): RolloutRequest<Q>[] {
   const [lo, hi] = typeof loop.temperature === 'number' ? [loop.temperature, loop.temperature] : loop.temperature;
   return qs.flatMap((question, qi) =>
     Array.from({ length: k }, (_, j) => ({
@@ -174,7 +186,16 @@ async function beginStage(model: Model, run: RunFolder, loop: RlLoopOptions): Pr
  * records every rank's, in the global batch's order), the data position advanced, and a checkpoint
  * every `checkpointEvery` steps. Returns the new state.
  */
-async function endStep(model: Model, run: RunFolder, bar: Progress, row: Record<string, unknown>, lines: string[], state: TrainState, position: Position, loop: RlLoopOptions): Promise<TrainState> {
+async function endStep(
+  model: Model,
+  run: RunFolder,
+  bar: Progress,
+  row: Record<string, unknown>,
+  lines: string[],
+  state: TrainState,
+  position: Position,
+  loop: RlLoopOptions,
+): Promise<TrainState> {
   run.logMetrics(row);
   bar.update(state.step + 1, { reward: row.reward_mean as number, accuracy: row.accuracy as number | undefined, detail: '' });
   await loop.onStep?.(row);
@@ -216,11 +237,28 @@ interface Drawn<Q> {
  * applied); with dynamic sampling, more batches until the step has questionsPerStep groups with a
  * spread of rewards (the surplus of the last batch left out) or maxDraws batches were drawn.
  */
-async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: number, start: Position, perEpoch: number, bar: Progress, loop: RlLoopOptions): Promise<Drawn<Q>> {
+async function drawStep<Q>(
+  questions: Q[],
+  deps: RlDeps<Q>,
+  k: number,
+  step: number,
+  start: Position,
+  perEpoch: number,
+  bar: Progress,
+  loop: RlLoopOptions,
+): Promise<Drawn<Q>> {
   const ds = loop.dynamicSampling;
-  if (ds && k < 2) throw new SlmError('CONFIG_INVALID', `dynamic sampling keeps groups whose rewards differ, which takes at least 2 rollouts per question; found ${k}.`, { path: 'rollout.dynamic_sampling.enabled' });
+  if (ds && k < 2)
+    throw new SlmError(
+      'CONFIG_INVALID',
+      `dynamic sampling keeps groups whose rewards differ, which takes at least 2 rollouts per question; found ${k}.`,
+      { path: 'rollout.dynamic_sampling.enabled' },
+    );
   const maxDraws = ds ? ds.maxDraws : 1;
-  if (!Number.isInteger(maxDraws) || maxDraws < 1) throw new SlmError('CONFIG_INVALID', `dynamic sampling's maxDraws must be a positive integer, found ${maxDraws}.`, { path: 'rollout.dynamic_sampling.max_draws' });
+  if (!Number.isInteger(maxDraws) || maxDraws < 1)
+    throw new SlmError('CONFIG_INVALID', `dynamic sampling's maxDraws must be a positive integer, found ${maxDraws}.`, {
+      path: 'rollout.dynamic_sampling.max_draws',
+    });
   const out: Drawn<Q> = { requests: [], episodes: [], rewards: [], q0: 0, position: start, metrics: {}, rolloutS: 0, rewardS: 0 };
   let truncated = 0;
   let filtered = 0;
@@ -236,7 +274,9 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
   while (draws < maxDraws) {
     const p = out.position;
     const order = permutation(questions.length, loop.seed, p.epoch);
-    const stepQs = order.slice(p.batchInEpoch * loop.questionsPerStep, (p.batchInEpoch + 1) * loop.questionsPerStep).map((i) => questions[i]);
+    const stepQs = order
+      .slice(p.batchInEpoch * loop.questionsPerStep, (p.batchInEpoch + 1) * loop.questionsPerStep)
+      .map((i) => questions[i]);
     // This rank's share (all of it in one process); temperatures and seeds by the global index,
     // later draws of a step numbered after the earlier ones'.
     const [q0, q1] = loop.shard ? shardRange(stepQs.length, loop.shard.rank, loop.shard.world) : [0, stepQs.length];
@@ -247,7 +287,8 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
     bar.set({ detail: `rollouts 0/${requests.length}${tag}` });
     const t0 = performance.now();
     const episodes = await deps.rollout(requests, (done, total) => bar.set({ detail: `rollouts ${done}/${total}${tag}` }));
-    if (episodes.length !== requests.length) throw new SlmError('ARGUMENT_INVALID', `rollout returned ${episodes.length} episodes for ${requests.length} requests.`);
+    if (episodes.length !== requests.length)
+      throw new SlmError('ARGUMENT_INVALID', `rollout returned ${episodes.length} episodes for ${requests.length} requests.`);
     out.rolloutS += since(t0);
     bar.set({ detail: 'reward' });
     const t1 = performance.now();
@@ -289,13 +330,32 @@ async function drawStep<Q>(questions: Q[], deps: RlDeps<Q>, k: number, step: num
   }
   // This rank's first kept question in the step's kept list (the ranks' kept groups in rank order).
   if (ds && loop.shard) out.q0 = keptByRank.slice(0, loop.shard.rank).reduce((a, b) => a + b, 0);
-  if (loop.overlong) Object.assign(out.metrics, { episodes_truncated: truncated, episodes_overlong_filtered: loop.overlong.filter ? filtered : undefined, episodes_overlong_penalized: loop.overlong.buffer > 0 ? penalized : undefined });
-  if (ds) Object.assign(out.metrics, { dynamic_draws: draws, groups_drawn: drawnGroups, groups_with_spread: spreadGroups, groups_trained_on: keptByRank.reduce((a, b) => a + b, 0), reward_mean_drawn: rewardCount ? rewardSum / rewardCount : NaN });
+  if (loop.overlong)
+    Object.assign(out.metrics, {
+      episodes_truncated: truncated,
+      episodes_overlong_filtered: loop.overlong.filter ? filtered : undefined,
+      episodes_overlong_penalized: loop.overlong.buffer > 0 ? penalized : undefined,
+    });
+  if (ds)
+    Object.assign(out.metrics, {
+      dynamic_draws: draws,
+      groups_drawn: drawnGroups,
+      groups_with_spread: spreadGroups,
+      groups_trained_on: keptByRank.reduce((a, b) => a + b, 0),
+      reward_mean_drawn: rewardCount ? rewardSum / rewardCount : NaN,
+    });
   return out;
 }
 
 /** Runs `algo` for `o.steps` steps (or `o.stopAfter` of them); the mean reward of every step run here. */
-export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, algo: RlAlgorithm<Q, A, U, S>, loop: RlLoopOptions): Promise<{ steps: number; meanReward: number[] }> {
+export async function runRl<Q, A, U, S>(
+  model: Model,
+  questions: Q[],
+  run: RunFolder,
+  deps: RlDeps<Q>,
+  algo: RlAlgorithm<Q, A, U, S>,
+  loop: RlLoopOptions,
+): Promise<{ steps: number; meanReward: number[] }> {
   const k = algo.groupSize;
   const perEpoch = Math.max(1, Math.floor(questions.length / loop.questionsPerStep));
   // The schedule recorded in checkpoints, checked on resume (GRPO, RLOO and PPO options carry it).
@@ -328,7 +388,9 @@ export async function runRl<Q, A, U, S>(model: Model, questions: Q[], run: RunFo
       // 5. logs
       const lines = episodes.map((e, i) => trajectoryLine(state.step + 1, requests[i].question, e, rewards[i], algo.trajectory(s, adv, i)));
       const shared = algo.share(s, adv, upd);
-      const all = loop.shard ? await gatherRollouts(loop.shard, episodes, rewards, lines, shared) : { episodes, rewards, lines, shared: [shared] };
+      const all = loop.shard
+        ? await gatherRollouts(loop.shard, episodes, rewards, lines, shared)
+        : { episodes, rewards, lines, shared: [shared] };
       const { head, body } = algo.row(s, adv, upd, all);
       const row: Record<string, unknown> = {
         stage: algo.name,

@@ -26,7 +26,13 @@ export function rlooAdvantages(rewards: readonly number[]): { advantages: number
   return { advantages: rewards.map((r) => r - (sum - r) / (K - 1)) };
 }
 
-export async function runRloo<Q>(model: Model, questions: Q[], run: RunFolder, deps: RlDeps<Q>, o: PgOptions): Promise<{ steps: number; meanReward: number[] }> {
+export async function runRloo<Q>(
+  model: Model,
+  questions: Q[],
+  run: RunFolder,
+  deps: RlDeps<Q>,
+  o: PgOptions,
+): Promise<{ steps: number; meanReward: number[] }> {
   const k = groupSizeProblem(rloo, o.k);
   if (k) throw new SlmError('CONFIG_INVALID', `${k.message}.`, { path: k.path.join('.') });
   return runRl(model, questions, run, deps, groupPolicyGradient<Q>('rloo', rlooAdvantages, o), o);

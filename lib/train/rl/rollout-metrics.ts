@@ -8,7 +8,18 @@ import type { RewardResult, TrainEpisode } from '../types.js';
 /** One trajectories.jsonl row of a training step (GRPO adds the advantage, PPO the value and return). */
 export function trajectoryLine(step: number, question: unknown, e: TrainEpisode, r: RewardResult, extra: Record<string, unknown>): string {
   const errors = r.errors && Object.keys(r.errors).length ? { reward_errors: r.errors } : {};
-  return JSON.stringify({ step, question, temperature: e.temperature, answer: e.answer, reward: r.total, parts: r.parts, ...errors, ...extra, turns: e.turns, ...e.record });
+  return JSON.stringify({
+    step,
+    question,
+    temperature: e.temperature,
+    answer: e.answer,
+    reward: r.total,
+    parts: r.parts,
+    ...errors,
+    ...extra,
+    turns: e.turns,
+    ...e.record,
+  });
 }
 
 export function mean(xs: number[]): number {
@@ -49,7 +60,9 @@ export function rolloutMetrics(episodes: readonly TrainEpisode[], rewards: reado
   return {
     reward_mean: m,
     reward_std: Math.sqrt(mean(totals.map((x) => (x - m) ** 2))),
-    ...Object.fromEntries(partNames.map((p) => [`reward/${p}`, mean(rewards.map((r) => r.parts[p]).filter((x): x is number => typeof x === 'number'))])),
+    ...Object.fromEntries(
+      partNames.map((p) => [`reward/${p}`, mean(rewards.map((r) => r.parts[p]).filter((x): x is number => typeof x === 'number'))]),
+    ),
     accuracy: rewards.some((r) => r.correct !== undefined) ? mean(rewards.map((r) => (r.correct ? 1 : 0))) : undefined,
     answered: mean(episodes.map((e) => (e.answer !== null ? 1 : 0))),
     episodes: episodes.length,

@@ -43,7 +43,10 @@ export function readSftRows(file: string): SftRow[] {
   try {
     text = readFileSync(file, 'utf8');
   } catch {
-    throw new SlmError('FILE_NOT_FOUND', `SFT data file ${file} cannot be read. Expected JSONL (or a JSON array) of {"messages": [{"role", "content"}, ...]} rows.`);
+    throw new SlmError(
+      'FILE_NOT_FOUND',
+      `SFT data file ${file} cannot be read. Expected JSONL (or a JSON array) of {"messages": [{"role", "content"}, ...]} rows.`,
+    );
   }
   const rows: unknown[] = text.trimStart().startsWith('[') ? JSON.parse(text) : parseJsonLines(text, file, 'DATA_INVALID');
   return rows.map((r, i) => {
@@ -55,9 +58,13 @@ export function readSftRows(file: string): SftRow[] {
       );
     msgs.forEach((m, j) => {
       if (!m || !ROLES.has(m.role) || typeof m.content !== 'string')
-        throw new SlmError('DATA_INVALID', `${file}: row ${i + 1}, message ${j + 1}: expected {role: system|user|assistant|tool, content: string}, found role ${describe(m?.role)} and content ${describe(m?.content)}.`);
+        throw new SlmError(
+          'DATA_INVALID',
+          `${file}: row ${i + 1}, message ${j + 1}: expected {role: system|user|assistant|tool, content: string}, found role ${describe(m?.role)} and content ${describe(m?.content)}.`,
+        );
     });
-    if (!msgs.some((m) => m.role === 'assistant')) throw new SlmError('DATA_INVALID', `${file}: row ${i + 1} has no assistant message to train on.`);
+    if (!msgs.some((m) => m.role === 'assistant'))
+      throw new SlmError('DATA_INVALID', `${file}: row ${i + 1} has no assistant message to train on.`);
     return r as SftRow;
   });
 }
@@ -94,7 +101,13 @@ export interface ConversationOptions {
  * by the template whole when it renders every turn as an extension of the one before and no
  * `enableThinking` is given; otherwise built as a rollout (rolloutTokens).
  */
-export function tokenizeConversation(messages: readonly ChatMessage[], fmt: ChatFormatter, tok: Tokenizer, row = 0, opts: ConversationOptions = {}): SftExample {
+export function tokenizeConversation(
+  messages: readonly ChatMessage[],
+  fmt: ChatFormatter,
+  tok: Tokenizer,
+  row = 0,
+  opts: ConversationOptions = {},
+): SftExample {
   if (opts.enableThinking !== undefined) return rolloutTokens(messages, fmt, tok, row, opts);
   return templateTokens(messages, fmt, tok, row) ?? rolloutTokens(messages, fmt, tok, row, opts);
 }
@@ -118,7 +131,13 @@ function turnStop(fmt: ChatFormatter, prior: readonly ChatMessage[], thinking: {
  * (a rollout ends with its last generation). Earlier turns' `<think>` blocks stay as written, as they
  * stay in a rollout's sequence.
  */
-export function rolloutTokens(messages: readonly ChatMessage[], fmt: ChatFormatter, tok: Tokenizer, row = 0, opts: ConversationOptions = {}): SftExample {
+export function rolloutTokens(
+  messages: readonly ChatMessage[],
+  fmt: ChatFormatter,
+  tok: Tokenizer,
+  row = 0,
+  opts: ConversationOptions = {},
+): SftExample {
   const thinking = opts.enableThinking !== undefined ? { enableThinking: opts.enableThinking } : {};
   const first = messages.findIndex((m) => m.role === 'assistant');
   let last = messages.length - 1;
@@ -131,7 +150,10 @@ export function rolloutTokens(messages: readonly ChatMessage[], fmt: ChatFormatt
     for (let k = 0; k < e.length; k++) mask.push(trained ? 1 : 0);
   };
   const prompt = messages.slice(0, first);
-  push(encodeRendered(tok, fmt.prompt(prompt, thinking), prompt, (ms) => fmt.prompt(ms, thinking)), false);
+  push(
+    encodeRendered(tok, fmt.prompt(prompt, thinking), prompt, (ms) => fmt.prompt(ms, thinking)),
+    false,
+  );
   for (let i = first; i <= last; ) {
     let content = messages[i].content;
     if (opts.enableThinking === false) content = content.replace(/^\s*<think>\s*<\/think>\s*/, '');
@@ -142,7 +164,10 @@ export function rolloutTokens(messages: readonly ChatMessage[], fmt: ChatFormatt
     if (j > last) break;
     const next = messages.slice(i + 1, j);
     if (!next.length)
-      throw new SlmError('DATA_INVALID', `conversation ${row + 1}: assistant messages ${i + 1} and ${j + 1} follow each other; a rollout puts an environment message between two turns (or writes them as one assistant message).`);
+      throw new SlmError(
+        'DATA_INVALID',
+        `conversation ${row + 1}: assistant messages ${i + 1} and ${j + 1} follow each other; a rollout puts an environment message between two turns (or writes them as one assistant message).`,
+      );
     const history: ChatMessage[] = [...messages.slice(0, i), { role: 'assistant', content: generated }];
     const continuation = (ms: ChatMessage[]) => fmt.continuation(history, ms, { strict: false, ...thinking });
     push(encodeRendered(tok, continuation(next), next, continuation), false);
@@ -168,7 +193,10 @@ function templateTokens(messages: readonly ChatMessage[], fmt: ChatFormatter, to
     const turn = after.slice(before.length);
     // Train on the content and the end-of-turn token; what the template adds after it (a newline)
     // is context, like the prompt.
-    const stop = fmt.stopTexts.map((s) => ({ s, at: turn.indexOf(s) })).filter((x) => x.at >= 0).sort((a, b) => a.at - b.at)[0];
+    const stop = fmt.stopTexts
+      .map((s) => ({ s, at: turn.indexOf(s) }))
+      .filter((x) => x.at >= 0)
+      .sort((a, b) => a.at - b.at)[0];
     const trainedText = stop ? turn.slice(0, stop.at + stop.s.length) : turn;
     pieces.push({ text: full.slice(cursor, before.length), trained: false });
     pieces.push(...splitObservations(trainedText));
@@ -210,8 +238,12 @@ export function batchByLength(examples: SftExample[], batchSize: number, maxToke
  * no assistant token within the limit cannot teach anything and is dropped. Returns the examples
  * and how many were truncated and dropped.
  */
-export function fitContext(examples: readonly SftExample[], maxTokens: number): { examples: SftExample[]; truncated: number; dropped: number } {
-  if (!Number.isInteger(maxTokens) || maxTokens < 2) throw new SlmError('ARGUMENT_INVALID', `maxTokens must be an integer >= 2, found ${describe(maxTokens)}.`);
+export function fitContext(
+  examples: readonly SftExample[],
+  maxTokens: number,
+): { examples: SftExample[]; truncated: number; dropped: number } {
+  if (!Number.isInteger(maxTokens) || maxTokens < 2)
+    throw new SlmError('ARGUMENT_INVALID', `maxTokens must be an integer >= 2, found ${describe(maxTokens)}.`);
   const out: SftExample[] = [];
   let truncated = 0;
   let dropped = 0;
@@ -238,7 +270,13 @@ export function fitContext(examples: readonly SftExample[], maxTokens: number): 
  * ..."). Each is the most common one among the rows that have it, with how many rows agree, so that
  * RL and evaluation can ask for the behaviour under the very prompt SFT taught it with.
  */
-export function sftPrompts(rows: readonly SftRow[]): { system: string | null; systemRows: number; finalTurn: string | null; finalTurnRows: number; rows: number } {
+export function sftPrompts(rows: readonly SftRow[]): {
+  system: string | null;
+  systemRows: number;
+  finalTurn: string | null;
+  finalTurnRows: number;
+  rows: number;
+} {
   const count = (xs: string[]) => {
     const c = new Map<string, number>();
     for (const x of xs) c.set(x, (c.get(x) ?? 0) + 1);
@@ -253,7 +291,8 @@ export function sftPrompts(rows: readonly SftRow[]): { system: string | null; sy
     const m = r.messages;
     if (m[0]?.role === 'system') systems.push(m[0].content);
     const last = m.map((x) => x.role).lastIndexOf('assistant');
-    if (last >= 2 && m[last - 1].role === 'user' && (m[last - 2].role === 'user' || m[last - 2].role === 'tool')) notices.push(m[last - 1].content);
+    if (last >= 2 && m[last - 1].role === 'user' && (m[last - 2].role === 'user' || m[last - 2].role === 'tool'))
+      notices.push(m[last - 1].content);
   }
   const s = count(systems);
   const f = count(notices);

@@ -42,20 +42,37 @@ export interface SftOptions {
 }
 
 /** What one SFT optimizer step takes of the trainer's options. */
-export type SftStepOptions = Pick<SftOptions, 'weightDecay' | 'maxGradNorm' | 'adam' | 'microBatch' | 'gradientCheckpointing' | 'seed' | 'shard'>;
+export type SftStepOptions = Pick<
+  SftOptions,
+  'weightDecay' | 'maxGradNorm' | 'adam' | 'microBatch' | 'gradientCheckpointing' | 'seed' | 'shard'
+>;
 
 /**
  * One optimizer step of the SFT loss (next-token NLL on the masked tokens) on `batch` (this rank's
  * share of it), and its metrics row: `stage`, `step` (the step after it: at.step + 1), loss, tokens.
  * SFT runs it over the conversations of data.sft, RFT (lib/train/rl/rft.ts) over its kept episodes.
  */
-export async function sftStep(model: Model, batch: SftExample[], at: { stage: string; step: number; epoch: number; lr: number }, opts: SftStepOptions): Promise<{ loss: number; row: Record<string, unknown> }> {
+export async function sftStep(
+  model: Model,
+  batch: SftExample[],
+  at: { stage: string; step: number; epoch: number; lr: number },
+  opts: SftStepOptions,
+): Promise<{ loss: number; row: Record<string, unknown> }> {
   const optim = sectionDefaults('optim');
   const t0 = performance.now();
   const mine = opts.shard ? batch.slice(...shardRange(batch.length, opts.shard.rank, opts.shard.world)) : batch;
   const s = await model.trainStep(
     { sequences: mine.map((e) => e.ids), masks: mine.map((e) => e.mask) },
-    { loss: 'sft', lr: at.lr, weightDecay: opts.weightDecay ?? optim.weight_decay, maxGradNorm: opts.maxGradNorm ?? optim.max_grad_norm, ...opts.adam, microBatch: opts.microBatch, checkpoint: opts.gradientCheckpointing ?? optim.gradient_checkpointing, seed: opts.seed * 1000003 + at.step /* LoRA dropout: reproducible per step */ },
+    {
+      loss: 'sft',
+      lr: at.lr,
+      weightDecay: opts.weightDecay ?? optim.weight_decay,
+      maxGradNorm: opts.maxGradNorm ?? optim.max_grad_norm,
+      ...opts.adam,
+      microBatch: opts.microBatch,
+      checkpoint: opts.gradientCheckpointing ?? optim.gradient_checkpointing,
+      seed: opts.seed * 1000003 + at.step /* LoRA dropout: reproducible per step */,
+    },
   );
   const masked = batch.reduce((a, e) => a + e.mask.length, 0);
   const tTrain = (performance.now() - t0) / 1e3;
@@ -78,7 +95,12 @@ export async function sftStep(model: Model, batch: SftExample[], at: { stage: st
   return { loss: s.loss, row };
 }
 
-export async function runSft(model: Model, examples: SftExample[], run: RunFolder, opts: SftOptions): Promise<{ steps: number; lastLoss: number }> {
+export async function runSft(
+  model: Model,
+  examples: SftExample[],
+  run: RunFolder,
+  opts: SftOptions,
+): Promise<{ steps: number; lastLoss: number }> {
   if (!examples.length) throw new SlmError('DATA_INVALID', 'SFT has no examples to train on.');
   const batches = batchByLength(examples, opts.batchSize, opts.maxBatchTokens);
   const total = Math.min(batches.length * opts.epochs, opts.maxSteps ?? Infinity);
@@ -100,7 +122,12 @@ export async function runSft(model: Model, examples: SftExample[], run: RunFolde
         const lr = learningRate(schedule, state.step);
         const { loss, row } = await sftStep(model, batch, { stage: 'sft', step: state.step, epoch, lr }, opts);
         lastLoss = loss;
-        state = { ...state, step: state.step + 1, epoch: b + 1 < batches.length ? epoch : epoch + 1, batchInEpoch: b + 1 < batches.length ? b + 1 : 0 };
+        state = {
+          ...state,
+          step: state.step + 1,
+          epoch: b + 1 < batches.length ? epoch : epoch + 1,
+          batchInEpoch: b + 1 < batches.length ? b + 1 : 0,
+        };
         ranHere++;
         run.logMetrics(row);
         bar.update(state.step, { detail: `loss ${loss.toFixed(4)}` });
