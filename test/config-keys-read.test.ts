@@ -37,6 +37,13 @@ export function isRead(path: string[], src: string): boolean {
   const parent = path[path.length - 2];
   if (!parent) return new RegExp(`\\.${esc(key)}\\b`).test(src);
   if (new RegExp(`\\b${esc(parent)}\\??\\.${esc(key)}\\b`).test(src)) return true;
+  // A parameter named after the section (distributedConfig: DistributedConfig): distributedConfig.key
+  if (
+    new RegExp(
+      `\\b[a-z]\\w*${esc(parent.charAt(0).toUpperCase() + parent.slice(1))}\\??\\.${esc(key)}\\b|\\b${esc(parent)}[A-Z]\\w*\\??\\.${esc(key)}\\b`,
+    ).test(src)
+  )
+    return true;
   // A variable bound to the parent section: const a = cfg.algorithm; ... a.key
   for (const m of src.matchAll(new RegExp(`(?:const|let)\\s+(\\w+)\\s*=\\s*[\\w.]*\\.${esc(parent)}\\s*[;,\\n]`, 'g')))
     if (new RegExp(`\\b${esc(m[1])}\\??\\.${esc(key)}\\b`).test(src)) return true;
@@ -63,4 +70,7 @@ t.test('the check itself: a key nothing reads is found', async (t) => {
   t.notOk(isRead(['optim', 'betas'], src), 'not read');
   t.notOk(isRead(['algorithm', 'kl_coef'], src), 'a sibling of a read key is not read');
   t.notOk(isRead(['rollout', 'openai', 'model'], src));
+  const param = 'function launch(distributedConfig: DistributedConfig) {\n  use(distributedConfig.master_addr, other.master_port);\n}';
+  t.ok(isRead(['distributed', 'master_addr'], param), 'through a parameter named after the section');
+  t.notOk(isRead(['distributed', 'master_port'], param), 'not through another name');
 });
