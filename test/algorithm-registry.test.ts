@@ -57,6 +57,10 @@ t.test('stage: rloo with rollout.k 1 is refused at validation, with a coded erro
     code: 'CONFIG_INVALID',
     message: /algorithm\.loss_norm: PPO takes token or sequence, found "turn"/,
   });
+  t.doesNotThrow(
+    () => configFromObject({ ...base, stage: 'rft', algorithm: { kl_coef: 0.1 } }),
+    'RFT has no KL term: its settings are ignored',
+  );
   t.throws(() => configFromObject({ ...base, stage: 'rft', train: { steps: 3 } }), {
     code: 'CONFIG_INVALID',
     message: /train\.steps: the rft stage runs rft\.rounds rounds/,

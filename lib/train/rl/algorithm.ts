@@ -77,6 +77,8 @@ export function klProblem(
   coef: number,
 ): ConfigProblem | null {
   const name = def.name.toUpperCase();
+  // An algorithm with no KL term (RFT's SFT loss) ignores the KL settings, as before the registry.
+  if (!def.kl.loss && !def.kl.reward) return null;
   const takes = def.kl[place];
   if (!takes)
     return coef > 0
