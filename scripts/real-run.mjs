@@ -250,7 +250,13 @@ async function run(o) {
   const c = cfgs;
   await evaluate('baseline', null, 0, 0, 'SmolLM2-135M-Instruct as it is');
   const sft = await trainStage('sft');
-  await evaluate('sft', sft.r.adapter, sft.s, 0, `${c.sft.train.epochs} epochs over ${expert.kept} expert trajectories`);
+  await evaluate(
+    'sft',
+    sft.r.adapter,
+    sft.s,
+    0,
+    `${c.sft.train.epochs} epoch${c.sft.train.epochs === 1 ? '' : 's'} over ${expert.kept} expert trajectories`,
+  );
   const grpo = await trainStage('grpo');
   const grpoEpisodes = (c.grpo.train.steps ?? 0) * c.grpo.rollout.batch_questions * c.grpo.rollout.k;
   await evaluate(
