@@ -41,9 +41,7 @@ const tsjs = only ? tracked(['*.ts', '*.mjs', '*.js']) : null;
 if (check) run('biome', biome, ['ci', '--reporter=summary', '--colors=off', ...(tsjs ? [] : ['.'])], tsjs);
 else run('biome', biome, ['check', '--write', '--colors=off', ...(tsjs ? [] : ['.'])], tsjs);
 
-const native = tracked(['native/*.cc', 'native/*.h', 'native/*.inc']).filter(
-  (f) => f.endsWith('.cc') || f.endsWith('.h') || f.endsWith('.inc'),
-);
+const native = tracked(['native/*.cc', 'native/*.h', 'native/*.inc']);
 run('clang-format', 'clang-format', check ? ['--dry-run', '--Werror'] : ['-i'], native);
 
 const python = tracked(['*.py']);

@@ -9,6 +9,7 @@ import { initModel } from '../lib/model/init.js';
 import { turnScale } from '../lib/train/rl/advantages.js';
 import { groupPolicyGradient } from '../lib/train/rl/grpo.js';
 import { validateConfig } from '../lib/config/load.js';
+import { fakeTrainStats } from './helpers/train-stats.js';
 
 const targets: Array<'q_proj' | 'k_proj' | 'v_proj' | 'o_proj'> = ['q_proj', 'k_proj', 'v_proj', 'o_proj'];
 // prompt (3), turn 1 (4 tokens), tool reply (2), turn 2 (3 tokens)
@@ -150,23 +151,8 @@ t.test(
 
 t.test('GRPO passes oldFromForward and the per-turn entropy scale to the train step (plumbing)', async (t) => {
   const seen: Array<{ batch: { entropyScale?: Float32Array[] }; opts: { oldFromForward?: boolean } }> = [];
-  const stats = {
-    loss: 0,
-    pgLoss: 0,
-    sftLoss: 0,
-    kl: 0,
-    entropy: 0,
-    clipFrac: 0,
-    ratio: 1,
-    valueLoss: 0,
-    gradNorm: 1,
-    tokens: 2,
-    sequences: 1,
-    headRows: 2,
-    skipped: false,
-    skipReason: '',
-    step: 1,
-  };
+  const stats = fakeTrainStats();
+
   const model = { trainStep: async (batch: never, opts: never) => (seen.push({ batch, opts }), stats) } as unknown as Model;
   const ep = { ids, lossMask: mask, logprobs: new Float32Array(ids.length), temperature: 1, answer: null, turns: 2, record: {} };
   const run = async (o: { oldLogprobs?: 'sampler' | 'recompute' | 'forward'; lossNorm?: 'turn' | 'token'; entropyCoef?: number }) => {

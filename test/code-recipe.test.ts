@@ -30,6 +30,7 @@ import { withOldLogprobs } from '../lib/train/rl/old-logprobs.js';
 import { rolloutFn } from '../lib/train/stages.js';
 import type { TrainEpisode } from '../lib/train/types.js';
 import { fixture, haveShared } from './helpers/shared.js';
+import { fakeTrainStats } from './helpers/train-stats.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const tok = qwen3Tokenizer();
@@ -604,23 +605,8 @@ t.test('algorithm.loss_temperature reaches the training step (GRPO) and the PPO 
   const { ppoForward } = await import('../lib/train/rl/ppo-batch.js');
   const cfg = grpo();
   const seen: Array<{ temperature?: number[] }> = [];
-  const stats = {
-    loss: 0,
-    pgLoss: 0,
-    sftLoss: 0,
-    kl: 0,
-    entropy: 0,
-    clipFrac: 0,
-    ratio: 1,
-    valueLoss: 0,
-    gradNorm: 1,
-    tokens: 2,
-    sequences: 1,
-    headRows: 2,
-    skipped: false,
-    skipReason: '',
-    step: 1,
-  };
+  const stats = fakeTrainStats();
+
   const model = { trainStep: async (b: { temperature?: number[] }) => (seen.push(b), stats) } as unknown as Model;
   const algo = groupPolicyGradient('grpo', () => ({ advantages: [1, -1] }), {
     ...pgOptionsFrom(cfg),

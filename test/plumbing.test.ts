@@ -8,29 +8,15 @@ import { codeProtocol } from '../lib/episodes/protocol.js';
 import { ppoOptionsFrom } from '../lib/train/rl/ppo.js';
 import { ppoUpdate } from '../lib/train/rl/ppo-batch.js';
 import { configuredGroupAdvantages, groupPolicyGradient, pgOptionsFrom } from '../lib/train/rl/grpo.js';
+import { fakeTrainStats } from './helpers/train-stats.js';
 
 const base = { model: { path: '/m' }, data: { questions: '/q.jsonl', corpus: '/c.jsonl' } };
 
 /** A model whose trainStep records the options it was given. */
 function recordingModel() {
   const seen: Record<string, unknown>[] = [];
-  const stats = {
-    loss: 0.5,
-    pgLoss: 0.5,
-    sftLoss: 0,
-    kl: 0,
-    entropy: 0,
-    clipFrac: 0,
-    ratio: 1,
-    valueLoss: 0,
-    gradNorm: 1,
-    tokens: 2,
-    sequences: 1,
-    headRows: 2,
-    skipped: false,
-    skipReason: '',
-    step: 1,
-  };
+  const stats = fakeTrainStats({ loss: 0.5, pgLoss: 0.5 });
+
   const model = { trainStep: async (_b: unknown, o: Record<string, unknown>) => (seen.push(o), stats) } as unknown as Model;
   return { model, seen };
 }

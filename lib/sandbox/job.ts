@@ -3,6 +3,7 @@
  * (Job), its limits with the defaults filled in and checked (resolveLimits), and its result as the
  * caller gets it (programResult).
  */
+import { stripUndefined } from '../util/objects.js';
 import { SlmError } from '../errors.js';
 import type { SandboxLimits, SandboxResult, SearchTools, ToolCall } from './types.js';
 import { DEFAULT_LIMITS, MAX_TIMEOUT_S, truncationMarker } from './types.js';
@@ -18,11 +19,6 @@ export interface Job {
   retried?: boolean;
   resolve: (r: SandboxResult) => void;
   reject: (e: Error) => void;
-}
-
-/** `o` without its undefined fields (so that they do not override defaults when spread). */
-export function stripUndefined<T extends object>(o: T): Partial<T> {
-  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
 }
 
 /** Fills in defaults and checks every limit (a wrong value is an error, not silently clamped). */

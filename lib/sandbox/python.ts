@@ -14,7 +14,8 @@
 import { randomUUID } from 'node:crypto';
 import { SlmError } from '../errors.js';
 import { checkRequiredIsolation, detectIsolationWithCaps, type RunnerCaps } from './isolation.js';
-import { type Job, resolveLimits, stripUndefined } from './job.js';
+import { stripUndefined } from '../util/objects.js';
+import { type Job, resolveLimits } from './job.js';
 import { Worker, type WorkerPool } from './python-worker.js';
 import { checkGlobals, type ExtraTools } from './tools.js';
 import { checkTools } from '../extensions.js';

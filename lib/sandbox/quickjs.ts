@@ -27,7 +27,8 @@
  * lib/sandbox/quickjs-worker.ts; this file holds the sandbox that queues programs onto them.
  */
 import { SlmError } from '../errors.js';
-import { type Job, resolveLimits, stripUndefined } from './job.js';
+import { stripUndefined } from '../util/objects.js';
+import { type Job, resolveLimits } from './job.js';
 import { QjsWorker, type WorkerOwner } from './quickjs-worker.js';
 import { checkGlobals, type ExtraTools } from './tools.js';
 import { checkTools } from '../extensions.js';

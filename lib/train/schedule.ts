@@ -53,8 +53,3 @@ export function optimizerOptions(optim: OptimConfig): {
     gradientCheckpointing: optim.gradient_checkpointing,
   };
 }
-
-/** An options object without its undefined values (so that spreading it over defaults keeps them). */
-export function definedOnly<T extends object>(o: T): Partial<T> {
-  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
-}

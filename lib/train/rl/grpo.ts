@@ -14,7 +14,8 @@ import type { Model } from '../../engine/model.js';
 import { sectionDefaults } from '../../config/schema.js';
 import { num, oneOf, section } from '../../config/schema-kit.js';
 import type { AlgorithmConfig, ResolvedConfig } from '../../config/types.js';
-import { definedOnly, optimizerOptions, scheduleSpec } from '../schedule.js';
+import { stripUndefined } from '../../util/objects.js';
+import { optimizerOptions, scheduleSpec } from '../schedule.js';
 import type { RunFolder } from '../run.js';
 import type { AdamOptions, GroupAdvantageFn, RlDeps } from '../types.js';
 import {
@@ -157,7 +158,7 @@ type Stats = Awaited<ReturnType<Model['trainStep']>>;
  * mapping as a config's (pgSettings, optimizerOptions).
  */
 function resolved(o: PgOptions) {
-  const p = { ...optimizerOptions(sectionDefaults('optim')), ...pgSettings(sectionDefaults('algorithm')), ...definedOnly(o) };
+  const p = { ...optimizerOptions(sectionDefaults('optim')), ...pgSettings(sectionDefaults('algorithm')), ...stripUndefined(o) };
   return { ...p, oldFromForward: p.oldLogprobs === 'forward', checkpoint: p.gradientCheckpointing };
 }
 

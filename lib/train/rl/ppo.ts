@@ -53,7 +53,8 @@ import { mean } from './rollout-metrics.js';
 import { sectionDefaults } from '../../config/schema.js';
 import { bool, int, num, oneOf } from '../../config/schema-kit.js';
 import type { AlgorithmConfig, ResolvedConfig } from '../../config/types.js';
-import { definedOnly, optimizerOptions, scheduleSpec } from '../schedule.js';
+import { stripUndefined } from '../../util/objects.js';
+import { optimizerOptions, scheduleSpec } from '../schedule.js';
 import { algorithmDefaults, klDefaults, klProblem, type AlgorithmDefinition, type ConfigProblem } from './algorithm.js';
 import type { Shard } from '../../distributed/run.js';
 import type { AdamOptions, RlDeps } from '../types.js';
@@ -193,7 +194,7 @@ interface PpoStep {
 /** PPO as an algorithm of the RL loop; throws CONFIG_INVALID for options that cannot work together. */
 function ppo<Q>(opts: PpoOptions): RlAlgorithm<Q, PpoStep, NativeTrainStats[]> {
   // What the caller left out: the schema's defaults, through the same mapping as a config's.
-  const p = { ...optimizerOptions(sectionDefaults('optim')), ...ppoSettings(algorithmDefaults(ppoDefinition)), ...definedOnly(opts) };
+  const p = { ...optimizerOptions(sectionDefaults('optim')), ...ppoSettings(algorithmDefaults(ppoDefinition)), ...stripUndefined(opts) };
   const n = opts.n;
   const kl = klProblem(ppoDefinition, p.klIn, p.klEstimator, p.klCoef);
   if (kl) throw new SlmError('CONFIG_INVALID', `${kl.message}.`, { path: kl.path.join('.') });
