@@ -5,7 +5,7 @@
 // under CI=true a missing one fails, elsewhere the test skips.
 import t from 'tap';
 import { spawnSync } from 'node:child_process';
-import { existsSync, rmSync, writeFileSync } from 'node:fs';
+import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 const root = join(import.meta.dirname, '..');
@@ -33,6 +33,7 @@ t.test('the check fails on unformatted and lint-failing files, and the in-place 
   for (const tool of ['biome', 'clang-format', 'black']) t.match(r.stderr, new RegExp(`^${tool} \\(`, 'm'), `${tool} names its failure`);
   r = format('--files', ...files);
   t.equal(r.status, 0, `in place: formatted (${r.stderr})`);
+  t.equal(readFileSync(probes.py, 'utf8'), 'x = [1, 2, 3]\n', 'black wrote the Python probe in place');
   r = format('--check', '--files', ...files);
   t.equal(r.status, 0, `then the check passes (${r.stderr})`);
   // Lint errors a formatter cannot fix: a debugger statement (Biome), an unused import (pyflakes).
@@ -42,7 +43,8 @@ t.test('the check fails on unformatted and lint-failing files, and the in-place 
   t.equal(r.status, 1, 'lint errors: the check fails');
   t.match(r.stderr, /noDebugger/, 'Biome: the rule');
   t.match(r.stderr, /F401 'os' imported but unused/, 'flake8: the rule');
-  t.ok(existsSync(probes.cc));
+  // The in-place run above laid the C++ and Python probes out as their formatters do.
+  t.equal(readFileSync(probes.cc, 'utf8'), 'int f() { return 1; }\n', 'clang-format wrote the C++ probe in place');
 });
 
 t.test('the tree is formatted and lint-clean (node scripts/format.mjs --check)', { skip }, async (t) => {

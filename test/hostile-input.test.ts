@@ -165,7 +165,8 @@ t.test('chat templates render within a time and size budget: a huge loop is CHAT
   });
   let t0 = performance.now();
   t.throws(() => new ChatTemplate(bomb, 'bomb').render(msgs), stopped(/range\(\) of 100000000 items is past its budget of 65536/));
-  t.ok(performance.now() - t0 < 2000, 'refused at once, before building the list');
+  // The refusal names range()'s item budget: the list was never built (tests assert no timings; the time is for the log).
+  t.comment(`refused after ${(performance.now() - t0).toFixed(0)} ms`);
   // Nested loops of allowed lengths: the time budget.
   t0 = performance.now();
   const slow = '{% for i in range(60000) %}{% for j in range(60000) %}{% endfor %}{% endfor %}';
@@ -173,7 +174,7 @@ t.test('chat templates render within a time and size budget: a huge loop is CHAT
     () => new ChatTemplate(slow, 'bomb').render(msgs, { budget: { timeMs: 300 } }),
     stopped(/it ran past its time budget of 300 ms/),
   );
-  t.ok(performance.now() - t0 < 3000, `stopped after ${(performance.now() - t0).toFixed(0)} ms`);
+  t.comment(`stopped after ${(performance.now() - t0).toFixed(0)} ms`);
   // A string doubled in a loop, and text piled up by a loop: the size budgets.
   const doubling = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}";
   t.throws(
@@ -214,8 +215,8 @@ t.test('chat templates render within a time and size budget: a huge loop is CHAT
     r.stderr,
     /error CHAT_TEMPLATE_ERROR: The chat template from .*chat_template\.jinja was stopped while rendering 1 message\(s\): range\(\) of 100000000 items/,
   );
-  // Not a hang: it ended by itself, well inside runCli's 60 s (a loaded machine takes ~20 s to start the CLI).
-  t.ok(performance.now() - t0 < 50_000, `ended after ${(performance.now() - t0).toFixed(0)} ms`);
+  // Not a hang: exit code 2 means it ended by itself (runCli's 60 s timeout would leave no code).
+  t.comment(`ended after ${(performance.now() - t0).toFixed(0)} ms`);
 });
 
 t.test('tool calls are capped: 64 KiB of arguments per call, refused ones not kept; calls past the limit not recorded', async (t) => {
