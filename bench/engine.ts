@@ -16,7 +16,11 @@
  *    ratio slm-train / eager; skipped, saying why, where that python has no torch;
  *  - llama.cpp on the same model (bench/llama-cpp.ts: written as an F32 GGUF by llama.cpp's own writer,
  *    run by node-llama-cpp's prebuilt build, same thread count and prompts): prefill, decode at batch 1
- *    and 16, each beside slm-train's float32 figure; skipped, saying why, without node-llama-cpp or gguf.
+ *    and 16, each beside slm-train's float32 figure; skipped, saying why, without node-llama-cpp or gguf;
+ *  - llama.cpp built from source for the machine (bench/llama-cpp-source.ts: --llama-cpp-bin DIR or
+ *    $SLM_TRAIN_LLAMA_CPP_BIN; llama-bench and llama-batched-bench on F32 and BF16 GGUFs): prefill,
+ *    decode at batch 1 and 16, each beside slm-train's figure in the same dtype (float32, bfloat16);
+ *    skipped, saying why, where no folder is named.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
@@ -27,6 +31,7 @@ import { Model } from '../lib/engine/model.js';
 import { native } from '../lib/engine/runtime.js';
 import { initModel } from '../lib/model/init.js';
 import { llamaCppRows, runLlamaCpp } from './llama-cpp.js';
+import { llamaCppBin, llamaCppSourceRows, runLlamaCppSource } from './llama-cpp-source.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function benchModelDir(preset: 'small' | 'tiny', log?: (s: string) => void): Promise<string> {
@@ -210,6 +215,8 @@ function median(xs: number[]): number {
 export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const log = opts.log ?? (() => {});
   const quick = !!opts.quick;
+  // A named llama.cpp folder without its tools fails now, before any measurement.
+  const llamaBin = llamaCppBin(opts.llamaCppBin);
   const a = native();
   const dir = opts.model ?? (await benchModelDir('small', log));
   log(`engine: loading ${dir}`);
@@ -237,10 +244,17 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const pre: number[] = [];
   for (let r = 0; r < reps; r++) pre.push((await m.generate({ prompts: [prompt], maxNewTokens: 1, greedy: true })).prefillSeconds);
   const prefillS = median(pre);
+  // The same prefill in bfloat16 (beside llama.cpp's BF16 GGUF); one repetition under --quick, as its decode.
+  const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
+  log('engine: prefill (bfloat16)');
+  await bf16.generate({ prompts: [prompt.subarray(0, 16)], maxNewTokens: 2, greedy: true });
+  const preBf16: number[] = [];
+  for (let r = 0; r < (quick ? 1 : reps); r++)
+    preBf16.push((await bf16.generate({ prompts: [prompt], maxNewTokens: 1, greedy: true })).prefillSeconds);
+  const prefillBf16S = median(preBf16);
 
   const decode: DecodeRow[] = [];
   const steps = quick ? 16 : 48;
-  const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
   const decodePrompts = (B: number) =>
     Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => (((b * 131 + i) * 7919) % 100000) + 100));
   // The roofline of one decode step at batch B: the larger of the memory and the compute bound.
@@ -322,6 +336,16 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   // llama.cpp on the same model, the same prompts and thread count (bench/llama-cpp.ts), in the same run.
   const llamaCpp = runLlamaCpp(dir, { threads, prefill: prefillTokens, steps, reps, batches: [1, 16], timeoutS: quick ? 300 : 900, log });
   if ('skipped' in llamaCpp) log(`engine: llama.cpp skipped: ${llamaCpp.skipped}`);
+  const llamaCppSource = runLlamaCppSource(dir, {
+    bin: llamaBin,
+    threads,
+    prefill: prefillTokens,
+    steps,
+    reps,
+    timeoutS: quick ? 300 : 900,
+    log,
+  });
+  if ('skipped' in llamaCppSource) log(`engine: llama.cpp source build skipped: ${llamaCppSource.skipped}`);
 
   log('engine: measuring the machine again (each limit: the better of the two measurements)');
   await lim.again();
@@ -333,6 +357,13 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     fraction_of_roofline: +(pr.seconds / prefillS).toFixed(3),
     roofline_parts_ms: Object.fromEntries(Object.entries(pr.parts).map(([k, v]) => [k, +(v * 1e3).toFixed(2)])),
     fraction_of_projections_only: +(pr.parts.projections / prefillS).toFixed(3),
+  };
+  const prBf16 = prefillRoofline(cfg, layerParams, 2, prefillTokens, { f32: lim.v.bf16, copy: lim.v.copy });
+  const prefillBf16 = {
+    tokens: prefillTokens,
+    tokens_per_s: +(prefillTokens / prefillBf16S).toFixed(1),
+    roofline_tokens_per_s: +(prefillTokens / prBf16.seconds).toFixed(1),
+    fraction_of_roofline: +(prBf16.seconds / prefillBf16S).toFixed(3),
   };
   decode.push(...rawDecode.map(decodeRow));
   const decodeAten = decodeRow(rawAten);
@@ -371,16 +402,19 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     machine: { copy_GBps: +lim.v.copy.toFixed(1), matmul_f32_GFLOPs: +lim.v.f32.toFixed(1), matmul_bf16_GFLOPs: +lim.v.bf16.toFixed(1) },
     decode_bytes_per_step: decodeBytes,
     prefill,
+    prefill_bfloat16: prefillBf16,
     decode,
     decode_aten_path: decodeAten,
     eager_pytorch: eager,
     llama_cpp: llamaCpp,
+    llama_cpp_source: llamaCppSource,
     native_call_overhead_us: { sync: +syncUs.toFixed(2), async_worker: +asyncUs.toFixed(1) },
   };
   const rows = [
     '| engine (small preset) | measured | roofline (same run) | fraction |',
     '|---|---|---|---|',
     `| prefill ${prefillTokens} tokens, batch 1 | ${prefill.tokens_per_s} tok/s | ${prefill.roofline_tokens_per_s} tok/s (projections ${prefill.roofline_parts_ms.projections} + attention ${prefill.roofline_parts_ms.attention} + head ${prefill.roofline_parts_ms.head} ms) | ${prefill.fraction_of_roofline} (projections alone: ${prefill.fraction_of_projections_only}) |`,
+    `| prefill ${prefillTokens} tokens, batch 1, bfloat16 | ${prefillBf16.tokens_per_s} tok/s | ${prefillBf16.roofline_tokens_per_s} tok/s | ${prefillBf16.fraction_of_roofline} |`,
     ...decode.map(
       (d) =>
         `| decode ${d.dtype} batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step) | ${d.fraction_of_roofline} |`,
@@ -397,6 +431,10 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     ...llamaCppRows(llamaCpp, {
       prefill: prefill.tokens_per_s,
       decode: (B) => decode.find((d) => d.dtype === 'float32' && d.batch === B)?.tokens_per_s,
+    }),
+    ...llamaCppSourceRows(llamaCppSource, {
+      prefill: (dtype) => (dtype === 'float32' ? prefill : prefillBf16).tokens_per_s,
+      decode: (dtype, B) => decode.find((d) => d.dtype === dtype && d.batch === B)?.tokens_per_s,
     }),
     `| native call overhead | sync ${results.native_call_overhead_us.sync} µs, async ${results.native_call_overhead_us.async_worker} µs | | |`,
     `| machine | copy ${results.machine.copy_GBps} GB/s, matmul f32 ${results.machine.matmul_f32_GFLOPs} / bf16 ${results.machine.matmul_bf16_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,

@@ -31,9 +31,12 @@ export function ggufPython(): string | undefined {
   return undefined;
 }
 
+export const NO_GGUF_PYTHON =
+  'no python with the gguf package (bash scripts/setup-venv.sh installs it in .venv, or set SLM_TRAIN_HF_PYTHON)';
+
 /** Why the llama.cpp rows cannot run here, or undefined when they can. */
 export function llamaCppMissing(python: string | undefined): string | undefined {
-  if (!python) return 'no python with the gguf package (bash scripts/setup-venv.sh installs it in .venv, or set SLM_TRAIN_HF_PYTHON)';
+  if (!python) return NO_GGUF_PYTHON;
   try {
     import.meta.resolve('node-llama-cpp');
   } catch {
@@ -42,10 +45,10 @@ export function llamaCppMissing(python: string | undefined): string | undefined 
   return undefined;
 }
 
-/** Writes `dir` as `out` (GGUF, `dtype`) with scripts/hf-to-gguf.py; reuses a GGUF newer than the weights. */
-export function writeGguf(dir: string, out: string, o: { python: string; dtype?: 'f32' | 'f16' | 'bf16' }): void {
+/** Writes `dir` as `out` (GGUF, `dtype`) with scripts/hf-to-gguf.py; reuses a GGUF newer than the weights (returns false). */
+export function writeGguf(dir: string, out: string, o: { python: string; dtype?: 'f32' | 'f16' | 'bf16' }): boolean {
   const weights = `${dir}/model.safetensors`;
-  if (existsSync(out) && existsSync(weights) && statSync(out).mtimeMs > statSync(weights).mtimeMs) return;
+  if (existsSync(out) && existsSync(weights) && statSync(out).mtimeMs > statSync(weights).mtimeMs) return false;
   const script = beside('../scripts/hf-to-gguf.py', '../../scripts/hf-to-gguf.py');
   if (!script) throw new Error('scripts/hf-to-gguf.py not found (run from a checkout of the repository)');
   const r = spawnSync(o.python, [script, dir, out, '--dtype', o.dtype ?? 'f32'], { encoding: 'utf8', timeout: 600_000 });
@@ -53,6 +56,23 @@ export function writeGguf(dir: string, out: string, o: { python: string; dtype?:
     throw new Error(
       `scripts/hf-to-gguf.py failed (exit ${r.status}): ${(r.stderr || r.error?.message || '').trim().split('\n').slice(-1)[0]}`,
     );
+  return true;
+}
+
+/**
+ * `dir` written as a GGUF of `dtype` in the benchmark cache (as the preset folders; named by the
+ * folder's path: a --model folder may be read-only), reused while newer than the weights; its path.
+ */
+export function benchGguf(dir: string, dtype: 'f32' | 'bf16', python: string, log?: (s: string) => void): string {
+  const cache = process.env.SLM_TRAIN_CACHE ?? join(tmpdir(), 'slm-train-cache');
+  mkdirSync(cache, { recursive: true });
+  const gguf = join(
+    cache,
+    `${basename(resolve(dir))}-${createHash('sha256').update(resolve(dir)).digest('hex').slice(0, 8)}.${dtype}.gguf`,
+  );
+  const wrote = writeGguf(dir, gguf, { python, dtype });
+  log?.(`engine: ${wrote ? 'wrote' : 'reusing'} ${gguf} (scripts/hf-to-gguf.py --dtype ${dtype}, gguf.GGUFWriter)`);
+  return gguf;
 }
 
 /** Runs bench/llama-cpp-child.ts (compiled, or from source under the TypeScript loader this process has) with one request. */
@@ -96,13 +116,8 @@ export function runLlamaCpp(
   const python = ggufPython();
   const missing = llamaCppMissing(python);
   if (missing) return { skipped: missing };
-  // In the benchmark cache (as the preset folders), named by the folder's path: a --model folder may be read-only.
-  const cache = process.env.SLM_TRAIN_CACHE ?? join(tmpdir(), 'slm-train-cache');
-  mkdirSync(cache, { recursive: true });
-  const gguf = join(cache, `${basename(resolve(dir))}-${createHash('sha256').update(resolve(dir)).digest('hex').slice(0, 8)}.f32.gguf`);
   try {
-    o.log?.(`engine: writing ${gguf} (scripts/hf-to-gguf.py, gguf.GGUFWriter)`);
-    writeGguf(dir, gguf, { python: python!, dtype: 'f32' });
+    const gguf = benchGguf(dir, 'f32', python!, o.log);
     o.log?.(`engine: llama.cpp (node-llama-cpp prebuilt) prefill ${o.prefill} and decode at batch ${o.batches.join(', ')}`);
     const r = llamaCppChild<Omit<LlamaCppBench, 'gguf' | 'dtype'>>(
       { mode: 'bench', gguf, threads: o.threads, prefill: o.prefill, steps: o.steps, reps: o.reps, batches: o.batches },

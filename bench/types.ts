@@ -11,6 +11,11 @@ export interface BenchOptions {
   compareUnshared?: boolean;
   /** recall: the folder holding wiki-excerpts/ and wiki-trivia/ (default $SLM_SHARED_DIR/data, else ../shared/data). */
   data?: string;
+  /**
+   * engine: the folder of a llama.cpp build from source holding llama-bench and llama-batched-bench
+   * (default $SLM_TRAIN_LLAMA_CPP_BIN); its rows are skipped, saying why, when neither is given.
+   */
+  llamaCppBin?: string;
   /** Print progress lines to stderr. */
   log?: (line: string) => void;
 }

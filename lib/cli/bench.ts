@@ -1,8 +1,9 @@
-/** `slm-train bench [engine|train|sandbox|retrieval|rollout|recall] [--json] [--quick] [--out FILE] [--readme FILE] [--compare-unshared] [--data DIR]` */
+/** `slm-train bench [engine|train|sandbox|retrieval|rollout|recall] [--json] [--quick] [--out FILE] [--readme FILE] [--compare-unshared] [--data DIR] [--llama-cpp-bin DIR]` */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import type { CommandModule } from 'yargs';
 import type { BenchOptions, BenchReport } from '../../bench/types.js';
+import { llamaCppBin } from '../../bench/llama-cpp-source.js';
 import { SlmError } from '../errors.js';
 import { print } from './common.js';
 import { native } from '../engine/runtime.js';
@@ -29,6 +30,7 @@ interface Args {
   model?: string;
   compareUnshared?: boolean;
   data?: string;
+  llamaCppBin?: string;
 }
 
 /**
@@ -115,9 +117,15 @@ export const benchCommand: CommandModule<object, Args> = {
         type: 'boolean',
         describe:
           'rollout: also measure the old generate path (no shared prefixes, no multi-turn cache reuse) beside each K in the same run',
+      })
+      .option('llama-cpp-bin', {
+        type: 'string',
+        describe:
+          'engine: the bin folder of llama.cpp built from source (llama-bench, llama-batched-bench), run on the same model as F32 and BF16 GGUFs beside slm-train (default $SLM_TRAIN_LLAMA_CPP_BIN)',
       }) as never,
   handler: async (args) => {
     if (args.readme) readmeBlock(args.readme); // a bad file fails now, not after the benchmarks
+    if (args.llamaCppBin !== undefined) llamaCppBin(args.llamaCppBin); // so does a folder without llama.cpp's tools
     const kinds = args.kind ? [args.kind] : Object.keys(KINDS).filter((k) => !NAMED_ONLY.has(k));
     const log = (s: string) => process.stderr.write(`[bench] ${s}\n`);
     const reports: BenchReport[] = [];
@@ -139,7 +147,16 @@ export const benchCommand: CommandModule<object, Args> = {
       }
       const run = await load();
       const t = performance.now();
-      reports.push(await run({ quick: args.quick, model: args.model, compareUnshared: args.compareUnshared, data: args.data, log }));
+      reports.push(
+        await run({
+          quick: args.quick,
+          model: args.model,
+          compareUnshared: args.compareUnshared,
+          data: args.data,
+          llamaCppBin: args.llamaCppBin,
+          log,
+        }),
+      );
       seconds[k] = +((performance.now() - t) / 1e3).toFixed(1);
     }
     const total = +((performance.now() - t0) / 1e3).toFixed(1);

@@ -1,0 +1,267 @@
+// `bench engine`'s llama.cpp built from source (bench/llama-cpp-source.ts): the parsers of llama-bench's
+// JSON and llama-batched-bench's jsonl against real outputs, the folder's checks, the command lines, a
+// tool past its time limit, the rows, and the plumbing `slm-train bench engine --llama-cpp-bin DIR` ->
+// llamaCppBin -> runBench -> the tools (fake tools that print the recorded outputs and log their argv).
+// With SLM_TRAIN_LLAMA_CPP_BIN set, a real run on a tiny model; skipped otherwise (CI builds no llama.cpp).
+//
+// The fixtures, test/fixtures/llama-cpp/, are real outputs of llama.cpp commit 0c1e570 (the source
+// in the llama-cpp-python 0.3.36 sdist, vendor/llama.cpp; cmake -G Ninja -DCMAKE_BUILD_TYPE=Release
+// -DGGML_NATIVE=ON -DLLAMA_CURL=OFF), 2026-11-26 on a 2-core AMD EPYC (AVX2), on the tiny preset
+// (`slm-train init-model --preset tiny`, seed 0) written by `scripts/hf-to-gguf.py --dtype f32|bf16`:
+//   llama-bench -m tiny.D.gguf -t 2 -p 32 -n 4 -r 2 -ctk K -ctv K -o json > llama-bench.D.json
+//   llama-batched-bench -m tiny.D.gguf -t 2 -tb 2 -c 576 -npp 32,32 -ntg 4 -npl 16 -ctk K -ctv K \
+//     --output-format jsonl > llama-batched-bench.D.jsonl
+// (D f32 with K f16, D bf16 with K bf16; stdout only, the logs go to stderr).
+import { chmodSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import {
+  LLAMA_CPP_BIN_ENV,
+  llamaCppBin,
+  llamaCppSourceRows,
+  parseBatchedBench,
+  parseLlamaBench,
+  runLlamaCppSource,
+  runSourceBuild,
+} from '../bench/llama-cpp-source.js';
+import { ggufPython, NO_GGUF_PYTHON } from '../bench/llama-cpp.js';
+import { initModel } from '../lib/model/init.js';
+import { runCliAsync } from './helpers/cli.js';
+import { needs, repoRoot } from './helpers/shared.js';
+
+const FIX = join(repoRoot, 'test', 'fixtures', 'llama-cpp');
+const fixture = (f: string) => readFileSync(join(FIX, f), 'utf8');
+const TINY = { prefill: 32, steps: 4 };
+
+t.test("llama-bench's JSON: the prefill and the decode test, their avg_ts and the build", async (t) => {
+  const f32 = parseLlamaBench(fixture('llama-bench.f32.json'), TINY);
+  t.match(f32.prefill, { build_commit: '0c1e570', build_number: 1, n_threads: 2, type_k: 'f16', type_v: 'f16', n_prompt: 32, n_gen: 0 });
+  t.equal(f32.prefill.avg_ts, 12808.275331, 'prefill: the pp32 test');
+  t.equal(f32.decode.avg_ts, 530.476899, 'decode: the tg4 test');
+  const bf16 = parseLlamaBench(fixture('llama-bench.bf16.json'), TINY);
+  t.match(bf16.prefill, { type_k: 'bf16', model_type: /BF16/ });
+  t.equal(bf16.decode.avg_ts, 840.181378);
+  t.throws(
+    () => parseLlamaBench(fixture('llama-bench.f32.json'), { prefill: 512, steps: 4 }),
+    /expected a test with n_prompt 512, n_gen 0.*found tests \[\[32,0,/,
+  );
+  t.throws(() => parseLlamaBench('error: failed to load model', TINY), /llama-bench -o json: expected a JSON array of tests/);
+});
+
+t.test("llama-batched-bench's jsonl: S_TG (speed_tg), the median of the runs", async (t) => {
+  const r = parseBatchedBench(fixture('llama-batched-bench.f32.jsonl'), { pp: 32, tg: 4, pl: 16 });
+  t.equal(r.runs.length, 2, 'one line per -npp value');
+  t.equal(r.tokens_per_s, 2031.939453, 'the median (upper of two) of speed_tg');
+  t.equal(r.step_ms, (16 / 2031.939453) * 1e3, 'a step decodes 16 tokens');
+  t.equal(parseBatchedBench(fixture('llama-batched-bench.bf16.jsonl'), { pp: 32, tg: 4, pl: 16 }).tokens_per_s, 2023.2677);
+  t.throws(
+    () => parseBatchedBench(fixture('llama-batched-bench.f32.jsonl'), { pp: 32, tg: 4, pl: 8 }),
+    /expected lines with pp 32, tg 4, pl 8/,
+  );
+});
+
+t.test('the folder: none named is no folder; a named one without the tools is a coded error saying what to do', async (t) => {
+  t.equal(llamaCppBin(undefined, {}), undefined);
+  const dir = t.testdir({ 'llama-bench': '#!/bin/sh\n', 'llama-batched-bench': '#!/bin/sh\n' });
+  t.throws(() => llamaCppBin(dir, {}), { code: 'FILE_NOT_FOUND', message: /no executable llama-bench or llama-batched-bench in/ });
+  chmodSync(join(dir, 'llama-bench'), 0o755);
+  chmodSync(join(dir, 'llama-batched-bench'), 0o755);
+  t.equal(llamaCppBin(dir, {}), dir, 'the flag');
+  t.equal(llamaCppBin(undefined, { [LLAMA_CPP_BIN_ENV]: dir }), dir, 'the environment variable');
+  t.throws(() => llamaCppBin('/nonexistent-llama', { [LLAMA_CPP_BIN_ENV]: dir }), {
+    code: 'FILE_NOT_FOUND',
+    message:
+      /^--llama-cpp-bin \/nonexistent-llama: expected a folder holding llama\.cpp's executables llama-bench and llama-batched-bench.*found no folder \/nonexistent-llama\. Name the build's bin folder/,
+  });
+  t.throws(() => llamaCppBin(undefined, { [LLAMA_CPP_BIN_ENV]: join(dir, 'build') }), {
+    code: 'FILE_NOT_FOUND',
+    message: new RegExp(`^${LLAMA_CPP_BIN_ENV}=.*/build: expected a folder .*found no folder`),
+  });
+});
+
+/**
+ * Fake llama-bench and llama-batched-bench: each appends its argv (JSON) to `log` and prints the
+ * recorded output with the test's sizes put in (llama-bench: n_prompt / n_gen from -p / -n;
+ * batched-bench: one line per -npp value, with -ntg and -npl).
+ */
+function fakeTools(dir: string, log: string): void {
+  const head = `#!${process.execPath}\nconst fs = require('fs');\nconst a = process.argv.slice(2);\nconst v = (f) => a[a.indexOf(f) + 1];\nfs.appendFileSync(${JSON.stringify(log)}, JSON.stringify([require('path').basename(process.argv[1]), ...a]) + '\\n');\n`;
+  const bench = `${head}const t = JSON.parse(fs.readFileSync(${JSON.stringify(join(FIX, 'llama-bench.f32.json'))}, 'utf8'));
+t[0].n_prompt = +v('-p'); t[1].n_gen = +v('-n'); t[0].n_threads = t[1].n_threads = +v('-t'); t[0].type_k = t[1].type_k = v('-ctk');
+console.log(JSON.stringify(t));\n`;
+  const batched = `${head}const l = JSON.parse(fs.readFileSync(${JSON.stringify(join(FIX, 'llama-batched-bench.f32.jsonl'))}, 'utf8').split('\\n')[0]);
+for (const pp of v('-npp').split(',')) console.log(JSON.stringify({ ...l, pp: +pp, tg: +v('-ntg'), pl: +v('-npl') }));\n`;
+  writeFileSync(join(dir, 'llama-bench'), bench, { mode: 0o755 });
+  writeFileSync(join(dir, 'llama-batched-bench'), batched, { mode: 0o755 });
+}
+
+const argvLog = (log: string) =>
+  readFileSync(log, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as string[]);
+
+t.test("runSourceBuild: the tools' command lines, their figures, and a tool past its time limit", async (t) => {
+  const dir = t.testdir();
+  const log = join(dir, 'argv.jsonl');
+  fakeTools(dir, log);
+  const r = runSourceBuild(dir, '/m/x.bf16.gguf', 'BF16', { threads: 3, prefill: 64, steps: 6, reps: 3, timeoutS: 60 });
+  t.same(argvLog(log), [
+    ['llama-bench', '-m', '/m/x.bf16.gguf', '-t', '3', '-p', '64', '-n', '6', '-r', '3', '-ctk', 'bf16', '-ctv', 'bf16', '-o', 'json'],
+    [
+      'llama-batched-bench',
+      ...['-m', '/m/x.bf16.gguf', '-t', '3', '-tb', '3', '-c', String(16 * (32 + 6))],
+      ...['-npp', '32,32,32', '-ntg', '6', '-npl', '16', '-ctk', 'bf16', '-ctv', 'bf16', '--output-format', 'jsonl'],
+    ],
+  ]);
+  t.match(r, {
+    dtype: 'BF16',
+    build_commit: '0c1e570',
+    threads: 3,
+    kv_cache: 'bf16/f16',
+    prefill: { tokens: 64, tokens_per_s: 12808.275331 },
+  });
+  t.match(r.decode, [
+    { batch: 1, steps: 6, tokens_per_s: 530.476899, how: 'llama-bench tg6, avg_ts' },
+    { batch: 16, steps: 6, tokens_per_s: 2031.939453, how: /S_TG, 32-token prompts, median of 3/ },
+  ]);
+  writeFileSync(join(dir, 'llama-bench'), '#!/bin/sh\nexec sleep 30\n', { mode: 0o755 });
+  const t0 = Date.now();
+  t.throws(
+    () => runSourceBuild(dir, '/m/x.gguf', 'F32', { threads: 1, prefill: 8, steps: 2, reps: 1, timeoutS: 1 }),
+    /llama-bench did not finish \(killed by SIGKILL after the 1 s limit\)/,
+  );
+  t.ok(Date.now() - t0 < 20_000, 'the timeout ended it');
+  writeFileSync(join(dir, 'llama-bench'), '#!/bin/sh\necho "error: unknown model architecture" >&2\nexit 1\n', { mode: 0o755 });
+  t.throws(
+    () => runSourceBuild(dir, '/m/x.gguf', 'F32', { threads: 1, prefill: 8, steps: 2, reps: 1, timeoutS: 60 }),
+    /llama-bench failed \(exit 1\): error: unknown model architecture/,
+  );
+});
+
+t.test('the rows: each dtype beside slm-train in the same dtype, with the ratio; skipped ones say why', async (t) => {
+  const dir = t.testdir();
+  fakeTools(dir, join(dir, 'argv.jsonl'));
+  const run = runSourceBuild(dir, '/m/x.gguf', 'F32', { threads: 2, prefill: 32, steps: 4, reps: 2, timeoutS: 60 });
+  const rows = llamaCppSourceRows(
+    { bin: dir, runs: [run, { dtype: 'BF16', skipped: 'because' }] },
+    {
+      prefill: (d) => (d === 'float32' ? 2 * 12808.275331 : undefined),
+      decode: (d, B) => (d === 'float32' && B === 1 ? 530.476899 / 2 : undefined),
+    },
+  ).join('\n');
+  t.match(
+    rows,
+    /\| llama\.cpp source build 0c1e570 \(build 1\), F32 GGUF, KV f16\/f16, flash attention auto, 2 threads: prefill 32 tokens, batch 1 \(llama-bench pp32\) \| 12808\.3 tok\/s/,
+  );
+  t.match(rows, /\| slm-train float32 \/ llama\.cpp F32, prefill 32 tokens \| 2\.00x \|/);
+  t.match(rows, /\| slm-train float32 \/ llama\.cpp F32, decode batch 1 \| 0\.50x \|/);
+  t.match(rows, /decode batch 16 \(llama-batched-bench S_TG, 32-token prompts, median of 2\) \| 2031\.9 tok\/s \(7\.87 ms\/step\)/);
+  t.match(rows, /\| slm-train float32 \/ llama\.cpp F32, decode batch 16 \| not measured \|/);
+  t.match(rows, /\| llama\.cpp \(source build\), BF16 GGUF \| skipped: because \|/);
+  t.same(llamaCppSourceRows({ skipped: 'no folder' }, { prefill: () => 1, decode: () => 1 }), [
+    '| llama.cpp (source build) | skipped: no folder | | |',
+  ]);
+  t.match(runLlamaCppSource('/x', { bin: undefined, threads: 1, prefill: 8, steps: 2, reps: 1, timeoutS: 1 }), {
+    skipped: /no llama\.cpp build from source named \(--llama-cpp-bin DIR or SLM_TRAIN_LLAMA_CPP_BIN=DIR/,
+  });
+});
+
+t.test(
+  'slm-train bench engine --llama-cpp-bin DIR (or SLM_TRAIN_LLAMA_CPP_BIN) lacking the tools: a coded error before any benchmark',
+  async (t) => {
+    const empty = t.testdir();
+    for (const [args, env, named] of [
+      [['--llama-cpp-bin', empty], {}, `--llama-cpp-bin ${empty}`],
+      [[], { [LLAMA_CPP_BIN_ENV]: empty }, `${LLAMA_CPP_BIN_ENV}=${empty}`],
+    ] as const) {
+      const r = await runCliAsync(['bench', 'engine', '--quick', ...args], { env, timeout: 60_000 });
+      t.equal(r.code, 2, named);
+      t.match(r.stderr, `FILE_NOT_FOUND: ${named}: expected a folder holding llama.cpp's executables llama-bench and llama-batched-bench`);
+      t.notMatch(r.stderr, /\[bench\]/, 'no benchmark ran');
+    }
+  },
+);
+
+const python = ggufPython();
+const noGguf = needs(python ? false : NO_GGUF_PYTHON, t);
+
+t.test(
+  'slm-train bench engine --llama-cpp-bin DIR: the flag reaches the tools, run on F32 and BF16 GGUFs with the thread count, into the JSON and the table',
+  { skip: noGguf, timeout: 900_000 },
+  async (t) => {
+    const tmp = t.testdir();
+    const bin = join(tmp, 'bin');
+    mkdirSync(bin);
+    const log = join(tmp, 'argv.jsonl');
+    fakeTools(bin, log);
+    const model = join(tmp, 'tiny');
+    initModel({ preset: 'tiny', out: model, seed: 0 });
+    const out = join(tmp, 'bench.json');
+    const r = await runCliAsync(['bench', 'engine', '--quick', '--out', out, '--model', model, '--llama-cpp-bin', bin], {
+      env: { SLM_TRAIN_CACHE: join(tmp, 'cache'), SLM_TRAIN_THREADS: '2', [LLAMA_CPP_BIN_ENV]: '' },
+      timeout: 840_000,
+    });
+    t.equal(r.code, 0, r.stderr.slice(-3000));
+    const calls = argvLog(log);
+    t.same(
+      calls.map((c) => [c[0], c[c.indexOf('-m') + 1].replace(/.*\./, ''), c[c.indexOf('-t') + 1]]),
+      [
+        ['llama-bench', 'gguf', '2'],
+        ['llama-batched-bench', 'gguf', '2'],
+        ['llama-bench', 'gguf', '2'],
+        ['llama-batched-bench', 'gguf', '2'],
+      ],
+      'both tools, twice, with slm-train thread count',
+    );
+    t.match(calls[0][2], /\.f32\.gguf$/);
+    t.match(calls[2][2], /\.bf16\.gguf$/);
+    t.same([calls[0][calls[0].indexOf('-p') + 1], calls[0][calls[0].indexOf('-n') + 1]], ['128', '16'], '--quick: prefill 128, 16 steps');
+    const doc = JSON.parse(readFileSync(out, 'utf8'));
+    const src = doc.reports.engine.llama_cpp_source;
+    t.equal(src.bin, bin);
+    t.match(src.runs, [
+      { dtype: 'F32', build_commit: '0c1e570', prefill: { tokens: 128, tokens_per_s: 12808.275331 } },
+      { dtype: 'BF16', kv_cache: 'bf16/f16' },
+    ]);
+    t.ok(doc.reports.engine.prefill_bfloat16.tokens_per_s > 0, 'the bfloat16 prefill beside the BF16 rows');
+    const ratio = doc.reports.engine.prefill_bfloat16.tokens_per_s / 12808.275331;
+    t.match(
+      r.stdout,
+      /\| llama\.cpp source build 0c1e570 \(build 1\), F32 GGUF, KV f16\/f16, flash attention auto, 2 threads: prefill 128 tokens/,
+    );
+    t.match(r.stdout, `| slm-train bfloat16 / llama.cpp BF16, prefill 128 tokens | ${ratio.toFixed(2)}x |`, 'the table, with the ratio');
+    t.match(r.stdout, /\| slm-train bfloat16 \/ llama\.cpp BF16, decode batch 16 \| [\d.]+x \|/);
+  },
+);
+
+const realBin = process.env[LLAMA_CPP_BIN_ENV];
+t.test(
+  `a real llama.cpp build (${LLAMA_CPP_BIN_ENV}) on a tiny model: F32 and BF16 figures`,
+  {
+    skip: realBin ? noGguf : `${LLAMA_CPP_BIN_ENV} is not set (the folder of a llama.cpp build from source; CI builds none)`,
+    timeout: 600_000,
+  },
+  async (t) => {
+    const tmp = t.testdir();
+    process.env.SLM_TRAIN_CACHE = tmp;
+    const dir = join(tmp, 'tiny');
+    initModel({ preset: 'tiny', out: dir, seed: 0 });
+    const r = runLlamaCppSource(dir, { bin: llamaCppBin(undefined), threads: 2, prefill: 32, steps: 4, reps: 2, timeoutS: 300 });
+    if ('skipped' in r) return t.fail(r.skipped);
+    t.same(
+      r.runs.map((x) => x.dtype),
+      ['F32', 'BF16'],
+    );
+    for (const x of r.runs) {
+      if ('skipped' in x) {
+        t.fail(`${x.dtype}: ${x.skipped}`);
+        continue;
+      }
+      t.match(x, { threads: 2, build_commit: /^[0-9a-f]{7,}|unknown/, kv_cache: x.dtype === 'F32' ? 'f16/f16' : 'bf16/bf16' });
+      t.ok(x.prefill.tokens_per_s > 0, `${x.dtype}: prefill ${x.prefill.tokens_per_s.toFixed(0)} tok/s`);
+      for (const d of x.decode)
+        t.ok(d.tokens_per_s > 0, `${x.dtype}: decode batch ${d.batch} ${d.tokens_per_s.toFixed(0)} tok/s (${d.how})`);
+    }
+  },
+);
