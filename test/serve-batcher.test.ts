@@ -1,59 +1,77 @@
-// The server's batching queue with a stand-in model whose generate calls end when the test says:
-// rows that arrive while a call runs wait for it up to concurrentAfterMs, then start a call of their
-// own beside it (at most maxConcurrentCalls); arrivals within the wait share one call; a call with
-// another adapter waits until none runs; a call pads its prompts to the longest, so a long prompt is
-// not batched with short ones; the prefill chunk reaches the engine.
+// The server's batching queue (continuous batching) with a stand-in model whose decode sessions end
+// when the test says: rows that agree with a running session join it at once (no wait for it to
+// end), rows with other settings start a session beside it (at most maxConcurrentCalls), a session
+// with another adapter waits until none runs, a session that has ended takes no rows (a new one
+// starts), a row whose client left is never submitted, each row gets the top log-probs it asked for,
+// and the prefill chunk and maxBatch reach the session.
 import t from 'tap';
 import type { Model } from '../lib/engine/model.js';
+import type { SessionOptions, SessionRow } from '../lib/engine/session.js';
 import { Batcher } from '../lib/serve/batcher.js';
 import { Job } from '../lib/serve/job.js';
 import type { ServeOptions } from '../lib/serve/options.js';
 
-interface Call {
-  rows: number;
-  prefillChunk?: number;
-  at: number;
+interface Session {
+  opts: SessionOptions;
+  rows: SessionRow[];
+  /** Ends every row (finish 'length') and the session. */
   end: () => void;
 }
 
 function stand(o: Partial<ServeOptions>) {
-  const calls: Call[] = [];
+  const sessions: Session[] = [];
   const adapters: string[] = [];
   let running = 0;
   let most = 0;
   const model = {
-    generateStream: (req: { prompts: unknown[]; prefillChunk?: number }) =>
-      new Promise((resolve) => {
-        running++;
-        most = Math.max(most, running);
-        calls.push({
-          rows: req.prompts.length,
-          prefillChunk: req.prefillChunk,
-          at: performance.now(),
-          end: () => {
-            running--;
-            resolve({
-              tokens: [],
-              logprobs: [],
-              finishReasons: req.prompts.map(() => 'length'),
-              steps: 1,
-              prefillTokens: 1,
-              prefillTokensRequested: 1,
-              cacheReusedTokens: 0,
-            });
-          },
-        });
-      }),
+    decodeSession: (opts: SessionOptions) => {
+      const rows: SessionRow[] = [];
+      let ended = false;
+      let resolve!: (v: unknown) => void;
+      const done = new Promise((r) => (resolve = r));
+      const s: Session = {
+        opts,
+        rows,
+        end: () => {
+          ended = true;
+          running--;
+          for (const r of rows) r.onEnd?.('length');
+          resolve({
+            steps: 1,
+            rows: rows.length,
+            joined: 0,
+            maxBatch: rows.length,
+            prefillTokens: 1,
+            rebuilds: 0,
+            prefillSeconds: 0,
+            decodeSeconds: 0,
+          });
+        },
+      };
+      sessions.push(s);
+      return {
+        done,
+        get rows() {
+          return ended ? 0 : rows.length;
+        },
+        submit: (row: SessionRow) => {
+          if (ended) return -1;
+          if (!rows.length) most = Math.max(most, ++running);
+          rows.push(row);
+          return rows.length - 1;
+        },
+      };
+    },
     loadAdapter: async (dir: string) => void adapters.push(dir),
     detachLora: () => void adapters.push('none'),
   } as unknown as Model;
   const b = new Batcher({ model, ...o } as ServeOptions, new Map([['other', '/adapters/other']]));
-  return { b, calls, adapters, most: () => most };
+  return { b, sessions, adapters, most: () => most };
 }
-const job = (adapter: string | null = null, promptTokens = 2) =>
+const job = (adapter: string | null = null, promptTokens = 2, topK = 0, topN = 0) =>
   new Job(
     new Int32Array(promptTokens).fill(1),
-    { topK: 0, stop: [], stopTokenIds: [], adapter, maxTokens: 4, temperature: 0, topP: 1, topN: 0, keepStop: false } as never,
+    { topK, stop: [], stopTokenIds: [], adapter, maxTokens: 4, temperature: 0, topP: 1, topN, keepStop: false } as never,
     1,
     () => '',
   );
@@ -63,86 +81,87 @@ const until = async (ok: () => boolean) => {
 };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-t.test('rows arriving during a call wait up to concurrentAfterMs, then share a call beside it', async (t) => {
-  const { b, calls, most } = stand({ concurrentAfterMs: 2000, prefillChunk: 64 });
-  b.enqueue([job()]);
-  await until(() => calls.length === 1);
-  t.equal(calls[0].prefillChunk, 64, 'prefillChunk reaches the engine');
-  const t0 = performance.now();
-  b.enqueue([job()]);
-  await sleep(30);
-  b.enqueue([job()]);
-  await sleep(30);
-  t.equal(calls.length, 1, 'not started at once');
-  await until(() => calls.length === 2);
-  // A lower bound only (a timer never fires early); the 2 s wait leaves the two 30 ms sleeps above a wide margin on a loaded machine.
-  t.ok(calls[1].at - t0 >= 1990, `the second call started ${(calls[1].at - t0).toFixed(0)} ms after the first arrival (the wait is 2,000)`);
-  t.equal(calls[1].rows, 2, 'the two arrivals share it');
-  b.enqueue([job()]);
-  await sleep(250);
-  t.equal(calls.length, 2, 'a third call waits: two run already (maxConcurrentCalls default 2)');
-  calls[0].end();
-  await until(() => calls.length === 3);
-  t.equal(most(), 2);
-  calls[1].end();
-  calls[2].end();
-  await b.idle();
-});
-
-t.test('a row that arrives when the running call ends soon joins the next call; another adapter waits for none to run', async (t) => {
-  const { b, calls, adapters } = stand({ concurrentAfterMs: 10_000 });
-  b.enqueue([job()]);
-  await until(() => calls.length === 1);
+t.test('rows that agree with the running session join it at once; prefillChunk and maxBatch reach it', async (t) => {
+  const { b, sessions } = stand({ prefillChunk: 64, maxBatch: 8 });
+  const first = job();
+  b.enqueue([first]);
+  t.equal(sessions.length, 1, 'a session starts at once');
+  t.match(sessions[0].opts, { prefillChunk: 64, maxRows: 8, topLogprobs: 0 }, 'prefillChunk and maxBatch reach the session');
   b.enqueue([job(), job()]);
-  b.enqueue([job('other')]);
-  await sleep(100);
-  t.equal(calls.length, 1, 'nothing beside it within the wait');
-  calls[0].end();
-  await until(() => calls.length === 2);
-  t.equal(calls[1].rows, 2, 'the two queued rows in the next call');
-  await sleep(100);
-  t.equal(calls.length, 2, "the other adapter's row waits while a call runs");
-  t.same(adapters, [], 'no adapter switched while a call ran');
-  calls[1].end();
-  await until(() => calls.length === 3);
-  t.same(adapters, ['/adapters/other'], 'switched once none ran');
-  calls[2].end();
+  t.equal(sessions.length, 1, 'no second session');
+  t.equal(sessions[0].rows.length, 3, 'the later rows joined the running session without waiting for it to end');
+  t.same(b.batches.since(0), [1, 2], 'two submissions: 1 row, then 2');
+  t.equal(sessions[0].rows[0].prompt, first.prompt, "the row's prompt reaches the session");
+  sessions[0].end();
   await b.idle();
+  t.same(await first.result, { text: '', finish: 'length' }, 'a row ends when the session says so');
+  t.same(
+    b.calls.since(0).map((c) => c.rows),
+    [1, 2],
+    'each submission recorded once its rows ended',
+  );
+  t.equal(b.sessionStats.count, 1, "the session's counters recorded");
 });
 
-t.test('maxConcurrentCalls 1: one call at a time', async (t) => {
-  const { b, calls, most } = stand({ concurrentAfterMs: 0, maxConcurrentCalls: 1 });
+t.test('rows with other settings start a session beside it, up to maxConcurrentCalls; another adapter waits for none to run', async (t) => {
+  const { b, sessions, adapters, most } = stand({});
   b.enqueue([job()]);
-  await until(() => calls.length === 1);
+  b.enqueue([job(null, 2, 5)]);
+  t.equal(sessions.length, 2, 'top-k 5: a session of its own beside the first');
+  t.equal(sessions[1].opts.topK, 5);
+  b.enqueue([job(null, 2, 7)]);
+  b.enqueue([job('other')]);
+  await sleep(50);
+  t.equal(sessions.length, 2, 'a third setting waits: two sessions run (maxConcurrentCalls default 2)');
   b.enqueue([job()]);
-  await sleep(100);
-  t.equal(calls.length, 1);
-  calls[0].end();
-  await until(() => calls.length === 2);
-  calls[1].end();
+  t.equal(sessions[0].rows.length, 2, 'a row that agrees still joins at once');
+  sessions[0].end();
+  await until(() => sessions.length === 3);
+  t.equal(sessions[2].opts.topK, 7, 'the waiting setting starts when a session ends');
+  t.same(adapters, [], 'no adapter switched while sessions ran');
+  sessions[1].end();
+  sessions[2].end();
+  await until(() => sessions.length === 4);
+  t.same(adapters, ['/adapters/other'], 'switched once none ran');
+  sessions[3].end();
+  await b.idle();
+  t.equal(most(), 2);
+});
+
+t.test('a session that has ended takes no rows: a new one starts; maxConcurrentCalls 1', async (t) => {
+  const { b, sessions, most } = stand({ maxConcurrentCalls: 1 });
+  b.enqueue([job()]);
+  sessions[0].end(); // ended: its done has not been seen by the batcher yet
+  b.enqueue([job()]);
+  t.equal(sessions.length, 2, 'the row went to a new session');
+  t.equal(sessions[1].rows.length, 1);
+  b.enqueue([job(null, 2, 3)]);
+  await sleep(50);
+  t.equal(sessions.length, 2, 'maxConcurrentCalls 1: another setting waits');
+  sessions[1].end();
+  await until(() => sessions.length === 3);
+  sessions[2].end();
   await b.idle();
   t.equal(most(), 1);
 });
 
-t.test('prompts of very different lengths are not padded into one call', async (t) => {
-  const { b, calls } = stand({ concurrentAfterMs: 0 });
-  // A 2,000-token prompt, then 31 of 30 tokens (all queued in one tick), then one of 1,200.
-  b.enqueue([job(null, 2000), ...Array.from({ length: 31 }, () => job(null, 30)), job(null, 1200)]);
-  await until(() => calls.length === 2);
-  // Admitted while at least half the padded positions are real: 2,000 + one 30 (4,000 padded for 2,030),
-  // not a second 30 (6,000 for 2,060), then the 1,200 (6,000 for 3,230); the other 30 short ones apart.
-  t.same(
-    calls.map((c) => c.rows),
-    [3, 30],
-    'the long prompt with one short and the 1,200-token one; the 30 other short ones apart',
-  );
-  calls[0].end();
-  calls[1].end();
+t.test("a queued row whose client left is never submitted; a row's top log-probs are the ones it asked for", async (t) => {
+  const { b, sessions } = stand({ maxConcurrentCalls: 1 });
+  b.enqueue([job()]);
+  const gone = job(null, 2, 9);
+  b.enqueue([gone]);
+  gone.abort.abort();
+  t.same(await gone.result, { text: '', finish: 'cancelled' });
+  sessions[0].end();
   await b.idle();
-  const { b: b2, calls: c2 } = stand({});
-  b2.enqueue([job(null, 30), job(null, 40), job(null, 25)]);
-  await until(() => c2.length === 1);
-  t.equal(c2[0].rows, 3, 'similar lengths share a call');
-  c2[0].end();
+  t.equal(sessions.length, 1, 'no session for the row that left');
+  const { b: b2, sessions: s2 } = stand({});
+  const j = job(null, 2, 0, 3);
+  b2.enqueue([j]);
+  t.equal(s2[0].opts.topLogprobs, 20, 'a session with log-probs computes the most a row may ask');
+  const ids = Int32Array.from({ length: 20 }, (_, i) => i);
+  s2[0].rows[0].onToken?.({ row: 0, token: 5, logprob: -1, top: { ids, logprobs: new Float32Array(20) } });
+  t.same(Array.from(j.top[0]!.ids), [0, 1, 2], 'the row keeps its 3');
+  s2[0].end();
   await b2.idle();
 });

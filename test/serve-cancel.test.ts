@@ -1,8 +1,8 @@
 // `slm-train serve` while a long request runs (issue 33 row 1): /health and /v1/models answer while
-// its prefill and decoding run (the native call runs on a worker thread, not the event loop); a
-// second request starts at once in a concurrent call (it does not wait for the long one), a client
-// that disconnects during its prefill stops it between two prefill chunks, and during decoding at the
-// next step; a short request is answered while the long one still runs; SIGTERM ends the process
+// its prefill and decoding run (the native loop runs on a worker thread, not the event loop); a
+// second request joins the running decode session at once (it does not wait for the long one to end),
+// a client that disconnects before or during its prefill is never computed or stops between two
+// chunks, and during decoding at the next step; a short request is answered while the long one still runs; SIGTERM ends the process
 // within a bound: at once while it decodes or prefills in chunks, and with --prefill-chunk 0 (one
 // forward, which nothing interrupts) after the 5 s grace by SIGTERM's default action.
 // The tiny preset, real engine; the SIGTERM cases run the CLI (dist/, built by `npm test`'s pretest).
@@ -78,8 +78,9 @@ t.test('health and models answer during a long generation; a client that leaves 
   t.equal(chunks, 0, 'both answered during the prefill: no token streamed yet');
   t.notOk(aDone, 'and before the generation finished');
 
-  // B: a second long request while A runs: it starts at once in a second call; its client leaves
-  // during B's prefill, which stops between two chunks (A is not affected).
+  // B: a second long request while A runs: it joins A's session at once; its client leaves before
+  // B's prefill ends (B's prompt waits for A's prefill, then is computed a chunk at a time), and B ends
+  // without a token (A is not affected).
   const b = new AbortController();
   const bRes = fetch(`${base}/v1/completions`, {
     method: 'POST',
@@ -87,7 +88,7 @@ t.test('health and models answer during a long generation; a client that leaves 
     body: JSON.stringify({ ...long(1), stream: false }),
     signal: b.signal,
   }).catch((e: Error) => e);
-  await until(() => server.batches.count === 2, "B's call to start beside A's");
+  await until(() => server.batches.count === 2, "B's rows to join A's session");
   await new Promise((r) => setTimeout(r, 100));
   b.abort();
   t.match(await bRes, { name: 'AbortError' }, "B's client gave up");
@@ -98,7 +99,7 @@ t.test('health and models answer during a long generation; a client that leaves 
   t.notOk(aDone, 'A still runs');
 
   // A keeps decoding; /health still answers between its decode steps, and a short request gets its
-  // whole reply while A runs (a call of its own, not queued behind A's).
+  // whole reply while A runs (it joins A's decode, not queued behind it).
   await until(() => chunks >= 5, "A's first tokens");
   t.equal((await fetch(`${base}/health`)).status, 200, '/health answers during decoding');
   const short = await fetch(`${base}/v1/completions`, {
@@ -115,7 +116,7 @@ t.test('health and models answer during a long generation; a client that leaves 
   await server.idle();
   t.ok(Date.now() - t0 < 30_000, `the server is idle ${Date.now() - t0} ms after A's client left`);
   const calls = server.calls.since(0);
-  t.equal(server.batches.count, 3, 'three generate calls: A, B and the short one');
+  t.equal(server.batches.count, 3, 'three submissions: A, B and the short one');
   t.same(
     calls.map((c) => c.finish[0]),
     ['cancelled', 'length', 'cancelled'],
@@ -125,7 +126,7 @@ t.test('health and models answer during a long generation; a client that leaves 
   t.equal(calls[2].prefillTokens, 4000, "A's prefill ran whole (its client stayed through it)");
 });
 
-t.test('a queued request whose client leaves is never prefilled (the concurrent calls all busy)', async (t) => {
+t.test('a request whose client leaves while it waits behind another prefill is never prefilled', async (t) => {
   const { server, base } = await inProcess(t, { maxConcurrentCalls: 1 });
   const a = new AbortController();
   const aRes = fetch(`${base}/v1/completions`, {
@@ -152,10 +153,15 @@ t.test('a queued request whose client leaves is never prefilled (the concurrent 
   a.abort();
   await aRes;
   await server.idle();
-  t.equal(
-    server.batches.count,
-    1,
-    "one generate call: B's rows, queued behind A's (--max-concurrent-calls 1), were dropped before any prefill",
+  const computed = server.sessions.since(0).reduce((n, x) => n + x.prefillTokens, 0);
+  t.ok(
+    computed <= 4000,
+    `${computed} prompt tokens computed, at most A's 4,000: B's rows, waiting behind A's prefill, were dropped before any of theirs`,
+  );
+  t.same(
+    server.calls.since(0).find((c) => c.rows === 1 && c.finish[0] === 'cancelled' && c.prefillTokens === 0) !== undefined,
+    true,
+    'B ended cancelled without a token',
   );
 });
 

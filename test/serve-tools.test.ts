@@ -3,7 +3,7 @@
 // - The <tool_call> parser as a unit: content and calls, text split anywhere (as a stream) gives the
 //   same result as the whole text, malformed and unclosed blocks, parallel_tool_calls: false.
 // - Through the official `openai` client against a server over a scripted model (a stand-in whose
-//   generateStream emits the tokens of a given text, and records the prompts it was given): a random
+//   decode session emits the tokens of a given text, and records the prompts it was given): a random
 //   tiny model never writes a <tool_call> block, so the replies are scripted, and the prompts the
 //   model received are checked (tools rendered by the template, or not for tool_choice 'none';
 //   earlier tool calls and tool results rendered). Non-streaming replies carry message.tool_calls
@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import OpenAI from 'openai';
 import t, { type Test } from 'tap';
 import type { Model } from '../lib/engine/model.js';
-import type { StreamGenerateRequest, StreamGenerateResult } from '../lib/engine/types.js';
+import type { RowFinish, SessionOptions, SessionRow } from '../lib/engine/session.js';
 import { ChatFormatter } from '../lib/model/chat.js';
 import { initModel } from '../lib/model/init.js';
 import { loadTokenizer } from '../lib/model/tokenizer.js';
@@ -219,36 +219,66 @@ t.test('parseTools refuses malformed tools and unsupported choices with coded 40
 /** A scripted stand-in for the engine: each row emits the tokens of the next scripted text, then <|im_end|>. */
 function scriptedModel() {
   const script: string[] = [];
-  const requests: StreamGenerateRequest[] = [];
+  /** Each request as it reached the engine (its rows submitted together): the prompt and its token limit. */
+  const requests: Array<{ prompts: Int32Array[]; rowMaxNewTokens: number[] }> = [];
   let gate: Promise<void> | null = null;
   const model = {
     vocabSize: tokenizer.vocabSize,
     config: { num_hidden_layers: 2, max_position_embeddings: 40960 },
-    async generateStream(req: StreamGenerateRequest): Promise<StreamGenerateResult> {
-      requests.push(req);
-      if (gate) await gate;
-      const tokens: Int32Array[] = [];
-      const finishReasons: StreamGenerateResult['finishReasons'] = [];
-      let steps = 0;
-      req.prompts.forEach((_, row) => {
-        const text = script.shift() ?? 'no script left';
-        const all = [...tokenizer.encode(text), IM_END];
-        const max = req.rowMaxNewTokens?.[row] ?? req.maxNewTokens;
-        const ids = all.slice(0, max);
-        const finish = ids.length === all.length ? 'stop_token' : 'length';
-        ids.forEach((token, i) => req.onToken?.({ row, token, logprob: -0.5, ...(i === ids.length - 1 ? { finish } : {}) }));
-        tokens.push(Int32Array.from(ids));
-        finishReasons.push(finish);
-        steps = Math.max(steps, ids.length);
-      });
+    decodeSession(_opts: SessionOptions) {
+      let open = 0;
+      let ended = false;
+      let next = 0;
+      let resolve!: (v: unknown) => void;
+      const done = new Promise((r) => (resolve = r));
+      let last: { prompts: Int32Array[]; rowMaxNewTokens: number[] } | null = null;
       return {
-        tokens,
-        logprobs: tokens.map((x) => new Float32Array(x.length).fill(-0.5)),
-        finishReasons,
-        steps,
-        prefillTokens: 0,
-        prefillTokensRequested: 0,
-        cacheReusedTokens: 0,
+        done,
+        submit(row: SessionRow): number {
+          if (ended) return -1;
+          // Rows submitted in one turn are one request's (the batcher submits a request's rows together).
+          if (!last) {
+            last = { prompts: [], rowMaxNewTokens: [] };
+            requests.push(last);
+            queueMicrotask(() => (last = null));
+          }
+          last.prompts.push(row.prompt);
+          last.rowMaxNewTokens.push(row.maxNewTokens);
+          open++;
+          const id = next++;
+          void (async () => {
+            await Promise.resolve();
+            if (gate) await gate;
+            const text = script.shift() ?? 'no script left';
+            const all = [...tokenizer.encode(text), IM_END];
+            const ids = all.slice(0, row.maxNewTokens);
+            const finish = ids.length === all.length ? 'stop_token' : 'length';
+            let end: [RowFinish, unknown?] = [finish];
+            for (let i = 0; i < ids.length; i++) {
+              try {
+                row.onToken?.({ row: id, token: ids[i], logprob: -0.5, ...(i === ids.length - 1 ? { finish } : {}) });
+              } catch (e) {
+                end = ['cancelled', e];
+                break;
+              }
+            }
+            row.onEnd?.(...end);
+            if (--open === 0) {
+              ended = true;
+              resolve({
+                steps: 0,
+                rows: next,
+                joined: 0,
+                maxBatch: next,
+                prefillTokens: 0,
+                rebuilds: 0,
+                prefillSeconds: 0,
+                decodeSeconds: 0,
+              });
+            }
+          })();
+          return id;
+        },
       };
     },
   };

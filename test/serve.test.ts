@@ -67,14 +67,16 @@ t.test('chat and text completions, batching, the judge backend, errors', async (
   });
   t.ok(['stop', 'length'].includes(r.body.choices[0].finish_reason));
 
-  // Six at once: they share generate calls and each gets its own greedy reply.
+  // Six at once: they decode together (continuous batching) and each gets its own greedy reply.
   const qs = ['a', 'bb', 'ccc ccc', 'dddd', 'eeeee eeee', 'f'].map((x) => `Say ${x}`);
-  const calls0 = server.batches.count;
+  await server.idle();
+  const s0 = server.sessions.count;
   const all = await Promise.all(
     qs.map((q) => post('/chat/completions', { messages: [{ role: 'user', content: q }], max_tokens: 8, temperature: 0 })),
   );
-  const rows = server.batches.since(calls0);
-  t.ok(rows.length < qs.length && Math.max(...rows) > 1, `6 requests in ${rows.length} generate calls (${rows.join(', ')} rows)`);
+  await server.idle();
+  const most = server.sessions.since(s0).map((x) => x.maxBatch);
+  t.ok(Math.max(...most) > 1, `6 requests decoded together (most rows in a decode step, per session: ${most.join(', ')})`);
   for (let i = 0; i < qs.length; i++)
     t.equal(all[i].body.choices[0].message.content, (await solo(qs[i], 8)).text, `batched reply ${i} = its solo reply`);
 
@@ -88,11 +90,12 @@ t.test('chat and text completions, batching, the judge backend, errors', async (
     top_k: 4,
     seed: 1000 + q.length,
   });
-  const calls1 = server.batches.count;
+  const s1 = server.sessions.count;
   const together = await Promise.all(qs.map((q) => post('/chat/completions', sampled(q))));
+  await server.idle();
   t.ok(
-    server.batches.since(calls1).some((n) => n > 1),
-    'the sampled requests shared generate calls',
+    server.sessions.since(s1).some((x) => x.maxBatch > 1),
+    'the sampled requests decoded together',
   );
   for (let i = 0; i < qs.length; i++)
     t.equal(

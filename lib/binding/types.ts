@@ -2,6 +2,8 @@
  * The whole native surface in one place (the addon's C++ is in native/addon). Tensors never cross:
  * ids, masks and results travel as typed arrays, one call per batch.
  */
+import type { NativeSessionOptions, NativeSessionRow, NativeSessionStats } from './session-types.js';
+
 export interface NativeModelConfig {
   vocab_size: number;
   hidden_size: number;
@@ -149,6 +151,19 @@ export interface NativeModel {
     req: NativeGenerateRequest,
     onStep: (step: NativeGenerateStep) => void,
   ): { done: Promise<NativeGenerateResult>; cancel(row: number): void };
+  /**
+   * Continuous batching (native/core/continuous.h): one decode loop that rows join while it runs,
+   * started with `first` (id 0). `submit` returns a row's id, or -1 once the loop has ended (no row
+   * left: start another);
+   * `onStep` gets every iteration's tokens in order (a row cancelled before a token: token -1,
+   * finish 3); `done` resolves with the loop's counters when it ends (the last steps' events may
+   * arrive after it).
+   */
+  decodeSession(
+    opts: NativeSessionOptions,
+    onStep: (step: NativeGenerateStep) => void,
+    first: NativeSessionRow,
+  ): { done: Promise<NativeSessionStats>; submit(row: NativeSessionRow): number; cancel(row: number): void };
   /**
    * out[t] = log p(ids[t] | ids[<t]) per row (0 at t = 0), concatenated like the input. `reference`:
    * under the KL reference policy (the frozen reference adapter, else the base model).

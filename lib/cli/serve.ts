@@ -15,7 +15,6 @@ interface Args extends ModelArgs {
   name?: string;
   'max-batch': number;
   'max-concurrent-calls': number;
-  'concurrent-after-ms': number;
   'prefill-chunk': number;
   'max-model-len'?: number;
   'max-body-mb': number;
@@ -32,21 +31,21 @@ export const serveCommand: CommandModule<object, Args> = {
       .option('port', { type: 'number', default: 8000, describe: 'port (0 = any free port)' })
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to listen on' })
       .option('name', { type: 'string', describe: 'model name in responses (default: the folder name)' })
-      .option('max-batch', { type: 'number', default: 32, describe: 'rows per batched generate call (also the largest n)' })
+      .option('max-batch', {
+        type: 'number',
+        default: 32,
+        describe: 'rows decoding at once in a session (also the largest n); more wait for a row to end',
+      })
       .option('max-concurrent-calls', {
         type: 'number',
         default: 2,
-        describe: 'generate calls run at once: a request arriving while one runs starts without waiting for it',
-      })
-      .option('concurrent-after-ms', {
-        type: 'number',
-        default: 200,
-        describe: 'how long a request that arrives while a call runs waits for it before it starts a call beside it',
+        describe:
+          'decode sessions run at once: rows with other top-k, stops, log-probs or adapter than the running session start one beside it',
       })
       .option('prefill-chunk', {
         type: 'number',
         default: 512,
-        describe: 'prompt positions per prefill forward (0: one forward); a call whose clients all left stops between two chunks',
+        describe: 'prompt positions per prefill forward, between two decode steps of the running rows (0: a prompt at once)',
       })
       .option('max-tokens-default', { type: 'number', default: DEFAULT_MAX_TOKENS, describe: 'max_tokens of a request that names none' })
       .option('max-tokens-limit', {
@@ -81,7 +80,6 @@ export const serveCommand: CommandModule<object, Args> = {
     for (const [k, min] of [
       ['max-concurrent-calls', 1],
       ['prefill-chunk', 0],
-      ['concurrent-after-ms', 0],
     ] as const)
       if (!(Number.isInteger(args[k]) && args[k] >= min))
         throw new SlmError('ARGUMENT_INVALID', `--${k} must be a whole number, at least ${min}, found ${args[k]}.`);
@@ -94,7 +92,6 @@ export const serveCommand: CommandModule<object, Args> = {
       host: args.host,
       maxBatch: args['max-batch'],
       maxConcurrentCalls: args['max-concurrent-calls'],
-      concurrentAfterMs: args['concurrent-after-ms'],
       prefillChunk: args['prefill-chunk'],
       maxBodyBytes: bodyLimit,
       maxModelLen: maxLen,

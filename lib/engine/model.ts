@@ -38,6 +38,7 @@ import {
 } from './types.js';
 import { native } from './runtime.js';
 import { writeFolderFiles, type GenerateStats } from './merged-export.js';
+import { DecodeSession, type SessionOptions } from './session.js';
 import { FINISH, generatedRows, nativeGenerateRequest, streamGenerate } from './generate-call.js';
 import { flatRows, nativeTrainRequest, type TrainBatch, type TrainOptions } from './train-request.js';
 
@@ -441,10 +442,9 @@ export class Model implements TextGenerator {
 
   /**
    * generate in one batched native call, with each token reported to `onToken` as it is sampled
-   * (from the native worker thread, step by step: what a streaming server sends), per-row token
-   * limits, the top-n log-probs of every step, and rows that stop early when their signal aborts
-   * (the row leaves the batch at the next step; finish 'cancelled'). Every token reaches onToken
-   * before the promise resolves; an exception thrown by onToken rejects it once generation ends.
+   * (step by step: what a streaming server sends), per-row token limits, the top-n log-probs of every
+   * step, and rows that stop early when their signal aborts (finish 'cancelled'). Every token reaches
+   * onToken before the promise resolves; an exception thrown by onToken rejects it once it ends.
    */
   async generateStream(req: StreamGenerateRequest): Promise<StreamGenerateResult> {
     if (req.prompts.length === 0)
@@ -457,6 +457,11 @@ export class Model implements TextGenerator {
     );
     this.#noteEvictions(r);
     return result;
+  }
+
+  /** Continuous batching: one decode loop that rows join while it runs (lib/engine/session.ts). */
+  decodeSession(opts: SessionOptions = {}): DecodeSession {
+    return new DecodeSession(this.h, opts, this.vocabSize);
   }
 
   /**

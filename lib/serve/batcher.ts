@@ -1,42 +1,56 @@
 /**
- * The OpenAI server's batching queue: a call takes every queued row that agrees with the first one
- * on the per-call settings (top-k, stops, adapter), up to maxBatch, putting that adapter on the model
- * first. Up to maxConcurrentCalls calls run at once (default 2, each on its own worker thread over
- * the same weights): rows that arrive while a call runs wait for it to end, or at most
- * concurrentAfterMs (default 200) before they start a call of their own beside it, so requests that
- * arrive close together still share a call and a short request is not stuck behind a long one; a
- * call with another adapter waits until the running calls end (the adapter is switched only when
- * none runs). Prompts are prefilled prefillChunk positions at a time (default
- * 512), and a call whose every row was cancelled (its clients left) stops between two chunks.
+ * The OpenAI server's batching queue: continuous batching. Rows run in decode sessions
+ * (Model.decodeSession, lib/engine/session.ts): a row that agrees with a running session on the
+ * per-session settings (top-k, stops, whether log-probs are wanted, the adapter) joins it at once —
+ * its prompt is prefilled prefillChunk positions at a time (default 512) between the running rows'
+ * decode steps, and it decodes with them from the next step on; a session ends when its last row
+ * does. Rows with other settings start a session of their own beside it, up to maxConcurrentCalls
+ * sessions at once (default 2, each on its own worker thread over the same weights); a session with
+ * another adapter waits until none runs (the adapter is switched only then). A row whose client left
+ * is dropped from the queue, or cancelled in its session (between two prefill chunks, or before its
+ * next token).
  */
+import type { DecodeSession, RowFinish, SessionStats } from '../engine/session.js';
 import { History } from './history.js';
 import type { Job } from './job.js';
 import type { ServeOptions } from './options.js';
 
-/** A finished generate call of the server. */
+/**
+ * The rows submitted together (one request's choices, or the requests queued at that moment), once
+ * the last of them has ended: the old "generate call".
+ */
 export interface CallRecord {
   rows: number;
+  /** Decode steps its longest row took (its tokens). */
   steps: number;
   finish: string[];
-  /** Prompt tokens the prefill computed (fewer than the prompts' when every row left during it). */
+  /** Prompt tokens of its rows that were prefilled whole (a row that left during its prefill: 0). */
   prefillTokens: number;
+}
+
+/** Top log-probs a session computes when any of its rows asks for them (the OpenAI API's most). */
+const SESSION_TOP_N = 20;
+
+interface Running {
+  key: string;
+  adapter: string | null;
+  session: DecodeSession;
 }
 
 export class Batcher {
   private queue: Job[] = [];
-  /** Generate calls running now, and whether pump() is choosing the next one. */
-  private running = 0;
-  private starting = false;
-  /** When each queued row was queued (the concurrent-call delay counts from it). */
-  private queuedAt = new WeakMap<Job, number>();
-  private timer: NodeJS.Timeout | null = null;
-  /** Generate calls made and rows per call (tests and logs): the recent ones and their count. */
+  private sessions: Running[] = [];
+  /** An adapter switch (or its wait) in progress: nothing starts meanwhile. */
+  private switching = false;
+  /** Rows submitted together: each submission's row count (tests and logs). */
   readonly batches = new History<number>();
-  /** Each finished generate call: its rows, decode steps and how each row ended (tests and logs). */
+  /** Each submission's record, once its last row has ended (tests and logs). */
   readonly calls = new History<CallRecord>();
+  /** Each decode session's counters when it ends: rows, rows that joined it running, steps, prefill. */
+  readonly sessionStats = new History<SessionStats>();
   /** The adapter on the model now (null: the one it was started with, or none). */
   private active: string | null = null;
-  /** Resolves the promises idle() gave out, when the queue is empty and no call runs. */
+  /** Resolves the promises idle() gave out, when the queue is empty and no session runs. */
   private waiting: Array<() => void> = [];
 
   constructor(
@@ -45,7 +59,7 @@ export class Batcher {
     private readonly adapters: ReadonlyMap<string, string>,
   ) {}
 
-  /** Queues a request's rows (a cancelled row leaves the queue) and starts a call if none runs. */
+  /** Queues a request's rows (a cancelled row leaves the queue) and submits what can run. */
   enqueue(jobs: Job[]): void {
     for (const j of jobs) {
       j.abort.signal.addEventListener(
@@ -57,10 +71,8 @@ export class Batcher {
         { once: true },
       );
     }
-    const now = performance.now();
-    for (const j of jobs) this.queuedAt.set(j, now);
     this.queue.push(...jobs.filter((j) => !j.ended));
-    void this.pump();
+    this.pump();
   }
 
   /** Puts the job's adapter on the model (the started adapter, or none, for null). */
@@ -72,125 +84,135 @@ export class Batcher {
     this.active = name;
   }
 
-  /** Starts batched generate calls for the queued rows, up to maxConcurrentCalls at once. */
-  private async pump(): Promise<void> {
-    if (this.starting) return;
-    this.starting = true;
-    try {
-      while (this.queue.length && this.running < (this.o.maxConcurrentCalls ?? 2)) {
-        // Give requests that arrive together a chance to share the call.
-        await new Promise((r) => setImmediate(r));
-        // While calls run, only rows with the adapter on the model can start (it is switched when none
-        // runs), and only once they have waited concurrentAfterMs for the running call to end.
-        const first = this.running ? this.queue.find((j) => j.s.adapter === this.active) : this.queue[0];
-        if (!first) break;
-        if (this.running) {
-          const wait = (this.queuedAt.get(first) ?? 0) + (this.o.concurrentAfterMs ?? 200) - performance.now();
-          if (wait > 0) {
-            this.timer ??= setTimeout(() => {
-              this.timer = null;
-              void this.pump();
-            }, wait).unref();
-            break;
-          }
-        }
-        // The engine applies top-k / stops / the adapter per call: batch only rows that agree (top-p is per row).
-        const key = (j: Job) => JSON.stringify([j.s.topK, [...j.s.stop].sort(), j.s.stopTokenIds, j.s.adapter]);
-        const firstKey = key(first);
-        const take = this.batchOf(first, (j) => key(j) === firstKey);
-        this.queue = this.queue.filter((j) => !take.includes(j));
-        if (!this.running) {
-          try {
-            await this.useAdapter(first.s.adapter);
-          } catch (e) {
-            for (const j of take) j.fail(e as Error);
-            continue;
-          }
-        }
-        // A row cancelled while the call was being set up (its client left) is not prefilled.
-        const live = take.filter((j) => !j.ended);
-        if (!live.length) continue;
-        this.running++;
-        void this.run(live).finally(() => {
-          this.running--;
-          this.settle();
-          void this.pump();
-        });
-      }
-    } finally {
-      this.starting = false;
-      this.settle();
-    }
+  /** The settings a session shares: rows join only a session that agrees on them. */
+  private static key(j: Job): string {
+    return JSON.stringify([j.s.topK, [...j.s.stop].sort(), j.s.stopTokenIds, j.s.topN > 0, j.s.adapter]);
   }
 
-  /**
-   * The queued rows of one call: `first`, then those that `agrees` admits, in queue order, up to
-   * maxBatch, each only while at least half of the padded prefill stays real tokens (a call pads
-   * every prompt to its longest: a 2,000-token prompt with 31 thirty-token ones would prefill 64,000
-   * positions for 2,900 tokens; the short ones go in a call of their own instead).
-   */
-  private batchOf(first: Job, agrees: (j: Job) => boolean): Job[] {
-    const take = [first];
-    let sum = first.prompt.length;
-    let longest = first.prompt.length;
+  /** Submits every queued row that can run now: to a running session that agrees, or a new one. */
+  private pump(): void {
+    if (this.switching) return;
+    const groups = new Map<string, Job[]>();
     for (const j of this.queue) {
-      if (take.length >= (this.o.maxBatch ?? 32)) break;
-      if (j === first || !agrees(j)) continue;
-      const n = j.prompt.length;
-      const padded = Math.max(longest, n) * (take.length + 1);
-      if (padded > 2 * (sum + n)) continue;
-      take.push(j);
-      sum += n;
-      longest = Math.max(longest, n);
+      if (j.ended) continue;
+      const k = Batcher.key(j);
+      groups.set(k, [...(groups.get(k) ?? []), j]);
     }
-    return take;
+    for (const [key, jobs] of groups) {
+      let run = this.sessions.find((s) => s.key === key);
+      if (!run) {
+        const adapter = jobs[0].s.adapter;
+        if (this.sessions.length >= (this.o.maxConcurrentCalls ?? 2)) continue;
+        if (adapter !== this.active || (adapter !== null && !this.adapters.has(adapter))) {
+          if (this.sessions.length) continue; // the adapter is switched only when no session runs
+          this.switchTo(adapter, jobs);
+          return;
+        }
+        run = this.start(key, jobs[0]);
+      }
+      if (!this.submit(run, jobs)) {
+        // It ended between its last row's end and now: a new session takes the rows.
+        this.sessions = this.sessions.filter((s) => s !== run);
+        this.submit(this.start(key, jobs[0]), jobs);
+      }
+    }
+    this.settle();
   }
 
-  /** Resolves the idle() promises when no row is queued and no call runs or is being started. */
-  private settle(): void {
-    if (!this.running && !this.starting && !this.queue.length) for (const w of this.waiting.splice(0)) w();
+  private switchTo(adapter: string | null, jobs: Job[]): void {
+    this.switching = true;
+    this.useAdapter(adapter)
+      .catch((e: Error) => {
+        for (const j of jobs) j.fail(e);
+        this.queue = this.queue.filter((j) => !jobs.includes(j));
+      })
+      .finally(() => {
+        this.switching = false;
+        this.pump();
+      });
   }
 
-  /** Resolves when no row is queued and no generate call runs (now, or once the running calls end). */
-  idle(): Promise<void> {
-    if (!this.running && !this.starting && !this.queue.length) return Promise.resolve();
-    return new Promise((r) => this.waiting.push(r));
+  /** A new decode session for rows like `first`; removed from the running ones when it ends. */
+  private start(key: string, first: Job): Running {
+    const session = this.o.model.decodeSession({
+      topK: first.s.topK,
+      stopTokenIds: first.s.stopTokenIds,
+      stopStrings: first.s.stop,
+      topLogprobs: first.s.topN > 0 ? SESSION_TOP_N : 0,
+      prefillChunk: this.o.prefillChunk ?? 512,
+      maxRows: this.o.maxBatch ?? 32,
+    });
+    const run: Running = { key, adapter: first.s.adapter, session };
+    this.sessions.push(run);
+    session.done
+      .then(
+        (stats) => this.sessionStats.push(stats),
+        () => {}, // its rows got the error
+      )
+      .finally(() => {
+        this.sessions = this.sessions.filter((s) => s !== run);
+        this.pump();
+      });
+    return run;
   }
 
-  /** One batched generate call of `take` (rows that agree on the per-call settings). */
-  private async run(take: Job[]): Promise<void> {
-    const first = take[0];
-    this.batches.push(take.length);
-    try {
-      const r = await this.o.model.generateStream({
-        prompts: take.map((j) => j.prompt),
-        maxNewTokens: Math.max(...take.map((j) => j.s.maxTokens)),
-        rowMaxNewTokens: take.map((j) => j.s.maxTokens),
-        temperature: take.map((j) => j.s.temperature),
-        topP: take.map((j) => j.s.topP),
-        topK: first.s.topK,
-        // Each row's own seed: its samples do not depend on what it was batched with.
-        rowSeeds: take.map((j) => j.seed),
-        stopTokenIds: first.s.stopTokenIds,
-        stopStrings: first.s.stop,
-        topLogprobs: Math.max(...take.map((j) => j.s.topN)),
-        signals: take.map((j) => j.abort.signal),
-        prefillChunk: this.o.prefillChunk ?? 512,
+  /** Submits `jobs` to the session as one record; false when it has ended (nothing submitted). */
+  private submit(run: Running, jobs: Job[]): boolean {
+    const record: CallRecord = { rows: 0, steps: 0, finish: [], prefillTokens: 0 };
+    let open = 0;
+    const ended = (j: Job, f: RowFinish, tokens: number) => {
+      record.finish[jobs.indexOf(j)] = f;
+      record.steps = Math.max(record.steps, tokens);
+      if (tokens > 0) record.prefillTokens += j.prompt.length;
+      if (--open === 0) this.calls.push(record);
+    };
+    for (const j of jobs) {
+      let tokens = 0;
+      const id = run.session.submit({
+        prompt: j.prompt,
+        maxNewTokens: j.s.maxTokens,
+        temperature: j.s.temperature,
+        topP: j.s.topP,
+        // Each row's own seed: its samples do not depend on what it is batched with.
+        seed: j.seed,
+        signal: j.abort.signal,
         onToken: (ev) => {
-          const j = take[ev.row];
-          try {
-            j.token(ev);
-          } catch (e) {
-            // This row alone fails (its request gets the error); the others go on.
-            j.fail(e as Error);
-            j.abort.abort();
-          }
+          tokens++;
+          // Only the top-n the row asked for (the session computes the most any row may ask).
+          j.token(
+            ev.top && j.s.topN < ev.top.ids.length
+              ? { ...ev, top: { ids: ev.top.ids.subarray(0, j.s.topN), logprobs: ev.top.logprobs.subarray(0, j.s.topN) } }
+              : ev,
+          );
+        },
+        onEnd: (f, error) => {
+          if (error !== undefined) j.fail(error as Error);
+          else j.end(f);
+          ended(j, f, tokens);
         },
       });
-      this.calls.push({ rows: take.length, steps: r.steps, finish: r.finishReasons, prefillTokens: r.prefillTokens });
-      take.forEach((j, i) => j.end(r.finishReasons[i]));
-    } catch (e) {
-      for (const j of take) j.fail(e as Error);
+      if (id < 0) {
+        if (open === 0) return false;
+        // Unreachable in practice (rows of one pump go to a session in one turn); kept safe.
+        j.fail(new Error('the decode session ended while its rows were being submitted'));
+        continue;
+      }
+      open++;
+      record.rows++;
     }
+    this.queue = this.queue.filter((j) => !jobs.includes(j));
+    this.batches.push(record.rows);
+    return true;
+  }
+
+  /** Resolves the idle() promises when no row is queued and no session runs. */
+  private settle(): void {
+    if (!this.sessions.length && !this.switching && !this.queue.length) for (const w of this.waiting.splice(0)) w();
+  }
+
+  /** Resolves when no row is queued and no decode session runs (now, or once the running ones end). */
+  idle(): Promise<void> {
+    if (!this.sessions.length && !this.switching && !this.queue.length) return Promise.resolve();
+    return new Promise((r) => this.waiting.push(r));
   }
 }

@@ -11,13 +11,11 @@ export interface ServeOptions {
   name: string;
   port: number;
   host?: string;
-  /** Rows per batched generate call (default 32); also the largest `n`. */
+  /** Rows decoding at once in a decode session (default 32); also the largest `n`. */
   maxBatch?: number;
-  /** Generate calls run at once (default 2): a request arriving while one runs does not wait for it to end. */
+  /** Decode sessions at once (default 2): rows whose settings differ from the running session's start one beside it. */
   maxConcurrentCalls?: number;
-  /** How long rows queued while a call runs wait for it before they start a call beside it (default 200 ms). */
-  concurrentAfterMs?: number;
-  /** Prompt positions per prefill forward (default 512); a call whose clients all left stops between two. */
+  /** Prompt positions per prefill forward, between two decode steps of the running rows (default 512; 0: a prompt at once). */
   prefillChunk?: number;
   /** Default and upper bound of max_tokens (default 512 / 4096). */
   defaultMaxTokens?: number;

@@ -44,6 +44,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { describe } from '../errors.js';
 import { HttpError, closeServer, listen, readBody, sendJson } from './http.js';
 import { readAdapterConfig } from '../engine/adapter.js';
+import type { SessionStats } from '../engine/session.js';
 import { Batcher, type CallRecord } from './batcher.js';
 import type { History } from './history.js';
 import { Job, type RowResult } from './job.js';
@@ -71,14 +72,19 @@ export class OpenAIServer {
     this.logprobs = new LogprobFormat(o.tokenizer);
   }
 
-  /** Generate calls made and rows per call (tests and logs): the recent ones and their count. */
+  /** Rows submitted together to a decode session (tests and logs): the recent submissions and their count. */
   get batches(): History<number> {
     return this.batcher.batches;
   }
 
-  /** Each finished generate call: its rows, decode steps and how each row ended (tests and logs). */
+  /** Each finished submission: its rows, decode steps and how each row ended (tests and logs). */
   get calls(): History<CallRecord> {
     return this.batcher.calls;
+  }
+
+  /** Each finished decode session's counters (rows, rows that joined it running, steps, prefill). */
+  get sessions(): History<SessionStats> {
+    return this.batcher.sessionStats;
   }
 
   listen(): Promise<number> {

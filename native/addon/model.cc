@@ -51,15 +51,16 @@ slm::Qwen3Config read_config(Napi::Env env, const Napi::Object& c) {
 }  // namespace
 
 Napi::Function ModelWrap::Define(Napi::Env env) {
-  auto cls = DefineClass(
-      env, kName,
-      {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
-       InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
-       InstanceMethod<&ModelWrap::GenerateStream>("generateStream"), InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"),
-       InstanceMethod<&ModelWrap::LastHidden>("lastHidden"), InstanceMethod<&ModelWrap::ReleaseCaches>("releaseCaches"),
-       InstanceMethod<&ModelWrap::ClearCaches>("clearCaches"), InstanceMethod<&ModelWrap::SetCacheLimit>("setCacheLimit"),
-       InstanceMethod<&ModelWrap::CacheStats>("cacheStats"), InstanceMethod<&ModelWrap::SaveMerged>("saveMerged"),
-       InstanceMethod<&ModelWrap::BaseDigest>("baseDigest"), InstanceMethod<&ModelWrap::Dispose>("dispose")});
+  auto cls =
+      DefineClass(env, kName,
+                  {InstanceMethod<&ModelWrap::Info>("info"), InstanceMethod<&ModelWrap::SetVocab>("setVocab"),
+                   InstanceMethod<&ModelWrap::Logits>("logits"), InstanceMethod<&ModelWrap::Generate>("generate"),
+                   InstanceMethod<&ModelWrap::GenerateStream>("generateStream"), InstanceMethod<&ModelWrap::DecodeSession>("decodeSession"),
+                   InstanceMethod<&ModelWrap::SequenceLogprobs>("sequenceLogprobs"), InstanceMethod<&ModelWrap::LastHidden>("lastHidden"),
+                   InstanceMethod<&ModelWrap::ReleaseCaches>("releaseCaches"), InstanceMethod<&ModelWrap::ClearCaches>("clearCaches"),
+                   InstanceMethod<&ModelWrap::SetCacheLimit>("setCacheLimit"), InstanceMethod<&ModelWrap::CacheStats>("cacheStats"),
+                   InstanceMethod<&ModelWrap::SaveMerged>("saveMerged"), InstanceMethod<&ModelWrap::BaseDigest>("baseDigest"),
+                   InstanceMethod<&ModelWrap::Dispose>("dispose")});
   data(env)->model_class = Napi::Persistent(cls);
   return cls;
 }

@@ -32,6 +32,8 @@ class ModelWrap : public StateWrap<ModelWrap> {
   Napi::Value Logits(const Napi::CallbackInfo& info);
   Napi::Value Generate(const Napi::CallbackInfo& info);
   Napi::Value GenerateStream(const Napi::CallbackInfo& info);
+  // Continuous batching: rows submitted while the loop runs (session.cc).
+  Napi::Value DecodeSession(const Napi::CallbackInfo& info);
   Napi::Value SequenceLogprobs(const Napi::CallbackInfo& info);
   Napi::Value LastHidden(const Napi::CallbackInfo& info);
   // Episode KV caches (core/episode_cache.h), used by generate requests with cacheKeys.

@@ -27,6 +27,28 @@ bool ends_with_stop(const std::string& tail, size_t added, const std::string& st
 }
 }  // namespace
 
+StopRule::StopRule(const std::vector<int32_t>& ids, const std::vector<std::string>& strings, const Vocab* vocab)
+    : ids_(ids.begin(), ids.end()), strings_(strings), vocab_(vocab) {
+  if (!strings_.empty() && (!vocab_ || vocab_->bytes.empty()))
+    fail("ARGUMENT_INVALID", "stop strings need the vocabulary's byte strings: call setVocab on the model first.");
+  for (const auto& s : strings_) longest_ = std::max(longest_, s.size());
+}
+
+uint8_t StopRule::check(int32_t t, std::string& tail) const {
+  if (ids_.count(t)) return static_cast<uint8_t>(Finish::StopToken);
+  if (longest_ == 0) return StepEvent::kRunning;
+  const std::string& piece = (t >= 0 && static_cast<size_t>(t) < vocab_->bytes.size()) ? vocab_->bytes[t] : std::string();
+  tail += piece;
+  uint8_t f = StepEvent::kRunning;
+  for (const auto& ss : strings_)
+    if (ends_with_stop(tail, piece.size(), ss)) {
+      f = static_cast<uint8_t>(Finish::StopString);
+      break;
+    }
+  if (tail.size() > 4 * longest_ + 64) tail.erase(0, tail.size() - 2 * longest_ - 64);
+  return f;
+}
+
 GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const Vocab* vocab) {
   const int64_t B = static_cast<int64_t>(p.prompts.size());
   GenerateOutput out;
@@ -52,17 +74,13 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
   if (static_cast<int64_t>(p.temperature.size()) != B)
     fail("ARGUMENT_INVALID",
          "expected one temperature per prompt (" + std::to_string(B) + "), found " + std::to_string(p.temperature.size()) + ".");
-  if (!p.stop_strings.empty() && (!vocab || vocab->bytes.empty()))
-    fail("ARGUMENT_INVALID", "stop strings need the vocabulary's byte strings: call setVocab on the model first.");
+  const StopRule stops(p.stop_token_ids, p.stop_strings, vocab);
   int64_t L = 0;
   for (const auto& pr : p.prompts) {
     if (pr.empty()) fail("ARGUMENT_INVALID", "every prompt needs at least one token; found an empty prompt.");
     L = std::max<int64_t>(L, static_cast<int64_t>(pr.size()));
     out.prefill_tokens_requested += static_cast<int64_t>(pr.size());
   }
-  std::unordered_set<int32_t> stop_ids(p.stop_token_ids.begin(), p.stop_token_ids.end());
-  size_t max_stop = 0;
-  for (const auto& s : p.stop_strings) max_stop = std::max(max_stop, s.size());
   std::vector<std::string> tails(B);
 
   if (!p.row_seeds.empty() && static_cast<int64_t>(p.row_seeds.size()) != B)
@@ -345,21 +363,10 @@ GenerateOutput generate(const Qwen3Model& model, const GenerateParams& p, const 
           ev.top_logprobs.insert(ev.top_logprobs.end(), tl, tl + n_top);
         }
       }
-      if (stop_ids.count(t)) {
+      const uint8_t f = stops.check(t, tails[r]);
+      if (f != StepEvent::kRunning) {
         done[r] = true;
-        out.finish[r] = Finish::StopToken;
-      } else if (max_stop > 0) {
-        const std::string& piece = (t >= 0 && static_cast<size_t>(t) < vocab->bytes.size()) ? vocab->bytes[t] : std::string();
-        auto& tail = tails[r];
-        tail += piece;
-        for (const auto& ss : p.stop_strings) {
-          if (ends_with_stop(tail, piece.size(), ss)) {
-            done[r] = true;
-            out.finish[r] = Finish::StopString;
-            break;
-          }
-        }
-        if (tail.size() > 4 * max_stop + 64) tail.erase(0, tail.size() - 2 * max_stop - 64);
+        out.finish[r] = static_cast<Finish>(f);
       }
       if (!done[r] && static_cast<int64_t>(out.tokens[r].size()) >= row_max[r]) {
         done[r] = true;

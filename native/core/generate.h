@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "core/episode_cache.h"
@@ -32,6 +33,21 @@ struct StepEvent {
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
   std::vector<uint8_t> finish;
+};
+
+// A call's stop token ids and stop strings, checked on each sampled token of a row.
+class StopRule {
+ public:
+  StopRule(const std::vector<int32_t>& ids, const std::vector<std::string>& strings, const Vocab* vocab);
+  // StepEvent::kRunning, or the Finish (as uint8_t) that `token` ends its row with; `tail` holds the
+  // row's recent output bytes (kept short here).
+  uint8_t check(int32_t token, std::string& tail) const;
+
+ private:
+  std::unordered_set<int32_t> ids_;
+  std::vector<std::string> strings_;
+  size_t longest_ = 0;
+  const Vocab* vocab_;
 };
 
 struct GenerateParams {

@@ -7,6 +7,17 @@
 
 namespace slm {
 
+RowStream::RowStream(uint64_t row_seed) {
+  std::seed_seq seq{static_cast<uint32_t>(row_seed), static_cast<uint32_t>(row_seed >> 32), 0x726f77u, 0x5eedu};
+  gen_.seed(seq);
+}
+
+float RowStream::next() {
+  // 53 random bits -> (0, 1]; a zero would select a token of probability zero in the CDF lookup.
+  const double x = static_cast<double>(gen_() >> 11) * (1.0 / 9007199254740992.0);
+  return static_cast<float>(std::max(1.0 - x, 1e-12));
+}
+
 RowRng::RowRng(uint64_t seed, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) {
     std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(r), 0x5eedu};
@@ -15,20 +26,13 @@ RowRng::RowRng(uint64_t seed, int64_t rows) {
 }
 
 RowRng::RowRng(const std::vector<uint64_t>& row_seeds) {
-  for (auto s : row_seeds) {
-    std::seed_seq seq{static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32), 0x726f77u, 0x5eedu};
-    gens_.emplace_back(seq);
-  }
+  for (auto s : row_seeds) gens_.emplace_back(s);
 }
 
 std::vector<float> RowRng::next(const std::vector<int64_t>& rows) {
   std::vector<float> u;
   u.reserve(rows.size());
-  for (auto r : rows) {
-    // 53 random bits -> (0, 1]; a zero would select a token of probability zero in the CDF lookup.
-    const double x = static_cast<double>(gens_[r]() >> 11) * (1.0 / 9007199254740992.0);
-    u.push_back(static_cast<float>(std::max(1.0 - x, 1e-12)));
-  }
+  for (auto r : rows) u.push_back(gens_[r].next());
   return u;
 }
 

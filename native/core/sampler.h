@@ -25,6 +25,18 @@ struct Sampled {
 Sampled sample(const at::Tensor& logits, const std::vector<float>& temperature, int64_t top_k, const std::vector<float>& top_p,
                const at::Tensor& u, int64_t top_n = 0);
 
+// One row's random stream: uniforms in (0, 1], from the row's own seed (what RowRng(row_seeds) gives
+// that row), so a row that joins a running batch samples as it would alone.
+class RowStream {
+ public:
+  explicit RowStream(uint64_t row_seed);
+  explicit RowStream(std::seed_seq& seq) : gen_(seq) {}
+  float next();
+
+ private:
+  std::mt19937_64 gen_;
+};
+
 // One independent stream per row: seeded from (seed, row), so a row's samples do not depend on
 // which other rows share its batch.
 class RowRng {
@@ -37,7 +49,7 @@ class RowRng {
   std::vector<float> next(const std::vector<int64_t>& rows);
 
  private:
-  std::vector<std::mt19937_64> gens_;
+  std::vector<RowStream> gens_;
 };
 
 }  // namespace slm
