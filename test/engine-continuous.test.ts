@@ -56,8 +56,11 @@ const maxDiff = (a: number[], b: number[]) => Math.max(0, ...a.map((x, i) => Mat
 t.test('rows submitted together and rows joining later get the tokens generate gives them alone', async (t) => {
   const model = await Model.load(dir);
   t.teardown(() => model.dispose());
+  // Row 0 runs until the late rows have ended (then its client leaves), so the loop is still decoding
+  // when they are submitted however late this thread sees its tokens.
+  const stop0 = new AbortController();
+  const head = { prompt: seq(40, 1), maxNewTokens: 600, temperature: 0, seed: 0 };
   const rows = [
-    { prompt: seq(40, 1), maxNewTokens: 30, temperature: 0, seed: 0 },
     { prompt: seq(9, 2), maxNewTokens: 12, temperature: 1, seed: 7 },
     { prompt: seq(9, 2), maxNewTokens: 20, temperature: 0.8, seed: 8 }, // the same prompt, another stream
   ];
@@ -67,34 +70,32 @@ t.test('rows submitted together and rows joining later get the tokens generate g
   ];
   const s = model.decodeSession({ prefillChunk: 16 });
   const clock = { n: 0 };
-  const got: Got[] = [];
-  for (const r of rows) got.push(submit(s, r, clock).got);
-  // The late rows join once the first row has produced 5 tokens (the loop is decoding then).
-  let joined = false;
-  await new Promise<void>((res) => {
-    const first = got[0];
-    const poll = setInterval(() => {
-      if (first.tokens.length >= 5 && !joined) {
-        joined = true;
-        for (const r of late) got.push(submit(s, r, clock).got);
-        clearInterval(poll);
-        res();
-      }
-    }, 1);
+  let lateGot: Got[] = [];
+  // The late rows join once row 0 has produced 5 tokens (the loop is decoding then).
+  const first = submit(s, { ...head, signal: stop0.signal }, clock, () => {
+    if (first.got.tokens.length !== 5) return;
+    lateGot = late.map((r) => submit(s, r, clock).got);
+    void Promise.all(lateGot.map((g) => g.ended)).then(() => stop0.abort());
   });
+  const others = rows.map((r) => submit(s, r, clock).got);
   const stats = await s.done;
-  await Promise.all(got.map((g) => g.ended));
-  const all = [...rows, ...late];
-  for (let i = 0; i < all.length; i++) {
-    const a = await alone(model, all[i].prompt, all[i].maxNewTokens, all[i].temperature, all[i].seed);
-    t.same(got[i].tokens, a.tokens, `row ${i}: the tokens it gets alone`);
-    const d = maxDiff(got[i].logprobs, a.logprobs);
-    t.ok(d < 1e-4, `row ${i}: log-probs within ${d.toExponential(1)} of alone`);
-    t.equal(got[i].finish, a.finish, `row ${i}: finish ${a.finish}`);
-  }
+  await Promise.all([first.got, ...others, ...lateGot].map((g) => g.ended));
+  const check = async (name: string, g: Got, r: (typeof rows)[number]) => {
+    const a = await alone(model, r.prompt, r.maxNewTokens, r.temperature, r.seed);
+    t.same(g.tokens, a.tokens, `${name}: the tokens it gets alone`);
+    const d = maxDiff(g.logprobs, a.logprobs);
+    t.ok(d < 1e-4, `${name}: log-probs within ${d.toExponential(1)} of alone`);
+    t.equal(g.finish, a.finish, `${name}: finish ${a.finish}`);
+  };
+  for (let i = 0; i < rows.length; i++) await check(`row ${i + 1}`, others[i], rows[i]);
+  for (let i = 0; i < late.length; i++) await check(`late row ${i}`, lateGot[i], late[i]);
+  const a0 = await alone(model, head.prompt, head.maxNewTokens, 0, 0);
+  t.equal(first.got.finish, 'cancelled', 'row 0 ended when its client left');
+  t.ok(first.got.tokens.length > 5, `row 0 decoded on while the late rows ran (${first.got.tokens.length} tokens)`);
+  t.same(first.got.tokens, a0.tokens.slice(0, first.got.tokens.length), 'row 0: the tokens it gets alone, undisturbed by the joins');
   t.ok(stats.joined >= 2, `the late rows joined a running batch (joined ${stats.joined})`);
   t.equal(stats.rows, 5);
-  t.ok(got[3].firstAt! > 5, 'the late rows started after the first rows had decoded');
+  t.ok(lateGot[0].firstAt! > 5, 'the late rows started after the first rows had decoded');
   t.equal(s.submit({ prompt: seq(5, 1), maxNewTokens: 2 }), -1, 'a session that has ended refuses rows');
 });
 
@@ -103,27 +104,25 @@ t.test('a long prompt is prefilled a chunk at a time while the running rows keep
   t.teardown(() => model.dispose());
   const s = model.decodeSession({ prefillChunk: 32 });
   const clock = { n: 0 };
-  const a = submit(s, { prompt: seq(10, 1), maxNewTokens: 200, temperature: 0 }, clock);
+  const stopA = new AbortController();
   let b: ReturnType<typeof submit> | undefined;
   let atSubmit = 0;
-  await new Promise<void>((res) => {
-    const poll = setInterval(() => {
-      if (a.got.tokens.length >= 3) {
-        atSubmit = a.got.tokens.length;
-        b = submit(s, { prompt: seq(320, 5), maxNewTokens: 5, temperature: 0 }, clock);
-        clearInterval(poll);
-        res();
-      }
-    }, 1);
+  // Row a runs until b has ended; b (320 positions, chunks of 32) is submitted at a's 3rd token.
+  const a = submit(s, { prompt: seq(10, 1), maxNewTokens: 2000, temperature: 0, signal: stopA.signal }, clock, () => {
+    if (a.got.tokens.length !== 3) return;
+    atSubmit = clock.n;
+    b = submit(s, { prompt: seq(320, 5), maxNewTokens: 5, temperature: 0 }, clock);
+    void b.got.ended.then(() => stopA.abort());
   });
   await s.done;
+  await a.got.ended;
   const bAlone = await alone(model, seq(320, 5), 5, 0, 0);
   t.same(b!.got.tokens, bAlone.tokens, 'the long prompt: its tokens alone');
   // 320 positions in chunks of 32: 10 prefill iterations, each followed by a decode step of row a.
   const during = (b!.got.firstAt ?? 0) - atSubmit;
   t.ok(during >= 9, `row a produced ${during} tokens while row b's prompt was prefilled (10 chunks)`);
-  const aAlone = await alone(model, seq(10, 1), 200, 0, 0);
-  t.same(a.got.tokens, aAlone.tokens, 'row a undisturbed by the join');
+  const aAlone = await alone(model, seq(10, 1), 2000, 0, 0);
+  t.same(a.got.tokens, aAlone.tokens.slice(0, a.got.tokens.length), 'row a undisturbed by the join');
 });
 
 t.test('cancelled rows end, stops and maxRows hold, a throwing onToken ends only its row', async (t) => {
