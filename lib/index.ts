@@ -32,6 +32,7 @@ export type {
   TokenEvent,
 } from './engine/types.js';
 export { setThreads } from './engine/runtime.js';
+export type { DecodeSession, SessionOptions, SessionRow, SessionStats, RowFinish } from './engine/session.js';
 export type { ProgressTo } from './util/progress.js';
 export { loadTokenizer, qwen3Tokenizer, HfTokenizer, type Tokenizer } from './model/tokenizer.js';
 export { ChatFormatter, renderChat, type ChatMessage } from './model/chat.js';
