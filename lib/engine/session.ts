@@ -44,8 +44,6 @@ export interface SessionRow {
 
 export type SessionStats = NativeSessionStats;
 
-type NativeOptions = NativeSessionOptions;
-
 interface Open {
   row: SessionRow;
   unlisten?: () => void;
@@ -62,7 +60,7 @@ export class DecodeSession {
   #drained: (() => void) | null = null;
   #settle!: { resolve: (s: SessionStats) => void; reject: (e: unknown) => void };
   #topN: number;
-  #native: NativeOptions;
+  #native: NativeSessionOptions;
 
   constructor(
     private readonly model: NativeModel,
