@@ -1,4 +1,4 @@
-/** `slm-train bench [engine|train|sandbox|retrieval|rollout|recall] [--json] [--quick] [--out FILE] [--readme FILE] [--compare-unshared] [--data DIR] [--llama-cpp-bin DIR]` */
+/** `slm-train bench [engine|train|sandbox|retrieval|rollout|serve|recall] [--json] [--quick] [--out FILE] [--readme FILE] [--compare-unshared] [--data DIR] [--llama-cpp-bin DIR]` */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import type { CommandModule } from 'yargs';
@@ -16,6 +16,7 @@ const KINDS: Record<string, (() => Promise<Runner>) | null> = {
   sandbox: async () => (await import('../../bench/sandbox.js')).runBench,
   retrieval: async () => (await import('../../bench/retrieval.js')).runBench,
   rollout: async () => (await import('../../bench/rollout.js')).runBench,
+  serve: async () => (await import('../../bench/serve.js')).runBench,
   recall: async () => (await import('../../bench/recall.js')).runBench,
 };
 /** Kinds run only when named: they need data and a model folder that `slm-train bench` alone has not got. */
@@ -106,7 +107,8 @@ export const benchCommand: CommandModule<object, Args> = {
       })
       .option('model', {
         type: 'string',
-        describe: 'a model folder instead of the generated small preset (recall: the all-MiniLM-L6-v2 folder)',
+        describe:
+          'a model folder instead of the generated small preset (engine, train, rollout, serve; recall: the all-MiniLM-L6-v2 folder)',
       })
       .option('data', {
         type: 'string',
