@@ -24,11 +24,11 @@ interface Got {
   firstAt?: number;
 }
 
-/** Submits a row, collecting its tokens; `clock` counts every token of the session. */
-function submit(s: DecodeSession, row: Omit<SessionRow, 'onToken' | 'onEnd'>, clock: { n: number }, onToken?: (ev: TokenEvent) => void) {
+/** A row that collects its tokens; `clock` counts every token of the session. */
+function collect(row: Omit<SessionRow, 'onToken' | 'onEnd'>, clock: { n: number }, onToken?: (ev: TokenEvent) => void) {
   let done!: () => void;
   const got: Got = { tokens: [], logprobs: [], ended: new Promise((r) => (done = r)) };
-  const id = s.submit({
+  const full: SessionRow = {
     ...row,
     onToken: (ev) => {
       if (!got.tokens.length) got.firstAt = clock.n;
@@ -42,8 +42,14 @@ function submit(s: DecodeSession, row: Omit<SessionRow, 'onToken' | 'onEnd'>, cl
       got.error = e;
       done();
     },
-  });
-  return { id, got };
+  };
+  return { got, row: full };
+}
+
+/** Submits one row (collect's). */
+function submit(s: DecodeSession, row: Omit<SessionRow, 'onToken' | 'onEnd'>, clock: { n: number }, onToken?: (ev: TokenEvent) => void) {
+  const c = collect(row, clock, onToken);
+  return { id: s.submit(c.row), got: c.got };
 }
 
 const alone = async (model: Model, prompt: Int32Array, maxNewTokens: number, temperature: number, seed: number) => {
@@ -97,6 +103,14 @@ t.test('rows submitted together and rows joining later get the tokens generate g
   t.equal(stats.rows, 5);
   t.ok(lateGot[0].firstAt! > 5, 'the late rows started after the first rows had decoded');
   t.equal(s.submit({ prompt: seq(5, 1), maxNewTokens: 2 }), -1, 'a session that has ended refuses rows');
+  t.same(
+    s.submitAll([
+      { prompt: seq(5, 1), maxNewTokens: 2 },
+      { prompt: seq(6, 1), maxNewTokens: 2 },
+    ]),
+    [],
+    'all of them',
+  );
 });
 
 t.test('a long prompt is prefilled a chunk at a time while the running rows keep decoding', async (t) => {
@@ -134,16 +148,18 @@ t.test('cancelled rows end, stops and maxRows hold, a throwing onToken ends only
   const clock = { n: 0 };
   const ab = new AbortController();
   let mine = 0;
+  // Submitted together (all or none): however soon the first row ends, the others are in its loop.
   const rows = [
-    submit(s, { prompt: seq(12, 6), maxNewTokens: 12, temperature: 0 }, clock),
-    submit(s, { prompt: seq(15, 7), maxNewTokens: 400, temperature: 1, seed: 3, signal: ab.signal }, clock, () => {
+    collect({ prompt: seq(12, 6), maxNewTokens: 12, temperature: 0 }, clock),
+    collect({ prompt: seq(15, 7), maxNewTokens: 400, temperature: 1, seed: 3, signal: ab.signal }, clock, () => {
       if (++mine === 5) ab.abort();
     }),
-    submit(s, { prompt: seq(8, 8), maxNewTokens: 6, temperature: 1, seed: 4 }, clock, () => {
+    collect({ prompt: seq(8, 8), maxNewTokens: 6, temperature: 1, seed: 4 }, clock, () => {
       throw new Error('client gone');
     }),
-    submit(s, { prompt: seq(11, 9), maxNewTokens: 3, temperature: 0 }, clock),
+    collect({ prompt: seq(11, 9), maxNewTokens: 3, temperature: 0 }, clock),
   ];
+  t.same(s.submitAll(rows.map((r) => r.row)), [0, 1, 2, 3], 'four rows, ids in order');
   const stats = await s.done;
   await Promise.all(rows.map((r) => r.got.ended));
   t.equal(rows[0].got.finish, 'stop_token', 'the stop token ends the row');
@@ -163,9 +179,10 @@ t.test('a row cancelled before it starts ends without a token; bad rows are refu
   t.teardown(() => model.dispose());
   const s = model.decodeSession({ maxRows: 1 });
   const clock = { n: 0 };
-  const first = submit(s, { prompt: seq(10, 1), maxNewTokens: 20, temperature: 0 }, clock);
   const ab = new AbortController();
-  const waiting = submit(s, { prompt: seq(10, 2), maxNewTokens: 20, temperature: 0, signal: ab.signal }, clock);
+  const first = collect({ prompt: seq(10, 1), maxNewTokens: 20, temperature: 0 }, clock);
+  const waiting = collect({ prompt: seq(10, 2), maxNewTokens: 20, temperature: 0, signal: ab.signal }, clock);
+  s.submitAll([first.row, waiting.row]); // maxRows 1: the second waits for the first
   ab.abort();
   t.throws(() => s.submit({ prompt: new Int32Array(0), maxNewTokens: 2 }), { code: 'ARGUMENT_INVALID' });
   t.throws(() => s.submit({ prompt: Int32Array.from([1, 1e6]), maxNewTokens: 2 }), { code: 'TOKEN_OUT_OF_RANGE' });

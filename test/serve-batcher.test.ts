@@ -54,11 +54,10 @@ function stand(o: Partial<ServeOptions>) {
         get rows() {
           return ended ? 0 : rows.length;
         },
-        submit: (row: SessionRow) => {
-          if (ended) return -1;
+        submitAll: (add: SessionRow[]) => {
+          if (ended) return [];
           if (!rows.length) most = Math.max(most, ++running);
-          rows.push(row);
-          return rows.length - 1;
+          return add.map((row) => rows.push(row) - 1);
         },
       };
     },

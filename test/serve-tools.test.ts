@@ -231,53 +231,48 @@ function scriptedModel() {
       let next = 0;
       let resolve!: (v: unknown) => void;
       const done = new Promise((r) => (resolve = r));
-      let last: { prompts: Int32Array[]; rowMaxNewTokens: number[] } | null = null;
       return {
         done,
-        submit(row: SessionRow): number {
-          if (ended) return -1;
-          // Rows submitted in one turn are one request's (the batcher submits a request's rows together).
-          if (!last) {
-            last = { prompts: [], rowMaxNewTokens: [] };
-            requests.push(last);
-            queueMicrotask(() => (last = null));
-          }
-          last.prompts.push(row.prompt);
-          last.rowMaxNewTokens.push(row.maxNewTokens);
-          open++;
-          const id = next++;
-          void (async () => {
-            await Promise.resolve();
-            if (gate) await gate;
-            const text = script.shift() ?? 'no script left';
-            const all = [...tokenizer.encode(text), IM_END];
-            const ids = all.slice(0, row.maxNewTokens);
-            const finish = ids.length === all.length ? 'stop_token' : 'length';
-            let end: [RowFinish, unknown?] = [finish];
-            for (let i = 0; i < ids.length; i++) {
-              try {
-                row.onToken?.({ row: id, token: ids[i], logprob: -0.5, ...(i === ids.length - 1 ? { finish } : {}) });
-              } catch (e) {
-                end = ['cancelled', e];
-                break;
+        submitAll(rows: SessionRow[]): number[] {
+          if (ended) return [];
+          // A request's rows come in one call (the batcher submits them together).
+          requests.push({ prompts: rows.map((r) => r.prompt), rowMaxNewTokens: rows.map((r) => r.maxNewTokens) });
+          return rows.map((row) => {
+            open++;
+            const id = next++;
+            void (async () => {
+              await Promise.resolve();
+              if (gate) await gate;
+              const text = script.shift() ?? 'no script left';
+              const all = [...tokenizer.encode(text), IM_END];
+              const ids = all.slice(0, row.maxNewTokens);
+              const finish = ids.length === all.length ? 'stop_token' : 'length';
+              let end: [RowFinish, unknown?] = [finish];
+              for (let i = 0; i < ids.length; i++) {
+                try {
+                  row.onToken?.({ row: id, token: ids[i], logprob: -0.5, ...(i === ids.length - 1 ? { finish } : {}) });
+                } catch (e) {
+                  end = ['cancelled', e];
+                  break;
+                }
               }
-            }
-            row.onEnd?.(...end);
-            if (--open === 0) {
-              ended = true;
-              resolve({
-                steps: 0,
-                rows: next,
-                joined: 0,
-                maxBatch: next,
-                prefillTokens: 0,
-                rebuilds: 0,
-                prefillSeconds: 0,
-                decodeSeconds: 0,
-              });
-            }
-          })();
-          return id;
+              row.onEnd?.(...end);
+              if (--open === 0) {
+                ended = true;
+                resolve({
+                  steps: 0,
+                  rows: next,
+                  joined: 0,
+                  maxBatch: next,
+                  prefillTokens: 0,
+                  rebuilds: 0,
+                  prefillSeconds: 0,
+                  decodeSeconds: 0,
+                });
+              }
+            })();
+            return id;
+          });
         },
       };
     },

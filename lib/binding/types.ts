@@ -153,8 +153,8 @@ export interface NativeModel {
   ): { done: Promise<NativeGenerateResult>; cancel(row: number): void };
   /**
    * Continuous batching (native/core/continuous.h): one decode loop that rows join while it runs,
-   * started with `first` (id 0). `submit` returns a row's id, or -1 once the loop has ended (no row
-   * left: start another);
+   * started with `first` (ids 0, 1, ...). `submit` takes rows all or none: their ids, or an empty
+   * array once the loop has ended (no row left: start another);
    * `onStep` gets every iteration's tokens in order (a row cancelled before a token: token -1,
    * finish 3); `done` resolves with the loop's counters when it ends (the last steps' events may
    * arrive after it).
@@ -162,8 +162,8 @@ export interface NativeModel {
   decodeSession(
     opts: NativeSessionOptions,
     onStep: (step: NativeGenerateStep) => void,
-    first: NativeSessionRow,
-  ): { done: Promise<NativeSessionStats>; submit(row: NativeSessionRow): number; cancel(row: number): void };
+    first: NativeSessionRow[],
+  ): { done: Promise<NativeSessionStats>; submit(rows: NativeSessionRow[]): number[]; cancel(row: number): void };
   /**
    * out[t] = log p(ids[t] | ids[<t]) per row (0 at t = 0), concatenated like the input. `reference`:
    * under the KL reference policy (the frozen reference adapter, else the base model).

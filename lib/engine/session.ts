@@ -100,16 +100,26 @@ export class DecodeSession {
    * has ended (start another session).
    */
   submit(row: SessionRow): number {
-    const r: NativeSessionRow = {
+    return this.submitAll([row])[0] ?? -1;
+  }
+
+  /**
+   * Adds rows together (a request's choices): all of them or none — their ids, or an empty array when
+   * the loop has ended (start another session), so a request is never split between two sessions.
+   */
+  submitAll(rows: SessionRow[]): number[] {
+    if (!rows.length) return [];
+    const native: NativeSessionRow[] = rows.map((row) => ({
       ids: row.prompt,
       maxNewTokens: row.maxNewTokens,
       temperature: row.temperature ?? 1,
       topP: row.topP ?? 1,
       seed: row.seed ?? 0,
-    };
-    let id = 0;
+    }));
+    let ids: number[];
     if (!this.#call) {
-      this.#call = this.model.decodeSession(this.#native, (step) => this.#step(step), r);
+      this.#call = this.model.decodeSession(this.#native, (step) => this.#step(step), native);
+      ids = rows.map((_, i) => i);
       this.#call.done.then(
         async (stats) => {
           // The last iterations' events may still be queued behind the result.
@@ -122,22 +132,24 @@ export class DecodeSession {
         },
       );
     } else {
-      id = this.#call.submit(r);
-      if (id < 0) return id;
+      ids = this.#call.submit(native);
+      if (!ids.length) return ids;
     }
-    const o: Open = { row };
-    this.#open.set(id, o);
-    const sig = row.signal;
-    if (sig) {
-      const call = this.#call;
+    const call = this.#call;
+    rows.forEach((row, i) => {
+      const id = ids[i];
+      const o: Open = { row };
+      this.#open.set(id, o);
+      const sig = row.signal;
+      if (!sig) return;
       const stop = () => call.cancel(id);
       if (sig.aborted) stop();
       else {
         sig.addEventListener('abort', stop, { once: true });
         o.unlisten = () => sig.removeEventListener('abort', stop);
       }
-    }
-    return id;
+    });
+    return ids;
   }
 
   #end(id: number, o: Open, finish: RowFinish, error?: unknown): void {

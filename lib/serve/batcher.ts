@@ -11,6 +11,7 @@
  * next token).
  */
 import type { DecodeSession, RowFinish, SessionStats } from '../engine/session.js';
+import type { TokenEvent } from '../engine/types.js';
 import { History } from './history.js';
 import type { Job } from './job.js';
 import type { ServeOptions } from './options.js';
@@ -156,7 +157,7 @@ export class Batcher {
     return run;
   }
 
-  /** Submits `jobs` to the session as one record; false when it has ended (nothing submitted). */
+  /** Submits `jobs` to the session together, as one record; false when it has ended (none submitted). */
   private submit(run: Running, jobs: Job[]): boolean {
     const record: CallRecord = { rows: 0, steps: 0, finish: [], prefillTokens: 0 };
     let open = 0;
@@ -166,40 +167,36 @@ export class Batcher {
       if (tokens > 0) record.prefillTokens += j.prompt.length;
       if (--open === 0) this.calls.push(record);
     };
-    for (const j of jobs) {
-      let tokens = 0;
-      const id = run.session.submit({
-        prompt: j.prompt,
-        maxNewTokens: j.s.maxTokens,
-        temperature: j.s.temperature,
-        topP: j.s.topP,
-        // Each row's own seed: its samples do not depend on what it is batched with.
-        seed: j.seed,
-        signal: j.abort.signal,
-        onToken: (ev) => {
-          tokens++;
-          // Only the top-n the row asked for (the session computes the most any row may ask).
-          j.token(
-            ev.top && j.s.topN < ev.top.ids.length
-              ? { ...ev, top: { ids: ev.top.ids.subarray(0, j.s.topN), logprobs: ev.top.logprobs.subarray(0, j.s.topN) } }
-              : ev,
-          );
-        },
-        onEnd: (f, error) => {
-          if (error !== undefined) j.fail(error as Error);
-          else j.end(f);
-          ended(j, f, tokens);
-        },
-      });
-      if (id < 0) {
-        if (open === 0) return false;
-        // Unreachable in practice (rows of one pump go to a session in one turn); kept safe.
-        j.fail(new Error('the decode session ended while its rows were being submitted'));
-        continue;
-      }
-      open++;
-      record.rows++;
-    }
+    const ids = run.session.submitAll(
+      jobs.map((j) => {
+        let tokens = 0;
+        return {
+          prompt: j.prompt,
+          maxNewTokens: j.s.maxTokens,
+          temperature: j.s.temperature,
+          topP: j.s.topP,
+          // Each row's own seed: its samples do not depend on what it is batched with.
+          seed: j.seed,
+          signal: j.abort.signal,
+          onToken: (ev: TokenEvent) => {
+            tokens++;
+            // Only the top-n the row asked for (the session computes the most any row may ask).
+            j.token(
+              ev.top && j.s.topN < ev.top.ids.length
+                ? { ...ev, top: { ids: ev.top.ids.subarray(0, j.s.topN), logprobs: ev.top.logprobs.subarray(0, j.s.topN) } }
+                : ev,
+            );
+          },
+          onEnd: (f: RowFinish, error?: unknown) => {
+            if (error !== undefined) j.fail(error as Error);
+            else j.end(f);
+            ended(j, f, tokens);
+          },
+        };
+      }),
+    );
+    if (!ids.length) return false;
+    open = record.rows = jobs.length;
     this.queue = this.queue.filter((j) => !jobs.includes(j));
     this.batches.push(record.rows);
     return true;

@@ -1,9 +1,9 @@
-// decodeSession(opts, onStep, firstRow) -> {done: Promise<stats>, submit(row): id, cancel(id)}:
-// continuous batching (core/continuous.h) on a worker thread, started with its first row (id 0) in
-// its inbox (a loop started empty could end before the next row is submitted). submit() and
-// cancel() are called on the main thread while the loop runs; every iteration's tokens go to onStep
-// as they are sampled; done resolves with the session's counters when no row is left (submit then
-// returns -1: start another).
+// decodeSession(opts, onStep, firstRows) -> {done: Promise<stats>, submit(rows): ids, cancel(id)}:
+// continuous batching (core/continuous.h) on a worker thread, started with its first rows (ids 0,
+// 1, ...) in its inbox (a loop started empty could end before the next rows are submitted). submit()
+// and cancel() are called on the main thread while the loop runs; submit takes a request's rows all
+// or none (an empty array: the loop has ended, start another); every iteration's tokens go to onStep
+// as they are sampled; done resolves with the session's counters when no row is left.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -126,21 +126,34 @@ slm::RowRequest row_request(Napi::Env env, const Napi::Object& o, int64_t vocab)
   return r;
 }
 
+// A non-empty array of rows, each checked (row_request).
+std::vector<slm::RowRequest> row_requests(Napi::Env env, const Napi::Value& v, int64_t vocab) {
+  if (!v.IsArray() || v.As<Napi::Array>().Length() == 0)
+    throw_error(env, "ARGUMENT_INVALID", "submit expects a non-empty array of row objects.");
+  auto a = v.As<Napi::Array>();
+  std::vector<slm::RowRequest> rows;
+  for (uint32_t i = 0; i < a.Length(); ++i) {
+    if (!a.Get(i).IsObject()) throw_error(env, "ARGUMENT_INVALID", "submit expects a non-empty array of row objects.");
+    rows.push_back(row_request(env, a.Get(i).As<Napi::Object>(), vocab));
+  }
+  return rows;
+}
+
 }  // namespace
 
 Napi::Value ModelWrap::DecodeSession(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto m = s_->live(env);
-  if (!info[0].IsObject() || !info[1].IsFunction() || !info[2].IsObject())
-    throw_error(env, "ARGUMENT_INVALID", "decodeSession expects an options object, a step function and the first row.");
+  if (!info[0].IsObject() || !info[1].IsFunction() || !info[2].IsArray())
+    throw_error(env, "ARGUMENT_INVALID", "decodeSession expects an options object, a step function and the first rows.");
   auto p = session_params(env, info[0].As<Napi::Object>());
   const int64_t vocab = m->config().vocab_size;
-  auto first = row_request(env, info[2].As<Napi::Object>(), vocab);
+  auto first = row_requests(env, info[2], vocab);
   std::shared_ptr<slm::ContinuousBatch> batch;
   ErrorInfo err;
   if (!capture([&] { batch = std::make_shared<slm::ContinuousBatch>(*m, std::move(p), s_->vocab.get()); }, err))
     throw_error(env, err.code, err.message);
-  batch->submit(std::move(first));  // id 0, before the loop can start
+  batch->submit(std::move(first));  // ids 0, 1, ..., before the loop can start
   auto l = s_->lease(env, "decodeSession", false);
   auto* w = new SessionWorker(env, info.This().As<Napi::Object>(), m, s_->vocab, batch, info[1].As<Napi::Function>());
   batch->set_on_step([w](slm::StepEvent&& e) { w->Deliver(std::move(e)); });
@@ -151,8 +164,11 @@ Napi::Value ModelWrap::DecodeSession(const Napi::CallbackInfo& info) {
                       env,
                       [batch, vocab](const Napi::CallbackInfo& ci) -> Napi::Value {
                         auto e = ci.Env();
-                        if (!ci[0].IsObject()) throw_error(e, "ARGUMENT_INVALID", "submit expects a row object.");
-                        return Napi::Number::New(e, static_cast<double>(batch->submit(row_request(e, ci[0].As<Napi::Object>(), vocab))));
+                        const auto ids = batch->submit(row_requests(e, ci[0], vocab));
+                        auto a = Napi::Array::New(e, ids.size());
+                        for (size_t i = 0; i < ids.size(); ++i)
+                          a.Set(static_cast<uint32_t>(i), Napi::Number::New(e, static_cast<double>(ids[i])));
+                        return a;
                       },
                       "submit"));
   o.Set("cancel", Napi::Function::New(

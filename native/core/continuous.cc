@@ -26,13 +26,17 @@ ContinuousBatch::ContinuousBatch(const Qwen3Model& model, SessionParams p, const
          "decodeSession: prefillChunk must be 0 or a positive number of positions, found " + std::to_string(p_.prefill_chunk) + ".");
 }
 
-int64_t ContinuousBatch::submit(RowRequest r) {
-  RowStream rng(r.seed);
+std::vector<int64_t> ContinuousBatch::submit(std::vector<RowRequest> rows) {
+  std::vector<RowStream> rngs;
+  for (const auto& r : rows) rngs.emplace_back(r.seed);
+  std::vector<int64_t> ids;
   std::lock_guard<std::mutex> g(mu_);
-  if (closed_) return -1;
-  const int64_t id = next_id_++;
-  inbox_.push_back(Row{id, std::move(r), rng});
-  return id;
+  if (closed_) return ids;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ids.push_back(next_id_++);
+    inbox_.push_back(Row{ids.back(), std::move(rows[i]), rngs[i]});
+  }
+  return ids;
 }
 
 void ContinuousBatch::cancel(int64_t row) {

@@ -7,7 +7,7 @@
 // columns no live row needs dropped. Each row samples from its own seed's stream with its own
 // temperature, top-p and token limit; top-k and the stops belong to the session. A row's tokens are
 // those it would get from generate() alone (the same arithmetic up to batch-shape-dependent
-// reductions). The loop ends when no row is left and the inbox is empty; submit() then returns -1.
+// reductions). The loop ends when no row is left and the inbox is empty; submit() then takes none.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -57,8 +57,9 @@ struct SessionStats {
 class ContinuousBatch {
  public:
   ContinuousBatch(const Qwen3Model& model, SessionParams p, const Vocab* vocab);
-  // Any thread. The row's id (0, 1, ... in submit order), or -1 when the loop has ended.
-  int64_t submit(RowRequest r);
+  // Any thread. The rows' ids (0, 1, ... in submit order), all of them or none: empty when the loop
+  // has ended (a request's rows are never split between a loop that ended and the next one).
+  std::vector<int64_t> submit(std::vector<RowRequest> rows);
   // Any thread: the row ends before its next token (unknown or ended rows: nothing).
   void cancel(int64_t row);
   // Before run(): where each iteration's event goes (SessionParams::on_step).
