@@ -154,6 +154,8 @@ export function streamCompletion(url: string, agent: Agent, body: Record<string,
       },
     );
     req.on('error', (e) => done(0, e.message));
+    // A server that stops sending ends the request with an error instead of hanging the bench.
+    req.setTimeout(300_000, () => req.destroy(new Error('no data from the server for 300 s')));
     sentAt = performance.now();
     req.end(text);
   });
