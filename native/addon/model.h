@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "addon/model_state.h"
+#include "core/generate.h"
 
 namespace slm_addon {
 
@@ -45,6 +46,10 @@ class ModelWrap : public StateWrap<ModelWrap> {
   Napi::Value BaseDigest(const Napi::CallbackInfo& info);
   Napi::Value Dispose(const Napi::CallbackInfo& info);
 };
+
+// One decode step's tokens as the JS object generateStream's and decodeSession's step functions get:
+// {rows, tokens, logprobs, topIds, topLogprobs, finish} (model_forward.cc).
+Napi::Object step_event_object(Napi::Env env, const slm::StepEvent& e);
 
 // The teacher-forced passes (model_forward.cc): what one returns per token.
 enum class Rows { Logprobs, Values, LastHidden };

@@ -28,6 +28,21 @@ struct CancelFlags {
   std::unique_ptr<std::atomic<uint8_t>[]> v;
 };
 
+}  // namespace
+
+Napi::Object step_event_object(Napi::Env env, const slm::StepEvent& e) {
+  auto o = Napi::Object::New(env);
+  o.Set("rows", to_typed(env, e.rows));
+  o.Set("tokens", to_typed(env, e.tokens));
+  o.Set("logprobs", to_typed(env, e.logprobs));
+  o.Set("topIds", to_typed(env, e.top_ids));
+  o.Set("topLogprobs", to_typed(env, e.top_logprobs));
+  o.Set("finish", to_typed(env, e.finish));
+  return o;
+}
+
+namespace {
+
 class GenerateWorker : public PromiseWorker {
  public:
   GenerateWorker(Napi::Env env, Napi::Object owner, std::shared_ptr<slm::Qwen3Model> m, std::shared_ptr<slm::Vocab> vocab,
@@ -105,15 +120,8 @@ class GenerateWorker : public PromiseWorker {
   static void DeliverStep(Napi::Env env, Napi::Function fn, slm::StepEvent* d) {
     std::unique_ptr<slm::StepEvent> e(d);
     if (!env || !fn) return;
-    auto o = Napi::Object::New(env);
-    o.Set("rows", to_typed(env, e->rows));
-    o.Set("tokens", to_typed(env, e->tokens));
-    o.Set("logprobs", to_typed(env, e->logprobs));
-    o.Set("topIds", to_typed(env, e->top_ids));
-    o.Set("topLogprobs", to_typed(env, e->top_logprobs));
-    o.Set("finish", to_typed(env, e->finish));
     try {
-      fn.Call({o});
+      fn.Call({step_event_object(env, *e)});
     } catch (const Napi::Error&) {
       // The JS side (lib/engine/model.ts) catches its own errors; nothing to do with one here.
     }

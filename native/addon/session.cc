@@ -61,15 +61,8 @@ class SessionWorker : public PromiseWorker {
   static void DeliverStep(Napi::Env env, Napi::Function fn, slm::StepEvent* d) {
     std::unique_ptr<slm::StepEvent> e(d);
     if (!env || !fn) return;
-    auto o = Napi::Object::New(env);
-    o.Set("rows", to_typed(env, e->rows));
-    o.Set("tokens", to_typed(env, e->tokens));
-    o.Set("logprobs", to_typed(env, e->logprobs));
-    o.Set("topIds", to_typed(env, e->top_ids));
-    o.Set("topLogprobs", to_typed(env, e->top_logprobs));
-    o.Set("finish", to_typed(env, e->finish));
     try {
-      fn.Call({o});
+      fn.Call({step_event_object(env, *e)});
     } catch (const Napi::Error&) {
       // The JS side (lib/engine/session.ts) catches its own errors.
     }
