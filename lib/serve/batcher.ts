@@ -97,7 +97,9 @@ export class Batcher {
     for (const j of this.queue) {
       if (j.ended) continue;
       const k = Batcher.key(j);
-      groups.set(k, [...(groups.get(k) ?? []), j]);
+      const g = groups.get(k);
+      if (g) g.push(j);
+      else groups.set(k, [j]);
     }
     for (const [key, jobs] of groups) {
       let run = this.sessions.find((s) => s.key === key);

@@ -188,16 +188,8 @@ void ContinuousBatch::join_group() {
   int64_t live = 0;
   for (auto a : alive_) live += a;
   if (live > 0) stats_.joined += static_cast<int64_t>(group_.size());
-  std::vector<at::Tensor> logits;
-  if (live > 0) {
-    std::vector<int64_t> keep;
-    for (size_t i = 0; i < rows_.size(); ++i)
-      if (alive_[i]) keep.push_back(static_cast<int64_t>(i));
-    logits.push_back(logits_.index_select(0, at::tensor(keep, li).to(dev)));
-  }
-  logits.push_back(glogits_);
-  rebuild(true, kSlack);
-  logits_ = at::cat(logits);
+  const auto keep_t = rebuild(true, kSlack);  // logits_ still holds the old rows' pending logits
+  logits_ = live > 0 ? at::cat({logits_.index_select(0, keep_t), glogits_}) : glogits_;
   group_.clear();
   gcache_ = KVCache();
   gids_ = gpos_ = gmask_ = glogits_ = glast_pos_ = at::Tensor();
