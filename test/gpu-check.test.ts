@@ -43,6 +43,9 @@ interface BenchRow {
   ms: number;
   tokens: number;
   loss: number;
+  tokens_per_s: number;
+  waves: number;
+  joined: number;
 }
 interface Bench {
   shape: string;
@@ -51,6 +54,8 @@ interface Bench {
   matmul_tflops: number;
   decode_b1: BenchRow;
   decode_batch: BenchRow;
+  session_at_once: BenchRow;
+  session_waves: BenchRow;
   prefill_long: BenchRow;
   lora_step: BenchRow;
 }
@@ -175,6 +180,12 @@ t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || f
     gen.length === 1 && gen[0].pass && gen[0].positions >= 60,
     `greedy generation: batched rows equal solo rows (${gen[0]?.positions} tokens)`,
   );
+  // Continuous batching (the serve path): rows joining a running decode get the tokens they got alone.
+  const cont = rep.checks.filter((c) => c.check === 'continuous');
+  t.ok(
+    cont.length === 1 && cont[0].pass && cont[0].positions === gen[0]?.positions,
+    `continuous batching: rows that joined a running decode equal solo rows (${cont[0]?.positions} tokens${cont[0]?.note ? `; ${cont[0].note}` : ''})`,
+  );
   // The benchmark (--bench tiny reaches the program: the tiny shape's 4 layers) and its peer.
   const b = rep.bench;
   t.ok(b, 'the benchmark ran');
@@ -187,6 +198,15 @@ t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || f
         `${k}: every row generated new_tokens tokens (${b[k].generated})`,
       );
     t.equal(b.decode_batch.batch, 8, 'the decode batch is K x questions = 4 x 2');
+    for (const k of ['session_at_once', 'session_waves'] as const)
+      t.ok(
+        b[k].generated === b.decode_batch.batch * b.decode_batch.new_tokens && b[k].tokens_per_s > 0,
+        `${k}: the session generated every row's tokens (${b[k].generated})`,
+      );
+    t.ok(
+      b.session_waves.waves > 1 && b.session_waves.joined > 0,
+      `rows arriving in waves joined a running decode (${b.session_waves.joined})`,
+    );
     t.ok(b.prefill_long.ms > 0 && b.prefill_long.tokens === 256, 'prefill timed at the long length');
     t.ok(Number.isFinite(b.lora_step.loss) && b.lora_step.loss > 0 && b.lora_step.ms > 0, `the LoRA step ran (loss ${b.lora_step.loss})`);
     t.ok(b.copy_gb_s > 0 && b.matmul_tflops > 0, 'the limits were measured in the same run');

@@ -2,6 +2,7 @@
 // device's limits measured in the same run.
 #include "check.h"
 
+#include "core/continuous.h"
 #include "core/forward.h"
 #include "core/generate.h"
 #include "core/lora.h"
@@ -143,6 +144,60 @@ json bench(const BenchShape& s, const std::string& device) {
   out["decode_batch"] = decode(s.questions, s.k);
   out["decode_batch"]["k"] = s.k;
   out["decode_batch"]["questions"] = s.questions;
+  // The same rows through a continuous-batching session (the serve path): all submitted at once, and
+  // arriving in waves (a wave of batch/6 rows, the next after every 8 decode steps), each prompt
+  // prefilled 256 positions per iteration between decode steps.
+  auto session = [&](int64_t waves) {
+    std::vector<slm::RowRequest> reqs;
+    for (int64_t qi = 0; qi < s.questions; qi++) {
+      std::vector<int32_t> prompt;
+      for (int64_t i = 0; i < s.prompt; i++) prompt.push_back((int32_t)(((qi * 131 + i) * 7919) % (s.vocab - 200) + 100));
+      for (int64_t j = 0; j < s.k; j++) {
+        slm::RowRequest r;
+        r.prompt = prompt;
+        r.max_new_tokens = s.new_tokens;
+        r.temperature = 1.f;
+        r.seed = (uint64_t)(qi * s.k + j + 1);
+        reqs.push_back(std::move(r));
+      }
+    }
+    const int64_t B = (int64_t)reqs.size(), per = (B + waves - 1) / waves;
+    slm::SessionParams sp;
+    sp.max_rows = B;
+    sp.prefill_chunk = 256;
+    slm::ContinuousBatch cb(m, sp, nullptr);
+    int64_t next = 0, toks = 0, events = 0;
+    auto wave = [&]() {
+      std::vector<slm::RowRequest> w;
+      for (int64_t i = 0; i < per && next < B; i++) w.push_back(reqs[next++]);
+      if (!w.empty()) cb.submit(std::move(w));
+    };
+    cb.set_on_step([&](slm::StepEvent&& ev) {
+      for (int32_t t : ev.tokens) toks += t >= 0;
+      if (++events % 8 == 0) wave();
+    });
+    reset_peak(dev);
+    sync(dev);
+    double t0 = now_s();
+    wave();
+    slm::SessionStats st = cb.run();
+    sync(dev);
+    double wall = now_s() - t0;
+    return json{{"batch", B},
+                {"waves", (B + per - 1) / per},
+                {"generated", toks},
+                {"wall_s", wall},
+                {"steps", st.steps},
+                {"joined", st.joined},
+                {"max_batch", st.max_batch},
+                {"rebuilds", st.rebuilds},
+                {"prefill_s", st.prefill_seconds},
+                {"decode_s", st.decode_seconds},
+                {"tokens_per_s", toks / std::max(1e-9, wall)},
+                {"peak_bytes", peak_bytes(dev)}};
+  };
+  out["session_at_once"] = session(1);
+  out["session_waves"] = session(6);
   // Prefill: one row of T tokens, no cache, the last position's logits (median of 3 after a warm-up).
   auto prefill = [&](int64_t T) {
     at::Tensor ids = (at::arange(T, at::kLong) * 7919 % (s.vocab - 200) + 100).unsqueeze(0).to(dev);
@@ -258,6 +313,15 @@ void print_bench(const json& b, const json& peer) {
               pf("decode_batch", "row_latency_s").c_str());
   std::printf("%-34s %8.0f tok/s %12s %14s %12s   %s tok/s\n", "  generated tokens per second", dk["tokens_per_s"].get<double>(), "", "",
               "", pf("decode_batch", "tokens_per_s").c_str());
+  for (const char* k : {"session_at_once", "session_waves"}) {
+    if (!b.contains(k)) continue;
+    const json& c = b[k];
+    std::snprintf(lbl, sizeof lbl, "session, %lld rows in %lld wave%s", (long long)c["batch"].get<int64_t>(),
+                  (long long)c["waves"].get<int64_t>(), c["waves"].get<int64_t>() > 1 ? "s" : "");
+    std::printf("%-34s %8.0f tok/s %12s %13.2fx %12s   (of generate's tok/s; %lld joined, %lld steps)\n", lbl,
+                c["tokens_per_s"].get<double>(), "", c["tokens_per_s"].get<double>() / dk["tokens_per_s"].get<double>(),
+                gib(c["peak_bytes"].get<double>()).c_str(), (long long)c["joined"].get<int64_t>(), (long long)c["steps"].get<int64_t>());
+  }
   for (const char* k : {"prefill_short", "prefill_long"}) {
     const json& p = b[k];
     std::snprintf(lbl, sizeof lbl, "prefill %lld tokens", (long long)p["tokens"].get<int64_t>());

@@ -2,6 +2,7 @@
 #include "check.h"
 
 #include "core/forward.h"
+#include "core/continuous.h"
 #include "core/generate.h"
 #include "core/lora.h"
 #include "core/optimizer.h"
@@ -165,6 +166,44 @@ void generation_rows(const std::string& model_dir, const std::string& device, st
   std::vector<std::vector<int32_t>> solo;
   for (size_t i = 0; i < prompts.size(); i++) solo.push_back(run(*dev_model, {i})[0]);
   same("batched rows vs solo", "each row generated alone on " + device, batch, solo);
+  // Continuous batching (the serve path): row 0 decodes alone; rows 1 and 2 join from its token
+  // callback after its 5th token, their prompts prefilled 4 positions per iteration between decode
+  // steps, then merged into the running batch's cache. Each row's tokens are those it got alone.
+  {
+    slm::SessionParams sp;
+    sp.prefill_chunk = 4;
+    sp.max_rows = 8;
+    std::vector<std::vector<int32_t>> got(prompts.size());
+    auto req = [&](size_t i) {
+      slm::RowRequest r;
+      r.prompt = prompts[i];
+      r.max_new_tokens = limits[i];
+      r.temperature = 0.f;
+      return r;
+    };
+    std::string err;
+    try {
+      slm::ContinuousBatch cb(*dev_model, sp, nullptr);
+      bool joined = false;
+      cb.set_on_step([&](slm::StepEvent&& ev) {
+        for (size_t j = 0; j < ev.rows.size(); j++)
+          if (ev.tokens[j] >= 0 && ev.rows[j] >= 0 && (size_t)ev.rows[j] < got.size()) got[ev.rows[j]].push_back(ev.tokens[j]);
+        if (!joined && got[0].size() >= 5) {
+          joined = true;
+          cb.submit({req(1), req(2)});
+        }
+      });
+      cb.submit({req(0)});
+      slm::SessionStats st = cb.run();
+      if (st.joined < 2) err = "rows 1 and 2 did not join a running decode (joined " + std::to_string(st.joined) + ")";
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    size_t before = rows.size();
+    same("rows joining a running decode vs solo", "each row generated alone on " + device, got, solo);
+    rows[before].check = "continuous";
+    if (!err.empty()) rows[before].pass = false, rows[before].note = err;
+  }
 }
 
 // transformers' forward (test/reference/hf_forward.py's output `ref_path`, its request beside it as
