@@ -109,13 +109,18 @@ json bench(const BenchShape& s, const std::string& device) {
   // Non-embedding parameters (the matmuls a token goes through), the head included once.
   const double P = (double)s.layers * (s.hidden * (q + 2 * kv) + q * s.hidden + 3.0 * s.hidden * s.inter) + (double)s.vocab * s.hidden;
   out["matmul_parameters"] = P;
+  // Question qi's prompt: s.prompt token ids spread over the vocabulary (the decode and session rows share them).
+  auto question_prompt = [&](int64_t qi) {
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < s.prompt; i++) prompt.push_back((int32_t)(((qi * 131 + i) * 7919) % (s.vocab - 200) + 100));
+    return prompt;
+  };
   // Decode: batch 1, and batch k * questions (each question's prompt k times, as GRPO's rollouts),
   // temperature 1, every row runs new_tokens steps (no stop token).
   auto decode = [&](int64_t questions, int64_t k) {
     slm::GenerateParams p;
     for (int64_t qi = 0; qi < questions; qi++) {
-      std::vector<int32_t> prompt;
-      for (int64_t i = 0; i < s.prompt; i++) prompt.push_back((int32_t)(((qi * 131 + i) * 7919) % (s.vocab - 200) + 100));
+      const std::vector<int32_t> prompt = question_prompt(qi);
       for (int64_t j = 0; j < k; j++) p.prompts.push_back(prompt);
     }
     p.max_new_tokens = s.new_tokens;
@@ -150,8 +155,7 @@ json bench(const BenchShape& s, const std::string& device) {
   auto session = [&](int64_t waves) {
     std::vector<slm::RowRequest> reqs;
     for (int64_t qi = 0; qi < s.questions; qi++) {
-      std::vector<int32_t> prompt;
-      for (int64_t i = 0; i < s.prompt; i++) prompt.push_back((int32_t)(((qi * 131 + i) * 7919) % (s.vocab - 200) + 100));
+      const std::vector<int32_t> prompt = question_prompt(qi);
       for (int64_t j = 0; j < s.k; j++) {
         slm::RowRequest r;
         r.prompt = prompt;

@@ -141,9 +141,9 @@ void generation_rows(const std::string& model_dir, const std::string& device, st
     return slm::generate(m, p, nullptr).tokens;
   };
   auto batch = run(*dev_model, {0, 1, 2});
-  auto same = [&](const std::string& kase, const std::string& reference, const std::vector<std::vector<int32_t>>& got,
-                  const std::vector<std::vector<int32_t>>& want) {
-    Row r{"generate", mname, "float32", kase, reference};
+  auto same = [&](const std::string& check, const std::string& kase, const std::string& reference,
+                  const std::vector<std::vector<int32_t>>& got, const std::vector<std::vector<int32_t>>& want) {
+    Row r{check, mname, "float32", kase, reference};
     r.tol = 0;
     int64_t first = -1;
     for (size_t b = 0; b < want.size(); b++)
@@ -162,10 +162,10 @@ void generation_rows(const std::string& model_dir, const std::string& device, st
     if (first >= 0 && r.note.empty()) r.note = "first different token at " + std::to_string(first);
     rows.push_back(r);
   };
-  if (cpu_model) same("3 rows, device vs cpu", "the same batch on cpu", batch, run(*cpu_model, {0, 1, 2}));
+  if (cpu_model) same("generate", "3 rows, device vs cpu", "the same batch on cpu", batch, run(*cpu_model, {0, 1, 2}));
   std::vector<std::vector<int32_t>> solo;
   for (size_t i = 0; i < prompts.size(); i++) solo.push_back(run(*dev_model, {i})[0]);
-  same("batched rows vs solo", "each row generated alone on " + device, batch, solo);
+  same("generate", "batched rows vs solo", "each row generated alone on " + device, batch, solo);
   // Continuous batching (the serve path): row 0 decodes alone; rows 1 and 2 join from its token
   // callback after its 5th token, their prompts prefilled 4 positions per iteration between decode
   // steps, then merged into the running batch's cache. Each row's tokens are those it got alone.
@@ -199,10 +199,8 @@ void generation_rows(const std::string& model_dir, const std::string& device, st
     } catch (const std::exception& e) {
       err = e.what();
     }
-    size_t before = rows.size();
-    same("rows joining a running decode vs solo", "each row generated alone on " + device, got, solo);
-    rows[before].check = "continuous";
-    if (!err.empty()) rows[before].pass = false, rows[before].note = err;
+    same("continuous", "rows joining a running decode vs solo", "each row generated alone on " + device, got, solo);
+    if (!err.empty()) rows.back().pass = false, rows.back().note = err;
   }
 }
 
