@@ -161,6 +161,72 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
     }
 }
 
+// ---- AVX-512, one input row (a decode at batch 1): whole weight rows read one after another, each
+// with the arithmetic of tile_512 / tile_bf16_512 (one accumulator over k in the same steps), the sums
+// of 16 rows reduced at once by reduce16, which gives each lane the value tile_sums gives it: a row's
+// result does not depend on how many input rows came with it. Memory-bound: four weight rows read in
+// lock-step (the tiles) kept the reads below the machine's bandwidth on the vocabulary head; whole rows
+// one after another reach it (a 2-core Zen 4, the head's shape alone, 2 threads: 0.83-0.88 of the
+// lock-step tile's time, level with a loop that only reads the weights).
+template <typename TW, typename TY>
+T512 void rows_512(const float* x, const TW* w, int64_t K, TY* y, int64_t n0, int64_t n1) {
+  using V = simd::V16;
+  __m512 acc[16];
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int rw = static_cast<int>(std::min<int64_t>(16, n1 - n));
+    for (int j = 0; j < 16; ++j) {
+      if (j >= rw) {
+        acc[j] = _mm512_setzero_ps();
+        continue;
+      }
+      const TW* wr = w + (n + j) * K;
+      __m512 a = _mm512_setzero_ps();
+      int64_t k = 0;
+      for (; k + 16 <= K; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), V::load(wr + k), a);
+      if (k < K) {
+        const int rest = static_cast<int>(K - k);
+        a = _mm512_fmadd_ps(V::load_n(x + k, rest), V::load_n(wr + k, rest), a);
+      }
+      acc[j] = a;
+    }
+    float sums[16];
+    _mm512_storeu_ps(sums, reduce16(acc));
+    for (int j = 0; j < rw; ++j) put<TW>(&y[n + j], sums[j]);
+  }
+}
+
+template <typename TY>
+T512BF void rows_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K, TY* y, int64_t n0, int64_t n1) {
+  __m512 acc[16];
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int rw = static_cast<int>(std::min<int64_t>(16, n1 - n));
+    for (int j = 0; j < 16; ++j) {
+      if (j >= rw) {
+        acc[j] = _mm512_setzero_ps();
+        continue;
+      }
+      const uint16_t* wr = w + (n + j) * K;
+      __m512 a = _mm512_setzero_ps();
+      int64_t k = 0;
+      for (; k + 32 <= K; k += 32) a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(x + k), (__m512bh)_mm512_loadu_si512(wr + k));
+      if (k < K) {
+        const __mmask32 mk = static_cast<__mmask32>((1u << (K - k)) - 1u);
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(mk, x + k), (__m512bh)_mm512_maskz_loadu_epi16(mk, wr + k));
+      }
+      acc[j] = a;
+    }
+    float sums[16];
+    _mm512_storeu_ps(sums, reduce16(acc));
+    for (int j = 0; j < rw; ++j) {
+      const c10::BFloat16 b(sums[j]);  // round to nearest even, as tile_bf16_512
+      if constexpr (std::is_same_v<TY, float>)
+        y[n + j] = static_cast<float>(b);
+      else
+        std::memcpy(&y[n + j], &b, sizeof(uint16_t));
+    }
+  }
+}
+
 // ---- float32 arithmetic, AVX2 + FMA: 8 lanes; tiles of up to 4 input rows x 3 weight rows (12
 // accumulators of the 16 registers), or x 4 weight rows for two input rows (enough independent sums
 // to cover the multiply-add latency; one input row: rows_256 below); weights float32 or bfloat16 as
@@ -360,11 +426,16 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, nr * M * K));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * nr, n1 = std::min(N, t1 * nr);
+    const bool one = M == 1;  // AVX-512: rows_512 / rows_bf16_512 (AVX2: rows_256)
     if (dt == at::kBFloat16 && !dot_bf16) {
       const float* xf = xc.data_ptr<float>();
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
       const bool wide = !avx2;
-      if (avx2 && M == 1 && float_out)
+      if (wide && one && float_out)
+        rows_512<uint16_t, float>(xf, wb, K, y.data_ptr<float>(), n0, n1);
+      else if (wide && one)
+        rows_512<uint16_t, uint16_t>(xf, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
+      else if (avx2 && M == 1 && float_out)
         rows_256<4, uint16_t, float>(xf, wb, K, y.data_ptr<float>(), n0, n1);
       else if (avx2 && M == 1)
         rows_256<4, uint16_t, uint16_t>(xf, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
@@ -377,7 +448,11 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
     } else if (dt == at::kBFloat16) {
       const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
-      if (float_out)
+      if (one && float_out)
+        rows_bf16_512<float>(xb, wb, K, y.data_ptr<float>(), n0, n1);
+      else if (one)
+        rows_bf16_512<uint16_t>(xb, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
+      else if (float_out)
         range_bf16f_512(xb, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
         range_bf16_512(xb, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
@@ -385,6 +460,8 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
       rows_256<4, float, float>(xc.data_ptr<float>(), wc.data_ptr<float>(), K, y.data_ptr<float>(), n0, n1);
     } else if (avx2) {
       (few ? range_f32_256w : range_f32_256)(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
+    } else if (one) {
+      rows_512<float, float>(xc.data_ptr<float>(), wc.data_ptr<float>(), K, y.data_ptr<float>(), n0, n1);
     } else {
       range_f32_512(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
     }
