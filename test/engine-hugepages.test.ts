@@ -1,0 +1,66 @@
+// Weights converted to another dtype at load (native/core/qwen3.cc, cpu_converted): one of 2 MiB or
+// more goes into memory advised as transparent huge pages, written once; weights used in their
+// checkpoint's dtype stay in the file's memory map. Checked through /proc/self/smaps, where a region
+// advised with MADV_HUGEPAGE carries the flag `hg` whether or not the kernel then gives it huge pages
+// (so the test does not depend on the machine's THP setting), and by the values: the converted model
+// gives the same logits, bit for bit, as a bfloat16 checkpoint of the same weights used as it is.
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t from 'tap';
+import { Model } from '../lib/engine/model.js';
+import { initModel } from '../lib/model/init.js';
+
+/** Bytes of this process's mappings advised as huge pages (VmFlags `hg`), by start address. */
+function advised(): Map<string, number> {
+  const out = new Map<string, number>();
+  let start = '',
+    size = 0;
+  for (const line of readFileSync('/proc/self/smaps', 'utf8').split('\n')) {
+    const head = /^([0-9a-f]+)-([0-9a-f]+) /.exec(line);
+    if (head) {
+      start = head[1];
+      size = Number(BigInt(`0x${head[2]}`) - BigInt(`0x${head[1]}`));
+    } else if (line.startsWith('VmFlags:') && /\bhg\b/.test(line)) out.set(start, size);
+  }
+  return out;
+}
+const added = (before: Map<string, number>, after: Map<string, number>) => [...after].filter(([k]) => !before.has(k)).map(([, v]) => v);
+
+t.test(
+  'a converted weight of 2 MiB or more is advised as huge pages; one used as stored is not copied',
+  { skip: process.platform !== 'linux' && 'Linux only (/proc/self/smaps)' },
+  async (t) => {
+    const dir = mkdtempSync(join(tmpdir(), 'slm-huge-'));
+    t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+    const f32 = join(dir, 'f32'),
+      bf16 = join(dir, 'bf16');
+    initModel({ preset: 'tiny', out: f32, seed: 5 });
+    initModel({ preset: 'tiny', out: bf16, seed: 5, dtype: 'bfloat16' });
+
+    const s0 = advised();
+    const converted = await Model.load(f32, { dtype: 'bfloat16' });
+    const s1 = advised();
+    const cfg = converted.config;
+    const embedBytes = cfg.vocab_size * cfg.hidden_size * 2; // the tied embedding / head, in bfloat16
+    t.ok(embedBytes >= 2 << 20, `the tiny preset's embedding is ${embedBytes} bytes in bfloat16 (>= 2 MiB)`);
+    const grew = added(s0, s1);
+    t.ok(
+      grew.some((b) => b >= embedBytes),
+      `a region advised as huge pages holds the converted embedding (new advised regions: ${grew.join(', ') || 'none'} bytes)`,
+    );
+
+    const asStored = await Model.load(bf16, { dtype: 'bfloat16' });
+    const s2 = advised();
+    t.same(added(s1, s2), [], 'a bfloat16 checkpoint used in bfloat16 adds no advised region (its weights stay in the memory map)');
+
+    const rows = [[9, 17, 400, 3021, 77, 150000, 12, 5]];
+    const a = await converted.logits(rows),
+      b = await asStored.logits(rows);
+    t.equal(a.data.length, rows[0].length * cfg.vocab_size);
+    t.ok(
+      a.data.every((v, i) => Object.is(v, b.data[i])),
+      'the converted model and the bfloat16 checkpoint give the same logits, bit for bit',
+    );
+  },
+);
