@@ -152,13 +152,7 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
   float sums[16];
   tile_sums<MR, NR>(acc, sums);
   for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NR; ++n) {
-      const c10::BFloat16 b(sums[m * 4 + n]);  // round to nearest even
-      if constexpr (std::is_same_v<TY, float>)
-        y[m * ldy + n] = static_cast<float>(b);
-      else
-        std::memcpy(&y[m * ldy + n], &b, sizeof(uint16_t));
-    }
+    for (int n = 0; n < NR; ++n) put<uint16_t>(&y[m * ldy + n], sums[m * 4 + n]);  // rounded to nearest even
 }
 
 // ---- AVX-512, one input row (a decode at batch 1): whole weight rows read one after another, each
@@ -168,64 +162,51 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
 // lock-step (the tiles) kept the reads below the machine's bandwidth on the vocabulary head; whole rows
 // one after another reach it (a 2-core Zen 4, the head's shape alone, 2 threads: 0.83-0.88 of the
 // lock-step tile's time, level with a loop that only reads the weights).
-template <typename TW, typename TY>
-T512 void rows_512(const float* x, const TW* w, int64_t K, TY* y, int64_t n0, int64_t n1) {
+
+// One weight row's accumulator, float32 arithmetic (weights float32 or widened bfloat16), as tile_512.
+template <typename TW>
+T512 inline __m512 row_acc_512(const float* x, const TW* wr, int64_t K) {
   using V = simd::V16;
-  __m512 acc[16];
-  for (int64_t n = n0; n < n1; n += 16) {
-    const int rw = static_cast<int>(std::min<int64_t>(16, n1 - n));
-    for (int j = 0; j < 16; ++j) {
-      if (j >= rw) {
-        acc[j] = _mm512_setzero_ps();
-        continue;
-      }
-      const TW* wr = w + (n + j) * K;
-      __m512 a = _mm512_setzero_ps();
-      int64_t k = 0;
-      for (; k + 16 <= K; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), V::load(wr + k), a);
-      if (k < K) {
-        const int rest = static_cast<int>(K - k);
-        a = _mm512_fmadd_ps(V::load_n(x + k, rest), V::load_n(wr + k, rest), a);
-      }
-      acc[j] = a;
-    }
-    float sums[16];
-    _mm512_storeu_ps(sums, reduce16(acc));
-    for (int j = 0; j < rw; ++j) put<TW>(&y[n + j], sums[j]);
+  __m512 a = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), V::load(wr + k), a);
+  if (k < K) {
+    const int rest = static_cast<int>(K - k);
+    a = _mm512_fmadd_ps(V::load_n(x + k, rest), V::load_n(wr + k, rest), a);
   }
+  return a;
 }
 
-template <typename TY>
-T512BF void rows_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K, TY* y, int64_t n0, int64_t n1) {
-  __m512 acc[16];
-  for (int64_t n = n0; n < n1; n += 16) {
-    const int rw = static_cast<int>(std::min<int64_t>(16, n1 - n));
-    for (int j = 0; j < 16; ++j) {
-      if (j >= rw) {
-        acc[j] = _mm512_setzero_ps();
-        continue;
-      }
-      const uint16_t* wr = w + (n + j) * K;
-      __m512 a = _mm512_setzero_ps();
-      int64_t k = 0;
-      for (; k + 32 <= K; k += 32) a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(x + k), (__m512bh)_mm512_loadu_si512(wr + k));
-      if (k < K) {
-        const __mmask32 mk = static_cast<__mmask32>((1u << (K - k)) - 1u);
-        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(mk, x + k), (__m512bh)_mm512_maskz_loadu_epi16(mk, wr + k));
-      }
-      acc[j] = a;
-    }
-    float sums[16];
-    _mm512_storeu_ps(sums, reduce16(acc));
-    for (int j = 0; j < rw; ++j) {
-      const c10::BFloat16 b(sums[j]);  // round to nearest even, as tile_bf16_512
-      if constexpr (std::is_same_v<TY, float>)
-        y[n + j] = static_cast<float>(b);
-      else
-        std::memcpy(&y[n + j], &b, sizeof(uint16_t));
-    }
+// One weight row's accumulator with bfloat16 dot products, as tile_bf16_512.
+T512BF inline __m512 row_acc_bf16_512(const uint16_t* x, const uint16_t* wr, int64_t K) {
+  __m512 a = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(x + k), (__m512bh)_mm512_loadu_si512(wr + k));
+  if (k < K) {
+    const __mmask32 mk = static_cast<__mmask32>((1u << (K - k)) - 1u);
+    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(mk, x + k), (__m512bh)_mm512_maskz_loadu_epi16(mk, wr + k));
   }
+  return a;
 }
+
+// Weight rows [n0, n1) against one input row: ROW_ACC per row (inlined: same target), reduce16 per 16
+// rows, each sum stored by put<TW> (bfloat16 weights: rounded to bfloat16 once). A macro, as the ranges
+// below, because each needs its own target.
+#define SLM_DEFINE_ROWS(NAME, TARGET, TX, ROW_ACC)                                                         \
+  template <typename TW, typename TY>                                                                      \
+  TARGET void NAME(const TX* x, const TW* w, int64_t K, TY* y, int64_t n0, int64_t n1) {                   \
+    __m512 acc[16];                                                                                        \
+    for (int64_t n = n0; n < n1; n += 16) {                                                                \
+      const int rw = static_cast<int>(std::min<int64_t>(16, n1 - n));                                      \
+      for (int j = 0; j < 16; ++j) acc[j] = j < rw ? ROW_ACC(x, w + (n + j) * K, K) : _mm512_setzero_ps(); \
+      float sums[16];                                                                                      \
+      _mm512_storeu_ps(sums, reduce16(acc));                                                               \
+      for (int j = 0; j < rw; ++j) put<TW>(&y[n + j], sums[j]);                                            \
+    }                                                                                                      \
+  }
+SLM_DEFINE_ROWS(rows_512, T512, float, row_acc_512)
+SLM_DEFINE_ROWS(rows_bf16_512, T512BF, uint16_t, row_acc_bf16_512)
+#undef SLM_DEFINE_ROWS
 
 // ---- float32 arithmetic, AVX2 + FMA: 8 lanes; tiles of up to 4 input rows x 3 weight rows (12
 // accumulators of the 16 registers), or x 4 weight rows for two input rows (enough independent sums
@@ -426,19 +407,16 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, nr * M * K));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * nr, n1 = std::min(N, t1 * nr);
-    const bool one = M == 1;  // AVX-512: rows_512 / rows_bf16_512 (AVX2: rows_256)
+    const bool one = M == 1;  // one input row: whole weight rows (rows_512 / rows_bf16_512, AVX2 rows_256)
     if (dt == at::kBFloat16 && !dot_bf16) {
       const float* xf = xc.data_ptr<float>();
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
       const bool wide = !avx2;
-      if (wide && one && float_out)
-        rows_512<uint16_t, float>(xf, wb, K, y.data_ptr<float>(), n0, n1);
-      else if (wide && one)
-        rows_512<uint16_t, uint16_t>(xf, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
-      else if (avx2 && M == 1 && float_out)
-        rows_256<4, uint16_t, float>(xf, wb, K, y.data_ptr<float>(), n0, n1);
-      else if (avx2 && M == 1)
-        rows_256<4, uint16_t, uint16_t>(xf, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
+      if (one && float_out)
+        (wide ? rows_512<uint16_t, float> : rows_256<4, uint16_t, float>)(xf, wb, K, y.data_ptr<float>(), n0, n1);
+      else if (one)
+        (wide ? rows_512<uint16_t, uint16_t>
+              : rows_256<4, uint16_t, uint16_t>)(xf, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
       else if (float_out)
         (wide ? range_wbf16f_512 : few ? range_wbf16f_256w : range_wbf16f_256)(xf, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
@@ -449,19 +427,18 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
       const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
       if (one && float_out)
-        rows_bf16_512<float>(xb, wb, K, y.data_ptr<float>(), n0, n1);
+        rows_bf16_512<uint16_t, float>(xb, wb, K, y.data_ptr<float>(), n0, n1);
       else if (one)
-        rows_bf16_512<uint16_t>(xb, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
+        rows_bf16_512<uint16_t, uint16_t>(xb, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
       else if (float_out)
         range_bf16f_512(xb, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
         range_bf16_512(xb, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
-    } else if (avx2 && M == 1) {
-      rows_256<4, float, float>(xc.data_ptr<float>(), wc.data_ptr<float>(), K, y.data_ptr<float>(), n0, n1);
+    } else if (one) {
+      (avx2 ? rows_256<4, float, float> : rows_512<float, float>)(xc.data_ptr<float>(), wc.data_ptr<float>(), K, y.data_ptr<float>(), n0,
+                                                                  n1);
     } else if (avx2) {
       (few ? range_f32_256w : range_f32_256)(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
-    } else if (one) {
-      rows_512<float, float>(xc.data_ptr<float>(), wc.data_ptr<float>(), K, y.data_ptr<float>(), n0, n1);
     } else {
       range_f32_512(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
     }
