@@ -1,15 +1,18 @@
 // Weights converted to another dtype at load (native/core/qwen3.cc, cpu_converted): one of 2 MiB or
-// more goes into memory advised as transparent huge pages, written once; weights used in their
+// more goes into memory whose whole 2 MiB pages are advised as transparent huge pages (the tail is
+// not: no huge page partly unused), written once; weights used in their
 // checkpoint's dtype stay in the file's memory map. Checked through /proc/self/smaps, where a region
 // advised with MADV_HUGEPAGE carries the flag `hg` whether or not the kernel then gives it huge pages
 // (so the test does not depend on the machine's THP setting), and by the values: the converted model
 // gives the same logits, bit for bit, as a bfloat16 checkpoint of the same weights used as it is.
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
+
+const HUGE = 2 << 20;
 
 /** Bytes of this process's mappings advised as huge pages (VmFlags `hg`), by start address. */
 function advised(): Map<string, number> {
@@ -29,7 +32,13 @@ const added = (before: Map<string, number>, after: Map<string, number>) => [...a
 
 t.test(
   'a converted weight of 2 MiB or more is advised as huge pages; one used as stored is not copied',
-  { skip: process.platform !== 'linux' && 'Linux only (/proc/self/smaps)' },
+  {
+    skip:
+      process.platform !== 'linux'
+        ? 'Linux only (/proc/self/smaps)'
+        : !existsSync('/sys/kernel/mm/transparent_hugepage/enabled') &&
+          'this kernel has no transparent huge pages (madvise refuses the advice)',
+  },
   async (t) => {
     const dir = mkdtempSync(join(tmpdir(), 'slm-huge-'));
     t.teardown(() => rmSync(dir, { recursive: true, force: true }));
@@ -43,11 +52,19 @@ t.test(
     const s1 = advised();
     const cfg = converted.config;
     const embedBytes = cfg.vocab_size * cfg.hidden_size * 2; // the tied embedding / head, in bfloat16
-    t.ok(embedBytes >= 2 << 20, `the tiny preset's embedding is ${embedBytes} bytes in bfloat16 (>= 2 MiB)`);
-    const grew = added(s0, s1);
     t.ok(
-      grew.some((b) => b >= embedBytes),
-      `a region advised as huge pages holds the converted embedding (new advised regions: ${grew.join(', ') || 'none'} bytes)`,
+      embedBytes >= HUGE && embedBytes % HUGE !== 0,
+      `the tiny preset's embedding is ${embedBytes} bytes in bfloat16 (over 2 MiB, with a tail past its last whole 2 MiB)`,
+    );
+    const grew = added(s0, s1);
+    const whole = Math.floor(embedBytes / HUGE) * HUGE;
+    t.ok(
+      grew.includes(whole),
+      `the converted embedding's ${whole / HUGE} whole 2 MiB pages form a region advised as huge pages (new advised regions: ${grew.join(', ') || 'none'} bytes)`,
+    );
+    t.ok(
+      grew.every((b) => b % HUGE === 0),
+      'every new advised region is whole 2 MiB pages: the tail past the last one is not advised',
     );
 
     const asStored = await Model.load(bf16, { dtype: 'bfloat16' });
@@ -57,7 +74,7 @@ t.test(
     const rows = [[9, 17, 400, 3021, 77, 150000, 12, 5]];
     const a = await converted.logits(rows),
       b = await asStored.logits(rows);
-    t.equal(a.data.length, rows[0].length * cfg.vocab_size);
+    t.equal(a.data.length, rows[0].length * cfg.vocab_size, 'a logit per position and vocabulary entry');
     t.ok(
       a.data.every((v, i) => Object.is(v, b.data[i])),
       'the converted model and the bfloat16 checkpoint give the same logits, bit for bit',
