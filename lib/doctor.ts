@@ -12,7 +12,7 @@ import type { IsolationReport } from './sandbox/types.js';
 
 export interface DoctorReport {
   binding: { path: string; kind: string } | { error: string };
-  libtorch?: { version: string; cuda: boolean; parallel: string; cpuCapability?: string; malloc?: string };
+  libtorch?: { version: string; cuda: boolean; parallel: string; cpuCapability?: string; malloc?: string; cpuCache?: string };
   /** The engine's own CPU kernels: the instruction set in force (SLM_TRAIN_CPU_ISA caps it), the CPU's, and what each kernel runs. */
   kernels?: { isa: string; detected: string; linear: string; attention: string };
   blas?: { library: string; openblasCoretype?: string; matmulF32Gflops: number; matmulBf16Gflops: number; copyGBps: number };
@@ -93,6 +93,7 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
       parallel: /ATen parallel backend: (\S+)/.exec(v.parallel)?.[1] ?? 'unknown',
       cpuCapability: cap,
       malloc: v.malloc,
+      cpuCache: v.cpuCache,
     };
     report.kernels = { isa: v.cpuIsa, detected: v.cpuIsaDetected, linear: v.smallLinear, attention: v.attentionKernel };
     const seconds = opts.seconds ?? 0.4;
@@ -170,7 +171,7 @@ export function formatDoctor(report: DoctorReport): string {
   if (report.libtorch)
     row(
       'libtorch',
-      `${report.libtorch.version}, ${report.libtorch.cuda ? 'CUDA available' : 'CPU only (no CUDA)'}, ${report.libtorch.parallel}, kernels ${report.libtorch.cpuCapability ?? '?'}, malloc ${report.libtorch.malloc ?? '?'}`,
+      `${report.libtorch.version}, ${report.libtorch.cuda ? 'CUDA available' : 'CPU only (no CUDA)'}, ${report.libtorch.parallel}, kernels ${report.libtorch.cpuCapability ?? '?'}, malloc ${report.libtorch.malloc ?? '?'}, tensors ${report.libtorch.cpuCache ?? '?'}`,
     );
   if (report.kernels)
     row(

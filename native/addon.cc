@@ -18,6 +18,7 @@
 #include "addon/value_head.h"
 #include "addon/workers.h"
 #include "core/cpu_attention.h"
+#include "core/cpu_cache.h"
 #include "core/cpu_gemm.h"
 #include "core/cpu_isa.h"
 #include "core/qwen3.h"
@@ -53,6 +54,22 @@ Napi::Value SetThreads(const Napi::CallbackInfo& info) {
 }
 
 // The external memory V8 counts (Node-API's adjusted total; the model handles add theirs to it).
+// cpuCacheStats({release?}) -> {installed, cachedBytes, liveBytes, capBytes, hits, misses} of the
+// CPU tensors' caching allocator (core/cpu_cache.h); release: true frees the cached blocks first.
+Napi::Value CpuCacheStats(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  if (info[0].IsObject() && info[0].As<Napi::Object>().Get("release").ToBoolean().Value()) slm::cpu_cache_release();
+  const auto s = slm::cpu_cache_stats();
+  auto o = Napi::Object::New(env);
+  o.Set("installed", Napi::Boolean::New(env, s.installed));
+  o.Set("cachedBytes", Napi::Number::New(env, static_cast<double>(s.cached_bytes)));
+  o.Set("liveBytes", Napi::Number::New(env, static_cast<double>(s.live_bytes)));
+  o.Set("capBytes", Napi::Number::New(env, static_cast<double>(s.cap_bytes)));
+  o.Set("hits", Napi::Number::New(env, static_cast<double>(s.hits)));
+  o.Set("misses", Napi::Number::New(env, static_cast<double>(s.misses)));
+  return o;
+}
+
 Napi::Value ExternalMemory(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), static_cast<double>(Napi::MemoryManagement::AdjustExternalMemory(info.Env(), 0)));
 }
@@ -92,11 +109,13 @@ Napi::Value Version(const Napi::CallbackInfo& info) {
   o.Set("cpuIsaDetected", Napi::String::New(env, slm::cpu_isa_name(slm::cpu_isa_detected())));
   o.Set("napi", Napi::Number::New(env, NAPI_VERSION));
   o.Set("malloc", Napi::String::New(env, malloc_policy()));
+  o.Set("cpuCache", Napi::String::New(env, slm::install_cpu_cache()));
   return o;
 }
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   malloc_policy() = slm_addon::tune_malloc();
+  slm::install_cpu_cache();
   exports.Set("setErrorClass", Napi::Function::New(env, SetErrorClass));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("version", Napi::Function::New(env, Version));
@@ -107,6 +126,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("attention", Napi::Function::New(env, slm_addon::Attention));
   exports.Set("losses", slm_addon::Losses(env));
   exports.Set("externalMemory", Napi::Function::New(env, ExternalMemory));
+  exports.Set("cpuCacheStats", Napi::Function::New(env, CpuCacheStats));
   exports.Set("measure", Napi::Function::New(env, slm_addon::Measure));
   exports.Set("loadModel", Napi::Function::New(env, slm_addon::ModelWrap::Load));
   exports.Set("NativeModel", slm_addon::ModelWrap::Define(env));

@@ -3,7 +3,8 @@
 // pages the previous one freed instead of faulting in fresh zeroed ones; the user's own
 // MALLOC_*_THRESHOLD_ or glibc.malloc tunables win. Checked in fresh processes by what they report
 // and by the page faults of repeated identical forwards (process.resourceUsage), against a process
-// whose (harmless) glibc.malloc tunable leaves glibc's defaults in place.
+// whose (harmless) glibc.malloc tunable leaves glibc's defaults in place. The tensors' caching allocator
+// (core/cpu_cache.h, test/cpu-cache.test.ts) is off in these children: it would hide malloc's thresholds.
 import t from 'tap';
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -28,7 +29,7 @@ function faults(env: Record<string, string>, calls = 8): { malloc: string; fault
     console.log(JSON.stringify({ malloc: native().version().malloc, faults: f }));`;
   // One libuv pool thread: every call allocates from the same malloc arena.
   const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
-    env: { ...base, UV_THREADPOOL_SIZE: '1', ...env },
+    env: { ...base, UV_THREADPOOL_SIZE: '1', SLM_TRAIN_CPU_CACHE: '0', ...env },
     encoding: 'utf8',
     timeout: 120_000,
   });

@@ -357,12 +357,23 @@ export interface NativeVersion {
   napi: number;
   /** glibc malloc's thresholds as the addon set them when it loaded (or whose they are). */
   malloc: string;
+  /** The CPU tensors' caching allocator (native/core/cpu_cache.h): "caching blocks >= 64 KiB, at most N MiB cached", or why it is off. */
+  cpuCache: string;
 }
 
 export interface NativeAddon {
   setErrorClass(cls: new (code: string, message: string) => Error): void;
   setThreads(n: number): void;
   version(): NativeVersion;
+  /** The CPU tensors' caching allocator's counters; release: true frees its cached blocks first. */
+  cpuCacheStats(opts?: { release?: boolean }): {
+    installed: boolean;
+    cachedBytes: number;
+    liveBytes: number;
+    capBytes: number;
+    hits: number;
+    misses: number;
+  };
   /** Allows (true, the default) or forbids the CPU kernels (small-row linear layers, fused sampler, attention): false = ATen's generic path; for benchmarks and tests. */
   setCpuKernels(on: boolean): void;
   /** Caps the CPU kernels' instruction set (a level above the CPU's gives the CPU's); returns the level in force. For tests and benchmarks. */

@@ -14,6 +14,7 @@
 
 #include "addon/convert.h"
 #include "addon/workers.h"
+#include "core/cpu_cache.h"
 #include "core/measure.h"
 
 namespace slm_addon {
@@ -43,6 +44,7 @@ void release_free_memory() {
   const int64_t rss = resident_bytes();
   const int64_t base = after_trim.load();
   if (rss >= 0 && base >= 0 && rss < base + slack) return;
+  slm::cpu_cache_release();  // the tensors' cached blocks first (core/cpu_cache.h), then malloc's heap
   malloc_trim(0);
   after_trim.store(resident_bytes());
 #endif

@@ -1,0 +1,152 @@
+#include "core/cpu_cache.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+namespace slm {
+namespace {
+
+constexpr size_t kAlignment = 64;  // as ATen's own CPU allocator (c10::gAlignment)
+
+struct Pool {
+  std::mutex mu;
+  std::multimap<size_t, void*> free_;       // size -> cached block
+  std::unordered_map<void*, size_t> live_;  // cached-size block in use -> its size
+  int64_t cached = 0, live = 0, cap = 0, hits = 0, misses = 0;
+  bool installed = false;
+};
+
+Pool& pool() {
+  static Pool* p = new Pool();  // never destroyed: tensors may be freed during exit
+  return *p;
+}
+
+void* aligned_alloc_or_null(size_t n) {
+  void* p = nullptr;
+  return posix_memalign(&p, kAlignment, std::max<size_t>(n, 1)) == 0 ? p : nullptr;
+}
+
+// Frees cached blocks, largest first, until at most `keep` bytes stay cached. Under the lock.
+void evict_locked(Pool& P, int64_t keep) {
+  while (P.cached > keep && !P.free_.empty()) {
+    auto it = std::prev(P.free_.end());
+    P.cached -= static_cast<int64_t>(it->first);
+    std::free(it->second);
+    P.free_.erase(it);
+  }
+}
+
+// The deleter of every block this allocator hands out (raw_deleter requires one for all of them).
+void release_block(void* p) {
+  if (!p) return;
+  auto& P = pool();
+  {
+    std::lock_guard<std::mutex> g(P.mu);
+    auto it = P.live_.find(p);
+    if (it != P.live_.end()) {
+      const size_t n = it->second;
+      P.live_.erase(it);
+      P.live -= static_cast<int64_t>(n);
+      if (P.cached + static_cast<int64_t>(n) <= P.cap) {
+        P.free_.emplace(n, p);
+        P.cached += static_cast<int64_t>(n);
+        return;
+      }
+    }
+  }
+  std::free(p);
+}
+
+void* take_block(size_t n) {
+  auto& P = pool();
+  if (static_cast<int64_t>(n) < kCachedMinBytes) return aligned_alloc_or_null(n);
+  const size_t want = (n + 4095) & ~size_t(4095);
+  {
+    std::lock_guard<std::mutex> g(P.mu);
+    auto it = P.free_.lower_bound(want);
+    if (it != P.free_.end() && it->first <= want + want / 4) {
+      void* p = it->second;
+      const size_t size = it->first;
+      P.free_.erase(it);
+      P.cached -= static_cast<int64_t>(size);
+      P.live_.emplace(p, size);
+      P.live += static_cast<int64_t>(size);
+      ++P.hits;
+      return p;
+    }
+    ++P.misses;
+  }
+  void* p = aligned_alloc_or_null(want);
+  if (!p) {  // out of memory: give the cache back and try once more
+    cpu_cache_release();
+    p = aligned_alloc_or_null(want);
+    if (!p) return nullptr;
+  }
+  std::lock_guard<std::mutex> g(pool().mu);
+  P.live_.emplace(p, want);
+  P.live += static_cast<int64_t>(want);
+  return p;
+}
+
+struct CachingCpuAllocator final : c10::Allocator {
+  c10::DataPtr make(size_t n) const {
+    void* p = take_block(n);
+    TORCH_CHECK(p || n == 0, "slm-train's CPU allocator: not enough memory: you tried to allocate ", n, " bytes.");
+    return {p, p, &release_block, c10::Device(c10::DeviceType::CPU)};
+  }
+  // ATen 1.x declares allocate const, 2.x (2.3 and later) not: both are defined, one overrides.
+  c10::DataPtr allocate(size_t n) const { return make(n); }
+  c10::DataPtr allocate(size_t n) { return make(n); }
+  c10::DeleterFnPtr raw_deleter() const override { return &release_block; }
+  // Pure virtual in ATen 2.3 and later (clone); a plain member before.
+  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+};
+
+}  // namespace
+
+std::string install_cpu_cache() {
+  static const std::string what = [] {
+    const char* e = std::getenv("SLM_TRAIN_CPU_CACHE");
+    if (e && std::string(e) == "0") return std::string("SLM_TRAIN_CPU_CACHE=0: ATen's CPU allocator");
+    auto& P = pool();
+    const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    P.cap = std::min<int64_t>(int64_t(2) << 30, ram > 0 ? ram / 8 : int64_t(1) << 30);
+    static CachingCpuAllocator alloc;
+    c10::SetAllocator(c10::DeviceType::CPU, &alloc, /*priority=*/1);
+    P.installed = true;
+    return "caching blocks >= " + std::to_string(kCachedMinBytes >> 10) + " KiB, at most " + std::to_string(P.cap >> 20) + " MiB cached";
+  }();
+  return what;
+}
+
+CpuCacheStats cpu_cache_stats() {
+  auto& P = pool();
+  std::lock_guard<std::mutex> g(P.mu);
+  CpuCacheStats s;
+  s.installed = P.installed;
+  s.cached_bytes = P.cached;
+  s.live_bytes = P.live;
+  s.cap_bytes = P.cap;
+  s.hits = P.hits;
+  s.misses = P.misses;
+  return s;
+}
+
+int64_t cpu_cache_release() {
+  auto& P = pool();
+  std::lock_guard<std::mutex> g(P.mu);
+  const int64_t before = P.cached;
+  evict_locked(P, 0);
+  return before;
+}
+
+}  // namespace slm
