@@ -53,7 +53,6 @@ Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-// The external memory V8 counts (Node-API's adjusted total; the model handles add theirs to it).
 // cpuCacheStats({release?}) -> {installed, cachedBytes, liveBytes, capBytes, hits, misses} of the
 // CPU tensors' caching allocator (core/cpu_cache.h); release: true frees the cached blocks first.
 Napi::Value CpuCacheStats(const Napi::CallbackInfo& info) {
@@ -70,6 +69,7 @@ Napi::Value CpuCacheStats(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// The external memory V8 counts (Node-API's adjusted total; the model handles add theirs to it).
 Napi::Value ExternalMemory(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), static_cast<double>(Napi::MemoryManagement::AdjustExternalMemory(info.Env(), 0)));
 }

@@ -31,6 +31,7 @@ interface Report {
   cpuCache: string;
   faults: number[];
   live: number[];
+  cached: number[];
   before: Stats;
   after: Stats;
   released: Stats;
@@ -54,15 +55,16 @@ function run(env: Record<string, string>, calls = 6): Report {
     const step = () => m.trainStep(batch, { loss: 'sft', lr: 1e-5 });
     await step();
     const before = a.cpuCacheStats();
-    const faults = [], live = [];
+    const faults = [], live = [], cached = [];
     for (let i = 0; i < ${calls}; i++) {
       const f0 = process.resourceUsage().minorPageFault;
       await step();
       faults.push(process.resourceUsage().minorPageFault - f0);
       live.push(a.cpuCacheStats().liveBytes);
+      cached.push(a.cpuCacheStats().cachedBytes);
     }
     const after = a.cpuCacheStats();
-    console.log(JSON.stringify({ cpuCache: a.version().cpuCache, faults, live, before, after, released: a.cpuCacheStats({ release: true }) }));`;
+    console.log(JSON.stringify({ cpuCache: a.version().cpuCache, faults, live, cached, before, after, released: a.cpuCacheStats({ release: true }) }));`;
   const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
     env: { ...base, ...env },
     encoding: 'utf8',
@@ -102,6 +104,28 @@ t.test('the cache is installed by default and reused across pool threads; SLM_TR
     b = median(off.faults.slice(2));
   t.ok(b > 2000, `without the cache, steps fault in pages (median ${b}), else this test proves nothing`);
   t.ok(a * 4 < b, `with the cache a repeated step faults ${a} pages, against ${b} without it`);
+});
+
+t.test('SLM_TRAIN_CPU_CACHE=N caps the cached bytes at N MiB; anything but digits is refused', { skip }, async (t) => {
+  // A step frees two ~134 MB logits buffers and many smaller blocks: more than 200 MiB.
+  const r = run({ SLM_TRAIN_CPU_CACHE: '200' }, 3);
+  t.equal(r.cpuCache, 'caching blocks >= 64 KiB, at most 200 MiB cached');
+  t.equal(r.after.capBytes, 200 * 2 ** 20);
+  t.ok(
+    r.cached.every((c) => c > 100 * 2 ** 20 && c <= 200 * 2 ** 20),
+    `after each step the cache holds 100-200 MiB (${r.cached.map((c) => (c / 2 ** 20).toFixed(0)).join(', ')} MiB)`,
+  );
+  t.ok(r.after.hits > r.before.hits, 'blocks under the cap are still reused');
+  const bad = spawnSync(
+    process.execPath,
+    [
+      '--input-type=module',
+      '-e',
+      `const { native } = await import(${dist('engine/runtime.js')}); try { native(); console.log('loaded'); } catch (e) { console.log(e.code + ' ' + e.message); }`,
+    ],
+    { env: { ...process.env, SLM_TRAIN_CPU_CACHE: '2GB' }, encoding: 'utf8', timeout: 60_000 },
+  );
+  t.match(bad.stdout, /^ARGUMENT_INVALID SLM_TRAIN_CPU_CACHE must be 0 \(the CPU tensor cache off\) or its cap in MiB, found '2GB'/);
 });
 
 t.test('doctor reports the allocator in force', { skip }, async (t) => {

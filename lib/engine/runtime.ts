@@ -62,10 +62,24 @@ function checkIsaCap(): void {
   );
 }
 
+/**
+ * SLM_TRAIN_CPU_CACHE: 0 turns the CPU tensor cache off, N caps it at N MiB (native/core/cpu_cache.h;
+ * the addon reads it when it loads); anything else would be ignored there, so it is refused here.
+ */
+function checkCpuCache(): void {
+  const v = process.env.SLM_TRAIN_CPU_CACHE;
+  if (v === undefined || v === '' || /^\d{1,7}$/.test(v)) return;
+  throw new SlmError(
+    'ARGUMENT_INVALID',
+    `SLM_TRAIN_CPU_CACHE must be 0 (the CPU tensor cache off) or its cap in MiB, found '${v}'. Unset it for the default (\`slm-train doctor\` shows the cache in force).`,
+  );
+}
+
 /** The addon, with threads set (libtorch starts with 1 thread here otherwise). */
 export function native(): NativeAddon {
   if (configured) return loadAddon();
   checkIsaCap();
+  checkCpuCache();
   tuneOpenBlas();
   const ours = tuneOpenMP();
   let a: NativeAddon;

@@ -19,7 +19,8 @@ namespace slm_addon {
 // 24 GB machine), against ~0.3 GB live. Forcing large blocks through mmap instead (a fixed
 // M_MMAP_THRESHOLD) kept memory down but made each training step 1.8x slower (page faults on every
 // allocation), and trimming after every call 1.2x slower (the next call re-faults its working set):
-// this trims when resident memory has grown by a slack (min(4 GiB, RAM / 4)) since the last trim.
+// this trims when resident memory has grown by a slack (min(4 GiB, RAM / 4)) since the last trim, after
+// freeing the blocks the CPU tensor cache holds (core/cpu_cache.h).
 void release_free_memory();
 
 // glibc's thresholds for the tensors of a forward or a training step (1-30 MB each at a few hundred

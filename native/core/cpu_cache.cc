@@ -2,7 +2,6 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
-#include <c10/util/Exception.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 
 namespace slm {
@@ -18,9 +18,12 @@ namespace {
 constexpr size_t kAlignment = 64;  // as ATen's own CPU allocator (c10::gAlignment)
 
 struct Pool {
+  using Free = std::multimap<size_t, std::pair<void*, uint64_t>>;  // size -> (cached block, when it was freed)
   std::mutex mu;
-  std::multimap<size_t, void*> free_;       // size -> cached block
+  Free free_;
+  std::map<uint64_t, Free::iterator> age_;  // the cached blocks, the longest unused first
   std::unordered_map<void*, size_t> live_;  // cached-size block in use -> its size
+  uint64_t clock = 0;
   int64_t cached = 0, live = 0, cap = 0, hits = 0, misses = 0;
   bool installed = false;
 };
@@ -35,13 +38,20 @@ void* aligned_alloc_or_null(size_t n) {
   return posix_memalign(&p, kAlignment, std::max<size_t>(n, 1)) == 0 ? p : nullptr;
 }
 
-// Frees cached blocks, largest first, until at most `keep` bytes stay cached. Under the lock.
+// Takes a cached block out of the pool (not freed). Under the lock.
+void unlink_locked(Pool& P, Pool::Free::iterator it) {
+  P.age_.erase(it->second.second);
+  P.cached -= static_cast<int64_t>(it->first);
+  P.free_.erase(it);
+}
+
+// Frees cached blocks, the longest unused first, until at most `keep` bytes stay cached. Under the lock.
 void evict_locked(Pool& P, int64_t keep) {
-  while (P.cached > keep && !P.free_.empty()) {
-    auto it = std::prev(P.free_.end());
-    P.cached -= static_cast<int64_t>(it->first);
-    std::free(it->second);
-    P.free_.erase(it);
+  while (P.cached > keep && !P.age_.empty()) {
+    auto it = P.age_.begin()->second;
+    void* p = it->second.first;
+    unlink_locked(P, it);
+    std::free(p);
   }
 }
 
@@ -56,8 +66,11 @@ void release_block(void* p) {
       const size_t n = it->second;
       P.live_.erase(it);
       P.live -= static_cast<int64_t>(n);
-      if (P.cached + static_cast<int64_t>(n) <= P.cap) {
-        P.free_.emplace(n, p);
+      if (static_cast<int64_t>(n) <= P.cap) {
+        // Over the cap, the blocks unused longest make room (sizes drift as batches change length).
+        evict_locked(P, P.cap - static_cast<int64_t>(n));
+        const uint64_t t = ++P.clock;
+        P.age_.emplace(t, P.free_.emplace(n, std::make_pair(p, t)));
         P.cached += static_cast<int64_t>(n);
         return;
       }
@@ -74,10 +87,9 @@ void* take_block(size_t n) {
     std::lock_guard<std::mutex> g(P.mu);
     auto it = P.free_.lower_bound(want);
     if (it != P.free_.end() && it->first <= want + want / 4) {
-      void* p = it->second;
+      void* p = it->second.first;
       const size_t size = it->first;
-      P.free_.erase(it);
-      P.cached -= static_cast<int64_t>(size);
+      unlink_locked(P, it);
       P.live_.emplace(p, size);
       P.live += static_cast<int64_t>(size);
       ++P.hits;
@@ -100,7 +112,7 @@ void* take_block(size_t n) {
 struct CachingCpuAllocator final : c10::Allocator {
   c10::DataPtr make(size_t n) const {
     void* p = take_block(n);
-    TORCH_CHECK(p || n == 0, "slm-train's CPU allocator: not enough memory: you tried to allocate ", n, " bytes.");
+    if (!p && n) throw std::bad_alloc();  // the addon reports OUT_OF_MEMORY with what to do (addon/errors_impl.h)
     return {p, p, &release_block, c10::Device(c10::DeviceType::CPU)};
   }
   // ATen 1.x declares allocate const, 2.x (2.3 and later) not: both are defined, one overrides.
@@ -120,8 +132,12 @@ std::string install_cpu_cache() {
     auto& P = pool();
     const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
     P.cap = std::min<int64_t>(int64_t(2) << 30, ram > 0 ? ram / 8 : int64_t(1) << 30);
-    static CachingCpuAllocator alloc;
-    c10::SetAllocator(c10::DeviceType::CPU, &alloc, /*priority=*/1);
+    // SLM_TRAIN_CPU_CACHE=N: the cap in MiB (lib/engine/runtime.ts refuses anything but digits).
+    char* end = nullptr;
+    const long long mib = e && *e ? std::strtoll(e, &end, 10) : 0;
+    if (mib > 0 && end && *end == 0) P.cap = static_cast<int64_t>(mib) << 20;
+    static auto* alloc = new CachingCpuAllocator();  // never destroyed, as the pool: ATen keeps the pointer
+    c10::SetAllocator(c10::DeviceType::CPU, alloc, /*priority=*/1);
     P.installed = true;
     return "caching blocks >= " + std::to_string(kCachedMinBytes >> 10) + " KiB, at most " + std::to_string(P.cap >> 20) + " MiB cached";
   }();

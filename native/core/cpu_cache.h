@@ -11,11 +11,11 @@
 //
 // What: blocks of kCachedMinBytes or more are kept when their tensor is freed, in one pool shared by
 // every thread, and handed to the next request that fits (a cached block at most 1.25x the request);
-// smaller ones go to malloc as before. The cached (free) bytes are capped (min(RAM / 8, 2 GiB)): a block
-// that would exceed the cap goes back to malloc. cpu_cache_release() frees every cached block (the
+// smaller ones go to malloc as before. The cached (free) bytes are capped (min(RAM / 8, 2 GiB)): over
+// it, the blocks unused longest go back to malloc. cpu_cache_release() frees every cached block (the
 // addon calls it before trimming malloc's heap, addon/workers.h). SLM_TRAIN_CPU_CACHE=0 leaves ATen's
-// own allocator in place. Like ATen's CUDA caching allocator, this changes where tensors live, never
-// their values: a fresh at::empty was never guaranteed zeroed.
+// own allocator in place; SLM_TRAIN_CPU_CACHE=N caps the cached bytes at N MiB. Like ATen's CUDA caching allocator, this changes where
+// tensors live, never their values: a fresh at::empty was never guaranteed zeroed.
 #pragma once
 #include <cstdint>
 #include <string>
