@@ -14,8 +14,9 @@
 // smaller ones go to malloc as before. The cached (free) bytes are capped (min(RAM / 8, 2 GiB)): over
 // it, the blocks unused longest go back to malloc. cpu_cache_release() frees every cached block (the
 // addon calls it before trimming malloc's heap, addon/workers.h). SLM_TRAIN_CPU_CACHE=0 leaves ATen's
-// own allocator in place; SLM_TRAIN_CPU_CACHE=N caps the cached bytes at N MiB. Like ATen's CUDA caching allocator, this changes where
-// tensors live, never their values: a fresh at::empty was never guaranteed zeroed.
+// own allocator in place; SLM_TRAIN_CPU_CACHE=N caps the cached bytes at N MiB. Like ATen's CUDA
+// caching allocator, this changes where tensors live, never their values: a fresh at::empty was never
+// guaranteed zeroed (test/cpu-cache.test.ts: the same train steps, bit-equal losses with and without).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -33,7 +34,7 @@ struct CpuCacheStats {
 };
 
 // Installs the allocator (once; later calls return what the first did). Returns what it did, for
-// version().malloc: "caching blocks >= 64 KiB, at most N MiB cached" or why not.
+// version().cpuCache and doctor: "caching blocks >= 64 KiB, at most N MiB cached" or why not.
 std::string install_cpu_cache();
 CpuCacheStats cpu_cache_stats();
 // Frees every cached block (live blocks are untouched). Returns the bytes freed.
