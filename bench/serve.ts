@@ -98,7 +98,9 @@ function startChild(dir: string, maxBatch: number): { p: ChildProcess; ready: Pr
   const args = existsSync(js)
     ? [js]
     : [...process.execArgv.filter((a) => a.startsWith('--import')), fileURLToPath(new URL('./serve-child.ts', import.meta.url))];
-  const p = spawn(process.execPath, [...args, JSON.stringify({ dir, maxBatch })], { stdio: ['ignore', 'ignore', 'pipe', 'ipc'] });
+  // The allocator `slm-train serve` uses (lib/cli/serve.ts): ATen's, unless the user set SLM_TRAIN_CPU_CACHE.
+  const env = { ...process.env, SLM_TRAIN_CPU_CACHE: process.env.SLM_TRAIN_CPU_CACHE ?? '0' };
+  const p = spawn(process.execPath, [...args, JSON.stringify({ dir, maxBatch })], { stdio: ['ignore', 'ignore', 'pipe', 'ipc'], env });
   let err = '';
   p.stderr?.on('data', (c) => (err = (err + c).slice(-4000)));
   const ready = new Promise<Ready>((resolve, reject) => {
