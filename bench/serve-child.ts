@@ -81,4 +81,6 @@ process.on('message', (q: Request) => {
 process.on('disconnect', () => process.exit(0));
 const info = model.info();
 const dtype = ({ Float: 'float32', BFloat16: 'bfloat16', Half: 'float16' } as Record<string, string>)[info.dtype] ?? info.dtype;
-send({ ready: { port, threads: native().version().threads, dtype, parameters: info.numParameters } });
+send({
+  ready: { port, threads: native().version().threads, dtype, parameters: info.numParameters, cpuCache: native().version().cpuCache },
+});

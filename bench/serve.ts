@@ -74,7 +74,7 @@ export interface ServeLevel extends LevelFigures {
 }
 
 export interface ServeBenchResults {
-  model: { dir: string; dtype: string; threads: number; parameters: number };
+  model: { dir: string; dtype: string; threads: number; parameters: number; cpuCache: string };
   server_process: 'own process';
   prompt_tokens: number;
   max_tokens: number;
@@ -90,6 +90,8 @@ interface Ready {
   threads: number;
   dtype: string;
   parameters: number;
+  /** The server process's CPU tensor allocator (version().cpuCache). */
+  cpuCache: string;
 }
 
 /** bench/serve-child.ts as a child with an IPC channel: compiled beside this file, or from source under this process's TypeScript loader. */
@@ -234,7 +236,7 @@ export async function serveBench(o: ServeBenchOptions): Promise<ServeBenchResult
       );
     const at16 = levels.find((l) => l.clients === 16 && !l.stagger_ms);
     return {
-      model: { dir: o.dir, dtype: ready.dtype, threads: ready.threads, parameters: ready.parameters },
+      model: { dir: o.dir, dtype: ready.dtype, threads: ready.threads, parameters: ready.parameters, cpuCache: ready.cpuCache },
       server_process: 'own process',
       prompt_tokens: T,
       max_tokens: o.maxTokens,

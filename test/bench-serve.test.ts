@@ -167,6 +167,7 @@ t.test('serveBench on the tiny preset: the structure, and rows joined running de
   );
   for (const e of r.engine_decode) t.ok(e.tokens_per_s > 0 && e.step_ms > 0, `engine decode batch ${e.batch}: ${e.tokens_per_s} tok/s`);
   t.match(r.model, { dir, dtype: 'float32', threads: Number });
+  t.equal(r.model.cpuCache, "SLM_TRAIN_CPU_CACHE=0: ATen's CPU allocator", 'the server runs with the allocator slm-train serve uses');
   t.same(
     r.levels.map((l) => [l.clients, l.stagger_ms > 0, l.limit_batch]),
     [
