@@ -23,6 +23,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { serverAllocatorEnv } from '../lib/engine/runtime.js';
 import type { SessionStats } from '../lib/engine/session.js';
 import { SlmError } from '../lib/errors.js';
 import { hashUniform } from '../lib/util/hash.js';
@@ -100,8 +101,7 @@ function startChild(dir: string, maxBatch: number): { p: ChildProcess; ready: Pr
   const args = existsSync(js)
     ? [js]
     : [...process.execArgv.filter((a) => a.startsWith('--import')), fileURLToPath(new URL('./serve-child.ts', import.meta.url))];
-  // The allocator `slm-train serve` uses (lib/cli/serve.ts): ATen's, unless the user set SLM_TRAIN_CPU_CACHE.
-  const env = { ...process.env, SLM_TRAIN_CPU_CACHE: process.env.SLM_TRAIN_CPU_CACHE ?? '0' };
+  const env = serverAllocatorEnv({ ...process.env }); // the allocator `slm-train serve` uses
   const p = spawn(process.execPath, [...args, JSON.stringify({ dir, maxBatch })], { stdio: ['ignore', 'ignore', 'pipe', 'ipc'], env });
   let err = '';
   p.stderr?.on('data', (c) => (err = (err + c).slice(-4000)));

@@ -13,29 +13,22 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import type { NativeCpuCacheStats } from '../lib/binding/types.js';
 import { initModel } from '../lib/model/init.js';
 
 const repoRoot = fileURLToPath(new URL('..', import.meta.url));
 const dist = (p: string) => JSON.stringify(join(repoRoot, 'dist', 'lib', ...p.split('/')));
 const skip = existsSync(join(repoRoot, 'dist', 'lib', 'engine', 'model.js')) ? false : 'dist/ is not built (npm run build:ts)';
 
-interface Stats {
-  installed: boolean;
-  cachedBytes: number;
-  liveBytes: number;
-  capBytes: number;
-  hits: number;
-  misses: number;
-}
 interface Report {
   cpuCache: string;
   faults: number[];
   live: number[];
   cached: number[];
   losses: number[];
-  before: Stats;
-  after: Stats;
-  released: Stats;
+  before: NativeCpuCacheStats;
+  after: NativeCpuCacheStats;
+  released: NativeCpuCacheStats;
 }
 
 const dir = mkdtempSync(join(tmpdir(), 'slm-cpu-cache-'));

@@ -313,6 +313,16 @@ export interface NativeApplyResult {
   step: number;
 }
 
+/** The CPU tensors' caching allocator's counters (native/core/cpu_cache.h). */
+export interface NativeCpuCacheStats {
+  installed: boolean;
+  cachedBytes: number;
+  liveBytes: number;
+  capBytes: number;
+  hits: number;
+  misses: number;
+}
+
 export interface NativeTrainStats {
   loss: number;
   pgLoss: number;
@@ -366,14 +376,7 @@ export interface NativeAddon {
   setThreads(n: number): void;
   version(): NativeVersion;
   /** The CPU tensors' caching allocator's counters; release: true frees its cached blocks first. */
-  cpuCacheStats(opts?: { release?: boolean }): {
-    installed: boolean;
-    cachedBytes: number;
-    liveBytes: number;
-    capBytes: number;
-    hits: number;
-    misses: number;
-  };
+  cpuCacheStats(opts?: { release?: boolean }): NativeCpuCacheStats;
   /** Allows (true, the default) or forbids the CPU kernels (small-row linear layers, fused sampler, attention): false = ATen's generic path; for benchmarks and tests. */
   setCpuKernels(on: boolean): void;
   /** Caps the CPU kernels' instruction set (a level above the CPU's gives the CPU's); returns the level in force. For tests and benchmarks. */

@@ -8,7 +8,7 @@ import { hubRepoName } from '../hub/download.js';
 import { loadPolicyFromArgs, modelOptions, print, untilSignal, type ModelArgs } from './common.js';
 import { progressLog } from '../util/progress.js';
 import { SlmError } from '../errors.js';
-import { native } from '../engine/runtime.js';
+import { native, serverAllocatorEnv } from '../engine/runtime.js';
 
 interface Args extends ModelArgs {
   port: number;
@@ -60,11 +60,7 @@ export const serveCommand: CommandModule<object, Args> = {
         describe: "the longest prompt + max_tokens a request may ask for (default: the model's max_position_embeddings); longer is a 400",
       }) as never,
   handler: async (args) => {
-    // A server keeps ATen's CPU allocator unless the user sets SLM_TRAIN_CPU_CACHE: after a burst of
-    // long prompts the tensor cache (native/core/cpu_cache.h) would keep up to its cap of freed blocks
-    // resident, where glibc's trimmed heap gives them back (test/serve-load.test.ts bounds a server's
-    // growth over a burst at 128 MiB; with the cache it measured +172 MiB once, 2026-11-27).
-    process.env.SLM_TRAIN_CPU_CACHE ??= '0';
+    serverAllocatorEnv(process.env); // before the addon loads
     args.name ??= hubRepoName(args.model) ?? basename(args.model);
     const bodyLimit = maxBodyBytes(args['max-body-mb']);
     const defaultMaxTokens = args['max-tokens-default'];

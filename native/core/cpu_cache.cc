@@ -24,8 +24,7 @@ struct Pool {
   std::map<uint64_t, Free::iterator> age_;  // the cached blocks, the longest unused first
   std::unordered_map<void*, size_t> live_;  // cached-size block in use -> its size
   uint64_t clock = 0;
-  int64_t cached = 0, live = 0, cap = 0, hits = 0, misses = 0;
-  bool installed = false;
+  CpuCacheStats s;  // what cpu_cache_stats() returns, kept as it changes
 };
 
 Pool& pool() {
@@ -41,13 +40,13 @@ void* aligned_alloc_or_null(size_t n) {
 // Takes a cached block out of the pool (not freed). Under the lock.
 void unlink_locked(Pool& P, Pool::Free::iterator it) {
   P.age_.erase(it->second.second);
-  P.cached -= static_cast<int64_t>(it->first);
+  P.s.cached_bytes -= static_cast<int64_t>(it->first);
   P.free_.erase(it);
 }
 
 // Frees cached blocks, the longest unused first, until at most `keep` bytes stay cached. Under the lock.
 void evict_locked(Pool& P, int64_t keep) {
-  while (P.cached > keep && !P.age_.empty()) {
+  while (P.s.cached_bytes > keep && !P.age_.empty()) {
     auto it = P.age_.begin()->second;
     void* p = it->second.first;
     unlink_locked(P, it);
@@ -65,13 +64,13 @@ void release_block(void* p) {
     if (it != P.live_.end()) {
       const size_t n = it->second;
       P.live_.erase(it);
-      P.live -= static_cast<int64_t>(n);
-      if (static_cast<int64_t>(n) <= P.cap) {
+      P.s.live_bytes -= static_cast<int64_t>(n);
+      if (static_cast<int64_t>(n) <= P.s.cap_bytes) {
         // Over the cap, the blocks unused longest make room (sizes drift as batches change length).
-        evict_locked(P, P.cap - static_cast<int64_t>(n));
+        evict_locked(P, P.s.cap_bytes - static_cast<int64_t>(n));
         const uint64_t t = ++P.clock;
         P.age_.emplace(t, P.free_.emplace(n, std::make_pair(p, t)));
-        P.cached += static_cast<int64_t>(n);
+        P.s.cached_bytes += static_cast<int64_t>(n);
         return;
       }
     }
@@ -91,11 +90,11 @@ void* take_block(size_t n) {
       const size_t size = it->first;
       unlink_locked(P, it);
       P.live_.emplace(p, size);
-      P.live += static_cast<int64_t>(size);
-      ++P.hits;
+      P.s.live_bytes += static_cast<int64_t>(size);
+      ++P.s.hits;
       return p;
     }
-    ++P.misses;
+    ++P.s.misses;
   }
   void* p = aligned_alloc_or_null(want);
   if (!p) {  // out of memory: give the cache back and try once more
@@ -103,9 +102,9 @@ void* take_block(size_t n) {
     p = aligned_alloc_or_null(want);
     if (!p) return nullptr;
   }
-  std::lock_guard<std::mutex> g(pool().mu);
+  std::lock_guard<std::mutex> g(P.mu);
   P.live_.emplace(p, want);
-  P.live += static_cast<int64_t>(want);
+  P.s.live_bytes += static_cast<int64_t>(want);
   return p;
 }
 
@@ -131,15 +130,16 @@ std::string install_cpu_cache() {
     if (e && std::string(e) == "0") return std::string("SLM_TRAIN_CPU_CACHE=0: ATen's CPU allocator");
     auto& P = pool();
     const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-    P.cap = std::min<int64_t>(int64_t(2) << 30, ram > 0 ? ram / 8 : int64_t(1) << 30);
+    P.s.cap_bytes = std::min<int64_t>(int64_t(2) << 30, ram > 0 ? ram / 8 : int64_t(1) << 30);
     // SLM_TRAIN_CPU_CACHE=N: the cap in MiB (lib/engine/runtime.ts refuses anything but digits).
     char* end = nullptr;
     const long long mib = e && *e ? std::strtoll(e, &end, 10) : 0;
-    if (mib > 0 && end && *end == 0) P.cap = static_cast<int64_t>(mib) << 20;
+    if (mib > 0 && end && *end == 0) P.s.cap_bytes = static_cast<int64_t>(mib) << 20;
     static auto* alloc = new CachingCpuAllocator();  // never destroyed, as the pool: ATen keeps the pointer
     c10::SetAllocator(c10::DeviceType::CPU, alloc, /*priority=*/1);
-    P.installed = true;
-    return "caching blocks >= " + std::to_string(kCachedMinBytes >> 10) + " KiB, at most " + std::to_string(P.cap >> 20) + " MiB cached";
+    P.s.installed = true;
+    return "caching blocks >= " + std::to_string(kCachedMinBytes >> 10) + " KiB, at most " + std::to_string(P.s.cap_bytes >> 20) +
+           " MiB cached";
   }();
   return what;
 }
@@ -147,20 +147,13 @@ std::string install_cpu_cache() {
 CpuCacheStats cpu_cache_stats() {
   auto& P = pool();
   std::lock_guard<std::mutex> g(P.mu);
-  CpuCacheStats s;
-  s.installed = P.installed;
-  s.cached_bytes = P.cached;
-  s.live_bytes = P.live;
-  s.cap_bytes = P.cap;
-  s.hits = P.hits;
-  s.misses = P.misses;
-  return s;
+  return P.s;
 }
 
 int64_t cpu_cache_release() {
   auto& P = pool();
   std::lock_guard<std::mutex> g(P.mu);
-  const int64_t before = P.cached;
+  const int64_t before = P.s.cached_bytes;
   evict_locked(P, 0);
   return before;
 }
