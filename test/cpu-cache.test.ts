@@ -139,4 +139,6 @@ t.test('doctor reports the allocator in force', { skip }, async (t) => {
   };
   t.match(doctor({}), /^caching blocks >= 64 KiB/);
   t.equal(doctor({ SLM_TRAIN_CPU_CACHE: '0' }), "SLM_TRAIN_CPU_CACHE=0: ATen's CPU allocator");
+  t.equal(doctor({ SLM_TRAIN_CPU_CACHE: '00' }), "SLM_TRAIN_CPU_CACHE=0: ATen's CPU allocator", 'any spelling of zero turns it off');
+  t.equal(doctor({ SLM_TRAIN_CPU_CACHE: '64' }), 'caching blocks >= 64 KiB, at most 64 MiB cached');
 });

@@ -126,15 +126,16 @@ struct CachingCpuAllocator final : c10::Allocator {
 
 std::string install_cpu_cache() {
   static const std::string what = [] {
+    // SLM_TRAIN_CPU_CACHE: 0 (or 00, ...) off, N the cap in MiB (lib/engine/runtime.ts refuses anything
+    // but digits before the addon loads); unset or empty: the default cap.
     const char* e = std::getenv("SLM_TRAIN_CPU_CACHE");
-    if (e && std::string(e) == "0") return std::string("SLM_TRAIN_CPU_CACHE=0: ATen's CPU allocator");
+    char* end = nullptr;
+    const long long mib = e && *e ? std::strtoll(e, &end, 10) : -1;
+    const bool given = mib >= 0 && end && *end == 0;
+    if (given && mib == 0) return std::string("SLM_TRAIN_CPU_CACHE=0: ATen's CPU allocator");
     auto& P = pool();
     const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-    P.s.cap_bytes = std::min<int64_t>(int64_t(2) << 30, ram > 0 ? ram / 8 : int64_t(1) << 30);
-    // SLM_TRAIN_CPU_CACHE=N: the cap in MiB (lib/engine/runtime.ts refuses anything but digits).
-    char* end = nullptr;
-    const long long mib = e && *e ? std::strtoll(e, &end, 10) : 0;
-    if (mib > 0 && end && *end == 0) P.s.cap_bytes = static_cast<int64_t>(mib) << 20;
+    P.s.cap_bytes = given ? static_cast<int64_t>(mib) << 20 : std::min<int64_t>(int64_t(2) << 30, ram > 0 ? ram / 8 : int64_t(1) << 30);
     static auto* alloc = new CachingCpuAllocator();  // never destroyed, as the pool: ATen keeps the pointer
     c10::SetAllocator(c10::DeviceType::CPU, alloc, /*priority=*/1);
     P.s.installed = true;
