@@ -300,6 +300,9 @@ t.test(`${REQUESTS} requests from ${CLIENTS} clients: valid ones answered, inval
     '--max-body-mb',
     String(BODY_MB),
   ]);
+  // The bound on resident growth below is for ATen's allocator, which `slm-train serve` keeps unless
+  // SLM_TRAIN_CPU_CACHE is set (lib/engine/runtime.ts serverAllocatorEnv); the startup line says so.
+  t.match(server.stdout(), /CPU tensors: SLM_TRAIN_CPU_CACHE=0: ATen's CPU allocator/, "the server runs with ATen's CPU allocator");
   const base = `http://127.0.0.1:${server.port}`;
   const requests = plan();
 

@@ -38,5 +38,5 @@ export async function serveProcess(t: { teardown(f: () => unknown): void }, args
   const listening = /on http:\/\/127\.0\.0\.1:(\d+)\/v1/;
   await until(() => listening.test(out) || p.exitCode !== null, 'the server to listen', 60_000);
   if (!listening.test(out)) throw new Error(`serve exited ${p.exitCode}: ${err.slice(-2000)}`);
-  return { p, pid: p.pid as number, port: Number(listening.exec(out)![1]), exited, stderr: () => err };
+  return { p, pid: p.pid as number, port: Number(listening.exec(out)![1]), exited, stderr: () => err, stdout: () => out };
 }
