@@ -11,7 +11,10 @@
  * and V (twice the forward). LoRA's own weight gradients are negligible. Checkpointing recomputes
  * the forward, counted as overhead, not as work.
  * Each configuration runs in a child process (bench/train-child.ts) so that its peak resident memory
- * (VmHWM) is its own; the table gives it and its growth over the loaded model.
+ * (VmHWM) is its own; the table gives it and its growth over the loaded model. With PyTorch 2 + PEFT
+ * at hand, their step (bench/peft_step.py) runs in rounds alternated with slm-train's (3 rounds, one
+ * under --quick): each side's figure is the median of its rounds, the speedup the median of the
+ * rounds' own ratios, their range beside it.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -38,56 +41,60 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const lim = await MachineLimits.measure(['f32'], quick ? 0.3 : 1);
   const T = quick ? 256 : 512;
   const child = fileURLToPath(new URL('./train-child.js', import.meta.url));
-  const runs: Array<{ checkpoint: boolean; step_s: number; head_rows: number; peak_MiB: number; loaded_MiB: number }> = [];
-  for (const checkpoint of [false, true]) {
-    log(`train: sequence ${T}, checkpointing ${checkpoint ? 'on' : 'off'} (own process)`);
-    const r = spawnSync(process.execPath, [child, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 3)], {
-      encoding: 'utf8',
-      timeout: 600_000,
-    });
-    if (r.status !== 0)
-      throw new SlmError('NATIVE_ERROR', `the train benchmark child failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
-    runs.push({
-      checkpoint,
-      ...(JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; head_rows: number; peak_MiB: number; loaded_MiB: number }),
-    });
-  }
   // The peer: the same step in PyTorch 2 + transformers + PEFT, where a python with them is at hand
   // (SLM_TRAIN_HF_PYTHON, or .venv/bin/python from scripts/setup-venv.sh), each configuration in its own process.
   const py = peftPython();
-  const peers: Array<{ checkpoint: boolean; step_s: number; peak_MiB: number; loaded_MiB: number; torch: string }> = [];
-  if (py) {
-    const script = fileURLToPath(new URL('../../bench/peft_step.py', import.meta.url));
+  if (!py) log('train: no python with torch 2, transformers and peft (bash scripts/setup-venv.sh): the PEFT rows are left out');
+  const script = fileURLToPath(new URL('../../bench/peft_step.py', import.meta.url));
+  // Rounds, each running every configuration once, slm-train's and the peer's alternated: a shared
+  // machine's speed moves by tens of percent over minutes (this one's did between runs of the same
+  // child), and measured one after the other the two sides' ratio moved with it (1.29x to 1.63x
+  // between runs). Each side's figure is the median over the rounds, the ratio the median of the
+  // rounds' own ratios, with their range beside it.
+  const rounds = quick ? 1 : 3;
+  const runs: Record<'off' | 'on', OwnRun[]> = { off: [], on: [] };
+  const peers: Record<'off' | 'on', PeerRun[]> = { off: [], on: [] };
+  for (let round = 0; round < rounds; round++)
     for (const checkpoint of [false, true]) {
-      log(`train: PyTorch 2 + PEFT, sequence ${T}, checkpointing ${checkpoint ? 'on' : 'off'} (own process)`);
-      const r = spawnSync(py, [script, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 3), String(availableParallelism())], {
+      const key = checkpoint ? 'on' : 'off';
+      const of = `round ${round + 1} of ${rounds}`;
+      log(`train: sequence ${T}, checkpointing ${key} (own process, ${of})`);
+      const r = spawnSync(process.execPath, [child, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 2)], {
+        encoding: 'utf8',
+        timeout: 600_000,
+      });
+      if (r.status !== 0)
+        throw new SlmError('NATIVE_ERROR', `the train benchmark child failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
+      runs[key].push(JSON.parse(r.stdout.trim().split('\n').pop()!) as OwnRun);
+      if (!py) continue;
+      log(`train: PyTorch 2 + PEFT, sequence ${T}, checkpointing ${key} (own process, ${of})`);
+      const q = spawnSync(py, [script, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 2), String(availableParallelism())], {
         encoding: 'utf8',
         timeout: 900_000,
       });
-      if (r.status !== 0)
+      if (q.status !== 0)
         throw new SlmError(
           'NATIVE_ERROR',
-          `the PEFT peer of the train benchmark failed: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`,
+          `the PEFT peer of the train benchmark failed: ${q.stderr.trim().split('\n').slice(-3).join(' ')}`,
         );
-      peers.push({
-        checkpoint,
-        ...(JSON.parse(r.stdout.trim().split('\n').pop()!) as { step_s: number; peak_MiB: number; loaded_MiB: number; torch: string }),
-      });
+      peers[key].push(JSON.parse(q.stdout.trim().split('\n').pop()!) as PeerRun);
     }
-  } else log('train: no python with torch 2, transformers and peft (bash scripts/setup-venv.sh): the PEFT rows are left out');
   // One GRPO step on the same model and batch: slm-train through its library (bench/grpo-child.ts) and,
   // where TRL is installed, TRL's GRPOTrainer (bench/trl_grpo.py): K rollouts of one prompt + one update.
   const grpo = await grpoRows(dir, quick, py, log);
   log('train: measuring the matmul rate again');
   await lim.again();
   const gflops = lim.v.f32;
-  const rows = runs.map((c) => {
+  const rows = (['off', 'on'] as const).map((key) => {
+    const c = combineRounds(runs[key]);
     const flops = 4 * (layerParams * T + V * H * c.head_rows) + 3 * attentionFlops(cfg, T);
     return {
-      checkpointing: c.checkpoint,
+      checkpointing: key === 'on',
       seq_len: T,
       head_rows: c.head_rows,
+      rounds: runs[key].length,
       step_s: +c.step_s.toFixed(3),
+      step_s_rounds: runs[key].map((r) => +r.step_s.toFixed(3)),
       tokens_per_s: +(T / c.step_s).toFixed(1),
       achieved_GFLOPs: +(flops / c.step_s / 1e9).toFixed(1),
       fraction_of_matmul_rate: +(flops / c.step_s / 1e9 / gflops).toFixed(3),
@@ -95,20 +102,26 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       peak_above_loaded_MiB: Math.round(c.peak_MiB - c.loaded_MiB),
     };
   });
-  const peerRows = peers.map((p) => {
-    const own = rows.find((r) => r.checkpointing === p.checkpoint)!;
-    const flops = 4 * (layerParams * T + V * H * (T - 1)) + 3 * attentionFlops(cfg, T); // transformers projects every position
-    return {
-      checkpointing: p.checkpoint,
-      torch: p.torch,
-      step_s: +p.step_s.toFixed(3),
-      tokens_per_s: +(T / p.step_s).toFixed(1),
-      achieved_GFLOPs: +(flops / p.step_s / 1e9).toFixed(1),
-      peak_rss_MiB: Math.round(p.peak_MiB),
-      peak_above_loaded_MiB: Math.round(p.peak_MiB - p.loaded_MiB),
-      slm_train_speedup: +(p.step_s / own.step_s).toFixed(2),
-    };
-  });
+  const peerRows = (['off', 'on'] as const)
+    .filter((key) => peers[key].length > 0)
+    .map((key) => {
+      const p = combineRounds(peers[key]);
+      const ratio = roundRatios(peers[key], runs[key]);
+      const flops = 4 * (layerParams * T + V * H * (T - 1)) + 3 * attentionFlops(cfg, T); // transformers projects every position
+      return {
+        checkpointing: key === 'on',
+        torch: peers[key][0].torch,
+        rounds: peers[key].length,
+        step_s: +p.step_s.toFixed(3),
+        step_s_rounds: peers[key].map((r) => +r.step_s.toFixed(3)),
+        tokens_per_s: +(T / p.step_s).toFixed(1),
+        achieved_GFLOPs: +(flops / p.step_s / 1e9).toFixed(1),
+        peak_rss_MiB: Math.round(p.peak_MiB),
+        peak_above_loaded_MiB: Math.round(p.peak_MiB - p.loaded_MiB),
+        slm_train_speedup: +ratio.median.toFixed(2),
+        slm_train_speedup_range: [+ratio.min.toFixed(2), +ratio.max.toFixed(2)],
+      };
+    });
   const results = {
     model: { dir, parameters: info.numParameters, lora: 'r16 on all projections' },
     machine: { matmul_f32_GFLOPs: +gflops.toFixed(1) },
@@ -125,12 +138,49 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     ),
     ...peerRows.map(
       (r) =>
-        `| PyTorch ${r.torch} + PEFT, checkpointing ${r.checkpointing ? 'on' : 'off'} (slm-train ${r.slm_train_speedup}x as fast) | ${r.tokens_per_s} | ${T - 1} of ${T - 1} | ${r.achieved_GFLOPs} (${(r.achieved_GFLOPs / gflops).toFixed(3)}) | ${r.peak_rss_MiB} MiB (+${r.peak_above_loaded_MiB} MiB) |`,
+        `| PyTorch ${r.torch} + PEFT, checkpointing ${r.checkpointing ? 'on' : 'off'} (slm-train ${r.slm_train_speedup}x as fast; ${r.rounds > 1 ? `${r.slm_train_speedup_range[0]}-${r.slm_train_speedup_range[1]}x over ${r.rounds} alternated rounds` : 'one round'}) | ${r.tokens_per_s} | ${T - 1} of ${T - 1} | ${r.achieved_GFLOPs} (${(r.achieved_GFLOPs / gflops).toFixed(3)}) | ${r.peak_rss_MiB} MiB (+${r.peak_above_loaded_MiB} MiB) |`,
     ),
     '',
     grpoTable(grpo),
   ].join('\n');
   return { kind: 'train', results, table };
+}
+
+interface OwnRun {
+  step_s: number;
+  head_rows: number;
+  peak_MiB: number;
+  loaded_MiB: number;
+}
+interface PeerRun {
+  step_s: number;
+  peak_MiB: number;
+  loaded_MiB: number;
+  torch: string;
+}
+
+function medianOf(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const h = s.length >> 1;
+  return s.length % 2 ? s[h] : (s[h - 1] + s[h]) / 2;
+}
+
+/**
+ * One configuration's rounds as one figure: the median step time, and the highest peak of resident
+ * memory any round reached (with the loaded size of that round). Exported for the test.
+ */
+export function combineRounds<R extends { step_s: number; peak_MiB: number; loaded_MiB: number }>(rs: R[]): R {
+  if (rs.length === 0) throw new SlmError('NATIVE_ERROR', 'combineRounds: no rounds');
+  const top = rs.reduce((a, b) => (b.peak_MiB > a.peak_MiB ? b : a));
+  return { ...top, step_s: medianOf(rs.map((r) => r.step_s)) };
+}
+
+/** The peer's step time over slm-train's, round by round (round i of each side ran back to back): their median and range. */
+export function roundRatios(peer: Array<{ step_s: number }>, own: Array<{ step_s: number }>): { median: number; min: number; max: number } {
+  if (peer.length === 0 || peer.length !== own.length)
+    throw new SlmError('NATIVE_ERROR', `roundRatios: ${peer.length} peer rounds against ${own.length} own`);
+  const r = peer.map((p, i) => p.step_s / own[i].step_s);
+  return { median: medianOf(r), min: Math.min(...r), max: Math.max(...r) };
 }
 
 /** A python with torch 2, transformers and peft: $SLM_TRAIN_HF_PYTHON, or the checkout's .venv (scripts/setup-venv.sh). */

@@ -5,7 +5,7 @@
 import t from 'tap';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
-import { peftPython } from '../bench/train.js';
+import { combineRounds, peftPython, roundRatios } from '../bench/train.js';
 import { initModel } from '../lib/model/init.js';
 import { repoRoot } from './helpers/shared.js';
 
@@ -43,3 +43,23 @@ t.test(
     );
   },
 );
+
+t.test('the rounds: medians of step times, the highest peak, the median of per-round ratios', async (t) => {
+  const own = [
+    { step_s: 1.2, head_rows: 384, peak_MiB: 1190, loaded_MiB: 205 },
+    { step_s: 1.5, head_rows: 384, peak_MiB: 1201, loaded_MiB: 204 },
+    { step_s: 1.3, head_rows: 384, peak_MiB: 1188, loaded_MiB: 206 },
+  ];
+  const peer = [{ step_s: 1.8 }, { step_s: 2.4 }, { step_s: 1.95 }];
+  t.same(
+    combineRounds(own),
+    { step_s: 1.3, head_rows: 384, peak_MiB: 1201, loaded_MiB: 204 },
+    'median step, the round with the highest peak',
+  );
+  t.equal(combineRounds(own.slice(0, 2)).step_s, 1.35, 'an even count: the mean of the middle two');
+  // Per round: 1.5, 1.6, 1.5 -> median 1.5; the ratio of the medians (2.0 / 1.3 = 1.54) is not it.
+  const r = roundRatios(peer, own);
+  t.ok(Math.abs(r.median - 1.5) < 1e-12 && Math.abs(r.min - 1.5) < 1e-12 && Math.abs(r.max - 1.6) < 1e-12, JSON.stringify(r));
+  t.throws(() => roundRatios(peer.slice(0, 2), own), /2 peer rounds against 3 own/);
+  t.throws(() => combineRounds([]), /no rounds/);
+});

@@ -80,20 +80,32 @@ template <int ND, class T>
 inline void weighted_sum(const float* p, int64_t stride, const int32_t* keys, int64_t n, const Keys<T>& kv, int64_t d0, float* acc4,
                          int rows) {
   // acc4[row][W * ND] += sum over the listed keys of p[key * stride + row] * v[key][d0 ..]: 4 rows.
+  // (The loops over r and c unrolled, and no accumulator indexed at run time, so they stay in
+  // registers: GCC 12 otherwise stored the AVX2 ones to the stack after every multiply-add.)
   typename V::F a[4][ND];
+#pragma GCC unroll 4
   for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
     for (int c = 0; c < ND; ++c) a[r][c] = V::zero();
   for (int64_t jj = 0; jj < n; ++jj) {
     const T* vj = kv.value(keys[jj]) + d0;
     typename V::F vv[ND];
+#pragma GCC unroll 4
     for (int c = 0; c < ND; ++c) vv[c] = ld(vj + W * c);
     const float* pj = p + jj * stride;
+#pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
       const typename V::F pr = V::set1(pj[r]);
+#pragma GCC unroll 4
       for (int c = 0; c < ND; ++c) a[r][c] = V::fmadd(pr, vv[c], a[r][c]);
     }
   }
-  for (int r = 0; r < rows; ++r)
+  // Every row stored (acc4 has room for 4; the caller reads `rows`): an index known only at run time
+  // would keep the accumulators in memory.
+  (void)rows;
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
     for (int c = 0; c < ND; ++c) V::store(acc4 + r * CH + W * c, a[r][c]);
 }
 
@@ -148,15 +160,21 @@ bool attend_block(const Block& blk, const Keys<T>& kv, const Geometry& g, float*
       for (int64_t d = 0; d < D; d += W) V::store(kf + x * D + d, x < nk ? ld(kv.key(keys[j0 + x]) + d) : V::zero());
     for (int64_t r = 0; r < R; ++r) {
       typename V::F s[8];
+#pragma GCC unroll 8
       for (int x = 0; x < 8; ++x) s[x] = V::zero();
       const float* qr = qt + r * D * W;
       for (int64_t d = 0; d < D; ++d) {
         const typename V::F qd = V::load(qr + d * W);
+#pragma GCC unroll 8
         for (int x = 0; x < 8; ++x) s[x] = V::fmadd(V::set1(kf[x * D + d]), qd, s[x]);
       }
+      // Through a buffer: indexed by the run-time nk, s itself would be kept in memory (see weighted_sum).
+      alignas(64) float sb[8][W];
+#pragma GCC unroll 8
+      for (int x = 0; x < 8; ++x) V::store(sb[x], s[x]);
       for (int64_t x = 0; x < nk; ++x) {
         const typename V::F m = V::load(mt + (j0 + x) * W);
-        V::store(sc + (r * n + j0 + x) * W, V::keep_lowest(m, V::fmadd(s[x], scale, m)));
+        V::store(sc + (r * n + j0 + x) * W, V::keep_lowest(m, V::fmadd(V::load(sb[x]), scale, m)));
       }
     }
   }
