@@ -142,3 +142,11 @@ t.test('doctor reports the allocator in force', { skip }, async (t) => {
   t.equal(doctor({ SLM_TRAIN_CPU_CACHE: '00' }), "SLM_TRAIN_CPU_CACHE=0: ATen's CPU allocator", 'any spelling of zero turns it off');
   t.equal(doctor({ SLM_TRAIN_CPU_CACHE: '64' }), 'caching blocks >= 64 KiB, at most 64 MiB cached');
 });
+
+t.test("serve's allocator: ATen's unless SLM_TRAIN_CPU_CACHE has a value (empty counts as unset)", async (t) => {
+  const { serverAllocatorEnv } = await import('../lib/engine/runtime.js');
+  t.equal(serverAllocatorEnv({}).SLM_TRAIN_CPU_CACHE, '0', 'unset: ATen');
+  t.equal(serverAllocatorEnv({ SLM_TRAIN_CPU_CACHE: '' }).SLM_TRAIN_CPU_CACHE, '0', 'empty: ATen, as unset');
+  t.equal(serverAllocatorEnv({ SLM_TRAIN_CPU_CACHE: '256' }).SLM_TRAIN_CPU_CACHE, '256', "the user's cap stays");
+  t.equal(serverAllocatorEnv({ SLM_TRAIN_CPU_CACHE: '0' }).SLM_TRAIN_CPU_CACHE, '0');
+});

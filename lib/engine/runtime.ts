@@ -76,14 +76,15 @@ function checkCpuCache(): void {
 }
 
 /**
- * The allocator a server runs with: ATen's unless the user set SLM_TRAIN_CPU_CACHE (after a burst of long
+ * The allocator a server runs with: ATen's unless the user set SLM_TRAIN_CPU_CACHE to a value (after a burst of long
  * prompts the tensor cache would keep up to its cap of freed blocks resident, where glibc's trimmed heap
  * gives them back: test/serve-load.test.ts bounds a server's growth over a burst at 128 MiB, and with the
  * cache it measured +172 MiB once, 2026-11-27). `slm-train serve` applies it to its own environment before
  * the addon loads, `bench serve` to its server child's.
  */
 export function serverAllocatorEnv(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
-  env.SLM_TRAIN_CPU_CACHE ??= '0';
+  // Empty counts as unset, as the addon reads it (an empty value would otherwise turn the cache on here).
+  if (!env.SLM_TRAIN_CPU_CACHE) env.SLM_TRAIN_CPU_CACHE = '0';
   return env;
 }
 
