@@ -31,7 +31,7 @@ import { Model } from '../lib/engine/model.js';
 import { native } from '../lib/engine/runtime.js';
 import { initModel } from '../lib/model/init.js';
 import { llamaCppRows, runLlamaCpp } from './llama-cpp.js';
-import { llamaCppBin, llamaCppSourceRows, runLlamaCppSource } from './llama-cpp-source.js';
+import { llamaCppBin, llamaCppSourceRows, mergeSourcePasses, runLlamaCppSource } from './llama-cpp-source.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function benchModelDir(preset: 'small' | 'tiny', log?: (s: string) => void): Promise<string> {
@@ -207,6 +207,31 @@ interface DecodeRow {
   fraction_of_roofline: number;
 }
 
+interface RawDecode {
+  dtype: 'float32' | 'bfloat16';
+  batch: number;
+  stepS: number;
+}
+
+/** slm-train's figures beside the llama.cpp source build, one pass: seconds per prefill and per decode step. */
+export interface OursPass {
+  prefillS: number;
+  prefillBf16S: number;
+  decode: RawDecode[];
+}
+
+/** Two passes as one: each time the mean of the two (the decodes matched by dtype and batch). */
+export function combinePasses(a: OursPass, b: OursPass): OursPass {
+  return {
+    prefillS: (a.prefillS + b.prefillS) / 2,
+    prefillBf16S: (a.prefillBf16S + b.prefillBf16S) / 2,
+    decode: a.decode.map((d) => {
+      const e = b.decode.find((x) => x.dtype === d.dtype && x.batch === d.batch);
+      return { ...d, stepS: e ? (d.stepS + e.stepS) / 2 : d.stepS };
+    }),
+  };
+}
+
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.floor(s.length / 2)];
@@ -241,17 +266,17 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const prefillTokens = quick ? 128 : 512;
   const prompt = Int32Array.from({ length: prefillTokens }, (_, i) => ((i * 7919) % 100000) + 100);
   await m.generate({ prompts: [prompt.subarray(0, 16)], maxNewTokens: 2, greedy: true }); // warm-up
-  const pre: number[] = [];
-  for (let r = 0; r < reps; r++) pre.push((await m.generate({ prompts: [prompt], maxNewTokens: 1, greedy: true })).prefillSeconds);
-  const prefillS = median(pre);
+  const measurePrefill = async (mm: Model, n: number): Promise<number> => {
+    const pre: number[] = [];
+    for (let r = 0; r < n; r++) pre.push((await mm.generate({ prompts: [prompt], maxNewTokens: 1, greedy: true })).prefillSeconds);
+    return median(pre);
+  };
+  let prefillS = await measurePrefill(m, reps);
   // The same prefill in bfloat16 (beside llama.cpp's BF16 GGUF); one repetition under --quick, as its decode.
   const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
   log('engine: prefill (bfloat16)');
   await bf16.generate({ prompts: [prompt.subarray(0, 16)], maxNewTokens: 2, greedy: true });
-  const preBf16: number[] = [];
-  for (let r = 0; r < (quick ? 1 : reps); r++)
-    preBf16.push((await bf16.generate({ prompts: [prompt], maxNewTokens: 1, greedy: true })).prefillSeconds);
-  const prefillBf16S = median(preBf16);
+  let prefillBf16S = await measurePrefill(bf16, quick ? 1 : reps);
 
   const decode: DecodeRow[] = [];
   const steps = quick ? 16 : 48;
@@ -263,11 +288,6 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     const computeBound = (2 * (layerParams + V * H) * B) / (mmRate * 1e9);
     return { memBound, computeBound, bound: Math.max(memBound, computeBound) };
   };
-  interface RawDecode {
-    dtype: 'float32' | 'bfloat16';
-    batch: number;
-    stepS: number;
-  }
   const measureDecode = async (dtype: 'float32' | 'bfloat16', mm: Model, B: number): Promise<RawDecode> => {
     const prompts = decodePrompts(B);
     const times: number[] = [];
@@ -296,15 +316,19 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       fraction_of_roofline: +(bound / stepS).toFixed(3),
     };
   };
-  const rawDecode: RawDecode[] = [];
-  for (const [dtype, mm] of [
-    ['float32', m],
-    ['bfloat16', bf16],
-  ] as const)
-    for (const B of [1, 16]) {
-      log(`engine: decode at batch ${B} (${dtype})`);
-      rawDecode.push(await measureDecode(dtype, mm, B));
-    }
+  const measureDecodes = async (): Promise<RawDecode[]> => {
+    const out: RawDecode[] = [];
+    for (const [dtype, mm] of [
+      ['float32', m],
+      ['bfloat16', bf16],
+    ] as const)
+      for (const B of [1, 16]) {
+        log(`engine: decode at batch ${B} (${dtype})`);
+        out.push(await measureDecode(dtype, mm, B));
+      }
+    return out;
+  };
+  let rawDecode = await measureDecodes();
 
   // The same float32 batch-16 decode through ATen's generic path (the engine's CPU kernels off: what
   // the engine did before them, and the path other devices take), in the same run.
@@ -336,7 +360,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   // llama.cpp on the same model, the same prompts and thread count (bench/llama-cpp.ts), in the same run.
   const llamaCpp = runLlamaCpp(dir, { threads, prefill: prefillTokens, steps, reps, batches: [1, 16], timeoutS: quick ? 300 : 900, log });
   if ('skipped' in llamaCpp) log(`engine: llama.cpp skipped: ${llamaCpp.skipped}`);
-  const llamaCppSource = runLlamaCppSource(dir, {
+  let llamaCppSource = runLlamaCppSource(dir, {
     bin: llamaBin,
     threads,
     prefill: prefillTokens,
@@ -346,6 +370,29 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     log,
   });
   if ('skipped' in llamaCppSource) log(`engine: llama.cpp source build skipped: ${llamaCppSource.skipped}`);
+  // Against the source build, a second pass in the reverse order (slm-train, llama.cpp, llama.cpp,
+  // slm-train): a shared machine's speed drifts over the minutes of a run (its copy bandwidth read 35
+  // and 55 GB/s in two runs of the same day), and measured once each, one side first, a drift had
+  // moved the ratios by more than the gaps they measure. Each side's figure is then the mean of its
+  // two passes, so a drift that is linear over the run cancels; the passes' own ratios are kept.
+  let oursPasses: OursPass[] = [];
+  if (!('skipped' in llamaCppSource) && llamaCppSource.runs.some((r) => !('skipped' in r))) {
+    const first: OursPass = { prefillS, prefillBf16S, decode: rawDecode };
+    log('engine: llama.cpp source build again (the second pass, reversed: llama.cpp first)');
+    const again = runLlamaCppSource(dir, { bin: llamaBin, threads, prefill: prefillTokens, steps, reps, timeoutS: quick ? 300 : 900, log });
+    log('engine: slm-train again (the second pass)');
+    const second: OursPass = {
+      prefillS: await measurePrefill(m, reps),
+      prefillBf16S: await measurePrefill(bf16, quick ? 1 : reps),
+      decode: await measureDecodes(),
+    };
+    oursPasses = [first, second];
+    const mean = combinePasses(first, second);
+    prefillS = mean.prefillS;
+    prefillBf16S = mean.prefillBf16S;
+    rawDecode = mean.decode;
+    llamaCppSource = mergeSourcePasses(llamaCppSource, again);
+  }
 
   log('engine: measuring the machine again (each limit: the better of the two measurements)');
   await lim.again();
@@ -408,6 +455,12 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     eager_pytorch: eager,
     llama_cpp: llamaCpp,
     llama_cpp_source: llamaCppSource,
+    // slm-train's own figures per pass against the source build (seconds per prefill, per decode step).
+    passes: oursPasses.map((p) => ({
+      prefill_s: +p.prefillS.toPrecision(6),
+      prefill_bfloat16_s: +p.prefillBf16S.toPrecision(6),
+      decode_step_ms: p.decode.map((d) => ({ dtype: d.dtype, batch: d.batch, step_ms: +(d.stepS * 1e3).toPrecision(6) })),
+    })),
     native_call_overhead_us: { sync: +syncUs.toFixed(2), async_worker: +asyncUs.toFixed(1) },
   };
   const rows = [
@@ -435,6 +488,16 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     ...llamaCppSourceRows(llamaCppSource, {
       prefill: (dtype) => (dtype === 'float32' ? prefill : prefillBf16).tokens_per_s,
       decode: (dtype, B) => decode.find((d) => d.dtype === dtype && d.batch === B)?.tokens_per_s,
+      passes: oursPasses.length
+        ? {
+            prefill: (dtype) => oursPasses.map((p) => prefillTokens / (dtype === 'float32' ? p.prefillS : p.prefillBf16S)),
+            decode: (dtype, B) =>
+              oursPasses.map((p) => {
+                const d = p.decode.find((x) => x.dtype === dtype && x.batch === B);
+                return d ? B / d.stepS : Number.NaN;
+              }),
+          }
+        : undefined,
     }),
     `| native call overhead | sync ${results.native_call_overhead_us.sync} µs, async ${results.native_call_overhead_us.async_worker} µs | | |`,
     `| machine | copy ${results.machine.copy_GBps} GB/s, matmul f32 ${results.machine.matmul_f32_GFLOPs} / bf16 ${results.machine.matmul_bf16_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,

@@ -152,8 +152,8 @@ export interface LlamaCppSourceRun {
   threads: number;
   kv_cache: string;
   flash_attn: number;
-  prefill: { tokens: number; tokens_per_s: number; stddev_ts: number };
-  decode: Array<{ batch: number; steps: number; tokens_per_s: number; step_ms: number; how: string }>;
+  prefill: { tokens: number; tokens_per_s: number; stddev_ts: number; passes?: number[] };
+  decode: Array<{ batch: number; steps: number; tokens_per_s: number; step_ms: number; how: string; passes?: number[] }>;
 }
 export type LlamaCppSource = { bin: string; runs: Array<LlamaCppSourceRun | { dtype: GgufDtype; skipped: string }> } | { skipped: string };
 
@@ -267,6 +267,44 @@ export function runLlamaCppSource(
   return { bin: o.bin, runs };
 }
 
+/**
+ * Two passes of the source build as one: each rate that of the two passes' mean time (harmonic mean), the
+ * passes' own rates kept in `passes`. A dtype skipped in either pass is the first
+ * pass's run, as it was (the table then shows one pass).
+ */
+export function mergeSourcePasses(a: LlamaCppSource, b: LlamaCppSource): LlamaCppSource {
+  if ('skipped' in a || 'skipped' in b) return a;
+  return {
+    bin: a.bin,
+    runs: a.runs.map((r) => {
+      const q = b.runs.find((x) => x.dtype === r.dtype);
+      if ('skipped' in r || !q || 'skipped' in q) return r;
+      // The rate of the mean time (as slm-train's passes are combined: combinePasses in bench/engine.ts).
+      const mean = (x: number, y: number) => 2 / (1 / x + 1 / y);
+      return {
+        ...r,
+        prefill: {
+          ...r.prefill,
+          tokens_per_s: mean(r.prefill.tokens_per_s, q.prefill.tokens_per_s),
+          passes: [r.prefill.tokens_per_s, q.prefill.tokens_per_s],
+        },
+        decode: r.decode.map((d) => {
+          const e = q.decode.find((x) => x.batch === d.batch);
+          if (!e) return d;
+          const tps = mean(d.tokens_per_s, e.tokens_per_s);
+          return {
+            ...d,
+            tokens_per_s: tps,
+            step_ms: (1e3 * d.batch) / tps,
+            passes: [d.tokens_per_s, e.tokens_per_s],
+            how: `${d.how}; the mean of two passes`,
+          };
+        }),
+      };
+    }),
+  };
+}
+
 const OURS: Record<GgufDtype, 'float32' | 'bfloat16'> = { F32: 'float32', BF16: 'bfloat16' };
 /** llama_flash_attn_type as llama-bench's JSON gives it. */
 const FA: Record<number, string> = { [-1]: 'auto', 0: 'off', 1: 'on' };
@@ -277,20 +315,32 @@ export function llamaCppSourceRows(
   ours: {
     prefill: (dtype: 'float32' | 'bfloat16') => number | undefined;
     decode: (dtype: 'float32' | 'bfloat16', batch: number) => number | undefined;
+    /** slm-train's rates per pass (two passes, reversed order: mergeSourcePasses), for each pass's own ratio. */
+    passes?: {
+      prefill: (dtype: 'float32' | 'bfloat16') => number[] | undefined;
+      decode: (dtype: 'float32' | 'bfloat16', batch: number) => number[] | undefined;
+    };
   },
 ): string[] {
   if ('skipped' in l) return [`| llama.cpp (source build) | skipped: ${l.skipped} | | |`];
   return l.runs.flatMap((r) => {
     if ('skipped' in r) return [`| llama.cpp (source build), ${r.dtype} GGUF | skipped: ${r.skipped} | | |`];
     const who = `llama.cpp source build ${r.build_commit} (build ${r.build_number}), ${r.dtype} GGUF, KV ${r.kv_cache}, flash attention ${FA[r.flash_attn] ?? r.flash_attn}, ${r.threads} threads`;
-    const ratio = (x: number | undefined, y: number) => (x === undefined ? 'not measured' : `${(x / y).toFixed(2)}x`);
+    const ratio = (x: number | undefined, y: number, mine?: number[], theirs?: number[]) => {
+      if (x === undefined) return 'not measured';
+      const each =
+        mine && theirs && mine.length === theirs.length && mine.length > 1
+          ? ` (passes: ${mine.map((v, i) => `${(v / theirs[i]).toFixed(2)}x`).join(' / ')})`
+          : '';
+      return `${(x / y).toFixed(2)}x${each}`;
+    };
     const vs = `slm-train ${OURS[r.dtype]} / llama.cpp ${r.dtype}`;
     return [
       `| ${who}: prefill ${r.prefill.tokens} tokens, batch 1 (llama-bench pp${r.prefill.tokens}) | ${r.prefill.tokens_per_s.toFixed(1)} tok/s | | |`,
-      `| ${vs}, prefill ${r.prefill.tokens} tokens | ${ratio(ours.prefill(OURS[r.dtype]), r.prefill.tokens_per_s)} | | |`,
+      `| ${vs}, prefill ${r.prefill.tokens} tokens | ${ratio(ours.prefill(OURS[r.dtype]), r.prefill.tokens_per_s, ours.passes?.prefill(OURS[r.dtype]), r.prefill.passes)} | | |`,
       ...r.decode.flatMap((d) => [
         `| ${who}: decode batch ${d.batch} (${d.how}) | ${d.tokens_per_s.toFixed(1)} tok/s (${d.step_ms.toFixed(2)} ms/step) | | |`,
-        `| ${vs}, decode batch ${d.batch} | ${ratio(ours.decode(OURS[r.dtype], d.batch), d.tokens_per_s)} | | |`,
+        `| ${vs}, decode batch ${d.batch} | ${ratio(ours.decode(OURS[r.dtype], d.batch), d.tokens_per_s, ours.passes?.decode(OURS[r.dtype], d.batch), d.passes)} | | |`,
       ]),
     ];
   });

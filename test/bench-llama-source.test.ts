@@ -21,9 +21,11 @@ import {
   llamaCppSourceRows,
   parseBatchedBench,
   parseLlamaBench,
+  mergeSourcePasses,
   runLlamaCppSource,
   runSourceBuild,
 } from '../bench/llama-cpp-source.js';
+import { combinePasses } from '../bench/engine.js';
 import { ggufPython, NO_GGUF_PYTHON } from '../bench/llama-cpp.js';
 import { initModel } from '../lib/model/init.js';
 import { runCliAsync } from './helpers/cli.js';
@@ -211,27 +213,53 @@ t.test(
         ['llama-batched-bench', 'gguf', '2'],
         ['llama-bench', 'gguf', '2'],
         ['llama-batched-bench', 'gguf', '2'],
+        ['llama-bench', 'gguf', '2'],
+        ['llama-batched-bench', 'gguf', '2'],
+        ['llama-bench', 'gguf', '2'],
+        ['llama-batched-bench', 'gguf', '2'],
       ],
-      'both tools, twice, with slm-train thread count',
+      'both tools for each dtype, in two passes, with slm-train thread count',
     );
+    t.match(calls[4][2], /\.f32\.gguf$/, 'the second pass: F32 again');
     t.match(calls[0][2], /\.f32\.gguf$/);
     t.match(calls[2][2], /\.bf16\.gguf$/);
     t.same([calls[0][calls[0].indexOf('-p') + 1], calls[0][calls[0].indexOf('-n') + 1]], ['128', '16'], '--quick: prefill 128, 16 steps');
     const doc = JSON.parse(readFileSync(out, 'utf8'));
     const src = doc.reports.engine.llama_cpp_source;
     t.equal(src.bin, bin);
+    // The fake tools print the same figures in both passes: their mean is that figure.
     t.match(src.runs, [
-      { dtype: 'F32', build_commit: '0c1e570', prefill: { tokens: 128, tokens_per_s: 12808.275331 } },
+      { dtype: 'F32', build_commit: '0c1e570', prefill: { tokens: 128, tokens_per_s: 12808.275331, passes: [12808.275331, 12808.275331] } },
       { dtype: 'BF16', kv_cache: 'bf16/f16' },
     ]);
+    const passes = doc.reports.engine.passes;
+    t.equal(passes.length, 2, "slm-train's two passes in the JSON");
+    t.ok(
+      passes.every((p: { prefill_s: number; decode_step_ms: unknown[] }) => p.prefill_s > 0 && p.decode_step_ms.length === 4),
+      'each with its prefill and its four decodes',
+    );
+    const meanS = (passes[0].prefill_bfloat16_s + passes[1].prefill_bfloat16_s) / 2;
+    t.ok(
+      Math.abs(doc.reports.engine.prefill_bfloat16.tokens_per_s - 128 / meanS) <= 0.1 + 1e-3 * (128 / meanS),
+      "slm-train's figure is that of its passes' mean time",
+    );
     t.ok(doc.reports.engine.prefill_bfloat16.tokens_per_s > 0, 'the bfloat16 prefill beside the BF16 rows');
     const ratio = doc.reports.engine.prefill_bfloat16.tokens_per_s / 12808.275331;
     t.match(
       r.stdout,
       /\| llama\.cpp source build 0c1e570 \(build 1\), F32 GGUF, KV f16\/f16, flash attention auto, 2 threads: prefill 128 tokens/,
     );
-    t.match(r.stdout, `| slm-train bfloat16 / llama.cpp BF16, prefill 128 tokens | ${ratio.toFixed(2)}x |`, 'the table, with the ratio');
-    t.match(r.stdout, /\| slm-train bfloat16 \/ llama\.cpp BF16, decode batch 16 \| [\d.]+x \|/);
+    t.match(
+      r.stdout,
+      `| slm-train bfloat16 / llama.cpp BF16, prefill 128 tokens | ${ratio.toFixed(2)}x (passes: `,
+      'the table, with the ratio',
+    );
+    t.match(
+      r.stdout,
+      /\| slm-train float32 \/ llama\.cpp F32, decode batch 1 \| [\d.]+x \(passes: [\d.]+x \/ [\d.]+x\) \|/,
+      "and each pass's own",
+    );
+    t.match(r.stdout, /\| slm-train bfloat16 \/ llama\.cpp BF16, decode batch 16 \| [\d.]+x \(passes: [\d.]+x \/ [\d.]+x\) \|/);
   },
 );
 
@@ -265,3 +293,41 @@ t.test(
     }
   },
 );
+
+t.test('two passes as one: the rate of the mean time on both sides, each pass kept', async (t) => {
+  const dir = t.testdir();
+  fakeTools(dir, join(dir, 'argv.jsonl'));
+  const run = runSourceBuild(dir, '/m/x.gguf', 'F32', { threads: 2, prefill: 32, steps: 4, reps: 2, timeoutS: 60 });
+  const slower = {
+    ...run,
+    prefill: { ...run.prefill, tokens_per_s: run.prefill.tokens_per_s / 3 },
+    decode: run.decode.map((d) => ({ ...d, tokens_per_s: d.tokens_per_s / 3 })),
+  };
+  const merged = mergeSourcePasses(
+    { bin: dir, runs: [run, { dtype: 'BF16', skipped: 'x' }] },
+    { bin: dir, runs: [slower, { dtype: 'BF16', skipped: 'x' }] },
+  );
+  if ('skipped' in merged) throw new Error('merged skipped');
+  const m = merged.runs[0];
+  if ('skipped' in m) throw new Error('F32 skipped');
+  // Times 1 and 3 (in units of the first): mean 2, so the rate is half the first pass's.
+  t.ok(Math.abs(m.prefill.tokens_per_s - run.prefill.tokens_per_s / 2) < 1e-6, 'prefill: the rate of the mean time');
+  t.same(m.prefill.passes, [run.prefill.tokens_per_s, run.prefill.tokens_per_s / 3]);
+  for (const [i, d] of m.decode.entries()) {
+    t.ok(Math.abs(d.tokens_per_s - run.decode[i].tokens_per_s / 2) < 1e-6, `decode batch ${d.batch}: the rate of the mean time`);
+    t.ok(Math.abs(d.step_ms - (1e3 * d.batch) / d.tokens_per_s) < 1e-9, `decode batch ${d.batch}: its step time from that rate`);
+  }
+  t.match(merged.runs[1], { dtype: 'BF16', skipped: 'x' }, 'a skipped dtype stays skipped');
+  t.same(mergeSourcePasses({ skipped: 'no' }, merged), { skipped: 'no' }, 'a skipped first pass stays as it was');
+  const c = combinePasses(
+    { prefillS: 1, prefillBf16S: 2, decode: [{ dtype: 'float32', batch: 1, stepS: 0.01 }] },
+    { prefillS: 3, prefillBf16S: 4, decode: [{ dtype: 'float32', batch: 1, stepS: 0.03 }] },
+  );
+  t.same(c, { prefillS: 2, prefillBf16S: 3, decode: [{ dtype: 'float32', batch: 1, stepS: 0.02 }] }, "slm-train's passes: mean times");
+  const rows = llamaCppSourceRows(merged, {
+    prefill: () => run.prefill.tokens_per_s,
+    decode: () => undefined,
+    passes: { prefill: () => [run.prefill.tokens_per_s, run.prefill.tokens_per_s], decode: () => undefined },
+  }).join('\n');
+  t.match(rows, '| slm-train float32 / llama.cpp F32, prefill 32 tokens | 2.00x (passes: 1.00x / 3.00x) |');
+});
