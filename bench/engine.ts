@@ -20,7 +20,9 @@
  *  - llama.cpp built from source for the machine (bench/llama-cpp-source.ts: --llama-cpp-bin DIR or
  *    $SLM_TRAIN_LLAMA_CPP_BIN; llama-bench and llama-batched-bench on F32 and BF16 GGUFs): prefill,
  *    decode at batch 1 and 16, each beside slm-train's figure in the same dtype (float32, bfloat16);
- *    skipped, saying why, where no folder is named.
+ *    in two passes, the second in reverse order (slm-train, llama.cpp, llama.cpp, slm-train), each
+ *    side's figure the rate of its passes' mean time, each pass's ratio beside it; skipped, saying
+ *    why, where no folder is named.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
