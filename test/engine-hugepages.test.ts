@@ -1,4 +1,4 @@
-// Weights placed on the CPU at load (native/core/qwen3.cc, cpu_converted): one of 2 MiB or more goes
+// Weights placed on the CPU at load (native/core/cpu_weights.cc, cpu_place_weight): one of 2 MiB or more goes
 // into memory whose whole 2 MiB pages are advised as transparent huge pages (the tail is not: no huge
 // page partly unused), written once — converted to another dtype, or, where the kernel gives huge pages
 // to advised memory (THP "always" or "madvise"), copied in its checkpoint's own dtype out of the file's

@@ -3,17 +3,13 @@
 #include "core/cpu_attention.h"
 #include "core/cpu_gemm.h"
 #include "core/cpu_norm.h"
+#include "core/cpu_weights.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/api/include/torch/version.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <string>
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
 #include <limits>
 #include <cmath>
 #include <set>
@@ -132,57 +128,9 @@ std::string shape_str(at::IntArrayRef s) {
   return r + "]";
 }
 
-// A weight placed on the CPU in `dtype` (converted from the checkpoint's, or copied in the same dtype
-// out of the file's memory map): one of 2 MiB or more goes into memory whose whole 2 MiB pages are
-// advised as transparent huge pages before it is first written (MADV_HUGEPAGE: honoured where THP is
-// "always" or "madvise"; the tail past the last whole page keeps 4 KiB pages, so no huge page is left
-// partly unused), and a decode step that reads every weight needs ~500x fewer TLB entries. On a 2-core
-// Zen 4 (kernel 6.18), the `small` preset: a bfloat16 decode step took 0.88-0.90 of the time of the same
-// weights in 4 KiB pages (alternated in one process), and a float32 one at batch 1 ~0.82 of its time
-// with the weights left in the checkpoint's memory map (3 alternated pairs of processes, 2026-11-27:
-// 18.6-21.1 against 14.7-17.2 ms), whose page-cache pages are mapped 4 KiB at a time.
-at::Tensor cpu_converted(const at::Tensor& t, at::ScalarType dtype) {
-#ifdef __linux__
-  constexpr size_t kHuge = size_t(2) << 20;
-  const size_t bytes = static_cast<size_t>(t.numel()) * c10::elementSize(dtype);
-  if (bytes >= kHuge) {
-    const size_t len = bytes + kHuge;  // room to align the start
-    void* raw = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw != MAP_FAILED) {
-      auto* p = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) / kHuge * kHuge);
-      madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // a hint: refused is fine
-      auto out = at::from_blob(
-          p, t.sizes(), [raw, len](void*) { munmap(raw, len); }, at::TensorOptions().dtype(dtype).device(at::kCPU));
-      out.copy_(t);
-      return out;
-    }
-  }
-#endif
-  return t.to(dtype);
-}
-
-// Whether this kernel gives transparent huge pages to memory advised for them ("always" or "madvise").
-bool thp_advisable() {
-#ifdef __linux__
-  static const bool ok = [] {
-    FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (!f) return false;
-    char buf[128] = {0};
-    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-    std::fclose(f);
-    const std::string v(buf, n);
-    return v.find("[always]") != std::string::npos || v.find("[madvise]") != std::string::npos;
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
-
 // Takes (and removes) a tensor from the checkpoint, checks its shape, and places it on the device in
-// the compute dtype. On the CPU a weight of 2 MiB or more is copied into huge pages where the kernel
-// gives them (cpu_converted), even in the checkpoint's own dtype; elsewhere, or without huge pages, `to`
-// returns the same tensor when device and dtype already match (it stays in the memory map).
+// the compute dtype: on the CPU as cpu_place_weight places it (core/cpu_weights.h: huge pages); on
+// another device `to` copies it there.
 at::Tensor take(TensorMap& w, const std::string& name, std::vector<int64_t> shape, const LoadOptions& o, at::Device dev,
                 at::ScalarType dtype) {
   auto it = w.tensors.find(name);
@@ -198,7 +146,7 @@ at::Tensor take(TensorMap& w, const std::string& name, std::vector<int64_t> shap
          "tensor '" + name + "' has integer dtype " + std::string(c10::toString(t.scalar_type())) + "; expected F32, F16 or BF16.");
   w.tensors.erase(it);
   (void)o;
-  if (dev.is_cpu() && (t.scalar_type() != dtype || thp_advisable())) return cpu_converted(t, dtype);
+  if (dev.is_cpu()) return cpu_place_weight(t, dtype);
   return t.to(dev, dtype);
 }
 
