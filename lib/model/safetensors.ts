@@ -1,6 +1,6 @@
 /**
  * safetensors in TypeScript, for the files slm-train writes itself (init-model, tests): a streaming
- * writer and a header reader. Loading weights for compute is the native engine's job (mmap, no copy).
+ * writer and a header reader. Loading weights for compute is the native engine's job (mmap; on the CPU large weights are then copied into huge pages, native/core/cpu_weights.h).
  */
 import { closeSync, openSync, readSync, renameSync, writeSync, fstatSync } from 'node:fs';
 import { SlmError } from '../errors.js';
