@@ -278,7 +278,8 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const bf16 = await Model.load(dir, { dtype: 'bfloat16' });
   log('engine: prefill (bfloat16)');
   await bf16.generate({ prompts: [prompt.subarray(0, 16)], maxNewTokens: 2, greedy: true });
-  let prefillBf16S = await measurePrefill(bf16, quick ? 1 : reps);
+  const repsBf16 = quick ? 1 : reps;
+  let prefillBf16S = await measurePrefill(bf16, repsBf16);
 
   const decode: DecodeRow[] = [];
   const steps = quick ? 16 : 48;
@@ -362,15 +363,8 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   // llama.cpp on the same model, the same prompts and thread count (bench/llama-cpp.ts), in the same run.
   const llamaCpp = runLlamaCpp(dir, { threads, prefill: prefillTokens, steps, reps, batches: [1, 16], timeoutS: quick ? 300 : 900, log });
   if ('skipped' in llamaCpp) log(`engine: llama.cpp skipped: ${llamaCpp.skipped}`);
-  let llamaCppSource = runLlamaCppSource(dir, {
-    bin: llamaBin,
-    threads,
-    prefill: prefillTokens,
-    steps,
-    reps,
-    timeoutS: quick ? 300 : 900,
-    log,
-  });
+  const sourceOptions = { bin: llamaBin, threads, prefill: prefillTokens, steps, reps, timeoutS: quick ? 300 : 900, log };
+  let llamaCppSource = runLlamaCppSource(dir, sourceOptions);
   if ('skipped' in llamaCppSource) log(`engine: llama.cpp source build skipped: ${llamaCppSource.skipped}`);
   // Against the source build, a second pass in the reverse order (slm-train, llama.cpp, llama.cpp,
   // slm-train): a shared machine's speed drifts over the minutes of a run (its copy bandwidth read 35
@@ -381,11 +375,11 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   if (!('skipped' in llamaCppSource) && llamaCppSource.runs.some((r) => !('skipped' in r))) {
     const first: OursPass = { prefillS, prefillBf16S, decode: rawDecode };
     log('engine: llama.cpp source build again (the second pass, reversed: llama.cpp first)');
-    const again = runLlamaCppSource(dir, { bin: llamaBin, threads, prefill: prefillTokens, steps, reps, timeoutS: quick ? 300 : 900, log });
+    const again = runLlamaCppSource(dir, sourceOptions);
     log('engine: slm-train again (the second pass)');
     const second: OursPass = {
       prefillS: await measurePrefill(m, reps),
-      prefillBf16S: await measurePrefill(bf16, quick ? 1 : reps),
+      prefillBf16S: await measurePrefill(bf16, repsBf16),
       decode: await measureDecodes(),
     };
     oursPasses = [first, second];
