@@ -1,10 +1,11 @@
 /**
  * Engine benchmark: prefill and batched decode on the `small` preset (~103M parameters, weights far
  * larger than the caches), each next to its roofline measured in the same run:
- *  - decode: bytes of weights read per step / measured copy bandwidth (memory bound); at batch 16 the
- *    compute bound 2 x params x batch / matmul rate is given too, and the bound is the larger of both;
+ *  - decode: bytes of weights read per step / the read bandwidth measured just before and after that
+ *    decode (memory bound: aroundRead); at batch 16 the compute bound 2 x params x batch / matmul rate
+ *    is given too, and the bound is the larger of both;
  *  - prefill: each part of the work at its own limit, the larger of its compute time (FLOPs / measured
- *    matmul rate) and its memory time (bytes / measured copy bandwidth), summed (prefillRoofline);
+ *    matmul rate) and its memory time (bytes / measured read bandwidth), summed (prefillRoofline);
  *    the parts: the decoder layers' projections (2 x their parameters x tokens; the embedding lookup
  *    is no matmul), causal attention (QK^T and PV), and the vocab projection, which runs once per
  *    sequence, for the last position only (one row: reading the V x H weights bounds it);
@@ -64,9 +65,9 @@ export function prefillRoofline(
   layerParams: number,
   bytesPerParam: number,
   T: number,
-  lim: { f32: number; copy: number },
+  lim: { f32: number; read: number },
 ): { seconds: number; parts: { projections: number; attention: number; head: number } } {
-  const part = (flops: number, bytes: number) => Math.max(flops / (lim.f32 * 1e9), bytes / (lim.copy * 1e9));
+  const part = (flops: number, bytes: number) => Math.max(flops / (lim.f32 * 1e9), bytes / (lim.read * 1e9));
   const VH = cfg.vocab_size * cfg.hidden_size;
   const parts = {
     projections: part(2 * layerParams * T, layerParams * bytesPerParam),
@@ -74,6 +75,37 @@ export function prefillRoofline(
     head: part(2 * VH, VH * bytesPerParam),
   };
   return { seconds: parts.projections + parts.attention + parts.head, parts };
+}
+
+/**
+ * One decode step's roofline at batch B: the larger of its memory bound (every weight read once, at
+ * `readGBps`) and its compute bound (2 FLOPs per weight and row, at `gflops`). Seconds.
+ */
+export function decodeBounds(
+  weights: number,
+  bytesPerParam: number,
+  B: number,
+  readGBps: number,
+  gflops: number,
+): { memBound: number; computeBound: number; bound: number } {
+  const memBound = (weights * bytesPerParam) / (readGBps * 1e9);
+  const computeBound = (2 * weights * B) / (gflops * 1e9);
+  return { memBound, computeBound, bound: Math.max(memBound, computeBound) };
+}
+
+/**
+ * The read bandwidth around a measurement: the best of `windows` short reads just before it and just
+ * after it. A shared machine's bandwidth moves within seconds (here 31 to 57 GB/s between one second
+ * and the next, 2026-11-27), so a memory-bound figure is set beside the bandwidth of its own moment:
+ * against the day's best it would read low for a dip it did not cause, against a dip, high.
+ */
+export async function aroundRead<T>(
+  f: () => Promise<T>,
+  read: () => Promise<number> = () => machineLimit(LIMITS.read, 0.15, 3),
+): Promise<{ value: T; readGBps: number }> {
+  const before = await read();
+  const value = await f();
+  return { value, readGBps: Math.max(before, await read()) };
 }
 
 /**
@@ -94,7 +126,7 @@ export const EAGER_PYTHON = '/usr/bin/python3';
 type MeasureRequest = Parameters<ReturnType<typeof native>['measure']>[0];
 
 /**
- * A machine limit (copy bandwidth, matmul rate): the best of `windows` short measurements, `seconds`
+ * A machine limit (read bandwidth, matmul rate): the best of `windows` short measurements, `seconds`
  * in all. The limit is what the machine can do; one long average on a shared machine folds other
  * tenants' load into it (a 1 s average here once read 26 GB/s where the machine copies 34, which put
  * a decode figure at 1.3 of its "limit"). The best window is also the strict choice for the
@@ -109,6 +141,7 @@ async function machineLimit(req: Omit<MeasureRequest, 'seconds'>, seconds: numbe
 
 const LIMITS = {
   copy: { kind: 'copy', n: 256 << 20 }, // GB/s, read + write
+  read: { kind: 'read', n: 256 << 20 }, // GB/s read: a decode reads its weights and writes little
   f32: { kind: 'matmul', n: 1024, dtype: 'float32' }, // GFLOP/s
   bf16: { kind: 'matmul', n: 1024, dtype: 'bfloat16' },
 } as const;
@@ -205,6 +238,8 @@ interface DecodeRow {
   roofline_step_ms: number;
   memory_bound_step_ms: number;
   compute_bound_step_ms: number;
+  /** The read bandwidth the memory bound is at: measured around this row's decode. */
+  read_GBps: number;
   roofline_tokens_per_s: number;
   fraction_of_roofline: number;
 }
@@ -213,6 +248,8 @@ interface RawDecode {
   dtype: 'float32' | 'bfloat16';
   batch: number;
   stepS: number;
+  /** The read bandwidth around the measurement (aroundRead), GB/s. */
+  readGBps: number;
 }
 
 /** slm-train's figures beside the llama.cpp source build, one pass: seconds per prefill and per decode step. */
@@ -222,14 +259,18 @@ export interface OursPass {
   decode: RawDecode[];
 }
 
-/** Two passes as one: each time the mean of the two (the decodes matched by dtype and batch). */
+/**
+ * Two passes as one: each time the mean of the two (the decodes matched by dtype and batch), and each
+ * decode's read bandwidth the one at which the mean of the two passes' memory bounds is read (the
+ * harmonic mean of the two).
+ */
 export function combinePasses(a: OursPass, b: OursPass): OursPass {
   return {
     prefillS: (a.prefillS + b.prefillS) / 2,
     prefillBf16S: (a.prefillBf16S + b.prefillBf16S) / 2,
     decode: a.decode.map((d) => {
       const e = b.decode.find((x) => x.dtype === d.dtype && x.batch === d.batch);
-      return { ...d, stepS: e ? (d.stepS + e.stepS) / 2 : d.stepS };
+      return e ? { ...d, stepS: (d.stepS + e.stepS) / 2, readGBps: 2 / (1 / d.readGBps + 1 / e.readGBps) } : d;
     }),
   };
 }
@@ -258,11 +299,11 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const decodeBytes = (layerParams + V * H) * bytesPerParam;
   // (bfloat16 rows below read half as many bytes and use the bf16 matmul rate.)
 
-  log('engine: measuring the machine (copy bandwidth, matmul rate)');
+  log('engine: measuring the machine (read bandwidth, matmul rate)');
   // The limits are measured before and again after the runs, and each is the better of the two: on a
   // shared machine another tenant's load comes and goes, and a limit taken in a dip alone would
   // flatter every fraction beside it (a decode once read 1.02 of its memory roofline that way).
-  const lim = await MachineLimits.measure(['copy', 'f32', 'bf16'], quick ? 0.3 : 1);
+  const lim = await MachineLimits.measure(['read', 'f32', 'bf16'], quick ? 0.3 : 1);
 
   const reps = quick ? 2 : 3;
   const prefillTokens = quick ? 128 : 512;
@@ -286,27 +327,27 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   const decodePrompts = (B: number) =>
     Array.from({ length: B }, (_, b) => Int32Array.from({ length: 32 }, (_, i) => (((b * 131 + i) * 7919) % 100000) + 100));
   // The roofline of one decode step at batch B: the larger of the memory and the compute bound.
-  const bounds = (B: number, bytesPerP: number, mmRate: number) => {
-    const memBound = ((layerParams + V * H) * bytesPerP) / (lim.v.copy * 1e9);
-    const computeBound = (2 * (layerParams + V * H) * B) / (mmRate * 1e9);
-    return { memBound, computeBound, bound: Math.max(memBound, computeBound) };
-  };
+  const bounds = (B: number, bytesPerP: number, readGBps: number, mmRate: number) =>
+    decodeBounds(layerParams + V * H, bytesPerP, B, readGBps, mmRate);
   const measureDecode = async (dtype: 'float32' | 'bfloat16', mm: Model, B: number): Promise<RawDecode> => {
     const prompts = decodePrompts(B);
     const times: number[] = [];
     // --quick: bfloat16 decode is slow on CPUs without native bf16 matmul (seconds per step at batch
     // 16 here), so it gets 4 steps and one repetition (its step time: the mean of 3 decode steps).
     const slow = quick && dtype === 'bfloat16';
-    for (let r = 0; r < (slow ? 1 : reps); r++) {
-      const g = await mm.generate({ prompts, maxNewTokens: slow ? 4 : steps, temperature: 1, topK: 0, seed: r });
-      // Rows never stop early here (no stop ids), so every step decodes all B rows.
-      times.push(g.decodeSeconds / Math.max(1, g.steps - 1));
-    }
-    return { dtype, batch: B, stepS: median(times) };
+    const { readGBps } = await aroundRead(async () => {
+      for (let r = 0; r < (slow ? 1 : reps); r++) {
+        const g = await mm.generate({ prompts, maxNewTokens: slow ? 4 : steps, temperature: 1, topK: 0, seed: r });
+        // Rows never stop early here (no stop ids), so every step decodes all B rows.
+        times.push(g.decodeSeconds / Math.max(1, g.steps - 1));
+      }
+    });
+    return { dtype, batch: B, stepS: median(times), readGBps };
   };
   // A decode row beside its roofline, from the final limits.
-  const decodeRow = ({ dtype, batch: B, stepS }: RawDecode): DecodeRow => {
-    const { memBound, computeBound, bound } = dtype === 'bfloat16' ? bounds(B, 2, lim.v.bf16) : bounds(B, bytesPerParam, lim.v.f32);
+  const decodeRow = ({ dtype, batch: B, stepS, readGBps }: RawDecode): DecodeRow => {
+    const { memBound, computeBound, bound } =
+      dtype === 'bfloat16' ? bounds(B, 2, readGBps, lim.v.bf16) : bounds(B, bytesPerParam, readGBps, lim.v.f32);
     return {
       dtype,
       batch: B,
@@ -315,6 +356,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       roofline_step_ms: +(bound * 1e3).toFixed(2),
       memory_bound_step_ms: +(memBound * 1e3).toFixed(2),
       compute_bound_step_ms: +(computeBound * 1e3).toFixed(2),
+      read_GBps: +readGBps.toFixed(1),
       roofline_tokens_per_s: +(B / bound).toFixed(1),
       fraction_of_roofline: +(bound / stepS).toFixed(3),
     };
@@ -401,7 +443,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     roofline_parts_ms: Object.fromEntries(Object.entries(pr.parts).map(([k, v]) => [k, +(v * 1e3).toFixed(2)])),
     fraction_of_projections_only: +(pr.parts.projections / prefillS).toFixed(3),
   };
-  const prBf16 = prefillRoofline(cfg, layerParams, 2, prefillTokens, { f32: lim.v.bf16, copy: lim.v.copy });
+  const prBf16 = prefillRoofline(cfg, layerParams, 2, prefillTokens, { f32: lim.v.bf16, read: lim.v.read });
   const prefillBf16 = {
     tokens: prefillTokens,
     tokens_per_s: +(prefillTokens / prefillBf16S).toFixed(1),
@@ -411,7 +453,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   decode.push(...rawDecode.map(decodeRow));
   const decodeAten = decodeRow(rawAten);
   for (const { B, e } of eagerRaw) {
-    const { bound } = bounds(B, bytesPerParam, lim.v.f32);
+    const { bound } = bounds(B, bytesPerParam, lim.v.read, lim.v.f32);
     const ours = decode.find((d) => d.dtype === 'float32' && d.batch === B)!;
     eager.push({
       dtype: 'float32',
@@ -442,7 +484,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
 
   const results = {
     model: { dir, parameters: info.numParameters, parameter_bytes: info.parameterBytes, dtype: info.dtype, threads: a.version().threads },
-    machine: { copy_GBps: +lim.v.copy.toFixed(1), matmul_f32_GFLOPs: +lim.v.f32.toFixed(1), matmul_bf16_GFLOPs: +lim.v.bf16.toFixed(1) },
+    machine: { read_GBps: +lim.v.read.toFixed(1), matmul_f32_GFLOPs: +lim.v.f32.toFixed(1), matmul_bf16_GFLOPs: +lim.v.bf16.toFixed(1) },
     decode_bytes_per_step: decodeBytes,
     prefill,
     prefill_bfloat16: prefillBf16,
@@ -466,9 +508,9 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     `| prefill ${prefillTokens} tokens, batch 1, bfloat16 | ${prefillBf16.tokens_per_s} tok/s | ${prefillBf16.roofline_tokens_per_s} tok/s | ${prefillBf16.fraction_of_roofline} |`,
     ...decode.map(
       (d) =>
-        `| decode ${d.dtype} batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step) | ${d.fraction_of_roofline} |`,
+        `| decode ${d.dtype} batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step; read ${d.read_GBps} GB/s around it) | ${d.fraction_of_roofline} |`,
     ),
-    `| decode float32 batch 16, ATen path (CPU kernels off) | ${decodeAten.tokens_per_s} tok/s (${decodeAten.step_ms} ms/step) | ${decodeAten.roofline_tokens_per_s} tok/s (${decodeAten.roofline_step_ms} ms/step) | ${decodeAten.fraction_of_roofline} |`,
+    `| decode float32 batch 16, ATen path (CPU kernels off) | ${decodeAten.tokens_per_s} tok/s (${decodeAten.step_ms} ms/step) | ${decodeAten.roofline_tokens_per_s} tok/s (${decodeAten.roofline_step_ms} ms/step; read ${decodeAten.read_GBps} GB/s around it) | ${decodeAten.fraction_of_roofline} |`,
     ...eager.flatMap((e) =>
       'skipped' in e
         ? [`| eager PyTorch decode ${e.dtype} batch ${e.batch} | skipped: ${e.skipped} | | |`]
@@ -496,7 +538,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
         : undefined,
     }),
     `| native call overhead | sync ${results.native_call_overhead_us.sync} µs, async ${results.native_call_overhead_us.async_worker} µs | | |`,
-    `| machine | copy ${results.machine.copy_GBps} GB/s, matmul f32 ${results.machine.matmul_f32_GFLOPs} / bf16 ${results.machine.matmul_bf16_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,
+    `| machine | read ${results.machine.read_GBps} GB/s (the best of the run's windows), matmul f32 ${results.machine.matmul_f32_GFLOPs} / bf16 ${results.machine.matmul_bf16_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,
   ];
   return { kind: 'engine', results, table: rows.join('\n') };
 }

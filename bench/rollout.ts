@@ -6,7 +6,7 @@
  * preset or `--model`. Reported per K: per-rollout wall time, rollouts/s, generated tokens/s, and the
  * wall time split into generation, sandbox, retrieval, reward and orchestration (the rest), each
  * with p50/p99 per rollout; next to generation, the bound from the roofline measured in the same run
- * (every generate call's prefill at the matmul rate and each decode step at max(weight bytes / copy
+ * (every generate call's prefill at the matmul rate and each decode step at max(weight bytes / read
  * bandwidth, 2 x params x rows / matmul rate)). Comparison: the same K = 8 batch (--quick: 4) generated
  * one episode at a time (unbatched). Every run reports the prefill tokens the engine computed against
  * those its prompts hold (shared prefixes: the K samples of a question and the system prompt are
@@ -84,12 +84,12 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     V = model.config.vocab_size;
   const layerParams = layerMatmulParams(info.numParameters, model.config);
   const bytesPerParam = info.parameterBytes / info.numParameters;
-  const lim = await MachineLimits.measure(['copy', 'f32'], quick ? 0.3 : 1); // generation rooflines use the final limits
+  const lim = await MachineLimits.measure(['read', 'f32'], quick ? 0.3 : 1); // generation rooflines use the final limits
   const callsOf = new Map<object, CallRecord[]>();
   const bound = (c: CallRecord) =>
     (2 * layerParams * c.prefillTokens + 2 * V * H * c.rows) / (lim.v.f32 * 1e9) +
     Math.max(0, c.steps - 1) *
-      Math.max(((layerParams + V * H) * bytesPerParam) / (lim.v.copy * 1e9), (2 * (layerParams + V * H) * c.rows) / (lim.v.f32 * 1e9));
+      Math.max(((layerParams + V * H) * bytesPerParam) / (lim.v.read * 1e9), (2 * (layerParams + V * H) * c.rows) / (lim.v.f32 * 1e9));
 
   const gen = syntheticCorpus({ pages: 200, seed: 3 });
   const index = await SearchIndex.build(new Corpus(gen.pages));
@@ -197,7 +197,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       split.generation_roofline = +(callsOf.get(r) ?? []).reduce((s, c) => s + bound(c), 0).toFixed(3);
     }
     const machine = {
-      copy_GBps: +lim.v.copy.toFixed(1),
+      read_GBps: +lim.v.read.toFixed(1),
       matmul_f32_GFLOPs: +lim.v.f32.toFixed(1),
       params: info.numParameters,
       max_new_tokens: maxNewTokens,
@@ -234,9 +234,9 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
           }
         : undefined;
     // Rows above which a decode step's matmuls take longer than reading the weights.
-    const computeBoundRows = +((bytesPerParam * lim.v.f32) / (2 * lim.v.copy)).toFixed(1);
+    const computeBoundRows = +((bytesPerParam * lim.v.f32) / (2 * lim.v.read)).toFixed(1);
     const table = [
-      `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; copy ${machine.copy_GBps} GB/s, matmul ${machine.matmul_f32_GFLOPs} GFLOP/s)`,
+      `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; read ${machine.read_GBps} GB/s, matmul ${machine.matmul_f32_GFLOPs} GFLOP/s)`,
       '',
       '| K | rollouts | prefill tokens computed / requested (prefill s) | reused from episode caches | per rollout s | rollouts/s | gen tok/s | generation s (roofline s) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
       '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',

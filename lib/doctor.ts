@@ -15,7 +15,14 @@ export interface DoctorReport {
   libtorch?: { version: string; cuda: boolean; parallel: string; cpuCapability?: string; malloc?: string; cpuCache?: string };
   /** The engine's own CPU kernels: the instruction set in force (SLM_TRAIN_CPU_ISA caps it), the CPU's, and what each kernel runs. */
   kernels?: { isa: string; detected: string; linear: string; attention: string };
-  blas?: { library: string; openblasCoretype?: string; matmulF32Gflops: number; matmulBf16Gflops: number; copyGBps: number };
+  blas?: {
+    library: string;
+    openblasCoretype?: string;
+    matmulF32Gflops: number;
+    matmulBf16Gflops: number;
+    copyGBps: number;
+    readGBps: number;
+  };
   threads?: { engine: number; cores: number };
   memoryGiB: number;
   python?: { executable: string; version: string } | { error: string };
@@ -100,6 +107,7 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
     const f32 = await a.measure({ kind: 'matmul', n: 1024, dtype: 'float32', seconds });
     const bf16 = await a.measure({ kind: 'matmul', n: 1024, dtype: 'bfloat16', seconds });
     const copy = await a.measure({ kind: 'copy', n: 256 << 20, seconds });
+    const read = await a.measure({ kind: 'read', n: 256 << 20, seconds });
     const library = loadedBlas();
     report.blas = {
       library,
@@ -107,6 +115,7 @@ export async function doctor(opts: { seconds?: number } = {}): Promise<DoctorRep
       matmulF32Gflops: +f32.toFixed(1),
       matmulBf16Gflops: +bf16.toFixed(1),
       copyGBps: +copy.toFixed(1),
+      readGBps: +read.toFixed(1),
     };
     report.threads = { engine: v.threads, cores: availableParallelism() };
     const perCore = f32 / v.threads;
@@ -185,6 +194,7 @@ export function formatDoctor(report: DoctorReport): string {
       `float32 ${report.blas.matmulF32Gflops} GFLOP/s, bfloat16 ${report.blas.matmulBf16Gflops} GFLOP/s (1024x1024, measured now)`,
     );
     row('memory copy', `${report.blas.copyGBps} GB/s (read + write, measured now)`);
+    row('memory read', `${report.blas.readGBps} GB/s (what a decode step reads its weights at, measured now)`);
   }
   if (report.threads) row('threads', `${report.threads.engine} engine threads on ${report.threads.cores} cores`);
   row('memory', `${report.memoryGiB} GiB`);

@@ -320,10 +320,15 @@ t.test('two passes as one: the rate of the mean time on both sides, each pass ke
   t.match(merged.runs[1], { dtype: 'BF16', skipped: 'x' }, 'a skipped dtype stays skipped');
   t.same(mergeSourcePasses({ skipped: 'no' }, merged), { skipped: 'no' }, 'a skipped first pass stays as it was');
   const c = combinePasses(
-    { prefillS: 1, prefillBf16S: 2, decode: [{ dtype: 'float32', batch: 1, stepS: 0.01 }] },
-    { prefillS: 3, prefillBf16S: 4, decode: [{ dtype: 'float32', batch: 1, stepS: 0.03 }] },
+    { prefillS: 1, prefillBf16S: 2, decode: [{ dtype: 'float32', batch: 1, stepS: 0.01, readGBps: 20 }] },
+    { prefillS: 3, prefillBf16S: 4, decode: [{ dtype: 'float32', batch: 1, stepS: 0.03, readGBps: 60 }] },
   );
-  t.same(c, { prefillS: 2, prefillBf16S: 3, decode: [{ dtype: 'float32', batch: 1, stepS: 0.02 }] }, "slm-train's passes: mean times");
+  // Read bandwidths 20 and 60 GB/s: memory bounds 1/20 and 1/60 per GB, mean 1/30 -> 30 GB/s.
+  t.same(
+    c,
+    { prefillS: 2, prefillBf16S: 3, decode: [{ dtype: 'float32', batch: 1, stepS: 0.02, readGBps: 30 }] },
+    "slm-train's passes: mean times",
+  );
   const rows = llamaCppSourceRows(merged, {
     prefill: () => run.prefill.tokens_per_s,
     decode: () => undefined,

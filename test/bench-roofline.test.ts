@@ -1,7 +1,9 @@
-// The engine benchmark's prefill roofline (bench/engine.ts): causal attention's FLOPs against a count
-// of query-key pairs, and each part of a prefill at the larger of its compute and memory time.
+// The engine benchmark's rooflines (bench/engine.ts): causal attention's FLOPs against a count of
+// query-key pairs, each part of a prefill at the larger of its compute and memory time, a decode step's
+// bound at the read bandwidth measured around it, and that bandwidth measurement (the addon's 'read').
 import t from 'tap';
-import { attentionFlops, prefillRoofline } from '../bench/engine.js';
+import { aroundRead, attentionFlops, decodeBounds, prefillRoofline } from '../bench/engine.js';
+import { native } from '../lib/engine/runtime.js';
 
 const cfg = { num_hidden_layers: 3, num_attention_heads: 4, head_dim: 8, hidden_size: 32, vocab_size: 1000 };
 
@@ -17,7 +19,7 @@ t.test('causal attention FLOPs: QK^T and PV over the pairs a causal mask keeps, 
 t.test('each part of a prefill at its binding limit', async (t) => {
   const layerParams = 1e6,
     T = 100,
-    lim = { f32: 100, copy: 10 }; // GFLOP/s, GB/s
+    lim = { f32: 100, read: 10 }; // GFLOP/s, GB/s
   const r = prefillRoofline(cfg, layerParams, 4, T, lim);
   // Projections: 2e8 FLOPs at 100 GFLOP/s = 2 ms, weights 4 MB at 10 GB/s = 0.4 ms -> compute bound.
   t.ok(Math.abs(r.parts.projections - 2e-3) < 1e-12, `projections ${r.parts.projections}`);
@@ -26,6 +28,43 @@ t.test('each part of a prefill at its binding limit', async (t) => {
   t.ok(Math.abs(r.parts.attention - attentionFlops(cfg, T) / 100e9) < 1e-15, 'attention at the matmul rate');
   t.equal(r.seconds, r.parts.projections + r.parts.attention + r.parts.head);
   // Slower memory makes the projections memory bound too.
-  const slow = prefillRoofline(cfg, layerParams, 4, T, { f32: 100, copy: 1 });
+  const slow = prefillRoofline(cfg, layerParams, 4, T, { f32: 100, read: 1 });
   t.ok(Math.abs(slow.parts.projections - 4e-3) < 1e-12, `projections at 1 GB/s: ${slow.parts.projections}`);
+});
+
+t.test("a decode step's bound: weights read once at the given bandwidth, or its FLOPs at the matmul rate", async (t) => {
+  // 1e8 weights of 2 bytes at 40 GB/s: 5 ms; 2 FLOPs per weight and row at 400 GFLOP/s: 0.5 ms per row.
+  const b1 = decodeBounds(1e8, 2, 1, 40, 400);
+  t.ok(Math.abs(b1.memBound - 5e-3) < 1e-12 && Math.abs(b1.computeBound - 0.5e-3) < 1e-12, JSON.stringify(b1));
+  t.equal(b1.bound, b1.memBound, 'batch 1: memory bound');
+  const b16 = decodeBounds(1e8, 2, 16, 40, 400);
+  t.ok(Math.abs(b16.bound - 8e-3) < 1e-12, `batch 16: compute bound ${b16.bound}`);
+  t.ok(Math.abs(decodeBounds(1e8, 2, 1, 20, 400).memBound - 10e-3) < 1e-12, 'half the bandwidth, twice the time');
+});
+
+t.test('the bandwidth around a measurement: the better of the reads before and after it', async (t) => {
+  const order: string[] = [];
+  const reads = [31, 52];
+  const r = await aroundRead(
+    async () => {
+      order.push('run');
+      return 7;
+    },
+    async () => {
+      order.push('read');
+      return reads.shift()!;
+    },
+  );
+  t.same(r, { value: 7, readGBps: 52 });
+  t.same(order, ['read', 'run', 'read'], 'read just before and just after');
+});
+
+t.test("the addon's read bandwidth: a positive rate, and a kind it does not know named in its error", async (t) => {
+  const a = native();
+  const gbps = await a.measure({ kind: 'read', n: 8 << 20, seconds: 0.02 });
+  t.ok(Number.isFinite(gbps) && gbps > 0.1 && gbps < 10_000, `read ${gbps} GB/s`);
+  t.throws(() => a.measure({ kind: 'write' as 'read', n: 1 << 20, seconds: 0 }), {
+    code: 'ARGUMENT_INVALID',
+    message: /'matmul', 'copy' or 'read', found 'write'/,
+  });
 });

@@ -117,6 +117,7 @@ t.test('doctor reports libtorch, BLAS with a measured rate, threads and python3'
   t.match(d.libtorch.version, /^\d+\.\d+/);
   t.ok(d.blas.matmulF32Gflops > 0);
   t.ok(d.blas.copyGBps > 0);
+  t.ok(d.blas.readGBps > 0, 'the read bandwidth reaches the report');
   t.ok(d.threads.engine >= 1);
   t.match(d.python.executable, /python/);
   t.match(d.sandbox.level, /^(bwrap|unshare|rlimits-only)$/);

@@ -432,7 +432,7 @@ export interface NativeAddon {
   /** The training losses of native/core/losses.h on small arrays (tests). */
   losses: NativeLosses;
   /** GFLOP/s of n×n matmuls, or GB/s (read + write) of copying n bytes. */
-  measure(req: { kind: 'matmul' | 'copy'; n?: number; dtype?: string; device?: string; seconds?: number }): Promise<number>;
+  measure(req: { kind: 'matmul' | 'copy' | 'read'; n?: number; dtype?: string; device?: string; seconds?: number }): Promise<number>;
   loadModel(req: { files: string[]; config: NativeModelConfig; dtype: string; device: string }): Promise<NativeModel>;
 }
 

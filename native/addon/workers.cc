@@ -63,14 +63,14 @@ std::string tune_malloc() {
 #endif
 }
 
-// measure({kind: 'matmul'|'copy', n, dtype?, device?, seconds?}) -> Promise<number> (GFLOP/s or GB/s)
+// measure({kind: 'matmul'|'copy'|'read', n, dtype?, device?, seconds?}) -> Promise<number> (GFLOP/s or GB/s)
 Napi::Value Measure(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "measure expects {kind, n, dtype?, device?, seconds?}.");
   auto o = info[0].As<Napi::Object>();
   auto kind = str_field(env, o, "kind", "matmul");
-  if (kind != "matmul" && kind != "copy")
-    throw_error(env, "ARGUMENT_INVALID", "measure kind must be 'matmul' or 'copy', found '" + kind + "'.");
+  if (kind != "matmul" && kind != "copy" && kind != "read")
+    throw_error(env, "ARGUMENT_INVALID", "measure kind must be 'matmul', 'copy' or 'read', found '" + kind + "'.");
   const int64_t n = int_field(env, o, "n", kind == "matmul" ? 1024 : (int64_t(256) << 20));
   auto dtype = str_field(env, o, "dtype", "float32"), device = str_field(env, o, "device", "cpu");
   const double seconds = num_field(env, o, "seconds", 0.5);
@@ -79,7 +79,9 @@ Napi::Value Measure(const Napi::CallbackInfo& info) {
       env, "slm:measure", Napi::Object(),
       [kind, n, dtype, device, seconds, value] {
         c10::InferenceMode guard;
-        *value = kind == "matmul" ? slm::measure_matmul_gflops(n, dtype, device, seconds) : slm::measure_copy_gbps(n, device, seconds);
+        *value = kind == "matmul" ? slm::measure_matmul_gflops(n, dtype, device, seconds)
+                 : kind == "copy" ? slm::measure_copy_gbps(n, device, seconds)
+                                  : slm::measure_read_gbps(n, device, seconds);
       },
       [value](Napi::Env e) { return Napi::Number::New(e, *value); });
 }

@@ -2,9 +2,15 @@
 
 #include <ATen/ATen.h>
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 
 #include "core/cpu_gemm.h"
+#include "core/cpu_weights.h"
 #include "core/qwen3.h"
 
 namespace slm {
@@ -56,6 +62,53 @@ double measure_copy_gbps(int64_t bytes, const std::string& device, double second
     t = now();
   }
   return 2.0 * static_cast<double>(bytes) * iters / (t - t0) / 1e9;
+}
+
+double measure_read_gbps(int64_t bytes, const std::string& device, double seconds) {
+  at::Device dev(device);
+  const int64_t words = std::max<int64_t>(1, bytes / 8);
+  if (dev.is_cpu()) {
+    // In memory placed as the engine places a large weight (huge pages where the kernel gives them),
+    // read by every thread of the engine's pool, each its own contiguous share, as a decode's
+    // projections read theirs. The OR of the words keeps the reads (no compiler drops them); the loop
+    // vectorises at the baseline ISA, whose loads already outrun memory.
+    const auto buf = cpu_place_weight(at::ones({words}, at::TensorOptions().dtype(at::kLong)), at::kLong);
+    const auto* p = reinterpret_cast<const uint64_t*>(buf.data_ptr<int64_t>());
+    const auto pass = [&] {
+      std::atomic<uint64_t> seen{0};
+      at::parallel_for(0, words, int64_t(1) << 16, [&](int64_t i0, int64_t i1) {
+        uint64_t acc = 0;
+        for (int64_t i = i0; i < i1; ++i) acc |= p[i];
+        seen.fetch_or(acc, std::memory_order_relaxed);
+      });
+      return seen.load();
+    };
+    uint64_t sink = pass();  // warm-up (thread pool, pages)
+    int64_t iters = 0;
+    const double t0 = now();
+    double t = t0;
+    while (t - t0 < seconds || iters < 2) {
+      sink |= pass();
+      ++iters;
+      t = now();
+    }
+    if (sink == 0) return 0;  // all ones were written: never taken, but it keeps `sink` used
+    return static_cast<double>(words * 8) * iters / (t - t0) / 1e9;
+  }
+  // Elsewhere a reduction over the buffer, which reads every byte once.
+  auto src = at::ones({words * 2}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  auto s = src.sum();
+  sync(dev);
+  int64_t iters = 0;
+  const double t0 = now();
+  double t = t0;
+  while (t - t0 < seconds || iters < 2) {
+    s = src.sum();
+    sync(dev);
+    ++iters;
+    t = now();
+  }
+  return static_cast<double>(words * 8) * iters / (t - t0) / 1e9;
 }
 
 }  // namespace slm
