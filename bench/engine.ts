@@ -140,7 +140,6 @@ async function machineLimit(req: Omit<MeasureRequest, 'seconds'>, seconds: numbe
 }
 
 const LIMITS = {
-  copy: { kind: 'copy', n: 256 << 20 }, // GB/s, read + write
   read: { kind: 'read', n: 256 << 20 }, // GB/s read: a decode reads its weights and writes little
   f32: { kind: 'matmul', n: 1024, dtype: 'float32' }, // GFLOP/s
   bf16: { kind: 'matmul', n: 1024, dtype: 'bfloat16' },
