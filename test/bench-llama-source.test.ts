@@ -260,6 +260,22 @@ t.test(
       "and each pass's own",
     );
     t.match(r.stdout, /\| slm-train bfloat16 \/ llama\.cpp BF16, decode batch 16 \| [\d.]+x \(passes: [\d.]+x \/ [\d.]+x\) \|/);
+    // Each decode row's memory bound is its weights' bytes at the read bandwidth measured around that
+    // decode (aroundRead; the passes' harmonic mean), which the row and its table line carry.
+    const eng = doc.reports.engine;
+    t.equal(eng.decode.length, 4);
+    for (const d of eng.decode) {
+      const bytes = d.dtype === 'bfloat16' ? eng.decode_bytes_per_step / 2 : eng.decode_bytes_per_step;
+      const want = bytes / (d.read_GBps * 1e9) / 1e-3; // ms
+      t.ok(d.read_GBps > 0, `${d.dtype} batch ${d.batch}: read ${d.read_GBps} GB/s around it`);
+      t.ok(
+        Math.abs(d.memory_bound_step_ms - want) <= 0.006 + 0.003 * want,
+        `${d.dtype} batch ${d.batch}: memory bound ${d.memory_bound_step_ms} ms = bytes / its read bandwidth (${want.toFixed(4)})`,
+      );
+      t.match(r.stdout, `| decode ${d.dtype} batch ${d.batch} | `);
+      t.match(r.stdout, `ms/step; read ${d.read_GBps} GB/s around it) | ${d.fraction_of_roofline} |`);
+    }
+    t.ok(eng.machine.read_GBps > 0, "the run's best read bandwidth in the machine row");
   },
 );
 
