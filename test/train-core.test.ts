@@ -95,8 +95,9 @@ t.test('a bfloat16 model trains through the same fused head: loss and gradients 
 });
 
 t.test("longer than one chunk of the fused head (Qwen's 151,936 ids): loss, KL and gradient against the teacher-forced path", async (t) => {
-  // The head runs ~220 positions per chunk at this vocabulary, reusing one logits buffer; 300
-  // tokens take two chunks, in the reference forward (KL) and in the trained one.
+  // The head runs 441 positions per chunk at this vocabulary (~256 MB of float32 logits,
+  // head_chunk_rows in native/core/losses.h), reusing one logits buffer; 600 tokens take two chunks, in
+  // the reference forward (KL), in the trained one and in the teacher-forced log-probs.
   const dir = mkdtempSync(join(tmpdir(), 'slm-chunks-'));
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));
   initModel({ preset: 'tiny', out: dir, seed: 5 });
@@ -109,7 +110,7 @@ t.test("longer than one chunk of the fused head (Qwen's 151,936 ids): loss, KL a
         name,
         v.map((_, i) => 0.05 * Math.sin(i * 0.9 + name.length)),
       );
-  const ids = Array.from({ length: 300 }, (_, i) => (i * 7919 + 11) % 151000);
+  const ids = Array.from({ length: 600 }, (_, i) => (i * 7919 + 11) % 151000);
   const msk = ids.map((_, i) => (i >= 10 ? 1 : 0));
   const n = msk.reduce((a: number, b) => a + b, 0);
   const [lp] = await m.sequenceLogprobs([ids]);

@@ -111,8 +111,7 @@ std::vector<std::vector<float>> sequence_logprobs(const Qwen3Model& model, const
   const HeadRows rows(keep, p.ids.to(at::kCPU), temp, model.device());
   auto h = rows.hidden(model.hidden(p.ids, p.positions, p.mask, nullptr, ForwardOptions{true, false, false, reference}));  // [1, n, hidden]
   auto lp = at::zeros({1, rows.n}, at::TensorOptions().dtype(at::kFloat).device(model.device()));
-  // The vocabulary projection in chunks of rows bounds the float32 logits to ~256 MB.
-  const int64_t chunk = std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(model.config().vocab_size, 1));
+  const int64_t chunk = head_chunk_rows(model.config().vocab_size);  // ~256 MB of float32 logits at a time
   HeadBuffers bufs;  // the same fused head as training (core/losses.h), its logits buffer reused
   for (int64_t c0 = 0; c0 < rows.n; c0 += chunk) {
     const int64_t c = std::min(chunk, rows.n - c0);

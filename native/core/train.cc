@@ -81,7 +81,7 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
   if (n == 0) return;  // nothing trained in this micro-batch: no term of the loss depends on it
   const auto dev = m.device();
   const int64_t V = m.config().vocab_size;
-  const int64_t chunk = std::max<int64_t>(1, (int64_t(32) << 20) / std::max<int64_t>(V, 1));  // rows: ~128 MB of float32 logits
+  const int64_t chunk = head_chunk_rows(V);
   at::Tensor ref_lp;
   if (pg && lc.kl_coef > 0) {
     at::NoGradGuard ng;  // the reference policy: the frozen reference adapter, else the base weights
