@@ -135,6 +135,9 @@ t.test("longer than one chunk of the fused head (Qwen's 151,936 ids): loss, KL a
   });
   t.ok(Math.abs(st.kl - kl) <= 1e-5 * Math.max(1, Math.abs(kl)) && Math.abs(kl) > 1e-4, `KL ${st.kl} = teacher-forced ${kl}`);
   const s2 = await sft(m, { sequences: [ids], masks: [msk] }, { checkpoint: true });
+  t.equal(s2.headRows, n, 'every trained position went through the head');
+  t.equal(s2.headChunks, 2, `its ${n} rows in two chunks`);
+  t.equal(st.headChunks, 2, "the policy step's too");
   t.ok(Math.abs(s2.loss - want) <= 1e-5 * Math.abs(want), `SFT loss ${s2.loss} = teacher-forced ${want}`);
   const g = m.trainable({ grad: true }),
     theta = m.trainable();
@@ -327,6 +330,7 @@ t.test('the vocabulary head projects the trained positions alone, with each row 
   const withIdle = await sft(m, { sequences: [seqs[0], seqs[1]], masks: [masks[0], seqs[1].map(() => 0)] }, { microBatch: 1 });
   const gb = m.trainable({ grad: true });
   t.equal(withIdle.headRows, alone.headRows);
+  t.equal(withIdle.headChunks, alone.headChunks, 'a micro-batch with nothing trained runs no chunk of the head');
   t.ok(Math.abs(withIdle.loss - alone.loss) <= 1e-7 * Math.abs(alone.loss), `loss ${withIdle.loss} = ${alone.loss}`);
   t.ok(
     Object.keys(ga).every((k) => ga[k].every((x, i) => Math.abs(x - gb[k][i]) <= 1e-6 * (Math.abs(x) + 1e-6))),

@@ -340,6 +340,8 @@ export interface NativeTrainStats {
   sequences: number;
   /** Positions the vocabulary head projected in this process: the trained ones (a prompt's are skipped). */
   headRows: number;
+  /** The chunks of rows the head ran them in (~256 MB of float32 logits each). */
+  headChunks: number;
   skipped: boolean;
   skipReason: string;
   step: number;

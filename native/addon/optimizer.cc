@@ -51,6 +51,7 @@ Napi::Object stats_to_js(Napi::Env env, const slm::TrainStats& s) {
   o.Set("tokens", static_cast<double>(s.tokens));
   o.Set("sequences", static_cast<double>(s.sequences));
   o.Set("headRows", static_cast<double>(s.head_rows));
+  o.Set("headChunks", static_cast<double>(s.head_chunks));
   o.Set("skipped", s.skipped);
   o.Set("skipReason", s.skip_reason);
   return o;

@@ -25,7 +25,7 @@ at::Tensor pack(const std::vector<std::vector<float>>& src, int64_t s0, int64_t 
 // Sums of the loss terms over a step's micro-batches and chunks (each already weighted).
 struct Sums {
   double loss = 0, pg = 0, sft = 0, kl = 0, ent = 0, clip = 0, vl = 0, ratio = 0;
-  int64_t head_rows = 0;
+  int64_t head_rows = 0, head_chunks = 0;
 };
 
 // One micro-batch's tensors on the device: ids, positions, key mask, and the trained positions
@@ -101,6 +101,7 @@ void micro_step(Qwen3Model& m, const MicroBatch& mb, const LossConfig& lc, const
   s.head_rows += n;
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t c = std::min(chunk, n - c0);
+    ++s.head_chunks;
     auto wc = mb.w.narrow(1, c0, c);
     const auto stats =
         head_token_stats(hs.narrow(1, c0, c), m.head_weight(), hr.temp.narrow(1, c0, c), hr.targets.narrow(1, c0, c), bufs);  // [1, c] each
@@ -223,6 +224,7 @@ TrainStats train_step(Qwen3Model& m, AdamW& opt, const TrainBatch& b, const Loss
   st.clip_frac = s.clip;
   st.ratio = s.ratio;
   st.head_rows = s.head_rows;
+  st.head_chunks = s.head_chunks;
   if (to.update) {
     apply_gradients(m, opt, oc, st, critic_opt);
   } else {

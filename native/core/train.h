@@ -81,6 +81,7 @@ struct TrainStats {
   int64_t tokens = 0, sequences = 0;
   // Positions the vocabulary head projected: the trained ones (a loss weight), not the prompt's.
   int64_t head_rows = 0;
+  int64_t head_chunks = 0;  // the chunks of rows it ran them in (head_chunk_rows, core/losses.h)
   bool skipped = false;
   std::string skip_reason;
 };

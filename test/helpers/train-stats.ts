@@ -16,6 +16,7 @@ export function fakeTrainStats(over: Partial<NativeTrainStats> = {}): NativeTrai
     tokens: 2,
     sequences: 1,
     headRows: 2,
+    headChunks: 1,
     skipped: false,
     skipReason: '',
     step: 1,
