@@ -35,6 +35,7 @@ import { native } from '../lib/engine/runtime.js';
 import { initModel } from '../lib/model/init.js';
 import { llamaCppRows, runLlamaCpp } from './llama-cpp.js';
 import { llamaCppBin, llamaCppSourceRows, mergeSourcePasses, runLlamaCppSource } from './llama-cpp-source.js';
+import { median } from './stats.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function benchModelDir(preset: 'small' | 'tiny', log?: (s: string) => void): Promise<string> {
@@ -272,11 +273,6 @@ export function combinePasses(a: OursPass, b: OursPass): OursPass {
       return e ? { ...d, stepS: (d.stepS + e.stepS) / 2, readGBps: 2 / (1 / d.readGBps + 1 / e.readGBps) } : d;
     }),
   };
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)];
 }
 
 export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {

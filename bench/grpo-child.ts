@@ -11,6 +11,7 @@
 import { readFileSync } from 'node:fs';
 import { LORA_TARGETS } from '../lib/engine/adapter.js';
 import { Model } from '../lib/engine/model.js';
+import { median } from './stats.js';
 
 const [dir, ...nums] = process.argv.slice(2);
 const [P, C, K, reps] = nums.map(Number);
@@ -56,12 +57,11 @@ for (let r = 0; r < reps + 1; r++) {
     step.push((t3 - t0) / 1e3);
   } // the first step warms up
 }
-const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 process.stdout.write(
   JSON.stringify({
-    step_s: med(step),
-    generate_s: med(gen),
-    update_s: med(upd),
+    step_s: median(step),
+    generate_s: median(gen),
+    update_s: median(upd),
     completion_tokens: [...lengths],
     rows: K,
     prompt_tokens: P,

@@ -13,6 +13,7 @@
  */
 import { writeFileSync } from 'node:fs';
 import type { Token } from 'node-llama-cpp';
+import { median } from './stats.js';
 
 interface Req {
   mode: 'bench' | 'greedy';
@@ -48,7 +49,6 @@ const kv = {
   flashAttention: req.flashAttention ?? 'auto',
 } as const;
 const toks = (xs: number[]) => xs as Token[];
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const out: Record<string, unknown> = {
   threads: req.threads,
   build: llama.buildType,

@@ -17,6 +17,7 @@
 import { loadPolicy } from '../lib/engine/policy.js';
 import { native } from '../lib/engine/runtime.js';
 import { OpenAIServer } from '../lib/serve/server.js';
+import { median } from './stats.js';
 
 interface Request {
   id: number;
@@ -47,7 +48,7 @@ async function decodeRate(B: number, steps: number, reps: number, T: number) {
     // Rows never stop early (no stop ids): every step decodes all B rows; the first token is the prefill's.
     perStep.push(g.decodeSeconds / Math.max(1, g.steps - 1));
   }
-  const s = perStep.sort((a, b) => a - b)[Math.floor(perStep.length / 2)];
+  const s = median(perStep);
   return { batch: B, step_ms: s * 1e3, tokens_per_s: B / s };
 }
 

@@ -6,6 +6,7 @@
 import { readFileSync } from 'node:fs';
 import { LORA_TARGETS } from '../lib/engine/adapter.js';
 import { Model } from '../lib/engine/model.js';
+import { median } from './stats.js';
 
 const [dir, ckpt, seqLen, repsArg] = process.argv.slice(2);
 const T = Number(seqLen);
@@ -24,8 +25,5 @@ for (let r = 0; r < Number(repsArg) + 1; r++) {
   headRows = (await m.trainStep(batch, { loss: 'sft', lr: 1e-5, checkpoint })).headRows;
   if (r > 0) times.push((performance.now() - t0) / 1e3); // the first step warms up
 }
-times.sort((a, b) => a - b);
-process.stdout.write(
-  JSON.stringify({ step_s: times[Math.floor(times.length / 2)], head_rows: headRows, peak_MiB: kib('VmHWM'), loaded_MiB: before }) + '\n',
-);
+process.stdout.write(JSON.stringify({ step_s: median(times), head_rows: headRows, peak_MiB: kib('VmHWM'), loaded_MiB: before }) + '\n');
 m.dispose();

@@ -24,6 +24,7 @@ import { fileURLToPath } from 'node:url';
 import { Model } from '../lib/engine/model.js';
 import { SlmError } from '../lib/errors.js';
 import { attentionFlops, benchModelDir, layerMatmulParams, MachineLimits } from './engine.js';
+import { median } from './stats.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
@@ -159,12 +160,6 @@ interface PeerRun {
   torch: string;
 }
 
-function medianOf(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const h = s.length >> 1;
-  return s.length % 2 ? s[h] : (s[h - 1] + s[h]) / 2;
-}
-
 /**
  * One configuration's rounds as one figure: the median step time, and the highest peak of resident
  * memory any round reached (with the loaded size of that round). Exported for the test.
@@ -172,7 +167,7 @@ function medianOf(xs: number[]): number {
 export function combineRounds<R extends { step_s: number; peak_MiB: number; loaded_MiB: number }>(rs: R[]): R {
   if (rs.length === 0) throw new SlmError('NATIVE_ERROR', 'combineRounds: no rounds');
   const top = rs.reduce((a, b) => (b.peak_MiB > a.peak_MiB ? b : a));
-  return { ...top, step_s: medianOf(rs.map((r) => r.step_s)) };
+  return { ...top, step_s: median(rs.map((r) => r.step_s)) };
 }
 
 /** The peer's step time over slm-train's, round by round (round i of each side ran back to back): their median and range. */
@@ -180,7 +175,7 @@ export function roundRatios(peer: Array<{ step_s: number }>, own: Array<{ step_s
   if (peer.length === 0 || peer.length !== own.length)
     throw new SlmError('NATIVE_ERROR', `roundRatios: ${peer.length} peer rounds against ${own.length} own`);
   const r = peer.map((p, i) => p.step_s / own[i].step_s);
-  return { median: medianOf(r), min: Math.min(...r), max: Math.max(...r) };
+  return { median: median(r), min: Math.min(...r), max: Math.max(...r) };
 }
 
 /** A python with torch 2, transformers and peft: $SLM_TRAIN_HF_PYTHON, or the checkout's .venv (scripts/setup-venv.sh). */
