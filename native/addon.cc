@@ -30,6 +30,8 @@ Napi::Object Losses(Napi::Env env);
 Napi::Value Linear(const Napi::CallbackInfo& info);
 Napi::Value Sample(const Napi::CallbackInfo& info);
 Napi::Value Attention(const Napi::CallbackInfo& info);
+Napi::Value Norm(const Napi::CallbackInfo& info);
+Napi::Value SiluMul(const Napi::CallbackInfo& info);
 }  // namespace slm_addon
 
 namespace {
@@ -124,6 +126,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("linear", Napi::Function::New(env, slm_addon::Linear));
   exports.Set("sample", Napi::Function::New(env, slm_addon::Sample));
   exports.Set("attention", Napi::Function::New(env, slm_addon::Attention));
+  exports.Set("norm", Napi::Function::New(env, slm_addon::Norm));
+  exports.Set("siluMul", Napi::Function::New(env, slm_addon::SiluMul));
   exports.Set("losses", slm_addon::Losses(env));
   exports.Set("externalMemory", Napi::Function::New(env, ExternalMemory));
   exports.Set("cpuCacheStats", Napi::Function::New(env, CpuCacheStats));

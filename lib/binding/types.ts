@@ -429,6 +429,25 @@ export interface NativeAddon {
     dtype?: 'float32' | 'bfloat16';
     prefix?: number;
   }): Float32Array;
+  /**
+   * A decode step's RMSNorm (x [rows, d], w [d]) or per-head RMSNorm + RoPE (x [rows, heads, d], cos/sin [rows, d], w optional: RoPE
+   * alone): the CPU kernel, or ATen's operations with the CPU kernels off; eps 1e-6. y: x's shape; kernel: whether the kernel ran. For tests.
+   */
+  norm(req: {
+    x: Float32Array;
+    w?: Float32Array;
+    rows: number;
+    heads?: number;
+    d: number;
+    cos?: Float32Array;
+    sin?: Float32Array;
+    dtype?: 'float32' | 'bfloat16';
+  }): { y: Float32Array; kernel: boolean };
+  /** The MLP's gate of a decode step, silu(g) * u over g, u [rows, n]: the CPU kernel, or ATen's with the CPU kernels off. For tests. */
+  siluMul(req: { g: Float32Array; u: Float32Array; rows: number; n: number; dtype?: 'float32' | 'bfloat16' }): {
+    y: Float32Array;
+    kernel: boolean;
+  };
   /** V8's count of external memory (bytes) as Node-API reports it; each model handle adds what it holds natively. */
   externalMemory(): number;
   /** The training losses of native/core/losses.h on small arrays (tests). */

@@ -1,5 +1,5 @@
-// `linear`, `sample` and `attention`: the engine's CPU kernels (core/cpu_gemm.h, core/sampler.h,
-// core/cpu_attention.h) on small typed arrays, synchronously, for tests and benchmarks that compare
+// `linear`, `sample`, `attention`, `norm` and `siluMul`: the engine's CPU kernels (core/cpu_gemm.h, core/sampler.h,
+// core/cpu_attention.h, core/cpu_norm.h) on small typed arrays, synchronously, for tests and benchmarks that compare
 // them with ATen's path and with hand-computed values. Not used by training or generation.
 #include <napi.h>
 
@@ -13,6 +13,7 @@
 
 #include "addon/errors.h"
 #include "core/cpu_gemm.h"
+#include "core/cpu_norm.h"
 #include "core/qwen3.h"
 #include "core/sampler.h"
 
@@ -162,6 +163,98 @@ Napi::Value Attention(const Napi::CallbackInfo& info) {
   auto out = Napi::Float32Array::New(env, static_cast<size_t>(B * nq * T * D));
   std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * B * nq * T * D);
   return out;
+}
+
+// A decode step's RMSNorm, or per-head RMSNorm + RoPE (core/cpu_norm.h): x [rows, heads, d]; w [d]
+// (optional with cos/sin: RoPE alone); cos/sin [rows, d] (absent: RMSNorm alone, heads 1). The
+// kernel when the CPU kernels are on, ATen's operations (rms_norm_aten, rope_aten) when they are off;
+// float32 or bfloat16 (inputs rounded to it). Returns { y: the result as float32, kernel: whether the
+// kernel ran }. For tests.
+Napi::Value Norm(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "norm expects { x, w, rows, heads, d, cos, sin, dtype }.");
+  auto o = info[0].As<Napi::Object>();
+  const auto dim = [&](const char* key) {
+    auto x = o.Get(key);
+    if (!x.IsNumber() || x.As<Napi::Number>().Int64Value() < 1)
+      throw_error(env, "ARGUMENT_INVALID", std::string("norm: '") + key + "' must be a positive integer.");
+    return x.As<Napi::Number>().Int64Value();
+  };
+  const int64_t R = dim("rows"), n = o.Get("heads").IsUndefined() ? 1 : dim("heads"), D = dim("d");
+  const std::string dt = o.Get("dtype").IsString() ? o.Get("dtype").As<Napi::String>().Utf8Value() : "float32";
+  if (dt != "float32" && dt != "bfloat16")
+    throw_error(env, "ARGUMENT_INVALID", "norm: dtype must be float32 or bfloat16, found '" + dt + "'.");
+  const auto st = dt == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const auto floats = [&](const char* key, int64_t len) {
+    auto x = o.Get(key);
+    if (x.IsUndefined()) return at::Tensor();
+    if (!x.IsTypedArray() || x.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+        static_cast<int64_t>(x.As<Napi::Float32Array>().ElementLength()) != len)
+      throw_error(env, "ARGUMENT_INVALID",
+                  std::string("norm: '") + key + "' must be a Float32Array of " + std::to_string(len) + " values.");
+    return at::from_blob(x.As<Napi::Float32Array>().Data(), {len}, at::kFloat).to(st);
+  };
+  at::NoGradGuard ng;
+  const auto x = floats("x", R * n * D), w = floats("w", D), c = floats("cos", R * D), s = floats("sin", R * D);
+  if (!x.defined() || c.defined() != s.defined() || (!c.defined() && (!w.defined() || n != 1)))
+    throw_error(env, "ARGUMENT_INVALID", "norm: give x and w (RMSNorm, heads 1), or x, cos and sin (and w for the per-head norm).");
+  const double eps = 1e-6;
+  at::Tensor y;
+  bool kernel = false;  // whether the kernel ran (else ATen's operations)
+  if (!c.defined()) {
+    const auto xs = x.view({R, 1, D});
+    y = slm::cpu_rms_norm(xs, w, eps);
+    kernel = y.defined();
+    if (!kernel) y = slm::rms_norm_aten(xs, w, eps);
+  } else {
+    const auto xs = x.view({R, 1, n, D}), cs = c.view({R, 1, 1, D}), ss = s.view({R, 1, 1, D});
+    y = slm::cpu_norm_rope(xs, w, cs, ss, eps);
+    kernel = y.defined();
+    if (!kernel) y = slm::rope_aten(w.defined() ? slm::rms_norm_aten(xs, w, eps) : xs, cs, ss);
+  }
+  y = y.to(at::kFloat).contiguous();
+  auto out = Napi::Float32Array::New(env, static_cast<size_t>(R * n * D));
+  std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * R * n * D);
+  auto r = Napi::Object::New(env);
+  r.Set("y", out);
+  r.Set("kernel", Napi::Boolean::New(env, kernel));
+  return r;
+}
+
+// The MLP's gate of a decode step, silu(g) * u, g and u [rows, n] (core/cpu_norm.h): the kernel when
+// the CPU kernels are on, ATen's at::silu(g) * u when they are off; float32 or bfloat16 (inputs rounded
+// to it). Returns { y (float32), kernel: whether the kernel ran }. For tests.
+Napi::Value SiluMul(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "siluMul expects { g, u, rows, n, dtype }.");
+  auto o = info[0].As<Napi::Object>();
+  for (const char* key : {"rows", "n"})
+    if (!o.Get(key).IsNumber() || o.Get(key).As<Napi::Number>().Int64Value() < 1)
+      throw_error(env, "ARGUMENT_INVALID", std::string("siluMul: '") + key + "' must be a positive integer.");
+  const int64_t R = o.Get("rows").As<Napi::Number>().Int64Value(), n = o.Get("n").As<Napi::Number>().Int64Value();
+  const std::string dt = o.Get("dtype").IsString() ? o.Get("dtype").As<Napi::String>().Utf8Value() : "float32";
+  if (dt != "float32" && dt != "bfloat16")
+    throw_error(env, "ARGUMENT_INVALID", "siluMul: dtype must be float32 or bfloat16, found '" + dt + "'.");
+  const auto st = dt == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const auto floats = [&](const char* key) {
+    auto x = o.Get(key);
+    if (!x.IsTypedArray() || x.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+        static_cast<int64_t>(x.As<Napi::Float32Array>().ElementLength()) != R * n)
+      throw_error(env, "ARGUMENT_INVALID", std::string("siluMul: '") + key + "' must be a Float32Array of rows*n values.");
+    return at::from_blob(x.As<Napi::Float32Array>().Data(), {R, 1, n}, at::kFloat).to(st);
+  };
+  at::NoGradGuard ng;
+  const auto g = floats("g"), u = floats("u");
+  auto y = slm::cpu_silu_mul(g, u);
+  const bool kernel = y.defined();
+  if (!kernel) y = at::silu(g) * u;
+  y = y.to(at::kFloat).contiguous();
+  auto out = Napi::Float32Array::New(env, static_cast<size_t>(R * n));
+  std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * R * n);
+  auto r = Napi::Object::New(env);
+  r.Set("y", out);
+  r.Set("kernel", Napi::Boolean::New(env, kernel));
+  return r;
 }
 
 }  // namespace slm_addon

@@ -1,8 +1,9 @@
-// RMSNorm, and per-head RMSNorm + RoPE, of one decode step on the CPU: one loop each instead of the
-// chain of small ATen operations (cast, square, mean, rsqrt, multiply, cast, multiply; RoPE's
-// multiply, negate, concatenate, multiply, add) whose per-call cost dominates at a handful of rows
-// (about 50 such calls per layer and step). Same arithmetic and the same roundings as the ATen path
-// (bfloat16 results rounded where ATen rounds them); sums in float32.
+// RMSNorm, per-head RMSNorm + RoPE, and the MLP's SiLU gate of one decode step on the CPU: one loop
+// each instead of the chain of small ATen operations (cast, square, mean, rsqrt, multiply, cast,
+// multiply; RoPE's multiply, negate, concatenate, multiply, add; silu, multiply) whose per-call cost
+// dominates at a handful of rows (about 50 such calls per layer and step). Same arithmetic and the
+// same roundings as the ATen path (bfloat16 results rounded where ATen rounds them); sums in float32,
+// in another order than ATen's (the tests say how close).
 //
 // Float32 or bfloat16 on the CPU with the CPU kernels allowed (cpu_gemm.h) and no autograd graph;
 // anything else returns an undefined tensor and the caller runs ATen's operations.
@@ -17,5 +18,10 @@ at::Tensor cpu_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 // x [B, 1, n, D] contiguous (n heads of one position per row): per-head RMSNorm with w [D] (when
 // w is defined: Qwen3's q/k norms), then rotate-half RoPE with cos/sin [B, 1, 1, D]. Same shape.
 at::Tensor cpu_norm_rope(const at::Tensor& x, const at::Tensor& w, const at::Tensor& cos, const at::Tensor& sin, double eps);
+
+// silu(g) * u, the MLP's gate (g, u [.., n] contiguous, the same shape and dtype): ATen's formula
+// g / (1 + exp(-g)) in float32 with the vector exp of core/simd.h, each product rounded to the dtype
+// where ATen rounds it.
+at::Tensor cpu_silu_mul(const at::Tensor& g, const at::Tensor& u);
 
 }  // namespace slm

@@ -248,11 +248,13 @@ void Qwen3Model::check_ids(const at::Tensor& ids) const {
                                    std::to_string(cfg_.vocab_size) + "). Use the model's own tokenizer.");
 }
 
-at::Tensor Qwen3Model::rms_norm(const at::Tensor& x, const at::Tensor& w) const {
+at::Tensor rms_norm_aten(const at::Tensor& x, const at::Tensor& w, double eps) {
   auto xf = x.to(at::kFloat);
   auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
-  return w * (xf * at::rsqrt(var + cfg_.rms_norm_eps)).to(x.scalar_type());
+  return w * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
 }
+
+at::Tensor Qwen3Model::rms_norm(const at::Tensor& x, const at::Tensor& w) const { return rms_norm_aten(x, w, cfg_.rms_norm_eps); }
 
 at::Tensor Qwen3Model::norm(const at::Tensor& x, const at::Tensor& w, const ForwardOptions& o) const {
   if (o.kernels && !o.train && x.dim() == 3 && x.size(1) == 1) {  // a decode step: the CPU kernel when it applies
@@ -262,12 +264,10 @@ at::Tensor Qwen3Model::norm(const at::Tensor& x, const at::Tensor& w, const Forw
   return rms_norm(x, w);
 }
 
-namespace {
-at::Tensor rotate_half(const at::Tensor& x) {
+at::Tensor rope_aten(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t h = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+  return x * cos + at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1) * sin;
 }
-}  // namespace
 
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K_rows, const at::Tensor& V_rows, const at::Tensor& mask, bool kernels,
                              const at::Tensor& pk, const at::Tensor& pv) {
@@ -346,8 +346,8 @@ at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const
       q = rms_norm(q, L.q_norm);
       k = rms_norm(k, L.k_norm);
     }
-    q = (q * cos + rotate_half(q) * sin).transpose(1, 2).contiguous();  // [B, nq, T, D]
-    k = (k * cos + rotate_half(k) * sin).transpose(1, 2);               // [B, nkv, T, D]
+    q = rope_aten(q, cos, sin).transpose(1, 2).contiguous();  // [B, nq, T, D]
+    k = rope_aten(k, cos, sin).transpose(1, 2);               // [B, nkv, T, D]
   }
   v = v.transpose(1, 2);  // [B, nkv, T, D]
   at::Tensor K, Vv, PK, PV;
@@ -370,7 +370,11 @@ at::Tensor Qwen3Model::layer_forward(int64_t layer, const at::Tensor& h0, const 
   const auto& L = layers_[layer];
   auto h = h0 + attention(L, norm(h0, L.input_norm, in.opts), in, cache, layer);
   auto x = norm(h, L.post_norm, in.opts);
-  return h + L.down.forward(at::silu(L.gate.forward(x, in.opts)) * L.up.forward(x, in.opts), in.opts);
+  const auto g = L.gate.forward(x, in.opts), u = L.up.forward(x, in.opts);
+  at::Tensor a;
+  if (in.opts.kernels && !in.opts.train && x.size(1) == 1) a = cpu_silu_mul(g, u);  // a decode step: the CPU kernel when it applies
+  if (!a.defined()) a = at::silu(g) * u;
+  return h + L.down.forward(a, in.opts);
 }
 
 std::vector<at::Tensor> Qwen3Model::layer_lora_params(int64_t layer, bool critic) const {

@@ -124,6 +124,12 @@ struct Qwen3Layer {
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool kernels,
                              const at::Tensor& pk = {}, const at::Tensor& pv = {});
 
+// ATen's RMSNorm over the last dimension, w * T(x * rsqrt(mean(x^2) + eps)) with the sum in float32
+// (T: x's dtype), and rotate-half RoPE, x * cos + rotate_half(x) * sin: the model's path wherever the
+// CPU kernels (core/cpu_norm.h) do not run, and their reference.
+at::Tensor rms_norm_aten(const at::Tensor& x, const at::Tensor& w, double eps);
+at::Tensor rope_aten(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 // Per-call tensors shared by every layer: rotary tables and the additive attention mask.
 struct LayerInputs {
   at::Tensor cos, sin, mask;

@@ -40,6 +40,18 @@ struct V16 {
   }
   static inline void store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static inline void store_n(float* p, F v, int n) { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), v); }
+  // x rounded to bfloat16 (to nearest, ties to even; NaN to the quiet NaN 0x7FC0), as float32: what
+  // c10::BFloat16(x) holds. Then stored as bfloat16 (raw bits): the 16 bits on top of a rounded value.
+  static inline F round_bf16(F x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), _mm512_set1_epi32(~0xFFFF));
+    r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7FC00000));
+    return _mm512_castsi512_ps(r);
+  }
+  static inline void store(uint16_t* p, F rounded) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rounded), 16)));
+  }
   static inline F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static inline F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static inline F add(F a, F b) { return _mm512_add_ps(a, b); }
@@ -88,6 +100,17 @@ struct V8 {
   }
   static inline void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static inline void store_n(float* p, F v, int n) { _mm256_maskstore_ps(p, first(n), v); }
+  static inline F round_bf16(F x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), _mm256_set1_epi32(~0xFFFF));
+    const F nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan);
+  }
+  static inline void store(uint16_t* p, F rounded) {
+    const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(rounded), 16);  // each lane <= 0xFFFF: packus keeps it
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+  }
   static inline F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static inline F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static inline F add(F a, F b) { return _mm256_add_ps(a, b); }
