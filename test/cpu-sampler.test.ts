@@ -149,9 +149,9 @@ for (const c of cases) {
   );
 }
 
-// Plain sampling skips whole 64-id chunks whose mass cannot reach the target: the token may be in
-// the first chunk, in the tail after the last whole chunk (3001 = 46 x 64 + 57), on a chunk edge,
-// or the only likely id at either end; u at its extremes.
+// Plain sampling skips whole 64-id chunks (and 2,048-id blocks) whose mass cannot reach the target:
+// the token may be in the first chunk, in the tail after the last whole chunk (3001 = 46 x 64 + 57),
+// on a chunk or block edge, or the only likely id at either end; u at its extremes.
 atEachLevel(
   t,
   a,
@@ -170,6 +170,12 @@ atEachLevel(
     rows.push({ name: 'two ids on a chunk edge (63, 64), u below half', logits: peak([63, 64]), u: 0.49 });
     rows.push({ name: 'two ids on a chunk edge (63, 64), u above half', logits: peak([63, 64]), u: 0.51 });
     rows.push({ name: 'mass in the tail (2950, 2990)', logits: peak([2950, 2990]), u: 0.75 });
+    // Plain sampling reads the row in blocks of 2,048 ids, the maximum so far rescaling the sum: two ids
+    // on the block edge, and a ramp whose maximum grows in every block (the sum rescaled each time).
+    rows.push({ name: 'two ids on the block edge (2047, 2048), u below half', logits: peak([2047, 2048]), u: 0.49 });
+    rows.push({ name: 'two ids on the block edge (2047, 2048), u above half', logits: peak([2047, 2048]), u: 0.51 });
+    const ramp = Float32Array.from({ length: V }, (_, i) => i / 300);
+    for (const u of [0.05, 0.5, 0.97]) rows.push({ name: `a rising ramp, u ${u}`, logits: ramp, u });
     const flat = logitsRows(1, V, 0.5, 5);
     for (const u of [1e-9, 0.25, 0.999999, 1]) rows.push({ name: `a flat row, u ${u}`, logits: flat, u });
     for (const row of rows) {

@@ -26,7 +26,7 @@ int64_t pick_scan(const float* p, int64_t i, int64_t n, double acc, float target
 #ifdef SLM_CPU_VEC_X86
 namespace {
 
-__attribute__((target("avx512f"))) float row_max_512(const float* s, int64_t V) {
+__attribute__((target("avx512f,avx512bw"))) float row_max_512(const float* s, int64_t V) {
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t i = 0;
   for (; i + 16 <= V; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + i));
@@ -35,7 +35,7 @@ __attribute__((target("avx512f"))) float row_max_512(const float* s, int64_t V) 
   return r;
 }
 
-__attribute__((target("avx512f"))) double row_exp_512(const float* s, int64_t V, float shift, float* out) {
+__attribute__((target("avx512f,avx512bw"))) double row_exp_512(const float* s, int64_t V, float shift, float* out) {
   const __m512 sh = _mm512_set1_ps(shift);
   __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
   int64_t i = 0;
@@ -55,7 +55,7 @@ __attribute__((target("avx512f"))) double row_exp_512(const float* s, int64_t V,
   return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 }
 
-__attribute__((target("avx512f"))) int64_t row_pick_512(const float* p, int64_t n, float target) {
+__attribute__((target("avx512f,avx512bw"))) int64_t row_pick_512(const float* p, int64_t n, float target) {
   double acc = 0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {

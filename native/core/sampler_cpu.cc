@@ -42,22 +42,69 @@ struct ByLogitDesc {
   bool operator()(int32_t a, int32_t b) const { return s[a] > s[b] || (s[a] == s[b] && a < b); }
 };
 
-// The first index whose cumulative sum of p[0..n) reaches u x total (clamped to the last), with the
-// sum accumulated in double and compared in float, as cumsum + searchsorted do. `total`: the sum of
-// p when the caller has it (< 0: computed here).
-int64_t pick_from(const float* p, int64_t n, float u, double total = -1) {
-  if (total < 0) {
-    total = 0;
-    for (int64_t i = 0; i < n; ++i) total += p[i];
-  }
+// The first index whose cumulative sum of p[0..n) reaches u x their total (clamped to the last), with
+// the sum accumulated in double and compared in float, as cumsum + searchsorted do.
+int64_t pick_from(const float* p, int64_t n, float u) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += p[i];
   return cpu_row_pick(p, n, u * static_cast<float>(total));
 }
 
 struct Scratch {
-  std::vector<float> s, p, q;
+  std::vector<float> s, p, q, shift;
   std::vector<int32_t> idx;
-  std::vector<double> hist;
+  std::vector<double> hist, bsum;
 };
+
+// Plain sampling's pass over a row, in blocks that stay in L1: each block's maximum, then exp(s - m)
+// of the block (kept in p) with m the running maximum, the sum so far rescaled when m grows. The row
+// is read from memory once instead of twice (a maximum pass, then an exp pass). Per block: the shift
+// its p values are relative to, and their sum.
+constexpr int64_t kPlainBlock = 2048;
+
+struct Blocked {
+  float m;   // the row's maximum
+  double z;  // sum of exp(s - m)
+};
+
+Blocked plain_pass(const float* s, int64_t V, Scratch& w) {
+  const int64_t nb = (V + kPlainBlock - 1) / kPlainBlock;
+  w.p.resize(V);
+  w.shift.resize(nb);
+  w.bsum.resize(nb);
+  float m = -std::numeric_limits<float>::infinity();
+  double z = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t b0 = b * kPlainBlock, len = std::min(kPlainBlock, V - b0);
+    const float bm = cpu_row_max(s + b0, len);
+    if (bm > m) {
+      z *= std::exp(static_cast<double>(m) - static_cast<double>(bm));  // m = -inf at first: z stays 0
+      m = bm;
+    }
+    w.shift[b] = m;
+    w.bsum[b] = cpu_row_exp(s + b0, len, m, w.p.data() + b0);
+    z += w.bsum[b];
+  }
+  return {m, z};
+}
+
+// The first id whose cumulative probability reaches u: the block where the blocks' sums, each scaled to
+// the row's maximum, reach u x z, then the id inside it (cpu_row_pick on the block's own p).
+int64_t plain_pick(const Scratch& w, int64_t V, Blocked r, float u) {
+  const double target = static_cast<double>(u) * r.z;
+  double acc = 0;
+  const int64_t nb = static_cast<int64_t>(w.bsum.size());
+  for (int64_t b = 0; b < nb; ++b) {
+    const double f = std::exp(static_cast<double>(w.shift[b]) - static_cast<double>(r.m));
+    const double c = w.bsum[b] * f;
+    if (c > 0 && acc + c >= target) {
+      const int64_t b0 = b * kPlainBlock;
+      return b0 + cpu_row_pick(w.p.data() + b0, std::min(kPlainBlock, V - b0), static_cast<float>((target - acc) / f));
+    }
+    acc += c;
+  }
+  return V - 1;
+}
 
 RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k, float top_p, float u, int64_t top_n, int32_t* top_ids,
                   float* top_lps, Scratch& w) {
@@ -67,12 +114,12 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
     for (int64_t i = 0; i < V; ++i) w.s[i] = x[i] / t;
     s = w.s.data();
   }
-  const float m = cpu_row_max(s, V);
   enum class Rule { Greedy, TopK, TopP, Plain };
   const Rule rule = greedy ? Rule::Greedy : (top_k > 0 && top_k < V) ? Rule::TopK : top_p < 1.f ? Rule::TopP : Rule::Plain;
-  // exp(s - m) is kept for plain sampling, the only rule that reads it.
-  if (rule == Rule::Plain) w.p.resize(V);
-  const double z = cpu_row_exp(s, V, m, rule == Rule::Plain ? w.p.data() : nullptr);
+  Blocked br{};
+  if (rule == Rule::Plain) br = plain_pass(s, V, w);  // plain sampling: one blocked pass
+  const float m = rule == Rule::Plain ? br.m : cpu_row_max(s, V);
+  const double z = rule == Rule::Plain ? br.z : cpu_row_exp(s, V, m, nullptr);
   const float lse = m + static_cast<float>(std::log(z));
   RowOut out;
   if (top_n > 0) {
@@ -149,9 +196,9 @@ RowOut sample_row(const float* x, int64_t V, float t, bool greedy, int64_t top_k
     }
     out.token = w.idx[pick_from(q, n_kept, u)];
   } else {
-    // exp(s - lse) would be one more pass over the row: the unnormalised exp(s - m), whose sum z
-    // gave the log-normaliser above, pick the same token (every term and the target scale by e^-lse).
-    out.token = pick_from(w.p.data(), V, u, z);
+    // exp(s - lse) would be one more pass over the row: the unnormalised exp(s - shift) of each block,
+    // whose sums gave the log-normaliser above, pick the same token (every term and the target scale).
+    out.token = plain_pick(w, V, br, u);
   }
   out.logprob = s[out.token] - lse;
   return out;
