@@ -370,7 +370,10 @@ at::Tensor Qwen3Model::layer_forward(int64_t layer, const at::Tensor& h0, const 
   const auto& L = layers_[layer];
   auto h = h0 + attention(L, norm(h0, L.input_norm, in.opts), in, cache, layer);
   auto x = norm(h, L.post_norm, in.opts);
-  const auto g = L.gate.forward(x, in.opts), u = L.up.forward(x, in.opts);
+  // up before gate: the order GCC gave `silu(gate(x)) * up(x)` (right to left), which LoRA dropout's
+  // random draws follow, so that training draws the same masks as before the decode kernel.
+  const auto u = L.up.forward(x, in.opts);
+  const auto g = L.gate.forward(x, in.opts);
   at::Tensor a;
   if (in.opts.kernels && !in.opts.train && x.size(1) == 1) a = cpu_silu_mul(g, u);  // a decode step: the CPU kernel when it applies
   if (!a.defined()) a = at::silu(g) * u;
