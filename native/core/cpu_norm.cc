@@ -97,40 +97,18 @@ using V = simd::V8;
 
 namespace {
 
-template <class T>
-using NormRow = void (*)(const T*, const T*, T*, int64_t, float, float*);
-template <class T>
-using RopeRow = void (*)(const T*, const T*, const T*, const T*, T*, int64_t, float, float*);
-
-template <class T>
-NormRow<T> norm_row_fn() {
+// A row function for the level in force: name's AVX-512 or AVX2 body, or name##_scalar.
 #ifdef SLM_CPU_VEC_X86
-  if (cpu_isa() >= CpuIsa::Avx512) return n512::rms_norm_row<T>;
-  if (cpu_isa() == CpuIsa::Avx2) return n256::rms_norm_row<T>;
-#endif
-  return rms_norm_row_scalar<T>;
+template <class F>
+F by_level(F v512, F v256, F scalar) {
+  if (cpu_isa() >= CpuIsa::Avx512) return v512;
+  if (cpu_isa() == CpuIsa::Avx2) return v256;
+  return scalar;
 }
-
-template <class T>
-RopeRow<T> rope_row_fn() {
-#ifdef SLM_CPU_VEC_X86
-  if (cpu_isa() >= CpuIsa::Avx512) return n512::norm_rope_row<T>;
-  if (cpu_isa() == CpuIsa::Avx2) return n256::norm_rope_row<T>;
+#define SLM_ROW_FN(name, T) by_level(&n512::name<T>, &n256::name<T>, &name##_scalar<T>)
+#else
+#define SLM_ROW_FN(name, T) (&name##_scalar<T>)
 #endif
-  return norm_rope_row_scalar<T>;
-}
-
-template <class T>
-using SiluRow = void (*)(const T*, const T*, T*, int64_t);
-
-template <class T>
-SiluRow<T> silu_row_fn() {
-#ifdef SLM_CPU_VEC_X86
-  if (cpu_isa() >= CpuIsa::Avx512) return n512::silu_mul_row<T>;
-  if (cpu_isa() == CpuIsa::Avx2) return n256::silu_mul_row<T>;
-#endif
-  return silu_mul_row_scalar<T>;
-}
 
 // Rows per task: a task does at least ~32k elements, so a decode step's handful of rows (a few
 // microseconds of work) stays on the calling thread instead of waking the pool for it.
@@ -143,7 +121,7 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& w, float eps) {
   const T* xp = x.data_ptr<T>();
   const T* wp = w.data_ptr<T>();
   T* yp = y.data_ptr<T>();
-  const NormRow<T> row = norm_row_fn<T>();
+  const auto row = SLM_ROW_FN(rms_norm_row, T);
   // Rows split between the threads (each row's arithmetic unchanged).
   at::parallel_for(0, rows, grain(H), [&](int64_t r0, int64_t r1) {
     std::vector<float> h(H);
@@ -161,7 +139,7 @@ at::Tensor norm_rope_rows(const at::Tensor& x, const at::Tensor& w, const at::Te
   const T* cp = cos.data_ptr<T>();
   const T* sp = sin.data_ptr<T>();
   T* yp = y.data_ptr<T>();
-  const RopeRow<T> row = rope_row_fn<T>();
+  const auto row = SLM_ROW_FN(norm_rope_row, T);
   at::parallel_for(0, B * n, grain(D), [&](int64_t r0, int64_t r1) {
     std::vector<float> h(D);
     for (int64_t r = r0; r < r1; ++r) {
@@ -179,7 +157,7 @@ at::Tensor silu_mul_rows(const at::Tensor& g, const at::Tensor& u) {
   const T* gp = g.data_ptr<T>();
   const T* up = u.data_ptr<T>();
   T* yp = y.data_ptr<T>();
-  const SiluRow<T> row = silu_row_fn<T>();
+  const auto row = SLM_ROW_FN(silu_mul_row, T);
   at::parallel_for(0, rows, grain(n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) row(gp + r * n, up + r * n, yp + r * n, n);
   });
