@@ -122,7 +122,7 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& w, float eps) {
   const T* wp = w.data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const auto row = SLM_ROW_FN(rms_norm_row, T);
-  // Rows split between the threads (each row's arithmetic unchanged).
+  // Rows in tasks of at least grain(H) (each row's arithmetic unchanged).
   at::parallel_for(0, rows, grain(H), [&](int64_t r0, int64_t r1) {
     std::vector<float> h(H);
     for (int64_t r = r0; r < r1; ++r) row(xp + r * H, wp, yp + r * H, H, eps, h.data());
