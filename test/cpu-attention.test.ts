@@ -82,6 +82,11 @@ const cases: Case[] = [
   { b: 2, nq: 16, nkv: 2, s: 70, d: 128, capacity: 80, t: 37 },
   { b: 3, nq: 6, nkv: 2, s: 40, d: 48, capacity: 40, t: 20 },
   { b: 2, nq: 4, nkv: 2, s: 30, d: 64, capacity: 30, t: 3 },
+  // More than 128 query positions: ATen's path (kernels off) runs them in blocks of 128, each against
+  // the keys up to the last one its rows see (qwen3.cc grouped_attention): a whole prefill (three
+  // blocks, the last partial) and one after 140 cached positions.
+  { b: 2, nq: 4, nkv: 2, s: 300, d: 32, capacity: 300, t: 300 },
+  { b: 1, nq: 8, nkv: 4, s: 400, d: 64, capacity: 410, t: 260 },
 ];
 
 t.test('every instruction-set level the CPU has gets its kernel (the tests below would otherwise only check ATen)', async (t) => {

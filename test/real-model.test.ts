@@ -326,6 +326,35 @@ t.test(
   },
 );
 
+// 300 tokens on the fixture: on the CPU, attention runs in blocks of 128 queries, each against the keys
+// up to its last row (qwen3.cc grouped_attention), forward and backward, and the LoRA products are
+// split by rows between the threads (core/lora_train.h); the step must still be PEFT's.
+t.test(
+  'a LoRA step on 300 tokens (three query blocks) equals PEFT + torch',
+  { skip: missing || peftMissing || false, timeout: 300_000 },
+  async (t) => {
+    const dir = fixture('qwen3', 'tiny-qwen3-f32');
+    const m = await Model.load(dir, { dtype: 'float32' });
+    t.teardown(() => m.dispose());
+    m.attachLora({ r: 4, alpha: 8, dropout: 0, rslora: false, targets: PROJECTIONS }, 5);
+    for (const [name, v] of Object.entries(m.trainable()))
+      if (name.endsWith('lora_B.weight'))
+        m.setTrainable(
+          name,
+          v.map((_, i) => Math.cos(i + name.length) * 0.05),
+        );
+    const ids = Array.from({ length: 300 }, (_, i) => (i * 37 + 11) % 512);
+    await checkLoraStep(
+      t,
+      m,
+      dir,
+      ids,
+      ids.map((_, i) => (i >= 40 ? 1 : 0)),
+      { lossTol: 1e-5, gradTol: 1e-4 },
+    );
+  },
+);
+
 t.test('slm-train generate answers a question with the chat template', { skip: missing || false, timeout: 300_000 }, async (t) => {
   const r = await runCliAsync(
     [

@@ -1,13 +1,12 @@
 #include "core/qwen3.h"
 
-#include "core/cpu_attention.h"
 #include "core/cpu_gemm.h"
 #include "core/cpu_norm.h"
 #include "core/cpu_weights.h"
+#include "core/lora_train.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/csrc/api/include/torch/version.h>
 
 #include <algorithm>
 #include <limits>
@@ -107,6 +106,8 @@ at::Tensor Linear::forward(const at::Tensor& x, const ForwardOptions& o) const {
   if (l) {
     auto xl = x.to(at::kFloat);
     if (o.train && !o.reference && l->dropout > 0) xl = at::dropout(xl, l->dropout, /*train=*/true);
+    const auto t = o.train ? lora_train_cpu(y, xl, l->A, l->B, l->scale) : at::Tensor();  // (core/lora_train.h)
+    if (t.defined()) return t;
     auto d = lora_linear(lora_linear(xl, l->A, o), l->B, o) * l->scale;  // [.., r] -> [.., out]
     y = y + d.to(y.scalar_type());
   }
@@ -267,58 +268,6 @@ at::Tensor Qwen3Model::norm(const at::Tensor& x, const at::Tensor& w, const Forw
 at::Tensor rope_aten(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t h = x.size(-1) / 2;
   return x * cos + at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1) * sin;
-}
-
-at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& K_rows, const at::Tensor& V_rows, const at::Tensor& mask, bool kernels,
-                             const at::Tensor& pk, const at::Tensor& pv) {
-  const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), D = q.size(3), nkv = K_rows.size(1), R = nq / nkv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  if (kernels) {  // generation: the fused CPU kernel when it applies
-    auto o = cpu_attention(q, K_rows, V_rows, mask, scale, pk, pv);
-    if (o.defined()) return o;
-  }
-  // ATen: a shared prefix is put in front of every row's keys.
-  const auto K = pk.defined() ? at::cat({pk.expand({B, -1, -1, -1}), K_rows}, 2) : K_rows;
-  const auto Vv = pv.defined() ? at::cat({pv.expand({B, -1, -1, -1}), V_rows}, 2) : V_rows;
-  const int64_t S = K.size(2);
-#if TORCH_VERSION_MAJOR >= 2
-  // CUDA, several query positions (prefill, teacher forcing, training): one fused kernel
-  // (scaled_dot_product_attention: memory-efficient attention with the additive mask; float32
-  // softmax inside), as transformers' default "sdpa" attention runs. The scores never materialise:
-  // on an H200 a 3,000-token prefill of a Qwen3-4B shape took 3.2x transformers' time with the
-  // matmul-softmax-matmul path below (scripts/gpu-check.sh --bench 4b, 2026-11-26). K/V are
-  // repeated to the query heads (a copy; enable_gqa is 2.5+ and not every kernel takes it). The mask
-  // is the compute dtype's lowest value where masked (float32's lowest is -inf in bfloat16, which
-  // would turn a fully padded query row into NaN instead of HF's uniform row). Decode steps (T = 1)
-  // keep the path below: the copy of every cached K/V would cost more than it saves.
-  if (q.is_cuda() && T > 1) {
-    const auto dt = q.scalar_type();
-    const double lo = dt == at::kBFloat16 ? -3.3895313892515355e38
-                      : dt == at::kHalf   ? -65504.0
-                                          : (double)std::numeric_limits<float>::lowest();
-    const auto m = mask.clamp_min(lo).to(dt);  // [B, 1, T, S], broadcast over heads
-    const auto Kx = R == 1 ? K : K.unsqueeze(2).expand({B, nkv, R, S, D}).reshape({B, nq, S, D});
-    const auto Vx = R == 1 ? Vv : Vv.unsqueeze(2).expand({B, nkv, R, S, D}).reshape({B, nq, S, D});
-    return at::scaled_dot_product_attention(q, Kx, Vx, m, 0.0, false);
-  }
-#endif
-  // Grouped-query attention without repeating K/V: query head h uses kv head h / R, so the R query
-  // heads of one kv head are stacked along the time axis: [B, nq, T, D] -> [B, nkv, R*T, D].
-  auto qg = q.view({B, nkv, R * T, D});
-  auto Kt = K.transpose(-1, -2);  // [B, nkv, D, S]
-  // Chunk the queries so that the float32 score block stays under ~256 MB for long prefills.
-  const int64_t per_query = B * nq * S * 4;
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(256) << 20) / std::max<int64_t>(per_query, 1)));
-  std::vector<at::Tensor> outs;
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t c = std::min(chunk, T - t0);
-    auto qc = chunk == T ? qg : q.narrow(2, t0, c).reshape({B, nkv, R * c, D});
-    auto scores = at::matmul(qc, Kt) * scale;                                                      // [B, nkv, R*c, S]
-    auto sf = scores.to(at::kFloat).view({B, nkv, R, c, S}) + mask.narrow(2, t0, c).unsqueeze(1);  // mask [B,1,1,c,S]
-    auto probs = at::softmax(sf, -1).to(q.scalar_type()).view({B, nkv, R * c, S});
-    outs.push_back(at::matmul(probs, Vv).view({B, nq, c, D}));  // [B, nq, c, D]
-  }
-  return outs.size() == 1 ? outs[0] : at::cat(outs, 2);
 }
 
 at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const LayerInputs& in, KVCache* cache, int64_t layer) const {
