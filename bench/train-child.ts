@@ -1,14 +1,16 @@
 /**
  * One configuration of the train benchmark in a process of its own, so that its peak resident memory
  * (VmHWM) belongs to that configuration alone. Prints one JSON line.
- * argv: modelDir checkpoint(0|1) seqLen reps
+ * argv: modelDir checkpoint(0|1) seqLen reps [warmup]: warmup steps (default 1) run first and are not timed; the
+ * median of the next reps is printed.
  */
 import { readFileSync } from 'node:fs';
 import { LORA_TARGETS } from '../lib/engine/adapter.js';
 import { Model } from '../lib/engine/model.js';
 import { median } from './stats.js';
 
-const [dir, ckpt, seqLen, repsArg] = process.argv.slice(2);
+const [dir, ckpt, seqLen, repsArg, warmArg] = process.argv.slice(2);
+const warmup = warmArg === undefined ? 1 : Number(warmArg);
 const T = Number(seqLen);
 const checkpoint = ckpt === '1';
 const kib = (k: string) => Number(new RegExp(`${k}:\\s+(\\d+) kB`).exec(readFileSync('/proc/self/status', 'utf8'))?.[1] ?? NaN) / 1024;
@@ -20,10 +22,19 @@ const batch = { sequences: [seq], masks: [mask] };
 const before = kib('VmRSS');
 const times: number[] = [];
 let headRows = 0;
-for (let r = 0; r < Number(repsArg) + 1; r++) {
+for (let r = 0; r < warmup + Number(repsArg); r++) {
   const t0 = performance.now();
   headRows = (await m.trainStep(batch, { loss: 'sft', lr: 1e-5, checkpoint })).headRows;
-  if (r > 0) times.push((performance.now() - t0) / 1e3); // the first step warms up
+  if (r >= warmup) times.push((performance.now() - t0) / 1e3);
 }
-process.stdout.write(JSON.stringify({ step_s: median(times), head_rows: headRows, peak_MiB: kib('VmHWM'), loaded_MiB: before }) + '\n');
+process.stdout.write(
+  JSON.stringify({
+    step_s: median(times),
+    steps_warmup: warmup,
+    steps_timed: times.length,
+    head_rows: headRows,
+    peak_MiB: kib('VmHWM'),
+    loaded_MiB: before,
+  }) + '\n',
+);
 m.dispose();

@@ -14,7 +14,8 @@
  * (VmHWM) is its own; the table gives it and its growth over the loaded model. With PyTorch 2 + PEFT
  * at hand, their step (bench/peft_step.py) runs in rounds alternated with slm-train's (3 rounds, one
  * under --quick): each side's figure is the median of its rounds, the speedup the median of the
- * rounds' own ratios, their range beside it.
+ * rounds' own ratios, their range beside it. Each process runs 2 warm-up steps and gives the median of
+ * the next 4 (1 and 1 under --quick).
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -53,6 +54,10 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
   // between runs). Each side's figure is the median over the rounds, the ratio the median of the
   // rounds' own ratios, with their range beside it.
   const rounds = quick ? 1 : 3;
+  // Per process: warm-up steps, not timed, then the median of the timed ones: a training run is made
+  // of the later steps. Here (2-core Zen 4, 2026-11-27) slm-train's second and third steps took
+  // 1.05-1.3x its later ones; PEFT's first took 2.6x its later ones and its second and third no longer.
+  const [warmup, reps] = quick ? [1, 1] : [2, 4];
   const runs: Record<'off' | 'on', OwnRun[]> = { off: [], on: [] };
   const peers: Record<'off' | 'on', PeerRun[]> = { off: [], on: [] };
   for (let round = 0; round < rounds; round++)
@@ -60,7 +65,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       const key = checkpoint ? 'on' : 'off';
       const of = `round ${round + 1} of ${rounds}`;
       log(`train: sequence ${T}, checkpointing ${key} (own process, ${of})`);
-      const r = spawnSync(process.execPath, [child, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 2)], {
+      const r = spawnSync(process.execPath, [child, dir, checkpoint ? '1' : '0', String(T), String(reps), String(warmup)], {
         encoding: 'utf8',
         timeout: 600_000,
       });
@@ -69,10 +74,14 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       runs[key].push(JSON.parse(r.stdout.trim().split('\n').pop()!) as OwnRun);
       if (!py) continue;
       log(`train: PyTorch 2 + PEFT, sequence ${T}, checkpointing ${key} (own process, ${of})`);
-      const q = spawnSync(py, [script, dir, checkpoint ? '1' : '0', String(T), String(quick ? 1 : 2), String(availableParallelism())], {
-        encoding: 'utf8',
-        timeout: 900_000,
-      });
+      const q = spawnSync(
+        py,
+        [script, dir, checkpoint ? '1' : '0', String(T), String(reps), String(availableParallelism()), String(warmup)],
+        {
+          encoding: 'utf8',
+          timeout: 900_000,
+        },
+      );
       if (q.status !== 0)
         throw new SlmError(
           'NATIVE_ERROR',

@@ -27,13 +27,20 @@ t.test(
       });
       t.equal(r.status, 0, r.status === 0 ? 'the peer exits 0' : r.stderr.slice(-2000));
       const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
-      t.match(out, { step_s: Number, peak_MiB: Number, loaded_MiB: Number, torch: /^2\./, loss: Number });
+      t.match(out, { step_s: Number, steps_warmup: 1, steps_timed: 1, peak_MiB: Number, loaded_MiB: Number, torch: /^2\./, loss: Number });
       t.ok(
         out.step_s > 0 && out.peak_MiB >= out.loaded_MiB && Number.isFinite(out.loss),
         `checkpointing ${ckpt === '1' ? 'on' : 'off'}: step ${out.step_s.toFixed(3)} s, loss ${out.loss}`,
       );
       losses.push(out.loss);
     }
+    // The warm-up steps (argv 6) are run untimed before the timed ones; the default is one.
+    const w = spawnSync(py!, [join(repoRoot, 'bench', 'peft_step.py'), dir, '0', '64', '3', '1', '2'], {
+      encoding: 'utf8',
+      timeout: 240_000,
+    });
+    t.equal(w.status, 0, w.status === 0 ? 'the peer exits 0 with 2 warm-up steps' : w.stderr.slice(-2000));
+    t.match(JSON.parse(w.stdout.trim().split('\n').pop()!), { steps_warmup: 2, steps_timed: 3 }, '2 warm-up steps, then the 3 timed');
     // The loss is computed after one AdamW step at lr 1e-5 from a fresh adapter (B = 0): both runs
     // start from the same weights and take the same step, so checkpointing must not change it.
     t.ok(Math.abs(losses[0] - losses[1]) < 1e-4, `checkpointing changes nothing but memory (losses ${losses.join(' vs ')})`);
