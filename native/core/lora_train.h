@@ -4,8 +4,8 @@
 // backward's Bᵀ and Aᵀ gradients reduce over the rows to r columns. BLAS threads each call across
 // the cores, and on products this small the threads' hand-offs cost more than they share: OpenBLAS
 // 0.3.21 on 2 cores of an AMD EPYC (Zen 4) ran x Aᵀ (512 x 512 by r 16) at 22-56 GFLOP/s with 2
-// threads and 74 with one, the Bᵀ gradient at 21 against 68 (bench/peft_step's shapes; the six
-// products took ~6 % of a 512-token LoRA step). Here each product is split by rows between the
+// threads and 74 with one, the B gradient at 21 against 68 (`bench train`'s shapes; the six
+// products took ~6 % of its 512-token LoRA step). Here each product is split by rows between the
 // threads in one parallel region, each part a single-threaded BLAS call (inside a parallel region
 // OpenBLAS's OpenMP build runs on the calling thread), and the scaling rides in the products.
 //
