@@ -7,7 +7,8 @@
 // threads and 74 with one, the B gradient at 21 against 68 (`bench train`'s shapes; the six
 // products took ~6 % of its 512-token LoRA step). Here each product is split by rows between the
 // threads in one parallel region, each part a single-threaded BLAS call (inside a parallel region
-// OpenBLAS's OpenMP build runs on the calling thread), and the scaling rides in the products.
+// OpenBLAS's OpenMP build runs on the calling thread); the forward's scaling rides in its second
+// product (BLAS's alpha), the backward's is one pass over the two r-column gradients.
 //
 // Applies to float32 CPU tensors (x [M, in], y [M, out], A [r, in], B [out, r]) in a training forward;
 // elsewhere it returns an undefined tensor and the caller runs ATen's operations (every device).
