@@ -130,10 +130,11 @@ std::string shape_str(at::IntArrayRef s) {
 }
 
 // Takes (and removes) a tensor from the checkpoint, checks its shape, and places it on the device in
-// the compute dtype: on the CPU as cpu_place_weight places it (core/cpu_weights.h: huge pages); on
-// another device `to` copies it there.
+// the compute dtype: on the CPU in the model's weight arena (core/cpu_weights.h: one mapping, huge
+// pages, load order); on another device `to` copies it there. `arena` null: checked and dropped (a
+// tied checkpoint's copy of the head), nothing placed.
 at::Tensor take(TensorMap& w, const std::string& name, std::vector<int64_t> shape, const LoadOptions& o, at::Device dev,
-                at::ScalarType dtype) {
+                at::ScalarType dtype, CpuWeightArena* arena) {
   auto it = w.tensors.find(name);
   if (it == w.tensors.end())
     fail("WEIGHTS_MISSING", "the checkpoint has no tensor '" + name + "' (expected shape " + shape_str(shape) +
@@ -147,7 +148,8 @@ at::Tensor take(TensorMap& w, const std::string& name, std::vector<int64_t> shap
          "tensor '" + name + "' has integer dtype " + std::string(c10::toString(t.scalar_type())) + "; expected F32, F16 or BF16.");
   w.tensors.erase(it);
   (void)o;
-  if (dev.is_cpu()) return cpu_place_weight(t, dtype);
+  if (!arena) return {};
+  if (dev.is_cpu()) return arena->place(t, dtype);
   return t.to(dev, dtype);
 }
 
@@ -169,7 +171,16 @@ Qwen3Model::Qwen3Model(const Qwen3Config& cfg, TensorMap&& w, const LoadOptions&
     fail("MODEL_CONFIG_INVALID",
          "num_attention_heads (" + std::to_string(nq) + ") must be a multiple of num_key_value_heads (" + std::to_string(nkv) + ").");
   if (D % 2 != 0) fail("MODEL_CONFIG_INVALID", "head_dim must be even for rotary embeddings, found " + std::to_string(D) + ".");
-  auto T = [&](const std::string& n, std::vector<int64_t> s) { return take(w, n, std::move(s), opts, device_, dtype_); };
+  // The CPU's weight arena, sized for every checkpoint tensor that is placed by copying (a tied
+  // checkpoint's copy of the head is only checked; a tensor the model does not use fails below).
+  size_t arena_bytes = 0;
+  if (device_.is_cpu())
+    for (const auto& kv : w.tensors)
+      if (!(cfg.tie_word_embeddings && kv.first == "lm_head.weight") && at::isFloatingType(kv.second.scalar_type()) &&
+          cpu_weight_copied(kv.second, dtype_))
+        arena_bytes += CpuWeightArena::slot_bytes(kv.second, dtype_);
+  CpuWeightArena arena(arena_bytes);
+  auto T = [&](const std::string& n, std::vector<int64_t> s) { return take(w, n, std::move(s), opts, device_, dtype_, &arena); };
   embed_ = T("model.embed_tokens.weight", {V, H});
   norm_ = T("model.norm.weight", {H});
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
@@ -197,7 +208,8 @@ Qwen3Model::Qwen3Model(const Qwen3Config& cfg, TensorMap&& w, const LoadOptions&
   }
   if (cfg.tie_word_embeddings) {
     lm_head_ = embed_;
-    if (w.tensors.count("lm_head.weight")) T("lm_head.weight", {V, H});  // some tied checkpoints store a copy
+    if (w.tensors.count("lm_head.weight"))
+      take(w, "lm_head.weight", {V, H}, opts, device_, dtype_, nullptr);  // some tied checkpoints store a copy
   } else {
     lm_head_ = T("lm_head.weight", {V, H});
   }
