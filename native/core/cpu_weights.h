@@ -33,7 +33,6 @@ class CpuWeightArena {
   // `t` in `dtype`: copied into the arena's next slot when cpu_weight_copied(t, dtype) and there is
   // room; otherwise t.to(dtype) (t itself when the dtype matches).
   at::Tensor place(const at::Tensor& t, at::ScalarType dtype);
-  size_t capacity() const { return bytes_; }
 
  private:
   struct Mapping;
