@@ -49,10 +49,13 @@ const normShapes = [
   { rows: 3, d: 40 },
   { rows: 2, d: 7 },
 ];
-// Per-head shapes: Qwen3's head size (half a multiple of the lanes), and one whose half is not.
+// Per-head shapes: Qwen3's head size (half a multiple of the lanes), and one whose half is not; one
+// position per row (a decode step) and several (a prefill, each position its own angles).
 const ropeShapes = [
-  { rows: 16, heads: 8, d: 64 },
-  { rows: 2, heads: 3, d: 24 },
+  { rows: 16, positions: 1, heads: 8, d: 64 },
+  { rows: 2, positions: 1, heads: 3, d: 24 },
+  { rows: 3, positions: 5, heads: 4, d: 64 },
+  { rows: 2, positions: 7, heads: 3, d: 24 },
 ];
 
 atEachLevel(
@@ -75,22 +78,66 @@ atEachLevel(
   "q/k norm + RoPE, and RoPE alone: ATen's bits when the sum of squares is exact",
   async (t) => {
     for (const dtype of dtypes)
-      for (const { rows, heads, d } of ropeShapes)
+      for (const { rows, positions, heads, d } of ropeShapes)
         for (const withNorm of [true, false]) {
-          const angles = uniform(rows * d, 7 * d, 3);
+          const angles = uniform(rows * positions * d, 7 * d + positions, 3);
           const req: Req = {
-            x: exactSum(rows * heads * d, heads * d),
+            x: exactSum(rows * positions * heads * d, heads * d + positions),
             w: withNorm ? uniform(d, 3 * d, 2) : undefined,
             cos: Float32Array.from(angles, Math.cos),
             sin: Float32Array.from(angles, Math.sin),
             rows,
+            positions,
             heads,
             d,
             dtype,
           };
           const { k, ref } = both(t, req);
-          t.equal(sameBits(k, ref), 0, `${dtype} ${rows}x${heads}x${d} ${withNorm ? 'norm + RoPE' : 'RoPE alone'}: every element ATen's`);
+          t.equal(
+            sameBits(k, ref),
+            0,
+            `${dtype} ${rows}x${positions}x${heads}x${d} ${withNorm ? 'norm + RoPE' : 'RoPE alone'}: every element ATen's`,
+          );
         }
+  },
+  { withNone: true },
+);
+
+atEachLevel(
+  t,
+  a,
+  'q/k norm + RoPE of a prefill: each position as the same row alone in a decode step, bit for bit',
+  async (t) => {
+    for (const dtype of dtypes) {
+      const rows = 3,
+        positions = 6,
+        heads = 8,
+        d = 64;
+      const x = uniform(rows * positions * heads * d, 21, 4),
+        w = uniform(d, 22, 2),
+        angles = uniform(rows * positions * d, 23, 3);
+      const cos = Float32Array.from(angles, Math.cos),
+        sin = Float32Array.from(angles, Math.sin);
+      const all = a.norm({ x, w, cos, sin, rows, positions, heads, d, dtype });
+      t.ok(all.kernel, 'the kernel ran on the prefill');
+      let diff = 0;
+      for (let r = 0; r < rows; r++)
+        for (let p = 0; p < positions; p++) {
+          const i = r * positions + p;
+          const one = a.norm({
+            x: x.subarray(i * heads * d, (i + 1) * heads * d),
+            w,
+            cos: cos.subarray(i * d, (i + 1) * d),
+            sin: sin.subarray(i * d, (i + 1) * d),
+            rows: 1,
+            heads,
+            d,
+            dtype,
+          });
+          diff += sameBits(one.y, all.y.subarray(i * heads * d, (i + 1) * heads * d));
+        }
+      t.equal(diff, 0, `${dtype}: every (row, position) of the prefill equals its decode step's values`);
+    }
   },
   { withNone: true },
 );

@@ -50,13 +50,15 @@ export interface NativeKernels {
     prefix?: number;
   }): Float32Array;
   /**
-   * A decode step's RMSNorm (x [rows, d], w [d]) or per-head RMSNorm + RoPE (x [rows, heads, d], cos/sin [rows, d], w optional: RoPE
-   * alone): the CPU kernel, or ATen's operations with the CPU kernels off; eps 1e-6. y: x's shape; kernel: whether the kernel ran. For tests.
+   * Generation's RMSNorm (x [rows, d], w [d]) or per-head RMSNorm + RoPE (x [rows, positions, heads, d], cos/sin [rows, positions, d],
+   * w optional: RoPE alone; positions default 1, a decode step; more, a prefill): the CPU kernel, or ATen's operations with the CPU
+   * kernels off; eps 1e-6. y: x's shape; kernel: whether the kernel ran. For tests.
    */
   norm(req: {
     x: Float32Array;
     w?: Float32Array;
     rows: number;
+    positions?: number;
     heads?: number;
     d: number;
     cos?: Float32Array;

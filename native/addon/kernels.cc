@@ -165,14 +165,15 @@ Napi::Value Attention(const Napi::CallbackInfo& info) {
   return out;
 }
 
-// A decode step's RMSNorm, or per-head RMSNorm + RoPE (core/cpu_norm.h): x [rows, heads, d]; w [d]
-// (optional with cos/sin: RoPE alone); cos/sin [rows, d] (absent: RMSNorm alone, heads 1). The
+// Generation's RMSNorm, or per-head RMSNorm + RoPE (core/cpu_norm.h): x [rows, positions, heads, d]
+// (positions default 1: a decode step); w [d] (optional with cos/sin: RoPE alone); cos/sin [rows,
+// positions, d] (absent: RMSNorm alone over rows x positions rows, heads 1). The
 // kernel when the CPU kernels are on, ATen's operations (rms_norm_aten, rope_aten) when they are off;
 // float32 or bfloat16 (inputs rounded to it). Returns { y: the result as float32, kernel: whether the
 // kernel ran }. For tests.
 Napi::Value Norm(const Napi::CallbackInfo& info) {
   auto env = info.Env();
-  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "norm expects { x, w, rows, heads, d, cos, sin, dtype }.");
+  if (!info[0].IsObject()) throw_error(env, "ARGUMENT_INVALID", "norm expects { x, w, rows, positions, heads, d, cos, sin, dtype }.");
   auto o = info[0].As<Napi::Object>();
   const auto dim = [&](const char* key) {
     auto x = o.Get(key);
@@ -180,7 +181,8 @@ Napi::Value Norm(const Napi::CallbackInfo& info) {
       throw_error(env, "ARGUMENT_INVALID", std::string("norm: '") + key + "' must be a positive integer.");
     return x.As<Napi::Number>().Int64Value();
   };
-  const int64_t R = dim("rows"), n = o.Get("heads").IsUndefined() ? 1 : dim("heads"), D = dim("d");
+  const int64_t R = dim("rows"), T = o.Get("positions").IsUndefined() ? 1 : dim("positions"), n = o.Get("heads").IsUndefined() ? 1 : dim("heads"),
+                D = dim("d");
   const std::string dt = o.Get("dtype").IsString() ? o.Get("dtype").As<Napi::String>().Utf8Value() : "float32";
   if (dt != "float32" && dt != "bfloat16")
     throw_error(env, "ARGUMENT_INVALID", "norm: dtype must be float32 or bfloat16, found '" + dt + "'.");
@@ -195,26 +197,26 @@ Napi::Value Norm(const Napi::CallbackInfo& info) {
     return at::from_blob(x.As<Napi::Float32Array>().Data(), {len}, at::kFloat).to(st);
   };
   at::NoGradGuard ng;
-  const auto x = floats("x", R * n * D), w = floats("w", D), c = floats("cos", R * D), s = floats("sin", R * D);
+  const auto x = floats("x", R * T * n * D), w = floats("w", D), c = floats("cos", R * T * D), s = floats("sin", R * T * D);
   if (!x.defined() || c.defined() != s.defined() || (!c.defined() && (!w.defined() || n != 1)))
     throw_error(env, "ARGUMENT_INVALID", "norm: give x and w (RMSNorm, heads 1), or x, cos and sin (and w for the per-head norm).");
   const double eps = 1e-6;
   at::Tensor y;
   bool kernel = false;  // whether the kernel ran (else ATen's operations)
   if (!c.defined()) {
-    const auto xs = x.view({R, 1, D});
+    const auto xs = x.view({R, T, D});
     y = slm::cpu_rms_norm(xs, w, eps);
     kernel = y.defined();
     if (!kernel) y = slm::rms_norm_aten(xs, w, eps);
   } else {
-    const auto xs = x.view({R, 1, n, D}), cs = c.view({R, 1, 1, D}), ss = s.view({R, 1, 1, D});
+    const auto xs = x.view({R, T, n, D}), cs = c.view({R, T, 1, D}), ss = s.view({R, T, 1, D});
     y = slm::cpu_norm_rope(xs, w, cs, ss, eps);
     kernel = y.defined();
     if (!kernel) y = slm::rope_aten(w.defined() ? slm::rms_norm_aten(xs, w, eps) : xs, cs, ss);
   }
   y = y.to(at::kFloat).contiguous();
-  auto out = Napi::Float32Array::New(env, static_cast<size_t>(R * n * D));
-  std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * R * n * D);
+  auto out = Napi::Float32Array::New(env, static_cast<size_t>(R * T * n * D));
+  std::memcpy(out.Data(), y.data_ptr<float>(), sizeof(float) * R * T * n * D);
   auto r = Napi::Object::New(env);
   r.Set("y", out);
   r.Set("kernel", Napi::Boolean::New(env, kernel));

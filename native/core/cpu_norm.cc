@@ -132,7 +132,7 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& w, float eps) {
 
 template <class T>
 at::Tensor norm_rope_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& cos, const at::Tensor& sin, float eps) {
-  const int64_t B = x.size(0), n = x.size(2), D = x.size(3);
+  const int64_t B = x.size(0) * x.size(1), n = x.size(2), D = x.size(3);  // B: the (row, position) pairs
   auto y = at::empty_like(x);
   const T* xp = x.data_ptr<T>();
   const T* wp = w.defined() ? w.data_ptr<T>() : nullptr;
@@ -184,11 +184,11 @@ at::Tensor cpu_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 }
 
 at::Tensor cpu_norm_rope(const at::Tensor& x, const at::Tensor& w, const at::Tensor& cos, const at::Tensor& sin, double eps) {
-  if (!usable(x) || x.dim() != 4 || x.size(1) != 1 || x.size(3) % 2 != 0) return {};
-  const int64_t B = x.size(0), D = x.size(3);
+  if (!usable(x) || x.dim() != 4 || x.size(3) % 2 != 0) return {};
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(3);
   if (w.defined() && (!same(w, x) || w.dim() != 1 || w.size(0) != D)) return {};
   for (const auto* t : {&cos, &sin})
-    if (!same(*t, x) || t->numel() != B * D || t->size(0) != B || t->size(-1) != D) return {};
+    if (!same(*t, x) || t->numel() != B * T * D || t->size(0) != B || t->size(-1) != D) return {};
   const float e = static_cast<float>(eps);
   return x.scalar_type() == at::kFloat ? norm_rope_rows<float>(x, w, cos, sin, e) : norm_rope_rows<c10::BFloat16>(x, w, cos, sin, e);
 }

@@ -270,7 +270,7 @@ at::Tensor rms_norm_aten(const at::Tensor& x, const at::Tensor& w, double eps) {
 at::Tensor Qwen3Model::rms_norm(const at::Tensor& x, const at::Tensor& w) const { return rms_norm_aten(x, w, cfg_.rms_norm_eps); }
 
 at::Tensor Qwen3Model::norm(const at::Tensor& x, const at::Tensor& w, const ForwardOptions& o) const {
-  if (o.kernels && !o.train && x.dim() == 3 && x.size(1) == 1) {  // a decode step: the CPU kernel when it applies
+  if (o.kernels && !o.train && x.dim() == 3) {  // generation (a decode step, a prefill): the CPU kernel when it applies
     auto y = cpu_rms_norm(x, w, cfg_.rms_norm_eps);
     if (y.defined()) return y;
   }
@@ -294,13 +294,13 @@ at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const
   auto k = L.k.forward(x, fo).view({B, T, nkv, D});
   auto v = L.v.forward(x, fo).view({B, T, nkv, D});
   at::Tensor qr, kr;
-  if (T == 1 && fo.kernels && !fo.train) {  // a decode step: norm + RoPE fused on the CPU when it applies
+  if (fo.kernels && !fo.train) {  // generation: norm + RoPE fused on the CPU when it applies
     const auto none = at::Tensor();
     qr = cpu_norm_rope(q, cfg_.arch.qk_norm ? L.q_norm : none, cos, sin, cfg_.rms_norm_eps);
     kr = qr.defined() ? cpu_norm_rope(k, cfg_.arch.qk_norm ? L.k_norm : none, cos, sin, cfg_.rms_norm_eps) : none;
   }
   if (qr.defined() && kr.defined()) {
-    q = qr.transpose(1, 2);  // [B, nq, 1, D], contiguous (T = 1)
+    q = T == 1 ? qr.transpose(1, 2) : qr.transpose(1, 2).contiguous();  // [B, nq, T, D] (T = 1: already contiguous)
     k = kr.transpose(1, 2);
   } else {
     if (cfg_.arch.qk_norm) {
@@ -336,7 +336,7 @@ at::Tensor Qwen3Model::layer_forward(int64_t layer, const at::Tensor& h0, const 
   const auto u = L.up.forward(x, in.opts);
   const auto g = L.gate.forward(x, in.opts);
   at::Tensor a;
-  if (in.opts.kernels && !in.opts.train && x.size(1) == 1) a = cpu_silu_mul(g, u);  // a decode step: the CPU kernel when it applies
+  if (in.opts.kernels && !in.opts.train) a = cpu_silu_mul(g, u);  // generation: the CPU kernel when it applies
   if (!a.defined()) a = at::silu(g) * u;
   return h + L.down.forward(a, in.opts);
 }
