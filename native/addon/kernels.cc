@@ -181,8 +181,8 @@ Napi::Value Norm(const Napi::CallbackInfo& info) {
       throw_error(env, "ARGUMENT_INVALID", std::string("norm: '") + key + "' must be a positive integer.");
     return x.As<Napi::Number>().Int64Value();
   };
-  const int64_t R = dim("rows"), T = o.Get("positions").IsUndefined() ? 1 : dim("positions"), n = o.Get("heads").IsUndefined() ? 1 : dim("heads"),
-                D = dim("d");
+  const int64_t R = dim("rows"), T = o.Get("positions").IsUndefined() ? 1 : dim("positions"),
+                n = o.Get("heads").IsUndefined() ? 1 : dim("heads"), D = dim("d");
   const std::string dt = o.Get("dtype").IsString() ? o.Get("dtype").As<Napi::String>().Utf8Value() : "float32";
   if (dt != "float32" && dt != "bfloat16")
     throw_error(env, "ARGUMENT_INVALID", "norm: dtype must be float32 or bfloat16, found '" + dt + "'.");

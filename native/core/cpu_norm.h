@@ -2,7 +2,7 @@
 // and prefills): one loop each instead of the chain of small ATen operations (cast, square, mean,
 // rsqrt, multiply, cast, multiply; RoPE's multiply, negate, concatenate, multiply, add; silu,
 // multiply) whose per-call cost dominates at a handful of rows (about 50 such calls per layer and
-// step), and whose passes over memory cost a prefill 6-11 % of its time (512 tokens, `small` preset,
+// step), and whose passes over memory cost a prefill 4-11 % of its time (512 tokens, `small` preset,
 // 2-core Zen 4, 2026-11-27). Same arithmetic and the same roundings as the ATen path (bfloat16 results
 // rounded where ATen rounds them); sums in float32, in another order than ATen's (the tests say how
 // close). Each row's result depends on that row alone, whatever the batch or the number of positions.
