@@ -300,7 +300,7 @@ at::Tensor Qwen3Model::attention(const Qwen3Layer& L, const at::Tensor& x, const
     kr = qr.defined() ? cpu_norm_rope(k, cfg_.arch.qk_norm ? L.k_norm : none, cos, sin, cfg_.rms_norm_eps) : none;
   }
   if (qr.defined() && kr.defined()) {
-    q = T == 1 ? qr.transpose(1, 2) : qr.transpose(1, 2).contiguous();  // [B, nq, T, D] (T = 1: already contiguous)
+    q = qr.transpose(1, 2).contiguous();  // [B, nq, T, D] (at T = 1 already contiguous: no copy)
     k = kr.transpose(1, 2);
   } else {
     if (cfg_.arch.qk_norm) {
