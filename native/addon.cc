@@ -21,6 +21,7 @@
 #include "core/cpu_cache.h"
 #include "core/cpu_gemm.h"
 #include "core/cpu_isa.h"
+#include "core/cpu_norm.h"
 #include "core/qwen3.h"
 
 namespace slm_addon {
@@ -97,6 +98,24 @@ Napi::Value SetCpuIsa(const Napi::CallbackInfo& info) {
   return Napi::String::New(env, slm::cpu_isa_name(slm::set_cpu_isa_cap(cap)));
 }
 
+// How often the fused norm / RoPE / SiLU-gate kernels ran in this process and over how many positions
+// (core/cpu_norm.h): tests check with it that a prefill, not only a decode step, goes through them.
+Napi::Value CpuNormCounts(const Napi::CallbackInfo& info) {
+  auto env = info.Env();
+  const auto c = slm::cpu_norm_counts();
+  auto o = Napi::Object::New(env);
+  const auto put = [&](const char* name, const slm::CpuNormCount& k) {
+    auto x = Napi::Object::New(env);
+    x.Set("calls", Napi::Number::New(env, static_cast<double>(k.calls)));
+    x.Set("positions", Napi::Number::New(env, static_cast<double>(k.positions)));
+    o.Set(name, x);
+  };
+  put("rmsNorm", c.rms_norm);
+  put("normRope", c.norm_rope);
+  put("siluMul", c.silu_mul);
+  return o;
+}
+
 Napi::Value Version(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto o = Napi::Object::New(env);
@@ -131,6 +150,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("losses", slm_addon::Losses(env));
   exports.Set("externalMemory", Napi::Function::New(env, ExternalMemory));
   exports.Set("cpuCacheStats", Napi::Function::New(env, CpuCacheStats));
+  exports.Set("cpuNormCounts", Napi::Function::New(env, CpuNormCounts));
   exports.Set("measure", Napi::Function::New(env, slm_addon::Measure));
   exports.Set("loadModel", Napi::Function::New(env, slm_addon::ModelWrap::Load));
   exports.Set("NativeModel", slm_addon::ModelWrap::Define(env));

@@ -79,3 +79,48 @@ atEachLevel(t, a, 'qwen3 float32, 80 rows: the norms split between threads, kern
   }
   t.ok(worst < 2e-5, `log-probs within 2e-5 of ATen's (worst ${worst.toExponential(2)})`);
 });
+
+// Plumbing: a prefill (several positions per row), not only a decode step, goes through the fused
+// RMSNorm, q/k norm + RoPE and SiLU-gate kernels, counted by the addon per call and per position. Per
+// forward of B rows x T positions through L layers: 2L + 1 RMSNorms (two per layer, the final one),
+// 2L norm + RoPE calls (q and k), L gates, each over B x T positions. Three rows of different lengths
+// with different first tokens (no shared prefix), left-padded to the longest.
+t.test('a prefill and each decode step go through the fused norm kernels (counted), none with the kernels off', async (t) => {
+  const dir = join(root, 'qwen3');
+  for (const dtype of ['float32', 'bfloat16'] as const) {
+    const m = await Model.load(dir, { dtype });
+    const L = 2; // the tiny preset's layers
+    const B = prompts.length,
+      T = Math.max(...prompts.map((p) => p.length));
+    const delta = async (maxNewTokens: number) => {
+      const before = a.cpuNormCounts();
+      await m.generate({ prompts, maxNewTokens, greedy: true });
+      const after = a.cpuNormCounts();
+      const d = (k: keyof typeof before) => ({
+        calls: after[k].calls - before[k].calls,
+        positions: after[k].positions - before[k].positions,
+      });
+      return { rmsNorm: d('rmsNorm'), normRope: d('normRope'), siluMul: d('siluMul') };
+    };
+    try {
+      a.setCpuKernels(true);
+      const forwards = (steps: number) => ({
+        rmsNorm: { calls: (2 * L + 1) * (1 + steps), positions: (2 * L + 1) * B * (T + steps) },
+        normRope: { calls: 2 * L * (1 + steps), positions: 2 * L * B * (T + steps) },
+        siluMul: { calls: L * (1 + steps), positions: L * B * (T + steps) },
+      });
+      t.same(await delta(1), forwards(0), `${dtype}: one new token = the prefill alone, ${B} rows x ${T} positions, through the kernels`);
+      t.same(await delta(4), forwards(3), `${dtype}: four new tokens = the prefill and three decode steps of ${B} rows`);
+      a.setCpuKernels(false);
+      const off = await delta(4);
+      t.same(
+        off,
+        { rmsNorm: { calls: 0, positions: 0 }, normRope: { calls: 0, positions: 0 }, siluMul: { calls: 0, positions: 0 } },
+        `${dtype}: with the CPU kernels off no kernel runs`,
+      );
+    } finally {
+      a.setCpuKernels(true);
+      m.dispose();
+    }
+  }
+});

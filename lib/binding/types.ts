@@ -380,6 +380,11 @@ export interface NativeAddon extends NativeKernels {
   version(): NativeVersion;
   /** The CPU tensors' caching allocator's counters; release: true frees its cached blocks first. */
   cpuCacheStats(opts?: { release?: boolean }): NativeCpuCacheStats;
+  /**
+   * How often the fused RMSNorm, q/k norm + RoPE and SiLU-gate kernels of generation ran in this process, and over how many
+   * positions (rows x positions: a decode step of B rows adds B, a prefill of B rows x T tokens B * T). For tests of which path runs.
+   */
+  cpuNormCounts(): Record<'rmsNorm' | 'normRope' | 'siluMul', { calls: number; positions: number }>;
   /** Allows (true, the default) or forbids the CPU kernels (small-row linear layers, fused sampler, attention): false = ATen's generic path; for benchmarks and tests. */
   setCpuKernels(on: boolean): void;
   /** Caps the CPU kernels' instruction set (a level above the CPU's gives the CPU's); returns the level in force. For tests and benchmarks. */

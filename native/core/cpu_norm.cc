@@ -1,4 +1,4 @@
-// RMSNorm and RoPE of a decode step on the CPU (see cpu_norm.h).
+// RMSNorm, RoPE and the SiLU gate of generation on the CPU (see cpu_norm.h).
 #include "core/cpu_norm.h"
 
 #include "core/cpu_gemm.h"
@@ -9,6 +9,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -175,12 +176,26 @@ bool same(const at::Tensor& a, const at::Tensor& x) {
          !(at::GradMode::is_enabled() && a.requires_grad());
 }
 
+struct Counter {
+  std::atomic<uint64_t> calls{0}, positions{0};
+  at::Tensor add(at::Tensor y, int64_t positions_) {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    positions.fetch_add(static_cast<uint64_t>(positions_), std::memory_order_relaxed);
+    return y;
+  }
+  CpuNormCount get() const { return {calls.load(std::memory_order_relaxed), positions.load(std::memory_order_relaxed)}; }
+};
+Counter rms_count, rope_count, silu_count;
+
 }  // namespace
+
+CpuNormCounts cpu_norm_counts() { return {rms_count.get(), rope_count.get(), silu_count.get()}; }
 
 at::Tensor cpu_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   if (!usable(x) || x.dim() < 1 || !same(w, x) || w.dim() != 1 || w.size(0) != x.size(-1)) return {};
   const float e = static_cast<float>(eps);
-  return x.scalar_type() == at::kFloat ? rms_norm_rows<float>(x, w, e) : rms_norm_rows<c10::BFloat16>(x, w, e);
+  return rms_count.add(x.scalar_type() == at::kFloat ? rms_norm_rows<float>(x, w, e) : rms_norm_rows<c10::BFloat16>(x, w, e),
+                       x.numel() / x.size(-1));
 }
 
 at::Tensor cpu_norm_rope(const at::Tensor& x, const at::Tensor& w, const at::Tensor& cos, const at::Tensor& sin, double eps) {
@@ -190,12 +205,14 @@ at::Tensor cpu_norm_rope(const at::Tensor& x, const at::Tensor& w, const at::Ten
   for (const auto* t : {&cos, &sin})
     if (!same(*t, x) || t->numel() != B * T * D || t->size(0) != B || t->size(-1) != D) return {};
   const float e = static_cast<float>(eps);
-  return x.scalar_type() == at::kFloat ? norm_rope_rows<float>(x, w, cos, sin, e) : norm_rope_rows<c10::BFloat16>(x, w, cos, sin, e);
+  return rope_count.add(
+      x.scalar_type() == at::kFloat ? norm_rope_rows<float>(x, w, cos, sin, e) : norm_rope_rows<c10::BFloat16>(x, w, cos, sin, e), B * T);
 }
 
 at::Tensor cpu_silu_mul(const at::Tensor& g, const at::Tensor& u) {
   if (!usable(g) || g.dim() < 1 || g.size(-1) < 1 || !same(u, g) || !u.sizes().equals(g.sizes())) return {};
-  return g.scalar_type() == at::kFloat ? silu_mul_rows<float>(g, u) : silu_mul_rows<c10::BFloat16>(g, u);
+  return silu_count.add(g.scalar_type() == at::kFloat ? silu_mul_rows<float>(g, u) : silu_mul_rows<c10::BFloat16>(g, u),
+                        g.numel() / g.size(-1));
 }
 
 }  // namespace slm

@@ -12,6 +12,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <cstdint>
+
 namespace slm {
 
 // w * (x / sqrt(mean(x^2) + eps)) over the last dimension; x contiguous, w [H] of x's dtype.
@@ -25,5 +27,17 @@ at::Tensor cpu_norm_rope(const at::Tensor& x, const at::Tensor& w, const at::Ten
 // g / (1 + exp(-g)) in float32 with the vector exp of core/simd.h, each product rounded to the dtype
 // where ATen rounds it.
 at::Tensor cpu_silu_mul(const at::Tensor& g, const at::Tensor& u);
+
+// How often each kernel ran in this process (calls that returned a result) and over how many
+// positions (rows x positions: a decode step of B rows adds B, a prefill of B rows x T tokens B * T).
+// Relaxed counters, for tests that check which path generation takes (a prefill through the kernels,
+// not only a decode step).
+struct CpuNormCount {
+  uint64_t calls = 0, positions = 0;
+};
+struct CpuNormCounts {
+  CpuNormCount rms_norm, norm_rope, silu_mul;
+};
+CpuNormCounts cpu_norm_counts();
 
 }  // namespace slm
