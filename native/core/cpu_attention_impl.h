@@ -12,43 +12,6 @@ constexpr int W = V::W;
 constexpr int ND_MAX = W == 16 ? 4 : 2;
 constexpr int CH = ND_MAX * W;
 
-// acc[r * lda + ..] (r < rows <= 4; W * ND values from d0) += sum over keys j in [j0, S) of
-// p[r * ldp + j - j0] * v[j][d0 ..], key by key in order (the masked ones skipped when `skip`): one
-// fused multiply-add per key and value, as an accumulator in memory would take them, here in
-// registers (the loops unrolled, every accumulator indexed at compile time).
-template <int ND, class T>
-inline void weighted_heads(const float* p, int64_t ldp, int rows, const Keys<T>& kv, int64_t j0, int64_t S, const float* mask, bool skip,
-                           int64_t d0, float* acc, int64_t lda) {
-  constexpr float kLowest = std::numeric_limits<float>::lowest();
-  const float* pr[4];
-  typename V::F a[4][ND];
-#pragma GCC unroll 4
-  for (int r = 0; r < 4; ++r) {
-    pr[r] = p + (r < rows ? r : 0) * ldp;  // absent heads repeat head 0; their sums are not stored
-#pragma GCC unroll 4
-    for (int c = 0; c < ND; ++c) a[r][c] = r < rows ? V::load(acc + r * lda + W * c) : V::zero();
-  }
-  for (int64_t j = j0; j < S; ++j) {
-    if (skip && mask[j] == kLowest) continue;
-    const T* vj = kv.value(j) + d0;
-    typename V::F vv[ND];
-#pragma GCC unroll 4
-    for (int c = 0; c < ND; ++c) vv[c] = ld(vj + W * c);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) {
-      const typename V::F pj = V::set1(pr[r][j - j0]);
-#pragma GCC unroll 4
-      for (int c = 0; c < ND; ++c) a[r][c] = V::fmadd(pj, vv[c], a[r][c]);
-    }
-  }
-  alignas(64) float tmp[4][ND * W];
-#pragma GCC unroll 4
-  for (int r = 0; r < 4; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < ND; ++c) V::store(tmp[r] + W * c, a[r][c]);
-  for (int r = 0; r < rows; ++r) std::memcpy(acc + r * lda, tmp[r], sizeof(float) * ND * W);
-}
-
 // One query position of the R query heads of one KV head: q (R rows, stride g.q_head), keys and
 // values (S positions), mask (S), out (R rows of D, stride g.o_head). `scratch` holds R*S + 2*R*D + R
 // floats. With `st` (a cascade decode), keys [0, j0) were done already: st[r * st_r] holds their
@@ -66,37 +29,20 @@ void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geom
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(q[r * g.q_head + d]);
   // Scores: q·k * scale + mask, as ATen orders it; a masked key keeps the lowest float (its key is not read).
-  // Four unmasked keys at a time (independent sums, each key's arithmetic as if alone).
   int64_t unmasked = 0;
-  int64_t js[4];
-  int nj = 0;
-  const auto scores = [&] {
-    const T* kj[4];
-#pragma GCC unroll 4
-    for (int x = 0; x < 4; ++x) kj[x] = kv.key(js[x < nj ? x : 0]);
-    for (int64_t r = 0; r < R; ++r) {
-      typename V::F s[4];
-#pragma GCC unroll 4
-      for (int x = 0; x < 4; ++x) s[x] = V::zero();
-      for (int64_t d = 0; d < D; d += W) {
-        const typename V::F qd = V::load(qf + r * D + d);
-#pragma GCC unroll 4
-        for (int x = 0; x < 4; ++x) s[x] = V::fmadd(qd, ld(kj[x] + d), s[x]);
-      }
-      for (int x = 0; x < nj; ++x) sc[r * n + js[x] - j0] = V::reduce_add(s[x]) * g.scale + mask[js[x]];
-    }
-    nj = 0;
-  };
   for (int64_t j = j0; j < S; ++j) {
     if (mask[j] == kLowest) {
       for (int64_t r = 0; r < R; ++r) sc[r * n + j - j0] = kLowest;
       continue;
     }
     ++unmasked;
-    js[nj++] = j;
-    if (nj == 4) scores();
+    const T* kj = kv.key(j);
+    for (int64_t r = 0; r < R; ++r) {
+      typename V::F s = V::zero();
+      for (int64_t d = 0; d < D; d += W) s = V::fmadd(V::load(qf + r * D + d), ld(kj + d), s);
+      sc[r * n + j - j0] = V::reduce_add(s) * g.scale + mask[j];
+    }
   }
-  if (nj > 0) scores();
   // Softmax per query head (a fully masked row: every score the lowest float, a uniform
   // distribution, as ATen gives). With a prior state, both parts are rescaled to the larger maximum.
   std::memset(acc, 0, sizeof(float) * R * D);
@@ -115,28 +61,14 @@ void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geom
   }
   // out = (sum_j p_j v_j) / sum_j p_j, accumulated in float32. Masked keys are not read (their p is
   // exp(lowest - max): 0, or the vectorised exp's smallest denormal), unless every key is masked.
-  // Up to 4 query heads x CH values at a time, their sums in registers over the keys in order.
-  const bool skip = unmasked > 0 || st;
-  for (int64_t r0 = 0; r0 < R; r0 += 4) {
-    const int rows = static_cast<int>(std::min<int64_t>(4, R - r0));
-    for (int64_t d0 = 0; d0 < D; d0 += CH) {
-      const int64_t nd = std::min<int64_t>(CH, D - d0) / W;
-      float* a = acc + r0 * D + d0;
-      const float* p = sc + r0 * n;
-      if constexpr (ND_MAX == 4) {
-        if (nd == 4)
-          weighted_heads<4>(p, n, rows, kv, j0, S, mask, skip, d0, a, D);
-        else if (nd == 3)
-          weighted_heads<3>(p, n, rows, kv, j0, S, mask, skip, d0, a, D);
-        else if (nd == 2)
-          weighted_heads<2>(p, n, rows, kv, j0, S, mask, skip, d0, a, D);
-        else
-          weighted_heads<1>(p, n, rows, kv, j0, S, mask, skip, d0, a, D);
-      } else {
-        if (nd == 2)
-          weighted_heads<2>(p, n, rows, kv, j0, S, mask, skip, d0, a, D);
-        else
-          weighted_heads<1>(p, n, rows, kv, j0, S, mask, skip, d0, a, D);
+  for (int64_t j = j0; j < S; ++j) {
+    if ((unmasked > 0 || st) && mask[j] == kLowest) continue;
+    const T* vj = kv.value(j);
+    for (int64_t d = 0; d < D; d += W) {
+      const typename V::F vv = ld(vj + d);
+      for (int64_t r = 0; r < R; ++r) {
+        float* a = acc + r * D + d;
+        V::store(a, V::fmadd(V::set1(sc[r * n + j - j0]), vv, V::load(a)));
       }
     }
   }
