@@ -73,9 +73,8 @@ const cases: Case[] = [
   { b: 4, nq: 16, nkv: 4, s: 129, d: 64, capacity: 129 },
   { b: 2, nq: 8, nkv: 1, s: 300, d: 16, capacity: 310 },
   { b: 5, nq: 6, nkv: 2, s: 17, d: 32, capacity: 20 },
-  // A decode step's weighted sum of values goes 4 query heads x 64 values (AVX-512; 16 with AVX2) at a
-  // time: 8 query heads per KV head with head size 128 (two blocks of heads, two of values), and 3 heads
-  // of size 48 (three vectors, a partial block of heads).
+  // Decode steps (one position) with 8 query heads per KV head at head size 128 (Qwen3-4B's head size),
+  // and 3 per KV head at head size 48 (three AVX-512 vectors, six AVX2 ones: not a power of two).
   { b: 2, nq: 16, nkv: 2, s: 70, d: 128, capacity: 80 },
   { b: 3, nq: 6, nkv: 2, s: 45, d: 48, capacity: 50 },
   { b: 3, nq: 8, nkv: 4, s: 90, d: 64, capacity: 100, t: 12 },

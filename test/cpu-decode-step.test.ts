@@ -89,7 +89,7 @@ t.test('a prefill and each decode step go through the fused norm kernels (counte
   const dir = join(root, 'qwen3');
   for (const dtype of ['float32', 'bfloat16'] as const) {
     const m = await Model.load(dir, { dtype });
-    const L = 2; // the tiny preset's layers
+    const L = m.config.num_hidden_layers;
     const B = prompts.length,
       T = Math.max(...prompts.map((p) => p.length));
     const delta = async (maxNewTokens: number) => {
