@@ -9,7 +9,8 @@ speed does not depend on the values), tied head, bfloat16, eval mode for generat
   decode_b1 / decode_batch: model.generate on one prompt / `questions` prompts each repeated k times
     (num_return_sequences), do_sample at temperature 1, min_new_tokens = max_new_tokens (every row runs
     the same number of steps as gpu_check's rows, which have no stop token); one warm-up call first;
-    step_ms = (wall time - the prefill's time, measured apart) / steps, as gpu_check reports its own.
+    step_ms = (wall time - the prefill's time, measured apart) / steps, as gpu_check reports its own,
+    the wall time the median of 3 calls.
   prefill_short / prefill_long: model(input_ids, logits_to_keep=1) under no_grad, median of 3 after a
     warm-up.
   lora_step: PEFT r 16 / alpha 32 on q/k/v/o (dropout 0), gradient checkpointing as transformers
@@ -124,11 +125,14 @@ def decode(questions, k):
         model.generate(ids, **kw)  # warm-up
         pre = prefill_ms(ids.repeat_interleave(k, dim=0))
         reset_peak()
-        sync()
-        t0 = time.perf_counter()
-        o = model.generate(ids, **kw)
-        sync()
-        wall = time.perf_counter() - t0
+        walls = []
+        for _ in range(3):  # the median of 3, as the prefill's: one stalled call on a shared machine moves neither
+            sync()
+            t0 = time.perf_counter()
+            o = model.generate(ids, **kw)
+            sync()
+            walls.append(time.perf_counter() - t0)
+        wall = median(walls)
     gen = int((o.shape[1] - PROMPT) * o.shape[0])
     steps = o.shape[1] - PROMPT - 1
     return {

@@ -214,8 +214,14 @@ t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || f
   const peer = rep.peer;
   if (hasHf)
     t.ok(
-      peer && peer.decode_b1.step_ms > 0 && peer.decode_batch.batch === 8 && (!hasPeft || (peer.lora_step?.ms ?? 0) > 0),
-      "transformers' peer ran on the same shape",
+      peer &&
+        peer.decode_b1.batch === 1 &&
+        peer.decode_b1.generated === peer.decode_b1.new_tokens &&
+        peer.decode_batch.batch === 8 &&
+        peer.decode_batch.generated === 8 * peer.decode_batch.new_tokens &&
+        Number.isFinite(peer.decode_b1.step_ms) &&
+        (!hasPeft || (peer.lora_step?.ms ?? 0) > 0),
+      "transformers' peer ran on the same shape (every row's tokens generated)",
     );
   t.match(r.stdout, /benchmark: tiny model/, 'the benchmark table is printed');
   t.end();
