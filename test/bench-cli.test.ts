@@ -11,10 +11,19 @@ t.test('bench retrieval --quick --out: JSON with the serve-retriever load test b
   const out = join(dir, 'bench.json');
   const readme = join(dir, 'README.md');
   writeFileSync(readme, '# x\n\nbefore\n\n<!-- bench -->\nold tables\n<!-- /bench -->\n\nafter\n');
-  const r = await runCliAsync(['bench', 'retrieval', '--quick', '--out', out, '--readme', readme], { timeout: 300_000 });
+  // Run as on an AVX2-only CPU (README: "The whole suite also runs capped"): the report says what ran.
+  const caps = { SLM_TRAIN_CPU_ISA: 'avx2', ATEN_CPU_CAPABILITY: 'avx2', OPENBLAS_CORETYPE: 'HASWELL' };
+  const r = await runCliAsync(['bench', 'retrieval', '--quick', '--out', out, '--readme', readme], { timeout: 300_000, env: caps });
   t.equal(r.code, 0, r.stderr.slice(-2000));
   const doc = JSON.parse(readFileSync(out, 'utf8'));
   t.match(doc, { quick: true, machine: /cores/, seconds: { retrieval: Number, total: Number } });
+  const detected = native().version().cpuIsaDetected;
+  const level = detected === 'none' ? 'none' : 'avx2';
+  t.same(
+    doc.software,
+    { kernels: level, detected, aten: 'AVX2', openblas_coretype: 'HASWELL', cap: 'avx2' },
+    'the JSON names the kernels, ATen and OpenBLAS levels the run had',
+  );
   const s = doc.reports.retrieval.serve_retriever;
   t.ok(s.in_process_searches_per_s > 0, 'the limit, measured in the same run');
   t.same(
@@ -30,6 +39,13 @@ t.test('bench retrieval --quick --out: JSON with the serve-retriever load test b
   }
   const md = readFileSync(join(dir, 'bench.md'), 'utf8');
   t.match(md, /the benchmarks took retrieval [\d.]+ s; total [\d.]+ s/);
+  const head = md.split('\n')[0];
+  t.ok(
+    head.includes(
+      `; CPU kernels ${level}${level === detected ? '' : ` (SLM_TRAIN_CPU_ISA=avx2; the CPU has ${detected})`}, ATen AVX2, OpenBLAS HASWELL (--quick);`,
+    ),
+    `the table's header says so too: ${head}`,
+  );
   t.match(md, /\| concurrent clients \| requests\/s \| p50 ms \| p99 ms \| errors \|/);
   t.equal(r.stdout.trim(), md.trim(), 'stdout is the table');
   t.equal(

@@ -91,6 +91,42 @@ function machineLine(): string {
   return `${new Date().toISOString().slice(0, 10)}, ${cpu}${flags.length ? ` (${flags.join(', ')})` : ''}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB`;
 }
 
+/** What ran the figures: the engine's CPU kernels, ATen's and OpenBLAS's instruction sets, and the caps set. */
+export interface BenchSoftware {
+  /** The engine's CPU kernels' level in force (doctor's "CPU kernels") and the one the CPU has. */
+  kernels: string;
+  detected: string;
+  /** ATen's CPU capability in force (libtorch's "CPU capability usage"; ATEN_CPU_CAPABILITY caps it). */
+  aten?: string;
+  /** OPENBLAS_CORETYPE as OpenBLAS saw it (slm-train sets SKYLAKEX on AVX-512 CPUs unless it is set). */
+  openblas_coretype?: string;
+  /** SLM_TRAIN_CPU_ISA when set: a run capped below the CPU's level says so. */
+  cap?: string;
+}
+
+function software(): BenchSoftware | undefined {
+  try {
+    const v = native().version();
+    return {
+      kernels: v.cpuIsa,
+      detected: v.cpuIsaDetected,
+      aten: /CPU capability usage: (\S+)/.exec(v.config)?.[1],
+      openblas_coretype: process.env.OPENBLAS_CORETYPE,
+      cap: process.env.SLM_TRAIN_CPU_ISA,
+    };
+  } catch {
+    return undefined; // no addon: the benchmarks that need it say so themselves
+  }
+}
+
+/** The software line of a table's header: "CPU kernels avx2 (SLM_TRAIN_CPU_ISA=avx2; the CPU has avx512-bf16), ATen AVX2, OpenBLAS HASWELL". */
+export function softwareLine(s: BenchSoftware): string {
+  const capped = s.kernels !== s.detected ? ` (${s.cap ? `SLM_TRAIN_CPU_ISA=${s.cap}; ` : ''}the CPU has ${s.detected})` : '';
+  return [`CPU kernels ${s.kernels}${capped}`, s.aten && `ATen ${s.aten}`, s.openblas_coretype && `OpenBLAS ${s.openblas_coretype}`]
+    .filter(Boolean)
+    .join(', ');
+}
+
 export const benchCommand: CommandModule<object, Args> = {
   command: 'bench [kind]',
   describe: 'benchmarks (JSON and a table), each figure next to the limit measured in the same run',
@@ -162,8 +198,10 @@ export const benchCommand: CommandModule<object, Args> = {
       seconds[k] = +((performance.now() - t) / 1e3).toFixed(1);
     }
     const total = +((performance.now() - t0) / 1e3).toFixed(1);
+    const sw = software();
     const doc = {
       machine: machineLine(),
+      software: sw,
       quick: !!args.quick,
       seconds: { ...seconds, total },
       reports: Object.fromEntries(reports.map((r) => [r.kind, r.results])),
@@ -173,7 +211,7 @@ export const benchCommand: CommandModule<object, Args> = {
       .map(([k, v]) => `${k} ${v} s`)
       .join(', ')}; total ${total} s`;
     const md = [
-      `Measured ${doc.machine}${args.quick ? ' (--quick)' : ''}; the benchmarks took ${took}.`,
+      `Measured ${doc.machine}${sw ? `; ${softwareLine(sw)}` : ''}${args.quick ? ' (--quick)' : ''}; the benchmarks took ${took}.`,
       '',
       ...reports.flatMap((r) => [r.table, '']),
     ].join('\n');
