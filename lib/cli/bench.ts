@@ -92,7 +92,7 @@ function machineLine(): string {
 }
 
 /** What ran the figures: the engine's CPU kernels, ATen's and OpenBLAS's instruction sets, and the caps set. */
-export interface BenchSoftware {
+interface BenchSoftware {
   /** The engine's CPU kernels' level in force (doctor's "CPU kernels") and the one the CPU has. */
   kernels: string;
   detected: string;
@@ -120,7 +120,7 @@ function software(): BenchSoftware | undefined {
 }
 
 /** The software line of a table's header: "CPU kernels avx2 (SLM_TRAIN_CPU_ISA=avx2; the CPU has avx512-bf16), ATen AVX2, OpenBLAS HASWELL". */
-export function softwareLine(s: BenchSoftware): string {
+function softwareLine(s: BenchSoftware): string {
   const capped = s.kernels !== s.detected ? ` (${s.cap ? `SLM_TRAIN_CPU_ISA=${s.cap}; ` : ''}the CPU has ${s.detected})` : '';
   return [`CPU kernels ${s.kernels}${capped}`, s.aten && `ATen ${s.aten}`, s.openblas_coretype && `OpenBLAS ${s.openblas_coretype}`]
     .filter(Boolean)
