@@ -214,11 +214,14 @@ t.test('scripts/gpu-check.sh on cpu against the pip libtorch', { skip: skip || f
   const peer = rep.peer;
   if (hasHf)
     t.ok(
+      // the same shape as gpu_check's own rows above: batch and new tokens per row, every row's tokens
       peer &&
         peer.decode_b1.batch === 1 &&
+        peer.decode_b1.new_tokens === b?.decode_b1.new_tokens &&
         peer.decode_b1.generated === peer.decode_b1.new_tokens &&
-        peer.decode_batch.batch === 8 &&
-        peer.decode_batch.generated === 8 * peer.decode_batch.new_tokens &&
+        peer.decode_batch.batch === b?.decode_batch.batch &&
+        peer.decode_batch.new_tokens === b?.decode_batch.new_tokens &&
+        peer.decode_batch.generated === peer.decode_batch.batch * peer.decode_batch.new_tokens &&
         Number.isFinite(peer.decode_b1.step_ms) &&
         (!hasPeft || (peer.lora_step?.ms ?? 0) > 0),
       "transformers' peer ran on the same shape (every row's tokens generated)",
