@@ -34,7 +34,17 @@ import { Model } from '../lib/engine/model.js';
 import { native } from '../lib/engine/runtime.js';
 import { initModel } from '../lib/model/init.js';
 import { llamaCppRows, runLlamaCpp } from './llama-cpp.js';
-import { llamaCppBin, llamaCppSourceRows, mergeSourcePasses, runLlamaCppSource } from './llama-cpp-source.js';
+import {
+  batch1RoundsRows,
+  llamaBenchDecodeMs,
+  llamaCppBin,
+  llamaCppSourceRows,
+  mergeSourcePasses,
+  runLlamaCppSource,
+  summarizeRounds,
+  type Batch1Round,
+  type Batch1Rounds,
+} from './llama-cpp-source.js';
 import { median } from './stats.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
@@ -102,11 +112,17 @@ export function decodeBounds(
  */
 export async function aroundRead<T>(
   f: () => Promise<T>,
-  read: () => Promise<number> = () => machineLimit(LIMITS.read, 0.15, 3),
-): Promise<{ value: T; readGBps: number }> {
+  read: () => Promise<number> = readNow,
+): Promise<{ value: T; readGBps: number; reads: [number, number] }> {
   const before = await read();
   const value = await f();
-  return { value, readGBps: Math.max(before, await read()) };
+  const after = await read();
+  return { value, readGBps: Math.max(before, after), reads: [before, after] };
+}
+
+/** The read bandwidth now: the best of three 50 ms windows (GB/s). */
+export function readNow(): Promise<number> {
+  return machineLimit(LIMITS.read, 0.15, 3);
 }
 
 /**
@@ -139,6 +155,9 @@ async function machineLimit(req: Omit<MeasureRequest, 'seconds'>, seconds: numbe
   for (let w = 0; w < windows; w++) best = Math.max(best, await a.measure({ ...req, seconds: seconds / windows }));
   return best;
 }
+
+/** Alternated batch-1 rounds per dtype against the llama.cpp source build (2 under --quick). */
+export const BATCH1_ROUNDS = 8;
 
 const LIMITS = {
   read: { kind: 'read', n: 256 << 20 }, // GB/s read: a decode reads its weights and writes little
@@ -427,6 +446,44 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     llamaCppSource = mergeSourcePasses(llamaCppSource, again);
   }
 
+  // Batch 1 against the source build in short alternated rounds (read, one side, the other, read; the
+  // order flipping each round): this project's VMs switch between two memory speeds (35 and 55-65 GB/s)
+  // over seconds to minutes, a batch-1 decode is memory bound, and a pass of each side minutes apart
+  // can land in different modes; within a round both sides run seconds apart. The median of the
+  // rounds' own ratios is the comparison.
+  const batch1Rounds: Batch1Rounds[] = [];
+  if (!('skipped' in llamaCppSource)) {
+    const nRounds = quick ? 2 : BATCH1_ROUNDS;
+    for (const run of llamaCppSource.runs) {
+      if ('skipped' in run) continue;
+      const mm = run.dtype === 'F32' ? m : bf16;
+      const prompts = decodePrompts(1);
+      const oursMs = async () => {
+        const ts: number[] = [];
+        for (let r = 0; r < 2; r++) {
+          const g = await mm.generate({ prompts, maxNewTokens: steps, temperature: 1, topK: 0, seed: r });
+          ts.push((g.decodeSeconds / Math.max(1, g.steps - 1)) * 1e3);
+        }
+        return median(ts);
+      };
+      const llamaMs = () => llamaBenchDecodeMs(llamaBin!, run.gguf, run.dtype, { threads, steps, reps: 2, timeoutS: quick ? 300 : 900 });
+      log(`engine: batch 1, ${nRounds} alternated rounds against llama.cpp ${run.dtype}`);
+      const rounds: Batch1Round[] = [];
+      for (let i = 0; i < nRounds; i++) {
+        const first = i % 2 === 0 ? 'slm-train' : 'llama.cpp';
+        const before = await readNow();
+        const a = first === 'slm-train' ? await oursMs() : llamaMs();
+        const mid = await readNow();
+        const b = first === 'slm-train' ? llamaMs() : await oursMs();
+        const after = await readNow();
+        const [ours, theirs] = first === 'slm-train' ? [a, b] : [b, a];
+        rounds.push({ first, ours_ms: ours, llama_ms: theirs, ratio: theirs / ours, read_GBps: [before, mid, after] });
+      }
+      const bytes = (layerParams + V * H) * (run.dtype === 'F32' ? bytesPerParam : 2);
+      batch1Rounds.push(summarizeRounds(run.dtype, steps, rounds, bytes));
+    }
+  }
+
   log('engine: measuring the machine again (each limit: the better of the two measurements)');
   await lim.again();
   const pr = prefillRoofline(cfg, layerParams, bytesPerParam, prefillTokens, lim.v);
@@ -488,6 +545,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     eager_pytorch: eager,
     llama_cpp: llamaCpp,
     llama_cpp_source: llamaCppSource,
+    llama_cpp_source_batch1_rounds: batch1Rounds,
     // slm-train's own figures per pass against the source build (seconds per prefill, per decode step).
     passes: oursPasses.map((p) => ({
       prefill_s: +p.prefillS.toPrecision(6),
@@ -532,6 +590,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
           }
         : undefined,
     }),
+    ...batch1RoundsRows(batch1Rounds),
     `| native call overhead | sync ${results.native_call_overhead_us.sync} µs, async ${results.native_call_overhead_us.async_worker} µs | | |`,
     `| machine | read ${results.machine.read_GBps} GB/s (the best of the run's windows), matmul f32 ${results.machine.matmul_f32_GFLOPs} / bf16 ${results.machine.matmul_bf16_GFLOPs} GFLOP/s, ${results.model.threads} threads | | |`,
   ];

@@ -19,6 +19,7 @@ import { accessSync, constants, existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { SlmError } from '../lib/errors.js';
 import { benchGguf, ggufPython, NO_GGUF_PYTHON } from './llama-cpp.js';
+import { median } from './stats.js';
 
 export const LLAMA_CPP_TOOLS = ['llama-bench', 'llama-batched-bench'] as const;
 export const LLAMA_CPP_BIN_ENV = 'SLM_TRAIN_LLAMA_CPP_BIN';
@@ -74,31 +75,37 @@ function fail(tool: string, expected: string, found: string): never {
   throw new Error(`${tool}: expected ${expected}, found ${found}`);
 }
 
+/** llama-bench's `-o json` output: its tests. */
+function llamaBenchTests(stdout: string): LlamaBenchTest[] {
+  const a = stdout.indexOf('[');
+  const b = stdout.lastIndexOf(']');
+  if (a < 0 || b < a) fail('llama-bench -o json', 'a JSON array of tests', JSON.stringify(stdout.slice(0, 200)));
+  try {
+    return JSON.parse(stdout.slice(a, b + 1)) as LlamaBenchTest[];
+  } catch (e) {
+    return fail('llama-bench -o json', 'a JSON array of tests', `unparsable JSON (${(e as Error).message})`);
+  }
+}
+
+/** The test of `tests` with n_prompt `p` and n_gen `g` (no depth) and a positive rate. */
+function findTest(tests: LlamaBenchTest[], p: number, g: number): LlamaBenchTest {
+  const t = tests.find((x) => x.n_prompt === p && x.n_gen === g && !x.n_depth);
+  if (!t || !(t.avg_ts > 0))
+    fail(
+      'llama-bench -o json',
+      `a test with n_prompt ${p}, n_gen ${g} and avg_ts > 0`,
+      `tests ${JSON.stringify(tests.map((x) => [x.n_prompt, x.n_gen, x.avg_ts]))}`,
+    );
+  return t;
+}
+
 /** llama-bench's `-o json` output: its prefill test (n_prompt P, n_gen 0) and its decode test (n_prompt 0, n_gen S). */
 export function parseLlamaBench(
   stdout: string,
   want: { prefill: number; steps: number },
 ): { prefill: LlamaBenchTest; decode: LlamaBenchTest } {
-  const a = stdout.indexOf('[');
-  const b = stdout.lastIndexOf(']');
-  if (a < 0 || b < a) fail('llama-bench -o json', 'a JSON array of tests', JSON.stringify(stdout.slice(0, 200)));
-  let tests: LlamaBenchTest[];
-  try {
-    tests = JSON.parse(stdout.slice(a, b + 1)) as LlamaBenchTest[];
-  } catch (e) {
-    return fail('llama-bench -o json', 'a JSON array of tests', `unparsable JSON (${(e as Error).message})`);
-  }
-  const find = (p: number, g: number) => {
-    const t = tests.find((x) => x.n_prompt === p && x.n_gen === g && !x.n_depth);
-    if (!t || !(t.avg_ts > 0))
-      fail(
-        'llama-bench -o json',
-        `a test with n_prompt ${p}, n_gen ${g} and avg_ts > 0`,
-        `tests ${JSON.stringify(tests.map((x) => [x.n_prompt, x.n_gen, x.avg_ts]))}`,
-      );
-    return t;
-  };
-  return { prefill: find(want.prefill, 0), decode: find(0, want.steps) };
+  const tests = llamaBenchTests(stdout);
+  return { prefill: findTest(tests, want.prefill, 0), decode: findTest(tests, 0, want.steps) };
 }
 
 /** One line of llama-batched-bench's `--output-format jsonl` (the fields read here). */
@@ -343,5 +350,108 @@ export function llamaCppSourceRows(
         `| ${vs}, decode batch ${d.batch} | ${ratio(ours.decode(OURS[r.dtype], d.batch), d.tokens_per_s, ours.passes?.decode(OURS[r.dtype], d.batch), d.passes)} | | |`,
       ]),
     ];
+  });
+}
+
+/**
+ * llama-bench's batch-1 decode alone on one GGUF (`-p 0 -n STEPS -r REPS`, the KV cache as in
+ * runSourceBuild): ms per step, from its avg_ts. One llama.cpp turn of the alternated batch-1 rounds.
+ */
+export function llamaBenchDecodeMs(
+  bin: string,
+  gguf: string,
+  dtype: GgufDtype,
+  o: { threads: number; steps: number; reps: number; timeoutS: number },
+): number {
+  const args = ['-m', gguf, '-t', String(o.threads), '-p', '0', '-n', String(o.steps), '-r', String(o.reps)];
+  const out = tool(bin, 'llama-bench', [...args, '-ctk', KV[dtype], '-ctv', KV[dtype], '-o', 'json'], o.timeoutS);
+  return 1e3 / findTest(llamaBenchTests(out), 0, o.steps).avg_ts;
+}
+
+/**
+ * One round of the alternated batch-1 comparison: the read bandwidth, one side's batch-1 decode, the
+ * read bandwidth, the other side's, the read bandwidth (which side goes first alternating from round
+ * to round). Both sides of a round run within seconds of each other; the reads say whether the
+ * machine's memory stayed at one speed meanwhile: this project's VMs switch between about 35 and
+ * 55-65 GB/s over seconds to minutes, and a round that straddles a switch compares two machines.
+ */
+export interface Batch1Round {
+  first: 'slm-train' | 'llama.cpp';
+  ours_ms: number;
+  llama_ms: number;
+  /** slm-train's rate over llama.cpp's: llama_ms / ours_ms. */
+  ratio: number;
+  /** The read bandwidth before the round, between its two sides and after it (GB/s). */
+  read_GBps: [number, number, number];
+}
+
+/** Reads within this fraction of their largest count as one memory speed (the two modes differ by 40 % and more). */
+export const STEADY_SPREAD = 0.15;
+
+/** A round whose three reads agree: both sides ran at one memory speed. */
+export function steadyRound(r: Batch1Round): boolean {
+  const hi = Math.max(...r.read_GBps);
+  return Math.min(...r.read_GBps) >= (1 - STEADY_SPREAD) * hi;
+}
+
+export interface Batch1Rounds {
+  dtype: GgufDtype;
+  steps: number;
+  rounds: Batch1Round[];
+  /** The rounds at one memory speed (steadyRound), which the figures below are of; all rounds where none is. */
+  steady: number;
+  median_ratio: number;
+  min_ratio: number;
+  max_ratio: number;
+  /** Of those rounds, the ones where slm-train's step took no longer than llama.cpp's. */
+  ahead: number;
+  /** The median over those rounds of each side's fraction of the memory bound (the weights' bytes at the reads around that side). */
+  fraction_of_memory_bound: { slm_train: number; llama_cpp: number };
+}
+
+/**
+ * The rounds of one dtype summed up, over the rounds run at one memory speed (all of them when none
+ * was): the median of the rounds' own ratios (not the ratio of medians: each ratio compares two
+ * figures of one moment), their range, how many slm-train led, and each side's median fraction of its
+ * memory bound, a side's bound being `bytes` at the harmonic mean of the two reads around it.
+ */
+export function summarizeRounds(dtype: GgufDtype, steps: number, rounds: Batch1Round[], bytes: number): Batch1Rounds {
+  if (!rounds.length) throw new Error('summarizeRounds: no rounds');
+  const steady = rounds.filter(steadyRound);
+  const used = steady.length ? steady : rounds;
+  const ratios = used.map((r) => r.ratio);
+  const bound = (g1: number, g2: number) => (bytes / ((2 / (1 / g1 + 1 / g2)) * 1e9)) * 1e3; // ms
+  const boundOf = (r: Batch1Round, side: 'slm-train' | 'llama.cpp') =>
+    side === r.first ? bound(r.read_GBps[0], r.read_GBps[1]) : bound(r.read_GBps[1], r.read_GBps[2]);
+  return {
+    dtype,
+    steps,
+    rounds,
+    steady: steady.length,
+    median_ratio: median(ratios),
+    min_ratio: Math.min(...ratios),
+    max_ratio: Math.max(...ratios),
+    ahead: ratios.filter((x) => x >= 1).length,
+    fraction_of_memory_bound: {
+      slm_train: median(used.map((r) => boundOf(r, 'slm-train') / r.ours_ms)),
+      llama_cpp: median(used.map((r) => boundOf(r, 'llama.cpp') / r.llama_ms)),
+    },
+  };
+}
+
+/** The table rows of the alternated batch-1 rounds, one per dtype. */
+export function batch1RoundsRows(all: Batch1Rounds[]): string[] {
+  return all.map((s) => {
+    const each = s.rounds.map((r) => `${r.ratio.toFixed(2)}${steadyRound(r) ? '' : '*'}`).join(', ');
+    const used = s.steady ? s.rounds.filter(steadyRound) : s.rounds;
+    const reads = used.flatMap((r) => r.read_GBps);
+    const of = s.steady
+      ? `the ${s.steady} of ${s.rounds.length} rounds at one memory speed`
+      : `all ${s.rounds.length} rounds (none at one memory speed)`;
+    return (
+      `| slm-train ${OURS[s.dtype]} / llama.cpp ${s.dtype}, decode batch 1, ${s.rounds.length} alternated rounds (tg${s.steps} each side; per round: ${each}; * the memory speed moved within the round) ` +
+      `| median ${s.median_ratio.toFixed(2)}x (${s.min_ratio.toFixed(2)}-${s.max_ratio.toFixed(2)}; slm-train ahead in ${s.ahead}) over ${of} ` +
+      `| memory bound at the reads around each side (${Math.min(...reads).toFixed(1)}-${Math.max(...reads).toFixed(1)} GB/s): slm-train ${s.fraction_of_memory_bound.slm_train.toFixed(3)}, llama.cpp ${s.fraction_of_memory_bound.llama_cpp.toFixed(3)} (medians) | |`
+    );
   });
 }

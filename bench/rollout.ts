@@ -7,7 +7,8 @@
  * wall time split into generation, sandbox, retrieval, reward and orchestration (the rest), each
  * with p50/p99 per rollout; next to generation, the bound from the roofline measured in the same run
  * (every generate call's prefill at the matmul rate and each decode step at max(weight bytes / read
- * bandwidth, 2 x params x rows / matmul rate)). Comparison: the same K = 8 batch (--quick: 4) generated
+ * bandwidth, 2 x params x rows / matmul rate): callRoofline; the read bandwidth the one measured before
+ * and after that run, their harmonic mean; each run's calls in the JSON). Comparison: the same K = 8 batch (--quick: 4) generated
  * one episode at a time (unbatched). Every run reports the prefill tokens the engine computed against
  * those its prompts hold (shared prefixes: the K samples of a question and the system prompt are
  * prefilled once; multi-turn cache reuse: a turn continues its episode's KV cache, so only the tokens
@@ -30,7 +31,7 @@ import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { answerMetrics } from '../lib/rewards/metrics.js';
 import { createPythonPool } from '../lib/sandbox/python.js';
 import { runnerTokenizer } from '../lib/train/environment.js';
-import { benchModelDir, layerMatmulParams, MachineLimits } from './engine.js';
+import { aroundRead, benchModelDir, layerMatmulParams, MachineLimits } from './engine.js';
 import { summarize, type Latency } from './sandbox.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
@@ -74,6 +75,27 @@ class RecordingGenerator implements TextGenerator {
   }
 }
 
+/**
+ * One generate call's time at the rooflines: its prefill's matmuls (the layers' 2 x params per
+ * computed token, the vocab head's 2 x V x H per row) at the matmul rate, and each decode step after
+ * the first at the larger of reading every weight once at `read` and its FLOPs for all rows at the
+ * matmul rate. Seconds; `f32` GFLOP/s, `read` GB/s.
+ */
+export function callRoofline(
+  c: { rows: number; prefillTokens: number; steps: number },
+  m: { layerParams: number; VH: number; bytesPerParam: number },
+  lim: { f32: number; read: number },
+): number {
+  const weights = m.layerParams + m.VH;
+  const step = Math.max((weights * m.bytesPerParam) / (lim.read * 1e9), (2 * weights * c.rows) / (lim.f32 * 1e9));
+  return (2 * m.layerParams * c.prefillTokens + 2 * m.VH * c.rows) / (lim.f32 * 1e9) + Math.max(0, c.steps - 1) * step;
+}
+
+/** The read bandwidth a run's memory bound stands at: the harmonic mean of the reads before and after it (the mean of the two bounds). */
+export function runRead(reads: number[]): number {
+  return reads.length / reads.reduce((s, r) => s + 1 / r, 0);
+}
+
 export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const log = o.log ?? (() => {});
   const quick = !!o.quick;
@@ -84,12 +106,13 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     V = model.config.vocab_size;
   const layerParams = layerMatmulParams(info.numParameters, model.config);
   const bytesPerParam = info.parameterBytes / info.numParameters;
-  const lim = await MachineLimits.measure(['read', 'f32'], quick ? 0.3 : 1); // generation rooflines use the final limits
-  const callsOf = new Map<object, CallRecord[]>();
-  const bound = (c: CallRecord) =>
-    (2 * layerParams * c.prefillTokens + 2 * V * H * c.rows) / (lim.v.f32 * 1e9) +
-    Math.max(0, c.steps - 1) *
-      Math.max(((layerParams + V * H) * bytesPerParam) / (lim.v.read * 1e9), (2 * (layerParams + V * H) * c.rows) / (lim.v.f32 * 1e9));
+  // The matmul rate is the run's best (measured before and after: MachineLimits); the read bandwidth
+  // each run's generation roofline stands beside is the one measured around that run (its reads
+  // before and after), as a shared VM's memory speed switches between two levels over minutes (35
+  // and 55-65 GB/s here, 2026-11-28): K 1, memory bound, set beside a fast-mode read it did not run
+  // in would flatter K 24 / K 1, and beside a slow one would flatter K 1's fraction.
+  const lim = await MachineLimits.measure(['read', 'f32'], quick ? 0.3 : 1);
+  const sizes = { layerParams, VH: V * H, bytesPerParam };
 
   const gen = syntheticCorpus({ pages: 200, seed: 3 });
   const index = await SearchIndex.build(new Corpus(gen.pages));
@@ -98,6 +121,10 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const Q = quick ? 1 : 2;
   const protocol = codeProtocol({ executor: pool });
   const run = async (k: number, unbatched = false, shared = true) => {
+    const { value, reads } = await aroundRead(() => runOnce(k, unbatched, shared));
+    return { ...value, read_GBps: reads.map((r) => +r.toFixed(1)) };
+  };
+  const runOnce = async (k: number, unbatched: boolean, shared: boolean) => {
     const g = new RecordingGenerator(model, shared);
     const qs = gen.questions.slice(0, Q);
     const reqs = qs.flatMap((q) => Array.from({ length: k }, () => ({ question: q.question, temperature: 1 })));
@@ -163,8 +190,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
         reward: per((_, i) => rewardMs[i]),
       },
     };
-    callsOf.set(row, g.calls.slice());
-    return row;
+    return { ...row, calls: g.calls.map((c) => ({ rows: c.rows, prefill_tokens: c.prefillTokens, steps: c.steps })) };
   };
   const results: Record<string, unknown>[] = [];
   try {
@@ -194,7 +220,14 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     await lim.again();
     for (const r of results) {
       const split = r.split_s as Record<string, number>;
-      split.generation_roofline = +(callsOf.get(r) ?? []).reduce((s, c) => s + bound(c), 0).toFixed(3);
+      const read = runRead(r.read_GBps as number[]);
+      const calls = r.calls as Array<{ rows: number; prefill_tokens: number; steps: number }>;
+      split.generation_roofline = +calls
+        .reduce(
+          (s, c) => s + callRoofline({ rows: c.rows, prefillTokens: c.prefill_tokens, steps: c.steps }, sizes, { f32: lim.v.f32, read }),
+          0,
+        )
+        .toFixed(3);
     }
     const machine = {
       read_GBps: +lim.v.read.toFixed(1),
@@ -216,6 +249,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       generated_tokens_per_s: number;
       generate_calls: number;
       split_s: Record<string, number>;
+      read_GBps: number[];
     };
     const rows = results as unknown as Row[];
     // Per rollout, the largest K against K 1 (both on the default path): measured, and what an engine
@@ -236,13 +270,13 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     // Rows above which a decode step's matmuls take longer than reading the weights.
     const computeBoundRows = +((bytesPerParam * lim.v.f32) / (2 * lim.v.read)).toFixed(1);
     const table = [
-      `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; read ${machine.read_GBps} GB/s, matmul ${machine.matmul_f32_GFLOPs} GFLOP/s)`,
+      `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; matmul ${machine.matmul_f32_GFLOPs} GFLOP/s; each run's generation roofline at the read bandwidth measured before and after it, the run's best read ${machine.read_GBps} GB/s)`,
       '',
-      '| K | rollouts | prefill tokens computed / requested (prefill s) | reused from episode caches | per rollout s | rollouts/s | gen tok/s | generation s (roofline s) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
+      '| K | rollouts | prefill tokens computed / requested (prefill s) | reused from episode caches | per rollout s | rollouts/s | gen tok/s | generation s (roofline s; read GB/s before / after) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
       '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
       ...rows.map(
         (r) =>
-          `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes, no cache reuse)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.reused_tokens} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`,
+          `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes, no cache reuse)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.reused_tokens} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}; ${r.read_GBps.join(' / ')}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`,
       ),
       '',
       ...(kRatio

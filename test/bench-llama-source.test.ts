@@ -24,6 +24,10 @@ import {
   mergeSourcePasses,
   runLlamaCppSource,
   runSourceBuild,
+  llamaBenchDecodeMs,
+  summarizeRounds,
+  batch1RoundsRows,
+  steadyRound,
 } from '../bench/llama-cpp-source.js';
 import { combinePasses } from '../bench/engine.js';
 import { ggufPython, NO_GGUF_PYTHON } from '../bench/llama-cpp.js';
@@ -141,6 +145,56 @@ t.test("runSourceBuild: the tools' command lines, their figures, and a tool past
   );
 });
 
+t.test("batch 1 in alternated rounds: llama-bench's decode alone, the median of the rounds' ratios, the rows", async (t) => {
+  const dir = t.testdir();
+  const log = join(dir, 'argv.jsonl');
+  fakeTools(dir, log);
+  const ms = llamaBenchDecodeMs(dir, '/m/x.f32.gguf', 'F32', { threads: 3, steps: 48, reps: 2, timeoutS: 60 });
+  t.same(argvLog(log), [
+    ['llama-bench', '-m', '/m/x.f32.gguf', '-t', '3', '-p', '0', '-n', '48', '-r', '2', '-ctk', 'f16', '-ctv', 'f16', '-o', 'json'],
+  ]);
+  t.equal(ms, 1e3 / 530.476899, 'ms per step from the tg test');
+  // Four rounds, three at one memory speed (their three reads within 15 %); the second straddles a switch (30 -> 60 GB/s).
+  const round = (first: 'slm-train' | 'llama.cpp', ours: number, llama: number, reads: [number, number, number]) => ({
+    first,
+    ours_ms: ours,
+    llama_ms: llama,
+    ratio: llama / ours,
+    read_GBps: reads,
+  });
+  const rounds = [
+    round('slm-train', 10, 11, [40, 40, 40]),
+    round('llama.cpp', 12, 11, [30, 60, 60]),
+    round('slm-train', 8, 10, [50, 50, 45]),
+    round('llama.cpp', 9, 8.5, [36, 34, 35]),
+  ];
+  t.same(rounds.map(steadyRound), [true, false, true, true]);
+  const bytes = 400e6; // 10 ms at 40 GB/s
+  const s = summarizeRounds('F32', 48, rounds, bytes);
+  t.equal(s.steady, 3);
+  t.equal(s.median_ratio, 1.1, "the median of the steady rounds' ratios (1.1, 1.25, 8.5 / 9)");
+  t.same([s.min_ratio, s.max_ratio, s.ahead], [8.5 / 9, 1.25, 2]);
+  // Each side's bound at the harmonic mean of the reads around it (the first side: reads 0 and 1; the second: 1 and 2).
+  const hm = (x: number, y: number) => 2 / (1 / x + 1 / y);
+  const frac = (g: number, ms: number) => bytes / (g * 1e9) / 1e-3 / ms;
+  const ours = [frac(40, 10), frac(50, 8), frac(hm(34, 35), 9)].sort((x, y) => x - y);
+  const theirs = [frac(40, 11), frac(hm(50, 45), 10), frac(hm(36, 34), 8.5)].sort((x, y) => x - y);
+  t.ok(Math.abs(s.fraction_of_memory_bound.slm_train - ours[1]) < 1e-12, `slm-train ${s.fraction_of_memory_bound.slm_train}`);
+  t.ok(Math.abs(s.fraction_of_memory_bound.llama_cpp - theirs[1]) < 1e-12, `llama.cpp ${s.fraction_of_memory_bound.llama_cpp}`);
+  t.throws(() => summarizeRounds('F32', 48, [], bytes), /no rounds/);
+  const [row] = batch1RoundsRows([s]);
+  t.match(
+    row,
+    '| slm-train float32 / llama.cpp F32, decode batch 1, 4 alternated rounds (tg48 each side; per round: 1.10, 0.92*, 1.25, 0.94; * the memory speed moved within the round) ',
+  );
+  t.match(row, '| median 1.10x (0.94-1.25; slm-train ahead in 2) over the 3 of 4 rounds at one memory speed ');
+  t.match(row, 'memory bound at the reads around each side (34.0-50.0 GB/s): slm-train 1.000, ');
+  // No round at one speed: all of them, and the row says so.
+  const none = summarizeRounds('BF16', 48, [rounds[1]], bytes);
+  t.same([none.steady, none.median_ratio], [0, 11 / 12]);
+  t.match(batch1RoundsRows([none])[0], 'over all 1 rounds (none at one memory speed)');
+});
+
 t.test('the rows: each dtype beside slm-train in the same dtype, with the ratio; skipped ones say why', async (t) => {
   const dir = t.testdir();
   fakeTools(dir, join(dir, 'argv.jsonl'));
@@ -217,8 +271,22 @@ t.test(
         ['llama-batched-bench', 'gguf', '2'],
         ['llama-bench', 'gguf', '2'],
         ['llama-batched-bench', 'gguf', '2'],
+        ['llama-bench', 'gguf', '2'],
+        ['llama-bench', 'gguf', '2'],
+        ['llama-bench', 'gguf', '2'],
+        ['llama-bench', 'gguf', '2'],
       ],
-      'both tools for each dtype, in two passes, with slm-train thread count',
+      'both tools for each dtype, in two passes, with slm-train thread count; then llama-bench alone in the batch-1 rounds',
+    );
+    t.same(
+      calls.slice(8).map((c) => [c[c.indexOf('-m') + 1].replace(/.*\.(\w+)\.gguf$/, '$1'), c[c.indexOf('-p') + 1], c[c.indexOf('-n') + 1]]),
+      [
+        ['f32', '0', '16'],
+        ['f32', '0', '16'],
+        ['bf16', '0', '16'],
+        ['bf16', '0', '16'],
+      ],
+      '--quick: two rounds per dtype, decode alone (-p 0), the steps of the other rows',
     );
     t.match(calls[4][2], /\.f32\.gguf$/, 'the second pass: F32 again');
     t.match(calls[0][2], /\.f32\.gguf$/);
@@ -276,6 +344,27 @@ t.test(
       t.match(r.stdout, `ms/step; read ${d.read_GBps} GB/s around it) | ${d.fraction_of_roofline} |`);
     }
     t.ok(eng.machine.read_GBps > 0, "the run's best read bandwidth in the machine row");
+    // The alternated batch-1 rounds: the order flips each round, each ratio is llama.cpp's ms over slm-train's.
+    const rounds = eng.llama_cpp_source_batch1_rounds;
+    t.same(
+      rounds.map((x: { dtype: string }) => x.dtype),
+      ['F32', 'BF16'],
+    );
+    for (const x of rounds) {
+      t.same(
+        x.rounds.map((r: { first: string }) => r.first),
+        ['slm-train', 'llama.cpp'],
+        `${x.dtype}: the order alternates`,
+      );
+      for (const r of x.rounds) {
+        t.ok(Math.abs(r.llama_ms - 1e3 / 530.476899) < 1e-9, "llama.cpp's turn: the fake tool's tg rate");
+        t.ok(r.ours_ms > 0 && Math.abs(r.ratio - r.llama_ms / r.ours_ms) < 1e-12, `${x.dtype}: ratio ${r.ratio}`);
+        t.ok(r.read_GBps.length === 3 && r.read_GBps.every((g: number) => g > 0), 'the reads before, between and after');
+      }
+      t.equal(x.median_ratio, (x.rounds[0].ratio + x.rounds[1].ratio) / 2);
+      t.match(r.stdout, `decode batch 1, 2 alternated rounds (tg16 each side; per round: `);
+      t.match(r.stdout, `| median ${x.median_ratio.toFixed(2)}x (`);
+    }
   },
 );
 
