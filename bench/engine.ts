@@ -23,7 +23,9 @@
  *    decode at batch 1 and 16, each beside slm-train's figure in the same dtype (float32, bfloat16);
  *    in two passes, the second in reverse order (slm-train, llama.cpp, llama.cpp, slm-train), each
  *    side's figure the rate of its passes' mean time, each pass's ratio beside it; skipped, saying
- *    why, where no folder is named.
+ *    why, where no folder is named; then batch 1 in 8 short alternated rounds per dtype (2 under
+ *    --quick), each bracketed by three reads of the memory bandwidth, the median of the ratios of the
+ *    rounds run at one memory speed (summarizeRounds in bench/llama-cpp-source.ts).
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
@@ -446,12 +448,13 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     llamaCppSource = mergeSourcePasses(llamaCppSource, again);
   }
 
-  // Batch 1 against the source build in short alternated rounds (read, one side, the other, read; the
-  // order flipping each round): this project's VMs switch between two memory speeds (35 and 55-65 GB/s)
-  // over seconds to minutes, a batch-1 decode is memory bound, and a pass of each side minutes apart
-  // can land in different modes; within a round both sides run seconds apart. The median of the
-  // rounds' own ratios is the comparison.
-  const batch1Rounds: Batch1Rounds[] = [];
+  // Batch 1 against the source build in short alternated rounds (read, one side, read, the other,
+  // read; the order flipping each round): this project's VMs switch between two memory speeds (35 and
+  // 55-65 GB/s) over seconds to minutes, a batch-1 decode is memory bound, and a pass of each side
+  // minutes apart can land in different modes; within a round both sides run seconds apart, and the
+  // reads tell a round that straddled a switch. The median of the rounds' own ratios is the comparison.
+  // A llama-bench failure skips that dtype's rounds, saying why, as the passes above do.
+  const batch1Rounds: Array<Batch1Rounds | { dtype: string; skipped: string }> = [];
   if (!('skipped' in llamaCppSource)) {
     const nRounds = quick ? 2 : BATCH1_ROUNDS;
     for (const run of llamaCppSource.runs) {
@@ -469,15 +472,21 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       const llamaMs = () => llamaBenchDecodeMs(llamaBin!, run.gguf, run.dtype, { threads, steps, reps: 2, timeoutS: quick ? 300 : 900 });
       log(`engine: batch 1, ${nRounds} alternated rounds against llama.cpp ${run.dtype}`);
       const rounds: Batch1Round[] = [];
-      for (let i = 0; i < nRounds; i++) {
-        const first = i % 2 === 0 ? 'slm-train' : 'llama.cpp';
-        const before = await readNow();
-        const a = first === 'slm-train' ? await oursMs() : llamaMs();
-        const mid = await readNow();
-        const b = first === 'slm-train' ? llamaMs() : await oursMs();
-        const after = await readNow();
-        const [ours, theirs] = first === 'slm-train' ? [a, b] : [b, a];
-        rounds.push({ first, ours_ms: ours, llama_ms: theirs, ratio: theirs / ours, read_GBps: [before, mid, after] });
+      try {
+        for (let i = 0; i < nRounds; i++) {
+          const first = i % 2 === 0 ? 'slm-train' : 'llama.cpp';
+          const before = await readNow();
+          const a = first === 'slm-train' ? await oursMs() : llamaMs();
+          const mid = await readNow();
+          const b = first === 'slm-train' ? llamaMs() : await oursMs();
+          const after = await readNow();
+          const [ours, theirs] = first === 'slm-train' ? [a, b] : [b, a];
+          rounds.push({ first, ours_ms: ours, llama_ms: theirs, ratio: theirs / ours, read_GBps: [before, mid, after] });
+        }
+      } catch (e) {
+        log(`engine: batch-1 rounds, ${run.dtype}: ${(e as Error).message}`);
+        batch1Rounds.push({ dtype: run.dtype, skipped: (e as Error).message });
+        continue;
       }
       const bytes = (layerParams + V * H) * (run.dtype === 'F32' ? bytesPerParam : 2);
       batch1Rounds.push(summarizeRounds(run.dtype, steps, rounds, bytes));

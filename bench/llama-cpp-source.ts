@@ -439,9 +439,10 @@ export function summarizeRounds(dtype: GgufDtype, steps: number, rounds: Batch1R
   };
 }
 
-/** The table rows of the alternated batch-1 rounds, one per dtype. */
-export function batch1RoundsRows(all: Batch1Rounds[]): string[] {
+/** The table rows of the alternated batch-1 rounds, one per dtype (a skipped one says why). */
+export function batch1RoundsRows(all: Array<Batch1Rounds | { dtype: string; skipped: string }>): string[] {
   return all.map((s) => {
+    if ('skipped' in s) return `| slm-train / llama.cpp ${s.dtype}, decode batch 1, alternated rounds | skipped: ${s.skipped} | | |`;
     const each = s.rounds.map((r) => `${r.ratio.toFixed(2)}${steadyRound(r) ? '' : '*'}`).join(', ');
     const used = s.steady ? s.rounds.filter(steadyRound) : s.rounds;
     const reads = used.flatMap((r) => r.read_GBps);

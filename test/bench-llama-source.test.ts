@@ -193,6 +193,9 @@ t.test("batch 1 in alternated rounds: llama-bench's decode alone, the median of 
   const none = summarizeRounds('BF16', 48, [rounds[1]], bytes);
   t.same([none.steady, none.median_ratio], [0, 11 / 12]);
   t.match(batch1RoundsRows([none])[0], 'over all 1 rounds (none at one memory speed)');
+  t.same(batch1RoundsRows([{ dtype: 'BF16', skipped: 'llama-bench failed (exit 1): boom' }]), [
+    '| slm-train / llama.cpp BF16, decode batch 1, alternated rounds | skipped: llama-bench failed (exit 1): boom | | |',
+  ]);
 });
 
 t.test('the rows: each dtype beside slm-train in the same dtype, with the ratio; skipped ones say why', async (t) => {
@@ -365,6 +368,45 @@ t.test(
       t.match(r.stdout, `decode batch 1, 2 alternated rounds (tg16 each side; per round: `);
       t.match(r.stdout, `| median ${x.median_ratio.toFixed(2)}x (`);
     }
+  },
+);
+
+t.test(
+  'slm-train bench engine --llama-cpp-bin DIR: a llama-bench failing in the batch-1 rounds skips them, saying why; the run goes on',
+  { skip: noGguf, timeout: 900_000 },
+  async (t) => {
+    const tmp = t.testdir();
+    const bin = join(tmp, 'bin');
+    mkdirSync(bin);
+    fakeTools(bin, join(tmp, 'argv.jsonl'));
+    // The real fake for every call but the rounds' decode-only one (-p 0), which fails.
+    // (extensionless, as node runs it: under this package's "type": "module" an unknown extension is refused)
+    mkdirSync(join(tmp, 'real'));
+    const real = join(tmp, 'real', 'llama-bench');
+    writeFileSync(real, readFileSync(join(bin, 'llama-bench')), { mode: 0o755 });
+    writeFileSync(
+      join(bin, 'llama-bench'),
+      `#!/bin/sh\ncase " $* " in *" -p 0 "*) echo "error: out of memory" >&2; exit 3;; esac\nexec ${JSON.stringify(real)} "$@"\n`,
+      { mode: 0o755 },
+    );
+    const model = join(tmp, 'tiny');
+    initModel({ preset: 'tiny', out: model, seed: 0 });
+    const out = join(tmp, 'bench.json');
+    const r = await runCliAsync(['bench', 'engine', '--quick', '--out', out, '--model', model, '--llama-cpp-bin', bin], {
+      env: { SLM_TRAIN_CACHE: join(tmp, 'cache'), SLM_TRAIN_THREADS: '2', [LLAMA_CPP_BIN_ENV]: '' },
+      timeout: 840_000,
+    });
+    t.equal(r.code, 0, r.stderr.slice(-3000));
+    const eng = JSON.parse(readFileSync(out, 'utf8')).reports.engine;
+    t.match(eng.llama_cpp_source_batch1_rounds, [
+      { dtype: 'F32', skipped: /llama-bench failed \(exit 3\): error: out of memory/ },
+      { dtype: 'BF16', skipped: /exit 3/ },
+    ]);
+    t.match(
+      r.stdout,
+      '| slm-train / llama.cpp F32, decode batch 1, alternated rounds | skipped: llama-bench failed (exit 3): error: out of memory |',
+    );
+    t.match(r.stdout, /\| slm-train float32 \/ llama\.cpp F32, decode batch 1 \| [\d.]+x \(passes: /, 'the passes are there');
   },
 );
 
