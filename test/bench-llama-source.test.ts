@@ -28,8 +28,10 @@ import {
   summarizeRounds,
   batch1RoundsRows,
   steadyRound,
+  type Batch1Round,
 } from '../bench/llama-cpp-source.js';
 import { combinePasses } from '../bench/engine.js';
+import { median } from '../bench/stats.js';
 import { ggufPython, NO_GGUF_PYTHON } from '../bench/llama-cpp.js';
 import { initModel } from '../lib/model/init.js';
 import { runCliAsync } from './helpers/cli.js';
@@ -364,7 +366,10 @@ t.test(
         t.ok(r.ours_ms > 0 && Math.abs(r.ratio - r.llama_ms / r.ours_ms) < 1e-12, `${x.dtype}: ratio ${r.ratio}`);
         t.ok(r.read_GBps.length === 3 && r.read_GBps.every((g: number) => g > 0), 'the reads before, between and after');
       }
-      t.equal(x.median_ratio, (x.rounds[0].ratio + x.rounds[1].ratio) / 2);
+      // The median over the rounds at one memory speed (a shared machine's reads can move within a round), all when none is.
+      const steady = x.rounds.filter(steadyRound);
+      t.equal(x.steady, steady.length);
+      t.equal(x.median_ratio, median((steady.length ? steady : x.rounds).map((r: Batch1Round) => r.ratio)));
       t.match(r.stdout, `decode batch 1, 2 alternated rounds (tg16 each side; per round: `);
       t.match(r.stdout, `| median ${x.median_ratio.toFixed(2)}x (`);
     }
