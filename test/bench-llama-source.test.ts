@@ -14,7 +14,7 @@
 // (D f32 with K f16, D bf16 with K bf16; stdout only, the logs go to stderr).
 import { chmodSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import {
   LLAMA_CPP_BIN_ENV,
   llamaCppBin,
@@ -244,6 +244,19 @@ t.test(
   },
 );
 
+/** `slm-train bench engine --quick --llama-cpp-bin BIN` on the tiny preset in `tmp`, 2 threads; asserts it exits 0. */
+async function quickEngine(t: Test, tmp: string, bin: string): Promise<{ r: Awaited<ReturnType<typeof runCliAsync>>; out: string }> {
+  const model = join(tmp, 'tiny');
+  initModel({ preset: 'tiny', out: model, seed: 0 });
+  const out = join(tmp, 'bench.json');
+  const r = await runCliAsync(['bench', 'engine', '--quick', '--out', out, '--model', model, '--llama-cpp-bin', bin], {
+    env: { SLM_TRAIN_CACHE: join(tmp, 'cache'), SLM_TRAIN_THREADS: '2', [LLAMA_CPP_BIN_ENV]: '' },
+    timeout: 840_000,
+  });
+  t.equal(r.code, 0, r.stderr.slice(-3000));
+  return { r, out };
+}
+
 const python = ggufPython();
 const noGguf = needs(python ? false : NO_GGUF_PYTHON, t);
 
@@ -256,14 +269,7 @@ t.test(
     mkdirSync(bin);
     const log = join(tmp, 'argv.jsonl');
     fakeTools(bin, log);
-    const model = join(tmp, 'tiny');
-    initModel({ preset: 'tiny', out: model, seed: 0 });
-    const out = join(tmp, 'bench.json');
-    const r = await runCliAsync(['bench', 'engine', '--quick', '--out', out, '--model', model, '--llama-cpp-bin', bin], {
-      env: { SLM_TRAIN_CACHE: join(tmp, 'cache'), SLM_TRAIN_THREADS: '2', [LLAMA_CPP_BIN_ENV]: '' },
-      timeout: 840_000,
-    });
-    t.equal(r.code, 0, r.stderr.slice(-3000));
+    const { r, out } = await quickEngine(t, tmp, bin);
     const calls = argvLog(log);
     t.same(
       calls.map((c) => [c[0], c[c.indexOf('-m') + 1].replace(/.*\./, ''), c[c.indexOf('-t') + 1]]),
@@ -394,14 +400,7 @@ t.test(
       `#!/bin/sh\ncase " $* " in *" -p 0 "*) echo "error: out of memory" >&2; exit 3;; esac\nexec ${JSON.stringify(real)} "$@"\n`,
       { mode: 0o755 },
     );
-    const model = join(tmp, 'tiny');
-    initModel({ preset: 'tiny', out: model, seed: 0 });
-    const out = join(tmp, 'bench.json');
-    const r = await runCliAsync(['bench', 'engine', '--quick', '--out', out, '--model', model, '--llama-cpp-bin', bin], {
-      env: { SLM_TRAIN_CACHE: join(tmp, 'cache'), SLM_TRAIN_THREADS: '2', [LLAMA_CPP_BIN_ENV]: '' },
-      timeout: 840_000,
-    });
-    t.equal(r.code, 0, r.stderr.slice(-3000));
+    const { r, out } = await quickEngine(t, tmp, bin);
     const eng = JSON.parse(readFileSync(out, 'utf8')).reports.engine;
     t.match(eng.llama_cpp_source_batch1_rounds, [
       { dtype: 'F32', skipped: /llama-bench failed \(exit 3\): error: out of memory/ },
