@@ -47,7 +47,7 @@ import {
   type Batch1Round,
   type Batch1Rounds,
 } from './llama-cpp-source.js';
-import { median } from './stats.js';
+import { harmonicMean, median } from './stats.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export async function benchModelDir(preset: 'small' | 'tiny', log?: (s: string) => void): Promise<string> {
@@ -291,7 +291,7 @@ export function combinePasses(a: OursPass, b: OursPass): OursPass {
     prefillBf16S: (a.prefillBf16S + b.prefillBf16S) / 2,
     decode: a.decode.map((d) => {
       const e = b.decode.find((x) => x.dtype === d.dtype && x.batch === d.batch);
-      return e ? { ...d, stepS: (d.stepS + e.stepS) / 2, readGBps: 2 / (1 / d.readGBps + 1 / e.readGBps) } : d;
+      return e ? { ...d, stepS: (d.stepS + e.stepS) / 2, readGBps: harmonicMean([d.readGBps, e.readGBps]) } : d;
     }),
   };
 }

@@ -19,7 +19,7 @@ import { accessSync, constants, existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { SlmError } from '../lib/errors.js';
 import { benchGguf, ggufPython, NO_GGUF_PYTHON } from './llama-cpp.js';
-import { median } from './stats.js';
+import { harmonicMean, median } from './stats.js';
 
 export const LLAMA_CPP_TOOLS = ['llama-bench', 'llama-batched-bench'] as const;
 export const LLAMA_CPP_BIN_ENV = 'SLM_TRAIN_LLAMA_CPP_BIN';
@@ -287,7 +287,7 @@ export function mergeSourcePasses(a: LlamaCppSource, b: LlamaCppSource): LlamaCp
       const q = b.runs.find((x) => x.dtype === r.dtype);
       if ('skipped' in r || !q || 'skipped' in q) return r;
       // The rate of the mean time (as slm-train's passes are combined: combinePasses in bench/engine.ts).
-      const mean = (x: number, y: number) => 2 / (1 / x + 1 / y);
+      const mean = (x: number, y: number) => harmonicMean([x, y]);
       return {
         ...r,
         prefill: {
@@ -420,7 +420,7 @@ export function summarizeRounds(dtype: GgufDtype, steps: number, rounds: Batch1R
   const steady = rounds.filter(steadyRound);
   const used = steady.length ? steady : rounds;
   const ratios = used.map((r) => r.ratio);
-  const bound = (g1: number, g2: number) => (bytes / ((2 / (1 / g1 + 1 / g2)) * 1e9)) * 1e3; // ms
+  const bound = (g1: number, g2: number) => (bytes / (harmonicMean([g1, g2]) * 1e9)) * 1e3; // ms
   const boundOf = (r: Batch1Round, side: 'slm-train' | 'llama.cpp') =>
     side === r.first ? bound(r.read_GBps[0], r.read_GBps[1]) : bound(r.read_GBps[1], r.read_GBps[2]);
   return {

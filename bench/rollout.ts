@@ -33,6 +33,7 @@ import { createPythonPool } from '../lib/sandbox/python.js';
 import { runnerTokenizer } from '../lib/train/environment.js';
 import { aroundRead, benchModelDir, layerMatmulParams, MachineLimits } from './engine.js';
 import { summarize, type Latency } from './sandbox.js';
+import { harmonicMean } from './stats.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 interface CallRecord {
@@ -89,11 +90,6 @@ export function callRoofline(
   const weights = m.layerParams + m.VH;
   const step = Math.max((weights * m.bytesPerParam) / (lim.read * 1e9), (2 * weights * c.rows) / (lim.f32 * 1e9));
   return (2 * m.layerParams * c.prefillTokens + 2 * m.VH * c.rows) / (lim.f32 * 1e9) + Math.max(0, c.steps - 1) * step;
-}
-
-/** The read bandwidth a run's memory bound stands at: the harmonic mean of the reads before and after it (the mean of the two bounds). */
-export function runRead(reads: number[]): number {
-  return reads.length / reads.reduce((s, r) => s + 1 / r, 0);
 }
 
 export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
@@ -220,7 +216,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     await lim.again();
     for (const r of results) {
       const split = r.split_s as Record<string, number>;
-      const read = runRead(r.read_GBps as number[]);
+      const read = harmonicMean(r.read_GBps as number[]); // the mean of the memory bounds at the two reads
       const calls = r.calls as Array<{ rows: number; prefill_tokens: number; steps: number }>;
       split.generation_roofline = +calls
         .reduce(

@@ -9,3 +9,13 @@ export function median(xs: readonly number[]): number {
   const h = s.length >> 1;
   return s.length % 2 ? s[h] : (s[h - 1] + s[h]) / 2;
 }
+
+/**
+ * The harmonic mean: the rate of the mean time when each value is a rate over the same work (two
+ * passes' tokens/s), or the bandwidth at which the mean of two memory bounds is read. One definition
+ * for the benches' passes, rounds and rollout reads.
+ */
+export function harmonicMean(xs: readonly number[]): number {
+  if (xs.length === 0) throw new Error('harmonic mean of no values');
+  return xs.length / xs.reduce((s, x) => s + 1 / x, 0);
+}

@@ -1,12 +1,13 @@
 // `bench rollout`'s generation rooflines (bench/rollout.ts): one generate call's time at the matmul
 // rate and the read bandwidth (callRoofline), the read a run stands at (the harmonic mean of the reads
-// before and after it: runRead), and the plumbing: `slm-train bench rollout --quick --out F` on the tiny
+// before and after it), and the plumbing: `slm-train bench rollout --quick --out F` on the tiny
 // preset, each run's roofline recomputed from its calls and its own reads in the JSON.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { layerMatmulParams } from '../bench/engine.js';
-import { callRoofline, runRead } from '../bench/rollout.js';
+import { callRoofline } from '../bench/rollout.js';
+import { harmonicMean } from '../bench/stats.js';
 import { initModel } from '../lib/model/init.js';
 import { runCliAsync } from './helpers/cli.js';
 
@@ -24,13 +25,6 @@ t.test('a generate call at the rooflines: prefill at the matmul rate, each step 
   t.ok(callRoofline(c, m, { ...lim, read: 20 }) < callRoofline(c, m, lim));
   t.equal(callRoofline(wide, m, { ...lim, read: 20 }), callRoofline(wide, m, lim));
   t.equal(callRoofline({ rows: 1, prefillTokens: 0, steps: 1 }, m, lim), (2 * 2e5) / 1e11, 'one step: the prefill only');
-});
-
-t.test('the read a run stands at: the harmonic mean of the reads around it (the mean of the two memory bounds)', async (t) => {
-  t.equal(runRead([30, 60]), 40);
-  t.equal(runRead([50, 50]), 50);
-  const bytes = 1e9;
-  t.ok(Math.abs(bytes / runRead([30, 60]) - (bytes / 30 + bytes / 60) / 2) < 1e-6);
 });
 
 t.test(
@@ -70,7 +64,7 @@ t.test(
           s +
           callRoofline({ rows: c.rows, prefillTokens: c.prefill_tokens, steps: c.steps }, sizes, {
             f32: rep.machine.matmul_f32_GFLOPs,
-            read: runRead(run.read_GBps),
+            read: harmonicMean(run.read_GBps),
           }),
         0,
       );

@@ -2,7 +2,7 @@
 // so an even count of runs is the mean of the middle two everywhere (before, five bench programs took the
 // upper middle, bench/train.ts the mean).
 import t from 'tap';
-import { median } from '../bench/stats.js';
+import { harmonicMean, median } from '../bench/stats.js';
 
 t.test('odd counts: the middle value, whatever the order', async (t) => {
   t.equal(median([3]), 3);
@@ -20,4 +20,13 @@ t.test('the input is left unsorted, and no values is an error, not NaN', async (
   median(xs);
   t.same(xs, [3, 1, 2]);
   t.throws(() => median([]), /median of no values/);
+});
+
+t.test('the harmonic mean: the rate of the mean time, the bandwidth of the mean memory bound', async (t) => {
+  t.equal(harmonicMean([30, 60]), 40, 'reads of 30 and 60 GB/s: the mean of their bounds is read at 40');
+  t.equal(harmonicMean([50, 50]), 50);
+  const bytes = 1e9;
+  t.ok(Math.abs(bytes / harmonicMean([30, 60]) - (bytes / 30 + bytes / 60) / 2) < 1e-6);
+  t.ok(Math.abs(harmonicMean([1, 2, 4]) - 3 / 1.75) < 1e-15, 'any count');
+  t.throws(() => harmonicMean([]), /harmonic mean of no values/);
 });
