@@ -128,6 +128,16 @@ export function readNow(): Promise<number> {
 }
 
 /**
+ * The float32 matmul rate now: the best of three 100 ms windows (GFLOP/s). A shared VM's arithmetic
+ * rate switches too, between levels opposite to the read's (here, 2026-11-28: 180-192 GFLOP/s while
+ * reads ran at 55-66 GB/s, 207-213 while they ran at 34-36), so a compute-bound run is set beside
+ * the rate measured around it, as a memory-bound one beside the read (bench rollout).
+ */
+export function matmulNow(): Promise<number> {
+  return machineLimit(LIMITS.f32, 0.3, 3);
+}
+
+/**
  * The decoder layers' parameters (their matrices and norms): all of them but the embedding, the
  * final norm and an untied vocabulary head.
  */

@@ -7,8 +7,8 @@
  * wall time split into generation, sandbox, retrieval, reward and orchestration (the rest), each
  * with p50/p99 per rollout; next to generation, the bound from the roofline measured in the same run
  * (every generate call's prefill at the matmul rate and each decode step at max(weight bytes / read
- * bandwidth, 2 x params x rows / matmul rate): callRoofline; the read bandwidth the one measured before
- * and after that run, their harmonic mean; each run's calls in the JSON). Comparison: the same K = 8 batch (--quick: 4) generated
+ * bandwidth, 2 x params x rows / matmul rate): callRoofline; the read bandwidth and the matmul rate
+ * those measured before and after that run, the harmonic mean of each; each run's calls in the JSON). Comparison: the same K = 8 batch (--quick: 4) generated
  * one episode at a time (unbatched). Every run reports the prefill tokens the engine computed against
  * those its prompts hold (shared prefixes: the K samples of a question and the system prompt are
  * prefilled once; multi-turn cache reuse: a turn continues its episode's KV cache, so only the tokens
@@ -31,7 +31,7 @@ import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { answerMetrics } from '../lib/rewards/metrics.js';
 import { createPythonPool } from '../lib/sandbox/python.js';
 import { runnerTokenizer } from '../lib/train/environment.js';
-import { aroundRead, benchModelDir, layerMatmulParams, MachineLimits } from './engine.js';
+import { benchModelDir, layerMatmulParams, MachineLimits, matmulNow, readNow } from './engine.js';
 import { summarize, type Latency } from './sandbox.js';
 import { harmonicMean } from './stats.js';
 import type { BenchOptions, BenchReport } from './types.js';
@@ -92,6 +92,19 @@ export function callRoofline(
   return (2 * m.layerParams * c.prefillTokens + 2 * m.VH * c.rows) / (lim.f32 * 1e9) + Math.max(0, c.steps - 1) * step;
 }
 
+/**
+ * A run's generation roofline (seconds): its generate calls at the rooflines (callRoofline), at the
+ * harmonic means of the read bandwidths and of the matmul rates measured before and after it (the
+ * means of the bounds, a time per byte and per FLOP).
+ */
+export function runRoofline(
+  run: { calls: Array<{ rows: number; prefill_tokens: number; steps: number }>; read_GBps: number[]; matmul_GFLOPs: number[] },
+  m: { layerParams: number; VH: number; bytesPerParam: number },
+): number {
+  const at = { read: harmonicMean(run.read_GBps), f32: harmonicMean(run.matmul_GFLOPs) };
+  return run.calls.reduce((s, c) => s + callRoofline({ rows: c.rows, prefillTokens: c.prefill_tokens, steps: c.steps }, m, at), 0);
+}
+
 export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const log = o.log ?? (() => {});
   const quick = !!o.quick;
@@ -102,11 +115,13 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     V = model.config.vocab_size;
   const layerParams = layerMatmulParams(info.numParameters, model.config);
   const bytesPerParam = info.parameterBytes / info.numParameters;
-  // The matmul rate is the run's best (measured before and after: MachineLimits); the read bandwidth
-  // each run's generation roofline stands beside is the one measured around that run (its reads
-  // before and after), as a shared VM's memory speed switches between two levels over minutes (35
-  // and 55-65 GB/s here, 2026-11-28): K 1, memory bound, set beside a fast-mode read it did not run
-  // in would flatter K 24 / K 1, and beside a slow one would flatter K 1's fraction.
+  // Each run's generation roofline stands beside the read bandwidth and the matmul rate measured
+  // around that run (before and after it), as a shared VM's memory speed switches between two levels
+  // within a minute (35 and 55-65 GB/s here, 2026-11-28) and its arithmetic rate too, the other way
+  // (207-213 GFLOP/s with the slow read, 180-192 with the fast): K 1, memory bound, set beside a
+  // read it did not run at would flatter or penalise K 24 / K 1, and K 24, compute bound, beside a
+  // rate it did not run at likewise. The run's best of both (MachineLimits, before and after every
+  // run) heads the table.
   const lim = await MachineLimits.measure(['read', 'f32'], quick ? 0.3 : 1);
   const sizes = { layerParams, VH: V * H, bytesPerParam };
 
@@ -116,9 +131,16 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const maxNewTokens = quick ? 24 : 96;
   const Q = quick ? 1 : 2;
   const protocol = codeProtocol({ executor: pool });
+  const limitsNow = async () => [await readNow(), await matmulNow()];
   const run = async (k: number, unbatched = false, shared = true) => {
-    const { value, reads } = await aroundRead(() => runOnce(k, unbatched, shared));
-    return { ...value, read_GBps: reads.map((r) => +r.toFixed(1)) };
+    const before = await limitsNow();
+    const value = await runOnce(k, unbatched, shared);
+    const after = await limitsNow();
+    return {
+      ...value,
+      read_GBps: [before[0], after[0]].map((r) => +r.toFixed(1)),
+      matmul_GFLOPs: [before[1], after[1]].map((r) => +r.toFixed(1)),
+    };
   };
   const runOnce = async (k: number, unbatched: boolean, shared: boolean) => {
     const g = new RecordingGenerator(model, shared);
@@ -216,14 +238,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     await lim.again();
     for (const r of results) {
       const split = r.split_s as Record<string, number>;
-      const read = harmonicMean(r.read_GBps as number[]); // the mean of the memory bounds at the two reads
-      const calls = r.calls as Array<{ rows: number; prefill_tokens: number; steps: number }>;
-      split.generation_roofline = +calls
-        .reduce(
-          (s, c) => s + callRoofline({ rows: c.rows, prefillTokens: c.prefill_tokens, steps: c.steps }, sizes, { f32: lim.v.f32, read }),
-          0,
-        )
-        .toFixed(3);
+      split.generation_roofline = +runRoofline(r as unknown as Parameters<typeof runRoofline>[0], sizes).toFixed(3);
     }
     const machine = {
       read_GBps: +lim.v.read.toFixed(1),
@@ -246,6 +261,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       generate_calls: number;
       split_s: Record<string, number>;
       read_GBps: number[];
+      matmul_GFLOPs: number[];
     };
     const rows = results as unknown as Row[];
     // Per rollout, the largest K against K 1 (both on the default path): measured, and what an engine
@@ -266,13 +282,13 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     // Rows above which a decode step's matmuls take longer than reading the weights.
     const computeBoundRows = +((bytesPerParam * lim.v.f32) / (2 * lim.v.read)).toFixed(1);
     const table = [
-      `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; matmul ${machine.matmul_f32_GFLOPs} GFLOP/s; each run's generation roofline at the read bandwidth measured before and after it, the run's best read ${machine.read_GBps} GB/s)`,
+      `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; each run's generation roofline at the read bandwidth and the matmul rate measured before and after it; the bench's best: read ${machine.read_GBps} GB/s, matmul ${machine.matmul_f32_GFLOPs} GFLOP/s)`,
       '',
-      '| K | rollouts | prefill tokens computed / requested (prefill s) | reused from episode caches | per rollout s | rollouts/s | gen tok/s | generation s (roofline s; read GB/s before / after) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
+      '| K | rollouts | prefill tokens computed / requested (prefill s) | reused from episode caches | per rollout s | rollouts/s | gen tok/s | generation s (roofline s; read GB/s, matmul GFLOP/s before / after) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
       '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
       ...rows.map(
         (r) =>
-          `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes, no cache reuse)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.reused_tokens} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}; ${r.read_GBps.join(' / ')}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`,
+          `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes, no cache reuse)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.reused_tokens} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}; ${r.read_GBps.join(' / ')}; ${r.matmul_GFLOPs.join(' / ')}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`,
       ),
       '',
       ...(kRatio

@@ -1,13 +1,13 @@
 // `bench rollout`'s generation rooflines (bench/rollout.ts): one generate call's time at the matmul
-// rate and the read bandwidth (callRoofline), the read a run stands at (the harmonic mean of the reads
-// before and after it), and the plumbing: `slm-train bench rollout --quick --out F` on the tiny
-// preset, each run's roofline recomputed from its calls and its own reads in the JSON.
+// rate and the read bandwidth (callRoofline), the read and the rate a run stands at (the harmonic
+// means of those measured before and after it), and the plumbing: `slm-train bench rollout --quick
+// --out F` on the tiny preset, each run's roofline recomputed from its calls and its own reads and
+// matmul rates in the JSON.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { layerMatmulParams } from '../bench/engine.js';
-import { callRoofline } from '../bench/rollout.js';
-import { harmonicMean } from '../bench/stats.js';
+import { callRoofline, runRoofline } from '../bench/rollout.js';
 import { initModel } from '../lib/model/init.js';
 import { runCliAsync } from './helpers/cli.js';
 
@@ -27,8 +27,30 @@ t.test('a generate call at the rooflines: prefill at the matmul rate, each step 
   t.equal(callRoofline({ rows: 1, prefillTokens: 0, steps: 1 }, m, lim), (2 * 2e5) / 1e11, 'one step: the prefill only');
 });
 
+t.test("a run's roofline: its calls at the harmonic means of the reads and of the matmul rates around it", async (t) => {
+  const m = { layerParams: 1e6, VH: 2e5, bytesPerParam: 4 };
+  // A memory-bound call (2 rows) and a compute-bound one (64 rows), as K 1 and K 24's decodes.
+  const calls = [
+    { rows: 2, prefill_tokens: 50, steps: 10 },
+    { rows: 64, prefill_tokens: 0, steps: 2 },
+  ];
+  const run = { calls, read_GBps: [10, 30], matmul_GFLOPs: [50, 150] };
+  const at = { read: 15, f32: 75 }; // 2 / (1/10 + 1/30), 2 / (1/50 + 1/150)
+  const want = calls.reduce((s, c) => s + callRoofline({ rows: c.rows, prefillTokens: c.prefill_tokens, steps: c.steps }, m, at), 0);
+  t.ok(Math.abs(runRoofline(run, m) - want) < 1e-15, `${runRoofline(run, m)} vs ${want}`);
+  // The compute-bound call follows the run's own rates: twice the rate, half its time.
+  const wide = { calls: [calls[1]], read_GBps: [10, 30] };
+  t.ok(
+    Math.abs(runRoofline({ ...wide, matmul_GFLOPs: [100, 300] }, m) * 2 - runRoofline({ ...wide, matmul_GFLOPs: [50, 150] }, m)) < 1e-15,
+  );
+  // ... and the memory-bound steps the run's own reads.
+  const narrow = { calls: [{ rows: 2, prefill_tokens: 0, steps: 11 }], matmul_GFLOPs: [50, 150] };
+  const prefillOnly = runRoofline({ ...narrow, calls: [{ ...narrow.calls[0], steps: 1 }], read_GBps: [10, 30] }, m);
+  t.ok(Math.abs((runRoofline({ ...narrow, read_GBps: [10, 30] }, m) - prefillOnly) / 10 - 4.8e6 / 15e9) < 1e-15);
+});
+
 t.test(
-  "slm-train bench rollout --quick: each run's roofline from its calls at the read measured around it",
+  "slm-train bench rollout --quick: each run's roofline from its calls at the read and the matmul rate measured around it",
   { timeout: 600_000 },
   async (t) => {
     const tmp = t.testdir();
@@ -58,22 +80,23 @@ t.test(
         run.read_GBps.every((g: number) => g > 0),
         `K ${run.k}: ${run.read_GBps.join(' / ')} GB/s`,
       );
-      t.equal(run.calls.length, run.generate_calls, 'every generate call in the JSON');
-      const want = run.calls.reduce(
-        (s: number, c: { rows: number; prefill_tokens: number; steps: number }) =>
-          s +
-          callRoofline({ rows: c.rows, prefillTokens: c.prefill_tokens, steps: c.steps }, sizes, {
-            f32: rep.machine.matmul_f32_GFLOPs,
-            read: harmonicMean(run.read_GBps),
-          }),
-        0,
+      t.equal(run.matmul_GFLOPs.length, 2, `K ${run.k}: the matmul rates before and after`);
+      t.ok(
+        run.matmul_GFLOPs.every((g: number) => g > 0),
+        `K ${run.k}: ${run.matmul_GFLOPs.join(' / ')} GFLOP/s`,
       );
-      // The JSON's matmul rate is rounded to 0.1 GFLOP/s and the roofline to 1 ms.
+      t.equal(run.calls.length, run.generate_calls, 'every generate call in the JSON');
+      const want = runRoofline(run, sizes);
+      // The JSON's roofline is rounded to 1 ms (computed from the rounded reads and rates it shows).
       t.ok(
         Math.abs(run.split_s.generation_roofline - want) <= 0.0006 + 0.002 * want,
-        `K ${run.k}${run.unbatched ? ' unbatched' : ''}: roofline ${run.split_s.generation_roofline} s = its calls at its own read (${want.toFixed(4)})`,
+        `K ${run.k}${run.unbatched ? ' unbatched' : ''}: roofline ${run.split_s.generation_roofline} s = its calls at its own read and rate (${want.toFixed(4)})`,
       );
-      t.match(r.stdout, `(${run.split_s.generation_roofline}; ${run.read_GBps.join(' / ')}) |`, 'the table carries the reads');
+      t.match(
+        r.stdout,
+        `(${run.split_s.generation_roofline}; ${run.read_GBps.join(' / ')}; ${run.matmul_GFLOPs.join(' / ')}) |`,
+        'the table carries the reads and the rates',
+      );
     }
     const k1 = rep.runs[0],
       k4 = rep.runs[1];
