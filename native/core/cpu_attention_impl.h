@@ -12,20 +12,111 @@ constexpr int W = V::W;
 constexpr int ND_MAX = W == 16 ? 4 : 2;
 constexpr int CH = ND_MAX * W;
 
+// Scores of the listed keys for RR query heads: sc[r * n + key - j0] = q_r·k * scale + mask[key],
+// as attend computes them, KG keys at a time (independent sums, so the multiply-adds overlap instead of
+// waiting on one another down a key's D values).
+template <int RR, class T>
+inline void scores_rr(const float* qf, const Keys<T>& kv, const float* mask, float* sc, const int32_t* keys, int64_t nk, int64_t n,
+                      int64_t j0, int64_t D, float scale) {
+  constexpr int KG = RR == 1 ? 4 : 8 / RR;
+  int64_t i = 0;
+  for (; i + KG <= nk; i += KG) {
+    const T* kp[KG];
+#pragma GCC unroll 8
+    for (int x = 0; x < KG; ++x) kp[x] = kv.key(keys[i + x]);
+    typename V::F s[RR][KG];
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+      for (int x = 0; x < KG; ++x) s[r][x] = V::zero();
+    for (int64_t d = 0; d < D; d += W) {
+      typename V::F kd[KG];
+#pragma GCC unroll 8
+      for (int x = 0; x < KG; ++x) kd[x] = ld(kp[x] + d);
+#pragma GCC unroll 4
+      for (int r = 0; r < RR; ++r) {
+        const typename V::F qd = V::load(qf + r * D + d);
+#pragma GCC unroll 8
+        for (int x = 0; x < KG; ++x) s[r][x] = V::fmadd(qd, kd[x], s[r][x]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+      for (int x = 0; x < KG; ++x) {
+        const int64_t j = keys[i + x];
+        sc[r * n + j - j0] = V::reduce_add(s[r][x]) * scale + mask[j];
+      }
+  }
+  for (; i < nk; ++i) {
+    const int64_t j = keys[i];
+    const T* kj = kv.key(j);
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; ++r) {
+      typename V::F s = V::zero();
+      for (int64_t d = 0; d < D; d += W) s = V::fmadd(V::load(qf + r * D + d), ld(kj + d), s);
+      sc[r * n + j - j0] = V::reduce_add(s) * scale + mask[j];
+    }
+  }
+}
+
+// acc[r][d] += sum over the listed keys, in their order, of p_r(key) v(key)[d], for RR query heads:
+// one query head at a time, NC vectors of d held in registers across a block of keys (each sum the
+// same multiply-adds in the same order as one accumulated in memory), the block's value rows read
+// whole and in order by the first head (the hardware prefetchers keep up with that, not with parts
+// of rows) and from L1 by the others.
+template <int RR, class T>
+inline void values_rr(const float* sc, const Keys<T>& kv, const int32_t* keys, int64_t nk, int64_t n, int64_t j0, int64_t D, float* acc) {
+  constexpr int NC = W == 16 ? 4 : 8;
+  constexpr int64_t kBlock = 32;
+  for (int64_t i0 = 0; i0 < nk; i0 += kBlock) {
+    const int64_t i1 = std::min(nk, i0 + kBlock);
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; ++r) {
+      const float* pr = sc + r * n - j0;
+      int64_t d0 = 0;
+      for (; d0 + NC * W <= D; d0 += NC * W) {
+        typename V::F a[NC];
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) a[c] = V::load(acc + r * D + d0 + c * W);
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t j = keys[i];
+          const T* vj = kv.value(j) + d0;
+          const typename V::F p = V::set1(pr[j]);
+#pragma GCC unroll 8
+          for (int c = 0; c < NC; ++c) a[c] = V::fmadd(p, ld(vj + c * W), a[c]);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) V::store(acc + r * D + d0 + c * W, a[c]);
+      }
+      for (; d0 < D; d0 += W) {
+        float* ad = acc + r * D + d0;
+        typename V::F a = V::load(ad);
+        for (int64_t i = i0; i < i1; ++i) a = V::fmadd(V::set1(pr[keys[i]]), ld(kv.value(keys[i]) + d0), a);
+        V::store(ad, a);
+      }
+    }
+  }
+}
+
 // One query position of the R query heads of one KV head: q (R rows, stride g.q_head), keys and
-// values (S positions), mask (S), out (R rows of D, stride g.o_head). `scratch` holds R*S + 2*R*D + R
-// floats. With `st` (a cascade decode), keys [0, j0) were done already: st[r * st_r] holds their
-// maximum score, + 1 their sum of exp(score - maximum), + 2.. their unnormalised sum of p v; keys
-// [j0, S) are added to that (masked keys are then never read).
-template <class T>
-void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch, int64_t j0 = 0,
-            const float* st = nullptr, int64_t st_r = 0) {
-  const int64_t R = g.R, S = g.S, D = g.D, n = S - j0;
+// values (S positions), mask (S), out (R rows of D, stride g.o_head). `scratch` holds
+// attend_scratch(R, S, D) floats. With `st` (a cascade decode), keys [0, j0) were done already:
+// st[r * st_r] holds their maximum score, + 1 their sum of exp(score - maximum), + 2.. their
+// unnormalised sum of p v; keys [j0, S) are added to that (masked keys are then never read).
+// R = 1, 2 or 4 (RR, the query heads of a KV head in Qwen3 and Llama 3.2) runs scores_rr and
+// values_rr; any other R the same arithmetic one key and one vector at a time.
+inline int64_t attend_scratch(int64_t R, int64_t S, int64_t D) { return R * S + 2 * R * D + R + S; }
+template <int RR, class T>
+void attend_r(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch, int64_t j0, const float* st,
+              int64_t st_r) {
+  const int64_t R = RR ? RR : g.R, S = g.S, D = g.D, n = S - j0;
   constexpr float kLowest = std::numeric_limits<float>::lowest();
-  float* sc = scratch;       // [R][n] scores, then probabilities (unnormalised)
-  float* qf = sc + R * n;    // [R][D] q in float32
-  float* acc = qf + R * D;   // [R][D] sum of p * v
-  float* inv = acc + R * D;  // [R] 1 / sum of p
+  float* sc = scratch;                                       // [R][n] scores, then probabilities (unnormalised)
+  float* qf = sc + R * n;                                    // [R][D] q in float32
+  float* acc = qf + R * D;                                   // [R][D] sum of p * v
+  float* inv = acc + R * D;                                  // [R] 1 / sum of p
+  int32_t* keys = reinterpret_cast<int32_t*>(inv + R);       // [n] the keys read
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(q[r * g.q_head + d]);
   // Scores: q·k * scale + mask, as ATen orders it; a masked key keeps the lowest float (its key is not read).
@@ -35,12 +126,19 @@ void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geom
       for (int64_t r = 0; r < R; ++r) sc[r * n + j - j0] = kLowest;
       continue;
     }
-    ++unmasked;
-    const T* kj = kv.key(j);
-    for (int64_t r = 0; r < R; ++r) {
-      typename V::F s = V::zero();
-      for (int64_t d = 0; d < D; d += W) s = V::fmadd(V::load(qf + r * D + d), ld(kj + d), s);
-      sc[r * n + j - j0] = V::reduce_add(s) * g.scale + mask[j];
+    keys[unmasked++] = static_cast<int32_t>(j);
+  }
+  if constexpr (RR > 0) {
+    scores_rr<RR>(qf, kv, mask, sc, keys, unmasked, n, j0, D, g.scale);
+  } else {
+    for (int64_t i = 0; i < unmasked; ++i) {
+      const int64_t j = keys[i];
+      const T* kj = kv.key(j);
+      for (int64_t r = 0; r < R; ++r) {
+        typename V::F s = V::zero();
+        for (int64_t d = 0; d < D; d += W) s = V::fmadd(V::load(qf + r * D + d), ld(kj + d), s);
+        sc[r * n + j - j0] = V::reduce_add(s) * g.scale + mask[j];
+      }
     }
   }
   // Softmax per query head (a fully masked row: every score the lowest float, a uniform
@@ -61,19 +159,43 @@ void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geom
   }
   // out = (sum_j p_j v_j) / sum_j p_j, accumulated in float32. Masked keys are not read (their p is
   // exp(lowest - max): 0, or the vectorised exp's smallest denormal), unless every key is masked.
-  for (int64_t j = j0; j < S; ++j) {
-    if ((unmasked > 0 || st) && mask[j] == kLowest) continue;
-    const T* vj = kv.value(j);
-    for (int64_t d = 0; d < D; d += W) {
-      const typename V::F vv = ld(vj + d);
-      for (int64_t r = 0; r < R; ++r) {
-        float* a = acc + r * D + d;
-        V::store(a, V::fmadd(V::set1(sc[r * n + j - j0]), vv, V::load(a)));
+  int64_t nk = unmasked;
+  if (unmasked == 0 && !st) {
+    for (int64_t j = j0; j < S; ++j) keys[j - j0] = static_cast<int32_t>(j);
+    nk = n;
+  }
+  if constexpr (RR > 0) {
+    values_rr<RR>(sc, kv, keys, nk, n, j0, D, acc);
+  } else {
+    for (int64_t i = 0; i < nk; ++i) {
+      const int64_t j = keys[i];
+      const T* vj = kv.value(j);
+      for (int64_t d = 0; d < D; d += W) {
+        const typename V::F vv = ld(vj + d);
+        for (int64_t r = 0; r < R; ++r) {
+          float* a = acc + r * D + d;
+          V::store(a, V::fmadd(V::set1(sc[r * n + j - j0]), vv, V::load(a)));
+        }
       }
     }
   }
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) out[r * g.o_head + d] = static_cast<T>(acc[r * D + d] * inv[r]);
+}
+
+template <class T>
+void attend(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch, int64_t j0 = 0,
+            const float* st = nullptr, int64_t st_r = 0) {
+  switch (g.R) {
+    case 1:
+      return attend_r<1>(q, kv, mask, out, g, scratch, j0, st, st_r);
+    case 2:
+      return attend_r<2>(q, kv, mask, out, g, scratch, j0, st, st_r);
+    case 4:
+      return attend_r<4>(q, kv, mask, out, g, scratch, j0, st, st_r);
+    default:
+      return attend_r<0>(q, kv, mask, out, g, scratch, j0, st, st_r);
+  }
 }
 
 template <int ND, class T>
@@ -264,7 +386,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     attend<E>(qp + b * q.stride(0) + h * g.R * q.stride(1) + t * q.stride(2), keys(b, h), mp + b * mask.stride(0) + t * mask.stride(2),
               op + ((b * nq + h * g.R) * T + t) * D, g, scratch);
   };
-  const int64_t one_scratch = g.R * S + 2 * g.R * D + g.R;
+  const int64_t one_scratch = attend_scratch(g.R, S, D);
   // Tasks go KV head by KV head, so that consecutive sequences read a shared prefix from cache.
   if (T == 1 && P > 0 && B > 1) {
     // A decode step with a shared prefix (cascade): first the prefix for W sequences at a time, as
