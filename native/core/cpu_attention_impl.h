@@ -112,11 +112,11 @@ void attend_r(const T* q, const Keys<T>& kv, const float* mask, T* out, const Ge
               int64_t st_r) {
   const int64_t R = RR ? RR : g.R, S = g.S, D = g.D, n = S - j0;
   constexpr float kLowest = std::numeric_limits<float>::lowest();
-  float* sc = scratch;                                       // [R][n] scores, then probabilities (unnormalised)
-  float* qf = sc + R * n;                                    // [R][D] q in float32
-  float* acc = qf + R * D;                                   // [R][D] sum of p * v
-  float* inv = acc + R * D;                                  // [R] 1 / sum of p
-  int32_t* keys = reinterpret_cast<int32_t*>(inv + R);       // [n] the keys read
+  float* sc = scratch;                                  // [R][n] scores, then probabilities (unnormalised)
+  float* qf = sc + R * n;                               // [R][D] q in float32
+  float* acc = qf + R * D;                              // [R][D] sum of p * v
+  float* inv = acc + R * D;                             // [R] 1 / sum of p
+  int32_t* keys = reinterpret_cast<int32_t*>(inv + R);  // [n] the keys read
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(q[r * g.q_head + d]);
   // Scores: q·k * scale + mask, as ATen orders it; a masked key keeps the lowest float (its key is not read).
