@@ -104,8 +104,8 @@ inline void values_rr(const float* sc, const Keys<T>& kv, const int32_t* keys, i
 // attend_scratch(R, S, D) floats. With `st` (a cascade decode), keys [0, j0) were done already:
 // st[r * st_r] holds their maximum score, + 1 their sum of exp(score - maximum), + 2.. their
 // unnormalised sum of p v; keys [j0, S) are added to that (masked keys are then never read).
-// R = 1, 2 or 4 (RR, the query heads of a KV head in Qwen3 and Llama 3.2) runs scores_rr and
-// values_rr; any other R the same arithmetic one key and one vector at a time.
+// R = 1, 2 or 4 (RR: Qwen3's models and Llama 3.2 1B) runs scores_rr and values_rr; any other R
+// (Llama 3.2 3B's 3) the same arithmetic one key and one vector at a time.
 inline int64_t attend_scratch(int64_t R, int64_t S, int64_t D) { return R * S + 2 * R * D + R + S; }
 template <int RR, class T>
 void attend_r(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch, int64_t j0, const float* st,
