@@ -13,11 +13,12 @@ constexpr int ND_MAX = W == 16 ? 4 : 2;
 constexpr int CH = ND_MAX * W;
 
 // Scores of the listed keys for RR query heads: sc[r * n + key - j0] = q_r·k * scale + mask[key],
-// as attend computes them, KG keys at a time (independent sums, so the multiply-adds overlap instead of
-// waiting on one another down a key's D values).
+// as attend_r computes them one key at a time, KG keys at a time (independent sums, so the
+// multiply-adds overlap instead of waiting on one another down a key's D values). Returns how many
+// keys it did (whole groups of KG); attend_r does the rest.
 template <int RR, class T>
-inline void scores_rr(const float* qf, const Keys<T>& kv, const float* mask, float* sc, const int32_t* keys, int64_t nk, int64_t n,
-                      int64_t j0, int64_t D, float scale) {
+inline int64_t scores_rr(const float* qf, const Keys<T>& kv, const float* mask, float* sc, const int32_t* keys, int64_t nk, int64_t n,
+                         int64_t j0, int64_t D, float scale) {
   constexpr int KG = RR == 1 ? 4 : 8 / RR;
   int64_t i = 0;
   for (; i + KG <= nk; i += KG) {
@@ -48,31 +49,22 @@ inline void scores_rr(const float* qf, const Keys<T>& kv, const float* mask, flo
         sc[r * n + j - j0] = V::reduce_add(s[r][x]) * scale + mask[j];
       }
   }
-  for (; i < nk; ++i) {
-    const int64_t j = keys[i];
-    const T* kj = kv.key(j);
-#pragma GCC unroll 4
-    for (int r = 0; r < RR; ++r) {
-      typename V::F s = V::zero();
-      for (int64_t d = 0; d < D; d += W) s = V::fmadd(V::load(qf + r * D + d), ld(kj + d), s);
-      sc[r * n + j - j0] = V::reduce_add(s) * scale + mask[j];
-    }
-  }
+  return i;
 }
 
-// acc[r][d] += sum over the listed keys, in their order, of p_r(key) v(key)[d], for RR query heads:
+// acc[r][d] += sum over the listed keys, in their order, of p_r(key) v(key)[d], for R query heads:
 // one query head at a time, NC vectors of d held in registers across a block of keys (each sum the
 // same multiply-adds in the same order as one accumulated in memory), the block's value rows read
 // whole and in order by the first head (the hardware prefetchers keep up with that, not with parts
 // of rows) and from L1 by the others.
-template <int RR, class T>
-inline void values_rr(const float* sc, const Keys<T>& kv, const int32_t* keys, int64_t nk, int64_t n, int64_t j0, int64_t D, float* acc) {
+template <class T>
+inline void values(const float* sc, const Keys<T>& kv, const int32_t* keys, int64_t nk, int64_t n, int64_t j0, int64_t R, int64_t D,
+                   float* acc) {
   constexpr int NC = W == 16 ? 4 : 8;
   constexpr int64_t kBlock = 32;
   for (int64_t i0 = 0; i0 < nk; i0 += kBlock) {
     const int64_t i1 = std::min(nk, i0 + kBlock);
-#pragma GCC unroll 4
-    for (int r = 0; r < RR; ++r) {
+    for (int64_t r = 0; r < R; ++r) {
       const float* pr = sc + r * n - j0;
       int64_t d0 = 0;
       for (; d0 + NC * W <= D; d0 += NC * W) {
@@ -104,8 +96,8 @@ inline void values_rr(const float* sc, const Keys<T>& kv, const int32_t* keys, i
 // attend_scratch(R, S, D) floats. With `st` (a cascade decode), keys [0, j0) were done already:
 // st[r * st_r] holds their maximum score, + 1 their sum of exp(score - maximum), + 2.. their
 // unnormalised sum of p v; keys [j0, S) are added to that (masked keys are then never read).
-// R = 1, 2 or 4 (RR: Qwen3's models and Llama 3.2 1B) runs scores_rr and values_rr; any other R
-// (Llama 3.2 3B's 3) the same arithmetic one key and one vector at a time.
+// R = 1, 2 or 4 (RR: Qwen3's models and Llama 3.2 1B) has its scores done by scores_rr; any other R
+// (Llama 3.2 3B's 3), and the keys left after scores_rr's groups, one key at a time.
 inline int64_t attend_scratch(int64_t R, int64_t S, int64_t D) { return R * S + 2 * R * D + R + S; }
 template <int RR, class T>
 void attend_r(const T* q, const Keys<T>& kv, const float* mask, T* out, const Geometry& g, float* scratch, int64_t j0, const float* st,
@@ -128,17 +120,15 @@ void attend_r(const T* q, const Keys<T>& kv, const float* mask, T* out, const Ge
     }
     keys[unmasked++] = static_cast<int32_t>(j);
   }
-  if constexpr (RR > 0) {
-    scores_rr<RR>(qf, kv, mask, sc, keys, unmasked, n, j0, D, g.scale);
-  } else {
-    for (int64_t i = 0; i < unmasked; ++i) {
-      const int64_t j = keys[i];
-      const T* kj = kv.key(j);
-      for (int64_t r = 0; r < R; ++r) {
-        typename V::F s = V::zero();
-        for (int64_t d = 0; d < D; d += W) s = V::fmadd(V::load(qf + r * D + d), ld(kj + d), s);
-        sc[r * n + j - j0] = V::reduce_add(s) * g.scale + mask[j];
-      }
+  int64_t scored = 0;
+  if constexpr (RR > 0) scored = scores_rr<RR>(qf, kv, mask, sc, keys, unmasked, n, j0, D, g.scale);
+  for (int64_t i = scored; i < unmasked; ++i) {
+    const int64_t j = keys[i];
+    const T* kj = kv.key(j);
+    for (int64_t r = 0; r < R; ++r) {
+      typename V::F s = V::zero();
+      for (int64_t d = 0; d < D; d += W) s = V::fmadd(V::load(qf + r * D + d), ld(kj + d), s);
+      sc[r * n + j - j0] = V::reduce_add(s) * g.scale + mask[j];
     }
   }
   // Softmax per query head (a fully masked row: every score the lowest float, a uniform
@@ -164,21 +154,7 @@ void attend_r(const T* q, const Keys<T>& kv, const float* mask, T* out, const Ge
     for (int64_t j = j0; j < S; ++j) keys[j - j0] = static_cast<int32_t>(j);
     nk = n;
   }
-  if constexpr (RR > 0) {
-    values_rr<RR>(sc, kv, keys, nk, n, j0, D, acc);
-  } else {
-    for (int64_t i = 0; i < nk; ++i) {
-      const int64_t j = keys[i];
-      const T* vj = kv.value(j);
-      for (int64_t d = 0; d < D; d += W) {
-        const typename V::F vv = ld(vj + d);
-        for (int64_t r = 0; r < R; ++r) {
-          float* a = acc + r * D + d;
-          V::store(a, V::fmadd(V::set1(sc[r * n + j - j0]), vv, V::load(a)));
-        }
-      }
-    }
-  }
+  values(sc, kv, keys, nk, n, j0, R, D, acc);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) out[r * g.o_head + d] = static_cast<T>(acc[r * D + d] * inv[r]);
 }
