@@ -8,8 +8,8 @@
  * with p50/p99 per rollout; next to generation, the bound from the roofline measured in the same run
  * (every generate call's prefill at the matmul rate and each decode step at max(weight bytes / read
  * bandwidth, 2 x params x rows / matmul rate): callRoofline; the read bandwidth and the matmul rate
- * those measured before and after that run, the harmonic mean of each; each run's calls in the JSON). Comparison: the same K = 8 batch (--quick: 4) generated
- * one episode at a time (unbatched). Every run reports the prefill tokens the engine computed against
+ * those measured before and after that run, the harmonic mean of each: runRoofline; each run's calls in
+ * the JSON). Comparison: the same K = 8 batch (--quick: 4) generated one episode at a time (unbatched). Every run reports the prefill tokens the engine computed against
  * those its prompts hold (shared prefixes: the K samples of a question and the system prompt are
  * prefilled once; multi-turn cache reuse: a turn continues its episode's KV cache, so only the tokens
  * appended since the last turn are computed; the tokens reused from those caches are reported);
@@ -131,15 +131,15 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const maxNewTokens = quick ? 24 : 96;
   const Q = quick ? 1 : 2;
   const protocol = codeProtocol({ executor: pool });
-  const limitsNow = async () => [await readNow(), await matmulNow()];
+  const limitsNow = async () => ({ read: await readNow(), f32: await matmulNow() });
   const run = async (k: number, unbatched = false, shared = true) => {
     const before = await limitsNow();
     const value = await runOnce(k, unbatched, shared);
     const after = await limitsNow();
     return {
       ...value,
-      read_GBps: [before[0], after[0]].map((r) => +r.toFixed(1)),
-      matmul_GFLOPs: [before[1], after[1]].map((r) => +r.toFixed(1)),
+      read_GBps: [before.read, after.read].map((r) => +r.toFixed(1)),
+      matmul_GFLOPs: [before.f32, after.f32].map((r) => +r.toFixed(1)),
     };
   };
   const runOnce = async (k: number, unbatched: boolean, shared: boolean) => {
@@ -210,7 +210,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     };
     return { ...row, calls: g.calls.map((c) => ({ rows: c.rows, prefill_tokens: c.prefillTokens, steps: c.steps })) };
   };
-  const results: Record<string, unknown>[] = [];
+  const results: Awaited<ReturnType<typeof run>>[] = [];
   try {
     for (const k of quick ? [1, 4] : [1, 8, 24]) {
       log(`rollout: ${Q} questions x K ${k}`);
@@ -236,10 +236,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     const expert = { programs: progs.length, program_ms: summarize(ms), retrieval_ms: summarize(searchMs) };
     log('rollout: measuring the machine again (each limit: the better of the two measurements)');
     await lim.again();
-    for (const r of results) {
-      const split = r.split_s as Record<string, number>;
-      split.generation_roofline = +runRoofline(r as unknown as Parameters<typeof runRoofline>[0], sizes).toFixed(3);
-    }
+    for (const r of results) r.split_s.generation_roofline = +runRoofline(r, sizes).toFixed(3);
     const machine = {
       read_GBps: +lim.v.read.toFixed(1),
       matmul_f32_GFLOPs: +lim.v.f32.toFixed(1),
@@ -247,27 +244,11 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       max_new_tokens: maxNewTokens,
       turns: 2,
     };
-    type Row = {
-      k: number;
-      rollouts: number;
-      unbatched: boolean;
-      shared_prefix: boolean;
-      prefill_tokens: number;
-      prefill_tokens_requested: number;
-      reused_tokens: number;
-      per_rollout_s: number;
-      rollouts_per_s: number;
-      generated_tokens_per_s: number;
-      generate_calls: number;
-      split_s: Record<string, number>;
-      read_GBps: number[];
-      matmul_GFLOPs: number[];
-    };
-    const rows = results as unknown as Row[];
+    type Row = (typeof results)[number];
     // Per rollout, the largest K against K 1 (both on the default path): measured, and what an engine
     // at the generation rooflines would measure (compute-bound at a large K, bandwidth-bound at K 1,
     // so the ratio of the rooflines is the machine's, not the engine's).
-    const main = rows.filter((r) => r.shared_prefix && !r.unbatched);
+    const main = results.filter((r) => r.shared_prefix && !r.unbatched);
     const k1 = main.find((r) => r.k === 1),
       kMax = main[main.length - 1];
     const perRoof = (r: Row) => r.split_s.generation_roofline / r.rollouts;
@@ -286,7 +267,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       '',
       '| K | rollouts | prefill tokens computed / requested (prefill s) | reused from episode caches | per rollout s | rollouts/s | gen tok/s | generation s (roofline s; read GB/s, matmul GFLOP/s before / after) | sandbox s | retrieval s | reward s | orchestration s | generate calls |',
       '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
-      ...rows.map(
+      ...results.map(
         (r) =>
           `| ${r.k}${r.unbatched ? ' unbatched' : ''}${r.shared_prefix ? '' : ' old path (no shared prefixes, no cache reuse)'} | ${r.rollouts} | ${r.prefill_tokens} / ${r.prefill_tokens_requested} (${r.split_s.prefill}) | ${r.reused_tokens} | ${r.per_rollout_s} | ${r.rollouts_per_s} | ${r.generated_tokens_per_s} | ${r.split_s.generation} (${r.split_s.generation_roofline}; ${r.read_GBps.join(' / ')}; ${r.matmul_GFLOPs.join(' / ')}) | ${r.split_s.sandbox} | ${r.split_s.retrieval} | ${r.split_s.reward} | ${r.split_s.orchestration} | ${r.generate_calls} |`,
       ),
