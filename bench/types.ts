@@ -9,6 +9,11 @@ export interface BenchOptions {
    * false and no multi-turn cache reuse: every row prefills its whole conversation every turn).
    */
   compareUnshared?: boolean;
+  /**
+   * rollout: rounds of the largest K against K 1 back to back, alternating which goes first, after
+   * the main runs (default 3; --quick 1; 0: none).
+   */
+  rounds?: number;
   /** recall: the folder holding wiki-excerpts/ and wiki-trivia/ (default $SLM_SHARED_DIR/data, else ../shared/data). */
   data?: string;
   /**

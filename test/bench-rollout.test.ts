@@ -2,12 +2,13 @@
 // rate and the read bandwidth (callRoofline), the read and the rate a run stands at (the harmonic
 // means of those measured before and after it), and the plumbing: `slm-train bench rollout --quick
 // --out F` on the tiny preset, each run's roofline recomputed from its calls and its own reads and
-// matmul rates in the JSON.
+// matmul rates in the JSON; the rounds of the largest K against K 1 (kRound, summarizeKRounds), and
+// --rounds reaching them.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { layerMatmulParams } from '../bench/engine.js';
-import { callRoofline, runRoofline } from '../bench/rollout.js';
+import { callRoofline, kRound, runRoofline, summarizeKRounds, type RoundRun } from '../bench/rollout.js';
 import { initModel } from '../lib/model/init.js';
 import { runCliAsync } from './helpers/cli.js';
 
@@ -49,6 +50,42 @@ t.test("a run's roofline: its calls at the harmonic means of the reads and of th
   t.ok(Math.abs((runRoofline({ ...narrow, read_GBps: [10, 30] }, m) - prefillOnly) / 10 - 4.8e6 / 15e9) < 1e-15);
 });
 
+t.test('K against K 1 rounds: each round its own quotient, flagged when the read moved, the median over the steady ones', async (t) => {
+  const rr = (k: number, rollouts: number, per: number, roof: number, reads: number[]): RoundRun => ({
+    k,
+    rollouts,
+    per_rollout_s: per,
+    generation_roofline_s: roof,
+    read_GBps: reads,
+    matmul_GFLOPs: [200, 200],
+    calls: [],
+  });
+  // K 1: 2 rollouts, 1.6 s each, roofline 2.4 s (1.2 per rollout); K 24: 48 rollouts, 0.33 s each,
+  // roofline 11.52 s (0.24 per rollout). Measured 0.34 / 1.6 = 0.2125, at the rooflines 0.2: 1.0625.
+  const a = kRound('k', rr(1, 2, 1.6, 2.4, [36, 35]), rr(24, 48, 0.34, 11.52, [35, 34]));
+  t.equal(a.measured, 0.2125);
+  t.equal(a.at_rooflines, 0.2);
+  t.equal(a.over_rooflines, 1.0625);
+  t.ok(a.steady, 'reads 34-36 GB/s: one memory speed');
+  // The same runs with K 1 in the fast mode (55 GB/s): flagged.
+  const b = kRound('k1', rr(1, 2, 1.6, 1.6, [55, 56]), rr(24, 48, 0.34, 11.52, [35, 34]));
+  t.notOk(b.steady, 'reads 34-56 GB/s: the speed moved');
+  t.equal(b.over_rooflines, 0.7083); // 0.2125 / (0.24 / 0.8)
+  const c = kRound('k', rr(1, 2, 1.5, 2.4, [36, 36]), rr(24, 48, 0.36, 11.52, [36, 36]));
+  const d = kRound('k1', rr(1, 2, 1.6, 2.4, [36, 36]), rr(24, 48, 0.4, 11.52, [36, 35]));
+  const s = summarizeKRounds([a, b, c, d]);
+  t.equal(s.steady, 3);
+  t.same(s.rounds, [a, b, c, d], 'every round kept, the flagged one too');
+  // Steady quotients 1.0625, 1.2, 1.25: the median the middle one; the flagged round's 0.708 left out.
+  t.equal(s.median, 1.2);
+  t.equal(s.min, 1.0625);
+  t.equal(s.max, 1.25);
+  // No round at one speed: all of them.
+  t.equal(summarizeKRounds([b]).steady, 0);
+  t.equal(summarizeKRounds([b]).median, 0.708);
+  t.throws(() => summarizeKRounds([]));
+});
+
 t.test(
   "slm-train bench rollout --quick: each run's roofline from its calls at the read and the matmul rate measured around it",
   { timeout: 600_000 },
@@ -57,7 +94,7 @@ t.test(
     const model = join(tmp, 'tiny');
     initModel({ preset: 'tiny', out: model, seed: 0 });
     const out = join(tmp, 'bench.json');
-    const r = await runCliAsync(['bench', 'rollout', '--quick', '--out', out, '--model', model], {
+    const r = await runCliAsync(['bench', 'rollout', '--quick', '--rounds', '2', '--out', out, '--model', model], {
       env: { SLM_TRAIN_THREADS: '2' },
       timeout: 540_000,
     });
@@ -102,5 +139,36 @@ t.test(
       k4 = rep.runs[1];
     const perRoof = (x: typeof k1) => x.split_s.generation_roofline / x.rollouts;
     t.ok(Math.abs(rep.per_rollout_vs_k1.at_rooflines - perRoof(k4) / perRoof(k1)) <= 0.002 + 0.01 * rep.per_rollout_vs_k1.at_rooflines);
+    // --rounds 2: two rounds of K 4 against K 1 after the main runs, K 4 first in the first.
+    const kr = rep.per_rollout_vs_k1_rounds;
+    t.same(
+      kr.rounds.map((x: { first: string; k1: RoundRun; k: RoundRun }) => [x.first, x.k1.k, x.k.k]),
+      [
+        ['k', 1, 4],
+        ['k1', 1, 4],
+      ],
+    );
+    for (const round of kr.rounds) {
+      for (const x of [round.k1, round.k]) {
+        t.ok(x.calls.length > 0 && x.read_GBps.length === 2 && x.matmul_GFLOPs.length === 2, `K ${x.k}: calls, reads and rates`);
+        const want = runRoofline({ calls: x.calls, read_GBps: x.read_GBps, matmul_GFLOPs: x.matmul_GFLOPs }, sizes);
+        t.ok(
+          Math.abs(x.generation_roofline_s - want) <= 0.0001 + 0.002 * want,
+          `K ${x.k}: the round's roofline ${x.generation_roofline_s} (${want})`,
+        );
+      }
+      t.same(round, kRound(round.first, round.k1, round.k), 'the round recomputes from its runs');
+    }
+    t.same(kr, summarizeKRounds(kr.rounds), 'the summary recomputes from the rounds');
+    t.match(r.stdout, `median ${kr.median.toFixed(2)} (`, 'the table carries the rounds');
   },
 );
+
+t.test('bench rollout --rounds outside 0-50 fails at once with a code, before any benchmark', async (t) => {
+  for (const bad of ['-1', '1.5', '51']) {
+    const r = await runCliAsync(['bench', 'rollout', '--quick', '--rounds', bad], { timeout: 60_000 });
+    t.equal(r.code, 2, `--rounds ${bad}`);
+    t.match(r.stderr, new RegExp(`ARGUMENT_INVALID.*--rounds expects an integer from 0 to 50.*found ${bad.replace('.', '\\.')}`));
+    t.notMatch(r.stderr, /\[bench\]/, 'no benchmark ran');
+  }
+});

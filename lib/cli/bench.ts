@@ -1,4 +1,4 @@
-/** `slm-train bench [engine|train|sandbox|retrieval|rollout|serve|recall] [--json] [--quick] [--out FILE] [--readme FILE] [--compare-unshared] [--data DIR] [--llama-cpp-bin DIR]` */
+/** `slm-train bench [engine|train|sandbox|retrieval|rollout|serve|recall] [--json] [--quick] [--out FILE] [--readme FILE] [--compare-unshared] [--rounds N] [--data DIR] [--llama-cpp-bin DIR]` */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import type { CommandModule } from 'yargs';
@@ -21,6 +21,8 @@ const KINDS: Record<string, (() => Promise<Runner>) | null> = {
 };
 /** Kinds run only when named: they need data and a model folder that `slm-train bench` alone has not got. */
 const NAMED_ONLY = new Set(['recall']);
+/** The most K against K 1 rounds `bench rollout --rounds` runs (each ~20 s on the small preset). */
+const MAX_ROUNDS = 50;
 
 interface Args {
   kind?: string;
@@ -30,6 +32,7 @@ interface Args {
   readme?: string;
   model?: string;
   compareUnshared?: boolean;
+  rounds?: number;
   data?: string;
   llamaCppBin?: string;
 }
@@ -156,6 +159,11 @@ export const benchCommand: CommandModule<object, Args> = {
         describe:
           'rollout: also measure the old generate path (no shared prefixes, no multi-turn cache reuse) beside each K in the same run',
       })
+      .option('rounds', {
+        type: 'number',
+        describe:
+          'rollout: rounds of the largest K against K 1 back to back, alternating which goes first, for a median of K / K 1 over the rooflines (default 3; --quick 1; 0: none)',
+      })
       .option('llama-cpp-bin', {
         type: 'string',
         describe:
@@ -164,6 +172,11 @@ export const benchCommand: CommandModule<object, Args> = {
   handler: async (args) => {
     if (args.readme) readmeBlock(args.readme); // a bad file fails now, not after the benchmarks
     if (args.llamaCppBin !== undefined) llamaCppBin(args.llamaCppBin); // so does a folder without llama.cpp's tools
+    if (args.rounds !== undefined && !(Number.isInteger(args.rounds) && args.rounds >= 0 && args.rounds <= MAX_ROUNDS))
+      throw new SlmError(
+        'ARGUMENT_INVALID',
+        `--rounds expects an integer from 0 to ${MAX_ROUNDS} (rounds of the largest K against K 1 in bench rollout), found ${args.rounds}.`,
+      );
     const kinds = args.kind ? [args.kind] : Object.keys(KINDS).filter((k) => !NAMED_ONLY.has(k));
     const log = (s: string) => process.stderr.write(`[bench] ${s}\n`);
     const reports: BenchReport[] = [];
@@ -190,6 +203,7 @@ export const benchCommand: CommandModule<object, Args> = {
           quick: args.quick,
           model: args.model,
           compareUnshared: args.compareUnshared,
+          rounds: args.rounds,
           data: args.data,
           llamaCppBin: args.llamaCppBin,
           log,
