@@ -2,8 +2,9 @@
  * Engine benchmark: prefill and batched decode on the `small` preset (~103M parameters, weights far
  * larger than the caches), each next to its roofline measured in the same run:
  *  - decode: bytes of weights read per step / the read bandwidth measured just before and after that
- *    decode (memory bound: aroundRead); at batch 16 the compute bound 2 x params x batch / matmul rate
- *    is given too, and the bound is the larger of both;
+ *    decode (memory bound: aroundRead); at batch 16 the compute bound 2 x params x batch / the matmul
+ *    rate of its dtype measured around that decode too (aroundRead's `rate`), and the bound is the
+ *    larger of both; the fraction at the run's best matmul rate is given beside it;
  *  - prefill: each part of the work at its own limit, the larger of its compute time (FLOPs / measured
  *    matmul rate) and its memory time (bytes / measured read bandwidth), summed (prefillRoofline);
  *    the parts: the decoder layers' projections (2 x their parameters x tokens; the embedding lookup
@@ -110,16 +111,23 @@ export function decodeBounds(
  * The read bandwidth around a measurement: the best of `windows` short reads just before it and just
  * after it. A shared machine's bandwidth moves within seconds (here 31 to 57 GB/s between one second
  * and the next, 2026-11-27), so a memory-bound figure is set beside the bandwidth of its own moment:
- * against the day's best it would read low for a dip it did not cause, against a dip, high.
+ * against the day's best it would read low for a dip it did not cause, against a dip, high. With
+ * `rate` (a matmul rate measure), the arithmetic rate around it too, the better of the two likewise:
+ * the same VMs' rate switches opposite to their read (207-213 GFLOP/s with the slow read, 180-192
+ * with the fast, 2026-11-28), so a compute-bound figure is set beside the rate of its own moment.
  */
 export async function aroundRead<T>(
   f: () => Promise<T>,
   read: () => Promise<number> = readNow,
-): Promise<{ value: T; readGBps: number; reads: [number, number] }> {
+  rate?: () => Promise<number>,
+): Promise<{ value: T; readGBps: number; reads: [number, number]; rateGFLOPs?: number; rates?: [number, number] }> {
   const before = await read();
+  const rateBefore = rate && (await rate());
   const value = await f();
   const after = await read();
-  return { value, readGBps: Math.max(before, after), reads: [before, after] };
+  const rateAfter = rate && (await rate());
+  const r = { value, readGBps: Math.max(before, after), reads: [before, after] as [number, number] };
+  return rate ? { ...r, rateGFLOPs: Math.max(rateBefore!, rateAfter!), rates: [rateBefore!, rateAfter!] } : r;
 }
 
 /** The read bandwidth now: the best of three 50 ms windows (GB/s). */
@@ -135,6 +143,11 @@ export function readNow(): Promise<number> {
  */
 export function matmulNow(): Promise<number> {
   return machineLimit(LIMITS.f32, 0.3, 3);
+}
+
+/** The bfloat16 matmul rate now, as matmulNow (GFLOP/s). */
+export function matmulBf16Now(): Promise<number> {
+  return machineLimit(LIMITS.bf16, 0.3, 3);
 }
 
 /**
@@ -261,7 +274,7 @@ export function runEagerDecode(
   }
 }
 
-interface DecodeRow {
+export interface DecodeRow {
   dtype: 'float32' | 'bfloat16';
   batch: number;
   step_ms: number;
@@ -271,8 +284,12 @@ interface DecodeRow {
   compute_bound_step_ms: number;
   /** The read bandwidth the memory bound is at: measured around this row's decode. */
   read_GBps: number;
+  /** The matmul rate (of the row's dtype) the compute bound is at: measured around this row's decode. */
+  matmul_GFLOPs: number;
   roofline_tokens_per_s: number;
   fraction_of_roofline: number;
+  /** The fraction with the compute bound at the run's best matmul rate instead (the same where memory binds). */
+  fraction_at_best_rate: number;
 }
 
 interface RawDecode {
@@ -281,6 +298,8 @@ interface RawDecode {
   stepS: number;
   /** The read bandwidth around the measurement (aroundRead), GB/s. */
   readGBps: number;
+  /** The matmul rate of its dtype around the measurement (aroundRead), GFLOP/s. */
+  rateGFLOPs: number;
 }
 
 /** slm-train's figures beside the llama.cpp source build, one pass: seconds per prefill and per decode step. */
@@ -301,9 +320,26 @@ export function combinePasses(a: OursPass, b: OursPass): OursPass {
     prefillBf16S: (a.prefillBf16S + b.prefillBf16S) / 2,
     decode: a.decode.map((d) => {
       const e = b.decode.find((x) => x.dtype === d.dtype && x.batch === d.batch);
-      return e ? { ...d, stepS: (d.stepS + e.stepS) / 2, readGBps: harmonicMean([d.readGBps, e.readGBps]) } : d;
+      return e
+        ? {
+            ...d,
+            stepS: (d.stepS + e.stepS) / 2,
+            readGBps: harmonicMean([d.readGBps, e.readGBps]),
+            rateGFLOPs: harmonicMean([d.rateGFLOPs, e.rateGFLOPs]),
+          }
+        : d;
     }),
   };
+}
+
+/**
+ * A decode row's table line: its rate and step, its roofline at the read and the matmul rate measured
+ * around it, and its fraction, with the fraction at the run's best matmul rate beside it where that
+ * differs (a compute-bound row).
+ */
+export function decodeLine(label: string, d: DecodeRow): string {
+  const best = d.fraction_at_best_rate !== d.fraction_of_roofline ? ` (at the run's best matmul rate: ${d.fraction_at_best_rate})` : '';
+  return `| ${label} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step; read ${d.read_GBps} GB/s, matmul ${d.matmul_GFLOPs} GFLOP/s around it) | ${d.fraction_of_roofline}${best} |`;
 }
 
 export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
@@ -361,19 +397,25 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     // --quick: bfloat16 decode is slow on CPUs without native bf16 matmul (seconds per step at batch
     // 16 here), so it gets 4 steps and one repetition (its step time: the mean of 3 decode steps).
     const slow = quick && dtype === 'bfloat16';
-    const { readGBps } = await aroundRead(async () => {
-      for (let r = 0; r < (slow ? 1 : reps); r++) {
-        const g = await mm.generate({ prompts, maxNewTokens: slow ? 4 : steps, temperature: 1, topK: 0, seed: r });
-        // Rows never stop early here (no stop ids), so every step decodes all B rows.
-        times.push(g.decodeSeconds / Math.max(1, g.steps - 1));
-      }
-    });
-    return { dtype, batch: B, stepS: median(times), readGBps };
+    const { readGBps, rateGFLOPs } = await aroundRead(
+      async () => {
+        for (let r = 0; r < (slow ? 1 : reps); r++) {
+          const g = await mm.generate({ prompts, maxNewTokens: slow ? 4 : steps, temperature: 1, topK: 0, seed: r });
+          // Rows never stop early here (no stop ids), so every step decodes all B rows.
+          times.push(g.decodeSeconds / Math.max(1, g.steps - 1));
+        }
+      },
+      readNow,
+      dtype === 'bfloat16' ? matmulBf16Now : matmulNow,
+    );
+    return { dtype, batch: B, stepS: median(times), readGBps, rateGFLOPs: rateGFLOPs! };
   };
-  // A decode row beside its roofline, from the final limits.
-  const decodeRow = ({ dtype, batch: B, stepS, readGBps }: RawDecode): DecodeRow => {
-    const { memBound, computeBound, bound } =
-      dtype === 'bfloat16' ? bounds(B, 2, readGBps, lim.v.bf16) : bounds(B, bytesPerParam, readGBps, lim.v.f32);
+  // A decode row beside its roofline at the read and the matmul rate around it; beside it, the
+  // fraction at the run's best matmul rate (the final limits).
+  const decodeRow = ({ dtype, batch: B, stepS, readGBps, rateGFLOPs }: RawDecode): DecodeRow => {
+    const bytesPerP = dtype === 'bfloat16' ? 2 : bytesPerParam;
+    const { memBound, computeBound, bound } = bounds(B, bytesPerP, readGBps, rateGFLOPs);
+    const atBest = bounds(B, bytesPerP, readGBps, dtype === 'bfloat16' ? lim.v.bf16 : lim.v.f32).bound;
     return {
       dtype,
       batch: B,
@@ -383,8 +425,10 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
       memory_bound_step_ms: +(memBound * 1e3).toFixed(2),
       compute_bound_step_ms: +(computeBound * 1e3).toFixed(2),
       read_GBps: +readGBps.toFixed(1),
+      matmul_GFLOPs: +rateGFLOPs.toFixed(1),
       roofline_tokens_per_s: +(B / bound).toFixed(1),
       fraction_of_roofline: +(bound / stepS).toFixed(3),
+      fraction_at_best_rate: +(atBest / stepS).toFixed(3),
     };
   };
   const measureDecodes = async (): Promise<RawDecode[]> => {
@@ -578,11 +622,8 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     '|---|---|---|---|',
     `| prefill ${prefillTokens} tokens, batch 1 | ${prefill.tokens_per_s} tok/s | ${prefill.roofline_tokens_per_s} tok/s (projections ${prefill.roofline_parts_ms.projections} + attention ${prefill.roofline_parts_ms.attention} + head ${prefill.roofline_parts_ms.head} ms) | ${prefill.fraction_of_roofline} (projections alone: ${prefill.fraction_of_projections_only}) |`,
     `| prefill ${prefillTokens} tokens, batch 1, bfloat16 | ${prefillBf16.tokens_per_s} tok/s | ${prefillBf16.roofline_tokens_per_s} tok/s | ${prefillBf16.fraction_of_roofline} |`,
-    ...decode.map(
-      (d) =>
-        `| decode ${d.dtype} batch ${d.batch} | ${d.tokens_per_s} tok/s (${d.step_ms} ms/step) | ${d.roofline_tokens_per_s} tok/s (${d.roofline_step_ms} ms/step; read ${d.read_GBps} GB/s around it) | ${d.fraction_of_roofline} |`,
-    ),
-    `| decode float32 batch 16, ATen path (CPU kernels off) | ${decodeAten.tokens_per_s} tok/s (${decodeAten.step_ms} ms/step) | ${decodeAten.roofline_tokens_per_s} tok/s (${decodeAten.roofline_step_ms} ms/step; read ${decodeAten.read_GBps} GB/s around it) | ${decodeAten.fraction_of_roofline} |`,
+    ...decode.map((d) => decodeLine(`decode ${d.dtype} batch ${d.batch}`, d)),
+    decodeLine('decode float32 batch 16, ATen path (CPU kernels off)', decodeAten),
     ...eager.flatMap((e) =>
       'skipped' in e
         ? [`| eager PyTorch decode ${e.dtype} batch ${e.batch} | skipped: ${e.skipped} | | |`]

@@ -340,7 +340,9 @@ t.test(
     );
     t.match(r.stdout, /\| slm-train bfloat16 \/ llama\.cpp BF16, decode batch 16 \| [\d.]+x \(passes: [\d.]+x \/ [\d.]+x\) \|/);
     // Each decode row's memory bound is its weights' bytes at the read bandwidth measured around that
-    // decode (aroundRead; the passes' harmonic mean), which the row and its table line carry.
+    // decode, its compute bound its FLOPs at the matmul rate (of its dtype) measured around it
+    // (aroundRead; the passes' harmonic means), which the row and its table line carry; the fraction
+    // at the run's best rate beside it.
     const eng = doc.reports.engine;
     t.equal(eng.decode.length, 4);
     for (const d of eng.decode) {
@@ -351,8 +353,26 @@ t.test(
         Math.abs(d.memory_bound_step_ms - want) <= 0.006 + 0.003 * want,
         `${d.dtype} batch ${d.batch}: memory bound ${d.memory_bound_step_ms} ms = bytes / its read bandwidth (${want.toFixed(4)})`,
       );
+      const flops = (2 * eng.decode_bytes_per_step * d.batch) / (eng.model.parameter_bytes / eng.model.parameters);
+      const wantC = flops / (d.matmul_GFLOPs * 1e9) / 1e-3; // ms
+      t.ok(
+        Math.abs(d.compute_bound_step_ms - wantC) <= 0.006 + 0.003 * wantC,
+        `${d.dtype} batch ${d.batch}: compute bound ${d.compute_bound_step_ms} ms = FLOPs / the matmul rate around it, ${d.matmul_GFLOPs} GFLOP/s (${wantC.toFixed(4)})`,
+      );
+      const best = d.dtype === 'bfloat16' ? eng.machine.matmul_bf16_GFLOPs : eng.machine.matmul_f32_GFLOPs;
+      // The two fractions of one step time: in the ratio of the two bounds (both from the JSON's rates).
+      const boundAround = Math.max(want, wantC),
+        boundBest = Math.max(want, flops / (best * 1e9) / 1e-3);
+      const atBest = (d.fraction_of_roofline * boundBest) / boundAround;
+      t.ok(
+        Math.abs(d.fraction_at_best_rate - atBest) <= 0.0015 + 0.002 * atBest,
+        `${d.dtype} batch ${d.batch}: ${d.fraction_at_best_rate} at the best rate, ${best} GFLOP/s (${atBest.toFixed(4)})`,
+      );
       t.match(r.stdout, `| decode ${d.dtype} batch ${d.batch} | `);
-      t.match(r.stdout, `ms/step; read ${d.read_GBps} GB/s around it) | ${d.fraction_of_roofline} |`);
+      t.match(
+        r.stdout,
+        `ms/step; read ${d.read_GBps} GB/s, matmul ${d.matmul_GFLOPs} GFLOP/s around it) | ${d.fraction_of_roofline}${d.fraction_at_best_rate === d.fraction_of_roofline ? '' : ` (at the run's best matmul rate: ${d.fraction_at_best_rate})`} |`,
+      );
     }
     t.ok(eng.machine.read_GBps > 0, "the run's best read bandwidth in the machine row");
     // The alternated batch-1 rounds: the order flips each round, each ratio is llama.cpp's ms over slm-train's.
@@ -471,13 +491,14 @@ t.test('two passes as one: the rate of the mean time on both sides, each pass ke
   t.match(merged.runs[1], { dtype: 'BF16', skipped: 'x' }, 'a skipped dtype stays skipped');
   t.same(mergeSourcePasses({ skipped: 'no' }, merged), { skipped: 'no' }, 'a skipped first pass stays as it was');
   const c = combinePasses(
-    { prefillS: 1, prefillBf16S: 2, decode: [{ dtype: 'float32', batch: 1, stepS: 0.01, readGBps: 20 }] },
-    { prefillS: 3, prefillBf16S: 4, decode: [{ dtype: 'float32', batch: 1, stepS: 0.03, readGBps: 60 }] },
+    { prefillS: 1, prefillBf16S: 2, decode: [{ dtype: 'float32', batch: 1, stepS: 0.01, readGBps: 20, rateGFLOPs: 100 }] },
+    { prefillS: 3, prefillBf16S: 4, decode: [{ dtype: 'float32', batch: 1, stepS: 0.03, readGBps: 60, rateGFLOPs: 300 }] },
   );
-  // Read bandwidths 20 and 60 GB/s: memory bounds 1/20 and 1/60 per GB, mean 1/30 -> 30 GB/s.
+  // Read bandwidths 20 and 60 GB/s: memory bounds 1/20 and 1/60 per GB, mean 1/30 -> 30 GB/s; the
+  // matmul rates likewise (100 and 300 GFLOP/s -> 150).
   t.same(
     c,
-    { prefillS: 2, prefillBf16S: 3, decode: [{ dtype: 'float32', batch: 1, stepS: 0.02, readGBps: 30 }] },
+    { prefillS: 2, prefillBf16S: 3, decode: [{ dtype: 'float32', batch: 1, stepS: 0.02, readGBps: 30, rateGFLOPs: 150 }] },
     "slm-train's passes: mean times",
   );
   const rows = llamaCppSourceRows(merged, {

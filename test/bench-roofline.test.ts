@@ -57,6 +57,26 @@ t.test('the bandwidth around a measurement: the better of the reads before and a
   );
   t.same(r, { value: 7, readGBps: 52, reads: [31, 52] });
   t.same(order, ['read', 'run', 'read'], 'read just before and just after');
+  // With a rate measure: the matmul rate before and after too, the better of the two.
+  order.length = 0;
+  const rates = [213, 185];
+  const reads2 = [35, 60];
+  const w = await aroundRead(
+    async () => {
+      order.push('run');
+      return 8;
+    },
+    async () => {
+      order.push('read');
+      return reads2.shift()!;
+    },
+    async () => {
+      order.push('rate');
+      return rates.shift()!;
+    },
+  );
+  t.same(w, { value: 8, readGBps: 60, reads: [35, 60], rateGFLOPs: 213, rates: [213, 185] });
+  t.same(order, ['read', 'rate', 'run', 'read', 'rate']);
 });
 
 t.test("the addon's read bandwidth: a positive rate, and a kind it does not know named in its error", async (t) => {
