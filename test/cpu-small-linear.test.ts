@@ -94,9 +94,11 @@ atEachLevel(t, a, 'float32: every row count 1..32 and ragged sizes agree with fl
   t.pass('float32 within 1e-6 of float64 (relative to the sum of |products|) for 175 shapes, kernel and at::linear');
 });
 
-// One row takes its own kernel (whole weight rows, rows_256 / rows_512 / rows_bf16_512): 29 x 75 stays
-// on one thread with a ragged last group of rows and a remainder after the vector steps; 1001 x 512
-// is split between threads at a row that is not a multiple of the kernels' groups.
+// A few rows take their own kernel (whole weight rows, rows_256 / rows_512 / rows_bf16_512: one row,
+// or two, but one where bfloat16 is widened): 29 x 75 stays on one thread
+// with a ragged last group of rows and a remainder after the vector steps; 1001 x 512 is split between
+// threads at a row that is not a multiple of the kernels' groups. Groups of 2-5 rows cross each level's
+// boundary between the row kernels and the tiles.
 atEachLevel(t, a, "a row's result does not depend on the rest of the batch", async (t) => {
   for (const [n, k] of [
     [29, 75],
@@ -112,6 +114,19 @@ atEachLevel(t, a, "a row's result does not depend on the rest of the batch", asy
           Array.from(one),
           Array.from(full.subarray(r * n, (r + 1) * n)),
           `${dtype} ${n} x ${k}: row ${r} alone equals row ${r} of 32, bit for bit`,
+        );
+      }
+      for (const [r, m] of [
+        [3, 2],
+        [10, 3],
+        [20, 4],
+        [26, 5],
+      ]) {
+        const some = a.linear({ x: x.subarray(r * k, (r + m) * k).slice(), w, m, n, k, dtype });
+        t.same(
+          Array.from(some),
+          Array.from(full.subarray(r * n, (r + m) * n)),
+          `${dtype} ${n} x ${k}: rows ${r}-${r + m - 1} (${m} rows) equal those of 32, bit for bit`,
         );
       }
     }

@@ -19,6 +19,9 @@ namespace slm {
 
 namespace {
 
+// The most input rows the row kernels (rows_512, rows_bf16_512, rows_256) take at once.
+constexpr int64_t kRowsMaxInputs = 2;
+
 std::atomic<bool> g_enabled{true};
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -155,7 +158,7 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
     for (int n = 0; n < NR; ++n) put<uint16_t>(&y[m * ldy + n], sums[m * 4 + n]);  // rounded to nearest even
 }
 
-// ---- AVX-512, one input row (a decode at batch 1): whole weight rows read one after another, each
+// ---- AVX-512, one or two input rows (a decode at batch 1 or 2): whole weight rows read one after another, each
 // with the arithmetic of tile_512 / tile_bf16_512 (one accumulator over k in the same steps), the sums
 // of 16 rows reduced at once by reduce16, which gives each lane the value tile_sums gives it: a row's
 // result does not depend on how many input rows came with it. Memory-bound: four weight rows read in
@@ -189,20 +192,24 @@ T512BF inline __m512 row_acc_bf16_512(const uint16_t* x, const uint16_t* wr, int
   return a;
 }
 
-// Weight rows [n0, n1) against one input row: ROW_ACC per row (inlined: same target), reduce16 per 16
-// rows, each sum stored by put<TW> (bfloat16 weights: rounded to bfloat16 once). A macro, as the ranges
+// Weight rows [n0, n1) against M (at most kRowsMaxInputs) input rows: ROW_ACC per weight row and input
+// row (the weight row read from memory for the first, from L1 for the others), reduce16 per 16 rows,
+// each sum stored by put<TW> at y[m * ldy + n] (bfloat16 weights: rounded to bfloat16 once). A macro, as the ranges
 // below, because each needs its own target.
-#define SLM_DEFINE_ROWS(NAME, TARGET, TX, ROW_ACC)                                                         \
-  template <typename TW, typename TY>                                                                      \
-  TARGET void NAME(const TX* x, const TW* w, int64_t K, TY* y, int64_t n0, int64_t n1) {                   \
-    __m512 acc[16];                                                                                        \
-    for (int64_t n = n0; n < n1; n += 16) {                                                                \
-      const int rw = static_cast<int>(std::min<int64_t>(16, n1 - n));                                      \
-      for (int j = 0; j < 16; ++j) acc[j] = j < rw ? ROW_ACC(x, w + (n + j) * K, K) : _mm512_setzero_ps(); \
-      float sums[16];                                                                                      \
-      _mm512_storeu_ps(sums, reduce16(acc));                                                               \
-      for (int j = 0; j < rw; ++j) put<TW>(&y[n + j], sums[j]);                                            \
-    }                                                                                                      \
+#define SLM_DEFINE_ROWS(NAME, TARGET, TX, ROW_ACC)                                                                         \
+  template <typename TW, typename TY>                                                                                      \
+  TARGET void NAME(const TX* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t ldy, int64_t n0, int64_t n1) {           \
+    __m512 acc[kRowsMaxInputs][16];                                                                                        \
+    for (int64_t n = n0; n < n1; n += 16) {                                                                                \
+      const int rw = static_cast<int>(std::min<int64_t>(16, n1 - n));                                                      \
+      for (int j = 0; j < 16; ++j)                                                                                         \
+        for (int64_t m = 0; m < M; ++m) acc[m][j] = j < rw ? ROW_ACC(x + m * K, w + (n + j) * K, K) : _mm512_setzero_ps(); \
+      for (int64_t m = 0; m < M; ++m) {                                                                                    \
+        float sums[16];                                                                                                    \
+        _mm512_storeu_ps(sums, reduce16(acc[m]));                                                                          \
+        for (int j = 0; j < rw; ++j) put<TW>(&y[m * ldy + n + j], sums[j]);                                                \
+      }                                                                                                                    \
+    }                                                                                                                      \
   }
 SLM_DEFINE_ROWS(rows_512, T512, float, row_acc_512)
 SLM_DEFINE_ROWS(rows_bf16_512, T512BF, uint16_t, row_acc_bf16_512)
@@ -245,14 +252,13 @@ T256 inline void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t
     for (int n = 0; n < NR; ++n) put<TW>(&y[m * ldy + n], V::reduce_add(acc[m][n]) + tail[m][n]);
 }
 
-// ---- AVX2 + FMA, one input row (a decode at batch 1): the weight rows read one after another, each
-// from start to end, RW at a time, with the arithmetic of tile_256 (one sum over k in steps of 8), so
-// a row's result does not depend on how many rows came with it. Memory-bound: weight rows read in
-// lock-step, as tile_256 reads them, kept the hardware prefetchers further from the read bandwidth
-// on the vocabulary head here (a 2-core Zen 3, alternated in one process: a float32 decode step at
-// batch 1 7-9 % faster this way); the RW rows' independent sums overlap in the out-of-order window.
+// ---- AVX2 + FMA, one or two input rows (a decode at batch 1 or 2): the weight rows read one after
+// another, each from start to end and multiplied with each input row, RW at a time, with the arithmetic of tile_256 (one sum over k in
+// steps of 8), so a row's result does not depend on how many rows came with it. Memory-bound: weight rows read in lock-step, as tile_256
+// reads them, kept the hardware prefetchers further from the read bandwidth on the vocabulary head here (a 2-core Zen 3, alternated in one
+// process: a float32 decode step at batch 1 7-9 % faster this way); the RW rows' independent sums overlap in the out-of-order window.
 template <int RW, typename TW, typename TY>
-T256 void rows_256(const float* x, const TW* w, int64_t K, TY* y, int64_t n0, int64_t n1) {
+T256 void rows_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t ldy, int64_t n0, int64_t n1) {
   using V = simd::V8;
   for (int64_t n = n0; n < n1; n += RW) {
     const int rw = static_cast<int>(std::min<int64_t>(RW, n1 - n));
@@ -260,12 +266,15 @@ T256 void rows_256(const float* x, const TW* w, int64_t K, TY* y, int64_t n0, in
     for (int j = 0; j < RW; ++j) {
       if (j >= rw) break;
       const TW* wr = w + (n + j) * K;
-      __m256 acc = _mm256_setzero_ps();
-      int64_t k = 0;
-      for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), V::load(wr + k), acc);
-      float tail = 0;
-      for (; k < K; ++k) tail += x[k] * widen(wr[k]);
-      put<TW>(&y[n + j], V::reduce_add(acc) + tail);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* xm = x + m * K;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(xm + k), V::load(wr + k), acc);
+        float tail = 0;
+        for (; k < K; ++k) tail += xm[k] * widen(wr[k]);
+        put<TW>(&y[m * ldy + n + j], V::reduce_add(acc) + tail);
+      }
     }
   }
 }
@@ -403,20 +412,28 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
   // stays on one thread instead of paying for a parallel region.
   const bool avx2 = i == CpuIsa::Avx2, few = M <= 2;  // AVX2: 3 weight rows per tile, 4 for one or two input rows
   const int64_t nr = avx2 && !few ? 3 : 4;
+  // The row kernels for one or two input rows (each weight row read once, whole, then multiplied with
+  // each input row from L1), the tiles from three on; bfloat16 widened in registers, for one only (each
+  // input row would widen the weights again: the vocabulary head alone at two rows took 1.44-2.58x the
+  // tiles' time on the AVX2 path, 0.93-1.72x on AVX-512). Measured on a 2-core Zen 4, a decode step at 2 rows in alternated processes:
+  // float32 0.64-0.97 of the tiles' time (8 pairs), capped to AVX2 0.89-0.93 (6), bfloat16 dot products 0.79-1.02 (5); at 4 rows float32
+  // 0.98-1.11 and bfloat16 1.02-1.09 of it: not taken.
+  const bool widened = dt == at::kBFloat16 && !dot_bf16;
+  const int64_t rows_m = widened ? 1 : kRowsMaxInputs;
   const int64_t tiles = (N + nr - 1) / nr;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, nr * M * K));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * nr, n1 = std::min(N, t1 * nr);
-    const bool one = M == 1;  // one input row: whole weight rows (rows_512 / rows_bf16_512, AVX2 rows_256)
+    const bool one = M <= rows_m;  // one or two input rows: whole weight rows (rows_512 / rows_bf16_512, AVX2 rows_256)
     if (dt == at::kBFloat16 && !dot_bf16) {
       const float* xf = xc.data_ptr<float>();
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
       const bool wide = !avx2;
       if (one && float_out)
-        (wide ? rows_512<uint16_t, float> : rows_256<4, uint16_t, float>)(xf, wb, K, y.data_ptr<float>(), n0, n1);
+        (wide ? rows_512<uint16_t, float> : rows_256<4, uint16_t, float>)(xf, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else if (one)
         (wide ? rows_512<uint16_t, uint16_t>
-              : rows_256<4, uint16_t, uint16_t>)(xf, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
+              : rows_256<4, uint16_t, uint16_t>)(xf, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
       else if (float_out)
         (wide ? range_wbf16f_512 : few ? range_wbf16f_256w : range_wbf16f_256)(xf, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
@@ -427,16 +444,16 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
       const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
       if (one && float_out)
-        rows_bf16_512<uint16_t, float>(xb, wb, K, y.data_ptr<float>(), n0, n1);
+        rows_bf16_512<uint16_t, float>(xb, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else if (one)
-        rows_bf16_512<uint16_t, uint16_t>(xb, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n0, n1);
+        rows_bf16_512<uint16_t, uint16_t>(xb, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
       else if (float_out)
         range_bf16f_512(xb, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
         range_bf16_512(xb, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
     } else if (one) {
-      (avx2 ? rows_256<4, float, float> : rows_512<float, float>)(xc.data_ptr<float>(), wc.data_ptr<float>(), K, y.data_ptr<float>(), n0,
-                                                                  n1);
+      (avx2 ? rows_256<4, float, float> : rows_512<float, float>)(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N,
+                                                                  n0, n1);
     } else if (avx2) {
       (few ? range_f32_256w : range_f32_256)(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N, n0, n1);
     } else {
