@@ -76,13 +76,20 @@ t.test('K against K 1 rounds: each round its own quotient, flagged when the read
   const s = summarizeKRounds([a, b, c, d]);
   t.equal(s.steady, 3);
   t.same(s.rounds, [a, b, c, d], 'every round kept, the flagged one too');
-  // Steady quotients 1.0625, 1.2, 1.25: the median the middle one; the flagged round's 0.708 left out.
-  t.equal(s.median, 1.2);
-  t.equal(s.min, 1.0625);
-  t.equal(s.max, 1.25);
-  // No round at one speed: all of them.
+  // Steady quotients 1.0625, 1.2, 1.25, all at 34-36 GB/s: one speed, the median the middle one; the
+  // flagged round's 0.708 left out.
+  t.same(s.by_speed, [{ read_GBps: [34, 36], rounds: 3, median: 1.2, min: 1.0625, max: 1.25 }]);
+  // Two steady rounds at the fast speed (60-64 GB/s) make a group of their own, whatever their order.
+  const e = kRound('k', rr(1, 2, 1.6, 1.2, [62, 60]), rr(24, 48, 0.34, 11.52, [61, 63])); // 0.2125 / 0.4: 0.53125
+  const f = kRound('k1', rr(1, 2, 1.6, 1.2, [64, 62]), rr(24, 48, 0.3, 11.52, [63, 64])); // 0.1875 / 0.4: 0.46875
+  const two = summarizeKRounds([e, a, f, c, b, d]);
+  t.same(two.by_speed, [
+    { read_GBps: [34, 36], rounds: 3, median: 1.2, min: 1.0625, max: 1.25 },
+    { read_GBps: [60, 64], rounds: 2, median: 0.5, min: f.over_rooflines, max: e.over_rooflines },
+  ]);
+  // No round at one speed: all of them, one group.
   t.equal(summarizeKRounds([b]).steady, 0);
-  t.equal(summarizeKRounds([b]).median, 0.708);
+  t.same(summarizeKRounds([b]).by_speed, [{ read_GBps: [34, 56], rounds: 1, median: 0.708, min: 0.7083, max: 0.7083 }]);
   t.throws(() => summarizeKRounds([]));
 });
 
@@ -160,7 +167,7 @@ t.test(
       t.same(round, kRound(round.first, round.k1, round.k), 'the round recomputes from its runs');
     }
     t.same(kr, summarizeKRounds(kr.rounds), 'the summary recomputes from the rounds');
-    t.match(r.stdout, `median ${kr.median.toFixed(2)} (`, 'the table carries the rounds');
+    t.match(r.stdout, `median ${kr.by_speed[0].median.toFixed(2)} `, 'the table carries the rounds');
   },
 );
 
