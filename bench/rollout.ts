@@ -31,7 +31,7 @@ import { syntheticCorpus } from '../lib/retrieval/synthetic.js';
 import { answerMetrics } from '../lib/rewards/metrics.js';
 import { createPythonPool } from '../lib/sandbox/python.js';
 import { runnerTokenizer } from '../lib/train/environment.js';
-import { benchModelDir, layerMatmulParams, MachineLimits, matmulNow, readNow } from './engine.js';
+import { aroundRead, benchModelDir, layerMatmulParams, MachineLimits, matmulNow, readNow } from './engine.js';
 import { summarize, type Latency } from './sandbox.js';
 import { STEADY_SPREAD } from './llama-cpp-source.js';
 import { harmonicMean, median } from './stats.js';
@@ -165,8 +165,8 @@ export interface KSpeed {
 /**
  * The rounds summed up per memory speed: the steady rounds (one speed within each) grouped by their
  * reads (sorted by their highest; a round joins the group before it while every read of both stays
- * within STEADY_SPREAD of its highest, else starts one), and per group the median of the rounds' own quotients (each compares two runs of one
- * moment; not a quotient of medians) and their range. This VM's two speeds give K 1 two different
+ * within STEADY_SPREAD of its highest, else starts one), and per group the median of the rounds' own
+ * quotients (each compares two runs of one moment; not a quotient of medians) and their range. This VM's two speeds give K 1 two different
  * memory bounds it reaches to different degrees (0.78 of it at 37 GB/s, ~0.55 at 62 here), so the
  * quotient is a figure per speed, not one across them. With no steady round, one group of them all.
  */
@@ -174,11 +174,10 @@ export function summarizeKRounds(rounds: KRound[]): { rounds: KRound[]; steady: 
   if (!rounds.length) throw new Error('summarizeKRounds: no rounds');
   const reads = (r: KRound) => [...r.k1.read_GBps, ...r.k.read_GBps];
   const steady = rounds.filter((r) => r.steady);
-  const groups: KRound[][] = [];
-  for (const r of [...(steady.length ? steady : rounds)].sort((a, b) => Math.max(...reads(a)) - Math.max(...reads(b)))) {
+  const groups: KRound[][] = steady.length ? [] : [rounds];
+  for (const r of [...steady].sort((a, b) => Math.max(...reads(a)) - Math.max(...reads(b)))) {
     const g = groups[groups.length - 1];
-    if (steady.length && g && Math.min(...g.flatMap(reads), ...reads(r)) >= (1 - STEADY_SPREAD) * Math.max(...reads(r))) g.push(r);
-    else if (!steady.length && g) g.push(r);
+    if (g && Math.min(...g.flatMap(reads), ...reads(r)) >= (1 - STEADY_SPREAD) * Math.max(...reads(r))) g.push(r);
     else groups.push([r]);
   }
   const by_speed = groups.map((g): KSpeed => {
@@ -221,16 +220,9 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const maxNewTokens = quick ? 24 : 96;
   const Q = quick ? 1 : 2;
   const protocol = codeProtocol({ executor: pool });
-  const limitsNow = async () => ({ read: await readNow(), f32: await matmulNow() });
   const run = async (k: number, unbatched = false, shared = true) => {
-    const before = await limitsNow();
-    const value = await runOnce(k, unbatched, shared);
-    const after = await limitsNow();
-    return {
-      ...value,
-      read_GBps: [before.read, after.read].map((r) => +r.toFixed(1)),
-      matmul_GFLOPs: [before.f32, after.f32].map((r) => +r.toFixed(1)),
-    };
+    const { value, reads, rates } = await aroundRead(() => runOnce(k, unbatched, shared), readNow, matmulNow);
+    return { ...value, read_GBps: reads.map((r) => +r.toFixed(1)), matmul_GFLOPs: rates!.map((r) => +r.toFixed(1)) };
   };
   const runOnce = async (k: number, unbatched: boolean, shared: boolean) => {
     const g = new RecordingGenerator(model, shared);
@@ -314,8 +306,8 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
     log(`rollout: K ${ku} unbatched`);
     results.push(await run(ku, true));
     // K 1 against the largest K in short alternated rounds: each round's two runs within seconds of
-    // each other, at one memory speed or flagged, and the median over the rounds (a single pair's
-    // quotient is the VM's mode as much as the engine's: 0.74-1.35 on one machine in one day).
+    // each other, at one memory speed or flagged, and a median per memory speed (a single pair's
+    // quotient is the VM's mode as much as the engine's: 0.69-1.35 on one machine in one day).
     const kTop = quick ? 4 : 24;
     const nRounds = o.rounds ?? (quick ? 1 : 3);
     const rounds: KRound[] = [];

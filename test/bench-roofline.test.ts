@@ -44,37 +44,17 @@ t.test("a decode step's bound: weights read once at the given bandwidth, or its 
 
 t.test('the bandwidth around a measurement: the better of the reads before and after it, both kept', async (t) => {
   const order: string[] = [];
-  const reads = [31, 52];
-  const r = await aroundRead(
-    async () => {
-      order.push('run');
-      return 7;
-    },
-    async () => {
-      order.push('read');
-      return reads.shift()!;
-    },
-  );
+  // A measurement returning `value` and fake measures handing out the given values in turn, each call logged.
+  const fake = (name: string, xs: number[]) => async () => {
+    order.push(name);
+    return xs.shift()!;
+  };
+  const r = await aroundRead(fake('run', [7]), fake('read', [31, 52]));
   t.same(r, { value: 7, readGBps: 52, reads: [31, 52] });
   t.same(order, ['read', 'run', 'read'], 'read just before and just after');
   // With a rate measure: the matmul rate before and after too, the better of the two.
   order.length = 0;
-  const rates = [213, 185];
-  const reads2 = [35, 60];
-  const w = await aroundRead(
-    async () => {
-      order.push('run');
-      return 8;
-    },
-    async () => {
-      order.push('read');
-      return reads2.shift()!;
-    },
-    async () => {
-      order.push('rate');
-      return rates.shift()!;
-    },
-  );
+  const w = await aroundRead(fake('run', [8]), fake('read', [35, 60]), fake('rate', [213, 185]));
   t.same(w, { value: 8, readGBps: 60, reads: [35, 60], rateGFLOPs: 213, rates: [213, 185] });
   t.same(order, ['read', 'rate', 'run', 'read', 'rate']);
 });

@@ -158,8 +158,8 @@ T512BF inline void tile_bf16_512(const uint16_t* x, const uint16_t* w, int64_t K
     for (int n = 0; n < NR; ++n) put<uint16_t>(&y[m * ldy + n], sums[m * 4 + n]);  // rounded to nearest even
 }
 
-// ---- AVX-512, one or two input rows (a decode at batch 1 or 2): whole weight rows read one after another, each
-// with the arithmetic of tile_512 / tile_bf16_512 (one accumulator over k in the same steps), the sums
+// ---- AVX-512, one or two input rows (a decode at batch 1 or 2): whole weight rows read one after
+// another, each with the arithmetic of tile_512 / tile_bf16_512 (one accumulator over k in the same steps), the sums
 // of 16 rows reduced at once by reduce16, which gives each lane the value tile_sums gives it: a row's
 // result does not depend on how many input rows came with it. Memory-bound: four weight rows read in
 // lock-step (the tiles) kept the reads below the machine's bandwidth on the vocabulary head; whole rows
@@ -194,8 +194,8 @@ T512BF inline __m512 row_acc_bf16_512(const uint16_t* x, const uint16_t* wr, int
 
 // Weight rows [n0, n1) against M (at most kRowsMaxInputs) input rows: ROW_ACC per weight row and input
 // row (the weight row read from memory for the first, from L1 for the others), reduce16 per 16 rows,
-// each sum stored by put<TW> at y[m * ldy + n] (bfloat16 weights: rounded to bfloat16 once). A macro, as the ranges
-// below, because each needs its own target.
+// each sum stored by put<TW> at y[m * ldy + n] (bfloat16 weights: rounded to bfloat16 once). A macro,
+// as the ranges below, because each needs its own target.
 #define SLM_DEFINE_ROWS(NAME, TARGET, TX, ROW_ACC)                                                                         \
   template <typename TW, typename TY>                                                                                      \
   TARGET void NAME(const TX* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t ldy, int64_t n0, int64_t n1) {           \
@@ -253,10 +253,12 @@ T256 inline void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t
 }
 
 // ---- AVX2 + FMA, one or two input rows (a decode at batch 1 or 2): the weight rows read one after
-// another, each from start to end and multiplied with each input row, RW at a time, with the arithmetic of tile_256 (one sum over k in
-// steps of 8), so a row's result does not depend on how many rows came with it. Memory-bound: weight rows read in lock-step, as tile_256
-// reads them, kept the hardware prefetchers further from the read bandwidth on the vocabulary head here (a 2-core Zen 3, alternated in one
-// process: a float32 decode step at batch 1 7-9 % faster this way); the RW rows' independent sums overlap in the out-of-order window.
+// another, each from start to end and multiplied with each input row, RW at a time, with the
+// arithmetic of tile_256 (one sum over k in steps of 8), so a row's result does not depend on how many
+// rows came with it. Memory-bound: weight rows read in lock-step, as tile_256 reads them, kept the
+// hardware prefetchers further from the read bandwidth on the vocabulary head here (a 2-core Zen 3,
+// alternated in one process: a float32 decode step at batch 1 7-9 % faster this way); the RW rows'
+// independent sums overlap in the out-of-order window.
 template <int RW, typename TW, typename TY>
 T256 void rows_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t ldy, int64_t n0, int64_t n1) {
   using V = simd::V8;
@@ -414,24 +416,24 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
   const int64_t nr = avx2 && !few ? 3 : 4;
   // The row kernels for one or two input rows (each weight row read once, whole, then multiplied with
   // each input row from L1), the tiles from three on; bfloat16 widened in registers, for one only (each
-  // input row would widen the weights again: the vocabulary head alone at two rows took 1.44-2.58x the
-  // tiles' time on the AVX2 path, 0.93-1.72x on AVX-512). Measured on a 2-core Zen 4, a decode step at 2 rows in alternated processes:
-  // float32 0.64-0.97 of the tiles' time (8 pairs), capped to AVX2 0.89-0.93 (6), bfloat16 dot products 0.79-1.02 (5); at 4 rows float32
-  // 0.98-1.11 and bfloat16 1.02-1.09 of it: not taken.
+  // input row would widen the weights again: the vocabulary head alone at two rows took 1.44-2.58x
+  // the tiles' time on the AVX2 path, 0.93-1.72x on AVX-512). Measured on a 2-core Zen 4, a decode
+  // step at 2 rows in alternated processes: float32 0.64-0.97 of the tiles' time (8 pairs), capped to
+  // AVX2 0.89-0.93 (6), bfloat16 dot products 0.79-1.02 (5); at 4 rows float32 0.98-1.11 and bfloat16
+  // 1.02-1.09 of it: not taken.
   const bool widened = dt == at::kBFloat16 && !dot_bf16;
-  const int64_t rows_m = widened ? 1 : kRowsMaxInputs;
+  const bool rows = M <= (widened ? 1 : kRowsMaxInputs);  // whole weight rows: rows_512 / rows_bf16_512, AVX2 rows_256
   const int64_t tiles = (N + nr - 1) / nr;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, nr * M * K));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * nr, n1 = std::min(N, t1 * nr);
-    const bool one = M <= rows_m;  // one or two input rows: whole weight rows (rows_512 / rows_bf16_512, AVX2 rows_256)
     if (dt == at::kBFloat16 && !dot_bf16) {
       const float* xf = xc.data_ptr<float>();
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
       const bool wide = !avx2;
-      if (one && float_out)
+      if (rows && float_out)
         (wide ? rows_512<uint16_t, float> : rows_256<4, uint16_t, float>)(xf, M, wb, K, y.data_ptr<float>(), N, n0, n1);
-      else if (one)
+      else if (rows)
         (wide ? rows_512<uint16_t, uint16_t>
               : rows_256<4, uint16_t, uint16_t>)(xf, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
       else if (float_out)
@@ -443,15 +445,15 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
     } else if (dt == at::kBFloat16) {
       const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
       const auto* wb = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
-      if (one && float_out)
+      if (rows && float_out)
         rows_bf16_512<uint16_t, float>(xb, M, wb, K, y.data_ptr<float>(), N, n0, n1);
-      else if (one)
+      else if (rows)
         rows_bf16_512<uint16_t, uint16_t>(xb, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
       else if (float_out)
         range_bf16f_512(xb, M, wb, K, y.data_ptr<float>(), N, n0, n1);
       else
         range_bf16_512(xb, M, wb, K, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, n0, n1);
-    } else if (one) {
+    } else if (rows) {
       (avx2 ? rows_256<4, float, float> : rows_512<float, float>)(xc.data_ptr<float>(), M, wc.data_ptr<float>(), K, y.data_ptr<float>(), N,
                                                                   n0, n1);
     } else if (avx2) {
