@@ -11,6 +11,7 @@ import { native } from '../lib/engine/runtime.js';
 import { Model } from '../lib/engine/model.js';
 import { initModel } from '../lib/model/init.js';
 import { CONFIG_SCHEMA } from '../lib/config/schema.js';
+import { cpuLevels } from './helpers/isa.js';
 
 const L = () => native().losses;
 const f32 = (xs: number[]) => Float32Array.from(xs);
@@ -241,10 +242,12 @@ t.test("tokenStats (the train step's fused head): target log-probs, entropies an
     });
   const objective = (x: number[]) => stats(x).reduce((a, s, i) => a + gl[i] * s.lp + ge[i] * s.h, 0);
   const want = stats(logits);
-  // The CPU kernel where it applies (AVX-512), then ATen's operations (every other device).
-  for (const kernels of [true, false]) {
-    native().setCpuKernels(kernels);
-    t.teardown(() => native().setCpuKernels(true));
+  // The CPU kernel at every level the machine has (AVX-512, AVX2: V = 37 leaves a tail at both), then
+  // ATen's operations (level none, and every other device).
+  const before = native().version().cpuIsa; // the level in force (SLM_TRAIN_CPU_ISA may cap it), restored after
+  t.teardown(() => void native().setCpuIsa(before));
+  for (const level of cpuLevels(native(), true)) {
+    t.equal(native().setCpuIsa(level), level, `the kernels run at ${level}`);
     const r = L().tokenStats({
       logits: f32(logits),
       vocab: V,
@@ -253,6 +256,8 @@ t.test("tokenStats (the train step's fused head): target log-probs, entropies an
       gradLogprobs: f32(gl),
       gradEntropy: f32(ge),
     });
+    const rows = level === 'none' ? 0 : n;
+    t.same(r.kernelRows, { stats: rows, grad: rows }, `${level}: ${rows ? 'the kernel ran both ways' : "ATen's operations ran"}`);
     allClose(
       t,
       r.logprobs,

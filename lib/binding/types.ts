@@ -447,7 +447,13 @@ export interface NativeLosses {
     temperature?: number;
     gradLogprobs?: Float32Array;
     gradEntropy?: Float32Array;
-  }): { logprobs: Float32Array; entropy: Float32Array; grad: Float32Array };
+  }): {
+    logprobs: Float32Array;
+    entropy: Float32Array;
+    grad: Float32Array;
+    /** Rows the CPU kernel ran in this call, forward and backward (0: ATen's operations). */
+    kernelRows: { stats: number; grad: number };
+  };
   /** sum(w * 0.5 max((v - R)^2, (old + clip(v - old, -valueClip, valueClip) - R)^2)). */
   value(req: {
     values: Float32Array;

@@ -160,7 +160,8 @@ Napi::Value Entropy(const Napi::CallbackInfo& info) {
 
 // tokenStats({logits, vocab, targets, temperature?, gradLogprobs?, gradEntropy?}) -> {logprobs, entropy,
 // grad}: the train step's fused head (token_stats): each position's target log-prob and entropy, and
-// d (sum gradLogprobs * logprobs + sum gradEntropy * entropy) / d logits.
+// d (sum gradLogprobs * logprobs + sum gradEntropy * entropy) / d logits; kernelRows: the rows the CPU
+// kernel ran each way in this call (0: ATen's operations).
 Napi::Value TokenStatsJs(const Napi::CallbackInfo& info) {
   auto env = info.Env();
   auto o = arg(info, "tokenStats");
@@ -177,6 +178,7 @@ Napi::Value TokenStatsJs(const Napi::CallbackInfo& info) {
       throw_error(env, "ARGUMENT_INVALID",
                   "losses.tokenStats: target id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ").");
   auto targets = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).view({1, n, 1});
+  const auto before = slm::cpu_head_kernel_rows();
   auto st = slm::token_stats(logits, temp, targets);
   auto loss = at::zeros({}, at::kFloat);
   if (o.Has("gradLogprobs")) loss = loss + (st.lp * row(env, o, "gradLogprobs", n)).sum();
@@ -186,6 +188,11 @@ Napi::Value TokenStatsJs(const Napi::CallbackInfo& info) {
   r.Set("entropy", to_js(env, st.ent));
   if (loss.requires_grad()) loss.backward();
   r.Set("grad", to_js(env, logits.grad()));
+  const auto after = slm::cpu_head_kernel_rows();
+  auto k = Napi::Object::New(env);
+  k.Set("stats", Napi::Number::New(env, static_cast<double>(after.stats - before.stats)));
+  k.Set("grad", Napi::Number::New(env, static_cast<double>(after.grad - before.grad)));
+  r.Set("kernelRows", k);
   return r;
 }
 

@@ -6,10 +6,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/cpu_gemm.h"
+#include "core/cpu_isa.h"
 #include "core/cpu_vec.h"
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -30,56 +32,44 @@ at::Tensor loss_weights(const std::vector<std::vector<uint8_t>>& mask, int64_t s
 
 at::Tensor token_logprobs(const at::Tensor& logits, const at::Tensor& temp) { return at::log_softmax(logits / temp, -1); }
 
+// The fused head's row passes on the CPU (core/head_stats_impl.h), once per instruction set and
+// picked by cpu_isa() as the other CPU kernels are (core/cpu_isa.h); with the kernels off or capped to
+// none, and on every other device, the ATen operations below.
+#ifdef SLM_CPU_VEC_X86
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw")
+namespace h512 {
+using V = simd::V16;
+#include "core/head_stats_impl.h"
+}  // namespace h512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace h256 {
+using V = simd::V8;
+#include "core/head_stats_impl.h"
+}  // namespace h256
+#pragma GCC pop_options
+#endif
+
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The fused head's row passes on the CPU (AVX-512): per row of 151,936 float32 logits (600 KB, in L2
-// after the max) one pass for logsumexp, the target and the entropy, and one for the gradient,
-// instead of ATen's ~12 passes over the [B, c, V] block each way. Same dispatch rule as the other CPU
-// kernels (cpu_gemm.h): anything else runs the ATen operations below.
 #ifdef SLM_CPU_VEC_X86
-#define SLM_T512 __attribute__((target("avx512f,avx512bw")))
-
-SLM_T512 void row_stats(const float* x, int64_t V, float it, int64_t tgt, float* lse, float* lp, float* ent) {
-  const float m = cpu_row_max(x, V);
-  const __m512 vm = _mm512_set1_ps(m), vit = _mm512_set1_ps(it);
-  double s = 0, sx = 0;  // sum of e = exp((x - m) / T), sum of e x
-  for (int64_t v = 0; v < V;) {
-    const int64_t end = std::min(V, v + 1024);
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-    for (; v < end; v += 16) {
-      const __mmask16 k = end - v >= 16 ? 0xffff : static_cast<__mmask16>((1u << (end - v)) - 1u);
-      const __m512 xv = _mm512_maskz_loadu_ps(k, x + v);
-      const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_mul_ps(_mm512_sub_ps(xv, vm), vit)));
-      a = _mm512_add_ps(a, e);
-      b = _mm512_fmadd_ps(e, xv, b);
-    }
-    s += _mm512_reduce_add_ps(a);
-    sx += _mm512_reduce_add_ps(b);
-  }
-  *lse = static_cast<float>(m * static_cast<double>(it) + std::log(s));
-  *lp = x[tgt] * it - *lse;
-  *ent = static_cast<float>(*lse - sx / s * it);
-}
-
-// x := d (a lp + b ent) / d x = (onehot a - p (a + b (log p + ent))) / T, log p = x / T - lse.
-SLM_T512 void row_grad(float* x, int64_t V, float it, float lse, float ent, float a, float b, int64_t tgt) {
-  const __m512 vit = _mm512_set1_ps(it), vl = _mm512_set1_ps(lse), vh = _mm512_set1_ps(ent), va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
-  for (int64_t v = 0; v < V; v += 16) {
-    const __mmask16 k = V - v >= 16 ? 0xffff : static_cast<__mmask16>((1u << (V - v)) - 1u);
-    const __m512 lq = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, x + v), vit, vl);
-    const __m512 w = _mm512_fmadd_ps(vb, _mm512_add_ps(lq, vh), va);
-    _mm512_mask_storeu_ps(x + v, k, _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(exp512(lq), w)), vit));
-  }
-  x[tgt] += a * it;
-}
+// The row passes for the level in force.
+using RowStatsFn = void (*)(const float*, int64_t, float, int64_t, float*, float*, float*);
+using RowGradFn = void (*)(float*, int64_t, float, float, float, float, float, int64_t);
+RowStatsFn row_stats_fn() { return cpu_isa() >= CpuIsa::Avx512 ? &h512::row_stats : &h256::row_stats; }
+RowGradFn row_grad_fn() { return cpu_isa() >= CpuIsa::Avx512 ? &h512::row_grad : &h256::row_grad; }
 #endif
+std::atomic<int64_t> kernel_stats_rows{0}, kernel_grad_rows{0};
 
 bool cpu_stats_applies(const at::Tensor& logits) {
 #ifdef SLM_CPU_VEC_X86
-  return cpu_kernels_enabled() && cpu_has_avx512() && logits.is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 3 &&
+  return cpu_kernels_enabled() && cpu_isa() >= CpuIsa::Avx2 && logits.is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 3 &&
          logits.is_contiguous() && !(at::GradMode::is_enabled() && logits.requires_grad());
 #else
   (void)logits;
@@ -105,6 +95,8 @@ std::array<at::Tensor, 3> stats_forward(const at::Tensor& logits, const at::Tens
     const float* x = logits.data_ptr<float>();
     const int64_t* g = tg.data_ptr<int64_t>();
     float *pl = lse.data_ptr<float>(), *pp = lp.data_ptr<float>(), *pe = ent.data_ptr<float>();
+    const auto row_stats = row_stats_fn();
+    kernel_stats_rows.fetch_add(B * c, std::memory_order_relaxed);
     at::parallel_for(0, B * c, 1, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) row_stats(x + n * V, V, 1.f / t[n], g[n], pl + n, pp + n, pe + n);
     });
@@ -134,6 +126,8 @@ void stats_backward(at::Tensor logits, const at::Tensor& temp, const at::Tensor&
     const auto tg = targets.contiguous();
     float* x = logits.data_ptr<float>();
     const int64_t* g = tg.data_ptr<int64_t>();
+    const auto row_grad = row_grad_fn();
+    kernel_grad_rows.fetch_add(B * c, std::memory_order_relaxed);
     at::parallel_for(0, B * c, 1, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) row_grad(x + n * V, V, 1.f / t[n], L[n], H[n], A[n], Bg[n], g[n]);
     });
@@ -207,6 +201,10 @@ class HeadStatsFn : public torch::autograd::Function<HeadStatsFn> {
 };
 
 }  // namespace
+
+HeadKernelRows cpu_head_kernel_rows() {
+  return {kernel_stats_rows.load(std::memory_order_relaxed), kernel_grad_rows.load(std::memory_order_relaxed)};
+}
 
 TokenStats token_stats(const at::Tensor& logits, const at::Tensor& temp, const at::Tensor& targets) {
   auto r = TokenStatsFn::apply(logits, temp, targets);

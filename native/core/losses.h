@@ -40,6 +40,12 @@ struct TokenStats {
   at::Tensor lp, ent;
 };
 TokenStats token_stats(const at::Tensor& logits, const at::Tensor& temp, const at::Tensor& targets);
+// Rows the CPU kernel of token_stats / head_token_stats has run since the process started: forward
+// (log-sum-exp, log-prob, entropy) and backward (the gradient); ATen's operations count none. For tests.
+struct HeadKernelRows {
+  int64_t stats = 0, grad = 0;
+};
+HeadKernelRows cpu_head_kernel_rows();
 // Rows of the vocabulary head per chunk, for training and teacher-forced log-probs alike: ~256 MB of
 // float32 logits (64 Mi values; 441 rows of Qwen3's 151,936), what a long sequence holds at once. Each
 // chunk packs the head's weights anew in each direction (BLAS), so fewer, larger chunks are faster: a
