@@ -350,8 +350,6 @@ SLM_DEFINE_RANGE(range_wbf16f_256w, T256, tile_256, float, uint16_t, float, 4)
 
 }  // namespace
 
-bool cpu_has_avx512() { return cpu_isa() >= CpuIsa::Avx512; }
-
 const char* cpu_small_linear_isa() {
   switch (cpu_isa()) {
     case CpuIsa::Avx512Bf16:

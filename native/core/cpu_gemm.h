@@ -39,9 +39,6 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
 // dtype or device, a CPU with bfloat16 dot products, the CPU kernels off or capped to none).
 at::Tensor cpu_linear_widened(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = at::Tensor());
 
-// Whether this CPU has AVX-512 (F and BW): the fused sampler's vector passes use it too.
-bool cpu_has_avx512();
-
 // The kernels in force: "avx512-bf16 (float32; bfloat16 dot products)", "avx512 (float32; bfloat16
 // stored, float32 arithmetic)", "avx2 (...)" or "none".
 const char* cpu_small_linear_isa();
