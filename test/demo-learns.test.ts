@@ -1,13 +1,11 @@
-// The embedded demo at its full, default size (what `npx slm-train` runs, seed 0): RL improves on
-// SFT where the demonstrations did not reach. The expert is consistent and correct and demonstrates
-// only two of the four phrasings of each fact; GRPO trains on every training question with an
-// exact-match outcome reward and no expert program. Asserted, as the README's table claims: the
-// untrained model is below SFT, and GRPO is at least 5 points above SFT on the held-out questions in
-// undemonstrated phrasings. Nothing is asserted about how good or bad SFT is. Measured with the
-// default 18 SFT epochs at f365d1f and again at abd62f2 (prefills through the fused norm kernels):
-// +13.3, +12.5 and +10.4 points for seeds 0, 1 and 2 (the README's table, every row as measured). The gain is a draw: seed 0 under other arithmetic (AVX-512, or an
-// intermediate build of f365d1f) gained nothing, so this checks that the code still draws the
-// README's row, not that RL always wins. About 3-9 minutes on 2 cores.
+// The embedded demo at its full, default size (what `npx slm-train` runs, seed 0) against the README's
+// table: the baseline, SFT and GRPO cells of seed 0 (accuracy on the 150 held-out questions, in their
+// demonstrated and undemonstrated phrasings) are read from the README and must be what this code
+// draws, each group recomputed here from the evaluation trajectories. Whether RL gains over SFT is a
+// draw (the README: +0.0, +2.8 and +20.8 points in seeds 0, 1 and 2 since 422b104, +13.3, +12.5 and
+// +10.4 before it, when the training head on AVX2 ran ATen's operations); this test asserts no
+// winner, only that the README's row is this code's, and that SFT is above the untrained model. About
+// 3-9 minutes on 2 cores.
 //
 // The kernels are pinned to those the README's figures were measured with (AVX2: the addon's
 // kernels, ATen's and OpenBLAS's Zen ones, which run on any x86 CPU with AVX2 + FMA), so a CPU with
@@ -21,7 +19,7 @@ import t from 'tap';
 Object.assign(process.env, { SLM_TRAIN_CPU_ISA: 'avx2', ATEN_CPU_CAPABILITY: 'avx2', OPENBLAS_CORETYPE: 'ZEN' });
 const { runDemo } = await import('../lib/demo/pipeline.js');
 
-t.test('npx slm-train (seed 0): GRPO beats SFT on the held-out questions in phrasings no demonstration used', async (t) => {
+t.test("npx slm-train (seed 0) draws the README table's seed-0 row", async (t) => {
   const out = join(t.testdir(), 'demo');
   const r = await runDemo({ out, seed: 0 });
   const { addon } = await import('../lib/binding/index.js');
@@ -57,8 +55,17 @@ t.test('npx slm-train (seed 0): GRPO beats SFT on the held-out questions in phra
     );
   }
   t.ok(by.baseline.all.accuracy < by.sft.all.accuracy, `baseline ${by.baseline.all.accuracy} < SFT ${by.sft.all.accuracy}`);
-  t.ok(
-    by.grpo.undemonstrated.accuracy >= by.sft.undemonstrated.accuracy + 0.05,
-    `undemonstrated phrasings: GRPO ${by.grpo.undemonstrated.accuracy} at least 5 points above SFT ${by.sft.undemonstrated.accuracy}`,
-  );
+  // The README's row: "| stage | accuracy % | demonstrated % | undemonstrated % | ..." with each cell
+  // "seed 0 / seed 1 / seed 2".
+  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
+  for (const stage of ['baseline', 'sft', 'grpo'] as const) {
+    const row = new RegExp(`^\\| ${stage} \\| ([^|]+)\\| ([^|]+)\\| ([^|]+)\\|`, 'm').exec(readme);
+    t.ok(row, `the README's table has a ${stage} row`);
+    if (!row) continue;
+    const seed0 = row.slice(1, 4).map((cell) => Number(cell.split('/')[0].trim()));
+    const got = [by[stage].all.accuracy, by[stage].demonstrated.accuracy, by[stage].undemonstrated.accuracy].map((x) => x * 100);
+    ['all', 'demonstrated', 'undemonstrated'].forEach((group, i) =>
+      t.ok(Math.abs(got[i] - seed0[i]) < 0.05 + 1e-9, `${stage}, ${group}: ${got[i].toFixed(1)} % drawn, ${seed0[i]} % in the README`),
+    );
+  }
 });
