@@ -5,13 +5,6 @@
 // Each lane's arithmetic is the same at every level (the same exp polynomial, fused multiply-adds);
 // the sums are taken in another order (W lanes, then across them, per block of 1,024 into a double).
 
-// The first n (< W) values of p, the other lanes `fill`.
-inline V::F load_tail(const float* p, int n, float fill) {
-  alignas(64) float b[V::W];
-  for (int i = 0; i < V::W; ++i) b[i] = i < n ? p[i] : fill;
-  return V::load(b);
-}
-
 // v with the lanes from n on set to 0.
 inline V::F zero_from(V::F v, int n) {
   alignas(64) float b[V::W];
@@ -36,7 +29,7 @@ inline void row_stats(const float* x, int64_t n, float it, int64_t tgt, float* l
     }
     if (v < end) {  // the row's last values (n not a multiple of W)
       const int k = static_cast<int>(end - v);
-      const V::F xv = load_tail(x + v, k, 0.f);
+      const V::F xv = V::load_n(x + v, k);
       const V::F e = zero_from(V::exp(V::mul(V::sub(xv, vm), vit)), k);
       a = V::add(a, e);
       b = V::fmadd(e, xv, b);
