@@ -43,16 +43,19 @@ t.test("npx slm-train (seed 0) draws the README table's seed-0 row", async (t) =
       .trim()
       .split('\n')
       .map((l) => JSON.parse(l));
-    const unseen = eps.filter((e) => flags.get(e.question) === false);
-    t.equal(
-      unseen.length,
-      s.scores.undemonstrated.questions,
-      `${s.stage}: ${unseen.length} held-out questions in undemonstrated phrasings`,
-    );
-    t.ok(
-      Math.abs(unseen.filter((e) => e.correct).length / unseen.length - s.scores.undemonstrated.accuracy) < 1e-9,
-      `${s.stage}: undemonstrated accuracy recomputed`,
-    );
+    // Each group (all, the demonstrated phrasings, the undemonstrated ones) recomputed from the trajectories.
+    const groups = {
+      all: eps,
+      demonstrated: eps.filter((e) => flags.get(e.question) === true),
+      undemonstrated: eps.filter((e) => flags.get(e.question) === false),
+    };
+    for (const [group, es] of Object.entries(groups) as Array<[keyof typeof groups, typeof eps]>) {
+      t.equal(es.length, s.scores[group].questions, `${s.stage}: ${es.length} held-out questions (${group})`);
+      t.ok(
+        Math.abs(es.filter((e) => e.correct).length / es.length - s.scores[group].accuracy) < 1e-9,
+        `${s.stage}: ${group} accuracy recomputed`,
+      );
+    }
   }
   t.ok(by.baseline.all.accuracy < by.sft.all.accuracy, `baseline ${by.baseline.all.accuracy} < SFT ${by.sft.all.accuracy}`);
   // The README's row: "| stage | accuracy % | demonstrated % | undemonstrated % | ..." with each cell
