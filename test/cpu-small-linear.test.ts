@@ -77,6 +77,7 @@ atEachLevel(t, a, 'float32: every row count 1..32 and ragged sizes agree with fl
     [6, 16],
     [5, 100],
     [130, 512],
+    [23, 1300],
   ] as const) {
     const w = rand(n * k, 7 + n + k);
     for (const m of [...Array.from({ length: 32 }, (_, i) => i + 1), 47, 130, 256]) {
@@ -94,18 +95,20 @@ atEachLevel(t, a, 'float32: every row count 1..32 and ragged sizes agree with fl
       }
     }
   }
-  t.pass('float32 within 1e-6 of float64 (relative to the sum of |products|) for 175 shapes, kernel and at::linear');
+  t.pass('float32 within 1e-6 of float64 (relative to the sum of |products|) for 210 shapes, kernel and at::linear');
 });
 
 // A few rows take their own kernel (whole weight rows, rows_256 / rows_512 / rows_bf16_512: one row,
 // or two, but one where bfloat16 is widened): 29 x 75 stays on one thread
 // with a ragged last group of rows and a remainder after the vector steps; 1001 x 512 is split between
 // threads at a row that is not a multiple of the kernels' groups. Groups of 2-5 rows cross each level's
-// boundary between the row kernels and the tiles.
+// boundary between the row kernels and the tiles. 61 x 1300: a k longer than the Qwen3 presets' hidden
+// sizes, with a remainder after every level's vector steps (8, 16, 32 values).
 atEachLevel(t, a, "a row's result does not depend on the rest of the batch", async (t) => {
   for (const [n, k] of [
     [29, 75],
     [1001, 512],
+    [61, 1300],
   ] as const) {
     const w = rand(n * k, 3);
     const x = rand(32 * k, 4);
