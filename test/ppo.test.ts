@@ -63,13 +63,33 @@ t.test('PPO raises the mean reward of a toy task; resume is exact (adapter, valu
   const t0 = performance.now();
   const r = await runPpo(m, questions, run, { rollout: twoTurn(m), reward }, opts);
   const seconds = (performance.now() - t0) / 1e3;
-  const first = avg(r.meanReward.slice(0, 5));
-  const last = avg(r.meanReward.slice(-5));
-  // Chance is 1/8. Over seeds 1-8 on one machine the last 5 steps reach 0.37-0.83 after 30 steps; a
-  // CI run of an earlier tree gave 0.26 for seed 3 at 30 steps, hence 40 steps and a margin, not a target.
+  // Chance is 1/8. One seed alone is a draw: seed 3 reached 0.26 after 30 steps in a CI run of an
+  // earlier tree, 0.50 after 40 on an AVX-512 Zen 4 and 0.23 with the kernels capped to AVX2 (whose
+  // arithmetic differs in the last bits: 2026-11-29), where seeds 1, 2, 4 and 5 reached 0.71-0.90.
+  // So three seeds, and the claim on them together: the mean of their last 5 steps above a quarter
+  // and 0.15 above their first 5, and at least two of them rising by 0.15 on their own.
+  const curves = [{ seed: opts.seed, rewards: r.meanReward, seconds }];
+  for (const seed of [1, 2]) {
+    const ms = await Model.load(join(root, 'model'));
+    const s0 = performance.now();
+    const rs = await runPpo(
+      ms,
+      questions,
+      new RunFolder(join(root, `run-seed${seed}`)),
+      { rollout: twoTurn(ms), reward },
+      { ...opts, seed },
+    );
+    curves.push({ seed, rewards: rs.meanReward, seconds: (performance.now() - s0) / 1e3 });
+    ms.dispose();
+  }
+  const ends = curves.map((c) => ({ seed: c.seed, first: avg(c.rewards.slice(0, 5)), last: avg(c.rewards.slice(-5)), seconds: c.seconds }));
+  const first = avg(ends.map((e) => e.first)),
+    last = avg(ends.map((e) => e.last));
   t.ok(
-    last > first + 0.15 && last > 2 / 8,
-    `mean reward ${first.toFixed(3)} (first 5 steps) -> ${last.toFixed(3)} (last 5; chance 0.125), ${seconds.toFixed(1)} s`,
+    last > first + 0.15 && last > 2 / 8 && ends.filter((e) => e.last > e.first + 0.15).length >= 2,
+    `mean reward over seeds ${ends.map((e) => e.seed).join(', ')}: ${first.toFixed(3)} (first 5 steps) -> ${last.toFixed(3)} (last 5; chance 0.125); ${ends
+      .map((e) => `seed ${e.seed} ${e.first.toFixed(3)} -> ${e.last.toFixed(3)} in ${e.seconds.toFixed(1)} s`)
+      .join(', ')}`,
   );
   const rows = run.readMetrics();
   t.equal(rows.length, opts.steps);
