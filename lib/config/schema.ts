@@ -135,7 +135,7 @@ export const CONFIG_SCHEMA: Schema = {
       direct_instruction: {
         ...str(
           null,
-          'direct: the user message of the no-search baseline, {question} replaced by the question; null = slm-train\'s own ("Answer the question below from what you know..."). configs/search-r1-*.yaml set Search-R1\'s no-search template (scripts/data_process/nq.py make_prefix, which asks for <think> reasoning)',
+          'direct: the user message of the no-search baseline, {question} replaced by the question; null = slm-train\'s own ("Answer the question below from what you know..."). configs/search-r1-ppo.yaml and search-r1-sft-ppo.yaml set Search-R1\'s no-search template (scripts/data_process/nq.py make_prefix, which asks for <think> reasoning)',
         ),
         pattern: '\\{question\\}',
       },
