@@ -71,6 +71,7 @@ t.test('PPO raises the mean reward of a toy task; resume is exact (adapter, valu
   const curves = [{ seed: opts.seed, rewards: r.meanReward, seconds }];
   for (const seed of [1, 2]) {
     const ms = await Model.load(join(root, 'model'));
+    t.teardown(() => ms.dispose());
     const s0 = performance.now();
     const rs = await runPpo(
       ms,
@@ -80,7 +81,6 @@ t.test('PPO raises the mean reward of a toy task; resume is exact (adapter, valu
       { ...opts, seed },
     );
     curves.push({ seed, rewards: rs.meanReward, seconds: (performance.now() - s0) / 1e3 });
-    ms.dispose();
   }
   const ends = curves.map((c) => ({ seed: c.seed, first: avg(c.rewards.slice(0, 5)), last: avg(c.rewards.slice(-5)), seconds: c.seconds }));
   const first = avg(ends.map((e) => e.first)),
