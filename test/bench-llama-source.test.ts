@@ -349,14 +349,20 @@ t.test(
       const bytes = d.dtype === 'bfloat16' ? eng.decode_bytes_per_step / 2 : eng.decode_bytes_per_step;
       const want = bytes / (d.read_GBps * 1e9) / 1e-3; // ms
       t.ok(d.read_GBps > 0, `${d.dtype} batch ${d.batch}: read ${d.read_GBps} GB/s around it`);
+      // The JSON rounds the rates to 0.1 (and the bounds to 0.01 ms), the bounds come from the rates
+      // unrounded: the rounding's relative share (0.05 / the rate) is part of the tolerance, which
+      // matters where a loaded machine reads a few GB/s (the CI run of 2026-11-29: 4.35 ms against
+      // 4.3284 from a rounded rate).
+      const relR = 0.05 / d.read_GBps,
+        relM = 0.05 / d.matmul_GFLOPs;
       t.ok(
-        Math.abs(d.memory_bound_step_ms - want) <= 0.006 + 0.003 * want,
+        Math.abs(d.memory_bound_step_ms - want) <= 0.006 + (0.001 + 1.01 * relR) * want,
         `${d.dtype} batch ${d.batch}: memory bound ${d.memory_bound_step_ms} ms = bytes / its read bandwidth (${want.toFixed(4)})`,
       );
       const flops = (2 * eng.decode_bytes_per_step * d.batch) / (eng.model.parameter_bytes / eng.model.parameters);
       const wantC = flops / (d.matmul_GFLOPs * 1e9) / 1e-3; // ms
       t.ok(
-        Math.abs(d.compute_bound_step_ms - wantC) <= 0.006 + 0.003 * wantC,
+        Math.abs(d.compute_bound_step_ms - wantC) <= 0.006 + (0.001 + 1.01 * relM) * wantC,
         `${d.dtype} batch ${d.batch}: compute bound ${d.compute_bound_step_ms} ms = FLOPs / the matmul rate around it, ${d.matmul_GFLOPs} GFLOP/s (${wantC.toFixed(4)})`,
       );
       const best = d.dtype === 'bfloat16' ? eng.machine.matmul_bf16_GFLOPs : eng.machine.matmul_f32_GFLOPs;
@@ -365,7 +371,7 @@ t.test(
         boundBest = Math.max(want, flops / (best * 1e9) / 1e-3);
       const atBest = (d.fraction_of_roofline * boundBest) / boundAround;
       t.ok(
-        Math.abs(d.fraction_at_best_rate - atBest) <= 0.0015 + 0.002 * atBest,
+        Math.abs(d.fraction_at_best_rate - atBest) <= 0.0015 + (0.002 + 2.02 * (relR + relM)) * atBest,
         `${d.dtype} batch ${d.batch}: ${d.fraction_at_best_rate} at the best rate, ${best} GFLOP/s (${atBest.toFixed(4)})`,
       );
       t.match(r.stdout, `| decode ${d.dtype} batch ${d.batch} | `);
