@@ -103,10 +103,12 @@ atEachLevel(t, a, 'float32: every row count 1..32 and ragged sizes agree with fl
 // with a ragged last group of rows and a remainder after the vector steps; 1001 x 512 is split between
 // threads at a row that is not a multiple of the kernels' groups. Groups of 2-5 rows cross each level's
 // boundary between the row kernels and the tiles. 61 x 1300: a k longer than the presets' hidden sizes
-// (64, 512), with a remainder after every level's vector steps (8, 16, 32 values).
+// (64, 512), with a remainder after every level's vector steps (8, 16, 32 values); 23 x 95 another
+// (7, 15 and 31 values left).
 atEachLevel(t, a, "a row's result does not depend on the rest of the batch", async (t) => {
   for (const [n, k] of [
     [29, 75],
+    [23, 95],
     [1001, 512],
     [61, 1300],
   ] as const) {
