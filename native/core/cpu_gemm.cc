@@ -220,7 +220,8 @@ SLM_DEFINE_ROWS(rows_bf16_512, T512BF, uint16_t, row_acc_bf16_512)
 // to cover the multiply-add latency; one input row: rows_256 below); weights float32 or bfloat16 as
 // tile_512, the tile four ahead prefetched as there.
 template <int MR, int NR, typename TW, typename TY>
-T256 inline void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t ldy, const TW* pf, int pf_rows) {
+T256 inline __attribute__((always_inline)) void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t ldy, const TW* pf,
+                                                         int pf_rows) {
   using V = simd::V8;
   constexpr int64_t kLine = 64 / sizeof(TW);  // values of w per cache line
   __m256 acc[MR][NR];
@@ -242,8 +243,10 @@ T256 inline void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t
   };
   // A cache line of each weight row per iteration (two steps in float32, four in bfloat16) and its
   // prefetches, no test of k per step: the same sums in the same order as one step per iteration with
-  // the prefetch under `k % kLine == 0`, which it replaced (a 2-core Zen 3, a decode step at batch 16
-  // alternated in one process, 16 rounds: float32 1.03x, bfloat16 1.065x the old loop's speed).
+  // the prefetch under `k % kLine == 0`, which it replaced (a 2-core Zen 3, a decode step alternated
+  // with the old loop in one process, paired medians: bfloat16 batch 16 1.065x and 1.086x over 16
+  // rounds; float32 batch 16 1.03x and 1.02x, batch 48 0.98x: no change). always_inline: without it
+  // GCC put the tiles out of line here (float32 batch 16 / 48 then 1.03x / 1.06x slower).
   int64_t k = 0;
   for (; k + kLine <= K; k += kLine) {
     for (int r = 0; r < pf_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * K + k), _MM_HINT_T1);
