@@ -6,8 +6,9 @@
  * preset or `--model`. Reported per K: per-rollout wall time, rollouts/s, generated tokens/s, and the
  * wall time split into generation, sandbox, retrieval, reward and orchestration (the rest), each
  * with p50/p99 per rollout; next to generation, the bound from the roofline measured in the same run
- * (every generate call's prefill at the matmul rate and each decode step at max(weight bytes / read
- * bandwidth, 2 x params x rows / matmul rate): callRoofline; the read bandwidth and the matmul rate
+ * (every generate call's prefill at the matmul rate and each decode step at max((weight bytes + the KV
+ * entries its rows attend to, distinct prefixes once) / read bandwidth, (2 x params x rows + the
+ * attention's FLOPs) / matmul rate): callRoofline; the read bandwidth and the matmul rate
  * those measured before and after that run, the harmonic mean of each: runRoofline; each run's calls in
  * the JSON). Comparison: the same K = 8 batch (--quick: 4) generated one episode at a time (unbatched). Every run reports the prefill tokens the engine computed against
  * those its prompts hold (shared prefixes: the K samples of a question and the system prompt are
@@ -40,6 +41,8 @@ import type { BenchOptions, BenchReport } from './types.js';
 interface CallRecord {
   rows: number;
   promptTokens: number;
+  /** The prompts' distinct prefix tokens (distinctPrefixTokens). */
+  kvTokens: number;
   prefillTokens: number;
   reusedTokens: number;
   prefillSeconds: number;
@@ -67,6 +70,7 @@ class RecordingGenerator implements TextGenerator {
     this.calls.push({
       rows: req.prompts.length,
       promptTokens: r.prefillTokensRequested,
+      kvTokens: distinctPrefixTokens(req.prompts),
       prefillTokens: r.prefillTokens,
       reusedTokens: r.cacheReusedTokens,
       prefillSeconds: r.prefillSeconds,
@@ -77,20 +81,99 @@ class RecordingGenerator implements TextGenerator {
   }
 }
 
+/** A token tree: one child per next token. */
+type TokenTree = Map<number, TokenTree>;
+
+/**
+ * The tokens of the prompts' distinct prefixes: the size of their token tree, a prefix several
+ * prompts share counted once (as a radix cache, SGLang's RadixAttention, holds it). The KV entries
+ * of the prompts a decode step must read at the least, whatever an engine shares.
+ */
+export function distinctPrefixTokens(prompts: Int32Array[]): number {
+  const root: TokenTree = new Map();
+  let n = 0;
+  for (const p of prompts) {
+    let node = root;
+    for (const t of p) {
+      let next = node.get(t);
+      if (!next) {
+        next = new Map();
+        node.set(t, next);
+        n++;
+      }
+      node = next;
+    }
+  }
+  return n;
+}
+
+/** A model's sizes as the rooflines count them (runBench: modelSizes). */
+export interface RooflineSizes {
+  /** Parameters of the layers' matmuls, and of the vocabulary head (V x H). */
+  layerParams: number;
+  VH: number;
+  bytesPerParam: number;
+  /** Bytes of one token's keys and values over all layers (2 x layers x KV heads x head dim x the cache's bytes). */
+  kvBytesPerToken: number;
+  /** Attention FLOPs of one query token against one key position over all layers (4 x layers x heads x head dim: q.k and p.v). */
+  attnFlopsPerToken: number;
+}
+
+/** The rooflines' sizes of a Qwen3-style config, its weights `bytesPerParam` each (the KV cache has the weights' dtype). */
+export function modelSizes(
+  cfg: {
+    hidden_size: number;
+    vocab_size: number;
+    num_hidden_layers: number;
+    num_attention_heads: number;
+    num_key_value_heads: number;
+    head_dim?: number;
+  },
+  layerParams: number,
+  bytesPerParam: number,
+): RooflineSizes {
+  const D = cfg.head_dim ?? cfg.hidden_size / cfg.num_attention_heads;
+  return {
+    layerParams,
+    VH: cfg.vocab_size * cfg.hidden_size,
+    bytesPerParam,
+    kvBytesPerToken: 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * D * bytesPerParam,
+    attnFlopsPerToken: 4 * cfg.num_hidden_layers * cfg.num_attention_heads * D,
+  };
+}
+
 /**
  * One generate call's time at the rooflines: its prefill's matmuls (the layers' 2 x params per
  * computed token, the vocab head's 2 x V x H per row) at the matmul rate, and each decode step after
- * the first at the larger of reading every weight once at `read` and its FLOPs for all rows at the
- * matmul rate. Seconds; `f32` GFLOP/s, `read` GB/s.
+ * the first at the larger of its bytes at `read` and its FLOPs at the matmul rate. Step s (from 1)
+ * reads every weight once and the KV entries its rows attend to, each once: the prompts' distinct
+ * prefixes (`kvTokens`, distinctPrefixTokens) and each row's s generated tokens; its FLOPs are the
+ * matmuls' 2 x params per row and each row's attention over its prompt and those s tokens
+ * (`promptTokens`: the prompts' lengths summed). The prefill's attention is left out (a bound still).
+ * Seconds; `f32` GFLOP/s, `read` GB/s.
  */
 export function callRoofline(
-  c: { rows: number; prefillTokens: number; steps: number },
-  m: { layerParams: number; VH: number; bytesPerParam: number },
+  c: { rows: number; prefillTokens: number; steps: number; promptTokens: number; kvTokens: number },
+  m: RooflineSizes,
   lim: { f32: number; read: number },
 ): number {
   const weights = m.layerParams + m.VH;
-  const step = Math.max((weights * m.bytesPerParam) / (lim.read * 1e9), (2 * weights * c.rows) / (lim.f32 * 1e9));
-  return (2 * m.layerParams * c.prefillTokens + 2 * m.VH * c.rows) / (lim.f32 * 1e9) + Math.max(0, c.steps - 1) * step;
+  let decode = 0;
+  for (let s = 1; s < c.steps; s++) {
+    const bytes = weights * m.bytesPerParam + m.kvBytesPerToken * (c.kvTokens + c.rows * s);
+    const flops = 2 * weights * c.rows + m.attnFlopsPerToken * (c.promptTokens + c.rows * s);
+    decode += Math.max(bytes / (lim.read * 1e9), flops / (lim.f32 * 1e9));
+  }
+  return (2 * m.layerParams * c.prefillTokens + 2 * m.VH * c.rows) / (lim.f32 * 1e9) + decode;
+}
+
+/** A generate call in the JSON: what its roofline needs (callRoofline). */
+export interface CallJson {
+  rows: number;
+  prefill_tokens: number;
+  steps: number;
+  prompt_tokens: number;
+  kv_tokens: number;
 }
 
 /**
@@ -98,12 +181,18 @@ export function callRoofline(
  * harmonic means of the read bandwidths and of the matmul rates measured before and after it (the
  * means of the bounds, a time per byte and per FLOP).
  */
-export function runRoofline(
-  run: { calls: Array<{ rows: number; prefill_tokens: number; steps: number }>; read_GBps: number[]; matmul_GFLOPs: number[] },
-  m: { layerParams: number; VH: number; bytesPerParam: number },
-): number {
+export function runRoofline(run: { calls: CallJson[]; read_GBps: number[]; matmul_GFLOPs: number[] }, m: RooflineSizes): number {
   const at = { read: harmonicMean(run.read_GBps), f32: harmonicMean(run.matmul_GFLOPs) };
-  return run.calls.reduce((s, c) => s + callRoofline({ rows: c.rows, prefillTokens: c.prefill_tokens, steps: c.steps }, m, at), 0);
+  return run.calls.reduce(
+    (s, c) =>
+      s +
+      callRoofline(
+        { rows: c.rows, prefillTokens: c.prefill_tokens, steps: c.steps, promptTokens: c.prompt_tokens, kvTokens: c.kv_tokens },
+        m,
+        at,
+      ),
+    0,
+  );
 }
 
 /** One run of a K against K 1 round: what the ratio needs of it. */
@@ -116,7 +205,7 @@ export interface RoundRun {
   read_GBps: number[];
   matmul_GFLOPs: number[];
   /** Its generate calls, as the main runs list them. */
-  calls: Array<{ rows: number; prefill_tokens: number; steps: number }>;
+  calls: CallJson[];
 }
 
 /**
@@ -200,8 +289,6 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   const dir = o.model ?? (await benchModelDir('small', log));
   const { model, tokenizer: tok, formatter } = await loadPolicy(dir);
   const info = model.info();
-  const H = model.config.hidden_size,
-    V = model.config.vocab_size;
   const layerParams = layerMatmulParams(info.numParameters, model.config);
   const bytesPerParam = info.parameterBytes / info.numParameters;
   // Each run's generation roofline stands beside the read bandwidth and the matmul rate measured
@@ -212,7 +299,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
   // rate it did not run at likewise. The run's best of both (MachineLimits, before and after every
   // run) heads the table.
   const lim = await MachineLimits.measure(['read', 'f32'], quick ? 0.3 : 1);
-  const sizes = { layerParams, VH: V * H, bytesPerParam };
+  const sizes = modelSizes(model.config, layerParams, bytesPerParam);
 
   const gen = syntheticCorpus({ pages: 200, seed: 3 });
   const index = await SearchIndex.build(new Corpus(gen.pages));
@@ -290,7 +377,18 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
         reward: per((_, i) => rewardMs[i]),
       },
     };
-    return { ...row, calls: g.calls.map((c) => ({ rows: c.rows, prefill_tokens: c.prefillTokens, steps: c.steps })) };
+    return {
+      ...row,
+      calls: g.calls.map(
+        (c): CallJson => ({
+          rows: c.rows,
+          prefill_tokens: c.prefillTokens,
+          steps: c.steps,
+          prompt_tokens: c.promptTokens,
+          kv_tokens: c.kvTokens,
+        }),
+      ),
+    };
   };
   const results: Awaited<ReturnType<typeof run>>[] = [];
   try {
@@ -352,6 +450,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       params: info.numParameters,
       max_new_tokens: maxNewTokens,
       turns: 2,
+      roofline_sizes: sizes,
     };
     type Row = (typeof results)[number];
     // Per rollout, the largest K against K 1 (both on the default path): measured, and what an engine
@@ -369,7 +468,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
             at_rooflines: +(perRoof(kMax) / perRoof(k1)).toFixed(3),
           }
         : undefined;
-    // Rows above which a decode step's matmuls take longer than reading the weights.
+    // Rows above which a decode step's matmuls take longer than reading the weights (the KV cache aside).
     const computeBoundRows = +((bytesPerParam * lim.v.f32) / (2 * lim.v.read)).toFixed(1);
     const table = [
       `Rollouts (code protocol, 2 turns, ${maxNewTokens} new tokens per turn, ${Q} questions x K, ${(info.numParameters / 1e6).toFixed(0)}M-parameter model; each run's generation roofline at the read bandwidth and the matmul rate measured before and after it; the bench's best: read ${machine.read_GBps} GB/s, matmul ${machine.matmul_f32_GFLOPs} GFLOP/s)`,
@@ -383,7 +482,7 @@ export async function runBench(o: BenchOptions = {}): Promise<BenchReport> {
       '',
       ...(kRatio
         ? [
-            `Per rollout, K ${kRatio.k} / K 1: measured ${kRatio.measured}; an engine at the generation rooflines of this run would measure ${kRatio.at_rooflines} (a decode step here is compute-bound above ${computeBoundRows} rows: K ${kRatio.k} decodes ${kRatio.k * Q}, K 1 ${Q}).`,
+            `Per rollout, K ${kRatio.k} / K 1: measured ${kRatio.measured}; an engine at the generation rooflines of this run would measure ${kRatio.at_rooflines} (a decode step's matmuls here take longer than reading the weights above ${computeBoundRows} rows: K ${kRatio.k} decodes ${kRatio.k * Q}, K 1 ${Q}).`,
             '',
           ]
         : []),
