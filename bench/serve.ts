@@ -29,6 +29,7 @@ import { SlmError } from '../lib/errors.js';
 import { hashUniform } from '../lib/util/hash.js';
 import { benchModelDir } from './engine.js';
 import { levelFigures, runLevel, type LevelFigures } from './serve-load.js';
+import { median } from './stats.js';
 import type { BenchOptions, BenchReport } from './types.js';
 
 export interface ServeBenchOptions {
@@ -42,6 +43,8 @@ export interface ServeBenchOptions {
   /** The limit's decode steps and repetitions (Model.generate at batch 1 and 16). */
   limitSteps: number;
   limitReps: number;
+  /** Alternated rounds at 16 clients after the levels (16 clients, then the batch-16 decode; 0: none). */
+  rounds?: number;
   log?: (line: string) => void;
 }
 
@@ -74,6 +77,36 @@ export interface ServeLevel extends LevelFigures {
   };
 }
 
+/** One alternated round: 16 clients, set beside the batch-16 decode measured just before and just after them. */
+export interface ServeRound {
+  tokens: number;
+  tokens_per_s: number;
+  errors: number;
+  /** The batch-16 decode rate measured before and after the clients (tok/s). */
+  limit_tokens_per_s: [number, number];
+  /** tokens_per_s over the better of the two. */
+  fraction_of_limit: number;
+  ttft_p50_ms: number;
+  itl_p50_ms: number;
+}
+
+/**
+ * A round's figures: its clients' rate over the better of the decode rates measured around it (the
+ * main figure's rule: a limit caught in a dip would flatter the fraction).
+ */
+export function serveRound(fig: LevelFigures, errors: number, before: number, after: number): ServeRound {
+  const lim = Math.max(before, after);
+  return {
+    tokens: fig.tokens,
+    tokens_per_s: fig.tokens_per_s,
+    errors,
+    limit_tokens_per_s: [+before.toFixed(1), +after.toFixed(1)],
+    fraction_of_limit: +(fig.tokens_per_s / lim).toFixed(3),
+    ttft_p50_ms: fig.ttft_ms.p50_ms,
+    itl_p50_ms: fig.itl_ms.p50_ms,
+  };
+}
+
 export interface ServeBenchResults {
   model: { dir: string; dtype: string; threads: number; parameters: number; cpuCache: string };
   server_process: 'own process';
@@ -82,7 +115,16 @@ export interface ServeBenchResults {
   requests_per_client: number;
   engine_decode: EngineRate[];
   levels: ServeLevel[];
-  target: { clients: number; fraction_of_batch_16_decode: number; measured: number | null; met: boolean | null };
+  /** Alternated rounds at 16 clients (their fractions' median: the target's rounds_median). */
+  rounds: ServeRound[];
+  target: {
+    clients: number;
+    fraction_of_batch_16_decode: number;
+    measured: number | null;
+    met: boolean | null;
+    /** The median of the rounds' fractions (null: no rounds). */
+    rounds_median: number | null;
+  };
   errors_sample: string[];
 }
 
@@ -230,6 +272,36 @@ export async function serveBench(o: ServeBenchOptions): Promise<ServeBenchResult
         server: sessionTotals(ss, fig.tokens),
       };
     });
+    // Alternated rounds at the target's 16 clients: on a shared machine the decode rate moves within
+    // a run, and a level set beside limits measured a minute away can catch a dip on either side;
+    // each round's clients are set beside the batch-16 decode measured just before and just after
+    // them (the better of the two), and the median of the rounds' fractions is reported beside the
+    // main figure.
+    const rounds: ServeRound[] = [];
+    const roundErrors: string[] = [];
+    let prev = after.find((r) => r.batch === 16)?.tokens_per_s;
+    for (let k = 0; k < (o.rounds ?? 0) && prev !== undefined; k++) {
+      log(`serve: round ${k + 1} of ${o.rounds}: 16 clients, then the batch-16 decode`);
+      const run = await runLevel(url, {
+        clients: 16,
+        staggerMs: 0,
+        requestsPerClient: o.requestsPerClient,
+        maxTokens: o.maxTokens,
+        promptTokens: T,
+        level: o.levels.length + 1 + k,
+        model: 'bench',
+        delay: () => 0,
+      });
+      const next = (
+        await call<{ rates: EngineRate[] }>({ cmd: 'limit', batches: [16], steps: o.limitSteps, reps: o.limitReps, promptTokens: T })
+      ).rates[0].tokens_per_s;
+      rounds.push(serveRound(levelFigures(run.timings, run.wallS), run.errors.length, prev, next));
+      roundErrors.push(...run.errors);
+      prev = next;
+    }
+    const roundsMedian = rounds.length ? +median(rounds.map((r) => r.fraction_of_limit)).toFixed(3) : null;
+    if (roundsMedian !== null)
+      log(`serve: rounds at 16 clients: ${rounds.map((r) => r.fraction_of_limit).join(', ')} (median ${roundsMedian})`);
     for (const l of levels)
       log(
         `serve: ${clientsText(l.clients)}${l.stagger_ms ? ' staggered' : ''}: ${l.tokens_per_s} tok/s (${l.fraction_of_limit} of decode batch ${l.limit_batch}), TTFT p50 ${l.ttft_ms.p50_ms} ms, ITL p50 ${l.itl_ms.p50_ms} ms`,
@@ -243,13 +315,15 @@ export async function serveBench(o: ServeBenchOptions): Promise<ServeBenchResult
       requests_per_client: o.requestsPerClient,
       engine_decode: rates.map((r) => ({ batch: r.batch, step_ms: +r.step_ms.toFixed(2), tokens_per_s: +r.tokens_per_s.toFixed(1) })),
       levels,
+      rounds,
       target: {
         clients: 16,
         fraction_of_batch_16_decode: 0.8,
         measured: at16 ? at16.fraction_of_limit : null,
         met: at16 ? at16.fraction_of_limit >= 0.8 : null,
+        rounds_median: roundsMedian,
       },
-      errors_sample: raw.flatMap((r) => r.run.errors).slice(0, 5),
+      errors_sample: [...raw.flatMap((r) => r.run.errors), ...roundErrors].slice(0, 5),
     };
   } finally {
     if (child.p.exitCode === null && child.p.signalCode === null) {
@@ -276,6 +350,14 @@ export function serveTable(r: ServeBenchResults, dirName: string): string {
       (l) =>
         `| ${l.clients}${l.stagger_ms ? `, staggered over ${(l.stagger_ms / 1e3).toFixed(1)} s` : ''} | ${l.tokens_per_s} | batch ${l.limit_batch}: ${l.limit_tokens_per_s} tok/s (${rate(l.limit_batch)?.step_ms} ms/step) | ${l.fraction_of_limit} | ${f2(l.ttft_ms.p50_ms)} / ${f2(l.ttft_ms.p99_ms)} | ${f2(l.itl_ms.p50_ms)} / ${f2(l.itl_ms.p99_ms)} | ${l.server.joined} of ${l.server.rows} / ${l.server.max_batch} / ${l.server.mean_rows_per_step} | ${l.errors} |`,
     ),
+    ...(r.rounds.length
+      ? [
+          '',
+          `Alternated rounds at 16 clients (each beside the better of the batch-16 decodes measured just before and just after it): ${r.rounds
+            .map((x) => `${x.fraction_of_limit} (${x.tokens_per_s} tok/s against ${x.limit_tokens_per_s.join(' / ')})`)
+            .join(', ')}; median ${r.target.rounds_median}.`,
+        ]
+      : []),
   ].join('\n');
 }
 
@@ -289,6 +371,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     maxTokens: quick ? 32 : 128,
     limitSteps: quick ? 16 : 48,
     limitReps: quick ? 2 : 3,
+    rounds: opts.rounds ?? (quick ? 1 : 3),
     log: opts.log,
   });
   return {

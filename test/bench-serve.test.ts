@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
 import { levelFigures, requestTiming, runLevel, sseEvents, streamCompletion } from '../bench/serve-load.js';
-import { serveBench, serveTable, sessionTotals } from '../bench/serve.js';
+import { serveBench, serveRound, serveTable, sessionTotals } from '../bench/serve.js';
 import { Model } from '../lib/engine/model.js';
 import { ChatFormatter } from '../lib/model/chat.js';
 import { initModel } from '../lib/model/init.js';
@@ -152,6 +152,20 @@ t.test('the clients against the real server: every request gets max_tokens token
   t.ok(server.batches.since(0).reduce((a, b) => a + b, 0) >= 8, 'every row was submitted');
 });
 
+t.test('serveRound: the clients over the better of the decode rates measured before and after them', async (t) => {
+  const fig = levelFigures([{ ttft_ms: 100, total_ms: 1000, tokens: 300, itl_ms: [10, 20, 30] }], 1);
+  t.match(serveRound(fig, 0, 400, 375), {
+    tokens: 300,
+    tokens_per_s: 300,
+    limit_tokens_per_s: [400, 375],
+    fraction_of_limit: 0.75,
+    ttft_p50_ms: 100,
+    itl_p50_ms: 20,
+  });
+  t.equal(serveRound(fig, 2, 350, 420).fraction_of_limit, 0.714, 'the after rate when it is the better');
+  t.equal(serveRound(fig, 2, 350, 420).errors, 2);
+});
+
 t.test('serveBench on the tiny preset: the structure, and rows joined running decodes at 16 clients', async (t) => {
   const r = await serveBench({
     dir,
@@ -160,6 +174,7 @@ t.test('serveBench on the tiny preset: the structure, and rows joined running de
     maxTokens: 8,
     limitSteps: 4,
     limitReps: 1,
+    rounds: 2,
   });
   t.same(
     r.engine_decode.map((e) => e.batch),
@@ -193,9 +208,30 @@ t.test('serveBench on the tiny preset: the structure, and rows joined running de
   t.equal(r.target.measured, at16.fraction_of_limit);
   t.equal(typeof r.target.met, 'boolean');
   t.same(r.errors_sample, []);
+  t.equal(r.rounds.length, 2, 'rounds reached the bench');
+  for (const x of r.rounds) {
+    t.equal(x.errors, 0);
+    t.equal(x.tokens, 16 * 2 * 8, 'a round: 16 clients, every request max_tokens tokens');
+    t.ok(
+      Math.abs(x.fraction_of_limit - x.tokens_per_s / Math.max(...x.limit_tokens_per_s)) < 0.002,
+      `round fraction ${x.fraction_of_limit}`,
+    );
+  }
+  t.equal(r.rounds[1].limit_tokens_per_s[0], r.rounds[0].limit_tokens_per_s[1], "a round's limit before is the last round's after");
+  t.equal(r.target.rounds_median, +((r.rounds[0].fraction_of_limit + r.rounds[1].fraction_of_limit) / 2).toFixed(3));
   const table = serveTable(r, 'tiny');
+  t.match(table, new RegExp(`Alternated rounds at 16 clients .*; median ${r.target.rounds_median}\\.`));
   t.match(table, /\| clients \| tokens\/s \| engine decode \(same run\) \| fraction \| TTFT p50 \/ p99 ms \| ITL p50 \/ p99 ms \|/);
   t.equal(table.split('\n').filter((l) => /^\| 16/.test(l)).length, 2);
+});
+
+t.test('slm-train bench serve --rounds N reaches the rounds (0: none)', async (t) => {
+  const r = await runCliAsync(['bench', 'serve', '--quick', '--json', '--rounds', '0', '--model', dir], { timeout: 600_000 });
+  t.equal(r.code, 0, r.stderr.slice(-2000));
+  const s = JSON.parse(r.stdout).reports.serve;
+  t.same(s.rounds, [], '--rounds 0: no round');
+  t.equal(s.target.rounds_median, null);
+  t.notMatch(r.stderr, /serve: round 1/);
 });
 
 t.test('slm-train bench serve --quick --json --model DIR reaches the bench with the quick sizes', async (t) => {
@@ -211,5 +247,8 @@ t.test('slm-train bench serve --quick --json --model DIR reaches the bench with 
     [1, 16, 16],
   );
   for (const l of s.levels) t.equal(l.tokens, l.requests * 32);
+  t.equal(s.rounds.length, 1, '--quick: one round');
+  t.equal(s.rounds[0].tokens, 16 * 2 * 32);
+  t.equal(s.target.rounds_median, s.rounds[0].fraction_of_limit);
   t.match(r.stderr, /\[bench\] serve: 16 clients/);
 });
