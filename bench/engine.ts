@@ -26,7 +26,11 @@
  *    side's figure the rate of its passes' mean time, each pass's ratio beside it; skipped, saying
  *    why, where no folder is named; then batch 1 in 8 short alternated rounds per dtype (2 under
  *    --quick), each bracketed by three reads of the memory bandwidth, the median of the ratios of the
- *    rounds run at one memory speed (summarizeRounds in bench/llama-cpp-source.ts).
+ *    rounds run at one memory speed (summarizeRounds in bench/llama-cpp-source.ts);
+ *  - decode at batch 16 in float32 and bfloat16 again in `--rounds N` alternated rounds (default 3,
+ *    --quick 1; the order flipping each round), each decode beside its roofline at the read and matmul
+ *    rate measured around it: the median fraction per dtype and the rounds where bfloat16 was the
+ *    faster (summarizeDecodeRounds).
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
@@ -292,6 +296,46 @@ export interface DecodeRow {
   fraction_at_best_rate: number;
 }
 
+/** Batch-16 decodes in alternated rounds: each round's rows, the median fraction per dtype. */
+export interface DecodeRounds {
+  batch: number;
+  rounds: Array<Array<Pick<DecodeRow, 'dtype' | 'step_ms' | 'fraction_of_roofline' | 'read_GBps' | 'matmul_GFLOPs'>>>;
+  median_fraction: { float32: number; bfloat16: number };
+  /** Rounds in which the bfloat16 step took less time than the float32 one. */
+  bfloat16_faster: number;
+}
+
+export function summarizeDecodeRounds(rounds: DecodeRow[][]): DecodeRounds {
+  if (!rounds.length) throw new Error('summarizeDecodeRounds: no rounds');
+  const of = (r: DecodeRow[], dt: DecodeRow['dtype']) => {
+    const d = r.find((x) => x.dtype === dt);
+    if (!d) throw new Error(`summarizeDecodeRounds: a round without its ${dt} decode`);
+    return d;
+  };
+  const med = (dt: DecodeRow['dtype']) => +median(rounds.map((r) => of(r, dt).fraction_of_roofline)).toFixed(3);
+  return {
+    batch: rounds[0][0].batch,
+    rounds: rounds.map((r) =>
+      r.map(({ dtype, step_ms, fraction_of_roofline, read_GBps, matmul_GFLOPs }) => ({
+        dtype,
+        step_ms,
+        fraction_of_roofline,
+        read_GBps,
+        matmul_GFLOPs,
+      })),
+    ),
+    median_fraction: { float32: med('float32'), bfloat16: med('bfloat16') },
+    bfloat16_faster: rounds.filter((r) => of(r, 'bfloat16').step_ms < of(r, 'float32').step_ms).length,
+  };
+}
+
+/** The table row of the rounds. */
+export function decodeRoundsRow(d: DecodeRounds): string {
+  const list = (dt: DecodeRow['dtype']) =>
+    `${dt} ${d.rounds.map((r) => r.find((x) => x.dtype === dt)!.fraction_of_roofline).join(', ')} (median ${d.median_fraction[dt]})`;
+  return `| decode batch ${d.batch}, ${d.rounds.length} alternated round${d.rounds.length === 1 ? '' : 's'} (fraction of the roofline at the read and matmul rate around each decode) | ${list('float32')}; ${list('bfloat16')}; bfloat16 faster in ${d.bfloat16_faster} of ${d.rounds.length} | | |`;
+}
+
 interface RawDecode {
   dtype: 'float32' | 'bfloat16';
   batch: number;
@@ -547,6 +591,20 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     }
   }
 
+  // Batch 16 in float32 and bfloat16 again, in alternated rounds (the order flipping each round):
+  // the decode rows above are one measurement each (or two passes' mean), and on a shared VM the same
+  // decode step has ranged 1.4x within minutes; each round's decodes stand beside the rates measured
+  // around them, and the rounds' median fraction is given beside the rows.
+  const nDecodeRounds = opts.rounds ?? (quick ? 1 : 3);
+  const rawRounds: RawDecode[][] = [];
+  for (let i = 0; i < nDecodeRounds; i++) {
+    const order = i % 2 === 0 ? (['float32', 'bfloat16'] as const) : (['bfloat16', 'float32'] as const);
+    log(`engine: decode at batch 16, round ${i + 1} of ${nDecodeRounds} (${order.join(', then ')})`);
+    const round: RawDecode[] = [];
+    for (const dt of order) round.push(await measureDecode(dt, dt === 'float32' ? m : bf16, 16));
+    rawRounds.push(round);
+  }
+
   log('engine: measuring the machine again (each limit: the better of the two measurements)');
   await lim.again();
   const pr = prefillRoofline(cfg, layerParams, bytesPerParam, prefillTokens, lim.v);
@@ -566,6 +624,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     fraction_of_roofline: +(prBf16.seconds / prefillBf16S).toFixed(3),
   };
   decode.push(...rawDecode.map(decodeRow));
+  const decodeRounds = rawRounds.length ? summarizeDecodeRounds(rawRounds.map((r) => r.map(decodeRow))) : null;
   const decodeAten = decodeRow(rawAten);
   for (const { B, e } of eagerRaw) {
     const { bound } = bounds(B, bytesPerParam, lim.v.read, lim.v.f32);
@@ -604,6 +663,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     prefill,
     prefill_bfloat16: prefillBf16,
     decode,
+    decode_batch16_rounds: decodeRounds,
     decode_aten_path: decodeAten,
     eager_pytorch: eager,
     llama_cpp: llamaCpp,
@@ -623,6 +683,7 @@ export async function runBench(opts: BenchOptions = {}): Promise<BenchReport> {
     `| prefill ${prefillTokens} tokens, batch 1 | ${prefill.tokens_per_s} tok/s | ${prefill.roofline_tokens_per_s} tok/s (projections ${prefill.roofline_parts_ms.projections} + attention ${prefill.roofline_parts_ms.attention} + head ${prefill.roofline_parts_ms.head} ms) | ${prefill.fraction_of_roofline} (projections alone: ${prefill.fraction_of_projections_only}) |`,
     `| prefill ${prefillTokens} tokens, batch 1, bfloat16 | ${prefillBf16.tokens_per_s} tok/s | ${prefillBf16.roofline_tokens_per_s} tok/s | ${prefillBf16.fraction_of_roofline} |`,
     ...decode.map((d) => decodeLine(`decode ${d.dtype} batch ${d.batch}`, d)),
+    ...(decodeRounds ? [decodeRoundsRow(decodeRounds)] : []),
     decodeLine('decode float32 batch 16, ATen path (CPU kernels off)', decodeAten),
     ...eager.flatMap((e) =>
       'skipped' in e

@@ -12,7 +12,8 @@ export interface BenchOptions {
   /**
    * rollout: rounds of the largest K against K 1 back to back, alternating which goes first, after
    * the main runs; serve: rounds of 16 clients, each beside the batch-16 decode measured just before
-   * and after it (default 3; --quick 1; 0: none).
+   * and after it; engine: rounds of the batch-16 decode in float32 and bfloat16 (default 3; --quick
+   * 1; 0: none).
    */
   rounds?: number;
   /** recall: the folder holding wiki-excerpts/ and wiki-trivia/ (default $SLM_SHARED_DIR/data, else ../shared/data). */

@@ -245,11 +245,16 @@ t.test(
 );
 
 /** `slm-train bench engine --quick --llama-cpp-bin BIN` on the tiny preset in `tmp`, 2 threads; asserts it exits 0. */
-async function quickEngine(t: Test, tmp: string, bin: string): Promise<{ r: Awaited<ReturnType<typeof runCliAsync>>; out: string }> {
+async function quickEngine(
+  t: Test,
+  tmp: string,
+  bin: string,
+  extra: string[] = [],
+): Promise<{ r: Awaited<ReturnType<typeof runCliAsync>>; out: string }> {
   const model = join(tmp, 'tiny');
   initModel({ preset: 'tiny', out: model, seed: 0 });
   const out = join(tmp, 'bench.json');
-  const r = await runCliAsync(['bench', 'engine', '--quick', '--out', out, '--model', model, '--llama-cpp-bin', bin], {
+  const r = await runCliAsync(['bench', 'engine', '--quick', '--out', out, '--model', model, '--llama-cpp-bin', bin, ...extra], {
     env: { SLM_TRAIN_CACHE: join(tmp, 'cache'), SLM_TRAIN_THREADS: '2', [LLAMA_CPP_BIN_ENV]: '' },
     timeout: 840_000,
   });
@@ -269,7 +274,7 @@ t.test(
     mkdirSync(bin);
     const log = join(tmp, 'argv.jsonl');
     fakeTools(bin, log);
-    const { r, out } = await quickEngine(t, tmp, bin);
+    const { r, out } = await quickEngine(t, tmp, bin, ['--rounds', '2']);
     const calls = argvLog(log);
     t.same(
       calls.map((c) => [c[0], c[c.indexOf('-m') + 1].replace(/.*\./, ''), c[c.indexOf('-t') + 1]]),
@@ -405,6 +410,22 @@ t.test(
       t.match(r.stdout, `decode batch 1, 2 alternated rounds (tg16 each side; per round: `);
       t.match(r.stdout, `| median ${x.median_ratio.toFixed(2)}x (`);
     }
+    // --rounds 2 reached the batch-16 decode rounds: the order flips, each decode at the rates around it.
+    const dr = eng.decode_batch16_rounds;
+    t.equal(dr.rounds.length, 2, '--rounds 2: two rounds');
+    t.same(
+      dr.rounds.map((r: Array<{ dtype: string }>) => r.map((x) => x.dtype)),
+      [
+        ['float32', 'bfloat16'],
+        ['bfloat16', 'float32'],
+      ],
+    );
+    for (const r of dr.rounds)
+      for (const x of r) t.ok(x.step_ms > 0 && x.fraction_of_roofline > 0 && x.read_GBps > 0 && x.matmul_GFLOPs > 0, JSON.stringify(x));
+    t.match(
+      r.stdout,
+      `| decode batch 16, 2 alternated rounds (fraction of the roofline at the read and matmul rate around each decode) | float32 `,
+    );
   },
 );
 

@@ -2,7 +2,15 @@
 // query-key pairs, each part of a prefill at the larger of its compute and memory time, a decode step's
 // bound at the read bandwidth measured around it, and that bandwidth measurement (the addon's 'read').
 import t from 'tap';
-import { aroundRead, attentionFlops, decodeBounds, prefillRoofline } from '../bench/engine.js';
+import {
+  aroundRead,
+  attentionFlops,
+  type DecodeRow,
+  decodeBounds,
+  decodeRoundsRow,
+  prefillRoofline,
+  summarizeDecodeRounds,
+} from '../bench/engine.js';
 import { native } from '../lib/engine/runtime.js';
 
 const cfg = { num_hidden_layers: 3, num_attention_heads: 4, head_dim: 8, hidden_size: 32, vocab_size: 1000 };
@@ -67,4 +75,40 @@ t.test("the addon's read bandwidth: a positive rate, and a kind it does not know
     code: 'ARGUMENT_INVALID',
     message: /'matmul', 'copy' or 'read', found 'write'/,
   });
+});
+
+t.test("batch-16 decode rounds: each dtype's median fraction, the rounds where bfloat16 was faster", async (t) => {
+  const row = (dtype: DecodeRow['dtype'], step_ms: number, fraction_of_roofline: number): DecodeRow => ({
+    dtype,
+    batch: 16,
+    step_ms,
+    tokens_per_s: 16 / (step_ms / 1e3),
+    roofline_step_ms: step_ms * fraction_of_roofline,
+    memory_bound_step_ms: 0,
+    compute_bound_step_ms: 0,
+    read_GBps: 15,
+    matmul_GFLOPs: 120,
+    roofline_tokens_per_s: 0,
+    fraction_of_roofline,
+    fraction_at_best_rate: fraction_of_roofline,
+  });
+  // The order within a round flips (bfloat16 first in the second): the summary goes by dtype.
+  const d = summarizeDecodeRounds([
+    [row('float32', 40, 0.5), row('bfloat16', 38, 0.8)],
+    [row('bfloat16', 45, 0.55), row('float32', 44, 0.7)],
+    [row('float32', 42, 0.6), row('bfloat16', 41, 0.65)],
+  ]);
+  t.same(d.median_fraction, { float32: 0.6, bfloat16: 0.65 });
+  t.equal(d.bfloat16_faster, 2, 'rounds 1 and 3');
+  t.equal(d.batch, 16);
+  t.same(d.rounds[1], [
+    { dtype: 'bfloat16', step_ms: 45, fraction_of_roofline: 0.55, read_GBps: 15, matmul_GFLOPs: 120 },
+    { dtype: 'float32', step_ms: 44, fraction_of_roofline: 0.7, read_GBps: 15, matmul_GFLOPs: 120 },
+  ]);
+  t.equal(
+    decodeRoundsRow(d),
+    '| decode batch 16, 3 alternated rounds (fraction of the roofline at the read and matmul rate around each decode) | float32 0.5, 0.7, 0.6 (median 0.6); bfloat16 0.8, 0.55, 0.65 (median 0.65); bfloat16 faster in 2 of 3 | | |',
+  );
+  t.throws(() => summarizeDecodeRounds([[row('float32', 40, 0.5)]]), /without its bfloat16 decode/);
+  t.throws(() => summarizeDecodeRounds([]), /no rounds/);
 });

@@ -162,7 +162,7 @@ export const benchCommand: CommandModule<object, Args> = {
       .option('rounds', {
         type: 'number',
         describe:
-          'rollout: rounds of the largest K against K 1 back to back, alternating which goes first, for a median of K / K 1 over the rooflines; serve: rounds of 16 clients each beside the batch-16 decode measured just before and after it, for a median of their fractions (default 3; --quick 1; 0: none)',
+          'rollout: rounds of the largest K against K 1 back to back, alternating which goes first, for a median of K / K 1 over the rooflines; serve: rounds of 16 clients each beside the batch-16 decode measured just before and after it, for a median of their fractions; engine: rounds of the batch-16 decode in float32 and bfloat16 (default 3; --quick 1; 0: none)',
       })
       .option('llama-cpp-bin', {
         type: 'string',
@@ -175,7 +175,7 @@ export const benchCommand: CommandModule<object, Args> = {
     if (args.rounds !== undefined && !(Number.isInteger(args.rounds) && args.rounds >= 0 && args.rounds <= MAX_ROUNDS))
       throw new SlmError(
         'ARGUMENT_INVALID',
-        `--rounds expects an integer from 0 to ${MAX_ROUNDS} (rounds of the largest K against K 1 in bench rollout, of 16 clients in bench serve), found ${args.rounds}.`,
+        `--rounds expects an integer from 0 to ${MAX_ROUNDS} (rounds of the largest K against K 1 in bench rollout, of 16 clients in bench serve, of the batch-16 decode in bench engine), found ${args.rounds}.`,
       );
     const kinds = args.kind ? [args.kind] : Object.keys(KINDS).filter((k) => !NAMED_ONLY.has(k));
     const log = (s: string) => process.stderr.write(`[bench] ${s}\n`);
