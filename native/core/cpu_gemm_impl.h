@@ -372,8 +372,8 @@ SLM_DEFINE_RANGE(range_wbf16f_512, T512, tile_512, float, uint16_t, float, 4)
 // waits on memory, and a tile's NR weight rows are taken far apart instead (as rows_256's streams:
 // blocks of up to kStreamBlock rows, `len` rows between a tile's rows), the tile kAhead on in the block
 // prefetched; the sums and their order are the same either way. A 2-core Zen 3, decode steps in
-// alternated processes against adjacent rows: 4 rows 1.05-1.34x (float32) and 1.30-1.40x (bfloat16), 8
-// rows 1.01-1.07x / 1.00-1.15x; at 16 rows float32 0.97-1.12x, bfloat16 0.84-1.07x, at 24 0.87-1.05x: far
+// alternated processes against adjacent rows: 4 rows 1.05-1.34x (float32) and 1.30-1.41x (bfloat16), 8
+// rows 1.01-1.07x / 1.00-1.15x; at 16 rows float32 0.90-1.12x, bfloat16 0.84-1.07x, at 24 0.87-1.05x: far
 // rows only up to 8.
 template <int NRMAX, typename TW, typename TY>
 T256 void range_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1) {
