@@ -375,12 +375,33 @@ SLM_DEFINE_RANGE(range_wbf16f_512, T512, tile_512, float, uint16_t, float, 4)
 // alternated processes against adjacent rows: 4 rows 1.05-1.34x (float32) and 1.30-1.41x (bfloat16), 8
 // rows 1.01-1.07x / 1.00-1.15x; at 16 rows float32 0.90-1.12x, bfloat16 0.84-1.07x, at 24 0.87-1.05x: far
 // rows only up to 8.
+// tile_256 with its MR input rows (1 to 4) chosen at run time.
+template <int NR, typename TW, typename TY>
+T256 inline __attribute__((always_inline)) void tile_rows_256(int64_t mr, const float* x, const TW* w, int64_t K, TY* y, int64_t ldy,
+                                                              const TW* pf, int pf_rows, int64_t ldw, int64_t ys) {
+  switch (mr) {
+    case 4:
+      tile_256<4, NR>(x, w, K, y, ldy, pf, pf_rows, ldw, ys);
+      break;
+    case 3:
+      tile_256<3, NR>(x, w, K, y, ldy, pf, pf_rows, ldw, ys);
+      break;
+    case 2:
+      tile_256<2, NR>(x, w, K, y, ldy, pf, pf_rows, ldw, ys);
+      break;
+    default:
+      tile_256<1, NR>(x, w, K, y, ldy, pf, pf_rows, ldw, ys);
+      break;
+  }
+}
+
 template <int NRMAX, typename TW, typename TY>
 T256 void range_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1) {
   const int64_t passes = (M + 3) / 4;
   const int per_pass = static_cast<int>((NRMAX + passes - 1) / passes);
   auto tiles = [&](int64_t n, int64_t nr, int64_t stride, const TW* pfbase, bool prefetch)
       __attribute__((always_inline, target("avx2,fma"))) {
+    const int64_t ldw = stride * K;
     for (int64_t m = 0; m < M; m += 4) {
       const int64_t mr = std::min<int64_t>(4, M - m);
       const float* xm = x + m * K;
@@ -388,39 +409,12 @@ T256 void range_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, in
       TY* ym = y + m * N + n;
       const int64_t first = (m / 4) * per_pass;
       const int pf_rows = prefetch ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(per_pass, NRMAX - first))) : 0;
-      const TW* pf = pfbase + (pf_rows ? first : 0) * stride * K;
-      const int64_t ldw = stride * K;
-      if (nr == NRMAX) {
-        switch (mr) {
-          case 4:
-            tile_256<4, NRMAX>(xm, wn, K, ym, N, pf, pf_rows, ldw, stride);
-            break;
-          case 3:
-            tile_256<3, NRMAX>(xm, wn, K, ym, N, pf, pf_rows, ldw, stride);
-            break;
-          case 2:
-            tile_256<2, NRMAX>(xm, wn, K, ym, N, pf, pf_rows, ldw, stride);
-            break;
-          default:
-            tile_256<1, NRMAX>(xm, wn, K, ym, N, pf, pf_rows, ldw, stride);
-            break;
-        }
-      } else {
-        for (int64_t i = 0; i < nr; ++i) switch (mr) {
-            case 4:
-              tile_256<4, 1>(xm, wn + i * ldw, K, ym + i * stride, N, static_cast<const TW*>(nullptr), 0, ldw, stride);
-              break;
-            case 3:
-              tile_256<3, 1>(xm, wn + i * ldw, K, ym + i * stride, N, static_cast<const TW*>(nullptr), 0, ldw, stride);
-              break;
-            case 2:
-              tile_256<2, 1>(xm, wn + i * ldw, K, ym + i * stride, N, static_cast<const TW*>(nullptr), 0, ldw, stride);
-              break;
-            default:
-              tile_256<1, 1>(xm, wn + i * ldw, K, ym + i * stride, N, static_cast<const TW*>(nullptr), 0, ldw, stride);
-              break;
-          }
-      }
+      const TW* pf = pfbase + (pf_rows ? first : 0) * ldw;
+      if (nr == NRMAX)
+        tile_rows_256<NRMAX>(mr, xm, wn, K, ym, N, pf, pf_rows, ldw, stride);
+      else  // the last rows of the share, one at a time
+        for (int64_t i = 0; i < nr; ++i)
+          tile_rows_256<1>(mr, xm, wn + i * ldw, K, ym + i * stride, N, static_cast<const TW*>(nullptr), 0, ldw, stride);
     }
   };
   int64_t n = n0;
@@ -436,9 +430,10 @@ T256 void range_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, in
   if (n < n1) tiles(n, n1 - n, 1, w, false);
 }
 
-#define range_f32_256 range_256<3, float, float>
-#define range_wbf16_256 range_256<3, uint16_t, uint16_t>
-#define range_wbf16f_256 range_256<3, uint16_t, float>
-#define range_f32_256w range_256<4, float, float>
-#define range_wbf16_256w range_256<4, uint16_t, uint16_t>
-#define range_wbf16f_256w range_256<4, uint16_t, float>
+// The AVX2 ranges cpu_small_linear calls: three weight rows per tile, four ("w") for one or two input rows.
+constexpr auto range_f32_256 = &range_256<3, float, float>;
+constexpr auto range_wbf16_256 = &range_256<3, uint16_t, uint16_t>;
+constexpr auto range_wbf16f_256 = &range_256<3, uint16_t, float>;
+constexpr auto range_f32_256w = &range_256<4, float, float>;
+constexpr auto range_wbf16_256w = &range_256<4, uint16_t, uint16_t>;
+constexpr auto range_wbf16f_256w = &range_256<4, uint16_t, float>;
