@@ -11,6 +11,7 @@
 
 #include "core/cpu_gemm.h"
 #include "core/cpu_weights.h"
+#include "core/errors.h"
 #include "core/qwen3.h"
 
 namespace slm {
@@ -72,39 +73,42 @@ double measure_read_gbps(int64_t bytes, const std::string& device, double second
     // read by every thread of the engine's pool, each its own contiguous share, as a decode's
     // projections read theirs: in blocks of 256 KiB, each read as four streams in step (a quarter of
     // the block apart), as the AVX2 row kernels read their rows. One stream per thread read 0.69-0.77 of
-    // that on a 2-core Zen 3 (alternated, medians of 21), below what the kernels then streamed; the OR
-    // of the words keeps the reads (no compiler drops them), and the loop vectorises at the baseline
-    // ISA, whose loads outrun memory.
+    // that on a 2-core Zen 3 (alternated, medians of 21), below what the kernels then streamed. The sum
+    // of the words (all ones) keeps the reads (no compiler drops them) and shows every word was read
+    // once: a pass that misses or repeats one is an error, not a rate. The loop vectorises at the
+    // baseline ISA, whose loads outrun memory.
     const auto buf = cpu_place_weight(at::ones({words}, at::TensorOptions().dtype(at::kLong)), at::kLong);
     const auto* p = reinterpret_cast<const uint64_t*>(buf.data_ptr<int64_t>());
     const auto pass = [&] {
-      std::atomic<uint64_t> seen{0};
+      std::atomic<uint64_t> seen{0};  // words read
       at::parallel_for(0, words, int64_t(1) << 16, [&](int64_t i0, int64_t i1) {
         constexpr int64_t kBlock = int64_t(1) << 15, kQuarter = kBlock / 4;  // words
         uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
         int64_t i = i0;
         for (; i + kBlock <= i1; i += kBlock)
           for (int64_t j = i; j < i + kQuarter; ++j) {
-            a0 |= p[j];
-            a1 |= p[j + kQuarter];
-            a2 |= p[j + 2 * kQuarter];
-            a3 |= p[j + 3 * kQuarter];
+            a0 += p[j];
+            a1 += p[j + kQuarter];
+            a2 += p[j + 2 * kQuarter];
+            a3 += p[j + 3 * kQuarter];
           }
-        for (; i < i1; ++i) a0 |= p[i];
-        seen.fetch_or(a0 | a1 | a2 | a3, std::memory_order_relaxed);
+        for (; i < i1; ++i) a0 += p[i];
+        seen.fetch_add(a0 + a1 + a2 + a3, std::memory_order_relaxed);
       });
-      return seen.load();
+      const uint64_t read = seen.load();
+      if (read != static_cast<uint64_t>(words))
+        fail("NATIVE_ERROR", "the read-bandwidth probe read " + std::to_string(read) + " words of " + std::to_string(words) +
+                                 "; its rate would be wrong. Report this as a bug.");
     };
-    uint64_t sink = pass();  // warm-up (thread pool, pages)
+    pass();  // warm-up (thread pool, pages)
     int64_t iters = 0;
     const double t0 = now();
     double t = t0;
     while (t - t0 < seconds || iters < 2) {
-      sink |= pass();
+      pass();
       ++iters;
       t = now();
     }
-    if (sink == 0) return 0;  // all ones were written: never taken, but it keeps `sink` used
     return static_cast<double>(words * 8) * iters / (t - t0) / 1e9;
   }
   // Elsewhere a reduction over the buffer, which reads every byte once.
