@@ -194,9 +194,9 @@ SLM_DEFINE_ROWS(rows_bf16_512, T512BF, uint16_t, row_acc_bf16_512)
 // to cover the multiply-add latency; one input row: rows_256 below); weights float32 or bfloat16 as
 // tile_512, the tile four ahead prefetched as there. The tile's weight rows (and the prefetched
 // rows) lie ldw values apart, its outputs ys apart in y (range_256 takes rows far apart).
-template <int MR, int NR, typename TW, typename TY>
+template <int MR, int NR, typename TW, typename TY, bool PK>
 T256 inline __attribute__((always_inline)) void tile_256(const float* x, const TW* w, int64_t K, TY* y, int64_t ldy, const TW* pf,
-                                                         int pf_rows, int64_t ldw, int64_t ys) {
+                                                         int pf_rows, int64_t ldw, int64_t ys, const float* xp) {
   using V = simd::V8;
   constexpr int64_t kLine = 64 / sizeof(TW);  // values of w per cache line
   __m256 acc[MR][NR];
@@ -211,7 +211,7 @@ T256 inline __attribute__((always_inline)) void tile_256(const float* x, const T
     for (int n = 0; n < NR; ++n) wv[n] = V::load(w + n * ldw + k);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
-      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
+      const __m256 xv = _mm256_loadu_ps(PK ? xp + k * 4 + m * 8 : x + m * K + k);
 #pragma GCC unroll 4
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
     }
@@ -376,58 +376,85 @@ SLM_DEFINE_RANGE(range_wbf16f_512, T512, tile_512, float, uint16_t, float, 4)
 // rows 1.01-1.07x / 1.00-1.15x; at 16 rows float32 0.90-1.12x, bfloat16 0.84-1.07x, at 24 0.87-1.05x: far
 // rows only up to 8.
 // tile_256 with its MR input rows (1 to 4) chosen at run time.
-template <int NR, typename TW, typename TY>
+template <int NR, bool PK, typename TW, typename TY>
 T256 inline __attribute__((always_inline)) void tile_rows_256(int64_t mr, const float* x, const TW* w, int64_t K, TY* y, int64_t ldy,
-                                                              const TW* pf, int pf_rows, int64_t ldw, int64_t ys) {
+                                                              const TW* pf, int pf_rows, int64_t ldw, int64_t ys, const float* xp) {
   switch (mr) {
     case 4:
-      tile_256<4, NR>(x, w, K, y, ldy, pf, pf_rows, ldw, ys);
+      tile_256<4, NR, TW, TY, PK>(x, w, K, y, ldy, pf, pf_rows, ldw, ys, xp);
       break;
     case 3:
-      tile_256<3, NR>(x, w, K, y, ldy, pf, pf_rows, ldw, ys);
+      tile_256<3, NR, TW, TY, PK>(x, w, K, y, ldy, pf, pf_rows, ldw, ys, xp);
       break;
     case 2:
-      tile_256<2, NR>(x, w, K, y, ldy, pf, pf_rows, ldw, ys);
+      tile_256<2, NR, TW, TY, PK>(x, w, K, y, ldy, pf, pf_rows, ldw, ys, xp);
       break;
     default:
-      tile_256<1, NR>(x, w, K, y, ldy, pf, pf_rows, ldw, ys);
+      tile_256<1, NR, TW, TY, PK>(x, w, K, y, ldy, pf, pf_rows, ldw, ys, xp);
       break;
   }
 }
 
+// x in groups of 4 rows, each group's 8-value steps of its 4 rows one after another (the K - K % 8
+// values of a step's 4 rows in one 128-byte run; a last group of fewer rows padded with zeros): a
+// tile's input rows then come from one stream instead of four rows 4 K bytes apart. Floats of xp:
+// pack_size_256(M, K).
+inline int64_t pack_size_256(int64_t M, int64_t K) { return (M + 3) / 4 * 4 * (K / 8 * 8); }
+inline void pack_rows_256(const float* x, int64_t M, int64_t K, float* xp) {
+  const int64_t K8 = K / 8 * 8;
+  for (int64_t m0 = 0; m0 < M; m0 += 4)
+    for (int64_t k = 0; k < K8; k += 8)
+      for (int64_t r = 0; r < 4; ++r) {
+        float* d = xp + m0 * K8 + k * 4 + r * 8;
+        if (m0 + r < M)
+          std::memcpy(d, x + (m0 + r) * K + k, 8 * sizeof(float));
+        else
+          std::memset(d, 0, 8 * sizeof(float));
+      }
+}
+
+// With xp (x packed by pack_rows_256; more than kFarMaxInputs rows only) the tiles read their input
+// rows from it, the K % 8 values after the steps from x: the same products summed in the same order.
 template <int NRMAX, typename TW, typename TY>
-T256 void range_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t passes = (M + 3) / 4;
+T256 void range_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1, const float* xp) {
+  const int64_t passes = (M + 3) / 4, K8 = K / 8 * 8;
   const int per_pass = static_cast<int>((NRMAX + passes - 1) / passes);
-  auto tiles = [&](int64_t n, int64_t nr, int64_t stride, const TW* pfbase, bool prefetch)
+  auto tiles = [&](auto packed, int64_t n, int64_t nr, int64_t stride, const TW* pfbase, bool prefetch)
       __attribute__((always_inline, target("avx2,fma"))) {
+    constexpr bool PK = decltype(packed)::value;
     const int64_t ldw = stride * K;
     for (int64_t m = 0; m < M; m += 4) {
       const int64_t mr = std::min<int64_t>(4, M - m);
       const float* xm = x + m * K;
+      const float* xpm = PK ? xp + m * K8 : nullptr;
       const TW* wn = w + n * K;
       TY* ym = y + m * N + n;
       const int64_t first = (m / 4) * per_pass;
       const int pf_rows = prefetch ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(per_pass, NRMAX - first))) : 0;
       const TW* pf = pfbase + (pf_rows ? first : 0) * ldw;
       if (nr == NRMAX)
-        tile_rows_256<NRMAX>(mr, xm, wn, K, ym, N, pf, pf_rows, ldw, stride);
+        tile_rows_256<NRMAX, PK>(mr, xm, wn, K, ym, N, pf, pf_rows, ldw, stride, xpm);
       else  // the last rows of the share, one at a time
         for (int64_t i = 0; i < nr; ++i)
-          tile_rows_256<1>(mr, xm, wn + i * ldw, K, ym + i * stride, N, static_cast<const TW*>(nullptr), 0, ldw, stride);
+          tile_rows_256<1, PK>(mr, xm, wn + i * ldw, K, ym + i * stride, N, static_cast<const TW*>(nullptr), 0, ldw, stride, xpm);
     }
   };
   int64_t n = n0;
-  if (M > kFarMaxInputs) {  // adjacent rows, the tile kAhead on prefetched
-    for (; n + NRMAX <= n1; n += NRMAX) tiles(n, NRMAX, 1, w + (n + kAhead * NRMAX) * K, n + (kAhead + 1) * NRMAX <= n1);
+  if (M > kFarMaxInputs && xp) {  // adjacent rows, the tile kAhead on prefetched
+    for (; n + NRMAX <= n1; n += NRMAX) tiles(std::true_type{}, n, NRMAX, 1, w + (n + kAhead * NRMAX) * K, n + (kAhead + 1) * NRMAX <= n1);
+    if (n < n1) tiles(std::true_type{}, n, n1 - n, 1, w, false);
+    return;
+  }
+  if (M > kFarMaxInputs) {
+    for (; n + NRMAX <= n1; n += NRMAX) tiles(std::false_type{}, n, NRMAX, 1, w + (n + kAhead * NRMAX) * K, n + (kAhead + 1) * NRMAX <= n1);
   } else {
     while (n1 - n >= NRMAX) {
       const int64_t len = std::min<int64_t>(kStreamBlock, n1 - n) / NRMAX;
-      for (int64_t i = 0; i < len; ++i) tiles(n + i, NRMAX, len, w + (n + i + kAhead) * K, i + kAhead < len);
+      for (int64_t i = 0; i < len; ++i) tiles(std::false_type{}, n + i, NRMAX, len, w + (n + i + kAhead) * K, i + kAhead < len);
       n += len * NRMAX;
     }
   }
-  if (n < n1) tiles(n, n1 - n, 1, w, false);
+  if (n < n1) tiles(std::false_type{}, n, n1 - n, 1, w, false);
 }
 
 // The AVX2 ranges cpu_small_linear calls: three weight rows per tile, four ("w") for one or two input rows.
