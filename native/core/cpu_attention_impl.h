@@ -12,6 +12,14 @@ constexpr int W = V::W;
 constexpr int ND_MAX = W == 16 ? 4 : 2;
 constexpr int CH = ND_MAX * W;
 
+// A sequence's own keys and values are read from memory once per decode step, one row after another
+// (a row: D values): each loop asks for the row kPrefetchKeys on while it works on this one.
+constexpr int64_t kPrefetchKeys = 16;
+template <class T>
+inline void prefetch_row(const T* p, int64_t D) {
+  for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
+}
+
 // Scores of the listed keys for RR query heads: sc[r * n + key - j0] = q_r·k * scale + mask[key],
 // as attend_r computes them one key at a time, KG keys at a time (independent sums, so the
 // multiply-adds overlap instead of waiting on one another down a key's D values). Returns how many
@@ -22,6 +30,9 @@ inline int64_t scores_rr(const float* qf, const Keys<T>& kv, const float* mask, 
   constexpr int KG = RR == 1 ? 4 : 8 / RR;
   int64_t i = 0;
   for (; i + KG <= nk; i += KG) {
+    if (i + kPrefetchKeys + KG <= nk)
+#pragma GCC unroll 8
+      for (int x = 0; x < KG; ++x) prefetch_row(kv.key(keys[i + kPrefetchKeys + x]), D);
     const T* kp[KG];
 #pragma GCC unroll 8
     for (int x = 0; x < KG; ++x) kp[x] = kv.key(keys[i + x]);
@@ -73,6 +84,7 @@ inline void values(const float* sc, const Keys<T>& kv, const int32_t* keys, int6
         for (int c = 0; c < NC; ++c) a[c] = V::load(acc + r * D + d0 + c * W);
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t j = keys[i];
+          if (r == 0 && d0 == 0 && i + kPrefetchKeys < nk) prefetch_row(kv.value(keys[i + kPrefetchKeys]), D);
           const T* vj = kv.value(j) + d0;
           const typename V::F p = V::set1(pr[j]);
 #pragma GCC unroll 8
