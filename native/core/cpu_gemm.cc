@@ -112,7 +112,9 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
   // 151,936 x 512 and 30,000 x 512 / 1,536, alternated, medians of 11-31) 1.05-1.11x; a float32 decode
   // step at 48 rows in alternated processes, 8 pairs on a noisy VM: mean 1.05x, median pair 1.02x
   // (0.93-1.28); bfloat16 1.01-1.07x (2 pairs). Outputs bit-identical (the same sums in the same order).
-  const bool pack = avx2 && !rows && M > kFarMaxInputs && xc.scalar_type() == at::kFloat;
+  // (xc is float32 on the AVX2 path: bfloat16 was widened above.) The buffer stays at its largest size
+  // per calling thread: 256 rows x K floats at most (kSmallLinearMaxRows).
+  const bool pack = avx2 && !rows && M > kFarMaxInputs;
   // 64-byte aligned: a step's 32-byte loads then never straddle two cache lines (from the vector's
   // 16-byte alignment the float32 decode at 48 rows was 0.87-0.96x the unpacked one's, not faster).
   thread_local std::vector<float> packed;

@@ -413,8 +413,9 @@ inline void pack_rows_256(const float* x, int64_t M, int64_t K, float* xp) {
       }
 }
 
-// With xp (x packed by pack_rows_256; more than kFarMaxInputs rows only) the tiles read their input
-// rows from it, the K % 8 values after the steps from x: the same products summed in the same order.
+// Above kFarMaxInputs input rows the tiles read their input rows from xp (x packed by pack_rows_256,
+// required there; unused below), the K % 8 values after the steps from x: the same products summed in
+// the same order as from x.
 template <int NRMAX, typename TW, typename TY>
 T256 void range_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, int64_t N, int64_t n0, int64_t n1, const float* xp) {
   const int64_t passes = (M + 3) / 4, K8 = K / 8 * 8;
@@ -440,19 +441,15 @@ T256 void range_256(const float* x, int64_t M, const TW* w, int64_t K, TY* y, in
     }
   };
   int64_t n = n0;
-  if (M > kFarMaxInputs && xp) {  // adjacent rows, the tile kAhead on prefetched
+  if (M > kFarMaxInputs) {  // adjacent rows, x packed, the tile kAhead on prefetched
     for (; n + NRMAX <= n1; n += NRMAX) tiles(std::true_type{}, n, NRMAX, 1, w + (n + kAhead * NRMAX) * K, n + (kAhead + 1) * NRMAX <= n1);
     if (n < n1) tiles(std::true_type{}, n, n1 - n, 1, w, false);
     return;
   }
-  if (M > kFarMaxInputs) {
-    for (; n + NRMAX <= n1; n += NRMAX) tiles(std::false_type{}, n, NRMAX, 1, w + (n + kAhead * NRMAX) * K, n + (kAhead + 1) * NRMAX <= n1);
-  } else {
-    while (n1 - n >= NRMAX) {
-      const int64_t len = std::min<int64_t>(kStreamBlock, n1 - n) / NRMAX;
-      for (int64_t i = 0; i < len; ++i) tiles(std::false_type{}, n + i, NRMAX, len, w + (n + i + kAhead) * K, i + kAhead < len);
-      n += len * NRMAX;
-    }
+  while (n1 - n >= NRMAX) {
+    const int64_t len = std::min<int64_t>(kStreamBlock, n1 - n) / NRMAX;
+    for (int64_t i = 0; i < len; ++i) tiles(std::false_type{}, n + i, NRMAX, len, w + (n + i + kAhead) * K, i + kAhead < len);
+    n += len * NRMAX;
   }
   if (n < n1) tiles(std::false_type{}, n, n1 - n, 1, w, false);
 }
