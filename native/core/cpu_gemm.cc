@@ -112,18 +112,14 @@ at::Tensor cpu_small_linear(const at::Tensor& x, const at::Tensor& w, bool float
   // 151,936 x 512 and 30,000 x 512 / 1,536, alternated, medians of 11-31) 1.05-1.11x; a float32 decode
   // step at 48 rows in alternated processes, 8 pairs on a noisy VM: mean 1.05x, median pair 1.02x
   // (0.93-1.28); bfloat16 1.01-1.07x (2 pairs). Outputs bit-identical (the same sums in the same order).
-  // (xc is float32 on the AVX2 path: bfloat16 was widened above.) The buffer stays at its largest size
-  // per calling thread: 256 rows x K floats at most (kSmallLinearMaxRows).
+  // (xc is float32 on the AVX2 path: bfloat16 was widened above.) The buffer comes from ATen's CPU
+  // allocator (core/cpu_cache.h: 64-byte aligned, large blocks reused), so a step's 32-byte loads never
+  // straddle two cache lines (from a 16-byte aligned buffer the float32 decode at 48 rows was
+  // 0.87-0.96x the unpacked one's, not faster).
   const bool pack = avx2 && !rows && M > kFarMaxInputs;
-  // 64-byte aligned: a step's 32-byte loads then never straddle two cache lines (from the vector's
-  // 16-byte alignment the float32 decode at 48 rows was 0.87-0.96x the unpacked one's, not faster).
-  thread_local std::vector<float> packed;
-  float* xp = nullptr;
-  if (pack) {
-    packed.resize(static_cast<size_t>(pack_size_256(M, K)) + 16);
-    xp = packed.data() + (16 - reinterpret_cast<uintptr_t>(packed.data()) / sizeof(float) % 16) % 16;
-    pack_rows_256(xc.data_ptr<float>(), M, K, xp);
-  }
+  const auto packed = pack ? at::empty({pack_size_256(M, K)}, xc.options()) : at::Tensor();
+  const float* xp = pack ? packed.data_ptr<float>() : nullptr;
+  if (pack) pack_rows_256(xc.data_ptr<float>(), M, K, packed.data_ptr<float>());
   const int64_t tiles = (N + nr - 1) / nr;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, nr * M * K));
   const auto body = [&](int64_t t0, int64_t t1) {

@@ -396,21 +396,16 @@ T256 inline __attribute__((always_inline)) void tile_rows_256(int64_t mr, const 
 }
 
 // x in groups of 4 rows, each group's 8-value steps of its 4 rows one after another (the K - K % 8
-// values of a step's 4 rows in one 128-byte run; a last group of fewer rows padded with zeros): a
-// tile's input rows then come from one stream instead of four rows 4 K bytes apart. Floats of xp:
-// pack_size_256(M, K).
+// values of a step's 4 rows in one 128-byte run; a last group of fewer rows leaves the places of the
+// rows it lacks unwritten: its tiles never read them): a tile's input rows then come from one stream
+// instead of four rows 4 K bytes apart. Floats of xp: pack_size_256(M, K).
 inline int64_t pack_size_256(int64_t M, int64_t K) { return (M + 3) / 4 * 4 * (K / 8 * 8); }
 inline void pack_rows_256(const float* x, int64_t M, int64_t K, float* xp) {
   const int64_t K8 = K / 8 * 8;
   for (int64_t m0 = 0; m0 < M; m0 += 4)
     for (int64_t k = 0; k < K8; k += 8)
-      for (int64_t r = 0; r < 4; ++r) {
-        float* d = xp + m0 * K8 + k * 4 + r * 8;
-        if (m0 + r < M)
-          std::memcpy(d, x + (m0 + r) * K + k, 8 * sizeof(float));
-        else
-          std::memset(d, 0, 8 * sizeof(float));
-      }
+      for (int64_t r = 0; r < std::min<int64_t>(4, M - m0); ++r)
+        std::memcpy(xp + m0 * K8 + k * 4 + r * 8, x + (m0 + r) * K + k, 8 * sizeof(float));
 }
 
 // Above kFarMaxInputs input rows the tiles read their input rows from xp (x packed by pack_rows_256,
